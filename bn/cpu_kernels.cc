@@ -1,0 +1,279 @@
+#include "bn/cpu_kernels.h"
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+
+namespace bnps::bn {
+namespace {
+
+// The mean as an unevaluated float sum hi + lo. (x - hi) is exact when x is
+// within a factor of two of hi, so ((x - hi) - lo) keeps float32 arithmetic
+// accurate when |mean| >> std.
+struct SplitMean {
+  float hi;
+  float lo;
+};
+
+SplitMean Split(double mean) {
+  const float hi = static_cast<float>(mean);
+  return {hi, static_cast<float>(mean - static_cast<double>(hi))};
+}
+
+absl::Status CheckTensor(const float* p, const Shape& shape, const char* what) {
+  if (p == nullptr && shape.Elements() > 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " is null for a tensor of shape ", shape.ToString()));
+  }
+  return absl::OkStatus();
+}
+
+// Per-channel float coefficients of the elementwise kernels.
+struct ChannelCoefficients {
+  std::vector<float> hi, lo;  // the mean, split
+  std::vector<double> inv_std;
+};
+
+ChannelCoefficients Coefficients(const Normalization& norm) {
+  const size_t c = norm.mean.size();
+  ChannelCoefficients k;
+  k.hi.resize(c);
+  k.lo.resize(c);
+  k.inv_std.resize(c);
+  for (size_t i = 0; i < c; ++i) {
+    const SplitMean m = Split(norm.mean[i]);
+    k.hi[i] = m.hi;
+    k.lo[i] = m.lo;
+    k.inv_std[i] = 1.0 / std::sqrt(norm.var[i] + norm.eps);
+  }
+  return k;
+}
+
+// Two-pass moments of one contiguous plane of `len` >= 1 values: the mean in
+// double, then the squared deviations with the usual compensation term.
+void PlaneMoments(const float* p, int64_t len, double* mean, double* m2) {
+  double sum = 0;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t i = 0; i < len; ++i) sum += p[i];
+  const double m = sum / static_cast<double>(len);
+  double sq = 0, dev = 0;
+#pragma omp simd reduction(+ : sq, dev)
+  for (int64_t i = 0; i < len; ++i) {
+    const double d = static_cast<double>(p[i]) - m;
+    sq += d * d;
+    dev += d;
+  }
+  *mean = m + dev / static_cast<double>(len);
+  *m2 = sq - dev * dev / static_cast<double>(len);
+  if (*m2 < 0) *m2 = 0;
+}
+
+class CpuBnKernels final : public BnKernels {
+ public:
+  std::string name() const override { return "cpu"; }
+
+  absl::StatusOr<Moments> ComputeMoments(const float* x,
+                                         const Shape& shape) override {
+    if (absl::Status s = ValidateShape(shape); !s.ok()) return s;
+    if (absl::Status s = CheckTensor(x, shape, "x"); !s.ok()) return s;
+    Moments out = Moments::Empty(shape.c);
+    if (shape.PerChannel() == 0) return out;
+    const int64_t n = shape.n, c = shape.c, len = shape.Spatial();
+    if (len == 1) {
+      RowMoments(x, n, c, &out);
+      return out;
+    }
+    // Plane by plane, images in order: each plane's moments are merged into its
+    // channel with Chan's formula (all planes have `len` samples).
+    for (int64_t i = 0; i < n; ++i) {
+      const double na = static_cast<double>(i * len);
+      const double n_total = na + static_cast<double>(len);
+      const double wb = static_cast<double>(len) / n_total;
+      const double cross = na * static_cast<double>(len) / n_total;
+      for (int64_t ch = 0; ch < c; ++ch) {
+        double pm, pm2;
+        PlaneMoments(x + (i * c + ch) * len, len, &pm, &pm2);
+        const double delta = pm - out.mean[ch];
+        out.mean[ch] += delta * wb;
+        out.m2[ch] += pm2 + delta * delta * cross;
+      }
+    }
+    out.count = shape.PerChannel();
+    return out;
+  }
+
+  absl::Status Normalize(const float* x, const Shape& shape,
+                         const Normalization& norm, float* y) override {
+    if (absl::Status s = ValidateNormalization(shape, norm, /*need_beta=*/true);
+        !s.ok()) {
+      return s;
+    }
+    if (absl::Status s = CheckTensor(x, shape, "x"); !s.ok()) return s;
+    if (absl::Status s = CheckTensor(y, shape, "y"); !s.ok()) return s;
+    const ChannelCoefficients k = Coefficients(norm);
+    const int64_t c = shape.c;
+    std::vector<float> scale(c), shift(c);
+    for (int64_t ch = 0; ch < c; ++ch) {
+      scale[ch] = static_cast<float>(norm.gamma[ch] * k.inv_std[ch]);
+      shift[ch] = norm.beta[ch];
+    }
+    ForEachElement(shape, [&](int64_t ch, const float* in, float* out,
+                              int64_t len) {
+      const float hi = k.hi[ch], lo = k.lo[ch], a = scale[ch], b = shift[ch];
+#pragma omp simd
+      for (int64_t i = 0; i < len; ++i) out[i] = ((in[i] - hi) - lo) * a + b;
+    }, x, y);
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<BackwardSums> BackwardReduce(
+      const float* dy, const float* x, const Shape& shape,
+      const Normalization& norm) override {
+    if (absl::Status s = ValidateNormalization(shape, norm, /*need_beta=*/false);
+        !s.ok()) {
+      return s;
+    }
+    if (absl::Status s = CheckTensor(dy, shape, "dy"); !s.ok()) return s;
+    if (absl::Status s = CheckTensor(x, shape, "x"); !s.ok()) return s;
+    const ChannelCoefficients k = Coefficients(norm);
+    BackwardSums sums = BackwardSums::Zero(shape.c);
+    const int64_t n = shape.n, c = shape.c, len = shape.Spatial();
+    std::vector<double>& sdy = sums.sum_dy;
+    std::vector<double>& sdyd = sums.sum_dy_xhat;  // sum(dy * (x - mean)) first
+    for (int64_t i = 0; i < n; ++i) {
+      for (int64_t ch = 0; ch < c; ++ch) {
+        const float* g = dy + (i * c + ch) * len;
+        const float* v = x + (i * c + ch) * len;
+        const float hi = k.hi[ch], lo = k.lo[ch];
+        double a = 0, b = 0;
+#pragma omp simd reduction(+ : a, b)
+        for (int64_t j = 0; j < len; ++j) {
+          const double gj = g[j];
+          a += gj;
+          b += gj * static_cast<double>((v[j] - hi) - lo);
+        }
+        sdy[ch] += a;
+        sdyd[ch] += b;
+      }
+    }
+    for (int64_t ch = 0; ch < c; ++ch) sdyd[ch] *= k.inv_std[ch];
+    return sums;
+  }
+
+  absl::Status BackwardInput(const float* dy, const float* x, const Shape& shape,
+                             const Normalization& norm, const BackwardSums& sums,
+                             int64_t count, float* dx) override {
+    if (absl::Status s = ValidateNormalization(shape, norm, /*need_beta=*/false);
+        !s.ok()) {
+      return s;
+    }
+    if (absl::Status s = CheckTensor(dy, shape, "dy"); !s.ok()) return s;
+    if (absl::Status s = CheckTensor(x, shape, "x"); !s.ok()) return s;
+    if (absl::Status s = CheckTensor(dx, shape, "dx"); !s.ok()) return s;
+    if (absl::Status s = CheckSums(shape, sums, count); !s.ok()) return s;
+    if (shape.Elements() == 0) return absl::OkStatus();
+    const ChannelCoefficients k = Coefficients(norm);
+    const int64_t c = shape.c;
+    // dx = gamma*inv * (dy - sum_dy/n - x_hat * sum_dy_xhat/n), x_hat = d*inv.
+    std::vector<float> a(c), b(c), c0(c);
+    const double inv_n = 1.0 / static_cast<double>(count);
+    for (int64_t ch = 0; ch < c; ++ch) {
+      const double gi = norm.gamma[ch] * k.inv_std[ch];
+      a[ch] = static_cast<float>(gi);
+      b[ch] = static_cast<float>(-gi * k.inv_std[ch] * sums.sum_dy_xhat[ch] * inv_n);
+      c0[ch] = static_cast<float>(-gi * sums.sum_dy[ch] * inv_n);
+    }
+    const int64_t n = shape.n, len = shape.Spatial();
+    for (int64_t i = 0; i < n; ++i) {
+      for (int64_t ch = 0; ch < c; ++ch) {
+        const int64_t off = (i * c + ch) * len;
+        const float* g = dy + off;
+        const float* v = x + off;
+        float* out = dx + off;
+        const float hi = k.hi[ch], lo = k.lo[ch], ka = a[ch], kb = b[ch],
+                    kc = c0[ch];
+#pragma omp simd
+        for (int64_t j = 0; j < len; ++j) {
+          out[j] = ka * g[j] + kb * ((v[j] - hi) - lo) + kc;
+        }
+      }
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  // Moments of an N x C tensor (one sample per plane): per-channel sums across
+  // rows, vectorized over channels, then the squared deviations.
+  static void RowMoments(const float* x, int64_t n, int64_t c, Moments* out) {
+    std::vector<double>& mean = out->mean;
+    std::vector<double>& m2 = out->m2;
+    std::vector<double> dev(c, 0.0);
+    for (int64_t i = 0; i < n; ++i) {
+      const float* row = x + i * c;
+#pragma omp simd
+      for (int64_t ch = 0; ch < c; ++ch) mean[ch] += row[ch];
+    }
+    for (int64_t ch = 0; ch < c; ++ch) mean[ch] /= static_cast<double>(n);
+    for (int64_t i = 0; i < n; ++i) {
+      const float* row = x + i * c;
+#pragma omp simd
+      for (int64_t ch = 0; ch < c; ++ch) {
+        const double d = static_cast<double>(row[ch]) - mean[ch];
+        m2[ch] += d * d;
+        dev[ch] += d;
+      }
+    }
+    for (int64_t ch = 0; ch < c; ++ch) {
+      m2[ch] -= dev[ch] * dev[ch] / static_cast<double>(n);
+      if (m2[ch] < 0) m2[ch] = 0;
+      mean[ch] += dev[ch] / static_cast<double>(n);
+    }
+    out->count = n;
+  }
+
+  // Calls fn(channel, in_plane, out_plane, len) for every (image, channel).
+  template <typename Fn>
+  static void ForEachElement(const Shape& shape, Fn fn, const float* in,
+                             float* out) {
+    const int64_t n = shape.n, c = shape.c, len = shape.Spatial();
+    for (int64_t i = 0; i < n; ++i) {
+      for (int64_t ch = 0; ch < c; ++ch) {
+        const int64_t off = (i * c + ch) * len;
+        fn(ch, in + off, out + off, len);
+      }
+    }
+  }
+
+  static absl::Status CheckSums(const Shape& shape, const BackwardSums& sums,
+                                int64_t count) {
+    const size_t c = static_cast<size_t>(shape.c);
+    if (sums.sum_dy.size() != c || sums.sum_dy_xhat.size() != c) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "backward sums have ", sums.sum_dy.size(), "/",
+          sums.sum_dy_xhat.size(), " channels, tensor has ", c));
+    }
+    if (count < shape.PerChannel()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "count ", count, " is smaller than the local samples per channel ",
+          shape.PerChannel()));
+    }
+    for (size_t i = 0; i < c; ++i) {
+      if (!std::isfinite(sums.sum_dy[i]) || !std::isfinite(sums.sum_dy_xhat[i])) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("backward sums: channel ", i, " is not finite"));
+      }
+    }
+    return absl::OkStatus();
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<BnKernels> NewCpuBnKernels() {
+  return std::make_unique<CpuBnKernels>();
+}
+
+}  // namespace bnps::bn

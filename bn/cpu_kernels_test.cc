@@ -1,0 +1,213 @@
+#include "bn/cpu_kernels.h"
+
+#include <cmath>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "bn/reference.h"
+#include "gtest/gtest.h"
+
+namespace bnps::bn {
+namespace {
+
+using reference::MaxRelativeError;
+using reference::RandomTensor;
+using reference::RandomVector;
+
+constexpr double kEps = 1e-5;
+constexpr float kPoison = std::numeric_limits<float>::quiet_NaN();
+
+struct Case {
+  Shape shape;
+  double mean;
+  double std;
+};
+
+// Shapes of real layers, random shapes, and the edge cases C=1, N=1, H=W=1.
+std::vector<Case> Cases() {
+  std::vector<Case> cases = {
+      {{1, 1, 1, 1}, 0.5, 1.0},     {{1, 3, 1, 1}, 0.0, 1.0},
+      {{2, 1, 1, 1}, -1.0, 0.1},    {{1, 4, 5, 5}, 2.0, 3.0},
+      {{7, 1, 3, 3}, 0.0, 1.0},     {{32, 10, 1, 1}, 1.0, 2.0},
+      {{5, 16, 2, 2}, 0.0, 1.0},    {{8, 64, 7, 7}, 0.3, 1.2},
+      {{16, 8, 28, 28}, -0.5, 2.0}, {{32, 24, 1, 1}, 1e4, 1.0},
+      {{6, 3, 9, 9}, 1e4, 1.0},
+  };
+  std::mt19937 rng(42);
+  for (int i = 0; i < 12; ++i) {
+    const int n = std::uniform_int_distribution<int>(1, 12)(rng);
+    const int c = std::uniform_int_distribution<int>(1, 9)(rng);
+    const int h = std::uniform_int_distribution<int>(1, 6)(rng);
+    const int w = std::uniform_int_distribution<int>(1, 6)(rng);
+    cases.push_back({{n, c, h, w},
+                     std::uniform_real_distribution<double>(-5, 5)(rng),
+                     std::uniform_real_distribution<double>(0.1, 4)(rng)});
+  }
+  return cases;
+}
+
+class CpuKernelsTest : public ::testing::TestWithParam<Case> {
+ protected:
+  std::unique_ptr<BnKernels> kernels_ = NewCpuBnKernels();
+};
+
+TEST_P(CpuKernelsTest, MatchesDoubleReference) {
+  const Case& tc = GetParam();
+  const Shape& shape = tc.shape;
+  const uint64_t seed = shape.Elements() * 31 + shape.c;
+  const std::vector<float> x = RandomTensor(shape, tc.mean, tc.std, seed, 0.7);
+  const std::vector<float> dy = RandomTensor(shape, 0.1, 1.0, seed + 1);
+  const std::vector<float> gamma = RandomVector(shape.c, 0.5, 1.5, seed + 2);
+  const std::vector<float> beta = RandomVector(shape.c, -1, 1, seed + 3);
+  const reference::Stats want = reference::ComputeStats(x, shape);
+
+  // Statistics.
+  absl::StatusOr<Moments> m = kernels_->ComputeMoments(x.data(), shape);
+  ASSERT_TRUE(m.ok()) << m.status();
+  ASSERT_EQ(m->count, want.count);
+  EXPECT_LT(MaxRelativeError(m->mean, want.mean), 1e-12);
+  // M2 relative to the scale of the channel's spread.
+  EXPECT_LT(MaxRelativeError(m->m2, want.m2, /*floor=*/1e-6), 1e-9);
+
+  // Forward with the reference statistics, so each kernel is checked alone.
+  const std::vector<double> var = want.var;
+  const Normalization norm{want.mean, var, gamma, beta, kEps};
+  std::vector<float> y(x.size(), kPoison);
+  ASSERT_TRUE(kernels_->Normalize(x.data(), shape, norm, y.data()).ok());
+  const std::vector<double> y_want =
+      reference::Normalize(x, shape, want.mean, var, gamma, beta, kEps);
+  // Float32 inputs with |mean| = 1e4 carry only ~1e-3 absolute resolution,
+  // which the reference sees too; the kernel adds float32 rounding only.
+  EXPECT_LT(MaxRelativeError(y, y_want), 2e-6);
+
+  // Backward: local sums and count reproduce whole-batch BN.
+  absl::StatusOr<BackwardSums> sums =
+      kernels_->BackwardReduce(dy.data(), x.data(), shape, norm);
+  ASSERT_TRUE(sums.ok()) << sums.status();
+  const reference::Gradients g = reference::Backward(dy, x, shape, gamma, kEps);
+  EXPECT_LT(MaxRelativeError(sums->sum_dy, g.dbeta, 1e-6), 1e-9);
+  EXPECT_LT(MaxRelativeError(sums->sum_dy_xhat, g.dgamma, 1e-6), 1e-6);
+  std::vector<float> dx(x.size(), kPoison);
+  ASSERT_TRUE(kernels_
+                  ->BackwardInput(dy.data(), x.data(), shape, norm, *sums,
+                                  shape.PerChannel(), dx.data())
+                  .ok());
+  EXPECT_LT(MaxRelativeError(dx, g.dx, 1e-6), 2e-5);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, CpuKernelsTest, ::testing::ValuesIn(Cases()));
+
+TEST(CpuKernelsEdgeTest, EmptyBatch) {
+  auto kernels = NewCpuBnKernels();
+  const Shape shape{0, 3, 4, 4};
+  absl::StatusOr<Moments> m = kernels->ComputeMoments(nullptr, shape);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->count, 0);
+  EXPECT_EQ(m->mean, std::vector<double>(3, 0.0));
+  const std::vector<double> mean(3, 0.0), var(3, 1.0);
+  const std::vector<float> gamma(3, 1.0f), beta(3, 0.0f);
+  const Normalization norm{mean, var, gamma, beta, kEps};
+  EXPECT_TRUE(kernels->Normalize(nullptr, shape, norm, nullptr).ok());
+  absl::StatusOr<BackwardSums> sums =
+      kernels->BackwardReduce(nullptr, nullptr, shape, norm);
+  ASSERT_TRUE(sums.ok());
+  EXPECT_EQ(sums->sum_dy, std::vector<double>(3, 0.0));
+  // An empty worker in a synchronized step: global count 10, nothing to write.
+  EXPECT_TRUE(
+      kernels->BackwardInput(nullptr, nullptr, shape, norm, *sums, 10, nullptr)
+          .ok());
+}
+
+TEST(CpuKernelsEdgeTest, InPlace) {
+  auto kernels = NewCpuBnKernels();
+  const Shape shape{3, 2, 2, 5};
+  std::vector<float> x = RandomTensor(shape, 1, 1, 1);
+  const reference::Stats st = reference::ComputeStats(x, shape);
+  const std::vector<float> gamma = {1.5f, 0.5f}, beta = {0.1f, -0.2f};
+  const Normalization norm{st.mean, st.var, gamma, beta, kEps};
+  const std::vector<double> want =
+      reference::Normalize(x, shape, st.mean, st.var, gamma, beta, kEps);
+  ASSERT_TRUE(kernels->Normalize(x.data(), shape, norm, x.data()).ok());
+  EXPECT_LT(MaxRelativeError(x, want), 1e-6);
+}
+
+TEST(CpuKernelsEdgeTest, RejectsBadArguments) {
+  auto kernels = NewCpuBnKernels();
+  const Shape shape{2, 2, 1, 1};
+  const std::vector<float> x = {1, 2, 3, 4}, dy = {1, 1, 1, 1};
+  std::vector<float> out(4);
+  const std::vector<double> mean = {1, 2}, var = {1, 1}, short_var = {1};
+  const std::vector<double> negative_var = {1, -1};
+  const std::vector<float> gamma = {1, 1}, beta = {0, 0};
+  const auto invalid = absl::StatusCode::kInvalidArgument;
+
+  EXPECT_EQ(kernels->ComputeMoments(x.data(), Shape{2, 0, 1, 1}).status().code(),
+            invalid);
+  EXPECT_EQ(kernels->ComputeMoments(nullptr, shape).status().code(), invalid);
+  EXPECT_EQ(kernels
+                ->Normalize(x.data(), shape,
+                            Normalization{mean, short_var, gamma, beta, kEps},
+                            out.data())
+                .code(),
+            invalid);
+  EXPECT_EQ(kernels
+                ->Normalize(x.data(), shape,
+                            Normalization{mean, var, gamma, beta, 0.0},
+                            out.data())
+                .code(),
+            invalid);
+  EXPECT_EQ(kernels
+                ->Normalize(x.data(), shape,
+                            Normalization{mean, negative_var, gamma, beta, kEps},
+                            out.data())
+                .code(),
+            invalid);
+  EXPECT_EQ(kernels
+                ->Normalize(x.data(), shape,
+                            Normalization{mean, var, gamma, {}, kEps},
+                            out.data())
+                .code(),
+            invalid);
+  const Normalization norm{mean, var, gamma, beta, kEps};
+  absl::StatusOr<BackwardSums> sums =
+      kernels->BackwardReduce(dy.data(), x.data(), shape, norm);
+  ASSERT_TRUE(sums.ok());
+  // Count below the local samples per channel.
+  EXPECT_EQ(kernels
+                ->BackwardInput(dy.data(), x.data(), shape, norm, *sums, 1,
+                                out.data())
+                .code(),
+            invalid);
+  BackwardSums wrong = *sums;
+  wrong.sum_dy.push_back(0);
+  EXPECT_EQ(kernels
+                ->BackwardInput(dy.data(), x.data(), shape, norm, wrong, 2,
+                                out.data())
+                .code(),
+            invalid);
+  wrong = *sums;
+  wrong.sum_dy_xhat[0] = NAN;
+  EXPECT_EQ(kernels
+                ->BackwardInput(dy.data(), x.data(), shape, norm, wrong, 2,
+                                out.data())
+                .code(),
+            invalid);
+}
+
+TEST(AddSumsTest, AddsAndRejectsMismatch) {
+  BackwardSums acc = BackwardSums::Zero(2);
+  BackwardSums part{{1, 2}, {3, 4}};
+  ASSERT_TRUE(AddSums(part, &acc).ok());
+  ASSERT_TRUE(AddSums(part, &acc).ok());
+  EXPECT_EQ(acc.sum_dy, (std::vector<double>{2, 4}));
+  EXPECT_EQ(acc.sum_dy_xhat, (std::vector<double>{6, 8}));
+  EXPECT_EQ(AddSums(BackwardSums::Zero(3), &acc).code(),
+            absl::StatusCode::kInvalidArgument);
+  part.sum_dy[0] = INFINITY;
+  EXPECT_EQ(AddSums(part, &acc).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(acc.sum_dy, (std::vector<double>{2, 4}));  // unchanged on error
+}
+
+}  // namespace
+}  // namespace bnps::bn

@@ -1,0 +1,65 @@
+#include "bn/kernels.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+
+namespace bnps::bn {
+
+BackwardSums BackwardSums::Zero(int64_t channels) {
+  BackwardSums sums;
+  sums.sum_dy.assign(channels, 0.0);
+  sums.sum_dy_xhat.assign(channels, 0.0);
+  return sums;
+}
+
+absl::Status AddSums(const BackwardSums& part, BackwardSums* acc) {
+  if (part.sum_dy.size() != acc->sum_dy.size() ||
+      part.sum_dy_xhat.size() != acc->sum_dy_xhat.size() ||
+      part.sum_dy.size() != part.sum_dy_xhat.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "backward sums: part has ", part.sum_dy.size(), "/",
+        part.sum_dy_xhat.size(), " channels, accumulator has ",
+        acc->sum_dy.size(), "/", acc->sum_dy_xhat.size()));
+  }
+  for (size_t c = 0; c < part.sum_dy.size(); ++c) {
+    if (!std::isfinite(part.sum_dy[c]) || !std::isfinite(part.sum_dy_xhat[c])) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("backward sums: channel ", c, " is not finite"));
+    }
+  }
+  for (size_t c = 0; c < part.sum_dy.size(); ++c) {
+    acc->sum_dy[c] += part.sum_dy[c];
+    acc->sum_dy_xhat[c] += part.sum_dy_xhat[c];
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateNormalization(const Shape& shape, const Normalization& norm,
+                                   bool need_beta) {
+  if (absl::Status s = ValidateShape(shape); !s.ok()) return s;
+  const size_t c = static_cast<size_t>(shape.c);
+  if (norm.mean.size() != c || norm.var.size() != c || norm.gamma.size() != c ||
+      (need_beta && norm.beta.size() != c)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "normalization for ", c, " channels has mean ", norm.mean.size(),
+        ", var ", norm.var.size(), ", gamma ", norm.gamma.size(), ", beta ",
+        norm.beta.size()));
+  }
+  if (!(norm.eps > 0) || !std::isfinite(norm.eps)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("eps must be positive and finite, got ", norm.eps));
+  }
+  for (size_t i = 0; i < c; ++i) {
+    if (!std::isfinite(norm.mean[i]) || !std::isfinite(norm.var[i]) ||
+        norm.var[i] < 0 || !std::isfinite(norm.gamma[i]) ||
+        (need_beta && !std::isfinite(norm.beta[i]))) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "normalization: channel ", i,
+          " has a non-finite value or a negative variance"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace bnps::bn

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Installs everything bnps needs to build, test and run, from Debian's packages.
+# The one place that installs dependencies: .ci/run and the README call it.
+# Idempotent and quiet; safe to run twice. Needs root (or sudo).
+#
+#   tools/setup.sh          build + test dependencies, and Fashion-MNIST
+#   tools/setup.sh --peers  also the benchmark peers (gloo, PyTorch): large
+set -euo pipefail
+
+want_peers=0
+for arg in "$@"; do
+  case "$arg" in
+    --peers) want_peers=1 ;;
+    -h|--help) sed -n '2,8p' "$0"; exit 0 ;;
+    *) echo "setup.sh: unknown argument '$arg' (try --help)" >&2; exit 2 ;;
+  esac
+done
+
+packages=(
+  bazel-bootstrap          # Bazel 4.2.3, runs offline
+  g++ pkg-config
+  libgrpc++-dev protobuf-compiler-grpc protobuf-compiler libprotobuf-dev
+  libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev
+  libdnnl-dev              # oneDNN, CPU convolution and matrix products
+  zlib1g-dev               # gzip IDX files
+  dataset-fashion-mnist    # /usr/share/datasets/fashion-mnist
+)
+if [ "$want_peers" = 1 ]; then
+  packages+=(libgloo-dev python3-torch python3-matplotlib)
+fi
+
+sudo_cmd=()
+if [ "$(id -u)" != 0 ]; then sudo_cmd=(sudo); fi
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" \
+    || missing+=("$p")
+done
+
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup.sh: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  "${sudo_cmd[@]}" apt-get update -qq
+  "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+if [ ! -x /usr/local/cuda/bin/nvcc ]; then
+  echo "setup.sh: note: no CUDA toolkit at /usr/local/cuda; GPU code will not build" >&2
+fi
+echo "setup.sh: dependencies ready"
