@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <limits>
+#include <ostream>
 #include <random>
 #include <vector>
 
@@ -23,6 +24,10 @@ struct Case {
   double mean;
   double std;
 };
+
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << c.shape.ToString() << " mean " << c.mean << " std " << c.std;
+}
 
 // Shapes of real layers, random shapes, and the edge cases C=1, N=1, H=W=1.
 std::vector<Case> Cases() {
