@@ -52,13 +52,20 @@ ChannelCoefficients Coefficients(const Normalization& norm) {
   return k;
 }
 
-// Two-pass moments of one contiguous plane of `len` >= 1 values: the mean in
-// double, then the squared deviations with the usual compensation term.
+// The hot loops, compiled twice: for x86-64-v3 (AVX2, FMA) and for the baseline,
+// picked at load time, so the library runs on any x86-64.
+#define BNPS_HOT_LOOP __attribute__((target_clones("arch=x86-64-v3", "default")))
+
+// Moments of one contiguous plane of `len` >= 1 values. A float pass finds an
+// approximate mean m; the double pass accumulates d = x - m and d^2, and
+// mean = m + sum(d)/len, M2 = sum(d^2) - sum(d)^2/len are exact for any m, so the
+// float pass only has to be close enough to avoid cancellation.
+BNPS_HOT_LOOP
 void PlaneMoments(const float* p, int64_t len, double* mean, double* m2) {
-  double sum = 0;
-#pragma omp simd reduction(+ : sum)
-  for (int64_t i = 0; i < len; ++i) sum += p[i];
-  const double m = sum / static_cast<double>(len);
+  float approx = 0;
+#pragma omp simd reduction(+ : approx)
+  for (int64_t i = 0; i < len; ++i) approx += p[i];
+  const double m = static_cast<double>(approx) / static_cast<double>(len);
   double sq = 0, dev = 0;
 #pragma omp simd reduction(+ : sq, dev)
   for (int64_t i = 0; i < len; ++i) {
@@ -69,6 +76,39 @@ void PlaneMoments(const float* p, int64_t len, double* mean, double* m2) {
   *mean = m + dev / static_cast<double>(len);
   *m2 = sq - dev * dev / static_cast<double>(len);
   if (*m2 < 0) *m2 = 0;
+}
+
+// out = ((in - hi) - lo) * a + b.
+BNPS_HOT_LOOP
+void PlaneNormalize(const float* in, int64_t len, float hi, float lo, float a,
+                    float b, float* out) {
+#pragma omp simd
+  for (int64_t i = 0; i < len; ++i) out[i] = ((in[i] - hi) - lo) * a + b;
+}
+
+// sum(dy) and sum(dy * (x - mean)) in double.
+BNPS_HOT_LOOP
+void PlaneBackwardSums(const float* dy, const float* x, int64_t len, float hi,
+                       float lo, double* sum_dy, double* sum_dy_d) {
+  double a = 0, b = 0;
+#pragma omp simd reduction(+ : a, b)
+  for (int64_t j = 0; j < len; ++j) {
+    const double g = dy[j];
+    a += g;
+    b += g * static_cast<double>((x[j] - hi) - lo);
+  }
+  *sum_dy += a;
+  *sum_dy_d += b;
+}
+
+// dx = ka * dy + kb * (x - mean) + kc.
+BNPS_HOT_LOOP
+void PlaneBackwardInput(const float* dy, const float* x, int64_t len, float hi,
+                        float lo, float ka, float kb, float kc, float* dx) {
+#pragma omp simd
+  for (int64_t j = 0; j < len; ++j) {
+    dx[j] = ka * dy[j] + kb * ((x[j] - hi) - lo) + kc;
+  }
 }
 
 class CpuBnKernels final : public BnKernels {
@@ -120,12 +160,14 @@ class CpuBnKernels final : public BnKernels {
       scale[ch] = static_cast<float>(norm.gamma[ch] * k.inv_std[ch]);
       shift[ch] = norm.beta[ch];
     }
-    ForEachElement(shape, [&](int64_t ch, const float* in, float* out,
-                              int64_t len) {
-      const float hi = k.hi[ch], lo = k.lo[ch], a = scale[ch], b = shift[ch];
-#pragma omp simd
-      for (int64_t i = 0; i < len; ++i) out[i] = ((in[i] - hi) - lo) * a + b;
-    }, x, y);
+    const int64_t n = shape.n, len = shape.Spatial();
+    for (int64_t i = 0; i < n; ++i) {
+      for (int64_t ch = 0; ch < c; ++ch) {
+        const int64_t off = (i * c + ch) * len;
+        PlaneNormalize(x + off, len, k.hi[ch], k.lo[ch], scale[ch], shift[ch],
+                       y + off);
+      }
+    }
     return absl::OkStatus();
   }
 
@@ -145,18 +187,9 @@ class CpuBnKernels final : public BnKernels {
     std::vector<double>& sdyd = sums.sum_dy_xhat;  // sum(dy * (x - mean)) first
     for (int64_t i = 0; i < n; ++i) {
       for (int64_t ch = 0; ch < c; ++ch) {
-        const float* g = dy + (i * c + ch) * len;
-        const float* v = x + (i * c + ch) * len;
-        const float hi = k.hi[ch], lo = k.lo[ch];
-        double a = 0, b = 0;
-#pragma omp simd reduction(+ : a, b)
-        for (int64_t j = 0; j < len; ++j) {
-          const double gj = g[j];
-          a += gj;
-          b += gj * static_cast<double>((v[j] - hi) - lo);
-        }
-        sdy[ch] += a;
-        sdyd[ch] += b;
+        const int64_t off = (i * c + ch) * len;
+        PlaneBackwardSums(dy + off, x + off, len, k.hi[ch], k.lo[ch], &sdy[ch],
+                          &sdyd[ch]);
       }
     }
     for (int64_t ch = 0; ch < c; ++ch) sdyd[ch] *= k.inv_std[ch];
@@ -190,15 +223,8 @@ class CpuBnKernels final : public BnKernels {
     for (int64_t i = 0; i < n; ++i) {
       for (int64_t ch = 0; ch < c; ++ch) {
         const int64_t off = (i * c + ch) * len;
-        const float* g = dy + off;
-        const float* v = x + off;
-        float* out = dx + off;
-        const float hi = k.hi[ch], lo = k.lo[ch], ka = a[ch], kb = b[ch],
-                    kc = c0[ch];
-#pragma omp simd
-        for (int64_t j = 0; j < len; ++j) {
-          out[j] = ka * g[j] + kb * ((v[j] - hi) - lo) + kc;
-        }
+        PlaneBackwardInput(dy + off, x + off, len, k.hi[ch], k.lo[ch], a[ch],
+                           b[ch], c0[ch], dx + off);
       }
     }
     return absl::OkStatus();
@@ -232,19 +258,6 @@ class CpuBnKernels final : public BnKernels {
       mean[ch] += dev[ch] / static_cast<double>(n);
     }
     out->count = n;
-  }
-
-  // Calls fn(channel, in_plane, out_plane, len) for every (image, channel).
-  template <typename Fn>
-  static void ForEachElement(const Shape& shape, Fn fn, const float* in,
-                             float* out) {
-    const int64_t n = shape.n, c = shape.c, len = shape.Spatial();
-    for (int64_t i = 0; i < n; ++i) {
-      for (int64_t ch = 0; ch < c; ++ch) {
-        const int64_t off = (i * c + ch) * len;
-        fn(ch, in + off, out + off, len);
-      }
-    }
   }
 
   static absl::Status CheckSums(const Shape& shape, const BackwardSums& sums,
