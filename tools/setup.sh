@@ -18,7 +18,7 @@ done
 
 packages=(
   bazel-bootstrap          # Bazel 4.2.3, runs offline
-  g++ pkg-config
+  g++ pkg-config python3
   libgrpc++-dev protobuf-compiler-grpc protobuf-compiler libprotobuf-dev
   libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev
   libdnnl-dev              # oneDNN, CPU convolution and matrix products
