@@ -1,0 +1,249 @@
+#include "proto/codec.h"
+
+#include <cmath>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "proto/limits.h"
+
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
+              "bnps sends tensors as little-endian bytes with memcpy");
+
+namespace bnps::proto {
+namespace {
+
+std::string ShapeString(absl::Span<const int64_t> shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+}
+
+template <typename T>
+absl::Status CheckFinite(const std::vector<T>& v) {
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (!std::isfinite(v[i])) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor element ", i, " is not finite (", v[i], ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+template <typename T>
+absl::StatusOr<std::vector<T>> DecodeAs(const Tensor& t, DType want,
+                                        const char* dtype_name) {
+  if (t.dtype() != want) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tensor dtype is ", DType_Name(t.dtype()), ", expected ", dtype_name));
+  }
+  absl::StatusOr<int64_t> n = NumElements(t.shape());
+  if (!n.ok()) return n.status();
+  if (static_cast<int64_t>(t.data().size()) != *n * static_cast<int64_t>(sizeof(T))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tensor of shape ", ShapeString(t.shape()), " needs ", *n * sizeof(T),
+        " bytes, got ", t.data().size()));
+  }
+  std::vector<T> out(*n);
+  if (*n > 0) std::memcpy(out.data(), t.data().data(), t.data().size());
+  if (absl::Status s = CheckFinite(out); !s.ok()) return s;
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<int64_t> NumElements(absl::Span<const int64_t> shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) {
+    if (d < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("negative dimension in shape ", ShapeString(shape)));
+    }
+    if (d > 0 && n > kMaxTensorElements / d) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "shape ", ShapeString(shape), " exceeds ", kMaxTensorElements,
+          " elements"));
+    }
+    n *= d;
+  }
+  return n;
+}
+
+void EncodeFloat32(absl::Span<const float> values,
+                   absl::Span<const int64_t> shape, Tensor* out) {
+  out->set_dtype(DTYPE_FLOAT32);
+  out->mutable_shape()->Assign(shape.begin(), shape.end());
+  out->set_data(reinterpret_cast<const char*>(values.data()),
+                values.size() * sizeof(float));
+}
+
+void EncodeFloat64(absl::Span<const double> values, Tensor* out) {
+  out->set_dtype(DTYPE_FLOAT64);
+  out->clear_shape();
+  out->add_shape(static_cast<int64_t>(values.size()));
+  out->set_data(reinterpret_cast<const char*>(values.data()),
+                values.size() * sizeof(double));
+}
+
+absl::StatusOr<std::vector<float>> DecodeFloat32(
+    const Tensor& t, absl::Span<const int64_t> want_shape) {
+  if (!want_shape.empty() &&
+      !std::equal(want_shape.begin(), want_shape.end(), t.shape().begin(),
+                  t.shape().end())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor has shape ", ShapeString(t.shape()),
+                     ", expected ", ShapeString(want_shape)));
+  }
+  return DecodeAs<float>(t, DTYPE_FLOAT32, "DTYPE_FLOAT32");
+}
+
+absl::StatusOr<std::vector<double>> DecodeFloat64(const Tensor& t,
+                                                  int64_t want_size) {
+  if (t.shape_size() != 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "per-channel tensor must be 1-D, got shape ", ShapeString(t.shape())));
+  }
+  if (want_size >= 0 && t.shape(0) != want_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "per-channel tensor has ", t.shape(0), " channels, expected ", want_size));
+  }
+  if (t.shape(0) > kMaxChannels) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("per-channel tensor has more than ", kMaxChannels, " channels"));
+  }
+  return DecodeAs<double>(t, DTYPE_FLOAT64, "DTYPE_FLOAT64");
+}
+
+void EncodeMoments(const bn::Moments& m, BnMoments* out) {
+  out->set_count(m.count);
+  EncodeFloat64(m.mean, out->mutable_mean());
+  EncodeFloat64(m.m2, out->mutable_m2());
+}
+
+absl::StatusOr<bn::Moments> DecodeMoments(const BnMoments& m, int64_t channels) {
+  bn::Moments out;
+  out.count = m.count();
+  absl::StatusOr<std::vector<double>> mean = DecodeFloat64(m.mean(), channels);
+  if (!mean.ok()) return mean.status();
+  absl::StatusOr<std::vector<double>> m2 = DecodeFloat64(m.m2(), mean->size());
+  if (!m2.ok()) return m2.status();
+  out.mean = *std::move(mean);
+  out.m2 = *std::move(m2);
+  if (absl::Status s = bn::ValidateMoments(out); !s.ok()) return s;
+  return out;
+}
+
+void EncodeSums(const bn::BackwardSums& s, BnSums* out) {
+  EncodeFloat64(s.sum_dy, out->mutable_sum_dy());
+  EncodeFloat64(s.sum_dy_xhat, out->mutable_sum_dy_xhat());
+}
+
+absl::StatusOr<bn::BackwardSums> DecodeSums(const BnSums& s, int64_t channels) {
+  absl::StatusOr<std::vector<double>> dy = DecodeFloat64(s.sum_dy(), channels);
+  if (!dy.ok()) return dy.status();
+  absl::StatusOr<std::vector<double>> dyx =
+      DecodeFloat64(s.sum_dy_xhat(), dy->size());
+  if (!dyx.ok()) return dyx.status();
+  if (dy->empty()) return absl::InvalidArgumentError("backward sums are empty");
+  return bn::BackwardSums{*std::move(dy), *std::move(dyx)};
+}
+
+void EncodeRunning(const bn::RunningStats& r, BnRunningStats* out) {
+  EncodeFloat64(r.mean, out->mutable_mean());
+  EncodeFloat64(r.var, out->mutable_var());
+}
+
+absl::StatusOr<bn::RunningStats> DecodeRunning(const BnRunningStats& r,
+                                               int64_t channels) {
+  absl::StatusOr<std::vector<double>> mean = DecodeFloat64(r.mean(), channels);
+  if (!mean.ok()) return mean.status();
+  absl::StatusOr<std::vector<double>> var = DecodeFloat64(r.var(), mean->size());
+  if (!var.ok()) return var.status();
+  if (mean->empty()) return absl::InvalidArgumentError("running stats are empty");
+  for (double v : *var) {
+    if (v < 0) return absl::InvalidArgumentError("running variance is negative");
+  }
+  return bn::RunningStats{*std::move(mean), *std::move(var)};
+}
+
+void AppendChunks(const std::string& key, absl::Span<const int64_t> shape,
+                  absl::Span<const float> values, int64_t chunk_floats,
+                  google::protobuf::RepeatedPtrField<TensorChunk>* out) {
+  const int64_t n = static_cast<int64_t>(values.size());
+  int64_t offset = 0;
+  do {  // an empty tensor still travels as one empty chunk
+    const int64_t len = std::min(chunk_floats, n - offset);
+    TensorChunk* chunk = out->Add();
+    chunk->set_key(key);
+    chunk->mutable_shape()->Assign(shape.begin(), shape.end());
+    chunk->set_offset(offset);
+    const int64_t part_shape[] = {len};
+    EncodeFloat32(values.subspan(offset, len), part_shape, chunk->mutable_part());
+    offset += len;
+  } while (offset < n);
+}
+
+absl::StatusOr<std::optional<ChunkAssembler::Complete>> ChunkAssembler::Add(
+    const TensorChunk& chunk) {
+  if (chunk.key().empty() || chunk.key().size() > kMaxKeyBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "chunk key must have 1 to ", kMaxKeyBytes, " bytes"));
+  }
+  if (!pending()) {
+    absl::StatusOr<int64_t> n = NumElements(chunk.shape());
+    if (!n.ok()) return n.status();
+    current_.key = chunk.key();
+    current_.shape.assign(chunk.shape().begin(), chunk.shape().end());
+    current_.values.clear();
+    current_.values.reserve(*n);
+    total_ = *n;
+  } else if (chunk.key() != current_.key ||
+             !std::equal(chunk.shape().begin(), chunk.shape().end(),
+                         current_.shape.begin(), current_.shape.end())) {
+    const std::string key = current_.key;
+    current_.key.clear();
+    return absl::InvalidArgumentError(absl::StrCat(
+        "chunk of '", chunk.key(), "' arrived while '", key, "' is incomplete"));
+  }
+  auto fail = [this](absl::Status s) {
+    current_.key.clear();
+    return s;
+  };
+  if (chunk.offset() != static_cast<int64_t>(current_.values.size())) {
+    return fail(absl::InvalidArgumentError(absl::StrCat(
+        "chunk of '", chunk.key(), "' at offset ", chunk.offset(), ", expected ",
+        current_.values.size())));
+  }
+  if (chunk.part().shape_size() != 1) {
+    return fail(absl::InvalidArgumentError("chunk part must be 1-D"));
+  }
+  absl::StatusOr<std::vector<float>> part = DecodeFloat32(chunk.part());
+  if (!part.ok()) {
+    return fail(absl::InvalidArgumentError(
+        absl::StrCat("chunk of '", chunk.key(), "': ", part.status().message())));
+  }
+  if (static_cast<int64_t>(current_.values.size() + part->size()) > total_) {
+    return fail(absl::InvalidArgumentError(absl::StrCat(
+        "chunks of '", chunk.key(), "' run past its ", total_, " elements")));
+  }
+  current_.values.insert(current_.values.end(), part->begin(), part->end());
+  if (static_cast<int64_t>(current_.values.size()) < total_) {
+    return std::optional<Complete>();
+  }
+  Complete done = std::move(current_);
+  current_ = Complete();
+  return std::optional<Complete>(std::move(done));
+}
+
+grpc::Status ToGrpcStatus(const absl::Status& s) {
+  if (s.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(s.code()),
+                      std::string(s.message()));
+}
+
+absl::Status FromGrpcStatus(const grpc::Status& s) {
+  if (s.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
+                      s.error_message());
+}
+
+}  // namespace bnps::proto

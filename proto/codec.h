@@ -1,0 +1,92 @@
+// Conversions between wire messages and host values: tensors as raw
+// little-endian bytes, BN moments/sums/running stats, chunked tensors, and
+// absl::Status <-> grpc::Status (the one place that converts).
+//
+// Decoding validates everything that arrives over the network and returns
+// INVALID_ARGUMENT naming what is wrong: dtype, shape, byte size, non-finite
+// values, limits. Thread-safety: functions are pure; ChunkAssembler is
+// thread-compatible.
+
+#ifndef BNPS_PROTO_CODEC_H_
+#define BNPS_PROTO_CODEC_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "bn/kernels.h"
+#include "bn/moments.h"
+#include "grpcpp/support/status.h"
+#include "proto/bnps.pb.h"
+
+namespace bnps::proto {
+
+void EncodeFloat32(absl::Span<const float> values,
+                   absl::Span<const int64_t> shape, Tensor* out);
+void EncodeFloat64(absl::Span<const double> values, Tensor* out);  // 1-D
+
+// INVALID_ARGUMENT unless `t` is float32 with product(shape) elements, the byte
+// size matches, and every value is finite. `want_shape`, if not empty, must
+// equal t.shape.
+absl::StatusOr<std::vector<float>> DecodeFloat32(
+    const Tensor& t, absl::Span<const int64_t> want_shape = {});
+// 1-D float64 of `want_size` elements (any size if < 0), all finite.
+absl::StatusOr<std::vector<double>> DecodeFloat64(const Tensor& t,
+                                                  int64_t want_size = -1);
+
+void EncodeMoments(const bn::Moments& m, BnMoments* out);
+// Validated with bn::ValidateMoments; `channels` < 0 accepts any count.
+absl::StatusOr<bn::Moments> DecodeMoments(const BnMoments& m,
+                                          int64_t channels = -1);
+
+void EncodeSums(const bn::BackwardSums& s, BnSums* out);
+absl::StatusOr<bn::BackwardSums> DecodeSums(const BnSums& s,
+                                            int64_t channels = -1);
+
+void EncodeRunning(const bn::RunningStats& r, BnRunningStats* out);
+absl::StatusOr<bn::RunningStats> DecodeRunning(const BnRunningStats& r,
+                                               int64_t channels = -1);
+
+// Number of elements of `shape`; INVALID_ARGUMENT for negative dimensions or
+// more than kMaxTensorElements.
+absl::StatusOr<int64_t> NumElements(absl::Span<const int64_t> shape);
+
+// Cuts `values` (of the given full shape) into chunks of at most
+// `chunk_floats` elements, appended to `out`.
+void AppendChunks(const std::string& key, absl::Span<const int64_t> shape,
+                  absl::Span<const float> values, int64_t chunk_floats,
+                  google::protobuf::RepeatedPtrField<TensorChunk>* out);
+
+// Reassembles tensors from chunks that arrive in order.
+class ChunkAssembler {
+ public:
+  struct Complete {
+    std::string key;
+    std::vector<int64_t> shape;
+    std::vector<float> values;
+  };
+
+  // Adds one chunk. Returns the tensor when this chunk completed it, nothing
+  // when more chunks are due. INVALID_ARGUMENT for a chunk out of order, of the
+  // wrong shape, past the end, with non-finite values, or for a different key
+  // while a tensor is incomplete.
+  absl::StatusOr<std::optional<Complete>> Add(const TensorChunk& chunk);
+
+  // True if a tensor is partly received.
+  bool pending() const { return !current_.key.empty(); }
+
+ private:
+  Complete current_;
+  int64_t total_ = 0;
+};
+
+// The one place statuses cross between Abseil and gRPC.
+grpc::Status ToGrpcStatus(const absl::Status& s);
+absl::Status FromGrpcStatus(const grpc::Status& s);
+
+}  // namespace bnps::proto
+
+#endif  // BNPS_PROTO_CODEC_H_
