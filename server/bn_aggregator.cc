@@ -1,0 +1,419 @@
+#include "server/bn_aggregator.h"
+
+#include <cmath>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace bnps::server {
+namespace {
+
+// Finished barriers are kept this many steps back, so a retried contribution
+// gets the answer the others got.
+constexpr int64_t kKeepSteps = 16;
+
+const char* PhaseName(int phase) {
+  static const char* const kNames[] = {"forward", "backward", "recal-finish",
+                                       "local-running"};
+  return kNames[phase];
+}
+
+}  // namespace
+
+BnAggregator::BnAggregator(Options options)
+    : options_(options),
+      live_(options.num_workers, true),
+      failed_(options.num_workers) {}
+
+int BnAggregator::NumLive() const {
+  int n = 0;
+  for (bool l : live_) n += l;
+  return n;
+}
+
+absl::Status BnAggregator::Admit(int worker, const std::string& layer,
+                                 int64_t channels) {
+  if (worker < 0 || worker >= options_.num_workers) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "worker ", worker, " outside the job's [0, ", options_.num_workers, ")"));
+  }
+  if (!live_[worker]) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("worker ", worker, " was removed from the job"));
+  }
+  if (layer.empty()) return absl::InvalidArgumentError("empty BN layer name");
+  Layer& l = layers_[layer];
+  if (channels > 0) {
+    if (l.channels == 0) l.channels = channels;
+    if (l.channels != channels) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "BN layer '", layer, "' has ", l.channels, " channels, got ", channels));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void BnAggregator::Forward(int worker, int64_t step, const std::string& layer,
+                           bn::Moments local, absl::Time deadline, Done done) {
+  Ready ready;
+  {
+    absl::MutexLock lock(&mu_);
+    absl::Status s = Admit(worker, layer, local.channels());
+    if (s.ok() && options_.policy != Policy::kSync &&
+        options_.policy != Policy::kAsync) {
+      s = absl::FailedPreconditionError(absl::StrCat(
+          "policy ", PolicyName(options_.policy),
+          " normalizes with local statistics: no BN forward traffic"));
+    }
+    if (s.ok() && step < 0) s = absl::InvalidArgumentError("negative step");
+    if (!s.ok()) {
+      ready.push_back([done = std::move(done), s] { done(s); });
+    } else if (options_.policy == Policy::kAsync) {
+      AsyncForward(worker, step, layers_[layer], std::move(local),
+                   std::move(done), &ready);
+    } else {
+      Contribute(worker, {layer, Phase::kForward, step},
+                 Contribution{std::move(local), {}, {}}, deadline,
+                 std::move(done), &ready);
+    }
+  }
+  for (auto& fn : ready) fn();
+}
+
+void BnAggregator::Backward(int worker, int64_t step, const std::string& layer,
+                            bn::BackwardSums local, absl::Time deadline,
+                            Done done) {
+  Ready ready;
+  {
+    absl::MutexLock lock(&mu_);
+    absl::Status s = Admit(worker, layer, local.sum_dy.size());
+    if (s.ok() && options_.policy != Policy::kSync) {
+      s = absl::FailedPreconditionError(
+          absl::StrCat("policy ", PolicyName(options_.policy),
+                       " has no global BN backward reduction"));
+    }
+    if (s.ok() && step < 0) s = absl::InvalidArgumentError("negative step");
+    if (!s.ok()) {
+      ready.push_back([done = std::move(done), s] { done(s); });
+    } else {
+      Contribute(worker, {layer, Phase::kBackward, step},
+                 Contribution{{}, std::move(local), {}}, deadline,
+                 std::move(done), &ready);
+    }
+  }
+  for (auto& fn : ready) fn();
+}
+
+void BnAggregator::Recal(int worker, int64_t batch, const std::string& layer,
+                         bn::Moments moments, Done done) {
+  absl::Status s;
+  {
+    absl::MutexLock lock(&mu_);
+    s = Admit(worker, layer, moments.channels());
+    if (s.ok() && batch < 0) s = absl::InvalidArgumentError("negative batch");
+    if (s.ok()) {
+      auto finished = barriers_.find({layer, Phase::kRecalFinish, 0});
+      if (finished != barriers_.end() && finished->second.result.has_value()) {
+        s = absl::FailedPreconditionError(absl::StrCat(
+            "recalibration of BN layer '", layer, "' is already finished"));
+      } else {
+        // The first value of a (worker, batch) stays: retries are not merged twice.
+        layers_[layer].recal.emplace(std::make_pair(worker, batch),
+                                     std::move(moments));
+      }
+    }
+  }
+  if (s.ok()) {
+    done(Reply{});
+  } else {
+    done(s);
+  }
+}
+
+void BnAggregator::RecalFinish(int worker, const std::string& layer,
+                               absl::Time deadline, Done done) {
+  Ready ready;
+  {
+    absl::MutexLock lock(&mu_);
+    absl::Status s = Admit(worker, layer, 0);
+    if (!s.ok()) {
+      ready.push_back([done = std::move(done), s] { done(s); });
+    } else {
+      Contribute(worker, {layer, Phase::kRecalFinish, 0}, Contribution{},
+                 deadline, std::move(done), &ready);
+    }
+  }
+  for (auto& fn : ready) fn();
+}
+
+void BnAggregator::LocalRunning(int worker, const std::string& layer,
+                                bn::RunningStats running, absl::Time deadline,
+                                Done done) {
+  Ready ready;
+  {
+    absl::MutexLock lock(&mu_);
+    absl::Status s = Admit(worker, layer, running.mean.size());
+    if (s.ok() && running.var.size() != running.mean.size()) {
+      s = absl::InvalidArgumentError("running mean and var differ in size");
+    }
+    if (s.ok() && options_.policy != Policy::kLocal) {
+      s = absl::FailedPreconditionError(absl::StrCat(
+          "policy ", PolicyName(options_.policy),
+          " keeps running stats on the server; only local averages workers'"));
+    }
+    if (!s.ok()) {
+      ready.push_back([done = std::move(done), s] { done(s); });
+    } else {
+      Contribute(worker, {layer, Phase::kLocalRunning, 0},
+                 Contribution{{}, {}, std::move(running)}, deadline,
+                 std::move(done), &ready);
+    }
+  }
+  for (auto& fn : ready) fn();
+}
+
+void BnAggregator::Contribute(int worker, BarrierKey key, Contribution c,
+                              absl::Time deadline, Done done, Ready* ready) {
+  const auto& [layer_name, phase, step] = key;
+  Layer& layer = layers_[layer_name];
+  auto it = barriers_.find(key);
+  if (it == barriers_.end()) {
+    auto newest = layer.newest_finished.find(phase);
+    if (newest != layer.newest_finished.end() && step <= newest->second) {
+      absl::Status past = absl::FailedPreconditionError(absl::StrCat(
+          "BN ", PhaseName(static_cast<int>(phase)), " of layer '", layer_name,
+          "' step ", step, " is from the past (finished up to step ",
+          newest->second, ")"));
+      ready->push_back([done = std::move(done), past] { done(past); });
+      return;
+    }
+    it = barriers_.emplace(key, Barrier{}).first;
+    it->second.by_worker.resize(options_.num_workers);
+  }
+  Barrier& b = it->second;
+  if (b.result.has_value()) {  // a retry after the barrier finished
+    ready->push_back([done = std::move(done), r = *b.result] { done(r); });
+    return;
+  }
+  if (!b.by_worker[worker].has_value()) b.by_worker[worker] = std::move(c);
+  b.waiting.push_back(std::move(done));
+  b.deadline = std::min(b.deadline, deadline);
+  Evaluate(key, b, ready);
+  if (b.result.has_value()) {
+    int64_t& newest = layer.newest_finished[phase];
+    newest = std::max(newest, step);
+    // Forget barriers of this layer and phase far behind.
+    for (auto old = barriers_.lower_bound({layer_name, phase, 0});
+         old != barriers_.end() && std::get<0>(old->first) == layer_name &&
+         std::get<1>(old->first) == phase &&
+         std::get<2>(old->first) < newest - kKeepSteps;) {
+      old = old->second.result.has_value() ? barriers_.erase(old) : std::next(old);
+    }
+  }
+}
+
+std::string BnAggregator::Missing(const Barrier& b) const {
+  std::vector<int> missing;
+  for (int w = 0; w < options_.num_workers; ++w) {
+    if (live_[w] && !b.by_worker[w].has_value()) missing.push_back(w);
+  }
+  return absl::StrJoin(missing, ", ");
+}
+
+void BnAggregator::Evaluate(const BarrierKey& key, Barrier& b, Ready* ready) {
+  if (b.result.has_value()) return;
+  for (int w = 0; w < options_.num_workers; ++w) {
+    if (!live_[w] || b.by_worker[w].has_value()) continue;
+    if (!failed_[w].ok()) {
+      Resolve(key, b,
+              absl::Status(failed_[w].code(),
+                           absl::StrCat("BN ", PhaseName(static_cast<int>(std::get<1>(key))),
+                                        " of layer '", std::get<0>(key), "' step ",
+                                        std::get<2>(key), " needs worker ", w, ": ",
+                                        failed_[w].message())),
+              ready);
+    }
+    return;  // still waiting for w
+  }
+  Resolve(key, b, Finish(key, b), ready);
+}
+
+void BnAggregator::Resolve(const BarrierKey& key, Barrier& b,
+                           absl::StatusOr<Reply> result, Ready* ready) {
+  b.result = std::move(result);
+  for (Done& done : b.waiting) {
+    ready->push_back([done = std::move(done), r = *b.result] { done(r); });
+  }
+  b.waiting.clear();
+}
+
+absl::StatusOr<BnAggregator::Reply> BnAggregator::Finish(const BarrierKey& key,
+                                                         const Barrier& b) {
+  const auto& [layer_name, phase, step] = key;
+  Layer& layer = layers_[layer_name];
+  Reply reply;
+  for (const auto& c : b.by_worker) reply.contributors += c.has_value();
+  switch (phase) {
+    case Phase::kForward: {
+      reply.moments = bn::Moments::Empty(layer.channels);
+      for (const auto& c : b.by_worker) {  // worker order: deterministic
+        if (c.has_value()) bn::MergeInto(c->moments, &reply.moments);
+      }
+      if (!layer.running.has_value()) {
+        layer.running = bn::RunningStats::Initial(layer.channels);
+      }
+      if (reply.moments.count >= 2) {
+        absl::Status s = bn::UpdateRunningStats(reply.moments, options_.momentum,
+                                                &*layer.running);
+        if (!s.ok()) return s;
+      }
+      reply.running = layer.running;
+      return reply;
+    }
+    case Phase::kBackward: {
+      reply.sums = bn::BackwardSums::Zero(layer.channels);
+      for (const auto& c : b.by_worker) {
+        if (!c.has_value()) continue;
+        absl::Status s = bn::AddSums(c->sums, &reply.sums);
+        if (!s.ok()) return s;
+      }
+      return reply;
+    }
+    case Phase::kRecalFinish: {
+      if (layer.channels == 0) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "recalibration of BN layer '", layer_name, "' received no batches"));
+      }
+      reply.moments = bn::Moments::Empty(layer.channels);
+      for (const auto& [id, m] : layer.recal) {  // (worker, batch) order
+        if (live_[id.first]) bn::MergeInto(m, &reply.moments);
+      }
+      absl::StatusOr<std::vector<double>> var = bn::UnbiasedVariance(reply.moments);
+      if (!var.ok()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "recalibration of BN layer '", layer_name, "': ",
+            var.status().message()));
+      }
+      layer.running = bn::RunningStats{reply.moments.mean, *std::move(var)};
+      reply.running = layer.running;
+      return reply;
+    }
+    case Phase::kLocalRunning: {
+      bn::RunningStats avg{std::vector<double>(layer.channels, 0.0),
+                           std::vector<double>(layer.channels, 0.0)};
+      for (const auto& c : b.by_worker) {
+        if (!c.has_value()) continue;
+        for (int64_t i = 0; i < layer.channels; ++i) {
+          avg.mean[i] += c->running.mean[i] / reply.contributors;
+          avg.var[i] += c->running.var[i] / reply.contributors;
+        }
+      }
+      layer.running = avg;
+      reply.running = std::move(avg);
+      return reply;
+    }
+  }
+  return absl::InternalError("unknown BN phase");
+}
+
+void BnAggregator::AsyncForward(int worker, int64_t step, Layer& layer,
+                                bn::Moments local, Done done, Ready* ready) {
+  if (layer.latest.empty()) layer.latest.resize(options_.num_workers);
+  Latest& own = layer.latest[worker];
+  if (step < own.step) {
+    absl::Status past = absl::FailedPreconditionError(absl::StrCat(
+        "BN forward step ", step, " of worker ", worker,
+        " is from the past (it sent step ", own.step, ")"));
+    ready->push_back([done = std::move(done), past] { done(past); });
+    return;
+  }
+  own.step = step;
+  own.moments = std::move(local);
+  // Others' latest moments inside the window, merged in worker order.
+  Reply reply;
+  reply.moments = bn::Moments::Empty(layer.channels);
+  bn::Moments all = bn::Moments::Empty(layer.channels);
+  for (int w = 0; w < options_.num_workers; ++w) {
+    const Latest& l = layer.latest[w];
+    if (!live_[w] || l.step < 0) continue;
+    if (w == worker) {
+      bn::MergeInto(l.moments, &all);
+      continue;
+    }
+    if (l.step < step - options_.staleness) continue;  // too stale
+    bn::MergeInto(l.moments, &reply.moments);
+    bn::MergeInto(l.moments, &all);
+    ++reply.contributors;
+  }
+  if (!layer.running.has_value()) {
+    layer.running = bn::RunningStats::Initial(layer.channels);
+  }
+  if (all.count >= 2) {
+    const double m =
+        1.0 - std::pow(1.0 - options_.momentum, 1.0 / std::max(1, NumLive()));
+    absl::Status s = bn::UpdateRunningStats(all, m, &*layer.running);
+    if (!s.ok()) {
+      ready->push_back([done = std::move(done), s] { done(s); });
+      return;
+    }
+  }
+  reply.running = layer.running;
+  ready->push_back([done = std::move(done), r = std::move(reply)]() mutable {
+    done(std::move(r));
+  });
+}
+
+void BnAggregator::RemoveWorker(int worker) {
+  Ready ready;
+  {
+    absl::MutexLock lock(&mu_);
+    if (worker < 0 || worker >= options_.num_workers || !live_[worker]) return;
+    live_[worker] = false;
+    for (auto& [key, b] : barriers_) Evaluate(key, b, &ready);
+  }
+  for (auto& fn : ready) fn();
+}
+
+void BnAggregator::FailWorker(int worker, absl::Status why) {
+  Ready ready;
+  {
+    absl::MutexLock lock(&mu_);
+    if (worker < 0 || worker >= options_.num_workers) return;
+    failed_[worker] = std::move(why);
+    for (auto& [key, b] : barriers_) Evaluate(key, b, &ready);
+  }
+  for (auto& fn : ready) fn();
+}
+
+void BnAggregator::ExpireDeadlines(absl::Time now) {
+  Ready ready;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [key, b] : barriers_) {
+      if (b.result.has_value() || b.deadline > now) continue;
+      Resolve(key, b,
+              absl::DeadlineExceededError(absl::StrCat(
+                  "BN ", PhaseName(static_cast<int>(std::get<1>(key))),
+                  " of layer '", std::get<0>(key), "' step ", std::get<2>(key),
+                  " timed out waiting for workers [", Missing(b), "]")),
+              &ready);
+    }
+  }
+  for (auto& fn : ready) fn();
+}
+
+std::optional<bn::RunningStats> BnAggregator::Running(
+    const std::string& layer) const {
+  absl::MutexLock lock(&mu_);
+  auto it = layers_.find(layer);
+  if (it == layers_.end()) return std::nullopt;
+  return it->second.running;
+}
+
+int BnAggregator::num_layers() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int>(layers_.size());
+}
+
+}  // namespace bnps::server

@@ -1,0 +1,156 @@
+// Merges the BN traffic of a shard's layers under the job's policy.
+//
+//   sync    Forward and Backward are barriers per (layer, step): every live
+//           worker contributes, then all get the same merge, computed in worker
+//           order (bitwise independent of arrival order). Each completed forward
+//           barrier updates the layer's running stats once, with the global
+//           moments (unbiased variance), so they are identical for everyone.
+//   async   Forward never waits: the worker gets the merge of the other live
+//           workers' latest moments whose step is >= step - staleness, and
+//           normalizes with merge(own, that). Running stats are updated at each
+//           arrival with merge(own, admissible others), with momentum
+//           1 - (1 - m)^(1/W) so W arrivals weigh like one synchronous update.
+//   recal   No BN traffic while training. Afterwards Recal files the moments of
+//           every batch of every worker; RecalFinish is a barrier per layer that
+//           merges them all, in (worker, batch) order, into population
+//           statistics that become the running stats. (Recal works under every
+//           policy: recalibrating after training is an option for all.)
+//   local   No BN traffic while training; LocalRunning is a barrier per layer
+//           that averages the workers' own running stats.
+//
+// Every barrier has a deadline: a barrier still missing workers then fails for
+// all its waiters with DEADLINE_EXCEEDED naming the missing workers, and so
+// does every later contribution to it. A removed worker (shrink) is not waited
+// for; a failed worker (fail) makes barriers that need it fail with its status.
+// A repeated contribution of (worker, step, layer, phase) gets the same answer
+// and is not merged twice.
+//
+// Errors: INVALID_ARGUMENT for a worker outside the job or a channel count that
+// differs from the layer's; FAILED_PRECONDITION for a phase the policy does not
+// use, a removed worker, or a step from the past.
+//
+// Thread-safety: thread-safe. Callbacks run without the lock held, on the
+// calling thread or on the thread whose call completed the barrier.
+
+#ifndef BNPS_SERVER_BN_AGGREGATOR_H_
+#define BNPS_SERVER_BN_AGGREGATOR_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "bn/kernels.h"
+#include "bn/moments.h"
+#include "server/policy.h"
+
+namespace bnps::server {
+
+class BnAggregator {
+ public:
+  struct Options {
+    Policy policy = Policy::kSync;
+    int num_workers = 1;
+    int64_t staleness = 0;
+    double momentum = 0.1;  // running-stats momentum, as PyTorch's
+  };
+
+  struct Reply {
+    bn::Moments moments;  // forward: what to merge with / normalize with
+    bn::BackwardSums sums;
+    std::optional<bn::RunningStats> running;
+    int contributors = 0;
+  };
+  using Done = std::function<void(absl::StatusOr<Reply>)>;
+
+  explicit BnAggregator(Options options);
+
+  BnAggregator(const BnAggregator&) = delete;
+  BnAggregator& operator=(const BnAggregator&) = delete;
+
+  void Forward(int worker, int64_t step, const std::string& layer,
+               bn::Moments local, absl::Time deadline, Done done);
+  void Backward(int worker, int64_t step, const std::string& layer,
+                bn::BackwardSums local, absl::Time deadline, Done done);
+  // Files the moments of recalibration batch `batch`; answers at once.
+  void Recal(int worker, int64_t batch, const std::string& layer,
+             bn::Moments moments, Done done);
+  void RecalFinish(int worker, const std::string& layer, absl::Time deadline,
+                   Done done);
+  void LocalRunning(int worker, const std::string& layer,
+                    bn::RunningStats running, absl::Time deadline, Done done);
+
+  void RemoveWorker(int worker);
+  void FailWorker(int worker, absl::Status why);
+  void ExpireDeadlines(absl::Time now);
+
+  // The layer's running stats, if any were computed.
+  std::optional<bn::RunningStats> Running(const std::string& layer) const;
+  int num_layers() const;
+
+ private:
+  enum class Phase { kForward, kBackward, kRecalFinish, kLocalRunning };
+  using BarrierKey = std::tuple<std::string, Phase, int64_t>;
+
+  struct Contribution {
+    bn::Moments moments;
+    bn::BackwardSums sums;
+    bn::RunningStats running;
+  };
+  struct Barrier {
+    std::vector<std::optional<Contribution>> by_worker;
+    std::vector<Done> waiting;
+    absl::Time deadline = absl::InfiniteFuture();
+    std::optional<absl::StatusOr<Reply>> result;  // set once finished
+  };
+  struct Latest {  // async: a worker's newest forward moments of a layer
+    int64_t step = -1;
+    bn::Moments moments;
+  };
+  struct Layer {
+    int64_t channels = 0;
+    std::optional<bn::RunningStats> running;
+    std::vector<Latest> latest;                        // async, by worker
+    std::map<std::pair<int, int64_t>, bn::Moments> recal;  // (worker, batch)
+    std::map<Phase, int64_t> newest_finished;          // barrier steps
+  };
+  using Ready = std::vector<std::function<void()>>;
+
+  // Validates the worker and the layer's channel count (0 = not checked).
+  absl::Status Admit(int worker, const std::string& layer, int64_t channels)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Adds a contribution to a barrier and completes or fails it if it can.
+  void Contribute(int worker, BarrierKey key, Contribution c, absl::Time deadline,
+                  Done done, Ready* ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Completes `b` if every live worker contributed, fails it if a missing
+  // worker failed; then hands its waiters to `ready`.
+  void Evaluate(const BarrierKey& key, Barrier& b, Ready* ready)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<Reply> Finish(const BarrierKey& key, const Barrier& b)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Resolve(const BarrierKey& key, Barrier& b, absl::StatusOr<Reply> result,
+               Ready* ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::string Missing(const Barrier& b) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AsyncForward(int worker, int64_t step, Layer& layer, bn::Moments local,
+                    Done done, Ready* ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  int NumLive() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const Options options_;
+
+  mutable absl::Mutex mu_;
+  std::map<std::string, Layer> layers_ ABSL_GUARDED_BY(mu_);
+  std::map<BarrierKey, Barrier> barriers_ ABSL_GUARDED_BY(mu_);
+  std::vector<bool> live_ ABSL_GUARDED_BY(mu_);
+  std::vector<absl::Status> failed_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace bnps::server
+
+#endif  // BNPS_SERVER_BN_AGGREGATOR_H_

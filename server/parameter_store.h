@@ -1,0 +1,160 @@
+// The parameters a shard owns, their optimizer state, and how pushed gradients
+// become updates.
+//
+// Gradients arrive as sums over a worker's samples, with the sample count.
+// Bulk-synchronous (sync, recal, local): step s of a key is applied once every
+// live worker pushed (worker, s, key), with gradient sum(grads) / sum(samples),
+// which makes W workers equal one worker on their concatenated batch. Steps of a
+// key apply in order. Stale-synchronous (async): each push is applied on
+// arrival with grad / samples; the staleness bound is enforced by the clocks.
+//
+// The optimizer is SGD with momentum and weight decay, as PyTorch's:
+//   d = g + weight_decay * w;  buf = momentum * buf + d;  w -= lr * buf.
+//
+// Exactly once: a push of (worker, step, key) at or below the worker's last
+// pushed step for the key is acknowledged as a duplicate and not applied again.
+//
+// A key's version is the number of updates applied to it. Pull waits until every
+// requested key reached a version, or fails at its deadline naming the workers
+// the oldest pending step still waits for.
+//
+// Thread-safety: thread-safe. Callbacks run without the store's lock held, on
+// the calling thread or on the thread of the call that made them ready.
+
+#ifndef BNPS_SERVER_PARAMETER_STORE_H_
+#define BNPS_SERVER_PARAMETER_STORE_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+
+namespace bnps::server {
+
+struct OptimizerOptions {
+  double learning_rate = 0.1;  // Default: 0.1
+  double momentum = 0.9;       // Default: 0.9
+  double weight_decay = 0.0;   // Default: 0
+};
+
+class ParameterStore {
+ public:
+  struct Options {
+    int num_workers = 1;
+    bool bulk_synchronous = true;
+    OptimizerOptions optimizer;
+  };
+
+  struct Tensor {
+    std::vector<int64_t> shape;
+    std::vector<float> values;
+    int64_t version = 0;
+  };
+  using Snapshot = std::map<std::string, Tensor>;
+  using PullDone = std::function<void(absl::StatusOr<Snapshot>)>;
+
+  explicit ParameterStore(Options options);
+
+  ParameterStore(const ParameterStore&) = delete;
+  ParameterStore& operator=(const ParameterStore&) = delete;
+
+  // Sets the initial value of `key`. Returns true if this call initialized it,
+  // false if it was already initialized (the first value stays).
+  // INVALID_ARGUMENT if values do not match the shape.
+  absl::StatusOr<bool> Init(const std::string& key, std::vector<int64_t> shape,
+                            std::vector<float> values);
+
+  struct PushResult {
+    bool duplicate = false;
+  };
+  // Pushes worker's gradient (a sum over `num_samples` samples) of `key` for
+  // `step`. NOT_FOUND for a key never initialized; INVALID_ARGUMENT for a
+  // worker outside the job, a negative step, num_samples < 1 or a shape
+  // mismatch; FAILED_PRECONDITION for a step already applied without this
+  // worker, a step more than one ahead of the key's version (bulk-synchronous),
+  // or a worker that was removed.
+  absl::StatusOr<PushResult> Push(int worker, int64_t step,
+                                  const std::string& key,
+                                  const std::vector<int64_t>& shape,
+                                  const std::vector<float>& grad,
+                                  int64_t num_samples);
+
+  // Calls done with the values of `keys` (every key if empty) once each has
+  // version >= min_version: at once if they do. NOT_FOUND for an unknown key;
+  // DEADLINE_EXCEEDED after `deadline` (see ExpireDeadlines); UNAVAILABLE if a
+  // step it waits for needs a worker marked failed.
+  void Pull(std::vector<std::string> keys, int64_t min_version,
+            absl::Time deadline, PullDone done);
+
+  // The worker leaves the job: pending steps stop waiting for it (shrink).
+  void RemoveWorker(int worker);
+  // The worker is lost and steps that need it cannot complete: waiting pulls
+  // fail with `why` (UNAVAILABLE), and so do later pulls that would wait.
+  void FailWorker(int worker, absl::Status why);
+
+  // Fails waiting pulls whose deadline is at or before `now`.
+  void ExpireDeadlines(absl::Time now);
+
+  struct Stats {
+    int num_keys = 0;
+    int64_t min_version = 0;
+    int64_t applied = 0;     // pushes accepted
+    int64_t duplicates = 0;  // pushes acknowledged as duplicates
+  };
+  Stats GetStats() const;
+
+ private:
+  struct PendingStep {
+    std::vector<bool> pushed;  // by worker
+    std::vector<double> sum;   // gradient sum, in double
+    int64_t samples = 0;
+  };
+  struct Param {
+    Tensor tensor;
+    std::vector<float> momentum_buffer;
+    std::vector<int64_t> last_pushed;  // by worker; -1 = none
+    std::map<int64_t, PendingStep> pending;  // bulk-synchronous only
+  };
+  struct Waiter {
+    std::vector<std::string> keys;
+    int64_t min_version;
+    absl::Time deadline;
+    PullDone done;
+  };
+  using Ready = std::vector<std::function<void()>>;
+
+  void Apply(Param& p, const std::vector<double>& grad_sum, int64_t samples)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Applies every complete pending step of `p`, in order.
+  void ApplyReady(Param& p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool Complete(const PendingStep& s) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // OK if `keys` are ready, UNAVAILABLE/NOT_FOUND if they never will be,
+  // nullopt if they may become ready later.
+  std::optional<absl::StatusOr<Snapshot>> TryPull(const Waiter& w) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Moves satisfied waiters' callbacks to `ready`.
+  void CollectReady(Ready* ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::string MissingWorkers(const Waiter& w) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const Options options_;
+
+  mutable absl::Mutex mu_;
+  std::map<std::string, Param> params_ ABSL_GUARDED_BY(mu_);
+  std::vector<bool> live_ ABSL_GUARDED_BY(mu_);
+  std::vector<absl::Status> failed_ ABSL_GUARDED_BY(mu_);  // OK = not failed
+  std::vector<Waiter> waiters_ ABSL_GUARDED_BY(mu_);
+  int64_t applied_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t duplicates_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace bnps::server
+
+#endif  // BNPS_SERVER_PARAMETER_STORE_H_

@@ -1,0 +1,212 @@
+#include "server/parameter_store.h"
+
+#include <cmath>
+#include <optional>
+#include <random>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace bnps::server {
+namespace {
+
+using Snapshot = ParameterStore::Snapshot;
+
+ParameterStore::Options Sync(int workers, OptimizerOptions opt = {}) {
+  return {workers, /*bulk_synchronous=*/true, opt};
+}
+
+// Pulls and returns the result if the callback ran at once.
+std::optional<absl::StatusOr<Snapshot>> PullNow(ParameterStore& store,
+                                               int64_t min_version,
+                                               std::vector<std::string> keys = {}) {
+  std::optional<absl::StatusOr<Snapshot>> out;
+  store.Pull(std::move(keys), min_version, absl::InfiniteFuture(),
+             [&](absl::StatusOr<Snapshot> s) { out = std::move(s); });
+  return out;
+}
+
+TEST(ParameterStoreTest, InitFirstValueWins) {
+  ParameterStore store(Sync(1));
+  EXPECT_TRUE(*store.Init("w", {2}, {1, 2}));
+  EXPECT_FALSE(*store.Init("w", {2}, {5, 6}));
+  EXPECT_EQ(store.Init("v", {3}, {1, 2}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  auto snap = PullNow(store, 0);
+  ASSERT_TRUE(snap.has_value() && snap->ok());
+  EXPECT_EQ((**snap)["w"].values, (std::vector<float>{1, 2}));
+}
+
+TEST(ParameterStoreTest, BulkSynchronousStepWaitsForEveryWorker) {
+  ParameterStore store(Sync(2, {0.5, 0.0, 0.0}));
+  ASSERT_TRUE(store.Init("w", {2}, {1, 1}).ok());
+  std::optional<absl::StatusOr<Snapshot>> pulled;
+  store.Pull({"w"}, 1, absl::InfiniteFuture(),
+             [&](absl::StatusOr<Snapshot> s) { pulled = std::move(s); });
+  ASSERT_TRUE(store.Push(0, 0, "w", {2}, {2, 4}, 2).ok());
+  EXPECT_FALSE(pulled.has_value()) << "applied before worker 1 pushed";
+  ASSERT_TRUE(store.Push(1, 0, "w", {2}, {4, 0}, 1).ok());
+  ASSERT_TRUE(pulled.has_value());
+  ASSERT_TRUE(pulled->ok());
+  // gradient = (sum of sums) / (sum of samples) = ({6, 4}) / 3.
+  const Snapshot& s = **pulled;
+  EXPECT_EQ(s.at("w").version, 1);
+  EXPECT_FLOAT_EQ(s.at("w").values[0], 1 - 0.5f * 2);
+  EXPECT_FLOAT_EQ(s.at("w").values[1], 1 - 0.5f * 4.0f / 3);
+}
+
+// W workers with uneven batches follow single-process SGD (momentum, weight
+// decay) on the concatenated batch, step after step.
+TEST(ParameterStoreTest, MatchesSingleProcessSgd) {
+  const OptimizerOptions opt{0.05, 0.9, 1e-3};
+  const int workers = 3, size = 7, steps = 6;
+  const std::vector<int64_t> batch = {4, 0, 9};  // per worker; one is empty
+  ParameterStore store(Sync(workers, opt));
+  std::vector<double> w(size), buf(size, 0.0);
+  std::mt19937 rng(1);
+  std::normal_distribution<double> normal;
+  for (double& v : w) v = normal(rng);
+  ASSERT_TRUE(store.Init("w", {size}, std::vector<float>(w.begin(), w.end())).ok());
+  std::vector<float> w32(w.begin(), w.end());
+  for (int step = 0; step < steps; ++step) {
+    std::vector<double> total(size, 0.0);
+    int64_t samples = 0;
+    for (int k = 0; k < workers; ++k) {
+      std::vector<float> g(size);
+      for (float& v : g) v = batch[k] == 0 ? 0.0f : static_cast<float>(normal(rng));
+      for (int i = 0; i < size; ++i) total[i] += g[i];
+      samples += batch[k];
+      ASSERT_TRUE(store.Push(k, step, "w", {size}, g, batch[k]).ok());
+    }
+    for (int i = 0; i < size; ++i) {  // one process, in float like the store
+      const double d = total[i] / samples + opt.weight_decay * w32[i];
+      buf[i] = static_cast<float>(opt.momentum * buf[i] + d);
+      w32[i] = static_cast<float>(w32[i] - opt.learning_rate * buf[i]);
+    }
+    auto snap = PullNow(store, step + 1);
+    ASSERT_TRUE(snap.has_value() && snap->ok());
+    for (int i = 0; i < size; ++i) {
+      EXPECT_NEAR((**snap)["w"].values[i], w32[i], 1e-6) << step << " " << i;
+    }
+  }
+}
+
+TEST(ParameterStoreTest, RetriedPushIsNotAppliedTwice) {
+  ParameterStore store(Sync(1, {1.0, 0.0, 0.0}));
+  ASSERT_TRUE(store.Init("w", {1}, {0}).ok());
+  auto first = store.Push(0, 0, "w", {1}, {1}, 1);
+  ASSERT_TRUE(first.ok());
+  EXPECT_FALSE(first->duplicate);
+  auto again = store.Push(0, 0, "w", {1}, {1}, 1);
+  ASSERT_TRUE(again.ok());
+  EXPECT_TRUE(again->duplicate);
+  auto snap = PullNow(store, 0);
+  EXPECT_EQ((**snap)["w"].version, 1);
+  EXPECT_FLOAT_EQ((**snap)["w"].values[0], -1.0f);
+  EXPECT_EQ(store.GetStats().duplicates, 1);
+  EXPECT_EQ(store.GetStats().applied, 1);
+}
+
+TEST(ParameterStoreTest, RejectsBadPushes) {
+  ParameterStore store(Sync(2));
+  ASSERT_TRUE(store.Init("w", {2}, {0, 0}).ok());
+  EXPECT_EQ(store.Push(0, 0, "nope", {2}, {1, 1}, 1).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(store.Push(0, 0, "w", {3}, {1, 1, 1}, 1).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(store.Push(2, 0, "w", {2}, {1, 1}, 1).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(store.Push(-1, 0, "w", {2}, {1, 1}, 1).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(store.Push(0, -1, "w", {2}, {1, 1}, 1).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(store.Push(0, 0, "w", {2}, {1, 1}, -3).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(store.Push(0, 5, "w", {2}, {1, 1}, 1).status().code(),
+            absl::StatusCode::kFailedPrecondition);  // from the future
+}
+
+TEST(ParameterStoreTest, StepFromThePastIsRefused) {
+  ParameterStore store(Sync(2));
+  ASSERT_TRUE(store.Init("w", {1}, {0}).ok());
+  ASSERT_TRUE(store.Push(0, 0, "w", {1}, {1}, 1).ok());
+  store.RemoveWorker(1);  // step 0 completes without worker 1
+  EXPECT_EQ(store.Push(1, 0, "w", {1}, {1}, 1).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(ParameterStoreTest, PullTimesOutNamingMissingWorkers) {
+  ParameterStore store(Sync(3));
+  ASSERT_TRUE(store.Init("w", {1}, {0}).ok());
+  ASSERT_TRUE(store.Push(1, 0, "w", {1}, {1}, 1).ok());
+  const absl::Time t0 = absl::FromUnixSeconds(1000);
+  std::optional<absl::StatusOr<Snapshot>> pulled;
+  store.Pull({}, 1, t0 + absl::Seconds(5),
+             [&](absl::StatusOr<Snapshot> s) { pulled = std::move(s); });
+  store.ExpireDeadlines(t0 + absl::Seconds(4));
+  EXPECT_FALSE(pulled.has_value());
+  store.ExpireDeadlines(t0 + absl::Seconds(5));
+  ASSERT_TRUE(pulled.has_value());
+  EXPECT_EQ(pulled->status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_NE(pulled->status().message().find("workers [0, 2]"), std::string::npos)
+      << pulled->status();
+}
+
+TEST(ParameterStoreTest, ShrinkCompletesTheStep) {
+  ParameterStore store(Sync(2, {1.0, 0.0, 0.0}));
+  ASSERT_TRUE(store.Init("w", {1}, {0}).ok());
+  std::optional<absl::StatusOr<Snapshot>> pulled;
+  store.Pull({}, 1, absl::InfiniteFuture(),
+             [&](absl::StatusOr<Snapshot> s) { pulled = std::move(s); });
+  ASSERT_TRUE(store.Push(0, 0, "w", {1}, {2}, 1).ok());
+  EXPECT_FALSE(pulled.has_value());
+  store.RemoveWorker(1);
+  ASSERT_TRUE(pulled.has_value() && pulled->ok());
+  EXPECT_FLOAT_EQ((**pulled)["w"].values[0], -2.0f);
+  EXPECT_EQ(store.Push(1, 1, "w", {1}, {2}, 1).status().code(),
+            absl::StatusCode::kFailedPrecondition);  // removed
+}
+
+TEST(ParameterStoreTest, FailedWorkerFailsWaitingPulls) {
+  ParameterStore store(Sync(2));
+  ASSERT_TRUE(store.Init("w", {1}, {0}).ok());
+  std::optional<absl::StatusOr<Snapshot>> pulled;
+  store.Pull({}, 1, absl::InfiniteFuture(),
+             [&](absl::StatusOr<Snapshot> s) { pulled = std::move(s); });
+  ASSERT_TRUE(store.Push(0, 0, "w", {1}, {2}, 1).ok());
+  store.FailWorker(1, absl::UnavailableError("worker 1 lost"));
+  ASSERT_TRUE(pulled.has_value());
+  EXPECT_EQ(pulled->status().code(), absl::StatusCode::kUnavailable);
+  // Later pulls that would wait fail at once too.
+  auto later = PullNow(store, 1);
+  ASSERT_TRUE(later.has_value());
+  EXPECT_EQ(later->status().code(), absl::StatusCode::kUnavailable);
+  // Pulls that need nothing from it still work.
+  auto now = PullNow(store, 0);
+  ASSERT_TRUE(now.has_value() && now->ok());
+}
+
+TEST(ParameterStoreTest, StaleSynchronousAppliesOnArrival) {
+  ParameterStore store({2, /*bulk_synchronous=*/false, {1.0, 0.0, 0.0}});
+  ASSERT_TRUE(store.Init("w", {1}, {0}).ok());
+  ASSERT_TRUE(store.Push(0, 0, "w", {1}, {4}, 2).ok());  // mean gradient 2
+  auto snap = PullNow(store, 0);
+  EXPECT_EQ((**snap)["w"].version, 1);
+  EXPECT_FLOAT_EQ((**snap)["w"].values[0], -2.0f);
+  ASSERT_TRUE(store.Push(0, 1, "w", {1}, {1}, 1).ok());  // ahead of worker 1
+  ASSERT_TRUE(store.Push(1, 0, "w", {1}, {0}, 0).ok());  // no samples: no change
+  snap = PullNow(store, 0);
+  EXPECT_EQ((**snap)["w"].version, 3);
+  EXPECT_FLOAT_EQ((**snap)["w"].values[0], -3.0f);
+  EXPECT_TRUE(store.Push(0, 1, "w", {1}, {1}, 1)->duplicate);
+}
+
+TEST(ParameterStoreTest, UnknownKeyInPull) {
+  ParameterStore store(Sync(1));
+  auto snap = PullNow(store, 0, {"nope"});
+  ASSERT_TRUE(snap.has_value());
+  EXPECT_EQ(snap->status().code(), absl::StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace bnps::server
