@@ -1,0 +1,282 @@
+#include "server/bn_aggregator.h"
+
+#include <algorithm>
+#include <numeric>
+#include <optional>
+#include <random>
+#include <vector>
+
+#include "bn/cpu_kernels.h"
+#include "bn/reference.h"
+#include "gtest/gtest.h"
+
+namespace bnps::server {
+namespace {
+
+using Reply = BnAggregator::Reply;
+using Result = std::optional<absl::StatusOr<Reply>>;
+
+const absl::Time kNever = absl::InfiniteFuture();
+
+BnAggregator::Done Into(Result* out) {
+  return [out](absl::StatusOr<Reply> r) { *out = std::move(r); };
+}
+
+bn::Moments MomentsOf(const std::vector<float>& x, const bn::Shape& shape) {
+  return *bn::NewCpuBnKernels()->ComputeMoments(x.data(), shape);
+}
+
+struct Split {
+  bn::Shape whole;
+  std::vector<float> x;
+  std::vector<bn::Moments> parts;
+};
+
+Split MakeSplit(const std::vector<int64_t>& sizes, uint64_t seed) {
+  Split s;
+  s.whole = {std::accumulate(sizes.begin(), sizes.end(), int64_t{0}), 3, 4, 4};
+  s.x = bn::reference::RandomTensor(s.whole, 5.0, 2.0, seed, 0.5);
+  int64_t begin = 0;
+  for (int64_t n : sizes) {
+    bn::Shape part = s.whole;
+    part.n = n;
+    s.parts.push_back(MomentsOf(
+        bn::reference::SliceBatch(s.x, s.whole, begin, begin + n), part));
+    begin += n;
+  }
+  return s;
+}
+
+TEST(BnAggregatorTest, SyncForwardIsExactAndArrivalOrderFree) {
+  const Split split = MakeSplit({5, 0, 9, 2}, 1);
+  const bn::reference::Stats want = bn::reference::ComputeStats(split.x, split.whole);
+  std::vector<int> order = {0, 1, 2, 3};
+  std::optional<bn::Moments> first;
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 6; ++trial) {
+    std::shuffle(order.begin(), order.end(), rng);
+    BnAggregator agg({Policy::kSync, 4, 0, 0.1});
+    std::vector<Result> results(4);
+    for (int k = 0; k < 4; ++k) {
+      const int w = order[k];
+      agg.Forward(w, 0, "bn1", split.parts[w], kNever, Into(&results[w]));
+      for (int j = 0; j <= k; ++j) {
+        EXPECT_EQ(results[order[j]].has_value(), k == 3) << "barrier broke early";
+      }
+    }
+    for (const Result& r : results) {
+      ASSERT_TRUE(r.has_value() && r->ok());
+      EXPECT_EQ((*r)->contributors, 4);
+      const bn::Moments& m = (*r)->moments;
+      EXPECT_EQ(m.count, want.count);
+      for (int c = 0; c < 3; ++c) {
+        EXPECT_NEAR(m.mean[c], want.mean[c], 1e-12 * std::fabs(want.mean[c]));
+        EXPECT_NEAR(m.m2[c], want.m2[c], 1e-9 * want.m2[c]);
+      }
+      if (!first.has_value()) first = m;
+      EXPECT_EQ(m.mean, first->mean);  // bitwise, whatever the arrival order
+      EXPECT_EQ(m.m2, first->m2);
+    }
+    // Running stats: updated once, with the unbiased global variance.
+    const bn::RunningStats running = *agg.Running("bn1");
+    for (int c = 0; c < 3; ++c) {
+      EXPECT_NEAR(running.mean[c], 0.1 * want.mean[c], 1e-9);
+      EXPECT_NEAR(running.var[c], 0.9 + 0.1 * want.m2[c] / (want.count - 1), 1e-9);
+    }
+  }
+}
+
+TEST(BnAggregatorTest, RetryGetsTheSameAnswerAndIsNotMergedTwice) {
+  const Split split = MakeSplit({3, 4}, 2);
+  BnAggregator agg({Policy::kSync, 2, 0, 0.1});
+  Result a, b, again;
+  agg.Forward(0, 0, "bn", split.parts[0], kNever, Into(&a));
+  agg.Forward(0, 0, "bn", split.parts[1], kNever, Into(&again));  // a retry
+  EXPECT_FALSE(a.has_value());
+  agg.Forward(1, 0, "bn", split.parts[1], kNever, Into(&b));
+  ASSERT_TRUE(a.has_value() && a->ok() && again.has_value() && again->ok());
+  EXPECT_EQ((*a)->moments.count, 7 * 16);  // the retry's different value was ignored
+  EXPECT_EQ((*again)->moments.mean, (*a)->moments.mean);
+  const bn::RunningStats before = *agg.Running("bn");
+  Result late;
+  agg.Forward(1, 0, "bn", split.parts[1], kNever, Into(&late));
+  ASSERT_TRUE(late.has_value() && late->ok());
+  EXPECT_EQ((*late)->moments.mean, (*a)->moments.mean);
+  EXPECT_EQ(agg.Running("bn")->mean, before.mean);  // not updated again
+}
+
+TEST(BnAggregatorTest, SyncBackwardSumsInWorkerOrder) {
+  BnAggregator agg({Policy::kSync, 3, 0, 0.1});
+  Result r0, r1, r2;
+  agg.Backward(2, 4, "bn", {{1, 2}, {3, 4}}, kNever, Into(&r2));
+  agg.Backward(0, 4, "bn", {{10, 20}, {30, 40}}, kNever, Into(&r0));
+  EXPECT_FALSE(r0.has_value());
+  agg.Backward(1, 4, "bn", {{100, 200}, {300, 400}}, kNever, Into(&r1));
+  for (const Result* r : {&r0, &r1, &r2}) {
+    ASSERT_TRUE(r->has_value() && (*r)->ok());
+    EXPECT_EQ((**r)->sums.sum_dy, (std::vector<double>{111, 222}));
+    EXPECT_EQ((**r)->sums.sum_dy_xhat, (std::vector<double>{333, 444}));
+  }
+}
+
+TEST(BnAggregatorTest, MissingWorkerTimesOutAndIsNamed) {
+  const Split split = MakeSplit({2, 2, 2}, 3);
+  BnAggregator agg({Policy::kSync, 3, 0, 0.1});
+  const absl::Time t0 = absl::FromUnixSeconds(100);
+  Result r0, r2, late;
+  agg.Forward(0, 0, "bn", split.parts[0], t0 + absl::Seconds(2), Into(&r0));
+  agg.Forward(2, 0, "bn", split.parts[2], t0 + absl::Seconds(3), Into(&r2));
+  agg.ExpireDeadlines(t0 + absl::Seconds(1));
+  EXPECT_FALSE(r0.has_value());
+  agg.ExpireDeadlines(t0 + absl::Seconds(2));  // the earliest deadline counts
+  ASSERT_TRUE(r0.has_value() && r2.has_value());
+  EXPECT_EQ(r0->status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_NE(r0->status().message().find("workers [1]"), std::string::npos)
+      << r0->status();
+  EXPECT_EQ(r2->status(), r0->status());
+  agg.Forward(1, 0, "bn", split.parts[1], kNever, Into(&late));
+  ASSERT_TRUE(late.has_value());
+  EXPECT_EQ(late->status().code(), absl::StatusCode::kDeadlineExceeded);
+}
+
+TEST(BnAggregatorTest, ShrinkAndFail) {
+  const Split split = MakeSplit({2, 3, 4}, 4);
+  {
+    BnAggregator agg({Policy::kSync, 3, 0, 0.1});
+    Result r0, r1;
+    agg.Forward(0, 0, "bn", split.parts[0], kNever, Into(&r0));
+    agg.Forward(1, 0, "bn", split.parts[1], kNever, Into(&r1));
+    agg.RemoveWorker(2);
+    ASSERT_TRUE(r0.has_value() && r0->ok());
+    EXPECT_EQ((*r0)->moments.count, (2 + 3) * 16);
+    EXPECT_EQ((*r0)->contributors, 2);
+    Result removed;
+    agg.Forward(2, 1, "bn", split.parts[2], kNever, Into(&removed));
+    EXPECT_EQ(removed->status().code(), absl::StatusCode::kFailedPrecondition);
+  }
+  {
+    BnAggregator agg({Policy::kSync, 3, 0, 0.1});
+    Result r0;
+    agg.Forward(0, 0, "bn", split.parts[0], kNever, Into(&r0));
+    agg.FailWorker(1, absl::UnavailableError("no heartbeat from worker 1"));
+    ASSERT_TRUE(r0.has_value());
+    EXPECT_EQ(r0->status().code(), absl::StatusCode::kUnavailable);
+    EXPECT_NE(r0->status().message().find("worker 1"), std::string::npos);
+  }
+}
+
+TEST(BnAggregatorTest, AsyncNeverWaitsAndRespectsTheWindow) {
+  const Split split = MakeSplit({2, 3, 4}, 5);
+  BnAggregator agg({Policy::kAsync, 3, /*staleness=*/1, 0.1});
+  Result r;
+  agg.Forward(1, 3, "bn", split.parts[1], kNever, Into(&r));  // worker 1 at step 3
+  ASSERT_TRUE(r.has_value() && r->ok()) << "async must answer at once";
+  EXPECT_EQ((*r)->moments.count, 0);  // nobody else yet
+  agg.Forward(2, 5, "bn", split.parts[2], kNever, Into(&r));
+  ASSERT_TRUE(r.has_value() && r->ok());
+  EXPECT_EQ((*r)->contributors, 0);  // step 3 < 5 - 1: too stale
+  agg.Forward(0, 4, "bn", split.parts[0], kNever, Into(&r));
+  ASSERT_TRUE(r.has_value() && r->ok());
+  EXPECT_EQ((*r)->contributors, 2);  // 3 >= 4 - 1 and 5 >= 4 - 1
+  const bn::Moments want = *bn::MergeMoments({split.parts[1], split.parts[2]});
+  EXPECT_EQ((*r)->moments.count, want.count);
+  EXPECT_EQ((*r)->moments.mean, want.mean);
+  Result past;
+  agg.Forward(0, 2, "bn", split.parts[0], kNever, Into(&past));
+  EXPECT_EQ(past->status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(BnAggregatorTest, AsyncWithOneWorkerIsLocal) {
+  const Split split = MakeSplit({6}, 6);
+  BnAggregator agg({Policy::kAsync, 1, 2, 0.1});
+  for (int step = 0; step < 3; ++step) {
+    Result r;
+    agg.Forward(0, step, "bn", split.parts[0], kNever, Into(&r));
+    ASSERT_TRUE(r.has_value() && r->ok());
+    EXPECT_EQ((*r)->moments.count, 0);
+    EXPECT_EQ((*r)->contributors, 0);
+  }
+}
+
+TEST(BnAggregatorTest, RecalEqualsOneProcessOverTheUnion) {
+  // Two workers, several batches each, of a shifted distribution.
+  const bn::Shape batch{4, 3, 5, 5};
+  std::vector<float> all;
+  BnAggregator agg({Policy::kRecal, 2, 0, 0.1});
+  int batches = 0;
+  for (int w = 0; w < 2; ++w) {
+    for (int b = 0; b < 3 + w; ++b) {
+      const std::vector<float> x =
+          bn::reference::RandomTensor(batch, 1e3 + b, 1.0 + w, 100 * w + b, 2.0);
+      all.insert(all.end(), x.begin(), x.end());
+      Result r;
+      agg.Recal(w, b, "bn", MomentsOf(x, batch), Into(&r));
+      ASSERT_TRUE(r.has_value() && r->ok());
+      agg.Recal(w, b, "bn", MomentsOf(x, batch), Into(&r));  // retried: ignored
+      ++batches;
+    }
+  }
+  Result f0, f1;
+  agg.RecalFinish(1, "bn", kNever, Into(&f1));
+  EXPECT_FALSE(f1.has_value());
+  agg.RecalFinish(0, "bn", kNever, Into(&f0));
+  ASSERT_TRUE(f0.has_value() && f0->ok()) << f0->status();
+  const bn::Shape union_shape{batch.n * batches, 3, 5, 5};
+  const bn::reference::Stats want = bn::reference::ComputeStats(all, union_shape);
+  const bn::RunningStats& got = *(*f0)->running;
+  for (int c = 0; c < 3; ++c) {
+    EXPECT_NEAR(got.mean[c], want.mean[c], 1e-6 * std::fabs(want.mean[c]));
+    const double unbiased = want.m2[c] / (want.count - 1);
+    EXPECT_NEAR(got.var[c], unbiased, 1e-6 * unbiased);
+  }
+  EXPECT_EQ(agg.Running("bn")->mean, got.mean);
+  Result after;
+  agg.Recal(0, 9, "bn", MomentsOf(all, batch), Into(&after));
+  EXPECT_EQ(after->status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(BnAggregatorTest, LocalAveragesRunningStats) {
+  BnAggregator agg({Policy::kLocal, 2, 0, 0.1});
+  Result r0, r1;
+  agg.LocalRunning(0, "bn", {{1, 2}, {3, 4}}, kNever, Into(&r0));
+  agg.LocalRunning(1, "bn", {{3, 4}, {5, 8}}, kNever, Into(&r1));
+  ASSERT_TRUE(r0.has_value() && r0->ok());
+  EXPECT_EQ((*r0)->running->mean, (std::vector<double>{2, 3}));
+  EXPECT_EQ((*r0)->running->var, (std::vector<double>{4, 6}));
+}
+
+TEST(BnAggregatorTest, RejectsWhatThePolicyDoesNotUse) {
+  const Split split = MakeSplit({2, 2}, 8);
+  Result r;
+  BnAggregator local({Policy::kLocal, 2, 0, 0.1});
+  local.Forward(0, 0, "bn", split.parts[0], kNever, Into(&r));
+  EXPECT_EQ(r->status().code(), absl::StatusCode::kFailedPrecondition);
+  BnAggregator async({Policy::kAsync, 2, 1, 0.1});
+  async.Backward(0, 0, "bn", {{1}, {1}}, kNever, Into(&r));
+  EXPECT_EQ(r->status().code(), absl::StatusCode::kFailedPrecondition);
+  BnAggregator sync({Policy::kSync, 2, 0, 0.1});
+  sync.LocalRunning(0, "bn", {{1}, {1}}, kNever, Into(&r));
+  EXPECT_EQ(r->status().code(), absl::StatusCode::kFailedPrecondition);
+  sync.Forward(5, 0, "bn", split.parts[0], kNever, Into(&r));
+  EXPECT_EQ(r->status().code(), absl::StatusCode::kInvalidArgument);
+  sync.Forward(0, 0, "bn", split.parts[0], kNever, Into(&r));
+  sync.Forward(1, 0, "bn", bn::Moments::Empty(7), kNever, Into(&r));
+  EXPECT_EQ(r->status().code(), absl::StatusCode::kInvalidArgument);  // channels
+}
+
+TEST(BnAggregatorTest, StepFromThePast) {
+  const Split split = MakeSplit({2}, 9);
+  BnAggregator agg({Policy::kSync, 1, 0, 0.1});
+  Result r;
+  for (int step = 0; step < 40; ++step) {
+    agg.Forward(0, step, "bn", split.parts[0], kNever, Into(&r));
+    ASSERT_TRUE(r->ok());
+  }
+  agg.Forward(0, 39, "bn", split.parts[0], kNever, Into(&r));
+  EXPECT_TRUE(r->ok());  // recent: a retry, answered from the cache
+  agg.Forward(0, 3, "bn", split.parts[0], kNever, Into(&r));
+  EXPECT_EQ(r->status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+}  // namespace
+}  // namespace bnps::server
