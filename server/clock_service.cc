@@ -1,0 +1,135 @@
+#include "server/clock_service.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace bnps::server {
+
+absl::StatusOr<std::unique_ptr<ClockService>> ClockService::Create(
+    int num_workers, int64_t staleness) {
+  absl::StatusOr<staleness::ClockTable> table =
+      staleness::ClockTable::Create(num_workers, staleness);
+  if (!table.ok()) return table.status();
+  return std::unique_ptr<ClockService>(new ClockService(*std::move(table)));
+}
+
+ClockService::ClockService(staleness::ClockTable table)
+    : table_(std::move(table)), failed_(table_.num_workers()) {}
+
+std::string ClockService::LaggardText(int64_t step) const {
+  std::vector<std::string> parts;
+  for (int w : table_.Laggards(step)) {
+    parts.push_back(absl::StrCat("worker ", w, " at clock ", table_.clock(w)));
+  }
+  return absl::StrJoin(parts, ", ");
+}
+
+void ClockService::Collect(Ready* ready) {
+  std::vector<Waiter> still;
+  for (Waiter& w : waiters_) {
+    if (!table_.IsLive(w.worker)) {
+      absl::Status s = absl::FailedPreconditionError(
+          absl::StrCat("worker ", w.worker, " was removed from the job"));
+      ready->push_back([done = std::move(w.done), s] { done(s); });
+    } else if (table_.MayStart(w.worker, w.step)) {
+      const int64_t min = table_.MinLiveClock();
+      ready->push_back([done = std::move(w.done), min] { done(min); });
+    } else {
+      absl::Status why;
+      for (int laggard : table_.Laggards(w.step)) {
+        if (!failed_[laggard].ok()) why = failed_[laggard];
+      }
+      if (!why.ok()) {
+        ready->push_back([done = std::move(w.done), why] { done(why); });
+      } else {
+        still.push_back(std::move(w));
+      }
+    }
+  }
+  waiters_ = std::move(still);
+}
+
+void ClockService::StartStep(int worker, int64_t step, absl::Time deadline,
+                             Done done) {
+  Ready ready;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!table_.IsValidWorker(worker)) {
+      ready.push_back([done = std::move(done), worker] {
+        done(absl::InvalidArgumentError(
+            absl::StrCat("worker ", worker, " outside the job")));
+      });
+    } else if (step < 0) {
+      ready.push_back([done = std::move(done)] {
+        done(absl::InvalidArgumentError("negative step"));
+      });
+    } else {
+      waiters_.push_back({worker, step, deadline, std::move(done)});
+      Collect(&ready);
+    }
+  }
+  for (auto& fn : ready) fn();
+}
+
+absl::Status ClockService::FinishStep(int worker, int64_t completed) {
+  Ready ready;
+  absl::Status s;
+  {
+    absl::MutexLock lock(&mu_);
+    s = table_.Advance(worker, completed);
+    if (s.ok()) Collect(&ready);
+  }
+  for (auto& fn : ready) fn();
+  return s;
+}
+
+void ClockService::RemoveWorker(int worker) {
+  Ready ready;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!table_.Remove(worker).ok()) return;
+    Collect(&ready);
+  }
+  for (auto& fn : ready) fn();
+}
+
+void ClockService::FailWorker(int worker, absl::Status why) {
+  Ready ready;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!table_.IsValidWorker(worker)) return;
+    failed_[worker] = std::move(why);
+    Collect(&ready);
+  }
+  for (auto& fn : ready) fn();
+}
+
+void ClockService::ExpireDeadlines(absl::Time now) {
+  Ready ready;
+  {
+    absl::MutexLock lock(&mu_);
+    std::vector<Waiter> still;
+    for (Waiter& w : waiters_) {
+      if (w.deadline > now) {
+        still.push_back(std::move(w));
+        continue;
+      }
+      absl::Status s = absl::DeadlineExceededError(absl::StrCat(
+          "worker ", w.worker, " may not begin step ", w.step,
+          " (staleness ", table_.staleness(), "): waited for ",
+          LaggardText(w.step)));
+      ready.push_back([done = std::move(w.done), s] { done(s); });
+    }
+    waiters_ = std::move(still);
+  }
+  for (auto& fn : ready) fn();
+}
+
+int64_t ClockService::clock(int worker) const {
+  absl::MutexLock lock(&mu_);
+  return table_.clock(worker);
+}
+
+}  // namespace bnps::server

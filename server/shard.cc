@@ -1,0 +1,120 @@
+#include "server/shard.h"
+
+#include <cstdio>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "proto/sharding.h"
+
+namespace bnps::server {
+
+absl::StatusOr<std::unique_ptr<Shard>> Shard::Create(ShardOptions options) {
+  auto bad = [](const std::string& what) {
+    return absl::InvalidArgumentError(what);
+  };
+  if (options.job.empty()) return bad("job name is empty");
+  if (options.num_workers < 1) return bad("num_workers must be at least 1");
+  if (options.num_shards < 1) return bad("num_shards must be at least 1");
+  if (options.shard < 0 || options.shard >= options.num_shards) {
+    return bad(absl::StrCat("shard ", options.shard, " outside [0, ",
+                            options.num_shards, ")"));
+  }
+  if (options.staleness < 0) return bad("staleness must be >= 0");
+  if (!(options.optimizer.learning_rate > 0)) return bad("learning_rate must be > 0");
+  if (options.optimizer.momentum < 0 || options.optimizer.momentum >= 1) {
+    return bad("momentum must be in [0, 1)");
+  }
+  if (options.optimizer.weight_decay < 0) return bad("weight_decay must be >= 0");
+  if (!(options.bn_momentum >= 0 && options.bn_momentum <= 1)) {
+    return bad("bn_momentum must be in [0, 1]");
+  }
+  if (options.barrier_timeout <= absl::ZeroDuration() ||
+      options.heartbeat_timeout <= absl::ZeroDuration() ||
+      options.tick <= absl::ZeroDuration()) {
+    return bad("timeouts and the tick must be positive");
+  }
+  if (!options.now) options.now = absl::Now;
+  std::unique_ptr<Shard> shard(new Shard(std::move(options)));
+  const ShardOptions& o = shard->options_;
+  if (o.shard == 0 && o.policy == Policy::kAsync) {
+    absl::StatusOr<std::unique_ptr<ClockService>> clocks =
+        ClockService::Create(o.num_workers, o.staleness);
+    if (!clocks.ok()) return clocks.status();
+    shard->clocks_ = *std::move(clocks);
+  }
+  if (o.start_ticker) {
+    Shard* s = shard.get();
+    s->ticker_ = std::thread([s] {
+      while (!s->stop_.WaitForNotificationWithTimeout(s->options_.tick)) {
+        s->Tick(s->options_.now());
+      }
+    });
+  }
+  return shard;
+}
+
+Shard::Shard(ShardOptions options)
+    : options_(std::move(options)),
+      store_({options_.num_workers, BulkSynchronous(options_.policy),
+              options_.optimizer}),
+      bn_({options_.policy, options_.num_workers, options_.staleness,
+           options_.bn_momentum}),
+      membership_(options_.num_workers, options_.heartbeat_timeout) {}
+
+Shard::~Shard() {
+  stop_.Notify();
+  if (ticker_.joinable()) ticker_.join();
+  // Nothing may wait on a shard that is gone.
+  store_.ExpireDeadlines(absl::InfiniteFuture());
+  bn_.ExpireDeadlines(absl::InfiniteFuture());
+  if (clocks_) clocks_->ExpireDeadlines(absl::InfiniteFuture());
+}
+
+absl::Status Shard::CheckCaller(const std::string& job, int worker) const {
+  if (job != options_.job) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "request for job '", job, "' reached a server of job '", options_.job, "'"));
+  }
+  if (worker < 0 || worker >= options_.num_workers) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "worker ", worker, " outside the job's [0, ", options_.num_workers, ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Shard::CheckOwned(const std::string& key) const {
+  const int owner = proto::ShardForKey(key, options_.num_shards);
+  if (owner != options_.shard) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "key '", key, "' belongs to shard ", owner, ", not shard ", options_.shard));
+  }
+  return absl::OkStatus();
+}
+
+void Shard::Tick(absl::Time now) {
+  for (int w : membership_.CheckTimeouts(now)) {
+    std::fprintf(stderr, "bnps_server[%d]: worker %d lost (no heartbeat for %s): %s\n",
+                 options_.shard, w,
+                 absl::FormatDuration(options_.heartbeat_timeout).c_str(),
+                 options_.worker_loss == WorkerLoss::kShrink
+                     ? "dropping it, the job goes on with the others"
+                     : "steps that need it fail");
+    if (options_.worker_loss == WorkerLoss::kShrink) {
+      store_.RemoveWorker(w);
+      bn_.RemoveWorker(w);
+      if (clocks_) clocks_->RemoveWorker(w);
+    } else {
+      const absl::Status why = absl::UnavailableError(absl::StrCat(
+          "worker ", w, " was lost (no heartbeat for ",
+          absl::FormatDuration(options_.heartbeat_timeout), ")"));
+      store_.FailWorker(w, why);
+      bn_.FailWorker(w, why);
+      if (clocks_) clocks_->FailWorker(w, why);
+    }
+  }
+  store_.ExpireDeadlines(now);
+  bn_.ExpireDeadlines(now);
+  if (clocks_) clocks_->ExpireDeadlines(now);
+}
+
+}  // namespace bnps::server
