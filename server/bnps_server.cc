@@ -1,0 +1,124 @@
+// bnps_server: one shard server of a bnps job.
+//
+//   bnps_server --port=7000 --shard=0 --num_shards=2 --num_workers=4 --policy=sync
+
+#include <csignal>
+#include <cstdio>
+#include <string>
+#include <thread>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "server/server_runner.h"
+
+ABSL_FLAG(std::string, host, "127.0.0.1",
+          "Address to listen on. 127.0.0.1 serves this machine only; 0.0.0.0 "
+          "serves every interface (in a container or a cluster).");
+ABSL_FLAG(int, port, 7000, "Port to listen on; 0 picks a free one (printed).");
+ABSL_FLAG(std::string, job, "bnps",
+          "Job name. Workers and servers of one job must agree; a request for "
+          "another job is rejected.");
+ABSL_FLAG(int, shard, 0, "This server's shard id, in [0, num_shards).");
+ABSL_FLAG(int, num_shards, 1, "Number of shard servers in the job.");
+ABSL_FLAG(int, num_workers, 1, "Number of workers in the job.");
+ABSL_FLAG(std::string, policy, "sync",
+          "How BN statistics and gradients are merged: sync (exact cross-worker "
+          "BN every step, bulk-synchronous SGD), async (bounded staleness: BN "
+          "statistics merged from a window of --staleness steps, stale-"
+          "synchronous SGD), recal (local BN while training, population "
+          "statistics over all workers' data afterwards), local (local BN; "
+          "running statistics averaged at the end).");
+ABSL_FLAG(int64_t, staleness, 0,
+          "async: a worker may begin step c only when every live worker has "
+          "completed c - staleness steps; BN statistics older than that are not "
+          "merged.");
+ABSL_FLAG(double, learning_rate, 0.1, "SGD learning rate (applied on the server).");
+ABSL_FLAG(double, momentum, 0.9, "SGD momentum.");
+ABSL_FLAG(double, weight_decay, 0.0, "SGD weight decay (L2).");
+ABSL_FLAG(double, bn_momentum, 0.1,
+          "Momentum of the BN running statistics (as PyTorch's).");
+ABSL_FLAG(int64_t, barrier_timeout_ms, 60000,
+          "How long a step may wait for the other workers (BN barriers, "
+          "parameter versions, clocks) before it fails with DEADLINE_EXCEEDED "
+          "naming the workers it waited for.");
+ABSL_FLAG(int64_t, heartbeat_timeout_ms, 10000,
+          "A registered worker silent this long is lost; see --on_worker_loss.");
+ABSL_FLAG(std::string, on_worker_loss, "fail",
+          "What a lost worker means: fail (steps that need it fail with "
+          "UNAVAILABLE naming it, so the job stops with a clear error) or "
+          "shrink (it is dropped and the job goes on with the others).");
+
+namespace {
+
+std::string Fail(const absl::Status& s) {
+  std::fprintf(stderr, "bnps_server: %s\n", std::string(s.message()).c_str());
+  return "";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "A shard server of a bnps job: keeps the parameters it owns, applies the "
+      "optimizer, and merges BN statistics under --policy.\n"
+      "  bnps_server --port=7000 --shard=0 --num_shards=2 --num_workers=4 "
+      "--policy=sync");
+  absl::ParseCommandLine(argc, argv);
+  // SIGINT/SIGTERM are blocked before any thread starts (threads inherit the
+  // mask) and taken by one thread, which shuts the server down cleanly.
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+
+  bnps::server::ShardOptions o;
+  o.job = absl::GetFlag(FLAGS_job);
+  o.shard = absl::GetFlag(FLAGS_shard);
+  o.num_shards = absl::GetFlag(FLAGS_num_shards);
+  o.num_workers = absl::GetFlag(FLAGS_num_workers);
+  absl::StatusOr<bnps::server::Policy> policy =
+      bnps::server::ParsePolicy(absl::GetFlag(FLAGS_policy));
+  if (!policy.ok()) return Fail(policy.status()), 2;
+  o.policy = *policy;
+  absl::StatusOr<bnps::server::WorkerLoss> loss =
+      bnps::server::ParseWorkerLoss(absl::GetFlag(FLAGS_on_worker_loss));
+  if (!loss.ok()) return Fail(loss.status()), 2;
+  o.worker_loss = *loss;
+  o.staleness = absl::GetFlag(FLAGS_staleness);
+  o.optimizer.learning_rate = absl::GetFlag(FLAGS_learning_rate);
+  o.optimizer.momentum = absl::GetFlag(FLAGS_momentum);
+  o.optimizer.weight_decay = absl::GetFlag(FLAGS_weight_decay);
+  o.bn_momentum = absl::GetFlag(FLAGS_bn_momentum);
+  o.barrier_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_barrier_timeout_ms));
+  o.heartbeat_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_timeout_ms));
+  const int port = absl::GetFlag(FLAGS_port);
+  if (port < 0 || port > 65535) {
+    return Fail(absl::InvalidArgumentError(
+               absl::StrCat("--port ", port, " is not a port"))),
+           2;
+  }
+  const std::string address = absl::StrCat(absl::GetFlag(FLAGS_host), ":", port);
+  absl::StatusOr<std::unique_ptr<bnps::server::RunningServer>> server =
+      bnps::server::RunningServer::Start(o, address);
+  if (!server.ok()) return Fail(server.status()), 1;
+  std::printf("bnps_server: shard %d of %d, job '%s', policy %s, %d workers, "
+              "listening on %s:%d\n",
+              o.shard, o.num_shards, o.job.c_str(),
+              bnps::server::PolicyName(o.policy).c_str(), o.num_workers,
+              absl::GetFlag(FLAGS_host).c_str(), (*server)->port());
+  std::fflush(stdout);
+
+  std::thread signals([&set, &server] {
+    int sig = 0;
+    sigwait(&set, &sig);
+    std::fprintf(stderr, "bnps_server: signal %d, shutting down\n", sig);
+    (*server)->Shutdown();
+  });
+  (*server)->Wait();
+  signals.join();
+  return 0;
+}

@@ -1,0 +1,57 @@
+#include "server/server_runner.h"
+
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "grpcpp/security/server_credentials.h"
+#include "grpcpp/server_builder.h"
+#include "proto/limits.h"
+
+namespace bnps::server {
+
+absl::StatusOr<std::unique_ptr<RunningServer>> RunningServer::Start(
+    ShardOptions options, const std::string& address) {
+  absl::StatusOr<std::unique_ptr<Shard>> shard = Shard::Create(std::move(options));
+  if (!shard.ok()) return shard.status();
+  std::unique_ptr<RunningServer> rs(new RunningServer());
+  rs->shard_ = *std::move(shard);
+  rs->service_ = std::make_unique<ShardService>(rs->shard_.get());
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &rs->port_);
+  builder.RegisterService(rs->service_.get());
+  builder.SetMaxReceiveMessageSize(proto::kMaxMessageBytes);
+  builder.SetMaxSendMessageSize(proto::kMaxMessageBytes);
+  rs->server_ = builder.BuildAndStart();
+  if (rs->server_ == nullptr || rs->port_ == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", address));
+  }
+  return rs;
+}
+
+RunningServer::~RunningServer() { Shutdown(); }
+
+void RunningServer::Wait() {
+  if (server_) server_->Wait();
+}
+
+void RunningServer::Shutdown(absl::Duration grace) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (shut_down_ || server_ == nullptr) return;
+    shut_down_ = true;
+  }
+  // Calls still waiting on barriers must end for the server to stop: fail them
+  // repeatedly while gRPC drains, since new ones may arrive meanwhile.
+  absl::Notification stopped;
+  std::thread expirer([this, &stopped] {
+    do {
+      shard_->Tick(absl::InfiniteFuture());
+    } while (!stopped.WaitForNotificationWithTimeout(absl::Milliseconds(10)));
+  });
+  server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));
+  stopped.Notify();
+  expirer.join();
+}
+
+}  // namespace bnps::server

@@ -1,0 +1,50 @@
+// Runs a shard server: the Shard, its gRPC service and the grpc::Server, with
+// message limits set explicitly. Used by the bnps_server binary and by tests
+// that start real servers on 127.0.0.1.
+//
+// Thread-safety: Shutdown may be called from any thread, once or more.
+
+#ifndef BNPS_SERVER_SERVER_RUNNER_H_
+#define BNPS_SERVER_SERVER_RUNNER_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "grpcpp/server.h"
+#include "server/shard.h"
+#include "server/shard_service.h"
+
+namespace bnps::server {
+
+class RunningServer {
+ public:
+  // Binds `address` ("127.0.0.1:0" picks a free port). INVALID_ARGUMENT for bad
+  // options; UNAVAILABLE if the address cannot be bound.
+  static absl::StatusOr<std::unique_ptr<RunningServer>> Start(
+      ShardOptions options, const std::string& address);
+  ~RunningServer();  // Shutdown()
+
+  int port() const { return port_; }
+  Shard& shard() { return *shard_; }
+
+  // Blocks until Shutdown.
+  void Wait();
+  // Stops accepting calls, fails everything that still waits, and gives open
+  // streams `grace` to end before they are cancelled.
+  void Shutdown(absl::Duration grace = absl::Milliseconds(500));
+
+ private:
+  RunningServer() = default;
+
+  std::unique_ptr<Shard> shard_;
+  std::unique_ptr<ShardService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+  absl::Mutex mu_;
+  bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace bnps::server
+
+#endif  // BNPS_SERVER_SERVER_RUNNER_H_

@@ -1,0 +1,532 @@
+#include "server/shard_service.h"
+
+#include <cstdio>
+#include <deque>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "proto/codec.h"
+#include "proto/limits.h"
+
+namespace bnps::server {
+namespace {
+
+void LogRejected(const Shard& shard, const char* method, int worker,
+                 const absl::Status& s) {
+  std::fprintf(stderr, "bnps_server[%d]: %s from worker %d rejected: %s\n",
+               shard.options().shard, method, worker, s.ToString().c_str());
+}
+
+// Finishes a unary call with `s`, logging a rejection.
+grpc::ServerUnaryReactor* Respond(grpc::CallbackServerContext* ctx,
+                                  const Shard& shard, const char* method,
+                                  int worker, const absl::Status& s) {
+  if (!s.ok()) LogRejected(shard, method, worker, s);
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  reactor->Finish(proto::ToGrpcStatus(s));
+  return reactor;
+}
+
+// The earlier of the shard's barrier deadline and the caller's own.
+absl::Time WaitDeadline(const Shard& shard, grpc::CallbackServerContext* ctx) {
+  return std::min(shard.Deadline(), absl::FromChrono(ctx->deadline()));
+}
+
+proto::Policy ToProto(Policy p) {
+  switch (p) {
+    case Policy::kSync: return proto::POLICY_SYNC;
+    case Policy::kAsync: return proto::POLICY_ASYNC;
+    case Policy::kRecal: return proto::POLICY_RECAL;
+    case Policy::kLocal: return proto::POLICY_LOCAL;
+  }
+  return proto::POLICY_UNSPECIFIED;
+}
+
+// Gradients of one step arrive as chunks; each completed tensor is pushed.
+class PushReactor : public grpc::ServerReadReactor<proto::PushGradientsRequest> {
+ public:
+  PushReactor(Shard* shard, proto::PushGradientsResponse* resp)
+      : shard_(shard), resp_(resp) {
+    StartRead(&req_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {  // the client finished sending
+      absl::Status s;
+      if (assembler_.pending()) {
+        s = absl::InvalidArgumentError("push ended inside a chunked tensor");
+      } else if (!started_) {
+        s = absl::InvalidArgumentError("empty push");
+      }
+      Done(s);
+      return;
+    }
+    if (absl::Status s = Handle(); !s.ok()) {
+      Done(s);
+      return;
+    }
+    StartRead(&req_);
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  absl::Status Handle() {
+    if (!started_) {
+      if (absl::Status s = shard_->CheckCaller(req_.job(), req_.worker()); !s.ok()) {
+        return s;
+      }
+      started_ = true;
+      worker_ = req_.worker();
+      step_ = req_.step();
+      samples_ = req_.num_samples();
+    } else if (req_.worker() != worker_ || req_.step() != step_ ||
+               req_.num_samples() != samples_) {
+      return absl::InvalidArgumentError(
+          "worker, step and num_samples must not change within one push");
+    }
+    for (const proto::TensorChunk& chunk : req_.chunks()) {
+      if (!assembler_.pending()) {
+        if (absl::Status s = shard_->CheckOwned(chunk.key()); !s.ok()) return s;
+      }
+      absl::StatusOr<std::optional<proto::ChunkAssembler::Complete>> done =
+          assembler_.Add(chunk);
+      if (!done.ok()) return done.status();
+      if (!done->has_value()) continue;
+      proto::ChunkAssembler::Complete& t = **done;
+      absl::StatusOr<ParameterStore::PushResult> r = shard_->store().Push(
+          worker_, step_, t.key, t.shape, t.values, samples_);
+      if (!r.ok()) return r.status();
+      if (r->duplicate) {
+        resp_->set_duplicates(resp_->duplicates() + 1);
+      } else {
+        resp_->set_applied(resp_->applied() + 1);
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  void Done(const absl::Status& s) {
+    if (!s.ok()) LogRejected(*shard_, "PushGradients", worker_, s);
+    Finish(proto::ToGrpcStatus(s));
+  }
+
+  Shard* const shard_;
+  proto::PushGradientsResponse* const resp_;
+  proto::PushGradientsRequest req_;
+  proto::ChunkAssembler assembler_;
+  bool started_ = false;
+  int worker_ = -1;
+  int64_t step_ = 0;
+  int64_t samples_ = 0;
+};
+
+// Waits for the requested version, then streams the tensors in chunks.
+class PullReactor
+    : public grpc::ServerWriteReactor<proto::PullParametersResponse> {
+ public:
+  PullReactor(Shard* shard, grpc::CallbackServerContext* ctx,
+              const proto::PullParametersRequest* req)
+      : shard_(shard), worker_(req->worker()) {
+    absl::Status s = shard->CheckCaller(req->job(), req->worker());
+    if (s.ok() && req->min_version() < 0) {
+      s = absl::InvalidArgumentError("negative min_version");
+    }
+    std::vector<std::string> keys(req->keys().begin(), req->keys().end());
+    for (const std::string& key : keys) {
+      if (s.ok()) s = shard->CheckOwned(key);
+    }
+    if (!s.ok()) {
+      Done(s);
+      return;
+    }
+    shard->store().Pull(std::move(keys), req->min_version(),
+                        WaitDeadline(*shard, ctx),
+                        [this](absl::StatusOr<ParameterStore::Snapshot> snap) {
+                          OnSnapshot(std::move(snap));
+                        });
+  }
+
+  void OnWriteDone(bool ok) override {
+    if (!ok) {
+      Finish(grpc::Status(grpc::StatusCode::CANCELLED, "client went away"));
+      return;
+    }
+    WriteNext();
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  void OnSnapshot(absl::StatusOr<ParameterStore::Snapshot> snap) {
+    if (!snap.ok()) {
+      Done(snap.status());
+      return;
+    }
+    // Chunks packed into messages well under the message limit.
+    constexpr int64_t kMessageBytes = proto::kMaxMessageBytes / 2;
+    int64_t version = INT64_MAX;
+    messages_.emplace_back();
+    int64_t bytes = 0;
+    for (const auto& [key, t] : *snap) {
+      version = std::min(version, t.version);
+      const int64_t size = static_cast<int64_t>(t.values.size()) * 4;
+      if (bytes > 0 && bytes + std::min(size, proto::kChunkBytes) > kMessageBytes) {
+        messages_.emplace_back();
+        bytes = 0;
+      }
+      google::protobuf::RepeatedPtrField<proto::TensorChunk> chunks;
+      proto::AppendChunks(key, t.shape, t.values, proto::kChunkFloats, &chunks);
+      for (proto::TensorChunk& c : chunks) {
+        const int64_t c_bytes = c.part().data().size();
+        if (bytes > 0 && bytes + c_bytes > kMessageBytes) {
+          messages_.emplace_back();
+          bytes = 0;
+        }
+        *messages_.back().add_chunks() = std::move(c);
+        bytes += c_bytes;
+      }
+    }
+    for (auto& m : messages_) m.set_version(snap->empty() ? 0 : version);
+    WriteNext();
+  }
+
+  void WriteNext() {
+    if (next_ < messages_.size()) {
+      StartWrite(&messages_[next_++]);
+    } else {
+      Finish(grpc::Status::OK);
+    }
+  }
+
+  void Done(const absl::Status& s) {
+    if (!s.ok()) LogRejected(*shard_, "PullParameters", worker_, s);
+    Finish(proto::ToGrpcStatus(s));
+  }
+
+  Shard* const shard_;
+  const int worker_;
+  std::vector<proto::PullParametersResponse> messages_;
+  size_t next_ = 0;
+};
+
+// One worker's long-lived BN stream. Requests are dispatched as they arrive;
+// answers come back through callbacks (maybe on other threads) and are written
+// in the order they become ready, one write at a time.
+class BnReactor
+    : public grpc::ServerBidiReactor<proto::BnRequest, proto::BnResponse> {
+ public:
+  explicit BnReactor(Shard* shard) : shard_(shard) { StartRead(&req_); }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      {
+        absl::MutexLock lock(&mu_);
+        reads_done_ = true;
+      }
+      MaybeFinish();
+      return;
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      ++outstanding_;
+    }
+    proto::BnRequest req = std::move(req_);
+    StartRead(&req_);
+    Dispatch(std::move(req));
+  }
+
+  void OnWriteDone(bool ok) override {
+    const proto::BnResponse* next = nullptr;
+    {
+      absl::MutexLock lock(&mu_);
+      queue_.pop_front();
+      if (!ok) {
+        broken_ = true;
+        queue_.clear();
+      }
+      if (!queue_.empty()) {
+        next = &queue_.front();
+      } else {
+        writing_ = false;
+      }
+    }
+    if (next != nullptr) {
+      StartWrite(next);
+    } else {
+      MaybeFinish();
+    }
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  void Dispatch(proto::BnRequest req) {
+    const uint64_t id = req.id();
+    const int worker = req.worker();
+    auto reply = [this, id, worker](absl::StatusOr<BnAggregator::Reply> r) {
+      proto::BnResponse resp;
+      resp.set_id(id);
+      if (!r.ok()) {
+        LogRejected(*shard_, "BnSync", worker, r.status());
+        resp.set_code(static_cast<int>(r.status().code()));
+        resp.set_message(std::string(r.status().message()));
+      } else {
+        resp.set_contributors(r->contributors);
+        if (!r->moments.mean.empty()) proto::EncodeMoments(r->moments, resp.mutable_moments());
+        if (!r->sums.sum_dy.empty()) proto::EncodeSums(r->sums, resp.mutable_sums());
+        if (r->running.has_value()) {
+          proto::EncodeRunning(*r->running, resp.mutable_running());
+        }
+      }
+      Send(std::move(resp));
+    };
+    absl::Status s = shard_->CheckCaller(req.job(), worker);
+    if (s.ok()) s = shard_->CheckOwned(req.layer());
+    if (!s.ok()) {
+      reply(s);
+      return;
+    }
+    BnAggregator& bn = shard_->bn();
+    const absl::Time deadline = shard_->Deadline();
+    switch (req.phase()) {
+      case proto::BN_FORWARD:
+      case proto::BN_RECAL: {
+        absl::StatusOr<bn::Moments> m = proto::DecodeMoments(req.moments());
+        if (!m.ok()) return reply(m.status());
+        if (req.phase() == proto::BN_FORWARD) {
+          return bn.Forward(worker, req.step(), req.layer(), *std::move(m),
+                            deadline, reply);
+        }
+        return bn.Recal(worker, req.step(), req.layer(), *std::move(m), reply);
+      }
+      case proto::BN_BACKWARD: {
+        absl::StatusOr<bn::BackwardSums> sums = proto::DecodeSums(req.sums());
+        if (!sums.ok()) return reply(sums.status());
+        return bn.Backward(worker, req.step(), req.layer(), *std::move(sums),
+                           deadline, reply);
+      }
+      case proto::BN_RECAL_FINISH:
+        return bn.RecalFinish(worker, req.layer(), deadline, reply);
+      case proto::BN_LOCAL_RUNNING: {
+        absl::StatusOr<bn::RunningStats> r = proto::DecodeRunning(req.running());
+        if (!r.ok()) return reply(r.status());
+        return bn.LocalRunning(worker, req.layer(), *std::move(r), deadline, reply);
+      }
+      default:
+        return reply(absl::InvalidArgumentError(
+            absl::StrCat("unknown BN phase ", static_cast<int>(req.phase()))));
+    }
+  }
+
+  // Queues an answer; starts writing if no write is in flight.
+  void Send(proto::BnResponse resp) {
+    const proto::BnResponse* start = nullptr;
+    {
+      absl::MutexLock lock(&mu_);
+      --outstanding_;
+      if (!broken_) {
+        queue_.push_back(std::move(resp));
+        if (!writing_) {
+          writing_ = true;
+          start = &queue_.front();
+        }
+      }
+    }
+    if (start != nullptr) {
+      StartWrite(start);
+    } else {
+      MaybeFinish();
+    }
+  }
+
+  // Finishes once the client stopped sending and every answer went out.
+  void MaybeFinish() {
+    {
+      absl::MutexLock lock(&mu_);
+      if (!reads_done_ || outstanding_ > 0 || writing_ || finished_) return;
+      finished_ = true;
+    }
+    Finish(grpc::Status::OK);
+  }
+
+  Shard* const shard_;
+  proto::BnRequest req_;  // touched only by the read path
+
+  absl::Mutex mu_;
+  std::deque<proto::BnResponse> queue_ ABSL_GUARDED_BY(mu_);
+  int outstanding_ ABSL_GUARDED_BY(mu_) = 0;
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
+  bool broken_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace
+
+proto::JobConfig ToJobConfig(const ShardOptions& o) {
+  proto::JobConfig c;
+  c.set_job(o.job);
+  c.set_num_workers(o.num_workers);
+  c.set_num_shards(o.num_shards);
+  c.set_shard(o.shard);
+  c.set_policy(ToProto(o.policy));
+  c.set_staleness(o.staleness);
+  c.set_learning_rate(o.optimizer.learning_rate);
+  c.set_momentum(o.optimizer.momentum);
+  c.set_weight_decay(o.optimizer.weight_decay);
+  c.set_bn_momentum(o.bn_momentum);
+  c.set_barrier_timeout_ms(absl::ToInt64Milliseconds(o.barrier_timeout));
+  c.set_heartbeat_timeout_ms(absl::ToInt64Milliseconds(o.heartbeat_timeout));
+  c.set_worker_loss(o.worker_loss == WorkerLoss::kShrink
+                        ? proto::WORKER_LOSS_SHRINK
+                        : proto::WORKER_LOSS_FAIL);
+  return c;
+}
+
+grpc::ServerUnaryReactor* ShardService::Register(
+    grpc::CallbackServerContext* ctx, const proto::RegisterRequest* req,
+    proto::RegisterResponse* resp) {
+  const ShardOptions& o = shard_->options();
+  absl::Status s = shard_->CheckCaller(req->job(), req->worker());
+  if (s.ok() && (req->num_workers() != o.num_workers ||
+                 req->num_shards() != o.num_shards)) {
+    s = absl::FailedPreconditionError(absl::StrCat(
+        "worker expects ", req->num_workers(), " workers and ", req->num_shards(),
+        " shards; this server runs ", o.num_workers, " workers and ",
+        o.num_shards, " shards"));
+  }
+  if (s.ok()) s = shard_->membership().Register(req->worker(), o.now());
+  if (s.ok()) *resp->mutable_config() = ToJobConfig(o);
+  return Respond(ctx, *shard_, "Register", req->worker(), s);
+}
+
+grpc::ServerUnaryReactor* ShardService::Heartbeat(
+    grpc::CallbackServerContext* ctx, const proto::HeartbeatRequest* req,
+    proto::HeartbeatResponse* resp) {
+  absl::Status s = shard_->CheckCaller(req->job(), req->worker());
+  if (s.ok()) s = shard_->membership().Heartbeat(req->worker(), shard_->options().now());
+  if (s.ok()) {
+    for (int w : shard_->membership().LiveWorkers()) resp->add_live_workers(w);
+  }
+  return Respond(ctx, *shard_, "Heartbeat", req->worker(), s);
+}
+
+grpc::ServerUnaryReactor* ShardService::InitParameters(
+    grpc::CallbackServerContext* ctx, const proto::InitParametersRequest* req,
+    proto::InitParametersResponse* resp) {
+  absl::Status s = shard_->CheckCaller(req->job(), req->worker());
+  for (const proto::NamedTensor& p : req->parameters()) {
+    if (!s.ok()) break;
+    if (p.key().empty() || p.key().size() > proto::kMaxKeyBytes) {
+      s = absl::InvalidArgumentError("parameter key must have 1 to 256 bytes");
+      break;
+    }
+    s = shard_->CheckOwned(p.key());
+    if (!s.ok()) break;
+    absl::StatusOr<std::vector<float>> values = proto::DecodeFloat32(p.value());
+    if (!values.ok()) {
+      s = absl::InvalidArgumentError(
+          absl::StrCat("parameter '", p.key(), "': ", values.status().message()));
+      break;
+    }
+    absl::StatusOr<bool> fresh = shard_->store().Init(
+        p.key(), {p.value().shape().begin(), p.value().shape().end()},
+        *std::move(values));
+    if (!fresh.ok()) {
+      s = fresh.status();
+      break;
+    }
+    if (*fresh) {
+      resp->set_initialized(resp->initialized() + 1);
+    } else {
+      resp->set_already(resp->already() + 1);
+    }
+  }
+  return Respond(ctx, *shard_, "InitParameters", req->worker(), s);
+}
+
+grpc::ServerReadReactor<proto::PushGradientsRequest>* ShardService::PushGradients(
+    grpc::CallbackServerContext* ctx, proto::PushGradientsResponse* resp) {
+  return new PushReactor(shard_, resp);
+}
+
+grpc::ServerWriteReactor<proto::PullParametersResponse>*
+ShardService::PullParameters(grpc::CallbackServerContext* ctx,
+                             const proto::PullParametersRequest* req) {
+  return new PullReactor(shard_, ctx, req);
+}
+
+grpc::ServerBidiReactor<proto::BnRequest, proto::BnResponse>* ShardService::BnSync(
+    grpc::CallbackServerContext* ctx) {
+  return new BnReactor(shard_);
+}
+
+grpc::ServerUnaryReactor* ShardService::StartStep(
+    grpc::CallbackServerContext* ctx, const proto::StartStepRequest* req,
+    proto::StartStepResponse* resp) {
+  absl::Status s = shard_->CheckCaller(req->job(), req->worker());
+  if (s.ok() && shard_->clocks() == nullptr) {
+    s = absl::FailedPreconditionError(
+        "step clocks are kept by shard 0 under the async policy only");
+  }
+  if (!s.ok()) return Respond(ctx, *shard_, "StartStep", req->worker(), s);
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  Shard* shard = shard_;
+  const int worker = req->worker();
+  shard_->clocks()->StartStep(
+      worker, req->step(), WaitDeadline(*shard_, ctx),
+      [reactor, resp, shard, worker](absl::StatusOr<int64_t> min_clock) {
+        if (min_clock.ok()) {
+          resp->set_min_clock(*min_clock);
+        } else {
+          LogRejected(*shard, "StartStep", worker, min_clock.status());
+        }
+        reactor->Finish(proto::ToGrpcStatus(min_clock.status()));
+      });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* ShardService::FinishStep(
+    grpc::CallbackServerContext* ctx, const proto::FinishStepRequest* req,
+    proto::FinishStepResponse* resp) {
+  absl::Status s = shard_->CheckCaller(req->job(), req->worker());
+  if (s.ok() && shard_->clocks() == nullptr) {
+    s = absl::FailedPreconditionError(
+        "step clocks are kept by shard 0 under the async policy only");
+  }
+  if (s.ok()) s = shard_->clocks()->FinishStep(req->worker(), req->completed());
+  return Respond(ctx, *shard_, "FinishStep", req->worker(), s);
+}
+
+grpc::ServerUnaryReactor* ShardService::GetStatus(grpc::CallbackServerContext* ctx,
+                                                  const proto::StatusRequest* req,
+                                                  proto::StatusResponse* resp) {
+  *resp->mutable_config() = ToJobConfig(shard_->options());
+  const absl::Time now = shard_->options().now();
+  const std::vector<Membership::WorkerInfo> workers =
+      shard_->membership().Snapshot();
+  for (size_t w = 0; w < workers.size(); ++w) {
+    proto::WorkerStatus* ws = resp->add_workers();
+    ws->set_worker(static_cast<int>(w));
+    ws->set_registered(workers[w].registered);
+    ws->set_live(workers[w].registered && !workers[w].lost);
+    ws->set_clock(shard_->clocks() ? shard_->clocks()->clock(w) : -1);
+    ws->set_ms_since_heartbeat(
+        workers[w].registered ? absl::ToInt64Milliseconds(now - workers[w].last_seen)
+                              : -1);
+  }
+  const ParameterStore::Stats stats = shard_->store().GetStats();
+  resp->set_num_parameters(stats.num_keys);
+  resp->set_min_version(stats.min_version);
+  resp->set_pushes_applied(stats.applied);
+  resp->set_pushes_duplicate(stats.duplicates);
+  resp->set_num_bn_layers(shard_->bn().num_layers());
+  return Respond(ctx, *shard_, "GetStatus", -1, absl::OkStatus());
+}
+
+}  // namespace bnps::server

@@ -1,0 +1,57 @@
+// The gRPC face of a shard: a thin adapter (callback API) that decodes and
+// validates each request, calls the Shard's logic, and encodes the answer.
+// Waiting (barriers, versions, clocks) never blocks a gRPC thread: the logic
+// answers through callbacks, and the reactors finish from there.
+//
+// Every rejected request gets a clear status and a log line on stderr.
+// Thread-safety: thread-safe. The Shard must outlive the service.
+
+#ifndef BNPS_SERVER_SHARD_SERVICE_H_
+#define BNPS_SERVER_SHARD_SERVICE_H_
+
+#include "proto/bnps.grpc.pb.h"
+#include "server/shard.h"
+
+namespace bnps::server {
+
+// The job as the wire describes it.
+proto::JobConfig ToJobConfig(const ShardOptions& options);
+
+class ShardService final : public proto::ParameterServer::CallbackService {
+ public:
+  explicit ShardService(Shard* shard) : shard_(shard) {}  // not owned
+
+  grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* ctx,
+                                     const proto::RegisterRequest* req,
+                                     proto::RegisterResponse* resp) override;
+  grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* ctx,
+                                      const proto::HeartbeatRequest* req,
+                                      proto::HeartbeatResponse* resp) override;
+  grpc::ServerUnaryReactor* InitParameters(
+      grpc::CallbackServerContext* ctx, const proto::InitParametersRequest* req,
+      proto::InitParametersResponse* resp) override;
+  grpc::ServerReadReactor<proto::PushGradientsRequest>* PushGradients(
+      grpc::CallbackServerContext* ctx,
+      proto::PushGradientsResponse* resp) override;
+  grpc::ServerWriteReactor<proto::PullParametersResponse>* PullParameters(
+      grpc::CallbackServerContext* ctx,
+      const proto::PullParametersRequest* req) override;
+  grpc::ServerBidiReactor<proto::BnRequest, proto::BnResponse>* BnSync(
+      grpc::CallbackServerContext* ctx) override;
+  grpc::ServerUnaryReactor* StartStep(grpc::CallbackServerContext* ctx,
+                                      const proto::StartStepRequest* req,
+                                      proto::StartStepResponse* resp) override;
+  grpc::ServerUnaryReactor* FinishStep(grpc::CallbackServerContext* ctx,
+                                       const proto::FinishStepRequest* req,
+                                       proto::FinishStepResponse* resp) override;
+  grpc::ServerUnaryReactor* GetStatus(grpc::CallbackServerContext* ctx,
+                                      const proto::StatusRequest* req,
+                                      proto::StatusResponse* resp) override;
+
+ private:
+  Shard* const shard_;
+};
+
+}  // namespace bnps::server
+
+#endif  // BNPS_SERVER_SHARD_SERVICE_H_
