@@ -1,0 +1,74 @@
+// bnps_status: shows what every shard server of a job knows.
+//
+//   bnps_status --servers=127.0.0.1:7000,127.0.0.1:7001
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_split.h"
+#include "grpcpp/grpcpp.h"
+#include "proto/bnps.grpc.pb.h"
+
+ABSL_FLAG(std::string, servers, "127.0.0.1:7000",
+          "Comma-separated host:port of the shard servers, shard 0 first.");
+ABSL_FLAG(int, timeout_ms, 3000, "Deadline of each status call.");
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "Shows the job configuration, the workers' liveness and clocks, and the "
+      "parameter versions of every shard server.\n"
+      "  bnps_status --servers=127.0.0.1:7000,127.0.0.1:7001");
+  absl::ParseCommandLine(argc, argv);
+  const std::vector<std::string> servers =
+      absl::StrSplit(absl::GetFlag(FLAGS_servers), ',', absl::SkipEmpty());
+  if (servers.empty()) {
+    std::fprintf(stderr, "bnps_status: --servers is empty\n");
+    return 2;
+  }
+  int unreachable = 0;
+  for (size_t i = 0; i < servers.size(); ++i) {
+    auto stub = bnps::proto::ParameterServer::NewStub(
+        grpc::CreateChannel(servers[i], grpc::InsecureChannelCredentials()));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::milliseconds(absl::GetFlag(FLAGS_timeout_ms)));
+    bnps::proto::StatusRequest req;
+    bnps::proto::StatusResponse resp;
+    const grpc::Status s = stub->GetStatus(&ctx, req, &resp);
+    if (!s.ok()) {
+      std::printf("%s: unreachable (%s)\n", servers[i].c_str(),
+                  s.error_message().c_str());
+      ++unreachable;
+      continue;
+    }
+    const bnps::proto::JobConfig& c = resp.config();
+    std::printf(
+        "%s: job '%s' shard %d/%d, policy %s, staleness %ld, %d workers, "
+        "worker loss: %s\n",
+        servers[i].c_str(), c.job().c_str(), c.shard(), c.num_shards(),
+        bnps::proto::Policy_Name(c.policy()).c_str(),
+        static_cast<long>(c.staleness()), c.num_workers(),
+        bnps::proto::WorkerLossAction_Name(c.worker_loss()).c_str());
+    std::printf("  parameters %d (min version %ld), BN layers %d, pushes %ld "
+                "applied, %ld duplicate\n",
+                resp.num_parameters(), static_cast<long>(resp.min_version()),
+                resp.num_bn_layers(), static_cast<long>(resp.pushes_applied()),
+                static_cast<long>(resp.pushes_duplicate()));
+    for (const bnps::proto::WorkerStatus& w : resp.workers()) {
+      std::printf("  worker %d: %s", w.worker(),
+                  !w.registered() ? "not registered"
+                  : w.live()      ? "live"
+                                  : "LOST");
+      if (w.registered()) {
+        std::printf(", last heard %ld ms ago", static_cast<long>(w.ms_since_heartbeat()));
+      }
+      if (w.clock() >= 0) std::printf(", clock %ld", static_cast<long>(w.clock()));
+      std::printf("\n");
+    }
+  }
+  return unreachable == 0 ? 0 : 1;
+}
