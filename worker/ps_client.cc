@@ -1,0 +1,1099 @@
+#include "worker/ps_client.h"
+
+#include <algorithm>
+#include <functional>
+#include <set>
+#include <utility>
+
+#include "absl/memory/memory.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "absl/strings/strip.h"
+#include "absl/types/span.h"
+#include "google/protobuf/util/message_differencer.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/support/channel_arguments.h"
+#include "grpcpp/support/sync_stream.h"
+#include "proto/codec.h"
+#include "proto/limits.h"
+#include "proto/sharding.h"
+
+namespace bnps::worker {
+namespace {
+
+// Backoffs between attempts double up to this.
+constexpr absl::Duration kMaxBackoff = absl::Seconds(2);
+// Channels reconnect at most this long after a failed connection attempt
+// (gRPC's default is 120 s, far too long for a restarted shard).
+constexpr int kMaxReconnectBackoffMs = 2000;
+// PushGradients packs chunks into messages of at most this many bytes.
+constexpr size_t kPushMessageBytes = proto::kMaxMessageBytes / 2;
+// InitParameters packs tensors into messages of at most this many bytes.
+constexpr size_t kInitMessageBytes = proto::kMaxMessageBytes - 4096;
+// Upper bound of the bytes a NamedTensor or TensorChunk adds beyond its float
+// payload, key and shape (tags, lengths, dtype, offset).
+constexpr size_t kTensorOverheadBytes = 64;
+// How often the background thread looks for BN writes stuck past their
+// deadline.
+constexpr absl::Duration kWatchdogTick = absl::Milliseconds(100);
+// The destructor waits at most this long for servers to end the BN streams.
+constexpr absl::Duration kCloseGrace = absl::Seconds(1);
+
+absl::Status Annotate(const absl::Status& s, absl::string_view context) {
+  if (s.ok()) return s;
+  return absl::Status(s.code(), absl::StrCat(context, ": ", s.message()));
+}
+
+absl::Status Malformed(absl::string_view from, const absl::Status& s) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("malformed response from ", from, ": ", s.message()));
+}
+
+bool IsRetryable(absl::StatusCode code) {
+  return code == absl::StatusCode::kUnavailable ||
+         code == absl::StatusCode::kAborted;
+}
+
+void SetDeadline(grpc::ClientContext* context, absl::Time deadline) {
+  context->set_deadline(absl::ToChronoTime(deadline));
+}
+
+absl::Status CheckKey(const std::string& key, absl::string_view what) {
+  if (key.empty() || key.size() > static_cast<size_t>(proto::kMaxKeyBytes)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, " '", key, "' must have 1 to ", proto::kMaxKeyBytes, " bytes"));
+  }
+  return absl::OkStatus();
+}
+
+// Bytes of a tensor's encoding beyond its float payload: key, shape, tags.
+size_t TensorOverhead(const std::string& key, const Param& p) {
+  return key.size() + 11 * p.shape.size() + kTensorOverheadBytes;
+}
+
+absl::Status CheckParam(const std::string& key, const Param& p) {
+  if (absl::Status s = CheckKey(key, "key"); !s.ok()) return s;
+  absl::StatusOr<int64_t> n = proto::NumElements(p.shape);
+  if (!n.ok()) return Annotate(n.status(), absl::StrCat("key '", key, "'"));
+  if (*n != static_cast<int64_t>(p.values.size())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("key '", key, "': shape has ", *n, " elements but ",
+                     p.values.size(), " values are given"));
+  }
+  return absl::OkStatus();
+}
+
+// Runs fn(0) .. fn(n - 1) on n threads (fn(0) on the caller's) and returns the
+// first error in index order.
+absl::Status RunParallel(int n, const std::function<absl::Status(int)>& fn) {
+  std::vector<absl::Status> results(n);
+  std::vector<std::thread> threads;
+  threads.reserve(n > 0 ? n - 1 : 0);
+  for (int i = 1; i < n; ++i) {
+    threads.emplace_back([&results, &fn, i] { results[i] = fn(i); });
+  }
+  if (n > 0) results[0] = fn(0);
+  for (std::thread& t : threads) t.join();
+  for (const absl::Status& s : results) {
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckChannels(int64_t got, int64_t want, absl::string_view what) {
+  if (got == 0 || got != want) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " have ", got, " and ", want,
+                     " channels; need the same non-zero ", "number"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckSums(const bn::BackwardSums& s) {
+  return CheckChannels(s.sum_dy.size(), s.sum_dy_xhat.size(),
+                       "local backward sums: sum_dy and sum_dy_xhat");
+}
+
+absl::Status CheckRunning(const bn::RunningStats& r) {
+  return CheckChannels(r.mean.size(), r.var.size(),
+                       "running stats: mean and var");
+}
+
+}  // namespace
+
+// One BnSync stream to one shard. Callers write under a "writing" flag (one
+// write at a time) and wait for the response with their id; a reader thread
+// dispatches responses to the waiting callers by id. When the stream ends, the
+// reader fails every waiting call; the stream is then `broken` and PsClient
+// opens a new one for later calls.
+class PsClient::BnStream {
+ public:
+  struct Outcome {
+    absl::Status status;
+    // The stream broke under the call: repeating it on a fresh stream is safe.
+    bool retry = false;
+    proto::BnResponse response;
+  };
+
+  explicit BnStream(proto::ParameterServer::Stub* stub) {
+    // Corked: opening never blocks (the metadata goes out with the first
+    // write, which the watchdog bounds).
+    context_.set_initial_metadata_corked(true);
+    stream_ = stub->BnSync(&context_);
+    reader_ = std::thread(&BnStream::ReadLoop, this);
+  }
+
+  BnStream(const BnStream&) = delete;
+  BnStream& operator=(const BnStream&) = delete;
+
+  ~BnStream() {
+    Cancel("the client closed the stream");
+    reader_.join();
+  }
+
+  // Writes `request` and waits until its response arrives or `deadline`.
+  Outcome Call(const proto::BnRequest& request, absl::Time deadline)
+      ABSL_LOCKS_EXCLUDED(mu_) {
+    PendingCall call;
+    const uint64_t id = request.id();
+    {
+      absl::MutexLock lock(&mu_);
+      if (!mu_.AwaitWithDeadline(absl::Condition(this, &BnStream::CanWrite),
+                                 deadline)) {
+        return {absl::DeadlineExceededError(
+                    "no response before the deadline (waiting to write)"),
+                false};
+      }
+      if (broken_) return BrokenOutcome();
+      pending_[id] = &call;
+      writing_ = true;
+      write_deadline_ = deadline;
+    }
+    const bool written = stream_->Write(request);
+    absl::MutexLock lock(&mu_);
+    writing_ = false;
+    // A failed write means the call is over: the reader sees the end next and
+    // fails every pending call, this one included. No new writes meanwhile.
+    if (!written) {
+      broken_ = true;
+      if (absl::Now() >= deadline) {  // the watchdog cancelled a stuck write
+        pending_.erase(id);
+        return {absl::DeadlineExceededError(
+                    "the request could not be written before the deadline "
+                    "(the server is not reading the BN stream)"),
+                false};
+      }
+    }
+    if (!mu_.AwaitWithDeadline(absl::Condition(&call.done), deadline)) {
+      pending_.erase(id);
+      return {absl::DeadlineExceededError("no response before the deadline"),
+              false};
+    }
+    return {std::move(call.status), call.retry, std::move(call.response)};
+  }
+
+  bool broken() const ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    return broken_;
+  }
+
+  // Cancels the stream if a write has been blocked past its caller's deadline
+  // (a server that stopped reading: flow control holds the write forever).
+  void CancelIfWriteStuck(absl::Time now) ABSL_LOCKS_EXCLUDED(mu_) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (!writing_ || now <= write_deadline_ || finished_) return;
+      if (cancel_reason_.empty()) {
+        cancel_reason_ = "a write was blocked past its deadline";
+      }
+    }
+    context_.TryCancel();
+  }
+
+  // Half-closes the stream (WritesDone) unless it is broken or a write is in
+  // progress; a well-behaved server then ends it.
+  void HalfClose() ABSL_LOCKS_EXCLUDED(mu_) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (broken_ || writing_) return;
+      broken_ = true;
+      writing_ = true;
+      write_deadline_ = absl::InfiniteFuture();
+    }
+    stream_->WritesDone();
+    absl::MutexLock lock(&mu_);
+    writing_ = false;
+  }
+
+  // True once the reader has seen the end of the stream.
+  bool WaitFinished(absl::Time deadline) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    return mu_.AwaitWithDeadline(absl::Condition(&finished_), deadline);
+  }
+
+  void Cancel(absl::string_view why) ABSL_LOCKS_EXCLUDED(mu_) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (finished_) return;
+      if (cancel_reason_.empty()) cancel_reason_ = std::string(why);
+    }
+    context_.TryCancel();
+  }
+
+ private:
+  struct PendingCall {
+    bool done = false;
+    absl::Status status;
+    bool retry = false;
+    proto::BnResponse response;
+  };
+
+  bool CanWrite() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return !writing_ || broken_;
+  }
+  bool NotWriting() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return !writing_;
+  }
+
+  Outcome BrokenOutcome() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (finished_) return {end_status_, end_retry_};
+    return {absl::UnavailableError("the BN stream broke"), true};
+  }
+
+  void ReadLoop() ABSL_LOCKS_EXCLUDED(mu_) {
+    proto::BnResponse response;
+    while (stream_->Read(&response)) {
+      absl::MutexLock lock(&mu_);
+      auto it = pending_.find(response.id());
+      if (it == pending_.end()) continue;  // its caller gave up at its deadline
+      PendingCall* call = it->second;
+      pending_.erase(it);
+      call->response = std::move(response);
+      call->done = true;
+    }
+    {
+      // No new writes; Finish must not run concurrently with a write (which
+      // returns promptly now that the call is over).
+      absl::MutexLock lock(&mu_);
+      broken_ = true;
+      mu_.Await(absl::Condition(this, &BnStream::NotWriting));
+    }
+    const absl::Status end = proto::FromGrpcStatus(stream_->Finish());
+    absl::MutexLock lock(&mu_);
+    if (!cancel_reason_.empty()) {
+      end_status_ = absl::UnavailableError(
+          absl::StrCat("the BN stream was cancelled: ", cancel_reason_));
+      end_retry_ = true;
+    } else {
+      switch (end.code()) {
+        case absl::StatusCode::kOk:
+        case absl::StatusCode::kUnavailable:
+        case absl::StatusCode::kCancelled:
+        case absl::StatusCode::kAborted:
+        case absl::StatusCode::kDeadlineExceeded:
+        case absl::StatusCode::kInternal:
+        case absl::StatusCode::kUnknown:
+          // The transport or the server went away: a fresh stream may work.
+          end_status_ = absl::UnavailableError(
+              absl::StrCat("the BN stream ended: ",
+                           end.ok() ? "the server closed it" : end.ToString()));
+          end_retry_ = true;
+          break;
+        default:
+          // The server refused the stream itself; a new one fares no better.
+          end_status_ = absl::Status(
+              end.code(),
+              absl::StrCat("the server ended the BN stream: ", end.message()));
+          end_retry_ = false;
+          break;
+      }
+    }
+    for (auto& [id, call] : pending_) {
+      call->status = end_status_;
+      call->retry = end_retry_;
+      call->done = true;
+    }
+    pending_.clear();
+    finished_ = true;
+  }
+
+  // Declared before stream_, which refers to it and must be destroyed first.
+  grpc::ClientContext context_;
+  std::unique_ptr<grpc::ClientReaderWriter<proto::BnRequest, proto::BnResponse>>
+      stream_;
+
+  mutable absl::Mutex mu_;
+  bool broken_ ABSL_GUARDED_BY(mu_) = false;    // no more writes
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;  // the reader saw the end
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Time write_deadline_ ABSL_GUARDED_BY(mu_);
+  std::string cancel_reason_ ABSL_GUARDED_BY(mu_);
+  absl::Status end_status_ ABSL_GUARDED_BY(mu_);
+  bool end_retry_ ABSL_GUARDED_BY(mu_) = false;
+  std::map<uint64_t, PendingCall*> pending_ ABSL_GUARDED_BY(mu_);
+
+  std::thread reader_;  // last: started once everything else exists
+};
+
+absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Connect(
+    PsClientOptions options) {
+  const absl::Time deadline = absl::Now() + options.rpc_timeout;
+  if (options.servers.empty()) {
+    return absl::InvalidArgumentError("PsClientOptions.servers is empty");
+  }
+  for (size_t i = 0; i < options.servers.size(); ++i) {
+    if (options.servers[i].empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("PsClientOptions.servers[", i, "] is empty"));
+    }
+  }
+  if (options.job.empty()) {
+    return absl::InvalidArgumentError("PsClientOptions.job is empty");
+  }
+  if (options.num_workers < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("PsClientOptions.num_workers is ", options.num_workers,
+                     "; need at least 1"));
+  }
+  if (options.worker < 0 || options.worker >= options.num_workers) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "PsClientOptions.worker is ", options.worker,
+        "; need 0 <= worker < num_workers = ", options.num_workers));
+  }
+  if (options.rpc_timeout <= absl::ZeroDuration() ||
+      options.rpc_timeout == absl::InfiniteDuration()) {
+    return absl::InvalidArgumentError(
+        "PsClientOptions.rpc_timeout must be finite and positive");
+  }
+  if (options.max_attempts < 1) {
+    return absl::InvalidArgumentError(
+        "PsClientOptions.max_attempts must be at least 1");
+  }
+  if (options.initial_backoff < absl::ZeroDuration() ||
+      options.initial_backoff == absl::InfiniteDuration()) {
+    return absl::InvalidArgumentError(
+        "PsClientOptions.initial_backoff must be finite and non-negative");
+  }
+  if (options.heartbeat_interval <= absl::ZeroDuration() ||
+      options.heartbeat_interval == absl::InfiniteDuration()) {
+    return absl::InvalidArgumentError(
+        "PsClientOptions.heartbeat_interval must be finite and positive");
+  }
+  if (options.credentials == nullptr) {
+    options.credentials = grpc::InsecureChannelCredentials();
+  }
+
+  grpc::ChannelArguments args;
+  args.SetMaxSendMessageSize(proto::kMaxMessageBytes);
+  args.SetMaxReceiveMessageSize(proto::kMaxMessageBytes);
+  const int reconnect_ms = static_cast<int>(
+      std::clamp<int64_t>(absl::ToInt64Milliseconds(options.initial_backoff),
+                          20, kMaxReconnectBackoffMs));
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, reconnect_ms);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, kMaxReconnectBackoffMs);
+  std::vector<Shard> shards(options.servers.size());
+  for (size_t i = 0; i < shards.size(); ++i) {
+    shards[i].address = options.servers[i];
+    shards[i].channel = grpc::CreateCustomChannel(options.servers[i],
+                                                  options.credentials, args);
+    shards[i].stub = proto::ParameterServer::NewStub(shards[i].channel);
+  }
+
+  std::unique_ptr<PsClient> client =
+      absl::WrapUnique(new PsClient(std::move(options), std::move(shards)));
+  if (absl::Status s = client->RegisterAll(deadline); !s.ok()) return s;
+  client->background_ = std::thread(&PsClient::BackgroundLoop, client.get());
+  return client;
+}
+
+PsClient::PsClient(PsClientOptions options, std::vector<Shard> shards)
+    : options_(std::move(options)),
+      shards_(std::move(shards)),
+      streams_(shards_.size()) {}
+
+PsClient::~PsClient() {
+  {
+    absl::MutexLock lock(&bg_mu_);
+    stopping_ = true;
+    if (heartbeat_context_ != nullptr) heartbeat_context_->TryCancel();
+  }
+  if (background_.joinable()) background_.join();
+
+  std::vector<std::shared_ptr<BnStream>> streams;
+  {
+    absl::MutexLock lock(&streams_mu_);
+    streams.swap(streams_);
+  }
+  for (const auto& stream : streams) {
+    if (stream != nullptr) stream->HalfClose();
+  }
+  const absl::Time deadline =
+      absl::Now() + std::min(options_.rpc_timeout, kCloseGrace);
+  for (const auto& stream : streams) {
+    if (stream != nullptr) stream->WaitFinished(deadline);
+  }
+  for (const auto& stream : streams) {
+    if (stream != nullptr) stream->Cancel("the client was destroyed");
+  }
+  streams.clear();  // joins the readers, which end promptly once cancelled
+}
+
+std::string PsClient::ShardName(int shard) const {
+  return absl::StrCat("shard ", shard, " (", shards_[shard].address, ")");
+}
+
+absl::Duration PsClient::Backoff(int retry) {
+  absl::Duration d = options_.initial_backoff;
+  for (int i = 0; i < retry && d < kMaxBackoff; ++i) d *= 2;
+  d = std::min(d, kMaxBackoff);
+  absl::MutexLock lock(&rng_mu_);
+  return d * absl::Uniform(rng_, 0.8, 1.2);
+}
+
+template <typename Attempt>
+absl::Status PsClient::WithRetries(Attempt attempt) {
+  absl::Status status;
+  for (int i = 0; i < options_.max_attempts; ++i) {
+    if (i > 0) absl::SleepFor(Backoff(i - 1));
+    status = attempt(absl::Now() + options_.rpc_timeout);
+    if (status.ok() || !IsRetryable(status.code())) return status;
+  }
+  if (options_.max_attempts > 1) {
+    status = absl::Status(status.code(),
+                          absl::StrCat(status.message(), " (after ",
+                                       options_.max_attempts, " attempts)"));
+  }
+  return status;
+}
+
+absl::Status PsClient::RegisterAll(absl::Time deadline) {
+  std::vector<proto::RegisterResponse> responses(shards_.size());
+  proto::RegisterRequest request;
+  request.set_job(options_.job);
+  request.set_worker(options_.worker);
+  request.set_num_workers(options_.num_workers);
+  request.set_num_shards(num_shards());
+  for (int i = 0; i < num_shards(); ++i) {
+    absl::Status status;
+    int attempts = 0;
+    while (true) {
+      ++attempts;
+      grpc::ClientContext context;
+      SetDeadline(&context, deadline);
+      status = proto::FromGrpcStatus(
+          shards_[i].stub->Register(&context, request, &responses[i]));
+      // UNAVAILABLE: the server may still be starting.
+      if (status.code() != absl::StatusCode::kUnavailable) break;
+      const absl::Duration wait = Backoff(attempts - 1);
+      if (absl::Now() + wait >= deadline) break;
+      absl::SleepFor(wait);
+    }
+    if (!status.ok()) {
+      return Annotate(
+          status,
+          absl::StrCat("Register with ", ShardName(i), " (", attempts,
+                       " attempts in ",
+                       absl::FormatDuration(options_.rpc_timeout), ")"));
+    }
+  }
+  return CheckConfigs(responses);
+}
+
+absl::Status PsClient::CheckConfigs(
+    const std::vector<proto::RegisterResponse>& responses) {
+  for (int i = 0; i < num_shards(); ++i) {
+    const proto::JobConfig& c = responses[i].config();
+    const std::string who = ShardName(i);
+    if (c.job() != options_.job) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          who, " runs job '", c.job(), "', not '", options_.job, "'"));
+    }
+    if (c.num_workers() != options_.num_workers) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          who, " runs a job of ", c.num_workers(),
+          " workers; this worker was told ", options_.num_workers));
+    }
+    if (c.num_shards() != num_shards()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(who, " runs a job of ", c.num_shards(),
+                       " shards; this worker was given ", num_shards(),
+                       " server addresses"));
+    }
+    if (c.shard() != i) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(who, " is shard ", c.shard(),
+                       " of the job; list the servers in "
+                       "shard order"));
+    }
+    if (c.policy() == proto::POLICY_UNSPECIFIED) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(who, " reports no BN policy"));
+    }
+    if (i > 0) {
+      proto::JobConfig a = responses[0].config();
+      proto::JobConfig b = c;
+      a.clear_shard();
+      b.clear_shard();
+      std::string report;
+      google::protobuf::util::MessageDifferencer differencer;
+      differencer.ReportDifferencesToString(&report);
+      if (!differencer.Compare(a, b)) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            who, " runs the job with a different config than shard 0: ",
+            absl::StripTrailingAsciiWhitespace(report)));
+      }
+    }
+  }
+  config_ = responses[0].config();
+  if (config_.heartbeat_timeout_ms() > 0 &&
+      options_.heartbeat_interval >=
+          absl::Milliseconds(config_.heartbeat_timeout_ms())) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("heartbeat_interval ",
+                     absl::FormatDuration(options_.heartbeat_interval),
+                     " is not shorter than the servers' heartbeat timeout of ",
+                     config_.heartbeat_timeout_ms(), " ms"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PsClient::InitParameters(
+    const std::map<std::string, Param>& params) {
+  std::vector<std::vector<const std::string*>> by_shard(num_shards());
+  for (const auto& [key, p] : params) {
+    if (absl::Status s = CheckParam(key, p); !s.ok()) return s;
+    if (p.values.size() * sizeof(float) + TensorOverhead(key, p) >
+        kInitMessageBytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "key '", key, "': ", p.values.size(),
+          " floats do not fit one InitParameters message (at most ",
+          proto::kMaxMessageBytes, " bytes)"));
+    }
+    by_shard[proto::ShardForKey(key, num_shards())].push_back(&key);
+  }
+  std::vector<int> shards;
+  for (int i = 0; i < num_shards(); ++i) {
+    if (!by_shard[i].empty()) shards.push_back(i);
+  }
+  return RunParallel(static_cast<int>(shards.size()), [&](int j) {
+    const int shard = shards[j];
+    return Annotate(InitShard(shard, by_shard[shard], params),
+                    absl::StrCat("InitParameters on ", ShardName(shard)));
+  });
+}
+
+absl::Status PsClient::InitShard(int shard,
+                                 const std::vector<const std::string*>& keys,
+                                 const std::map<std::string, Param>& params) {
+  proto::InitParametersRequest request;
+  request.set_job(options_.job);
+  request.set_worker(options_.worker);
+  size_t bytes = 0;
+  auto send = [&]() {
+    return WithRetries([&](absl::Time deadline) {
+      grpc::ClientContext context;
+      SetDeadline(&context, deadline);
+      proto::InitParametersResponse response;
+      return proto::FromGrpcStatus(
+          shards_[shard].stub->InitParameters(&context, request, &response));
+    });
+  };
+  for (const std::string* key : keys) {
+    const Param& p = params.at(*key);
+    const size_t size =
+        p.values.size() * sizeof(float) + TensorOverhead(*key, p);
+    if (request.parameters_size() > 0 && bytes + size > kInitMessageBytes) {
+      if (absl::Status s = send(); !s.ok()) return s;
+      request.clear_parameters();
+      bytes = 0;
+    }
+    proto::NamedTensor* t = request.add_parameters();
+    t->set_key(*key);
+    proto::EncodeFloat32(p.values, p.shape, t->mutable_value());
+    bytes += size;
+  }
+  return send();
+}
+
+absl::Status PsClient::PushGradients(
+    int64_t step, int64_t num_samples,
+    const std::map<std::string, Param>& grads) {
+  if (step < 0 || num_samples < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("PushGradients: step ", step, " and num_samples ",
+                     num_samples, " must not be negative"));
+  }
+  std::vector<std::vector<const std::string*>> by_shard(num_shards());
+  for (const auto& [key, p] : grads) {
+    if (absl::Status s = CheckParam(key, p); !s.ok()) return s;
+    by_shard[proto::ShardForKey(key, num_shards())].push_back(&key);
+  }
+  std::vector<int> shards;
+  for (int i = 0; i < num_shards(); ++i) {
+    if (!by_shard[i].empty()) shards.push_back(i);
+  }
+  return RunParallel(static_cast<int>(shards.size()), [&](int j) {
+    const int shard = shards[j];
+    absl::Status s = WithRetries([&](absl::Time deadline) {
+      return PushShard(shard, step, num_samples, by_shard[shard], grads,
+                       deadline);
+    });
+    return Annotate(s, absl::StrCat("PushGradients of step ", step, " to ",
+                                    ShardName(shard)));
+  });
+}
+
+absl::Status PsClient::PushShard(int shard, int64_t step, int64_t num_samples,
+                                 const std::vector<const std::string*>& keys,
+                                 const std::map<std::string, Param>& grads,
+                                 absl::Time deadline) {
+  grpc::ClientContext context;
+  SetDeadline(&context, deadline);
+  proto::PushGradientsResponse response;
+  std::unique_ptr<grpc::ClientWriter<proto::PushGradientsRequest>> writer =
+      shards_[shard].stub->PushGradients(&context, &response);
+
+  proto::PushGradientsRequest message;
+  message.set_job(options_.job);
+  message.set_worker(options_.worker);
+  message.set_step(step);
+  message.set_num_samples(num_samples);
+  size_t bytes = 0;
+  bool ok = true;
+  auto flush = [&]() {
+    ok = writer->Write(message);
+    message.clear_chunks();
+    bytes = 0;
+  };
+  for (const std::string* key : keys) {
+    const Param& p = grads.at(*key);
+    const absl::Span<const float> values(p.values);
+    const int64_t n = static_cast<int64_t>(values.size());
+    // One chunk at a time, so that no more than one message is ever copied.
+    for (int64_t offset = 0; ok;) {
+      const int64_t len = std::min(proto::kChunkFloats, n - offset);
+      const size_t size = len * sizeof(float) + TensorOverhead(*key, p);
+      if (message.chunks_size() > 0 && bytes + size > kPushMessageBytes) {
+        flush();
+        if (!ok) break;
+      }
+      proto::AppendChunks(*key, p.shape, values.subspan(offset, len),
+                          proto::kChunkFloats, message.mutable_chunks());
+      message.mutable_chunks(message.chunks_size() - 1)->set_offset(offset);
+      bytes += size;
+      offset += len;
+      if (offset >= n) break;  // an empty tensor still sends one chunk
+    }
+    if (!ok) break;
+  }
+  if (ok && message.chunks_size() > 0) flush();
+  // After a failed write the server has ended the call; Finish says why.
+  if (ok) writer->WritesDone();
+  return proto::FromGrpcStatus(writer->Finish());
+}
+
+absl::StatusOr<std::map<std::string, Param>> PsClient::PullParameters(
+    int64_t min_version) {
+  if (min_version < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("PullParameters: negative min_version ", min_version));
+  }
+  std::vector<int> shards(num_shards());
+  for (int i = 0; i < num_shards(); ++i) shards[i] = i;
+  return PullFrom(std::vector<std::vector<std::string>>(num_shards()), shards,
+                  min_version);
+}
+
+absl::StatusOr<std::map<std::string, Param>> PsClient::PullParameters(
+    const std::vector<std::string>& keys, int64_t min_version) {
+  if (min_version < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("PullParameters: negative min_version ", min_version));
+  }
+  const std::set<std::string> wanted(keys.begin(), keys.end());
+  std::vector<std::vector<std::string>> by_shard(num_shards());
+  for (const std::string& key : wanted) {
+    if (absl::Status s = CheckKey(key, "key"); !s.ok()) return s;
+    by_shard[proto::ShardForKey(key, num_shards())].push_back(key);
+  }
+  std::vector<int> shards;
+  for (int i = 0; i < num_shards(); ++i) {
+    if (!by_shard[i].empty()) shards.push_back(i);
+  }
+  absl::StatusOr<std::map<std::string, Param>> got =
+      PullFrom(by_shard, shards, min_version);
+  if (!got.ok()) return got;
+  for (const std::string& key : wanted) {
+    if (got->count(key) == 0) {
+      return absl::NotFoundError(absl::StrCat(
+          "PullParameters: ", ShardName(proto::ShardForKey(key, num_shards())),
+          " did not send key '", key, "'"));
+    }
+  }
+  for (const auto& [key, p] : *got) {
+    if (wanted.count(key) == 0) {
+      return Malformed(ShardName(proto::ShardForKey(key, num_shards())),
+                       absl::InvalidArgumentError(
+                           absl::StrCat("key '", key, "' was not requested")));
+    }
+  }
+  return got;
+}
+
+absl::StatusOr<std::map<std::string, Param>> PsClient::PullFrom(
+    const std::vector<std::vector<std::string>>& keys_by_shard,
+    const std::vector<int>& shards, int64_t min_version) {
+  std::vector<std::map<std::string, Param>> results(shards.size());
+  absl::Status status =
+      RunParallel(static_cast<int>(shards.size()), [&](int j) {
+        const int shard = shards[j];
+        absl::Status s = WithRetries([&](absl::Time deadline) {
+          absl::StatusOr<std::map<std::string, Param>> got =
+              PullShard(shard, keys_by_shard[shard], min_version, deadline);
+          if (!got.ok()) return got.status();
+          results[j] = *std::move(got);
+          return absl::OkStatus();
+        });
+        return Annotate(s,
+                        absl::StrCat("PullParameters from ", ShardName(shard)));
+      });
+  if (!status.ok()) return status;
+  std::map<std::string, Param> merged;
+  for (auto& result : results) merged.merge(result);  // keys are disjoint
+  return merged;
+}
+
+absl::StatusOr<std::map<std::string, Param>> PsClient::PullShard(
+    int shard, const std::vector<std::string>& keys, int64_t min_version,
+    absl::Time deadline) {
+  grpc::ClientContext context;
+  SetDeadline(&context, deadline);
+  proto::PullParametersRequest request;
+  request.set_job(options_.job);
+  request.set_worker(options_.worker);
+  for (const std::string& key : keys) request.add_keys(key);
+  request.set_min_version(min_version);
+  std::unique_ptr<grpc::ClientReader<proto::PullParametersResponse>> reader =
+      shards_[shard].stub->PullParameters(&context, request);
+
+  std::map<std::string, Param> out;
+  proto::ChunkAssembler assembler;
+  proto::PullParametersResponse response;
+  absl::Status bad;
+  while (bad.ok() && reader->Read(&response)) {
+    for (const proto::TensorChunk& chunk : response.chunks()) {
+      absl::StatusOr<std::optional<proto::ChunkAssembler::Complete>> done =
+          assembler.Add(chunk);
+      if (!done.ok()) {
+        bad = done.status();
+        break;
+      }
+      if (!done->has_value()) continue;
+      proto::ChunkAssembler::Complete& t = **done;
+      const int owner = proto::ShardForKey(t.key, num_shards());
+      if (owner != shard) {
+        bad = absl::InvalidArgumentError(
+            absl::StrCat("key '", t.key, "' belongs to shard ", owner));
+        break;
+      }
+      if (out.count(t.key) > 0) {
+        bad = absl::InvalidArgumentError(
+            absl::StrCat("key '", t.key, "' was sent twice"));
+        break;
+      }
+      out.emplace(std::move(t.key),
+                  Param{std::move(t.shape), std::move(t.values)});
+    }
+  }
+  if (!bad.ok()) {
+    context.TryCancel();
+    while (reader->Read(&response)) {
+    }
+    reader->Finish();
+    return Malformed(ShardName(shard), bad);
+  }
+  if (absl::Status s = proto::FromGrpcStatus(reader->Finish()); !s.ok()) {
+    return s;
+  }
+  if (assembler.pending()) {
+    return Malformed(ShardName(shard),
+                     absl::InvalidArgumentError(
+                         "the stream ended in the middle of a tensor"));
+  }
+  return out;
+}
+
+std::shared_ptr<PsClient::BnStream> PsClient::GetStream(int shard) {
+  std::shared_ptr<BnStream> old;  // destroyed (joined) after unlocking
+  absl::MutexLock lock(&streams_mu_);
+  std::shared_ptr<BnStream>& slot = streams_[shard];
+  if (slot == nullptr || slot->broken()) {
+    old = std::move(slot);
+    slot = std::make_shared<BnStream>(shards_[shard].stub.get());
+  }
+  return slot;
+}
+
+absl::StatusOr<proto::BnResponse> PsClient::BnCall(proto::BnRequest request) {
+  if (absl::Status s = CheckKey(request.layer(), "BN layer"); !s.ok()) return s;
+  if (request.phase() == proto::BN_PHASE_UNSPECIFIED ||
+      !proto::BnPhase_IsValid(request.phase())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "BN request for layer '", request.layer(), "' has no valid phase"));
+  }
+  request.set_job(options_.job);
+  request.set_worker(options_.worker);
+  request.set_id(~uint64_t{0});  // the largest encoding, for the size check
+  if (request.ByteSizeLong() > static_cast<size_t>(proto::kMaxMessageBytes)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "BN request for layer '", request.layer(), "' has ",
+        request.ByteSizeLong(), " bytes, more than ", proto::kMaxMessageBytes));
+  }
+  const int shard = proto::ShardForKey(request.layer(), num_shards());
+  const std::string context = absl::StrCat(
+      proto::BnPhase_Name(request.phase()), " of layer '", request.layer(),
+      "' at step ", request.step(), " on ", ShardName(shard));
+  const absl::Time deadline = absl::Now() + options_.rpc_timeout;
+  for (int attempt = 0;; ++attempt) {
+    std::shared_ptr<BnStream> stream = GetStream(shard);
+    request.set_id(next_bn_id_.fetch_add(1, std::memory_order_relaxed));
+    BnStream::Outcome out = stream->Call(request, deadline);
+    if (!out.status.ok()) {
+      if (out.retry && attempt == 0) {
+        const absl::Duration wait =
+            std::min(options_.initial_backoff, deadline - absl::Now());
+        if (wait >= absl::ZeroDuration()) {
+          absl::SleepFor(wait);
+          continue;
+        }
+      }
+      return Annotate(out.status, context);
+    }
+    const int code = out.response.code();
+    if (code == 0) return std::move(out.response);
+    if (code < 0 ||
+        code > static_cast<int>(absl::StatusCode::kUnauthenticated)) {
+      return absl::UnknownError(
+          absl::StrCat(context, ": code ", code, ": ", out.response.message()));
+    }
+    return absl::Status(static_cast<absl::StatusCode>(code),
+                        absl::StrCat(context, ": ", out.response.message()));
+  }
+}
+
+absl::StatusOr<BnForwardResult> PsClient::BnForward(const std::string& layer,
+                                                    int64_t step,
+                                                    const bn::Moments& local) {
+  if (absl::Status s = bn::ValidateMoments(local); !s.ok()) return s;
+  proto::BnRequest request;
+  request.set_layer(layer);
+  request.set_step(step);
+  request.set_phase(proto::BN_FORWARD);
+  proto::EncodeMoments(local, request.mutable_moments());
+  absl::StatusOr<proto::BnResponse> response = BnCall(std::move(request));
+  if (!response.ok()) return response.status();
+  const std::string from = ShardName(proto::ShardForKey(layer, num_shards()));
+  BnForwardResult result;
+  absl::StatusOr<bn::Moments> merged =
+      proto::DecodeMoments(response->moments(), local.channels());
+  if (!merged.ok()) return Malformed(from, merged.status());
+  result.merged = *std::move(merged);
+  if (response->has_running() && response->running().ByteSizeLong() > 0) {
+    absl::StatusOr<bn::RunningStats> running =
+        proto::DecodeRunning(response->running(), local.channels());
+    if (!running.ok()) return Malformed(from, running.status());
+    result.running = *std::move(running);
+  }
+  result.contributors = response->contributors();
+  return result;
+}
+
+absl::StatusOr<bn::BackwardSums> PsClient::BnBackward(
+    const std::string& layer, int64_t step, const bn::BackwardSums& local) {
+  if (absl::Status s = CheckSums(local); !s.ok()) return s;
+  proto::BnRequest request;
+  request.set_layer(layer);
+  request.set_step(step);
+  request.set_phase(proto::BN_BACKWARD);
+  proto::EncodeSums(local, request.mutable_sums());
+  absl::StatusOr<proto::BnResponse> response = BnCall(std::move(request));
+  if (!response.ok()) return response.status();
+  absl::StatusOr<bn::BackwardSums> sums =
+      proto::DecodeSums(response->sums(), local.sum_dy.size());
+  if (!sums.ok()) {
+    return Malformed(ShardName(proto::ShardForKey(layer, num_shards())),
+                     sums.status());
+  }
+  return sums;
+}
+
+absl::Status PsClient::BnRecal(const std::string& layer, int64_t batch,
+                               const bn::Moments& moments) {
+  if (absl::Status s = bn::ValidateMoments(moments); !s.ok()) return s;
+  proto::BnRequest request;
+  request.set_layer(layer);
+  request.set_step(batch);
+  request.set_phase(proto::BN_RECAL);
+  proto::EncodeMoments(moments, request.mutable_moments());
+  return BnCall(std::move(request)).status();
+}
+
+absl::StatusOr<bn::RunningStats> PsClient::BnRecalFinish(
+    const std::string& layer) {
+  proto::BnRequest request;
+  request.set_layer(layer);
+  request.set_phase(proto::BN_RECAL_FINISH);
+  absl::StatusOr<proto::BnResponse> response = BnCall(std::move(request));
+  if (!response.ok()) return response.status();
+  absl::StatusOr<bn::RunningStats> running =
+      proto::DecodeRunning(response->running());
+  if (!running.ok()) {
+    return Malformed(ShardName(proto::ShardForKey(layer, num_shards())),
+                     running.status());
+  }
+  return running;
+}
+
+absl::StatusOr<bn::RunningStats> PsClient::BnLocalRunning(
+    const std::string& layer, const bn::RunningStats& running) {
+  if (absl::Status s = CheckRunning(running); !s.ok()) return s;
+  proto::BnRequest request;
+  request.set_layer(layer);
+  request.set_phase(proto::BN_LOCAL_RUNNING);
+  proto::EncodeRunning(running, request.mutable_running());
+  absl::StatusOr<proto::BnResponse> response = BnCall(std::move(request));
+  if (!response.ok()) return response.status();
+  absl::StatusOr<bn::RunningStats> average =
+      proto::DecodeRunning(response->running(), running.mean.size());
+  if (!average.ok()) {
+    return Malformed(ShardName(proto::ShardForKey(layer, num_shards())),
+                     average.status());
+  }
+  return average;
+}
+
+absl::Status PsClient::StartStep(int64_t step) {
+  if (step < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("StartStep: negative step ", step));
+  }
+  proto::StartStepRequest request;
+  request.set_job(options_.job);
+  request.set_worker(options_.worker);
+  request.set_step(step);
+  absl::Status s = WithRetries([&](absl::Time deadline) {
+    grpc::ClientContext context;
+    SetDeadline(&context, deadline);
+    proto::StartStepResponse response;
+    return proto::FromGrpcStatus(
+        shards_[0].stub->StartStep(&context, request, &response));
+  });
+  return Annotate(s, absl::StrCat("StartStep ", step, " on ", ShardName(0)));
+}
+
+absl::Status PsClient::FinishStep(int64_t completed) {
+  if (completed < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("FinishStep: negative clock ", completed));
+  }
+  proto::FinishStepRequest request;
+  request.set_job(options_.job);
+  request.set_worker(options_.worker);
+  request.set_completed(completed);
+  absl::Status s = WithRetries([&](absl::Time deadline) {
+    grpc::ClientContext context;
+    SetDeadline(&context, deadline);
+    proto::FinishStepResponse response;
+    return proto::FromGrpcStatus(
+        shards_[0].stub->FinishStep(&context, request, &response));
+  });
+  return Annotate(s,
+                  absl::StrCat("FinishStep ", completed, " on ", ShardName(0)));
+}
+
+absl::StatusOr<proto::StatusResponse> PsClient::GetStatus(int shard) {
+  if (shard < 0 || shard >= num_shards()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "GetStatus: shard ", shard, " is not in [0, ", num_shards(), ")"));
+  }
+  proto::StatusResponse response;
+  absl::Status s = WithRetries([&](absl::Time deadline) {
+    grpc::ClientContext context;
+    SetDeadline(&context, deadline);
+    return proto::FromGrpcStatus(shards_[shard].stub->GetStatus(
+        &context, proto::StatusRequest(), &response));
+  });
+  if (!s.ok())
+    return Annotate(s, absl::StrCat("GetStatus of ", ShardName(shard)));
+  return response;
+}
+
+HeartbeatStats PsClient::heartbeat_stats() const {
+  absl::MutexLock lock(&bg_mu_);
+  return heartbeat_stats_;
+}
+
+void PsClient::BackgroundLoop() {
+  absl::Time next_heartbeat = absl::Now() + options_.heartbeat_interval;
+  while (true) {
+    {
+      absl::MutexLock lock(&bg_mu_);
+      bg_mu_.AwaitWithDeadline(
+          absl::Condition(&stopping_),
+          std::min(next_heartbeat, absl::Now() + kWatchdogTick));
+      if (stopping_) return;
+    }
+    std::vector<std::shared_ptr<BnStream>> streams;
+    {
+      absl::MutexLock lock(&streams_mu_);
+      streams = streams_;
+    }
+    const absl::Time now = absl::Now();
+    for (const auto& stream : streams) {
+      if (stream != nullptr) stream->CancelIfWriteStuck(now);
+    }
+    streams.clear();
+    if (now >= next_heartbeat) {
+      SendHeartbeats();
+      next_heartbeat += options_.heartbeat_interval;
+      if (next_heartbeat < absl::Now()) {
+        next_heartbeat = absl::Now() + options_.heartbeat_interval;
+      }
+    }
+  }
+}
+
+void PsClient::SendHeartbeats() {
+  // Short deadlines: a dead shard must not delay the others' heartbeats much.
+  const absl::Duration timeout =
+      std::min(options_.rpc_timeout,
+               std::max(options_.heartbeat_interval, absl::Seconds(1)));
+  proto::HeartbeatRequest request;
+  request.set_job(options_.job);
+  request.set_worker(options_.worker);
+  for (int i = 0; i < num_shards(); ++i) {
+    grpc::ClientContext context;
+    SetDeadline(&context, absl::Now() + timeout);
+    {
+      absl::MutexLock lock(&bg_mu_);
+      if (stopping_) return;
+      heartbeat_context_ = &context;
+    }
+    proto::HeartbeatResponse response;
+    const absl::Status s = proto::FromGrpcStatus(
+        shards_[i].stub->Heartbeat(&context, request, &response));
+    absl::MutexLock lock(&bg_mu_);
+    heartbeat_context_ = nullptr;
+    ++heartbeat_stats_.sent;
+    if (!s.ok()) {
+      ++heartbeat_stats_.failed;
+      heartbeat_stats_.last_error =
+          Annotate(s, absl::StrCat("Heartbeat to ", ShardName(i)));
+    } else if (i == 0) {
+      heartbeat_stats_.live_workers.assign(response.live_workers().begin(),
+                                           response.live_workers().end());
+    }
+  }
+}
+
+}  // namespace bnps::worker
