@@ -48,7 +48,7 @@ ABSL_FLAG(int64_t, heartbeat_timeout_ms, 10000,
           "A registered worker silent this long is lost; see --on_worker_loss.");
 ABSL_FLAG(std::string, on_worker_loss, "fail",
           "What a lost worker means: fail (steps that need it fail with "
-          "UNAVAILABLE naming it, so the job stops with a clear error) or "
+          "FAILED_PRECONDITION naming it, so the job stops with a clear error) or "
           "shrink (it is dropped and the job goes on with the others).");
 
 namespace {

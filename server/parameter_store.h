@@ -88,7 +88,7 @@ class ParameterStore {
 
   // Calls done with the values of `keys` (every key if empty) once each has
   // version >= min_version: at once if they do. NOT_FOUND for an unknown key;
-  // DEADLINE_EXCEEDED after `deadline` (see ExpireDeadlines); UNAVAILABLE if a
+  // DEADLINE_EXCEEDED after `deadline` (see ExpireDeadlines); the FailWorker status if a
   // step it waits for needs a worker marked failed.
   void Pull(std::vector<std::string> keys, int64_t min_version,
             absl::Time deadline, PullDone done);
@@ -96,7 +96,7 @@ class ParameterStore {
   // The worker leaves the job: pending steps stop waiting for it (shrink).
   void RemoveWorker(int worker);
   // The worker is lost and steps that need it cannot complete: waiting pulls
-  // fail with `why` (UNAVAILABLE), and so do later pulls that would wait.
+  // fail with `why`, and so do later pulls that would wait.
   void FailWorker(int worker, absl::Status why);
 
   // Fails waiting pulls whose deadline is at or before `now`.
@@ -135,7 +135,7 @@ class ParameterStore {
   // Applies every complete pending step of `p`, in order.
   void ApplyReady(Param& p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool Complete(const PendingStep& s) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // OK if `keys` are ready, UNAVAILABLE/NOT_FOUND if they never will be,
+  // OK if `keys` are ready, an error if they never will be,
   // nullopt if they may become ready later.
   std::optional<absl::StatusOr<Snapshot>> TryPull(const Waiter& w) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -15,7 +15,7 @@ enum class Policy { kSync, kAsync, kRecal, kLocal };
 
 // What happens to steps that need a worker whose heartbeats stopped.
 enum class WorkerLoss {
-  kFail,    // they fail with UNAVAILABLE naming the worker
+  kFail,    // they fail with FAILED_PRECONDITION naming the worker
   kShrink,  // the worker is dropped; they complete with the others
 };
 

@@ -104,7 +104,7 @@ void Shard::Tick(absl::Time now) {
       bn_.RemoveWorker(w);
       if (clocks_) clocks_->RemoveWorker(w);
     } else {
-      const absl::Status why = absl::UnavailableError(absl::StrCat(
+      const absl::Status why = absl::FailedPreconditionError(absl::StrCat(
           "worker ", w, " was lost (no heartbeat for ",
           absl::FormatDuration(options_.heartbeat_timeout), ")"));
       store_.FailWorker(w, why);

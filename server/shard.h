@@ -4,7 +4,7 @@
 // requests into calls on these.
 //
 // A ticker thread calls Tick every `tick` to turn silent workers into lost ones
-// (fail: steps that need them fail with UNAVAILABLE; shrink: they are dropped
+// (fail: steps that need them fail with FAILED_PRECONDITION; shrink: they are dropped
 // and steps complete with the others) and to expire deadlines. Tests may run
 // without the ticker and call Tick with a time of their choosing.
 //

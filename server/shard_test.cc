@@ -83,7 +83,7 @@ TEST(ShardTest, LostWorkerFailsWaitersUnderFail) {
   ASSERT_TRUE(shard->membership().Heartbeat(0, clock.now).ok());
   shard->Tick(clock.now);
   ASSERT_TRUE(pulled.has_value());
-  EXPECT_EQ(pulled->status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(pulled->status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(pulled->status().message().find("worker 1 was lost"), std::string::npos);
   EXPECT_EQ(shard->membership().Heartbeat(1, clock.now).code(),
             absl::StatusCode::kFailedPrecondition);

@@ -429,7 +429,8 @@ void LoseWorkerOne(server::WorkerLoss loss) {
   auto fwd = survivor->BnForward(kLayer, 0, SomeMoments());
   EXPECT_LT(absl::Now() - start, absl::Seconds(10));
   if (loss == server::WorkerLoss::kFail) {
-    EXPECT_EQ(fwd.status().code(), absl::StatusCode::kUnavailable) << fwd.status();
+    EXPECT_EQ(fwd.status().code(), absl::StatusCode::kFailedPrecondition)
+        << fwd.status();
     EXPECT_NE(fwd.status().message().find("worker 1 was lost"), std::string::npos)
         << fwd.status();
   } else {

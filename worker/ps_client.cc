@@ -450,12 +450,22 @@ absl::Duration PsClient::Backoff(int retry) {
   return d * absl::Uniform(rng_, 0.8, 1.2);
 }
 
+absl::Duration PsClient::CallTimeout() const {
+  // Calls may wait on the servers' barriers; let the server's error, which
+  // names the workers it waited for, arrive before the client gives up.
+  // 0 (proto3's unset) means the server did not say.
+  if (config_.barrier_timeout_ms() <= 0) return options_.rpc_timeout;
+  return std::max(options_.rpc_timeout,
+                  absl::Milliseconds(config_.barrier_timeout_ms()) +
+                      absl::Seconds(5));
+}
+
 template <typename Attempt>
 absl::Status PsClient::WithRetries(Attempt attempt) {
   absl::Status status;
   for (int i = 0; i < options_.max_attempts; ++i) {
     if (i > 0) absl::SleepFor(Backoff(i - 1));
-    status = attempt(absl::Now() + options_.rpc_timeout);
+    status = attempt(absl::Now() + CallTimeout());
     if (status.ok() || !IsRetryable(status.code())) return status;
   }
   if (options_.max_attempts > 1) {
@@ -853,7 +863,7 @@ absl::StatusOr<proto::BnResponse> PsClient::BnCall(proto::BnRequest request) {
   const std::string context = absl::StrCat(
       proto::BnPhase_Name(request.phase()), " of layer '", request.layer(),
       "' at step ", request.step(), " on ", ShardName(shard));
-  const absl::Time deadline = absl::Now() + options_.rpc_timeout;
+  const absl::Time deadline = absl::Now() + CallTimeout();
   for (int attempt = 0;; ++attempt) {
     std::shared_ptr<BnStream> stream = GetStream(shard);
     request.set_id(next_bn_id_.fetch_add(1, std::memory_order_relaxed));

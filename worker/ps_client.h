@@ -93,6 +93,9 @@ struct PsClientOptions {
   // sync BN exchanges and PullParameters with a min_version may wait on the
   // server for other workers, so this should exceed the servers'
   // barrier_timeout_ms. Must be finite and positive.
+  // Calls that may wait on the servers' barriers (BN, pulls of a version,
+  // StartStep) wait at least the servers' barrier_timeout_ms plus 5 s, so
+  // the server's error naming the missing workers arrives first.
   // Default: 30 s.
   absl::Duration rpc_timeout = absl::Seconds(30);
   // Attempts per call for retryable failures (UNAVAILABLE, ABORTED); >= 1.
@@ -256,6 +259,9 @@ class PsClient {
 
   PsClient(PsClientOptions options, std::vector<Shard> shards);
 
+  // Deadline of a call after Connect: rpc_timeout, or the servers' barrier
+  // timeout plus 5 s if that is longer.
+  absl::Duration CallTimeout() const;
   absl::Status RegisterAll(absl::Time deadline);
   absl::Status CheckConfigs(
       const std::vector<proto::RegisterResponse>& responses);

@@ -94,7 +94,7 @@ class FakeShard final : public proto::ParameterServer::Service {
     config_.set_shard(shard);
     config_.set_policy(proto::POLICY_SYNC);
     config_.set_heartbeat_timeout_ms(10000);
-    config_.set_barrier_timeout_ms(5000);
+    // No barrier timeout: calls wait rpc_timeout, which the tests set short.
     config_.set_learning_rate(0.1);
   }
 
