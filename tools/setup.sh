@@ -4,7 +4,7 @@
 # Idempotent and quiet; safe to run twice. Needs root (or sudo).
 #
 #   tools/setup.sh          build + test dependencies, and Fashion-MNIST
-#   tools/setup.sh --peers  also the benchmark peers (gloo, PyTorch): large
+#   tools/setup.sh --peers  also PyTorch and matplotlib (benchmark peer, plots): large
 set -euo pipefail
 
 want_peers=0
@@ -24,9 +24,10 @@ packages=(
   libdnnl-dev              # oneDNN, CPU convolution and matrix products
   zlib1g-dev               # gzip IDX files
   dataset-fashion-mnist    # /usr/share/datasets/fashion-mnist
+  libgloo-dev              # peer of the BN-sync benchmark (//tools/bench)
 )
 if [ "$want_peers" = 1 ]; then
-  packages+=(libgloo-dev python3-torch python3-matplotlib)
+  packages+=(python3-torch python3-matplotlib)
 fi
 
 sudo_cmd=()

@@ -1,0 +1,800 @@
+// ps_benchmark: bnps against peers measured in the same run on this machine
+// (docs/design.md, "Performance -- how it is measured"). Everything runs on
+// 127.0.0.1; the tables give absolute times and the ratio bnps / peer.
+//
+// 1. BN-sync round trip of one layer, C channels, W workers. bnps: one shard
+//    server (sync policy) in this process and W threads, each with its own
+//    PsClient, all calling BnForward(layer, step, moments) back to back; each
+//    call returns after the barrier. Peers with the same bytes per worker
+//    (a forward exchange carries count + mean[C] + m2[C] = 16C + 8 bytes each
+//    way):
+//      gloo  ring allreduce of 2C doubles (the sum / sum of squares of an
+//            allreduce-based SyncBN) among W forked processes, TCP transport.
+//            The processes are forked before this process creates any thread
+//            or gRPC object.
+//      echo  raw gRPC: W threads, each with its own channel and bidi stream,
+//            writing 16C + 8 bytes and reading them back from an echo server
+//            built like the shard server (callback API). The transport floor.
+//    Every worker (thread or process) times each of its calls after a warm-up;
+//    a cell is the largest over workers of the per-worker p50 (or p99).
+//
+// 2. Gradient push + pull, one worker, S shard servers: the tensor is split
+//    into parameters of at most 1M floats; a rep is PushGradients(step) of all
+//    of them and PullParameters(keys, step + 1) (sync, one worker: applied at
+//    once). Peer: raw gRPC moving the same bytes in 1 MiB messages, a
+//    client-streaming Upload then a server-streaming Download, split over S
+//    echo servers in parallel as bnps splits over shards. Throughput is
+//    2 * bytes / (median time of a rep); MB = 2^20 bytes.
+//
+// Run: bazel build //tools/bench:ps_benchmark &&
+//      bazel-bin/tools/bench/ps_benchmark [--reps=200] [--quick]
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/time.h"
+#include "bn/moments.h"
+#include "gloo/allreduce.h"
+#include "gloo/barrier.h"
+#include "gloo/math.h"
+#include "gloo/rendezvous/context.h"
+#include "gloo/rendezvous/file_store.h"
+#include "gloo/transport/tcp/device.h"
+#include "grpcpp/grpcpp.h"
+#include "proto/limits.h"
+#include "proto/sharding.h"
+#include "server/server_runner.h"
+#include "tools/bench/echo.grpc.pb.h"
+#include "worker/ps_client.h"
+
+ABSL_FLAG(int, reps, 200, "BN latency: measured calls per worker and row");
+ABSL_FLAG(bool, quick, false,
+          "fewer reps: at most 50 BN calls per row, 1-3 push+pull reps");
+
+namespace bnps::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr int kChannels[] = {64, 256, 1024};
+constexpr int kWorkers[] = {1, 2, 4, 8};
+constexpr int kPayloadMB[] = {1, 16, 64};
+constexpr int64_t kMB = 1 << 20;
+constexpr int64_t kFloatsPerKey = 1 << 20;
+constexpr int64_t kEchoChunkBytes = 1 << 20;
+constexpr absl::Duration kGlooProcessTimeout = absl::Seconds(60);
+
+struct Settings {
+  int warmup = 20;  // BN calls per worker before timing
+  int reps = 200;   // BN calls timed per worker
+  absl::Duration row_budget = absl::Seconds(20);  // per latency row and peer
+  std::vector<int> shard_counts = {1, 2};
+  std::map<int, int> push_pull_reps = {{1, 20}, {16, 10}, {64, 5}};  // by MB
+};
+
+struct Latency {
+  double p50_us = 0;
+  double p99_us = 0;
+  int samples = 0;  // per worker (the fewest)
+};
+
+double MicrosSince(Clock::time_point t0) {
+  return std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
+}
+
+// Nearest-rank percentile, q in (0, 1]. REQUIRES: !v.empty().
+double Percentile(std::vector<double> v, double q) {
+  std::sort(v.begin(), v.end());
+  const size_t rank = static_cast<size_t>(std::ceil(q * v.size()));
+  return v[std::clamp<size_t>(rank, 1, v.size()) - 1];
+}
+
+// The largest over workers of each worker's p50 and p99.
+absl::StatusOr<Latency> Summarize(const std::vector<std::vector<double>>& us) {
+  Latency l;
+  l.samples = static_cast<int>(us[0].size());
+  for (const std::vector<double>& w : us) {
+    if (w.empty()) return absl::DeadlineExceededError("no call was timed");
+    l.p50_us = std::max(l.p50_us, Percentile(w, 0.50));
+    l.p99_us = std::max(l.p99_us, Percentile(w, 0.99));
+    l.samples = std::min(l.samples, static_cast<int>(w.size()));
+  }
+  return l;
+}
+
+// Runs fn(i) for i in [0, n) on n threads and joins them.
+template <typename Fn>
+void OnThreads(int n, Fn fn) {
+  std::vector<std::thread> threads;
+  for (int i = 0; i < n; ++i) threads.emplace_back([&fn, i] { fn(i); });
+  for (std::thread& t : threads) t.join();
+}
+
+// --- gloo: W forked processes
+
+// What a gloo child writes to its pipe (one write, smaller than PIPE_BUF).
+struct GlooChildResult {
+  int ok = 0;
+  double p50_us = 0;
+  double p99_us = 0;
+  int samples = 0;
+  char error[200] = {};
+};
+
+// Rank `rank` of `size`: rendezvous through `dir`, time warmup + reps ring
+// allreduces of 2 * channels doubles, write the result to `fd`, exit.
+[[noreturn]] void GlooChild(int rank, int size, const std::string& dir,
+                            int channels, const Settings& s, int fd) {
+  GlooChildResult result;
+  try {
+    gloo::transport::tcp::attr attr("127.0.0.1");
+    attr.ai_family = AF_INET;
+    std::shared_ptr<gloo::transport::Device> device =
+        gloo::transport::tcp::CreateDevice(attr);
+    gloo::rendezvous::FileStore store(dir);
+    auto context = std::make_shared<gloo::rendezvous::Context>(rank, size);
+    context->setTimeout(std::chrono::seconds(20));
+    context->connectFullMesh(store, device);
+
+    std::vector<double> data(2 * channels);
+    gloo::AllreduceOptions options(context);
+    options.setAlgorithm(gloo::AllreduceOptions::Algorithm::RING);
+    options.setOutput(data.data(), data.size());
+    options.setReduceFunction(
+        static_cast<void (*)(void*, const void*, const void*, size_t)>(
+            &gloo::sum<double>));
+    std::vector<double> us;
+    for (int i = 0; i < s.warmup + s.reps; ++i) {
+      for (int c = 0; c < 2 * channels; ++c) data[c] = rank + 0.001 * c;
+      const Clock::time_point t0 = Clock::now();
+      gloo::allreduce(options);
+      if (i >= s.warmup) us.push_back(MicrosSince(t0));
+    }
+    result.ok = 1;
+    result.p50_us = Percentile(us, 0.50);
+    result.p99_us = Percentile(us, 0.99);
+    result.samples = static_cast<int>(us.size());
+    // Written before the closing barrier, which only keeps every rank's
+    // sockets open until all are done.
+    if (write(fd, &result, sizeof(result)) != sizeof(result)) _exit(2);
+    gloo::BarrierOptions barrier(context);
+    gloo::barrier(barrier);
+    _exit(0);
+  } catch (const std::exception& e) {
+    std::snprintf(result.error, sizeof(result.error), "rank %d: %s", rank,
+                  e.what());
+  }
+  if (write(fd, &result, sizeof(result)) != sizeof(result)) _exit(2);
+  _exit(1);
+}
+
+// Forks `workers` gloo ranks, waits for them (killing any still running after
+// kGlooProcessTimeout) and takes the largest p50 and p99 over ranks.
+// REQUIRES: this process has no threads (fork).
+absl::StatusOr<Latency> GlooLatency(int channels, int workers,
+                                    const Settings& s) {
+  char dir_template[] = "/tmp/bnps_bench_gloo_XXXXXX";
+  if (mkdtemp(dir_template) == nullptr) {
+    return absl::InternalError(absl::StrCat("mkdtemp: ", strerror(errno)));
+  }
+  const std::string dir = dir_template;
+  std::vector<int> read_fds;
+  std::vector<pid_t> pids;
+  absl::Status status;
+  std::fflush(nullptr);
+  for (int rank = 0; rank < workers && status.ok(); ++rank) {
+    int fds[2];
+    if (pipe(fds) != 0) {
+      status = absl::InternalError(absl::StrCat("pipe: ", strerror(errno)));
+      break;
+    }
+    const pid_t pid = fork();
+    if (pid == 0) {
+      close(fds[0]);
+      for (int fd : read_fds) close(fd);
+      GlooChild(rank, workers, dir, channels, s, fds[1]);
+    }
+    close(fds[1]);
+    if (pid < 0) {
+      close(fds[0]);
+      status = absl::InternalError(absl::StrCat("fork: ", strerror(errno)));
+      break;
+    }
+    read_fds.push_back(fds[0]);
+    pids.push_back(pid);
+  }
+  // Wait, bounded; kill what is left (also after a failed fork).
+  const absl::Time deadline = absl::Now() + kGlooProcessTimeout;
+  size_t running = pids.size();
+  std::vector<bool> done(pids.size(), false);
+  while (running > 0 && status.ok() && absl::Now() < deadline) {
+    for (size_t i = 0; i < pids.size(); ++i) {
+      if (!done[i] && waitpid(pids[i], nullptr, WNOHANG) == pids[i]) {
+        done[i] = true;
+        --running;
+      }
+    }
+    if (running > 0) absl::SleepFor(absl::Milliseconds(5));
+  }
+  if (running > 0 && status.ok()) {
+    status = absl::DeadlineExceededError(
+        absl::StrCat(running, " gloo process(es) still running after ",
+                     absl::FormatDuration(kGlooProcessTimeout), "; killed"));
+  }
+  for (size_t i = 0; i < pids.size(); ++i) {
+    if (done[i]) continue;
+    kill(pids[i], SIGKILL);
+    waitpid(pids[i], nullptr, 0);
+  }
+  Latency latency;
+  latency.samples = s.reps;
+  for (int fd : read_fds) {
+    GlooChildResult r;
+    const ssize_t n = read(fd, &r, sizeof(r));
+    close(fd);
+    if (!status.ok()) continue;
+    if (n != sizeof(r)) {
+      status = absl::InternalError("a gloo process exited without a result");
+    } else if (!r.ok) {
+      status = absl::InternalError(r.error);
+    } else {
+      latency.p50_us = std::max(latency.p50_us, r.p50_us);
+      latency.p99_us = std::max(latency.p99_us, r.p99_us);
+      latency.samples = std::min(latency.samples, r.samples);
+    }
+  }
+  std::error_code ignored;
+  std::filesystem::remove_all(dir, ignored);
+  if (!status.ok()) return status;
+  return latency;
+}
+
+// --- raw gRPC peers
+
+class EchoReactor : public grpc::ServerBidiReactor<Blob, Blob> {
+ public:
+  EchoReactor() { StartRead(&blob_); }
+  void OnReadDone(bool ok) override {
+    if (!ok) return Finish(grpc::Status::OK);
+    StartWrite(&blob_);
+  }
+  void OnWriteDone(bool ok) override {
+    if (!ok) return Finish(grpc::Status::CANCELLED);
+    StartRead(&blob_);
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  Blob blob_;
+};
+
+class UploadReactor : public grpc::ServerReadReactor<Blob> {
+ public:
+  explicit UploadReactor(Count* response) : response_(response) {
+    StartRead(&blob_);
+  }
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      response_->set_bytes(bytes_);
+      return Finish(grpc::Status::OK);
+    }
+    bytes_ += blob_.data().size();
+    StartRead(&blob_);
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  Count* response_;
+  Blob blob_;
+  int64_t bytes_ = 0;
+};
+
+class DownloadReactor : public grpc::ServerWriteReactor<Blob> {
+ public:
+  explicit DownloadReactor(int64_t bytes) : left_(bytes) {
+    chunk_.mutable_data()->assign(std::min(left_, kEchoChunkBytes), 'x');
+    WriteNext();
+  }
+  void OnWriteDone(bool ok) override {
+    if (!ok) return Finish(grpc::Status::CANCELLED);
+    WriteNext();
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  void WriteNext() {
+    if (left_ <= 0) return Finish(grpc::Status::OK);
+    const int64_t n = std::min(left_, kEchoChunkBytes);
+    chunk_.mutable_data()->resize(n);
+    left_ -= n;
+    StartWrite(&chunk_);
+  }
+
+  int64_t left_;
+  Blob chunk_;
+};
+
+class EchoServiceImpl final : public EchoService::CallbackService {
+  grpc::ServerBidiReactor<Blob, Blob>* Echo(
+      grpc::CallbackServerContext*) override {
+    return new EchoReactor();
+  }
+  grpc::ServerReadReactor<Blob>* Upload(grpc::CallbackServerContext*,
+                                        Count* response) override {
+    return new UploadReactor(response);
+  }
+  grpc::ServerWriteReactor<Blob>* Download(grpc::CallbackServerContext*,
+                                           const Count* request) override {
+    return new DownloadReactor(request->bytes());
+  }
+};
+
+// An echo server on 127.0.0.1 with the shard server's message limits.
+class EchoServer {
+ public:
+  static absl::StatusOr<std::unique_ptr<EchoServer>> Start() {
+    auto es = std::make_unique<EchoServer>();
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
+                             &es->port_);
+    builder.RegisterService(&es->service_);
+    builder.SetMaxReceiveMessageSize(proto::kMaxMessageBytes);
+    builder.SetMaxSendMessageSize(proto::kMaxMessageBytes);
+    es->server_ = builder.BuildAndStart();
+    if (es->server_ == nullptr || es->port_ == 0) {
+      return absl::UnavailableError("cannot start the echo server");
+    }
+    return es;
+  }
+  ~EchoServer() {
+    if (server_) server_->Shutdown(std::chrono::system_clock::now());
+  }
+
+  std::unique_ptr<EchoService::Stub> NewStub() const {
+    grpc::ChannelArguments args;
+    args.SetMaxSendMessageSize(proto::kMaxMessageBytes);
+    args.SetMaxReceiveMessageSize(proto::kMaxMessageBytes);
+    return EchoService::NewStub(
+        grpc::CreateCustomChannel(absl::StrCat("127.0.0.1:", port_),
+                                  grpc::InsecureChannelCredentials(), args));
+  }
+
+ private:
+  EchoServiceImpl service_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+};
+
+absl::Status FromGrpc(const grpc::Status& s, absl::string_view what) {
+  if (s.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
+                      absl::StrCat(what, ": ", s.error_message()));
+}
+
+void SetDeadline(grpc::ClientContext* context) {
+  context->set_deadline(std::chrono::system_clock::now() +
+                        std::chrono::seconds(60));
+}
+
+// W threads, each on its own stream, echoing 16 * channels + 8 bytes.
+absl::StatusOr<Latency> EchoLatency(const EchoServer& server, int channels,
+                                    int workers, const Settings& s) {
+  std::vector<std::vector<double>> us(workers);
+  std::vector<absl::Status> status(workers);
+  const Clock::time_point deadline =
+      Clock::now() + absl::ToChronoNanoseconds(s.row_budget);
+  OnThreads(workers, [&](int w) {
+    std::unique_ptr<EchoService::Stub> stub = server.NewStub();
+    grpc::ClientContext context;
+    SetDeadline(&context);
+    auto stream = stub->Echo(&context);
+    Blob request, reply;
+    request.mutable_data()->assign(16 * channels + 8, 'x');
+    for (int i = 0; i < s.warmup + s.reps && Clock::now() < deadline; ++i) {
+      const Clock::time_point t0 = Clock::now();
+      if (!stream->Write(request) || !stream->Read(&reply)) break;
+      if (i >= s.warmup) us[w].push_back(MicrosSince(t0));
+    }
+    stream->WritesDone();
+    status[w] = FromGrpc(stream->Finish(), "Echo");
+  });
+  for (const absl::Status& st : status) {
+    if (!st.ok()) return st;
+  }
+  return Summarize(us);
+}
+
+// Moves `bytes` up (Upload) and then down (Download), split over `stubs`, each
+// direction in parallel over the stubs.
+absl::Status EchoPushPull(
+    const std::vector<std::unique_ptr<EchoService::Stub>>& stubs,
+    int64_t bytes) {
+  const int n = static_cast<int>(stubs.size());
+  auto share = [&](int i) { return bytes / n + (i == n - 1 ? bytes % n : 0); };
+  std::vector<absl::Status> status(n);
+  OnThreads(n, [&](int i) {
+    grpc::ClientContext context;
+    SetDeadline(&context);
+    Count response;
+    auto writer = stubs[i]->Upload(&context, &response);
+    Blob chunk;
+    for (int64_t left = share(i); left > 0; left -= kEchoChunkBytes) {
+      chunk.mutable_data()->assign(std::min(left, kEchoChunkBytes), 'x');
+      if (!writer->Write(chunk)) break;
+    }
+    writer->WritesDone();
+    status[i] = FromGrpc(writer->Finish(), "Upload");
+    if (status[i].ok() && response.bytes() != share(i)) {
+      status[i] = absl::DataLossError("Upload: bytes lost");
+    }
+  });
+  OnThreads(n, [&](int i) {
+    if (!status[i].ok()) return;
+    grpc::ClientContext context;
+    SetDeadline(&context);
+    Count request;
+    request.set_bytes(share(i));
+    auto reader = stubs[i]->Download(&context, request);
+    Blob chunk;
+    int64_t got = 0;
+    while (reader->Read(&chunk)) got += chunk.data().size();
+    status[i] = FromGrpc(reader->Finish(), "Download");
+    if (status[i].ok() && got != share(i)) {
+      status[i] = absl::DataLossError("Download: bytes lost");
+    }
+  });
+  for (const absl::Status& st : status) {
+    if (!st.ok()) return st;
+  }
+  return absl::OkStatus();
+}
+
+// --- bnps
+
+worker::PsClientOptions ClientOptions(std::vector<std::string> servers,
+                                      int worker, int workers) {
+  worker::PsClientOptions o;
+  o.servers = std::move(servers);
+  o.job = "bnps";
+  o.worker = worker;
+  o.num_workers = workers;
+  o.rpc_timeout = absl::Seconds(30);
+  return o;
+}
+
+// W threads with their own PsClients against one sync shard server, each
+// calling BnForward back to back. A worker that runs out of time stops the
+// others; those already in a barrier fail at its (short) timeout.
+absl::StatusOr<Latency> BnpsLatency(int channels, int workers,
+                                    const Settings& s) {
+  server::ShardOptions options;
+  options.num_workers = workers;
+  options.policy = server::Policy::kSync;
+  options.barrier_timeout = absl::Seconds(5);
+  absl::StatusOr<std::unique_ptr<server::RunningServer>> server =
+      server::RunningServer::Start(options, "127.0.0.1:0");
+  if (!server.ok()) return server.status();
+  const std::string address = absl::StrCat("127.0.0.1:", (*server)->port());
+
+  std::vector<std::vector<double>> us(workers);
+  std::vector<absl::Status> status(workers);
+  std::atomic<bool> stop{false};
+  const Clock::time_point deadline =
+      Clock::now() + absl::ToChronoNanoseconds(s.row_budget);
+  OnThreads(workers, [&](int w) {
+    auto client =
+        worker::PsClient::Connect(ClientOptions({address}, w, workers));
+    if (!client.ok()) {
+      status[w] = client.status();
+      stop = true;
+      return;
+    }
+    bn::Moments local;
+    local.count = 32;
+    for (int c = 0; c < channels; ++c) {
+      local.mean.push_back(0.01 * c + w);
+      local.m2.push_back(1.0 + c);
+    }
+    for (int i = 0; i < s.warmup + s.reps; ++i) {
+      if (stop || Clock::now() >= deadline) {
+        stop = true;
+        break;
+      }
+      const Clock::time_point t0 = Clock::now();
+      absl::StatusOr<worker::BnForwardResult> result =
+          (*client)->BnForward("bn/0", i, local);
+      const double elapsed = MicrosSince(t0);
+      if (!result.ok() || result->contributors != workers) {
+        if (!stop.exchange(true)) {
+          status[w] = result.ok()
+                          ? absl::InternalError("barrier skipped a worker")
+                          : result.status();
+        }
+        break;
+      }
+      if (i >= s.warmup) us[w].push_back(elapsed);
+    }
+  });
+  for (const absl::Status& st : status) {
+    if (!st.ok()) return st;
+  }
+  return Summarize(us);
+}
+
+// bnps and echo push + pull throughput (MB/s) for one payload and S servers.
+struct ThroughputRow {
+  int mb = 0;
+  int shards = 0;
+  std::vector<int> keys_per_shard;
+  absl::StatusOr<double> bnps = absl::UnknownError("not run");
+  absl::StatusOr<double> echo = absl::UnknownError("not run");
+};
+
+// Times `reps` calls of rep() after one warm-up call; 2 * bytes / median.
+template <typename Rep>
+absl::StatusOr<double> Throughput(int64_t bytes, int reps,
+                                  absl::Duration budget, Rep rep) {
+  const Clock::time_point deadline =
+      Clock::now() + absl::ToChronoNanoseconds(budget);
+  std::vector<double> seconds;
+  for (int i = 0; i <= reps && Clock::now() < deadline; ++i) {
+    const Clock::time_point t0 = Clock::now();
+    if (absl::Status st = rep(i); !st.ok()) return st;
+    if (i > 0) seconds.push_back(MicrosSince(t0) * 1e-6);
+  }
+  if (seconds.empty()) return absl::DeadlineExceededError("no rep was timed");
+  return 2.0 * bytes / kMB / Percentile(seconds, 0.5);
+}
+
+std::vector<ThroughputRow> MeasureThroughput(int shards, const Settings& s) {
+  std::vector<ThroughputRow> rows;
+  for (int mb : kPayloadMB) {
+    ThroughputRow row;
+    row.mb = mb;
+    row.shards = shards;
+    row.keys_per_shard.assign(shards, 0);
+    rows.push_back(std::move(row));
+  }
+  std::vector<std::unique_ptr<server::RunningServer>> servers;
+  std::vector<std::unique_ptr<EchoServer>> echo_servers;
+  std::vector<std::unique_ptr<EchoService::Stub>> stubs;
+  std::vector<std::string> addresses;
+  absl::Status setup;
+  for (int i = 0; i < shards && setup.ok(); ++i) {
+    server::ShardOptions options;
+    options.shard = i;
+    options.num_shards = shards;
+    options.policy = server::Policy::kSync;
+    auto server = server::RunningServer::Start(options, "127.0.0.1:0");
+    auto echo = EchoServer::Start();
+    if (!server.ok()) setup = server.status();
+    if (!echo.ok()) setup = echo.status();
+    if (!setup.ok()) break;
+    addresses.push_back(absl::StrCat("127.0.0.1:", (*server)->port()));
+    servers.push_back(*std::move(server));
+    stubs.push_back((*echo)->NewStub());
+    echo_servers.push_back(*std::move(echo));
+  }
+  absl::StatusOr<std::unique_ptr<worker::PsClient>> client =
+      setup.ok() ? worker::PsClient::Connect(ClientOptions(addresses, 0, 1))
+                 : setup;
+  for (ThroughputRow& row : rows) {
+    if (!client.ok()) {
+      row.bnps = row.echo = client.status();
+      continue;
+    }
+    const int64_t bytes = row.mb * kMB;
+    const absl::Duration budget = absl::Seconds(60);
+    const int reps = s.push_pull_reps.at(row.mb);
+    std::map<std::string, worker::Param> grads;
+    std::vector<std::string> keys;
+    for (int64_t left = bytes / 4; left > 0; left -= kFloatsPerKey) {
+      const int64_t n = std::min(left, kFloatsPerKey);
+      keys.push_back(absl::StrFormat("mb%d/w%02d", row.mb, keys.size()));
+      grads[keys.back()] = {{n}, std::vector<float>(n, 1e-4f)};
+      ++row.keys_per_shard[proto::ShardForKey(keys.back(), shards)];
+    }
+    if (absl::Status init = (*client)->InitParameters(grads); !init.ok()) {
+      row.bnps = init;
+    } else {
+      row.bnps = Throughput(bytes, reps, budget, [&](int step) -> absl::Status {
+        if (absl::Status st = (*client)->PushGradients(step, 1, grads);
+            !st.ok()) {
+          return st;
+        }
+        auto pulled = (*client)->PullParameters(keys, step + 1);
+        if (!pulled.ok()) return pulled.status();
+        return pulled->size() == keys.size()
+                   ? absl::OkStatus()
+                   : absl::DataLossError("PullParameters: keys missing");
+      });
+    }
+    row.echo = Throughput(bytes, reps, budget,
+                          [&](int) { return EchoPushPull(stubs, bytes); });
+  }
+  return rows;
+}
+
+// --- output
+
+std::string CpuModel() {
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(cpuinfo, line)) {
+    if (line.rfind("model name", 0) == 0) {
+      const size_t colon = line.find(':');
+      if (colon != std::string::npos) return line.substr(colon + 2);
+    }
+  }
+  return "unknown";
+}
+
+// Collects errors as numbered footnotes.
+class Notes {
+ public:
+  std::string Cell(const absl::Status& status) {
+    notes_.push_back(status.ToString());
+    return absl::StrCat("fail[", notes_.size(), "]");
+  }
+  void Print() const {
+    for (size_t i = 0; i < notes_.size(); ++i) {
+      absl::PrintF("[%d] %s\n", i + 1, notes_[i]);
+    }
+  }
+
+ private:
+  std::vector<std::string> notes_;
+};
+
+std::string Micros(double us) {
+  return absl::StrFormat(us < 10 ? "%.1f" : "%.0f", us);
+}
+
+std::string Ratio(double a, double b) { return absl::StrFormat("%.2f", a / b); }
+
+void PrintLatencyTable(
+    const std::map<std::pair<int, int>, absl::StatusOr<Latency>>& bnps,
+    const std::map<std::pair<int, int>, absl::StatusOr<Latency>>& gloo,
+    const std::map<std::pair<int, int>, absl::StatusOr<Latency>>& echo,
+    const Settings& s) {
+  Notes notes;
+  absl::PrintF(
+      "\n## BN-sync round trip, one layer (us; max over workers of each "
+      "worker's p50 / p99)\n\n"
+      "| C | W | bnps p50 | bnps p99 | gloo p50 | gloo p99 | echo p50 | "
+      "echo p99 | bnps/gloo | bnps/echo |\n"
+      "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+  bool short_rows = false;
+  for (int c : kChannels) {
+    for (int w : kWorkers) {
+      const std::pair<int, int> key(c, w);
+      std::vector<std::string> cells = {absl::StrCat(c), absl::StrCat(w)};
+      for (const auto* m : {&bnps, &gloo, &echo}) {
+        const absl::StatusOr<Latency>& l = m->at(key);
+        if (!l.ok()) {
+          cells.push_back(notes.Cell(l.status()));
+          cells.push_back("");
+          continue;
+        }
+        const std::string mark = l->samples < s.reps ? "*" : "";
+        short_rows |= !mark.empty();
+        cells.push_back(absl::StrCat(Micros(l->p50_us), mark));
+        cells.push_back(absl::StrCat(Micros(l->p99_us), mark));
+      }
+      const auto& b = bnps.at(key);
+      for (const auto* peer : {&gloo, &echo}) {
+        const auto& p = peer->at(key);
+        // gloo with W = 1 copies locally: no ratio against ~0.
+        const bool comparable = b.ok() && p.ok() && p->p50_us >= 1.0;
+        cells.push_back(comparable ? Ratio(b->p50_us, p->p50_us) : "-");
+      }
+      absl::PrintF("| %s |\n", absl::StrJoin(cells, " | "));
+    }
+  }
+  absl::PrintF(
+      "\nbnps/gloo and bnps/echo: ratio of p50s, < 1 means bnps is faster; "
+      "gloo with W = 1 is a local copy (no ratio).\n");
+  if (short_rows)
+    absl::PrintF("\n* fewer than %d calls: the row ran out of time\n", s.reps);
+  notes.Print();
+}
+
+void PrintThroughputTable(const std::vector<ThroughputRow>& rows) {
+  Notes notes;
+  absl::PrintF(
+      "\n## Gradient push + pull, W = 1 (MB/s = 2 * payload / median rep)\n\n"
+      "| MB | S | keys per shard | bnps MB/s | echo MB/s | bnps/echo |\n"
+      "|---:|---:|---:|---:|---:|---:|\n");
+  for (const ThroughputRow& r : rows) {
+    auto cell = [&](const absl::StatusOr<double>& v) {
+      return v.ok() ? absl::StrFormat("%.0f", *v) : notes.Cell(v.status());
+    };
+    absl::PrintF("| %d | %d | %s | %s | %s | %s |\n", r.mb, r.shards,
+                 absl::StrJoin(r.keys_per_shard, "+"), cell(r.bnps),
+                 cell(r.echo),
+                 r.bnps.ok() && r.echo.ok() ? Ratio(*r.bnps, *r.echo) : "-");
+  }
+  notes.Print();
+}
+
+int Main() {
+  Settings s;
+  s.reps = std::max(1, absl::GetFlag(FLAGS_reps));
+  if (absl::GetFlag(FLAGS_quick)) {
+    s.warmup = 5;
+    s.reps = std::min(s.reps, 50);
+    s.row_budget = absl::Seconds(5);
+    s.push_pull_reps = {{1, 3}, {16, 2}, {64, 1}};
+  }
+  absl::PrintF("# ps_benchmark\n\nmachine: %d cores, %s\n",
+               std::thread::hardware_concurrency(), CpuModel());
+  absl::PrintF(
+      "settings: BN latency %d warm-up + %d timed calls per worker and row "
+      "(at most %s a row); push+pull reps %s after 1 warm-up; S in {%s}; "
+      "loopback 127.0.0.1\n",
+      s.warmup, s.reps, absl::FormatDuration(s.row_budget),
+      absl::StrJoin(s.push_pull_reps, ", ",
+                    [](std::string* out, const std::pair<const int, int>& p) {
+                      absl::StrAppend(out, p.first, " MB: ", p.second);
+                    }),
+      absl::StrJoin(s.shard_counts, ", "));
+
+  // gloo first: fork() while this process has no threads and no gRPC state.
+  std::map<std::pair<int, int>, absl::StatusOr<Latency>> gloo, bnps, echo;
+  for (int c : kChannels) {
+    for (int w : kWorkers)
+      gloo.emplace(std::make_pair(c, w), GlooLatency(c, w, s));
+  }
+  absl::StatusOr<std::unique_ptr<EchoServer>> echo_server = EchoServer::Start();
+  for (int c : kChannels) {
+    for (int w : kWorkers) {
+      const std::pair<int, int> key(c, w);
+      bnps.emplace(key, BnpsLatency(c, w, s));
+      echo.emplace(key, echo_server.ok() ? EchoLatency(**echo_server, c, w, s)
+                                         : echo_server.status());
+    }
+  }
+  echo_server = absl::CancelledError("done");
+  PrintLatencyTable(bnps, gloo, echo, s);
+
+  std::vector<ThroughputRow> rows;
+  for (int shards : s.shard_counts) {
+    for (ThroughputRow& r : MeasureThroughput(shards, s))
+      rows.push_back(std::move(r));
+  }
+  PrintThroughputTable(rows);
+  return 0;
+}
+
+}  // namespace
+}  // namespace bnps::bench
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  return bnps::bench::Main();
+}
