@@ -46,7 +46,7 @@ void RunningServer::Shutdown(absl::Duration grace) {
   absl::Notification stopped;
   std::thread expirer([this, &stopped] {
     do {
-      shard_->Tick(absl::InfiniteFuture());
+      shard_->ExpireAllWaits();
     } while (!stopped.WaitForNotificationWithTimeout(absl::Milliseconds(10)));
   });
   server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));

@@ -64,7 +64,10 @@ Shard::Shard(ShardOptions options)
 Shard::~Shard() {
   stop_.Notify();
   if (ticker_.joinable()) ticker_.join();
-  // Nothing may wait on a shard that is gone.
+  ExpireAllWaits();  // nothing may wait on a shard that is gone
+}
+
+void Shard::ExpireAllWaits() {
   store_.ExpireDeadlines(absl::InfiniteFuture());
   bn_.ExpireDeadlines(absl::InfiniteFuture());
   if (clocks_) clocks_->ExpireDeadlines(absl::InfiniteFuture());

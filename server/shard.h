@@ -73,6 +73,9 @@ class Shard {
   // Applies heartbeat losses and expires deadlines as of `now`.
   void Tick(absl::Time now);
 
+  // Fails every wait now, as at its deadline (shutting down).
+  void ExpireAllWaits();
+
  private:
   explicit Shard(ShardOptions options);
 
