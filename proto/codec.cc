@@ -213,19 +213,32 @@ absl::StatusOr<std::optional<ChunkAssembler::Complete>> ChunkAssembler::Add(
         "chunk of '", chunk.key(), "' at offset ", chunk.offset(), ", expected ",
         current_.values.size())));
   }
-  if (chunk.part().shape_size() != 1) {
-    return fail(absl::InvalidArgumentError("chunk part must be 1-D"));
+  const Tensor& part = chunk.part();
+  if (part.shape_size() != 1 || part.dtype() != DTYPE_FLOAT32) {
+    return fail(absl::InvalidArgumentError(absl::StrCat(
+        "chunk of '", chunk.key(), "' must be a 1-D DTYPE_FLOAT32 tensor")));
   }
-  absl::StatusOr<std::vector<float>> part = DecodeFloat32(chunk.part());
-  if (!part.ok()) {
-    return fail(absl::InvalidArgumentError(
-        absl::StrCat("chunk of '", chunk.key(), "': ", part.status().message())));
-  }
-  if (static_cast<int64_t>(current_.values.size() + part->size()) > total_) {
+  const int64_t len = part.shape(0);
+  const int64_t have = static_cast<int64_t>(current_.values.size());
+  if (len < 0 || len > total_ - have) {
     return fail(absl::InvalidArgumentError(absl::StrCat(
         "chunks of '", chunk.key(), "' run past its ", total_, " elements")));
   }
-  current_.values.insert(current_.values.end(), part->begin(), part->end());
+  if (static_cast<int64_t>(part.data().size()) != len * 4) {
+    return fail(absl::InvalidArgumentError(absl::StrCat(
+        "chunk of '", chunk.key(), "' declares ", len, " elements but has ",
+        part.data().size(), " bytes")));
+  }
+  // Straight into the tensor: no intermediate copy of large payloads.
+  current_.values.resize(have + len);
+  float* dst = current_.values.data() + have;
+  if (len > 0) std::memcpy(dst, part.data().data(), len * 4);
+  for (int64_t i = 0; i < len; ++i) {
+    if (!std::isfinite(dst[i])) {
+      return fail(absl::InvalidArgumentError(absl::StrCat(
+          "chunk of '", chunk.key(), "': element ", have + i, " is not finite")));
+    }
+  }
   if (static_cast<int64_t>(current_.values.size()) < total_) {
     return std::optional<Complete>();
   }

@@ -97,6 +97,8 @@ absl::StatusOr<ParameterStore::PushResult> ParameterStore::Push(
       PendingStep& s = p.pending[step];
       if (s.pushed.empty()) {
         s.pushed.assign(options_.num_workers, false);
+        // Reusing the last step's buffer avoids fresh pages every step.
+        s.sum = std::move(p.spare_sum);
         s.sum.assign(grad.size(), 0.0);
       }
       s.pushed[worker] = true;
@@ -143,6 +145,7 @@ void ParameterStore::ApplyReady(Param& p) {
        it != p.pending.end() && Complete(it->second);
        it = p.pending.find(p.tensor.version)) {
     Apply(p, it->second.sum, it->second.samples);
+    p.spare_sum = std::move(it->second.sum);
     p.pending.erase(it);
   }
 }

@@ -121,6 +121,7 @@ class ParameterStore {
     std::vector<float> momentum_buffer;
     std::vector<int64_t> last_pushed;  // by worker; -1 = none
     std::map<int64_t, PendingStep> pending;  // bulk-synchronous only
+    std::vector<double> spare_sum;  // a finished step's buffer, reused
   };
   struct Waiter {
     std::vector<std::string> keys;
