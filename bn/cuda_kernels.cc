@@ -37,28 +37,6 @@ absl::Status CheckTensor(const float* p, const Shape& shape, const char* what) {
 
 // Sizes, count and finiteness of the sums given to BackwardInput (as the CPU
 // kernels check them).
-absl::Status CheckSums(const Shape& shape, const BackwardSums& sums,
-                       int64_t count) {
-  const size_t c = static_cast<size_t>(shape.c);
-  if (sums.sum_dy.size() != c || sums.sum_dy_xhat.size() != c) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("backward sums have ", sums.sum_dy.size(), "/",
-                     sums.sum_dy_xhat.size(), " channels, tensor has ", c));
-  }
-  if (count < shape.PerChannel()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "count ", count, " is smaller than the local samples per channel ",
-        shape.PerChannel()));
-  }
-  for (size_t i = 0; i < c; ++i) {
-    if (!std::isfinite(sums.sum_dy[i]) || !std::isfinite(sums.sum_dy_xhat[i])) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("backward sums: channel ", i, " is not finite"));
-    }
-  }
-  return absl::OkStatus();
-}
-
 Dims ToDims(const Shape& shape) { return {shape.n, shape.c, shape.Spatial()}; }
 
 SplitMean Split(double mean) {
@@ -207,7 +185,7 @@ class CudaBnKernels final : public BnKernels {
     if (absl::Status s = CheckTensor(dy, shape, "dy"); !s.ok()) return s;
     if (absl::Status s = CheckTensor(x, shape, "x"); !s.ok()) return s;
     if (absl::Status s = CheckTensor(dx, shape, "dx"); !s.ok()) return s;
-    if (absl::Status s = CheckSums(shape, sums, count); !s.ok()) return s;
+    if (absl::Status s = ValidateBackwardSums(shape, sums, count); !s.ok()) return s;
     if (shape.Elements() == 0) return absl::OkStatus();
     // dx = gamma*inv * (dy - sum_dy/n - x_hat * sum_dy_xhat/n), x_hat = d*inv.
     const size_t c = static_cast<size_t>(shape.c);

@@ -62,4 +62,26 @@ absl::Status ValidateNormalization(const Shape& shape, const Normalization& norm
   return absl::OkStatus();
 }
 
+absl::Status ValidateBackwardSums(const Shape& shape, const BackwardSums& sums,
+                                  int64_t count) {
+  const size_t c = static_cast<size_t>(shape.c);
+  if (sums.sum_dy.size() != c || sums.sum_dy_xhat.size() != c) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "backward sums have ", sums.sum_dy.size(), "/", sums.sum_dy_xhat.size(),
+        " channels, tensor has ", c));
+  }
+  if (count < shape.PerChannel()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "count ", count, " is smaller than the local samples per channel ",
+        shape.PerChannel()));
+  }
+  for (size_t i = 0; i < c; ++i) {
+    if (!std::isfinite(sums.sum_dy[i]) || !std::isfinite(sums.sum_dy_xhat[i])) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("backward sums: channel ", i, " is not finite"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace bnps::bn

@@ -81,6 +81,11 @@ absl::Status AddSums(const BackwardSums& part, BackwardSums* acc);
 absl::Status ValidateNormalization(const Shape& shape, const Normalization& norm,
                                    bool need_beta);
 
+// OK if `sums` fit a tensor of `shape` (C channels, finite) and `count` is at
+// least the tensor's samples per channel. Shared by the implementations.
+absl::Status ValidateBackwardSums(const Shape& shape, const BackwardSums& sums,
+                                  int64_t count);
+
 class BnKernels {
  public:
   virtual ~BnKernels() = default;
