@@ -23,14 +23,6 @@ SplitMean Split(double mean) {
   return {hi, static_cast<float>(mean - static_cast<double>(hi))};
 }
 
-absl::Status CheckTensor(const float* p, const Shape& shape, const char* what) {
-  if (p == nullptr && shape.Elements() > 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, " is null for a tensor of shape ", shape.ToString()));
-  }
-  return absl::OkStatus();
-}
-
 // Per-channel float coefficients of the elementwise kernels.
 struct ChannelCoefficients {
   std::vector<float> hi, lo;  // the mean, split
@@ -118,7 +110,7 @@ class CpuBnKernels final : public BnKernels {
   absl::StatusOr<Moments> ComputeMoments(const float* x,
                                          const Shape& shape) override {
     if (absl::Status s = ValidateShape(shape); !s.ok()) return s;
-    if (absl::Status s = CheckTensor(x, shape, "x"); !s.ok()) return s;
+    if (absl::Status s = ValidateTensor(x, shape, "x"); !s.ok()) return s;
     Moments out = Moments::Empty(shape.c);
     if (shape.PerChannel() == 0) return out;
     const int64_t n = shape.n, c = shape.c, len = shape.Spatial();
@@ -151,8 +143,8 @@ class CpuBnKernels final : public BnKernels {
         !s.ok()) {
       return s;
     }
-    if (absl::Status s = CheckTensor(x, shape, "x"); !s.ok()) return s;
-    if (absl::Status s = CheckTensor(y, shape, "y"); !s.ok()) return s;
+    if (absl::Status s = ValidateTensor(x, shape, "x"); !s.ok()) return s;
+    if (absl::Status s = ValidateTensor(y, shape, "y"); !s.ok()) return s;
     const ChannelCoefficients k = Coefficients(norm);
     const int64_t c = shape.c;
     std::vector<float> scale(c), shift(c);
@@ -178,8 +170,8 @@ class CpuBnKernels final : public BnKernels {
         !s.ok()) {
       return s;
     }
-    if (absl::Status s = CheckTensor(dy, shape, "dy"); !s.ok()) return s;
-    if (absl::Status s = CheckTensor(x, shape, "x"); !s.ok()) return s;
+    if (absl::Status s = ValidateTensor(dy, shape, "dy"); !s.ok()) return s;
+    if (absl::Status s = ValidateTensor(x, shape, "x"); !s.ok()) return s;
     const ChannelCoefficients k = Coefficients(norm);
     BackwardSums sums = BackwardSums::Zero(shape.c);
     const int64_t n = shape.n, c = shape.c, len = shape.Spatial();
@@ -203,9 +195,9 @@ class CpuBnKernels final : public BnKernels {
         !s.ok()) {
       return s;
     }
-    if (absl::Status s = CheckTensor(dy, shape, "dy"); !s.ok()) return s;
-    if (absl::Status s = CheckTensor(x, shape, "x"); !s.ok()) return s;
-    if (absl::Status s = CheckTensor(dx, shape, "dx"); !s.ok()) return s;
+    if (absl::Status s = ValidateTensor(dy, shape, "dy"); !s.ok()) return s;
+    if (absl::Status s = ValidateTensor(x, shape, "x"); !s.ok()) return s;
+    if (absl::Status s = ValidateTensor(dx, shape, "dx"); !s.ok()) return s;
     if (absl::Status s = ValidateBackwardSums(shape, sums, count); !s.ok()) return s;
     if (shape.Elements() == 0) return absl::OkStatus();
     const ChannelCoefficients k = Coefficients(norm);

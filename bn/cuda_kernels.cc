@@ -27,16 +27,6 @@ absl::Status CudaStatus(cudaError_t err, absl::string_view what) {
                                           ": ", cudaGetErrorString(err)));
 }
 
-absl::Status CheckTensor(const float* p, const Shape& shape, const char* what) {
-  if (p == nullptr && shape.Elements() > 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what, " is null for a tensor of shape ", shape.ToString()));
-  }
-  return absl::OkStatus();
-}
-
-// Sizes, count and finiteness of the sums given to BackwardInput (as the CPU
-// kernels check them).
 Dims ToDims(const Shape& shape) { return {shape.n, shape.c, shape.Spatial()}; }
 
 SplitMean Split(double mean) {
@@ -64,7 +54,7 @@ class CudaBnKernels final : public BnKernels {
   absl::StatusOr<Moments> ComputeMoments(const float* x,
                                          const Shape& shape) override {
     if (absl::Status s = ValidateShape(shape); !s.ok()) return s;
-    if (absl::Status s = CheckTensor(x, shape, "x"); !s.ok()) return s;
+    if (absl::Status s = ValidateTensor(x, shape, "x"); !s.ok()) return s;
     Moments out = Moments::Empty(shape.c);
     if (shape.PerChannel() == 0) return out;
     const Dims dims = ToDims(shape);
@@ -110,8 +100,8 @@ class CudaBnKernels final : public BnKernels {
         !s.ok()) {
       return s;
     }
-    if (absl::Status s = CheckTensor(x, shape, "x"); !s.ok()) return s;
-    if (absl::Status s = CheckTensor(y, shape, "y"); !s.ok()) return s;
+    if (absl::Status s = ValidateTensor(x, shape, "x"); !s.ok()) return s;
+    if (absl::Status s = ValidateTensor(y, shape, "y"); !s.ok()) return s;
     if (shape.Elements() == 0) return absl::OkStatus();
     const size_t c = static_cast<size_t>(shape.c);
     std::vector<NormalizeParams> params(c);
@@ -137,8 +127,8 @@ class CudaBnKernels final : public BnKernels {
         !s.ok()) {
       return s;
     }
-    if (absl::Status s = CheckTensor(dy, shape, "dy"); !s.ok()) return s;
-    if (absl::Status s = CheckTensor(x, shape, "x"); !s.ok()) return s;
+    if (absl::Status s = ValidateTensor(dy, shape, "dy"); !s.ok()) return s;
+    if (absl::Status s = ValidateTensor(x, shape, "x"); !s.ok()) return s;
     BackwardSums sums = BackwardSums::Zero(shape.c);
     if (shape.PerChannel() == 0) return sums;
     const Dims dims = ToDims(shape);
@@ -182,9 +172,9 @@ class CudaBnKernels final : public BnKernels {
         !s.ok()) {
       return s;
     }
-    if (absl::Status s = CheckTensor(dy, shape, "dy"); !s.ok()) return s;
-    if (absl::Status s = CheckTensor(x, shape, "x"); !s.ok()) return s;
-    if (absl::Status s = CheckTensor(dx, shape, "dx"); !s.ok()) return s;
+    if (absl::Status s = ValidateTensor(dy, shape, "dy"); !s.ok()) return s;
+    if (absl::Status s = ValidateTensor(x, shape, "x"); !s.ok()) return s;
+    if (absl::Status s = ValidateTensor(dx, shape, "dx"); !s.ok()) return s;
     if (absl::Status s = ValidateBackwardSums(shape, sums, count); !s.ok()) return s;
     if (shape.Elements() == 0) return absl::OkStatus();
     // dx = gamma*inv * (dy - sum_dy/n - x_hat * sum_dy_xhat/n), x_hat = d*inv.

@@ -62,6 +62,14 @@ absl::Status ValidateNormalization(const Shape& shape, const Normalization& norm
   return absl::OkStatus();
 }
 
+absl::Status ValidateTensor(const float* p, const Shape& shape, const char* what) {
+  if (p == nullptr && shape.Elements() > 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " is null for a tensor of shape ", shape.ToString()));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateBackwardSums(const Shape& shape, const BackwardSums& sums,
                                   int64_t count) {
   const size_t c = static_cast<size_t>(shape.c);

@@ -81,6 +81,10 @@ absl::Status AddSums(const BackwardSums& part, BackwardSums* acc);
 absl::Status ValidateNormalization(const Shape& shape, const Normalization& norm,
                                    bool need_beta);
 
+// INVALID_ARGUMENT if `p` is null for a non-empty tensor of `shape`; `what`
+// names it in the message.
+absl::Status ValidateTensor(const float* p, const Shape& shape, const char* what);
+
 // OK if `sums` fit a tensor of `shape` (C channels, finite) and `count` is at
 // least the tensor's samples per channel. Shared by the implementations.
 absl::Status ValidateBackwardSums(const Shape& shape, const BackwardSums& sums,
