@@ -11,6 +11,7 @@
 #define BNPS_PROTO_CODEC_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 

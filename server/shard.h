@@ -13,7 +13,6 @@
 #ifndef BNPS_SERVER_SHARD_H_
 #define BNPS_SERVER_SHARD_H_
 
-#include <atomic>
 #include <functional>
 #include <memory>
 #include <string>
