@@ -1,0 +1,679 @@
+#!/usr/bin/env python3
+"""Starts a local bnps cluster (S shard servers, W workers), watches it, and
+prints a summary.
+
+Usage:
+    tools/bnps_launch.py --servers 2 --workers 4 --policy sync --epochs=1
+
+What it does:
+  1. (--build) runs `bazel build //server:bnps_server //worker:bnps_worker`.
+  2. Starts S servers on 127.0.0.1 with --port=0 and reads each one's
+     "listening on HOST:PORT" line to learn its port (--server_start_timeout_s).
+  3. Starts W workers with --servers=<shard 0>,<shard 1>,... --worker=i
+     --num_workers=W --report=<out_dir>/worker<i>.json --progress=plain.
+     Every option this script does not know, written --flag=value (or --flag),
+     goes to every worker unchanged: --epochs=2 --batch_size=128 ...
+  4. Forwards every output line of every process to stdout as "[s0] ...",
+     "[w3] ..." and saves each process's stdout and stderr in
+     <out_dir>/<name>.log. On a terminal, worker 0's progress lines
+     ("step ...") share one refreshed line; everything else scrolls.
+  5. When every worker exited 0: SIGTERMs the servers, prints a table of the
+     workers' reports and one line
+        result: policy=sync workers=4 servers=2 test_accuracy=0.8712 wall_s=312.4
+     and writes <out_dir>/summary.json.
+
+Failure: when a worker or server exits non-zero, a server exits at all before
+the workers are done, --timeout_s passes, or SIGINT/SIGTERM/SIGHUP arrives, it
+sends SIGTERM to every process it started (by PID; the children run in their own
+session so a terminal's Ctrl-C reaches only this script), SIGKILLs those still
+alive after --kill_grace_s, names what failed with the tail of its stderr and
+exits non-zero: 1 for a failed process, 124 on timeout, 128+N on signal N
+(130 for Ctrl-C), 2 for bad usage.
+
+Options given to both servers and workers: --policy, --job, --staleness,
+--learning_rate, --momentum, --weight_decay (the worker checks they match the
+servers). Servers only: --bn_momentum, --barrier_timeout_ms,
+--heartbeat_timeout_ms, --on_worker_loss. An option left out is not passed, so
+each binary uses its own default (--policy is always passed; default sync).
+"""
+
+import argparse
+import collections
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BUILD_TARGETS = ["//server:bnps_server", "//worker:bnps_worker"]
+LISTENING_RE = re.compile(r"listening on (\S+):(\d+)\s*$")
+PROGRESS_RE = re.compile(r"^step \d+")
+TAIL_LINES = 20
+POLL_S = 0.05
+
+# Options shared by servers and workers / given to servers only. Each entry is
+# (option name, type); a value left at None is not passed on.
+SHARED_OPTIONS = [("staleness", int), ("learning_rate", float),
+                  ("momentum", float), ("weight_decay", float)]
+SERVER_OPTIONS = [("bn_momentum", float), ("barrier_timeout_ms", int),
+                  ("heartbeat_timeout_ms", int)]
+# Worker flags this script sets itself; a user may not pass them through.
+RESERVED_WORKER_FLAGS = {"servers", "worker", "num_workers", "report", "progress"}
+
+
+class UsageError(Exception):
+    """Bad command line or set-up; the message is one line for the user."""
+
+
+class Failure(Exception):
+    """The run failed. exit_code is what the launcher exits with; proc, when
+    set, is the process to blame (its stderr tail is printed)."""
+
+    def __init__(self, message, exit_code=1, proc=None):
+        super().__init__(message)
+        self.exit_code = exit_code
+        self.proc = proc
+
+
+# ----------------------------------------------------------------------------
+# Command line
+
+
+def parse_args(argv):
+    """Returns (args, worker_extra): the launcher's options and the flags that
+    go unchanged to every worker."""
+    p = argparse.ArgumentParser(
+        prog="bnps_launch.py",
+        description="Start a local bnps cluster: S shard servers and W workers. "
+        "Unknown --flag=value options go to every worker (e.g. --epochs=2).",
+        allow_abbrev=False)
+    p.add_argument("--servers", type=int, default=2, help="shard servers S (default 2)")
+    p.add_argument("--workers", type=int, default=4, help="workers W (default 4)")
+    p.add_argument("--policy", default="sync", choices=["sync", "async", "recal", "local"],
+                   help="BN/gradient policy, to servers and workers (default sync)")
+    p.add_argument("--job", default="bnps", help="job name (default bnps)")
+    for name, typ in SHARED_OPTIONS:
+        p.add_argument("--" + name, type=typ, help="to servers and workers")
+    for name, typ in SERVER_OPTIONS:
+        p.add_argument("--" + name, type=typ, help="to servers")
+    p.add_argument("--on_worker_loss", choices=["fail", "shrink"], help="to servers")
+    p.add_argument("--bin_dir", default=os.path.join(REPO, "bazel-bin"),
+                   help="holds server/bnps_server and worker/bnps_worker "
+                   "(default <repo>/bazel-bin)")
+    p.add_argument("--out_dir", help="reports and logs (default: a fresh temp dir)")
+    p.add_argument("--build", action="store_true",
+                   help="run `bazel build %s` first" % " ".join(BUILD_TARGETS))
+    p.add_argument("--timeout_s", type=float, default=3600.0,
+                   help="limit on the whole run after any --build (default 3600)")
+    p.add_argument("--server_start_timeout_s", type=float, default=30.0,
+                   help="how long a server may take to print its port (default 30)")
+    p.add_argument("--kill_grace_s", type=float, default=5.0,
+                   help="SIGTERM to SIGKILL grace when stopping (default 5)")
+    args, extra = p.parse_known_args(argv)
+    try:
+        check_args(args, extra)
+    except UsageError as e:
+        p.error(str(e))
+    return args, extra
+
+
+def check_args(args, extra):
+    if args.servers < 1:
+        raise UsageError("--servers must be at least 1 (got %d)" % args.servers)
+    if args.workers < 1:
+        raise UsageError("--workers must be at least 1 (got %d)" % args.workers)
+    if args.staleness is not None and args.staleness < 0:
+        raise UsageError("--staleness must be >= 0")
+    for name in ("timeout_s", "server_start_timeout_s"):
+        if getattr(args, name) <= 0:
+            raise UsageError("--%s must be > 0" % name)
+    if args.kill_grace_s < 0:
+        raise UsageError("--kill_grace_s must be >= 0")
+    for flag in extra:
+        if not flag.startswith("--") or flag == "--":
+            raise UsageError("worker flags must be written --flag=value; got %r" % flag)
+        name = flag[2:].split("=", 1)[0]
+        if name in RESERVED_WORKER_FLAGS:
+            raise UsageError("--%s is set by the launcher; do not pass it" % name)
+
+
+# ----------------------------------------------------------------------------
+# Commands
+
+
+def binary_paths(bin_dir):
+    return (os.path.join(bin_dir, "server", "bnps_server"),
+            os.path.join(bin_dir, "worker", "bnps_worker"))
+
+
+def check_binaries(bin_dir):
+    for path in binary_paths(bin_dir):
+        if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+            raise UsageError(
+                "%s not found (or not executable): run with --build, or run "
+                "`bazel build %s` first, or pass --bin_dir" % (path, " ".join(BUILD_TARGETS)))
+
+
+def optional_flags(args, options):
+    flags = []
+    for name, _ in options:
+        value = getattr(args, name)
+        if value is not None:
+            flags.append("--%s=%s" % (name, value))
+    return flags
+
+
+def server_command(args, shard):
+    cmd = [binary_paths(args.bin_dir)[0], "--host=127.0.0.1", "--port=0",
+           "--job=" + args.job, "--shard=%d" % shard, "--num_shards=%d" % args.servers,
+           "--num_workers=%d" % args.workers, "--policy=" + args.policy]
+    cmd += optional_flags(args, SHARED_OPTIONS + SERVER_OPTIONS)
+    if args.on_worker_loss:
+        cmd.append("--on_worker_loss=" + args.on_worker_loss)
+    return cmd
+
+
+def worker_command(args, extra, index, addresses, out_dir):
+    cmd = [binary_paths(args.bin_dir)[1], "--servers=" + ",".join(addresses),
+           "--job=" + args.job, "--worker=%d" % index, "--num_workers=%d" % args.workers,
+           "--policy=" + args.policy]
+    cmd += optional_flags(args, SHARED_OPTIONS)
+    cmd += ["--report=" + report_path(out_dir, index), "--progress=plain"]
+    return cmd + list(extra)
+
+
+def report_path(out_dir, index):
+    return os.path.join(out_dir, "worker%d.json" % index)
+
+
+def run_build():
+    """Runs the bazel build; returns its exit code."""
+    cmd = ["bazel", "build"] + BUILD_TARGETS
+    print("bnps_launch: $ " + shlex.join(cmd), flush=True)
+    try:
+        rc = subprocess.call(cmd, cwd=REPO)
+    except FileNotFoundError:
+        raise UsageError("bazel not found on PATH; cannot --build")
+    return rc
+
+
+# ----------------------------------------------------------------------------
+# Output
+
+
+class Console:
+    """Writes lines to a stream from many threads. With live=True (a terminal),
+    status() shows one line that is rewritten in place; line() scrolls above it."""
+
+    def __init__(self, stream, live):
+        self._stream = stream
+        self._live = live
+        self._lock = threading.Lock()
+        self._status = ""
+
+    def line(self, text):
+        with self._lock:
+            clear = "\r\x1b[K" if self._status else ""
+            self._write(clear + text + "\n" + self._status)
+
+    def status(self, text):
+        if not self._live:
+            self.line(text)
+            return
+        width = shutil.get_terminal_size((100, 24)).columns - 1
+        with self._lock:
+            self._status = text[:max(width, 20)]
+            self._write("\r\x1b[K" + self._status)
+
+    def end_status(self):
+        """Leaves the last status line on screen and moves below it."""
+        with self._lock:
+            if self._status:
+                self._status = ""
+                self._write("\n")
+
+    def _write(self, text):
+        try:
+            self._stream.write(text)
+            self._stream.flush()
+        except (OSError, ValueError):
+            pass  # A closed stdout (| head) must not stop the pipes being drained.
+
+
+def say(console, text):
+    console.line("bnps_launch: " + text)
+
+
+# ----------------------------------------------------------------------------
+# Processes
+
+
+class Proc:
+    """One started process: its Popen, log file, reader threads, stderr tail,
+    and (servers) the port it printed."""
+
+    def __init__(self, name, cmd, log_path):
+        self.name = name
+        self.cmd = cmd
+        self.log_path = log_path
+        self.popen = None
+        self.log = None
+        self.log_lock = threading.Lock()
+        self.readers = []
+        self.stderr_tail = collections.deque(maxlen=TAIL_LINES)
+        self.address = None
+        self.listening = threading.Event()
+
+    def running(self):
+        return self.popen is not None and self.popen.poll() is None
+
+    def returncode(self):
+        return None if self.popen is None else self.popen.poll()
+
+
+def start(proc, console):
+    proc.log = open(proc.log_path, "w", encoding="utf-8", errors="replace")
+    proc.log.write("# " + shlex.join(proc.cmd) + "\n")
+    proc.log.flush()
+    # A session of their own: a terminal's Ctrl-C reaches only the launcher,
+    # which then stops the children in order.
+    try:
+        proc.popen = subprocess.Popen(proc.cmd, stdin=subprocess.DEVNULL,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      start_new_session=True)
+    except OSError as e:
+        raise Failure("cannot start %s (%s): %s" % (proc.name, proc.cmd[0], e))
+    for stream, is_err in ((proc.popen.stdout, False), (proc.popen.stderr, True)):
+        t = threading.Thread(target=pump, args=(proc, stream, is_err, console),
+                             name="%s-%s" % (proc.name, "err" if is_err else "out"),
+                             daemon=True)
+        t.start()
+        proc.readers.append(t)
+    say(console, "started %s (pid %d): %s" % (proc.name, proc.popen.pid, shlex.join(proc.cmd)))
+
+
+def pump(proc, stream, is_err, console):
+    """Reads one pipe of proc line by line until it closes."""
+    prefix = "[%s] " % proc.name
+    progress_line = proc.name == "w0" and not is_err
+    for raw in iter(stream.readline, b""):
+        text = raw.decode("utf-8", errors="replace").rstrip("\r\n")
+        with proc.log_lock:
+            proc.log.write(text + "\n")
+            proc.log.flush()
+        if is_err:
+            proc.stderr_tail.append(text)
+        elif proc.address is None:
+            m = LISTENING_RE.search(text)
+            if m:
+                proc.address = "%s:%s" % (m.group(1), m.group(2))
+                proc.listening.set()
+        if progress_line and PROGRESS_RE.match(text):
+            console.status(prefix + text)
+        else:
+            console.line(prefix + text)
+    stream.close()
+    if progress_line:
+        console.end_status()  # w0 is done: its last progress line stays put.
+
+
+def finish_output(procs, console):
+    """Waits (bounded) for the reader threads of finished processes, closes logs."""
+    deadline = time.monotonic() + 2.0
+    for proc in procs:
+        for t in proc.readers:
+            t.join(max(0.0, deadline - time.monotonic()))
+    console.end_status()
+    for proc in procs:
+        if proc.log is not None:
+            with proc.log_lock:
+                proc.log.close()
+
+
+def stop_all(procs, grace_s, console, interrupt):
+    """SIGTERM to every started process still running, then SIGKILL after
+    grace_s (at once on a second interrupt). Signals only our own children,
+    only while they are unreaped, so a PID is never one that was recycled."""
+    live = [p for p in procs if p.running()]
+    if not live:
+        return
+    say(console, "stopping %s" % ", ".join(p.name for p in live))
+    for p in live:
+        p.popen.terminate()  # Popen skips the signal if the child was reaped.
+    interrupts = interrupt.count
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and interrupt.count == interrupts:
+        if not any(p.running() for p in live):
+            return
+        time.sleep(POLL_S)
+    for p in live:
+        if p.running():
+            say(console, "%s still running; SIGKILL" % p.name)
+            p.popen.kill()
+    for p in live:
+        try:
+            p.popen.wait(timeout=5.0)
+        except subprocess.TimeoutExpired:
+            say(console, "%s (pid %d) did not exit after SIGKILL" % (p.name, p.popen.pid))
+
+
+def describe_exit(code):
+    if code is None:
+        return "is still running"
+    if code < 0:
+        try:
+            return "was killed by %s" % signal.Signals(-code).name
+        except ValueError:
+            return "was killed by signal %d" % -code
+    return "exited with code %d" % code
+
+
+# ----------------------------------------------------------------------------
+# Signals
+
+
+class Interrupt:
+    """Records SIGINT/SIGTERM/SIGHUP; the main loop polls it."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+    def __init__(self):
+        self.signum = None
+        self.count = 0
+
+    def install(self):
+        for s in self.SIGNALS:
+            signal.signal(s, self._handle)
+
+    def _handle(self, signum, frame):
+        if self.signum is None:
+            self.signum = signum
+        self.count += 1
+
+
+def check_interrupt(interrupt):
+    if interrupt.signum is not None:
+        name = signal.Signals(interrupt.signum).name
+        raise Failure("interrupted by %s%s" % (
+            name, " (Ctrl-C)" if interrupt.signum == signal.SIGINT else ""),
+            exit_code=128 + interrupt.signum)
+
+
+def check_deadline(deadline, timeout_s, procs):
+    if time.monotonic() >= deadline:
+        running = [p.name for p in procs if p.running()]
+        raise Failure("timed out after --timeout_s=%g; still running: %s"
+                      % (timeout_s, ", ".join(running) or "none"), exit_code=124)
+
+
+# ----------------------------------------------------------------------------
+# Running the cluster
+
+
+def start_servers(args, out_dir, procs, console, interrupt, deadline):
+    """Starts the servers and returns their addresses in shard order."""
+    servers = []
+    for shard in range(args.servers):
+        name = "s%d" % shard
+        proc = Proc(name, server_command(args, shard), os.path.join(out_dir, name + ".log"))
+        procs.append(proc)
+        servers.append(proc)
+        start(proc, console)
+    start_deadline = min(deadline, time.monotonic() + args.server_start_timeout_s)
+    for proc in servers:
+        while not proc.listening.wait(POLL_S):
+            check_interrupt(interrupt)
+            if proc.returncode() is not None:
+                raise Failure("server %s %s before printing its port"
+                              % (proc.name, describe_exit(proc.returncode())), proc=proc)
+            if time.monotonic() >= start_deadline:
+                if time.monotonic() >= deadline:
+                    check_deadline(deadline, args.timeout_s, procs)
+                raise Failure("server %s did not print 'listening on HOST:PORT' within "
+                              "%gs" % (proc.name, args.server_start_timeout_s), proc=proc)
+    addresses = [p.address for p in servers]
+    say(console, "servers: " + ",".join(addresses))
+    return servers, addresses
+
+
+def start_workers(args, extra, addresses, out_dir, procs, console):
+    workers = []
+    for i in range(args.workers):
+        name = "w%d" % i
+        path = report_path(out_dir, i)
+        if os.path.exists(path):
+            os.remove(path)  # Never read a report left by an earlier run.
+        proc = Proc(name, worker_command(args, extra, i, addresses, out_dir),
+                    os.path.join(out_dir, name + ".log"))
+        procs.append(proc)
+        workers.append(proc)
+        start(proc, console)
+    return workers
+
+
+def wait_for_workers(args, servers, workers, procs, interrupt, deadline):
+    """Returns when every worker exited 0; raises Failure otherwise."""
+    while True:  # Bounded by deadline (check_deadline raises).
+        check_interrupt(interrupt)
+        for w in workers:
+            code = w.returncode()
+            if code is not None and code != 0:
+                raise Failure("worker %s %s" % (w.name, describe_exit(code)), proc=w)
+        if all(w.returncode() == 0 for w in workers):
+            return
+        for s in servers:
+            code = s.returncode()
+            if code is not None:
+                raise Failure("server %s %s before the workers finished"
+                              % (s.name, describe_exit(code)), proc=s)
+        check_deadline(deadline, args.timeout_s, procs)
+        time.sleep(POLL_S)
+
+
+def stop_servers(servers, grace_s, console, interrupt):
+    for s in servers:
+        code = s.returncode()
+        if code is not None and code != 0:
+            say(console, "warning: server %s %s" % (s.name, describe_exit(code)))
+    running = [s for s in servers if s.running()]
+    stop_all(running, grace_s, console, interrupt)
+    for s in running:
+        code = s.returncode()
+        if code not in (0, -signal.SIGTERM):
+            say(console, "warning: server %s %s after SIGTERM" % (s.name, describe_exit(code)))
+
+
+def report_failure(failure, exited, console):
+    """Prints what failed: the failure, the stderr tail of the process to
+    blame, and the other processes in `exited` (those that had already exited
+    non-zero before the launcher stopped anything)."""
+    say(console, "FAILED: " + str(failure))
+    proc = failure.proc
+    if proc is not None:
+        if proc.stderr_tail:
+            say(console, "last %d lines of %s's stderr (all in %s):"
+                % (len(proc.stderr_tail), proc.name, proc.log_path))
+            for line in proc.stderr_tail:
+                console.line("  " + line)
+        else:
+            say(console, "%s wrote nothing on stderr; its output is in %s"
+                % (proc.name, proc.log_path))
+    for p in exited:
+        if p is proc:
+            continue
+        say(console, "also: %s %s" % (p.name, describe_exit(p.returncode())))
+
+
+# ----------------------------------------------------------------------------
+# Summary
+
+
+def load_reports(workers, out_dir):
+    """Returns (reports, problems): the parsed report of each worker (None when
+    missing or unreadable) and one message per problem."""
+    reports, problems = [], []
+    for i, w in enumerate(workers):
+        path = report_path(out_dir, i)
+        try:
+            with open(path, encoding="utf-8") as f:
+                report = json.load(f)
+            if not isinstance(report, dict):
+                raise ValueError("not a JSON object")
+            reports.append(report)
+        except (OSError, ValueError) as e:
+            reports.append(None)
+            problems.append("worker %s exited 0 but its report %s is missing or bad: %s"
+                            % (w.name, path, e))
+    return reports, problems
+
+
+def fmt(value, spec):
+    if value is None:
+        return "-"
+    try:
+        return format(value, spec)
+    except (TypeError, ValueError):
+        return str(value)
+
+
+def summary_table(reports):
+    has_recal = any(r and r.get("test_accuracy_recal") is not None for r in reports)
+    header = ["worker", "steps", "loss_first", "loss_last", "test_acc"]
+    if has_recal:
+        header.append("recal_acc")
+    header += ["img/s", "total_s", "compute_s", "bn_sync_s", "grad_sync_s"]
+    rows = [header]
+    for i, r in enumerate(reports):
+        if r is None:
+            rows.append(["w%d" % i] + ["(no report)"] + [""] * (len(header) - 2))
+            continue
+        secs = r.get("seconds") or {}
+        row = ["w%d" % r.get("worker", i), fmt(r.get("steps"), "d"),
+               fmt(r.get("train_loss_first"), ".4f"), fmt(r.get("train_loss_last"), ".4f"),
+               fmt(r.get("test_accuracy"), ".4f")]
+        if has_recal:
+            row.append(fmt(r.get("test_accuracy_recal"), ".4f"))
+        row += [fmt(r.get("images_per_second"), ".1f")]
+        row += [fmt(secs.get(k), ".2f") for k in ("total", "compute", "bn_sync", "grad_sync")]
+        rows.append(row)
+    widths = [max(len(row[c]) for row in rows) for c in range(len(header))]
+    return ["  ".join(cell.rjust(widths[c]) for c, cell in enumerate(row)) for row in rows]
+
+
+def first_value(reports, key):
+    for r in reports:
+        if r and r.get(key) is not None:
+            return r[key]
+    return None
+
+
+def result_line(args, reports, wall_s):
+    acc = first_value(reports, "test_accuracy")
+    line = "result: policy=%s workers=%d servers=%d test_accuracy=%s" % (
+        args.policy, args.workers, args.servers, fmt(acc, ".4f") if acc is not None else "none")
+    recal = first_value(reports, "test_accuracy_recal")
+    if recal is not None:
+        line += " test_accuracy_recal=%s" % fmt(recal, ".4f")
+    return line + " wall_s=%.1f" % wall_s
+
+
+def write_summary(args, extra, argv, out_dir, addresses, reports, wall_s):
+    summary = {
+        "command": [sys.argv[0]] + list(argv),
+        "policy": args.policy,
+        "servers": args.servers,
+        "workers": args.workers,
+        "server_addresses": addresses,
+        "worker_flags": list(extra),
+        "test_accuracy": first_value(reports, "test_accuracy"),
+        "test_accuracy_recal": first_value(reports, "test_accuracy_recal"),
+        "wall_s": wall_s,
+        "reports": reports,
+    }
+    path = os.path.join(out_dir, "summary.json")
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(summary, f, indent=2)
+        f.write("\n")
+    return path
+
+
+# ----------------------------------------------------------------------------
+# Main
+
+
+def make_out_dir(args):
+    try:
+        if args.out_dir:
+            os.makedirs(args.out_dir, exist_ok=True)
+            return os.path.abspath(args.out_dir)
+        return tempfile.mkdtemp(prefix="bnps_launch_")
+    except OSError as e:
+        raise UsageError("cannot create the output directory: %s" % e)
+
+
+def run_cluster(args, extra, argv, out_dir, console, interrupt):
+    """Runs the cluster to the end; returns the exit code."""
+    procs = []
+    t0 = time.monotonic()
+    deadline = t0 + args.timeout_s
+    addresses = []
+    try:
+        servers, addresses = start_servers(args, out_dir, procs, console, interrupt, deadline)
+        workers = start_workers(args, extra, addresses, out_dir, procs, console)
+        wait_for_workers(args, servers, workers, procs, interrupt, deadline)
+    except Failure as failure:
+        console.end_status()
+        exited = [p for p in procs if p.returncode() not in (None, 0)]
+        stop_all(procs, args.kill_grace_s, console, interrupt)
+        finish_output(procs, console)
+        report_failure(failure, exited, console)
+        say(console, "logs in " + out_dir)
+        return failure.exit_code
+    except BaseException:
+        stop_all(procs, args.kill_grace_s, console, interrupt)
+        raise
+    wall_s = time.monotonic() - t0
+    stop_servers(servers, args.kill_grace_s, console, interrupt)
+    finish_output(procs, console)
+    reports, problems = load_reports(workers, out_dir)
+    for line in summary_table(reports):
+        console.line(line)
+    path = write_summary(args, extra, argv, out_dir, addresses, reports, wall_s)
+    console.line(result_line(args, reports, wall_s))
+    say(console, "summary in " + path)
+    for problem in problems:
+        say(console, "FAILED: " + problem)
+    return 1 if problems else 0
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    args, extra = parse_args(argv)
+    try:
+        if args.build and run_build() != 0:
+            print("bnps_launch: error: the bazel build failed", file=sys.stderr)
+            return 1
+        check_binaries(args.bin_dir)
+        out_dir = make_out_dir(args)
+    except UsageError as e:
+        print("bnps_launch: error: %s" % e, file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("bnps_launch: interrupted", file=sys.stderr)
+        return 130
+    console = Console(sys.stdout, live=sys.stdout.isatty())
+    say(console, "reports and logs in " + out_dir)
+    interrupt = Interrupt()
+    interrupt.install()
+    return run_cluster(args, extra, argv, out_dir, console, interrupt)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

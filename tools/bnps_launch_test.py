@@ -1,0 +1,418 @@
+#!/usr/bin/env python3
+"""Tests of tools/bnps_launch.py against fake server and worker binaries.
+
+Each test builds a temporary --bin_dir holding server/bnps_server and
+worker/bnps_worker: small Python scripts that follow the real binaries'
+contracts (the server prints its "listening on" line and waits for SIGTERM;
+the worker prints progress lines and writes a JSON report). Their behaviour is
+steered by FAKE_SERVER_MODE in the environment and by --fake_* worker flags,
+which also shows that unknown flags reach the workers. Each fake writes its PID
+(and its argv) to $FAKE_PID_DIR so the tests can check that the launcher left
+nothing running. Every wait here is bounded.
+
+Run: python3 tools/bnps_launch_test.py   or   bazel test //tools:bnps_launch_test
+"""
+
+import importlib.util
+import io
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+LAUNCHER = os.path.join(HERE, "bnps_launch.py")
+RUN_LIMIT_S = 25  # No single launcher run in these tests may take longer.
+
+FAKE_SERVER = r'''
+import os, signal, sys, time
+
+def flag(name, default=None):
+    for a in sys.argv[1:]:
+        if a.startswith("--" + name + "="):
+            return a.split("=", 1)[1]
+    return default
+
+shard = int(flag("shard", "0"))
+piddir = os.environ.get("FAKE_PID_DIR")
+if piddir:
+    with open(os.path.join(piddir, "s%d.pid" % shard), "w") as f:
+        f.write(str(os.getpid()))
+    with open(os.path.join(piddir, "s%d.args" % shard), "w") as f:
+        f.write("\n".join(sys.argv[1:]))
+
+def on_term(signum, frame):
+    print("bnps_server: signal %d, shutting down" % signum, file=sys.stderr, flush=True)
+    sys.exit(0)
+
+signal.signal(signal.SIGTERM, on_term)
+mode = os.environ.get("FAKE_SERVER_MODE", "ok")
+if mode == "die":
+    print("bnps_server: cannot bind: address in use", file=sys.stderr, flush=True)
+    sys.exit(1)
+if mode == "silent":
+    print("bnps_server: thinking about it", file=sys.stderr, flush=True)
+else:
+    print("bnps_server: shard %d of %s, job '%s', policy %s, %s workers, listening on "
+          "127.0.0.1:%d" % (shard, flag("num_shards"), flag("job"), flag("policy"),
+                            flag("num_workers"), 40000 + shard), flush=True)
+for i in range(600):  # At most 60 s.
+    if mode == "exit_early" and shard == 1 and i == 5:
+        print("bnps_server: giving up", file=sys.stderr, flush=True)
+        sys.exit(0)
+    time.sleep(0.1)
+sys.exit(5)
+'''
+
+FAKE_WORKER = r'''
+import json, os, signal, sys, time
+
+flags = {}
+for a in sys.argv[1:]:
+    name, _, value = a[2:].partition("=")
+    flags[name] = value
+me = int(flags["worker"])
+piddir = os.environ.get("FAKE_PID_DIR")
+if piddir:
+    with open(os.path.join(piddir, "w%d.pid" % me), "w") as f:
+        f.write(str(os.getpid()))
+if flags.get("fake_ignore_term"):
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+def hang():
+    for _ in range(600):  # At most 60 s.
+        time.sleep(0.1)
+    sys.exit(6)
+
+if flags.get("fake_fail_worker") == str(me):
+    print("step 1/10 epoch 1 loss 2.3 acc 0.1 img/s 100 stale 0", flush=True)
+    time.sleep(0.3)
+    print("bnps_worker: BN forward of layer 'bn/3' step 2 timed out", file=sys.stderr, flush=True)
+    sys.exit(3)
+if flags.get("fake_hang"):
+    hang()
+if "fake_fail_worker" in flags:
+    hang()  # The others wait for the failing one, like a real barrier.
+steps = int(flags.get("fake_steps", "5"))
+for s in range(1, steps + 1):
+    print("step %d/%d epoch 1 loss %.3f acc 0.5 img/s 1000 stale 0" % (s, steps, 2.0 / s),
+          flush=True)
+    time.sleep(0.01)
+print("test accuracy 0.%d (running stats)" % (8700 + me), flush=True)
+if flags.get("fake_no_report_worker") == str(me):
+    sys.exit(0)
+report = {
+    "worker": me, "policy": flags["policy"], "steps": steps,
+    "train_loss_first": 2.0, "train_loss_last": 2.0 / steps,
+    "test_accuracy": 0.87 + me / 10000.0,
+    "test_accuracy_recal": 0.9 if flags["policy"] == "recal" else None,
+    "images_per_second": 1234.5,
+    "seconds": {"total": 1.5, "compute": 1.0, "bn_sync": 0.3, "grad_sync": 0.2},
+    "argv": sys.argv[1:],
+}
+with open(flags["report"], "w") as f:
+    json.dump(report, f)
+'''
+
+
+def load_launcher_module():
+    spec = importlib.util.spec_from_file_location("bnps_launch", LAUNCHER)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def write_script(path, body):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        f.write("#!%s\n%s" % (sys.executable, body))
+    os.chmod(path, 0o755)
+
+
+def pid_alive(pid):
+    """True if pid names a live (not zombie) process."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+        return state != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+class LauncherTest(unittest.TestCase):
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="bnps_launch_test_", dir=os.environ.get("TEST_TMPDIR"))
+        self.bin_dir = os.path.join(self.tmp, "bin")
+        self.out_dir = os.path.join(self.tmp, "out")
+        self.pid_dir = os.path.join(self.tmp, "pids")
+        os.makedirs(self.pid_dir)
+        write_script(os.path.join(self.bin_dir, "server", "bnps_server"), FAKE_SERVER)
+        write_script(os.path.join(self.bin_dir, "worker", "bnps_worker"), FAKE_WORKER)
+
+    def tearDown(self):
+        for pid in self.started_pids():  # Never leave a fake behind, whatever happened.
+            if pid_alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def env(self, server_mode="ok"):
+        env = dict(os.environ)
+        env["FAKE_PID_DIR"] = self.pid_dir
+        env["FAKE_SERVER_MODE"] = server_mode
+        return env
+
+    def argv(self, *extra, servers=2, workers=3):
+        return [sys.executable, LAUNCHER, "--servers=%d" % servers, "--workers=%d" % workers,
+                "--bin_dir=" + self.bin_dir, "--out_dir=" + self.out_dir] + list(extra)
+
+    def launch(self, *extra, server_mode="ok", servers=2, workers=3):
+        t0 = time.monotonic()
+        proc = subprocess.run(self.argv(*extra, servers=servers, workers=workers),
+                              env=self.env(server_mode), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, timeout=RUN_LIMIT_S)
+        proc.elapsed = time.monotonic() - t0
+        return proc
+
+    def started_pids(self):
+        pids = {}
+        for name in os.listdir(self.pid_dir):
+            if name.endswith(".pid"):
+                with open(os.path.join(self.pid_dir, name)) as f:
+                    pids[name[:-4]] = int(f.read())
+        return list(pids.values())
+
+    def pid_of(self, name):
+        with open(os.path.join(self.pid_dir, name + ".pid")) as f:
+            return int(f.read())
+
+    def assert_all_gone(self, names):
+        for name in names:
+            pid = self.pid_of(name)
+            self.assertFalse(pid_alive(pid), "%s (pid %d) is still running" % (name, pid))
+
+    def all_names(self, servers=2, workers=3):
+        return ["s%d" % i for i in range(servers)] + ["w%d" % i for i in range(workers)]
+
+    # -- success ------------------------------------------------------------
+
+    def test_success_prints_summary_and_writes_summary_json(self):
+        r = self.launch("--policy=recal", "--learning_rate=0.05", "--bn_momentum=0.2",
+                        "--epochs=2", "--batch_size=64", "--fake_steps=4")
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        out = r.stdout
+        for w in range(3):
+            self.assertIn("[w%d] step 4/4" % w, out)
+            self.assertIn("[w%d] test accuracy 0.870%d (running stats)" % (w, w), out)
+        self.assertIn("[s0] bnps_server: shard 0 of 2", out)
+        self.assertIn("[s1] bnps_server: signal 15, shutting down", out)  # stderr forwarded
+        self.assertRegex(out, r"result: policy=recal workers=3 servers=2 "
+                              r"test_accuracy=0\.8700 test_accuracy_recal=0\.9000 wall_s=\d+\.\d")
+        table = [l for l in out.splitlines() if l.split()[:1] in (["worker"], ["w0"], ["w1"], ["w2"])]
+        self.assertEqual(len(table), 4, out)
+        self.assertIn("recal_acc", table[0])
+        self.assertIn("grad_sync_s", table[0])
+        self.assertEqual(table[1].split()[:5], ["w0", "4", "2.0000", "0.5000", "0.8700"])
+
+        with open(os.path.join(self.out_dir, "summary.json")) as f:
+            summary = json.load(f)
+        self.assertEqual([rep["worker"] for rep in summary["reports"]], [0, 1, 2])
+        self.assertEqual(summary["policy"], "recal")
+        self.assertEqual(summary["test_accuracy"], 0.87)
+        self.assertGreater(summary["wall_s"], 0)
+        self.assertIn("--epochs=2", summary["command"])
+        self.assertEqual(summary["server_addresses"], ["127.0.0.1:40000", "127.0.0.1:40001"])
+
+        # Worker flags: the launcher's own, the shared ones, and the extras unchanged.
+        argv = summary["reports"][2]["argv"]
+        self.assertIn("--servers=127.0.0.1:40000,127.0.0.1:40001", argv)
+        for flag in ("--worker=2", "--num_workers=3", "--policy=recal", "--job=bnps",
+                     "--learning_rate=0.05", "--progress=plain", "--epochs=2",
+                     "--batch_size=64", "--fake_steps=4",
+                     "--report=" + os.path.join(self.out_dir, "worker2.json")):
+            self.assertIn(flag, argv)
+        self.assertNotIn("--bn_momentum=0.2", argv)  # Servers only.
+        with open(os.path.join(self.pid_dir, "s1.args")) as f:
+            server_argv = f.read().split("\n")
+        for flag in ("--port=0", "--host=127.0.0.1", "--shard=1", "--num_shards=2",
+                     "--num_workers=3", "--policy=recal", "--learning_rate=0.05",
+                     "--bn_momentum=0.2"):
+            self.assertIn(flag, server_argv)
+        self.assertNotIn("--epochs=2", server_argv)
+
+        for name in ("s0", "s1", "w0", "w1", "w2"):
+            with open(os.path.join(self.out_dir, name + ".log")) as f:
+                self.assertTrue(f.readline().startswith("# "))
+        with open(os.path.join(self.out_dir, "s0.log")) as f:
+            self.assertIn("shutting down", f.read())  # stderr saved too
+        self.assert_all_gone(self.all_names())
+
+    def test_one_server_one_worker(self):
+        r = self.launch(servers=1, workers=1)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn("result: policy=sync workers=1 servers=1 test_accuracy=0.8700", r.stdout)
+        self.assertNotIn("test_accuracy_recal", r.stdout)
+
+    # -- failures -----------------------------------------------------------
+
+    def test_failing_worker_stops_the_others(self):
+        r = self.launch("--fake_fail_worker=1")
+        self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+        self.assertIn("FAILED: worker w1 exited with code 3", r.stdout)
+        self.assertIn("timed out", r.stdout.split("FAILED")[1])  # its stderr tail
+        self.assertLess(r.elapsed, 10)
+        self.assert_all_gone(self.all_names())
+        self.assertFalse(os.path.exists(os.path.join(self.out_dir, "summary.json")))
+
+    def test_worker_ignoring_sigterm_is_killed(self):
+        r = self.launch("--fake_fail_worker=0", "--fake_ignore_term=1", "--kill_grace_s=0.5")
+        self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+        self.assertIn("FAILED: worker w0 exited with code 3", r.stdout)
+        self.assertIn("SIGKILL", r.stdout)
+        self.assert_all_gone(self.all_names())
+
+    def test_server_that_never_prints_its_port_fails_in_time(self):
+        r = self.launch("--server_start_timeout_s=1", server_mode="silent")
+        self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+        self.assertIn("FAILED: server s0 did not print 'listening on HOST:PORT' within 1s",
+                      r.stdout)
+        self.assertIn("thinking about it", r.stdout.split("FAILED")[1])
+        self.assertLess(r.elapsed, 8)
+        self.assert_all_gone(["s0", "s1"])
+        self.assertFalse(os.path.exists(os.path.join(self.pid_dir, "w0.pid")))
+
+    def test_server_that_exits_at_start_fails(self):
+        r = self.launch(server_mode="die")
+        self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+        self.assertIn("FAILED: server s0 exited with code 1 before printing its port", r.stdout)
+        self.assertIn("cannot bind", r.stdout.split("FAILED")[1])
+        self.assertLess(r.elapsed, 8)
+
+    def test_server_exiting_during_the_run_fails(self):
+        r = self.launch("--fake_hang=1", server_mode="exit_early")
+        self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+        self.assertIn("FAILED: server s1 exited with code 0 before the workers finished",
+                      r.stdout)
+        self.assertIn("giving up", r.stdout.split("FAILED")[1])
+        self.assert_all_gone(self.all_names())
+
+    def test_timeout_stops_a_hanging_cluster(self):
+        r = self.launch("--fake_hang=1", "--timeout_s=1.5")
+        self.assertEqual(r.returncode, 124, r.stdout + r.stderr)
+        self.assertIn("FAILED: timed out after --timeout_s=1.5; still running: s0, s1, w0, w1, w2",
+                      r.stdout)
+        self.assertLess(r.elapsed, 8)
+        self.assert_all_gone(self.all_names())
+
+    def test_sigint_stops_everything_and_exits_130(self):
+        proc = subprocess.Popen(self.argv("--fake_hang=1"), env=self.env(),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            for _ in range(200):  # At most 10 s for every worker to start.
+                if os.path.exists(os.path.join(self.pid_dir, "w2.pid")):
+                    break
+                time.sleep(0.05)
+            else:
+                self.fail("workers did not start")
+            proc.send_signal(signal.SIGINT)
+            out, err = proc.communicate(timeout=RUN_LIMIT_S)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        self.assertEqual(proc.returncode, 130, out + err)
+        self.assertIn("FAILED: interrupted by SIGINT (Ctrl-C)", out)
+        self.assert_all_gone(self.all_names())
+
+    def test_worker_without_report_fails(self):
+        r = self.launch("--fake_no_report_worker=2")
+        self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+        self.assertIn("FAILED: worker w2 exited 0 but its report", r.stdout)
+        self.assertIn("(no report)", r.stdout)
+        self.assertIn("result: policy=sync", r.stdout)
+
+    # -- bad input ----------------------------------------------------------
+
+    def test_missing_binaries_say_how_to_build(self):
+        os.remove(os.path.join(self.bin_dir, "worker", "bnps_worker"))
+        r = self.launch()
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("worker/bnps_worker not found", r.stderr)
+        self.assertIn("--build", r.stderr)
+        self.assertIn("bazel build //server:bnps_server //worker:bnps_worker", r.stderr)
+        self.assertEqual(len(r.stderr.strip().splitlines()), 1, r.stderr)
+
+    def test_bad_counts_and_flags_are_rejected(self):
+        for args, message in (
+                (["--workers=0"], "--workers must be at least 1"),
+                (["--servers=0"], "--servers must be at least 1"),
+                (["--epochs", "3"], "worker flags must be written --flag=value; got '3'"),
+                (["--worker=2"], "--worker is set by the launcher"),
+                (["--policy=fast"], "invalid choice"),
+        ):
+            argv = [sys.executable, LAUNCHER, "--bin_dir=" + self.bin_dir] + args
+            r = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, timeout=RUN_LIMIT_S)
+            self.assertEqual(r.returncode, 2, args)
+            self.assertIn(message, r.stderr, args)
+
+
+class UnitTest(unittest.TestCase):
+    """Pieces of the launcher, imported as a module."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.m = load_launcher_module()
+
+    def test_unknown_flags_go_to_workers_unabbreviated(self):
+        args, extra = self.m.parse_args(["--work=3", "--epochs=2", "--device=cpu", "--build"])
+        self.assertEqual(extra, ["--work=3", "--epochs=2", "--device=cpu"])
+        self.assertEqual(args.workers, 4)
+        self.assertTrue(args.build)
+
+    def test_live_console_keeps_progress_on_one_line(self):
+        out = io.StringIO()
+        c = self.m.Console(out, live=True)
+        c.status("[w0] step 1")
+        c.line("[s0] hello")
+        c.status("[w0] step 2")
+        c.end_status()
+        c.line("done")
+        self.assertEqual(out.getvalue(),
+                         "\r\x1b[K[w0] step 1" "\r\x1b[K[s0] hello\n[w0] step 1"
+                         "\r\x1b[K[w0] step 2" "\n" "done\n")
+
+    def test_plain_console_scrolls(self):
+        out = io.StringIO()
+        c = self.m.Console(out, live=False)
+        c.status("[w0] step 1")
+        c.line("[s0] hello")
+        c.end_status()
+        self.assertEqual(out.getvalue(), "[w0] step 1\n[s0] hello\n")
+
+    def test_table_and_result_line_without_accuracy(self):
+        reports = [{"worker": 0, "steps": 3, "train_loss_first": 1.0, "train_loss_last": 0.5,
+                    "test_accuracy": None, "images_per_second": 10.0,
+                    "seconds": {"total": 1.0, "compute": 0.5, "bn_sync": 0.25,
+                                "grad_sync": 0.25}}]
+        lines = self.m.summary_table(reports)
+        self.assertEqual(lines[1].split(), ["w0", "3", "1.0000", "0.5000", "-", "10.0",
+                                            "1.00", "0.50", "0.25", "0.25"])
+        args, _ = self.m.parse_args(["--workers=1", "--servers=1"])
+        self.assertEqual(self.m.result_line(args, reports, 2.0),
+                         "result: policy=sync workers=1 servers=1 test_accuracy=none wall_s=2.0")
+
+
+if __name__ == "__main__":
+    unittest.main()

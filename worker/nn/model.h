@@ -1,0 +1,127 @@
+// The worker's model: a list of layers (layers.h) built from options, with
+// softmax cross-entropy on top.
+//
+// The default is a small ResNet-style CNN for 28x28 grayscale images:
+//
+//   stem     conv3x3(1 -> width) - BN - ReLU - maxpool 2x2       28x28 -> 14x14
+//   stage 1  `depth` residual blocks of width channels            14x14
+//   down     conv3x3 stride 2 (width -> 2 width) - BN - ReLU      14x14 -> 7x7
+//   stage 2  `depth` residual blocks of 2 width channels          7x7
+//   head     global average pool - linear(2 width -> classes)
+//
+// A step is Forward (training mode: BN through the BnSync), Loss, Backward;
+// Gradients then holds d(sum of the batch's losses) / d parameter. Parameters
+// come from outside (the servers): SetParameters before Forward.
+//
+// Errors: INVALID_ARGUMENT for bad options, images of the wrong size, missing
+// or misshapen parameters, bad labels; the layers' and backend's errors
+// otherwise.
+//
+// Thread-safety: thread-compatible; one thread drives a model.
+
+#ifndef BNPS_WORKER_NN_MODEL_H_
+#define BNPS_WORKER_NN_MODEL_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "worker/nn/backend.h"
+#include "worker/nn/bn_sync.h"
+#include "worker/nn/layers.h"
+#include "worker/nn/loss.h"
+
+namespace bnps::nn {
+
+struct ModelOptions {
+  // Residual blocks per stage, >= 0. Default: 1.
+  int64_t depth = 1;
+  // Channels of the stem and stage 1 (stage 2 has twice as many), >= 1.
+  // Default: 16.
+  int64_t width = 16;
+  // Input images: channels x height x width, each >= 1; height and width
+  // must leave at least 1 pixel after the stem's pooling and the stride-2
+  // convolution (>= 4). Default: 1 x 28 x 28.
+  int64_t in_channels = 1;
+  int64_t image_height = 28;
+  int64_t image_width = 28;
+  // Output classes, >= 1. Default: 10.
+  int64_t classes = 10;
+  // BN running-stats momentum in [0, 1] (used when the layers keep their own
+  // running stats) and epsilon > 0. Defaults: 0.1, 1e-5 (as PyTorch).
+  double bn_momentum = 0.1;
+  double bn_eps = 1e-5;
+};
+
+absl::Status ValidateModelOptions(const ModelOptions& options);
+
+// A tensor on the host: a parameter's value or gradient.
+struct HostTensor {
+  std::vector<int64_t> shape;
+  std::vector<float> values;
+};
+using HostTensors = std::map<std::string, HostTensor>;
+
+class Model {
+ public:
+  // `backend` is not owned and must outlive the model.
+  static absl::StatusOr<std::unique_ptr<Model>> Create(
+      const ModelOptions& options, Backend* backend);
+
+  const ModelOptions& options() const { return options_; }
+  Backend& backend() { return *backend_; }
+  // In model order; owned by the layers.
+  const std::vector<Parameter*>& parameters() const { return parameters_; }
+  const std::vector<BatchNorm*>& batch_norms() const { return batch_norms_; }
+  int64_t num_weights() const;
+
+  // Initial values from `seed` (the same for every seed on every platform):
+  // convolution weights He-normal, linear weights and bias uniform in
+  // +-1/sqrt(fan_in) (as PyTorch), gamma 1, beta 0.
+  HostTensors InitialParameters(uint64_t seed) const;
+  // Sets every parameter. INVALID_ARGUMENT naming the first one missing or of
+  // the wrong shape; entries the model does not have are ignored.
+  absl::Status SetParameters(const HostTensors& values);
+  // The gradients of the last Backward, downloaded.
+  absl::StatusOr<HostTensors> Gradients() const;
+
+  void SetBnMode(BnMode mode);
+  // Not owned; must outlive the training-mode Forward/Backward calls.
+  void SetBnSync(BnSync* sync);
+
+  // Runs the layers on n images (host memory, NCHW, n * in_channels *
+  // image_height * image_width floats; n >= 0). The logits are then in
+  // logits() ([n, classes], host).
+  absl::Status Forward(const float* images, int64_t n);
+  const std::vector<float>& logits() const { return logits_; }
+  // Softmax cross-entropy of the last Forward's logits against `labels` (n
+  // of them); keeps d loss_sum / d logits for Backward.
+  absl::StatusOr<LossResult> Loss(const int32_t* labels);
+  // Back-propagates the last Loss through the layers (training mode only).
+  absl::Status Backward();
+
+ private:
+  Model(const ModelOptions& options, Backend* backend)
+      : options_(options), backend_(backend) {}
+  absl::Status Add(absl::StatusOr<std::unique_ptr<Layer>> layer);
+
+  const ModelOptions options_;
+  Backend* const backend_;
+  std::vector<std::unique_ptr<Layer>> layers_;
+  std::vector<Parameter*> parameters_;
+  std::vector<BatchNorm*> batch_norms_;
+
+  int64_t n_ = 0;  // examples of the last Forward
+  Tensor input_;
+  std::vector<float> logits_;
+  std::vector<float> dlogits_host_;
+  Tensor dlogits_;
+};
+
+}  // namespace bnps::nn
+
+#endif  // BNPS_WORKER_NN_MODEL_H_

@@ -1,0 +1,240 @@
+// The whole model against finite differences, under local BN and under the
+// async variant (others' moments constant), plus its bookkeeping.
+
+#include "worker/nn/model.h"
+
+#include <cmath>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "bn/moments.h"
+#include "gtest/gtest.h"
+#include "worker/nn/bn_sync.h"
+#include "worker/nn/cpu_backend.h"
+
+namespace bnps::nn {
+namespace {
+
+// Async BN as the servers run it, with the others' moments fixed: normalize
+// with merge(local, others), backward with the local sums.
+class FixedOthersSync : public BnSync {
+ public:
+  explicit FixedOthersSync(uint64_t seed) : rng_(seed) {}
+
+  absl::StatusOr<BnSyncForward> Forward(const std::string& layer,
+                                        const bn::Moments& local) override {
+    auto it = others_.find(layer);
+    if (it == others_.end()) {
+      bn::Moments m = bn::Moments::Empty(local.channels());
+      m.count = 37;
+      std::uniform_real_distribution<double> u(-0.5, 0.5);
+      for (int64_t c = 0; c < m.channels(); ++c) {
+        m.mean[c] = u(rng_);
+        m.m2[c] = m.count * (1.0 + u(rng_));
+      }
+      it = others_.emplace(layer, m).first;
+    }
+    absl::StatusOr<bn::Moments> merged = bn::MergeMoments({local, it->second});
+    if (!merged.ok()) return merged.status();
+    return BnSyncForward{*merged, std::nullopt};
+  }
+  absl::StatusOr<bn::BackwardSums> Backward(
+      const std::string& layer, const bn::BackwardSums& local) override {
+    return local;
+  }
+
+ private:
+  std::mt19937_64 rng_;
+  std::map<std::string, bn::Moments> others_;
+};
+
+ModelOptions Tiny() {
+  ModelOptions o;
+  o.depth = 1;
+  o.width = 2;
+  o.image_height = 6;
+  o.image_width = 6;
+  o.classes = 3;
+  return o;
+}
+
+struct Batch {
+  std::vector<float> images;
+  std::vector<int32_t> labels;
+  int64_t n = 0;
+};
+
+Batch RandomBatch(const ModelOptions& o, int64_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  Batch b;
+  b.n = n;
+  b.images.resize(n * o.in_channels * o.image_height * o.image_width);
+  for (float& v : b.images) v = normal(rng);
+  for (int64_t i = 0; i < n; ++i) b.labels.push_back(rng() % o.classes);
+  return b;
+}
+
+// Parameters away from the symmetric start, so every term of the gradient
+// matters (gamma != 1, beta != 0).
+HostTensors Perturbed(const Model& model, uint64_t seed) {
+  HostTensors p = model.InitialParameters(seed);
+  std::mt19937_64 rng(seed + 1);
+  std::uniform_real_distribution<float> u(-0.3f, 0.3f);
+  for (auto& [name, t] : p) {
+    for (float& v : t.values) v += u(rng);
+  }
+  return p;
+}
+
+double LossAt(Model& model, const HostTensors& params, const Batch& b) {
+  EXPECT_TRUE(model.SetParameters(params).ok());
+  EXPECT_TRUE(model.Forward(b.images.data(), b.n).ok());
+  absl::StatusOr<LossResult> r = model.Loss(b.labels.data());
+  EXPECT_TRUE(r.ok()) << r.status();
+  return r.ok() ? r->loss_sum : NAN;
+}
+
+// Central differences for a sample of each parameter tensor's elements; the
+// relative error of each tensor's sampled gradient must be small. Float
+// arithmetic and ReLU/max-pool kinks make single elements noisy, so tensors
+// are compared as vectors.
+void CheckGradients(BnSync* sync, uint64_t seed) {
+  std::unique_ptr<Backend> backend = NewCpuBackend();
+  const ModelOptions o = Tiny();
+  absl::StatusOr<std::unique_ptr<Model>> model = Model::Create(o, backend.get());
+  ASSERT_TRUE(model.ok()) << model.status();
+  Model& m = **model;
+  m.SetBnSync(sync);
+  const Batch batch = RandomBatch(o, 5, seed);
+  HostTensors params = Perturbed(m, seed);
+
+  ASSERT_TRUE(m.SetParameters(params).ok());
+  ASSERT_TRUE(m.Forward(batch.images.data(), batch.n).ok());
+  ASSERT_TRUE(m.Loss(batch.labels.data()).ok());
+  ASSERT_TRUE(m.Backward().ok());
+  absl::StatusOr<HostTensors> grads = m.Gradients();
+  ASSERT_TRUE(grads.ok()) << grads.status();
+
+  std::mt19937_64 rng(seed + 7);
+  // Small steps: local BN over 20 samples per channel is strongly curved, and
+  // larger steps cross ReLU kinks (errors shrink with h: 3e-3 fails here,
+  // 3e-4 passes; a wrong formula gives errors of order 1).
+  const float h = 3e-4f;
+  int checked_tensors = 0;
+  for (auto& [name, t] : params) {
+    const std::vector<float>& analytic = grads->at(name).values;
+    double diff2 = 0, norm2 = 0;
+    const int samples = std::min<int>(8, t.values.size());
+    for (int s = 0; s < samples; ++s) {
+      const size_t i = t.values.size() <= 8 ? s : rng() % t.values.size();
+      const float saved = t.values[i];
+      t.values[i] = saved + h;
+      const double up = LossAt(m, params, batch);
+      t.values[i] = saved - h;
+      const double down = LossAt(m, params, batch);
+      t.values[i] = saved;
+      const double fd = (up - down) / (2.0 * h);
+      diff2 += (fd - analytic[i]) * (fd - analytic[i]);
+      norm2 += analytic[i] * analytic[i];
+    }
+    EXPECT_LE(std::sqrt(diff2), 3e-2 * std::sqrt(norm2) + 2e-3)
+        << name << ": |fd - analytic| = " << std::sqrt(diff2)
+        << ", |analytic| = " << std::sqrt(norm2);
+    ++checked_tensors;
+  }
+  EXPECT_EQ(checked_tensors, static_cast<int>(m.parameters().size()));
+}
+
+TEST(ModelTest, GradientsMatchFiniteDifferencesWithLocalBn) {
+  LocalBnSync sync;
+  CheckGradients(&sync, 11);
+}
+
+TEST(ModelTest, GradientsMatchFiniteDifferencesWithAsyncBn) {
+  FixedOthersSync sync(5);
+  CheckGradients(&sync, 23);
+}
+
+TEST(ModelTest, DefaultModelShapesAndParameters) {
+  std::unique_ptr<Backend> backend = NewCpuBackend();
+  absl::StatusOr<std::unique_ptr<Model>> model =
+      Model::Create(ModelOptions(), backend.get());
+  ASSERT_TRUE(model.ok()) << model.status();
+  // stem, 2 blocks x 2, down: 6 BN layers.
+  EXPECT_EQ((*model)->batch_norms().size(), 6u);
+  const HostTensors a = (*model)->InitialParameters(1);
+  const HostTensors b = (*model)->InitialParameters(1);
+  const HostTensors c = (*model)->InitialParameters(2);
+  EXPECT_EQ(a.size(), (*model)->parameters().size());
+  EXPECT_EQ(a.at("stem.conv.w").values, b.at("stem.conv.w").values);
+  EXPECT_NE(a.at("stem.conv.w").values, c.at("stem.conv.w").values);
+  EXPECT_EQ(a.at("head.fc.w").shape, (std::vector<int64_t>{10, 32}));
+  EXPECT_EQ(a.at("stem.bn.gamma").values, std::vector<float>(16, 1.0f));
+  ASSERT_TRUE((*model)->SetParameters(a).ok());
+  LocalBnSync sync;
+  (*model)->SetBnSync(&sync);
+  const Batch batch = RandomBatch(ModelOptions(), 3, 1);
+  ASSERT_TRUE((*model)->Forward(batch.images.data(), 3).ok());
+  EXPECT_EQ((*model)->logits().size(), 30u);
+}
+
+TEST(ModelTest, EmptyBatchGivesZeroGradients) {
+  std::unique_ptr<Backend> backend = NewCpuBackend();
+  absl::StatusOr<std::unique_ptr<Model>> model =
+      Model::Create(Tiny(), backend.get());
+  ASSERT_TRUE(model.ok());
+  Model& m = **model;
+  LocalBnSync sync;
+  m.SetBnSync(&sync);
+  ASSERT_TRUE(m.SetParameters(Perturbed(m, 3)).ok());
+  // A real batch first, so stale gradients would show.
+  const Batch batch = RandomBatch(Tiny(), 4, 2);
+  ASSERT_TRUE(m.Forward(batch.images.data(), 4).ok());
+  ASSERT_TRUE(m.Loss(batch.labels.data()).ok());
+  ASSERT_TRUE(m.Backward().ok());
+  ASSERT_TRUE(m.Forward(nullptr, 0).ok());
+  absl::StatusOr<LossResult> loss = m.Loss(nullptr);
+  ASSERT_TRUE(loss.ok());
+  EXPECT_EQ(loss->loss_sum, 0.0);
+  ASSERT_TRUE(m.Backward().ok());
+  absl::StatusOr<HostTensors> grads = m.Gradients();
+  ASSERT_TRUE(grads.ok());
+  for (const auto& [name, g] : *grads) {
+    for (float v : g.values) ASSERT_EQ(v, 0.0f) << name;
+  }
+}
+
+TEST(ModelTest, BadInput) {
+  std::unique_ptr<Backend> backend = NewCpuBackend();
+  ModelOptions bad = Tiny();
+  bad.width = 0;
+  EXPECT_EQ(Model::Create(bad, backend.get()).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  absl::StatusOr<std::unique_ptr<Model>> model =
+      Model::Create(Tiny(), backend.get());
+  ASSERT_TRUE(model.ok());
+  HostTensors p = (*model)->InitialParameters(1);
+  p.erase("head.fc.b");
+  EXPECT_EQ((*model)->SetParameters(p).code(),
+            absl::StatusCode::kInvalidArgument);
+  p = (*model)->InitialParameters(1);
+  p["stem.conv.w"].shape = {1, 2, 3};
+  EXPECT_EQ((*model)->SetParameters(p).code(),
+            absl::StatusCode::kInvalidArgument);
+  // Training needs a BnSync; backward needs a training forward.
+  ASSERT_TRUE((*model)->SetParameters((*model)->InitialParameters(1)).ok());
+  const Batch batch = RandomBatch(Tiny(), 2, 1);
+  EXPECT_EQ((*model)->Forward(batch.images.data(), 2).code(),
+            absl::StatusCode::kFailedPrecondition);
+  (*model)->SetBnMode(BnMode::kInference);
+  ASSERT_TRUE((*model)->Forward(batch.images.data(), 2).ok());
+  ASSERT_TRUE((*model)->Loss(batch.labels.data()).ok());
+  EXPECT_EQ((*model)->Backward().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+}  // namespace
+}  // namespace bnps::nn
