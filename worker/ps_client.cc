@@ -982,7 +982,7 @@ absl::StatusOr<bn::RunningStats> PsClient::BnLocalRunning(
   return average;
 }
 
-absl::Status PsClient::StartStep(int64_t step) {
+absl::StatusOr<int64_t> PsClient::StartStep(int64_t step) {
   if (step < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("StartStep: negative step ", step));
@@ -991,14 +991,17 @@ absl::Status PsClient::StartStep(int64_t step) {
   request.set_job(options_.job);
   request.set_worker(options_.worker);
   request.set_step(step);
+  proto::StartStepResponse response;
   absl::Status s = WithRetries([&](absl::Time deadline) {
     grpc::ClientContext context;
     SetDeadline(&context, deadline);
-    proto::StartStepResponse response;
     return proto::FromGrpcStatus(
         shards_[0].stub->StartStep(&context, request, &response));
   });
-  return Annotate(s, absl::StrCat("StartStep ", step, " on ", ShardName(0)));
+  if (!s.ok()) {
+    return Annotate(s, absl::StrCat("StartStep ", step, " on ", ShardName(0)));
+  }
+  return response.min_clock();
 }
 
 absl::Status PsClient::FinishStep(int64_t completed) {

@@ -165,6 +165,7 @@ class PsClient {
   // everything else at Connect.
   const proto::JobConfig& config() const { return config_; }
   int num_shards() const { return static_cast<int>(shards_.size()); }
+  const PsClientOptions& options() const { return options_; }
 
   // Sends initial values to the shards that own them (the first initialization
   // of a key wins on the server; later ones are acknowledged and ignored). One
@@ -240,8 +241,10 @@ class PsClient {
   // Bounded-staleness clocks, kept by shard 0. StartStep blocks until this
   // worker may begin `step` (the server answers at once unless the bound would
   // break, and fails at its barrier timeout naming the laggards); FinishStep
-  // reports that `completed` steps are done.
-  absl::Status StartStep(int64_t step);
+  // reports that `completed` steps are done. StartStep returns the slowest
+  // live worker's clock when it admitted the step (step - that is how stale
+  // this worker's view may be).
+  absl::StatusOr<int64_t> StartStep(int64_t step);
   absl::Status FinishStep(int64_t completed);
 
   // What shard `shard` knows. INVALID_ARGUMENT for a shard out of range.

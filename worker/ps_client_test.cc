@@ -941,7 +941,7 @@ TEST_F(PsClientTest, ClocksGoToShardZero) {
   EXPECT_EQ(fakes_[0]->started_steps(), (std::vector<int64_t>{0, 1}));
   EXPECT_EQ(fakes_[0]->finished_clocks(), (std::vector<int64_t>{1}));
   EXPECT_TRUE(fakes_[1]->started_steps().empty());
-  EXPECT_EQ(client->StartStep(-1).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(client->StartStep(-1).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(PsClientTest, GetStatusAsksTheNamedShard) {

@@ -91,6 +91,7 @@ class CpuBackend : public Backend {
     return Copy(src, n, host);
   }
   absl::Status Zero(float* dst, int64_t n) override {
+    if (n < 0) return absl::InvalidArgumentError("negative element count");
     if (absl::Status s = NonNull(dst, n, "destination"); !s.ok()) return s;
     if (n > 0) std::memset(dst, 0, n * sizeof(float));
     return absl::OkStatus();

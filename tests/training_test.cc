@@ -1,0 +1,255 @@
+// The training loop through real servers on 127.0.0.1 (in-process, ephemeral
+// ports): the sync invariant on a whole model, and every policy end to end.
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "gtest/gtest.h"
+#include "server/server_runner.h"
+#include "worker/data/dataset.h"
+#include "worker/data/synthetic.h"
+#include "worker/nn/cpu_backend.h"
+#include "worker/nn/model.h"
+#include "worker/ps_client.h"
+#include "worker/trainer.h"
+
+namespace bnps {
+namespace {
+
+using worker::Dataset;
+using worker::TrainerOptions;
+using worker::TrainReport;
+
+nn::ModelOptions SmallModel() {
+  nn::ModelOptions o;
+  o.depth = 1;
+  o.width = 4;
+  o.image_height = 12;
+  o.image_width = 12;
+  return o;
+}
+
+struct WorkerResult {
+  absl::StatusOr<TrainReport> report = absl::UnknownError("not run");
+  nn::HostTensors params;
+  std::vector<bn::RunningStats> running;
+};
+
+// S servers of one job; W trainers on threads, worker w on datasets[w].
+std::vector<WorkerResult> Train(server::Policy policy, int shards,
+                                const std::vector<const Dataset*>& datasets,
+                                const TrainerOptions& options,
+                                int64_t staleness = 0) {
+  const int workers = static_cast<int>(datasets.size());
+  server::ShardOptions base;
+  base.num_shards = shards;
+  base.num_workers = workers;
+  base.policy = policy;
+  base.staleness = staleness;
+  base.optimizer.learning_rate = 0.05;
+  base.optimizer.momentum = 0.9;
+  base.optimizer.weight_decay = 1e-4;
+  base.barrier_timeout = absl::Seconds(30);
+  std::vector<std::unique_ptr<server::RunningServer>> servers;
+  std::vector<std::string> addresses;
+  for (int s = 0; s < shards; ++s) {
+    base.shard = s;
+    auto r = server::RunningServer::Start(base, "127.0.0.1:0");
+    EXPECT_TRUE(r.ok()) << r.status();
+    if (!r.ok()) return {};
+    addresses.push_back("127.0.0.1:" + std::to_string((*r)->port()));
+    servers.push_back(*std::move(r));
+  }
+  std::vector<WorkerResult> results(workers);
+  std::vector<std::thread> threads;
+  for (int w = 0; w < workers; ++w) {
+    threads.emplace_back([&, w] {
+      worker::PsClientOptions o;
+      o.servers = addresses;
+      o.job = "bnps";
+      o.worker = w;
+      o.num_workers = workers;
+      o.rpc_timeout = absl::Seconds(30);
+      auto client = worker::PsClient::Connect(o);
+      if (!client.ok()) {
+        results[w].report = client.status();
+        return;
+      }
+      std::unique_ptr<nn::Backend> backend = nn::NewCpuBackend();
+      auto model = nn::Model::Create(SmallModel(), backend.get());
+      if (!model.ok()) {
+        results[w].report = model.status();
+        return;
+      }
+      worker::Trainer trainer(client->get(), model->get(), datasets[w],
+                              datasets[w], options);
+      results[w].report = trainer.Run();
+      for (const nn::Parameter* p : (*model)->parameters()) {
+        results[w].params[p->name] = nn::HostTensor{p->dims, p->host};
+      }
+      for (const nn::BatchNorm* bn : (*model)->batch_norms()) {
+        results[w].running.push_back(bn->running());
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  return results;
+}
+
+double MaxRelDiff(const std::vector<float>& a, const std::vector<float>& b) {
+  double scale = 1e-3, diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    scale = std::max(scale, static_cast<double>(std::abs(a[i])));
+    diff = std::max(diff, static_cast<double>(std::abs(a[i] - b[i])));
+  }
+  return diff / scale;
+}
+
+// The central invariant on the whole model: with sync, 2 workers of batch b
+// follow 1 worker of batch 2b step by step. Worker w's shard is read in
+// order, so the single worker's data is arranged to hold, at step k, worker
+// 0's batch k followed by worker 1's.
+TEST(TrainingTest, SyncTwoWorkersFollowOneWorkerWithTheConcatenatedBatch) {
+  const int64_t b = 6, steps = 4;
+  const Dataset all = worker::MakeSyntheticDataset(2 * b * steps, 12, 12, 10, 7);
+  Dataset single = all;
+  const int64_t half = b * steps, px = all.image_size();
+  for (int64_t k = 0; k < steps; ++k) {
+    for (int64_t i = 0; i < 2 * b; ++i) {
+      const int64_t from = i < b ? k * b + i : half + k * b + (i - b);
+      const int64_t to = 2 * b * k + i;
+      std::copy_n(all.pixels.begin() + from * px, px,
+                  single.pixels.begin() + to * px);
+      single.labels[to] = all.labels[from];
+    }
+  }
+  for (int64_t k : {1, 2, 4}) {
+    SCOPED_TRACE(testing::Message() << "after " << k << " steps");
+    TrainerOptions two;
+    two.batch_size = b;
+    two.shuffle = false;
+    two.max_steps = k;
+    two.evaluate = false;
+    TrainerOptions one = two;
+    one.batch_size = 2 * b;
+    std::vector<WorkerResult> split =
+        Train(server::Policy::kSync, 2, {&all, &all}, two);
+    std::vector<WorkerResult> whole =
+        Train(server::Policy::kSync, 2, {&single}, one);
+    ASSERT_EQ(split.size(), 2u);
+    ASSERT_EQ(whole.size(), 1u);
+    ASSERT_TRUE(split[0].report.ok()) << split[0].report.status();
+    ASSERT_TRUE(split[1].report.ok()) << split[1].report.status();
+    ASSERT_TRUE(whole[0].report.ok()) << whole[0].report.status();
+    double worst = 0;
+    for (const auto& [name, t] : whole[0].params) {
+      const double d = MaxRelDiff(t.values, split[0].params.at(name).values);
+      EXPECT_LT(d, 1e-4) << name;
+      EXPECT_EQ(split[0].params.at(name).values, split[1].params.at(name).values)
+          << name;
+      worst = std::max(worst, d);
+    }
+    // The servers' running statistics too.
+    for (size_t l = 0; l < whole[0].running.size(); ++l) {
+      for (size_t c = 0; c < whole[0].running[l].mean.size(); ++c) {
+        EXPECT_NEAR(whole[0].running[l].mean[c], split[0].running[l].mean[c],
+                    1e-4);
+        EXPECT_NEAR(whole[0].running[l].var[c], split[0].running[l].var[c],
+                    1e-4 * whole[0].running[l].var[c]);
+      }
+    }
+    std::printf("after %lld steps: largest relative parameter difference %.3g\n",
+                static_cast<long long>(k), worst);
+  }
+}
+
+// Local BN would not match: the test above can fail.
+TEST(TrainingTest, LocalTwoWorkersDoNotFollowOneWorker) {
+  const int64_t b = 6, steps = 2;
+  const Dataset all = worker::MakeSyntheticDataset(2 * b * steps, 12, 12, 10, 7);
+  TrainerOptions two;
+  two.batch_size = b;
+  two.shuffle = false;
+  two.max_steps = steps;
+  two.evaluate = false;
+  TrainerOptions one = two;
+  one.batch_size = 2 * b;
+  Dataset single = all;  // arranged as above
+  const int64_t half = b * steps, px = all.image_size();
+  for (int64_t k = 0; k < steps; ++k) {
+    for (int64_t i = 0; i < 2 * b; ++i) {
+      const int64_t from = i < b ? k * b + i : half + k * b + (i - b);
+      std::copy_n(all.pixels.begin() + from * px, px,
+                  single.pixels.begin() + (2 * b * k + i) * px);
+      single.labels[2 * b * k + i] = all.labels[from];
+    }
+  }
+  auto split = Train(server::Policy::kLocal, 2, {&all, &all}, two);
+  auto whole = Train(server::Policy::kLocal, 2, {&single}, one);
+  ASSERT_TRUE(split[0].report.ok()) << split[0].report.status();
+  ASSERT_TRUE(whole[0].report.ok()) << whole[0].report.status();
+  EXPECT_GT(MaxRelDiff(whole[0].params.at("stem.conv.w").values,
+                       split[0].params.at("stem.conv.w").values),
+            1e-3);
+}
+
+// Every policy trains end to end: the loss falls, the run settles its
+// running statistics, and the evaluation beats chance.
+TEST(TrainingTest, EveryPolicyTrains) {
+  const Dataset data = worker::MakeSyntheticDataset(1536, 12, 12, 10, 3);
+  struct Case {
+    server::Policy policy;
+    int64_t staleness;
+    worker::RecalMode mode;
+    bool recalibrate;
+  };
+  for (const Case& c : {Case{server::Policy::kSync, 0, worker::RecalMode::kPrecise, false},
+                        Case{server::Policy::kAsync, 1, worker::RecalMode::kPrecise, false},
+                        Case{server::Policy::kLocal, 0, worker::RecalMode::kExact, true},
+                        Case{server::Policy::kRecal, 0, worker::RecalMode::kPrecise, false},
+                        Case{server::Policy::kRecal, 0, worker::RecalMode::kExact, false}}) {
+    SCOPED_TRACE(testing::Message()
+                 << server::PolicyName(c.policy) << " recal "
+                 << worker::RecalModeName(c.mode));
+    TrainerOptions o;
+    o.batch_size = 16;
+    o.epochs = 2;
+    o.recal_mode = c.mode;
+    o.recalibrate = c.recalibrate;
+    o.test_examples = 512;
+    auto results = Train(c.policy, 2, {&data, &data}, o, c.staleness);
+    ASSERT_EQ(results.size(), 2u);
+    for (const WorkerResult& r : results) {
+      ASSERT_TRUE(r.report.ok()) << r.report.status();
+      EXPECT_EQ(r.report->steps, 2 * 1536 / 2 / 16);
+      EXPECT_LT(r.report->train_loss_last, 0.7 * r.report->train_loss_first);
+      ASSERT_TRUE(r.report->test_accuracy.has_value());
+      EXPECT_GT(*r.report->test_accuracy, 0.3);
+      if (c.recalibrate || c.policy == server::Policy::kRecal) {
+        ASSERT_TRUE(r.report->test_accuracy_recal.has_value());
+      }
+    }
+    // Settled statistics agree across workers (sync: the servers'; local:
+    // averaged; recal: population), except async, where each worker keeps
+    // the servers' as of its own last step.
+    if (c.policy != server::Policy::kAsync) {
+      for (size_t l = 0; l < results[0].running.size(); ++l) {
+        EXPECT_EQ(results[0].running[l].mean, results[1].running[l].mean)
+            << "layer " << l;
+        EXPECT_EQ(results[0].running[l].var, results[1].running[l].var)
+            << "layer " << l;
+      }
+    }
+    if (c.policy == server::Policy::kAsync) {
+      EXPECT_LE(results[0].report->max_staleness, 1);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace bnps

@@ -1,0 +1,120 @@
+"""Real processes on 127.0.0.1: the launcher, bnps_server and bnps_worker.
+
+A short run on Fashion-MNIST (installed by tools/setup.sh) must bring the
+training loss clearly below its start and report a test accuracy; bad flags
+and missing data must give one clear line on stderr, not a stack trace.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+RUNFILES = os.getcwd()  # Bazel runs tests in the runfiles tree of the workspace
+SERVER = os.path.join(RUNFILES, "server", "bnps_server")
+WORKER = os.path.join(RUNFILES, "worker", "bnps_worker")
+LAUNCHER = os.path.join(RUNFILES, "tools", "bnps_launch.py")
+
+
+def run(args, timeout=60):
+    return subprocess.run(args, capture_output=True, text=True, timeout=timeout)
+
+
+class EndToEndTest(unittest.TestCase):
+    def test_short_sync_run_learns(self):
+        with tempfile.TemporaryDirectory() as out:
+            r = run([sys.executable, LAUNCHER, "--servers", "2", "--workers", "2",
+                     "--policy", "sync", "--bin_dir", RUNFILES, "--out_dir", out,
+                     "--timeout_s", "240", "--batch_size=32", "--epochs=2",
+                     "--train_examples=2048", "--test_examples=1000"],
+                    timeout=300)
+            self.assertEqual(r.returncode, 0, r.stdout[-3000:] + r.stderr[-3000:])
+            self.assertIn("result: policy=sync workers=2 servers=2", r.stdout)
+            reports = [json.load(open(os.path.join(out, f"worker{w}.json")))
+                       for w in range(2)]
+            for report in reports:
+                self.assertEqual(report["steps"], 2 * 2048 // 2 // 32)
+                self.assertLess(report["train_loss_last"],
+                                0.6 * report["train_loss_first"], report)
+            # Worker 0 evaluates: well above chance (10%) after 128 steps.
+            self.assertGreater(reports[0]["test_accuracy"], 0.5)
+            self.assertIsNone(reports[1]["test_accuracy"])
+
+    def test_async_run_reports_staleness_within_the_bound(self):
+        with tempfile.TemporaryDirectory() as out:
+            r = run([sys.executable, LAUNCHER, "--servers", "1", "--workers", "2",
+                     "--policy", "async", "--staleness", "2", "--bin_dir", RUNFILES,
+                     "--out_dir", out, "--timeout_s", "240", "--batch_size=32",
+                     "--train_examples=1024", "--test_examples=500"],
+                    timeout=300)
+            self.assertEqual(r.returncode, 0, r.stdout[-3000:] + r.stderr[-3000:])
+            for w in range(2):
+                report = json.load(open(os.path.join(out, f"worker{w}.json")))
+                self.assertLessEqual(report["max_staleness"], 2)
+                self.assertEqual(report["policy"], "async")
+
+
+class BadInputTest(unittest.TestCase):
+    def assertOneLine(self, r, code, *needles):
+        self.assertEqual(r.returncode, code, r.stderr)
+        lines = r.stderr.strip().splitlines()
+        self.assertEqual(len(lines), 1, r.stderr)
+        for needle in needles:
+            self.assertIn(needle, lines[0])
+        self.assertNotIn("Traceback", r.stderr)
+
+    def test_worker_flags(self):
+        self.assertOneLine(run([WORKER, "--batch_size=0", "--servers=127.0.0.1:1"]),
+                           2, "--batch_size")
+        self.assertOneLine(run([WORKER, "--worker=4", "--num_workers=4",
+                                "--servers=127.0.0.1:1"]), 2, "--worker=4")
+        self.assertOneLine(run([WORKER]), 2, "--servers is required")
+        self.assertOneLine(run([WORKER, "--servers=127.0.0.1:1", "--device=tpu"]),
+                           2, "--device=tpu")
+        self.assertOneLine(run([WORKER, "--servers=127.0.0.1:1", "--width=0"]),
+                           2, "width")
+        self.assertOneLine(run([WORKER, "--no_such_flag=1"]), 1, "no_such_flag")
+        self.assertOneLine(run([WORKER, "--epochs=many"]), 1, "epochs")
+
+    def test_missing_data(self):
+        with tempfile.TemporaryDirectory() as empty:
+            self.assertOneLine(run([WORKER, "--servers=127.0.0.1:1",
+                                    "--data_dir=" + empty]),
+                               1, empty, "dataset-fashion-mnist")
+
+    def test_corrupt_data(self):
+        with tempfile.TemporaryDirectory() as d:
+            for name in ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
+                         "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"):
+                with open(os.path.join(d, name), "wb") as f:
+                    f.write(b"\x00\x00\x08\x03garbage")
+            self.assertOneLine(run([WORKER, "--servers=127.0.0.1:1",
+                                    "--data_dir=" + d]), 1, d)
+
+    def test_unreachable_servers(self):
+        self.assertOneLine(run([WORKER, "--servers=127.0.0.1:1", "--device=cpu",
+                                "--rpc_timeout_s=1", "--train_examples=64"]),
+                           1, "127.0.0.1:1")
+
+    def test_server_flags(self):
+        self.assertOneLine(run([SERVER, "--policy=bogus"]), 2, "bogus")
+        self.assertOneLine(run([SERVER, "--port=70000"]), 2, "70000")
+
+    def test_worker_flags_that_disagree_with_the_servers(self):
+        server = subprocess.Popen([SERVER, "--port=0", "--policy=sync"],
+                                  stdout=subprocess.PIPE, text=True)
+        try:
+            line = server.stdout.readline()
+            port = line.strip().rsplit(":", 1)[1]
+            self.assertOneLine(run([WORKER, f"--servers=127.0.0.1:{port}",
+                                    "--policy=async", "--train_examples=64"]),
+                               1, "--policy=async", "sync")
+        finally:
+            server.terminate()
+            server.wait(timeout=10)
+
+
+if __name__ == "__main__":
+    unittest.main()

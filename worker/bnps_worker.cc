@@ -1,0 +1,399 @@
+// bnps_worker: one worker of a bnps job. Trains the model on its shard of
+// Fashion-MNIST against the job's shard servers and prints the test accuracy.
+//
+//   bnps_worker --servers=127.0.0.1:7000,127.0.0.1:7001 --worker=0 \
+//       --num_workers=4 --epochs=1
+//
+// Exit status: 0 on success, 2 for bad flags, 1 when training fails; errors
+// are one line on stderr.
+
+#include <omp.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/time.h"
+#include "bn/cuda_kernels.h"
+#include "worker/data/dataset.h"
+#include "worker/data/idx.h"
+#include "worker/data/synthetic.h"
+#include "worker/nn/backend.h"
+#include "worker/nn/cpu_backend.h"
+#include "worker/nn/cuda_backend.h"
+#include "worker/nn/model.h"
+#include "worker/ps_client.h"
+#include "worker/trainer.h"
+
+ABSL_FLAG(std::string, servers, "",
+          "The job's shard servers as host:port, comma-separated, in shard "
+          "order (required).");
+ABSL_FLAG(std::string, job, "bnps", "The job's name; must match the servers'.");
+ABSL_FLAG(int, worker, 0, "This worker's id, in [0, num_workers).");
+ABSL_FLAG(int, num_workers, 1, "Workers in the job; must match the servers'.");
+ABSL_FLAG(std::string, policy, "",
+          "sync | async | recal | local. The servers decide the policy; when "
+          "given, this must match theirs (a check against launching the wrong "
+          "job). Empty: whatever the servers run.");
+ABSL_FLAG(int64_t, staleness, -1,
+          "async: the staleness bound; when >= 0, must match the servers'.");
+ABSL_FLAG(double, learning_rate, -1,
+          "SGD learning rate, applied by the servers; when >= 0, must match "
+          "theirs.");
+ABSL_FLAG(double, momentum, -1,
+          "SGD momentum (servers'); when >= 0, must match theirs.");
+ABSL_FLAG(double, weight_decay, -1,
+          "SGD weight decay (servers'); when >= 0, must match theirs.");
+ABSL_FLAG(int64_t, batch_size, 32, "Examples per step on this worker.");
+ABSL_FLAG(int64_t, epochs, 1, "Passes over the training data.");
+ABSL_FLAG(int64_t, max_steps, 0,
+          "Stop after this many steps (0: run all epochs); the same on every "
+          "worker.");
+ABSL_FLAG(uint64_t, seed, 1,
+          "Seed of the initial parameters and the shuffle; the same on every "
+          "worker.");
+ABSL_FLAG(std::string, device, "auto",
+          "auto (a GPU when there is one, else the CPU) | cpu | gpu.");
+ABSL_FLAG(int, gpu, 0, "Which CUDA device, for --device=gpu or auto.");
+ABSL_FLAG(int, threads, 1,
+          "CPU threads for the model (oneDNN and the loops; OpenMP). Several "
+          "workers on one machine should share its cores.");
+ABSL_FLAG(std::string, data, "fashion-mnist",
+          "fashion-mnist (IDX files in --data_dir) | synthetic (generated, "
+          "for tests).");
+ABSL_FLAG(std::string, data_dir, "/usr/share/datasets/fashion-mnist",
+          "Directory of the Fashion-MNIST IDX files (gzip or plain), as "
+          "Debian's dataset-fashion-mnist installs them.");
+ABSL_FLAG(int64_t, train_examples, 0,
+          "Train on the first this-many examples only (0: all 60000).");
+ABSL_FLAG(int64_t, test_examples, 0,
+          "Evaluate on the first this-many test examples (0: all 10000).");
+ABSL_FLAG(int64_t, depth, 1, "Residual blocks per stage of the model.");
+ABSL_FLAG(int64_t, width, 16,
+          "Channels of the model's first stage (the second has twice as "
+          "many).");
+ABSL_FLAG(std::string, recal_mode, "precise",
+          "How recal recomputes BN statistics: precise (one pass, all layers) "
+          "| exact (layer by layer, as inference sees them).");
+ABSL_FLAG(bool, recalibrate, false,
+          "Under sync, async or local: also recalibrate after training and "
+          "report a second test accuracy. Every worker must agree.");
+ABSL_FLAG(int64_t, recal_examples, 0,
+          "Recalibrate over the first this-many training examples (0: those "
+          "trained on).");
+ABSL_FLAG(std::string, eval, "first",
+          "Which workers evaluate on the test set at the end: first (worker 0) "
+          "| all | none.");
+ABSL_FLAG(bool, eval_every_epoch, false,
+          "Also evaluate after every epoch (for accuracy-over-time curves).");
+ABSL_FLAG(std::string, progress, "auto",
+          "auto (a refreshed line on a terminal, else plain lines) | line | "
+          "plain | none.");
+ABSL_FLAG(double, progress_interval_s, 2, "Seconds between progress reports.");
+ABSL_FLAG(std::string, report, "",
+          "Write a JSON report of the run here (loss curve, accuracy, time "
+          "split into compute, BN sync and gradient sync).");
+ABSL_FLAG(double, rpc_timeout_s, 60,
+          "Deadline of every call to the servers, in seconds.");
+
+namespace bnps::worker {
+namespace {
+
+absl::Status Check(bool ok, const std::string& message) {
+  return ok ? absl::OkStatus() : absl::InvalidArgumentError(message);
+}
+
+// Flags the servers own must agree with theirs when given.
+absl::Status CheckAgainstServers(const proto::JobConfig& c) {
+  const std::string policy = absl::GetFlag(FLAGS_policy);
+  const std::string theirs =
+      c.policy() == proto::POLICY_SYNC    ? "sync"
+      : c.policy() == proto::POLICY_ASYNC ? "async"
+      : c.policy() == proto::POLICY_RECAL ? "recal"
+                                          : "local";
+  auto mismatch = [](const std::string& flag, const std::string& mine,
+                     const std::string& servers) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--", flag, "=", mine, " but the servers run ", flag, " ", servers,
+        " (start them with the same value, or leave the flag out)"));
+  };
+  if (!policy.empty() && policy != theirs) {
+    return mismatch("policy", policy, theirs);
+  }
+  const int64_t staleness = absl::GetFlag(FLAGS_staleness);
+  if (staleness >= 0 && staleness != c.staleness()) {
+    return mismatch("staleness", absl::StrCat(staleness),
+                    absl::StrCat(c.staleness()));
+  }
+  const struct {
+    const char* name;
+    double mine, servers;
+  } numbers[] = {
+      {"learning_rate", absl::GetFlag(FLAGS_learning_rate), c.learning_rate()},
+      {"momentum", absl::GetFlag(FLAGS_momentum), c.momentum()},
+      {"weight_decay", absl::GetFlag(FLAGS_weight_decay), c.weight_decay()},
+  };
+  for (const auto& n : numbers) {
+    if (n.mine >= 0 && std::abs(n.mine - n.servers) > 1e-12 * std::abs(n.servers)) {
+      return mismatch(n.name, absl::StrCat(n.mine), absl::StrCat(n.servers));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<nn::Backend>> MakeBackend() {
+  const std::string device = absl::GetFlag(FLAGS_device);
+  const int gpu = absl::GetFlag(FLAGS_gpu);
+  if (device == "cpu") return nn::NewCpuBackend();
+  if (device != "gpu" && device != "auto") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--device=", device, " is not one of auto, cpu, gpu"));
+  }
+  std::string why;
+  if (bn::CudaDeviceCount(&why) == 0) {
+    if (device == "auto") return nn::NewCpuBackend();
+    return absl::FailedPreconditionError(
+        absl::StrCat("--device=gpu but there is no usable GPU: ", why));
+  }
+  return nn::NewCudaBackend(gpu);
+}
+
+struct Data {
+  Dataset train;
+  Dataset test;
+};
+
+absl::StatusOr<Data> LoadData() {
+  const std::string kind = absl::GetFlag(FLAGS_data);
+  Data d;
+  if (kind == "synthetic") {
+    d.train = MakeSyntheticDataset(4096, 28, 28, 10, 1);
+    d.test = MakeSyntheticDataset(1024, 28, 28, 10, 2);
+    return d;
+  }
+  if (kind != "fashion-mnist") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--data=", kind, " is not one of fashion-mnist, synthetic"));
+  }
+  const std::string dir = absl::GetFlag(FLAGS_data_dir);
+  for (Split split : {Split::kTrain, Split::kTest}) {
+    absl::StatusOr<Dataset> loaded = LoadFashionMnist(dir, split);
+    if (!loaded.ok()) {
+      return absl::Status(
+          loaded.status().code(),
+          absl::StrCat(loaded.status().message(),
+                       "; or point --data_dir at the IDX files"));
+    }
+    (split == Split::kTrain ? d.train : d.test) = *std::move(loaded);
+  }
+  return d;
+}
+
+class ProgressPrinter {
+ public:
+  explicit ProgressPrinter(bool refresh) : refresh_(refresh) {}
+
+  // Ends a refreshed line.
+  void Finish() {
+    if (refresh_ && printed_) std::printf("\n");
+    printed_ = false;
+  }
+
+  void operator()(const Progress& p) {
+    std::printf(
+        "%sstep %lld/%lld epoch %lld loss %.4f acc %.3f img/s %.0f stale %lld "
+        "t %.0fs%s",
+        refresh_ ? "\r" : "", static_cast<long long>(p.step),
+        static_cast<long long>(p.total_steps),
+        static_cast<long long>(p.epoch + 1), p.loss, p.accuracy,
+        p.images_per_second, static_cast<long long>(p.staleness), p.seconds,
+        refresh_ ? "   " : "\n");
+    std::fflush(stdout);
+    printed_ = true;
+  }
+
+ private:
+  const bool refresh_;
+  bool printed_ = false;
+};
+
+absl::Status Main() {
+  const std::vector<std::string> servers =
+      absl::StrSplit(absl::GetFlag(FLAGS_servers), ',', absl::SkipEmpty());
+  const int worker = absl::GetFlag(FLAGS_worker);
+  const int num_workers = absl::GetFlag(FLAGS_num_workers);
+  const int threads = absl::GetFlag(FLAGS_threads);
+  const std::string eval = absl::GetFlag(FLAGS_eval);
+  const std::string progress = absl::GetFlag(FLAGS_progress);
+  const double rpc_timeout = absl::GetFlag(FLAGS_rpc_timeout_s);
+  const double progress_interval = absl::GetFlag(FLAGS_progress_interval_s);
+  if (absl::Status s = Check(!servers.empty(),
+                             "--servers is required (host:port,host:port,...)");
+      !s.ok()) {
+    return s;
+  }
+  for (const auto& [ok, message] : std::vector<std::pair<bool, std::string>>{
+           {num_workers >= 1, "--num_workers must be at least 1"},
+           {worker >= 0 && worker < num_workers,
+            absl::StrCat("--worker=", worker, " is outside [0, --num_workers=",
+                         num_workers, ")")},
+           {threads >= 1, "--threads must be at least 1"},
+           {absl::GetFlag(FLAGS_batch_size) >= 1, "--batch_size must be >= 1"},
+           {absl::GetFlag(FLAGS_epochs) >= 1, "--epochs must be >= 1"},
+           {absl::GetFlag(FLAGS_max_steps) >= 0, "--max_steps must be >= 0"},
+           {absl::GetFlag(FLAGS_train_examples) >= 0,
+            "--train_examples must be >= 0"},
+           {absl::GetFlag(FLAGS_test_examples) >= 0,
+            "--test_examples must be >= 0"},
+           {absl::GetFlag(FLAGS_recal_examples) >= 0,
+            "--recal_examples must be >= 0"},
+           {eval == "first" || eval == "all" || eval == "none",
+            absl::StrCat("--eval=", eval, " is not one of first, all, none")},
+           {progress == "auto" || progress == "line" || progress == "plain" ||
+                progress == "none",
+            absl::StrCat("--progress=", progress,
+                         " is not one of auto, line, plain, none")},
+           {rpc_timeout > 0, "--rpc_timeout_s must be positive"},
+           {progress_interval > 0, "--progress_interval_s must be positive"},
+       }) {
+    if (absl::Status s = Check(ok, message); !s.ok()) return s;
+  }
+  absl::StatusOr<RecalMode> recal_mode =
+      ParseRecalMode(absl::GetFlag(FLAGS_recal_mode));
+  if (!recal_mode.ok()) return recal_mode.status();
+  nn::ModelOptions model_options;
+  model_options.depth = absl::GetFlag(FLAGS_depth);
+  model_options.width = absl::GetFlag(FLAGS_width);
+  if (absl::Status s = nn::ValidateModelOptions(model_options); !s.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--depth/--width: ", s.message()));
+  }
+  const std::string report_path = absl::GetFlag(FLAGS_report);
+  if (!report_path.empty()) {  // fail now rather than after training
+    std::ofstream probe(report_path);
+    if (!probe) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("cannot write the report to ", report_path));
+    }
+  }
+  omp_set_num_threads(threads);
+
+  absl::StatusOr<Data> data = LoadData();
+  if (!data.ok()) return data.status();
+  absl::StatusOr<std::unique_ptr<nn::Backend>> backend = MakeBackend();
+  if (!backend.ok()) return backend.status();
+  absl::StatusOr<std::unique_ptr<nn::Model>> model =
+      nn::Model::Create(model_options, backend->get());
+  if (!model.ok()) return model.status();
+
+  PsClientOptions client_options;
+  client_options.servers = servers;
+  client_options.job = absl::GetFlag(FLAGS_job);
+  client_options.worker = worker;
+  client_options.num_workers = num_workers;
+  client_options.rpc_timeout = absl::Seconds(rpc_timeout);
+  absl::StatusOr<std::unique_ptr<PsClient>> client =
+      PsClient::Connect(client_options);
+  if (!client.ok()) return client.status();
+  if (absl::Status s = CheckAgainstServers((*client)->config()); !s.ok()) {
+    return s;
+  }
+
+  TrainerOptions options;
+  options.batch_size = absl::GetFlag(FLAGS_batch_size);
+  options.epochs = absl::GetFlag(FLAGS_epochs);
+  options.max_steps = absl::GetFlag(FLAGS_max_steps);
+  options.seed = absl::GetFlag(FLAGS_seed);
+  options.train_examples = absl::GetFlag(FLAGS_train_examples);
+  options.test_examples = absl::GetFlag(FLAGS_test_examples);
+  options.recal_mode = *recal_mode;
+  options.recalibrate = absl::GetFlag(FLAGS_recalibrate);
+  options.recal_examples = absl::GetFlag(FLAGS_recal_examples);
+  options.evaluate = eval == "all" || (eval == "first" && worker == 0);
+  options.eval_every_epoch = absl::GetFlag(FLAGS_eval_every_epoch);
+  options.progress_interval = absl::Seconds(progress_interval);
+  const bool refresh =
+      progress == "line" || (progress == "auto" && isatty(STDOUT_FILENO));
+  auto printer = std::make_shared<ProgressPrinter>(refresh);
+  if (progress != "none") {
+    options.on_progress = [printer](const Progress& p) { (*printer)(p); };
+  }
+
+  std::printf(
+      "bnps_worker %d/%d: policy %s, %s, model depth %lld width %lld (%lld "
+      "weights), %lld training examples\n",
+      worker, num_workers,
+      (*client)->config().policy() == proto::POLICY_SYNC    ? "sync"
+      : (*client)->config().policy() == proto::POLICY_ASYNC ? "async"
+      : (*client)->config().policy() == proto::POLICY_RECAL ? "recal"
+                                                            : "local",
+      (*backend)->name().c_str(), static_cast<long long>(model_options.depth),
+      static_cast<long long>(model_options.width),
+      static_cast<long long>((*model)->num_weights()),
+      static_cast<long long>(data->train.size()));
+  std::fflush(stdout);
+  Trainer trainer(client->get(), model->get(), &data->train, &data->test,
+                  options);
+  absl::StatusOr<TrainReport> report = trainer.Run();
+  printer->Finish();
+  if (!report.ok()) return report.status();
+  std::printf(
+      "done: %lld steps, loss %.4f -> %.4f, %.0f img/s; time %.1fs: compute "
+      "%.1fs, BN sync %.1fs, gradient sync %.1fs\n",
+      static_cast<long long>(report->steps), report->train_loss_first,
+      report->train_loss_last, report->images_per_second, report->seconds_total,
+      report->seconds_compute, report->seconds_bn_sync,
+      report->seconds_grad_sync);
+  if (report->test_accuracy.has_value()) {
+    std::printf("test accuracy %.4f (running stats%s)\n", *report->test_accuracy,
+                report->policy == "recal"
+                    ? absl::StrCat(", recalibrated ",
+                                   RecalModeName(*recal_mode))
+                          .c_str()
+                    : "");
+  }
+  if (report->test_accuracy_recal.has_value() && report->policy != "recal") {
+    std::printf("test accuracy %.4f after recalibration (%s)\n",
+                *report->test_accuracy_recal,
+                RecalModeName(*recal_mode).c_str());
+  }
+  std::fflush(stdout);
+  if (!report_path.empty()) {
+    std::ofstream out(report_path);
+    out << ReportJson(*report) << "\n";
+    if (!out) {
+      return absl::InternalError(
+          absl::StrCat("cannot write the report to ", report_path));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace bnps::worker
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "A worker of a bnps job: trains the model on its shard of the data "
+      "against the job's shard servers.\n"
+      "  bnps_worker --servers=127.0.0.1:7000,127.0.0.1:7001 --worker=0 "
+      "--num_workers=4 --epochs=1");
+  absl::ParseCommandLine(argc, argv);
+  absl::Status s = bnps::worker::Main();
+  if (!s.ok()) {
+    std::fprintf(stderr, "bnps_worker: %s\n", std::string(s.message()).c_str());
+    return s.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+  }
+  return 0;
+}

@@ -1,0 +1,490 @@
+#include "worker/trainer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "bn/moments.h"
+#include "worker/nn/bn_sync.h"
+#include "worker/nn/layers.h"
+
+namespace bnps::worker {
+namespace {
+
+double Seconds(absl::Time since) { return absl::ToDoubleSeconds(absl::Now() - since); }
+
+absl::Status Annotate(const absl::Status& s, const std::string& where) {
+  if (s.ok()) return s;
+  return absl::Status(s.code(), absl::StrCat(where, ": ", s.message()));
+}
+
+std::string PolicyName(proto::Policy p) {
+  switch (p) {
+    case proto::POLICY_SYNC:
+      return "sync";
+    case proto::POLICY_ASYNC:
+      return "async";
+    case proto::POLICY_RECAL:
+      return "recal";
+    case proto::POLICY_LOCAL:
+      return "local";
+    default:
+      return "unspecified";
+  }
+}
+
+bool BulkSynchronous(proto::Policy p) { return p != proto::POLICY_ASYNC; }
+
+// BN through the servers: sync merges on every layer, async merges with the
+// others' recent moments. Counts the time spent in BN calls.
+class PsBnSync : public nn::BnSync {
+ public:
+  PsBnSync(PsClient* client, proto::Policy policy)
+      : client_(client), policy_(policy) {}
+
+  void set_step(int64_t step) { step_ = step; }
+  absl::Duration elapsed() const { return elapsed_; }
+  void reset_elapsed() { elapsed_ = absl::ZeroDuration(); }
+
+  absl::StatusOr<nn::BnSyncForward> Forward(const std::string& layer,
+                                            const bn::Moments& local) override {
+    if (policy_ != proto::POLICY_SYNC && policy_ != proto::POLICY_ASYNC) {
+      return nn::BnSyncForward{local, std::nullopt};
+    }
+    const absl::Time start = absl::Now();
+    absl::StatusOr<BnForwardResult> r = client_->BnForward(layer, step_, local);
+    elapsed_ += absl::Now() - start;
+    if (!r.ok()) return r.status();
+    if (policy_ == proto::POLICY_SYNC) {
+      return nn::BnSyncForward{std::move(r->merged), std::move(r->running)};
+    }
+    // async: the servers sent the others' admissible moments.
+    absl::StatusOr<bn::Moments> merged = bn::MergeMoments({local, r->merged});
+    if (!merged.ok()) return merged.status();
+    return nn::BnSyncForward{*std::move(merged), std::move(r->running)};
+  }
+
+  absl::StatusOr<bn::BackwardSums> Backward(
+      const std::string& layer, const bn::BackwardSums& local) override {
+    if (policy_ != proto::POLICY_SYNC) return local;
+    const absl::Time start = absl::Now();
+    absl::StatusOr<bn::BackwardSums> r = client_->BnBackward(layer, step_, local);
+    elapsed_ += absl::Now() - start;
+    return r;
+  }
+
+ private:
+  PsClient* const client_;
+  const proto::Policy policy_;
+  int64_t step_ = 0;
+  absl::Duration elapsed_;
+};
+
+nn::HostTensors ToHost(std::map<std::string, Param> params) {
+  nn::HostTensors out;
+  for (auto& [name, p] : params) {
+    out.emplace(name, nn::HostTensor{std::move(p.shape), std::move(p.values)});
+  }
+  return out;
+}
+
+std::map<std::string, Param> ToParams(nn::HostTensors tensors) {
+  std::map<std::string, Param> out;
+  for (auto& [name, t] : tensors) {
+    out.emplace(name, Param{std::move(t.shape), std::move(t.values)});
+  }
+  return out;
+}
+
+std::string Num(double v) {
+  if (!std::isfinite(v)) return "null";
+  return absl::StrFormat("%.6g", v);
+}
+
+std::string Num(const std::optional<double>& v) {
+  return v.has_value() ? Num(*v) : "null";
+}
+
+}  // namespace
+
+absl::StatusOr<RecalMode> ParseRecalMode(const std::string& name) {
+  if (name == "precise") return RecalMode::kPrecise;
+  if (name == "exact") return RecalMode::kExact;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown recalibration mode '", name, "' (want precise or exact)"));
+}
+
+std::string RecalModeName(RecalMode mode) {
+  return mode == RecalMode::kExact ? "exact" : "precise";
+}
+
+std::string ReportJson(const TrainReport& r) {
+  std::string s = absl::StrCat(
+      "{\"worker\": ", r.worker, ", \"num_workers\": ", r.num_workers,
+      ", \"policy\": \"", r.policy, "\", \"steps\": ", r.steps,
+      ", \"epochs\": ", r.epochs, ", \"examples\": ", r.examples,
+      ", \"train_loss_first\": ", Num(r.train_loss_first),
+      ", \"train_loss_last\": ", Num(r.train_loss_last),
+      ", \"test_accuracy\": ", Num(r.test_accuracy),
+      ", \"test_accuracy_recal\": ", Num(r.test_accuracy_recal),
+      ", \"images_per_second\": ", Num(r.images_per_second),
+      ", \"max_staleness\": ", r.max_staleness, ", \"seconds\": {\"total\": ",
+      Num(r.seconds_total), ", \"compute\": ", Num(r.seconds_compute),
+      ", \"bn_sync\": ", Num(r.seconds_bn_sync),
+      ", \"grad_sync\": ", Num(r.seconds_grad_sync),
+      ", \"finish\": ", Num(r.seconds_finish), "}, \"history\": [");
+  for (size_t i = 0; i < r.history.size(); ++i) {
+    const HistoryPoint& h = r.history[i];
+    absl::StrAppend(&s, i ? ", " : "", "{\"step\": ", h.step,
+                    ", \"seconds\": ", Num(h.seconds), ", \"loss\": ",
+                    Num(h.loss), ", \"accuracy\": ", Num(h.accuracy), "}");
+  }
+  absl::StrAppend(&s, "], \"evals\": [");
+  for (size_t i = 0; i < r.evals.size(); ++i) {
+    const EvalPoint& e = r.evals[i];
+    absl::StrAppend(&s, i ? ", " : "", "{\"epoch\": ", e.epoch,
+                    ", \"seconds\": ", Num(e.seconds),
+                    ", \"test_accuracy\": ", Num(e.test_accuracy), "}");
+  }
+  absl::StrAppend(&s, "]}");
+  return s;
+}
+
+Trainer::Trainer(PsClient* client, nn::Model* model, const Dataset* train,
+                 const Dataset* test, TrainerOptions options)
+    : client_(client),
+      model_(model),
+      train_(train),
+      test_(test),
+      options_(std::move(options)),
+      policy_(client->config().policy()) {}
+
+absl::Status Trainer::PullInto(int64_t min_version) {
+  absl::StatusOr<std::map<std::string, Param>> params =
+      client_->PullParameters(min_version);
+  if (!params.ok()) return params.status();
+  return model_->SetParameters(ToHost(*std::move(params)));
+}
+
+absl::StatusOr<TrainReport> Trainer::Run() {
+  if (options_.batch_size < 1 || options_.epochs < 1 || options_.max_steps < 0 ||
+      options_.train_examples < 0 || options_.test_examples < 0 ||
+      options_.recal_examples < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "bad training options: batch_size ", options_.batch_size, ", epochs ",
+        options_.epochs, ", max_steps ", options_.max_steps));
+  }
+  if (options_.evaluate && test_ == nullptr) {
+    return absl::InvalidArgumentError("evaluation needs a test set");
+  }
+  const PsClientOptions& client_options = client_->options();
+  BatcherOptions bo;
+  bo.worker = client_options.worker;
+  bo.num_workers = client_options.num_workers;
+  bo.batch_size = options_.batch_size;
+  bo.seed = options_.seed;
+  bo.shuffle = options_.shuffle;
+  bo.limit = options_.train_examples;
+  absl::StatusOr<Batcher> batcher = Batcher::Create(train_, bo);
+  if (!batcher.ok()) return batcher.status();
+
+  TrainReport report;
+  report.policy = PolicyName(policy_);
+  report.worker = bo.worker;
+  report.num_workers = bo.num_workers;
+  const int64_t per_epoch = batcher->batches_per_epoch();
+  int64_t total = per_epoch * options_.epochs;
+  if (options_.max_steps > 0) total = std::min(total, options_.max_steps);
+  report.steps = total;
+  const int64_t history_every = std::max<int64_t>(1, total / 50);
+
+  // The first initialization of a key wins, so every worker may offer its
+  // (identical) initial values.
+  if (absl::Status s = client_->InitParameters(
+          ToParams(model_->InitialParameters(options_.seed)));
+      !s.ok()) {
+    return Annotate(s, "initializing the parameters");
+  }
+  PsBnSync sync(client_, policy_);
+  model_->SetBnSync(&sync);
+  model_->SetBnMode(nn::BnMode::kTrain);
+
+  const absl::Time start = absl::Now();
+  absl::Time last_progress = start;
+  int64_t step = 0;
+  // Figures since the last history point / progress report.
+  double hist_loss = 0, prog_loss = 0;
+  int64_t hist_correct = 0, hist_n = 0, prog_correct = 0, prog_n = 0,
+          staleness = 0;
+  double prog_start = 0;
+  Batch batch;
+  for (int64_t epoch = 0; epoch < options_.epochs && step < total; ++epoch) {
+    batcher->StartEpoch(epoch);
+    while (step < total && batcher->Next(&batch)) {
+      const absl::Time step_start = absl::Now();
+      absl::Duration grad_time;
+      // async: wait until the bound allows this step.
+      if (policy_ == proto::POLICY_ASYNC) {
+        absl::StatusOr<int64_t> min_clock = client_->StartStep(step);
+        if (!min_clock.ok()) return Annotate(min_clock.status(), "step start");
+        staleness = step - *min_clock;
+        report.max_staleness = std::max(report.max_staleness, staleness);
+      }
+      if (absl::Status s = PullInto(BulkSynchronous(policy_) ? step : 0);
+          !s.ok()) {
+        return Annotate(s, absl::StrCat("step ", step, ": pulling parameters"));
+      }
+      grad_time += absl::Now() - step_start;
+      sync.set_step(step);
+      sync.reset_elapsed();
+      if (absl::Status s = model_->Forward(batch.images.data(), batch.n);
+          !s.ok()) {
+        return Annotate(s, absl::StrCat("step ", step, ": forward"));
+      }
+      absl::StatusOr<nn::LossResult> loss = model_->Loss(batch.labels.data());
+      if (!loss.ok()) return Annotate(loss.status(), absl::StrCat("step ", step));
+      if (absl::Status s = model_->Backward(); !s.ok()) {
+        return Annotate(s, absl::StrCat("step ", step, ": backward"));
+      }
+      absl::StatusOr<nn::HostTensors> grads = model_->Gradients();
+      if (!grads.ok()) return grads.status();
+      const absl::Time push_start = absl::Now();
+      if (absl::Status s =
+              client_->PushGradients(step, batch.n, ToParams(*std::move(grads)));
+          !s.ok()) {
+        return Annotate(s, absl::StrCat("step ", step, ": pushing gradients"));
+      }
+      if (policy_ == proto::POLICY_ASYNC) {
+        if (absl::Status s = client_->FinishStep(step + 1); !s.ok()) {
+          return Annotate(s, absl::StrCat("step ", step, ": finishing"));
+        }
+      }
+      const absl::Time step_end = absl::Now();
+      grad_time += step_end - push_start;
+      const double step_seconds = absl::ToDoubleSeconds(step_end - step_start);
+      report.seconds_total += step_seconds;
+      report.seconds_bn_sync += absl::ToDoubleSeconds(sync.elapsed());
+      report.seconds_grad_sync += absl::ToDoubleSeconds(grad_time);
+      report.examples += batch.n;
+      hist_loss += loss->loss_sum;
+      prog_loss += loss->loss_sum;
+      hist_correct += loss->correct;
+      prog_correct += loss->correct;
+      hist_n += batch.n;
+      prog_n += batch.n;
+      ++step;
+
+      if (step % history_every == 0 || step == total) {
+        if (hist_n > 0) {
+          report.history.push_back(HistoryPoint{
+              step, Seconds(start), hist_loss / hist_n,
+              static_cast<double>(hist_correct) / hist_n});
+        }
+        hist_loss = 0;
+        hist_correct = hist_n = 0;
+      }
+      const bool epoch_end = batcher->step() == per_epoch || step == total;
+      if (options_.on_progress &&
+          (epoch_end ||
+           step_end - last_progress >= options_.progress_interval)) {
+        const double now = Seconds(start);
+        Progress p;
+        p.step = step;
+        p.total_steps = total;
+        p.epoch = epoch;
+        p.loss = prog_n > 0 ? prog_loss / prog_n : 0;
+        p.accuracy = prog_n > 0 ? static_cast<double>(prog_correct) / prog_n : 0;
+        p.images_per_second =
+            now > prog_start ? prog_n / (now - prog_start) : 0;
+        p.staleness = staleness;
+        p.seconds = now;
+        options_.on_progress(p);
+        last_progress = step_end;
+        prog_start = now;
+        prog_loss = 0;
+        prog_correct = prog_n = 0;
+      }
+    }
+    if (options_.evaluate && options_.eval_every_epoch &&
+        epoch + 1 < options_.epochs && step < total) {
+      // Parameters as of this worker's last pull; stats as the layers hold
+      // them. A progress figure, not the final result.
+      absl::StatusOr<double> acc = Evaluate();
+      if (!acc.ok()) return acc.status();
+      report.evals.push_back(EvalPoint{epoch + 1, Seconds(start), *acc});
+    }
+  }
+  report.epochs = per_epoch > 0 ? (step + per_epoch - 1) / per_epoch : 0;
+  report.seconds_compute = std::max(
+      0.0, report.seconds_total - report.seconds_bn_sync - report.seconds_grad_sync);
+  report.images_per_second =
+      report.seconds_total > 0 ? report.examples / report.seconds_total : 0;
+  if (!report.history.empty()) {
+    report.train_loss_first = report.history.front().loss;
+    report.train_loss_last = report.history.back().loss;
+  }
+
+  const absl::Time finish_start = absl::Now();
+  if (absl::Status s = SettleRunningStats(step); !s.ok()) return s;
+  if (options_.evaluate) {
+    absl::StatusOr<double> acc = Evaluate();
+    if (!acc.ok()) return acc.status();
+    report.test_accuracy = *acc;
+    report.evals.push_back(EvalPoint{report.epochs, Seconds(start), *acc});
+  }
+  if (options_.recalibrate && policy_ != proto::POLICY_RECAL) {
+    if (absl::Status s = Recalibrate(); !s.ok()) return s;
+    if (options_.evaluate) {
+      absl::StatusOr<double> acc = Evaluate();
+      if (!acc.ok()) return acc.status();
+      report.test_accuracy_recal = *acc;
+    }
+  } else if (policy_ == proto::POLICY_RECAL) {
+    report.test_accuracy_recal = report.test_accuracy;
+  }
+  report.seconds_finish = Seconds(finish_start);
+  model_->SetBnSync(nullptr);
+  return report;
+}
+
+absl::Status Trainer::SettleRunningStats(int64_t steps) {
+  // The final parameters: every update of the run applied.
+  if (BulkSynchronous(policy_)) {
+    if (absl::Status s = PullInto(steps); !s.ok()) {
+      return Annotate(s, "pulling the final parameters");
+    }
+  } else {
+    // Wait until every worker finished (their clocks reach `steps`), so all
+    // pushes are in, then take the newest parameters.
+    const int64_t s_bound = client_->config().staleness();
+    if (absl::StatusOr<int64_t> c = client_->StartStep(steps + s_bound);
+        !c.ok()) {
+      return Annotate(c.status(), "waiting for the other workers to finish");
+    }
+    if (absl::Status s = PullInto(0); !s.ok()) {
+      return Annotate(s, "pulling the final parameters");
+    }
+  }
+  switch (policy_) {
+    case proto::POLICY_LOCAL:
+      for (nn::BatchNorm* layer : model_->batch_norms()) {
+        absl::StatusOr<bn::RunningStats> avg =
+            client_->BnLocalRunning(layer->name(), layer->running());
+        if (!avg.ok()) {
+          return Annotate(avg.status(),
+                          absl::StrCat("averaging running stats of ", layer->name()));
+        }
+        if (absl::Status s = layer->set_running(*std::move(avg)); !s.ok()) {
+          return s;
+        }
+      }
+      return absl::OkStatus();
+    case proto::POLICY_RECAL:
+      return Recalibrate();
+    default:  // sync, async: the layers hold the servers' running stats.
+      return absl::OkStatus();
+  }
+}
+
+absl::Status Trainer::Recalibrate() {
+  const PsClientOptions& client_options = client_->options();
+  BatcherOptions bo;
+  bo.worker = client_options.worker;
+  bo.num_workers = client_options.num_workers;
+  bo.batch_size = options_.batch_size;
+  bo.seed = options_.seed;
+  bo.shuffle = false;
+  bo.limit = options_.recal_examples > 0 ? options_.recal_examples
+                                         : options_.train_examples;
+  absl::StatusOr<Batcher> batcher = Batcher::Create(train_, bo);
+  if (!batcher.ok()) return batcher.status();
+  const std::vector<nn::BatchNorm*>& layers = model_->batch_norms();
+
+  // One pass over the shard: runs the model and files, for each layer in
+  // `collect`, the moments of every non-empty batch.
+  auto pass = [&](const std::vector<nn::BatchNorm*>& collect) -> absl::Status {
+    batcher->StartEpoch(0);
+    Batch batch;
+    int64_t index = 0;
+    while (batcher->Next(&batch)) {
+      if (batch.n == 0) continue;
+      if (absl::Status s = model_->Forward(batch.images.data(), batch.n);
+          !s.ok()) {
+        return Annotate(s, "recalibration forward");
+      }
+      for (nn::BatchNorm* layer : collect) {
+        if (absl::Status s =
+                client_->BnRecal(layer->name(), index, layer->collected());
+            !s.ok()) {
+          return Annotate(s, absl::StrCat("recalibrating ", layer->name()));
+        }
+      }
+      ++index;
+    }
+    return absl::OkStatus();
+  };
+  auto finish = [&](nn::BatchNorm* layer) -> absl::Status {
+    absl::StatusOr<bn::RunningStats> population =
+        client_->BnRecalFinish(layer->name());
+    if (!population.ok()) {
+      return Annotate(population.status(),
+                      absl::StrCat("recalibrating ", layer->name()));
+    }
+    return layer->set_running(*std::move(population));
+  };
+
+  absl::Status result = absl::OkStatus();
+  if (options_.recal_mode == RecalMode::kPrecise) {
+    model_->SetBnMode(nn::BnMode::kCollect);
+    result = pass(layers);
+    for (size_t i = 0; result.ok() && i < layers.size(); ++i) {
+      result = finish(layers[i]);
+    }
+  } else {
+    // Layer by layer: those before `i` already normalize with their new
+    // population statistics.
+    for (size_t i = 0; result.ok() && i < layers.size(); ++i) {
+      for (size_t j = 0; j < layers.size(); ++j) {
+        layers[j]->set_mode(j == i ? nn::BnMode::kCollect
+                                   : nn::BnMode::kInference);
+      }
+      result = pass({layers[i]});
+      if (result.ok()) result = finish(layers[i]);
+    }
+  }
+  model_->SetBnMode(nn::BnMode::kTrain);
+  return result;
+}
+
+absl::StatusOr<double> Trainer::Evaluate() {
+  BatcherOptions bo;
+  bo.batch_size = 500;
+  bo.shuffle = false;
+  bo.limit = options_.test_examples;
+  absl::StatusOr<Batcher> batcher = Batcher::Create(test_, bo);
+  if (!batcher.ok()) return batcher.status();
+  model_->SetBnMode(nn::BnMode::kInference);
+  batcher->StartEpoch(0);
+  Batch batch;
+  int64_t correct = 0, n = 0;
+  absl::Status result = absl::OkStatus();
+  while (result.ok() && batcher->Next(&batch)) {
+    result = model_->Forward(batch.images.data(), batch.n);
+    if (!result.ok()) break;
+    absl::StatusOr<nn::LossResult> r = model_->Loss(batch.labels.data());
+    if (!r.ok()) {
+      result = r.status();
+      break;
+    }
+    correct += r->correct;
+    n += r->n;
+  }
+  model_->SetBnMode(nn::BnMode::kTrain);
+  if (!result.ok()) return Annotate(result, "evaluating");
+  if (n == 0) return absl::FailedPreconditionError("the test set is empty");
+  return static_cast<double>(correct) / n;
+}
+
+}  // namespace bnps::worker

@@ -1,0 +1,180 @@
+// The training loop of one worker: data -> model -> servers, under the job's
+// policy, then the end-of-training BN statistics and the test accuracy.
+//
+// A step (global step s, counted across epochs):
+//   async only   StartStep(s): wait while the bound would break
+//   pull         the parameters: bulk-synchronous policies wait for version s
+//                (the update of step s - 1); async takes the newest
+//   forward      BN layers through a PsBnSync: sync merges every layer on the
+//                servers (a barrier), async merges with the others' recent
+//                moments (never waits), local and recal stay local
+//   loss, backward (sync: the two global BN sums per layer)
+//   push         the gradient sums and the sample count of step s
+//   async only   FinishStep(s + 1)
+// Every worker runs the same number of steps (empty batches included), which
+// the bulk-synchronous barriers need.
+//
+// After the last step the running statistics are settled by policy: sync and
+// async already hold the servers' (sent with every forward); local averages
+// the workers' own (BnLocalRunning); recal recomputes population statistics
+// over every worker's training shard (Recalibrate, mode precise or exact).
+// Any policy may also recalibrate afterwards (options.recalibrate), which gives
+// a second test accuracy. Recalibration and BnLocalRunning are barriers: every
+// worker of the job must run them.
+//
+// Errors: the first failure of the client, the model or the data ends the run
+// with that status, annotated with the step.
+//
+// Thread-safety: a Trainer is used from one thread.
+
+#ifndef BNPS_WORKER_TRAINER_H_
+#define BNPS_WORKER_TRAINER_H_
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "worker/data/batcher.h"
+#include "worker/data/dataset.h"
+#include "worker/nn/model.h"
+#include "worker/ps_client.h"
+
+namespace bnps::worker {
+
+enum class RecalMode {
+  // One pass, all layers at once; upstream layers normalize with batch stats.
+  kPrecise,
+  // Layer by layer; upstream layers already use their population stats, so
+  // the statistics match what inference sees.
+  kExact,
+};
+
+// "precise" or "exact"; INVALID_ARGUMENT otherwise.
+absl::StatusOr<RecalMode> ParseRecalMode(const std::string& name);
+std::string RecalModeName(RecalMode mode);
+
+struct TrainerOptions {
+  // Per-worker examples per step, >= 1. Default: 32.
+  int64_t batch_size = 32;
+  // Passes over the training data, >= 1. Default: 1.
+  int64_t epochs = 1;
+  // Stop after this many steps in all (0: run every epoch); for tests and
+  // short runs. Must be the same on every worker. Default: 0.
+  int64_t max_steps = 0;
+  // Seed of the initial parameters and of the shuffle; the same on every
+  // worker. Default: 1.
+  uint64_t seed = 1;
+  // Shuffle the training data every epoch (see worker/data/batcher.h); false
+  // reads each worker's shard in order. Default: true.
+  bool shuffle = true;
+  // Use only the first this-many training / test examples (0: all).
+  int64_t train_examples = 0;
+  int64_t test_examples = 0;
+  // How the recal policy (and options.recalibrate) recomputes statistics.
+  // Default: precise.
+  RecalMode recal_mode = RecalMode::kPrecise;
+  // Also recalibrate under sync, async and local, after evaluating with the
+  // policy's own statistics. Every worker must agree. Default: false.
+  bool recalibrate = false;
+  // Recalibrate over the first this-many training examples (split among the
+  // workers like the training data); 0: all of train_examples. Default: 0.
+  int64_t recal_examples = 0;
+  // Evaluate on the test set at the end (and after each epoch when
+  // eval_every_epoch). Default: true.
+  bool evaluate = true;
+  bool eval_every_epoch = false;
+  // Called about every progress_interval with the latest figures, and once at
+  // the end of each epoch. Default: none.
+  std::function<void(const struct Progress&)> on_progress;
+  absl::Duration progress_interval = absl::Seconds(2);
+};
+
+struct Progress {
+  int64_t step = 0;         // steps done
+  int64_t total_steps = 0;  // steps of the run
+  int64_t epoch = 0;        // 0-based epoch of the last step
+  double loss = 0;          // mean loss per example since the last report
+  double accuracy = 0;      // training accuracy since the last report
+  double images_per_second = 0;
+  int64_t staleness = 0;    // async: step - slowest worker's clock; else 0
+  double seconds = 0;       // since training started
+};
+
+// One point of the training curve.
+// Recorded every max(1, total_steps / 50) steps.
+struct HistoryPoint {
+  int64_t step = 0;
+  double seconds = 0;
+  double loss = 0;  // mean per example over the interval
+  double accuracy = 0;
+};
+
+struct EvalPoint {
+  int64_t epoch = 0;  // epochs done
+  double seconds = 0;
+  double test_accuracy = 0;
+};
+
+struct TrainReport {
+  std::string policy;
+  int worker = 0;
+  int num_workers = 1;
+  int64_t steps = 0;
+  int64_t epochs = 0;
+  int64_t examples = 0;  // trained on by this worker
+  double train_loss_first = 0;  // mean over the first reporting interval
+  double train_loss_last = 0;   // mean over the last
+  std::optional<double> test_accuracy;        // with the policy's statistics
+  std::optional<double> test_accuracy_recal;  // after recalibrating
+  double images_per_second = 0;  // this worker's
+  int64_t max_staleness = 0;  // async: the most step - slowest clock seen
+  // Wall time of the steps, split: compute (data, model), BN sync (waiting
+  // for and exchanging BN statistics), gradient sync (pull, push, clocks).
+  double seconds_total = 0;
+  double seconds_compute = 0;
+  double seconds_bn_sync = 0;
+  double seconds_grad_sync = 0;
+  double seconds_finish = 0;  // running-stats settlement and recalibration
+  std::vector<HistoryPoint> history;
+  std::vector<EvalPoint> evals;
+};
+
+// The report as one JSON object (the launcher and the policy comparison read
+// it).
+std::string ReportJson(const TrainReport& report);
+
+class Trainer {
+ public:
+  // None of the pointers is owned; all must outlive the Trainer. `test` may
+  // be null when options.evaluate is false.
+  Trainer(PsClient* client, nn::Model* model, const Dataset* train,
+          const Dataset* test, TrainerOptions options);
+
+  absl::StatusOr<TrainReport> Run();
+
+  // Test accuracy with the model's current parameters and running stats.
+  absl::StatusOr<double> Evaluate();
+
+ private:
+  absl::Status Step(int64_t global_step, const Batch& batch,
+                    TrainReport* report);
+  absl::Status PullInto(int64_t min_version);
+  absl::Status SettleRunningStats(int64_t steps);
+  absl::Status Recalibrate();
+
+  PsClient* const client_;
+  nn::Model* const model_;
+  const Dataset* const train_;
+  const Dataset* const test_;
+  const TrainerOptions options_;
+  const proto::Policy policy_;
+};
+
+}  // namespace bnps::worker
+
+#endif  // BNPS_WORKER_TRAINER_H_
