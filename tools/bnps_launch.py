@@ -28,7 +28,8 @@ sends SIGTERM to every process it started (by PID; the children run in their own
 session so a terminal's Ctrl-C reaches only this script), SIGKILLs those still
 alive after --kill_grace_s, names what failed with the tail of its stderr and
 exits non-zero: 1 for a failed process, 124 on timeout, 128+N on signal N
-(130 for Ctrl-C), 2 for bad usage.
+(130 for Ctrl-C), 2 for bad usage. Children also get SIGTERM from the kernel
+if the launcher itself dies (PR_SET_PDEATHSIG), so none outlives it.
 
 Options given to both servers and workers: --policy, --job, --staleness,
 --learning_rate, --momentum, --weight_decay (the worker checks they match the
@@ -278,6 +279,18 @@ class Proc:
         return None if self.popen is None else self.popen.poll()
 
 
+def die_with_parent():
+    """Runs in the child before exec: Linux sends it SIGTERM when the
+    launcher dies, even by SIGKILL, so no server or worker outlives it."""
+    try:
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        PR_SET_PDEATHSIG = 1
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass  # not Linux: the launcher's own handlers still stop everything
+
+
 def start(proc, console):
     proc.log = open(proc.log_path, "w", encoding="utf-8", errors="replace")
     proc.log.write("# " + shlex.join(proc.cmd) + "\n")
@@ -287,7 +300,8 @@ def start(proc, console):
     try:
         proc.popen = subprocess.Popen(proc.cmd, stdin=subprocess.DEVNULL,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                      start_new_session=True)
+                                      start_new_session=True,
+                                      preexec_fn=die_with_parent)
     except OSError as e:
         raise Failure("cannot start %s (%s): %s" % (proc.name, proc.cmd[0], e))
     for stream, is_err in ((proc.popen.stdout, False), (proc.popen.stderr, True)):
