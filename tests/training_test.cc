@@ -110,13 +110,10 @@ double MaxRelDiff(const std::vector<float>& a, const std::vector<float>& b) {
   return diff / scale;
 }
 
-// The central invariant on the whole model: with sync, 2 workers of batch b
-// follow 1 worker of batch 2b step by step. Worker w's shard is read in
-// order, so the single worker's data is arranged to hold, at step k, worker
-// 0's batch k followed by worker 1's.
-TEST(TrainingTest, SyncTwoWorkersFollowOneWorkerWithTheConcatenatedBatch) {
-  const int64_t b = 6, steps = 4;
-  const Dataset all = worker::MakeSyntheticDataset(2 * b * steps, 12, 12, 10, 7);
+// Two workers of batch b reading their shards of `all` in order see, at step
+// k, examples [k b, (k+1) b) and [n/2 + k b, ...). The result holds both, one
+// after the other, at positions [2 b k, 2 b (k+1)), for one worker of batch 2b.
+Dataset Interleaved(const Dataset& all, int64_t b, int64_t steps) {
   Dataset single = all;
   const int64_t half = b * steps, px = all.image_size();
   for (int64_t k = 0; k < steps; ++k) {
@@ -128,6 +125,17 @@ TEST(TrainingTest, SyncTwoWorkersFollowOneWorkerWithTheConcatenatedBatch) {
       single.labels[to] = all.labels[from];
     }
   }
+  return single;
+}
+
+// The central invariant on the whole model: with sync, 2 workers of batch b
+// follow 1 worker of batch 2b step by step. Worker w's shard is read in
+// order, so the single worker's data is arranged to hold, at step k, worker
+// 0's batch k followed by worker 1's.
+TEST(TrainingTest, SyncTwoWorkersFollowOneWorkerWithTheConcatenatedBatch) {
+  const int64_t b = 6, steps = 4;
+  const Dataset all = worker::MakeSyntheticDataset(2 * b * steps, 12, 12, 10, 7);
+  const Dataset single = Interleaved(all, b, steps);
   for (int64_t k : {1, 2, 4}) {
     SCOPED_TRACE(testing::Message() << "after " << k << " steps");
     TrainerOptions two;
@@ -179,16 +187,7 @@ TEST(TrainingTest, LocalTwoWorkersDoNotFollowOneWorker) {
   two.evaluate = false;
   TrainerOptions one = two;
   one.batch_size = 2 * b;
-  Dataset single = all;  // arranged as above
-  const int64_t half = b * steps, px = all.image_size();
-  for (int64_t k = 0; k < steps; ++k) {
-    for (int64_t i = 0; i < 2 * b; ++i) {
-      const int64_t from = i < b ? k * b + i : half + k * b + (i - b);
-      std::copy_n(all.pixels.begin() + from * px, px,
-                  single.pixels.begin() + (2 * b * k + i) * px);
-      single.labels[2 * b * k + i] = all.labels[from];
-    }
-  }
+  const Dataset single = Interleaved(all, b, steps);
   auto split = Train(server::Policy::kLocal, 2, {&all, &all}, two);
   auto whole = Train(server::Policy::kLocal, 2, {&single}, one);
   ASSERT_TRUE(split[0].report.ok()) << split[0].report.status();

@@ -161,6 +161,17 @@ Trainer::Trainer(PsClient* client, nn::Model* model, const Dataset* train,
       options_(std::move(options)),
       policy_(client->config().policy()) {}
 
+BatcherOptions Trainer::ShardOptions() const {
+  BatcherOptions bo;
+  bo.worker = client_->options().worker;
+  bo.num_workers = client_->options().num_workers;
+  bo.batch_size = options_.batch_size;
+  bo.seed = options_.seed;
+  bo.shuffle = options_.shuffle;
+  bo.limit = options_.train_examples;
+  return bo;
+}
+
 absl::Status Trainer::PullInto(int64_t min_version) {
   absl::StatusOr<std::map<std::string, Param>> params =
       client_->PullParameters(min_version);
@@ -179,14 +190,7 @@ absl::StatusOr<TrainReport> Trainer::Run() {
   if (options_.evaluate && test_ == nullptr) {
     return absl::InvalidArgumentError("evaluation needs a test set");
   }
-  const PsClientOptions& client_options = client_->options();
-  BatcherOptions bo;
-  bo.worker = client_options.worker;
-  bo.num_workers = client_options.num_workers;
-  bo.batch_size = options_.batch_size;
-  bo.seed = options_.seed;
-  bo.shuffle = options_.shuffle;
-  bo.limit = options_.train_examples;
+  BatcherOptions bo = ShardOptions();
   absl::StatusOr<Batcher> batcher = Batcher::Create(train_, bo);
   if (!batcher.ok()) return batcher.status();
 
@@ -389,12 +393,7 @@ absl::Status Trainer::SettleRunningStats(int64_t steps) {
 }
 
 absl::Status Trainer::Recalibrate() {
-  const PsClientOptions& client_options = client_->options();
-  BatcherOptions bo;
-  bo.worker = client_options.worker;
-  bo.num_workers = client_options.num_workers;
-  bo.batch_size = options_.batch_size;
-  bo.seed = options_.seed;
+  BatcherOptions bo = ShardOptions();
   bo.shuffle = false;
   bo.limit = options_.recal_examples > 0 ? options_.recal_examples
                                          : options_.train_examples;

@@ -163,6 +163,8 @@ class Trainer {
  private:
   absl::Status Step(int64_t global_step, const Batch& batch,
                     TrainReport* report);
+  // This worker's shard of the training data.
+  BatcherOptions ShardOptions() const;
   absl::Status PullInto(int64_t min_version);
   absl::Status SettleRunningStats(int64_t steps);
   absl::Status Recalibrate();
