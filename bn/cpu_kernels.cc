@@ -44,6 +44,13 @@ ChannelCoefficients Coefficients(const Normalization& norm) {
   return k;
 }
 
+// Threads. The loops run on OpenMP threads (the process's count) once a tensor
+// has more than kParallelThreshold elements: elementwise loops split over
+// planes; reductions split over channels, and each channel is reduced by one
+// thread over its planes in image order -- the order of the single-threaded
+// loop -- so every result is bitwise the same for any number of threads.
+constexpr int64_t kParallelThreshold = 1 << 15;
+
 // The hot loops, compiled twice: for x86-64-v3 (AVX2, FMA) and for the baseline,
 // picked at load time, so the library runs on any x86-64.
 #define BNPS_HOT_LOOP __attribute__((target_clones("arch=x86-64-v3", "default")))
@@ -119,18 +126,23 @@ class CpuBnKernels final : public BnKernels {
       return out;
     }
     // Plane by plane, images in order: each plane's moments are merged into its
-    // channel with Chan's formula (all planes have `len` samples).
-    for (int64_t i = 0; i < n; ++i) {
-      const double na = static_cast<double>(i * len);
-      const double n_total = na + static_cast<double>(len);
-      const double wb = static_cast<double>(len) / n_total;
-      const double cross = na * static_cast<double>(len) / n_total;
-      for (int64_t ch = 0; ch < c; ++ch) {
+    // channel with Chan's formula (all planes have `len` samples). Channels
+    // are independent, so threads split them.
+    double* mean = out.mean.data();
+    double* m2 = out.m2.data();
+#pragma omp parallel for schedule(static) \
+    if (shape.Elements() > kParallelThreshold)
+    for (int64_t ch = 0; ch < c; ++ch) {
+      for (int64_t i = 0; i < n; ++i) {
+        const double na = static_cast<double>(i * len);
+        const double n_total = na + static_cast<double>(len);
+        const double wb = static_cast<double>(len) / n_total;
+        const double cross = na * static_cast<double>(len) / n_total;
         double pm, pm2;
         PlaneMoments(x + (i * c + ch) * len, len, &pm, &pm2);
-        const double delta = pm - out.mean[ch];
-        out.mean[ch] += delta * wb;
-        out.m2[ch] += pm2 + delta * delta * cross;
+        const double delta = pm - mean[ch];
+        mean[ch] += delta * wb;
+        m2[ch] += pm2 + delta * delta * cross;
       }
     }
     out.count = shape.PerChannel();
@@ -152,13 +164,13 @@ class CpuBnKernels final : public BnKernels {
       scale[ch] = static_cast<float>(norm.gamma[ch] * k.inv_std[ch]);
       shift[ch] = norm.beta[ch];
     }
-    const int64_t n = shape.n, len = shape.Spatial();
-    for (int64_t i = 0; i < n; ++i) {
-      for (int64_t ch = 0; ch < c; ++ch) {
-        const int64_t off = (i * c + ch) * len;
-        PlaneNormalize(x + off, len, k.hi[ch], k.lo[ch], scale[ch], shift[ch],
-                       y + off);
-      }
+    const int64_t len = shape.Spatial(), planes = shape.n * c;
+#pragma omp parallel for schedule(static) \
+    if (shape.Elements() > kParallelThreshold)
+    for (int64_t p = 0; p < planes; ++p) {
+      const int64_t ch = p % c, off = p * len;
+      PlaneNormalize(x + off, len, k.hi[ch], k.lo[ch], scale[ch], shift[ch],
+                     y + off);
     }
     return absl::OkStatus();
   }
@@ -175,10 +187,13 @@ class CpuBnKernels final : public BnKernels {
     const ChannelCoefficients k = Coefficients(norm);
     BackwardSums sums = BackwardSums::Zero(shape.c);
     const int64_t n = shape.n, c = shape.c, len = shape.Spatial();
-    std::vector<double>& sdy = sums.sum_dy;
-    std::vector<double>& sdyd = sums.sum_dy_xhat;  // sum(dy * (x - mean)) first
-    for (int64_t i = 0; i < n; ++i) {
-      for (int64_t ch = 0; ch < c; ++ch) {
+    double* sdy = sums.sum_dy.data();
+    double* sdyd = sums.sum_dy_xhat.data();  // sum(dy * (x - mean)) first
+    // Channels split over threads; each channel's planes in image order.
+#pragma omp parallel for schedule(static) \
+    if (shape.Elements() > kParallelThreshold)
+    for (int64_t ch = 0; ch < c; ++ch) {
+      for (int64_t i = 0; i < n; ++i) {
         const int64_t off = (i * c + ch) * len;
         PlaneBackwardSums(dy + off, x + off, len, k.hi[ch], k.lo[ch], &sdy[ch],
                           &sdyd[ch]);
@@ -211,13 +226,13 @@ class CpuBnKernels final : public BnKernels {
       b[ch] = static_cast<float>(-gi * k.inv_std[ch] * sums.sum_dy_xhat[ch] * inv_n);
       c0[ch] = static_cast<float>(-gi * sums.sum_dy[ch] * inv_n);
     }
-    const int64_t n = shape.n, len = shape.Spatial();
-    for (int64_t i = 0; i < n; ++i) {
-      for (int64_t ch = 0; ch < c; ++ch) {
-        const int64_t off = (i * c + ch) * len;
-        PlaneBackwardInput(dy + off, x + off, len, k.hi[ch], k.lo[ch], a[ch],
-                           b[ch], c0[ch], dx + off);
-      }
+    const int64_t len = shape.Spatial(), planes = shape.n * c;
+#pragma omp parallel for schedule(static) \
+    if (shape.Elements() > kParallelThreshold)
+    for (int64_t p = 0; p < planes; ++p) {
+      const int64_t ch = p % c, off = p * len;
+      PlaneBackwardInput(dy + off, x + off, len, k.hi[ch], k.lo[ch], a[ch],
+                         b[ch], c0[ch], dx + off);
     }
     return absl::OkStatus();
   }

@@ -4,11 +4,15 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <new>
 #include <string>
 #include <tuple>
+#include <unordered_map>
+#include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -48,14 +52,109 @@ ConvKey KeyOf(const ConvGeometry& g) {
           g.stride, g.pad};
 }
 
-// The three primitives of one convolution geometry, on plain NCHW / OIHW
-// memory (the BN kernels need NCHW, so no layout conversion per call).
-struct ConvPrimitives {
-  memory::desc src, weights, dst;
-  dnnl::convolution_forward forward;
-  dnnl::convolution_backward_data backward_data;
-  dnnl::convolution_backward_weights backward_weights;
+// One argument of a convolution primitive: the caller's memory (plain NCHW /
+// OIHW, its pointer set per call) and, when the primitive works in another
+// layout (oneDNN's blocked formats, e.g. nChw16c), the primitive's own memory
+// and the reorder between the two, run before the primitive for an input and
+// after it for an output. The BN kernels and every other operation need NCHW,
+// so layouts never leak out of a call.
+struct ConvArg {
+  int arg = 0;  // DNNL_ARG_*
+  bool output = false;
+  bool reordered = false;
+  memory user;
+  memory inner;  // the same object as `user` unless reordered
+  dnnl::reorder reorder;  // user -> inner (input) or inner -> user (output)
 };
+
+// One of the three operations of a geometry, ready to run.
+struct ConvOp {
+  dnnl::primitive primitive;
+  std::vector<ConvArg> args;
+  std::unordered_map<int, memory> exec_args;  // arg -> inner memory
+};
+
+// The three operations of one convolution geometry.
+struct ConvPrimitives {
+  ConvOp forward, backward_data, backward_weights;
+};
+
+// Whether an operation runs in oneDNN's preferred (blocked) layouts with
+// reorders, rather than directly on NCHW. On NCHW oneDNN takes im2col + GEMM,
+// which is 2-3x slower than its direct blocked kernels for the model's
+// convolutions even counting the reorders; with 2 or 3 input channels the
+// direct kernels lose for the forward pass, and below 4 input channels for
+// the backward-data pass (the blocked input gradient is padded to 16
+// channels). Fixed by geometry, never by timing, so results are reproducible
+// from run to run.
+enum class ConvOpKind { kForward, kBackwardData, kBackwardWeights };
+
+bool PreferBlocked(ConvOpKind kind, const ConvGeometry& g) {
+  switch (kind) {
+    case ConvOpKind::kForward:
+      return g.in_channels == 1 || g.in_channels >= 4;
+    case ConvOpKind::kBackwardData:
+      return g.in_channels >= 4;
+    case ConvOpKind::kBackwardWeights:
+      return true;
+  }
+  return false;
+}
+
+// True when the blocked variant is one of oneDNN's direct JIT kernels (on a
+// CPU without AVX2 it may fall back to GEMM or a reference kernel, which only
+// adds reorders).
+bool IsDirectJit(const char* impl) {
+  const std::string s = impl == nullptr ? "" : impl;
+  return s.rfind("jit", 0) == 0 || s.find("brg") != std::string::npos;
+}
+
+// The hot loops of 2x2 max pooling, compiled for x86-64-v3 (AVX2) and for the
+// baseline, picked at load time (as bn/cpu_kernels.cc does).
+#define BNPS_HOT_LOOP \
+  __attribute__((target_clones("arch=x86-64-v3", "default")))
+
+// 2x2 windows at stride 2 over rows a and b: y[j] = the first maximum of
+// (a[2j], a[2j+1], b[2j], b[2j+1]) in that (row-major) order, with the strict
+// comparisons of the general path (CpuBackend::ArgMax), so the value is
+// bitwise the same, signed zeros and NaNs included. Branch-free, so it
+// vectorizes.
+BNPS_HOT_LOOP
+void Pool2x2RowForward(const float* a, const float* b, int64_t wo, float* y) {
+#pragma omp simd
+  for (int64_t j = 0; j < wo; ++j) {
+    const float v0 = a[2 * j], v1 = a[2 * j + 1], v2 = b[2 * j],
+                v3 = b[2 * j + 1];
+    const float m1 = v1 > v0 ? v1 : v0;
+    const float m2 = v2 > m1 ? v2 : m1;
+    y[j] = v3 > m2 ? v3 : m2;
+  }
+}
+
+// The gradient of Pool2x2RowForward: dy[j] goes to the first maximum of its
+// window, zeros to the other three elements.
+BNPS_HOT_LOOP
+void Pool2x2RowBackward(const float* a, const float* b, const float* dy,
+                        int64_t wo, float* da, float* db) {
+#pragma omp simd
+  for (int64_t j = 0; j < wo; ++j) {
+    const float v0 = a[2 * j], v1 = a[2 * j + 1], v2 = b[2 * j],
+                v3 = b[2 * j + 1];
+    // The index of the first maximum, as a float so that every step is a
+    // select of the same width (which the vectorizer handles).
+    const float m1 = v1 > v0 ? v1 : v0;
+    float k = v1 > v0 ? 1.0f : 0.0f;
+    const float m2 = v2 > m1 ? v2 : m1;
+    k = v2 > m1 ? 2.0f : k;
+    k = v3 > m2 ? 3.0f : k;
+    // As 0 + dy in the general path (which turns -0 into +0).
+    const float g = dy[j] + 0.0f;
+    da[2 * j] = k == 0.0f ? g : 0.0f;
+    da[2 * j + 1] = k == 1.0f ? g : 0.0f;
+    db[2 * j] = k == 2.0f ? g : 0.0f;
+    db[2 * j + 1] = k == 3.0f ? g : 0.0f;
+  }
+}
 
 class CpuBackend : public Backend {
  public:
@@ -103,36 +202,23 @@ class CpuBackend : public Backend {
                            const float* w, float* y) override {
     absl::StatusOr<ConvPrimitives*> p = Conv(g, x, w, y);
     if (!p.ok() || g.n == 0) return p.status();
-    return Run("convolution forward", [&] {
-      (*p)->forward.execute(
-          stream_, {{DNNL_ARG_SRC, Mem((*p)->src, x)},
-                    {DNNL_ARG_WEIGHTS, Mem((*p)->weights, w)},
-                    {DNNL_ARG_DST, Mem((*p)->dst, y)}});
-    });
+    return Execute("convolution forward", (*p)->forward, {x, w, y});
   }
 
   absl::Status ConvBackwardData(const ConvGeometry& g, const float* dy,
                                 const float* w, float* dx) override {
     absl::StatusOr<ConvPrimitives*> p = Conv(g, dx, w, dy);
     if (!p.ok() || g.n == 0) return p.status();
-    return Run("convolution backward data", [&] {
-      (*p)->backward_data.execute(
-          stream_, {{DNNL_ARG_DIFF_DST, Mem((*p)->dst, dy)},
-                    {DNNL_ARG_WEIGHTS, Mem((*p)->weights, w)},
-                    {DNNL_ARG_DIFF_SRC, Mem((*p)->src, dx)}});
-    });
+    return Execute("convolution backward data", (*p)->backward_data,
+                   {dy, w, dx});
   }
 
   absl::Status ConvBackwardWeights(const ConvGeometry& g, const float* x,
                                    const float* dy, float* dw) override {
     absl::StatusOr<ConvPrimitives*> p = Conv(g, x, dw, dy);
     if (!p.ok() || g.n == 0) return p.status();
-    return Run("convolution backward weights", [&] {
-      (*p)->backward_weights.execute(
-          stream_, {{DNNL_ARG_SRC, Mem((*p)->src, x)},
-                    {DNNL_ARG_DIFF_DST, Mem((*p)->dst, dy)},
-                    {DNNL_ARG_DIFF_WEIGHTS, Mem((*p)->weights, dw)}});
-    });
+    return Execute("convolution backward weights", (*p)->backward_weights,
+                   {x, dy, dw});
   }
 
   absl::Status LinearForward(const LinearGeometry& g, const float* x,
@@ -182,8 +268,13 @@ class CpuBackend : public Backend {
                             float* dx) override {
     if (absl::Status s = CheckElementwise(n, dy, dx); !s.ok()) return s;
     if (absl::Status s = NonNull(y, n, "y"); !s.ok()) return s;
+    // dy is loaded unconditionally so the select vectorizes (a branch on the
+    // sign of y mispredicts half the time).
 #pragma omp parallel for simd if (n > kParallelThreshold)
-    for (int64_t i = 0; i < n; ++i) dx[i] = y[i] > 0.0f ? dy[i] : 0.0f;
+    for (int64_t i = 0; i < n; ++i) {
+      const float g = dy[i];
+      dx[i] = y[i] > 0.0f ? g : 0.0f;
+    }
     return absl::OkStatus();
   }
 
@@ -192,11 +283,17 @@ class CpuBackend : public Backend {
     if (absl::Status s = CheckPool(g, x, y); !s.ok()) return s;
     const int64_t ho = g.out_height(), wo = g.out_width();
     const int64_t planes = g.n * g.channels;
+    const bool two = g.kernel == 2 && g.stride == 2;
 #pragma omp parallel for if (g.input_elements() > kParallelThreshold)
     for (int64_t p = 0; p < planes; ++p) {
       const float* xp = x + p * g.height * g.width;
       float* yp = y + p * ho * wo;
       for (int64_t i = 0; i < ho; ++i) {
+        if (two) {
+          Pool2x2RowForward(xp + 2 * i * g.width, xp + (2 * i + 1) * g.width,
+                            wo, yp + i * wo);
+          continue;
+        }
         for (int64_t j = 0; j < wo; ++j) {
           yp[i * wo + j] = xp[ArgMax(g, xp, i, j)];
         }
@@ -214,11 +311,30 @@ class CpuBackend : public Backend {
     const int64_t ho = g.out_height(), wo = g.out_width();
     const int64_t planes = g.n * g.channels;
     const int64_t plane = g.height * g.width;
+    const bool two = g.kernel == 2 && g.stride == 2;
 #pragma omp parallel for if (g.input_elements() > kParallelThreshold)
     for (int64_t p = 0; p < planes; ++p) {
       const float* xp = x + p * plane;
       const float* dyp = dy + p * ho * wo;
       float* dxp = dx + p * plane;
+      if (two) {
+        // Non-overlapping windows: every covered element is written once;
+        // only a last odd row or column needs zeros.
+        for (int64_t i = 0; i < ho; ++i) {
+          const int64_t r0 = 2 * i * g.width, r1 = r0 + g.width;
+          Pool2x2RowBackward(xp + r0, xp + r1, dyp + i * wo, wo, dxp + r0,
+                             dxp + r1);
+          for (int64_t j = 2 * wo; j < g.width; ++j) {
+            dxp[r0 + j] = 0;
+            dxp[r1 + j] = 0;
+          }
+        }
+        if (g.height > 2 * ho) {
+          std::memset(dxp + 2 * ho * g.width, 0,
+                      (g.height - 2 * ho) * g.width * sizeof(float));
+        }
+        continue;
+      }
       std::memset(dxp, 0, plane * sizeof(float));
       for (int64_t i = 0; i < ho; ++i) {
         for (int64_t j = 0; j < wo; ++j) {
@@ -340,8 +456,58 @@ class CpuBackend : public Backend {
     return absl::OkStatus();
   }
 
-  memory Mem(const memory::desc& md, const float* p) {
-    return memory(md, engine_, const_cast<float*>(p));
+  // Runs `op` on the caller's pointers (in the order of op.args): reorders
+  // the inputs into the primitive's layouts, runs it, reorders the outputs
+  // back.
+  absl::Status Execute(const char* what, ConvOp& op,
+                       std::initializer_list<const float*> data) {
+    return Run(what, [&] {
+      auto d = data.begin();
+      for (ConvArg& a : op.args) {
+        a.user.set_data_handle(const_cast<float*>(*d++));
+      }
+      for (ConvArg& a : op.args) {
+        if (a.reordered && !a.output) {
+          a.reorder.execute(stream_, a.user, a.inner);
+        }
+      }
+      op.primitive.execute(stream_, op.exec_args);
+      for (ConvArg& a : op.args) {
+        if (a.reordered && a.output) {
+          a.reorder.execute(stream_, a.inner, a.user);
+        }
+      }
+    });
+  }
+
+  // An operation on arguments {arg, output, user (plain) desc, the
+  // primitive's desc}.
+  struct ArgSpec {
+    int arg;
+    bool output;
+    memory::desc user;
+    memory::desc inner;
+  };
+  ConvOp MakeOp(dnnl::primitive primitive, const std::vector<ArgSpec>& specs) {
+    ConvOp op;
+    op.primitive = std::move(primitive);
+    for (const ArgSpec& spec : specs) {
+      ConvArg a;
+      a.arg = spec.arg;
+      a.output = spec.output;
+      a.user = memory(spec.user, engine_, DNNL_MEMORY_NONE);
+      if (spec.inner == spec.user) {
+        a.inner = a.user;
+      } else {
+        a.reordered = true;
+        a.inner = memory(spec.inner, engine_);
+        a.reorder = spec.output ? dnnl::reorder(a.inner, a.user)
+                                : dnnl::reorder(a.user, a.inner);
+      }
+      op.exec_args.emplace(a.arg, a.inner);
+      op.args.push_back(std::move(a));
+    }
+    return op;
   }
 
   template <typename F>
@@ -374,39 +540,85 @@ class CpuBackend : public Backend {
     auto it = conv_cache_.find(KeyOf(g));
     if (it != conv_cache_.end()) return it->second.get();
     try {
-      auto p = std::make_unique<ConvPrimitives>();
-      p->src = memory::desc({g.n, g.in_channels, g.height, g.width}, Dt::f32,
-                            Tag::nchw);
-      p->weights = memory::desc(
-          {g.out_channels, g.in_channels, g.kernel, g.kernel}, Dt::f32,
-          Tag::oihw);
-      p->dst = memory::desc({g.n, g.out_channels, g.out_height(), g.out_width()},
-                            Dt::f32, Tag::nchw);
+      const memory::dims src_dims = {g.n, g.in_channels, g.height, g.width};
+      const memory::dims weight_dims = {g.out_channels, g.in_channels,
+                                        g.kernel, g.kernel};
+      const memory::dims dst_dims = {g.n, g.out_channels, g.out_height(),
+                                     g.out_width()};
+      const memory::desc src(src_dims, Dt::f32, Tag::nchw);
+      const memory::desc weights(weight_dims, Dt::f32, Tag::oihw);
+      const memory::desc dst(dst_dims, Dt::f32, Tag::nchw);
+      const memory::desc any_src(src_dims, Dt::f32, Tag::any);
+      const memory::desc any_weights(weight_dims, Dt::f32, Tag::any);
+      const memory::desc any_dst(dst_dims, Dt::f32, Tag::any);
       const memory::dims strides = {g.stride, g.stride};
       const memory::dims pad = {g.pad, g.pad};
       // The right/bottom padding that makes oneDNN's output size ours.
       const memory::dims pad_r = {
           (g.out_height() - 1) * g.stride + g.kernel - g.height - g.pad,
           (g.out_width() - 1) * g.stride + g.kernel - g.width - g.pad};
-      dnnl::convolution_forward::primitive_desc fwd(
-          dnnl::convolution_forward::desc(
-              dnnl::prop_kind::forward_training,
-              dnnl::algorithm::convolution_direct, p->src, p->weights, p->dst,
-              strides, pad, pad_r),
+      using Fwd = dnnl::convolution_forward;
+      using BwdData = dnnl::convolution_backward_data;
+      using BwdWeights = dnnl::convolution_backward_weights;
+      const auto direct = dnnl::algorithm::convolution_direct;
+      // Plain and blocked variants of each operation; each operation takes
+      // the blocked one when PreferBlocked says so and it is a direct kernel.
+      const Fwd::primitive_desc fwd_plain(
+          Fwd::desc(dnnl::prop_kind::forward_training, direct, src, weights,
+                    dst, strides, pad, pad_r),
           engine_);
-      dnnl::convolution_backward_data::primitive_desc bwd_data(
-          dnnl::convolution_backward_data::desc(
-              dnnl::algorithm::convolution_direct, p->src, p->weights, p->dst,
-              strides, pad, pad_r),
-          engine_, fwd);
-      dnnl::convolution_backward_weights::primitive_desc bwd_weights(
-          dnnl::convolution_backward_weights::desc(
-              dnnl::algorithm::convolution_direct, p->src, p->weights, p->dst,
-              strides, pad, pad_r),
-          engine_, fwd);
-      p->forward = dnnl::convolution_forward(fwd);
-      p->backward_data = dnnl::convolution_backward_data(bwd_data);
-      p->backward_weights = dnnl::convolution_backward_weights(bwd_weights);
+      const Fwd::primitive_desc fwd_blocked(
+          Fwd::desc(dnnl::prop_kind::forward_training, direct, any_src,
+                    any_weights, any_dst, strides, pad, pad_r),
+          engine_);
+      const bool fwd_direct = IsDirectJit(fwd_blocked.impl_info_str());
+      auto p = std::make_unique<ConvPrimitives>();
+
+      const Fwd::primitive_desc& fwd =
+          fwd_direct && PreferBlocked(ConvOpKind::kForward, g) ? fwd_blocked
+                                                               : fwd_plain;
+      p->forward =
+          MakeOp(Fwd(fwd), {{DNNL_ARG_SRC, false, src, fwd.src_desc()},
+                            {DNNL_ARG_WEIGHTS, false, weights,
+                             fwd.weights_desc()},
+                            {DNNL_ARG_DST, true, dst, fwd.dst_desc()}});
+
+      const BwdData::primitive_desc data_plain(
+          BwdData::desc(direct, src, weights, dst, strides, pad, pad_r),
+          engine_, fwd_plain);
+      const BwdData::primitive_desc data_blocked(
+          BwdData::desc(direct, any_src, any_weights, any_dst, strides, pad,
+                        pad_r),
+          engine_, fwd_blocked);
+      const BwdData::primitive_desc& data =
+          fwd_direct && IsDirectJit(data_blocked.impl_info_str()) &&
+                  PreferBlocked(ConvOpKind::kBackwardData, g)
+              ? data_blocked
+              : data_plain;
+      p->backward_data = MakeOp(
+          BwdData(data),
+          {{DNNL_ARG_DIFF_DST, false, dst, data.diff_dst_desc()},
+           {DNNL_ARG_WEIGHTS, false, weights, data.weights_desc()},
+           {DNNL_ARG_DIFF_SRC, true, src, data.diff_src_desc()}});
+
+      const BwdWeights::primitive_desc weights_plain(
+          BwdWeights::desc(direct, src, weights, dst, strides, pad, pad_r),
+          engine_, fwd_plain);
+      const BwdWeights::primitive_desc weights_blocked(
+          BwdWeights::desc(direct, any_src, any_weights, any_dst, strides, pad,
+                           pad_r),
+          engine_, fwd_blocked);
+      const BwdWeights::primitive_desc& wgt =
+          fwd_direct && IsDirectJit(weights_blocked.impl_info_str()) &&
+                  PreferBlocked(ConvOpKind::kBackwardWeights, g)
+              ? weights_blocked
+              : weights_plain;
+      p->backward_weights = MakeOp(
+          BwdWeights(wgt),
+          {{DNNL_ARG_SRC, false, src, wgt.src_desc()},
+           {DNNL_ARG_DIFF_DST, false, dst, wgt.diff_dst_desc()},
+           {DNNL_ARG_DIFF_WEIGHTS, true, weights, wgt.diff_weights_desc()}});
+
       ConvPrimitives* raw = p.get();
       conv_cache_.emplace(KeyOf(g), std::move(p));
       return raw;
