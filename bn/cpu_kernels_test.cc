@@ -1,5 +1,7 @@
 #include "bn/cpu_kernels.h"
 
+#include <omp.h>
+
 #include <cmath>
 #include <limits>
 #include <ostream>
@@ -135,6 +137,48 @@ TEST(CpuKernelsEdgeTest, InPlace) {
       reference::Normalize(x, shape, st.mean, st.var, gamma, beta, kEps);
   ASSERT_TRUE(kernels->Normalize(x.data(), shape, norm, x.data()).ok());
   EXPECT_LT(MaxRelativeError(x, want), 1e-6);
+}
+
+// Large tensors run on OpenMP threads; the results must not depend on how
+// many (each channel is reduced in the same order whatever the split).
+TEST(CpuKernelsEdgeTest, BitwiseTheSameForAnyNumberOfThreads) {
+  auto kernels = NewCpuBnKernels();
+  const Shape shape{16, 24, 14, 14};  // above the OpenMP threshold
+  const std::vector<float> x = RandomTensor(shape, 0.5, 2.0, 3, 0.1);
+  const std::vector<float> dy = RandomTensor(shape, 0.0, 1.0, 4);
+  const std::vector<float> gamma = RandomVector(shape.c, 0.5, 1.5, 5);
+  const std::vector<float> beta = RandomVector(shape.c, -0.5, 0.5, 6);
+  struct Out {
+    Moments m;
+    BackwardSums sums;
+    std::vector<float> y, dx;
+  };
+  auto run = [&](int threads) {
+    omp_set_num_threads(threads);
+    Out o;
+    o.m = *kernels->ComputeMoments(x.data(), shape);
+    const std::vector<double> var = BiasedVariance(o.m);
+    const Normalization norm{o.m.mean, var, gamma, beta, kEps};
+    o.y.resize(x.size());
+    o.dx.resize(x.size());
+    EXPECT_TRUE(kernels->Normalize(x.data(), shape, norm, o.y.data()).ok());
+    o.sums = *kernels->BackwardReduce(dy.data(), x.data(), shape, norm);
+    EXPECT_TRUE(kernels
+                    ->BackwardInput(dy.data(), x.data(), shape, norm, o.sums,
+                                    o.m.count, o.dx.data())
+                    .ok());
+    return o;
+  };
+  const Out one = run(1);
+  for (int threads : {2, 3}) {
+    const Out many = run(threads);
+    EXPECT_EQ(one.m.mean, many.m.mean) << threads;
+    EXPECT_EQ(one.m.m2, many.m.m2) << threads;
+    EXPECT_EQ(one.sums.sum_dy, many.sums.sum_dy) << threads;
+    EXPECT_EQ(one.sums.sum_dy_xhat, many.sums.sum_dy_xhat) << threads;
+    EXPECT_EQ(one.y, many.y) << threads;
+    EXPECT_EQ(one.dx, many.dx) << threads;
+  }
 }
 
 TEST(CpuKernelsEdgeTest, RejectsBadArguments) {

@@ -92,6 +92,12 @@ TEST_F(CpuBackendTest, ConvolutionMatchesDirectLoops) {
       {3, 2, 9, 9, 5, 3, 2, 1},  // stride 2
       {2, 4, 5, 5, 3, 1, 1, 0},  // 1x1
       {1, 1, 6, 8, 2, 3, 2, 0},  // no padding, stride 2, uneven output
+      // The default model's geometries, which run on oneDNN's blocked
+      // layouts (with reorders) rather than plain NCHW.
+      {3, 1, 28, 28, 16, 3, 1, 1},
+      {2, 16, 14, 14, 16, 3, 1, 1},
+      {2, 16, 14, 14, 32, 3, 2, 1},
+      {2, 32, 7, 7, 32, 3, 1, 1},
   };
   uint64_t seed = 1;
   for (const ConvGeometry& g : geometries) {
