@@ -752,9 +752,10 @@ def findings(data, groups):
         out.append("Noise: one seed, so seed-to-seed variation is not measured. Two rows "
                    "are called different only when the gap exceeds twice the test-set "
                    "sampling error of the difference (about %.1f points at 85%% accuracy "
-                   "on %d test examples); that is a lower bound on the real noise (runs are "
-                   "not bit-reproducible even with the same seed: the servers sum gradients "
-                   "in arrival order), so small separations here are indicative only."
+                   "on %d test examples); that is a lower bound on the real noise (a "
+                   "different seed changes the initial weights and the data order; the "
+                   "bulk-synchronous rows repeat bit for bit with the same seed, async "
+                   "depends on timing), so small separations here are indicative only."
                    % (100 * 2 * math.sqrt(2) * se, n_test))
     for b in cfg["batch_sizes"]:
         ok_rows = [row for row in cfg["policies"] if groups[(row, b)]["test_accuracy"]]
