@@ -251,8 +251,7 @@ int CudaDeviceCount(std::string* why_none) {
   return count;
 }
 
-absl::StatusOr<std::unique_ptr<BnKernels>> NewCudaBnKernels(
-    int device_ordinal) {
+absl::Status SelectCudaDevice(int device_ordinal) {
   std::string why;
   const int count = CudaDeviceCount(&why);
   if (count == 0) {
@@ -268,6 +267,12 @@ absl::StatusOr<std::unique_ptr<BnKernels>> NewCudaBnKernels(
       !s.ok()) {
     return s;
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<BnKernels>> NewCudaBnKernels(
+    int device_ordinal) {
+  if (absl::Status s = SelectCudaDevice(device_ordinal); !s.ok()) return s;
   // A blocking stream: work the caller enqueued on the legacy default stream is
   // ordered before the kernels.
   cudaStream_t stream = nullptr;

@@ -50,6 +50,11 @@ namespace bnps::bn {
 // *why_none when given.
 int CudaDeviceCount(std::string* why_none = nullptr);
 
+// Makes `device_ordinal` the calling thread's current device.
+// FAILED_PRECONDITION (with the reason) if there is no such device; INTERNAL
+// if cudaSetDevice fails.
+absl::Status SelectCudaDevice(int device_ordinal);
+
 // Kernels on device `device_ordinal`, owning a stream and device scratch memory
 // (grown as needed, freed with the object). name() is "cuda:<ordinal>".
 // FAILED_PRECONDITION if there is no such device; INTERNAL if the stream cannot

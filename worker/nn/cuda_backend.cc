@@ -866,19 +866,7 @@ class CudaBackend final : public Backend {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Backend>> NewCudaBackend(int device_ordinal) {
-  std::string why;
-  const int count = bn::CudaDeviceCount(&why);
-  if (count == 0) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("no CUDA device ", device_ordinal, ": ", why));
-  }
-  if (device_ordinal < 0 || device_ordinal >= count) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "no CUDA device ", device_ordinal, ": there are ", count, " devices"));
-  }
-  if (absl::Status s =
-          CudaStatus(cudaSetDevice(device_ordinal), "cudaSetDevice");
-      !s.ok()) {
+  if (absl::Status s = bn::SelectCudaDevice(device_ordinal); !s.ok()) {
     return s;
   }
   // A blocking stream, like the BN kernels': work the caller queued on the
