@@ -116,8 +116,7 @@ class CpuBnKernels final : public BnKernels {
 
   absl::StatusOr<Moments> ComputeMoments(const float* x,
                                          const Shape& shape) override {
-    if (absl::Status s = ValidateShape(shape); !s.ok()) return s;
-    if (absl::Status s = ValidateTensor(x, shape, "x"); !s.ok()) return s;
+    if (absl::Status s = ValidateMomentsArgs(x, shape); !s.ok()) return s;
     Moments out = Moments::Empty(shape.c);
     if (shape.PerChannel() == 0) return out;
     const int64_t n = shape.n, c = shape.c, len = shape.Spatial();
@@ -151,12 +150,7 @@ class CpuBnKernels final : public BnKernels {
 
   absl::Status Normalize(const float* x, const Shape& shape,
                          const Normalization& norm, float* y) override {
-    if (absl::Status s = ValidateNormalization(shape, norm, /*need_beta=*/true);
-        !s.ok()) {
-      return s;
-    }
-    if (absl::Status s = ValidateTensor(x, shape, "x"); !s.ok()) return s;
-    if (absl::Status s = ValidateTensor(y, shape, "y"); !s.ok()) return s;
+    if (absl::Status s = ValidateNormalizeArgs(x, shape, norm, y); !s.ok()) return s;
     const ChannelCoefficients k = Coefficients(norm);
     const int64_t c = shape.c;
     std::vector<float> scale(c), shift(c);
@@ -178,12 +172,7 @@ class CpuBnKernels final : public BnKernels {
   absl::StatusOr<BackwardSums> BackwardReduce(
       const float* dy, const float* x, const Shape& shape,
       const Normalization& norm) override {
-    if (absl::Status s = ValidateNormalization(shape, norm, /*need_beta=*/false);
-        !s.ok()) {
-      return s;
-    }
-    if (absl::Status s = ValidateTensor(dy, shape, "dy"); !s.ok()) return s;
-    if (absl::Status s = ValidateTensor(x, shape, "x"); !s.ok()) return s;
+    if (absl::Status s = ValidateBackwardReduceArgs(dy, x, shape, norm); !s.ok()) return s;
     const ChannelCoefficients k = Coefficients(norm);
     BackwardSums sums = BackwardSums::Zero(shape.c);
     const int64_t n = shape.n, c = shape.c, len = shape.Spatial();
@@ -206,14 +195,11 @@ class CpuBnKernels final : public BnKernels {
   absl::Status BackwardInput(const float* dy, const float* x, const Shape& shape,
                              const Normalization& norm, const BackwardSums& sums,
                              int64_t count, float* dx) override {
-    if (absl::Status s = ValidateNormalization(shape, norm, /*need_beta=*/false);
+    if (absl::Status s = ValidateBackwardInputArgs(dy, x, shape, norm, sums,
+                                                   count, dx);
         !s.ok()) {
       return s;
     }
-    if (absl::Status s = ValidateTensor(dy, shape, "dy"); !s.ok()) return s;
-    if (absl::Status s = ValidateTensor(x, shape, "x"); !s.ok()) return s;
-    if (absl::Status s = ValidateTensor(dx, shape, "dx"); !s.ok()) return s;
-    if (absl::Status s = ValidateBackwardSums(shape, sums, count); !s.ok()) return s;
     if (shape.Elements() == 0) return absl::OkStatus();
     const ChannelCoefficients k = Coefficients(norm);
     const int64_t c = shape.c;

@@ -53,8 +53,7 @@ class CudaBnKernels final : public BnKernels {
 
   absl::StatusOr<Moments> ComputeMoments(const float* x,
                                          const Shape& shape) override {
-    if (absl::Status s = ValidateShape(shape); !s.ok()) return s;
-    if (absl::Status s = ValidateTensor(x, shape, "x"); !s.ok()) return s;
+    if (absl::Status s = ValidateMomentsArgs(x, shape); !s.ok()) return s;
     Moments out = Moments::Empty(shape.c);
     if (shape.PerChannel() == 0) return out;
     const Dims dims = ToDims(shape);
@@ -96,12 +95,7 @@ class CudaBnKernels final : public BnKernels {
 
   absl::Status Normalize(const float* x, const Shape& shape,
                          const Normalization& norm, float* y) override {
-    if (absl::Status s = ValidateNormalization(shape, norm, /*need_beta=*/true);
-        !s.ok()) {
-      return s;
-    }
-    if (absl::Status s = ValidateTensor(x, shape, "x"); !s.ok()) return s;
-    if (absl::Status s = ValidateTensor(y, shape, "y"); !s.ok()) return s;
+    if (absl::Status s = ValidateNormalizeArgs(x, shape, norm, y); !s.ok()) return s;
     if (shape.Elements() == 0) return absl::OkStatus();
     const size_t c = static_cast<size_t>(shape.c);
     std::vector<NormalizeParams> params(c);
@@ -122,13 +116,7 @@ class CudaBnKernels final : public BnKernels {
   absl::StatusOr<BackwardSums> BackwardReduce(
       const float* dy, const float* x, const Shape& shape,
       const Normalization& norm) override {
-    if (absl::Status s =
-            ValidateNormalization(shape, norm, /*need_beta=*/false);
-        !s.ok()) {
-      return s;
-    }
-    if (absl::Status s = ValidateTensor(dy, shape, "dy"); !s.ok()) return s;
-    if (absl::Status s = ValidateTensor(x, shape, "x"); !s.ok()) return s;
+    if (absl::Status s = ValidateBackwardReduceArgs(dy, x, shape, norm); !s.ok()) return s;
     BackwardSums sums = BackwardSums::Zero(shape.c);
     if (shape.PerChannel() == 0) return sums;
     const Dims dims = ToDims(shape);
@@ -167,15 +155,11 @@ class CudaBnKernels final : public BnKernels {
                              const Shape& shape, const Normalization& norm,
                              const BackwardSums& sums, int64_t count,
                              float* dx) override {
-    if (absl::Status s =
-            ValidateNormalization(shape, norm, /*need_beta=*/false);
+    if (absl::Status s = ValidateBackwardInputArgs(dy, x, shape, norm, sums,
+                                                   count, dx);
         !s.ok()) {
       return s;
     }
-    if (absl::Status s = ValidateTensor(dy, shape, "dy"); !s.ok()) return s;
-    if (absl::Status s = ValidateTensor(x, shape, "x"); !s.ok()) return s;
-    if (absl::Status s = ValidateTensor(dx, shape, "dx"); !s.ok()) return s;
-    if (absl::Status s = ValidateBackwardSums(shape, sums, count); !s.ok()) return s;
     if (shape.Elements() == 0) return absl::OkStatus();
     // dx = gamma*inv * (dy - sum_dy/n - x_hat * sum_dy_xhat/n), x_hat = d*inv.
     const size_t c = static_cast<size_t>(shape.c);

@@ -92,4 +92,43 @@ absl::Status ValidateBackwardSums(const Shape& shape, const BackwardSums& sums,
   return absl::OkStatus();
 }
 
+absl::Status ValidateMomentsArgs(const float* x, const Shape& shape) {
+  if (absl::Status s = ValidateShape(shape); !s.ok()) return s;
+  return ValidateTensor(x, shape, "x");
+}
+
+absl::Status ValidateNormalizeArgs(const float* x, const Shape& shape,
+                                   const Normalization& norm, const float* y) {
+  if (absl::Status s = ValidateNormalization(shape, norm, /*need_beta=*/true);
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = ValidateTensor(x, shape, "x"); !s.ok()) return s;
+  return ValidateTensor(y, shape, "y");
+}
+
+absl::Status ValidateBackwardReduceArgs(const float* dy, const float* x,
+                                        const Shape& shape,
+                                        const Normalization& norm) {
+  if (absl::Status s = ValidateNormalization(shape, norm, /*need_beta=*/false);
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = ValidateTensor(dy, shape, "dy"); !s.ok()) return s;
+  return ValidateTensor(x, shape, "x");
+}
+
+absl::Status ValidateBackwardInputArgs(const float* dy, const float* x,
+                                       const Shape& shape,
+                                       const Normalization& norm,
+                                       const BackwardSums& sums, int64_t count,
+                                       const float* dx) {
+  if (absl::Status s = ValidateBackwardReduceArgs(dy, x, shape, norm);
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = ValidateTensor(dx, shape, "dx"); !s.ok()) return s;
+  return ValidateBackwardSums(shape, sums, count);
+}
+
 }  // namespace bnps::bn

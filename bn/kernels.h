@@ -76,8 +76,9 @@ struct BackwardSums {
 // value of `part` is not finite.
 absl::Status AddSums(const BackwardSums& part, BackwardSums* acc);
 
+// The pieces of those checks.
 // OK if `norm` fits a tensor of `shape` (sizes, eps > 0, finite var >= 0);
-// `need_beta` says whether beta must be present. Shared by the implementations.
+// `need_beta` says whether beta must be present.
 absl::Status ValidateNormalization(const Shape& shape, const Normalization& norm,
                                    bool need_beta);
 
@@ -86,9 +87,24 @@ absl::Status ValidateNormalization(const Shape& shape, const Normalization& norm
 absl::Status ValidateTensor(const float* p, const Shape& shape, const char* what);
 
 // OK if `sums` fit a tensor of `shape` (C channels, finite) and `count` is at
-// least the tensor's samples per channel. Shared by the implementations.
+// least the tensor's samples per channel.
 absl::Status ValidateBackwardSums(const Shape& shape, const BackwardSums& sums,
                                   int64_t count);
+
+// The argument checks of each kernel below, the same for every
+// implementation (each kernel calls its own first): INVALID_ARGUMENT as the
+// header comment lists.
+absl::Status ValidateMomentsArgs(const float* x, const Shape& shape);
+absl::Status ValidateNormalizeArgs(const float* x, const Shape& shape,
+                                   const Normalization& norm, const float* y);
+absl::Status ValidateBackwardReduceArgs(const float* dy, const float* x,
+                                        const Shape& shape,
+                                        const Normalization& norm);
+absl::Status ValidateBackwardInputArgs(const float* dy, const float* x,
+                                       const Shape& shape,
+                                       const Normalization& norm,
+                                       const BackwardSums& sums, int64_t count,
+                                       const float* dx);
 
 class BnKernels {
  public:

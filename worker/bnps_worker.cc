@@ -117,11 +117,7 @@ absl::Status Check(bool ok, const std::string& message) {
 // Flags the servers own must agree with theirs when given.
 absl::Status CheckAgainstServers(const proto::JobConfig& c) {
   const std::string policy = absl::GetFlag(FLAGS_policy);
-  const std::string theirs =
-      c.policy() == proto::POLICY_SYNC    ? "sync"
-      : c.policy() == proto::POLICY_ASYNC ? "async"
-      : c.policy() == proto::POLICY_RECAL ? "recal"
-                                          : "local";
+  const std::string theirs = PolicyName(c.policy());
   auto mismatch = [](const std::string& flag, const std::string& mine,
                      const std::string& servers) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -333,11 +329,7 @@ absl::Status Main() {
   std::printf(
       "bnps_worker %d/%d: policy %s, %s, model depth %lld width %lld (%lld "
       "weights), %lld training examples\n",
-      worker, num_workers,
-      (*client)->config().policy() == proto::POLICY_SYNC    ? "sync"
-      : (*client)->config().policy() == proto::POLICY_ASYNC ? "async"
-      : (*client)->config().policy() == proto::POLICY_RECAL ? "recal"
-                                                            : "local",
+      worker, num_workers, PolicyName((*client)->config().policy()).c_str(),
       (*backend)->name().c_str(), static_cast<long long>(model_options.depth),
       static_cast<long long>(model_options.width),
       static_cast<long long>((*model)->num_weights()),

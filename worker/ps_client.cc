@@ -891,6 +891,11 @@ absl::StatusOr<proto::BnResponse> PsClient::BnCall(proto::BnRequest request) {
   }
 }
 
+absl::Status PsClient::MalformedBn(const std::string& layer,
+                                 const absl::Status& s) const {
+  return Malformed(ShardName(proto::ShardForKey(layer, num_shards())), s);
+}
+
 absl::StatusOr<BnForwardResult> PsClient::BnForward(const std::string& layer,
                                                     int64_t step,
                                                     const bn::Moments& local) {
@@ -902,16 +907,15 @@ absl::StatusOr<BnForwardResult> PsClient::BnForward(const std::string& layer,
   proto::EncodeMoments(local, request.mutable_moments());
   absl::StatusOr<proto::BnResponse> response = BnCall(std::move(request));
   if (!response.ok()) return response.status();
-  const std::string from = ShardName(proto::ShardForKey(layer, num_shards()));
   BnForwardResult result;
   absl::StatusOr<bn::Moments> merged =
       proto::DecodeMoments(response->moments(), local.channels());
-  if (!merged.ok()) return Malformed(from, merged.status());
+  if (!merged.ok()) return MalformedBn(layer, merged.status());
   result.merged = *std::move(merged);
   if (response->has_running() && response->running().ByteSizeLong() > 0) {
     absl::StatusOr<bn::RunningStats> running =
         proto::DecodeRunning(response->running(), local.channels());
-    if (!running.ok()) return Malformed(from, running.status());
+    if (!running.ok()) return MalformedBn(layer, running.status());
     result.running = *std::move(running);
   }
   result.contributors = response->contributors();
@@ -930,10 +934,7 @@ absl::StatusOr<bn::BackwardSums> PsClient::BnBackward(
   if (!response.ok()) return response.status();
   absl::StatusOr<bn::BackwardSums> sums =
       proto::DecodeSums(response->sums(), local.sum_dy.size());
-  if (!sums.ok()) {
-    return Malformed(ShardName(proto::ShardForKey(layer, num_shards())),
-                     sums.status());
-  }
+  if (!sums.ok()) return MalformedBn(layer, sums.status());
   return sums;
 }
 
@@ -957,10 +958,7 @@ absl::StatusOr<bn::RunningStats> PsClient::BnRecalFinish(
   if (!response.ok()) return response.status();
   absl::StatusOr<bn::RunningStats> running =
       proto::DecodeRunning(response->running());
-  if (!running.ok()) {
-    return Malformed(ShardName(proto::ShardForKey(layer, num_shards())),
-                     running.status());
-  }
+  if (!running.ok()) return MalformedBn(layer, running.status());
   return running;
 }
 
@@ -975,10 +973,7 @@ absl::StatusOr<bn::RunningStats> PsClient::BnLocalRunning(
   if (!response.ok()) return response.status();
   absl::StatusOr<bn::RunningStats> average =
       proto::DecodeRunning(response->running(), running.mean.size());
-  if (!average.ok()) {
-    return Malformed(ShardName(proto::ShardForKey(layer, num_shards())),
-                     average.status());
-  }
+  if (!average.ok()) return MalformedBn(layer, average.status());
   return average;
 }
 

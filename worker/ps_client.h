@@ -296,6 +296,9 @@ class PsClient {
   void SendHeartbeats() ABSL_LOCKS_EXCLUDED(bg_mu_);
 
   std::string ShardName(int shard) const;
+  // INVALID_ARGUMENT for a malformed BN response, naming the shard of `layer`.
+  absl::Status MalformedBn(const std::string& layer,
+                           const absl::Status& s) const;
 
   const PsClientOptions options_;
   const std::vector<Shard> shards_;

@@ -4,8 +4,10 @@
 #include <cmath>
 #include <utility>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
 #include "bn/moments.h"
 #include "worker/nn/bn_sync.h"
 #include "worker/nn/layers.h"
@@ -20,25 +22,11 @@ absl::Status Annotate(const absl::Status& s, const std::string& where) {
   return absl::Status(s.code(), absl::StrCat(where, ": ", s.message()));
 }
 
-std::string PolicyName(proto::Policy p) {
-  switch (p) {
-    case proto::POLICY_SYNC:
-      return "sync";
-    case proto::POLICY_ASYNC:
-      return "async";
-    case proto::POLICY_RECAL:
-      return "recal";
-    case proto::POLICY_LOCAL:
-      return "local";
-    default:
-      return "unspecified";
-  }
-}
-
 bool BulkSynchronous(proto::Policy p) { return p != proto::POLICY_ASYNC; }
 
-// BN through the servers: sync merges on every layer, async merges with the
-// others' recent moments. Counts the time spent in BN calls.
+// BN through the servers (sync and async only; local and recal train with
+// nn::LocalBnSync): sync merges on every layer, async merges with the others'
+// recent moments. Counts the time spent in BN calls.
 class PsBnSync : public nn::BnSync {
  public:
   PsBnSync(PsClient* client, proto::Policy policy)
@@ -50,9 +38,6 @@ class PsBnSync : public nn::BnSync {
 
   absl::StatusOr<nn::BnSyncForward> Forward(const std::string& layer,
                                             const bn::Moments& local) override {
-    if (policy_ != proto::POLICY_SYNC && policy_ != proto::POLICY_ASYNC) {
-      return nn::BnSyncForward{local, std::nullopt};
-    }
     const absl::Time start = absl::Now();
     absl::StatusOr<BnForwardResult> r = client_->BnForward(layer, step_, local);
     elapsed_ += absl::Now() - start;
@@ -108,6 +93,12 @@ std::string Num(const std::optional<double>& v) {
 }
 
 }  // namespace
+
+std::string PolicyName(proto::Policy policy) {
+  // "POLICY_SYNC" -> "sync": the names the flags use.
+  return absl::AsciiStrToLower(
+      absl::StripPrefix(proto::Policy_Name(policy), "POLICY_"));
+}
 
 absl::StatusOr<RecalMode> ParseRecalMode(const std::string& name) {
   if (name == "precise") return RecalMode::kPrecise;
@@ -212,7 +203,10 @@ absl::StatusOr<TrainReport> Trainer::Run() {
     return Annotate(s, "initializing the parameters");
   }
   PsBnSync sync(client_, policy_);
-  model_->SetBnSync(&sync);
+  nn::LocalBnSync local_sync;
+  const bool bn_traffic =
+      policy_ == proto::POLICY_SYNC || policy_ == proto::POLICY_ASYNC;
+  model_->SetBnSync(bn_traffic ? static_cast<nn::BnSync*>(&sync) : &local_sync);
   model_->SetBnMode(nn::BnMode::kTrain);
 
   const absl::Time start = absl::Now();

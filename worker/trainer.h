@@ -54,6 +54,9 @@ enum class RecalMode {
   kExact,
 };
 
+// "sync", "async", "recal" or "local": the names the flags use.
+std::string PolicyName(proto::Policy policy);
+
 // "precise" or "exact"; INVALID_ARGUMENT otherwise.
 absl::StatusOr<RecalMode> ParseRecalMode(const std::string& name);
 std::string RecalModeName(RecalMode mode);

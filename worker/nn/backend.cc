@@ -40,6 +40,32 @@ absl::Status ValidateLinearGeometry(const LinearGeometry& g) {
   return absl::OkStatus();
 }
 
+absl::Status ValidateGlobalPoolGeometry(int64_t n, int64_t c, int64_t hw) {
+  if (n < 0 || c < 1 || hw < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "bad global average pooling geometry: n=", n, " c=", c, " hw=", hw));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateTensors(std::initializer_list<TensorArg> tensors) {
+  for (const TensorArg& t : tensors) {
+    if (t.data == nullptr && t.elements > 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          t.name, " is null for a tensor of ", t.elements, " values"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateCount(int64_t n, const char* what) {
+  if (n < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": negative element count ", n));
+  }
+  return absl::OkStatus();
+}
+
 Buffer::Buffer(Buffer&& other) noexcept
     : backend_(std::exchange(other.backend_, nullptr)),
       data_(std::exchange(other.data_, nullptr)),

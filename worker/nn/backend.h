@@ -27,6 +27,7 @@
 #define BNPS_WORKER_NN_BACKEND_H_
 
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 
 #include "absl/status/status.h"
@@ -97,6 +98,24 @@ struct LinearGeometry {
 
 // INVALID_ARGUMENT unless n >= 0 and in, out >= 1.
 absl::Status ValidateLinearGeometry(const LinearGeometry& g);
+
+// Global average pooling, x [n, c, hw] -> y [n, c]: INVALID_ARGUMENT unless
+// n >= 0, c >= 1 and hw >= 1.
+absl::Status ValidateGlobalPoolGeometry(int64_t n, int64_t c, int64_t hw);
+
+// A tensor argument of an operation, for ValidateTensors.
+struct TensorArg {
+  const void* data;
+  int64_t elements;
+  const char* name;
+};
+
+// INVALID_ARGUMENT naming the first tensor that is null but holds values.
+// Shared by the backends, so both reject the same calls.
+absl::Status ValidateTensors(std::initializer_list<TensorArg> tensors);
+
+// INVALID_ARGUMENT ("<what>: negative element count") if n < 0.
+absl::Status ValidateCount(int64_t n, const char* what);
 
 class Backend;
 

@@ -31,13 +31,6 @@ using Dt = memory::data_type;
 // more than it saves.
 constexpr int64_t kParallelThreshold = 1 << 15;
 
-absl::Status NonNull(const void* p, int64_t elements, const char* what) {
-  if (p == nullptr && elements > 0) {
-    return absl::InvalidArgumentError(absl::StrCat(what, " is null"));
-  }
-  return absl::OkStatus();
-}
-
 absl::Status DnnlError(const dnnl::error& e, const char* what) {
   return absl::InternalError(
       absl::StrCat("oneDNN ", what, ": ", e.what(), " (status ",
@@ -190,8 +183,8 @@ class CpuBackend : public Backend {
     return Copy(src, n, host);
   }
   absl::Status Zero(float* dst, int64_t n) override {
-    if (n < 0) return absl::InvalidArgumentError("negative element count");
-    if (absl::Status s = NonNull(dst, n, "destination"); !s.ok()) return s;
+    if (absl::Status s = ValidateCount(n, "Zero"); !s.ok()) return s;
+    if (absl::Status s = ValidateTensors({{dst, n, "dst"}}); !s.ok()) return s;
     if (n > 0) std::memset(dst, 0, n * sizeof(float));
     return absl::OkStatus();
   }
@@ -224,8 +217,14 @@ class CpuBackend : public Backend {
   absl::Status LinearForward(const LinearGeometry& g, const float* x,
                              const float* w, const float* b,
                              float* y) override {
-    if (absl::Status s = CheckLinear(g, x, w, y); !s.ok()) return s;
-    if (absl::Status s = NonNull(b, g.out, "bias"); !s.ok()) return s;
+    if (absl::Status s = ValidateLinearGeometry(g); !s.ok()) return s;
+    if (absl::Status s = ValidateTensors({{x, g.n * g.in, "x"},
+                                          {w, g.out * g.in, "w"},
+                                          {b, g.out, "b"},
+                                          {y, g.n * g.out, "y"}});
+        !s.ok()) {
+      return s;
+    }
     if (g.n == 0) return absl::OkStatus();
     for (int64_t i = 0; i < g.n; ++i) std::memcpy(y + i * g.out, b, g.out * 4);
     // y[n, out] = x[n, in] * w[out, in]^T + y
@@ -235,9 +234,15 @@ class CpuBackend : public Backend {
   absl::Status LinearBackward(const LinearGeometry& g, const float* dy,
                               const float* x, const float* w, float* dx,
                               float* dw, float* db) override {
-    if (absl::Status s = CheckLinear(g, x, w, dy); !s.ok()) return s;
-    if (absl::Status s = NonNull(dw, g.out * g.in, "dw"); !s.ok()) return s;
-    if (absl::Status s = NonNull(db, g.out, "db"); !s.ok()) return s;
+    if (absl::Status s = ValidateLinearGeometry(g); !s.ok()) return s;
+    if (absl::Status s = ValidateTensors({{dy, g.n * g.out, "dy"},
+                                          {x, g.n * g.in, "x"},
+                                          {w, g.out * g.in, "w"},
+                                          {dw, g.out * g.in, "dw"},
+                                          {db, g.out, "db"}});
+        !s.ok()) {
+      return s;
+    }
     if (g.n == 0) return absl::OkStatus();
     if (dx != nullptr) {
       // dx[n, in] = dy[n, out] * w[out, in]
@@ -258,7 +263,10 @@ class CpuBackend : public Backend {
   }
 
   absl::Status ReluForward(int64_t n, const float* x, float* y) override {
-    if (absl::Status s = CheckElementwise(n, x, y); !s.ok()) return s;
+    if (absl::Status s = ValidateCount(n, "ReluForward"); !s.ok()) return s;
+    if (absl::Status s = ValidateTensors({{x, n, "x"}, {y, n, "y"}}); !s.ok()) {
+      return s;
+    }
 #pragma omp parallel for simd if (n > kParallelThreshold)
     for (int64_t i = 0; i < n; ++i) y[i] = x[i] > 0.0f ? x[i] : 0.0f;
     return absl::OkStatus();
@@ -266,8 +274,12 @@ class CpuBackend : public Backend {
 
   absl::Status ReluBackward(int64_t n, const float* dy, const float* y,
                             float* dx) override {
-    if (absl::Status s = CheckElementwise(n, dy, dx); !s.ok()) return s;
-    if (absl::Status s = NonNull(y, n, "y"); !s.ok()) return s;
+    if (absl::Status s = ValidateCount(n, "ReluBackward"); !s.ok()) return s;
+    if (absl::Status s =
+            ValidateTensors({{dy, n, "dy"}, {y, n, "y"}, {dx, n, "dx"}});
+        !s.ok()) {
+      return s;
+    }
     // dy is loaded unconditionally so the select vectorizes (a branch on the
     // sign of y mispredicts half the time).
 #pragma omp parallel for simd if (n > kParallelThreshold)
@@ -280,7 +292,12 @@ class CpuBackend : public Backend {
 
   absl::Status MaxPoolForward(const PoolGeometry& g, const float* x,
                               float* y) override {
-    if (absl::Status s = CheckPool(g, x, y); !s.ok()) return s;
+    if (absl::Status s = ValidatePoolGeometry(g); !s.ok()) return s;
+    if (absl::Status s = ValidateTensors(
+            {{x, g.input_elements(), "x"}, {y, g.output_elements(), "y"}});
+        !s.ok()) {
+      return s;
+    }
     const int64_t ho = g.out_height(), wo = g.out_width();
     const int64_t planes = g.n * g.channels;
     const bool two = g.kernel == 2 && g.stride == 2;
@@ -304,8 +321,11 @@ class CpuBackend : public Backend {
 
   absl::Status MaxPoolBackward(const PoolGeometry& g, const float* x,
                                const float* dy, float* dx) override {
-    if (absl::Status s = CheckPool(g, x, dy); !s.ok()) return s;
-    if (absl::Status s = NonNull(dx, g.input_elements(), "dx"); !s.ok()) {
+    if (absl::Status s = ValidatePoolGeometry(g); !s.ok()) return s;
+    if (absl::Status s = ValidateTensors({{x, g.input_elements(), "x"},
+                                          {dy, g.output_elements(), "dy"},
+                                          {dx, g.input_elements(), "dx"}});
+        !s.ok()) {
       return s;
     }
     const int64_t ho = g.out_height(), wo = g.out_width();
@@ -347,7 +367,11 @@ class CpuBackend : public Backend {
 
   absl::Status GlobalAvgPoolForward(int64_t n, int64_t c, int64_t hw,
                                     const float* x, float* y) override {
-    if (absl::Status s = CheckGap(n, c, hw, x, y); !s.ok()) return s;
+    if (absl::Status s = ValidateGlobalPoolGeometry(n, c, hw); !s.ok()) return s;
+    if (absl::Status s = ValidateTensors({{x, n * c * hw, "x"}, {y, n * c, "y"}});
+        !s.ok()) {
+      return s;
+    }
     const int64_t planes = n * c;
 #pragma omp parallel for if (planes * hw > kParallelThreshold)
     for (int64_t p = 0; p < planes; ++p) {
@@ -361,7 +385,12 @@ class CpuBackend : public Backend {
 
   absl::Status GlobalAvgPoolBackward(int64_t n, int64_t c, int64_t hw,
                                      const float* dy, float* dx) override {
-    if (absl::Status s = CheckGap(n, c, hw, dx, dy); !s.ok()) return s;
+    if (absl::Status s = ValidateGlobalPoolGeometry(n, c, hw); !s.ok()) return s;
+    if (absl::Status s =
+            ValidateTensors({{dy, n * c, "dy"}, {dx, n * c * hw, "dx"}});
+        !s.ok()) {
+      return s;
+    }
     const int64_t planes = n * c;
     const float scale = 1.0f / static_cast<float>(hw);
 #pragma omp parallel for if (planes * hw > kParallelThreshold)
@@ -374,8 +403,11 @@ class CpuBackend : public Backend {
 
   absl::Status Add(int64_t n, const float* a, const float* b,
                    float* y) override {
-    if (absl::Status s = CheckElementwise(n, a, y); !s.ok()) return s;
-    if (absl::Status s = NonNull(b, n, "b"); !s.ok()) return s;
+    if (absl::Status s = ValidateCount(n, "Add"); !s.ok()) return s;
+    if (absl::Status s = ValidateTensors({{a, n, "a"}, {b, n, "b"}, {y, n, "y"}});
+        !s.ok()) {
+      return s;
+    }
 #pragma omp parallel for simd if (n > kParallelThreshold)
     for (int64_t i = 0; i < n; ++i) y[i] = a[i] + b[i];
     return absl::OkStatus();
@@ -386,47 +418,14 @@ class CpuBackend : public Backend {
 
  private:
   static absl::Status Copy(const float* src, int64_t n, float* dst) {
-    if (n < 0) return absl::InvalidArgumentError("negative copy size");
-    if (absl::Status s = NonNull(src, n, "source"); !s.ok()) return s;
-    if (absl::Status s = NonNull(dst, n, "destination"); !s.ok()) return s;
+    if (absl::Status s = ValidateCount(n, "copy"); !s.ok()) return s;
+    if (absl::Status s =
+            ValidateTensors({{src, n, "source"}, {dst, n, "destination"}});
+        !s.ok()) {
+      return s;
+    }
     if (n > 0 && src != dst) std::memmove(dst, src, n * sizeof(float));
     return absl::OkStatus();
-  }
-
-  static absl::Status CheckElementwise(int64_t n, const void* in,
-                                       const void* out) {
-    if (n < 0) return absl::InvalidArgumentError("negative element count");
-    if (absl::Status s = NonNull(in, n, "input"); !s.ok()) return s;
-    return NonNull(out, n, "output");
-  }
-
-  static absl::Status CheckPool(const PoolGeometry& g, const float* in,
-                                const float* out) {
-    if (absl::Status s = ValidatePoolGeometry(g); !s.ok()) return s;
-    if (absl::Status s = NonNull(in, g.input_elements(), "x"); !s.ok()) {
-      return s;
-    }
-    return NonNull(out, g.output_elements(), "pooled tensor");
-  }
-
-  static absl::Status CheckGap(int64_t n, int64_t c, int64_t hw,
-                               const float* planes, const float* pooled) {
-    if (n < 0 || c < 1 || hw < 1) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "bad global pooling geometry: n=", n, " c=", c, " hw=", hw));
-    }
-    if (absl::Status s = NonNull(planes, n * c * hw, "planes"); !s.ok()) {
-      return s;
-    }
-    return NonNull(pooled, n * c, "pooled tensor");
-  }
-
-  static absl::Status CheckLinear(const LinearGeometry& g, const float* x,
-                                  const float* w, const float* y) {
-    if (absl::Status s = ValidateLinearGeometry(g); !s.ok()) return s;
-    if (absl::Status s = NonNull(x, g.n * g.in, "x"); !s.ok()) return s;
-    if (absl::Status s = NonNull(w, g.out * g.in, "w"); !s.ok()) return s;
-    return NonNull(y, g.n * g.out, "y");
   }
 
   // Offset in the plane of the first maximum of output window (i, j).
@@ -525,14 +524,9 @@ class CpuBackend : public Backend {
   absl::StatusOr<ConvPrimitives*> Conv(const ConvGeometry& g, const float* x,
                                        const float* w, const float* y) {
     if (absl::Status s = ValidateConvGeometry(g); !s.ok()) return s;
-    if (absl::Status s = NonNull(x, g.input_elements(), "conv input"); !s.ok()) {
-      return s;
-    }
-    if (absl::Status s = NonNull(w, g.weight_elements(), "conv weights");
-        !s.ok()) {
-      return s;
-    }
-    if (absl::Status s = NonNull(y, g.output_elements(), "conv output");
+    if (absl::Status s = ValidateTensors({{x, g.input_elements(), "conv input"},
+                                          {w, g.weight_elements(), "conv weights"},
+                                          {y, g.output_elements(), "conv output"}});
         !s.ok()) {
       return s;
     }

@@ -95,31 +95,6 @@ void LogCudaError(cudaError_t err, const char* what) {
                cudaGetErrorName(err), cudaGetErrorString(err));
 }
 
-// A tensor argument: INVALID_ARGUMENT if it is null but holds values.
-struct TensorArg {
-  const void* data;
-  int64_t elements;
-  const char* name;
-};
-
-absl::Status CheckTensors(std::initializer_list<TensorArg> tensors) {
-  for (const TensorArg& t : tensors) {
-    if (t.data == nullptr && t.elements > 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          t.name, " is null for a tensor of ", t.elements, " values"));
-    }
-  }
-  return absl::OkStatus();
-}
-
-absl::Status CheckCount(int64_t n, const char* what) {
-  if (n < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, ": negative element count ", n));
-  }
-  return absl::OkStatus();
-}
-
 // ---- Owned handles ----------------------------------------------------------
 
 template <typename Handle, auto kDestroy>
@@ -440,7 +415,7 @@ class CudaBackend final : public Backend {
   std::string name() const override { return absl::StrCat("cuda:", device_); }
 
   absl::StatusOr<Buffer> Allocate(int64_t n) override {
-    if (absl::Status s = CheckCount(n, "Allocate"); !s.ok()) return s;
+    if (absl::Status s = ValidateCount(n, "Allocate"); !s.ok()) return s;
     if (n == 0) return Buffer(this, nullptr, 0);
     if (n > std::numeric_limits<int64_t>::max() /
                 static_cast<int64_t>(sizeof(float))) {
@@ -474,8 +449,8 @@ class CudaBackend final : public Backend {
   }
 
   absl::Status Zero(float* dst, int64_t n) override {
-    if (absl::Status s = CheckCount(n, "Zero"); !s.ok()) return s;
-    if (absl::Status s = CheckTensors({{dst, n, "dst"}}); !s.ok()) return s;
+    if (absl::Status s = ValidateCount(n, "Zero"); !s.ok()) return s;
+    if (absl::Status s = ValidateTensors({{dst, n, "dst"}}); !s.ok()) return s;
     if (n == 0) return absl::OkStatus();
     if (absl::Status s = Activate(); !s.ok()) return s;
     return Finish(CudaStatus(
@@ -489,7 +464,7 @@ class CudaBackend final : public Backend {
   absl::Status ConvForward(const ConvGeometry& g, const float* x,
                            const float* w, float* y) override {
     if (absl::Status s = CheckConv(g); !s.ok()) return s;
-    if (absl::Status s = CheckTensors({{x, g.input_elements(), "x"},
+    if (absl::Status s = ValidateTensors({{x, g.input_elements(), "x"},
                                        {w, g.weight_elements(), "w"},
                                        {y, g.output_elements(), "y"}});
         !s.ok()) {
@@ -514,7 +489,7 @@ class CudaBackend final : public Backend {
   absl::Status ConvBackwardData(const ConvGeometry& g, const float* dy,
                                 const float* w, float* dx) override {
     if (absl::Status s = CheckConv(g); !s.ok()) return s;
-    if (absl::Status s = CheckTensors({{dy, g.output_elements(), "dy"},
+    if (absl::Status s = ValidateTensors({{dy, g.output_elements(), "dy"},
                                        {w, g.weight_elements(), "w"},
                                        {dx, g.input_elements(), "dx"}});
         !s.ok()) {
@@ -539,7 +514,7 @@ class CudaBackend final : public Backend {
   absl::Status ConvBackwardWeights(const ConvGeometry& g, const float* x,
                                    const float* dy, float* dw) override {
     if (absl::Status s = CheckConv(g); !s.ok()) return s;
-    if (absl::Status s = CheckTensors({{x, g.input_elements(), "x"},
+    if (absl::Status s = ValidateTensors({{x, g.input_elements(), "x"},
                                        {dy, g.output_elements(), "dy"},
                                        {dw, g.weight_elements(), "dw"}});
         !s.ok()) {
@@ -571,7 +546,7 @@ class CudaBackend final : public Backend {
                              const float* w, const float* b,
                              float* y) override {
     if (absl::Status s = ValidateLinearGeometry(g); !s.ok()) return s;
-    if (absl::Status s = CheckTensors({{x, g.n * g.in, "x"},
+    if (absl::Status s = ValidateTensors({{x, g.n * g.in, "x"},
                                        {w, g.out * g.in, "w"},
                                        {b, g.out, "b"},
                                        {y, g.n * g.out, "y"}});
@@ -600,7 +575,7 @@ class CudaBackend final : public Backend {
     if (absl::Status s = ValidateLinearGeometry(g); !s.ok()) return s;
     // dx may be null (not wanted); w is checked even then, as backend.h asks
     // for every non-empty tensor.
-    if (absl::Status s = CheckTensors({{dy, g.n * g.out, "dy"},
+    if (absl::Status s = ValidateTensors({{dy, g.n * g.out, "dy"},
                                        {x, g.n * g.in, "x"},
                                        {w, g.out * g.in, "w"},
                                        {dw, g.out * g.in, "dw"},
@@ -634,8 +609,8 @@ class CudaBackend final : public Backend {
   }
 
   absl::Status ReluForward(int64_t n, const float* x, float* y) override {
-    if (absl::Status s = CheckCount(n, "ReluForward"); !s.ok()) return s;
-    if (absl::Status s = CheckTensors({{x, n, "x"}, {y, n, "y"}}); !s.ok()) {
+    if (absl::Status s = ValidateCount(n, "ReluForward"); !s.ok()) return s;
+    if (absl::Status s = ValidateTensors({{x, n, "x"}, {y, n, "y"}}); !s.ok()) {
       return s;
     }
     if (n == 0) return absl::OkStatus();
@@ -646,9 +621,9 @@ class CudaBackend final : public Backend {
 
   absl::Status ReluBackward(int64_t n, const float* dy, const float* y,
                             float* dx) override {
-    if (absl::Status s = CheckCount(n, "ReluBackward"); !s.ok()) return s;
+    if (absl::Status s = ValidateCount(n, "ReluBackward"); !s.ok()) return s;
     if (absl::Status s =
-            CheckTensors({{dy, n, "dy"}, {y, n, "y"}, {dx, n, "dx"}});
+            ValidateTensors({{dy, n, "dy"}, {y, n, "y"}, {dx, n, "dx"}});
         !s.ok()) {
       return s;
     }
@@ -662,7 +637,7 @@ class CudaBackend final : public Backend {
   absl::Status MaxPoolForward(const PoolGeometry& g, const float* x,
                               float* y) override {
     if (absl::Status s = ValidatePoolGeometry(g); !s.ok()) return s;
-    if (absl::Status s = CheckTensors(
+    if (absl::Status s = ValidateTensors(
             {{x, g.input_elements(), "x"}, {y, g.output_elements(), "y"}});
         !s.ok()) {
       return s;
@@ -677,7 +652,7 @@ class CudaBackend final : public Backend {
   absl::Status MaxPoolBackward(const PoolGeometry& g, const float* x,
                                const float* dy, float* dx) override {
     if (absl::Status s = ValidatePoolGeometry(g); !s.ok()) return s;
-    if (absl::Status s = CheckTensors({{x, g.input_elements(), "x"},
+    if (absl::Status s = ValidateTensors({{x, g.input_elements(), "x"},
                                        {dy, g.output_elements(), "dy"},
                                        {dx, g.input_elements(), "dx"}});
         !s.ok()) {
@@ -698,8 +673,8 @@ class CudaBackend final : public Backend {
 
   absl::Status GlobalAvgPoolForward(int64_t n, int64_t c, int64_t hw,
                                     const float* x, float* y) override {
-    if (absl::Status s = CheckAvgPool(n, c, hw); !s.ok()) return s;
-    if (absl::Status s = CheckTensors({{x, n * c * hw, "x"}, {y, n * c, "y"}});
+    if (absl::Status s = ValidateGlobalPoolGeometry(n, c, hw); !s.ok()) return s;
+    if (absl::Status s = ValidateTensors({{x, n * c * hw, "x"}, {y, n * c, "y"}});
         !s.ok()) {
       return s;
     }
@@ -712,9 +687,9 @@ class CudaBackend final : public Backend {
 
   absl::Status GlobalAvgPoolBackward(int64_t n, int64_t c, int64_t hw,
                                      const float* dy, float* dx) override {
-    if (absl::Status s = CheckAvgPool(n, c, hw); !s.ok()) return s;
+    if (absl::Status s = ValidateGlobalPoolGeometry(n, c, hw); !s.ok()) return s;
     if (absl::Status s =
-            CheckTensors({{dy, n * c, "dy"}, {dx, n * c * hw, "dx"}});
+            ValidateTensors({{dy, n * c, "dy"}, {dx, n * c * hw, "dx"}});
         !s.ok()) {
       return s;
     }
@@ -727,8 +702,8 @@ class CudaBackend final : public Backend {
 
   absl::Status Add(int64_t n, const float* a, const float* b,
                    float* y) override {
-    if (absl::Status s = CheckCount(n, "Add"); !s.ok()) return s;
-    if (absl::Status s = CheckTensors({{a, n, "a"}, {b, n, "b"}, {y, n, "y"}});
+    if (absl::Status s = ValidateCount(n, "Add"); !s.ok()) return s;
+    if (absl::Status s = ValidateTensors({{a, n, "a"}, {b, n, "b"}, {y, n, "y"}});
         !s.ok()) {
       return s;
     }
@@ -766,8 +741,8 @@ class CudaBackend final : public Backend {
 
   absl::Status Copy(const float* src, int64_t n, float* dst,
                     cudaMemcpyKind kind, const char* what) {
-    if (absl::Status s = CheckCount(n, what); !s.ok()) return s;
-    if (absl::Status s = CheckTensors({{src, n, "source"}, {dst, n, "dest"}});
+    if (absl::Status s = ValidateCount(n, what); !s.ok()) return s;
+    if (absl::Status s = ValidateTensors({{src, n, "source"}, {dst, n, "dest"}});
         !s.ok()) {
       return s;
     }
@@ -782,14 +757,6 @@ class CudaBackend final : public Backend {
   static absl::Status CheckConv(const ConvGeometry& g) {
     if (absl::Status s = ValidateConvGeometry(g); !s.ok()) return s;
     return CheckFitsCudnn(g);
-  }
-
-  static absl::Status CheckAvgPool(int64_t n, int64_t c, int64_t hw) {
-    if (n < 0 || c < 1 || hw < 1) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "bad global average pooling geometry: n=", n, " c=", c, " hw=", hw));
-    }
-    return absl::OkStatus();
   }
 
   static cuda_internal::PoolDims PoolDimsOf(const PoolGeometry& g) {

@@ -4,6 +4,7 @@
 #include <random>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
@@ -24,15 +25,14 @@ double Normal(std::mt19937_64& rng) {  // Box-Muller
   return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * kPi * u2);
 }
 
-uint64_t NameHash(const std::string& name) {  // FNV-1a
+// Mixes a parameter's name into the seed of its initial values. FNV-1a in
+// shape but with its own offset (not FNV's basis and not proto::Fnv1a64, which
+// routes keys): changing it would change every initial value, and with them
+// the published results (README, docs/results.md).
+uint64_t ParameterStreamSeed(const std::string& name) {
   uint64_t h = 1469598103934665603ULL;
   for (unsigned char c : name) h = (h ^ c) * 1099511628211ULL;
   return h;
-}
-
-bool EndsWith(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() &&
-         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 }  // namespace
@@ -131,10 +131,10 @@ HostTensors Model::InitialParameters(uint64_t seed) const {
     t.values.assign(p->elements(), 0.0f);
     // Each parameter has its own stream, so adding a layer does not change
     // the others' initial values.
-    std::mt19937_64 rng(seed ^ NameHash(p->name));
-    if (EndsWith(p->name, ".gamma")) {
+    std::mt19937_64 rng(seed ^ ParameterStreamSeed(p->name));
+    if (absl::EndsWith(p->name, ".gamma")) {
       t.values.assign(p->elements(), 1.0f);
-    } else if (EndsWith(p->name, ".beta")) {
+    } else if (absl::EndsWith(p->name, ".beta")) {
       // zeros
     } else if (p->dims.size() == 4) {  // convolution: He normal
       const double std = std::sqrt(2.0 * p->dims[0] / p->elements());
