@@ -54,6 +54,7 @@
 #include "absl/flags/parse.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -75,6 +76,9 @@
 ABSL_FLAG(int, reps, 200, "BN latency: measured calls per worker and row");
 ABSL_FLAG(bool, quick, false,
           "fewer reps: at most 50 BN calls per row, 1-3 push+pull reps");
+ABSL_FLAG(std::string, tables, "bn,grad",
+          "which tables to measure, comma-separated: bn (BN-sync latency), "
+          "grad (gradient push + pull throughput)");
 
 namespace bnps::bench {
 namespace {
@@ -742,6 +746,8 @@ void PrintThroughputTable(const std::vector<ThroughputRow>& rows) {
   notes.Print();
 }
 
+void MeasureLatency(const Settings& s);
+
 int Main() {
   Settings s;
   s.reps = std::max(1, absl::GetFlag(FLAGS_reps));
@@ -764,6 +770,27 @@ int Main() {
                     }),
       absl::StrJoin(s.shard_counts, ", "));
 
+  const std::string tables = absl::GetFlag(FLAGS_tables);
+  const bool bn_table = absl::StrContains(tables, "bn");
+  const bool grad_table = absl::StrContains(tables, "grad");
+  if (!bn_table && !grad_table) {
+    absl::FPrintF(stderr, "ps_benchmark: --tables=%s names no table\n", tables);
+    return 2;
+  }
+  if (bn_table) MeasureLatency(s);
+  if (grad_table) {
+    std::vector<ThroughputRow> rows;
+    for (int shards : s.shard_counts) {
+      for (ThroughputRow& r : MeasureThroughput(shards, s))
+        rows.push_back(std::move(r));
+    }
+    PrintThroughputTable(rows);
+  }
+  return 0;
+}
+
+// Measures and prints the BN-sync latency table.
+void MeasureLatency(const Settings& s) {
   // gloo first: fork() while this process has no threads and no gRPC state.
   std::map<std::pair<int, int>, absl::StatusOr<Latency>> gloo, bnps, echo;
   for (int c : kChannels) {
@@ -781,14 +808,6 @@ int Main() {
   }
   echo_server = absl::CancelledError("done");
   PrintLatencyTable(bnps, gloo, echo, s);
-
-  std::vector<ThroughputRow> rows;
-  for (int shards : s.shard_counts) {
-    for (ThroughputRow& r : MeasureThroughput(shards, s))
-      rows.push_back(std::move(r));
-  }
-  PrintThroughputTable(rows);
-  return 0;
 }
 
 }  // namespace

@@ -1,0 +1,117 @@
+// The bulk messages of the protocol (PushGradientsRequest,
+// PullParametersResponse: a few scalar fields and many TensorChunks) framed
+// and parsed by hand, so that tensor bytes move between the caller's memory
+// and gRPC's buffers with at most one copy.
+//
+// The bytes are protobuf's wire format for these messages, so a peer that uses
+// the generated classes reads and writes the same messages: the builder emits
+// the message's other fields, then each chunk's fields in field-number order
+// with the payload last; the reader accepts any field order, packed or
+// unpacked shapes, and skips unknown fields, as protobuf does.
+//
+// Thread-safety: thread-compatible.
+
+#ifndef BNPS_PROTO_TENSOR_WIRE_H_
+#define BNPS_PROTO_TENSOR_WIRE_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "google/protobuf/message_lite.h"
+#include "grpcpp/support/byte_buffer.h"
+#include "grpcpp/support/slice.h"
+
+namespace bnps::proto {
+
+// Builds one message: `head` (the message with no chunks) followed by
+// TensorChunks as repeated field `chunks_field`.
+class ChunkedMessageBuilder {
+ public:
+  ChunkedMessageBuilder(const google::protobuf::MessageLite& head,
+                        int chunks_field);
+
+  // Appends the chunk [offset, offset + part.size()) of tensor `key` of
+  // `shape`, copying `part` into the message (the caller may reuse it at once).
+  void AddCopied(const std::string& key, absl::Span<const int64_t> shape,
+                 int64_t offset, absl::Span<const float> part);
+  // The same, referencing `part` in place: `owner` keeps it alive and
+  // unchanged until gRPC releases the message (after the call, at the latest).
+  void AddShared(const std::string& key, absl::Span<const int64_t> shape,
+                 int64_t offset, absl::Span<const float> part,
+                 std::shared_ptr<const void> owner);
+
+  int num_chunks() const { return num_chunks_; }
+  // Bytes of the message so far.
+  int64_t bytes() const { return bytes_; }
+
+  // The message; the builder starts over with the same head.
+  grpc::ByteBuffer Build();
+
+ private:
+  // The chunk's fields up to its payload's length prefix.
+  std::string ChunkHeader(const std::string& key,
+                          absl::Span<const int64_t> shape, int64_t offset,
+                          int64_t elements) const;
+
+  const std::string head_;
+  const int chunks_field_;
+  std::vector<grpc::Slice> slices_;
+  int num_chunks_ = 0;
+  int64_t bytes_ = 0;
+};
+
+// Reassembles tensors from the chunks of a stream of bulk messages, copying
+// each chunk's payload once, from gRPC's buffer straight to where the caller
+// wants the tensor. A tensor's chunks must arrive in order and back to back,
+// within one message or across consecutive ones.
+//
+// Everything that arrives is validated: INVALID_ARGUMENT names what is wrong
+// (a malformed message, a chunk key of 0 or more than kMaxKeyBytes bytes, a
+// bad shape, a payload that is not 1-D float32 of the declared size, a chunk
+// out of order, past the end, or of another tensor while one is incomplete,
+// a non-finite value). After an error the reader and the destination of the
+// tensor being read are unspecified; start over with a new reader.
+class TensorReader {
+ public:
+  // Called at a tensor's first chunk with its key, shape and element count:
+  // returns where its values go (room for `elements` floats), or an error
+  // that ends the read (an unknown key, a key this side does not accept).
+  using Destination = std::function<absl::StatusOr<float*>(
+      const std::string& key, absl::Span<const int64_t> shape,
+      int64_t elements)>;
+  // Called once a tensor's last chunk was written; an error ends the read.
+  using Complete = std::function<absl::Status(const std::string& key)>;
+
+  TensorReader(Destination destination, Complete complete);
+
+  // Reads one message whose field `chunks_field` is repeated TensorChunk; its
+  // other fields are parsed into `head` (which is cleared first).
+  absl::Status Read(const grpc::ByteBuffer& message, int chunks_field,
+                    google::protobuf::MessageLite* head);
+
+  // True while a tensor is partly received.
+  bool pending() const { return !key_.empty(); }
+
+ private:
+  struct Chunk;
+  absl::Status AddChunk(const Chunk& chunk);
+
+  Destination destination_;
+  Complete complete_;
+  // The tensor being received.
+  std::string key_;
+  std::vector<int64_t> shape_;
+  float* values_ = nullptr;
+  int64_t total_ = 0;
+  int64_t received_ = 0;
+};
+
+}  // namespace bnps::proto
+
+#endif  // BNPS_PROTO_TENSOR_WIRE_H_

@@ -1,0 +1,304 @@
+#include "proto/tensor_wire.h"
+
+#include <cmath>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "gtest/gtest.h"
+#include "proto/bnps.pb.h"
+#include "proto/codec.h"
+
+namespace bnps::proto {
+namespace {
+
+constexpr absl::StatusCode kInvalid = absl::StatusCode::kInvalidArgument;
+
+std::string Bytes(const grpc::ByteBuffer& buffer) {
+  std::vector<grpc::Slice> slices;
+  EXPECT_TRUE(buffer.Dump(&slices).ok());
+  std::string out;
+  for (const grpc::Slice& s : slices) {
+    out.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  }
+  return out;
+}
+
+// `bytes` as a buffer of slices of at most `piece` bytes, so that fields and
+// floats straddle slice boundaries.
+grpc::ByteBuffer Split(const std::string& bytes, size_t piece) {
+  std::vector<grpc::Slice> slices;
+  for (size_t at = 0; at < bytes.size(); at += piece) {
+    slices.emplace_back(bytes.data() + at, std::min(piece, bytes.size() - at));
+  }
+  return grpc::ByteBuffer(slices.data(), slices.size());
+}
+
+std::vector<float> Ramp(int n, float scale = 0.5f) {
+  std::vector<float> v(n);
+  for (int i = 0; i < n; ++i) v[i] = i * scale - 3;
+  return v;
+}
+
+// Collects tensors as a TensorReader receives them.
+struct Received {
+  std::map<std::string, std::vector<float>> tensors;
+  std::map<std::string, std::vector<int64_t>> shapes;
+  std::vector<std::string> completed;
+
+  TensorReader Reader() {
+    return TensorReader(
+        [this](const std::string& key, absl::Span<const int64_t> shape,
+               int64_t n) -> absl::StatusOr<float*> {
+          shapes[key].assign(shape.begin(), shape.end());
+          std::vector<float>& v = tensors[key];
+          v.assign(n, NAN);
+          return v.data();
+        },
+        [this](const std::string& key) {
+          completed.push_back(key);
+          return absl::OkStatus();
+        });
+  }
+};
+
+PushGradientsRequest Head() {
+  PushGradientsRequest head;
+  head.set_job("j");
+  head.set_worker(3);
+  head.set_step(17);
+  head.set_num_samples(64);
+  return head;
+}
+
+TEST(TensorWireTest, BuilderWritesWhatProtobufReads) {
+  const std::vector<float> a = Ramp(1000), b = Ramp(7, 2.0f);
+  const int64_t a_shape[] = {10, 100}, b_shape[] = {7};
+  PushGradientsRequest want = Head();
+  AppendChunks("a", a_shape, a, 300, want.mutable_chunks());
+  AppendChunks("b", b_shape, b, 300, want.mutable_chunks());
+
+  ChunkedMessageBuilder builder(Head(), 5);
+  auto owner = std::make_shared<std::vector<float>>(b);
+  std::weak_ptr<std::vector<float>> watch = owner;
+  for (int64_t at = 0; at < 1000; at += 300) {
+    builder.AddCopied("a", a_shape, at,
+                      absl::MakeConstSpan(a).subspan(at, 300));
+  }
+  builder.AddShared("b", b_shape, 0, *owner, owner);
+  owner.reset();
+  EXPECT_EQ(builder.num_chunks(), 5);
+  {
+    grpc::ByteBuffer message = builder.Build();
+    EXPECT_EQ(static_cast<int64_t>(message.Length()),
+              static_cast<int64_t>(want.ByteSizeLong()));
+    PushGradientsRequest got;
+    ASSERT_TRUE(got.ParseFromString(Bytes(message)));
+    EXPECT_EQ(got.SerializeAsString(), want.SerializeAsString());
+    EXPECT_FALSE(watch.expired());  // the message still references b
+  }
+  EXPECT_TRUE(watch.expired());
+  // The builder starts over with the same head.
+  EXPECT_EQ(builder.num_chunks(), 0);
+  PushGradientsRequest empty;
+  ASSERT_TRUE(empty.ParseFromString(Bytes(builder.Build())));
+  EXPECT_EQ(empty.SerializeAsString(), Head().SerializeAsString());
+}
+
+TEST(TensorWireTest, ReaderReassemblesProtobufMessagesAcrossSlices) {
+  const std::vector<float> a = Ramp(1000), b = Ramp(7, 2.0f);
+  const int64_t a_shape[] = {10, 100}, b_shape[] = {7};
+  PushGradientsRequest message = Head();
+  AppendChunks("a", a_shape, a, 300, message.mutable_chunks());
+  AppendChunks("b", b_shape, b, 3, message.mutable_chunks());
+  const std::string bytes = message.SerializeAsString();
+  for (size_t piece : {bytes.size(), size_t{4096}, size_t{7}, size_t{1}}) {
+    Received r;
+    TensorReader reader = r.Reader();
+    PushGradientsRequest head;
+    ASSERT_TRUE(reader.Read(Split(bytes, piece), 5, &head).ok()) << piece;
+    EXPECT_FALSE(reader.pending());
+    EXPECT_EQ(r.tensors["a"], a);
+    EXPECT_EQ(r.tensors["b"], b);
+    EXPECT_EQ(r.shapes["a"], (std::vector<int64_t>{10, 100}));
+    EXPECT_EQ(r.completed, (std::vector<std::string>{"a", "b"}));
+    EXPECT_EQ(head.SerializeAsString(), Head().SerializeAsString());
+  }
+}
+
+TEST(TensorWireTest, TensorSpansMessages) {
+  const std::vector<float> a = Ramp(10);
+  const int64_t shape[] = {10};
+  google::protobuf::RepeatedPtrField<TensorChunk> chunks;
+  AppendChunks("a", shape, a, 4, &chunks);
+  ASSERT_EQ(chunks.size(), 3);
+  Received r;
+  TensorReader reader = r.Reader();
+  for (int i = 0; i < 3; ++i) {
+    PullParametersResponse m;
+    *m.add_chunks() = chunks[i];
+    m.set_version(5);
+    PullParametersResponse head;
+    ASSERT_TRUE(
+        reader.Read(Split(m.SerializeAsString(), 64), 1, &head).ok());
+    EXPECT_EQ(head.version(), 5);
+    EXPECT_EQ(head.chunks_size(), 0);
+    EXPECT_EQ(reader.pending(), i < 2);
+  }
+  EXPECT_EQ(r.tensors["a"], a);
+}
+
+TEST(TensorWireTest, BuilderAndReaderRoundTrip) {
+  const std::vector<float> a = Ramp(5000);
+  const int64_t shape[] = {50, 100};
+  PullParametersResponse head;
+  head.set_version(9);
+  ChunkedMessageBuilder builder(head, 1);
+  auto owner = std::make_shared<std::vector<float>>(a);
+  for (int64_t at = 0; at < 5000; at += 1024) {
+    builder.AddShared("w", shape, at,
+                      absl::MakeConstSpan(*owner).subspan(at, 1024), owner);
+  }
+  const std::string bytes = Bytes(builder.Build());
+  Received r;
+  TensorReader reader = r.Reader();
+  PullParametersResponse got;
+  ASSERT_TRUE(reader.Read(Split(bytes, 333), 1, &got).ok());
+  EXPECT_EQ(got.version(), 9);
+  EXPECT_EQ(r.tensors["w"], a);
+}
+
+TEST(TensorWireTest, EmptyTensorAndUnknownFields) {
+  const int64_t shape[] = {0};
+  PushGradientsRequest message = Head();
+  AppendChunks("e", shape, {}, 4, message.mutable_chunks());
+  std::string bytes = message.SerializeAsString();
+  // Field 99 (varint) is unknown to every message here.
+  bytes += std::string("\x98\x06\x01", 3);
+  Received r;
+  TensorReader reader = r.Reader();
+  PushGradientsRequest head;
+  ASSERT_TRUE(reader.Read(Split(bytes, 5), 5, &head).ok());
+  EXPECT_EQ(r.completed, (std::vector<std::string>{"e"}));
+  EXPECT_TRUE(r.tensors["e"].empty());
+  EXPECT_EQ(head.step(), 17);
+}
+
+// Reads `chunks` as one message; the first error, or OK.
+absl::Status ReadChunks(
+    const google::protobuf::RepeatedPtrField<TensorChunk>& chunks) {
+  PushGradientsRequest m = Head();
+  *m.mutable_chunks() = chunks;
+  Received r;
+  TensorReader reader = r.Reader();
+  PushGradientsRequest head;
+  return reader.Read(Split(m.SerializeAsString(), 100), 5, &head);
+}
+
+TEST(TensorWireTest, RejectsBadChunks) {
+  const std::vector<float> v(10, 1.0f);
+  const int64_t shape[] = {10};
+  google::protobuf::RepeatedPtrField<TensorChunk> chunks;
+  AppendChunks("w", shape, v, 4, &chunks);
+  ASSERT_TRUE(ReadChunks(chunks).ok());
+
+  auto with = [&](auto change) {
+    google::protobuf::RepeatedPtrField<TensorChunk> c = chunks;
+    change(c);
+    return ReadChunks(c).code();
+  };
+  EXPECT_EQ(with([](auto& c) { c.SwapElements(1, 2); }), kInvalid);  // gap
+  EXPECT_EQ(with([](auto& c) { c[1].set_key("v"); }), kInvalid);  // interleaved
+  EXPECT_EQ(with([](auto& c) { c[0].clear_key(); }), kInvalid);
+  EXPECT_EQ(with([](auto& c) { c[0].set_key(std::string(300, 'k')); }),
+            kInvalid);
+  EXPECT_EQ(with([](auto& c) { c[0].set_shape(0, -1); }), kInvalid);
+  EXPECT_EQ(with([](auto& c) { c[1].add_shape(1); }), kInvalid);  // new shape
+  EXPECT_EQ(with([](auto& c) {
+              const int64_t big[] = {20};
+              EncodeFloat32(std::vector<float>(20, 1.0f), big,
+                            c[0].mutable_part());
+            }),
+            kInvalid);  // past the end
+  EXPECT_EQ(with([](auto& c) {
+              c[0].mutable_part()->set_dtype(DTYPE_FLOAT64);
+            }),
+            kInvalid);
+  EXPECT_EQ(with([](auto& c) { c[0].mutable_part()->add_shape(1); }),
+            kInvalid);  // not 1-D
+  EXPECT_EQ(with([](auto& c) {
+              c[0].mutable_part()->mutable_data()->resize(15);
+            }),
+            kInvalid);  // bytes do not match the declared length
+  EXPECT_EQ(with([](auto& c) {
+              const float inf = INFINITY;
+              c[2].mutable_part()->mutable_data()->replace(4, 4,
+                  reinterpret_cast<const char*>(&inf), 4);
+            }),
+            kInvalid);
+  EXPECT_EQ(with([](auto& c) { c[0].clear_part(); }), kInvalid);
+}
+
+TEST(TensorWireTest, RejectsMalformedBytes) {
+  PushGradientsRequest m = Head();
+  const int64_t shape[] = {10};
+  AppendChunks("w", shape, std::vector<float>(10, 1.0f), 10,
+               m.mutable_chunks());
+  const std::string bytes = m.SerializeAsString();
+  auto read = [](const std::string& b) {
+    Received r;
+    TensorReader reader = r.Reader();
+    PushGradientsRequest head;
+    return reader.Read(Split(b, 16), 5, &head).code();
+  };
+  ASSERT_EQ(read(bytes), absl::StatusCode::kOk);
+  EXPECT_EQ(read(bytes.substr(0, bytes.size() - 3)), kInvalid);  // truncated
+  EXPECT_EQ(read(bytes + std::string(1, '\0')), kInvalid);  // tag 0
+  // A key field after the chunk's payload.
+  TensorChunk late = m.chunks(0);
+  std::string chunk = late.SerializeAsString() + std::string("\x0a\x01w", 3);
+  std::string message = Head().SerializeAsString();
+  message += '\x2a';  // field 5, length-delimited
+  message += static_cast<char>(chunk.size());  // < 128
+  message += chunk;
+  EXPECT_EQ(read(message), kInvalid);
+}
+
+TEST(TensorWireTest, CallbackErrorsEndTheRead) {
+  PushGradientsRequest m = Head();
+  const int64_t shape[] = {4};
+  AppendChunks("w", shape, Ramp(4), 2, m.mutable_chunks());
+  grpc::ByteBuffer message = Split(m.SerializeAsString(), 1000);
+  std::vector<float> room(4);
+  PushGradientsRequest head;
+
+  TensorReader refuses(
+      [](const std::string& key, absl::Span<const int64_t>, int64_t)
+          -> absl::StatusOr<float*> {
+        return absl::NotFoundError("no parameter " + key);
+      },
+      [](const std::string&) { return absl::OkStatus(); });
+  EXPECT_EQ(refuses.Read(message, 5, &head).code(),
+            absl::StatusCode::kNotFound);
+
+  int completed = 0;
+  TensorReader fails_at_end(
+      [&](const std::string&, absl::Span<const int64_t>, int64_t n)
+          -> absl::StatusOr<float*> {
+        EXPECT_EQ(n, 4);
+        return room.data();
+      },
+      [&](const std::string&) {
+        ++completed;
+        return absl::FailedPreconditionError("step from the past");
+      });
+  EXPECT_EQ(fails_at_end.Read(message, 5, &head).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(completed, 1);
+  EXPECT_EQ(room, Ramp(4));
+}
+
+}  // namespace
+}  // namespace bnps::proto
