@@ -91,12 +91,18 @@ class TensorReader {
   TensorReader(Destination destination, Complete complete);
 
   // Reads one message whose field `chunks_field` is repeated TensorChunk; its
-  // other fields are parsed into `head` (which is cleared first).
+  // other fields are parsed into `head` (which is cleared first). With
+  // `check_head`, the head is checked before any chunk is read: its fields
+  // must then precede the chunks (as protobuf writes a message whose chunks
+  // field has the highest number), and an error from it ends the read.
   absl::Status Read(const grpc::ByteBuffer& message, int chunks_field,
-                    google::protobuf::MessageLite* head);
+                    google::protobuf::MessageLite* head,
+                    const std::function<absl::Status()>& check_head = nullptr);
 
   // True while a tensor is partly received.
   bool pending() const { return !key_.empty(); }
+  // The shape of the tensor being received, or of the last one completed.
+  absl::Span<const int64_t> shape() const { return shape_; }
 
  private:
   struct Chunk;

@@ -1,6 +1,8 @@
 #include "server/parameter_store.h"
 
 #include <algorithm>
+#include <atomic>
+#include <memory>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -8,6 +10,9 @@
 
 namespace bnps::server {
 namespace {
+
+// Optimizer steps of parameters this large run on every core.
+constexpr size_t kParallelElements = size_t{1} << 16;
 
 int64_t Product(const std::vector<int64_t>& shape) {
   int64_t n = 1;
@@ -37,15 +42,15 @@ absl::StatusOr<bool> ParameterStore::Init(const std::string& key,
   if (params_.count(key) > 0) return false;
   Param& p = params_[key];
   p.momentum_buffer.assign(values.size(), 0.0f);
-  p.tensor.shape = std::move(shape);
-  p.tensor.values = std::move(values);
+  p.shape = std::move(shape);
+  p.values = std::make_shared<std::vector<float>>(std::move(values));
   p.last_pushed.assign(options_.num_workers, -1);
   return true;
 }
 
 absl::StatusOr<ParameterStore::PushResult> ParameterStore::Push(
     int worker, int64_t step, const std::string& key,
-    const std::vector<int64_t>& shape, const std::vector<float>& grad,
+    absl::Span<const int64_t> shape, absl::Span<const float> grad,
     int64_t num_samples) {
   if (worker < 0 || worker >= options_.num_workers) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -68,10 +73,11 @@ absl::StatusOr<ParameterStore::PushResult> ParameterStore::Push(
           absl::StrCat("parameter '", key, "' was never initialized"));
     }
     Param& p = it->second;
-    if (shape != p.tensor.shape || grad.size() != p.tensor.values.size()) {
+    if (shape != absl::MakeConstSpan(p.shape) ||
+        grad.size() != p.values->size()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "gradient of '", key, "' has shape [", absl::StrJoin(shape, ","),
-          "], the parameter [", absl::StrJoin(p.tensor.shape, ","), "]"));
+          "], the parameter [", absl::StrJoin(p.shape, ","), "]"));
     }
     if (!live_[worker]) {
       return absl::FailedPreconditionError(
@@ -83,7 +89,7 @@ absl::StatusOr<ParameterStore::PushResult> ParameterStore::Push(
       return result;
     }
     if (options_.bulk_synchronous) {
-      const int64_t version = p.tensor.version;
+      const int64_t version = p.version;
       if (step < version) {
         return absl::FailedPreconditionError(absl::StrCat(
             "step ", step, " of '", key, "' is from the past: it was applied ",
@@ -95,21 +101,27 @@ absl::StatusOr<ParameterStore::PushResult> ParameterStore::Push(
             version, "; pull before pushing"));
       }
       PendingStep& s = p.pending[step];
-      if (s.pushed.empty()) {
-        s.pushed.assign(options_.num_workers, false);
-        // Reusing the last step's buffer avoids fresh pages every step.
-        s.sum = std::move(p.spare_sum);
-        s.sum.assign(grad.size(), 0.0);
-      }
+      if (s.pushed.empty()) s.pushed.assign(options_.num_workers, false);
       s.pushed[worker] = true;
-      for (size_t i = 0; i < grad.size(); ++i) s.sum[i] += grad[i];
       s.samples += num_samples;
       p.last_pushed[worker] = step;
-      ApplyReady(p);
+      if (step == version && Complete(s)) {
+        // The last push of the step: added inside the optimizer step.
+        Apply(p, s.sum.empty() ? nullptr : s.sum.data(), grad.data(),
+              s.samples);
+        if (!s.sum.empty()) p.spare_sum = std::move(s.sum);
+        p.pending.erase(step);
+        ApplyReady(p);
+      } else if (s.sum.empty()) {
+        // Reusing the last step's buffer avoids fresh pages every step.
+        s.sum = std::move(p.spare_sum);
+        s.sum.assign(grad.begin(), grad.end());
+      } else {
+        for (size_t i = 0; i < grad.size(); ++i) s.sum[i] += grad[i];
+      }
     } else {
-      std::vector<double> g(grad.begin(), grad.end());
       p.last_pushed[worker] = step;
-      Apply(p, g, num_samples);
+      Apply(p, nullptr, grad.data(), num_samples);
     }
     ++applied_;
     CollectReady(&ready);
@@ -118,18 +130,50 @@ absl::StatusOr<ParameterStore::PushResult> ParameterStore::Push(
   return result;
 }
 
-void ParameterStore::Apply(Param& p, const std::vector<double>& grad_sum,
+void ParameterStore::Apply(Param& p, const double* sum, const float* grad,
                            int64_t samples) {
-  ++p.tensor.version;
+  ++p.version;
   if (samples == 0) return;  // nobody had data this step: nothing to learn
+  // Pulls still sending the current values keep them; the step writes to
+  // another buffer (a pull's earlier one, once it is free).
+  std::vector<float>* in = p.values.get();
+  if (p.values.use_count() > 1) {
+    std::shared_ptr<std::vector<float>> out = std::move(p.spare_values);
+    if (out == nullptr || out.use_count() > 1) {
+      out = std::make_shared<std::vector<float>>();
+    }
+    out->resize(in->size());
+    p.spare_values = std::move(p.values);
+    p.values = std::move(out);
+  }
+  // A pull that released a buffer we now write was done reading it.
+  std::atomic_thread_fence(std::memory_order_acquire);
   const OptimizerOptions& o = options_.optimizer;
   const double scale = 1.0 / static_cast<double>(samples);
-  std::vector<float>& w = p.tensor.values;
-  std::vector<float>& buf = p.momentum_buffer;
-  for (size_t i = 0; i < w.size(); ++i) {
-    const double d = grad_sum[i] * scale + o.weight_decay * w[i];
-    buf[i] = static_cast<float>(o.momentum * buf[i] + d);
-    w[i] = static_cast<float>(w[i] - o.learning_rate * buf[i]);
+  const double lr = o.learning_rate, momentum = o.momentum;
+  const double decay = o.weight_decay;
+  const float* w_in = in->data();
+  float* w = p.values->data();
+  float* buf = p.momentum_buffer.data();
+  const size_t n = in->size();
+  // Elementwise, so splitting across threads gives the same bits.
+  const bool parallel = n >= kParallelElements;
+  auto step = [&](auto gradient) {
+#pragma omp parallel for schedule(static) if (parallel)
+    for (size_t i = 0; i < n; ++i) {
+      const double d = gradient(i) * scale + decay * w_in[i];
+      buf[i] = static_cast<float>(momentum * buf[i] + d);
+      w[i] = static_cast<float>(w_in[i] - lr * buf[i]);
+    }
+  };
+  if (sum != nullptr && grad != nullptr) {
+    step([&](size_t i) { return sum[i] + grad[i]; });
+  } else if (sum != nullptr) {
+    step([&](size_t i) { return sum[i]; });
+  } else if (grad != nullptr) {
+    step([&](size_t i) { return static_cast<double>(grad[i]); });
+  } else {
+    step([](size_t) { return 0.0; });
   }
 }
 
@@ -141,11 +185,12 @@ bool ParameterStore::Complete(const PendingStep& s) const {
 }
 
 void ParameterStore::ApplyReady(Param& p) {
-  for (auto it = p.pending.find(p.tensor.version);
+  for (auto it = p.pending.find(p.version);
        it != p.pending.end() && Complete(it->second);
-       it = p.pending.find(p.tensor.version)) {
-    Apply(p, it->second.sum, it->second.samples);
-    p.spare_sum = std::move(it->second.sum);
+       it = p.pending.find(p.version)) {
+    PendingStep& s = it->second;
+    Apply(p, s.sum.empty() ? nullptr : s.sum.data(), nullptr, s.samples);
+    if (!s.sum.empty()) p.spare_sum = std::move(s.sum);
     p.pending.erase(it);
   }
 }
@@ -165,9 +210,9 @@ std::optional<absl::StatusOr<ParameterStore::Snapshot>> ParameterStore::TryPull(
           absl::NotFoundError(absl::StrCat("parameter '", key, "' is not on this shard")));
     }
     const Param& p = it->second;
-    if (p.tensor.version < w.min_version) {
+    if (p.version < w.min_version) {
       // The next step to apply waits for live workers that have not pushed.
-      auto step = p.pending.find(p.tensor.version);
+      auto step = p.pending.find(p.version);
       for (int worker = 0; worker < options_.num_workers; ++worker) {
         const bool pushed =
             step != p.pending.end() && step->second.pushed[worker];
@@ -177,7 +222,7 @@ std::optional<absl::StatusOr<ParameterStore::Snapshot>> ParameterStore::TryPull(
       }
       return std::nullopt;
     }
-    snap[key] = p.tensor;
+    snap[key] = Tensor{p.shape, p.values, p.version};
   }
   return absl::StatusOr<Snapshot>(std::move(snap));
 }
@@ -188,8 +233,8 @@ std::string ParameterStore::MissingWorkers(const Waiter& w) const {
         std::find(w.keys.begin(), w.keys.end(), key) == w.keys.end()) {
       continue;
     }
-    if (p.tensor.version >= w.min_version) continue;
-    auto step = p.pending.find(p.tensor.version);
+    if (p.version >= w.min_version) continue;
+    auto step = p.pending.find(p.version);
     std::vector<int> missing;
     for (int worker = 0; worker < options_.num_workers; ++worker) {
       if (live_[worker] &&
@@ -197,7 +242,7 @@ std::string ParameterStore::MissingWorkers(const Waiter& w) const {
         missing.push_back(worker);
       }
     }
-    return absl::StrCat("step ", p.tensor.version, " of '", key,
+    return absl::StrCat("step ", p.version, " of '", key,
                         "' still waits for workers [",
                         absl::StrJoin(missing, ", "), "]");
   }
@@ -282,7 +327,7 @@ ParameterStore::Stats ParameterStore::GetStats() const {
   s.num_keys = static_cast<int>(params_.size());
   s.min_version = params_.empty() ? 0 : INT64_MAX;
   for (const auto& [_, p] : params_) {
-    s.min_version = std::min(s.min_version, p.tensor.version);
+    s.min_version = std::min(s.min_version, p.version);
   }
   s.applied = applied_;
   s.duplicates = duplicates_;

@@ -34,7 +34,7 @@ TEST(ParameterStoreTest, InitFirstValueWins) {
             absl::StatusCode::kInvalidArgument);
   auto snap = PullNow(store, 0);
   ASSERT_TRUE(snap.has_value() && snap->ok());
-  EXPECT_EQ((**snap)["w"].values, (std::vector<float>{1, 2}));
+  EXPECT_EQ(*(**snap)["w"].values, (std::vector<float>{1, 2}));
 }
 
 TEST(ParameterStoreTest, BulkSynchronousStepWaitsForEveryWorker) {
@@ -51,8 +51,8 @@ TEST(ParameterStoreTest, BulkSynchronousStepWaitsForEveryWorker) {
   // gradient = (sum of sums) / (sum of samples) = ({6, 4}) / 3.
   const Snapshot& s = **pulled;
   EXPECT_EQ(s.at("w").version, 1);
-  EXPECT_FLOAT_EQ(s.at("w").values[0], 1 - 0.5f * 2);
-  EXPECT_FLOAT_EQ(s.at("w").values[1], 1 - 0.5f * 4.0f / 3);
+  EXPECT_FLOAT_EQ((*s.at("w").values)[0], 1 - 0.5f * 2);
+  EXPECT_FLOAT_EQ((*s.at("w").values)[1], 1 - 0.5f * 4.0f / 3);
 }
 
 // W workers with uneven batches follow single-process SGD (momentum, weight
@@ -86,9 +86,40 @@ TEST(ParameterStoreTest, MatchesSingleProcessSgd) {
     auto snap = PullNow(store, step + 1);
     ASSERT_TRUE(snap.has_value() && snap->ok());
     for (int i = 0; i < size; ++i) {
-      EXPECT_NEAR((**snap)["w"].values[i], w32[i], 1e-6) << step << " " << i;
+      EXPECT_NEAR((*(**snap)["w"].values)[i], w32[i], 1e-6) << step << " " << i;
     }
   }
+}
+
+// A pulled snapshot is shared, not copied, and later steps leave it alone;
+// pushes for the next step may arrive before the current one completes.
+TEST(ParameterStoreTest, PulledValuesStayWhileStepsApply) {
+  ParameterStore store(Sync(2, {1.0, 0.0, 0.0}));
+  ASSERT_TRUE(store.Init("w", {2}, {0, 0}).ok());
+  auto v0 = PullNow(store, 0);
+  ASSERT_TRUE(v0.has_value() && v0->ok());
+  ASSERT_TRUE(store.Push(0, 0, "w", {2}, {1, 2}, 1).ok());
+  ASSERT_TRUE(store.Push(0, 1, "w", {2}, {4, 4}, 1).ok());  // ahead of step 0
+  ASSERT_TRUE(store.Push(1, 0, "w", {2}, {3, 2}, 1).ok());
+  auto v1 = PullNow(store, 1);
+  ASSERT_TRUE(v1.has_value() && v1->ok());
+  EXPECT_EQ(*(**v1)["w"].values, (std::vector<float>{-2, -2}));
+  EXPECT_EQ((**v1)["w"].version, 1);
+  ASSERT_TRUE(store.Push(1, 1, "w", {2}, {0, 2}, 1).ok());
+  auto v2 = PullNow(store, 2);
+  ASSERT_TRUE(v2.has_value() && v2->ok());
+  EXPECT_EQ(*(**v2)["w"].values, (std::vector<float>{-4, -5}));
+  // Earlier snapshots still hold their versions' values.
+  EXPECT_EQ(*(**v0)["w"].values, (std::vector<float>{0, 0}));
+  EXPECT_EQ(*(**v1)["w"].values, (std::vector<float>{-2, -2}));
+  v0.reset();
+  v1.reset();
+  ASSERT_TRUE(store.Push(0, 2, "w", {2}, {2, 2}, 1).ok());
+  ASSERT_TRUE(store.Push(1, 2, "w", {2}, {0, 0}, 1).ok());
+  auto v3 = PullNow(store, 3);
+  ASSERT_TRUE(v3.has_value() && v3->ok());
+  EXPECT_EQ(*(**v3)["w"].values, (std::vector<float>{-5, -6}));
+  EXPECT_EQ(*(**v2)["w"].values, (std::vector<float>{-4, -5}));
 }
 
 TEST(ParameterStoreTest, RetriedPushIsNotAppliedTwice) {
@@ -102,7 +133,7 @@ TEST(ParameterStoreTest, RetriedPushIsNotAppliedTwice) {
   EXPECT_TRUE(again->duplicate);
   auto snap = PullNow(store, 0);
   EXPECT_EQ((**snap)["w"].version, 1);
-  EXPECT_FLOAT_EQ((**snap)["w"].values[0], -1.0f);
+  EXPECT_FLOAT_EQ((*(**snap)["w"].values)[0], -1.0f);
   EXPECT_EQ(store.GetStats().duplicates, 1);
   EXPECT_EQ(store.GetStats().applied, 1);
 }
@@ -162,7 +193,7 @@ TEST(ParameterStoreTest, ShrinkCompletesTheStep) {
   EXPECT_FALSE(pulled.has_value());
   store.RemoveWorker(1);
   ASSERT_TRUE(pulled.has_value() && pulled->ok());
-  EXPECT_FLOAT_EQ((**pulled)["w"].values[0], -2.0f);
+  EXPECT_FLOAT_EQ((*(**pulled)["w"].values)[0], -2.0f);
   EXPECT_EQ(store.Push(1, 1, "w", {1}, {2}, 1).status().code(),
             absl::StatusCode::kFailedPrecondition);  // removed
 }
@@ -192,12 +223,12 @@ TEST(ParameterStoreTest, StaleSynchronousAppliesOnArrival) {
   ASSERT_TRUE(store.Push(0, 0, "w", {1}, {4}, 2).ok());  // mean gradient 2
   auto snap = PullNow(store, 0);
   EXPECT_EQ((**snap)["w"].version, 1);
-  EXPECT_FLOAT_EQ((**snap)["w"].values[0], -2.0f);
+  EXPECT_FLOAT_EQ((*(**snap)["w"].values)[0], -2.0f);
   ASSERT_TRUE(store.Push(0, 1, "w", {1}, {1}, 1).ok());  // ahead of worker 1
   ASSERT_TRUE(store.Push(1, 0, "w", {1}, {0}, 0).ok());  // no samples: no change
   snap = PullNow(store, 0);
   EXPECT_EQ((**snap)["w"].version, 3);
-  EXPECT_FLOAT_EQ((**snap)["w"].values[0], -3.0f);
+  EXPECT_FLOAT_EQ((*(**snap)["w"].values)[0], -3.0f);
   EXPECT_TRUE(store.Push(0, 1, "w", {1}, {1}, 1)->duplicate);
 }
 

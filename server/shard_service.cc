@@ -11,6 +11,7 @@
 #include "absl/time/clock.h"
 #include "proto/codec.h"
 #include "proto/limits.h"
+#include "proto/tensor_wire.h"
 
 namespace bnps::server {
 namespace {
@@ -46,18 +47,28 @@ proto::Policy ToProto(Policy p) {
   return proto::POLICY_UNSPECIFIED;
 }
 
-// Gradients of one step arrive as chunks; each completed tensor is pushed.
-class PushReactor : public grpc::ServerReadReactor<proto::PushGradientsRequest> {
+// Gradients of one step arrive as chunks (framed by proto/tensor_wire); each
+// tensor is read straight into a staging buffer and pushed once complete.
+class PushReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
  public:
-  PushReactor(Shard* shard, proto::PushGradientsResponse* resp)
-      : shard_(shard), resp_(resp) {
-    StartRead(&req_);
+  PushReactor(Shard* shard, grpc::ByteBuffer* resp)
+      : shard_(shard),
+        resp_(resp),
+        reader_(
+            [this](const std::string& key, absl::Span<const int64_t>,
+                   int64_t n) -> absl::StatusOr<float*> {
+              if (absl::Status s = shard_->CheckOwned(key); !s.ok()) return s;
+              staging_.resize(n);
+              return staging_.data();
+            },
+            [this](const std::string& key) { return PushTensor(key); }) {
+    StartRead(&message_);
   }
 
   void OnReadDone(bool ok) override {
     if (!ok) {  // the client finished sending
       absl::Status s;
-      if (assembler_.pending()) {
+      if (reader_.pending()) {
         s = absl::InvalidArgumentError("push ended inside a chunked tensor");
       } else if (!started_) {
         s = absl::InvalidArgumentError("empty push");
@@ -69,74 +80,98 @@ class PushReactor : public grpc::ServerReadReactor<proto::PushGradientsRequest> 
       Done(s);
       return;
     }
-    StartRead(&req_);
+    StartRead(&message_);
   }
 
   void OnDone() override { delete this; }
 
  private:
   absl::Status Handle() {
+    proto::PushGradientsRequest head;
+    // The head is checked before any chunk of the message is read.
+    absl::Status s = reader_.Read(message_, kChunksField, &head,
+                                  [&]() { return CheckHead(head); });
+    message_.Clear();
+    return s;
+  }
+
+  absl::Status CheckHead(const proto::PushGradientsRequest& head) {
     if (!started_) {
-      if (absl::Status s = shard_->CheckCaller(req_.job(), req_.worker()); !s.ok()) {
+      if (absl::Status s = shard_->CheckCaller(head.job(), head.worker());
+          !s.ok()) {
         return s;
       }
       started_ = true;
-      worker_ = req_.worker();
-      step_ = req_.step();
-      samples_ = req_.num_samples();
-    } else if (req_.worker() != worker_ || req_.step() != step_ ||
-               req_.num_samples() != samples_) {
+      worker_ = head.worker();
+      step_ = head.step();
+      samples_ = head.num_samples();
+    } else if (head.worker() != worker_ || head.step() != step_ ||
+               head.num_samples() != samples_) {
       return absl::InvalidArgumentError(
           "worker, step and num_samples must not change within one push");
     }
-    for (const proto::TensorChunk& chunk : req_.chunks()) {
-      if (!assembler_.pending()) {
-        if (absl::Status s = shard_->CheckOwned(chunk.key()); !s.ok()) return s;
-      }
-      absl::StatusOr<std::optional<proto::ChunkAssembler::Complete>> done =
-          assembler_.Add(chunk);
-      if (!done.ok()) return done.status();
-      if (!done->has_value()) continue;
-      proto::ChunkAssembler::Complete& t = **done;
-      absl::StatusOr<ParameterStore::PushResult> r = shard_->store().Push(
-          worker_, step_, t.key, t.shape, t.values, samples_);
-      if (!r.ok()) return r.status();
-      if (r->duplicate) {
-        resp_->set_duplicates(resp_->duplicates() + 1);
-      } else {
-        resp_->set_applied(resp_->applied() + 1);
-      }
+    return absl::OkStatus();
+  }
+
+  absl::Status PushTensor(const std::string& key) {
+    absl::StatusOr<ParameterStore::PushResult> r = shard_->store().Push(
+        worker_, step_, key, reader_.shape(), staging_, samples_);
+    if (!r.ok()) return r.status();
+    if (r->duplicate) {
+      ++response_.duplicates;
+    } else {
+      ++response_.applied;
     }
     return absl::OkStatus();
   }
 
   void Done(const absl::Status& s) {
     if (!s.ok()) LogRejected(*shard_, "PushGradients", worker_, s);
+    proto::PushGradientsResponse resp;
+    resp.set_applied(response_.applied);
+    resp.set_duplicates(response_.duplicates);
+    bool own;
+    grpc::SerializationTraits<proto::PushGradientsResponse>::Serialize(
+        resp, resp_, &own);
     Finish(proto::ToGrpcStatus(s));
   }
 
+  static constexpr int kChunksField =
+      proto::PushGradientsRequest::kChunksFieldNumber;
+
   Shard* const shard_;
-  proto::PushGradientsResponse* const resp_;
-  proto::PushGradientsRequest req_;
-  proto::ChunkAssembler assembler_;
+  grpc::ByteBuffer* const resp_;
+  grpc::ByteBuffer message_;
+  std::vector<float> staging_;
+  proto::TensorReader reader_;
   bool started_ = false;
   int worker_ = -1;
   int64_t step_ = 0;
   int64_t samples_ = 0;
+  struct {
+    int applied = 0;
+    int duplicates = 0;
+  } response_;
 };
 
-// Waits for the requested version, then streams the tensors in chunks.
-class PullReactor
-    : public grpc::ServerWriteReactor<proto::PullParametersResponse> {
+// Waits for the requested version, then streams the tensors in chunks that
+// reference the store's values (shared, not copied).
+class PullReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   PullReactor(Shard* shard, grpc::CallbackServerContext* ctx,
-              const proto::PullParametersRequest* req)
-      : shard_(shard), worker_(req->worker()) {
-    absl::Status s = shard->CheckCaller(req->job(), req->worker());
-    if (s.ok() && req->min_version() < 0) {
+              const grpc::ByteBuffer* raw)
+      : shard_(shard) {
+    proto::PullParametersRequest req;
+    grpc::ByteBuffer copy(*raw);
+    absl::Status s = proto::FromGrpcStatus(
+        grpc::SerializationTraits<proto::PullParametersRequest>::Deserialize(
+            &copy, &req));
+    worker_ = req.worker();
+    if (s.ok()) s = shard->CheckCaller(req.job(), req.worker());
+    if (s.ok() && req.min_version() < 0) {
       s = absl::InvalidArgumentError("negative min_version");
     }
-    std::vector<std::string> keys(req->keys().begin(), req->keys().end());
+    std::vector<std::string> keys(req.keys().begin(), req.keys().end());
     for (const std::string& key : keys) {
       if (s.ok()) s = shard->CheckOwned(key);
     }
@@ -144,7 +179,7 @@ class PullReactor
       Done(s);
       return;
     }
-    shard->store().Pull(std::move(keys), req->min_version(),
+    shard->store().Pull(std::move(keys), req.min_version(),
                         WaitDeadline(*shard, ctx),
                         [this](absl::StatusOr<ParameterStore::Snapshot> snap) {
                           OnSnapshot(std::move(snap));
@@ -167,31 +202,30 @@ class PullReactor
       Done(snap.status());
       return;
     }
+    int64_t version = INT64_MAX;
+    for (const auto& [key, t] : *snap) version = std::min(version, t.version);
+    proto::PullParametersResponse head;
+    head.set_version(snap->empty() ? 0 : version);
+    proto::ChunkedMessageBuilder builder(
+        head, proto::PullParametersResponse::kChunksFieldNumber);
     // Chunks packed into messages well under the message limit.
     constexpr int64_t kMessageBytes = proto::kMaxMessageBytes / 2;
-    int64_t version = INT64_MAX;
-    messages_.emplace_back();
-    int64_t bytes = 0;
     for (const auto& [key, t] : *snap) {
-      version = std::min(version, t.version);
-      const int64_t size = static_cast<int64_t>(t.values.size()) * 4;
-      if (bytes > 0 && bytes + std::min(size, proto::kChunkBytes) > kMessageBytes) {
-        messages_.emplace_back();
-        bytes = 0;
-      }
-      google::protobuf::RepeatedPtrField<proto::TensorChunk> chunks;
-      proto::AppendChunks(key, t.shape, t.values, proto::kChunkFloats, &chunks);
-      for (proto::TensorChunk& c : chunks) {
-        const int64_t c_bytes = c.part().data().size();
-        if (bytes > 0 && bytes + c_bytes > kMessageBytes) {
-          messages_.emplace_back();
-          bytes = 0;
+      const absl::Span<const float> values(*t.values);
+      const int64_t n = static_cast<int64_t>(values.size());
+      int64_t offset = 0;
+      do {  // an empty tensor still travels as one empty chunk
+        const int64_t len = std::min(proto::kChunkFloats, n - offset);
+        if (builder.num_chunks() > 0 &&
+            builder.bytes() + len * 4 + 1024 > kMessageBytes) {
+          messages_.push_back(builder.Build());
         }
-        *messages_.back().add_chunks() = std::move(c);
-        bytes += c_bytes;
-      }
+        builder.AddShared(key, t.shape, offset, values.subspan(offset, len),
+                          t.values);
+        offset += len;
+      } while (offset < n);
     }
-    for (auto& m : messages_) m.set_version(snap->empty() ? 0 : version);
+    messages_.push_back(builder.Build());
     WriteNext();
   }
 
@@ -209,8 +243,8 @@ class PullReactor
   }
 
   Shard* const shard_;
-  const int worker_;
-  std::vector<proto::PullParametersResponse> messages_;
+  int worker_ = -1;
+  std::vector<grpc::ByteBuffer> messages_;
   size_t next_ = 0;
 };
 
@@ -450,14 +484,13 @@ grpc::ServerUnaryReactor* ShardService::InitParameters(
   return Respond(ctx, *shard_, "InitParameters", req->worker(), s);
 }
 
-grpc::ServerReadReactor<proto::PushGradientsRequest>* ShardService::PushGradients(
-    grpc::CallbackServerContext* ctx, proto::PushGradientsResponse* resp) {
+grpc::ServerReadReactor<grpc::ByteBuffer>* ShardService::PushGradients(
+    grpc::CallbackServerContext* ctx, grpc::ByteBuffer* resp) {
   return new PushReactor(shard_, resp);
 }
 
-grpc::ServerWriteReactor<proto::PullParametersResponse>*
-ShardService::PullParameters(grpc::CallbackServerContext* ctx,
-                             const proto::PullParametersRequest* req) {
+grpc::ServerWriteReactor<grpc::ByteBuffer>* ShardService::PullParameters(
+    grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req) {
   return new PullReactor(shard_, ctx, req);
 }
 

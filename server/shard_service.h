@@ -17,7 +17,12 @@ namespace bnps::server {
 // The job as the wire describes it.
 proto::JobConfig ToJobConfig(const ShardOptions& options);
 
-class ShardService final : public proto::ParameterServer::CallbackService {
+// The bulk methods (PushGradients, PullParameters) are raw: their messages are
+// framed by proto/tensor_wire, so tensors are not copied through protobuf.
+class ShardService final
+    : public proto::ParameterServer::WithRawCallbackMethod_PushGradients<
+          proto::ParameterServer::WithRawCallbackMethod_PullParameters<
+              proto::ParameterServer::CallbackService>> {
  public:
   explicit ShardService(Shard* shard) : shard_(shard) {}  // not owned
 
@@ -30,12 +35,10 @@ class ShardService final : public proto::ParameterServer::CallbackService {
   grpc::ServerUnaryReactor* InitParameters(
       grpc::CallbackServerContext* ctx, const proto::InitParametersRequest* req,
       proto::InitParametersResponse* resp) override;
-  grpc::ServerReadReactor<proto::PushGradientsRequest>* PushGradients(
-      grpc::CallbackServerContext* ctx,
-      proto::PushGradientsResponse* resp) override;
-  grpc::ServerWriteReactor<proto::PullParametersResponse>* PullParameters(
-      grpc::CallbackServerContext* ctx,
-      const proto::PullParametersRequest* req) override;
+  grpc::ServerReadReactor<grpc::ByteBuffer>* PushGradients(
+      grpc::CallbackServerContext* ctx, grpc::ByteBuffer* resp) override;
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* PullParameters(
+      grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req) override;
   grpc::ServerBidiReactor<proto::BnRequest, proto::BnResponse>* BnSync(
       grpc::CallbackServerContext* ctx) override;
   grpc::ServerUnaryReactor* StartStep(grpc::CallbackServerContext* ctx,

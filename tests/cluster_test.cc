@@ -179,7 +179,7 @@ TEST(ClusterTest, SyncEqualsOneProcessOnTheConcatenatedBatch) {
   for (int s = 0; s < steps; ++s) {
     std::map<std::string, Param> params;
     single.Pull({}, 0, absl::InfiniteFuture(), [&](auto snap) {
-      for (auto& [k, t] : *snap) params[k] = {t.shape, t.values};
+      for (auto& [k, t] : *snap) params[k] = {t.shape, *t.values};
     });
     const StepData d = MakeStep(total, s);
     const bn::Moments m =
@@ -192,7 +192,7 @@ TEST(ClusterTest, SyncEqualsOneProcessOnTheConcatenatedBatch) {
   }
   std::map<std::string, Param> want_final;
   single.Pull({}, steps, absl::InfiniteFuture(), [&](auto snap) {
-    for (auto& [k, t] : *snap) want_final[k] = {t.shape, t.values};
+    for (auto& [k, t] : *snap) want_final[k] = {t.shape, *t.values};
   });
 
   // W workers through the servers.

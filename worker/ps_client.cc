@@ -13,10 +13,12 @@
 #include "google/protobuf/util/message_differencer.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/support/channel_arguments.h"
+#include "grpcpp/impl/codegen/proto_utils.h"
 #include "grpcpp/support/sync_stream.h"
 #include "proto/codec.h"
 #include "proto/limits.h"
 #include "proto/sharding.h"
+#include "proto/tensor_wire.h"
 
 namespace bnps::worker {
 namespace {
@@ -30,6 +32,9 @@ constexpr int kMaxReconnectBackoffMs = 2000;
 constexpr size_t kPushMessageBytes = proto::kMaxMessageBytes / 2;
 // InitParameters packs tensors into messages of at most this many bytes.
 constexpr size_t kInitMessageBytes = proto::kMaxMessageBytes - 4096;
+// The bulk methods' full names, for raw calls (proto/bnps.proto).
+constexpr char kPushMethod[] = "/bnps.proto.ParameterServer/PushGradients";
+constexpr char kPullMethod[] = "/bnps.proto.ParameterServer/PullParameters";
 // Upper bound of the bytes a NamedTensor or TensorChunk adds beyond its float
 // payload, key and shape (tags, lengths, dtype, offset).
 constexpr size_t kTensorOverheadBytes = 64;
@@ -397,6 +402,12 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Connect(
     shards[i].channel = grpc::CreateCustomChannel(options.servers[i],
                                                   options.credentials, args);
     shards[i].stub = proto::ParameterServer::NewStub(shards[i].channel);
+    shards[i].push_method = std::make_unique<grpc::internal::RpcMethod>(
+        kPushMethod, grpc::internal::RpcMethod::CLIENT_STREAMING,
+        shards[i].channel);
+    shards[i].pull_method = std::make_unique<grpc::internal::RpcMethod>(
+        kPullMethod, grpc::internal::RpcMethod::SERVER_STREAMING,
+        shards[i].channel);
   }
 
   std::unique_ptr<PsClient> client =
@@ -659,44 +670,41 @@ absl::Status PsClient::PushShard(int shard, int64_t step, int64_t num_samples,
                                  absl::Time deadline) {
   grpc::ClientContext context;
   SetDeadline(&context, deadline);
-  proto::PushGradientsResponse response;
-  std::unique_ptr<grpc::ClientWriter<proto::PushGradientsRequest>> writer =
-      shards_[shard].stub->PushGradients(&context, &response);
+  grpc::ByteBuffer response_bytes;
+  std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> writer(
+      grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(
+          shards_[shard].channel.get(), *shards_[shard].push_method, &context,
+          &response_bytes));
 
-  proto::PushGradientsRequest message;
-  message.set_job(options_.job);
-  message.set_worker(options_.worker);
-  message.set_step(step);
-  message.set_num_samples(num_samples);
-  size_t bytes = 0;
+  proto::PushGradientsRequest head;
+  head.set_job(options_.job);
+  head.set_worker(options_.worker);
+  head.set_step(step);
+  head.set_num_samples(num_samples);
+  proto::ChunkedMessageBuilder message(
+      head, proto::PushGradientsRequest::kChunksFieldNumber);
   bool ok = true;
-  auto flush = [&]() {
-    ok = writer->Write(message);
-    message.clear_chunks();
-    bytes = 0;
-  };
   for (const std::string* key : keys) {
     const Param& p = grads.at(*key);
     const absl::Span<const float> values(p.values);
     const int64_t n = static_cast<int64_t>(values.size());
-    // One chunk at a time, so that no more than one message is ever copied.
+    // Copied one chunk at a time into the message being built, so that no
+    // more than one message is ever held.
     for (int64_t offset = 0; ok;) {
       const int64_t len = std::min(proto::kChunkFloats, n - offset);
       const size_t size = len * sizeof(float) + TensorOverhead(*key, p);
-      if (message.chunks_size() > 0 && bytes + size > kPushMessageBytes) {
-        flush();
+      if (message.num_chunks() > 0 &&
+          message.bytes() + size > kPushMessageBytes) {
+        ok = writer->Write(message.Build());
         if (!ok) break;
       }
-      proto::AppendChunks(*key, p.shape, values.subspan(offset, len),
-                          proto::kChunkFloats, message.mutable_chunks());
-      message.mutable_chunks(message.chunks_size() - 1)->set_offset(offset);
-      bytes += size;
+      message.AddCopied(*key, p.shape, offset, values.subspan(offset, len));
       offset += len;
       if (offset >= n) break;  // an empty tensor still sends one chunk
     }
     if (!ok) break;
   }
-  if (ok && message.chunks_size() > 0) flush();
+  if (ok && message.num_chunks() > 0) ok = writer->Write(message.Build());
   // After a failed write the server has ended the call; Finish says why.
   if (ok) writer->WritesDone();
   return proto::FromGrpcStatus(writer->Finish());
@@ -704,78 +712,73 @@ absl::Status PsClient::PushShard(int shard, int64_t step, int64_t num_samples,
 
 absl::StatusOr<std::map<std::string, Param>> PsClient::PullParameters(
     int64_t min_version) {
-  if (min_version < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("PullParameters: negative min_version ", min_version));
-  }
-  std::vector<int> shards(num_shards());
-  for (int i = 0; i < num_shards(); ++i) shards[i] = i;
-  return PullFrom(std::vector<std::vector<std::string>>(num_shards()), shards,
-                  min_version);
+  std::map<std::string, Param> out;
+  if (absl::Status s = PullParametersInto(min_version, &out); !s.ok()) return s;
+  return out;
 }
 
 absl::StatusOr<std::map<std::string, Param>> PsClient::PullParameters(
     const std::vector<std::string>& keys, int64_t min_version) {
+  std::map<std::string, Param> out;
+  for (const std::string& key : keys) out[key];
+  if (out.empty()) return out;
+  if (absl::Status s = PullParametersInto(min_version, &out); !s.ok()) return s;
+  return out;
+}
+
+absl::Status PsClient::PullParametersInto(int64_t min_version,
+                                          std::map<std::string, Param>* params) {
   if (min_version < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("PullParameters: negative min_version ", min_version));
   }
-  const std::set<std::string> wanted(keys.begin(), keys.end());
+  std::vector<int> shards;
+  if (params->empty()) {
+    // Every key: each shard's tensors go to a map of its own, merged after.
+    std::vector<std::map<std::string, Param>> got(num_shards());
+    for (int i = 0; i < num_shards(); ++i) shards.push_back(i);
+    absl::Status s = PullFrom(
+        std::vector<std::vector<std::string>>(num_shards()), shards,
+        min_version, [&got](int shard, const std::string& key) {
+          return &got[shard][key];
+        });
+    if (!s.ok()) return s;
+    for (auto& m : got) params->merge(m);  // keys are disjoint
+    return absl::OkStatus();
+  }
   std::vector<std::vector<std::string>> by_shard(num_shards());
-  for (const std::string& key : wanted) {
+  for (const auto& [key, _] : *params) {
     if (absl::Status s = CheckKey(key, "key"); !s.ok()) return s;
     by_shard[proto::ShardForKey(key, num_shards())].push_back(key);
   }
-  std::vector<int> shards;
   for (int i = 0; i < num_shards(); ++i) {
     if (!by_shard[i].empty()) shards.push_back(i);
   }
-  absl::StatusOr<std::map<std::string, Param>> got =
-      PullFrom(by_shard, shards, min_version);
-  if (!got.ok()) return got;
-  for (const std::string& key : wanted) {
-    if (got->count(key) == 0) {
-      return absl::NotFoundError(absl::StrCat(
-          "PullParameters: ", ShardName(proto::ShardForKey(key, num_shards())),
-          " did not send key '", key, "'"));
-    }
-  }
-  for (const auto& [key, p] : *got) {
-    if (wanted.count(key) == 0) {
-      return Malformed(ShardName(proto::ShardForKey(key, num_shards())),
-                       absl::InvalidArgumentError(
-                           absl::StrCat("key '", key, "' was not requested")));
-    }
-  }
-  return got;
+  // Only finds: safe from one thread per shard.
+  return PullFrom(by_shard, shards, min_version,
+                  [params](int, const std::string& key) -> Param* {
+                    auto it = params->find(key);
+                    return it == params->end() ? nullptr : &it->second;
+                  });
 }
 
-absl::StatusOr<std::map<std::string, Param>> PsClient::PullFrom(
+absl::Status PsClient::PullFrom(
     const std::vector<std::vector<std::string>>& keys_by_shard,
-    const std::vector<int>& shards, int64_t min_version) {
-  std::vector<std::map<std::string, Param>> results(shards.size());
-  absl::Status status =
-      RunParallel(static_cast<int>(shards.size()), [&](int j) {
-        const int shard = shards[j];
-        absl::Status s = WithRetries([&](absl::Time deadline) {
-          absl::StatusOr<std::map<std::string, Param>> got =
-              PullShard(shard, keys_by_shard[shard], min_version, deadline);
-          if (!got.ok()) return got.status();
-          results[j] = *std::move(got);
-          return absl::OkStatus();
-        });
-        return Annotate(s,
-                        absl::StrCat("PullParameters from ", ShardName(shard)));
-      });
-  if (!status.ok()) return status;
-  std::map<std::string, Param> merged;
-  for (auto& result : results) merged.merge(result);  // keys are disjoint
-  return merged;
+    const std::vector<int>& shards, int64_t min_version, const PullSlot& slot) {
+  return RunParallel(static_cast<int>(shards.size()), [&](int j) {
+    const int shard = shards[j];
+    absl::Status s = WithRetries([&](absl::Time deadline) {
+      return PullShard(shard, keys_by_shard[shard], min_version, slot,
+                       deadline);
+    });
+    return Annotate(s, absl::StrCat("PullParameters from ", ShardName(shard)));
+  });
 }
 
-absl::StatusOr<std::map<std::string, Param>> PsClient::PullShard(
-    int shard, const std::vector<std::string>& keys, int64_t min_version,
-    absl::Time deadline) {
+absl::Status PsClient::PullShard(int shard,
+                                 const std::vector<std::string>& keys,
+                                 int64_t min_version, const PullSlot& slot,
+                                 absl::Time deadline) {
   grpc::ClientContext context;
   SetDeadline(&context, deadline);
   proto::PullParametersRequest request;
@@ -783,41 +786,52 @@ absl::StatusOr<std::map<std::string, Param>> PsClient::PullShard(
   request.set_worker(options_.worker);
   for (const std::string& key : keys) request.add_keys(key);
   request.set_min_version(min_version);
-  std::unique_ptr<grpc::ClientReader<proto::PullParametersResponse>> reader =
-      shards_[shard].stub->PullParameters(&context, request);
+  grpc::ByteBuffer request_bytes;
+  bool own;
+  if (grpc::Status st =
+          grpc::SerializationTraits<proto::PullParametersRequest>::Serialize(
+              request, &request_bytes, &own);
+      !st.ok()) {
+    return proto::FromGrpcStatus(st);
+  }
+  std::unique_ptr<grpc::ClientReader<grpc::ByteBuffer>> reader(
+      grpc::internal::ClientReaderFactory<grpc::ByteBuffer>::Create(
+          shards_[shard].channel.get(), *shards_[shard].pull_method, &context,
+          request_bytes));
 
-  std::map<std::string, Param> out;
-  proto::ChunkAssembler assembler;
-  proto::PullParametersResponse response;
+  std::set<std::string> received;
+  proto::TensorReader tensors(
+      [&](const std::string& key, absl::Span<const int64_t> shape,
+          int64_t n) -> absl::StatusOr<float*> {
+        const int owner = proto::ShardForKey(key, num_shards());
+        if (owner != shard) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("key '", key, "' belongs to shard ", owner));
+        }
+        if (!received.insert(key).second) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("key '", key, "' was sent twice"));
+        }
+        Param* p = slot(shard, key);
+        if (p == nullptr) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("key '", key, "' was not requested"));
+        }
+        p->shape.assign(shape.begin(), shape.end());
+        p->values.resize(n);
+        return p->values.data();
+      },
+      [](const std::string&) { return absl::OkStatus(); });
+  grpc::ByteBuffer message;
+  proto::PullParametersResponse head;
   absl::Status bad;
-  while (bad.ok() && reader->Read(&response)) {
-    for (const proto::TensorChunk& chunk : response.chunks()) {
-      absl::StatusOr<std::optional<proto::ChunkAssembler::Complete>> done =
-          assembler.Add(chunk);
-      if (!done.ok()) {
-        bad = done.status();
-        break;
-      }
-      if (!done->has_value()) continue;
-      proto::ChunkAssembler::Complete& t = **done;
-      const int owner = proto::ShardForKey(t.key, num_shards());
-      if (owner != shard) {
-        bad = absl::InvalidArgumentError(
-            absl::StrCat("key '", t.key, "' belongs to shard ", owner));
-        break;
-      }
-      if (out.count(t.key) > 0) {
-        bad = absl::InvalidArgumentError(
-            absl::StrCat("key '", t.key, "' was sent twice"));
-        break;
-      }
-      out.emplace(std::move(t.key),
-                  Param{std::move(t.shape), std::move(t.values)});
-    }
+  while (bad.ok() && reader->Read(&message)) {
+    bad = tensors.Read(message, proto::PullParametersResponse::kChunksFieldNumber,
+                       &head);
   }
   if (!bad.ok()) {
     context.TryCancel();
-    while (reader->Read(&response)) {
+    while (reader->Read(&message)) {
     }
     reader->Finish();
     return Malformed(ShardName(shard), bad);
@@ -825,12 +839,17 @@ absl::StatusOr<std::map<std::string, Param>> PsClient::PullShard(
   if (absl::Status s = proto::FromGrpcStatus(reader->Finish()); !s.ok()) {
     return s;
   }
-  if (assembler.pending()) {
+  if (tensors.pending()) {
     return Malformed(ShardName(shard),
                      absl::InvalidArgumentError(
                          "the stream ended in the middle of a tensor"));
   }
-  return out;
+  for (const std::string& key : keys) {
+    if (received.count(key) == 0) {
+      return absl::NotFoundError(absl::StrCat("key '", key, "' was not sent"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 std::shared_ptr<PsClient::BnStream> PsClient::GetStream(int shard) {

@@ -199,6 +199,12 @@ class PsClient {
   // without any call.
   absl::StatusOr<std::map<std::string, Param>> PullParameters(
       const std::vector<std::string>& keys, int64_t min_version);
+  // The keys of `*params` (every key if it is empty), written into its
+  // entries: their buffers are reused, which saves allocating and faulting in
+  // fresh memory at every pull of large parameters. Errors as above; after an
+  // error the entries' values are unspecified.
+  absl::Status PullParametersInto(int64_t min_version,
+                                  std::map<std::string, Param>* params);
 
   // One BnSync exchange with the shard that owns request.layer(): sets the id,
   // job and worker of `request`, writes it on that shard's stream (opened at
@@ -258,6 +264,9 @@ class PsClient {
     std::string address;
     std::shared_ptr<grpc::Channel> channel;
     std::unique_ptr<proto::ParameterServer::Stub> stub;
+    // The bulk methods, called raw (messages framed by proto/tensor_wire).
+    std::unique_ptr<grpc::internal::RpcMethod> push_method;
+    std::unique_ptr<grpc::internal::RpcMethod> pull_method;
   };
 
   PsClient(PsClientOptions options, std::vector<Shard> shards);
@@ -281,12 +290,17 @@ class PsClient {
                          const std::vector<const std::string*>& keys,
                          const std::map<std::string, Param>& grads,
                          absl::Time deadline);
-  absl::StatusOr<std::map<std::string, Param>> PullShard(
-      int shard, const std::vector<std::string>& keys, int64_t min_version,
-      absl::Time deadline);
-  absl::StatusOr<std::map<std::string, Param>> PullFrom(
+  // Where a pulled tensor goes: the entry for `key`, or nullptr if the key
+  // was not requested. Called from one thread per shard at once.
+  using PullSlot = std::function<Param*(int shard, const std::string& key)>;
+  // Pulls `keys` (every key if empty) of `shard` into the slots.
+  absl::Status PullShard(int shard, const std::vector<std::string>& keys,
+                         int64_t min_version, const PullSlot& slot,
+                         absl::Time deadline);
+  absl::Status PullFrom(
       const std::vector<std::vector<std::string>>& keys_by_shard,
-      const std::vector<int>& shards, int64_t min_version);
+      const std::vector<int>& shards, int64_t min_version,
+      const PullSlot& slot);
 
   // The current stream of `shard`, opened if there is none or it broke.
   std::shared_ptr<BnStream> GetStream(int shard)

@@ -716,6 +716,20 @@ TEST_F(PsClientTest, PullParametersReassemblesEveryShard) {
   EXPECT_EQ(client->PullParameters({"nope"}, 0).status().code(),
             absl::StatusCode::kNotFound);
   EXPECT_TRUE(client->PullParameters(std::vector<std::string>{}, 0)->empty());
+
+  // Into existing entries: the buffers are reused, the values replaced.
+  std::map<std::string, Param> into;
+  into[KeyOnShard(1, "big")] = MakeParam({3, 1000, 1000}, 9);
+  into[KeyOnShard(0, "a")];
+  const float* big_buffer = into[KeyOnShard(1, "big")].values.data();
+  ASSERT_TRUE(client->PullParametersInto(0, &into).ok());
+  ASSERT_EQ(into.size(), 2u);
+  EXPECT_EQ(into[KeyOnShard(1, "big")].values.data(), big_buffer);
+  EXPECT_TRUE(SameParam(into[KeyOnShard(1, "big")], want[KeyOnShard(1, "big")]));
+  EXPECT_TRUE(SameParam(into[KeyOnShard(0, "a")], want[KeyOnShard(0, "a")]));
+  into[KeyOnShard(0, "nope")];
+  EXPECT_EQ(client->PullParametersInto(0, &into).code(),
+            absl::StatusCode::kNotFound);
 }
 
 TEST_F(PsClientTest, BnExchangesRoundTrip) {

@@ -76,6 +76,9 @@
 ABSL_FLAG(int, reps, 200, "BN latency: measured calls per worker and row");
 ABSL_FLAG(bool, quick, false,
           "fewer reps: at most 50 BN calls per row, 1-3 push+pull reps");
+ABSL_FLAG(bool, peers, true,
+          "measure the peers too (gloo, raw gRPC echo); off to profile bnps "
+          "alone");
 ABSL_FLAG(std::string, tables, "bn,grad",
           "which tables to measure, comma-separated: bn (BN-sync latency), "
           "grad (gradient push + pull throughput)");
@@ -623,6 +626,8 @@ std::vector<ThroughputRow> MeasureThroughput(int shards, const Settings& s) {
       grads[keys.back()] = {{n}, std::vector<float>(n, 1e-4f)};
       ++row.keys_per_shard[proto::ShardForKey(keys.back(), shards)];
     }
+    std::map<std::string, worker::Param> pulled;
+    for (const std::string& key : keys) pulled[key];
     if (absl::Status init = (*client)->InitParameters(grads); !init.ok()) {
       row.bnps = init;
     } else {
@@ -631,12 +636,14 @@ std::vector<ThroughputRow> MeasureThroughput(int shards, const Settings& s) {
             !st.ok()) {
           return st;
         }
-        auto pulled = (*client)->PullParameters(keys, step + 1);
-        if (!pulled.ok()) return pulled.status();
-        return pulled->size() == keys.size()
-                   ? absl::OkStatus()
-                   : absl::DataLossError("PullParameters: keys missing");
+        // Into the same buffers each rep, as the echo's reader reuses its
+        // message.
+        return (*client)->PullParametersInto(step + 1, &pulled);
       });
+    }
+    if (!absl::GetFlag(FLAGS_peers)) {
+      row.echo = absl::CancelledError("--peers=false");
+      continue;
     }
     row.echo = Throughput(bytes, reps, budget,
                           [&](int) { return EchoPushPull(stubs, bytes); });
