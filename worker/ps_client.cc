@@ -639,6 +639,22 @@ absl::Status PsClient::InitShard(int shard,
 absl::Status PsClient::PushGradients(
     int64_t step, int64_t num_samples,
     const std::map<std::string, Param>& grads) {
+  return PushAll(step, num_samples, grads, nullptr);
+}
+
+absl::Status PsClient::PushGradients(
+    int64_t step, int64_t num_samples,
+    std::shared_ptr<const std::map<std::string, Param>> grads) {
+  if (grads == nullptr) {
+    return absl::InvalidArgumentError("PushGradients: null gradients");
+  }
+  const std::map<std::string, Param>& g = *grads;
+  return PushAll(step, num_samples, g, std::move(grads));
+}
+
+absl::Status PsClient::PushAll(int64_t step, int64_t num_samples,
+                               const std::map<std::string, Param>& grads,
+                               const std::shared_ptr<const void>& owner) {
   if (step < 0 || num_samples < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("PushGradients: step ", step, " and num_samples ",
@@ -656,7 +672,7 @@ absl::Status PsClient::PushGradients(
   return RunParallel(static_cast<int>(shards.size()), [&](int j) {
     const int shard = shards[j];
     absl::Status s = WithRetries([&](absl::Time deadline) {
-      return PushShard(shard, step, num_samples, by_shard[shard], grads,
+      return PushShard(shard, step, num_samples, by_shard[shard], grads, owner,
                        deadline);
     });
     return Annotate(s, absl::StrCat("PushGradients of step ", step, " to ",
@@ -667,6 +683,7 @@ absl::Status PsClient::PushGradients(
 absl::Status PsClient::PushShard(int shard, int64_t step, int64_t num_samples,
                                  const std::vector<const std::string*>& keys,
                                  const std::map<std::string, Param>& grads,
+                                 const std::shared_ptr<const void>& owner,
                                  absl::Time deadline) {
   grpc::ClientContext context;
   SetDeadline(&context, deadline);
@@ -688,8 +705,8 @@ absl::Status PsClient::PushShard(int shard, int64_t step, int64_t num_samples,
     const Param& p = grads.at(*key);
     const absl::Span<const float> values(p.values);
     const int64_t n = static_cast<int64_t>(values.size());
-    // Copied one chunk at a time into the message being built, so that no
-    // more than one message is ever held.
+    // One chunk at a time into the message being built, so that no more
+    // than one message is ever held.
     for (int64_t offset = 0; ok;) {
       const int64_t len = std::min(proto::kChunkFloats, n - offset);
       const size_t size = len * sizeof(float) + TensorOverhead(*key, p);
@@ -698,7 +715,12 @@ absl::Status PsClient::PushShard(int shard, int64_t step, int64_t num_samples,
         ok = writer->Write(message.Build());
         if (!ok) break;
       }
-      message.AddCopied(*key, p.shape, offset, values.subspan(offset, len));
+      if (owner != nullptr) {
+        message.AddShared(*key, p.shape, offset, values.subspan(offset, len),
+                          owner);
+      } else {
+        message.AddCopied(*key, p.shape, offset, values.subspan(offset, len));
+      }
       offset += len;
       if (offset >= n) break;  // an empty tensor still sends one chunk
     }

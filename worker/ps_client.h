@@ -186,6 +186,12 @@ class PsClient {
   // INVALID_ARGUMENT for a negative step or num_samples or a bad key or shape.
   absl::Status PushGradients(int64_t step, int64_t num_samples,
                              const std::map<std::string, Param>& grads);
+  // The same without copying the tensors: the messages reference them, and
+  // `grads` stays alive as long as gRPC holds any of them. The values must
+  // not change until the call returns.
+  absl::Status PushGradients(
+      int64_t step, int64_t num_samples,
+      std::shared_ptr<const std::map<std::string, Param>> grads);
 
   // Every parameter of every shard, once each requested key has had at least
   // `min_version` updates applied (0 never waits; the wait counts against
@@ -286,9 +292,15 @@ class PsClient {
 
   absl::Status InitShard(int shard, const std::vector<const std::string*>& keys,
                          const std::map<std::string, Param>& params);
+  // Copies the tensors into the messages, or references them if `owner`
+  // (which keeps `grads` alive) is not null.
+  absl::Status PushAll(int64_t step, int64_t num_samples,
+                       const std::map<std::string, Param>& grads,
+                       const std::shared_ptr<const void>& owner);
   absl::Status PushShard(int shard, int64_t step, int64_t num_samples,
                          const std::vector<const std::string*>& keys,
                          const std::map<std::string, Param>& grads,
+                         const std::shared_ptr<const void>& owner,
                          absl::Time deadline);
   // Where a pulled tensor goes: the entry for `key`, or nullptr if the key
   // was not requested. Called from one thread per shard at once.

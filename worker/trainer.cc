@@ -250,7 +250,10 @@ absl::StatusOr<TrainReport> Trainer::Run() {
       if (!grads.ok()) return grads.status();
       const absl::Time push_start = absl::Now();
       if (absl::Status s =
-              client_->PushGradients(step, batch.n, ToParams(*std::move(grads)));
+              client_->PushGradients(
+                  step, batch.n,
+                  std::make_shared<const std::map<std::string, Param>>(
+                      ToParams(*std::move(grads))));
           !s.ok()) {
         return Annotate(s, absl::StrCat("step ", step, ": pushing gradients"));
       }

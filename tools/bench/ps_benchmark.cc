@@ -43,6 +43,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -101,7 +102,7 @@ struct Settings {
   int reps = 200;   // BN calls timed per worker
   absl::Duration row_budget = absl::Seconds(20);  // per latency row and peer
   std::vector<int> shard_counts = {1, 2};
-  std::map<int, int> push_pull_reps = {{1, 20}, {16, 10}, {64, 5}};  // by MB
+  std::map<int, int> push_pull_reps = {{1, 40}, {16, 15}, {64, 9}};  // by MB
 };
 
 struct Latency {
@@ -562,20 +563,37 @@ struct ThroughputRow {
   absl::StatusOr<double> echo = absl::UnknownError("not run");
 };
 
-// Times `reps` calls of rep() after one warm-up call; 2 * bytes / median.
-template <typename Rep>
-absl::StatusOr<double> Throughput(int64_t bytes, int reps,
-                                  absl::Duration budget, Rep rep) {
+// Times `reps` calls of each of `reps_of` (a list of rep functions, one per
+// system) after one warm-up call each, alternating between them so that all
+// see the same machine; 2 * bytes / median time, per system. A system whose
+// rep fails stops being timed and reports the error.
+std::vector<absl::StatusOr<double>> Throughput(
+    int64_t bytes, int reps, absl::Duration budget,
+    const std::vector<std::function<absl::Status(int)>>& reps_of) {
   const Clock::time_point deadline =
       Clock::now() + absl::ToChronoNanoseconds(budget);
-  std::vector<double> seconds;
+  const size_t n = reps_of.size();
+  std::vector<std::vector<double>> seconds(n);
+  std::vector<absl::Status> status(n);
   for (int i = 0; i <= reps && Clock::now() < deadline; ++i) {
-    const Clock::time_point t0 = Clock::now();
-    if (absl::Status st = rep(i); !st.ok()) return st;
-    if (i > 0) seconds.push_back(MicrosSince(t0) * 1e-6);
+    for (size_t k = 0; k < n; ++k) {
+      if (!status[k].ok()) continue;
+      const Clock::time_point t0 = Clock::now();
+      status[k] = reps_of[k](i);
+      if (status[k].ok() && i > 0) seconds[k].push_back(MicrosSince(t0) * 1e-6);
+    }
   }
-  if (seconds.empty()) return absl::DeadlineExceededError("no rep was timed");
-  return 2.0 * bytes / kMB / Percentile(seconds, 0.5);
+  std::vector<absl::StatusOr<double>> out;
+  for (size_t k = 0; k < n; ++k) {
+    if (!status[k].ok()) {
+      out.push_back(status[k]);
+    } else if (seconds[k].empty()) {
+      out.push_back(absl::DeadlineExceededError("no rep was timed"));
+    } else {
+      out.push_back(2.0 * bytes / kMB / Percentile(seconds[k], 0.5));
+    }
+  }
+  return out;
 }
 
 std::vector<ThroughputRow> MeasureThroughput(int shards, const Settings& s) {
@@ -628,25 +646,30 @@ std::vector<ThroughputRow> MeasureThroughput(int shards, const Settings& s) {
     }
     std::map<std::string, worker::Param> pulled;
     for (const std::string& key : keys) pulled[key];
+    // Sent without a copy (the trainer's way); unchanged between reps.
+    auto shared = std::make_shared<const std::map<std::string, worker::Param>>(
+        grads);
     if (absl::Status init = (*client)->InitParameters(grads); !init.ok()) {
       row.bnps = init;
-    } else {
-      row.bnps = Throughput(bytes, reps, budget, [&](int step) -> absl::Status {
-        if (absl::Status st = (*client)->PushGradients(step, 1, grads);
-            !st.ok()) {
-          return st;
-        }
-        // Into the same buffers each rep, as the echo's reader reuses its
-        // message.
-        return (*client)->PullParametersInto(step + 1, &pulled);
-      });
-    }
-    if (!absl::GetFlag(FLAGS_peers)) {
-      row.echo = absl::CancelledError("--peers=false");
       continue;
     }
-    row.echo = Throughput(bytes, reps, budget,
-                          [&](int) { return EchoPushPull(stubs, bytes); });
+    std::vector<std::function<absl::Status(int)>> systems = {
+        [&](int step) -> absl::Status {
+          if (absl::Status st = (*client)->PushGradients(step, 1, shared);
+              !st.ok()) {
+            return st;
+          }
+          // Into the same buffers each rep, as the echo's reader reuses its
+          // message.
+          return (*client)->PullParametersInto(step + 1, &pulled);
+        }};
+    if (absl::GetFlag(FLAGS_peers)) {
+      systems.push_back([&](int) { return EchoPushPull(stubs, bytes); });
+    }
+    std::vector<absl::StatusOr<double>> got =
+        Throughput(bytes, reps, budget, systems);
+    row.bnps = got[0];
+    row.echo = got.size() > 1 ? got[1] : absl::CancelledError("--peers=false");
   }
   return rows;
 }
