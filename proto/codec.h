@@ -1,17 +1,16 @@
 // Conversions between wire messages and host values: tensors as raw
 // little-endian bytes, BN moments/sums/running stats, chunked tensors, and
-// absl::Status <-> grpc::Status (the one place that converts).
+// absl::Status <-> grpc::Status (the one place that converts). The bulk
+// messages are read and written by proto/tensor_wire.h.
 //
 // Decoding validates everything that arrives over the network and returns
 // INVALID_ARGUMENT naming what is wrong: dtype, shape, byte size, non-finite
-// values, limits. Thread-safety: functions are pure; ChunkAssembler is
-// thread-compatible.
+// values, limits. Thread-safety: functions are pure.
 
 #ifndef BNPS_PROTO_CODEC_H_
 #define BNPS_PROTO_CODEC_H_
 
 #include <cstdint>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -56,33 +55,13 @@ absl::StatusOr<bn::RunningStats> DecodeRunning(const BnRunningStats& r,
 absl::StatusOr<int64_t> NumElements(absl::Span<const int64_t> shape);
 
 // Cuts `values` (of the given full shape) into chunks of at most
-// `chunk_floats` elements, appended to `out`.
+// `chunk_floats` elements, appended to `out`: the bulk messages as the
+// generated classes build them. bnps's own client and server frame those
+// messages with proto/tensor_wire.h instead, which writes the same bytes
+// without copying tensors through protobuf; this is for peers and tests.
 void AppendChunks(const std::string& key, absl::Span<const int64_t> shape,
                   absl::Span<const float> values, int64_t chunk_floats,
                   google::protobuf::RepeatedPtrField<TensorChunk>* out);
-
-// Reassembles tensors from chunks that arrive in order.
-class ChunkAssembler {
- public:
-  struct Complete {
-    std::string key;
-    std::vector<int64_t> shape;
-    std::vector<float> values;
-  };
-
-  // Adds one chunk. Returns the tensor when this chunk completed it, nothing
-  // when more chunks are due. INVALID_ARGUMENT for a chunk out of order, of the
-  // wrong shape, past the end, with non-finite values, or for a different key
-  // while a tensor is incomplete.
-  absl::StatusOr<std::optional<Complete>> Add(const TensorChunk& chunk);
-
-  // True if a tensor is partly received.
-  bool pending() const { return !current_.key.empty(); }
-
- private:
-  Complete current_;
-  int64_t total_ = 0;
-};
 
 // The one place statuses cross between Abseil and gRPC.
 grpc::Status ToGrpcStatus(const absl::Status& s);

@@ -94,65 +94,31 @@ TEST(CodecTest, SumsAndRunningStats) {
   EXPECT_EQ(DecodeRunning(rw, 1).status().code(), kInvalid);
 }
 
-TEST(CodecTest, ChunksReassemble) {
+TEST(CodecTest, AppendChunksCutsAtTheLimit) {
   std::vector<float> v(1000);
   for (size_t i = 0; i < v.size(); ++i) v[i] = i * 0.5f;
   const int64_t shape[] = {10, 100};
   google::protobuf::RepeatedPtrField<TensorChunk> chunks;
   AppendChunks("w", shape, v, 300, &chunks);
   ASSERT_EQ(chunks.size(), 4);
-  ChunkAssembler assembler;
-  for (int i = 0; i < chunks.size(); ++i) {
-    absl::StatusOr<std::optional<ChunkAssembler::Complete>> got =
-        assembler.Add(chunks[i]);
-    ASSERT_TRUE(got.ok()) << got.status();
-    if (i + 1 < chunks.size()) {
-      EXPECT_FALSE(got->has_value());
-      EXPECT_TRUE(assembler.pending());
-    } else {
-      ASSERT_TRUE(got->has_value());
-      EXPECT_EQ((*got)->key, "w");
-      EXPECT_EQ((*got)->shape, (std::vector<int64_t>{10, 100}));
-      EXPECT_EQ((*got)->values, v);
-    }
+  std::vector<float> joined;
+  for (const TensorChunk& c : chunks) {
+    EXPECT_EQ(c.key(), "w");
+    EXPECT_EQ(c.offset(), static_cast<int64_t>(joined.size()));
+    EXPECT_EQ(std::vector<int64_t>(c.shape().begin(), c.shape().end()),
+              (std::vector<int64_t>{10, 100}));
+    absl::StatusOr<std::vector<float>> part = DecodeFloat32(c.part());
+    ASSERT_TRUE(part.ok()) << part.status();
+    joined.insert(joined.end(), part->begin(), part->end());
   }
-  EXPECT_FALSE(assembler.pending());
-}
-
-TEST(CodecTest, ChunkAssemblerRejectsDisorder) {
-  std::vector<float> v(10, 1.0f);
-  const int64_t shape[] = {10};
-  google::protobuf::RepeatedPtrField<TensorChunk> chunks;
-  AppendChunks("w", shape, v, 4, &chunks);
-  ChunkAssembler a;
-  ASSERT_TRUE(a.Add(chunks[0]).ok());
-  EXPECT_EQ(a.Add(chunks[2]).status().code(), kInvalid);  // gap
-  ChunkAssembler b;
-  ASSERT_TRUE(b.Add(chunks[0]).ok());
-  TensorChunk other = chunks[1];
-  other.set_key("v");
-  EXPECT_EQ(b.Add(other).status().code(), kInvalid);  // interleaved key
-  ChunkAssembler c;
-  TensorChunk too_long = chunks[0];
-  const int64_t big[] = {20};
-  EncodeFloat32(std::vector<float>(20, 1.0f), big, too_long.mutable_part());
-  EXPECT_EQ(c.Add(too_long).status().code(), kInvalid);  // past the end
-  ChunkAssembler d;
-  TensorChunk no_key = chunks[0];
-  no_key.clear_key();
-  EXPECT_EQ(d.Add(no_key).status().code(), kInvalid);
-}
-
-TEST(CodecTest, EmptyTensorIsOneChunk) {
-  const int64_t shape[] = {0};
-  google::protobuf::RepeatedPtrField<TensorChunk> chunks;
-  AppendChunks("e", shape, {}, 4, &chunks);
-  ASSERT_EQ(chunks.size(), 1);
-  ChunkAssembler a;
-  auto got = a.Add(chunks[0]);
-  ASSERT_TRUE(got.ok());
-  ASSERT_TRUE(got->has_value());
-  EXPECT_TRUE((*got)->values.empty());
+  EXPECT_EQ(joined, v);
+  EXPECT_EQ(chunks[3].part().shape(0), 100);
+  // An empty tensor is one empty chunk.
+  google::protobuf::RepeatedPtrField<TensorChunk> empty;
+  const int64_t zero[] = {0};
+  AppendChunks("e", zero, {}, 4, &empty);
+  ASSERT_EQ(empty.size(), 1);
+  EXPECT_EQ(empty[0].part().shape(0), 0);
 }
 
 TEST(CodecTest, StatusConversionKeepsCodeAndMessage) {

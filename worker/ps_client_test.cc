@@ -220,7 +220,9 @@ class FakeShard final : public proto::ParameterServer::Service {
       }
     }
     Push push;
-    proto::ChunkAssembler assembler;
+    // Reassembled with the generated classes, independently of the client's
+    // own framing (proto/tensor_wire).
+    std::map<std::string, int64_t> expected_size;
     proto::PushGradientsRequest message;
     while (reader->Read(&message)) {
       if (message.job() != kJob) {
@@ -242,17 +244,26 @@ class FakeShard final : public proto::ParameterServer::Service {
         if (proto::ShardForKey(chunk.key(), kShards) != shard_) {
           return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "not my key");
         }
-        auto done = assembler.Add(chunk);
-        if (!done.ok()) return proto::ToGrpcStatus(done.status());
-        if (done->has_value()) {
-          proto::ChunkAssembler::Complete& t = **done;
-          push.grads[t.key] = Param{std::move(t.shape), std::move(t.values)};
+        absl::StatusOr<std::vector<float>> part =
+            proto::DecodeFloat32(chunk.part());
+        if (!part.ok()) return proto::ToGrpcStatus(part.status());
+        Param& p = push.grads[chunk.key()];
+        if (chunk.offset() != static_cast<int64_t>(p.values.size())) {
+          return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                              "chunk out of order");
         }
+        p.shape.assign(chunk.shape().begin(), chunk.shape().end());
+        p.values.insert(p.values.end(), part->begin(), part->end());
+        absl::StatusOr<int64_t> n = proto::NumElements(p.shape);
+        if (!n.ok()) return proto::ToGrpcStatus(n.status());
+        expected_size[chunk.key()] = *n;
       }
     }
-    if (assembler.pending()) {
-      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                          "incomplete tensor");
+    for (const auto& [key, p] : push.grads) {
+      if (static_cast<int64_t>(p.values.size()) != expected_size[key]) {
+        return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                            "incomplete tensor");
+      }
     }
     response->set_applied(static_cast<int>(push.grads.size()));
     absl::MutexLock lock(&mu_);

@@ -20,14 +20,17 @@
 //
 // 2. Gradient push + pull, one worker, S shard servers: the tensor is split
 //    into parameters of at most 1M floats; a rep is PushGradients(step) of all
-//    of them and PullParameters(keys, step + 1) (sync, one worker: applied at
-//    once). Peer: raw gRPC moving the same bytes in 1 MiB messages, a
-//    client-streaming Upload then a server-streaming Download, split over S
-//    echo servers in parallel as bnps splits over shards. Throughput is
+//    of them (shared, as the trainer pushes) and PullParametersInto(step + 1)
+//    (sync, one worker: applied at once; into the same buffers every rep, as
+//    the echo's reader reuses its message). Peer: raw gRPC moving the same
+//    bytes in 1 MiB messages, a client-streaming Upload then a
+//    server-streaming Download, split over S echo servers in parallel as bnps
+//    splits over shards. bnps and echo reps alternate. Throughput is
 //    2 * bytes / (median time of a rep); MB = 2^20 bytes.
 //
-// Run: bazel build //tools/bench:ps_benchmark &&
+// Run: bazel build -c opt //tools/bench:ps_benchmark &&
 //      bazel-bin/tools/bench/ps_benchmark [--reps=200] [--quick]
+//      [--tables=bn,grad] [--peers=false]
 
 #include <signal.h>
 #include <sys/wait.h>
