@@ -1,5 +1,6 @@
 #include "proto/tensor_wire.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <utility>
@@ -112,8 +113,11 @@ bool IsVarint(uint32_t tag) {
 // --- ChunkedMessageBuilder
 
 ChunkedMessageBuilder::ChunkedMessageBuilder(
-    const google::protobuf::MessageLite& head, int chunks_field)
-    : head_(head.SerializeAsString()), chunks_field_(chunks_field) {
+    const google::protobuf::MessageLite& head, int chunks_field,
+    int64_t max_bytes)
+    : head_(head.SerializeAsString()),
+      chunks_field_(chunks_field),
+      max_bytes_(max_bytes) {
   bytes_ = static_cast<int64_t>(head_.size());
 }
 
@@ -148,33 +152,51 @@ std::string ChunkedMessageBuilder::ChunkHeader(const std::string& key,
   return out;
 }
 
-void ChunkedMessageBuilder::AddCopied(const std::string& key,
+bool ChunkedMessageBuilder::AddTensor(const std::string& key,
                                       absl::Span<const int64_t> shape,
-                                      int64_t offset,
-                                      absl::Span<const float> part) {
-  const std::string header = ChunkHeader(key, shape, offset, part.size());
-  const size_t payload = part.size() * sizeof(float);
-  grpc_slice slice = grpc_slice_malloc(header.size() + payload);
-  uint8_t* dst = GRPC_SLICE_START_PTR(slice);
-  std::memcpy(dst, header.data(), header.size());
-  if (payload > 0) std::memcpy(dst + header.size(), part.data(), payload);
-  slices_.emplace_back(slice, grpc::Slice::STEAL_REF);
-  ++num_chunks_;
-  bytes_ += static_cast<int64_t>(header.size() + payload);
+                                      absl::Span<const float> values,
+                                      const std::shared_ptr<const void>& owner,
+                                      const Flush& flush) {
+  const int64_t n = static_cast<int64_t>(values.size());
+  int64_t offset = 0;
+  do {
+    const int64_t len = std::min(kChunkFloats, n - offset);
+    const std::string header = ChunkHeader(key, shape, offset, len);
+    if (num_chunks_ > 0 && bytes_ + static_cast<int64_t>(header.size()) +
+                                   len * 4 > max_bytes_) {
+      if (!flush(Build())) return false;
+    }
+    Append(header, values.subspan(offset, len), owner);
+    offset += len;
+  } while (offset < n);
+  return true;
 }
 
-void ChunkedMessageBuilder::AddShared(const std::string& key,
-                                      absl::Span<const int64_t> shape,
-                                      int64_t offset,
-                                      absl::Span<const float> part,
-                                      std::shared_ptr<const void> owner) {
-  const std::string header = ChunkHeader(key, shape, offset, part.size());
+void ChunkedMessageBuilder::AddChunk(const std::string& key,
+                                     absl::Span<const int64_t> shape,
+                                     int64_t offset,
+                                     absl::Span<const float> part,
+                                     const std::shared_ptr<const void>& owner) {
+  Append(ChunkHeader(key, shape, offset, part.size()), part, owner);
+}
+
+void ChunkedMessageBuilder::Append(const std::string& header,
+                                   absl::Span<const float> part,
+                                   const std::shared_ptr<const void>& owner) {
   const size_t payload = part.size() * sizeof(float);
-  slices_.emplace_back(header);
-  if (payload > 0) {
-    slices_.emplace_back(
-        const_cast<float*>(part.data()), payload, &ReleaseOwner,
-        new std::shared_ptr<const void>(std::move(owner)));
+  if (owner == nullptr) {  // one slice: the header, then a copy of the payload
+    grpc_slice slice = grpc_slice_malloc(header.size() + payload);
+    uint8_t* dst = GRPC_SLICE_START_PTR(slice);
+    std::memcpy(dst, header.data(), header.size());
+    if (payload > 0) std::memcpy(dst + header.size(), part.data(), payload);
+    slices_.emplace_back(slice, grpc::Slice::STEAL_REF);
+  } else {
+    slices_.emplace_back(header);
+    if (payload > 0) {
+      slices_.emplace_back(const_cast<float*>(part.data()), payload,
+                           &ReleaseOwner,
+                           new std::shared_ptr<const void>(owner));
+    }
   }
   ++num_chunks_;
   bytes_ += static_cast<int64_t>(header.size() + payload);

@@ -29,22 +29,33 @@
 
 namespace bnps::proto {
 
-// Builds one message: `head` (the message with no chunks) followed by
-// TensorChunks as repeated field `chunks_field`.
+// Builds messages of `head` (the message with no chunks) followed by
+// TensorChunks as repeated field `chunks_field`, each at most `max_bytes`
+// unless a single chunk is larger.
 class ChunkedMessageBuilder {
  public:
-  ChunkedMessageBuilder(const google::protobuf::MessageLite& head,
-                        int chunks_field);
+  // Takes a full message; returns false if it could not be sent.
+  using Flush = std::function<bool(grpc::ByteBuffer message)>;
 
-  // Appends the chunk [offset, offset + part.size()) of tensor `key` of
-  // `shape`, copying `part` into the message (the caller may reuse it at once).
-  void AddCopied(const std::string& key, absl::Span<const int64_t> shape,
-                 int64_t offset, absl::Span<const float> part);
-  // The same, referencing `part` in place: `owner` keeps it alive and
-  // unchanged until gRPC releases the message (after the call, at the latest).
-  void AddShared(const std::string& key, absl::Span<const int64_t> shape,
-                 int64_t offset, absl::Span<const float> part,
-                 std::shared_ptr<const void> owner);
+  ChunkedMessageBuilder(const google::protobuf::MessageLite& head,
+                        int chunks_field, int64_t max_bytes);
+
+  // Appends tensor `key` of `shape` with `values` as chunks of at most
+  // kChunkFloats elements (an empty tensor is one empty chunk). Before a
+  // chunk that would take the message past max_bytes, the message so far goes
+  // to `flush` and the builder starts over. Returns false as soon as flush
+  // does. Payloads are copied if `owner` is null; otherwise they are
+  // referenced in place, and `owner` keeps them alive and unchanged until gRPC
+  // releases the messages (after the call, at the latest).
+  bool AddTensor(const std::string& key, absl::Span<const int64_t> shape,
+                 absl::Span<const float> values,
+                 const std::shared_ptr<const void>& owner, const Flush& flush);
+
+  // Appends the chunk [offset, offset + part.size()) of tensor `key`, copied
+  // or referenced as above, with no size check.
+  void AddChunk(const std::string& key, absl::Span<const int64_t> shape,
+                int64_t offset, absl::Span<const float> part,
+                const std::shared_ptr<const void>& owner);
 
   int num_chunks() const { return num_chunks_; }
   // Bytes of the message so far.
@@ -58,9 +69,12 @@ class ChunkedMessageBuilder {
   std::string ChunkHeader(const std::string& key,
                           absl::Span<const int64_t> shape, int64_t offset,
                           int64_t elements) const;
+  void Append(const std::string& header, absl::Span<const float> part,
+              const std::shared_ptr<const void>& owner);
 
   const std::string head_;
   const int chunks_field_;
+  const int64_t max_bytes_;
   std::vector<grpc::Slice> slices_;
   int num_chunks_ = 0;
   int64_t bytes_ = 0;

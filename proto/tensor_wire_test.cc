@@ -10,6 +10,7 @@
 #include "gtest/gtest.h"
 #include "proto/bnps.pb.h"
 #include "proto/codec.h"
+#include "proto/limits.h"
 
 namespace bnps::proto {
 namespace {
@@ -80,14 +81,14 @@ TEST(TensorWireTest, BuilderWritesWhatProtobufReads) {
   AppendChunks("a", a_shape, a, 300, want.mutable_chunks());
   AppendChunks("b", b_shape, b, 300, want.mutable_chunks());
 
-  ChunkedMessageBuilder builder(Head(), 5);
+  ChunkedMessageBuilder builder(Head(), 5, 1 << 20);
   auto owner = std::make_shared<std::vector<float>>(b);
   std::weak_ptr<std::vector<float>> watch = owner;
   for (int64_t at = 0; at < 1000; at += 300) {
-    builder.AddCopied("a", a_shape, at,
-                      absl::MakeConstSpan(a).subspan(at, 300));
+    builder.AddChunk("a", a_shape, at,
+                     absl::MakeConstSpan(a).subspan(at, 300), nullptr);
   }
-  builder.AddShared("b", b_shape, 0, *owner, owner);
+  builder.AddChunk("b", b_shape, 0, *owner, owner);
   owner.reset();
   EXPECT_EQ(builder.num_chunks(), 5);
   {
@@ -155,11 +156,11 @@ TEST(TensorWireTest, BuilderAndReaderRoundTrip) {
   const int64_t shape[] = {50, 100};
   PullParametersResponse head;
   head.set_version(9);
-  ChunkedMessageBuilder builder(head, 1);
+  ChunkedMessageBuilder builder(head, 1, 1 << 20);
   auto owner = std::make_shared<std::vector<float>>(a);
   for (int64_t at = 0; at < 5000; at += 1024) {
-    builder.AddShared("w", shape, at,
-                      absl::MakeConstSpan(*owner).subspan(at, 1024), owner);
+    builder.AddChunk("w", shape, at,
+                     absl::MakeConstSpan(*owner).subspan(at, 1024), owner);
   }
   const std::string bytes = Bytes(builder.Build());
   Received r;
@@ -168,6 +169,50 @@ TEST(TensorWireTest, BuilderAndReaderRoundTrip) {
   ASSERT_TRUE(reader.Read(Split(bytes, 333), 1, &got).ok());
   EXPECT_EQ(got.version(), 9);
   EXPECT_EQ(r.tensors["w"], a);
+}
+
+// Tensors cut into kChunkFloats chunks and packed into messages of at most
+// max_bytes; reading the messages in order gives the tensors back.
+TEST(TensorWireTest, AddTensorCutsAndPacks) {
+  const int64_t big = kChunkFloats * 2 + 5;  // three chunks
+  const std::vector<float> a = Ramp(big, 1e-3f), b = Ramp(3), e;
+  const int64_t a_shape[] = {big}, b_shape[] = {3}, e_shape[] = {0, 4};
+  const int64_t max_bytes = kChunkBytes + 4096;  // one full chunk a message
+  ChunkedMessageBuilder builder(Head(), 5, max_bytes);
+  std::vector<grpc::ByteBuffer> messages;
+  const auto keep = [&](grpc::ByteBuffer m) {
+    messages.push_back(std::move(m));
+    return true;
+  };
+  ASSERT_TRUE(builder.AddTensor("a", a_shape, a, nullptr, keep));
+  auto owner = std::make_shared<std::vector<float>>(b);
+  ASSERT_TRUE(builder.AddTensor("b", b_shape, *owner, owner, keep));
+  ASSERT_TRUE(builder.AddTensor("e", e_shape, e, nullptr, keep));
+  messages.push_back(builder.Build());
+  ASSERT_EQ(messages.size(), 2u);  // a0 | a1 a2 b e
+  Received r;
+  TensorReader reader = r.Reader();
+  for (const grpc::ByteBuffer& m : messages) {
+    EXPECT_LE(static_cast<int64_t>(m.Length()), max_bytes);
+    PushGradientsRequest head;
+    ASSERT_TRUE(reader.Read(m, 5, &head).ok());
+    EXPECT_EQ(head.step(), 17);
+  }
+  EXPECT_EQ(r.tensors["a"], a);
+  EXPECT_EQ(r.tensors["b"], b);
+  EXPECT_EQ(r.completed, (std::vector<std::string>{"a", "b", "e"}));
+  EXPECT_EQ(r.shapes["e"], (std::vector<int64_t>{0, 4}));
+
+  // A flush that fails stops the tensor.
+  ChunkedMessageBuilder refused(Head(), 5, max_bytes);
+  int flushes = 0;
+  EXPECT_FALSE(refused.AddTensor("a", a_shape, a, nullptr,
+                                 [&](grpc::ByteBuffer) {
+                                   ++flushes;
+                                   return false;
+                                 }));
+  EXPECT_EQ(flushes, 1);
+  EXPECT_EQ(refused.num_chunks(), 0);
 }
 
 TEST(TensorWireTest, EmptyTensorAndUnknownFields) {

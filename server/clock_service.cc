@@ -1,5 +1,6 @@
 #include "server/clock_service.h"
 
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -27,28 +28,22 @@ std::string ClockService::LaggardText(int64_t step) const {
 }
 
 void ClockService::Collect(Ready* ready) {
-  std::vector<Waiter> still;
-  for (Waiter& w : waiters_) {
-    if (!table_.IsLive(w.worker)) {
-      absl::Status s = absl::FailedPreconditionError(
-          absl::StrCat("worker ", w.worker, " was removed from the job"));
-      ready->push_back([done = std::move(w.done), s] { done(s); });
-    } else if (table_.MayStart(w.worker, w.step)) {
-      const int64_t min = table_.MinLiveClock();
-      ready->push_back([done = std::move(w.done), min] { done(min); });
-    } else {
-      absl::Status why;
-      for (int laggard : table_.Laggards(w.step)) {
-        if (!failed_[laggard].ok()) why = failed_[laggard];
-      }
-      if (!why.ok()) {
-        ready->push_back([done = std::move(w.done), why] { done(why); });
-      } else {
-        still.push_back(std::move(w));
-      }
-    }
-  }
-  waiters_ = std::move(still);
+  TakeAnswered(
+      &waiters_,
+      [this](const Waiter& w) -> std::optional<absl::StatusOr<int64_t>> {
+        if (!table_.IsLive(w.worker)) {
+          return absl::FailedPreconditionError(
+              absl::StrCat("worker ", w.worker, " was removed from the job"));
+        }
+        if (table_.MayStart(w.worker, w.step)) return table_.MinLiveClock();
+        absl::Status why;
+        for (int laggard : table_.Laggards(w.step)) {
+          if (!failed_[laggard].ok()) why = failed_[laggard];
+        }
+        if (!why.ok()) return why;
+        return std::nullopt;
+      },
+      ready);
 }
 
 void ClockService::StartStep(int worker, int64_t step, absl::Time deadline,
@@ -110,19 +105,16 @@ void ClockService::ExpireDeadlines(absl::Time now) {
   Ready ready;
   {
     absl::MutexLock lock(&mu_);
-    std::vector<Waiter> still;
-    for (Waiter& w : waiters_) {
-      if (w.deadline > now) {
-        still.push_back(std::move(w));
-        continue;
-      }
-      absl::Status s = absl::DeadlineExceededError(absl::StrCat(
-          "worker ", w.worker, " may not begin step ", w.step,
-          " (staleness ", table_.staleness(), "): waited for ",
-          LaggardText(w.step)));
-      ready.push_back([done = std::move(w.done), s] { done(s); });
-    }
-    waiters_ = std::move(still);
+    TakeAnswered(
+        &waiters_,
+        [&](const Waiter& w) -> std::optional<absl::StatusOr<int64_t>> {
+          if (w.deadline > now) return std::nullopt;
+          return absl::DeadlineExceededError(absl::StrCat(
+              "worker ", w.worker, " may not begin step ", w.step,
+              " (staleness ", table_.staleness(), "): waited for ",
+              LaggardText(w.step)));
+        },
+        &ready);
   }
   for (auto& fn : ready) fn();
 }

@@ -20,6 +20,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "server/waiters.h"
 #include "staleness/clock_table.h"
 
 namespace bnps::server {
@@ -49,7 +50,7 @@ class ClockService {
     absl::Time deadline;
     Done done;
   };
-  using Ready = std::vector<std::function<void()>>;
+  using Ready = ReadyCallbacks;
 
   // Moves waiters that may start, or never will, to `ready`.
   void Collect(Ready* ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

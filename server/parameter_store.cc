@@ -250,18 +250,8 @@ std::string ParameterStore::MissingWorkers(const Waiter& w) const {
 }
 
 void ParameterStore::CollectReady(Ready* ready) {
-  std::vector<Waiter> still;
-  for (Waiter& w : waiters_) {
-    std::optional<absl::StatusOr<Snapshot>> r = TryPull(w);
-    if (!r.has_value()) {
-      still.push_back(std::move(w));
-      continue;
-    }
-    ready->push_back([done = std::move(w.done), r = *std::move(r)]() mutable {
-      done(std::move(r));
-    });
-  }
-  waiters_ = std::move(still);
+  TakeAnswered(
+      &waiters_, [this](const Waiter& w) { return TryPull(w); }, ready);
 }
 
 void ParameterStore::Pull(std::vector<std::string> keys, int64_t min_version,
@@ -306,17 +296,15 @@ void ParameterStore::ExpireDeadlines(absl::Time now) {
   Ready ready;
   {
     absl::MutexLock lock(&mu_);
-    std::vector<Waiter> still;
-    for (Waiter& w : waiters_) {
-      if (w.deadline > now) {
-        still.push_back(std::move(w));
-        continue;
-      }
-      absl::Status s = absl::DeadlineExceededError(absl::StrCat(
-          "pull of version ", w.min_version, " timed out: ", MissingWorkers(w)));
-      ready.push_back([done = std::move(w.done), s]() { done(s); });
-    }
-    waiters_ = std::move(still);
+    TakeAnswered(
+        &waiters_,
+        [&](const Waiter& w) -> std::optional<absl::StatusOr<Snapshot>> {
+          if (w.deadline > now) return std::nullopt;
+          return absl::DeadlineExceededError(
+              absl::StrCat("pull of version ", w.min_version,
+                           " timed out: ", MissingWorkers(w)));
+        },
+        &ready);
   }
   for (auto& fn : ready) fn();
 }

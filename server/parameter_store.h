@@ -44,6 +44,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "server/waiters.h"
 
 namespace bnps::server {
 
@@ -142,7 +143,7 @@ class ParameterStore {
     absl::Time deadline;
     PullDone done;
   };
-  using Ready = std::vector<std::function<void()>>;
+  using Ready = ReadyCallbacks;
 
   // One optimizer step with gradient (sum + grad) / samples; either of sum
   // and grad may be null (counts as zeros).

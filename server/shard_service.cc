@@ -118,21 +118,18 @@ class PushReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
         worker_, step_, key, reader_.shape(), staging_, samples_);
     if (!r.ok()) return r.status();
     if (r->duplicate) {
-      ++response_.duplicates;
+      response_.set_duplicates(response_.duplicates() + 1);
     } else {
-      ++response_.applied;
+      response_.set_applied(response_.applied() + 1);
     }
     return absl::OkStatus();
   }
 
   void Done(const absl::Status& s) {
     if (!s.ok()) LogRejected(*shard_, "PushGradients", worker_, s);
-    proto::PushGradientsResponse resp;
-    resp.set_applied(response_.applied);
-    resp.set_duplicates(response_.duplicates);
     bool own;
     grpc::SerializationTraits<proto::PushGradientsResponse>::Serialize(
-        resp, resp_, &own);
+        response_, resp_, &own);
     Finish(proto::ToGrpcStatus(s));
   }
 
@@ -148,10 +145,7 @@ class PushReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   int worker_ = -1;
   int64_t step_ = 0;
   int64_t samples_ = 0;
-  struct {
-    int applied = 0;
-    int duplicates = 0;
-  } response_;
+  proto::PushGradientsResponse response_;  // serialized into resp_ at the end
 };
 
 // Waits for the requested version, then streams the tensors in chunks that
@@ -206,24 +200,16 @@ class PullReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     for (const auto& [key, t] : *snap) version = std::min(version, t.version);
     proto::PullParametersResponse head;
     head.set_version(snap->empty() ? 0 : version);
-    proto::ChunkedMessageBuilder builder(
-        head, proto::PullParametersResponse::kChunksFieldNumber);
     // Chunks packed into messages well under the message limit.
-    constexpr int64_t kMessageBytes = proto::kMaxMessageBytes / 2;
+    proto::ChunkedMessageBuilder builder(
+        head, proto::PullParametersResponse::kChunksFieldNumber,
+        proto::kMaxMessageBytes / 2);
+    const auto keep = [this](grpc::ByteBuffer m) {
+      messages_.push_back(std::move(m));
+      return true;
+    };
     for (const auto& [key, t] : *snap) {
-      const absl::Span<const float> values(*t.values);
-      const int64_t n = static_cast<int64_t>(values.size());
-      int64_t offset = 0;
-      do {  // an empty tensor still travels as one empty chunk
-        const int64_t len = std::min(proto::kChunkFloats, n - offset);
-        if (builder.num_chunks() > 0 &&
-            builder.bytes() + len * 4 + 1024 > kMessageBytes) {
-          messages_.push_back(builder.Build());
-        }
-        builder.AddShared(key, t.shape, offset, values.subspan(offset, len),
-                          t.values);
-        offset += len;
-      } while (offset < n);
+      builder.AddTensor(key, t.shape, *t.values, t.values, keep);
     }
     messages_.push_back(builder.Build());
     WriteNext();

@@ -35,7 +35,7 @@ constexpr size_t kInitMessageBytes = proto::kMaxMessageBytes - 4096;
 // The bulk methods' full names, for raw calls (proto/bnps.proto).
 constexpr char kPushMethod[] = "/bnps.proto.ParameterServer/PushGradients";
 constexpr char kPullMethod[] = "/bnps.proto.ParameterServer/PullParameters";
-// Upper bound of the bytes a NamedTensor or TensorChunk adds beyond its float
+// Upper bound of the bytes a NamedTensor adds beyond its float
 // payload, key and shape (tags, lengths, dtype, offset).
 constexpr size_t kTensorOverheadBytes = 64;
 // How often the background thread looks for BN writes stuck past their
@@ -698,32 +698,15 @@ absl::Status PsClient::PushShard(int shard, int64_t step, int64_t num_samples,
   head.set_worker(options_.worker);
   head.set_step(step);
   head.set_num_samples(num_samples);
+  // Each message is written as soon as it is full, so that no more than one
+  // is ever held.
   proto::ChunkedMessageBuilder message(
-      head, proto::PushGradientsRequest::kChunksFieldNumber);
+      head, proto::PushGradientsRequest::kChunksFieldNumber, kPushMessageBytes);
+  const auto write = [&writer](grpc::ByteBuffer m) { return writer->Write(m); };
   bool ok = true;
   for (const std::string* key : keys) {
     const Param& p = grads.at(*key);
-    const absl::Span<const float> values(p.values);
-    const int64_t n = static_cast<int64_t>(values.size());
-    // One chunk at a time into the message being built, so that no more
-    // than one message is ever held.
-    for (int64_t offset = 0; ok;) {
-      const int64_t len = std::min(proto::kChunkFloats, n - offset);
-      const size_t size = len * sizeof(float) + TensorOverhead(*key, p);
-      if (message.num_chunks() > 0 &&
-          message.bytes() + size > kPushMessageBytes) {
-        ok = writer->Write(message.Build());
-        if (!ok) break;
-      }
-      if (owner != nullptr) {
-        message.AddShared(*key, p.shape, offset, values.subspan(offset, len),
-                          owner);
-      } else {
-        message.AddCopied(*key, p.shape, offset, values.subspan(offset, len));
-      }
-      offset += len;
-      if (offset >= n) break;  // an empty tensor still sends one chunk
-    }
+    ok = message.AddTensor(*key, p.shape, p.values, owner, write);
     if (!ok) break;
   }
   if (ok && message.num_chunks() > 0) ok = writer->Write(message.Build());
