@@ -40,7 +40,8 @@ ABSL_FLAG(double, learning_rate, 0.1, "SGD learning rate (applied on the server)
 ABSL_FLAG(double, momentum, 0.9, "SGD momentum.");
 ABSL_FLAG(double, weight_decay, 0.0, "SGD weight decay (L2).");
 ABSL_FLAG(double, bn_momentum, 0.1,
-          "Momentum of the BN running statistics (as PyTorch's).");
+          "Momentum of the BN running statistics (as PyTorch's); workers "
+          "take it from the servers for their own copies.");
 ABSL_FLAG(int64_t, barrier_timeout_ms, 60000,
           "How long a step may wait for the other workers (BN barriers, "
           "parameter versions, clocks) before it fails with DEADLINE_EXCEEDED "

@@ -288,7 +288,12 @@ class BnReactor
   void Dispatch(proto::BnRequest req) {
     const uint64_t id = req.id();
     const int worker = req.worker();
-    auto reply = [this, id, worker](absl::StatusOr<BnAggregator::Reply> r) {
+    // A forward answer carries the running stats only on request (they
+    // double its size).
+    const bool send_running =
+        req.phase() != proto::BN_FORWARD || req.want_running();
+    auto reply = [this, id, worker,
+                  send_running](absl::StatusOr<BnAggregator::Reply> r) {
       proto::BnResponse resp;
       resp.set_id(id);
       if (!r.ok()) {
@@ -299,7 +304,7 @@ class BnReactor
         resp.set_contributors(r->contributors);
         if (!r->moments.mean.empty()) proto::EncodeMoments(r->moments, resp.mutable_moments());
         if (!r->sums.sum_dy.empty()) proto::EncodeSums(r->sums, resp.mutable_sums());
-        if (r->running.has_value()) {
+        if (send_running && r->running.has_value()) {
           proto::EncodeRunning(*r->running, resp.mutable_running());
         }
       }
@@ -336,6 +341,16 @@ class BnReactor
         absl::StatusOr<bn::RunningStats> r = proto::DecodeRunning(req.running());
         if (!r.ok()) return reply(r.status());
         return bn.LocalRunning(worker, req.layer(), *std::move(r), deadline, reply);
+      }
+      case proto::BN_RUNNING: {
+        BnAggregator::Reply out;
+        out.running = bn.Running(req.layer());
+        if (!out.running.has_value()) {
+          return reply(absl::NotFoundError(absl::StrCat(
+              "layer '", req.layer(), "' has no running stats on shard ",
+              shard_->options().shard, " yet")));
+        }
+        return reply(std::move(out));
       }
       default:
         return reply(absl::InvalidArgumentError(

@@ -176,6 +176,7 @@ TEST(ClusterTest, SyncEqualsOneProcessOnTheConcatenatedBatch) {
     ASSERT_TRUE(single.Init(k, p.shape, p.values).ok());
   }
   std::vector<StepOutput> want(steps);
+  bn::RunningStats want_running = bn::RunningStats::Initial(kChannels);
   for (int s = 0; s < steps; ++s) {
     std::map<std::string, Param> params;
     single.Pull({}, 0, absl::InfiniteFuture(), [&](auto snap) {
@@ -186,6 +187,7 @@ TEST(ClusterTest, SyncEqualsOneProcessOnTheConcatenatedBatch) {
         *bn::NewCpuBnKernels()->ComputeMoments(d.x.data(), {total, kChannels, 1, 1});
     want[s] = ModelStep(d.x, d.t, total, params, m,
                         [](const bn::BackwardSums& l) { return l; });
+    ASSERT_TRUE(bn::UpdateRunningStats(m, o.bn_momentum, &want_running).ok());
     for (const auto& [k, g] : want[s].grads) {
       ASSERT_TRUE(single.Push(0, s, k, g.shape, g.values, total).ok());
     }
@@ -198,12 +200,15 @@ TEST(ClusterTest, SyncEqualsOneProcessOnTheConcatenatedBatch) {
   // W workers through the servers.
   std::vector<std::vector<StepOutput>> got(workers, std::vector<StepOutput>(steps));
   std::vector<std::map<std::string, Param>> final_params(workers);
+  std::vector<bn::RunningStats> final_running(workers);
   OnWorkers(workers, [&](int w) {
     std::unique_ptr<PsClient> client = cluster.Connect(w);
     ASSERT_NE(client, nullptr);
     ASSERT_TRUE(client->InitParameters(InitialParams()).ok());
     const int begin = std::accumulate(rows.begin(), rows.begin() + w, 0);
     const bn::Shape whole{total, kChannels, 1, 1};
+    // The worker's own running stats, updated as a BN layer does.
+    bn::RunningStats own = bn::RunningStats::Initial(kChannels);
     for (int s = 0; s < steps; ++s) {
       absl::StatusOr<std::map<std::string, Param>> params = client->PullParameters(s);
       ASSERT_TRUE(params.ok()) << params.status();
@@ -213,10 +218,19 @@ TEST(ClusterTest, SyncEqualsOneProcessOnTheConcatenatedBatch) {
       const std::vector<float> t(d.t.begin() + begin, d.t.begin() + begin + rows[w]);
       const bn::Moments local =
           *bn::NewCpuBnKernels()->ComputeMoments(x.data(), {rows[w], kChannels, 1, 1});
-      absl::StatusOr<worker::BnForwardResult> fwd = client->BnForward(kLayer, s, local);
+      // The servers' running stats come only when asked for (the last step).
+      const bool last = s + 1 == steps;
+      absl::StatusOr<worker::BnForwardResult> fwd =
+          client->BnForward(kLayer, s, local, /*want_running=*/last);
       ASSERT_TRUE(fwd.ok()) << fwd.status();
       EXPECT_EQ(fwd->contributors, workers);
       EXPECT_EQ(fwd->merged.count, total);
+      ASSERT_TRUE(bn::UpdateRunningStats(fwd->merged, o.bn_momentum, &own).ok());
+      ASSERT_EQ(fwd->running.has_value(), last);
+      if (last) {  // the same bits as the servers'
+        EXPECT_EQ(fwd->running->mean, own.mean);
+        EXPECT_EQ(fwd->running->var, own.var);
+      }
       got[w][s] = ModelStep(x, t, rows[w], *params, fwd->merged,
                             [&](const bn::BackwardSums& l) {
                               auto g = client->BnBackward(kLayer, s, l);
@@ -228,6 +242,11 @@ TEST(ClusterTest, SyncEqualsOneProcessOnTheConcatenatedBatch) {
     auto last = client->PullParameters(steps);
     ASSERT_TRUE(last.ok()) << last.status();
     final_params[w] = *std::move(last);
+    absl::StatusOr<bn::RunningStats> running = client->BnRunning(kLayer, kChannels);
+    ASSERT_TRUE(running.ok()) << running.status();
+    final_running[w] = *std::move(running);
+    EXPECT_EQ(client->BnRunning("bn/never-seen", kChannels).status().code(),
+              absl::StatusCode::kNotFound);
   });
 
   for (int s = 0; s < steps; ++s) {
@@ -243,6 +262,17 @@ TEST(ClusterTest, SyncEqualsOneProcessOnTheConcatenatedBatch) {
     for (const auto& [k, p] : want_final) {
       EXPECT_LT(MaxRel(final_params[w].at(k).values, p.values), 1e-5)
           << k << " worker " << w;
+    }
+  }
+  // The servers' running stats are those of one process over the whole
+  // batches (up to the merge's rounding), and the same for every worker.
+  for (int w = 0; w < workers; ++w) {
+    EXPECT_EQ(final_running[w].mean, final_running[0].mean) << "worker " << w;
+    EXPECT_EQ(final_running[w].var, final_running[0].var) << "worker " << w;
+    for (int c = 0; c < kChannels; ++c) {
+      EXPECT_NEAR(final_running[w].mean[c], want_running.mean[c], 1e-9) << c;
+      EXPECT_NEAR(final_running[w].var[c], want_running.var[c],
+                  1e-9 * want_running.var[c]) << c;
     }
   }
   // The parameters moved: the test is not comparing two unchanged copies.

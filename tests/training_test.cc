@@ -221,6 +221,7 @@ TEST(TrainingTest, EveryPolicyTrains) {
     o.recal_mode = c.mode;
     o.recalibrate = c.recalibrate;
     o.test_examples = 512;
+    o.eval_every_epoch = true;  // sync, async: the servers' stats mid-run
     auto results = Train(c.policy, 2, {&data, &data}, o, c.staleness);
     ASSERT_EQ(results.size(), 2u);
     for (const WorkerResult& r : results) {
@@ -229,20 +230,20 @@ TEST(TrainingTest, EveryPolicyTrains) {
       EXPECT_LT(r.report->train_loss_last, 0.7 * r.report->train_loss_first);
       ASSERT_TRUE(r.report->test_accuracy.has_value());
       EXPECT_GT(*r.report->test_accuracy, 0.3);
+      ASSERT_GE(r.report->evals.size(), 2u);  // after epoch 1, and at the end
+      EXPECT_GT(r.report->evals.front().test_accuracy, 0.2);
       if (c.recalibrate || c.policy == server::Policy::kRecal) {
         ASSERT_TRUE(r.report->test_accuracy_recal.has_value());
       }
     }
-    // Settled statistics agree across workers (sync: the servers'; local:
-    // averaged; recal: population), except async, where each worker keeps
-    // the servers' as of its own last step.
-    if (c.policy != server::Policy::kAsync) {
-      for (size_t l = 0; l < results[0].running.size(); ++l) {
-        EXPECT_EQ(results[0].running[l].mean, results[1].running[l].mean)
-            << "layer " << l;
-        EXPECT_EQ(results[0].running[l].var, results[1].running[l].var)
-            << "layer " << l;
-      }
+    // Settled statistics agree across workers (sync, async: the servers'
+    // final ones; local: averaged; recal: population).
+    ASSERT_FALSE(results[0].running.empty());
+    for (size_t l = 0; l < results[0].running.size(); ++l) {
+      EXPECT_EQ(results[0].running[l].mean, results[1].running[l].mean)
+          << "layer " << l;
+      EXPECT_EQ(results[0].running[l].var, results[1].running[l].var)
+          << "layer " << l;
     }
     if (c.policy == server::Policy::kAsync) {
       EXPECT_LE(results[0].report->max_staleness, 1);

@@ -290,9 +290,6 @@ absl::Status Main() {
   if (!data.ok()) return data.status();
   absl::StatusOr<std::unique_ptr<nn::Backend>> backend = MakeBackend();
   if (!backend.ok()) return backend.status();
-  absl::StatusOr<std::unique_ptr<nn::Model>> model =
-      nn::Model::Create(model_options, backend->get());
-  if (!model.ok()) return model.status();
 
   PsClientOptions client_options;
   client_options.servers = servers;
@@ -306,6 +303,12 @@ absl::Status Main() {
   if (absl::Status s = CheckAgainstServers((*client)->config()); !s.ok()) {
     return s;
   }
+  // The layers' running stats follow the servers' momentum: under sync the
+  // worker's own copy is then the servers' bit for bit.
+  model_options.bn_momentum = (*client)->config().bn_momentum();
+  absl::StatusOr<std::unique_ptr<nn::Model>> model =
+      nn::Model::Create(model_options, backend->get());
+  if (!model.ok()) return model.status();
 
   TrainerOptions options;
   options.batch_size = absl::GetFlag(FLAGS_batch_size);

@@ -922,12 +922,14 @@ absl::Status PsClient::MalformedBn(const std::string& layer,
 
 absl::StatusOr<BnForwardResult> PsClient::BnForward(const std::string& layer,
                                                     int64_t step,
-                                                    const bn::Moments& local) {
+                                                    const bn::Moments& local,
+                                                    bool want_running) {
   if (absl::Status s = bn::ValidateMoments(local); !s.ok()) return s;
   proto::BnRequest request;
   request.set_layer(layer);
   request.set_step(step);
   request.set_phase(proto::BN_FORWARD);
+  request.set_want_running(want_running);
   proto::EncodeMoments(local, request.mutable_moments());
   absl::StatusOr<proto::BnResponse> response = BnCall(std::move(request));
   if (!response.ok()) return response.status();
@@ -936,7 +938,7 @@ absl::StatusOr<BnForwardResult> PsClient::BnForward(const std::string& layer,
       proto::DecodeMoments(response->moments(), local.channels());
   if (!merged.ok()) return MalformedBn(layer, merged.status());
   result.merged = *std::move(merged);
-  if (response->has_running() && response->running().ByteSizeLong() > 0) {
+  if (want_running) {
     absl::StatusOr<bn::RunningStats> running =
         proto::DecodeRunning(response->running(), local.channels());
     if (!running.ok()) return MalformedBn(layer, running.status());
@@ -999,6 +1001,23 @@ absl::StatusOr<bn::RunningStats> PsClient::BnLocalRunning(
       proto::DecodeRunning(response->running(), running.mean.size());
   if (!average.ok()) return MalformedBn(layer, average.status());
   return average;
+}
+
+absl::StatusOr<bn::RunningStats> PsClient::BnRunning(const std::string& layer,
+                                                     int64_t channels) {
+  if (channels <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("BnRunning: ", channels, " channels"));
+  }
+  proto::BnRequest request;
+  request.set_layer(layer);
+  request.set_phase(proto::BN_RUNNING);
+  absl::StatusOr<proto::BnResponse> response = BnCall(std::move(request));
+  if (!response.ok()) return response.status();
+  absl::StatusOr<bn::RunningStats> running =
+      proto::DecodeRunning(response->running(), channels);
+  if (!running.ok()) return MalformedBn(layer, running.status());
+  return running;
 }
 
 absl::StatusOr<int64_t> PsClient::StartStep(int64_t step) {

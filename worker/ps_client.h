@@ -125,7 +125,7 @@ struct BnForwardResult {
   // The moments to normalize with (sync: the global batch's; async: the merge
   // of the admissible others' moments, see docs/design.md).
   bn::Moments merged;
-  // The server's running stats after this step, if it sent them (sync).
+  // The server's running stats after this step, when asked for.
   std::optional<bn::RunningStats> running;
   // Workers merged into `merged`.
   int contributors = 0;
@@ -231,10 +231,12 @@ class PsClient {
   // size).
   //
   // BN_FORWARD: this worker's moments of `layer` at `step`; returns what to
-  // normalize with.
+  // normalize with, and with `want_running` the server's running stats after
+  // the step (sync, async).
   absl::StatusOr<BnForwardResult> BnForward(const std::string& layer,
                                             int64_t step,
-                                            const bn::Moments& local);
+                                            const bn::Moments& local,
+                                            bool want_running = false);
   // BN_BACKWARD (sync): this worker's backward sums; returns the global sums.
   absl::StatusOr<bn::BackwardSums> BnBackward(const std::string& layer,
                                               int64_t step,
@@ -249,6 +251,10 @@ class PsClient {
   // workers once every worker's are in.
   absl::StatusOr<bn::RunningStats> BnLocalRunning(
       const std::string& layer, const bn::RunningStats& running);
+  // BN_RUNNING: the running stats of `layer` (with `channels` channels) as its
+  // shard holds them now; NOT_FOUND before the shard has any.
+  absl::StatusOr<bn::RunningStats> BnRunning(const std::string& layer,
+                                             int64_t channels);
 
   // Bounded-staleness clocks, kept by shard 0. StartStep blocks until this
   // worker may begin `step` (the server answers at once unless the bound would

@@ -380,9 +380,9 @@ class FakeShard final : public proto::ParameterServer::Service {
     }
   }
 
-  // Forward: count * 2, mean + 1, m2 * 2, running (mean, 1); backward: sums
-  // * 2; recal finish: fixed stats; local running: stats / 2. A layer named
-  // "fail..." gets FAILED_PRECONDITION.
+  // Forward: count * 2, mean + 1, m2 * 2, and when asked running (mean, 1);
+  // backward: sums * 2; recal finish and running: fixed stats; local running:
+  // stats / 2. A layer named "fail..." gets FAILED_PRECONDITION.
   static proto::BnResponse Answer(const proto::BnRequest& r) {
     proto::BnResponse out;
     out.set_id(r.id());
@@ -401,7 +401,9 @@ class FakeShard final : public proto::ParameterServer::Service {
         for (double& v : m.m2) v *= 2;
         running.mean = m.mean;
         proto::EncodeMoments(m, out.mutable_moments());
-        proto::EncodeRunning(running, out.mutable_running());
+        if (r.want_running()) {
+          proto::EncodeRunning(running, out.mutable_running());
+        }
         break;
       }
       case proto::BN_BACKWARD: {
@@ -415,6 +417,10 @@ class FakeShard final : public proto::ParameterServer::Service {
         break;
       case proto::BN_RECAL_FINISH:
         proto::EncodeRunning(bn::RunningStats{{1, 2}, {3, 4}},
+                             out.mutable_running());
+        break;
+      case proto::BN_RUNNING:
+        proto::EncodeRunning(bn::RunningStats{{5, 6}, {7, 8}},
                              out.mutable_running());
         break;
       case proto::BN_LOCAL_RUNNING: {
@@ -752,9 +758,13 @@ TEST_F(PsClientTest, BnExchangesRoundTrip) {
   EXPECT_EQ(fwd->merged.count, 20);
   EXPECT_EQ(fwd->merged.mean, (std::vector<double>{2.0, -1.0, 4.5}));
   EXPECT_EQ(fwd->merged.m2, (std::vector<double>{8.0, 10.0, 12.0}));
+  EXPECT_FALSE(fwd->running.has_value());  // not asked for
+  EXPECT_EQ(fwd->contributors, kWorkers);
+  fwd = client->BnForward("bn1", 5, local, /*want_running=*/true);
+  ASSERT_TRUE(fwd.ok()) << fwd.status();
   ASSERT_TRUE(fwd->running.has_value());
   EXPECT_EQ(fwd->running->mean, fwd->merged.mean);
-  EXPECT_EQ(fwd->contributors, kWorkers);
+  EXPECT_EQ(fwd->running->var, (std::vector<double>(3, 1.0)));
 
   bn::BackwardSums sums{{1.0, 2.0, 3.0}, {-1.0, 0.5, 0.0}};
   absl::StatusOr<bn::BackwardSums> back = client->BnBackward("bn1", 4, sums);
@@ -771,6 +781,13 @@ TEST_F(PsClientTest, BnExchangesRoundTrip) {
       client->BnLocalRunning("bn3", bn::RunningStats{{2, 4}, {6, 8}});
   ASSERT_TRUE(avg.ok()) << avg.status();
   EXPECT_EQ(avg->mean, (std::vector<double>{1, 2}));
+  absl::StatusOr<bn::RunningStats> now = client->BnRunning("bn4", 2);
+  ASSERT_TRUE(now.ok()) << now.status();
+  EXPECT_EQ(now->mean, (std::vector<double>{5, 6}));
+  EXPECT_EQ(now->var, (std::vector<double>{7, 8}));
+  // Stats of the wrong width are a malformed answer.
+  EXPECT_EQ(client->BnRunning("bn4", 3).status().code(),
+            absl::StatusCode::kInvalidArgument);
 
   // Each request went to the shard that owns its layer, with job and worker,
   // and ids never repeat on a stream.
@@ -781,6 +798,9 @@ TEST_F(PsClientTest, BnExchangesRoundTrip) {
       EXPECT_EQ(r.job(), kJob);
       EXPECT_EQ(r.worker(), 1);
       EXPECT_TRUE(ids.insert(r.id()).second) << "repeated id " << r.id();
+      if (r.phase() == proto::BN_FORWARD) {
+        EXPECT_EQ(r.want_running(), r.step() == 5) << r.step();
+      }
     }
   }
   // Invalid local values are refused before anything is sent.
@@ -790,6 +810,8 @@ TEST_F(PsClientTest, BnExchangesRoundTrip) {
       client->BnBackward("bn1", 5, bn::BackwardSums{{1}, {}}).status().code(),
       absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(client->BnForward("", 5, local).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(client->BnRunning("bn4", 0).status().code(),
             absl::StatusCode::kInvalidArgument);
 }
 

@@ -310,8 +310,10 @@ absl::StatusOr<TrainReport> Trainer::Run() {
     }
     if (options_.evaluate && options_.eval_every_epoch &&
         epoch + 1 < options_.epochs && step < total) {
-      // Parameters as of this worker's last pull; stats as the layers hold
-      // them. A progress figure, not the final result.
+      // Parameters as of this worker's last pull; sync and async take the
+      // servers' running stats as they are now. A progress figure, not the
+      // final result.
+      if (absl::Status s = PullRunningStats(step); !s.ok()) return s;
       absl::StatusOr<double> acc = Evaluate();
       if (!acc.ok()) return acc.status();
       report.evals.push_back(EvalPoint{epoch + 1, Seconds(start), *acc});
@@ -384,9 +386,29 @@ absl::Status Trainer::SettleRunningStats(int64_t steps) {
       return absl::OkStatus();
     case proto::POLICY_RECAL:
       return Recalibrate();
-    default:  // sync, async: the layers hold the servers' running stats.
-      return absl::OkStatus();
+    default:  // sync, async: the servers' are final now.
+      return PullRunningStats(steps);
   }
+}
+
+absl::Status Trainer::PullRunningStats(int64_t steps) {
+  if (policy_ != proto::POLICY_SYNC && policy_ != proto::POLICY_ASYNC) {
+    return absl::OkStatus();
+  }
+  for (nn::BatchNorm* layer : model_->batch_norms()) {
+    absl::StatusOr<bn::RunningStats> running =
+        client_->BnRunning(layer->name(), layer->channels());
+    if (steps == 0 && absl::IsNotFound(running.status())) continue;
+    if (!running.ok()) {
+      return Annotate(running.status(),
+                      absl::StrCat("reading the servers' running stats of ",
+                                   layer->name()));
+    }
+    if (absl::Status s = layer->set_running(*std::move(running)); !s.ok()) {
+      return s;
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Trainer::Recalibrate() {

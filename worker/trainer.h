@@ -14,8 +14,12 @@
 // Every worker runs the same number of steps (empty batches included), which
 // the bulk-synchronous barriers need.
 //
-// After the last step the running statistics are settled by policy: sync and
-// async already hold the servers' (sent with every forward); local averages
+// While training, each BN layer updates its own running statistics from the
+// moments it normalized with; under sync that is exactly what the servers do
+// (bnps_worker builds the model with the servers' --bn_momentum). Before every
+// evaluation, sync and async read the servers' (BnRunning), which are
+// authoritative. After the last step the running statistics are settled by
+// policy: sync and async take the servers' final ones; local averages
 // the workers' own (BnLocalRunning); recal recomputes population statistics
 // over every worker's training shard (Recalibrate, mode precise or exact).
 // Any policy may also recalibrate afterwards (options.recalibrate), which gives
@@ -170,6 +174,9 @@ class Trainer {
   BatcherOptions ShardOptions() const;
   absl::Status PullInto(int64_t min_version);
   absl::Status SettleRunningStats(int64_t steps);
+  // Sync and async: every BN layer takes the servers' running stats. After
+  // zero steps the servers have none and the layers keep their own.
+  absl::Status PullRunningStats(int64_t steps);
   absl::Status Recalibrate();
 
   PsClient* const client_;
