@@ -51,14 +51,19 @@ proto::Policy ToProto(Policy p) {
 // tensor is read straight into a staging buffer and pushed once complete.
 class PushReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
  public:
-  PushReactor(Shard* shard, grpc::ByteBuffer* resp)
+  PushReactor(Shard* shard, ScratchPool* scratch, grpc::ByteBuffer* resp)
       : shard_(shard),
+        scratch_(scratch),
         resp_(resp),
         reader_(
             [this](const std::string& key, absl::Span<const int64_t>,
                    int64_t n) -> absl::StatusOr<float*> {
               if (absl::Status s = shard_->CheckOwned(key); !s.ok()) return s;
-              staging_.resize(n);
+              if (staging_.capacity() < static_cast<size_t>(n)) {
+                staging_ = ScratchPool::Buffer();  // back before taking
+                staging_ = scratch_->Take(n);
+              }
+              staged_ = n;
               return staging_.data();
             },
             [this](const std::string& key) { return PushTensor(key); }) {
@@ -115,7 +120,8 @@ class PushReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
 
   absl::Status PushTensor(const std::string& key) {
     absl::StatusOr<ParameterStore::PushResult> r = shard_->store().Push(
-        worker_, step_, key, reader_.shape(), staging_, samples_);
+        worker_, step_, key, reader_.shape(),
+        absl::MakeConstSpan(staging_.data(), staged_), samples_);
     if (!r.ok()) return r.status();
     if (r->duplicate) {
       response_.set_duplicates(response_.duplicates() + 1);
@@ -137,9 +143,11 @@ class PushReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
       proto::PushGradientsRequest::kChunksFieldNumber;
 
   Shard* const shard_;
+  ScratchPool* const scratch_;
   grpc::ByteBuffer* const resp_;
   grpc::ByteBuffer message_;
-  std::vector<float> staging_;
+  ScratchPool::Buffer staging_;
+  size_t staged_ = 0;  // floats of the current tensor in staging_
   proto::TensorReader reader_;
   bool started_ = false;
   int worker_ = -1;
@@ -487,7 +495,7 @@ grpc::ServerUnaryReactor* ShardService::InitParameters(
 
 grpc::ServerReadReactor<grpc::ByteBuffer>* ShardService::PushGradients(
     grpc::CallbackServerContext* ctx, grpc::ByteBuffer* resp) {
-  return new PushReactor(shard_, resp);
+  return new PushReactor(shard_, &scratch_, resp);
 }
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* ShardService::PullParameters(

@@ -10,6 +10,7 @@
 #define BNPS_SERVER_SHARD_SERVICE_H_
 
 #include "proto/bnps.grpc.pb.h"
+#include "server/scratch_pool.h"
 #include "server/shard.h"
 
 namespace bnps::server {
@@ -53,6 +54,8 @@ class ShardService final
 
  private:
   Shard* const shard_;
+  // Staging buffers of pushes, reused across calls.
+  ScratchPool scratch_{size_t{256} << 20};
 };
 
 }  // namespace bnps::server
