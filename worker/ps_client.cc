@@ -1,6 +1,7 @@
 #include "worker/ps_client.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <functional>
 #include <set>
 #include <utility>
@@ -11,9 +12,12 @@
 #include "absl/strings/strip.h"
 #include "absl/types/span.h"
 #include "google/protobuf/util/message_differencer.h"
+#include "grpc/support/time.h"
+#include "grpcpp/completion_queue.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/support/channel_arguments.h"
 #include "grpcpp/impl/codegen/proto_utils.h"
+#include "grpcpp/support/async_stream.h"
 #include "grpcpp/support/sync_stream.h"
 #include "proto/codec.h"
 #include "proto/limits.h"
@@ -105,6 +109,20 @@ absl::Status RunParallel(int n, const std::function<absl::Status(int)>& fn) {
   return absl::OkStatus();
 }
 
+// A deadline for gRPC's completion queue. (gRPC reads a system_clock time
+// before the epoch, such as absl::ToChronoTime(absl::InfinitePast()), as
+// "never".)
+gpr_timespec ToGprTime(absl::Time t) {
+  if (t == absl::InfiniteFuture()) return gpr_inf_future(GPR_CLOCK_REALTIME);
+  if (t <= absl::UnixEpoch()) return gpr_time_0(GPR_CLOCK_REALTIME);
+  const timespec ts = absl::ToTimespec(t);
+  gpr_timespec out;
+  out.tv_sec = ts.tv_sec;
+  out.tv_nsec = static_cast<int32_t>(ts.tv_nsec);
+  out.clock_type = GPR_CLOCK_REALTIME;
+  return out;
+}
+
 absl::Status CheckChannels(int64_t got, int64_t want, absl::string_view what) {
   if (got == 0 || got != want) {
     return absl::InvalidArgumentError(
@@ -126,11 +144,26 @@ absl::Status CheckRunning(const bn::RunningStats& r) {
 
 }  // namespace
 
-// One BnSync stream to one shard. Callers write under a "writing" flag (one
-// write at a time) and wait for the response with their id; a reader thread
-// dispatches responses to the waiting callers by id. When the stream ends, the
-// reader fails every waiting call; the stream is then `broken` and PsClient
-// opens a new one for later calls.
+// One BnSync stream to one shard, driven through gRPC's completion-queue API
+// by the callers themselves: the stream has no thread of its own.
+//
+// A read is always armed, so answers are received whenever the queue is
+// polled. One thread at a time polls: the holder of the poller token
+// (`polling_`). A thread that must wait -- a caller for its answer or for the
+// write ahead of its own, WaitFinished and the destructor for the end of the
+// stream -- takes the token if it is free and polls with its own deadline;
+// otherwise it sleeps on mu_ until what it waits for has happened or the token
+// is free again. The poller handles every event it takes: it hands an answer
+// to the call with the answer's id (waking that caller if it is another
+// thread), marks the write done, starts Finish once the read fails and, when
+// the stream has ended, fails every waiting call. In training one thread makes
+// BN calls one after another, so a caller nearly always polls for itself and
+// reads its own answer without waking any other thread.
+//
+// Callers write one at a time (`writing_`; gRPC allows one write and one read
+// in flight). Once the stream has ended, or a write failed, it is `broken` and
+// PsClient opens a new one for later calls. An answer whose caller gave up at
+// its deadline is dropped.
 class PsClient::BnStream {
  public:
   struct Outcome {
@@ -142,18 +175,31 @@ class PsClient::BnStream {
 
   explicit BnStream(proto::ParameterServer::Stub* stub) {
     // Corked: opening never blocks (the metadata goes out with the first
-    // write, which the watchdog bounds).
+    // write, which the watchdog bounds). While the metadata is corked,
+    // StartCall posts no event of its own: the first write carries it.
     context_.set_initial_metadata_corked(true);
-    stream_ = stub->BnSync(&context_);
-    reader_ = std::thread(&BnStream::ReadLoop, this);
+    stream_ = stub->PrepareAsyncBnSync(&context_, &cq_);
+    stream_->StartCall(TagOf(Tag::kStart));
+    stream_->Read(&incoming_, TagOf(Tag::kRead));
   }
 
   BnStream(const BnStream&) = delete;
   BnStream& operator=(const BnStream&) = delete;
 
+  // Cancels the call and polls until every operation started on it has
+  // completed (promptly, once cancelled), then shuts the queue down.
+  // REQUIRES: no other thread uses the stream.
   ~BnStream() {
     Cancel("the client closed the stream");
-    reader_.join();
+    {
+      absl::MutexLock lock(&mu_);
+      Drive(absl::Condition(this, &BnStream::Drained), absl::InfiniteFuture());
+    }
+    cq_.Shutdown();
+    void* tag;
+    bool ok;
+    while (cq_.Next(&tag, &ok)) {
+    }
   }
 
   // Writes `request` and waits until its response arrives or `deadline`.
@@ -161,38 +207,44 @@ class PsClient::BnStream {
       ABSL_LOCKS_EXCLUDED(mu_) {
     PendingCall call;
     const uint64_t id = request.id();
-    {
-      absl::MutexLock lock(&mu_);
-      if (!mu_.AwaitWithDeadline(absl::Condition(this, &BnStream::CanWrite),
-                                 deadline)) {
-        return {absl::DeadlineExceededError(
-                    "no response before the deadline (waiting to write)"),
-                false};
-      }
-      if (broken_) return BrokenOutcome();
-      pending_[id] = &call;
-      writing_ = true;
-      write_deadline_ = deadline;
-    }
-    const bool written = stream_->Write(request);
     absl::MutexLock lock(&mu_);
-    writing_ = false;
-    // A failed write means the call is over: the reader sees the end next and
-    // fails every pending call, this one included. No new writes meanwhile.
-    if (!written) {
-      broken_ = true;
-      if (absl::Now() >= deadline) {  // the watchdog cancelled a stuck write
-        pending_.erase(id);
-        return {absl::DeadlineExceededError(
-                    "the request could not be written before the deadline "
-                    "(the server is not reading the BN stream)"),
-                false};
-      }
+    if (!Drive(absl::Condition(this, &BnStream::CanWrite), deadline)) {
+      return {absl::DeadlineExceededError(
+                  "no response before the deadline (waiting to write)"),
+              false};
     }
-    if (!mu_.AwaitWithDeadline(absl::Condition(&call.done), deadline)) {
+    if (broken_) return BrokenOutcome();
+    pending_[id] = &call;
+    writing_ = true;
+    writer_ = &call;
+    write_deadline_ = deadline;
+    mu_.Unlock();
+    stream_->Write(request, TagOf(Tag::kWrite));  // serializes `request` now
+    mu_.Lock();
+    const bool answered =
+        Drive(absl::Condition(&call, &PendingCall::Over), deadline) ||
+        call.done;
+    const bool write_in_flight = writer_ == &call;
+    if (write_in_flight) writer_ = nullptr;  // `call` is about to go away
+    if (!answered) {
       pending_.erase(id);
+      if (write_in_flight) {
+        // Flow control has held the write past the deadline: the server is
+        // not reading. Cancel now, as the watchdog would on its next look.
+        broken_ = true;
+        if (!finished_ && cancel_reason_.empty()) {
+          cancel_reason_ = "a write was blocked past its deadline";
+        }
+        mu_.Unlock();
+        context_.TryCancel();
+        mu_.Lock();
+        return {NotWritten(), false};
+      }
       return {absl::DeadlineExceededError("no response before the deadline"),
               false};
+    }
+    if (!call.status.ok() && !call.written && absl::Now() >= deadline) {
+      return {NotWritten(), false};  // the watchdog cancelled a stuck write
     }
     return {std::move(call.status), call.retry, std::move(call.response)};
   }
@@ -215,8 +267,8 @@ class PsClient::BnStream {
     context_.TryCancel();
   }
 
-  // Half-closes the stream (WritesDone) unless it is broken or a write is in
-  // progress; a well-behaved server then ends it.
+  // Starts a half-close (WritesDone) unless the stream is broken or a write is
+  // in flight; a well-behaved server then ends the stream. Does not wait.
   void HalfClose() ABSL_LOCKS_EXCLUDED(mu_) {
     {
       absl::MutexLock lock(&mu_);
@@ -225,17 +277,18 @@ class PsClient::BnStream {
       writing_ = true;
       write_deadline_ = absl::InfiniteFuture();
     }
-    stream_->WritesDone();
-    absl::MutexLock lock(&mu_);
-    writing_ = false;
+    stream_->WritesDone(TagOf(Tag::kWritesDone));
   }
 
-  // True once the reader has seen the end of the stream.
+  // Polls (or waits for the thread that does) until the end of the stream has
+  // been seen or `deadline`; true if it has.
   bool WaitFinished(absl::Time deadline) ABSL_LOCKS_EXCLUDED(mu_) {
     absl::MutexLock lock(&mu_);
-    return mu_.AwaitWithDeadline(absl::Condition(&finished_), deadline);
+    return Drive(absl::Condition(&finished_), deadline);
   }
 
+  // Cancels the call unless it has ended; `why` becomes the error of the
+  // calls still waiting. Does not wait.
   void Cancel(absl::string_view why) ABSL_LOCKS_EXCLUDED(mu_) {
     {
       absl::MutexLock lock(&mu_);
@@ -246,18 +299,55 @@ class PsClient::BnStream {
   }
 
  private:
+  // The operations started on the call, as completion-queue tags.
+  enum class Tag : intptr_t { kStart = 1, kRead, kWrite, kWritesDone, kFinish };
+
+  static void* TagOf(Tag tag) {
+    return reinterpret_cast<void*>(static_cast<intptr_t>(tag));
+  }
+
   struct PendingCall {
-    bool done = false;
+    bool done = false;        // status, retry and response are final
+    bool write_done = false;  // the event of its write has been handled
+    bool written = false;     // and the write succeeded
     absl::Status status;
     bool retry = false;
     proto::BnResponse response;
+
+    bool Over() const { return done && write_done; }
   };
+
+  // One completion-queue event, with what the poller took from the stream for
+  // it outside mu_.
+  struct Event {
+    Tag tag = Tag::kStart;
+    bool ok = false;
+    proto::BnResponse response;  // kRead
+    absl::Status end;            // kFinish
+  };
+
+  // The condition of a thread waiting on mu_ in Drive.
+  struct UntilOrTokenFree {
+    const BnStream* stream;
+    const absl::Condition* until;
+    bool operator()() const ABSL_NO_THREAD_SAFETY_ANALYSIS {
+      return until->Eval() || !stream->polling_;
+    }
+  };
+
+  static absl::Status NotWritten() {
+    return absl::DeadlineExceededError(
+        "the request could not be written before the deadline (the server is "
+        "not reading the BN stream)");
+  }
 
   bool CanWrite() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return !writing_ || broken_;
   }
-  bool NotWriting() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return !writing_;
+  // Nothing started on the call is still in flight (the read ended before
+  // Finish was started).
+  bool Drained() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return finished_ && !writing_;
   }
 
   Outcome BrokenOutcome() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -265,26 +355,102 @@ class PsClient::BnStream {
     return {absl::UnavailableError("the BN stream broke"), true};
   }
 
-  void ReadLoop() ABSL_LOCKS_EXCLUDED(mu_) {
-    proto::BnResponse response;
-    while (stream_->Read(&response)) {
-      absl::MutexLock lock(&mu_);
-      auto it = pending_.find(response.id());
-      if (it == pending_.end()) continue;  // its caller gave up at its deadline
-      PendingCall* call = it->second;
-      pending_.erase(it);
-      call->response = std::move(response);
-      call->done = true;
+  // Returns once `until` holds (true) or `deadline` has passed (false, unless
+  // `until` holds by then). Meanwhile polls the queue whenever no other thread
+  // does, handling every event taken, and otherwise sleeps until `until`
+  // holds or the poller token is free. Releases mu_ while polling.
+  bool Drive(const absl::Condition& until, absl::Time deadline)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const UntilOrTokenFree wake{this, &until};
+    while (!until.Eval()) {
+      if (polling_) {
+        if (!mu_.AwaitWithDeadline(absl::Condition(&wake), deadline)) {
+          return false;
+        }
+        continue;
+      }
+      polling_ = true;
+      mu_.Unlock();
+      Event event;
+      const bool got = Poll(deadline, &event);
+      mu_.Lock();
+      polling_ = false;
+      if (got) {
+        Handle(std::move(event));
+      } else if (absl::Now() >= deadline) {
+        return until.Eval();
+      }
     }
-    {
-      // No new writes; Finish must not run concurrently with a write (which
-      // returns promptly now that the call is over).
-      absl::MutexLock lock(&mu_);
-      broken_ = true;
-      mu_.Await(absl::Condition(this, &BnStream::NotWriting));
+    return true;
+  }
+
+  // Takes one event from the queue, waiting at most until `deadline` (false
+  // if none came), and starts the operation that follows it: the next read
+  // after an answer, Finish after the read failed.
+  // REQUIRES: the caller holds the poller token and not mu_.
+  bool Poll(absl::Time deadline, Event* event) ABSL_LOCKS_EXCLUDED(mu_) {
+    void* tag = nullptr;
+    bool ok = false;
+    if (cq_.AsyncNext(&tag, &ok, ToGprTime(deadline)) !=
+        grpc::CompletionQueue::GOT_EVENT) {
+      return false;  // TIMEOUT; SHUTDOWN comes only after the destructor ran
     }
-    const absl::Status end = proto::FromGrpcStatus(stream_->Finish());
-    absl::MutexLock lock(&mu_);
+    event->tag = static_cast<Tag>(reinterpret_cast<intptr_t>(tag));
+    event->ok = ok;
+    if (event->tag == Tag::kRead) {
+      if (ok) {
+        event->response.Swap(&incoming_);
+        stream_->Read(&incoming_, TagOf(Tag::kRead));
+      } else {
+        // Nothing more to receive; the status ends the call.
+        stream_->Finish(&finish_status_, TagOf(Tag::kFinish));
+      }
+    } else if (event->tag == Tag::kFinish) {
+      event->end = proto::FromGrpcStatus(finish_status_);
+    }
+    return true;
+  }
+
+  void Handle(Event event) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    switch (event.tag) {
+      case Tag::kStart:  // not posted while the metadata is corked
+        break;
+      case Tag::kRead: {
+        if (!event.ok) {  // Finish was started: no new writes
+          broken_ = true;
+          break;
+        }
+        auto it = pending_.find(event.response.id());
+        if (it == pending_.end()) break;  // its caller gave up at its deadline
+        PendingCall* call = it->second;
+        pending_.erase(it);
+        call->response = std::move(event.response);
+        call->done = true;
+        break;
+      }
+      case Tag::kWrite:
+        writing_ = false;
+        if (writer_ != nullptr) {
+          writer_->write_done = true;
+          writer_->written = event.ok;
+          writer_ = nullptr;
+        }
+        // A failed write means the call is over: the read fails next, and the
+        // end of the stream fails every pending call, the writer's included.
+        if (!event.ok) broken_ = true;
+        break;
+      case Tag::kWritesDone:
+        writing_ = false;
+        break;
+      case Tag::kFinish:
+        End(event.end);
+        break;
+    }
+  }
+
+  // Records how the stream ended and fails every call still waiting.
+  void End(const absl::Status& end) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    broken_ = true;
     if (!cancel_reason_.empty()) {
       end_status_ = absl::UnavailableError(
           absl::StrCat("the BN stream was cancelled: ", cancel_reason_));
@@ -322,22 +488,30 @@ class PsClient::BnStream {
     finished_ = true;
   }
 
+  // Outlives the call, which posts its events here.
+  grpc::CompletionQueue cq_;
   // Declared before stream_, which refers to it and must be destroyed first.
   grpc::ClientContext context_;
-  std::unique_ptr<grpc::ClientReaderWriter<proto::BnRequest, proto::BnResponse>>
+  std::unique_ptr<
+      grpc::ClientAsyncReaderWriter<proto::BnRequest, proto::BnResponse>>
       stream_;
+  // Filled by the armed read and Finish; used only by the token holder.
+  proto::BnResponse incoming_;
+  grpc::Status finish_status_;
 
   mutable absl::Mutex mu_;
+  bool polling_ ABSL_GUARDED_BY(mu_) = false;   // the poller token is taken
   bool broken_ ABSL_GUARDED_BY(mu_) = false;    // no more writes
-  bool finished_ ABSL_GUARDED_BY(mu_) = false;  // the reader saw the end
-  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;  // the end has been handled
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;   // a write or WritesDone
+  // The call whose write is in flight; null for WritesDone or once that
+  // caller has returned.
+  PendingCall* writer_ ABSL_GUARDED_BY(mu_) = nullptr;
   absl::Time write_deadline_ ABSL_GUARDED_BY(mu_);
   std::string cancel_reason_ ABSL_GUARDED_BY(mu_);
   absl::Status end_status_ ABSL_GUARDED_BY(mu_);
   bool end_retry_ ABSL_GUARDED_BY(mu_) = false;
   std::map<uint64_t, PendingCall*> pending_ ABSL_GUARDED_BY(mu_);
-
-  std::thread reader_;  // last: started once everything else exists
 };
 
 absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Connect(
@@ -446,7 +620,7 @@ PsClient::~PsClient() {
   for (const auto& stream : streams) {
     if (stream != nullptr) stream->Cancel("the client was destroyed");
   }
-  streams.clear();  // joins the readers, which end promptly once cancelled
+  streams.clear();  // each drains its call, which ends promptly once cancelled
 }
 
 std::string PsClient::ShardName(int shard) const {
@@ -858,7 +1032,7 @@ absl::Status PsClient::PullShard(int shard,
 }
 
 std::shared_ptr<PsClient::BnStream> PsClient::GetStream(int shard) {
-  std::shared_ptr<BnStream> old;  // destroyed (joined) after unlocking
+  std::shared_ptr<BnStream> old;  // destroyed (drained) after unlocking
   absl::MutexLock lock(&streams_mu_);
   std::shared_ptr<BnStream>& slot = streams_[shard];
   if (slot == nullptr || slot->broken()) {

@@ -157,7 +157,7 @@ class PsClient {
 
   // Stops the heartbeat, half-closes every BN stream, gives the servers a
   // moment (at most 1 s, or rpc_timeout if shorter) to end them, then cancels
-  // what is left and joins the stream threads. Never waits longer than that.
+  // what is left and drains the streams. Never waits longer than that.
   // BN calls still waiting fail with UNAVAILABLE.
   ~PsClient();
 

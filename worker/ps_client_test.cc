@@ -904,6 +904,74 @@ TEST_F(PsClientTest, BnCallTimesOutWhenNoResponseComes) {
   EXPECT_LT(absl::Now() - start, absl::Seconds(2));
 }
 
+TEST_F(PsClientTest, BnCallersSharingAStreamEachTimeOutOnTime) {
+  // Callers on one stream start 60 ms apart and are never answered. Whichever
+  // of them polls the stream, each must give up at its own deadline.
+  fakes_[0]->set_bn_mode(BnMode::kHold);
+  PsClientOptions options = Options();
+  options.rpc_timeout = absl::Milliseconds(400);
+  std::unique_ptr<PsClient> client = Connect(options);
+  ASSERT_NE(client, nullptr);
+  constexpr int kThreads = 4;
+  std::vector<absl::Status> status(kThreads);
+  std::vector<absl::Duration> took(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      absl::SleepFor(absl::Milliseconds(60) * t);
+      const absl::Time start = absl::Now();
+      status[t] = client
+                      ->BnForward(KeyOnShard(0, "bn", t), 0,
+                                  MakeMoments(2, {1.0 * t}, {1}))
+                      .status();
+      took[t] = absl::Now() - start;
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int t = 0; t < kThreads; ++t) {
+    EXPECT_EQ(status[t].code(), absl::StatusCode::kDeadlineExceeded)
+        << "caller " << t << ": " << status[t];
+    EXPECT_GE(took[t], absl::Milliseconds(390)) << "caller " << t;
+    EXPECT_LT(took[t], absl::Milliseconds(1500)) << "caller " << t;
+  }
+  EXPECT_EQ(fakes_[0]->bn_streams(), 1);  // timeouts leave the stream usable
+}
+
+TEST_F(PsClientTest, LateBnResponseOfACallerThatGaveUpIsDropped) {
+  // Shard 0 answers pairs of requests, in reverse order: the first call times
+  // out; the second releases both answers, its own first. The late answer
+  // must not reach anyone else, and the stream stays in use.
+  fakes_[0]->set_bn_mode(BnMode::kReverseBatches, 2);
+  PsClientOptions options = Options();
+  options.rpc_timeout = absl::Milliseconds(300);
+  std::unique_ptr<PsClient> client = Connect(options);
+  ASSERT_NE(client, nullptr);
+  const std::string layer = KeyOnShard(0, "bn");
+  // Expects the answer to this worker's moments {mark}.
+  auto forward = [&](double mark) -> absl::Status {
+    absl::StatusOr<BnForwardResult> fwd =
+        client->BnForward(layer, 0, MakeMoments(1, {mark}, {1}));
+    if (!fwd.ok()) return fwd.status();
+    if (fwd->merged.mean != std::vector<double>{mark + 1}) {
+      return absl::InternalError(
+          absl::StrCat("mark ", mark, ": got another call's answer"));
+    }
+    return absl::OkStatus();
+  };
+  EXPECT_EQ(forward(1).code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_TRUE(forward(2).ok());
+  // Two concurrent callers release each other's answers; either of them may
+  // take the late answer of mark 1 from the stream first.
+  absl::Status third;
+  std::thread other([&] { third = forward(3); });
+  const absl::Status fourth = forward(4);
+  other.join();
+  EXPECT_TRUE(third.ok()) << third;
+  EXPECT_TRUE(fourth.ok()) << fourth;
+  EXPECT_EQ(fakes_[0]->bn_requests().size(), 4u);
+  EXPECT_EQ(fakes_[0]->bn_streams(), 1);
+}
+
 TEST_F(PsClientTest, BnWriteStuckInFlowControlIsCancelled) {
   // The server never reads: a large request cannot be written. The watchdog
   // cancels the stream after the deadline.
