@@ -1154,12 +1154,7 @@ absl::StatusOr<bn::RunningStats> PsClient::BnRecalFinish(
   proto::BnRequest request;
   request.set_layer(layer);
   request.set_phase(proto::BN_RECAL_FINISH);
-  absl::StatusOr<proto::BnResponse> response = BnCall(std::move(request));
-  if (!response.ok()) return response.status();
-  absl::StatusOr<bn::RunningStats> running =
-      proto::DecodeRunning(response->running());
-  if (!running.ok()) return MalformedBn(layer, running.status());
-  return running;
+  return BnCallForRunning(std::move(request), -1);
 }
 
 absl::StatusOr<bn::RunningStats> PsClient::BnLocalRunning(
@@ -1169,12 +1164,7 @@ absl::StatusOr<bn::RunningStats> PsClient::BnLocalRunning(
   request.set_layer(layer);
   request.set_phase(proto::BN_LOCAL_RUNNING);
   proto::EncodeRunning(running, request.mutable_running());
-  absl::StatusOr<proto::BnResponse> response = BnCall(std::move(request));
-  if (!response.ok()) return response.status();
-  absl::StatusOr<bn::RunningStats> average =
-      proto::DecodeRunning(response->running(), running.mean.size());
-  if (!average.ok()) return MalformedBn(layer, average.status());
-  return average;
+  return BnCallForRunning(std::move(request), running.mean.size());
 }
 
 absl::StatusOr<bn::RunningStats> PsClient::BnRunning(const std::string& layer,
@@ -1186,6 +1176,12 @@ absl::StatusOr<bn::RunningStats> PsClient::BnRunning(const std::string& layer,
   proto::BnRequest request;
   request.set_layer(layer);
   request.set_phase(proto::BN_RUNNING);
+  return BnCallForRunning(std::move(request), channels);
+}
+
+absl::StatusOr<bn::RunningStats> PsClient::BnCallForRunning(
+    proto::BnRequest request, int64_t channels) {
+  const std::string layer = request.layer();
   absl::StatusOr<proto::BnResponse> response = BnCall(std::move(request));
   if (!response.ok()) return response.status();
   absl::StatusOr<bn::RunningStats> running =

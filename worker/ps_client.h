@@ -328,6 +328,10 @@ class PsClient {
   void SendHeartbeats() ABSL_LOCKS_EXCLUDED(bg_mu_);
 
   std::string ShardName(int shard) const;
+  // BnCall for the phases answered with running stats (of `channels`
+  // channels; -1: any number).
+  absl::StatusOr<bn::RunningStats> BnCallForRunning(proto::BnRequest request,
+                                                    int64_t channels);
   // INVALID_ARGUMENT for a malformed BN response, naming the shard of `layer`.
   absl::Status MalformedBn(const std::string& layer,
                            const absl::Status& s) const;
