@@ -123,6 +123,16 @@ gpr_timespec ToGprTime(absl::Time t) {
   return out;
 }
 
+// The shards that have keys to send, in order.
+template <typename Key>
+std::vector<int> ShardsWithKeys(const std::vector<std::vector<Key>>& by_shard) {
+  std::vector<int> shards;
+  for (int i = 0; i < static_cast<int>(by_shard.size()); ++i) {
+    if (!by_shard[i].empty()) shards.push_back(i);
+  }
+  return shards;
+}
+
 absl::Status CheckChannels(int64_t got, int64_t want, absl::string_view what) {
   if (got == 0 || got != want) {
     return absl::InvalidArgumentError(
@@ -766,10 +776,7 @@ absl::Status PsClient::InitParameters(
     }
     by_shard[proto::ShardForKey(key, num_shards())].push_back(&key);
   }
-  std::vector<int> shards;
-  for (int i = 0; i < num_shards(); ++i) {
-    if (!by_shard[i].empty()) shards.push_back(i);
-  }
+  const std::vector<int> shards = ShardsWithKeys(by_shard);
   return RunParallel(static_cast<int>(shards.size()), [&](int j) {
     const int shard = shards[j];
     return Annotate(InitShard(shard, by_shard[shard], params),
@@ -839,10 +846,7 @@ absl::Status PsClient::PushAll(int64_t step, int64_t num_samples,
     if (absl::Status s = CheckParam(key, p); !s.ok()) return s;
     by_shard[proto::ShardForKey(key, num_shards())].push_back(&key);
   }
-  std::vector<int> shards;
-  for (int i = 0; i < num_shards(); ++i) {
-    if (!by_shard[i].empty()) shards.push_back(i);
-  }
+  const std::vector<int> shards = ShardsWithKeys(by_shard);
   return RunParallel(static_cast<int>(shards.size()), [&](int j) {
     const int shard = shards[j];
     absl::Status s = WithRetries([&](absl::Time deadline) {
@@ -930,9 +934,7 @@ absl::Status PsClient::PullParametersInto(int64_t min_version,
     if (absl::Status s = CheckKey(key, "key"); !s.ok()) return s;
     by_shard[proto::ShardForKey(key, num_shards())].push_back(key);
   }
-  for (int i = 0; i < num_shards(); ++i) {
-    if (!by_shard[i].empty()) shards.push_back(i);
-  }
+  shards = ShardsWithKeys(by_shard);
   // Only finds: safe from one thread per shard.
   return PullFrom(by_shard, shards, min_version,
                   [params](int, const std::string& key) -> Param* {

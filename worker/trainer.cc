@@ -36,19 +36,17 @@ class PsBnSync : public nn::BnSync {
   absl::Duration elapsed() const { return elapsed_; }
   void reset_elapsed() { elapsed_ = absl::ZeroDuration(); }
 
-  absl::StatusOr<nn::BnSyncForward> Forward(const std::string& layer,
+  absl::StatusOr<bn::Moments> Forward(const std::string& layer,
                                             const bn::Moments& local) override {
     const absl::Time start = absl::Now();
     absl::StatusOr<BnForwardResult> r = client_->BnForward(layer, step_, local);
     elapsed_ += absl::Now() - start;
     if (!r.ok()) return r.status();
     if (policy_ == proto::POLICY_SYNC) {
-      return nn::BnSyncForward{std::move(r->merged), std::move(r->running)};
+      return std::move(r->merged);
     }
     // async: the servers sent the others' admissible moments.
-    absl::StatusOr<bn::Moments> merged = bn::MergeMoments({local, r->merged});
-    if (!merged.ok()) return merged.status();
-    return nn::BnSyncForward{*std::move(merged), std::move(r->running)};
+    return bn::MergeMoments({local, r->merged});
   }
 
   absl::StatusOr<bn::BackwardSums> Backward(

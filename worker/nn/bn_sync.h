@@ -21,7 +21,6 @@
 #ifndef BNPS_WORKER_NN_BN_SYNC_H_
 #define BNPS_WORKER_NN_BN_SYNC_H_
 
-#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -30,21 +29,14 @@
 
 namespace bnps::nn {
 
-struct BnSyncForward {
-  // The moments to normalize with; their count is the count of the backward.
-  bn::Moments moments;
-  // Authoritative running statistics after this step, when someone else (the
-  // servers) keeps them; when absent, the layer updates its own from
-  // `moments` with its momentum.
-  std::optional<bn::RunningStats> running;
-};
-
 class BnSync {
  public:
   virtual ~BnSync() = default;
 
-  virtual absl::StatusOr<BnSyncForward> Forward(const std::string& layer,
-                                                const bn::Moments& local) = 0;
+  // The moments to normalize with; their count is the count of the
+  // backward. The layer updates its running stats from them.
+  virtual absl::StatusOr<bn::Moments> Forward(const std::string& layer,
+                                              const bn::Moments& local) = 0;
   virtual absl::StatusOr<bn::BackwardSums> Backward(
       const std::string& layer, const bn::BackwardSums& local) = 0;
 };
@@ -52,9 +44,9 @@ class BnSync {
 // Local BN: what every worker does without synchronization.
 class LocalBnSync : public BnSync {
  public:
-  absl::StatusOr<BnSyncForward> Forward(const std::string& layer,
-                                        const bn::Moments& local) override {
-    return BnSyncForward{local, std::nullopt};
+  absl::StatusOr<bn::Moments> Forward(const std::string& layer,
+                                      const bn::Moments& local) override {
+    return local;
   }
   absl::StatusOr<bn::BackwardSums> Backward(
       const std::string& layer, const bn::BackwardSums& local) override {

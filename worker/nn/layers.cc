@@ -603,25 +603,20 @@ absl::StatusOr<const Tensor*> BatchNorm::Forward(const Tensor& x) {
       absl::StatusOr<bn::Moments> local =
           backend_.bn().ComputeMoments(x.data(), x.shape);
       if (!local.ok()) return local.status();
-      absl::StatusOr<BnSyncForward> merged = sync_->Forward(name(), *local);
+      absl::StatusOr<bn::Moments> merged = sync_->Forward(name(), *local);
       if (!merged.ok()) return merged.status();
-      if (merged->moments.channels() != channels_ ||
-          merged->moments.count < local->count) {
+      if (merged->channels() != channels_ || merged->count < local->count) {
         return absl::InternalError(absl::StrCat(
             "batch norm ", name(), ": the BN sync returned ",
-            merged->moments.channels(), " channels over ",
-            merged->moments.count, " samples for a local ", local->count));
+            merged->channels(), " channels over ", merged->count,
+            " samples for a local ", local->count));
       }
-      mean_ = merged->moments.mean;
-      var_ = bn::BiasedVariance(merged->moments);
-      count_ = merged->moments.count;
-      if (merged->running.has_value()) {
-        if (absl::Status s = set_running(*std::move(merged->running)); !s.ok()) {
-          return s;
-        }
-      } else if (count_ > 1) {
+      mean_ = merged->mean;
+      var_ = bn::BiasedVariance(*merged);
+      count_ = merged->count;
+      if (count_ > 1) {
         if (absl::Status s =
-                bn::UpdateRunningStats(merged->moments, momentum_, &running_);
+                bn::UpdateRunningStats(*merged, momentum_, &running_);
             !s.ok()) {
           return s;
         }

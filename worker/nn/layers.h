@@ -124,7 +124,7 @@ absl::StatusOr<std::unique_ptr<Layer>> NewResidualBlock(Backend& backend,
 
 enum class BnMode {
   // Normalize with what the BnSync returns and update the running statistics
-  // (or take the BnSync's). The only mode that supports Backward.
+  // from it. The only mode that supports Backward.
   kTrain,
   // Normalize with the running statistics (unbiased variance, as PyTorch).
   kInference,

@@ -24,7 +24,7 @@ class FixedOthersSync : public BnSync {
  public:
   explicit FixedOthersSync(uint64_t seed) : rng_(seed) {}
 
-  absl::StatusOr<BnSyncForward> Forward(const std::string& layer,
+  absl::StatusOr<bn::Moments> Forward(const std::string& layer,
                                         const bn::Moments& local) override {
     auto it = others_.find(layer);
     if (it == others_.end()) {
@@ -37,9 +37,7 @@ class FixedOthersSync : public BnSync {
       }
       it = others_.emplace(layer, m).first;
     }
-    absl::StatusOr<bn::Moments> merged = bn::MergeMoments({local, it->second});
-    if (!merged.ok()) return merged.status();
-    return BnSyncForward{*merged, std::nullopt};
+    return bn::MergeMoments({local, it->second});
   }
   absl::StatusOr<bn::BackwardSums> Backward(
       const std::string& layer, const bn::BackwardSums& local) override {
