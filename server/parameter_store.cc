@@ -11,8 +11,47 @@
 namespace bnps::server {
 namespace {
 
-// Optimizer steps of parameters this large run on every core.
+// Optimizer steps of parameters this large run on every core, in blocks of
+// kSgdBlock elements.
 constexpr size_t kParallelElements = size_t{1} << 16;
+constexpr size_t kSgdBlock = size_t{1} << 14;
+
+// The x86-64 baseline (SSE2) does two doubles per instruction, and the step
+// computes in double: there it is bound by arithmetic, not memory (about 5 ms
+// per 16 MB on one core against 2.3 ms with AVX-512). So the kernel is
+// compiled for AVX-512 and AVX2 as well and the loader picks the widest the
+// CPU has. The build keeps fused multiply-add off (-ffp-contract=off), so each
+// version does the same IEEE operations and gives the same bits.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define BNPS_SGD_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define BNPS_SGD_CLONES
+#endif
+
+// One SGD step (momentum, weight decay) of elements [begin, end). The
+// gradient of element i is (sum[i] + grad[i]) * scale, where either pointer
+// may be null (it adds nothing). w may equal w_in.
+BNPS_SGD_CLONES
+void SgdRange(const double* sum, const float* grad, const float* w_in,
+              float* w, float* buf, size_t begin, size_t end, double scale,
+              double lr, double momentum, double decay) {
+  auto run = [&](auto gradient) {
+    for (size_t i = begin; i < end; ++i) {
+      const double d = gradient(i) * scale + decay * w_in[i];
+      buf[i] = static_cast<float>(momentum * buf[i] + d);
+      w[i] = static_cast<float>(w_in[i] - lr * buf[i]);
+    }
+  };
+  if (sum != nullptr && grad != nullptr) {
+    run([&](size_t i) { return sum[i] + grad[i]; });
+  } else if (sum != nullptr) {
+    run([&](size_t i) { return sum[i]; });
+  } else if (grad != nullptr) {
+    run([&](size_t i) { return static_cast<double>(grad[i]); });
+  } else {
+    run([](size_t) { return 0.0; });
+  }
+}
 
 int64_t Product(const std::vector<int64_t>& shape) {
   int64_t n = 1;
@@ -156,24 +195,14 @@ void ParameterStore::Apply(Param& p, const double* sum, const float* grad,
   float* w = p.values->data();
   float* buf = p.momentum_buffer.data();
   const size_t n = in->size();
-  // Elementwise, so splitting across threads gives the same bits.
+  // Elementwise, so splitting into blocks and across threads gives the same
+  // bits.
   const bool parallel = n >= kParallelElements;
-  auto step = [&](auto gradient) {
+  const size_t blocks = (n + kSgdBlock - 1) / kSgdBlock;
 #pragma omp parallel for schedule(static) if (parallel)
-    for (size_t i = 0; i < n; ++i) {
-      const double d = gradient(i) * scale + decay * w_in[i];
-      buf[i] = static_cast<float>(momentum * buf[i] + d);
-      w[i] = static_cast<float>(w_in[i] - lr * buf[i]);
-    }
-  };
-  if (sum != nullptr && grad != nullptr) {
-    step([&](size_t i) { return sum[i] + grad[i]; });
-  } else if (sum != nullptr) {
-    step([&](size_t i) { return sum[i]; });
-  } else if (grad != nullptr) {
-    step([&](size_t i) { return static_cast<double>(grad[i]); });
-  } else {
-    step([](size_t) { return 0.0; });
+  for (size_t b = 0; b < blocks; ++b) {
+    SgdRange(sum, grad, w_in, w, buf, b * kSgdBlock,
+             std::min(n, (b + 1) * kSgdBlock), scale, lr, momentum, decay);
   }
 }
 
