@@ -263,9 +263,12 @@ class BnReactor
       absl::MutexLock lock(&mu_);
       ++outstanding_;
     }
-    proto::BnRequest req = std::move(req_);
+    // Answer first, then read on: a pending read makes gRPC announce the
+    // window the request used at once, and the answer should not queue
+    // behind that announcement.
+    Dispatch(std::move(req_));
+    req_.Clear();
     StartRead(&req_);
-    Dispatch(std::move(req));
   }
 
   void OnWriteDone(bool ok) override {
