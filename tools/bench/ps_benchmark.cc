@@ -30,7 +30,8 @@
 //
 // Run: bazel build -c opt //tools/bench:ps_benchmark &&
 //      bazel-bin/tools/bench/ps_benchmark [--reps=200] [--quick]
-//      [--tables=bn,grad] [--peers=false]
+//      [--tables=bn,grad] [--peers=false] [--channels=64,256,1024]
+//      [--workers=1,2,4,8]
 
 #include <signal.h>
 #include <sys/wait.h>
@@ -60,6 +61,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -84,6 +86,12 @@ ABSL_FLAG(bool, quick, false,
 ABSL_FLAG(bool, peers, true,
           "measure the peers too (gloo, raw gRPC echo); off to profile bnps "
           "alone");
+ABSL_FLAG(std::vector<std::string>, channels,
+          std::vector<std::string>({"64", "256", "1024"}),
+          "BN latency: the layer widths C, one row group each");
+ABSL_FLAG(std::vector<std::string>, workers,
+          std::vector<std::string>({"1", "2", "4", "8"}),
+          "BN latency: the worker counts W of each row group");
 ABSL_FLAG(std::string, tables, "bn,grad",
           "which tables to measure, comma-separated: bn (BN-sync latency), "
           "grad (gradient push + pull throughput)");
@@ -93,8 +101,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-constexpr int kChannels[] = {64, 256, 1024};
-constexpr int kWorkers[] = {1, 2, 4, 8};
 constexpr int kPayloadMB[] = {1, 16, 64};
 constexpr int64_t kMB = 1 << 20;
 constexpr int64_t kFloatsPerKey = 1 << 20;
@@ -105,6 +111,8 @@ struct Settings {
   int warmup = 20;  // BN calls per worker before timing
   int reps = 200;   // BN calls timed per worker
   absl::Duration row_budget = absl::Seconds(20);  // per latency row and peer
+  std::vector<int> channels;  // C of the BN rows
+  std::vector<int> workers;   // W of the BN rows
   std::vector<int> shard_counts = {1, 2};
   std::map<int, int> push_pull_reps = {{1, 40}, {16, 15}, {64, 9}};  // by MB
 };
@@ -454,9 +462,11 @@ absl::Status EchoPushPull(
     SetDeadline(&context);
     Count response;
     auto writer = stubs[i]->Upload(&context, &response);
+    // Filled once, like the tensors bnps pushes: a rep moves bytes that exist.
     Blob chunk;
+    chunk.mutable_data()->assign(std::min(share(i), kEchoChunkBytes), 'x');
     for (int64_t left = share(i); left > 0; left -= kEchoChunkBytes) {
-      chunk.mutable_data()->assign(std::min(left, kEchoChunkBytes), 'x');
+      if (left < kEchoChunkBytes) chunk.mutable_data()->resize(left);
       if (!writer->Write(chunk)) break;
     }
     writer->WritesDone();
@@ -728,8 +738,8 @@ void PrintLatencyTable(
       "echo p99 | bnps/gloo | bnps/echo |\n"
       "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
   bool short_rows = false;
-  for (int c : kChannels) {
-    for (int w : kWorkers) {
+  for (int c : s.channels) {
+    for (int w : s.workers) {
       const std::pair<int, int> key(c, w);
       std::vector<std::string> cells = {absl::StrCat(c), absl::StrCat(w)};
       for (const auto* m : {&bnps, &gloo, &echo}) {
@@ -782,8 +792,34 @@ void PrintThroughputTable(const std::vector<ThroughputRow>& rows) {
 
 void MeasureLatency(const Settings& s);
 
+// Parses a flag's list of positive integers into `out`.
+bool PositiveInts(const std::vector<std::string>& in, absl::string_view flag,
+                  int max, std::vector<int>* out) {
+  for (const std::string& v : in) {
+    int n;
+    if (!absl::SimpleAtoi(v, &n) || n < 1 || n > max) {
+      absl::FPrintF(stderr, "ps_benchmark: --%s: '%s' is not in [1, %d]\n",
+                    flag, v, max);
+      return false;
+    }
+    out->push_back(n);
+  }
+  if (out->empty()) {
+    absl::FPrintF(stderr, "ps_benchmark: --%s is empty\n", flag);
+    return false;
+  }
+  return true;
+}
+
 int Main() {
   Settings s;
+  if (!PositiveInts(absl::GetFlag(FLAGS_workers), "workers", 64, &s.workers)) {
+    return 2;
+  }
+  if (!PositiveInts(absl::GetFlag(FLAGS_channels), "channels", 1 << 16,
+                    &s.channels)) {
+    return 2;
+  }
   s.reps = std::max(1, absl::GetFlag(FLAGS_reps));
   if (absl::GetFlag(FLAGS_quick)) {
     s.warmup = 5;
@@ -829,16 +865,16 @@ void MeasureLatency(const Settings& s) {
   std::map<std::pair<int, int>, absl::StatusOr<Latency>> gloo, bnps, echo;
   const bool peers = absl::GetFlag(FLAGS_peers);
   const absl::Status no_peers = absl::CancelledError("--peers=false");
-  for (int c : kChannels) {
-    for (int w : kWorkers) {
+  for (int c : s.channels) {
+    for (int w : s.workers) {
       gloo.emplace(std::make_pair(c, w),
                    peers ? GlooLatency(c, w, s) : no_peers);
     }
   }
   absl::StatusOr<std::unique_ptr<EchoServer>> echo_server =
       peers ? EchoServer::Start() : no_peers;
-  for (int c : kChannels) {
-    for (int w : kWorkers) {
+  for (int c : s.channels) {
+    for (int w : s.workers) {
       const std::pair<int, int> key(c, w);
       bnps.emplace(key, BnpsLatency(c, w, s));
       echo.emplace(key, echo_server.ok() ? EchoLatency(**echo_server, c, w, s)
