@@ -7,6 +7,7 @@
 #include <random>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "bn/cpu_kernels.h"
 #include "bn/reference.h"
 #include "gtest/gtest.h"
@@ -157,6 +158,37 @@ TEST(MomentsTest, OrderedMergerRejectsBadInput) {
   EXPECT_TRUE(merger.Has(0));
   EXPECT_FALSE(merger.Has(1));
   EXPECT_EQ(merger.num_filled(), 1);
+}
+
+// A wide layer goes through the vectorized pass; each defect is still found,
+// wherever it is, and the message names its channel.
+TEST(MomentsTest, ValidateFindsEachDefectOfAWideLayer) {
+  Moments m = Moments::Empty(1027);
+  m.count = 5;
+  m.mean.assign(1027, 0.5);
+  m.m2.assign(1027, 1.0);
+  m.m2[7] = -0.0;  // not negative
+  ASSERT_TRUE(ValidateMoments(m).ok());
+  for (size_t c : {size_t{0}, size_t{513}, size_t{1026}}) {
+    for (int defect = 0; defect < 4; ++defect) {
+      Moments bad = m;
+      if (defect == 0) bad.mean[c] = NAN;
+      if (defect == 1) bad.m2[c] = -INFINITY;
+      if (defect == 2) bad.m2[c] = -1e-300;
+      if (defect == 3) {  // values without samples
+        bad = Moments::Empty(1027);
+        bad.mean[c] = 1e-300;
+      }
+      const absl::Status s = ValidateMoments(bad);
+      EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c << " " << defect;
+      if (defect < 3) {
+        EXPECT_NE(s.message().find(absl::StrCat("channel ", c, " ")),
+                  absl::string_view::npos)
+            << s.message();
+      }
+    }
+  }
+  EXPECT_TRUE(ValidateMoments(Moments::Empty(1027)).ok());
 }
 
 TEST(MomentsTest, ValidateRejectsMalformedMoments) {

@@ -114,7 +114,7 @@ void BnAggregator::Recal(int worker, int64_t batch, const std::string& layer,
     if (s.ok() && batch < 0) s = absl::InvalidArgumentError("negative batch");
     if (s.ok()) {
       auto finished = barriers_.find({layer, Phase::kRecalFinish, 0});
-      if (finished != barriers_.end() && finished->second.result.has_value()) {
+      if (finished != barriers_.end() && finished->second.result != nullptr) {
         s = absl::FailedPreconditionError(absl::StrCat(
             "recalibration of BN layer '", layer, "' is already finished"));
       } else {
@@ -192,15 +192,15 @@ void BnAggregator::Contribute(int worker, BarrierKey key, Contribution c,
     it->second.by_worker.resize(options_.num_workers);
   }
   Barrier& b = it->second;
-  if (b.result.has_value()) {  // a retry after the barrier finished
-    ready->push_back([done = std::move(done), r = *b.result] { done(r); });
+  if (b.result != nullptr) {  // a retry after the barrier finished
+    ready->push_back([done = std::move(done), r = b.result] { done(*r); });
     return;
   }
   if (!b.by_worker[worker].has_value()) b.by_worker[worker] = std::move(c);
   b.waiting.push_back(std::move(done));
   b.deadline = std::min(b.deadline, deadline);
   Evaluate(key, b, ready);
-  if (b.result.has_value()) {
+  if (b.result != nullptr) {
     int64_t& newest = layer.newest_finished[phase];
     newest = std::max(newest, step);
     // Forget barriers of this layer and phase far behind.
@@ -208,7 +208,7 @@ void BnAggregator::Contribute(int worker, BarrierKey key, Contribution c,
          old != barriers_.end() && std::get<0>(old->first) == layer_name &&
          std::get<1>(old->first) == phase &&
          std::get<2>(old->first) < newest - kKeepSteps;) {
-      old = old->second.result.has_value() ? barriers_.erase(old) : std::next(old);
+      old = old->second.result != nullptr ? barriers_.erase(old) : std::next(old);
     }
   }
 }
@@ -222,7 +222,7 @@ std::string BnAggregator::Missing(const Barrier& b) const {
 }
 
 void BnAggregator::Evaluate(const BarrierKey& key, Barrier& b, Ready* ready) {
-  if (b.result.has_value()) return;
+  if (b.result != nullptr) return;
   for (int w = 0; w < options_.num_workers; ++w) {
     if (!live_[w] || b.by_worker[w].has_value()) continue;
     if (!failed_[w].ok()) {
@@ -241,9 +241,9 @@ void BnAggregator::Evaluate(const BarrierKey& key, Barrier& b, Ready* ready) {
 
 void BnAggregator::Resolve(const BarrierKey& key, Barrier& b,
                            absl::StatusOr<Reply> result, Ready* ready) {
-  b.result = std::move(result);
+  b.result = std::make_shared<const absl::StatusOr<Reply>>(std::move(result));
   for (Done& done : b.waiting) {
-    ready->push_back([done = std::move(done), r = *b.result] { done(r); });
+    ready->push_back([done = std::move(done), r = b.result] { done(*r); });
   }
   b.waiting.clear();
 }
@@ -391,7 +391,7 @@ void BnAggregator::ExpireDeadlines(absl::Time now) {
   {
     absl::MutexLock lock(&mu_);
     for (auto& [key, b] : barriers_) {
-      if (b.result.has_value() || b.deadline > now) continue;
+      if (b.result != nullptr || b.deadline > now) continue;
       Resolve(key, b,
               absl::DeadlineExceededError(absl::StrCat(
                   "BN ", PhaseName(static_cast<int>(std::get<1>(key))),

@@ -38,6 +38,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -68,7 +69,10 @@ class BnAggregator {
     std::optional<bn::RunningStats> running;
     int contributors = 0;
   };
-  using Done = std::function<void(absl::StatusOr<Reply>)>;
+  // Called once, maybe on another caller's thread, after the aggregator's
+  // lock is released. The answer is shared by all the waiters of a barrier
+  // (and kept for retries): it is not copied for each.
+  using Done = std::function<void(const absl::StatusOr<Reply>&)>;
 
   explicit BnAggregator(Options options);
 
@@ -108,7 +112,8 @@ class BnAggregator {
     std::vector<std::optional<Contribution>> by_worker;
     std::vector<Done> waiting;
     absl::Time deadline = absl::InfiniteFuture();
-    std::optional<absl::StatusOr<Reply>> result;  // set once finished
+    // Set once finished; shared with the waiters' callbacks.
+    std::shared_ptr<const absl::StatusOr<Reply>> result;
   };
   struct Latest {  // async: a worker's newest forward moments of a layer
     int64_t step = -1;

@@ -304,7 +304,7 @@ class BnReactor
     const bool send_running =
         req.phase() != proto::BN_FORWARD || req.want_running();
     auto reply = [this, id, worker,
-                  send_running](absl::StatusOr<BnAggregator::Reply> r) {
+                  send_running](const absl::StatusOr<BnAggregator::Reply>& r) {
       proto::BnResponse resp;
       resp.set_id(id);
       if (!r.ok()) {
