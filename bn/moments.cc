@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "bn/finite.h"
 
 namespace bnps::bn {
 
@@ -26,23 +27,16 @@ absl::Status ValidateMoments(const Moments& m) {
         absl::StrCat("moments: mean has ", m.mean.size(), " channels and m2 ",
                      m.m2.size(), "; need the same non-zero number"));
   }
-  // Every message of the BN protocol is checked here, so the common case is
-  // one branch-free pass over the bits: all exponent bits set means not
-  // finite; the sign bit on a non-zero value means negative. The loop after
-  // it only names the first bad channel.
-  constexpr uint64_t kExponent = 0x7ff0000000000000u;
+  // Every message of the BN protocol is checked here, so the common case is a
+  // few vectorized scans (bn/finite.h); the loop after them only names the
+  // first bad channel.
   const size_t n = m.mean.size();
-  uint64_t bad = 0;
-  for (size_t c = 0; c < n; ++c) {
-    uint64_t mean, m2;
-    std::memcpy(&mean, &m.mean[c], sizeof(mean));
-    std::memcpy(&m2, &m.m2[c], sizeof(m2));
-    bad |= static_cast<uint64_t>((mean & kExponent) == kExponent) |
-           static_cast<uint64_t>((m2 & kExponent) == kExponent) |
-           ((m2 >> 63) & static_cast<uint64_t>((m2 << 1) != 0));
-    if (m.count == 0) bad |= (mean << 1) | (m2 << 1);  // any non-zero value
-  }
-  if (bad == 0) return absl::OkStatus();
+  const bool clean =
+      m.count == 0
+          ? FirstNonZero(m.mean) == n && FirstNonZero(m.m2) == n
+          : FirstNonFinite(m.mean) == n && FirstNonFinite(m.m2) == n &&
+                FirstNegative(m.m2) == n;
+  if (clean) return absl::OkStatus();
   for (size_t c = 0; c < n; ++c) {
     if (!std::isfinite(m.mean[c]) || !std::isfinite(m.m2[c])) {
       return absl::InvalidArgumentError(

@@ -1,11 +1,12 @@
 #include "proto/codec.h"
 
-#include <cmath>
 #include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/types/span.h"
+#include "bn/finite.h"
 #include "proto/limits.h"
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
@@ -20,11 +21,10 @@ std::string ShapeString(absl::Span<const int64_t> shape) {
 
 template <typename T>
 absl::Status CheckFinite(const std::vector<T>& v) {
-  for (size_t i = 0; i < v.size(); ++i) {
-    if (!std::isfinite(v[i])) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("tensor element ", i, " is not finite (", v[i], ")"));
-    }
+  if (const size_t i = bn::FirstNonFinite(absl::MakeConstSpan(v));
+      i < v.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor element ", i, " is not finite (", v[i], ")"));
   }
   return absl::OkStatus();
 }

@@ -1,12 +1,13 @@
 #include "proto/tensor_wire.h"
 
 #include <algorithm>
-#include <cmath>
 #include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/types/span.h"
+#include "bn/finite.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "google/protobuf/wire_format_lite.h"
@@ -79,24 +80,6 @@ bool ReadInt64s(CodedInputStream* in, uint32_t tag, std::vector<int64_t>* out) {
   }
   in->PopLimit(limit);
   return true;
-}
-
-// The index of the first NaN or infinity in v[0, n), or n. A branch-free scan
-// (all exponent bits set means not finite) that vectorizes; the rare hit is
-// located by a second pass.
-int64_t FirstNonFinite(const float* v, int64_t n) {
-  constexpr uint32_t kExponent = 0x7f800000u;
-  uint32_t any = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    uint32_t bits;
-    std::memcpy(&bits, v + i, sizeof(bits));
-    any |= static_cast<uint32_t>((bits & kExponent) == kExponent);
-  }
-  if (any == 0) return n;
-  for (int64_t i = 0; i < n; ++i) {
-    if (!std::isfinite(v[i])) return i;
-  }
-  return n;
 }
 
 bool IsLengthDelimited(uint32_t tag) {
@@ -286,7 +269,9 @@ absl::Status TensorReader::Read(const grpc::ByteBuffer& message,
     if (bytes > 0 && !in.ReadRaw(dst, bytes)) {
       return Malformed("truncated chunk payload");
     }
-    if (const int64_t i = FirstNonFinite(dst, len); i < len) {
+    if (const int64_t i = static_cast<int64_t>(
+            bn::FirstNonFinite(absl::MakeConstSpan(dst, len)));
+        i < len) {
       return absl::InvalidArgumentError(absl::StrCat(
           "chunk of '", c.key, "': element ", received_ + i, " is not finite"));
     }
