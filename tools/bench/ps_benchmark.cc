@@ -15,6 +15,9 @@
 //      echo  raw gRPC: W threads, each with its own channel and bidi stream,
 //            writing 16C + 8 bytes and reading them back from an echo server
 //            built like the shard server (callback API). The transport floor.
+//      star  the same echo, except that the server answers a round only once
+//            all W streams have sent theirs (the Gather method): the floor
+//            under any barrier served over gRPC, bnps's minus the work.
 //    Every worker (thread or process) times each of its calls after a warm-up;
 //    a cell is the largest over workers of the per-worker p50 (or p99).
 //
@@ -55,6 +58,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/synchronization/mutex.h"
@@ -313,6 +317,78 @@ class EchoReactor : public grpc::ServerBidiReactor<Blob, Blob> {
   Blob blob_;
 };
 
+class GatherReactor;
+
+// The groups of Gather streams waiting for their last member. A group is
+// keyed by its size; the benchmark runs one group of each size at a time.
+class GatherHall {
+ public:
+  // Holds `r` until its group is complete, then answers every member. False
+  // if `r` was cancelled first: the caller finishes it.
+  bool Arrive(GatherReactor* r);
+  // From OnCancel: true if `r` was waiting (it no longer is; the caller
+  // finishes it). Otherwise marks it, and Arrive will refuse it.
+  bool Leave(GatherReactor* r);
+
+ private:
+  absl::Mutex mu_;
+  std::map<int, std::vector<GatherReactor*>> waiting_ ABSL_GUARDED_BY(mu_);
+};
+
+class GatherReactor : public grpc::ServerBidiReactor<Blob, Blob> {
+ public:
+  explicit GatherReactor(GatherHall* hall) : hall_(hall) { StartRead(&blob_); }
+  void OnReadDone(bool ok) override {
+    if (!ok) return Finish(grpc::Status::OK);
+    if (!hall_->Arrive(this)) Finish(grpc::Status::CANCELLED);
+  }
+  void OnWriteDone(bool ok) override {
+    if (!ok) return Finish(grpc::Status::CANCELLED);
+    StartRead(&blob_);
+  }
+  // A cancelled call with no operation pending must still be finished.
+  void OnCancel() override {
+    if (hall_->Leave(this)) Finish(grpc::Status::CANCELLED);
+  }
+  void OnDone() override { delete this; }
+
+  void Answer() { StartWrite(&blob_); }
+  int group() const { return std::max(1, blob_.group()); }
+
+ private:
+  friend class GatherHall;
+  GatherHall* const hall_;
+  Blob blob_;
+  bool cancelled_ = false;  // guarded by the hall's mu_
+};
+
+bool GatherHall::Arrive(GatherReactor* r) {
+  std::vector<GatherReactor*> go;
+  {
+    absl::MutexLock lock(&mu_);
+    if (r->cancelled_) return false;
+    std::vector<GatherReactor*>& group = waiting_[r->group()];
+    group.push_back(r);
+    if (static_cast<int>(group.size()) < r->group()) return true;
+    go.swap(group);
+  }
+  for (GatherReactor* member : go) member->Answer();
+  return true;
+}
+
+bool GatherHall::Leave(GatherReactor* r) {
+  absl::MutexLock lock(&mu_);
+  for (auto& [size, group] : waiting_) {
+    auto it = std::find(group.begin(), group.end(), r);
+    if (it != group.end()) {
+      group.erase(it);
+      return true;
+    }
+  }
+  r->cancelled_ = true;
+  return false;
+}
+
 class UploadReactor : public grpc::ServerReadReactor<Blob> {
  public:
   explicit UploadReactor(Count* response) : response_(response) {
@@ -364,6 +440,10 @@ class EchoServiceImpl final : public EchoService::CallbackService {
       grpc::CallbackServerContext*) override {
     return new EchoReactor();
   }
+  grpc::ServerBidiReactor<Blob, Blob>* Gather(
+      grpc::CallbackServerContext*) override {
+    return new GatherReactor(&hall_);
+  }
   grpc::ServerReadReactor<Blob>* Upload(grpc::CallbackServerContext*,
                                         Count* response) override {
     return new UploadReactor(response);
@@ -372,6 +452,9 @@ class EchoServiceImpl final : public EchoService::CallbackService {
                                            const Count* request) override {
     return new DownloadReactor(request->bytes());
   }
+
+ private:
+  GatherHall hall_;
 };
 
 // An echo server on 127.0.0.1 with the shard server's message limits.
@@ -421,9 +504,11 @@ void SetDeadline(grpc::ClientContext* context) {
                         std::chrono::seconds(60));
 }
 
-// W threads, each on its own stream, echoing 16 * channels + 8 bytes.
+// W threads, each on its own stream, echoing 16 * channels + 8 bytes; with
+// `gather`, every round is answered once all W have sent (a star's floor).
 absl::StatusOr<Latency> EchoLatency(const EchoServer& server, int channels,
-                                    int workers, const Settings& s) {
+                                    int workers, bool gather,
+                                    const Settings& s) {
   std::vector<std::vector<double>> us(workers);
   std::vector<absl::Status> status(workers);
   const Clock::time_point deadline =
@@ -432,9 +517,10 @@ absl::StatusOr<Latency> EchoLatency(const EchoServer& server, int channels,
     std::unique_ptr<EchoService::Stub> stub = server.NewStub();
     grpc::ClientContext context;
     SetDeadline(&context);
-    auto stream = stub->Echo(&context);
+    auto stream = gather ? stub->Gather(&context) : stub->Echo(&context);
     Blob request, reply;
     request.mutable_data()->assign(16 * channels + 8, 'x');
+    if (gather) request.set_group(workers);
     for (int i = 0; i < s.warmup + s.reps && Clock::now() < deadline; ++i) {
       const Clock::time_point t0 = Clock::now();
       if (!stream->Write(request) || !stream->Read(&reply)) break;
@@ -729,20 +815,29 @@ void PrintLatencyTable(
     const std::map<std::pair<int, int>, absl::StatusOr<Latency>>& bnps,
     const std::map<std::pair<int, int>, absl::StatusOr<Latency>>& gloo,
     const std::map<std::pair<int, int>, absl::StatusOr<Latency>>& echo,
+    const std::map<std::pair<int, int>, absl::StatusOr<Latency>>& star,
     const Settings& s) {
   Notes notes;
   absl::PrintF(
       "\n## BN-sync round trip, one layer (us; max over workers of each "
       "worker's p50 / p99)\n\n"
       "| C | W | bnps p50 | bnps p99 | gloo p50 | gloo p99 | echo p50 | "
-      "echo p99 | bnps/gloo | bnps/echo |\n"
-      "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+      "echo p99 | star p50 | star p99 | bnps/gloo | bnps/echo | bnps/star | "
+      "star/gloo |\n"
+      "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+      "\n");
   bool short_rows = false;
+  // p50 ratio a/b, "-" where either failed or b is a local copy (gloo, W = 1).
+  auto ratio = [](const absl::StatusOr<Latency>& a,
+                  const absl::StatusOr<Latency>& b) -> std::string {
+    if (!a.ok() || !b.ok() || b->p50_us < 1.0) return "-";
+    return Ratio(a->p50_us, b->p50_us);
+  };
   for (int c : s.channels) {
     for (int w : s.workers) {
       const std::pair<int, int> key(c, w);
       std::vector<std::string> cells = {absl::StrCat(c), absl::StrCat(w)};
-      for (const auto* m : {&bnps, &gloo, &echo}) {
+      for (const auto* m : {&bnps, &gloo, &echo, &star}) {
         const absl::StatusOr<Latency>& l = m->at(key);
         if (!l.ok()) {
           cells.push_back(notes.Cell(l.status()));
@@ -755,18 +850,18 @@ void PrintLatencyTable(
         cells.push_back(absl::StrCat(Micros(l->p99_us), mark));
       }
       const auto& b = bnps.at(key);
-      for (const auto* peer : {&gloo, &echo}) {
-        const auto& p = peer->at(key);
-        // gloo with W = 1 copies locally: no ratio against ~0.
-        const bool comparable = b.ok() && p.ok() && p->p50_us >= 1.0;
-        cells.push_back(comparable ? Ratio(b->p50_us, p->p50_us) : "-");
-      }
+      cells.push_back(ratio(b, gloo.at(key)));
+      cells.push_back(ratio(b, echo.at(key)));
+      cells.push_back(ratio(b, star.at(key)));
+      cells.push_back(ratio(star.at(key), gloo.at(key)));
       absl::PrintF("| %s |\n", absl::StrJoin(cells, " | "));
     }
   }
   absl::PrintF(
-      "\nbnps/gloo and bnps/echo: ratio of p50s, < 1 means bnps is faster; "
-      "gloo with W = 1 is a local copy (no ratio).\n");
+      "\nRatios of p50s; < 1 means the first is faster. gloo with W = 1 is a "
+      "local copy (no ratio). star: bare gRPC answering each round once all W "
+      "are in, doing no work; bnps/star is the cost of bnps's work over that "
+      "floor, star/gloo the floor against gloo.\n");
   if (short_rows)
     absl::PrintF("\n* fewer than %d calls: the row ran out of time\n", s.reps);
   notes.Print();
@@ -862,7 +957,8 @@ int Main() {
 // Measures and prints the BN-sync latency table.
 void MeasureLatency(const Settings& s) {
   // gloo first: fork() while this process has no threads and no gRPC state.
-  std::map<std::pair<int, int>, absl::StatusOr<Latency>> gloo, bnps, echo;
+  std::map<std::pair<int, int>, absl::StatusOr<Latency>> gloo, bnps, echo,
+      star;
   const bool peers = absl::GetFlag(FLAGS_peers);
   const absl::Status no_peers = absl::CancelledError("--peers=false");
   for (int c : s.channels) {
@@ -877,12 +973,16 @@ void MeasureLatency(const Settings& s) {
     for (int w : s.workers) {
       const std::pair<int, int> key(c, w);
       bnps.emplace(key, BnpsLatency(c, w, s));
-      echo.emplace(key, echo_server.ok() ? EchoLatency(**echo_server, c, w, s)
-                                         : echo_server.status());
+      for (const bool gather : {false, true}) {
+        (gather ? star : echo)
+            .emplace(key, echo_server.ok()
+                              ? EchoLatency(**echo_server, c, w, gather, s)
+                              : echo_server.status());
+      }
     }
   }
   echo_server = absl::CancelledError("done");
-  PrintLatencyTable(bnps, gloo, echo, s);
+  PrintLatencyTable(bnps, gloo, echo, star, s);
 }
 
 }  // namespace
