@@ -60,21 +60,19 @@ size_t FirstNonFinite(absl::Span<const float> v) {
       [](float x) { return !std::isfinite(x); });
 }
 
-size_t FirstNegative(absl::Span<const double> v) {
-  // Sign bit set, and not -0.0; NaN is excluded by the exponent test.
+size_t FirstNotFiniteNonNegative(absl::Span<const double> v) {
+  // All exponent bits set (NaN, infinity), or the sign bit set on a non-zero
+  // magnitude.
   return FirstHit(
       v,
       [](const double* p, size_t i) {
         constexpr uint32_t kExponent = 0x7ff00000u;
         const uint32_t high = Word(p, i, kHighWord);
         const uint32_t low = Word(p, i, kLowWord);
-        const uint32_t is_nan =
-            static_cast<uint32_t>((high & kExponent) == kExponent) &
-            static_cast<uint32_t>(((high << 12) | low) != 0);
-        return (high >> 31) & static_cast<uint32_t>(((high << 1) | low) != 0) &
-               (is_nan ^ 1u);
+        return static_cast<uint32_t>((high & kExponent) == kExponent) |
+               ((high >> 31) & static_cast<uint32_t>(((high << 1) | low) != 0));
       },
-      [](double x) { return x < 0; });
+      [](double x) { return !std::isfinite(x) || x < 0; });
 }
 
 size_t FirstNonZero(absl::Span<const double> v) {

@@ -27,9 +27,10 @@ namespace bnps::bn {
 size_t FirstNonFinite(absl::Span<const double> v);
 size_t FirstNonFinite(absl::Span<const float> v);
 
-// The index of the first value of `v` below zero (-0.0 is not below zero, and
-// neither is NaN), or v.size() if there is none.
-size_t FirstNegative(absl::Span<const double> v);
+// The index of the first value of `v` that is NaN, infinite or below zero
+// (-0.0 is not), or v.size() if there is none: the check of a sum of squares
+// or a variance.
+size_t FirstNotFiniteNonNegative(absl::Span<const double> v);
 
 // The index of the first value of `v` that is not zero (NaN is not zero;
 // -0.0 is), or v.size() if every value is zero.

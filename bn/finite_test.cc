@@ -24,9 +24,9 @@ size_t RefNonFinite(const std::vector<double>& v) {
   }
   return v.size();
 }
-size_t RefNegative(const std::vector<double>& v) {
+size_t RefNotFiniteNonNegative(const std::vector<double>& v) {
   for (size_t i = 0; i < v.size(); ++i) {
-    if (v[i] < 0) return i;
+    if (!std::isfinite(v[i]) || v[i] < 0) return i;
   }
   return v.size();
 }
@@ -40,24 +40,24 @@ size_t RefNonZero(const std::vector<double>& v) {
 TEST(FiniteTest, EmptySpansHaveNoHit) {
   EXPECT_EQ(FirstNonFinite(absl::Span<const double>()), 0u);
   EXPECT_EQ(FirstNonFinite(absl::Span<const float>()), 0u);
-  EXPECT_EQ(FirstNegative(absl::Span<const double>()), 0u);
+  EXPECT_EQ(FirstNotFiniteNonNegative(absl::Span<const double>()), 0u);
   EXPECT_EQ(FirstNonZero(absl::Span<const double>()), 0u);
 }
 
 // Each special value at the head, inside and at the tail of spans of several
 // lengths (shorter than, equal to and past a vector register's worth).
 TEST(FiniteTest, FindsEachSpecialValueWherever) {
-  const double specials[] = {0.0,  -0.0, 1.5,   -1.5,  kMax, -kMax, kTiny,
-                             -kTiny, kInf, -kInf, kNan, -kNan};
+  const double specials[] = {0.0,   -0.0,   1.5,  -1.5,  kMax, -kMax,
+                             kTiny, -kTiny, kInf, -kInf, kNan, -kNan};
   for (size_t n : {1u, 2u, 3u, 4u, 7u, 17u, 1027u}) {
     for (size_t at : {size_t{0}, n / 2, n - 1}) {
       for (double special : specials) {
         std::vector<double> v(n, 0.25);
         v[at] = special;
-        SCOPED_TRACE(testing::Message() << "n " << n << " at " << at
-                                        << " value " << special);
+        SCOPED_TRACE(testing::Message()
+                     << "n " << n << " at " << at << " value " << special);
         EXPECT_EQ(FirstNonFinite(v), RefNonFinite(v));
-        EXPECT_EQ(FirstNegative(v), RefNegative(v));
+        EXPECT_EQ(FirstNotFiniteNonNegative(v), RefNotFiniteNonNegative(v));
         std::vector<double> zeros(n, 0.0);
         zeros[at] = special;
         EXPECT_EQ(FirstNonZero(zeros), RefNonZero(zeros));
@@ -76,7 +76,7 @@ TEST(FiniteTest, ReportsTheFirstOfSeveralHits) {
   v[41] = kNan;
   v[70] = -kInf;
   EXPECT_EQ(FirstNonFinite(v), 41u);
-  EXPECT_EQ(FirstNegative(v), 40u);
+  EXPECT_EQ(FirstNotFiniteNonNegative(v), 40u);
   EXPECT_EQ(FirstNonZero(v), 0u);
   std::vector<float> f(100, 1.0f);
   f[63] = std::numeric_limits<float>::infinity();
@@ -101,7 +101,8 @@ TEST(FiniteTest, AgreesWithThePlainDefinitionsOnRandomBits) {
       }
     }
     EXPECT_EQ(FirstNonFinite(v), RefNonFinite(v)) << "trial " << trial;
-    EXPECT_EQ(FirstNegative(v), RefNegative(v)) << "trial " << trial;
+    EXPECT_EQ(FirstNotFiniteNonNegative(v), RefNotFiniteNonNegative(v))
+        << "trial " << trial;
     EXPECT_EQ(FirstNonZero(v), RefNonZero(v)) << "trial " << trial;
   }
 }

@@ -34,8 +34,7 @@ absl::Status ValidateMoments(const Moments& m) {
   const bool clean =
       m.count == 0
           ? FirstNonZero(m.mean) == n && FirstNonZero(m.m2) == n
-          : FirstNonFinite(m.mean) == n && FirstNonFinite(m.m2) == n &&
-                FirstNegative(m.m2) == n;
+          : FirstNonFinite(m.mean) == n && FirstNotFiniteNonNegative(m.m2) == n;
   if (clean) return absl::OkStatus();
   for (size_t c = 0; c < n; ++c) {
     if (!std::isfinite(m.mean[c]) || !std::isfinite(m.m2[c])) {

@@ -266,7 +266,9 @@ class BnReactor
     // Answer first, then read on: a pending read makes gRPC announce the
     // window the request used at once, and the answer should not queue
     // behind that announcement.
-    Dispatch(std::move(req_));
+    // Dispatch copies what it keeps, so req_ and its buffers serve the next
+    // read too (Clear keeps their memory).
+    Dispatch(req_);
     req_.Clear();
     StartRead(&req_);
   }
@@ -296,7 +298,7 @@ class BnReactor
   void OnDone() override { delete this; }
 
  private:
-  void Dispatch(proto::BnRequest req) {
+  void Dispatch(const proto::BnRequest& req) {
     const uint64_t id = req.id();
     const int worker = req.worker();
     // A forward answer carries the running stats only on request (they
