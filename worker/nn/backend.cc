@@ -1,5 +1,7 @@
 #include "worker/nn/backend.h"
 
+#include <cstdint>
+#include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -65,6 +67,200 @@ absl::Status ValidateCount(int64_t n, const char* what) {
   }
   return absl::OkStatus();
 }
+
+// ---- Backend: the checks of every operation, then the backend's Do* ---------
+
+absl::StatusOr<Buffer> Backend::Allocate(int64_t n) {
+  if (absl::Status s = ValidateCount(n, "Allocate"); !s.ok()) return s;
+  if (n == 0) return Buffer();
+  if (n > std::numeric_limits<int64_t>::max() /
+              static_cast<int64_t>(sizeof(float))) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("Allocate of ", n, " floats: too many bytes"));
+  }
+  return DoAllocate(n);
+}
+
+absl::Status Backend::CopyToDevice(const float* host, int64_t n, float* dst) {
+  if (absl::Status s = ValidateCount(n, "CopyToDevice"); !s.ok()) return s;
+  if (absl::Status s =
+          ValidateTensors({{host, n, "source"}, {dst, n, "destination"}});
+      !s.ok()) {
+    return s;
+  }
+  if (n == 0) return absl::OkStatus();
+  return DoCopyToDevice(host, n, dst);
+}
+
+absl::Status Backend::CopyToHost(const float* src, int64_t n, float* host) {
+  if (absl::Status s = ValidateCount(n, "CopyToHost"); !s.ok()) return s;
+  if (absl::Status s =
+          ValidateTensors({{src, n, "source"}, {host, n, "destination"}});
+      !s.ok()) {
+    return s;
+  }
+  if (n == 0) return absl::OkStatus();
+  return DoCopyToHost(src, n, host);
+}
+
+absl::Status Backend::Zero(float* dst, int64_t n) {
+  if (absl::Status s = ValidateCount(n, "Zero"); !s.ok()) return s;
+  if (absl::Status s = ValidateTensors({{dst, n, "dst"}}); !s.ok()) return s;
+  if (n == 0) return absl::OkStatus();
+  return DoZero(dst, n);
+}
+
+absl::Status Backend::ConvForward(const ConvGeometry& g, const float* x,
+                                  const float* w, float* y) {
+  if (absl::Status s = ValidateConvGeometry(g); !s.ok()) return s;
+  if (absl::Status s = ValidateTensors({{x, g.input_elements(), "x"},
+                                        {w, g.weight_elements(), "w"},
+                                        {y, g.output_elements(), "y"}});
+      !s.ok()) {
+    return s;
+  }
+  if (g.n == 0) return absl::OkStatus();
+  return DoConvForward(g, x, w, y);
+}
+
+absl::Status Backend::ConvBackwardData(const ConvGeometry& g, const float* dy,
+                                       const float* w, float* dx) {
+  if (absl::Status s = ValidateConvGeometry(g); !s.ok()) return s;
+  if (absl::Status s = ValidateTensors({{dy, g.output_elements(), "dy"},
+                                        {w, g.weight_elements(), "w"},
+                                        {dx, g.input_elements(), "dx"}});
+      !s.ok()) {
+    return s;
+  }
+  if (g.n == 0) return absl::OkStatus();
+  return DoConvBackwardData(g, dy, w, dx);
+}
+
+absl::Status Backend::ConvBackwardWeights(const ConvGeometry& g, const float* x,
+                                          const float* dy, float* dw) {
+  if (absl::Status s = ValidateConvGeometry(g); !s.ok()) return s;
+  if (absl::Status s = ValidateTensors({{x, g.input_elements(), "x"},
+                                        {dy, g.output_elements(), "dy"},
+                                        {dw, g.weight_elements(), "dw"}});
+      !s.ok()) {
+    return s;
+  }
+  if (g.n == 0) return absl::OkStatus();
+  return DoConvBackwardWeights(g, x, dy, dw);
+}
+
+absl::Status Backend::LinearForward(const LinearGeometry& g, const float* x,
+                                    const float* w, const float* b, float* y) {
+  if (absl::Status s = ValidateLinearGeometry(g); !s.ok()) return s;
+  if (absl::Status s = ValidateTensors({{x, g.n * g.in, "x"},
+                                        {w, g.out * g.in, "w"},
+                                        {b, g.out, "b"},
+                                        {y, g.n * g.out, "y"}});
+      !s.ok()) {
+    return s;
+  }
+  if (g.n == 0) return absl::OkStatus();
+  return DoLinearForward(g, x, w, b, y);
+}
+
+absl::Status Backend::LinearBackward(const LinearGeometry& g, const float* dy,
+                                     const float* x, const float* w, float* dx,
+                                     float* dw, float* db) {
+  if (absl::Status s = ValidateLinearGeometry(g); !s.ok()) return s;
+  // dx may be null (not wanted); w is checked even then, as for every other
+  // non-empty tensor.
+  if (absl::Status s = ValidateTensors({{dy, g.n * g.out, "dy"},
+                                        {x, g.n * g.in, "x"},
+                                        {w, g.out * g.in, "w"},
+                                        {dw, g.out * g.in, "dw"},
+                                        {db, g.out, "db"}});
+      !s.ok()) {
+    return s;
+  }
+  if (g.n == 0) return absl::OkStatus();
+  return DoLinearBackward(g, dy, x, w, dx, dw, db);
+}
+
+absl::Status Backend::ReluForward(int64_t n, const float* x, float* y) {
+  if (absl::Status s = ValidateCount(n, "ReluForward"); !s.ok()) return s;
+  if (absl::Status s = ValidateTensors({{x, n, "x"}, {y, n, "y"}}); !s.ok()) {
+    return s;
+  }
+  if (n == 0) return absl::OkStatus();
+  return DoReluForward(n, x, y);
+}
+
+absl::Status Backend::ReluBackward(int64_t n, const float* dy, const float* y,
+                                   float* dx) {
+  if (absl::Status s = ValidateCount(n, "ReluBackward"); !s.ok()) return s;
+  if (absl::Status s =
+          ValidateTensors({{dy, n, "dy"}, {y, n, "y"}, {dx, n, "dx"}});
+      !s.ok()) {
+    return s;
+  }
+  if (n == 0) return absl::OkStatus();
+  return DoReluBackward(n, dy, y, dx);
+}
+
+absl::Status Backend::MaxPoolForward(const PoolGeometry& g, const float* x,
+                                     float* y) {
+  if (absl::Status s = ValidatePoolGeometry(g); !s.ok()) return s;
+  if (absl::Status s = ValidateTensors(
+          {{x, g.input_elements(), "x"}, {y, g.output_elements(), "y"}});
+      !s.ok()) {
+    return s;
+  }
+  if (g.n == 0) return absl::OkStatus();
+  return DoMaxPoolForward(g, x, y);
+}
+
+absl::Status Backend::MaxPoolBackward(const PoolGeometry& g, const float* x,
+                                      const float* dy, float* dx) {
+  if (absl::Status s = ValidatePoolGeometry(g); !s.ok()) return s;
+  if (absl::Status s = ValidateTensors({{x, g.input_elements(), "x"},
+                                        {dy, g.output_elements(), "dy"},
+                                        {dx, g.input_elements(), "dx"}});
+      !s.ok()) {
+    return s;
+  }
+  if (g.n == 0) return absl::OkStatus();
+  return DoMaxPoolBackward(g, x, dy, dx);
+}
+
+absl::Status Backend::GlobalAvgPoolForward(int64_t n, int64_t c, int64_t hw,
+                                           const float* x, float* y) {
+  if (absl::Status s = ValidateGlobalPoolGeometry(n, c, hw); !s.ok()) return s;
+  if (absl::Status s = ValidateTensors({{x, n * c * hw, "x"}, {y, n * c, "y"}});
+      !s.ok()) {
+    return s;
+  }
+  if (n == 0) return absl::OkStatus();
+  return DoGlobalAvgPoolForward(n, c, hw, x, y);
+}
+
+absl::Status Backend::GlobalAvgPoolBackward(int64_t n, int64_t c, int64_t hw,
+                                            const float* dy, float* dx) {
+  if (absl::Status s = ValidateGlobalPoolGeometry(n, c, hw); !s.ok()) return s;
+  if (absl::Status s =
+          ValidateTensors({{dy, n * c, "dy"}, {dx, n * c * hw, "dx"}});
+      !s.ok()) {
+    return s;
+  }
+  if (n == 0) return absl::OkStatus();
+  return DoGlobalAvgPoolBackward(n, c, hw, dy, dx);
+}
+
+absl::Status Backend::Add(int64_t n, const float* a, const float* b, float* y) {
+  if (absl::Status s = ValidateCount(n, "Add"); !s.ok()) return s;
+  if (absl::Status s = ValidateTensors({{a, n, "a"}, {b, n, "b"}, {y, n, "y"}});
+      !s.ok()) {
+    return s;
+  }
+  if (n == 0) return absl::OkStatus();
+  return DoAdd(n, a, b, y);
+}
+
+// ---- Buffer -----------------------------------------------------------------
 
 Buffer::Buffer(Buffer&& other) noexcept
     : backend_(std::exchange(other.backend_, nullptr)),

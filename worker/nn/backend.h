@@ -16,10 +16,19 @@
 // workers with an empty batch still take part in a step. Weight gradients of
 // an empty batch are the caller's to zero.
 //
-// Errors: INVALID_ARGUMENT for a geometry that does not make sense (checked by
-// the Validate functions below, the same for every backend) or a null pointer
-// for a non-empty tensor; RESOURCE_EXHAUSTED when memory runs out; INTERNAL
-// with the library's error text when oneDNN, CUDA, cuDNN or cuBLAS fails.
+// Errors: INVALID_ARGUMENT for a geometry that does not make sense (the
+// Validate functions below), a negative element count or a null pointer for a
+// non-empty tensor; RESOURCE_EXHAUSTED when memory runs out; INTERNAL with the
+// library's error text when oneDNN, CUDA, cuDNN or cuBLAS fails. The Backend
+// base class checks the arguments, once per call and before any backend code
+// runs, so every backend rejects the same calls with the same message (a
+// backend may add limits of its own, e.g. cuDNN's int dimensions).
+//
+// Implementing a backend: override the private Do* methods (one per public
+// operation, same parameters). The base calls them only with arguments that
+// passed the checks above and never for an empty batch or count (n == 0), so
+// a Do* may assume valid geometry, n > 0 and non-null tensors (except the
+// optional dx of DoLinearBackward).
 //
 // Thread-safety: a backend is thread-compatible: one per worker thread.
 
@@ -152,64 +161,98 @@ class Backend {
   // "cpu" or "cuda:<ordinal>".
   virtual std::string name() const = 0;
 
-  // n floats of zeroed backend memory (n >= 0; n == 0 gives an empty buffer).
-  virtual absl::StatusOr<Buffer> Allocate(int64_t n) = 0;
-  virtual absl::Status CopyToDevice(const float* host, int64_t n,
-                                    float* dst) = 0;
-  virtual absl::Status CopyToHost(const float* src, int64_t n,
-                                  float* host) = 0;
-  virtual absl::Status Zero(float* dst, int64_t n) = 0;
+  // n floats of zeroed backend memory (n >= 0; n == 0 gives an empty buffer,
+  // without calling the backend). RESOURCE_EXHAUSTED if n floats are more
+  // bytes than int64_t holds.
+  absl::StatusOr<Buffer> Allocate(int64_t n);
+  absl::Status CopyToDevice(const float* host, int64_t n, float* dst);
+  absl::Status CopyToHost(const float* src, int64_t n, float* host);
+  absl::Status Zero(float* dst, int64_t n);
 
   // The BN kernels working on this backend's memory; owned by the backend.
   virtual bn::BnKernels& bn() = 0;
 
   // y = conv(x, w).
-  virtual absl::Status ConvForward(const ConvGeometry& g, const float* x,
-                                   const float* w, float* y) = 0;
+  absl::Status ConvForward(const ConvGeometry& g, const float* x,
+                           const float* w, float* y);
   // dx = d loss / d x, from dy = d loss / d y.
-  virtual absl::Status ConvBackwardData(const ConvGeometry& g, const float* dy,
-                                        const float* w, float* dx) = 0;
+  absl::Status ConvBackwardData(const ConvGeometry& g, const float* dy,
+                                const float* w, float* dx);
   // dw = d loss / d w, summed over the batch.
-  virtual absl::Status ConvBackwardWeights(const ConvGeometry& g,
-                                           const float* x, const float* dy,
-                                           float* dw) = 0;
+  absl::Status ConvBackwardWeights(const ConvGeometry& g, const float* x,
+                                   const float* dy, float* dw);
 
   // y = x w^T + b.
-  virtual absl::Status LinearForward(const LinearGeometry& g, const float* x,
-                                     const float* w, const float* b,
-                                     float* y) = 0;
+  absl::Status LinearForward(const LinearGeometry& g, const float* x,
+                             const float* w, const float* b, float* y);
   // dx = dy w (skipped when dx is null), dw = dy^T x, db = column sums of dy.
-  virtual absl::Status LinearBackward(const LinearGeometry& g, const float* dy,
-                                      const float* x, const float* w, float* dx,
-                                      float* dw, float* db) = 0;
+  absl::Status LinearBackward(const LinearGeometry& g, const float* dy,
+                              const float* x, const float* w, float* dx,
+                              float* dw, float* db);
 
   // y = max(x, 0), elementwise over n values; y may alias x.
-  virtual absl::Status ReluForward(int64_t n, const float* x, float* y) = 0;
+  absl::Status ReluForward(int64_t n, const float* x, float* y);
   // dx = dy where y > 0, else 0; dx may alias dy.
-  virtual absl::Status ReluBackward(int64_t n, const float* dy, const float* y,
-                                    float* dx) = 0;
+  absl::Status ReluBackward(int64_t n, const float* dy, const float* y,
+                            float* dx);
 
-  virtual absl::Status MaxPoolForward(const PoolGeometry& g, const float* x,
-                                      float* y) = 0;
+  absl::Status MaxPoolForward(const PoolGeometry& g, const float* x, float* y);
   // dx (overwritten, zero outside the maxima) from x and dy.
-  virtual absl::Status MaxPoolBackward(const PoolGeometry& g, const float* x,
-                                       const float* dy, float* dx) = 0;
+  absl::Status MaxPoolBackward(const PoolGeometry& g, const float* x,
+                               const float* dy, float* dx);
 
   // y[i, c] = mean over the plane of x[i, c]; x [n, c, hw], y [n, c].
-  virtual absl::Status GlobalAvgPoolForward(int64_t n, int64_t c, int64_t hw,
-                                            const float* x, float* y) = 0;
+  absl::Status GlobalAvgPoolForward(int64_t n, int64_t c, int64_t hw,
+                                    const float* x, float* y);
   // dx[i, c, :] = dy[i, c] / hw.
-  virtual absl::Status GlobalAvgPoolBackward(int64_t n, int64_t c, int64_t hw,
-                                             const float* dy, float* dx) = 0;
+  absl::Status GlobalAvgPoolBackward(int64_t n, int64_t c, int64_t hw,
+                                     const float* dy, float* dx);
 
   // y = a + b over n values; y may alias a or b.
-  virtual absl::Status Add(int64_t n, const float* a, const float* b,
-                           float* y) = 0;
+  absl::Status Add(int64_t n, const float* a, const float* b, float* y);
 
  protected:
   friend class Buffer;
   // Frees memory from Allocate. Never fails (errors are logged).
   virtual void Free(float* data) = 0;
+
+ private:
+  // The operations above, called only with checked arguments and n > 0 (see
+  // "Implementing a backend" at the top of this file).
+  virtual absl::StatusOr<Buffer> DoAllocate(int64_t n) = 0;
+  virtual absl::Status DoCopyToDevice(const float* host, int64_t n,
+                                      float* dst) = 0;
+  virtual absl::Status DoCopyToHost(const float* src, int64_t n,
+                                    float* host) = 0;
+  virtual absl::Status DoZero(float* dst, int64_t n) = 0;
+  virtual absl::Status DoConvForward(const ConvGeometry& g, const float* x,
+                                     const float* w, float* y) = 0;
+  virtual absl::Status DoConvBackwardData(const ConvGeometry& g,
+                                          const float* dy, const float* w,
+                                          float* dx) = 0;
+  virtual absl::Status DoConvBackwardWeights(const ConvGeometry& g,
+                                             const float* x, const float* dy,
+                                             float* dw) = 0;
+  virtual absl::Status DoLinearForward(const LinearGeometry& g, const float* x,
+                                       const float* w, const float* b,
+                                       float* y) = 0;
+  virtual absl::Status DoLinearBackward(const LinearGeometry& g,
+                                        const float* dy, const float* x,
+                                        const float* w, float* dx, float* dw,
+                                        float* db) = 0;
+  virtual absl::Status DoReluForward(int64_t n, const float* x, float* y) = 0;
+  virtual absl::Status DoReluBackward(int64_t n, const float* dy,
+                                      const float* y, float* dx) = 0;
+  virtual absl::Status DoMaxPoolForward(const PoolGeometry& g, const float* x,
+                                        float* y) = 0;
+  virtual absl::Status DoMaxPoolBackward(const PoolGeometry& g, const float* x,
+                                         const float* dy, float* dx) = 0;
+  virtual absl::Status DoGlobalAvgPoolForward(int64_t n, int64_t c, int64_t hw,
+                                              const float* x, float* y) = 0;
+  virtual absl::Status DoGlobalAvgPoolBackward(int64_t n, int64_t c, int64_t hw,
+                                               const float* dy, float* dx) = 0;
+  virtual absl::Status DoAdd(int64_t n, const float* a, const float* b,
+                             float* y) = 0;
 };
 
 }  // namespace bnps::nn

@@ -158,13 +158,17 @@ class CpuBackend : public Backend {
 
   std::string name() const override { return "cpu"; }
 
-  absl::StatusOr<Buffer> Allocate(int64_t n) override {
-    if (n < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("cannot allocate ", n, " floats"));
-    }
-    if (n == 0) return Buffer();
-    // 64-byte alignment suits AVX-512 loads and oneDNN.
+  bn::BnKernels& bn() override { return *bn_; }
+
+ protected:
+  void Free(float* data) override { std::free(data); }
+
+ private:
+  // The arguments were checked by Backend (backend.h); n > 0 throughout.
+
+  absl::StatusOr<Buffer> DoAllocate(int64_t n) override {
+    // 64-byte alignment suits AVX-512 loads and oneDNN. Backend::Allocate
+    // has ruled out byte counts beyond int64_t, so `bytes` cannot wrap.
     const size_t bytes = (static_cast<size_t>(n) * sizeof(float) + 63) / 64 * 64;
     void* p = std::aligned_alloc(64, bytes);
     if (p == nullptr) {
@@ -175,75 +179,52 @@ class CpuBackend : public Backend {
     return Buffer(this, static_cast<float*>(p), n);
   }
 
-  absl::Status CopyToDevice(const float* host, int64_t n,
-                            float* dst) override {
+  absl::Status DoCopyToDevice(const float* host, int64_t n,
+                              float* dst) override {
     return Copy(host, n, dst);
   }
-  absl::Status CopyToHost(const float* src, int64_t n, float* host) override {
+  absl::Status DoCopyToHost(const float* src, int64_t n, float* host) override {
     return Copy(src, n, host);
   }
-  absl::Status Zero(float* dst, int64_t n) override {
-    if (absl::Status s = ValidateCount(n, "Zero"); !s.ok()) return s;
-    if (absl::Status s = ValidateTensors({{dst, n, "dst"}}); !s.ok()) return s;
-    if (n > 0) std::memset(dst, 0, n * sizeof(float));
+  absl::Status DoZero(float* dst, int64_t n) override {
+    std::memset(dst, 0, n * sizeof(float));
     return absl::OkStatus();
   }
 
-  bn::BnKernels& bn() override { return *bn_; }
-
-  absl::Status ConvForward(const ConvGeometry& g, const float* x,
-                           const float* w, float* y) override {
-    absl::StatusOr<ConvPrimitives*> p = Conv(g, x, w, y);
-    if (!p.ok() || g.n == 0) return p.status();
+  absl::Status DoConvForward(const ConvGeometry& g, const float* x,
+                             const float* w, float* y) override {
+    absl::StatusOr<ConvPrimitives*> p = Conv(g);
+    if (!p.ok()) return p.status();
     return Execute("convolution forward", (*p)->forward, {x, w, y});
   }
 
-  absl::Status ConvBackwardData(const ConvGeometry& g, const float* dy,
-                                const float* w, float* dx) override {
-    absl::StatusOr<ConvPrimitives*> p = Conv(g, dx, w, dy);
-    if (!p.ok() || g.n == 0) return p.status();
+  absl::Status DoConvBackwardData(const ConvGeometry& g, const float* dy,
+                                  const float* w, float* dx) override {
+    absl::StatusOr<ConvPrimitives*> p = Conv(g);
+    if (!p.ok()) return p.status();
     return Execute("convolution backward data", (*p)->backward_data,
                    {dy, w, dx});
   }
 
-  absl::Status ConvBackwardWeights(const ConvGeometry& g, const float* x,
-                                   const float* dy, float* dw) override {
-    absl::StatusOr<ConvPrimitives*> p = Conv(g, x, dw, dy);
-    if (!p.ok() || g.n == 0) return p.status();
+  absl::Status DoConvBackwardWeights(const ConvGeometry& g, const float* x,
+                                     const float* dy, float* dw) override {
+    absl::StatusOr<ConvPrimitives*> p = Conv(g);
+    if (!p.ok()) return p.status();
     return Execute("convolution backward weights", (*p)->backward_weights,
                    {x, dy, dw});
   }
 
-  absl::Status LinearForward(const LinearGeometry& g, const float* x,
-                             const float* w, const float* b,
-                             float* y) override {
-    if (absl::Status s = ValidateLinearGeometry(g); !s.ok()) return s;
-    if (absl::Status s = ValidateTensors({{x, g.n * g.in, "x"},
-                                          {w, g.out * g.in, "w"},
-                                          {b, g.out, "b"},
-                                          {y, g.n * g.out, "y"}});
-        !s.ok()) {
-      return s;
-    }
-    if (g.n == 0) return absl::OkStatus();
+  absl::Status DoLinearForward(const LinearGeometry& g, const float* x,
+                               const float* w, const float* b,
+                               float* y) override {
     for (int64_t i = 0; i < g.n; ++i) std::memcpy(y + i * g.out, b, g.out * 4);
     // y[n, out] = x[n, in] * w[out, in]^T + y
     return Gemm('N', 'T', g.n, g.out, g.in, x, g.in, w, g.in, 1.0f, y, g.out);
   }
 
-  absl::Status LinearBackward(const LinearGeometry& g, const float* dy,
-                              const float* x, const float* w, float* dx,
-                              float* dw, float* db) override {
-    if (absl::Status s = ValidateLinearGeometry(g); !s.ok()) return s;
-    if (absl::Status s = ValidateTensors({{dy, g.n * g.out, "dy"},
-                                          {x, g.n * g.in, "x"},
-                                          {w, g.out * g.in, "w"},
-                                          {dw, g.out * g.in, "dw"},
-                                          {db, g.out, "db"}});
-        !s.ok()) {
-      return s;
-    }
-    if (g.n == 0) return absl::OkStatus();
+  absl::Status DoLinearBackward(const LinearGeometry& g, const float* dy,
+                                const float* x, const float* w, float* dx,
+                                float* dw, float* db) override {
     if (dx != nullptr) {
       // dx[n, in] = dy[n, out] * w[out, in]
       absl::Status s =
@@ -262,24 +243,14 @@ class CpuBackend : public Backend {
     return absl::OkStatus();
   }
 
-  absl::Status ReluForward(int64_t n, const float* x, float* y) override {
-    if (absl::Status s = ValidateCount(n, "ReluForward"); !s.ok()) return s;
-    if (absl::Status s = ValidateTensors({{x, n, "x"}, {y, n, "y"}}); !s.ok()) {
-      return s;
-    }
+  absl::Status DoReluForward(int64_t n, const float* x, float* y) override {
 #pragma omp parallel for simd if (n > kParallelThreshold)
     for (int64_t i = 0; i < n; ++i) y[i] = x[i] > 0.0f ? x[i] : 0.0f;
     return absl::OkStatus();
   }
 
-  absl::Status ReluBackward(int64_t n, const float* dy, const float* y,
-                            float* dx) override {
-    if (absl::Status s = ValidateCount(n, "ReluBackward"); !s.ok()) return s;
-    if (absl::Status s =
-            ValidateTensors({{dy, n, "dy"}, {y, n, "y"}, {dx, n, "dx"}});
-        !s.ok()) {
-      return s;
-    }
+  absl::Status DoReluBackward(int64_t n, const float* dy, const float* y,
+                              float* dx) override {
     // dy is loaded unconditionally so the select vectorizes (a branch on the
     // sign of y mispredicts half the time).
 #pragma omp parallel for simd if (n > kParallelThreshold)
@@ -290,14 +261,8 @@ class CpuBackend : public Backend {
     return absl::OkStatus();
   }
 
-  absl::Status MaxPoolForward(const PoolGeometry& g, const float* x,
-                              float* y) override {
-    if (absl::Status s = ValidatePoolGeometry(g); !s.ok()) return s;
-    if (absl::Status s = ValidateTensors(
-            {{x, g.input_elements(), "x"}, {y, g.output_elements(), "y"}});
-        !s.ok()) {
-      return s;
-    }
+  absl::Status DoMaxPoolForward(const PoolGeometry& g, const float* x,
+                                float* y) override {
     const int64_t ho = g.out_height(), wo = g.out_width();
     const int64_t planes = g.n * g.channels;
     const bool two = g.kernel == 2 && g.stride == 2;
@@ -319,15 +284,8 @@ class CpuBackend : public Backend {
     return absl::OkStatus();
   }
 
-  absl::Status MaxPoolBackward(const PoolGeometry& g, const float* x,
-                               const float* dy, float* dx) override {
-    if (absl::Status s = ValidatePoolGeometry(g); !s.ok()) return s;
-    if (absl::Status s = ValidateTensors({{x, g.input_elements(), "x"},
-                                          {dy, g.output_elements(), "dy"},
-                                          {dx, g.input_elements(), "dx"}});
-        !s.ok()) {
-      return s;
-    }
+  absl::Status DoMaxPoolBackward(const PoolGeometry& g, const float* x,
+                                 const float* dy, float* dx) override {
     const int64_t ho = g.out_height(), wo = g.out_width();
     const int64_t planes = g.n * g.channels;
     const int64_t plane = g.height * g.width;
@@ -365,13 +323,8 @@ class CpuBackend : public Backend {
     return absl::OkStatus();
   }
 
-  absl::Status GlobalAvgPoolForward(int64_t n, int64_t c, int64_t hw,
-                                    const float* x, float* y) override {
-    if (absl::Status s = ValidateGlobalPoolGeometry(n, c, hw); !s.ok()) return s;
-    if (absl::Status s = ValidateTensors({{x, n * c * hw, "x"}, {y, n * c, "y"}});
-        !s.ok()) {
-      return s;
-    }
+  absl::Status DoGlobalAvgPoolForward(int64_t n, int64_t c, int64_t hw,
+                                      const float* x, float* y) override {
     const int64_t planes = n * c;
 #pragma omp parallel for if (planes * hw > kParallelThreshold)
     for (int64_t p = 0; p < planes; ++p) {
@@ -383,14 +336,8 @@ class CpuBackend : public Backend {
     return absl::OkStatus();
   }
 
-  absl::Status GlobalAvgPoolBackward(int64_t n, int64_t c, int64_t hw,
-                                     const float* dy, float* dx) override {
-    if (absl::Status s = ValidateGlobalPoolGeometry(n, c, hw); !s.ok()) return s;
-    if (absl::Status s =
-            ValidateTensors({{dy, n * c, "dy"}, {dx, n * c * hw, "dx"}});
-        !s.ok()) {
-      return s;
-    }
+  absl::Status DoGlobalAvgPoolBackward(int64_t n, int64_t c, int64_t hw,
+                                       const float* dy, float* dx) override {
     const int64_t planes = n * c;
     const float scale = 1.0f / static_cast<float>(hw);
 #pragma omp parallel for if (planes * hw > kParallelThreshold)
@@ -401,30 +348,15 @@ class CpuBackend : public Backend {
     return absl::OkStatus();
   }
 
-  absl::Status Add(int64_t n, const float* a, const float* b,
-                   float* y) override {
-    if (absl::Status s = ValidateCount(n, "Add"); !s.ok()) return s;
-    if (absl::Status s = ValidateTensors({{a, n, "a"}, {b, n, "b"}, {y, n, "y"}});
-        !s.ok()) {
-      return s;
-    }
+  absl::Status DoAdd(int64_t n, const float* a, const float* b,
+                     float* y) override {
 #pragma omp parallel for simd if (n > kParallelThreshold)
     for (int64_t i = 0; i < n; ++i) y[i] = a[i] + b[i];
     return absl::OkStatus();
   }
 
- protected:
-  void Free(float* data) override { std::free(data); }
-
- private:
   static absl::Status Copy(const float* src, int64_t n, float* dst) {
-    if (absl::Status s = ValidateCount(n, "copy"); !s.ok()) return s;
-    if (absl::Status s =
-            ValidateTensors({{src, n, "source"}, {dst, n, "destination"}});
-        !s.ok()) {
-      return s;
-    }
-    if (n > 0 && src != dst) std::memmove(dst, src, n * sizeof(float));
+    if (src != dst) std::memmove(dst, src, n * sizeof(float));
     return absl::OkStatus();
   }
 
@@ -520,17 +452,9 @@ class CpuBackend : public Backend {
     return absl::OkStatus();
   }
 
-  // Validates and returns the cached primitives of `g`.
-  absl::StatusOr<ConvPrimitives*> Conv(const ConvGeometry& g, const float* x,
-                                       const float* w, const float* y) {
-    if (absl::Status s = ValidateConvGeometry(g); !s.ok()) return s;
-    if (absl::Status s = ValidateTensors({{x, g.input_elements(), "conv input"},
-                                          {w, g.weight_elements(), "conv weights"},
-                                          {y, g.output_elements(), "conv output"}});
-        !s.ok()) {
-      return s;
-    }
-    if (g.n == 0) return nullptr;
+  // The cached primitives of `g` (a checked geometry with n > 0), made on
+  // first use.
+  absl::StatusOr<ConvPrimitives*> Conv(const ConvGeometry& g) {
     auto it = conv_cache_.find(KeyOf(g));
     if (it != conv_cache_.end()) return it->second.get();
     try {

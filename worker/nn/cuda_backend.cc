@@ -414,14 +414,20 @@ class CudaBackend final : public Backend {
 
   std::string name() const override { return absl::StrCat("cuda:", device_); }
 
-  absl::StatusOr<Buffer> Allocate(int64_t n) override {
-    if (absl::Status s = ValidateCount(n, "Allocate"); !s.ok()) return s;
-    if (n == 0) return Buffer(this, nullptr, 0);
-    if (n > std::numeric_limits<int64_t>::max() /
-                static_cast<int64_t>(sizeof(float))) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("Allocate of ", n, " floats: too many bytes"));
-    }
+  bn::BnKernels& bn() override { return *bn_; }
+
+ protected:
+  void Free(float* data) override {
+    if (data == nullptr) return;
+    LogCudaError(cudaSetDevice(device_), "cudaSetDevice");
+    LogCudaError(cudaFree(data), "cudaFree");
+  }
+
+ private:
+  // The arguments were checked by Backend (backend.h); n > 0 throughout.
+
+  absl::StatusOr<Buffer> DoAllocate(int64_t n) override {
+    // Backend::Allocate has ruled out byte counts beyond int64_t.
     const size_t bytes = static_cast<size_t>(n) * sizeof(float);
     if (absl::Status s = Activate(); !s.ok()) return s;
     void* raw = nullptr;
@@ -440,18 +446,16 @@ class CudaBackend final : public Backend {
     return Buffer(this, static_cast<float*>(memory.release()), n);
   }
 
-  absl::Status CopyToDevice(const float* host, int64_t n, float* dst) override {
+  absl::Status DoCopyToDevice(const float* host, int64_t n,
+                              float* dst) override {
     return Copy(host, n, dst, cudaMemcpyHostToDevice, "CopyToDevice");
   }
 
-  absl::Status CopyToHost(const float* src, int64_t n, float* host) override {
+  absl::Status DoCopyToHost(const float* src, int64_t n, float* host) override {
     return Copy(src, n, host, cudaMemcpyDeviceToHost, "CopyToHost");
   }
 
-  absl::Status Zero(float* dst, int64_t n) override {
-    if (absl::Status s = ValidateCount(n, "Zero"); !s.ok()) return s;
-    if (absl::Status s = ValidateTensors({{dst, n, "dst"}}); !s.ok()) return s;
-    if (n == 0) return absl::OkStatus();
+  absl::Status DoZero(float* dst, int64_t n) override {
     if (absl::Status s = Activate(); !s.ok()) return s;
     return Finish(CudaStatus(
         cudaMemsetAsync(dst, 0, static_cast<size_t>(n) * sizeof(float),
@@ -459,18 +463,9 @@ class CudaBackend final : public Backend {
         "cudaMemsetAsync"));
   }
 
-  bn::BnKernels& bn() override { return *bn_; }
-
-  absl::Status ConvForward(const ConvGeometry& g, const float* x,
-                           const float* w, float* y) override {
-    if (absl::Status s = CheckConv(g); !s.ok()) return s;
-    if (absl::Status s = ValidateTensors({{x, g.input_elements(), "x"},
-                                       {w, g.weight_elements(), "w"},
-                                       {y, g.output_elements(), "y"}});
-        !s.ok()) {
-      return s;
-    }
-    if (g.n == 0) return absl::OkStatus();
+  absl::Status DoConvForward(const ConvGeometry& g, const float* x,
+                             const float* w, float* y) override {
+    if (absl::Status s = CheckFitsCudnn(g); !s.ok()) return s;
     absl::StatusOr<ConvPlan*> plan = PlanFor(g);
     if (!plan.ok()) return plan.status();
     absl::StatusOr<Chosen<cudnnConvolutionFwdAlgo_t>> algo =
@@ -486,16 +481,9 @@ class CudaBackend final : public Backend {
         "cudnnConvolutionForward"));
   }
 
-  absl::Status ConvBackwardData(const ConvGeometry& g, const float* dy,
-                                const float* w, float* dx) override {
-    if (absl::Status s = CheckConv(g); !s.ok()) return s;
-    if (absl::Status s = ValidateTensors({{dy, g.output_elements(), "dy"},
-                                       {w, g.weight_elements(), "w"},
-                                       {dx, g.input_elements(), "dx"}});
-        !s.ok()) {
-      return s;
-    }
-    if (g.n == 0) return absl::OkStatus();
+  absl::Status DoConvBackwardData(const ConvGeometry& g, const float* dy,
+                                  const float* w, float* dx) override {
+    if (absl::Status s = CheckFitsCudnn(g); !s.ok()) return s;
     absl::StatusOr<ConvPlan*> plan = PlanFor(g);
     if (!plan.ok()) return plan.status();
     absl::StatusOr<Chosen<cudnnConvolutionBwdDataAlgo_t>> algo =
@@ -511,16 +499,9 @@ class CudaBackend final : public Backend {
                               "cudnnConvolutionBackwardData"));
   }
 
-  absl::Status ConvBackwardWeights(const ConvGeometry& g, const float* x,
-                                   const float* dy, float* dw) override {
-    if (absl::Status s = CheckConv(g); !s.ok()) return s;
-    if (absl::Status s = ValidateTensors({{x, g.input_elements(), "x"},
-                                       {dy, g.output_elements(), "dy"},
-                                       {dw, g.weight_elements(), "dw"}});
-        !s.ok()) {
-      return s;
-    }
-    if (g.n == 0) return absl::OkStatus();
+  absl::Status DoConvBackwardWeights(const ConvGeometry& g, const float* x,
+                                     const float* dy, float* dw) override {
+    if (absl::Status s = CheckFitsCudnn(g); !s.ok()) return s;
     absl::StatusOr<ConvPlan*> plan = PlanFor(g);
     if (!plan.ok()) return plan.status();
     absl::StatusOr<Chosen<cudnnConvolutionBwdFilterAlgo_t>> algo =
@@ -542,18 +523,9 @@ class CudaBackend final : public Backend {
   //   y^T  = W^T X    gemm(T, N, m=out, n=n,   k=in)
   //   dx^T = W DY     gemm(N, N, m=in,  n=n,   k=out)
   //   dw^T = X DY^T   gemm(N, T, m=in,  n=out, k=n)
-  absl::Status LinearForward(const LinearGeometry& g, const float* x,
-                             const float* w, const float* b,
-                             float* y) override {
-    if (absl::Status s = ValidateLinearGeometry(g); !s.ok()) return s;
-    if (absl::Status s = ValidateTensors({{x, g.n * g.in, "x"},
-                                       {w, g.out * g.in, "w"},
-                                       {b, g.out, "b"},
-                                       {y, g.n * g.out, "y"}});
-        !s.ok()) {
-      return s;
-    }
-    if (g.n == 0) return absl::OkStatus();
+  absl::Status DoLinearForward(const LinearGeometry& g, const float* x,
+                               const float* w, const float* b,
+                               float* y) override {
     if (absl::Status s = Activate(); !s.ok()) return s;
     // y = b in every row, then y += x w^T (beta = 1).
     absl::Status s = CudaStatus(
@@ -569,21 +541,9 @@ class CudaBackend final : public Backend {
     return Finish(std::move(s));
   }
 
-  absl::Status LinearBackward(const LinearGeometry& g, const float* dy,
-                              const float* x, const float* w, float* dx,
-                              float* dw, float* db) override {
-    if (absl::Status s = ValidateLinearGeometry(g); !s.ok()) return s;
-    // dx may be null (not wanted); w is checked even then, as backend.h asks
-    // for every non-empty tensor.
-    if (absl::Status s = ValidateTensors({{dy, g.n * g.out, "dy"},
-                                       {x, g.n * g.in, "x"},
-                                       {w, g.out * g.in, "w"},
-                                       {dw, g.out * g.in, "dw"},
-                                       {db, g.out, "db"}});
-        !s.ok()) {
-      return s;
-    }
-    if (g.n == 0) return absl::OkStatus();
+  absl::Status DoLinearBackward(const LinearGeometry& g, const float* dy,
+                                const float* x, const float* w, float* dx,
+                                float* dw, float* db) override {
     if (absl::Status s = Activate(); !s.ok()) return s;
     const float one = 1.0f;
     const float zero = 0.0f;
@@ -608,57 +568,30 @@ class CudaBackend final : public Backend {
     return Finish(std::move(s));
   }
 
-  absl::Status ReluForward(int64_t n, const float* x, float* y) override {
-    if (absl::Status s = ValidateCount(n, "ReluForward"); !s.ok()) return s;
-    if (absl::Status s = ValidateTensors({{x, n, "x"}, {y, n, "y"}}); !s.ok()) {
-      return s;
-    }
-    if (n == 0) return absl::OkStatus();
+  absl::Status DoReluForward(int64_t n, const float* x, float* y) override {
     if (absl::Status s = Activate(); !s.ok()) return s;
     return Finish(CudaStatus(
         cuda_internal::LaunchReluForward(n, x, y, stream()), "relu kernel"));
   }
 
-  absl::Status ReluBackward(int64_t n, const float* dy, const float* y,
-                            float* dx) override {
-    if (absl::Status s = ValidateCount(n, "ReluBackward"); !s.ok()) return s;
-    if (absl::Status s =
-            ValidateTensors({{dy, n, "dy"}, {y, n, "y"}, {dx, n, "dx"}});
-        !s.ok()) {
-      return s;
-    }
-    if (n == 0) return absl::OkStatus();
+  absl::Status DoReluBackward(int64_t n, const float* dy, const float* y,
+                              float* dx) override {
     if (absl::Status s = Activate(); !s.ok()) return s;
     return Finish(
         CudaStatus(cuda_internal::LaunchReluBackward(n, dy, y, dx, stream()),
                    "relu backward kernel"));
   }
 
-  absl::Status MaxPoolForward(const PoolGeometry& g, const float* x,
-                              float* y) override {
-    if (absl::Status s = ValidatePoolGeometry(g); !s.ok()) return s;
-    if (absl::Status s = ValidateTensors(
-            {{x, g.input_elements(), "x"}, {y, g.output_elements(), "y"}});
-        !s.ok()) {
-      return s;
-    }
-    if (g.n == 0) return absl::OkStatus();
+  absl::Status DoMaxPoolForward(const PoolGeometry& g, const float* x,
+                                float* y) override {
     if (absl::Status s = Activate(); !s.ok()) return s;
     return Finish(CudaStatus(
         cuda_internal::LaunchMaxPoolForward(PoolDimsOf(g), x, y, stream()),
         "max pool kernel"));
   }
 
-  absl::Status MaxPoolBackward(const PoolGeometry& g, const float* x,
-                               const float* dy, float* dx) override {
-    if (absl::Status s = ValidatePoolGeometry(g); !s.ok()) return s;
-    if (absl::Status s = ValidateTensors({{x, g.input_elements(), "x"},
-                                       {dy, g.output_elements(), "dy"},
-                                       {dx, g.input_elements(), "dx"}});
-        !s.ok()) {
-      return s;
-    }
-    if (g.n == 0) return absl::OkStatus();
+  absl::Status DoMaxPoolBackward(const PoolGeometry& g, const float* x,
+                                 const float* dy, float* dx) override {
     if (absl::Status s = Activate(); !s.ok()) return s;
     const cuda_internal::PoolDims dims = PoolDimsOf(g);
     if (absl::Status s = ReserveScratch(static_cast<size_t>(
@@ -671,56 +604,29 @@ class CudaBackend final : public Backend {
                              "max pool backward kernels"));
   }
 
-  absl::Status GlobalAvgPoolForward(int64_t n, int64_t c, int64_t hw,
-                                    const float* x, float* y) override {
-    if (absl::Status s = ValidateGlobalPoolGeometry(n, c, hw); !s.ok()) return s;
-    if (absl::Status s = ValidateTensors({{x, n * c * hw, "x"}, {y, n * c, "y"}});
-        !s.ok()) {
-      return s;
-    }
-    if (n == 0) return absl::OkStatus();
+  absl::Status DoGlobalAvgPoolForward(int64_t n, int64_t c, int64_t hw,
+                                      const float* x, float* y) override {
     if (absl::Status s = Activate(); !s.ok()) return s;
     return Finish(CudaStatus(
         cuda_internal::LaunchGlobalAvgPoolForward(n * c, hw, x, y, stream()),
         "global average pool kernel"));
   }
 
-  absl::Status GlobalAvgPoolBackward(int64_t n, int64_t c, int64_t hw,
-                                     const float* dy, float* dx) override {
-    if (absl::Status s = ValidateGlobalPoolGeometry(n, c, hw); !s.ok()) return s;
-    if (absl::Status s =
-            ValidateTensors({{dy, n * c, "dy"}, {dx, n * c * hw, "dx"}});
-        !s.ok()) {
-      return s;
-    }
-    if (n == 0) return absl::OkStatus();
+  absl::Status DoGlobalAvgPoolBackward(int64_t n, int64_t c, int64_t hw,
+                                       const float* dy, float* dx) override {
     if (absl::Status s = Activate(); !s.ok()) return s;
     return Finish(CudaStatus(
         cuda_internal::LaunchGlobalAvgPoolBackward(n * c, hw, dy, dx, stream()),
         "global average pool backward kernel"));
   }
 
-  absl::Status Add(int64_t n, const float* a, const float* b,
-                   float* y) override {
-    if (absl::Status s = ValidateCount(n, "Add"); !s.ok()) return s;
-    if (absl::Status s = ValidateTensors({{a, n, "a"}, {b, n, "b"}, {y, n, "y"}});
-        !s.ok()) {
-      return s;
-    }
-    if (n == 0) return absl::OkStatus();
+  absl::Status DoAdd(int64_t n, const float* a, const float* b,
+                     float* y) override {
     if (absl::Status s = Activate(); !s.ok()) return s;
     return Finish(CudaStatus(cuda_internal::LaunchAdd(n, a, b, y, stream()),
                              "add kernel"));
   }
 
- protected:
-  void Free(float* data) override {
-    if (data == nullptr) return;
-    LogCudaError(cudaSetDevice(device_), "cudaSetDevice");
-    LogCudaError(cudaFree(data), "cudaFree");
-  }
-
- private:
   cudaStream_t stream() const { return stream_.get(); }
 
   // The calling thread's current device may be another backend's.
@@ -741,22 +647,11 @@ class CudaBackend final : public Backend {
 
   absl::Status Copy(const float* src, int64_t n, float* dst,
                     cudaMemcpyKind kind, const char* what) {
-    if (absl::Status s = ValidateCount(n, what); !s.ok()) return s;
-    if (absl::Status s = ValidateTensors({{src, n, "source"}, {dst, n, "dest"}});
-        !s.ok()) {
-      return s;
-    }
-    if (n == 0) return absl::OkStatus();
     if (absl::Status s = Activate(); !s.ok()) return s;
     return Finish(CudaStatus(
         cudaMemcpyAsync(dst, src, static_cast<size_t>(n) * sizeof(float), kind,
                         stream()),
         absl::StrCat(what, ": cudaMemcpyAsync")));
-  }
-
-  static absl::Status CheckConv(const ConvGeometry& g) {
-    if (absl::Status s = ValidateConvGeometry(g); !s.ok()) return s;
-    return CheckFitsCudnn(g);
   }
 
   static cuda_internal::PoolDims PoolDimsOf(const PoolGeometry& g) {

@@ -18,11 +18,12 @@
 // own and also synchronizes before returning, so calls of the two never
 // overlap.
 //
-// Errors: as backend.h (INVALID_ARGUMENT from the shared Validate functions and
-// for null pointers; RESOURCE_EXHAUSTED when device memory runs out; INTERNAL
-// with the CUDA, cuDNN or cuBLAS error text). Sizes beyond cuDNN's int32
-// dimensions give INVALID_ARGUMENT. NewCudaBackend returns FAILED_PRECONDITION
-// with the CUDA error text when there is no such device.
+// Errors: as backend.h (INVALID_ARGUMENT from the Backend base class's checks;
+// RESOURCE_EXHAUSTED when device memory runs out; INTERNAL with the CUDA, cuDNN
+// or cuBLAS error text). Convolution sizes beyond cuDNN's int32 dimensions give
+// INVALID_ARGUMENT (checked here, for a non-empty batch). NewCudaBackend
+// returns FAILED_PRECONDITION with the CUDA error text when there is no such
+// device.
 //
 // Ownership: the backend owns its stream, library handles, the BN kernels,
 // per-geometry convolution descriptors and one scratch buffer; buffers from
