@@ -45,8 +45,26 @@ absl::StatusOr<std::vector<T>> DecodeAs(const Tensor& t, DType want,
   }
   std::vector<T> out(*n);
   if (*n > 0) std::memcpy(out.data(), t.data().data(), t.data().size());
-  if (absl::Status s = CheckFinite(out); !s.ok()) return s;
   return out;
+}
+
+// A per-channel float64 tensor [want_size] (any size if want_size < 0), its
+// values not yet checked.
+absl::StatusOr<std::vector<double>> DecodeChannels(const Tensor& t,
+                                                   int64_t want_size) {
+  if (t.shape_size() != 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "per-channel tensor must be 1-D, got shape ", ShapeString(t.shape())));
+  }
+  if (want_size >= 0 && t.shape(0) != want_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "per-channel tensor has ", t.shape(0), " channels, expected ", want_size));
+  }
+  if (t.shape(0) > kMaxChannels) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("per-channel tensor has more than ", kMaxChannels, " channels"));
+  }
+  return DecodeAs<double>(t, DTYPE_FLOAT64, "DTYPE_FLOAT64");
 }
 
 }  // namespace
@@ -93,24 +111,19 @@ absl::StatusOr<std::vector<float>> DecodeFloat32(
         absl::StrCat("tensor has shape ", ShapeString(t.shape()),
                      ", expected ", ShapeString(want_shape)));
   }
-  return DecodeAs<float>(t, DTYPE_FLOAT32, "DTYPE_FLOAT32");
+  absl::StatusOr<std::vector<float>> out =
+      DecodeAs<float>(t, DTYPE_FLOAT32, "DTYPE_FLOAT32");
+  if (!out.ok()) return out.status();
+  if (absl::Status s = CheckFinite(*out); !s.ok()) return s;
+  return out;
 }
 
 absl::StatusOr<std::vector<double>> DecodeFloat64(const Tensor& t,
                                                   int64_t want_size) {
-  if (t.shape_size() != 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "per-channel tensor must be 1-D, got shape ", ShapeString(t.shape())));
-  }
-  if (want_size >= 0 && t.shape(0) != want_size) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "per-channel tensor has ", t.shape(0), " channels, expected ", want_size));
-  }
-  if (t.shape(0) > kMaxChannels) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("per-channel tensor has more than ", kMaxChannels, " channels"));
-  }
-  return DecodeAs<double>(t, DTYPE_FLOAT64, "DTYPE_FLOAT64");
+  absl::StatusOr<std::vector<double>> out = DecodeChannels(t, want_size);
+  if (!out.ok()) return out.status();
+  if (absl::Status s = CheckFinite(*out); !s.ok()) return s;
+  return out;
 }
 
 void EncodeMoments(const bn::Moments& m, BnMoments* out) {
@@ -122,9 +135,11 @@ void EncodeMoments(const bn::Moments& m, BnMoments* out) {
 absl::StatusOr<bn::Moments> DecodeMoments(const BnMoments& m, int64_t channels) {
   bn::Moments out;
   out.count = m.count();
-  absl::StatusOr<std::vector<double>> mean = DecodeFloat64(m.mean(), channels);
+  // ValidateMoments checks the values (finite, M2 not negative) in one pass
+  // per array and names the channel, so the decode does not check them first.
+  absl::StatusOr<std::vector<double>> mean = DecodeChannels(m.mean(), channels);
   if (!mean.ok()) return mean.status();
-  absl::StatusOr<std::vector<double>> m2 = DecodeFloat64(m.m2(), mean->size());
+  absl::StatusOr<std::vector<double>> m2 = DecodeChannels(m.m2(), mean->size());
   if (!m2.ok()) return m2.status();
   out.mean = *std::move(mean);
   out.m2 = *std::move(m2);
