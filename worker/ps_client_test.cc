@@ -78,6 +78,7 @@ enum class BnMode {
   kReverseBatches,   // buffer `bn_batch` requests, answer them in reverse
   kHold,             // read requests, never answer
   kBreakFirst,       // first stream: read one request, end with UNAVAILABLE
+  kEndAfterAnswer,   // first stream: answer one request, then end (OK)
   kRefuse,           // end every stream at once with PERMISSION_DENIED
   kIgnoreHalfClose,  // answer; after the client's half-close, stay until
                      // cancelled
@@ -333,6 +334,10 @@ class FakeShard final : public proto::ParameterServer::Service {
         return grpc::Status(grpc::StatusCode::UNAVAILABLE, "going away");
       }
       if (mode == BnMode::kHold) continue;
+      if (mode == BnMode::kEndAfterAnswer && index == 0) {
+        stream->Write(Answer(request));
+        return grpc::Status::OK;
+      }
       buffered.push_back(request);
       if (mode == BnMode::kReverseBatches &&
           static_cast<int>(buffered.size()) < batch) {
@@ -875,6 +880,24 @@ TEST_F(PsClientTest, BnCallRetriesOnceOnAFreshStream) {
   ASSERT_TRUE(fwd.ok()) << fwd.status();
   EXPECT_EQ(fakes_[1]->bn_streams(), 2);
   EXPECT_EQ(fakes_[1]->bn_requests().size(), 2u);
+}
+
+TEST_F(PsClientTest, BnStreamEndedWhileIdleIsReplacedByTheNextCall) {
+  // The server answers the first call and then ends the stream while the
+  // client has nothing outstanding. The next call finds the end and repeats
+  // itself on a fresh stream.
+  const std::string layer = KeyOnShard(0, "bn");
+  fakes_[0]->set_bn_mode(BnMode::kEndAfterAnswer);
+  std::unique_ptr<PsClient> client = Connect(Options());
+  ASSERT_NE(client, nullptr);
+  for (int step = 0; step < 3; ++step) {
+    absl::StatusOr<BnForwardResult> fwd =
+        client->BnForward(layer, step, MakeMoments(2, {1.0 * step}, {1}));
+    ASSERT_TRUE(fwd.ok()) << "step " << step << ": " << fwd.status();
+    EXPECT_EQ(fwd->merged.mean, std::vector<double>{step + 1.0});
+    if (step == 0) absl::SleepFor(absl::Milliseconds(50));  // let it end
+  }
+  EXPECT_EQ(fakes_[0]->bn_streams(), 2);
 }
 
 TEST_F(PsClientTest, BnStreamRefusedByServerIsNotRetried) {
