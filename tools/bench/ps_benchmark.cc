@@ -2,24 +2,26 @@
 // (docs/design.md, "Performance -- how it is measured"). Everything runs on
 // 127.0.0.1; the tables give absolute times and the ratio bnps / peer.
 //
-// 1. BN-sync round trip of one layer, C channels, W workers. bnps: one shard
-//    server (sync policy) in this process and W threads, each with its own
-//    PsClient, all calling BnForward(layer, step, moments) back to back; each
-//    call returns after the barrier. Peers with the same bytes per worker
-//    (a forward exchange carries count + mean[C] + m2[C] = 16C + 8 bytes each
-//    way):
+// 1. BN-sync round trip of one layer, C channels, W workers. Every system's
+//    W workers are W processes, as in a deployment (and as gloo's ranks must
+//    be): a pool forked when the benchmark starts, before this process has
+//    any thread or gRPC state; each row hands them its work over pipes. The
+//    systems of a row run one after another. bnps: one shard server (sync
+//    policy) in this process; each worker has its own PsClient and calls
+//    BnForward(layer, step, moments) back to back; each call returns after
+//    the barrier. Peers with the same bytes per worker (a forward exchange
+//    carries count + mean[C] + m2[C] = 16C + 8 bytes each way):
 //      gloo  ring allreduce of 2C doubles (the sum / sum of squares of an
-//            allreduce-based SyncBN) among W forked processes, TCP transport.
-//            The processes are forked before this process creates any thread
-//            or gRPC object.
-//      echo  raw gRPC: W threads, each with its own channel and bidi stream,
+//            allreduce-based SyncBN) among the W processes, TCP transport.
+//      echo  raw gRPC: each worker with its own channel and bidi stream,
 //            writing 16C + 8 bytes and reading them back from an echo server
-//            built like the shard server (callback API). The transport floor.
+//            in this process built like the shard server (callback API). The
+//            transport floor.
 //      star  the same echo, except that the server answers a round only once
 //            all W streams have sent theirs (the Gather method): the floor
 //            under any barrier served over gRPC, bnps's minus the work.
-//    Every worker (thread or process) times each of its calls after a warm-up;
-//    a cell is the largest over workers of the per-worker p50 (or p99).
+//    Every worker times each of its calls after a warm-up; a cell is the
+//    largest over workers of the per-worker p50 (or p99).
 //
 // 2. Gradient push + pull, one worker, S shard servers: the tensor is split
 //    into parameters of at most 1M floats; a rep is PushGradients(step) of all
@@ -36,7 +38,11 @@
 //      [--tables=bn,grad] [--peers=false] [--channels=64,256,1024]
 //      [--workers=1,2,4,8]
 
+#include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -51,8 +57,10 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
+#include <new>
 #include <string>
 #include <thread>
 #include <utility>
@@ -61,7 +69,6 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/match.h"
@@ -69,6 +76,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "bn/moments.h"
 #include "gloo/allreduce.h"
@@ -85,6 +93,9 @@
 #include "worker/ps_client.h"
 
 ABSL_FLAG(int, reps, 200, "BN latency: measured calls per worker and row");
+ABSL_FLAG(int, rounds, 3,
+          "BN latency: how many times each row is measured, the rows and "
+          "systems interleaved; a cell is the median over the rounds");
 ABSL_FLAG(bool, quick, false,
           "fewer reps: at most 50 BN calls per row, 1-3 push+pull reps");
 ABSL_FLAG(bool, peers, true,
@@ -109,14 +120,14 @@ constexpr int kPayloadMB[] = {1, 16, 64};
 constexpr int64_t kMB = 1 << 20;
 constexpr int64_t kFloatsPerKey = 1 << 20;
 constexpr int64_t kEchoChunkBytes = 1 << 20;
-constexpr absl::Duration kGlooProcessTimeout = absl::Seconds(60);
 
 struct Settings {
   int warmup = 20;  // BN calls per worker before timing
   int reps = 200;   // BN calls timed per worker
+  int rounds = 3;   // measurements of each BN row; the cell is their median
   absl::Duration row_budget = absl::Seconds(20);  // per latency row and peer
-  std::vector<int> channels;  // C of the BN rows
-  std::vector<int> workers;   // W of the BN rows
+  std::vector<int> channels;                      // C of the BN rows
+  std::vector<int> workers;                       // W of the BN rows
   std::vector<int> shard_counts = {1, 2};
   std::map<int, int> push_pull_reps = {{1, 40}, {16, 15}, {64, 9}};  // by MB
 };
@@ -159,33 +170,287 @@ void OnThreads(int n, Fn fn) {
   for (std::thread& t : threads) t.join();
 }
 
-// --- gloo: W forked processes
+// --- the workers of a latency row: W processes, as in a deployment
 
-// What a gloo child writes to its pipe (one write, smaller than PIPE_BUF).
-struct GlooChildResult {
-  int ok = 0;
-  double p50_us = 0;
-  double p99_us = 0;
-  int samples = 0;
-  char error[200] = {};
+// What a latency row measures.
+enum class Peer : int { kBnps, kGloo, kEcho, kStar };
+
+// One worker's part of a latency row. Plain data: it crosses a pipe.
+struct Job {
+  Peer peer = Peer::kBnps;
+  int rank = 0;
+  int workers = 1;
+  int channels = 0;
+  int warmup = 0;
+  int reps = 0;
+  int port = 0;             // bnps, echo, star: their server on 127.0.0.1
+  int64_t deadline_ns = 0;  // steady clock: no call starts after it
+  char dir[64] = {};        // gloo: the rendezvous directory
 };
 
-// Rank `rank` of `size`: rendezvous through `dir`, time warmup + reps ring
-// allreduces of 2 * channels doubles, write the result to `fd`, exit.
-[[noreturn]] void GlooChild(int rank, int size, const std::string& dir,
-                            int channels, const Settings& s, int fd) {
-  GlooChildResult result;
+// Runs `job` in this process: the worker's timed calls (us), or why it could
+// not make them. A worker that fails or runs out of time sets `stop`, and the
+// others stop at their next call (gloo's ranks never stop early: a ring
+// needs every rank for every call).
+absl::StatusOr<std::vector<double>> RunJob(const Job& job,
+                                           std::atomic<bool>* stop);
+
+// Reads or writes all `n` bytes unless the pipe ends, fails or `deadline`
+// passes first.
+bool ReadFull(int fd, void* data, size_t n, absl::Time deadline) {
+  char* p = static_cast<char*>(data);
+  while (n > 0) {
+    const absl::Duration left = deadline - absl::Now();
+    if (left <= absl::ZeroDuration()) return false;
+    pollfd pfd{fd, POLLIN, 0};
+    const int ms = static_cast<int>(
+        std::min<int64_t>(absl::ToInt64Milliseconds(left), 1 << 30) + 1);
+    const int ready = poll(&pfd, 1, ms);
+    if (ready < 0 && errno != EINTR) return false;
+    if (ready <= 0) continue;
+    const ssize_t got = read(fd, p, n);
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) return false;
+    p += got;
+    n -= static_cast<size_t>(got);
+  }
+  return true;
+}
+
+bool WriteFull(int fd, const void* data, size_t n) {
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    const ssize_t put = write(fd, p, n);
+    if (put < 0 && errno == EINTR) continue;
+    if (put <= 0) return false;
+    p += put;
+    n -= static_cast<size_t>(put);
+  }
+  return true;
+}
+
+// Worker processes forked when the benchmark starts, before this process has
+// any thread or gRPC state, so that each can run gloo or gRPC clients of its
+// own. Workers are processes in a deployment, and gloo's ranks must be; every
+// system is measured the same way. A row hands the first W children a Job
+// each over a pipe and reads back their samples. A child exits when its pipe
+// closes or this process dies.
+class WorkerPool {
+ public:
+  // REQUIRES: this process has no threads.
+  static absl::StatusOr<std::unique_ptr<WorkerPool>> Fork(int n);
+  ~WorkerPool();
+
+  // Runs `job` as ranks 0..workers-1 and summarizes their samples. If they are
+  // not all back by `timeout`, the children are killed and the pool is empty.
+  absl::StatusOr<Latency> Run(Job job, absl::Duration timeout);
+
+ private:
+  struct Child {
+    pid_t pid = -1;
+    int to = -1;    // jobs
+    int from = -1;  // results
+  };
+  // What a child writes back for a job, followed by `samples` doubles.
+  struct Result {
+    int code = 0;  // absl::StatusCode
+    int samples = 0;
+    char error[240] = {};
+  };
+
+  WorkerPool() = default;
+  [[noreturn]] static void Serve(int jobs, int results,
+                                 std::atomic<bool>* stop);
+  void Kill();
+
+  std::vector<Child> children_;
+  std::atomic<bool>* stop_ = nullptr;  // in memory shared with the children
+};
+
+absl::StatusOr<std::unique_ptr<WorkerPool>> WorkerPool::Fork(int n) {
+  static_assert(std::atomic<bool>::is_always_lock_free);
+  std::unique_ptr<WorkerPool> pool(new WorkerPool());
+  void* shared =
+      mmap(nullptr, sizeof(std::atomic<bool>), PROT_READ | PROT_WRITE,
+           MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (shared == MAP_FAILED) {
+    return absl::InternalError(absl::StrCat("mmap: ", strerror(errno)));
+  }
+  pool->stop_ = new (shared) std::atomic<bool>(false);
+  const pid_t parent = getpid();
+  std::fflush(nullptr);
+  for (int i = 0; i < n; ++i) {
+    int jobs[2], results[2];
+    if (pipe2(jobs, O_CLOEXEC) != 0) {
+      return absl::InternalError(absl::StrCat("pipe: ", strerror(errno)));
+    }
+    if (pipe2(results, O_CLOEXEC) != 0) {
+      close(jobs[0]);
+      close(jobs[1]);
+      return absl::InternalError(absl::StrCat("pipe: ", strerror(errno)));
+    }
+    const pid_t pid = fork();
+    if (pid == 0) {
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() != parent) _exit(1);  // it died before prctl
+      close(jobs[1]);
+      close(results[0]);
+      for (const Child& c : pool->children_) {
+        close(c.to);
+        close(c.from);
+      }
+      Serve(jobs[0], results[1], pool->stop_);
+    }
+    close(jobs[0]);
+    close(results[1]);
+    if (pid < 0) {
+      close(jobs[1]);
+      close(results[0]);
+      return absl::InternalError(absl::StrCat("fork: ", strerror(errno)));
+    }
+    pool->children_.push_back({pid, jobs[1], results[0]});
+  }
+  return pool;
+}
+
+WorkerPool::~WorkerPool() {
+  // Closing the job pipes ends the children; wait a little, then kill.
+  for (Child& c : children_) close(c.to);
+  const absl::Time deadline = absl::Now() + absl::Seconds(5);
+  for (Child& c : children_) {
+    while (waitpid(c.pid, nullptr, WNOHANG) == 0) {
+      if (absl::Now() >= deadline) {
+        kill(c.pid, SIGKILL);
+        waitpid(c.pid, nullptr, 0);
+        break;
+      }
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    close(c.from);
+  }
+  if (stop_ != nullptr) munmap(stop_, sizeof(std::atomic<bool>));
+}
+
+void WorkerPool::Serve(int jobs, int results, std::atomic<bool>* stop) {
+  Job job;
+  while (ReadFull(jobs, &job, sizeof(job), absl::InfiniteFuture())) {
+    const absl::StatusOr<std::vector<double>> us = RunJob(job, stop);
+    Result r;
+    if (us.ok()) {
+      r.samples = static_cast<int>(us->size());
+    } else {
+      r.code = static_cast<int>(us.status().code());
+      std::snprintf(r.error, sizeof(r.error), "worker %d: %s", job.rank,
+                    std::string(us.status().message()).c_str());
+    }
+    if (!WriteFull(results, &r, sizeof(r)) ||
+        (us.ok() &&
+         !WriteFull(results, us->data(), us->size() * sizeof(double)))) {
+      _exit(2);
+    }
+  }
+  _exit(0);
+}
+
+absl::StatusOr<Latency> WorkerPool::Run(Job job, absl::Duration timeout) {
+  if (job.workers > static_cast<int>(children_.size())) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the pool has ", children_.size(), " worker processes"));
+  }
+  stop_->store(false);
+  for (int rank = 0; rank < job.workers; ++rank) {
+    job.rank = rank;
+    if (!WriteFull(children_[rank].to, &job, sizeof(job))) {
+      Kill();
+      return absl::InternalError("a worker process is gone");
+    }
+  }
+  const absl::Time deadline = absl::Now() + timeout;
+  std::vector<std::vector<double>> us(job.workers);
+  absl::Status status;
+  for (int rank = 0; rank < job.workers; ++rank) {
+    Result r;
+    bool read = ReadFull(children_[rank].from, &r, sizeof(r), deadline) &&
+                r.samples >= 0 && r.samples <= job.warmup + job.reps;
+    if (read) {
+      us[rank].resize(r.samples);
+      read = ReadFull(children_[rank].from, us[rank].data(),
+                      us[rank].size() * sizeof(double), deadline);
+    }
+    if (!read) {
+      Kill();
+      return absl::DeadlineExceededError(
+          absl::StrCat("worker process ", rank, " sent no result within ",
+                       absl::FormatDuration(timeout), "; the pool was killed"));
+    }
+    r.error[sizeof(r.error) - 1] = '\0';
+    if (r.code != 0 && status.ok()) {
+      status = absl::Status(static_cast<absl::StatusCode>(r.code), r.error);
+    }
+  }
+  if (!status.ok()) return status;
+  return Summarize(us);
+}
+
+void WorkerPool::Kill() {
+  for (Child& c : children_) {
+    kill(c.pid, SIGKILL);
+    waitpid(c.pid, nullptr, 0);
+    close(c.to);
+    close(c.from);
+  }
+  children_.clear();
+}
+
+// The timeout of a row's wait for its workers: its budget, plus time for a
+// barrier's timeout and for connecting.
+absl::Duration RowTimeout(const Settings& s) {
+  return s.row_budget + absl::Seconds(40);
+}
+
+Job RowJob(Peer peer, int channels, int workers, const Settings& s) {
+  Job job;
+  job.peer = peer;
+  job.workers = workers;
+  job.channels = channels;
+  job.warmup = s.warmup;
+  job.reps = s.reps;
+  job.deadline_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                        (Clock::now() + absl::ToChronoNanoseconds(s.row_budget))
+                            .time_since_epoch())
+                        .count();
+  return job;
+}
+
+// False once the row's worker must make no further call (and tells the
+// others so).
+bool KeepGoing(const Job& job, std::atomic<bool>* stop) {
+  if (stop->load()) return false;
+  if (Clock::now().time_since_epoch() >=
+      std::chrono::nanoseconds(job.deadline_ns)) {
+    stop->store(true);
+    return false;
+  }
+  return true;
+}
+
+// --- gloo
+
+// Rank job.rank of job.workers: rendezvous through job.dir, time warmup +
+// reps ring allreduces of 2 * channels doubles.
+absl::StatusOr<std::vector<double>> GlooWorker(const Job& job) {
   try {
     gloo::transport::tcp::attr attr("127.0.0.1");
     attr.ai_family = AF_INET;
     std::shared_ptr<gloo::transport::Device> device =
         gloo::transport::tcp::CreateDevice(attr);
-    gloo::rendezvous::FileStore store(dir);
-    auto context = std::make_shared<gloo::rendezvous::Context>(rank, size);
+    gloo::rendezvous::FileStore store(job.dir);
+    auto context =
+        std::make_shared<gloo::rendezvous::Context>(job.rank, job.workers);
     context->setTimeout(std::chrono::seconds(20));
     context->connectFullMesh(store, device);
 
-    std::vector<double> data(2 * channels);
+    std::vector<double> data(2 * job.channels);
     gloo::AllreduceOptions options(context);
     options.setAlgorithm(gloo::AllreduceOptions::Algorithm::RING);
     options.setOutput(data.data(), data.size());
@@ -193,108 +458,37 @@ struct GlooChildResult {
         static_cast<void (*)(void*, const void*, const void*, size_t)>(
             &gloo::sum<double>));
     std::vector<double> us;
-    for (int i = 0; i < s.warmup + s.reps; ++i) {
-      for (int c = 0; c < 2 * channels; ++c) data[c] = rank + 0.001 * c;
+    for (int i = 0; i < job.warmup + job.reps; ++i) {
+      for (int c = 0; c < 2 * job.channels; ++c) data[c] = job.rank + 0.001 * c;
       const Clock::time_point t0 = Clock::now();
       gloo::allreduce(options);
-      if (i >= s.warmup) us.push_back(MicrosSince(t0));
+      if (i >= job.warmup) us.push_back(MicrosSince(t0));
     }
-    result.ok = 1;
-    result.p50_us = Percentile(us, 0.50);
-    result.p99_us = Percentile(us, 0.99);
-    result.samples = static_cast<int>(us.size());
-    // Written before the closing barrier, which only keeps every rank's
-    // sockets open until all are done.
-    if (write(fd, &result, sizeof(result)) != sizeof(result)) _exit(2);
+    // Keeps every rank's sockets open until all are done.
     gloo::BarrierOptions barrier(context);
     gloo::barrier(barrier);
-    _exit(0);
+    return us;
   } catch (const std::exception& e) {
-    std::snprintf(result.error, sizeof(result.error), "rank %d: %s", rank,
-                  e.what());
+    return absl::InternalError(e.what());
   }
-  if (write(fd, &result, sizeof(result)) != sizeof(result)) _exit(2);
-  _exit(1);
 }
 
-// Forks `workers` gloo ranks, waits for them (killing any still running after
-// kGlooProcessTimeout) and takes the largest p50 and p99 over ranks.
-// REQUIRES: this process has no threads (fork).
-absl::StatusOr<Latency> GlooLatency(int channels, int workers,
+// gloo's ring allreduce among the pool's first `workers` processes.
+absl::StatusOr<Latency> GlooLatency(WorkerPool& pool, int channels, int workers,
                                     const Settings& s) {
-  char dir_template[] = "/tmp/bnps_bench_gloo_XXXXXX";
-  if (mkdtemp(dir_template) == nullptr) {
+  Job job = RowJob(Peer::kGloo, channels, workers, s);
+  const std::string dir =
+      std::filesystem::temp_directory_path() / "bnps_bench_gloo_XXXXXX";
+  if (dir.size() >= sizeof(job.dir)) {
+    return absl::InternalError("the temporary directory's path is too long");
+  }
+  std::memcpy(job.dir, dir.c_str(), dir.size() + 1);
+  if (mkdtemp(job.dir) == nullptr) {
     return absl::InternalError(absl::StrCat("mkdtemp: ", strerror(errno)));
   }
-  const std::string dir = dir_template;
-  std::vector<int> read_fds;
-  std::vector<pid_t> pids;
-  absl::Status status;
-  std::fflush(nullptr);
-  for (int rank = 0; rank < workers && status.ok(); ++rank) {
-    int fds[2];
-    if (pipe(fds) != 0) {
-      status = absl::InternalError(absl::StrCat("pipe: ", strerror(errno)));
-      break;
-    }
-    const pid_t pid = fork();
-    if (pid == 0) {
-      close(fds[0]);
-      for (int fd : read_fds) close(fd);
-      GlooChild(rank, workers, dir, channels, s, fds[1]);
-    }
-    close(fds[1]);
-    if (pid < 0) {
-      close(fds[0]);
-      status = absl::InternalError(absl::StrCat("fork: ", strerror(errno)));
-      break;
-    }
-    read_fds.push_back(fds[0]);
-    pids.push_back(pid);
-  }
-  // Wait, bounded; kill what is left (also after a failed fork).
-  const absl::Time deadline = absl::Now() + kGlooProcessTimeout;
-  size_t running = pids.size();
-  std::vector<bool> done(pids.size(), false);
-  while (running > 0 && status.ok() && absl::Now() < deadline) {
-    for (size_t i = 0; i < pids.size(); ++i) {
-      if (!done[i] && waitpid(pids[i], nullptr, WNOHANG) == pids[i]) {
-        done[i] = true;
-        --running;
-      }
-    }
-    if (running > 0) absl::SleepFor(absl::Milliseconds(5));
-  }
-  if (running > 0 && status.ok()) {
-    status = absl::DeadlineExceededError(
-        absl::StrCat(running, " gloo process(es) still running after ",
-                     absl::FormatDuration(kGlooProcessTimeout), "; killed"));
-  }
-  for (size_t i = 0; i < pids.size(); ++i) {
-    if (done[i]) continue;
-    kill(pids[i], SIGKILL);
-    waitpid(pids[i], nullptr, 0);
-  }
-  Latency latency;
-  latency.samples = s.reps;
-  for (int fd : read_fds) {
-    GlooChildResult r;
-    const ssize_t n = read(fd, &r, sizeof(r));
-    close(fd);
-    if (!status.ok()) continue;
-    if (n != sizeof(r)) {
-      status = absl::InternalError("a gloo process exited without a result");
-    } else if (!r.ok) {
-      status = absl::InternalError(r.error);
-    } else {
-      latency.p50_us = std::max(latency.p50_us, r.p50_us);
-      latency.p99_us = std::max(latency.p99_us, r.p99_us);
-      latency.samples = std::min(latency.samples, r.samples);
-    }
-  }
+  absl::StatusOr<Latency> latency = pool.Run(job, RowTimeout(s));
   std::error_code ignored;
-  std::filesystem::remove_all(dir, ignored);
-  if (!status.ok()) return status;
+  std::filesystem::remove_all(job.dir, ignored);
   return latency;
 }
 
@@ -457,6 +651,17 @@ class EchoServiceImpl final : public EchoService::CallbackService {
   GatherHall hall_;
 };
 
+// A stub of the echo server on 127.0.0.1:port, with the shard server's
+// message limits.
+std::unique_ptr<EchoService::Stub> NewEchoStub(int port) {
+  grpc::ChannelArguments args;
+  args.SetMaxSendMessageSize(proto::kMaxMessageBytes);
+  args.SetMaxReceiveMessageSize(proto::kMaxMessageBytes);
+  return EchoService::NewStub(
+      grpc::CreateCustomChannel(absl::StrCat("127.0.0.1:", port),
+                                grpc::InsecureChannelCredentials(), args));
+}
+
 // An echo server on 127.0.0.1 with the shard server's message limits.
 class EchoServer {
  public:
@@ -478,13 +683,9 @@ class EchoServer {
     if (server_) server_->Shutdown(std::chrono::system_clock::now());
   }
 
+  int port() const { return port_; }
   std::unique_ptr<EchoService::Stub> NewStub() const {
-    grpc::ChannelArguments args;
-    args.SetMaxSendMessageSize(proto::kMaxMessageBytes);
-    args.SetMaxReceiveMessageSize(proto::kMaxMessageBytes);
-    return EchoService::NewStub(
-        grpc::CreateCustomChannel(absl::StrCat("127.0.0.1:", port_),
-                                  grpc::InsecureChannelCredentials(), args));
+    return NewEchoStub(port_);
   }
 
  private:
@@ -504,35 +705,40 @@ void SetDeadline(grpc::ClientContext* context) {
                         std::chrono::seconds(60));
 }
 
-// W threads, each on its own stream, echoing 16 * channels + 8 bytes; with
-// `gather`, every round is answered once all W have sent (a star's floor).
-absl::StatusOr<Latency> EchoLatency(const EchoServer& server, int channels,
-                                    int workers, bool gather,
-                                    const Settings& s) {
-  std::vector<std::vector<double>> us(workers);
-  std::vector<absl::Status> status(workers);
-  const Clock::time_point deadline =
-      Clock::now() + absl::ToChronoNanoseconds(s.row_budget);
-  OnThreads(workers, [&](int w) {
-    std::unique_ptr<EchoService::Stub> stub = server.NewStub();
-    grpc::ClientContext context;
-    SetDeadline(&context);
-    auto stream = gather ? stub->Gather(&context) : stub->Echo(&context);
-    Blob request, reply;
-    request.mutable_data()->assign(16 * channels + 8, 'x');
-    if (gather) request.set_group(workers);
-    for (int i = 0; i < s.warmup + s.reps && Clock::now() < deadline; ++i) {
-      const Clock::time_point t0 = Clock::now();
-      if (!stream->Write(request) || !stream->Read(&reply)) break;
-      if (i >= s.warmup) us[w].push_back(MicrosSince(t0));
+// A worker of the echo or star row: its own channel and stream, echoing
+// 16 * channels + 8 bytes; in the star, every round is answered once all W
+// have sent.
+absl::StatusOr<std::vector<double>> EchoWorker(const Job& job,
+                                               std::atomic<bool>* stop) {
+  const bool gather = job.peer == Peer::kStar;
+  std::unique_ptr<EchoService::Stub> stub = NewEchoStub(job.port);
+  grpc::ClientContext context;
+  SetDeadline(&context);
+  auto stream = gather ? stub->Gather(&context) : stub->Echo(&context);
+  Blob request, reply;
+  request.mutable_data()->assign(16 * job.channels + 8, 'x');
+  if (gather) request.set_group(job.workers);
+  std::vector<double> us;
+  for (int i = 0; i < job.warmup + job.reps && KeepGoing(job, stop); ++i) {
+    const Clock::time_point t0 = Clock::now();
+    if (!stream->Write(request) || !stream->Read(&reply)) {
+      stop->store(true);
+      break;
     }
-    stream->WritesDone();
-    status[w] = FromGrpc(stream->Finish(), "Echo");
-  });
-  for (const absl::Status& st : status) {
-    if (!st.ok()) return st;
+    if (i >= job.warmup) us.push_back(MicrosSince(t0));
   }
-  return Summarize(us);
+  stream->WritesDone();
+  absl::Status status = FromGrpc(stream->Finish(), "Echo");
+  if (!status.ok()) return status;
+  return us;
+}
+
+absl::StatusOr<Latency> EchoLatency(WorkerPool& pool, const EchoServer& server,
+                                    int channels, int workers, bool gather,
+                                    const Settings& s) {
+  Job job = RowJob(gather ? Peer::kStar : Peer::kEcho, channels, workers, s);
+  job.port = server.port();
+  return pool.Run(job, RowTimeout(s));
 }
 
 // Moves `bytes` up (Upload) and then down (Download), split over `stubs`, each
@@ -595,10 +801,41 @@ worker::PsClientOptions ClientOptions(std::vector<std::string> servers,
   return o;
 }
 
-// W threads with their own PsClients against one sync shard server, each
-// calling BnForward back to back. A worker that runs out of time stops the
-// others; those already in a barrier fail at its (short) timeout.
-absl::StatusOr<Latency> BnpsLatency(int channels, int workers,
+// A worker of the bnps row: its own PsClient, calling BnForward back to
+// back. A worker that stops leaves the others in a barrier; they fail at its
+// (short) timeout, which is not their error.
+absl::StatusOr<std::vector<double>> BnpsWorker(const Job& job,
+                                               std::atomic<bool>* stop) {
+  auto client = worker::PsClient::Connect(ClientOptions(
+      {absl::StrCat("127.0.0.1:", job.port)}, job.rank, job.workers));
+  if (!client.ok()) {
+    stop->store(true);
+    return client.status();
+  }
+  bn::Moments local;
+  local.count = 32;
+  for (int c = 0; c < job.channels; ++c) {
+    local.mean.push_back(0.01 * c + job.rank);
+    local.m2.push_back(1.0 + c);
+  }
+  std::vector<double> us;
+  for (int i = 0; i < job.warmup + job.reps && KeepGoing(job, stop); ++i) {
+    const Clock::time_point t0 = Clock::now();
+    absl::StatusOr<worker::BnForwardResult> result =
+        (*client)->BnForward("bn/0", i, local);
+    const double elapsed = MicrosSince(t0);
+    if (!result.ok() || result->contributors != job.workers) {
+      if (stop->exchange(true)) break;  // another worker stopped first
+      return result.ok() ? absl::InternalError("barrier skipped a worker")
+                         : result.status();
+    }
+    if (i >= job.warmup) us.push_back(elapsed);
+  }
+  return us;
+}
+
+// One sync shard server in this process; W workers of the pool.
+absl::StatusOr<Latency> BnpsLatency(WorkerPool& pool, int channels, int workers,
                                     const Settings& s) {
   server::ShardOptions options;
   options.num_workers = workers;
@@ -607,51 +844,23 @@ absl::StatusOr<Latency> BnpsLatency(int channels, int workers,
   absl::StatusOr<std::unique_ptr<server::RunningServer>> server =
       server::RunningServer::Start(options, "127.0.0.1:0");
   if (!server.ok()) return server.status();
-  const std::string address = absl::StrCat("127.0.0.1:", (*server)->port());
+  Job job = RowJob(Peer::kBnps, channels, workers, s);
+  job.port = (*server)->port();
+  return pool.Run(job, RowTimeout(s));
+}
 
-  std::vector<std::vector<double>> us(workers);
-  std::vector<absl::Status> status(workers);
-  std::atomic<bool> stop{false};
-  const Clock::time_point deadline =
-      Clock::now() + absl::ToChronoNanoseconds(s.row_budget);
-  OnThreads(workers, [&](int w) {
-    auto client =
-        worker::PsClient::Connect(ClientOptions({address}, w, workers));
-    if (!client.ok()) {
-      status[w] = client.status();
-      stop = true;
-      return;
-    }
-    bn::Moments local;
-    local.count = 32;
-    for (int c = 0; c < channels; ++c) {
-      local.mean.push_back(0.01 * c + w);
-      local.m2.push_back(1.0 + c);
-    }
-    for (int i = 0; i < s.warmup + s.reps; ++i) {
-      if (stop || Clock::now() >= deadline) {
-        stop = true;
-        break;
-      }
-      const Clock::time_point t0 = Clock::now();
-      absl::StatusOr<worker::BnForwardResult> result =
-          (*client)->BnForward("bn/0", i, local);
-      const double elapsed = MicrosSince(t0);
-      if (!result.ok() || result->contributors != workers) {
-        if (!stop.exchange(true)) {
-          status[w] = result.ok()
-                          ? absl::InternalError("barrier skipped a worker")
-                          : result.status();
-        }
-        break;
-      }
-      if (i >= s.warmup) us[w].push_back(elapsed);
-    }
-  });
-  for (const absl::Status& st : status) {
-    if (!st.ok()) return st;
+absl::StatusOr<std::vector<double>> RunJob(const Job& job,
+                                           std::atomic<bool>* stop) {
+  switch (job.peer) {
+    case Peer::kBnps:
+      return BnpsWorker(job, stop);
+    case Peer::kGloo:
+      return GlooWorker(job);
+    case Peer::kEcho:
+    case Peer::kStar:
+      return EchoWorker(job, stop);
   }
-  return Summarize(us);
+  return absl::InvalidArgumentError("unknown peer");
 }
 
 // bnps and echo push + pull throughput (MB/s) for one payload and S servers.
@@ -747,8 +956,8 @@ std::vector<ThroughputRow> MeasureThroughput(int shards, const Settings& s) {
     std::map<std::string, worker::Param> pulled;
     for (const std::string& key : keys) pulled[key];
     // Sent without a copy (the trainer's way); unchanged between reps.
-    auto shared = std::make_shared<const std::map<std::string, worker::Param>>(
-        grads);
+    auto shared =
+        std::make_shared<const std::map<std::string, worker::Param>>(grads);
     if (absl::Status init = (*client)->InitParameters(grads); !init.ok()) {
       row.bnps = init;
       continue;
@@ -820,12 +1029,13 @@ void PrintLatencyTable(
   Notes notes;
   absl::PrintF(
       "\n## BN-sync round trip, one layer (us; max over workers of each "
-      "worker's p50 / p99)\n\n"
+      "worker's p50 / p99; median of %d rounds)\n\n"
       "| C | W | bnps p50 | bnps p99 | gloo p50 | gloo p99 | echo p50 | "
       "echo p99 | star p50 | star p99 | bnps/gloo | bnps/echo | bnps/star | "
       "star/gloo |\n"
       "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
-      "\n");
+      "\n",
+      s.rounds);
   bool short_rows = false;
   // p50 ratio a/b, "-" where either failed or b is a local copy (gloo, W = 1).
   auto ratio = [](const absl::StatusOr<Latency>& a,
@@ -885,7 +1095,7 @@ void PrintThroughputTable(const std::vector<ThroughputRow>& rows) {
   notes.Print();
 }
 
-void MeasureLatency(const Settings& s);
+void MeasureLatency(WorkerPool& pool, const Settings& s);
 
 // Parses a flag's list of positive integers into `out`.
 bool PositiveInts(const std::vector<std::string>& in, absl::string_view flag,
@@ -916,9 +1126,11 @@ int Main() {
     return 2;
   }
   s.reps = std::max(1, absl::GetFlag(FLAGS_reps));
+  s.rounds = std::max(1, absl::GetFlag(FLAGS_rounds));
   if (absl::GetFlag(FLAGS_quick)) {
     s.warmup = 5;
     s.reps = std::min(s.reps, 50);
+    s.rounds = 1;
     s.row_budget = absl::Seconds(5);
     s.push_pull_reps = {{1, 3}, {16, 2}, {64, 1}};
   }
@@ -926,9 +1138,9 @@ int Main() {
                std::thread::hardware_concurrency(), CpuModel());
   absl::PrintF(
       "settings: BN latency %d warm-up + %d timed calls per worker and row "
-      "(at most %s a row); push+pull reps %s after 1 warm-up; S in {%s}; "
-      "loopback 127.0.0.1\n",
-      s.warmup, s.reps, absl::FormatDuration(s.row_budget),
+      "(at most %s a row), median of %d rounds; push+pull reps %s after 1 "
+      "warm-up; S in {%s}; loopback 127.0.0.1\n",
+      s.warmup, s.reps, absl::FormatDuration(s.row_budget), s.rounds,
       absl::StrJoin(s.push_pull_reps, ", ",
                     [](std::string* out, const std::pair<const int, int>& p) {
                       absl::StrAppend(out, p.first, " MB: ", p.second);
@@ -942,7 +1154,16 @@ int Main() {
     absl::FPrintF(stderr, "ps_benchmark: --tables=%s names no table\n", tables);
     return 2;
   }
-  if (bn_table) MeasureLatency(s);
+  if (bn_table) {
+    // First, while this process has no threads and no gRPC state.
+    absl::StatusOr<std::unique_ptr<WorkerPool>> pool =
+        WorkerPool::Fork(*std::max_element(s.workers.begin(), s.workers.end()));
+    if (!pool.ok()) {
+      absl::FPrintF(stderr, "ps_benchmark: %s\n", pool.status().ToString());
+      return 1;
+    }
+    MeasureLatency(**pool, s);
+  }
   if (grad_table) {
     std::vector<ThroughputRow> rows;
     for (int shards : s.shard_counts) {
@@ -954,35 +1175,59 @@ int Main() {
   return 0;
 }
 
-// Measures and prints the BN-sync latency table.
-void MeasureLatency(const Settings& s) {
-  // gloo first: fork() while this process has no threads and no gRPC state.
-  std::map<std::pair<int, int>, absl::StatusOr<Latency>> gloo, bnps, echo,
-      star;
+// The median over rounds of a row's p50s and of its p99s (the first error,
+// if a round failed).
+absl::StatusOr<Latency> MedianOfRounds(
+    const std::vector<absl::StatusOr<Latency>>& rounds) {
+  std::vector<double> p50, p99;
+  int samples = std::numeric_limits<int>::max();
+  for (const absl::StatusOr<Latency>& r : rounds) {
+    if (!r.ok()) return r.status();
+    p50.push_back(r->p50_us);
+    p99.push_back(r->p99_us);
+    samples = std::min(samples, r->samples);
+  }
+  Latency l;
+  l.p50_us = Percentile(p50, 0.5);
+  l.p99_us = Percentile(p99, 0.5);
+  l.samples = samples;
+  return l;
+}
+
+// Measures and prints the BN-sync latency table. Each round measures every
+// row, and in each row every system one after another, so that all see the
+// same machine; a cell is the median over rounds.
+void MeasureLatency(WorkerPool& pool, const Settings& s) {
+  using Rounds =
+      std::map<std::pair<int, int>, std::vector<absl::StatusOr<Latency>>>;
+  Rounds gloo, bnps, echo, star;
   const bool peers = absl::GetFlag(FLAGS_peers);
   const absl::Status no_peers = absl::CancelledError("--peers=false");
-  for (int c : s.channels) {
-    for (int w : s.workers) {
-      gloo.emplace(std::make_pair(c, w),
-                   peers ? GlooLatency(c, w, s) : no_peers);
-    }
-  }
   absl::StatusOr<std::unique_ptr<EchoServer>> echo_server =
       peers ? EchoServer::Start() : no_peers;
-  for (int c : s.channels) {
-    for (int w : s.workers) {
-      const std::pair<int, int> key(c, w);
-      bnps.emplace(key, BnpsLatency(c, w, s));
-      for (const bool gather : {false, true}) {
-        (gather ? star : echo)
-            .emplace(key, echo_server.ok()
-                              ? EchoLatency(**echo_server, c, w, gather, s)
-                              : echo_server.status());
+  for (int round = 0; round < s.rounds; ++round) {
+    for (int c : s.channels) {
+      for (int w : s.workers) {
+        const std::pair<int, int> key(c, w);
+        bnps[key].push_back(BnpsLatency(pool, c, w, s));
+        gloo[key].push_back(peers ? GlooLatency(pool, c, w, s) : no_peers);
+        for (const bool gather : {false, true}) {
+          (gather ? star : echo)[key].push_back(
+              echo_server.ok()
+                  ? EchoLatency(pool, **echo_server, c, w, gather, s)
+                  : echo_server.status());
+        }
       }
     }
   }
   echo_server = absl::CancelledError("done");
-  PrintLatencyTable(bnps, gloo, echo, star, s);
+  auto medians = [](const Rounds& rounds) {
+    std::map<std::pair<int, int>, absl::StatusOr<Latency>> out;
+    for (const auto& [key, r] : rounds) out.emplace(key, MedianOfRounds(r));
+    return out;
+  };
+  PrintLatencyTable(medians(bnps), medians(gloo), medians(echo), medians(star),
+                    s);
 }
 
 }  // namespace
