@@ -236,14 +236,12 @@ class PsClient::BnStream {
     writing_ = true;
     writer_ = &call;
     write_deadline_ = deadline;
-    const bool arm_read = !read_armed_;
-    read_armed_ = true;
     mu_.Unlock();
     stream_->Write(request, TagOf(Tag::kWrite));  // serializes `request` now
+    mu_.Lock();
     // Armed after the write: the window update for the last answer then
     // leaves with this request instead of in a packet of its own.
-    if (arm_read) stream_->Read(&incoming_, TagOf(Tag::kRead));
-    mu_.Lock();
+    ArmRead();
     const bool answered =
         Drive(absl::Condition(&call, &PendingCall::Over), deadline) ||
         call.done;

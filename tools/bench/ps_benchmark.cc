@@ -172,6 +172,10 @@ void OnThreads(int n, Fn fn) {
 
 // --- the workers of a latency row: W processes, as in a deployment
 
+// How long a row's workers have after its deadline to send their samples:
+// time for a call in flight to end at its barrier's timeout.
+constexpr absl::Duration kWaitPastDeadline = absl::Seconds(40);
+
 // What a latency row measures.
 enum class Peer : int { kBnps, kGloo, kEcho, kStar };
 
@@ -242,8 +246,9 @@ class WorkerPool {
   ~WorkerPool();
 
   // Runs `job` as ranks 0..workers-1 and summarizes their samples. If they are
-  // not all back by `timeout`, the children are killed and the pool is empty.
-  absl::StatusOr<Latency> Run(Job job, absl::Duration timeout);
+  // not all back kWaitPastDeadline after the job's deadline, the children are
+  // killed and the pool is empty.
+  absl::StatusOr<Latency> Run(Job job);
 
  private:
   struct Child {
@@ -352,7 +357,7 @@ void WorkerPool::Serve(int jobs, int results, std::atomic<bool>* stop) {
   _exit(0);
 }
 
-absl::StatusOr<Latency> WorkerPool::Run(Job job, absl::Duration timeout) {
+absl::StatusOr<Latency> WorkerPool::Run(Job job) {
   if (job.workers > static_cast<int>(children_.size())) {
     return absl::FailedPreconditionError(
         absl::StrCat("the pool has ", children_.size(), " worker processes"));
@@ -365,7 +370,10 @@ absl::StatusOr<Latency> WorkerPool::Run(Job job, absl::Duration timeout) {
       return absl::InternalError("a worker process is gone");
     }
   }
-  const absl::Time deadline = absl::Now() + timeout;
+  const absl::Time deadline =
+      absl::Now() + kWaitPastDeadline +
+      absl::FromChrono(std::chrono::nanoseconds(job.deadline_ns) -
+                       Clock::now().time_since_epoch());
   std::vector<std::vector<double>> us(job.workers);
   absl::Status status;
   for (int rank = 0; rank < job.workers; ++rank) {
@@ -381,7 +389,8 @@ absl::StatusOr<Latency> WorkerPool::Run(Job job, absl::Duration timeout) {
       Kill();
       return absl::DeadlineExceededError(
           absl::StrCat("worker process ", rank, " sent no result within ",
-                       absl::FormatDuration(timeout), "; the pool was killed"));
+                       absl::FormatDuration(kWaitPastDeadline),
+                       " after the row's deadline; the pool was killed"));
     }
     r.error[sizeof(r.error) - 1] = '\0';
     if (r.code != 0 && status.ok()) {
@@ -400,12 +409,6 @@ void WorkerPool::Kill() {
     close(c.from);
   }
   children_.clear();
-}
-
-// The timeout of a row's wait for its workers: its budget, plus time for a
-// barrier's timeout and for connecting.
-absl::Duration RowTimeout(const Settings& s) {
-  return s.row_budget + absl::Seconds(40);
 }
 
 Job RowJob(Peer peer, int channels, int workers, const Settings& s) {
@@ -486,7 +489,7 @@ absl::StatusOr<Latency> GlooLatency(WorkerPool& pool, int channels, int workers,
   if (mkdtemp(job.dir) == nullptr) {
     return absl::InternalError(absl::StrCat("mkdtemp: ", strerror(errno)));
   }
-  absl::StatusOr<Latency> latency = pool.Run(job, RowTimeout(s));
+  absl::StatusOr<Latency> latency = pool.Run(job);
   std::error_code ignored;
   std::filesystem::remove_all(job.dir, ignored);
   return latency;
@@ -738,7 +741,7 @@ absl::StatusOr<Latency> EchoLatency(WorkerPool& pool, const EchoServer& server,
                                     const Settings& s) {
   Job job = RowJob(gather ? Peer::kStar : Peer::kEcho, channels, workers, s);
   job.port = server.port();
-  return pool.Run(job, RowTimeout(s));
+  return pool.Run(job);
 }
 
 // Moves `bytes` up (Upload) and then down (Download), split over `stubs`, each
@@ -846,7 +849,7 @@ absl::StatusOr<Latency> BnpsLatency(WorkerPool& pool, int channels, int workers,
   if (!server.ok()) return server.status();
   Job job = RowJob(Peer::kBnps, channels, workers, s);
   job.port = (*server)->port();
-  return pool.Run(job, RowTimeout(s));
+  return pool.Run(job);
 }
 
 absl::StatusOr<std::vector<double>> RunJob(const Job& job,
