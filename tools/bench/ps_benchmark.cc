@@ -20,8 +20,9 @@
 //      star  the same echo, except that the server answers a round only once
 //            all W streams have sent theirs (the Gather method): the floor
 //            under any barrier served over gRPC, bnps's minus the work.
-//    Every worker times each of its calls after a warm-up; a cell is the
-//    largest over workers of the per-worker p50 (or p99).
+//    Every worker times each of its calls after a warm-up, for --row_seconds
+//    but at least --min_reps and at most --reps calls (CallPlan); a cell is
+//    the largest over workers of the per-worker p50 (or p99).
 //
 // 2. Gradient push + pull, one worker, S shard servers: the tensor is split
 //    into parameters of at most 1M floats; a rep is PushGradients(step) of all
@@ -34,7 +35,8 @@
 //    2 * bytes / (median time of a rep); MB = 2^20 bytes.
 //
 // Run: bazel build -c opt //tools/bench:ps_benchmark &&
-//      bazel-bin/tools/bench/ps_benchmark [--reps=200] [--quick]
+//      bazel-bin/tools/bench/ps_benchmark [--reps=1000] [--min_reps=100]
+//      [--row_seconds=0.5] [--quick]
 //      [--tables=bn,grad] [--peers=false] [--channels=64,256,1024]
 //      [--workers=1,2,4,8]
 
@@ -92,7 +94,14 @@
 #include "tools/bench/echo.grpc.pb.h"
 #include "worker/ps_client.h"
 
-ABSL_FLAG(int, reps, 200, "BN latency: measured calls per worker and row");
+ABSL_FLAG(int, reps, 1000,
+          "BN latency: the most timed calls per worker and row (a row stops "
+          "earlier once it has --min_reps and has run --row_seconds)");
+ABSL_FLAG(int, min_reps, 100,
+          "BN latency: the fewest timed calls per worker and row");
+ABSL_FLAG(double, row_seconds, 0.5,
+          "BN latency: timing a row stops at the first call after this many "
+          "seconds, once it has --min_reps calls");
 ABSL_FLAG(int, rounds, 3,
           "BN latency: how many times each row is measured, the rows and "
           "systems interleaved; a cell is the median over the rounds");
@@ -122,9 +131,11 @@ constexpr int64_t kFloatsPerKey = 1 << 20;
 constexpr int64_t kEchoChunkBytes = 1 << 20;
 
 struct Settings {
-  int warmup = 20;  // BN calls per worker before timing
-  int reps = 200;   // BN calls timed per worker
-  int rounds = 3;   // measurements of each BN row; the cell is their median
+  int warmup = 20;     // BN calls per worker before timing
+  int reps = 1000;     // most BN calls timed per worker
+  int min_reps = 100;  // fewest; between the two, the row's time decides
+  absl::Duration row_time = absl::Milliseconds(500);
+  int rounds = 3;  // measurements of each BN row; the cell is their median
   absl::Duration row_budget = absl::Seconds(20);  // per latency row and peer
   std::vector<int> channels;                      // C of the BN rows
   std::vector<int> workers;                       // W of the BN rows
@@ -187,17 +198,26 @@ struct Job {
   int channels = 0;
   int warmup = 0;
   int reps = 0;
+  int min_reps = 0;
+  int64_t row_time_ns = 0;  // see CallPlan
   int port = 0;             // bnps, echo, star: their server on 127.0.0.1
   int64_t deadline_ns = 0;  // steady clock: no call starts after it
   char dir[64] = {};        // gloo: the rendezvous directory
 };
 
+// What a row's worker processes share (memory mapped before the fork).
+struct RowControl {
+  // A worker failed or the row's deadline passed: the others stop at their
+  // next call (gloo's ranks never stop early: a ring needs every rank for
+  // every call).
+  std::atomic<bool> stop{false};
+  // No worker starts call `end` or later (see CallPlan).
+  std::atomic<int> end{0};
+};
+
 // Runs `job` in this process: the worker's timed calls (us), or why it could
-// not make them. A worker that fails or runs out of time sets `stop`, and the
-// others stop at their next call (gloo's ranks never stop early: a ring
-// needs every rank for every call).
-absl::StatusOr<std::vector<double>> RunJob(const Job& job,
-                                           std::atomic<bool>* stop);
+// not make them.
+absl::StatusOr<std::vector<double>> RunJob(const Job& job, RowControl* control);
 
 // Reads or writes all `n` bytes unless the pipe ends, fails or `deadline`
 // passes first.
@@ -264,24 +284,23 @@ class WorkerPool {
   };
 
   WorkerPool() = default;
-  [[noreturn]] static void Serve(int jobs, int results,
-                                 std::atomic<bool>* stop);
+  [[noreturn]] static void Serve(int jobs, int results, RowControl* control);
   void Kill();
 
   std::vector<Child> children_;
-  std::atomic<bool>* stop_ = nullptr;  // in memory shared with the children
+  RowControl* control_ = nullptr;  // in memory shared with the children
 };
 
 absl::StatusOr<std::unique_ptr<WorkerPool>> WorkerPool::Fork(int n) {
-  static_assert(std::atomic<bool>::is_always_lock_free);
+  static_assert(std::atomic<bool>::is_always_lock_free &&
+                std::atomic<int>::is_always_lock_free);
   std::unique_ptr<WorkerPool> pool(new WorkerPool());
-  void* shared =
-      mmap(nullptr, sizeof(std::atomic<bool>), PROT_READ | PROT_WRITE,
-           MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  void* shared = mmap(nullptr, sizeof(RowControl), PROT_READ | PROT_WRITE,
+                      MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   if (shared == MAP_FAILED) {
     return absl::InternalError(absl::StrCat("mmap: ", strerror(errno)));
   }
-  pool->stop_ = new (shared) std::atomic<bool>(false);
+  pool->control_ = new (shared) RowControl();
   const pid_t parent = getpid();
   std::fflush(nullptr);
   for (int i = 0; i < n; ++i) {
@@ -304,7 +323,7 @@ absl::StatusOr<std::unique_ptr<WorkerPool>> WorkerPool::Fork(int n) {
         close(c.to);
         close(c.from);
       }
-      Serve(jobs[0], results[1], pool->stop_);
+      Serve(jobs[0], results[1], pool->control_);
     }
     close(jobs[0]);
     close(results[1]);
@@ -333,13 +352,13 @@ WorkerPool::~WorkerPool() {
     }
     close(c.from);
   }
-  if (stop_ != nullptr) munmap(stop_, sizeof(std::atomic<bool>));
+  if (control_ != nullptr) munmap(control_, sizeof(RowControl));
 }
 
-void WorkerPool::Serve(int jobs, int results, std::atomic<bool>* stop) {
+void WorkerPool::Serve(int jobs, int results, RowControl* control) {
   Job job;
   while (ReadFull(jobs, &job, sizeof(job), absl::InfiniteFuture())) {
-    const absl::StatusOr<std::vector<double>> us = RunJob(job, stop);
+    const absl::StatusOr<std::vector<double>> us = RunJob(job, control);
     Result r;
     if (us.ok()) {
       r.samples = static_cast<int>(us->size());
@@ -362,7 +381,8 @@ absl::StatusOr<Latency> WorkerPool::Run(Job job) {
     return absl::FailedPreconditionError(
         absl::StrCat("the pool has ", children_.size(), " worker processes"));
   }
-  stop_->store(false);
+  control_->stop.store(false);
+  control_->end.store(job.warmup + job.reps);
   for (int rank = 0; rank < job.workers; ++rank) {
     job.rank = rank;
     if (!WriteFull(children_[rank].to, &job, sizeof(job))) {
@@ -418,6 +438,8 @@ Job RowJob(Peer peer, int channels, int workers, const Settings& s) {
   job.channels = channels;
   job.warmup = s.warmup;
   job.reps = s.reps;
+  job.min_reps = s.min_reps;
+  job.row_time_ns = absl::ToInt64Nanoseconds(s.row_time);
   job.deadline_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
                         (Clock::now() + absl::ToChronoNanoseconds(s.row_budget))
                             .time_since_epoch())
@@ -427,21 +449,59 @@ Job RowJob(Peer peer, int channels, int workers, const Settings& s) {
 
 // False once the row's worker must make no further call (and tells the
 // others so).
-bool KeepGoing(const Job& job, std::atomic<bool>* stop) {
-  if (stop->load()) return false;
+bool KeepGoing(const Job& job, RowControl* control) {
+  if (control->stop.load()) return false;
   if (Clock::now().time_since_epoch() >=
       std::chrono::nanoseconds(job.deadline_ns)) {
-    stop->store(true);
+    control->stop.store(true);
     return false;
   }
   return true;
 }
 
+// How many calls a worker of a row makes: job.warmup, then job.reps timed
+// ones, unless rank 0 ends the row sooner. Rank 0 does once it has timed
+// job.min_reps calls and job.row_time_ns has passed since its first timed
+// call: it sets the end two calls past the one it just finished. In a row
+// whose workers wait for each other every call (bnps, star, gloo) no worker
+// has then started a call beyond the next one, so all make the same number of
+// calls and none is left waiting; echo workers, independent, stop at their
+// next call. Rows are so timed for a similar time whatever their speed:
+// enough calls for fast rows to be steady, and slow ones still bounded.
+class CallPlan {
+ public:
+  CallPlan(const Job& job, RowControl* control)
+      : job_(job), control_(control) {}
+
+  // Whether call i may start.
+  bool MayStart(int i) {
+    if (i >= control_->end.load()) return false;
+    if (i == job_.warmup) timed_since_ = Clock::now();
+    return true;
+  }
+
+  // After call i has completed.
+  void Finished(int i) {
+    if (job_.rank != 0 || i + 1 < job_.warmup + job_.min_reps) return;
+    if (Clock::now() - timed_since_ <
+        std::chrono::nanoseconds(job_.row_time_ns)) {
+      return;
+    }
+    if (i + 2 < control_->end.load()) control_->end.store(i + 2);
+  }
+
+ private:
+  const Job& job_;
+  RowControl* const control_;
+  Clock::time_point timed_since_;
+};
+
 // --- gloo
 
 // Rank job.rank of job.workers: rendezvous through job.dir, time warmup +
 // reps ring allreduces of 2 * channels doubles.
-absl::StatusOr<std::vector<double>> GlooWorker(const Job& job) {
+absl::StatusOr<std::vector<double>> GlooWorker(const Job& job,
+                                               RowControl* control) {
   try {
     gloo::transport::tcp::attr attr("127.0.0.1");
     attr.ai_family = AF_INET;
@@ -461,11 +521,13 @@ absl::StatusOr<std::vector<double>> GlooWorker(const Job& job) {
         static_cast<void (*)(void*, const void*, const void*, size_t)>(
             &gloo::sum<double>));
     std::vector<double> us;
-    for (int i = 0; i < job.warmup + job.reps; ++i) {
+    CallPlan plan(job, control);
+    for (int i = 0; plan.MayStart(i); ++i) {
       for (int c = 0; c < 2 * job.channels; ++c) data[c] = job.rank + 0.001 * c;
       const Clock::time_point t0 = Clock::now();
       gloo::allreduce(options);
       if (i >= job.warmup) us.push_back(MicrosSince(t0));
+      plan.Finished(i);
     }
     // Keeps every rank's sockets open until all are done.
     gloo::BarrierOptions barrier(context);
@@ -712,7 +774,7 @@ void SetDeadline(grpc::ClientContext* context) {
 // 16 * channels + 8 bytes; in the star, every round is answered once all W
 // have sent.
 absl::StatusOr<std::vector<double>> EchoWorker(const Job& job,
-                                               std::atomic<bool>* stop) {
+                                               RowControl* control) {
   const bool gather = job.peer == Peer::kStar;
   std::unique_ptr<EchoService::Stub> stub = NewEchoStub(job.port);
   grpc::ClientContext context;
@@ -722,13 +784,15 @@ absl::StatusOr<std::vector<double>> EchoWorker(const Job& job,
   request.mutable_data()->assign(16 * job.channels + 8, 'x');
   if (gather) request.set_group(job.workers);
   std::vector<double> us;
-  for (int i = 0; i < job.warmup + job.reps && KeepGoing(job, stop); ++i) {
+  CallPlan plan(job, control);
+  for (int i = 0; plan.MayStart(i) && KeepGoing(job, control); ++i) {
     const Clock::time_point t0 = Clock::now();
     if (!stream->Write(request) || !stream->Read(&reply)) {
-      stop->store(true);
+      control->stop.store(true);
       break;
     }
     if (i >= job.warmup) us.push_back(MicrosSince(t0));
+    plan.Finished(i);
   }
   stream->WritesDone();
   absl::Status status = FromGrpc(stream->Finish(), "Echo");
@@ -808,11 +872,11 @@ worker::PsClientOptions ClientOptions(std::vector<std::string> servers,
 // back. A worker that stops leaves the others in a barrier; they fail at its
 // (short) timeout, which is not their error.
 absl::StatusOr<std::vector<double>> BnpsWorker(const Job& job,
-                                               std::atomic<bool>* stop) {
+                                               RowControl* control) {
   auto client = worker::PsClient::Connect(ClientOptions(
       {absl::StrCat("127.0.0.1:", job.port)}, job.rank, job.workers));
   if (!client.ok()) {
-    stop->store(true);
+    control->stop.store(true);
     return client.status();
   }
   bn::Moments local;
@@ -822,17 +886,20 @@ absl::StatusOr<std::vector<double>> BnpsWorker(const Job& job,
     local.m2.push_back(1.0 + c);
   }
   std::vector<double> us;
-  for (int i = 0; i < job.warmup + job.reps && KeepGoing(job, stop); ++i) {
+  CallPlan plan(job, control);
+  for (int i = 0; plan.MayStart(i) && KeepGoing(job, control); ++i) {
     const Clock::time_point t0 = Clock::now();
     absl::StatusOr<worker::BnForwardResult> result =
         (*client)->BnForward("bn/0", i, local);
     const double elapsed = MicrosSince(t0);
     if (!result.ok() || result->contributors != job.workers) {
-      if (stop->exchange(true)) break;  // another worker stopped first
+      // Another worker stopped first: not this one's error.
+      if (control->stop.exchange(true)) break;
       return result.ok() ? absl::InternalError("barrier skipped a worker")
                          : result.status();
     }
     if (i >= job.warmup) us.push_back(elapsed);
+    plan.Finished(i);
   }
   return us;
 }
@@ -853,15 +920,15 @@ absl::StatusOr<Latency> BnpsLatency(WorkerPool& pool, int channels, int workers,
 }
 
 absl::StatusOr<std::vector<double>> RunJob(const Job& job,
-                                           std::atomic<bool>* stop) {
+                                           RowControl* control) {
   switch (job.peer) {
     case Peer::kBnps:
-      return BnpsWorker(job, stop);
+      return BnpsWorker(job, control);
     case Peer::kGloo:
-      return GlooWorker(job);
+      return GlooWorker(job, control);
     case Peer::kEcho:
     case Peer::kStar:
-      return EchoWorker(job, stop);
+      return EchoWorker(job, control);
   }
   return absl::InvalidArgumentError("unknown peer");
 }
@@ -1057,7 +1124,7 @@ void PrintLatencyTable(
           cells.push_back("");
           continue;
         }
-        const std::string mark = l->samples < s.reps ? "*" : "";
+        const std::string mark = l->samples < s.min_reps ? "*" : "";
         short_rows |= !mark.empty();
         cells.push_back(absl::StrCat(Micros(l->p50_us), mark));
         cells.push_back(absl::StrCat(Micros(l->p99_us), mark));
@@ -1076,7 +1143,8 @@ void PrintLatencyTable(
       "are in, doing no work; bnps/star is the cost of bnps's work over that "
       "floor, star/gloo the floor against gloo.\n");
   if (short_rows)
-    absl::PrintF("\n* fewer than %d calls: the row ran out of time\n", s.reps);
+    absl::PrintF("\n* fewer than %d calls: the row ran out of time\n",
+                 s.min_reps);
   notes.Print();
 }
 
@@ -1129,10 +1197,13 @@ int Main() {
     return 2;
   }
   s.reps = std::max(1, absl::GetFlag(FLAGS_reps));
+  s.min_reps = std::clamp(absl::GetFlag(FLAGS_min_reps), 1, s.reps);
+  s.row_time = absl::Seconds(std::max(0.0, absl::GetFlag(FLAGS_row_seconds)));
   s.rounds = std::max(1, absl::GetFlag(FLAGS_rounds));
   if (absl::GetFlag(FLAGS_quick)) {
     s.warmup = 5;
     s.reps = std::min(s.reps, 50);
+    s.min_reps = std::min(s.min_reps, s.reps);
     s.rounds = 1;
     s.row_budget = absl::Seconds(5);
     s.push_pull_reps = {{1, 3}, {16, 2}, {64, 1}};
@@ -1140,10 +1211,12 @@ int Main() {
   absl::PrintF("# ps_benchmark\n\nmachine: %d cores, %s\n",
                std::thread::hardware_concurrency(), CpuModel());
   absl::PrintF(
-      "settings: BN latency %d warm-up + %d timed calls per worker and row "
-      "(at most %s a row), median of %d rounds; push+pull reps %s after 1 "
-      "warm-up; S in {%s}; loopback 127.0.0.1\n",
-      s.warmup, s.reps, absl::FormatDuration(s.row_budget), s.rounds,
+      "settings: BN latency %d warm-up + %d to %d timed calls per worker and "
+      "row (timing stops after %s once it has %d; at most %s a row), median "
+      "of %d rounds; push+pull reps %s after 1 warm-up; S in {%s}; loopback "
+      "127.0.0.1\n",
+      s.warmup, s.min_reps, s.reps, absl::FormatDuration(s.row_time),
+      s.min_reps, absl::FormatDuration(s.row_budget), s.rounds,
       absl::StrJoin(s.push_pull_reps, ", ",
                     [](std::string* out, const std::pair<const int, int>& p) {
                       absl::StrAppend(out, p.first, " MB: ", p.second);
