@@ -140,7 +140,9 @@ struct Settings {
   std::vector<int> channels;                      // C of the BN rows
   std::vector<int> workers;                       // W of the BN rows
   std::vector<int> shard_counts = {1, 2};
-  std::map<int, int> push_pull_reps = {{1, 40}, {16, 15}, {64, 9}};  // by MB
+  // By MB: about 2 s of each system per row. With a quarter of these (and
+  // cells the median of so few reps) a row's ratio moved by 0.3 between runs.
+  std::map<int, int> push_pull_reps = {{1, 160}, {16, 60}, {64, 36}};
 };
 
 struct Latency {
