@@ -37,7 +37,8 @@
 // Run: bazel build -c opt //tools/bench:ps_benchmark &&
 //      bazel-bin/tools/bench/ps_benchmark [--reps=1000] [--min_reps=100]
 //      [--row_seconds=0.5] [--quick]
-//      [--tables=bn,grad] [--peers=false] [--channels=64,256,1024]
+//      [--tables=bn,grad] [--systems=bnps,gloo,echo,star]
+//      [--channels=64,256,1024]
 //      [--workers=1,2,4,8]
 
 #include <fcntl.h>
@@ -107,9 +108,10 @@ ABSL_FLAG(int, rounds, 3,
           "systems interleaved; a cell is the median over the rounds");
 ABSL_FLAG(bool, quick, false,
           "fewer reps: at most 50 BN calls per row, 1-3 push+pull reps");
-ABSL_FLAG(bool, peers, true,
-          "measure the peers too (gloo, raw gRPC echo); off to profile bnps "
-          "alone");
+ABSL_FLAG(std::vector<std::string>, systems,
+          std::vector<std::string>({"bnps", "gloo", "echo", "star"}),
+          "which systems to measure: bnps, gloo, echo, star (the grad table "
+          "has bnps and echo); fewer to profile one alone");
 ABSL_FLAG(std::vector<std::string>, channels,
           std::vector<std::string>({"64", "256", "1024"}),
           "BN latency: the layer widths C, one row group each");
@@ -140,6 +142,8 @@ struct Settings {
   std::vector<int> channels;                      // C of the BN rows
   std::vector<int> workers;                       // W of the BN rows
   std::vector<int> shard_counts = {1, 2};
+  // Which systems are measured (--systems); a skipped one's cells say so.
+  bool bnps = true, gloo = true, echo = true, star = true;
   // By MB: about 2 s of each system per row. With a quarter of these (and
   // cells the median of so few reps) a row's ratio moved by 0.3 between runs.
   std::map<int, int> push_pull_reps = {{1, 160}, {16, 60}, {64, 36}};
@@ -150,6 +154,9 @@ struct Latency {
   double p99_us = 0;
   int samples = 0;  // per worker (the fewest)
 };
+
+// The result of a system left out by --systems.
+absl::Status Skipped() { return absl::CancelledError("not in --systems"); }
 
 double MicrosSince(Clock::time_point t0) {
   return std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
@@ -1034,23 +1041,25 @@ std::vector<ThroughputRow> MeasureThroughput(int shards, const Settings& s) {
       row.bnps = init;
       continue;
     }
-    std::vector<std::function<absl::Status(int)>> systems = {
-        [&](int step) -> absl::Status {
-          if (absl::Status st = (*client)->PushGradients(step, 1, shared);
-              !st.ok()) {
-            return st;
-          }
-          // Into the same buffers each rep, as the echo's reader reuses its
-          // message.
-          return (*client)->PullParametersInto(step + 1, &pulled);
-        }};
-    if (absl::GetFlag(FLAGS_peers)) {
+    std::vector<std::function<absl::Status(int)>> systems;
+    if (s.bnps) {
+      systems.push_back([&](int step) -> absl::Status {
+        if (absl::Status st = (*client)->PushGradients(step, 1, shared);
+            !st.ok()) {
+          return st;
+        }
+        // Into the same buffers each rep, as the echo's reader reuses its
+        // message.
+        return (*client)->PullParametersInto(step + 1, &pulled);
+      });
+    }
+    if (s.echo) {
       systems.push_back([&](int) { return EchoPushPull(stubs, bytes); });
     }
     std::vector<absl::StatusOr<double>> got =
         Throughput(bytes, reps, budget, systems);
-    row.bnps = got[0];
-    row.echo = got.size() > 1 ? got[1] : absl::CancelledError("--peers=false");
+    row.bnps = s.bnps ? got.front() : Skipped();
+    row.echo = s.echo ? got.back() : Skipped();
   }
   return rows;
 }
@@ -1073,6 +1082,7 @@ std::string CpuModel() {
 class Notes {
  public:
   std::string Cell(const absl::Status& status) {
+    if (status == Skipped()) return "skipped";
     notes_.push_back(status.ToString());
     return absl::StrCat("fail[", notes_.size(), "]");
   }
@@ -1198,6 +1208,22 @@ int Main() {
                     &s.channels)) {
     return 2;
   }
+  s.bnps = s.gloo = s.echo = s.star = false;
+  for (const std::string& name : absl::GetFlag(FLAGS_systems)) {
+    bool* on = name == "bnps"   ? &s.bnps
+               : name == "gloo" ? &s.gloo
+               : name == "echo" ? &s.echo
+               : name == "star" ? &s.star
+                                : nullptr;
+    if (on == nullptr) {
+      absl::FPrintF(stderr,
+                    "ps_benchmark: --systems: '%s' is not bnps, gloo, echo or "
+                    "star\n",
+                    name);
+      return 2;
+    }
+    *on = true;
+  }
   s.reps = std::max(1, absl::GetFlag(FLAGS_reps));
   s.min_reps = std::clamp(absl::GetFlag(FLAGS_min_reps), 1, s.reps);
   s.row_time = absl::Seconds(std::max(0.0, absl::GetFlag(FLAGS_row_seconds)));
@@ -1279,21 +1305,22 @@ void MeasureLatency(WorkerPool& pool, const Settings& s) {
   using Rounds =
       std::map<std::pair<int, int>, std::vector<absl::StatusOr<Latency>>>;
   Rounds gloo, bnps, echo, star;
-  const bool peers = absl::GetFlag(FLAGS_peers);
-  const absl::Status no_peers = absl::CancelledError("--peers=false");
   absl::StatusOr<std::unique_ptr<EchoServer>> echo_server =
-      peers ? EchoServer::Start() : no_peers;
+      s.echo || s.star ? EchoServer::Start() : Skipped();
   for (int round = 0; round < s.rounds; ++round) {
     for (int c : s.channels) {
       for (int w : s.workers) {
         const std::pair<int, int> key(c, w);
-        bnps[key].push_back(BnpsLatency(pool, c, w, s));
-        gloo[key].push_back(peers ? GlooLatency(pool, c, w, s) : no_peers);
+        bnps[key].push_back(s.bnps ? BnpsLatency(pool, c, w, s) : Skipped());
+        gloo[key].push_back(s.gloo ? GlooLatency(pool, c, w, s) : Skipped());
         for (const bool gather : {false, true}) {
-          (gather ? star : echo)[key].push_back(
-              echo_server.ok()
-                  ? EchoLatency(pool, **echo_server, c, w, gather, s)
-                  : echo_server.status());
+          absl::StatusOr<Latency> l = Skipped();
+          if ((gather ? s.star : s.echo) && echo_server.ok()) {
+            l = EchoLatency(pool, **echo_server, c, w, gather, s);
+          } else if (gather ? s.star : s.echo) {
+            l = echo_server.status();
+          }
+          (gather ? star : echo)[key].push_back(std::move(l));
         }
       }
     }
