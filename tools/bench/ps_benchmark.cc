@@ -507,8 +507,8 @@ class CallPlan {
 
 // --- gloo
 
-// Rank job.rank of job.workers: rendezvous through job.dir, time warmup +
-// reps ring allreduces of 2 * channels doubles.
+// Rank job.rank of job.workers: rendezvous through job.dir, time ring
+// allreduces of 2 * channels doubles as the CallPlan says.
 absl::StatusOr<std::vector<double>> GlooWorker(const Job& job,
                                                RowControl* control) {
   try {
@@ -1037,7 +1037,9 @@ std::vector<ThroughputRow> MeasureThroughput(int shards, const Settings& s) {
     // Sent without a copy (the trainer's way); unchanged between reps.
     auto shared =
         std::make_shared<const std::map<std::string, worker::Param>>(grads);
-    if (absl::Status init = (*client)->InitParameters(grads); !init.ok()) {
+    if (absl::Status init =
+            s.bnps ? (*client)->InitParameters(grads) : absl::OkStatus();
+        !init.ok()) {
       row.bnps = init;
       continue;
     }
