@@ -127,21 +127,26 @@ class CpuBnKernels final : public BnKernels {
     // Plane by plane, images in order: each plane's moments are merged into its
     // channel with Chan's formula (all planes have `len` samples). Channels
     // are independent, so threads split them.
+    // The merge weights of image i depend on i alone: computed once, not per
+    // plane.
+    std::vector<double> wb(n), cross(n);
+    for (int64_t i = 0; i < n; ++i) {
+      const double na = static_cast<double>(i * len);
+      const double n_total = na + static_cast<double>(len);
+      wb[i] = static_cast<double>(len) / n_total;
+      cross[i] = na * static_cast<double>(len) / n_total;
+    }
     double* mean = out.mean.data();
     double* m2 = out.m2.data();
 #pragma omp parallel for schedule(static) \
     if (shape.Elements() > kParallelThreshold)
     for (int64_t ch = 0; ch < c; ++ch) {
       for (int64_t i = 0; i < n; ++i) {
-        const double na = static_cast<double>(i * len);
-        const double n_total = na + static_cast<double>(len);
-        const double wb = static_cast<double>(len) / n_total;
-        const double cross = na * static_cast<double>(len) / n_total;
         double pm, pm2;
         PlaneMoments(x + (i * c + ch) * len, len, &pm, &pm2);
         const double delta = pm - mean[ch];
-        mean[ch] += delta * wb;
-        m2[ch] += pm2 + delta * delta * cross;
+        mean[ch] += delta * wb[i];
+        m2[ch] += pm2 + delta * delta * cross[i];
       }
     }
     out.count = shape.PerChannel();

@@ -2,7 +2,6 @@
 
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"

@@ -58,8 +58,6 @@ class ChunkedMessageBuilder {
                 const std::shared_ptr<const void>& owner);
 
   int num_chunks() const { return num_chunks_; }
-  // Bytes of the message so far.
-  int64_t bytes() const { return bytes_; }
 
   // The message; the builder starts over with the same head.
   grpc::ByteBuffer Build();
@@ -120,7 +118,6 @@ class TensorReader {
 
  private:
   struct Chunk;
-  absl::Status AddChunk(const Chunk& chunk);
 
   Destination destination_;
   Complete complete_;
