@@ -1085,9 +1085,12 @@ absl::StatusOr<proto::BnResponse> PsClient::BnCall(proto::BnRequest request) {
         request.ByteSizeLong(), " bytes, more than ", proto::kMaxMessageBytes));
   }
   const int shard = proto::ShardForKey(request.layer(), num_shards());
-  const std::string context = absl::StrCat(
-      proto::BnPhase_Name(request.phase()), " of layer '", request.layer(),
-      "' at step ", request.step(), " on ", ShardName(shard));
+  // Only a failed call names itself: not formatted on every call.
+  auto context = [&] {
+    return absl::StrCat(proto::BnPhase_Name(request.phase()), " of layer '",
+                        request.layer(), "' at step ", request.step(), " on ",
+                        ShardName(shard));
+  };
   const absl::Time deadline = absl::Now() + CallTimeout();
   for (int attempt = 0;; ++attempt) {
     std::shared_ptr<BnStream> stream = GetStream(shard);
@@ -1102,17 +1105,17 @@ absl::StatusOr<proto::BnResponse> PsClient::BnCall(proto::BnRequest request) {
           continue;
         }
       }
-      return Annotate(out.status, context);
+      return Annotate(out.status, context());
     }
     const int code = out.response.code();
     if (code == 0) return std::move(out.response);
     if (code < 0 ||
         code > static_cast<int>(absl::StatusCode::kUnauthenticated)) {
-      return absl::UnknownError(
-          absl::StrCat(context, ": code ", code, ": ", out.response.message()));
+      return absl::UnknownError(absl::StrCat(context(), ": code ", code, ": ",
+                                             out.response.message()));
     }
     return absl::Status(static_cast<absl::StatusCode>(code),
-                        absl::StrCat(context, ": ", out.response.message()));
+                        absl::StrCat(context(), ": ", out.response.message()));
   }
 }
 
