@@ -165,11 +165,14 @@ absl::Status UpdateRunningStats(const Moments& batch, double momentum,
         batch.mean.size()));
   }
   if (batch.count == 0) return absl::OkStatus();
-  absl::StatusOr<std::vector<double>> var = UnbiasedVariance(batch);
-  if (!var.ok()) return var.status();
+  if (batch.count < 2) return UnbiasedVariance(batch).status();
+  // The unbiased variance channel by channel, as UnbiasedVariance computes
+  // it (the same bits), without a vector of it.
+  const double n1 = static_cast<double>(batch.count - 1);
   for (size_t c = 0; c < stats->mean.size(); ++c) {
     stats->mean[c] = (1.0 - momentum) * stats->mean[c] + momentum * batch.mean[c];
-    stats->var[c] = (1.0 - momentum) * stats->var[c] + momentum * (*var)[c];
+    stats->var[c] =
+        (1.0 - momentum) * stats->var[c] + momentum * (batch.m2[c] / n1);
   }
   return absl::OkStatus();
 }

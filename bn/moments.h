@@ -52,8 +52,10 @@ struct Moments {
 // before they are merged.
 absl::Status ValidateMoments(const Moments& m);
 
-// Merges `part` into `*acc` (Chan's formula, in double).
-// REQUIRES: both valid, same number of channels.
+// Merges `part` into `*acc` (Chan's formula, in double). An `*acc` with count
+// 0 becomes a copy of `part`, so it may start as Moments{}.
+// REQUIRES: `part` valid; `*acc` valid or with count 0; the same number of
+// channels when both counts are positive.
 void MergeInto(const Moments& part, Moments* acc);
 
 // Merges `parts` in the order given. INVALID_ARGUMENT if `parts` is empty, a part

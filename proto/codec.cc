@@ -48,23 +48,56 @@ absl::StatusOr<std::vector<T>> DecodeAs(const Tensor& t, DType want,
   return out;
 }
 
-// A per-channel float64 tensor [want_size] (any size if want_size < 0), its
-// values not yet checked.
-absl::StatusOr<std::vector<double>> DecodeChannels(const Tensor& t,
-                                                   int64_t want_size) {
-  if (t.shape_size() != 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "per-channel tensor must be 1-D, got shape ", ShapeString(t.shape())));
+WireChannels ToWire(const Tensor& t) {
+  WireChannels w;
+  w.dtype = t.dtype();
+  w.shape.assign(t.shape().begin(), t.shape().end());
+  w.bytes = static_cast<int64_t>(t.data().size());
+  if (w.bytes % sizeof(double) == 0) {
+    w.values.resize(w.bytes / sizeof(double));
+    if (w.bytes > 0) std::memcpy(w.values.data(), t.data().data(), w.bytes);
   }
-  if (want_size >= 0 && t.shape(0) != want_size) {
+  return w;
+}
+
+// The values of a per-channel float64 tensor [want_size] (any size if
+// want_size < 0), moved out of `t`, not yet checked for finiteness.
+absl::StatusOr<std::vector<double>> TakeChannels(WireChannels& t,
+                                                 int64_t want_size) {
+  if (t.shape.size() != 1) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "per-channel tensor has ", t.shape(0), " channels, expected ", want_size));
+        "per-channel tensor must be 1-D, got shape ", ShapeString(t.shape)));
   }
-  if (t.shape(0) > kMaxChannels) {
+  if (want_size >= 0 && t.shape[0] != want_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "per-channel tensor has ", t.shape[0], " channels, expected ", want_size));
+  }
+  if (t.shape[0] > kMaxChannels) {
     return absl::InvalidArgumentError(
         absl::StrCat("per-channel tensor has more than ", kMaxChannels, " channels"));
   }
-  return DecodeAs<double>(t, DTYPE_FLOAT64, "DTYPE_FLOAT64");
+  if (t.dtype != DTYPE_FLOAT64) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor dtype is ", DType_Name(static_cast<DType>(t.dtype)),
+                     ", expected DTYPE_FLOAT64"));
+  }
+  absl::StatusOr<int64_t> n = NumElements(t.shape);
+  if (!n.ok()) return n.status();
+  if (t.bytes != *n * static_cast<int64_t>(sizeof(double))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor of shape ", ShapeString(t.shape), " needs ",
+                     *n * sizeof(double), " bytes, got ", t.bytes));
+  }
+  return std::move(t.values);
+}
+
+// TakeChannels, and every value finite.
+absl::StatusOr<std::vector<double>> TakeFinite(WireChannels& t,
+                                               int64_t want_size) {
+  absl::StatusOr<std::vector<double>> out = TakeChannels(t, want_size);
+  if (!out.ok()) return out.status();
+  if (absl::Status s = CheckFinite(*out); !s.ok()) return s;
+  return out;
 }
 
 }  // namespace
@@ -120,10 +153,8 @@ absl::StatusOr<std::vector<float>> DecodeFloat32(
 
 absl::StatusOr<std::vector<double>> DecodeFloat64(const Tensor& t,
                                                   int64_t want_size) {
-  absl::StatusOr<std::vector<double>> out = DecodeChannels(t, want_size);
-  if (!out.ok()) return out.status();
-  if (absl::Status s = CheckFinite(*out); !s.ok()) return s;
-  return out;
+  WireChannels w = ToWire(t);
+  return TakeFinite(w, want_size);
 }
 
 void EncodeMoments(const bn::Moments& m, BnMoments* out) {
@@ -133,13 +164,18 @@ void EncodeMoments(const bn::Moments& m, BnMoments* out) {
 }
 
 absl::StatusOr<bn::Moments> DecodeMoments(const BnMoments& m, int64_t channels) {
+  return DecodeMoments(WireMoments{m.count(), ToWire(m.mean()), ToWire(m.m2())},
+                       channels);
+}
+
+absl::StatusOr<bn::Moments> DecodeMoments(WireMoments m, int64_t channels) {
   bn::Moments out;
-  out.count = m.count();
+  out.count = m.count;
   // ValidateMoments checks the values (finite, M2 not negative) in one pass
   // per array and names the channel, so the decode does not check them first.
-  absl::StatusOr<std::vector<double>> mean = DecodeChannels(m.mean(), channels);
+  absl::StatusOr<std::vector<double>> mean = TakeChannels(m.mean, channels);
   if (!mean.ok()) return mean.status();
-  absl::StatusOr<std::vector<double>> m2 = DecodeChannels(m.m2(), mean->size());
+  absl::StatusOr<std::vector<double>> m2 = TakeChannels(m.m2, mean->size());
   if (!m2.ok()) return m2.status();
   out.mean = *std::move(mean);
   out.m2 = *std::move(m2);
@@ -153,10 +189,14 @@ void EncodeSums(const bn::BackwardSums& s, BnSums* out) {
 }
 
 absl::StatusOr<bn::BackwardSums> DecodeSums(const BnSums& s, int64_t channels) {
-  absl::StatusOr<std::vector<double>> dy = DecodeFloat64(s.sum_dy(), channels);
+  return DecodeSums(WireSums{ToWire(s.sum_dy()), ToWire(s.sum_dy_xhat())},
+                    channels);
+}
+
+absl::StatusOr<bn::BackwardSums> DecodeSums(WireSums s, int64_t channels) {
+  absl::StatusOr<std::vector<double>> dy = TakeFinite(s.sum_dy, channels);
   if (!dy.ok()) return dy.status();
-  absl::StatusOr<std::vector<double>> dyx =
-      DecodeFloat64(s.sum_dy_xhat(), dy->size());
+  absl::StatusOr<std::vector<double>> dyx = TakeFinite(s.sum_dy_xhat, dy->size());
   if (!dyx.ok()) return dyx.status();
   if (dy->empty()) return absl::InvalidArgumentError("backward sums are empty");
   return bn::BackwardSums{*std::move(dy), *std::move(dyx)};
@@ -169,9 +209,13 @@ void EncodeRunning(const bn::RunningStats& r, BnRunningStats* out) {
 
 absl::StatusOr<bn::RunningStats> DecodeRunning(const BnRunningStats& r,
                                                int64_t channels) {
-  absl::StatusOr<std::vector<double>> mean = DecodeFloat64(r.mean(), channels);
+  return DecodeRunning(WireRunning{ToWire(r.mean()), ToWire(r.var())}, channels);
+}
+
+absl::StatusOr<bn::RunningStats> DecodeRunning(WireRunning r, int64_t channels) {
+  absl::StatusOr<std::vector<double>> mean = TakeFinite(r.mean, channels);
   if (!mean.ok()) return mean.status();
-  absl::StatusOr<std::vector<double>> var = DecodeFloat64(r.var(), mean->size());
+  absl::StatusOr<std::vector<double>> var = TakeFinite(r.var, mean->size());
   if (!var.ok()) return var.status();
   if (mean->empty()) return absl::InvalidArgumentError("running stats are empty");
   for (double v : *var) {

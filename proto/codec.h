@@ -37,17 +37,45 @@ absl::StatusOr<std::vector<float>> DecodeFloat32(
 absl::StatusOr<std::vector<double>> DecodeFloat64(const Tensor& t,
                                                   int64_t want_size = -1);
 
+// A per-channel float64 tensor as it arrived, before any check: its dtype,
+// its shape, and its data's size in `bytes`, with the data itself in `values`
+// when that size is a multiple of 8 (else `values` is empty).
+// proto/bn_wire.h fills these straight from gRPC's buffers; the decoders of
+// generated messages below copy into them, so both paths check alike.
+struct WireChannels {
+  int dtype = 0;
+  std::vector<int64_t> shape;
+  int64_t bytes = 0;
+  std::vector<double> values;
+};
+// BnMoments, BnSums and BnRunningStats as they arrived. An absent message is
+// all defaults, as protobuf reads it.
+struct WireMoments {
+  int64_t count = 0;
+  WireChannels mean, m2;
+};
+struct WireSums {
+  WireChannels sum_dy, sum_dy_xhat;
+};
+struct WireRunning {
+  WireChannels mean, var;
+};
+
 void EncodeMoments(const bn::Moments& m, BnMoments* out);
 // Validated with bn::ValidateMoments; `channels` < 0 accepts any count.
 absl::StatusOr<bn::Moments> DecodeMoments(const BnMoments& m,
                                           int64_t channels = -1);
+absl::StatusOr<bn::Moments> DecodeMoments(WireMoments m, int64_t channels = -1);
 
 void EncodeSums(const bn::BackwardSums& s, BnSums* out);
 absl::StatusOr<bn::BackwardSums> DecodeSums(const BnSums& s,
                                             int64_t channels = -1);
+absl::StatusOr<bn::BackwardSums> DecodeSums(WireSums s, int64_t channels = -1);
 
 void EncodeRunning(const bn::RunningStats& r, BnRunningStats* out);
 absl::StatusOr<bn::RunningStats> DecodeRunning(const BnRunningStats& r,
+                                               int64_t channels = -1);
+absl::StatusOr<bn::RunningStats> DecodeRunning(WireRunning r,
                                                int64_t channels = -1);
 
 // Number of elements of `shape`; INVALID_ARGUMENT for negative dimensions or

@@ -15,6 +15,7 @@
 #include "proto/bnps.pb.h"
 #include "proto/codec.h"
 #include "proto/limits.h"
+#include "proto/wire_fields.h"
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
               "bnps sends tensors as little-endian bytes with memcpy");
@@ -24,6 +25,11 @@ namespace {
 
 using google::protobuf::io::CodedInputStream;
 using google::protobuf::internal::WireFormatLite;
+using wire::AppendLengthPrefix;
+using wire::IsLengthDelimited;
+using wire::IsVarint;
+using wire::Malformed;
+using wire::ReadInt64s;
 
 // Field numbers of TensorChunk and Tensor (proto/bnps.proto).
 constexpr int kChunkKey = 1;
@@ -34,60 +40,9 @@ constexpr int kTensorDtype = 1;
 constexpr int kTensorShape = 2;
 constexpr int kTensorData = 3;
 
-void AppendVarint(uint64_t v, std::string* out) {
-  while (v >= 0x80) {
-    out->push_back(static_cast<char>(v | 0x80));
-    v >>= 7;
-  }
-  out->push_back(static_cast<char>(v));
-}
-
-// The tag and length prefix of a length-delimited field of `len` bytes.
-void AppendLengthPrefix(int field, uint64_t len, std::string* out) {
-  AppendVarint(WireFormatLite::MakeTag(
-                   field, WireFormatLite::WIRETYPE_LENGTH_DELIMITED),
-               out);
-  AppendVarint(len, out);
-}
-
 // Releases the owner of a shared payload when gRPC drops the slice.
 void ReleaseOwner(void* owner) {
   delete static_cast<std::shared_ptr<const void>*>(owner);
-}
-
-absl::Status Malformed(absl::string_view what) {
-  return absl::InvalidArgumentError(absl::StrCat("malformed message: ", what));
-}
-
-// Reads a repeated int64 field, packed or not, appending to `out`.
-bool ReadInt64s(CodedInputStream* in, uint32_t tag, std::vector<int64_t>* out) {
-  const auto type = WireFormatLite::GetTagWireType(tag);
-  if (type == WireFormatLite::WIRETYPE_VARINT) {
-    uint64_t v;
-    if (!in->ReadVarint64(&v)) return false;
-    out->push_back(static_cast<int64_t>(v));
-    return true;
-  }
-  if (type != WireFormatLite::WIRETYPE_LENGTH_DELIMITED) return false;
-  int len;
-  if (!in->ReadVarintSizeAsInt(&len)) return false;
-  const CodedInputStream::Limit limit = in->PushLimit(len);
-  while (in->BytesUntilLimit() > 0) {
-    uint64_t v;
-    if (!in->ReadVarint64(&v)) return false;
-    out->push_back(static_cast<int64_t>(v));
-  }
-  in->PopLimit(limit);
-  return true;
-}
-
-bool IsLengthDelimited(uint32_t tag) {
-  return WireFormatLite::GetTagWireType(tag) ==
-         WireFormatLite::WIRETYPE_LENGTH_DELIMITED;
-}
-
-bool IsVarint(uint32_t tag) {
-  return WireFormatLite::GetTagWireType(tag) == WireFormatLite::WIRETYPE_VARINT;
 }
 
 }  // namespace
@@ -313,7 +268,7 @@ absl::Status TensorReader::Read(const grpc::ByteBuffer& message,
         return Malformed("chunk part field");
       }
     }
-    if (!in.ConsumedEntireMessage()) return Malformed("chunk part");
+    if (!wire::EndedAtLimit(in)) return Malformed("chunk part");
     in.PopLimit(limit);
     return absl::OkStatus();
   };
@@ -353,7 +308,7 @@ absl::Status TensorReader::Read(const grpc::ByteBuffer& message,
         return Malformed("chunk field");
       }
     }
-    if (!in.ConsumedEntireMessage()) return Malformed("chunk");
+    if (!wire::EndedAtLimit(in)) return Malformed("chunk");
     in.PopLimit(limit);
     // Protobuf leaves out an empty payload.
     if (!c.payload_read) return payload(c, 0);

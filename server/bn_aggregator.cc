@@ -256,9 +256,13 @@ absl::StatusOr<BnAggregator::Reply> BnAggregator::Finish(const BarrierKey& key,
   for (const auto& c : b.by_worker) reply.contributors += c.has_value();
   switch (phase) {
     case Phase::kForward: {
-      reply.moments = bn::Moments::Empty(layer.channels);
+      // Merged into nothing, the first part is copied (Empty's zeros would be
+      // overwritten); Empty only if every part was.
       for (const auto& c : b.by_worker) {  // worker order: deterministic
         if (c.has_value()) bn::MergeInto(c->moments, &reply.moments);
+      }
+      if (reply.moments.count == 0) {
+        reply.moments = bn::Moments::Empty(layer.channels);
       }
       if (!layer.running.has_value()) {
         layer.running = bn::RunningStats::Initial(layer.channels);

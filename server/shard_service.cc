@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "proto/bn_wire.h"
 #include "proto/codec.h"
 #include "proto/limits.h"
 #include "proto/tensor_wire.h"
@@ -244,17 +245,26 @@ class PullReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
 
 // One worker's long-lived BN stream. Requests are dispatched as they arrive;
 // answers come back through callbacks (maybe on other threads) and are written
-// in the order they become ready, one write at a time.
+// in the order they become ready, one write at a time. Messages are framed by
+// proto/bn_wire, so statistics are copied once each way. Bytes that are not a
+// BnRequest end the stream with INVALID_ARGUMENT once the answers to the
+// requests before them are written.
 class BnReactor
-    : public grpc::ServerBidiReactor<proto::BnRequest, proto::BnResponse> {
+    : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   explicit BnReactor(Shard* shard) : shard_(shard) { StartRead(&req_); }
 
   void OnReadDone(bool ok) override {
-    if (!ok) {
+    absl::Status malformed;
+    if (ok) malformed = proto::ParseBn(req_, proto::kBnRequestStats, &head_, &stats_);
+    if (!ok || !malformed.ok()) {
+      if (!malformed.ok()) {
+        LogRejected(*shard_, "BnSync", head_.worker(), malformed);
+      }
       {
         absl::MutexLock lock(&mu_);
         reads_done_ = true;
+        end_ = proto::ToGrpcStatus(malformed);
       }
       MaybeFinish();
       return;
@@ -266,15 +276,15 @@ class BnReactor
     // Answer first, then read on: a pending read makes gRPC announce the
     // window the request used at once, and the answer should not queue
     // behind that announcement.
-    // Dispatch copies what it keeps, so req_ and its buffers serve the next
-    // read too (Clear keeps their memory).
-    Dispatch(req_);
+    // Dispatch takes what it keeps from stats_, so head_ and req_ serve the
+    // next read too.
+    Dispatch(head_, stats_);
     req_.Clear();
     StartRead(&req_);
   }
 
   void OnWriteDone(bool ok) override {
-    const proto::BnResponse* next = nullptr;
+    const grpc::ByteBuffer* next = nullptr;
     {
       absl::MutexLock lock(&mu_);
       queue_.pop_front();
@@ -298,7 +308,7 @@ class BnReactor
   void OnDone() override { delete this; }
 
  private:
-  void Dispatch(const proto::BnRequest& req) {
+  void Dispatch(const proto::BnRequest& req, proto::BnStatsIn& stats) {
     const uint64_t id = req.id();
     const int worker = req.worker();
     // A forward answer carries the running stats only on request (they
@@ -307,21 +317,22 @@ class BnReactor
         req.phase() != proto::BN_FORWARD || req.want_running();
     auto reply = [this, id, worker,
                   send_running](const absl::StatusOr<BnAggregator::Reply>& r) {
-      proto::BnResponse resp;
-      resp.set_id(id);
+      proto::BnResponse head;
+      head.set_id(id);
+      proto::BnStatsOut out;
       if (!r.ok()) {
         LogRejected(*shard_, "BnSync", worker, r.status());
-        resp.set_code(static_cast<int>(r.status().code()));
-        resp.set_message(std::string(r.status().message()));
+        head.set_code(static_cast<int>(r.status().code()));
+        head.set_message(std::string(r.status().message()));
       } else {
-        resp.set_contributors(r->contributors);
-        if (!r->moments.mean.empty()) proto::EncodeMoments(r->moments, resp.mutable_moments());
-        if (!r->sums.sum_dy.empty()) proto::EncodeSums(r->sums, resp.mutable_sums());
-        if (send_running && r->running.has_value()) {
-          proto::EncodeRunning(*r->running, resp.mutable_running());
-        }
+        head.set_contributors(r->contributors);
+        if (!r->moments.mean.empty()) out.moments = &r->moments;
+        if (!r->sums.sum_dy.empty()) out.sums = &r->sums;
+        if (send_running && r->running.has_value()) out.running = &*r->running;
       }
-      Send(std::move(resp));
+      const grpc::Slice message =
+          proto::FrameBn(head, proto::kBnResponseStats, out);
+      Send(grpc::ByteBuffer(&message, 1));
     };
     absl::Status s = shard_->CheckCaller(req.job(), worker);
     if (s.ok()) s = shard_->CheckOwned(req.layer());
@@ -334,7 +345,8 @@ class BnReactor
     switch (req.phase()) {
       case proto::BN_FORWARD:
       case proto::BN_RECAL: {
-        absl::StatusOr<bn::Moments> m = proto::DecodeMoments(req.moments());
+        absl::StatusOr<bn::Moments> m =
+            proto::DecodeMoments(std::move(stats.moments));
         if (!m.ok()) return reply(m.status());
         if (req.phase() == proto::BN_FORWARD) {
           return bn.Forward(worker, req.step(), req.layer(), *std::move(m),
@@ -343,7 +355,8 @@ class BnReactor
         return bn.Recal(worker, req.step(), req.layer(), *std::move(m), reply);
       }
       case proto::BN_BACKWARD: {
-        absl::StatusOr<bn::BackwardSums> sums = proto::DecodeSums(req.sums());
+        absl::StatusOr<bn::BackwardSums> sums =
+            proto::DecodeSums(std::move(stats.sums));
         if (!sums.ok()) return reply(sums.status());
         return bn.Backward(worker, req.step(), req.layer(), *std::move(sums),
                            deadline, reply);
@@ -351,7 +364,8 @@ class BnReactor
       case proto::BN_RECAL_FINISH:
         return bn.RecalFinish(worker, req.layer(), deadline, reply);
       case proto::BN_LOCAL_RUNNING: {
-        absl::StatusOr<bn::RunningStats> r = proto::DecodeRunning(req.running());
+        absl::StatusOr<bn::RunningStats> r =
+            proto::DecodeRunning(std::move(stats.running));
         if (!r.ok()) return reply(r.status());
         return bn.LocalRunning(worker, req.layer(), *std::move(r), deadline, reply);
       }
@@ -372,8 +386,8 @@ class BnReactor
   }
 
   // Queues an answer; starts writing if no write is in flight.
-  void Send(proto::BnResponse resp) {
-    const proto::BnResponse* start = nullptr;
+  void Send(grpc::ByteBuffer resp) {
+    const grpc::ByteBuffer* start = nullptr;
     {
       absl::MutexLock lock(&mu_);
       --outstanding_;
@@ -394,24 +408,30 @@ class BnReactor
 
   // Finishes once the client stopped sending and every answer went out.
   void MaybeFinish() {
+    grpc::Status end;
     {
       absl::MutexLock lock(&mu_);
       if (!reads_done_ || outstanding_ > 0 || writing_ || finished_) return;
       finished_ = true;
+      end = end_;
     }
-    Finish(grpc::Status::OK);
+    Finish(end);
   }
 
   Shard* const shard_;
-  proto::BnRequest req_;  // touched only by the read path
+  // Touched only by the read path.
+  grpc::ByteBuffer req_;
+  proto::BnRequest head_;
+  proto::BnStatsIn stats_;
 
   absl::Mutex mu_;
-  std::deque<proto::BnResponse> queue_ ABSL_GUARDED_BY(mu_);
+  std::deque<grpc::ByteBuffer> queue_ ABSL_GUARDED_BY(mu_);
   int outstanding_ ABSL_GUARDED_BY(mu_) = 0;
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
   bool broken_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  grpc::Status end_ ABSL_GUARDED_BY(mu_);  // how the stream ends
 };
 
 }  // namespace
@@ -508,7 +528,7 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* ShardService::PullParameters(
   return new PullReactor(shard_, ctx, req);
 }
 
-grpc::ServerBidiReactor<proto::BnRequest, proto::BnResponse>* ShardService::BnSync(
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* ShardService::BnSync(
     grpc::CallbackServerContext* ctx) {
   return new BnReactor(shard_);
 }

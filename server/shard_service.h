@@ -18,12 +18,22 @@ namespace bnps::server {
 // The job as the wire describes it.
 proto::JobConfig ToJobConfig(const ShardOptions& options);
 
-// The bulk methods (PushGradients, PullParameters) are raw: their messages are
-// framed by proto/tensor_wire, so tensors are not copied through protobuf.
-class ShardService final
-    : public proto::ParameterServer::WithRawCallbackMethod_PushGradients<
-          proto::ParameterServer::WithRawCallbackMethod_PullParameters<
-              proto::ParameterServer::CallbackService>> {
+// Every method uses the callback API. The bulk methods (PushGradients,
+// PullParameters) and the BN stream are raw: their messages are framed by
+// proto/tensor_wire and proto/bn_wire, so tensors and statistics are not
+// copied through protobuf.
+using ShardServiceBase = proto::ParameterServer::WithCallbackMethod_Register<
+    proto::ParameterServer::WithCallbackMethod_Heartbeat<
+        proto::ParameterServer::WithCallbackMethod_InitParameters<
+            proto::ParameterServer::WithRawCallbackMethod_PushGradients<
+                proto::ParameterServer::WithRawCallbackMethod_PullParameters<
+                    proto::ParameterServer::WithRawCallbackMethod_BnSync<
+                        proto::ParameterServer::WithCallbackMethod_StartStep<
+                            proto::ParameterServer::WithCallbackMethod_FinishStep<
+                                proto::ParameterServer::WithCallbackMethod_GetStatus<
+                                    proto::ParameterServer::Service>>>>>>>>>;
+
+class ShardService final : public ShardServiceBase {
  public:
   explicit ShardService(Shard* shard) : shard_(shard) {}  // not owned
 
@@ -40,7 +50,7 @@ class ShardService final
       grpc::CallbackServerContext* ctx, grpc::ByteBuffer* resp) override;
   grpc::ServerWriteReactor<grpc::ByteBuffer>* PullParameters(
       grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req) override;
-  grpc::ServerBidiReactor<proto::BnRequest, proto::BnResponse>* BnSync(
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* BnSync(
       grpc::CallbackServerContext* ctx) override;
   grpc::ServerUnaryReactor* StartStep(grpc::CallbackServerContext* ctx,
                                       const proto::StartStepRequest* req,

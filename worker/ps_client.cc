@@ -15,10 +15,12 @@
 #include "grpc/support/time.h"
 #include "grpcpp/completion_queue.h"
 #include "grpcpp/create_channel.h"
+#include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/support/channel_arguments.h"
 #include "grpcpp/impl/codegen/proto_utils.h"
 #include "grpcpp/support/async_stream.h"
 #include "grpcpp/support/sync_stream.h"
+#include "proto/bn_wire.h"
 #include "proto/codec.h"
 #include "proto/limits.h"
 #include "proto/sharding.h"
@@ -39,6 +41,7 @@ constexpr size_t kInitMessageBytes = proto::kMaxMessageBytes - 4096;
 // The bulk methods' full names, for raw calls (proto/bnps.proto).
 constexpr char kPushMethod[] = "/bnps.proto.ParameterServer/PushGradients";
 constexpr char kPullMethod[] = "/bnps.proto.ParameterServer/PullParameters";
+constexpr char kBnMethod[] = "/bnps.proto.ParameterServer/BnSync";
 // Upper bound of the bytes a NamedTensor adds beyond its float
 // payload, key and shape (tags, lengths, dtype, offset).
 constexpr size_t kTensorOverheadBytes = 64;
@@ -187,15 +190,15 @@ class PsClient::BnStream {
     absl::Status status;
     // The stream broke under the call: repeating it on a fresh stream is safe.
     bool retry = false;
-    proto::BnResponse response;
+    grpc::ByteBuffer response;  // a BnResponse, framed as proto/bn_wire reads
   };
 
-  explicit BnStream(proto::ParameterServer::Stub* stub) {
+  explicit BnStream(const std::shared_ptr<grpc::Channel>& channel) {
     // Corked: opening never blocks (the metadata goes out with the first
     // write, which the watchdog bounds). While the metadata is corked,
     // StartCall posts no event of its own: the first write carries it.
     context_.set_initial_metadata_corked(true);
-    stream_ = stub->PrepareAsyncBnSync(&context_, &cq_);
+    stream_ = grpc::GenericStub(channel).PrepareCall(&context_, kBnMethod, &cq_);
     stream_->StartCall(TagOf(Tag::kStart));
     stream_->Read(&incoming_, TagOf(Tag::kRead));
   }
@@ -220,11 +223,11 @@ class PsClient::BnStream {
     }
   }
 
-  // Writes `request` and waits until its response arrives or `deadline`.
-  Outcome Call(const proto::BnRequest& request, absl::Time deadline)
-      ABSL_LOCKS_EXCLUDED(mu_) {
+  // Writes `request` (a BnRequest whose id is `id`) and waits until its
+  // response arrives or `deadline`.
+  Outcome Call(const grpc::ByteBuffer& request, uint64_t id,
+               absl::Time deadline) ABSL_LOCKS_EXCLUDED(mu_) {
     PendingCall call;
-    const uint64_t id = request.id();
     absl::MutexLock lock(&mu_);
     if (!Drive(absl::Condition(this, &BnStream::CanWrite), deadline)) {
       return {absl::DeadlineExceededError(
@@ -237,7 +240,7 @@ class PsClient::BnStream {
     writer_ = &call;
     write_deadline_ = deadline;
     mu_.Unlock();
-    stream_->Write(request, TagOf(Tag::kWrite));  // serializes `request` now
+    stream_->Write(request, TagOf(Tag::kWrite));  // takes its slices now
     mu_.Lock();
     // Armed after the write: the window update for the last answer then
     // leaves with this request instead of in a packet of its own.
@@ -334,7 +337,7 @@ class PsClient::BnStream {
     bool written = false;     // and the write succeeded
     absl::Status status;
     bool retry = false;
-    proto::BnResponse response;
+    grpc::ByteBuffer response;
 
     bool Over() const { return done && write_done; }
   };
@@ -344,7 +347,8 @@ class PsClient::BnStream {
   struct Event {
     Tag tag = Tag::kStart;
     bool ok = false;
-    proto::BnResponse response;  // kRead
+    uint64_t id = 0;             // kRead: the response's id
+    grpc::ByteBuffer response;   // kRead
     absl::Status end;            // kFinish
   };
 
@@ -421,8 +425,19 @@ class PsClient::BnStream {
     event->ok = ok;
     if (event->tag == Tag::kRead) {
       if (ok) {
-        event->response.Swap(&incoming_);  // Handle arms the next read
-      } else {
+        absl::StatusOr<uint64_t> id = proto::PeekBnId(incoming_);
+        if (id.ok()) {
+          event->id = *id;
+          event->response.Swap(&incoming_);  // Handle arms the next read
+        } else {
+          // Not a BnResponse: nothing more on this stream can be trusted.
+          // Handled as a failed read; the cancel reason ends the calls.
+          Cancel(absl::StrCat("the server sent a malformed BN response (",
+                              id.status().message(), ")"));
+          event->ok = false;
+        }
+      }
+      if (!event->ok) {
         // Nothing more to receive; the status ends the call.
         stream_->Finish(&finish_status_, TagOf(Tag::kFinish));
       }
@@ -442,7 +457,7 @@ class PsClient::BnStream {
           break;
         }
         read_armed_ = false;
-        auto it = pending_.find(event.response.id());
+        auto it = pending_.find(event.id);
         if (it != pending_.end()) {  // else its caller gave up
           PendingCall* call = it->second;
           pending_.erase(it);
@@ -524,11 +539,9 @@ class PsClient::BnStream {
   grpc::CompletionQueue cq_;
   // Declared before stream_, which refers to it and must be destroyed first.
   grpc::ClientContext context_;
-  std::unique_ptr<
-      grpc::ClientAsyncReaderWriter<proto::BnRequest, proto::BnResponse>>
-      stream_;
+  std::unique_ptr<grpc::GenericClientAsyncReaderWriter> stream_;
   // Filled by the armed read and Finish; used only by the token holder.
-  proto::BnResponse incoming_;
+  grpc::ByteBuffer incoming_;
   grpc::Status finish_status_;
 
   mutable absl::Mutex mu_;
@@ -1064,38 +1077,43 @@ std::shared_ptr<PsClient::BnStream> PsClient::GetStream(int shard) {
   std::shared_ptr<BnStream>& slot = streams_[shard];
   if (slot == nullptr || slot->broken()) {
     old = std::move(slot);
-    slot = std::make_shared<BnStream>(shards_[shard].stub.get());
+    slot = std::make_shared<BnStream>(shards_[shard].channel);
   }
   return slot;
 }
 
-absl::StatusOr<proto::BnResponse> PsClient::BnCall(proto::BnRequest request) {
-  if (absl::Status s = CheckKey(request.layer(), "BN layer"); !s.ok()) return s;
-  if (request.phase() == proto::BN_PHASE_UNSPECIFIED ||
-      !proto::BnPhase_IsValid(request.phase())) {
+absl::StatusOr<PsClient::BnAnswer> PsClient::BnCall(
+    proto::BnRequest head, const proto::BnStatsOut& stats) {
+  if (absl::Status s = CheckKey(head.layer(), "BN layer"); !s.ok()) return s;
+  if (head.phase() == proto::BN_PHASE_UNSPECIFIED ||
+      !proto::BnPhase_IsValid(head.phase())) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "BN request for layer '", request.layer(), "' has no valid phase"));
+        "BN request for layer '", head.layer(), "' has no valid phase"));
   }
-  request.set_job(options_.job);
-  request.set_worker(options_.worker);
-  request.set_id(~uint64_t{0});  // the largest encoding, for the size check
-  if (request.ByteSizeLong() > static_cast<size_t>(proto::kMaxMessageBytes)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "BN request for layer '", request.layer(), "' has ",
-        request.ByteSizeLong(), " bytes, more than ", proto::kMaxMessageBytes));
+  head.set_job(options_.job);
+  head.set_worker(options_.worker);
+  head.clear_id();  // each attempt puts its own in front
+  const grpc::Slice body = proto::FrameBn(head, proto::kBnRequestStats, stats);
+  const size_t bytes = body.size() + proto::FrameBnId(~uint64_t{0}).size();
+  if (bytes > static_cast<size_t>(proto::kMaxMessageBytes)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("BN request for layer '", head.layer(), "' has ", bytes,
+                     " bytes, more than ", proto::kMaxMessageBytes));
   }
-  const int shard = proto::ShardForKey(request.layer(), num_shards());
+  const int shard = proto::ShardForKey(head.layer(), num_shards());
   // Only a failed call names itself: not formatted on every call.
   auto context = [&] {
-    return absl::StrCat(proto::BnPhase_Name(request.phase()), " of layer '",
-                        request.layer(), "' at step ", request.step(), " on ",
+    return absl::StrCat(proto::BnPhase_Name(head.phase()), " of layer '",
+                        head.layer(), "' at step ", head.step(), " on ",
                         ShardName(shard));
   };
   const absl::Time deadline = absl::Now() + CallTimeout();
   for (int attempt = 0;; ++attempt) {
     std::shared_ptr<BnStream> stream = GetStream(shard);
-    request.set_id(next_bn_id_.fetch_add(1, std::memory_order_relaxed));
-    BnStream::Outcome out = stream->Call(request, deadline);
+    const uint64_t id = next_bn_id_.fetch_add(1, std::memory_order_relaxed);
+    const grpc::Slice message[] = {proto::FrameBnId(id), body};
+    BnStream::Outcome out =
+        stream->Call(grpc::ByteBuffer(message, 2), id, deadline);
     if (!out.status.ok()) {
       if (out.retry && attempt == 0) {
         const absl::Duration wait =
@@ -1107,15 +1125,21 @@ absl::StatusOr<proto::BnResponse> PsClient::BnCall(proto::BnRequest request) {
       }
       return Annotate(out.status, context());
     }
-    const int code = out.response.code();
-    if (code == 0) return std::move(out.response);
+    BnAnswer answer;
+    if (absl::Status s = proto::ParseBn(out.response, proto::kBnResponseStats,
+                                        &answer.head, &answer.stats);
+        !s.ok()) {
+      return Annotate(Malformed(ShardName(shard), s), context());
+    }
+    const int code = answer.head.code();
+    if (code == 0) return answer;
     if (code < 0 ||
         code > static_cast<int>(absl::StatusCode::kUnauthenticated)) {
       return absl::UnknownError(absl::StrCat(context(), ": code ", code, ": ",
-                                             out.response.message()));
+                                             answer.head.message()));
     }
     return absl::Status(static_cast<absl::StatusCode>(code),
-                        absl::StrCat(context(), ": ", out.response.message()));
+                        absl::StrCat(context(), ": ", answer.head.message()));
   }
 }
 
@@ -1129,41 +1153,43 @@ absl::StatusOr<BnForwardResult> PsClient::BnForward(const std::string& layer,
                                                     const bn::Moments& local,
                                                     bool want_running) {
   if (absl::Status s = bn::ValidateMoments(local); !s.ok()) return s;
-  proto::BnRequest request;
-  request.set_layer(layer);
-  request.set_step(step);
-  request.set_phase(proto::BN_FORWARD);
-  request.set_want_running(want_running);
-  proto::EncodeMoments(local, request.mutable_moments());
-  absl::StatusOr<proto::BnResponse> response = BnCall(std::move(request));
-  if (!response.ok()) return response.status();
+  proto::BnRequest head;
+  head.set_layer(layer);
+  head.set_step(step);
+  head.set_phase(proto::BN_FORWARD);
+  head.set_want_running(want_running);
+  proto::BnStatsOut stats;
+  stats.moments = &local;
+  absl::StatusOr<BnAnswer> answer = BnCall(std::move(head), stats);
+  if (!answer.ok()) return answer.status();
   BnForwardResult result;
   absl::StatusOr<bn::Moments> merged =
-      proto::DecodeMoments(response->moments(), local.channels());
+      proto::DecodeMoments(std::move(answer->stats.moments), local.channels());
   if (!merged.ok()) return MalformedBn(layer, merged.status());
   result.merged = *std::move(merged);
   if (want_running) {
-    absl::StatusOr<bn::RunningStats> running =
-        proto::DecodeRunning(response->running(), local.channels());
+    absl::StatusOr<bn::RunningStats> running = proto::DecodeRunning(
+        std::move(answer->stats.running), local.channels());
     if (!running.ok()) return MalformedBn(layer, running.status());
     result.running = *std::move(running);
   }
-  result.contributors = response->contributors();
+  result.contributors = answer->head.contributors();
   return result;
 }
 
 absl::StatusOr<bn::BackwardSums> PsClient::BnBackward(
     const std::string& layer, int64_t step, const bn::BackwardSums& local) {
   if (absl::Status s = CheckSums(local); !s.ok()) return s;
-  proto::BnRequest request;
-  request.set_layer(layer);
-  request.set_step(step);
-  request.set_phase(proto::BN_BACKWARD);
-  proto::EncodeSums(local, request.mutable_sums());
-  absl::StatusOr<proto::BnResponse> response = BnCall(std::move(request));
-  if (!response.ok()) return response.status();
+  proto::BnRequest head;
+  head.set_layer(layer);
+  head.set_step(step);
+  head.set_phase(proto::BN_BACKWARD);
+  proto::BnStatsOut stats;
+  stats.sums = &local;
+  absl::StatusOr<BnAnswer> answer = BnCall(std::move(head), stats);
+  if (!answer.ok()) return answer.status();
   absl::StatusOr<bn::BackwardSums> sums =
-      proto::DecodeSums(response->sums(), local.sum_dy.size());
+      proto::DecodeSums(std::move(answer->stats.sums), local.sum_dy.size());
   if (!sums.ok()) return MalformedBn(layer, sums.status());
   return sums;
 }
@@ -1171,30 +1197,32 @@ absl::StatusOr<bn::BackwardSums> PsClient::BnBackward(
 absl::Status PsClient::BnRecal(const std::string& layer, int64_t batch,
                                const bn::Moments& moments) {
   if (absl::Status s = bn::ValidateMoments(moments); !s.ok()) return s;
-  proto::BnRequest request;
-  request.set_layer(layer);
-  request.set_step(batch);
-  request.set_phase(proto::BN_RECAL);
-  proto::EncodeMoments(moments, request.mutable_moments());
-  return BnCall(std::move(request)).status();
+  proto::BnRequest head;
+  head.set_layer(layer);
+  head.set_step(batch);
+  head.set_phase(proto::BN_RECAL);
+  proto::BnStatsOut stats;
+  stats.moments = &moments;
+  return BnCall(std::move(head), stats).status();
 }
 
 absl::StatusOr<bn::RunningStats> PsClient::BnRecalFinish(
     const std::string& layer) {
-  proto::BnRequest request;
-  request.set_layer(layer);
-  request.set_phase(proto::BN_RECAL_FINISH);
-  return BnCallForRunning(std::move(request), -1);
+  proto::BnRequest head;
+  head.set_layer(layer);
+  head.set_phase(proto::BN_RECAL_FINISH);
+  return BnCallForRunning(std::move(head), {}, -1);
 }
 
 absl::StatusOr<bn::RunningStats> PsClient::BnLocalRunning(
     const std::string& layer, const bn::RunningStats& running) {
   if (absl::Status s = CheckRunning(running); !s.ok()) return s;
-  proto::BnRequest request;
-  request.set_layer(layer);
-  request.set_phase(proto::BN_LOCAL_RUNNING);
-  proto::EncodeRunning(running, request.mutable_running());
-  return BnCallForRunning(std::move(request), running.mean.size());
+  proto::BnRequest head;
+  head.set_layer(layer);
+  head.set_phase(proto::BN_LOCAL_RUNNING);
+  proto::BnStatsOut stats;
+  stats.running = &running;
+  return BnCallForRunning(std::move(head), stats, running.mean.size());
 }
 
 absl::StatusOr<bn::RunningStats> PsClient::BnRunning(const std::string& layer,
@@ -1203,19 +1231,19 @@ absl::StatusOr<bn::RunningStats> PsClient::BnRunning(const std::string& layer,
     return absl::InvalidArgumentError(
         absl::StrCat("BnRunning: ", channels, " channels"));
   }
-  proto::BnRequest request;
-  request.set_layer(layer);
-  request.set_phase(proto::BN_RUNNING);
-  return BnCallForRunning(std::move(request), channels);
+  proto::BnRequest head;
+  head.set_layer(layer);
+  head.set_phase(proto::BN_RUNNING);
+  return BnCallForRunning(std::move(head), {}, channels);
 }
 
 absl::StatusOr<bn::RunningStats> PsClient::BnCallForRunning(
-    proto::BnRequest request, int64_t channels) {
-  const std::string layer = request.layer();
-  absl::StatusOr<proto::BnResponse> response = BnCall(std::move(request));
-  if (!response.ok()) return response.status();
+    proto::BnRequest head, const proto::BnStatsOut& stats, int64_t channels) {
+  const std::string layer = head.layer();
+  absl::StatusOr<BnAnswer> answer = BnCall(std::move(head), stats);
+  if (!answer.ok()) return answer.status();
   absl::StatusOr<bn::RunningStats> running =
-      proto::DecodeRunning(response->running(), channels);
+      proto::DecodeRunning(std::move(answer->stats.running), channels);
   if (!running.ok()) return MalformedBn(layer, running.status());
   return running;
 }

@@ -71,6 +71,7 @@
 #include "grpcpp/client_context.h"
 #include "grpcpp/security/credentials.h"
 #include "proto/bnps.grpc.pb.h"
+#include "proto/bn_wire.h"
 #include "proto/bnps.pb.h"
 
 namespace bnps::worker {
@@ -212,23 +213,10 @@ class PsClient {
   absl::Status PullParametersInto(int64_t min_version,
                                   std::map<std::string, Param>* params);
 
-  // One BnSync exchange with the shard that owns request.layer(): sets the id,
-  // job and worker of `request`, writes it on that shard's stream (opened at
-  // first use, reopened after it breaks) and blocks until the response with the
-  // same id arrives. A non-zero response code becomes that status. If the
-  // stream breaks while the call is in flight, the call is repeated once on a
-  // fresh stream (the server deduplicates); a second break gives UNAVAILABLE.
-  // DEADLINE_EXCEEDED if no response arrives within rpc_timeout. A stream the
-  // server ends with a definite error (e.g. PERMISSION_DENIED,
-  // INVALID_ARGUMENT) fails its calls with that code, without a retry.
-  // INVALID_ARGUMENT for an empty or too long layer, an unspecified phase, or a
-  // request larger than kMaxMessageBytes.
-  absl::StatusOr<proto::BnResponse> BnCall(proto::BnRequest request);
-
-  // Typed BN exchanges over BnCall; responses are decoded and validated with
-  // proto/codec.h against the number of channels sent. INVALID_ARGUMENT for
-  // invalid local values (bn::ValidateMoments, sums or stats of unequal or zero
-  // size).
+  // BN exchanges, one BnSync round trip each (see BnCall, below); responses
+  // are decoded and validated with proto/codec.h against the number of
+  // channels sent. INVALID_ARGUMENT for invalid local values
+  // (bn::ValidateMoments, sums or stats of unequal or zero size).
   //
   // BN_FORWARD: this worker's moments of `layer` at `step`; returns what to
   // normalize with, and with `want_running` the server's running stats after
@@ -328,10 +316,32 @@ class PsClient {
   void SendHeartbeats() ABSL_LOCKS_EXCLUDED(bg_mu_);
 
   std::string ShardName(int shard) const;
+
+  // A BN call's answer: the response's fields but its statistics, and the
+  // statistics as they arrived, for the caller to decode.
+  struct BnAnswer {
+    proto::BnResponse head;
+    proto::BnStatsIn stats;
+  };
+  // One BnSync exchange with the shard that owns head.layer(): frames `head`
+  // (with its job and worker set) and `stats` once, writes them with a fresh
+  // id on that shard's stream (opened at first use, reopened after it breaks)
+  // and blocks until the response with the same id arrives. A non-zero
+  // response code becomes that status; a response that is not a BnResponse,
+  // INVALID_ARGUMENT. If the stream breaks while the call is in flight, the
+  // call is repeated once on a fresh stream (the server deduplicates); a
+  // second break gives UNAVAILABLE. DEADLINE_EXCEEDED if no response arrives
+  // within rpc_timeout. A stream the server ends with a definite error (e.g.
+  // PERMISSION_DENIED, INVALID_ARGUMENT) fails its calls with that code,
+  // without a retry. INVALID_ARGUMENT for an empty or too long layer, an
+  // unspecified phase, or a request larger than kMaxMessageBytes.
+  absl::StatusOr<BnAnswer> BnCall(proto::BnRequest head,
+                                  const proto::BnStatsOut& stats);
+
   // BnCall for the phases answered with running stats (of `channels`
   // channels; -1: any number).
-  absl::StatusOr<bn::RunningStats> BnCallForRunning(proto::BnRequest request,
-                                                    int64_t channels);
+  absl::StatusOr<bn::RunningStats> BnCallForRunning(
+      proto::BnRequest head, const proto::BnStatsOut& stats, int64_t channels);
   // INVALID_ARGUMENT for a malformed BN response, naming the shard of `layer`.
   absl::Status MalformedBn(const std::string& layer,
                            const absl::Status& s) const;
