@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "proto/bnps.grpc.pb.h"
@@ -242,6 +243,69 @@ TEST_F(BadInputTest, BnSync) {
   }
   recal.set_step(99);
   EXPECT_EQ(Bn(recal).code(), static_cast<int>(StatusCode::FAILED_PRECONDITION));
+  ExpectAlive();
+}
+
+// Bytes that are not a BnRequest end the stream with INVALID_ARGUMENT, after
+// the answer to the valid request sent before them.
+TEST_F(BadInputTest, MalformedBnBytesEndTheStream) {
+  std::string layer;
+  for (int i = 0; layer.empty(); ++i) {
+    const std::string k = "bn/" + std::to_string(i);
+    if (proto::ShardForKey(k, 2) == 0) layer = k;
+  }
+  proto::BnRequest recal;
+  recal.set_id(5);
+  recal.set_job("bnps");
+  recal.set_layer(layer);
+  recal.set_phase(proto::BN_RECAL);
+  proto::EncodeMoments(bn::Moments{2, {0.5}, {1.0}}, recal.mutable_moments());
+  grpc::GenericStub generic(channel_);
+  grpc::CompletionQueue cq;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  auto stream =
+      generic.PrepareCall(&ctx, "/bnps.proto.ParameterServer/BnSync", &cq);
+  // One operation at a time, each awaited before the next.
+  auto await = [&cq](void* want) {
+    void* tag;
+    bool ok;
+    EXPECT_TRUE(cq.Next(&tag, &ok));
+    EXPECT_EQ(tag, want);
+    return ok;
+  };
+  void* const kTag = reinterpret_cast<void*>(1);
+  stream->StartCall(kTag);
+  ASSERT_TRUE(await(kTag));
+  const std::string valid = recal.SerializeAsString();
+  // Field 7 (moments) declared 5 bytes long, with only 3 of them.
+  const std::string truncated("\x3a\x05\x08\x82\x01", 5);
+  for (const std::string* bytes : {&valid, &truncated}) {
+    grpc::Slice slice(bytes->data(), bytes->size());
+    stream->Write(grpc::ByteBuffer(&slice, 1), kTag);
+    ASSERT_TRUE(await(kTag));
+  }
+  grpc::ByteBuffer answer;
+  stream->Read(&answer, kTag);
+  ASSERT_TRUE(await(kTag));
+  std::vector<grpc::Slice> slices;
+  ASSERT_TRUE(answer.Dump(&slices).ok());
+  std::string answer_bytes;
+  for (const grpc::Slice& s : slices) {
+    answer_bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  }
+  proto::BnResponse r;
+  ASSERT_TRUE(r.ParseFromString(answer_bytes));
+  EXPECT_EQ(r.id(), 5u);
+  EXPECT_EQ(r.code(), 0) << r.message();
+  stream->Read(&answer, kTag);
+  EXPECT_FALSE(await(kTag));  // no more answers: the stream ended
+  grpc::Status end;
+  stream->Finish(&end, kTag);
+  ASSERT_TRUE(await(kTag));
+  EXPECT_EQ(end.error_code(), StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(end.error_message().find("malformed"), std::string::npos)
+      << end.error_message();
   ExpectAlive();
 }
 

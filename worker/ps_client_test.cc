@@ -83,6 +83,8 @@ enum class BnMode {
   kIgnoreHalfClose,  // answer; after the client's half-close, stay until
                      // cancelled
   kNoRead,           // never read (flow control fills up)
+  kUnreadable,       // answer with the moments field (4) sent as a varint:
+                     // protobuf keeps it as an unknown field, bn_wire refuses
 };
 
 // A shard server that records what it receives and answers predictably.
@@ -334,6 +336,12 @@ class FakeShard final : public proto::ParameterServer::Service {
         return grpc::Status(grpc::StatusCode::UNAVAILABLE, "going away");
       }
       if (mode == BnMode::kHold) continue;
+      if (mode == BnMode::kUnreadable) {
+        proto::BnResponse answer = Answer(request);
+        answer.MergeFromString(std::string("\x20\x01", 2));
+        stream->Write(answer);
+        continue;
+      }
       if (mode == BnMode::kEndAfterAnswer && index == 0) {
         stream->Write(Answer(request));
         return grpc::Status::OK;
@@ -868,6 +876,19 @@ TEST_F(PsClientTest, BnResponseCodeBecomesStatus) {
   EXPECT_THAT(fwd.status().message(), HasSubstr("fail.bn"));
   // The stream survives an error response.
   EXPECT_TRUE(client->BnForward("ok.bn", 0, MakeMoments(2, {1}, {1})).ok());
+}
+
+TEST_F(PsClientTest, UnreadableBnResponseIsInvalidArgument) {
+  const std::string layer = KeyOnShard(0, "bn");
+  fakes_[0]->set_bn_mode(BnMode::kUnreadable);
+  std::unique_ptr<PsClient> client = Connect(Options());
+  ASSERT_NE(client, nullptr);
+  absl::StatusOr<BnForwardResult> fwd =
+      client->BnForward(layer, 0, MakeMoments(2, {1}, {1}));
+  EXPECT_EQ(fwd.status().code(), absl::StatusCode::kInvalidArgument)
+      << fwd.status();
+  EXPECT_THAT(fwd.status().message(), HasSubstr("malformed response"));
+  EXPECT_THAT(fwd.status().message(), HasSubstr(layer));
 }
 
 TEST_F(PsClientTest, BnCallRetriesOnceOnAFreshStream) {
