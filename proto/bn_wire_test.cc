@@ -14,32 +14,12 @@
 #include "gtest/gtest.h"
 #include "proto/bnps.pb.h"
 #include "proto/codec.h"
+#include "proto/wire_testing.h"
 
 namespace bnps::proto {
 namespace {
 
 constexpr absl::StatusCode kInvalid = absl::StatusCode::kInvalidArgument;
-
-// All of `buffer`'s bytes, in one string.
-std::string Flatten(const grpc::ByteBuffer& buffer) {
-  std::vector<grpc::Slice> slices;
-  EXPECT_TRUE(buffer.Dump(&slices).ok());
-  std::string out;
-  for (const grpc::Slice& s : slices) {
-    out.append(reinterpret_cast<const char*>(s.begin()), s.size());
-  }
-  return out;
-}
-
-// `bytes` as slices of at most `piece` bytes, so that varints, tags and
-// doubles straddle slice boundaries.
-grpc::ByteBuffer Split(const std::string& bytes, size_t piece) {
-  std::vector<grpc::Slice> slices;
-  for (size_t at = 0; at < bytes.size(); at += piece) {
-    slices.emplace_back(bytes.data() + at, std::min(piece, bytes.size() - at));
-  }
-  return grpc::ByteBuffer(slices.data(), slices.size());
-}
 
 // FrameBnId(id) in front of `message`, as the stream sends them.
 grpc::ByteBuffer WithId(uint64_t id, grpc::Slice message) {

@@ -11,31 +11,12 @@
 #include "proto/bnps.pb.h"
 #include "proto/codec.h"
 #include "proto/limits.h"
+#include "proto/wire_testing.h"
 
 namespace bnps::proto {
 namespace {
 
 constexpr absl::StatusCode kInvalid = absl::StatusCode::kInvalidArgument;
-
-std::string Bytes(const grpc::ByteBuffer& buffer) {
-  std::vector<grpc::Slice> slices;
-  EXPECT_TRUE(buffer.Dump(&slices).ok());
-  std::string out;
-  for (const grpc::Slice& s : slices) {
-    out.append(reinterpret_cast<const char*>(s.begin()), s.size());
-  }
-  return out;
-}
-
-// `bytes` as a buffer of slices of at most `piece` bytes, so that fields and
-// floats straddle slice boundaries.
-grpc::ByteBuffer Split(const std::string& bytes, size_t piece) {
-  std::vector<grpc::Slice> slices;
-  for (size_t at = 0; at < bytes.size(); at += piece) {
-    slices.emplace_back(bytes.data() + at, std::min(piece, bytes.size() - at));
-  }
-  return grpc::ByteBuffer(slices.data(), slices.size());
-}
 
 std::vector<float> Ramp(int n, float scale = 0.5f) {
   std::vector<float> v(n);
@@ -96,7 +77,7 @@ TEST(TensorWireTest, BuilderWritesWhatProtobufReads) {
     EXPECT_EQ(static_cast<int64_t>(message.Length()),
               static_cast<int64_t>(want.ByteSizeLong()));
     PushGradientsRequest got;
-    ASSERT_TRUE(got.ParseFromString(Bytes(message)));
+    ASSERT_TRUE(got.ParseFromString(Flatten(message)));
     EXPECT_EQ(got.SerializeAsString(), want.SerializeAsString());
     EXPECT_FALSE(watch.expired());  // the message still references b
   }
@@ -104,7 +85,7 @@ TEST(TensorWireTest, BuilderWritesWhatProtobufReads) {
   // The builder starts over with the same head.
   EXPECT_EQ(builder.num_chunks(), 0);
   PushGradientsRequest empty;
-  ASSERT_TRUE(empty.ParseFromString(Bytes(builder.Build())));
+  ASSERT_TRUE(empty.ParseFromString(Flatten(builder.Build())));
   EXPECT_EQ(empty.SerializeAsString(), Head().SerializeAsString());
 }
 
@@ -162,7 +143,7 @@ TEST(TensorWireTest, BuilderAndReaderRoundTrip) {
     builder.AddChunk("w", shape, at,
                      absl::MakeConstSpan(*owner).subspan(at, 1024), owner);
   }
-  const std::string bytes = Bytes(builder.Build());
+  const std::string bytes = Flatten(builder.Build());
   Received r;
   TensorReader reader = r.Reader();
   PullParametersResponse got;

@@ -256,7 +256,9 @@ class BnReactor
 
   void OnReadDone(bool ok) override {
     absl::Status malformed;
-    if (ok) malformed = proto::ParseBn(req_, proto::kBnRequestStats, &head_, &stats_);
+    if (ok) {
+      malformed = proto::ParseBn(req_, proto::kBnRequestStats, &head_, &stats_);
+    }
     if (!ok || !malformed.ok()) {
       if (!malformed.ok()) {
         LogRejected(*shard_, "BnSync", head_.worker(), malformed);
@@ -528,8 +530,8 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* ShardService::PullParameters(
   return new PullReactor(shard_, ctx, req);
 }
 
-grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* ShardService::BnSync(
-    grpc::CallbackServerContext* ctx) {
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>*
+ShardService::BnSync(grpc::CallbackServerContext* ctx) {
   return new BnReactor(shard_);
 }
 

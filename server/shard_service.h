@@ -24,14 +24,14 @@ proto::JobConfig ToJobConfig(const ShardOptions& options);
 // copied through protobuf.
 using ShardServiceBase = proto::ParameterServer::WithCallbackMethod_Register<
     proto::ParameterServer::WithCallbackMethod_Heartbeat<
-        proto::ParameterServer::WithCallbackMethod_InitParameters<
-            proto::ParameterServer::WithRawCallbackMethod_PushGradients<
-                proto::ParameterServer::WithRawCallbackMethod_PullParameters<
-                    proto::ParameterServer::WithRawCallbackMethod_BnSync<
-                        proto::ParameterServer::WithCallbackMethod_StartStep<
-                            proto::ParameterServer::WithCallbackMethod_FinishStep<
-                                proto::ParameterServer::WithCallbackMethod_GetStatus<
-                                    proto::ParameterServer::Service>>>>>>>>>;
+    proto::ParameterServer::WithCallbackMethod_InitParameters<
+    proto::ParameterServer::WithRawCallbackMethod_PushGradients<
+    proto::ParameterServer::WithRawCallbackMethod_PullParameters<
+    proto::ParameterServer::WithRawCallbackMethod_BnSync<
+    proto::ParameterServer::WithCallbackMethod_StartStep<
+    proto::ParameterServer::WithCallbackMethod_FinishStep<
+    proto::ParameterServer::WithCallbackMethod_GetStatus<
+    proto::ParameterServer::Service>>>>>>>>>;  // NOLINT: one per method
 
 class ShardService final : public ShardServiceBase {
  public:

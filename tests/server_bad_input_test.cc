@@ -14,6 +14,7 @@
 #include "proto/codec.h"
 #include "proto/limits.h"
 #include "proto/sharding.h"
+#include "proto/wire_testing.h"
 #include "server/server_runner.h"
 
 namespace bnps {
@@ -288,14 +289,8 @@ TEST_F(BadInputTest, MalformedBnBytesEndTheStream) {
   grpc::ByteBuffer answer;
   stream->Read(&answer, kTag);
   ASSERT_TRUE(await(kTag));
-  std::vector<grpc::Slice> slices;
-  ASSERT_TRUE(answer.Dump(&slices).ok());
-  std::string answer_bytes;
-  for (const grpc::Slice& s : slices) {
-    answer_bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
-  }
   proto::BnResponse r;
-  ASSERT_TRUE(r.ParseFromString(answer_bytes));
+  ASSERT_TRUE(r.ParseFromString(proto::Flatten(answer)));
   EXPECT_EQ(r.id(), 5u);
   EXPECT_EQ(r.code(), 0) << r.message();
   stream->Read(&answer, kTag);

@@ -198,7 +198,8 @@ class PsClient::BnStream {
     // write, which the watchdog bounds). While the metadata is corked,
     // StartCall posts no event of its own: the first write carries it.
     context_.set_initial_metadata_corked(true);
-    stream_ = grpc::GenericStub(channel).PrepareCall(&context_, kBnMethod, &cq_);
+    stream_ =
+        grpc::GenericStub(channel).PrepareCall(&context_, kBnMethod, &cq_);
     stream_->StartCall(TagOf(Tag::kStart));
     stream_->Read(&incoming_, TagOf(Tag::kRead));
   }
