@@ -6,7 +6,6 @@
 //   bazel run -c opt //bn:bn_benchmark -- --reps=30
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <functional>
@@ -17,25 +16,12 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "bn/cpu_kernels.h"
+#include "bn/median_time.h"
 
 ABSL_FLAG(int, reps, 30, "Timed repetitions per measurement (median reported).");
 
 namespace bnps::bn {
 namespace {
-
-double MedianSeconds(int reps, const std::function<void()>& fn) {
-  fn();  // warm-up: page in and fill caches the way a training step would
-  std::vector<double> times;
-  for (int i = 0; i < reps; ++i) {
-    const auto start = std::chrono::steady_clock::now();
-    fn();
-    times.push_back(std::chrono::duration<double>(
-                        std::chrono::steady_clock::now() - start)
-                        .count());
-  }
-  std::nth_element(times.begin(), times.begin() + times.size() / 2, times.end());
-  return times[times.size() / 2];
-}
 
 void Check(const absl::Status& s) {
   if (!s.ok()) {

@@ -23,23 +23,13 @@ using google::protobuf::io::CodedInputStream;
 using wire::IsLengthDelimited;
 using wire::IsVarint;
 using wire::Malformed;
+using wire::PutVarint;
+using wire::VarintSize;
 
 static_assert(BnRequest::kIdFieldNumber == 1 && BnResponse::kIdFieldNumber == 1,
               "FrameBnId and PeekBnId assume the id is field 1 of both");
 
 // --- Writing
-
-size_t VarintSize(uint64_t v) {
-  size_t n = 1;
-  for (; v >= 0x80; v >>= 7) ++n;
-  return n;
-}
-
-uint8_t* PutVarint(uint64_t v, uint8_t* p) {
-  for (; v >= 0x80; v >>= 7) *p++ = static_cast<uint8_t>(v | 0x80);
-  *p++ = static_cast<uint8_t>(v);
-  return p;
-}
 
 uint8_t* PutTag(int field, WireFormatLite::WireType type, uint8_t* p) {
   return PutVarint(WireFormatLite::MakeTag(field, type), p);
@@ -247,7 +237,7 @@ grpc::Slice FrameBn(const google::protobuf::MessageLite& head,
 }
 
 grpc::Slice FrameBnId(uint64_t id) {
-  uint8_t bytes[16];
+  uint8_t bytes[kMaxBnIdBytes];
   uint8_t* p =
       PutTag(BnRequest::kIdFieldNumber, WireFormatLite::WIRETYPE_VARINT, bytes);
   p = PutVarint(id, p);
@@ -265,12 +255,12 @@ absl::Status ParseBn(const grpc::ByteBuffer& message, BnStatsFields fields,
   std::string others;  // the fields that are not statistics, for `head`
   google::protobuf::io::StringOutputStream others_stream(&others);
   google::protobuf::io::CodedOutputStream others_out(&others_stream);
-  const int kSums[2] = {BnSums::kSumDyFieldNumber,
-                        BnSums::kSumDyXhatFieldNumber};
-  const int kRunning[2] = {BnRunningStats::kMeanFieldNumber,
-                           BnRunningStats::kVarFieldNumber};
-  const int kMoments[2] = {BnMoments::kMeanFieldNumber,
-                           BnMoments::kM2FieldNumber};
+  static constexpr int kSums[2] = {BnSums::kSumDyFieldNumber,
+                                   BnSums::kSumDyXhatFieldNumber};
+  static constexpr int kRunning[2] = {BnRunningStats::kMeanFieldNumber,
+                                      BnRunningStats::kVarFieldNumber};
+  static constexpr int kMoments[2] = {BnMoments::kMeanFieldNumber,
+                                      BnMoments::kM2FieldNumber};
   while (const uint32_t tag = in.ReadTag()) {
     const int field = WireFormatLite::GetTagFieldNumber(tag);
     const bool stats_field = field == fields.moments || field == fields.sums ||

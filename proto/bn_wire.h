@@ -67,6 +67,8 @@ grpc::Slice FrameBn(const google::protobuf::MessageLite& head,
 // of a message framed with its id unset, it sets the id without framing the
 // message again.
 grpc::Slice FrameBnId(uint64_t id);
+// The most bytes FrameBnId writes: a 1-byte tag and a 10-byte varint.
+inline constexpr size_t kMaxBnIdBytes = 11;
 
 // Reads `message`: the statistics under `fields` into `stats` (reset first),
 // every other field into `head` (cleared first). INVALID_ARGUMENT if the

@@ -243,6 +243,7 @@ TEST(BnWireTest, PeekBnId) {
   const grpc::Slice message = FrameBn(RequestHead(), kBnRequestStats, {&m});
   EXPECT_EQ(*PeekBnId(grpc::ByteBuffer(&message, 1)), 0u);
   EXPECT_EQ(*PeekBnId(WithId(0, message)), 0u);
+  EXPECT_EQ(FrameBnId(~uint64_t{0}).size(), kMaxBnIdBytes);
   const std::string ids = Flatten(WithId(5, FrameBnId(9)));
   EXPECT_EQ(*PeekBnId(Split(ids + Flatten(WithId(0, message)), 1)), 0u);
   EXPECT_EQ(*PeekBnId(Split(ids + Flatten(grpc::ByteBuffer(&message, 1)), 1)),

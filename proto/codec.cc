@@ -29,23 +29,25 @@ absl::Status CheckFinite(const std::vector<T>& v) {
   return absl::OkStatus();
 }
 
-template <typename T>
-absl::StatusOr<std::vector<T>> DecodeAs(const Tensor& t, DType want,
-                                        const char* dtype_name) {
-  if (t.dtype() != want) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "tensor dtype is ", DType_Name(t.dtype()), ", expected ", dtype_name));
+// The element count of a tensor of `dtype`, `shape` and `bytes` bytes;
+// INVALID_ARGUMENT unless it is `want` (of `element_size` bytes) and `bytes`
+// holds exactly product(shape) elements.
+absl::StatusOr<int64_t> CheckLayout(int dtype, DType want,
+                                    absl::Span<const int64_t> shape,
+                                    int64_t bytes, size_t element_size) {
+  if (dtype != want) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor dtype is ", DType_Name(static_cast<DType>(dtype)),
+                     ", expected ", DType_Name(want)));
   }
-  absl::StatusOr<int64_t> n = NumElements(t.shape());
+  absl::StatusOr<int64_t> n = NumElements(shape);
   if (!n.ok()) return n.status();
-  if (static_cast<int64_t>(t.data().size()) != *n * static_cast<int64_t>(sizeof(T))) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "tensor of shape ", ShapeString(t.shape()), " needs ", *n * sizeof(T),
-        " bytes, got ", t.data().size()));
+  if (bytes != *n * static_cast<int64_t>(element_size)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor of shape ", ShapeString(shape), " needs ",
+                     *n * element_size, " bytes, got ", bytes));
   }
-  std::vector<T> out(*n);
-  if (*n > 0) std::memcpy(out.data(), t.data().data(), t.data().size());
-  return out;
+  return n;
 }
 
 WireChannels ToWire(const Tensor& t) {
@@ -76,18 +78,9 @@ absl::StatusOr<std::vector<double>> TakeChannels(WireChannels& t,
     return absl::InvalidArgumentError(
         absl::StrCat("per-channel tensor has more than ", kMaxChannels, " channels"));
   }
-  if (t.dtype != DTYPE_FLOAT64) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("tensor dtype is ", DType_Name(static_cast<DType>(t.dtype)),
-                     ", expected DTYPE_FLOAT64"));
-  }
-  absl::StatusOr<int64_t> n = NumElements(t.shape);
+  absl::StatusOr<int64_t> n =
+      CheckLayout(t.dtype, DTYPE_FLOAT64, t.shape, t.bytes, sizeof(double));
   if (!n.ok()) return n.status();
-  if (t.bytes != *n * static_cast<int64_t>(sizeof(double))) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("tensor of shape ", ShapeString(t.shape), " needs ",
-                     *n * sizeof(double), " bytes, got ", t.bytes));
-  }
   return std::move(t.values);
 }
 
@@ -144,17 +137,14 @@ absl::StatusOr<std::vector<float>> DecodeFloat32(
         absl::StrCat("tensor has shape ", ShapeString(t.shape()),
                      ", expected ", ShapeString(want_shape)));
   }
-  absl::StatusOr<std::vector<float>> out =
-      DecodeAs<float>(t, DTYPE_FLOAT32, "DTYPE_FLOAT32");
-  if (!out.ok()) return out.status();
-  if (absl::Status s = CheckFinite(*out); !s.ok()) return s;
+  absl::StatusOr<int64_t> n =
+      CheckLayout(t.dtype(), DTYPE_FLOAT32, t.shape(),
+                  static_cast<int64_t>(t.data().size()), sizeof(float));
+  if (!n.ok()) return n.status();
+  std::vector<float> out(*n);
+  if (*n > 0) std::memcpy(out.data(), t.data().data(), t.data().size());
+  if (absl::Status s = CheckFinite(out); !s.ok()) return s;
   return out;
-}
-
-absl::StatusOr<std::vector<double>> DecodeFloat64(const Tensor& t,
-                                                  int64_t want_size) {
-  WireChannels w = ToWire(t);
-  return TakeFinite(w, want_size);
 }
 
 void EncodeMoments(const bn::Moments& m, BnMoments* out) {

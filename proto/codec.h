@@ -33,9 +33,6 @@ void EncodeFloat64(absl::Span<const double> values, Tensor* out);  // 1-D
 // equal t.shape.
 absl::StatusOr<std::vector<float>> DecodeFloat32(
     const Tensor& t, absl::Span<const int64_t> want_shape = {});
-// 1-D float64 of `want_size` elements (any size if < 0), all finite.
-absl::StatusOr<std::vector<double>> DecodeFloat64(const Tensor& t,
-                                                  int64_t want_size = -1);
 
 // A per-channel float64 tensor as it arrived, before any check: its dtype,
 // its shape, and its data's size in `bytes`, with the data itself in `values`

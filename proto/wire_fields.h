@@ -22,12 +22,24 @@ namespace bnps::proto::wire {
 using google::protobuf::internal::WireFormatLite;
 using google::protobuf::io::CodedInputStream;
 
+// The bytes of `v` as a varint (1 to 10).
+inline size_t VarintSize(uint64_t v) {
+  size_t n = 1;
+  for (; v >= 0x80; v >>= 7) ++n;
+  return n;
+}
+
+// Writes `v` as a varint at `p`; returns the end of what it wrote.
+inline uint8_t* PutVarint(uint64_t v, uint8_t* p) {
+  for (; v >= 0x80; v >>= 7) *p++ = static_cast<uint8_t>(v | 0x80);
+  *p++ = static_cast<uint8_t>(v);
+  return p;
+}
+
 inline void AppendVarint(uint64_t v, std::string* out) {
-  while (v >= 0x80) {
-    out->push_back(static_cast<char>(v | 0x80));
-    v >>= 7;
-  }
-  out->push_back(static_cast<char>(v));
+  uint8_t bytes[10];
+  out->append(reinterpret_cast<const char*>(bytes),
+              PutVarint(v, bytes) - bytes);
 }
 
 // The tag and length prefix of a length-delimited field of `len` bytes.

@@ -8,15 +8,14 @@
 //   bazel run -c opt //server:optimizer_benchmark -- --reps=20
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <functional>
 #include <string>
 #include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "bn/median_time.h"
 #include "server/parameter_store.h"
 
 ABSL_FLAG(int, reps, 20, "Timed repetitions per size (median reported).");
@@ -24,19 +23,7 @@ ABSL_FLAG(int, reps, 20, "Timed repetitions per size (median reported).");
 namespace bnps::server {
 namespace {
 
-double MedianSeconds(int reps, const std::function<void()>& fn) {
-  fn();  // warm-up: pages in the buffers
-  std::vector<double> times;
-  for (int i = 0; i < reps; ++i) {
-    const auto start = std::chrono::steady_clock::now();
-    fn();
-    times.push_back(std::chrono::duration<double>(
-                        std::chrono::steady_clock::now() - start)
-                        .count());
-  }
-  std::nth_element(times.begin(), times.begin() + times.size() / 2, times.end());
-  return times[times.size() / 2];
-}
+using bn::MedianSeconds;
 
 int Main() {
   const int reps = std::max(1, absl::GetFlag(FLAGS_reps));

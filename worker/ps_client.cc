@@ -1095,7 +1095,7 @@ absl::StatusOr<PsClient::BnAnswer> PsClient::BnCall(
   head.set_worker(options_.worker);
   head.clear_id();  // each attempt puts its own in front
   const grpc::Slice body = proto::FrameBn(head, proto::kBnRequestStats, stats);
-  const size_t bytes = body.size() + proto::FrameBnId(~uint64_t{0}).size();
+  const size_t bytes = body.size() + proto::kMaxBnIdBytes;
   if (bytes > static_cast<size_t>(proto::kMaxMessageBytes)) {
     return absl::InvalidArgumentError(
         absl::StrCat("BN request for layer '", head.layer(), "' has ", bytes,
