@@ -4,6 +4,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "bn/cpu_clones.h"
+
 namespace bnps::bn {
 namespace {
 
@@ -37,6 +39,7 @@ size_t FirstHit(absl::Span<const T> v, BitTest bit_test, ValueTest is_hit) {
 
 }  // namespace
 
+BNPS_CPU_CLONES
 size_t FirstNonFinite(absl::Span<const double> v) {
   constexpr uint32_t kExponent = 0x7ff00000u;
   return FirstHit(
@@ -48,6 +51,7 @@ size_t FirstNonFinite(absl::Span<const double> v) {
       [](double x) { return !std::isfinite(x); });
 }
 
+BNPS_CPU_CLONES
 size_t FirstNonFinite(absl::Span<const float> v) {
   constexpr uint32_t kExponent = 0x7f800000u;
   return FirstHit(
@@ -60,6 +64,7 @@ size_t FirstNonFinite(absl::Span<const float> v) {
       [](float x) { return !std::isfinite(x); });
 }
 
+BNPS_CPU_CLONES
 size_t FirstNotFiniteNonNegative(absl::Span<const double> v) {
   // All exponent bits set (NaN, infinity), or the sign bit set on a non-zero
   // magnitude.
@@ -75,6 +80,7 @@ size_t FirstNotFiniteNonNegative(absl::Span<const double> v) {
       [](double x) { return !std::isfinite(x) || x < 0; });
 }
 
+BNPS_CPU_CLONES
 size_t FirstNonZero(absl::Span<const double> v) {
   return FirstHit(
       v,

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "proto/bnps.pb.h"
 #include "proto/codec.h"
@@ -265,6 +266,29 @@ TEST(TensorWireTest, RejectsBadChunks) {
             }),
             kInvalid);
   EXPECT_EQ(with([](auto& c) { c[0].clear_part(); }), kInvalid);
+}
+
+// A payload is read and checked in blocks of a few thousand floats; a NaN or
+// infinity anywhere (a block's first or last element, a later chunk, the
+// tensor's last element) is named by its index in the whole tensor.
+TEST(TensorWireTest, NamesTheFirstNonFiniteElementWhereverItIs) {
+  constexpr int kN = 30000;
+  const int64_t shape[] = {kN};
+  for (int at : {0, 4095, 4096, 8191, 12345, 19999, 20000, 29999}) {
+    for (float bad : {NAN, INFINITY, -INFINITY}) {
+      std::vector<float> v = Ramp(kN, 1e-3f);
+      v[at] = bad;
+      if (at + 7 < kN) v[at + 7] = NAN;  // a later one is not reported
+      google::protobuf::RepeatedPtrField<TensorChunk> chunks;
+      AppendChunks("w", shape, v, 10000, &chunks);
+      ASSERT_EQ(chunks.size(), 3);
+      const absl::Status s = ReadChunks(chunks);
+      EXPECT_EQ(s.code(), kInvalid) << at;
+      EXPECT_NE(s.message().find(absl::StrCat("element ", at, " is not")),
+                absl::string_view::npos)
+          << at << ": " << s;
+    }
+  }
 }
 
 TEST(TensorWireTest, RejectsMalformedBytes) {

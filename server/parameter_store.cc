@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "bn/cpu_clones.h"
 
 namespace bnps::server {
 namespace {
@@ -19,19 +20,13 @@ constexpr size_t kSgdBlock = size_t{1} << 14;
 // The x86-64 baseline (SSE2) does two doubles per instruction, and the step
 // computes in double: there it is bound by arithmetic, not memory (about 5 ms
 // per 16 MB on one core against 2.3 ms with AVX-512). So the kernel is
-// compiled for AVX-512 and AVX2 as well and the loader picks the widest the
-// CPU has. The build keeps fused multiply-add off (-ffp-contract=off), so each
-// version does the same IEEE operations and gives the same bits.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define BNPS_SGD_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define BNPS_SGD_CLONES
-#endif
-
+// compiled for AVX-512 and AVX2 as well (bn/cpu_clones.h). The build keeps
+// fused multiply-add off (-ffp-contract=off), so each version does the same
+// IEEE operations and gives the same bits.
 // One SGD step (momentum, weight decay) of elements [begin, end). The
 // gradient of element i is (sum[i] + grad[i]) * scale, where either pointer
 // may be null (it adds nothing). w may equal w_in.
-BNPS_SGD_CLONES
+BNPS_CPU_CLONES
 void SgdRange(const double* sum, const float* grad, const float* w_in,
               float* w, float* buf, size_t begin, size_t end, double scale,
               double lr, double momentum, double decay) {
