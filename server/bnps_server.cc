@@ -13,6 +13,8 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "proto/credentials.h"
+#include "proto/job_token.h"
 #include "server/server_runner.h"
 
 ABSL_FLAG(std::string, host, "127.0.0.1",
@@ -52,6 +54,19 @@ ABSL_FLAG(std::string, on_worker_loss, "fail",
           "What a lost worker means: fail (steps that need it fail with "
           "FAILED_PRECONDITION naming it, so the job stops with a clear error) or "
           "shrink (it is dropped and the job goes on with the others).");
+
+ABSL_FLAG(std::string, token_file, "",
+          "File holding the job's token (16 to 4096 printable characters, no "
+          "spaces; e.g. `openssl rand -hex 32 > token`). Every call must carry "
+          "it (workers: --token_file) or is refused with UNAUTHENTICATED. Use "
+          "with TLS outside a trusted network: plaintext calls show it.");
+ABSL_FLAG(std::string, tls_cert, "",
+          "PEM certificate chain to serve TLS with (needs --tls_key). Without "
+          "it, calls are plaintext.");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert.");
+ABSL_FLAG(std::string, tls_client_ca, "",
+          "PEM CA certificates: with --tls_cert, a client must present a "
+          "certificate that chains to one of them (mutual TLS).");
 
 namespace {
 
@@ -106,14 +121,33 @@ int main(int argc, char** argv) {
                absl::StrCat("--port ", port, " is not a port"))),
            2;
   }
+  bnps::server::ServerSecurity security;
+  bnps::proto::TlsFiles tls;
+  tls.cert = absl::GetFlag(FLAGS_tls_cert);
+  tls.key = absl::GetFlag(FLAGS_tls_key);
+  tls.ca = absl::GetFlag(FLAGS_tls_client_ca);
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
+      bnps::proto::MakeServerCredentials(tls);
+  if (!credentials.ok()) return Fail(credentials.status()), 2;
+  security.credentials = *credentials;
+  if (const std::string path = absl::GetFlag(FLAGS_token_file); !path.empty()) {
+    absl::StatusOr<std::string> token = bnps::proto::ReadTokenFile(path);
+    if (!token.ok()) return Fail(token.status()), 2;
+    security.token = *std::move(token);
+  }
   const std::string address = absl::StrCat(absl::GetFlag(FLAGS_host), ":", port);
   absl::StatusOr<std::unique_ptr<bnps::server::RunningServer>> server =
-      bnps::server::RunningServer::Start(o, address);
+      bnps::server::RunningServer::Start(o, address, security);
   if (!server.ok()) return Fail(server.status()), 1;
+  // The launcher reads the port from the end of this line.
   std::printf("bnps_server: shard %d of %d, job '%s', policy %s, %d workers, "
-              "listening on %s:%d\n",
+              "%s%s, listening on %s:%d\n",
               o.shard, o.num_shards, o.job.c_str(),
               bnps::server::PolicyName(o.policy).c_str(), o.num_workers,
+              !bnps::proto::UsesTls(tls) ? "plaintext"
+              : tls.ca.empty()           ? "TLS"
+                                         : "mutual TLS",
+              security.token.empty() ? "" : " with a job token",
               absl::GetFlag(FLAGS_host).c_str(), (*server)->port());
   std::fflush(stdout);
 

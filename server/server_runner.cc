@@ -6,25 +6,44 @@
 #include "absl/synchronization/notification.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
+#include "proto/job_token.h"
 #include "proto/limits.h"
 
 namespace bnps::server {
 
 absl::StatusOr<std::unique_ptr<RunningServer>> RunningServer::Start(
-    ShardOptions options, const std::string& address) {
+    ShardOptions options, const std::string& address,
+    ServerSecurity security) {
+  if (!security.token.empty()) {
+    if (absl::Status s = proto::ValidateToken(security.token); !s.ok()) {
+      return s;
+    }
+  }
   absl::StatusOr<std::unique_ptr<Shard>> shard = Shard::Create(std::move(options));
   if (!shard.ok()) return shard.status();
   std::unique_ptr<RunningServer> rs(new RunningServer());
   rs->shard_ = *std::move(shard);
-  rs->service_ = std::make_unique<ShardService>(rs->shard_.get());
+  rs->service_ = std::make_unique<ShardService>(rs->shard_.get(),
+                                                std::move(security.token));
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &rs->port_);
+  builder.AddListeningPort(address,
+                           security.credentials != nullptr
+                               ? security.credentials
+                               : grpc::InsecureServerCredentials(),
+                           &rs->port_);
   builder.RegisterService(rs->service_.get());
   builder.SetMaxReceiveMessageSize(proto::kMaxMessageBytes);
   builder.SetMaxSendMessageSize(proto::kMaxMessageBytes);
   rs->server_ = builder.BuildAndStart();
   if (rs->server_ == nullptr || rs->port_ == 0) {
-    return absl::UnavailableError(absl::StrCat("cannot listen on ", address));
+    // gRPC says why only in its log: a port in use, an address not of this
+    // machine, or (with TLS) a certificate and key that do not match.
+    return absl::UnavailableError(absl::StrCat(
+        "cannot listen on ", address,
+        security.credentials != nullptr
+            ? " (address in use or not local, or a TLS certificate and key "
+              "that do not match: see gRPC's log above)"
+            : " (address in use or not local)"));
   }
   return rs;
 }

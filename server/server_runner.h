@@ -11,18 +11,28 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server.h"
 #include "server/shard.h"
 #include "server/shard_service.h"
 
 namespace bnps::server {
 
+// How a server admits calls.
+struct ServerSecurity {
+  // TLS or mutual TLS (proto/credentials.h); nullptr: plaintext.
+  std::shared_ptr<grpc::ServerCredentials> credentials;
+  // The job token every call must carry (proto/job_token.h); empty: none.
+  std::string token;
+};
+
 class RunningServer {
  public:
   // Binds `address` ("127.0.0.1:0" picks a free port). INVALID_ARGUMENT for bad
-  // options; UNAVAILABLE if the address cannot be bound.
+  // options or token; UNAVAILABLE if the address cannot be bound.
   static absl::StatusOr<std::unique_ptr<RunningServer>> Start(
-      ShardOptions options, const std::string& address);
+      ShardOptions options, const std::string& address,
+      ServerSecurity security = {});
   ~RunningServer();  // Shutdown()
 
   int port() const { return port_; }

@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <deque>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -11,6 +12,7 @@
 #include "absl/time/clock.h"
 #include "proto/bn_wire.h"
 #include "proto/codec.h"
+#include "proto/job_token.h"
 #include "proto/limits.h"
 #include "proto/tensor_wire.h"
 
@@ -32,6 +34,27 @@ grpc::ServerUnaryReactor* Respond(grpc::CallbackServerContext* ctx,
   reactor->Finish(proto::ToGrpcStatus(s));
   return reactor;
 }
+
+// The job token a call carried in its metadata, if any.
+std::optional<absl::string_view> CallToken(
+    const grpc::CallbackServerContext& ctx) {
+  const auto& metadata = ctx.client_metadata();
+  const auto it = metadata.find(grpc::string_ref(
+      proto::kTokenMetadataKey.data(), proto::kTokenMetadataKey.size()));
+  if (it == metadata.end()) return std::nullopt;
+  return absl::string_view(it->second.data(), it->second.size());
+}
+
+// A streaming call refused before its first message: finishes at once with
+// `s` (gRPC holds the Finish until the reactor is bound).
+template <typename Reactor>
+class Refused final : public Reactor {
+ public:
+  explicit Refused(const absl::Status& s) {
+    this->Finish(proto::ToGrpcStatus(s));
+  }
+  void OnDone() override { delete this; }
+};
 
 // The earlier of the shard's barrier deadline and the caller's own.
 absl::Time WaitDeadline(const Shard& shard, grpc::CallbackServerContext* ctx) {
@@ -458,11 +481,17 @@ proto::JobConfig ToJobConfig(const ShardOptions& o) {
   return c;
 }
 
+absl::Status ShardService::Authenticate(
+    const grpc::CallbackServerContext& ctx) const {
+  return proto::CheckToken(token_, CallToken(ctx));
+}
+
 grpc::ServerUnaryReactor* ShardService::Register(
     grpc::CallbackServerContext* ctx, const proto::RegisterRequest* req,
     proto::RegisterResponse* resp) {
   const ShardOptions& o = shard_->options();
-  absl::Status s = shard_->CheckCaller(req->job(), req->worker());
+  absl::Status s = Authenticate(*ctx);
+  if (s.ok()) s = shard_->CheckCaller(req->job(), req->worker());
   if (s.ok() && (req->num_workers() != o.num_workers ||
                  req->num_shards() != o.num_shards)) {
     s = absl::FailedPreconditionError(absl::StrCat(
@@ -478,7 +507,8 @@ grpc::ServerUnaryReactor* ShardService::Register(
 grpc::ServerUnaryReactor* ShardService::Heartbeat(
     grpc::CallbackServerContext* ctx, const proto::HeartbeatRequest* req,
     proto::HeartbeatResponse* resp) {
-  absl::Status s = shard_->CheckCaller(req->job(), req->worker());
+  absl::Status s = Authenticate(*ctx);
+  if (s.ok()) s = shard_->CheckCaller(req->job(), req->worker());
   if (s.ok()) s = shard_->membership().Heartbeat(req->worker(), shard_->options().now());
   if (s.ok()) {
     for (int w : shard_->membership().LiveWorkers()) resp->add_live_workers(w);
@@ -489,7 +519,8 @@ grpc::ServerUnaryReactor* ShardService::Heartbeat(
 grpc::ServerUnaryReactor* ShardService::InitParameters(
     grpc::CallbackServerContext* ctx, const proto::InitParametersRequest* req,
     proto::InitParametersResponse* resp) {
-  absl::Status s = shard_->CheckCaller(req->job(), req->worker());
+  absl::Status s = Authenticate(*ctx);
+  if (s.ok()) s = shard_->CheckCaller(req->job(), req->worker());
   for (const proto::NamedTensor& p : req->parameters()) {
     if (!s.ok()) break;
     if (p.key().empty() || p.key().size() > proto::kMaxKeyBytes) {
@@ -522,23 +553,37 @@ grpc::ServerUnaryReactor* ShardService::InitParameters(
 
 grpc::ServerReadReactor<grpc::ByteBuffer>* ShardService::PushGradients(
     grpc::CallbackServerContext* ctx, grpc::ByteBuffer* resp) {
+  if (absl::Status s = Authenticate(*ctx); !s.ok()) {
+    LogRejected(*shard_, "PushGradients", -1, s);
+    return new Refused<grpc::ServerReadReactor<grpc::ByteBuffer>>(s);
+  }
   return new PushReactor(shard_, &scratch_, resp);
 }
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* ShardService::PullParameters(
     grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req) {
+  if (absl::Status s = Authenticate(*ctx); !s.ok()) {
+    LogRejected(*shard_, "PullParameters", -1, s);
+    return new Refused<grpc::ServerWriteReactor<grpc::ByteBuffer>>(s);
+  }
   return new PullReactor(shard_, ctx, req);
 }
 
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>*
 ShardService::BnSync(grpc::CallbackServerContext* ctx) {
+  if (absl::Status s = Authenticate(*ctx); !s.ok()) {
+    LogRejected(*shard_, "BnSync", -1, s);
+    return new Refused<
+        grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>>(s);
+  }
   return new BnReactor(shard_);
 }
 
 grpc::ServerUnaryReactor* ShardService::StartStep(
     grpc::CallbackServerContext* ctx, const proto::StartStepRequest* req,
     proto::StartStepResponse* resp) {
-  absl::Status s = shard_->CheckCaller(req->job(), req->worker());
+  absl::Status s = Authenticate(*ctx);
+  if (s.ok()) s = shard_->CheckCaller(req->job(), req->worker());
   if (s.ok() && shard_->clocks() == nullptr) {
     s = absl::FailedPreconditionError(
         "step clocks are kept by shard 0 under the async policy only");
@@ -563,7 +608,8 @@ grpc::ServerUnaryReactor* ShardService::StartStep(
 grpc::ServerUnaryReactor* ShardService::FinishStep(
     grpc::CallbackServerContext* ctx, const proto::FinishStepRequest* req,
     proto::FinishStepResponse* resp) {
-  absl::Status s = shard_->CheckCaller(req->job(), req->worker());
+  absl::Status s = Authenticate(*ctx);
+  if (s.ok()) s = shard_->CheckCaller(req->job(), req->worker());
   if (s.ok() && shard_->clocks() == nullptr) {
     s = absl::FailedPreconditionError(
         "step clocks are kept by shard 0 under the async policy only");
@@ -575,6 +621,9 @@ grpc::ServerUnaryReactor* ShardService::FinishStep(
 grpc::ServerUnaryReactor* ShardService::GetStatus(grpc::CallbackServerContext* ctx,
                                                   const proto::StatusRequest* req,
                                                   proto::StatusResponse* resp) {
+  if (absl::Status s = Authenticate(*ctx); !s.ok()) {
+    return Respond(ctx, *shard_, "GetStatus", -1, s);
+  }
   *resp->mutable_config() = ToJobConfig(shard_->options());
   const absl::Time now = shard_->options().now();
   const std::vector<Membership::WorkerInfo> workers =

@@ -3,11 +3,16 @@
 // Waiting (barriers, versions, clocks) never blocks a gRPC thread: the logic
 // answers through callbacks, and the reactors finish from there.
 //
-// Every rejected request gets a clear status and a log line on stderr.
+// Every rejected request gets a clear status and a log line on stderr. With a
+// job token (proto/job_token.h), a call that does not carry it is refused with
+// UNAUTHENTICATED before its request is read.
 // Thread-safety: thread-safe. The Shard must outlive the service.
 
 #ifndef BNPS_SERVER_SHARD_SERVICE_H_
 #define BNPS_SERVER_SHARD_SERVICE_H_
+
+#include <string>
+#include <utility>
 
 #include "proto/bnps.grpc.pb.h"
 #include "server/scratch_pool.h"
@@ -35,7 +40,9 @@ using ShardServiceBase = proto::ParameterServer::WithCallbackMethod_Register<
 
 class ShardService final : public ShardServiceBase {
  public:
-  explicit ShardService(Shard* shard) : shard_(shard) {}  // not owned
+  // `shard` is not owned. An empty `token` accepts calls without one.
+  explicit ShardService(Shard* shard, std::string token = "")
+      : shard_(shard), token_(std::move(token)) {}
 
   grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* ctx,
                                      const proto::RegisterRequest* req,
@@ -63,7 +70,11 @@ class ShardService final : public ShardServiceBase {
                                       proto::StatusResponse* resp) override;
 
  private:
+  // OK if the call carries the job's token (or the job has none).
+  absl::Status Authenticate(const grpc::CallbackServerContext& ctx) const;
+
   Shard* const shard_;
+  const std::string token_;
   // Staging buffers of pushes, reused across calls.
   ScratchPool scratch_{size_t{256} << 20};
 };

@@ -16,6 +16,15 @@ RUNFILES = os.getcwd()  # Bazel runs tests in the runfiles tree of the workspace
 SERVER = os.path.join(RUNFILES, "server", "bnps_server")
 WORKER = os.path.join(RUNFILES, "worker", "bnps_worker")
 LAUNCHER = os.path.join(RUNFILES, "tools", "bnps_launch.py")
+TLS = os.path.join(RUNFILES, "tests", "testdata", "tls")
+TOKEN = "process-test-token-0123456789"
+
+
+def write_token(directory, token=TOKEN):
+    path = os.path.join(directory, "token")
+    with open(path, "w") as f:
+        f.write(token + "\n")
+    return path
 
 
 def run(args, timeout=60):
@@ -54,6 +63,29 @@ class EndToEndTest(unittest.TestCase):
                 report = json.load(open(os.path.join(out, f"worker{w}.json")))
                 self.assertLessEqual(report["max_staleness"], 2)
                 self.assertEqual(report["policy"], "async")
+
+
+    def test_secured_run_learns(self):
+        # Mutual TLS and a job token, passed through the launcher.
+        with tempfile.TemporaryDirectory() as out:
+            token = write_token(out)
+            r = run([sys.executable, LAUNCHER, "--servers", "2", "--workers", "2",
+                     "--bin_dir", RUNFILES, "--out_dir", out, "--timeout_s", "240",
+                     "--token_file", token,
+                     "--server_tls_cert", os.path.join(TLS, "server.pem"),
+                     "--server_tls_key", os.path.join(TLS, "server.key"),
+                     "--tls_client_ca", os.path.join(TLS, "ca.pem"),
+                     "--tls_ca=" + os.path.join(TLS, "ca.pem"),
+                     "--tls_cert=" + os.path.join(TLS, "client.pem"),
+                     "--tls_key=" + os.path.join(TLS, "client.key"),
+                     "--batch_size=32", "--epochs=1", "--train_examples=1024",
+                     "--test_examples=500"],
+                    timeout=300)
+            self.assertEqual(r.returncode, 0, r.stdout[-3000:] + r.stderr[-3000:])
+            for w in range(2):
+                report = json.load(open(os.path.join(out, f"worker{w}.json")))
+                self.assertEqual(report["steps"], 1024 // 2 // 32)
+                self.assertLess(report["train_loss_last"], report["train_loss_first"])
 
 
 class BadInputTest(unittest.TestCase):
@@ -101,6 +133,38 @@ class BadInputTest(unittest.TestCase):
     def test_server_flags(self):
         self.assertOneLine(run([SERVER, "--policy=bogus"]), 2, "bogus")
         self.assertOneLine(run([SERVER, "--port=70000"]), 2, "70000")
+
+    def test_security_flags(self):
+        cert = os.path.join(TLS, "server.pem")
+        self.assertOneLine(run([SERVER, "--port=0", "--tls_cert=" + cert]), 2, "key")
+        self.assertOneLine(run([SERVER, "--port=0", "--token_file=/nonexistent/tok"]),
+                           2, "/nonexistent/tok")
+        with tempfile.TemporaryDirectory() as d:
+            short = write_token(d, "short")
+            self.assertOneLine(run([SERVER, "--port=0", "--token_file=" + short]),
+                               2, short, "16 to 4096")
+            self.assertOneLine(run([WORKER, "--servers=127.0.0.1:1",
+                                    "--token_file=" + short]), 2, short)
+        self.assertOneLine(run([WORKER, "--servers=127.0.0.1:1",
+                                "--tls_ca=/nonexistent/ca.pem"]),
+                           1, "/nonexistent/ca.pem")
+
+    def test_worker_with_the_wrong_token(self):
+        with tempfile.TemporaryDirectory() as d:
+            server = subprocess.Popen(
+                [SERVER, "--port=0", "--token_file=" + write_token(d)],
+                stdout=subprocess.PIPE, text=True)
+            try:
+                port = server.stdout.readline().strip().rsplit(":", 1)[1]
+                for flags in ([], ["--token_file=" +
+                                   write_token(d, "some-other-jobs-token")]):
+                    self.assertOneLine(
+                        run([WORKER, f"--servers=127.0.0.1:{port}", "--device=cpu",
+                             "--train_examples=64"] + flags),
+                        1, "token")
+            finally:
+                server.terminate()
+                server.wait(timeout=10)
 
     def test_worker_flags_that_disagree_with_the_servers(self):
         server = subprocess.Popen([SERVER, "--port=0", "--policy=sync"],

@@ -33,9 +33,13 @@ if the launcher itself dies (PR_SET_PDEATHSIG), so none outlives it.
 
 Options given to both servers and workers: --policy, --job, --staleness,
 --learning_rate, --momentum, --weight_decay (the worker checks they match the
-servers). Servers only: --bn_momentum, --barrier_timeout_ms,
---heartbeat_timeout_ms, --on_worker_loss. An option left out is not passed, so
-each binary uses its own default (--policy is always passed; default sync).
+servers), --token_file (the job token). Servers only: --bn_momentum,
+--barrier_timeout_ms, --heartbeat_timeout_ms, --on_worker_loss, and TLS:
+--server_tls_cert and --server_tls_key (passed as the servers' --tls_cert and
+--tls_key), --tls_client_ca. The workers' --tls_ca, --tls_cert and --tls_key go
+through to the workers like any other worker flag. An option left out is not
+passed, so each binary uses its own default (--policy is always passed; default
+sync).
 """
 
 import argparse
@@ -62,9 +66,13 @@ POLL_S = 0.05
 # Options shared by servers and workers / given to servers only. Each entry is
 # (option name, type); a value left at None is not passed on.
 SHARED_OPTIONS = [("staleness", int), ("learning_rate", float),
-                  ("momentum", float), ("weight_decay", float)]
+                  ("momentum", float), ("weight_decay", float), ("token_file", str)]
 SERVER_OPTIONS = [("bn_momentum", float), ("barrier_timeout_ms", int),
-                  ("heartbeat_timeout_ms", int)]
+                  ("heartbeat_timeout_ms", int), ("tls_client_ca", str)]
+# The servers' --tls_cert and --tls_key, named apart from the workers' own
+# --tls_cert and --tls_key (which go through to the workers).
+SERVER_RENAMED_OPTIONS = [("server_tls_cert", "tls_cert"),
+                          ("server_tls_key", "tls_key")]
 # Worker flags this script sets itself; a user may not pass them through.
 RESERVED_WORKER_FLAGS = {"servers", "worker", "num_workers", "report", "progress"}
 
@@ -104,6 +112,8 @@ def parse_args(argv):
         p.add_argument("--" + name, type=typ, help="to servers and workers")
     for name, typ in SERVER_OPTIONS:
         p.add_argument("--" + name, type=typ, help="to servers")
+    for name, server_name in SERVER_RENAMED_OPTIONS:
+        p.add_argument("--" + name, help="to servers as --" + server_name)
     p.add_argument("--on_worker_loss", choices=["fail", "shrink"], help="to servers")
     p.add_argument("--bin_dir", default=os.path.join(REPO, "bazel-bin"),
                    help="holds server/bnps_server and worker/bnps_worker "
@@ -176,6 +186,9 @@ def server_command(args, shard):
            "--job=" + args.job, "--shard=%d" % shard, "--num_shards=%d" % args.servers,
            "--num_workers=%d" % args.workers, "--policy=" + args.policy]
     cmd += optional_flags(args, SHARED_OPTIONS + SERVER_OPTIONS)
+    for name, server_name in SERVER_RENAMED_OPTIONS:
+        if getattr(args, name) is not None:
+            cmd.append("--%s=%s" % (server_name, getattr(args, name)))
     if args.on_worker_loss:
         cmd.append("--on_worker_loss=" + args.on_worker_loss)
     return cmd

@@ -381,6 +381,23 @@ class UnitTest(unittest.TestCase):
         self.assertEqual(args.workers, 4)
         self.assertTrue(args.build)
 
+    def test_security_options_reach_the_right_binaries(self):
+        args, extra = self.m.parse_args([
+            "--token_file=/t", "--server_tls_cert=/s.pem", "--server_tls_key=/s.key",
+            "--tls_client_ca=/ca.pem", "--tls_ca=/ca.pem", "--tls_cert=/c.pem",
+            "--tls_key=/c.key"])
+        server = self.m.server_command(args, 0)
+        for flag in ("--token_file=/t", "--tls_cert=/s.pem", "--tls_key=/s.key",
+                     "--tls_client_ca=/ca.pem"):
+            self.assertIn(flag, server)
+        self.assertNotIn("--tls_cert=/c.pem", server)
+        worker = self.m.worker_command(args, extra, 0, ["127.0.0.1:1"], "/out")
+        for flag in ("--token_file=/t", "--tls_ca=/ca.pem", "--tls_cert=/c.pem",
+                     "--tls_key=/c.key"):
+            self.assertIn(flag, worker)
+        for flag in ("--tls_cert=/s.pem", "--tls_client_ca=/ca.pem"):
+            self.assertNotIn(flag, worker)
+
     def test_live_console_keeps_progress_on_one_line(self):
         out = io.StringIO()
         c = self.m.Console(out, live=True)

@@ -12,6 +12,8 @@
 #include "absl/strings/str_split.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/bnps.grpc.pb.h"
+#include "proto/job_token.h"
+#include "worker/security_flags.h"
 
 ABSL_FLAG(std::string, servers, "127.0.0.1:7000",
           "Comma-separated host:port of the shard servers, shard 0 first.");
@@ -29,11 +31,22 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "bnps_status: --servers is empty\n");
     return 2;
   }
+  absl::StatusOr<bnps::worker::ClientSecurity> security =
+      bnps::worker::SecurityFromFlags();
+  if (!security.ok()) {
+    std::fprintf(stderr, "bnps_status: %s\n",
+                 std::string(security.status().message()).c_str());
+    return 2;
+  }
   int unreachable = 0;
   for (size_t i = 0; i < servers.size(); ++i) {
     auto stub = bnps::proto::ParameterServer::NewStub(
-        grpc::CreateChannel(servers[i], grpc::InsecureChannelCredentials()));
+        grpc::CreateChannel(servers[i], security->credentials));
     grpc::ClientContext ctx;
+    if (!security->token.empty()) {
+      ctx.AddMetadata(std::string(bnps::proto::kTokenMetadataKey),
+                      security->token);
+    }
     ctx.set_deadline(std::chrono::system_clock::now() +
                      std::chrono::milliseconds(absl::GetFlag(FLAGS_timeout_ms)));
     bnps::proto::StatusRequest req;

@@ -35,6 +35,7 @@
 #include "worker/nn/cuda_backend.h"
 #include "worker/nn/model.h"
 #include "worker/ps_client.h"
+#include "worker/security_flags.h"
 #include "worker/trainer.h"
 
 ABSL_FLAG(std::string, servers, "",
@@ -284,6 +285,9 @@ absl::Status Main() {
           absl::StrCat("cannot write the report to ", report_path));
     }
   }
+  // Unreadable certificates or token: fail before loading anything.
+  absl::StatusOr<ClientSecurity> security = SecurityFromFlags();
+  if (!security.ok()) return security.status();
   omp_set_num_threads(threads);
 
   absl::StatusOr<Data> data = LoadData();
@@ -293,6 +297,8 @@ absl::Status Main() {
 
   PsClientOptions client_options;
   client_options.servers = servers;
+  client_options.credentials = security->credentials;
+  client_options.token = security->token;
   client_options.job = absl::GetFlag(FLAGS_job);
   client_options.worker = worker;
   client_options.num_workers = num_workers;

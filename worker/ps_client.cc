@@ -22,6 +22,7 @@
 #include "grpcpp/support/sync_stream.h"
 #include "proto/bn_wire.h"
 #include "proto/codec.h"
+#include "proto/job_token.h"
 #include "proto/limits.h"
 #include "proto/sharding.h"
 #include "proto/tensor_wire.h"
@@ -66,8 +67,13 @@ bool IsRetryable(absl::StatusCode code) {
          code == absl::StatusCode::kAborted;
 }
 
-void SetDeadline(grpc::ClientContext* context, absl::Time deadline) {
+// Sets a call's deadline and, if the job has one, its token.
+void SetUp(grpc::ClientContext* context, const std::string& token,
+           absl::Time deadline) {
   context->set_deadline(absl::ToChronoTime(deadline));
+  if (!token.empty()) {
+    context->AddMetadata(std::string(proto::kTokenMetadataKey), token);
+  }
 }
 
 absl::Status CheckKey(const std::string& key, absl::string_view what) {
@@ -193,7 +199,11 @@ class PsClient::BnStream {
     grpc::ByteBuffer response;  // a BnResponse, framed as proto/bn_wire reads
   };
 
-  explicit BnStream(const std::shared_ptr<grpc::Channel>& channel) {
+  BnStream(const std::shared_ptr<grpc::Channel>& channel,
+           const std::string& token) {
+    if (!token.empty()) {
+      context_.AddMetadata(std::string(proto::kTokenMetadataKey), token);
+    }
     // Corked: opening never blocks (the metadata goes out with the first
     // write, which the watchdog bounds). While the metadata is corked,
     // StartCall posts no event of its own: the first write carries it.
@@ -607,6 +617,12 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Connect(
     return absl::InvalidArgumentError(
         "PsClientOptions.heartbeat_interval must be finite and positive");
   }
+  if (!options.token.empty()) {
+    if (absl::Status s = proto::ValidateToken(options.token); !s.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("PsClientOptions.token: ", s.message()));
+    }
+  }
   if (options.credentials == nullptr) {
     options.credentials = grpc::InsecureChannelCredentials();
   }
@@ -723,7 +739,7 @@ absl::Status PsClient::RegisterAll(absl::Time deadline) {
     while (true) {
       ++attempts;
       grpc::ClientContext context;
-      SetDeadline(&context, deadline);
+      SetUp(&context, options_.token, deadline);
       status = proto::FromGrpcStatus(
           shards_[i].stub->Register(&context, request, &responses[i]));
       // UNAVAILABLE: the server may still be starting.
@@ -833,7 +849,7 @@ absl::Status PsClient::InitShard(int shard,
   auto send = [&]() {
     return WithRetries([&](absl::Time deadline) {
       grpc::ClientContext context;
-      SetDeadline(&context, deadline);
+      SetUp(&context, options_.token, deadline);
       proto::InitParametersResponse response;
       return proto::FromGrpcStatus(
           shards_[shard].stub->InitParameters(&context, request, &response));
@@ -903,7 +919,7 @@ absl::Status PsClient::PushShard(int shard, int64_t step, int64_t num_samples,
                                  const std::shared_ptr<const void>& owner,
                                  absl::Time deadline) {
   grpc::ClientContext context;
-  SetDeadline(&context, deadline);
+  SetUp(&context, options_.token, deadline);
   grpc::ByteBuffer response_bytes;
   std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> writer(
       grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(
@@ -1000,7 +1016,7 @@ absl::Status PsClient::PullShard(int shard,
                                  int64_t min_version, const PullSlot& slot,
                                  absl::Time deadline) {
   grpc::ClientContext context;
-  SetDeadline(&context, deadline);
+  SetUp(&context, options_.token, deadline);
   proto::PullParametersRequest request;
   request.set_job(options_.job);
   request.set_worker(options_.worker);
@@ -1078,7 +1094,8 @@ std::shared_ptr<PsClient::BnStream> PsClient::GetStream(int shard) {
   std::shared_ptr<BnStream>& slot = streams_[shard];
   if (slot == nullptr || slot->broken()) {
     old = std::move(slot);
-    slot = std::make_shared<BnStream>(shards_[shard].channel);
+    slot = std::make_shared<BnStream>(shards_[shard].channel,
+                                     options_.token);
   }
   return slot;
 }
@@ -1261,7 +1278,7 @@ absl::StatusOr<int64_t> PsClient::StartStep(int64_t step) {
   proto::StartStepResponse response;
   absl::Status s = WithRetries([&](absl::Time deadline) {
     grpc::ClientContext context;
-    SetDeadline(&context, deadline);
+    SetUp(&context, options_.token, deadline);
     return proto::FromGrpcStatus(
         shards_[0].stub->StartStep(&context, request, &response));
   });
@@ -1282,7 +1299,7 @@ absl::Status PsClient::FinishStep(int64_t completed) {
   request.set_completed(completed);
   absl::Status s = WithRetries([&](absl::Time deadline) {
     grpc::ClientContext context;
-    SetDeadline(&context, deadline);
+    SetUp(&context, options_.token, deadline);
     proto::FinishStepResponse response;
     return proto::FromGrpcStatus(
         shards_[0].stub->FinishStep(&context, request, &response));
@@ -1299,7 +1316,7 @@ absl::StatusOr<proto::StatusResponse> PsClient::GetStatus(int shard) {
   proto::StatusResponse response;
   absl::Status s = WithRetries([&](absl::Time deadline) {
     grpc::ClientContext context;
-    SetDeadline(&context, deadline);
+    SetUp(&context, options_.token, deadline);
     return proto::FromGrpcStatus(shards_[shard].stub->GetStatus(
         &context, proto::StatusRequest(), &response));
   });
@@ -1353,7 +1370,7 @@ void PsClient::SendHeartbeats() {
   request.set_worker(options_.worker);
   for (int i = 0; i < num_shards(); ++i) {
     grpc::ClientContext context;
-    SetDeadline(&context, absl::Now() + timeout);
+    SetUp(&context, options_.token, absl::Now() + timeout);
     {
       absl::MutexLock lock(&bg_mu_);
       if (stopping_) return;

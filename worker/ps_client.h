@@ -110,9 +110,12 @@ struct PsClientOptions {
   // and shorter than the servers' heartbeat_timeout_ms.
   // Default: 500 ms.
   absl::Duration heartbeat_interval = absl::Milliseconds(500);
-  // Channel credentials, e.g. grpc::SslCredentials(...) for TLS.
+  // Channel credentials, e.g. from proto::MakeChannelCredentials for TLS.
   // Default: nullptr, meaning grpc::InsecureChannelCredentials().
   std::shared_ptr<grpc::ChannelCredentials> credentials;
+  // The job token (proto/job_token.h), sent with every call; empty: none.
+  // Default: empty.
+  std::string token;
 };
 
 // A dense row-major float32 tensor: a parameter or a gradient.
