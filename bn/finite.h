@@ -3,9 +3,10 @@
 //
 // Every BN message and every pushed tensor is checked on its way in, so these
 // scans sit on the latency path of each BN-sync call. They look at the bits
-// in 32-bit words, without branches, so the compiler vectorizes them with the
-// instructions every x86-64 has (SSE2 compares 32-bit integers but not 64-bit
-// ones or, portably, doubles by class); a hit is then located by a plain loop.
+// in 32-bit words, without branches, so the compiler vectorizes them even with
+// the instructions every x86-64 has (SSE2 compares 32-bit integers but not
+// 64-bit ones or, portably, doubles by class), and with AVX2 or AVX-512 where
+// the CPU has them (bn/cpu_clones.h); a hit is then located by a plain loop.
 //
 // Example:
 //   if (size_t i = FirstNonFinite(values); i < values.size()) {

@@ -1,9 +1,5 @@
 #include "proto/credentials.h"
 
-#include <cerrno>
-#include <fstream>
-#include <ios>
-#include <system_error>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -11,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "grpc/grpc_security_constants.h"
+#include "proto/small_file.h"
 
 namespace bnps::proto {
 namespace {
@@ -19,40 +16,18 @@ namespace {
 constexpr absl::string_view kCertWhat = "TLS certificate";
 constexpr absl::string_view kKeyWhat = "TLS key";
 constexpr absl::string_view kCaWhat = "TLS CA";
-
-std::string ErrnoText(int errno_value) {
-  // std::error_code's message, unlike strerror, is safe to call from several
-  // threads.
-  return std::error_code(errno_value, std::generic_category()).message();
-}
+// Far more than any certificate chain or key.
+constexpr size_t kMaxPemBytes = size_t{1} << 20;
 
 // The whole of the PEM file at `path`; `what` names its role in errors.
 absl::StatusOr<std::string> ReadPem(absl::string_view what,
                                     const std::string& path) {
-  const std::string name = absl::StrCat(what, " '", path, "'");
-  errno = 0;
-  std::ifstream in(path, std::ios::in | std::ios::binary);
-  if (!in.is_open()) {
-    const int open_errno = errno;
-    return absl::NotFoundError(
-        absl::StrCat(name, ": cannot read: ",
-                     open_errno != 0 ? ErrnoText(open_errno) : "open failed"));
-  }
-  std::string contents;
-  char buffer[4096];
-  while (in.read(buffer, sizeof(buffer)) || in.gcount() > 0) {
-    contents.append(buffer, static_cast<size_t>(in.gcount()));
-  }
-  // bad(): the read itself failed, e.g. EISDIR for a directory (which opens).
-  if (in.bad()) {
-    const int read_errno = errno;
-    return absl::NotFoundError(
-        absl::StrCat(name, ": cannot read: ",
-                     read_errno != 0 ? ErrnoText(read_errno) : "read failed"));
-  }
-  if (!absl::StrContains(contents, "-----BEGIN ")) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(name, " is not PEM (no \"-----BEGIN \" line)"));
+  absl::StatusOr<std::string> contents =
+      ReadSmallFile(what, path, kMaxPemBytes);
+  if (!contents.ok()) return contents.status();
+  if (!absl::StrContains(*contents, "-----BEGIN ")) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, " '", path, "' is not PEM (no \"-----BEGIN \" line)"));
   }
   return contents;
 }

@@ -1,11 +1,7 @@
 #include "proto/job_token.h"
 
-#include <cerrno>
-#include <cstring>
-#include <fstream>
-#include <iterator>
-
 #include "absl/strings/str_cat.h"
+#include "proto/small_file.h"
 
 namespace bnps::proto {
 
@@ -27,18 +23,12 @@ absl::Status ValidateToken(absl::string_view token) {
 }
 
 absl::StatusOr<std::string> ReadTokenFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    return absl::NotFoundError(absl::StrCat(
-        "job token file '", path, "': cannot read: ", std::strerror(errno)));
-  }
-  // One byte past the longest token and its newline is enough to refuse.
-  std::string token;
-  token.resize(kMaxTokenBytes + 2);
-  in.read(token.data(), static_cast<std::streamsize>(token.size()));
-  token.resize(static_cast<size_t>(in.gcount()));
-  if (!token.empty() && token.back() == '\n') token.pop_back();
-  if (absl::Status s = ValidateToken(token); !s.ok()) {
+  // A token, and the newline an editor or `echo` puts after it.
+  absl::StatusOr<std::string> token =
+      ReadSmallFile("job token file", path, kMaxTokenBytes + 1);
+  if (!token.ok()) return token.status();
+  if (!token->empty() && token->back() == '\n') token->pop_back();
+  if (absl::Status s = ValidateToken(*token); !s.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("job token file '", path, "': ", s.message()));
   }

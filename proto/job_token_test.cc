@@ -1,6 +1,5 @@
 #include "proto/job_token.h"
 
-#include <cstdlib>
 #include <fstream>
 #include <string>
 
@@ -13,8 +12,7 @@ namespace {
 constexpr char kToken[] = "s3cret-token-of-job-7";
 
 std::string WriteFile(const std::string& name, const std::string& contents) {
-  const char* dir = std::getenv("TEST_TMPDIR");
-  const std::string path = absl::StrCat(dir ? dir : "/tmp", "/", name);
+  const std::string path = ::testing::TempDir() + name;
   std::ofstream(path, std::ios::binary) << contents;
   return path;
 }

@@ -67,6 +67,16 @@ bool IsRetryable(absl::StatusCode code) {
          code == absl::StatusCode::kAborted;
 }
 
+// The head of a BN request; BnCall adds the job, the worker and the id.
+proto::BnRequest BnHead(const std::string& layer, proto::BnPhase phase,
+                        int64_t step = 0) {
+  proto::BnRequest head;
+  head.set_layer(layer);
+  head.set_phase(phase);
+  head.set_step(step);
+  return head;
+}
+
 // Sets a call's deadline and, if the job has one, its token.
 void SetUp(grpc::ClientContext* context, const std::string& token,
            absl::Time deadline) {
@@ -1171,10 +1181,7 @@ absl::StatusOr<BnForwardResult> PsClient::BnForward(const std::string& layer,
                                                     const bn::Moments& local,
                                                     bool want_running) {
   if (absl::Status s = bn::ValidateMoments(local); !s.ok()) return s;
-  proto::BnRequest head;
-  head.set_layer(layer);
-  head.set_step(step);
-  head.set_phase(proto::BN_FORWARD);
+  proto::BnRequest head = BnHead(layer, proto::BN_FORWARD, step);
   head.set_want_running(want_running);
   proto::BnStatsOut stats;
   stats.moments = &local;
@@ -1198,13 +1205,10 @@ absl::StatusOr<BnForwardResult> PsClient::BnForward(const std::string& layer,
 absl::StatusOr<bn::BackwardSums> PsClient::BnBackward(
     const std::string& layer, int64_t step, const bn::BackwardSums& local) {
   if (absl::Status s = CheckSums(local); !s.ok()) return s;
-  proto::BnRequest head;
-  head.set_layer(layer);
-  head.set_step(step);
-  head.set_phase(proto::BN_BACKWARD);
   proto::BnStatsOut stats;
   stats.sums = &local;
-  absl::StatusOr<BnAnswer> answer = BnCall(std::move(head), stats);
+  absl::StatusOr<BnAnswer> answer =
+      BnCall(BnHead(layer, proto::BN_BACKWARD, step), stats);
   if (!answer.ok()) return answer.status();
   absl::StatusOr<bn::BackwardSums> sums =
       proto::DecodeSums(std::move(answer->stats.sums), local.sum_dy.size());
@@ -1215,32 +1219,23 @@ absl::StatusOr<bn::BackwardSums> PsClient::BnBackward(
 absl::Status PsClient::BnRecal(const std::string& layer, int64_t batch,
                                const bn::Moments& moments) {
   if (absl::Status s = bn::ValidateMoments(moments); !s.ok()) return s;
-  proto::BnRequest head;
-  head.set_layer(layer);
-  head.set_step(batch);
-  head.set_phase(proto::BN_RECAL);
   proto::BnStatsOut stats;
   stats.moments = &moments;
-  return BnCall(std::move(head), stats).status();
+  return BnCall(BnHead(layer, proto::BN_RECAL, batch), stats).status();
 }
 
 absl::StatusOr<bn::RunningStats> PsClient::BnRecalFinish(
     const std::string& layer) {
-  proto::BnRequest head;
-  head.set_layer(layer);
-  head.set_phase(proto::BN_RECAL_FINISH);
-  return BnCallForRunning(std::move(head), {}, -1);
+  return BnCallForRunning(BnHead(layer, proto::BN_RECAL_FINISH), {}, -1);
 }
 
 absl::StatusOr<bn::RunningStats> PsClient::BnLocalRunning(
     const std::string& layer, const bn::RunningStats& running) {
   if (absl::Status s = CheckRunning(running); !s.ok()) return s;
-  proto::BnRequest head;
-  head.set_layer(layer);
-  head.set_phase(proto::BN_LOCAL_RUNNING);
   proto::BnStatsOut stats;
   stats.running = &running;
-  return BnCallForRunning(std::move(head), stats, running.mean.size());
+  return BnCallForRunning(BnHead(layer, proto::BN_LOCAL_RUNNING), stats,
+                          running.mean.size());
 }
 
 absl::StatusOr<bn::RunningStats> PsClient::BnRunning(const std::string& layer,
@@ -1249,10 +1244,7 @@ absl::StatusOr<bn::RunningStats> PsClient::BnRunning(const std::string& layer,
     return absl::InvalidArgumentError(
         absl::StrCat("BnRunning: ", channels, " channels"));
   }
-  proto::BnRequest head;
-  head.set_layer(layer);
-  head.set_phase(proto::BN_RUNNING);
-  return BnCallForRunning(std::move(head), {}, channels);
+  return BnCallForRunning(BnHead(layer, proto::BN_RUNNING), {}, channels);
 }
 
 absl::StatusOr<bn::RunningStats> PsClient::BnCallForRunning(
