@@ -232,10 +232,10 @@ class PullReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     for (const auto& [key, t] : *snap) version = std::min(version, t.version);
     proto::PullParametersResponse head;
     head.set_version(snap->empty() ? 0 : version);
-    // Chunks packed into messages well under the message limit.
+    // One full chunk per message, small tensors packed together.
     proto::ChunkedMessageBuilder builder(
         head, proto::PullParametersResponse::kChunksFieldNumber,
-        proto::kMaxMessageBytes / 2);
+        proto::kBulkMessageBytes);
     const auto keep = [this](grpc::ByteBuffer m) {
       messages_.push_back(std::move(m));
       return true;

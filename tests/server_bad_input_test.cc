@@ -1,8 +1,10 @@
 // Bad input to a real shard server on 127.0.0.1 gets a clear status and never
 // crashes it: unknown keys, wrong shape or dtype, NaN/Inf, a key the shard does
 // not own, a worker outside the job, a step from the past, an oversized message.
-// Raw stubs, so every malformed message can be sent as it is.
+// Raw stubs, so every malformed message can be sent as it is. Also pins the
+// size of the server's own messages: a pull answers one chunk per message.
 
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -326,6 +328,54 @@ TEST_F(BadInputTest, RegisterChecksTheJobShape) {
   grpc::ClientContext ctx3;
   EXPECT_EQ(stub_->StartStep(&ctx3, start, &sresp).error_code(),
             StatusCode::FAILED_PRECONDITION);  // not async
+}
+
+TEST_F(BadInputTest, PullAnswersOneFullChunkPerMessage) {
+  std::string big;
+  for (int i = 0; big.empty(); ++i) {
+    const std::string key = "big/" + std::to_string(i);
+    if (proto::ShardForKey(key, 2) == 0) big = key;
+  }
+  // 5.5 chunks, under the 8 MB limit of one (unchunked) init message.
+  const int64_t n = 5 * proto::kChunkFloats + proto::kChunkFloats / 2;
+  std::vector<float> values(n);
+  for (int64_t i = 0; i < n; ++i) values[i] = static_cast<float>(i % 1000);
+  ASSERT_EQ(Init(big, values, {n}).error_code(), StatusCode::OK);
+
+  proto::PullParametersRequest req;
+  req.set_job("bnps");
+  req.set_worker(0);
+  req.add_keys(big);
+  req.add_keys(owned_);  // 3 floats: packed with another chunk
+  grpc::ClientContext ctx;
+  auto reader = stub_->PullParameters(&ctx, req);
+  proto::PullParametersResponse resp;
+  std::vector<int> chunks_per_message;
+  std::vector<float> got(n, -1.0f);
+  int small_chunks = 0;
+  while (reader->Read(&resp)) {
+    EXPECT_LE(static_cast<int64_t>(resp.ByteSizeLong()),
+              proto::kBulkMessageBytes);
+    chunks_per_message.push_back(resp.chunks_size());
+    for (const proto::TensorChunk& c : resp.chunks()) {
+      if (c.key() == owned_) {
+        ++small_chunks;
+        continue;
+      }
+      ASSERT_EQ(c.key(), big);
+      ASSERT_EQ(c.part().data().size() % sizeof(float), 0u);
+      const int64_t len = c.part().data().size() / sizeof(float);
+      ASSERT_LE(c.offset() + len, n);
+      std::memcpy(&got[c.offset()], c.part().data().data(),
+                  c.part().data().size());
+    }
+  }
+  ASSERT_TRUE(reader->Finish().ok());
+  // Six chunks of the big tensor, one message each; the small tensor rides
+  // along with the last (half) chunk.
+  EXPECT_EQ(chunks_per_message, (std::vector<int>{1, 1, 1, 1, 1, 2}));
+  EXPECT_EQ(small_chunks, 1);
+  EXPECT_EQ(got, values);
 }
 
 }  // namespace

@@ -35,8 +35,6 @@ constexpr absl::Duration kMaxBackoff = absl::Seconds(2);
 // Channels reconnect at most this long after a failed connection attempt
 // (gRPC's default is 120 s, far too long for a restarted shard).
 constexpr int kMaxReconnectBackoffMs = 2000;
-// PushGradients packs chunks into messages of at most this many bytes.
-constexpr size_t kPushMessageBytes = proto::kMaxMessageBytes / 2;
 // InitParameters packs tensors into messages of at most this many bytes.
 constexpr size_t kInitMessageBytes = proto::kMaxMessageBytes - 4096;
 // The bulk methods' full names, for raw calls (proto/bnps.proto).
@@ -944,7 +942,8 @@ absl::Status PsClient::PushShard(int shard, int64_t step, int64_t num_samples,
   // Each message is written as soon as it is full, so that no more than one
   // is ever held.
   proto::ChunkedMessageBuilder message(
-      head, proto::PushGradientsRequest::kChunksFieldNumber, kPushMessageBytes);
+      head, proto::PushGradientsRequest::kChunksFieldNumber,
+      proto::kBulkMessageBytes);
   const auto write = [&writer](grpc::ByteBuffer m) { return writer->Write(m); };
   bool ok = true;
   for (const std::string* key : keys) {

@@ -184,9 +184,10 @@ class PsClient {
   // Pushes the gradients of `step`, summed over `num_samples` samples. Each
   // shard gets one client-streaming PushGradients call with its keys, tensors
   // cut into proto::kChunkFloats-element chunks and packed into messages of at
-  // most kMaxMessageBytes / 2 bytes; every message carries (job, worker, step,
-  // num_samples). Shards are pushed in parallel; a shard with none of the keys
-  // gets no call. Retried as described above (the server deduplicates).
+  // most proto::kBulkMessageBytes (one full chunk, or many small tensors);
+  // every message carries (job, worker, step, num_samples). Shards are pushed
+  // in parallel; a shard with none of the keys gets no call. Retried as
+  // described above (the server deduplicates).
   // INVALID_ARGUMENT for a negative step or num_samples or a bad key or shape.
   absl::Status PushGradients(int64_t step, int64_t num_samples,
                              const std::map<std::string, Param>& grads);

@@ -671,7 +671,7 @@ TEST_F(PsClientTest, PushGradientsRoutesAndChunks) {
     EXPECT_EQ(push.step, 7);
     EXPECT_EQ(push.num_samples, 32);
     EXPECT_LE(push.largest_message,
-              static_cast<size_t>(proto::kMaxMessageBytes) / 2);
+              static_cast<size_t>(proto::kBulkMessageBytes));
     std::vector<std::string> want;
     for (const auto& [key, p] : grads) {
       if (proto::ShardForKey(key, kShards) != s) continue;
@@ -683,7 +683,7 @@ TEST_F(PsClientTest, PushGradientsRoutesAndChunks) {
     for (const auto& [key, p] : push.grads) got.push_back(key);
     EXPECT_THAT(got, UnorderedElementsAreArray(want));
     if (s == 1) {
-      EXPECT_GE(push.messages, 4);  // 12 MB in messages of <= 4 MB
+      EXPECT_GE(push.messages, 12);  // 12 chunks of 1 MB, one per message
     }
   }
   EXPECT_EQ(client->PushGradients(-1, 1, grads).code(),
