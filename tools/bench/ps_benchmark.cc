@@ -31,8 +31,12 @@
 //    the echo's reader reuses its message). Peer: raw gRPC moving the same
 //    bytes in 1 MiB messages, a client-streaming Upload then a
 //    server-streaming Download, split over S echo servers in parallel as bnps
-//    splits over shards. bnps and echo reps alternate. Throughput is
-//    2 * bytes / (median time of a rep); MB = 2^20 bytes.
+//    splits over shards. Each system's reps of a row run in a fresh process
+//    (this binary again, with --grad_child) holding its servers and client,
+//    so neither runs in the heap the other left; the rows are measured in
+//    --rounds rounds with the two systems back to back, the first
+//    alternating. Throughput is 2 * bytes / (median time of a rep); MB = 2^20
+//    bytes.
 //
 // Run: bazel build -c opt //tools/bench:ps_benchmark &&
 //      bazel-bin/tools/bench/ps_benchmark [--reps=1000] [--min_reps=100]
@@ -44,6 +48,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <spawn.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -74,11 +79,14 @@
 #include "absl/flags/parse.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "bn/moments.h"
@@ -104,8 +112,9 @@ ABSL_FLAG(double, row_seconds, 0.5,
           "BN latency: timing a row stops at the first call after this many "
           "seconds, once it has --min_reps calls");
 ABSL_FLAG(int, rounds, 3,
-          "BN latency: how many times each row is measured, the rows and "
-          "systems interleaved; a cell is the median over the rounds");
+          "how many times each row is measured, the rows and systems "
+          "interleaved; a BN cell is the median over the rounds, a grad cell "
+          "the median of all its reps (split over the rounds)");
 ABSL_FLAG(bool, quick, false,
           "fewer reps: at most 50 BN calls per row, 1-3 push+pull reps");
 ABSL_FLAG(std::vector<std::string>, systems,
@@ -118,6 +127,10 @@ ABSL_FLAG(std::vector<std::string>, channels,
 ABSL_FLAG(std::vector<std::string>, workers,
           std::vector<std::string>({"1", "2", "4", "8"}),
           "BN latency: the worker counts W of each row group");
+ABSL_FLAG(std::string, grad_child, "",
+          "internal, set by the grad table: SYSTEM,MB,S,REPS measures one "
+          "system's push + pull reps (bnps or echo) in this process, prints "
+          "their times and exits");
 ABSL_FLAG(std::string, tables, "bn,grad",
           "which tables to measure, comma-separated: bn (BN-sync latency), "
           "grad (gradient push + pull throughput)");
@@ -137,7 +150,7 @@ struct Settings {
   int reps = 1000;     // most BN calls timed per worker
   int min_reps = 100;  // fewest; between the two, the row's time decides
   absl::Duration row_time = absl::Milliseconds(500);
-  int rounds = 3;  // measurements of each BN row; the cell is their median
+  int rounds = 3;  // measurements of each row (BN and grad)
   absl::Duration row_budget = absl::Seconds(20);  // per latency row and peer
   std::vector<int> channels;                      // C of the BN rows
   std::vector<int> workers;                       // W of the BN rows
@@ -678,10 +691,28 @@ class UploadReactor : public grpc::ServerReadReactor<Blob> {
   int64_t bytes_ = 0;
 };
 
+// What Downloads send: `bytes` of distinct memory, as a pull sends the
+// store's values (not one buffer over and over, which stays in the cache).
+// Filled once; replaced by a larger one when a larger download is asked for.
+class DownloadSource {
+ public:
+  std::shared_ptr<const std::string> Get(int64_t bytes) {
+    absl::MutexLock lock(&mu_);
+    if (source_ == nullptr || static_cast<int64_t>(source_->size()) < bytes) {
+      source_ = std::make_shared<const std::string>(bytes, 'x');
+    }
+    return source_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::shared_ptr<const std::string> source_ ABSL_GUARDED_BY(mu_);
+};
+
 class DownloadReactor : public grpc::ServerWriteReactor<Blob> {
  public:
-  explicit DownloadReactor(int64_t bytes) : left_(bytes) {
-    chunk_.mutable_data()->assign(std::min(left_, kEchoChunkBytes), 'x');
+  DownloadReactor(int64_t bytes, std::shared_ptr<const std::string> source)
+      : left_(bytes), source_(std::move(source)) {
     WriteNext();
   }
   void OnWriteDone(bool ok) override {
@@ -694,12 +725,15 @@ class DownloadReactor : public grpc::ServerWriteReactor<Blob> {
   void WriteNext() {
     if (left_ <= 0) return Finish(grpc::Status::OK);
     const int64_t n = std::min(left_, kEchoChunkBytes);
-    chunk_.mutable_data()->resize(n);
+    chunk_.mutable_data()->assign(source_->data() + sent_, n);
     left_ -= n;
+    sent_ += n;
     StartWrite(&chunk_);
   }
 
   int64_t left_;
+  int64_t sent_ = 0;
+  const std::shared_ptr<const std::string> source_;
   Blob chunk_;
 };
 
@@ -718,11 +752,13 @@ class EchoServiceImpl final : public EchoService::CallbackService {
   }
   grpc::ServerWriteReactor<Blob>* Download(grpc::CallbackServerContext*,
                                            const Count* request) override {
-    return new DownloadReactor(request->bytes());
+    const int64_t bytes = std::max<int64_t>(0, request->bytes());
+    return new DownloadReactor(bytes, source_.Get(bytes));
   }
 
  private:
   GatherHall hall_;
+  DownloadSource source_;
 };
 
 // A stub of the echo server on 127.0.0.1:port, with the shard server's
@@ -818,28 +854,29 @@ absl::StatusOr<Latency> EchoLatency(WorkerPool& pool, const EchoServer& server,
 }
 
 // Moves `bytes` up (Upload) and then down (Download), split over `stubs`, each
-// direction in parallel over the stubs.
+// direction in parallel over the stubs. Stub i uploads sources[i] (its share
+// of the bytes: distinct memory, as a push sends the gradients' own).
 absl::Status EchoPushPull(
     const std::vector<std::unique_ptr<EchoService::Stub>>& stubs,
-    int64_t bytes) {
+    const std::vector<std::string>& sources) {
   const int n = static_cast<int>(stubs.size());
-  auto share = [&](int i) { return bytes / n + (i == n - 1 ? bytes % n : 0); };
   std::vector<absl::Status> status(n);
   OnThreads(n, [&](int i) {
     grpc::ClientContext context;
     SetDeadline(&context);
     Count response;
     auto writer = stubs[i]->Upload(&context, &response);
-    // Filled once, like the tensors bnps pushes: a rep moves bytes that exist.
+    const std::string& source = sources[i];
+    const int64_t size = static_cast<int64_t>(source.size());
     Blob chunk;
-    chunk.mutable_data()->assign(std::min(share(i), kEchoChunkBytes), 'x');
-    for (int64_t left = share(i); left > 0; left -= kEchoChunkBytes) {
-      if (left < kEchoChunkBytes) chunk.mutable_data()->resize(left);
+    for (int64_t sent = 0; sent < size; sent += kEchoChunkBytes) {
+      chunk.mutable_data()->assign(source.data() + sent,
+                                   std::min(size - sent, kEchoChunkBytes));
       if (!writer->Write(chunk)) break;
     }
     writer->WritesDone();
     status[i] = FromGrpc(writer->Finish(), "Upload");
-    if (status[i].ok() && response.bytes() != share(i)) {
+    if (status[i].ok() && response.bytes() != size) {
       status[i] = absl::DataLossError("Upload: bytes lost");
     }
   });
@@ -848,13 +885,13 @@ absl::Status EchoPushPull(
     grpc::ClientContext context;
     SetDeadline(&context);
     Count request;
-    request.set_bytes(share(i));
+    request.set_bytes(static_cast<int64_t>(sources[i].size()));
     auto reader = stubs[i]->Download(&context, request);
     Blob chunk;
     int64_t got = 0;
     while (reader->Read(&chunk)) got += chunk.data().size();
     status[i] = FromGrpc(reader->Finish(), "Download");
-    if (status[i].ok() && got != share(i)) {
+    if (status[i].ok() && got != static_cast<int64_t>(sources[i].size())) {
       status[i] = absl::DataLossError("Download: bytes lost");
     }
   });
@@ -942,6 +979,8 @@ absl::StatusOr<std::vector<double>> RunJob(const Job& job,
   return absl::InvalidArgumentError("unknown peer");
 }
 
+// --- gradient push + pull: each system's reps in a fresh process
+
 // bnps and echo push + pull throughput (MB/s) for one payload and S servers.
 struct ThroughputRow {
   int mb = 0;
@@ -951,117 +990,256 @@ struct ThroughputRow {
   absl::StatusOr<double> echo = absl::UnknownError("not run");
 };
 
-// Times `reps` calls of each of `reps_of` (a list of rep functions, one per
-// system) after one warm-up call each, alternating between them so that all
-// see the same machine; 2 * bytes / median time, per system. A system whose
-// rep fails stops being timed and reports the error.
-std::vector<absl::StatusOr<double>> Throughput(
-    int64_t bytes, int reps, absl::Duration budget,
-    const std::vector<std::function<absl::Status(int)>>& reps_of) {
-  const Clock::time_point deadline =
-      Clock::now() + absl::ToChronoNanoseconds(budget);
-  const size_t n = reps_of.size();
-  std::vector<std::vector<double>> seconds(n);
-  std::vector<absl::Status> status(n);
-  for (int i = 0; i <= reps && Clock::now() < deadline; ++i) {
-    for (size_t k = 0; k < n; ++k) {
-      if (!status[k].ok()) continue;
-      const Clock::time_point t0 = Clock::now();
-      status[k] = reps_of[k](i);
-      if (status[k].ok() && i > 0) seconds[k].push_back(MicrosSince(t0) * 1e-6);
-    }
+// Untimed reps at the start of each grad child: the first connects and
+// faults in the buffers.
+constexpr int kGradWarmup = 2;
+// How long one grad child may take, start to exit.
+constexpr absl::Duration kGradChildBudget = absl::Seconds(90);
+
+// The grad table's parameters for `mb` MB: (key, elements), at most
+// kFloatsPerKey elements each.
+std::vector<std::pair<std::string, int64_t>> GradKeys(int mb) {
+  std::vector<std::pair<std::string, int64_t>> keys;
+  for (int64_t left = mb * kMB / 4; left > 0; left -= kFloatsPerKey) {
+    keys.emplace_back(absl::StrFormat("mb%d/w%02d", mb, keys.size()),
+                      std::min(left, kFloatsPerKey));
   }
-  std::vector<absl::StatusOr<double>> out;
-  for (size_t k = 0; k < n; ++k) {
-    if (!status[k].ok()) {
-      out.push_back(status[k]);
-    } else if (seconds[k].empty()) {
-      out.push_back(absl::DeadlineExceededError("no rep was timed"));
-    } else {
-      out.push_back(2.0 * bytes / kMB / Percentile(seconds[k], 0.5));
-    }
-  }
-  return out;
+  return keys;
 }
 
-std::vector<ThroughputRow> MeasureThroughput(int shards, const Settings& s) {
-  std::vector<ThroughputRow> rows;
-  for (int mb : kPayloadMB) {
-    ThroughputRow row;
-    row.mb = mb;
-    row.shards = shards;
-    row.keys_per_shard.assign(shards, 0);
-    rows.push_back(std::move(row));
-  }
+// One system's push + pull reps of `mb` MB over S servers, all in this
+// process (a grad child: nothing of the other system is here). bnps: S shard
+// servers (sync, one worker); a rep is PushGradients(step) of all keys
+// (shared, as the trainer pushes) and PullParametersInto(step + 1) (applied
+// at once; into the same buffers every rep, as the echo's reader reuses its
+// message). echo: S echo servers, EchoPushPull. Returns the seconds of each
+// timed rep.
+absl::StatusOr<std::vector<double>> GradReps(bool bnps, int mb, int shards,
+                                             int reps) {
+  const Clock::time_point deadline =
+      Clock::now() +
+      absl::ToChronoNanoseconds(kGradChildBudget - absl::Seconds(10));
   std::vector<std::unique_ptr<server::RunningServer>> servers;
   std::vector<std::unique_ptr<EchoServer>> echo_servers;
   std::vector<std::unique_ptr<EchoService::Stub>> stubs;
   std::vector<std::string> addresses;
-  absl::Status setup;
-  for (int i = 0; i < shards && setup.ok(); ++i) {
-    server::ShardOptions options;
-    options.shard = i;
-    options.num_shards = shards;
-    options.policy = server::Policy::kSync;
-    auto server = server::RunningServer::Start(options, "127.0.0.1:0");
-    auto echo = EchoServer::Start();
-    if (!server.ok()) setup = server.status();
-    if (!echo.ok()) setup = echo.status();
-    if (!setup.ok()) break;
-    addresses.push_back(absl::StrCat("127.0.0.1:", (*server)->port()));
-    servers.push_back(*std::move(server));
-    stubs.push_back((*echo)->NewStub());
-    echo_servers.push_back(*std::move(echo));
+  for (int i = 0; i < shards; ++i) {
+    if (bnps) {
+      server::ShardOptions options;
+      options.shard = i;
+      options.num_shards = shards;
+      options.policy = server::Policy::kSync;
+      auto server = server::RunningServer::Start(options, "127.0.0.1:0");
+      if (!server.ok()) return server.status();
+      addresses.push_back(absl::StrCat("127.0.0.1:", (*server)->port()));
+      servers.push_back(*std::move(server));
+    } else {
+      auto echo = EchoServer::Start();
+      if (!echo.ok()) return echo.status();
+      stubs.push_back((*echo)->NewStub());
+      echo_servers.push_back(*std::move(echo));
+    }
   }
-  absl::StatusOr<std::unique_ptr<worker::PsClient>> client =
-      setup.ok() ? worker::PsClient::Connect(ClientOptions(addresses, 0, 1))
-                 : setup;
-  for (ThroughputRow& row : rows) {
-    if (!client.ok()) {
-      row.bnps = row.echo = client.status();
-      continue;
-    }
-    const int64_t bytes = row.mb * kMB;
-    const absl::Duration budget = absl::Seconds(60);
-    const int reps = s.push_pull_reps.at(row.mb);
+  const int64_t bytes = mb * kMB;
+  std::function<absl::Status(int)> rep;
+  std::unique_ptr<worker::PsClient> client;
+  std::map<std::string, worker::Param> pulled;
+  std::shared_ptr<const std::map<std::string, worker::Param>> shared;
+  std::vector<std::string> sources;  // echo: each stub's share of the bytes
+  if (bnps) {
+    absl::StatusOr<std::unique_ptr<worker::PsClient>> c =
+        worker::PsClient::Connect(ClientOptions(addresses, 0, 1));
+    if (!c.ok()) return c.status();
+    client = *std::move(c);
     std::map<std::string, worker::Param> grads;
-    std::vector<std::string> keys;
-    for (int64_t left = bytes / 4; left > 0; left -= kFloatsPerKey) {
-      const int64_t n = std::min(left, kFloatsPerKey);
-      keys.push_back(absl::StrFormat("mb%d/w%02d", row.mb, keys.size()));
-      grads[keys.back()] = {{n}, std::vector<float>(n, 1e-4f)};
-      ++row.keys_per_shard[proto::ShardForKey(keys.back(), shards)];
+    for (const auto& [key, n] : GradKeys(mb)) {
+      grads[key] = {{n}, std::vector<float>(n, 1e-4f)};
+      pulled[key];
     }
-    std::map<std::string, worker::Param> pulled;
-    for (const std::string& key : keys) pulled[key];
+    if (absl::Status s = client->InitParameters(grads); !s.ok()) return s;
     // Sent without a copy (the trainer's way); unchanged between reps.
-    auto shared =
-        std::make_shared<const std::map<std::string, worker::Param>>(grads);
-    if (absl::Status init =
-            s.bnps ? (*client)->InitParameters(grads) : absl::OkStatus();
-        !init.ok()) {
-      row.bnps = init;
-      continue;
+    shared = std::make_shared<const std::map<std::string, worker::Param>>(
+        std::move(grads));
+    rep = [&](int step) -> absl::Status {
+      if (absl::Status s = client->PushGradients(step, 1, shared); !s.ok()) {
+        return s;
+      }
+      return client->PullParametersInto(step + 1, &pulled);
+    };
+  } else {
+    for (int i = 0; i < shards; ++i) {
+      const int64_t share =
+          bytes / shards + (i == shards - 1 ? bytes % shards : 0);
+      sources.emplace_back(share, 'x');
     }
-    std::vector<std::function<absl::Status(int)>> systems;
-    if (s.bnps) {
-      systems.push_back([&](int step) -> absl::Status {
-        if (absl::Status st = (*client)->PushGradients(step, 1, shared);
-            !st.ok()) {
-          return st;
+    rep = [&](int) { return EchoPushPull(stubs, sources); };
+  }
+  std::vector<double> seconds;
+  for (int i = 0; i < kGradWarmup + reps && Clock::now() < deadline; ++i) {
+    const Clock::time_point t0 = Clock::now();
+    if (absl::Status s = rep(i); !s.ok()) return s;
+    if (i >= kGradWarmup) seconds.push_back(MicrosSince(t0) * 1e-6);
+  }
+  if (seconds.empty()) return absl::DeadlineExceededError("no rep was timed");
+  return seconds;
+}
+
+// Body of `--grad_child=SYSTEM,MB,S,REPS`: prints "reps" and the rep times in
+// seconds, or "error", the status code and message, on one line.
+int GradChildMain(const std::string& spec) {
+  std::vector<std::string> f = absl::StrSplit(spec, ',');
+  int mb = 0, shards = 0, reps = 0;
+  if (f.size() != 4 || (f[0] != "bnps" && f[0] != "echo") ||
+      !absl::SimpleAtoi(f[1], &mb) || !absl::SimpleAtoi(f[2], &shards) ||
+      !absl::SimpleAtoi(f[3], &reps) || mb < 1 || shards < 1 || reps < 1) {
+    absl::FPrintF(stderr,
+                  "ps_benchmark: --grad_child=%s is not "
+                  "bnps|echo,MB,S,REPS\n",
+                  spec);
+    return 2;
+  }
+  absl::StatusOr<std::vector<double>> got =
+      GradReps(f[0] == "bnps", mb, shards, reps);
+  if (got.ok()) {
+    absl::PrintF("reps %s\n",
+                 absl::StrJoin(*got, " ", [](std::string* out, double v) {
+                   absl::StrAppend(out, absl::StrFormat("%.9g", v));
+                 }));
+  } else {
+    absl::PrintF("error %d %s\n", static_cast<int>(got.status().code()),
+                 absl::StrReplaceAll(got.status().message(), {{"\n", " "}}));
+  }
+  std::fflush(stdout);
+  return 0;
+}
+
+// Runs this binary with --grad_child=spec and returns the rep times it
+// printed. The child is killed (by its PID) if it outlives kGradChildBudget.
+absl::StatusOr<std::vector<double>> RunGradChild(const std::string& spec) {
+  int out[2];
+  if (pipe2(out, O_CLOEXEC) != 0) {
+    return absl::InternalError(absl::StrCat("pipe: ", strerror(errno)));
+  }
+  const std::string flag = absl::StrCat("--grad_child=", spec);
+  char exe[] = "/proc/self/exe";
+  char* argv[] = {exe, const_cast<char*>(flag.c_str()), nullptr};
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, out[1], STDOUT_FILENO);
+  pid_t pid = -1;
+  const int err = posix_spawn(&pid, exe, &actions, nullptr, argv, environ);
+  posix_spawn_file_actions_destroy(&actions);
+  close(out[1]);
+  if (err != 0) {
+    close(out[0]);
+    return absl::InternalError(absl::StrCat("posix_spawn: ", strerror(err)));
+  }
+  const absl::Time deadline = absl::Now() + kGradChildBudget;
+  std::string text;
+  bool timed_out = false;
+  for (;;) {
+    const int64_t left_ms = absl::ToInt64Milliseconds(deadline - absl::Now());
+    if (left_ms <= 0) {
+      timed_out = true;
+      break;
+    }
+    pollfd p{out[0], POLLIN, 0};
+    if (poll(&p, 1, static_cast<int>(std::min<int64_t>(left_ms, 1000))) < 0 &&
+        errno != EINTR) {
+      break;
+    }
+    if (p.revents == 0) continue;
+    char buf[4096];
+    const ssize_t n = read(out[0], buf, sizeof(buf));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    text.append(buf, n);
+  }
+  close(out[0]);
+  if (timed_out) kill(pid, SIGKILL);
+  int wstatus = 0;
+  while (waitpid(pid, &wstatus, 0) < 0 && errno == EINTR) {
+  }
+  if (timed_out) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("grad child ", spec, " ran past ",
+                     absl::FormatDuration(kGradChildBudget)));
+  }
+  std::vector<std::string> words =
+      absl::StrSplit(absl::StripAsciiWhitespace(text), ' ', absl::SkipEmpty());
+  if (!words.empty() && words[0] == "reps") {
+    std::vector<double> seconds;
+    for (size_t i = 1; i < words.size(); ++i) {
+      double v;
+      if (!absl::SimpleAtod(words[i], &v)) break;
+      seconds.push_back(v);
+    }
+    if (seconds.size() + 1 == words.size() && !seconds.empty()) return seconds;
+  }
+  int code = 0;
+  if (words.size() >= 2 && words[0] == "error" &&
+      absl::SimpleAtoi(words[1], &code) && code > 0 && code <= 16) {
+    std::vector<std::string> rest(words.begin() + 2, words.end());
+    return absl::Status(static_cast<absl::StatusCode>(code),
+                        absl::StrJoin(rest, " "));
+  }
+  return absl::InternalError(absl::StrCat("grad child ", spec,
+                                          " ended (wait status ", wstatus,
+                                          ") without a result"));
+}
+
+// Measures the grad table. Each system's reps of a row run in a fresh process
+// (RunGradChild), so neither system runs in the heap the other left: in one
+// process, reps alternating, the echo ran 1.2-1.7x faster than it does alone
+// (docs/server.md). To see the same machine, the rows are measured in
+// --rounds rounds, the two systems one after the other in each, the first of
+// them alternating; a cell is 2 * bytes over the median of all its reps.
+std::vector<ThroughputRow> MeasureThroughput(const Settings& s) {
+  std::vector<ThroughputRow> rows;
+  for (int shards : s.shard_counts) {
+    for (int mb : kPayloadMB) {
+      ThroughputRow row;
+      row.mb = mb;
+      row.shards = shards;
+      row.keys_per_shard.assign(shards, 0);
+      for (const auto& [key, n] : GradKeys(mb)) {
+        ++row.keys_per_shard[proto::ShardForKey(key, shards)];
+      }
+      // A value until a round fails (then its error) or the end (then MB/s).
+      row.bnps = s.bnps ? absl::StatusOr<double>(0.0) : Skipped();
+      row.echo = s.echo ? absl::StatusOr<double>(0.0) : Skipped();
+      rows.push_back(std::move(row));
+    }
+  }
+  std::vector<std::vector<double>> bnps_reps(rows.size()),
+      echo_reps(rows.size());
+  for (int round = 0; round < s.rounds; ++round) {
+    for (size_t i = 0; i < rows.size(); ++i) {
+      ThroughputRow& row = rows[i];
+      const int reps =
+          std::max(1, (s.push_pull_reps.at(row.mb) + s.rounds - 1) / s.rounds);
+      for (const bool bnps : {round % 2 == 0, round % 2 != 0}) {
+        absl::StatusOr<double>& cell = bnps ? row.bnps : row.echo;
+        if (!cell.ok()) continue;  // skipped, or failed in an earlier round
+        absl::StatusOr<std::vector<double>> got = RunGradChild(absl::StrCat(
+            bnps ? "bnps" : "echo", ",", row.mb, ",", row.shards, ",", reps));
+        if (!got.ok()) {
+          cell = got.status();
+          continue;
         }
-        // Into the same buffers each rep, as the echo's reader reuses its
-        // message.
-        return (*client)->PullParametersInto(step + 1, &pulled);
-      });
+        std::vector<double>& all = (bnps ? bnps_reps : echo_reps)[i];
+        all.insert(all.end(), got->begin(), got->end());
+      }
     }
-    if (s.echo) {
-      systems.push_back([&](int) { return EchoPushPull(stubs, bytes); });
+  }
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const double bytes = rows[i].mb * kMB;
+    if (rows[i].bnps.ok()) {
+      rows[i].bnps = 2.0 * bytes / kMB / Percentile(bnps_reps[i], 0.5);
     }
-    std::vector<absl::StatusOr<double>> got =
-        Throughput(bytes, reps, budget, systems);
-    row.bnps = s.bnps ? got.front() : Skipped();
-    row.echo = s.echo ? got.back() : Skipped();
+    if (rows[i].echo.ok()) {
+      rows[i].echo = 2.0 * bytes / kMB / Percentile(echo_reps[i], 0.5);
+    }
   }
   return rows;
 }
@@ -1202,6 +1380,9 @@ bool PositiveInts(const std::vector<std::string>& in, absl::string_view flag,
 }
 
 int Main() {
+  if (const std::string spec = absl::GetFlag(FLAGS_grad_child); !spec.empty()) {
+    return GradChildMain(spec);
+  }
   Settings s;
   if (!PositiveInts(absl::GetFlag(FLAGS_workers), "workers", 64, &s.workers)) {
     return 2;
@@ -1243,7 +1424,9 @@ int Main() {
   absl::PrintF(
       "settings: BN latency %d warm-up + %d to %d timed calls per worker and "
       "row (timing stops after %s once it has %d; at most %s a row), median "
-      "of %d rounds; push+pull reps %s after 1 warm-up; S in {%s}; loopback "
+      "of %d rounds; push+pull reps %s per system and row, split over the "
+      "rounds, each system's share of a round in a fresh process after %d "
+      "warm-up reps; S in {%s}; loopback "
       "127.0.0.1\n",
       s.warmup, s.min_reps, s.reps, absl::FormatDuration(s.row_time),
       s.min_reps, absl::FormatDuration(s.row_budget), s.rounds,
@@ -1251,7 +1434,7 @@ int Main() {
                     [](std::string* out, const std::pair<const int, int>& p) {
                       absl::StrAppend(out, p.first, " MB: ", p.second);
                     }),
-      absl::StrJoin(s.shard_counts, ", "));
+      kGradWarmup, absl::StrJoin(s.shard_counts, ", "));
 
   const std::string tables = absl::GetFlag(FLAGS_tables);
   const bool bn_table = absl::StrContains(tables, "bn");
@@ -1271,12 +1454,7 @@ int Main() {
     MeasureLatency(**pool, s);
   }
   if (grad_table) {
-    std::vector<ThroughputRow> rows;
-    for (int shards : s.shard_counts) {
-      for (ThroughputRow& r : MeasureThroughput(shards, s))
-        rows.push_back(std::move(r));
-    }
-    PrintThroughputTable(rows);
+    PrintThroughputTable(MeasureThroughput(s));
   }
   return 0;
 }
