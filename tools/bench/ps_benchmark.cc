@@ -241,21 +241,30 @@ struct RowControl {
 // not make them.
 absl::StatusOr<std::vector<double>> RunJob(const Job& job, RowControl* control);
 
+// One read(2) of at most `n` bytes from `fd` once it is readable: the bytes
+// read, 0 at the end of the pipe, -1 on an error or once `deadline` passed.
+ssize_t ReadSome(int fd, void* data, size_t n, absl::Time deadline) {
+  for (;;) {
+    const absl::Duration left = deadline - absl::Now();
+    if (left <= absl::ZeroDuration()) return -1;
+    pollfd pfd{fd, POLLIN, 0};
+    const int ms = static_cast<int>(
+        std::min<int64_t>(absl::ToInt64Milliseconds(left), 1 << 30) + 1);
+    const int ready = poll(&pfd, 1, ms);
+    if (ready < 0 && errno != EINTR) return -1;
+    if (ready <= 0) continue;
+    const ssize_t got = read(fd, data, n);
+    if (got < 0 && errno == EINTR) continue;
+    return got;
+  }
+}
+
 // Reads or writes all `n` bytes unless the pipe ends, fails or `deadline`
 // passes first.
 bool ReadFull(int fd, void* data, size_t n, absl::Time deadline) {
   char* p = static_cast<char*>(data);
   while (n > 0) {
-    const absl::Duration left = deadline - absl::Now();
-    if (left <= absl::ZeroDuration()) return false;
-    pollfd pfd{fd, POLLIN, 0};
-    const int ms = static_cast<int>(
-        std::min<int64_t>(absl::ToInt64Milliseconds(left), 1 << 30) + 1);
-    const int ready = poll(&pfd, 1, ms);
-    if (ready < 0 && errno != EINTR) return false;
-    if (ready <= 0) continue;
-    const ssize_t got = read(fd, p, n);
-    if (got < 0 && errno == EINTR) continue;
+    const ssize_t got = ReadSome(fd, p, n, deadline);
     if (got <= 0) return false;
     p += got;
     n -= static_cast<size_t>(got);
@@ -712,7 +721,7 @@ class DownloadSource {
 class DownloadReactor : public grpc::ServerWriteReactor<Blob> {
  public:
   DownloadReactor(int64_t bytes, std::shared_ptr<const std::string> source)
-      : left_(bytes), source_(std::move(source)) {
+      : bytes_(bytes), source_(std::move(source)) {
     WriteNext();
   }
   void OnWriteDone(bool ok) override {
@@ -723,15 +732,14 @@ class DownloadReactor : public grpc::ServerWriteReactor<Blob> {
 
  private:
   void WriteNext() {
-    if (left_ <= 0) return Finish(grpc::Status::OK);
-    const int64_t n = std::min(left_, kEchoChunkBytes);
+    if (sent_ >= bytes_) return Finish(grpc::Status::OK);
+    const int64_t n = std::min(bytes_ - sent_, kEchoChunkBytes);
     chunk_.mutable_data()->assign(source_->data() + sent_, n);
-    left_ -= n;
     sent_ += n;
     StartWrite(&chunk_);
   }
 
-  int64_t left_;
+  const int64_t bytes_;
   int64_t sent_ = 0;
   const std::shared_ptr<const std::string> source_;
   Blob chunk_;
@@ -1136,27 +1144,14 @@ absl::StatusOr<std::vector<double>> RunGradChild(const std::string& spec) {
   }
   const absl::Time deadline = absl::Now() + kGradChildBudget;
   std::string text;
-  bool timed_out = false;
-  for (;;) {
-    const int64_t left_ms = absl::ToInt64Milliseconds(deadline - absl::Now());
-    if (left_ms <= 0) {
-      timed_out = true;
-      break;
-    }
-    pollfd p{out[0], POLLIN, 0};
-    if (poll(&p, 1, static_cast<int>(std::min<int64_t>(left_ms, 1000))) < 0 &&
-        errno != EINTR) {
-      break;
-    }
-    if (p.revents == 0) continue;
-    char buf[4096];
-    const ssize_t n = read(out[0], buf, sizeof(buf));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    text.append(buf, n);
+  char buf[4096];
+  ssize_t got;
+  while ((got = ReadSome(out[0], buf, sizeof(buf), deadline)) > 0) {
+    text.append(buf, got);
   }
   close(out[0]);
-  if (timed_out) kill(pid, SIGKILL);
+  const bool timed_out = got < 0 && absl::Now() >= deadline;
+  if (got < 0) kill(pid, SIGKILL);  // past its budget, or its pipe failed
   int wstatus = 0;
   while (waitpid(pid, &wstatus, 0) < 0 && errno == EINTR) {
   }
@@ -1190,7 +1185,7 @@ absl::StatusOr<std::vector<double>> RunGradChild(const std::string& spec) {
 
 // Measures the grad table. Each system's reps of a row run in a fresh process
 // (RunGradChild), so neither system runs in the heap the other left: in one
-// process, reps alternating, the echo ran 1.2-1.7x faster than it does alone
+// process, reps alternating, the echo ran about 1.5x faster than it does alone
 // (docs/server.md). To see the same machine, the rows are measured in
 // --rounds rounds, the two systems one after the other in each, the first of
 // them alternating; a cell is 2 * bytes over the median of all its reps.
@@ -1233,12 +1228,12 @@ std::vector<ThroughputRow> MeasureThroughput(const Settings& s) {
     }
   }
   for (size_t i = 0; i < rows.size(); ++i) {
-    const double bytes = rows[i].mb * kMB;
+    const double mb_moved = 2.0 * rows[i].mb;  // up and down
     if (rows[i].bnps.ok()) {
-      rows[i].bnps = 2.0 * bytes / kMB / Percentile(bnps_reps[i], 0.5);
+      rows[i].bnps = mb_moved / Percentile(bnps_reps[i], 0.5);
     }
     if (rows[i].echo.ok()) {
-      rows[i].echo = 2.0 * bytes / kMB / Percentile(echo_reps[i], 0.5);
+      rows[i].echo = mb_moved / Percentile(echo_reps[i], 0.5);
     }
   }
   return rows;
