@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "bn/cpu_clones.h"
 
 namespace bnps::bn {
 namespace {
@@ -51,9 +52,9 @@ ChannelCoefficients Coefficients(const Normalization& norm) {
 // loop -- so every result is bitwise the same for any number of threads.
 constexpr int64_t kParallelThreshold = 1 << 15;
 
-// The hot loops, compiled twice: for x86-64-v3 (AVX2, FMA) and for the baseline,
-// picked at load time, so the library runs on any x86-64.
-#define BNPS_HOT_LOOP __attribute__((target_clones("arch=x86-64-v3", "default")))
+// The hot loops are compiled twice: for x86-64-v3 (AVX2, FMA) and for the
+// baseline, picked at load time (BNPS_HOT_LOOP, bn/cpu_clones.h), so the
+// library runs on any x86-64.
 
 // Moments of one contiguous plane of `len` >= 1 values. A float pass finds an
 // approximate mean m; the double pass accumulates d = x - m and d^2, and

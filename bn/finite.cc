@@ -24,8 +24,8 @@ uint32_t Word(const double* v, size_t i, size_t offset) {
   return w;
 }
 
-// Runs `is_hit` over v in one branch-free pass; only if some value hit, a
-// second, plain pass finds the first.
+// Runs `bit_test` over v in one branch-free pass; only if some value hit, a
+// second, plain pass with `is_hit` finds the first.
 template <typename T, typename BitTest, typename ValueTest>
 size_t FirstHit(absl::Span<const T> v, BitTest bit_test, ValueTest is_hit) {
   uint32_t any = 0;

@@ -129,7 +129,8 @@ int main(int argc, char** argv) {
   absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
       bnps::proto::MakeServerCredentials(tls);
   if (!credentials.ok()) return Fail(credentials.status()), 2;
-  security.credentials = *credentials;
+  // Null means plaintext to RunningServer, whose errors then do not blame TLS.
+  if (bnps::proto::UsesTls(tls)) security.credentials = *credentials;
   if (const std::string path = absl::GetFlag(FLAGS_token_file); !path.empty()) {
     absl::StatusOr<std::string> token = bnps::proto::ReadTokenFile(path);
     if (!token.ok()) return Fail(token.status()), 2;

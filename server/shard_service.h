@@ -5,7 +5,7 @@
 //
 // Every rejected request gets a clear status and a log line on stderr. With a
 // job token (proto/job_token.h), a call that does not carry it is refused with
-// UNAUTHENTICATED before its request is read.
+// UNAUTHENTICATED before its request is looked at.
 // Thread-safety: thread-safe. The Shard must outlive the service.
 
 #ifndef BNPS_SERVER_SHARD_SERVICE_H_

@@ -36,7 +36,8 @@
 //
 // Errors: INVALID_ARGUMENT for bad arguments (checked before anything is sent)
 // and for malformed responses (the proto/codec.h validation; the message says
-// "malformed response from shard N"); FAILED_PRECONDITION when the servers'
+// "malformed response from shard N"; a BN answer whose id cannot be read
+// drops the stream instead: UNAVAILABLE); FAILED_PRECONDITION when the servers'
 // job config disagrees with the options or with itself; otherwise the status
 // the server or the transport gave, its message prefixed with the rpc and the
 // shard ("PushGradients to shard 1 (host:port): ..."). A BN response with a
@@ -331,8 +332,9 @@ class PsClient {
   // (with its job and worker set) and `stats` once, writes them with a fresh
   // id on that shard's stream (opened at first use, reopened after it breaks)
   // and blocks until the response with the same id arrives. A non-zero
-  // response code becomes that status; a response that is not a BnResponse,
-  // INVALID_ARGUMENT. If the stream breaks while the call is in flight, the
+  // response code becomes that status; a BnResponse whose statistics cannot be
+  // read, INVALID_ARGUMENT; bytes whose id cannot be read drop the stream
+  // (UNAVAILABLE, retried once as a break is). If the stream breaks while the call is in flight, the
   // call is repeated once on a fresh stream (the server deduplicates); a
   // second break gives UNAVAILABLE. DEADLINE_EXCEEDED if no response arrives
   // within rpc_timeout. A stream the server ends with a definite error (e.g.
