@@ -205,11 +205,14 @@ absl::StatusOr<bn::RunningStats> DecodeRunning(const BnRunningStats& r,
 absl::StatusOr<bn::RunningStats> DecodeRunning(WireRunning r, int64_t channels) {
   absl::StatusOr<std::vector<double>> mean = TakeFinite(r.mean, channels);
   if (!mean.ok()) return mean.status();
-  absl::StatusOr<std::vector<double>> var = TakeFinite(r.var, mean->size());
+  absl::StatusOr<std::vector<double>> var = TakeChannels(r.var, mean->size());
   if (!var.ok()) return var.status();
   if (mean->empty()) return absl::InvalidArgumentError("running stats are empty");
-  for (double v : *var) {
-    if (v < 0) return absl::InvalidArgumentError("running variance is negative");
+  // One scan: a variance must be finite and not negative.
+  if (const size_t i = bn::FirstNotFiniteNonNegative(*var); i < var->size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("running variance of channel ", i, " is ", (*var)[i],
+                     "; need a finite value >= 0"));
   }
   return bn::RunningStats{*std::move(mean), *std::move(var)};
 }

@@ -1,8 +1,10 @@
 #include "proto/codec.h"
 
 #include <cmath>
+#include <limits>
 #include <vector>
 
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace bnps::proto {
@@ -89,9 +91,19 @@ TEST(CodecTest, SumsAndRunningStats) {
   BnRunningStats rw;
   EncodeRunning(r, &rw);
   ASSERT_TRUE(DecodeRunning(rw, 1).ok());
-  r.var[0] = -1;
+  // A variance must be finite and not negative; the error names the channel.
+  for (double bad :
+       {-1.0, std::nan(""), -std::numeric_limits<double>::infinity(),
+        std::numeric_limits<double>::infinity()}) {
+    bn::RunningStats r2{{0.5, 0.5}, {2.0, bad}};
+    EncodeRunning(r2, &rw);
+    absl::Status s = DecodeRunning(rw, 2).status();
+    EXPECT_EQ(s.code(), kInvalid) << bad;
+    EXPECT_THAT(s.message(), testing::HasSubstr("channel 1")) << s;
+  }
+  r.var[0] = -0.0;  // zero variance is allowed, whatever its sign
   EncodeRunning(r, &rw);
-  EXPECT_EQ(DecodeRunning(rw, 1).status().code(), kInvalid);
+  EXPECT_TRUE(DecodeRunning(rw, 1).ok());
 }
 
 TEST(CodecTest, AppendChunksCutsAtTheLimit) {

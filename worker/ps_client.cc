@@ -219,7 +219,7 @@ class PsClient::BnStream {
     stream_ =
         grpc::GenericStub(channel).PrepareCall(&context_, kBnMethod, &cq_);
     stream_->StartCall(TagOf(Tag::kStart));
-    stream_->Read(&incoming_, TagOf(Tag::kRead));
+    // No read yet: the first call arms it after its write, as every call does.
   }
 
   BnStream(const BnStream&) = delete;
@@ -570,7 +570,7 @@ class PsClient::BnStream {
   bool writing_ ABSL_GUARDED_BY(mu_) = false;   // a write or WritesDone
   // A read has been started and its event not yet handled (or it failed,
   // which ends the read side for good).
-  bool read_armed_ ABSL_GUARDED_BY(mu_) = true;
+  bool read_armed_ ABSL_GUARDED_BY(mu_) = false;
   // The call whose write is in flight; null for WritesDone or once that
   // caller has returned.
   PendingCall* writer_ ABSL_GUARDED_BY(mu_) = nullptr;

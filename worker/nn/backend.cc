@@ -1,6 +1,7 @@
 #include "worker/nn/backend.h"
 
 #include <cstdint>
+#include <initializer_list>
 #include <limits>
 #include <utility>
 
@@ -34,6 +35,8 @@ absl::Status ValidatePoolGeometry(const PoolGeometry& g) {
   return absl::OkStatus();
 }
 
+namespace {
+
 absl::Status ValidateLinearGeometry(const LinearGeometry& g) {
   if (g.n < 0 || g.in < 1 || g.out < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -42,6 +45,7 @@ absl::Status ValidateLinearGeometry(const LinearGeometry& g) {
   return absl::OkStatus();
 }
 
+// Global average pooling, x [n, c, hw] -> y [n, c].
 absl::Status ValidateGlobalPoolGeometry(int64_t n, int64_t c, int64_t hw) {
   if (n < 0 || c < 1 || hw < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -50,6 +54,14 @@ absl::Status ValidateGlobalPoolGeometry(int64_t n, int64_t c, int64_t hw) {
   return absl::OkStatus();
 }
 
+// A tensor argument of an operation, for ValidateTensors.
+struct TensorArg {
+  const void* data;
+  int64_t elements;
+  const char* name;
+};
+
+// INVALID_ARGUMENT naming the first tensor that is null but holds values.
 absl::Status ValidateTensors(std::initializer_list<TensorArg> tensors) {
   for (const TensorArg& t : tensors) {
     if (t.data == nullptr && t.elements > 0) {
@@ -60,6 +72,7 @@ absl::Status ValidateTensors(std::initializer_list<TensorArg> tensors) {
   return absl::OkStatus();
 }
 
+// INVALID_ARGUMENT ("<what>: negative element count") if n < 0.
 absl::Status ValidateCount(int64_t n, const char* what) {
   if (n < 0) {
     return absl::InvalidArgumentError(
@@ -67,6 +80,8 @@ absl::Status ValidateCount(int64_t n, const char* what) {
   }
   return absl::OkStatus();
 }
+
+}  // namespace
 
 // ---- Backend: the checks of every operation, then the backend's Do* ---------
 

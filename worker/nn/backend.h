@@ -36,7 +36,6 @@
 #define BNPS_WORKER_NN_BACKEND_H_
 
 #include <cstdint>
-#include <initializer_list>
 #include <string>
 
 #include "absl/status/status.h"
@@ -98,33 +97,12 @@ struct PoolGeometry {
 absl::Status ValidatePoolGeometry(const PoolGeometry& g);
 
 // A fully connected layer: x [n, in] -> y [n, out] = x w^T + b, w [out, in],
-// b [out].
+// b [out]. Valid if n >= 0 and in, out >= 1.
 struct LinearGeometry {
   int64_t n = 0;
   int64_t in = 0;
   int64_t out = 0;
 };
-
-// INVALID_ARGUMENT unless n >= 0 and in, out >= 1.
-absl::Status ValidateLinearGeometry(const LinearGeometry& g);
-
-// Global average pooling, x [n, c, hw] -> y [n, c]: INVALID_ARGUMENT unless
-// n >= 0, c >= 1 and hw >= 1.
-absl::Status ValidateGlobalPoolGeometry(int64_t n, int64_t c, int64_t hw);
-
-// A tensor argument of an operation, for ValidateTensors.
-struct TensorArg {
-  const void* data;
-  int64_t elements;
-  const char* name;
-};
-
-// INVALID_ARGUMENT naming the first tensor that is null but holds values.
-// Shared by the backends, so both reject the same calls.
-absl::Status ValidateTensors(std::initializer_list<TensorArg> tensors);
-
-// INVALID_ARGUMENT ("<what>: negative element count") if n < 0.
-absl::Status ValidateCount(int64_t n, const char* what);
 
 class Backend;
 
@@ -201,7 +179,8 @@ class Backend {
   absl::Status MaxPoolBackward(const PoolGeometry& g, const float* x,
                                const float* dy, float* dx);
 
-  // y[i, c] = mean over the plane of x[i, c]; x [n, c, hw], y [n, c].
+  // y[i, c] = mean over the plane of x[i, c]; x [n, c, hw], y [n, c]. Needs
+  // n >= 0, c >= 1 and hw >= 1.
   absl::Status GlobalAvgPoolForward(int64_t n, int64_t c, int64_t hw,
                                     const float* x, float* y);
   // dx[i, c, :] = dy[i, c] / hw.
