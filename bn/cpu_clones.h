@@ -2,15 +2,18 @@
 // the CPU has.
 //
 // BNPS_CPU_CLONES: put before a hot loop's function definition to compile it
-// for AVX-512, AVX2 and baseline x86-64. The build targets baseline x86-64 (SSE2) so the binaries run on
-// any x86-64, and there the loops that check or update whole tensors do a
-// quarter of the work per instruction that AVX-512 does.
+// for AVX-512, AVX2 and baseline x86-64. The build targets baseline x86-64
+// (SSE2) so the binaries run on any x86-64, and there the loops that check or
+// update whole tensors do a quarter of the work per instruction that AVX-512
+// does. Every version must give the same results: use it on integer code, or
+// on floating-point code compiled with -ffp-contract=off (no fused
+// multiply-add).
 //
-// Every version must give the same results: use it on integer code, or on
-// floating-point code compiled with -ffp-contract=off (no fused multiply-add).
-//
-// BNPS_HOT_LOOP: the same for x86-64-v3 (AVX2, FMA) and baseline x86-64; the
-// BN kernels (bn/cpu_kernels.cc) and the CPU backend's pooling use it.
+// BNPS_HOT_LOOP: versions for x86-64-v3 (AVX2, FMA) and baseline x86-64; the
+// BN kernels (bn/cpu_kernels.cc) and the CPU backend's pooling use it. These
+// versions may round differently in the last bits (fused multiply-add, the
+// width of a vectorized reduction), so results are reproducible on one kind
+// of CPU, not across kinds.
 //
 // Elsewhere (another compiler or CPU) both are empty.
 //

@@ -45,11 +45,12 @@ TEST(FiniteTest, EmptySpansHaveNoHit) {
 }
 
 // Each special value at the head, inside and at the tail of spans of several
-// lengths (shorter than, equal to and past a vector register's worth).
+// lengths (shorter than, equal to and past a vector register's worth: 4 and
+// 8 doubles, 8 and 16 floats).
 TEST(FiniteTest, FindsEachSpecialValueWherever) {
   const double specials[] = {0.0,   -0.0,   1.5,  -1.5,  kMax, -kMax,
                              kTiny, -kTiny, kInf, -kInf, kNan, -kNan};
-  for (size_t n : {1u, 2u, 3u, 4u, 7u, 17u, 1027u}) {
+  for (size_t n : {1u, 2u, 3u, 4u, 7u, 8u, 16u, 17u, 1027u}) {
     for (size_t at : {size_t{0}, n / 2, n - 1}) {
       for (double special : specials) {
         std::vector<double> v(n, 0.25);

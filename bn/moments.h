@@ -53,7 +53,8 @@ struct Moments {
 absl::Status ValidateMoments(const Moments& m);
 
 // Merges `part` into `*acc` (Chan's formula, in double). An `*acc` with count
-// 0 becomes a copy of `part`, so it may start as Moments{}.
+// 0 becomes a copy of `part` when part's count is positive (a `part` with
+// count 0 leaves `*acc` as it is), so it may start as Moments{}.
 // REQUIRES: `part` valid; `*acc` valid or with count 0; the same number of
 // channels when both counts are positive.
 void MergeInto(const Moments& part, Moments* acc);

@@ -1,7 +1,8 @@
 // Conversions between wire messages and host values: tensors as raw
 // little-endian bytes, BN moments/sums/running stats, chunked tensors, and
 // absl::Status <-> grpc::Status (the one place that converts). The bulk
-// messages are read and written by proto/tensor_wire.h.
+// messages are read and written by proto/tensor_wire.h, the BN stream's by
+// proto/bn_wire.h.
 //
 // Decoding validates everything that arrives over the network and returns
 // INVALID_ARGUMENT naming what is wrong: dtype, shape, byte size, non-finite
@@ -58,6 +59,10 @@ struct WireRunning {
   WireChannels mean, var;
 };
 
+// The BN statistics to and from protobuf's generated classes. Client and
+// server frame them with proto/bn_wire.h; these stay for peers that use the
+// generated classes and as the reference the tests hold bn_wire to. The
+// Wire* overloads are what bn_wire's parser hands on.
 void EncodeMoments(const bn::Moments& m, BnMoments* out);
 // Validated with bn::ValidateMoments; `channels` < 0 accepts any count.
 absl::StatusOr<bn::Moments> DecodeMoments(const BnMoments& m,

@@ -13,7 +13,8 @@
 //   if (!token.ok()) return token.status();
 //   context.AddMetadata(std::string(kTokenMetadataKey), *token);
 //   ...
-//   // the value of the call's bnps-token metadata, "" if it has none:
+//   // the value of the call's bnps-token metadata, std::nullopt if it has
+//   // none:
 //   if (absl::Status s = CheckToken(*token, call_token); !s.ok()) ...
 //
 // Thread-safety: pure functions.

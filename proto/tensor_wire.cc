@@ -31,10 +31,11 @@ using wire::IsVarint;
 using wire::Malformed;
 using wire::ReadInt64s;
 
-// Field numbers of TensorChunk and Tensor (proto/bnps.proto).
 // Payloads are copied and checked for NaN and infinity this many floats
 // (16 KB) at a time.
 constexpr int64_t kCheckBlockFloats = 4096;
+
+// Field numbers of TensorChunk and Tensor (proto/bnps.proto).
 constexpr int kChunkKey = 1;
 constexpr int kChunkShape = 2;
 constexpr int kChunkOffset = 3;

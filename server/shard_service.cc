@@ -284,7 +284,8 @@ class BnReactor
     }
     if (!ok || !malformed.ok()) {
       if (!malformed.ok()) {
-        LogRejected(*shard_, "BnSync", head_.worker(), malformed);
+        // ParseBn cleared head_: the sender is not known.
+        LogRejected(*shard_, "BnSync", -1, malformed);
       }
       {
         absl::MutexLock lock(&mu_);

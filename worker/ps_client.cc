@@ -175,8 +175,10 @@ absl::Status CheckRunning(const bn::RunningStats& r) {
 // by the callers themselves: the stream has no thread of its own.
 //
 // A read is armed while any call waits for its answer (and for the end of
-// the stream once it is being closed). With no call outstanding none is: the
-// next call arms it right after writing its request, so that the window
+// the stream once it is being closed). An answer that leaves no call waiting
+// does not re-arm it (a read armed for a call that gave up at its deadline
+// stays armed until its late answer comes): the next call arms it right
+// after writing its request, so that the window
 // update gRPC sends for the last answer leaves in the request's packet rather
 // than in one of its own (strace: 1.1 sends per call instead of 2). A stream
 // that ended while idle is found by that next call, which fails with `retry`
@@ -447,7 +449,7 @@ class PsClient::BnStream {
         absl::StatusOr<uint64_t> id = proto::PeekBnId(incoming_);
         if (id.ok()) {
           event->id = *id;
-          event->response.Swap(&incoming_);  // Handle arms the next read
+          event->response.Swap(&incoming_);  // Handle re-arms if a call waits
         } else {
           // Not a BnResponse: nothing more on this stream can be trusted.
           // Handled as a failed read; the cancel reason ends the calls.
@@ -559,8 +561,10 @@ class PsClient::BnStream {
   // Declared before stream_, which refers to it and must be destroyed first.
   grpc::ClientContext context_;
   std::unique_ptr<grpc::GenericClientAsyncReaderWriter> stream_;
-  // Filled by the armed read and Finish; used only by the token holder.
+  // Given to Read by ArmRead (under mu_, only while !read_armed_) and filled
+  // by that read; the poller takes it before Handle clears read_armed_.
   grpc::ByteBuffer incoming_;
+  // Filled by Finish, which the poller starts; read by the poller.
   grpc::Status finish_status_;
 
   mutable absl::Mutex mu_;
@@ -1112,11 +1116,6 @@ std::shared_ptr<PsClient::BnStream> PsClient::GetStream(int shard) {
 absl::StatusOr<PsClient::BnAnswer> PsClient::BnCall(
     proto::BnRequest head, const proto::BnStatsOut& stats) {
   if (absl::Status s = CheckKey(head.layer(), "BN layer"); !s.ok()) return s;
-  if (head.phase() == proto::BN_PHASE_UNSPECIFIED ||
-      !proto::BnPhase_IsValid(head.phase())) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "BN request for layer '", head.layer(), "' has no valid phase"));
-  }
   head.set_job(options_.job);
   head.set_worker(options_.worker);
   head.clear_id();  // each attempt puts its own in front
@@ -1156,7 +1155,10 @@ absl::StatusOr<PsClient::BnAnswer> PsClient::BnCall(
     if (absl::Status s = proto::ParseBn(out.response, proto::kBnResponseStats,
                                         &answer.head, &answer.stats);
         !s.ok()) {
-      return Annotate(Malformed(ShardName(shard), s), context());
+      // context() names the shard already.
+      return Annotate(absl::InvalidArgumentError(
+                          absl::StrCat("malformed response: ", s.message())),
+                      context());
     }
     const int code = answer.head.code();
     if (code == 0) return answer;

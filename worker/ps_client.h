@@ -334,13 +334,14 @@ class PsClient {
   // and blocks until the response with the same id arrives. A non-zero
   // response code becomes that status; a BnResponse whose statistics cannot be
   // read, INVALID_ARGUMENT; bytes whose id cannot be read drop the stream
-  // (UNAVAILABLE, retried once as a break is). If the stream breaks while the call is in flight, the
-  // call is repeated once on a fresh stream (the server deduplicates); a
-  // second break gives UNAVAILABLE. DEADLINE_EXCEEDED if no response arrives
-  // within rpc_timeout. A stream the server ends with a definite error (e.g.
-  // PERMISSION_DENIED, INVALID_ARGUMENT) fails its calls with that code,
-  // without a retry. INVALID_ARGUMENT for an empty or too long layer, an
-  // unspecified phase, or a request larger than kMaxMessageBytes.
+  // (UNAVAILABLE, retried once as a break is). If the stream breaks while the
+  // call is in flight, the call is repeated once on a fresh stream (the server
+  // deduplicates); a second break gives UNAVAILABLE. DEADLINE_EXCEEDED if no
+  // response arrives within rpc_timeout. A stream the server ends with a
+  // definite error (e.g. PERMISSION_DENIED, INVALID_ARGUMENT) fails its calls
+  // with that code, without a retry. INVALID_ARGUMENT for an empty or too long
+  // layer or a request larger than kMaxMessageBytes. REQUIRES: head.phase() is
+  // set (the callers build `head` with BnHead).
   absl::StatusOr<BnAnswer> BnCall(proto::BnRequest head,
                                   const proto::BnStatsOut& stats);
 
