@@ -16,7 +16,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "bn/cpu_kernels.h"
-#include "bn/median_time.h"
+#include "util/median_time.h"
 
 ABSL_FLAG(int, reps, 30, "Timed repetitions per measurement (median reported).");
 
@@ -78,9 +78,9 @@ void Run(const Shape& shape, int reps) {
   std::memset(src.data(), 1, src.size());
   std::memset(dst.data(), 2, dst.size());
   for (const Row& row : rows) {
-    const double secs = MedianSeconds(reps, row.fn);
+    const double secs = util::MedianSeconds(reps, row.fn);
     const size_t half = row.bytes / 2;
-    const double copy_secs = MedianSeconds(reps, [&] {
+    const double copy_secs = util::MedianSeconds(reps, [&] {
       std::memcpy(dst.data(), src.data(), half);
       asm volatile("" : : "r"(dst.data()) : "memory");
     });

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "bn/cpu_clones.h"
+#include "util/cpu_clones.h"
 
 namespace bnps::bn {
 namespace {
@@ -53,7 +53,7 @@ ChannelCoefficients Coefficients(const Normalization& norm) {
 constexpr int64_t kParallelThreshold = 1 << 15;
 
 // The hot loops are compiled twice: for x86-64-v3 (AVX2, FMA) and for the
-// baseline, picked at load time (BNPS_HOT_LOOP, bn/cpu_clones.h), so the
+// baseline, picked at load time (BNPS_HOT_LOOP, util/cpu_clones.h), so the
 // library runs on any x86-64.
 
 // Moments of one contiguous plane of `len` >= 1 values. A float pass finds an

@@ -5,7 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "bn/finite.h"
+#include "util/finite.h"
 
 namespace bnps::bn {
 
@@ -27,13 +27,13 @@ absl::Status ValidateMoments(const Moments& m) {
                      m.m2.size(), "; need the same non-zero number"));
   }
   // Every message of the BN protocol is checked here, so the common case is a
-  // few vectorized scans (bn/finite.h); the loop after them only names the
+  // few vectorized scans (util/finite.h); the loop after them only names the
   // first bad channel.
   const size_t n = m.mean.size();
   const bool clean =
       m.count == 0
-          ? FirstNonZero(m.mean) == n && FirstNonZero(m.m2) == n
-          : FirstNonFinite(m.mean) == n && FirstNotFiniteNonNegative(m.m2) == n;
+          ? util::FirstNonZero(m.mean) == n && util::FirstNonZero(m.m2) == n
+          : util::FirstNonFinite(m.mean) == n && util::FirstNotFiniteNonNegative(m.m2) == n;
   if (clean) return absl::OkStatus();
   for (size_t c = 0; c < n; ++c) {
     if (!std::isfinite(m.mean[c]) || !std::isfinite(m.m2[c])) {

@@ -6,7 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/types/span.h"
-#include "bn/finite.h"
+#include "util/finite.h"
 #include "proto/limits.h"
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
@@ -21,7 +21,7 @@ std::string ShapeString(absl::Span<const int64_t> shape) {
 
 template <typename T>
 absl::Status CheckFinite(const std::vector<T>& v) {
-  if (const size_t i = bn::FirstNonFinite(absl::MakeConstSpan(v));
+  if (const size_t i = util::FirstNonFinite(absl::MakeConstSpan(v));
       i < v.size()) {
     return absl::InvalidArgumentError(
         absl::StrCat("tensor element ", i, " is not finite (", v[i], ")"));
@@ -209,7 +209,7 @@ absl::StatusOr<bn::RunningStats> DecodeRunning(WireRunning r, int64_t channels) 
   if (!var.ok()) return var.status();
   if (mean->empty()) return absl::InvalidArgumentError("running stats are empty");
   // One scan: a variance must be finite and not negative.
-  if (const size_t i = bn::FirstNotFiniteNonNegative(*var); i < var->size()) {
+  if (const size_t i = util::FirstNotFiniteNonNegative(*var); i < var->size()) {
     return absl::InvalidArgumentError(
         absl::StrCat("running variance of channel ", i, " is ", (*var)[i],
                      "; need a finite value >= 0"));

@@ -6,7 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
-#include "bn/finite.h"
+#include "util/finite.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "google/protobuf/wire_format_lite.h"
@@ -232,7 +232,7 @@ absl::Status TensorReader::Read(const grpc::ByteBuffer& message,
         return Malformed("truncated chunk payload");
       }
       if (const int64_t i = static_cast<int64_t>(
-              bn::FirstNonFinite(absl::MakeConstSpan(dst + at, n)));
+              util::FirstNonFinite(absl::MakeConstSpan(dst + at, n)));
           i < n) {
         return absl::InvalidArgumentError(
             absl::StrCat("chunk of '", c.key, "': element ", received_ + at + i,

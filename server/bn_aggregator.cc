@@ -60,16 +60,16 @@ void BnAggregator::Forward(int worker, int64_t step, const std::string& layer,
   {
     absl::MutexLock lock(&mu_);
     absl::Status s = Admit(worker, layer, local.channels());
-    if (s.ok() && options_.policy != Policy::kSync &&
-        options_.policy != Policy::kAsync) {
+    if (s.ok() && options_.policy != policy::Policy::kSync &&
+        options_.policy != policy::Policy::kAsync) {
       s = absl::FailedPreconditionError(absl::StrCat(
-          "policy ", PolicyName(options_.policy),
+          "policy ", policy::PolicyName(options_.policy),
           " normalizes with local statistics: no BN forward traffic"));
     }
     if (s.ok() && step < 0) s = absl::InvalidArgumentError("negative step");
     if (!s.ok()) {
       ready.push_back([done = std::move(done), s] { done(s); });
-    } else if (options_.policy == Policy::kAsync) {
+    } else if (options_.policy == policy::Policy::kAsync) {
       AsyncForward(worker, step, layers_[layer], std::move(local),
                    std::move(done), &ready);
     } else {
@@ -88,9 +88,9 @@ void BnAggregator::Backward(int worker, int64_t step, const std::string& layer,
   {
     absl::MutexLock lock(&mu_);
     absl::Status s = Admit(worker, layer, local.sum_dy.size());
-    if (s.ok() && options_.policy != Policy::kSync) {
+    if (s.ok() && options_.policy != policy::Policy::kSync) {
       s = absl::FailedPreconditionError(
-          absl::StrCat("policy ", PolicyName(options_.policy),
+          absl::StrCat("policy ", policy::PolicyName(options_.policy),
                        " has no global BN backward reduction"));
     }
     if (s.ok() && step < 0) s = absl::InvalidArgumentError("negative step");
@@ -157,9 +157,9 @@ void BnAggregator::LocalRunning(int worker, const std::string& layer,
     if (s.ok() && running.var.size() != running.mean.size()) {
       s = absl::InvalidArgumentError("running mean and var differ in size");
     }
-    if (s.ok() && options_.policy != Policy::kLocal) {
+    if (s.ok() && options_.policy != policy::Policy::kLocal) {
       s = absl::FailedPreconditionError(absl::StrCat(
-          "policy ", PolicyName(options_.policy),
+          "policy ", policy::PolicyName(options_.policy),
           " keeps running stats on the server; only local averages workers'"));
     }
     if (!s.ok()) {
@@ -324,7 +324,7 @@ absl::StatusOr<BnAggregator::Reply> BnAggregator::Finish(const BarrierKey& key,
 void BnAggregator::AsyncForward(int worker, int64_t step, Layer& layer,
                                 bn::Moments local, Done done, Ready* ready) {
   if (layer.latest.empty()) layer.latest.resize(options_.num_workers);
-  Latest& own = layer.latest[worker];
+  policy::LatestMoments& own = layer.latest[worker];
   if (step < own.step) {
     absl::Status past = absl::FailedPreconditionError(absl::StrCat(
         "BN forward step ", step, " of worker ", worker,
@@ -334,22 +334,12 @@ void BnAggregator::AsyncForward(int worker, int64_t step, Layer& layer,
   }
   own.step = step;
   own.moments = std::move(local);
-  // Others' latest moments inside the window, merged in worker order.
+  policy::AsyncMerge merge = policy::MergeForAsync(
+      layer.latest, live_, worker, step, options_.staleness, layer.channels);
   Reply reply;
-  reply.moments = bn::Moments::Empty(layer.channels);
-  bn::Moments all = bn::Moments::Empty(layer.channels);
-  for (int w = 0; w < options_.num_workers; ++w) {
-    const Latest& l = layer.latest[w];
-    if (!live_[w] || l.step < 0) continue;
-    if (w == worker) {
-      bn::MergeInto(l.moments, &all);
-      continue;
-    }
-    if (l.step < step - options_.staleness) continue;  // too stale
-    bn::MergeInto(l.moments, &reply.moments);
-    bn::MergeInto(l.moments, &all);
-    ++reply.contributors;
-  }
+  reply.moments = std::move(merge.others);
+  reply.contributors = merge.contributors;
+  const bn::Moments& all = merge.all;
   if (!layer.running.has_value()) {
     layer.running = bn::RunningStats::Initial(layer.channels);
   }

@@ -50,14 +50,15 @@
 #include "absl/time/time.h"
 #include "bn/kernels.h"
 #include "bn/moments.h"
-#include "server/policy.h"
+#include "policy/async_bn.h"
+#include "policy/policy.h"
 
 namespace bnps::server {
 
 class BnAggregator {
  public:
   struct Options {
-    Policy policy = Policy::kSync;
+    policy::Policy policy = policy::Policy::kSync;
     int num_workers = 1;
     int64_t staleness = 0;
     double momentum = 0.1;  // running-stats momentum, as PyTorch's
@@ -115,14 +116,10 @@ class BnAggregator {
     // Set once finished; shared with the waiters' callbacks.
     std::shared_ptr<const absl::StatusOr<Reply>> result;
   };
-  struct Latest {  // async: a worker's newest forward moments of a layer
-    int64_t step = -1;
-    bn::Moments moments;
-  };
   struct Layer {
     int64_t channels = 0;
     std::optional<bn::RunningStats> running;
-    std::vector<Latest> latest;                        // async, by worker
+    std::vector<policy::LatestMoments> latest;         // async, by worker
     std::map<std::pair<int, int64_t>, bn::Moments> recal;  // (worker, batch)
     std::map<Phase, int64_t> newest_finished;          // barrier steps
   };

@@ -55,7 +55,7 @@ TEST(BnAggregatorTest, SyncForwardIsExactAndArrivalOrderFree) {
   std::mt19937 rng(7);
   for (int trial = 0; trial < 6; ++trial) {
     std::shuffle(order.begin(), order.end(), rng);
-    BnAggregator agg({Policy::kSync, 4, 0, 0.1});
+    BnAggregator agg({policy::Policy::kSync, 4, 0, 0.1});
     std::vector<Result> results(4);
     for (int k = 0; k < 4; ++k) {
       const int w = order[k];
@@ -88,7 +88,7 @@ TEST(BnAggregatorTest, SyncForwardIsExactAndArrivalOrderFree) {
 
 TEST(BnAggregatorTest, RetryGetsTheSameAnswerAndIsNotMergedTwice) {
   const Split split = MakeSplit({3, 4}, 2);
-  BnAggregator agg({Policy::kSync, 2, 0, 0.1});
+  BnAggregator agg({policy::Policy::kSync, 2, 0, 0.1});
   Result a, b, again;
   agg.Forward(0, 0, "bn", split.parts[0], kNever, Into(&a));
   agg.Forward(0, 0, "bn", split.parts[1], kNever, Into(&again));  // a retry
@@ -106,7 +106,7 @@ TEST(BnAggregatorTest, RetryGetsTheSameAnswerAndIsNotMergedTwice) {
 }
 
 TEST(BnAggregatorTest, SyncBackwardSumsInWorkerOrder) {
-  BnAggregator agg({Policy::kSync, 3, 0, 0.1});
+  BnAggregator agg({policy::Policy::kSync, 3, 0, 0.1});
   Result r0, r1, r2;
   agg.Backward(2, 4, "bn", {{1, 2}, {3, 4}}, kNever, Into(&r2));
   agg.Backward(0, 4, "bn", {{10, 20}, {30, 40}}, kNever, Into(&r0));
@@ -121,7 +121,7 @@ TEST(BnAggregatorTest, SyncBackwardSumsInWorkerOrder) {
 
 TEST(BnAggregatorTest, MissingWorkerTimesOutAndIsNamed) {
   const Split split = MakeSplit({2, 2, 2}, 3);
-  BnAggregator agg({Policy::kSync, 3, 0, 0.1});
+  BnAggregator agg({policy::Policy::kSync, 3, 0, 0.1});
   const absl::Time t0 = absl::FromUnixSeconds(100);
   Result r0, r2, late;
   agg.Forward(0, 0, "bn", split.parts[0], t0 + absl::Seconds(2), Into(&r0));
@@ -142,7 +142,7 @@ TEST(BnAggregatorTest, MissingWorkerTimesOutAndIsNamed) {
 TEST(BnAggregatorTest, ShrinkAndFail) {
   const Split split = MakeSplit({2, 3, 4}, 4);
   {
-    BnAggregator agg({Policy::kSync, 3, 0, 0.1});
+    BnAggregator agg({policy::Policy::kSync, 3, 0, 0.1});
     Result r0, r1;
     agg.Forward(0, 0, "bn", split.parts[0], kNever, Into(&r0));
     agg.Forward(1, 0, "bn", split.parts[1], kNever, Into(&r1));
@@ -155,7 +155,7 @@ TEST(BnAggregatorTest, ShrinkAndFail) {
     EXPECT_EQ(removed->status().code(), absl::StatusCode::kFailedPrecondition);
   }
   {
-    BnAggregator agg({Policy::kSync, 3, 0, 0.1});
+    BnAggregator agg({policy::Policy::kSync, 3, 0, 0.1});
     Result r0;
     agg.Forward(0, 0, "bn", split.parts[0], kNever, Into(&r0));
     agg.FailWorker(1, absl::UnavailableError("no heartbeat from worker 1"));
@@ -167,7 +167,7 @@ TEST(BnAggregatorTest, ShrinkAndFail) {
 
 TEST(BnAggregatorTest, AsyncNeverWaitsAndRespectsTheWindow) {
   const Split split = MakeSplit({2, 3, 4}, 5);
-  BnAggregator agg({Policy::kAsync, 3, /*staleness=*/1, 0.1});
+  BnAggregator agg({policy::Policy::kAsync, 3, /*staleness=*/1, 0.1});
   Result r;
   agg.Forward(1, 3, "bn", split.parts[1], kNever, Into(&r));  // worker 1 at step 3
   ASSERT_TRUE(r.has_value() && r->ok()) << "async must answer at once";
@@ -188,7 +188,7 @@ TEST(BnAggregatorTest, AsyncNeverWaitsAndRespectsTheWindow) {
 
 TEST(BnAggregatorTest, AsyncWithOneWorkerIsLocal) {
   const Split split = MakeSplit({6}, 6);
-  BnAggregator agg({Policy::kAsync, 1, 2, 0.1});
+  BnAggregator agg({policy::Policy::kAsync, 1, 2, 0.1});
   for (int step = 0; step < 3; ++step) {
     Result r;
     agg.Forward(0, step, "bn", split.parts[0], kNever, Into(&r));
@@ -202,7 +202,7 @@ TEST(BnAggregatorTest, RecalEqualsOneProcessOverTheUnion) {
   // Two workers, several batches each, of a shifted distribution.
   const bn::Shape batch{4, 3, 5, 5};
   std::vector<float> all;
-  BnAggregator agg({Policy::kRecal, 2, 0, 0.1});
+  BnAggregator agg({policy::Policy::kRecal, 2, 0, 0.1});
   int batches = 0;
   for (int w = 0; w < 2; ++w) {
     for (int b = 0; b < 3 + w; ++b) {
@@ -236,7 +236,7 @@ TEST(BnAggregatorTest, RecalEqualsOneProcessOverTheUnion) {
 }
 
 TEST(BnAggregatorTest, LocalAveragesRunningStats) {
-  BnAggregator agg({Policy::kLocal, 2, 0, 0.1});
+  BnAggregator agg({policy::Policy::kLocal, 2, 0, 0.1});
   Result r0, r1;
   agg.LocalRunning(0, "bn", {{1, 2}, {3, 4}}, kNever, Into(&r0));
   agg.LocalRunning(1, "bn", {{3, 4}, {5, 8}}, kNever, Into(&r1));
@@ -248,13 +248,13 @@ TEST(BnAggregatorTest, LocalAveragesRunningStats) {
 TEST(BnAggregatorTest, RejectsWhatThePolicyDoesNotUse) {
   const Split split = MakeSplit({2, 2}, 8);
   Result r;
-  BnAggregator local({Policy::kLocal, 2, 0, 0.1});
+  BnAggregator local({policy::Policy::kLocal, 2, 0, 0.1});
   local.Forward(0, 0, "bn", split.parts[0], kNever, Into(&r));
   EXPECT_EQ(r->status().code(), absl::StatusCode::kFailedPrecondition);
-  BnAggregator async({Policy::kAsync, 2, 1, 0.1});
+  BnAggregator async({policy::Policy::kAsync, 2, 1, 0.1});
   async.Backward(0, 0, "bn", {{1}, {1}}, kNever, Into(&r));
   EXPECT_EQ(r->status().code(), absl::StatusCode::kFailedPrecondition);
-  BnAggregator sync({Policy::kSync, 2, 0, 0.1});
+  BnAggregator sync({policy::Policy::kSync, 2, 0, 0.1});
   sync.LocalRunning(0, "bn", {{1}, {1}}, kNever, Into(&r));
   EXPECT_EQ(r->status().code(), absl::StatusCode::kFailedPrecondition);
   sync.Forward(5, 0, "bn", split.parts[0], kNever, Into(&r));
@@ -266,7 +266,7 @@ TEST(BnAggregatorTest, RejectsWhatThePolicyDoesNotUse) {
 
 TEST(BnAggregatorTest, StepFromThePast) {
   const Split split = MakeSplit({2}, 9);
-  BnAggregator agg({Policy::kSync, 1, 0, 0.1});
+  BnAggregator agg({policy::Policy::kSync, 1, 0, 0.1});
   Result r;
   for (int step = 0; step < 40; ++step) {
     agg.Forward(0, step, "bn", split.parts[0], kNever, Into(&r));

@@ -13,8 +13,8 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
-#include "proto/credentials.h"
-#include "proto/job_token.h"
+#include "security/credentials.h"
+#include "security/job_token.h"
 #include "server/server_runner.h"
 
 ABSL_FLAG(std::string, host, "127.0.0.1",
@@ -100,12 +100,12 @@ int main(int argc, char** argv) {
   o.shard = absl::GetFlag(FLAGS_shard);
   o.num_shards = absl::GetFlag(FLAGS_num_shards);
   o.num_workers = absl::GetFlag(FLAGS_num_workers);
-  absl::StatusOr<bnps::server::Policy> policy =
-      bnps::server::ParsePolicy(absl::GetFlag(FLAGS_policy));
+  absl::StatusOr<bnps::policy::Policy> policy =
+      bnps::policy::ParsePolicy(absl::GetFlag(FLAGS_policy));
   if (!policy.ok()) return Fail(policy.status()), 2;
   o.policy = *policy;
-  absl::StatusOr<bnps::server::WorkerLoss> loss =
-      bnps::server::ParseWorkerLoss(absl::GetFlag(FLAGS_on_worker_loss));
+  absl::StatusOr<bnps::policy::WorkerLoss> loss =
+      bnps::policy::ParseWorkerLoss(absl::GetFlag(FLAGS_on_worker_loss));
   if (!loss.ok()) return Fail(loss.status()), 2;
   o.worker_loss = *loss;
   o.staleness = absl::GetFlag(FLAGS_staleness);
@@ -122,17 +122,17 @@ int main(int argc, char** argv) {
            2;
   }
   bnps::server::ServerSecurity security;
-  bnps::proto::TlsFiles tls;
+  bnps::security::TlsFiles tls;
   tls.cert = absl::GetFlag(FLAGS_tls_cert);
   tls.key = absl::GetFlag(FLAGS_tls_key);
   tls.ca = absl::GetFlag(FLAGS_tls_client_ca);
   absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
-      bnps::proto::MakeServerCredentials(tls);
+      bnps::security::MakeServerCredentials(tls);
   if (!credentials.ok()) return Fail(credentials.status()), 2;
   // Null means plaintext to RunningServer, whose errors then do not blame TLS.
-  if (bnps::proto::UsesTls(tls)) security.credentials = *credentials;
+  if (bnps::security::UsesTls(tls)) security.credentials = *credentials;
   if (const std::string path = absl::GetFlag(FLAGS_token_file); !path.empty()) {
-    absl::StatusOr<std::string> token = bnps::proto::ReadTokenFile(path);
+    absl::StatusOr<std::string> token = bnps::security::ReadTokenFile(path);
     if (!token.ok()) return Fail(token.status()), 2;
     security.token = *std::move(token);
   }
@@ -144,8 +144,8 @@ int main(int argc, char** argv) {
   std::printf("bnps_server: shard %d of %d, job '%s', policy %s, %d workers, "
               "%s%s, listening on %s:%d\n",
               o.shard, o.num_shards, o.job.c_str(),
-              bnps::server::PolicyName(o.policy).c_str(), o.num_workers,
-              !bnps::proto::UsesTls(tls) ? "plaintext"
+              bnps::policy::PolicyName(o.policy).c_str(), o.num_workers,
+              !bnps::security::UsesTls(tls) ? "plaintext"
               : tls.ca.empty()           ? "TLS"
                                          : "mutual TLS",
               security.token.empty() ? "" : " with a job token",

@@ -15,7 +15,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
-#include "bn/median_time.h"
+#include "util/median_time.h"
 #include "server/parameter_store.h"
 
 ABSL_FLAG(int, reps, 20, "Timed repetitions per size (median reported).");
@@ -23,7 +23,7 @@ ABSL_FLAG(int, reps, 20, "Timed repetitions per size (median reported).");
 namespace bnps::server {
 namespace {
 
-using bn::MedianSeconds;
+using util::MedianSeconds;
 
 int Main() {
   const int reps = std::max(1, absl::GetFlag(FLAGS_reps));
@@ -45,7 +45,7 @@ int Main() {
     for (int64_t i = 0; i < n; ++i) grad[i] = 1e-3f * static_cast<float>(i % 7);
     int64_t step = 0;
     bool ok = true;
-    const double sgd = MedianSeconds(reps, [&] {
+    const double sgd = util::MedianSeconds(reps, [&] {
       ok &= store.Push(0, step++, "w", {n}, grad, 32).ok();
     });
     if (!ok) {
@@ -59,7 +59,7 @@ int Main() {
     // cores, as the step runs.
     const int64_t half = 10 * n, block = int64_t{1} << 20;
     std::vector<char> from(half, 1), to(half);
-    const double copy = MedianSeconds(reps, [&] {
+    const double copy = util::MedianSeconds(reps, [&] {
 #pragma omp parallel for schedule(static)
       for (int64_t b = 0; b < half; b += block) {
         std::memcpy(to.data() + b, from.data() + b, std::min(block, half - b));

@@ -7,7 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "bn/cpu_clones.h"
+#include "util/cpu_clones.h"
 
 namespace bnps::server {
 namespace {
@@ -20,7 +20,7 @@ constexpr size_t kSgdBlock = size_t{1} << 14;
 // The x86-64 baseline (SSE2) does two doubles per instruction, and the step
 // computes in double: there it is bound by arithmetic, not memory (about 5 ms
 // per 16 MB on one core against 2.3 ms with AVX-512). So the kernel is
-// compiled for AVX-512 and AVX2 as well (bn/cpu_clones.h). The build keeps
+// compiled for AVX-512 and AVX2 as well (util/cpu_clones.h). The build keeps
 // fused multiply-add off (-ffp-contract=off), so each version does the same
 // IEEE operations and gives the same bits.
 // One SGD step (momentum, weight decay) of elements [begin, end). The

@@ -6,7 +6,7 @@
 #include "absl/synchronization/notification.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
-#include "proto/job_token.h"
+#include "security/job_token.h"
 #include "proto/limits.h"
 
 namespace bnps::server {
@@ -15,7 +15,7 @@ absl::StatusOr<std::unique_ptr<RunningServer>> RunningServer::Start(
     ShardOptions options, const std::string& address,
     ServerSecurity security) {
   if (!security.token.empty()) {
-    if (absl::Status s = proto::ValidateToken(security.token); !s.ok()) {
+    if (absl::Status s = security::ValidateToken(security.token); !s.ok()) {
       return s;
     }
   }

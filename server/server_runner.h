@@ -20,9 +20,9 @@ namespace bnps::server {
 
 // How a server admits calls.
 struct ServerSecurity {
-  // TLS or mutual TLS (proto/credentials.h); nullptr: plaintext.
+  // TLS or mutual TLS (security/credentials.h); nullptr: plaintext.
   std::shared_ptr<grpc::ServerCredentials> credentials;
-  // The job token every call must carry (proto/job_token.h); empty: none.
+  // The job token every call must carry (security/job_token.h); empty: none.
   std::string token;
 };
 

@@ -36,9 +36,9 @@ absl::StatusOr<std::unique_ptr<Shard>> Shard::Create(ShardOptions options) {
   if (!options.now) options.now = absl::Now;
   std::unique_ptr<Shard> shard(new Shard(std::move(options)));
   const ShardOptions& o = shard->options_;
-  if (o.shard == 0 && o.policy == Policy::kAsync) {
-    absl::StatusOr<std::unique_ptr<ClockService>> clocks =
-        ClockService::Create(o.num_workers, o.staleness);
+  if (o.shard == 0 && o.policy == policy::Policy::kAsync) {
+    absl::StatusOr<std::unique_ptr<StepClocks>> clocks =
+        StepClocks::Create(o.num_workers, o.staleness);
     if (!clocks.ok()) return clocks.status();
     shard->clocks_ = *std::move(clocks);
   }
@@ -55,7 +55,7 @@ absl::StatusOr<std::unique_ptr<Shard>> Shard::Create(ShardOptions options) {
 
 Shard::Shard(ShardOptions options)
     : options_(std::move(options)),
-      store_({options_.num_workers, BulkSynchronous(options_.policy),
+      store_({options_.num_workers, policy::BulkSynchronous(options_.policy),
               options_.optimizer}),
       bn_({options_.policy, options_.num_workers, options_.staleness,
            options_.bn_momentum}),
@@ -99,10 +99,10 @@ void Shard::Tick(absl::Time now) {
     std::fprintf(stderr, "bnps_server[%d]: worker %d lost (no heartbeat for %s): %s\n",
                  options_.shard, w,
                  absl::FormatDuration(options_.heartbeat_timeout).c_str(),
-                 options_.worker_loss == WorkerLoss::kShrink
+                 options_.worker_loss == policy::WorkerLoss::kShrink
                      ? "dropping it, the job goes on with the others"
                      : "steps that need it fail");
-    if (options_.worker_loss == WorkerLoss::kShrink) {
+    if (options_.worker_loss == policy::WorkerLoss::kShrink) {
       store_.RemoveWorker(w);
       bn_.RemoveWorker(w);
       if (clocks_) clocks_->RemoveWorker(w);

@@ -23,10 +23,10 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "server/bn_aggregator.h"
-#include "server/clock_service.h"
+#include "server/step_clocks.h"
 #include "server/membership.h"
 #include "server/parameter_store.h"
-#include "server/policy.h"
+#include "policy/policy.h"
 
 namespace bnps::server {
 
@@ -35,13 +35,13 @@ struct ShardOptions {
   int shard = 0;                             // Default: 0
   int num_shards = 1;                        // Default: 1
   int num_workers = 1;                       // Default: 1
-  Policy policy = Policy::kSync;             // Default: sync
+  policy::Policy policy = policy::Policy::kSync;             // Default: sync
   int64_t staleness = 0;                     // async only. Default: 0
   OptimizerOptions optimizer;                // Default: see OptimizerOptions
   double bn_momentum = 0.1;                  // Default: 0.1
   absl::Duration barrier_timeout = absl::Seconds(60);    // Default: 60 s
   absl::Duration heartbeat_timeout = absl::Seconds(10);  // Default: 10 s
-  WorkerLoss worker_loss = WorkerLoss::kFail;            // Default: fail
+  policy::WorkerLoss worker_loss = policy::WorkerLoss::kFail;            // Default: fail
   absl::Duration tick = absl::Milliseconds(20);          // Default: 20 ms
   bool start_ticker = true;                  // Default: true
   std::function<absl::Time()> now = absl::Now;  // Default: absl::Now
@@ -59,7 +59,7 @@ class Shard {
   BnAggregator& bn() { return bn_; }
   Membership& membership() { return membership_; }
   // Non-null on shard 0 under the async policy.
-  ClockService* clocks() { return clocks_.get(); }
+  StepClocks* clocks() { return clocks_.get(); }
 
   // OK if the request belongs to this job and names a worker of it.
   absl::Status CheckCaller(const std::string& job, int worker) const;
@@ -82,7 +82,7 @@ class Shard {
   ParameterStore store_;
   BnAggregator bn_;
   Membership membership_;
-  std::unique_ptr<ClockService> clocks_;
+  std::unique_ptr<StepClocks> clocks_;
 
   absl::Notification stop_;
   std::thread ticker_;

@@ -12,7 +12,7 @@
 #include "absl/time/clock.h"
 #include "proto/bn_wire.h"
 #include "proto/codec.h"
-#include "proto/job_token.h"
+#include "security/job_token.h"
 #include "proto/limits.h"
 #include "proto/tensor_wire.h"
 
@@ -40,7 +40,7 @@ std::optional<absl::string_view> CallToken(
     const grpc::CallbackServerContext& ctx) {
   const auto& metadata = ctx.client_metadata();
   const auto it = metadata.find(grpc::string_ref(
-      proto::kTokenMetadataKey.data(), proto::kTokenMetadataKey.size()));
+      security::kTokenMetadataKey.data(), security::kTokenMetadataKey.size()));
   if (it == metadata.end()) return std::nullopt;
   return absl::string_view(it->second.data(), it->second.size());
 }
@@ -59,16 +59,6 @@ class Refused final : public Reactor {
 // The earlier of the shard's barrier deadline and the caller's own.
 absl::Time WaitDeadline(const Shard& shard, grpc::CallbackServerContext* ctx) {
   return std::min(shard.Deadline(), absl::FromChrono(ctx->deadline()));
-}
-
-proto::Policy ToProto(Policy p) {
-  switch (p) {
-    case Policy::kSync: return proto::POLICY_SYNC;
-    case Policy::kAsync: return proto::POLICY_ASYNC;
-    case Policy::kRecal: return proto::POLICY_RECAL;
-    case Policy::kLocal: return proto::POLICY_LOCAL;
-  }
-  return proto::POLICY_UNSPECIFIED;
 }
 
 // Gradients of one step arrive as chunks (framed by proto/tensor_wire); each
@@ -468,7 +458,7 @@ proto::JobConfig ToJobConfig(const ShardOptions& o) {
   c.set_num_workers(o.num_workers);
   c.set_num_shards(o.num_shards);
   c.set_shard(o.shard);
-  c.set_policy(ToProto(o.policy));
+  c.set_policy(policy::ToProto(o.policy));
   c.set_staleness(o.staleness);
   c.set_learning_rate(o.optimizer.learning_rate);
   c.set_momentum(o.optimizer.momentum);
@@ -476,16 +466,14 @@ proto::JobConfig ToJobConfig(const ShardOptions& o) {
   c.set_bn_momentum(o.bn_momentum);
   c.set_barrier_timeout_ms(absl::ToInt64Milliseconds(o.barrier_timeout));
   c.set_heartbeat_timeout_ms(absl::ToInt64Milliseconds(o.heartbeat_timeout));
-  c.set_worker_loss(o.worker_loss == WorkerLoss::kShrink
-                        ? proto::WORKER_LOSS_SHRINK
-                        : proto::WORKER_LOSS_FAIL);
+  c.set_worker_loss(policy::ToProto(o.worker_loss));
   return c;
 }
 
 absl::Status ShardService::Authenticate(
     const grpc::CallbackServerContext& ctx) const {
   if (token_.empty()) return absl::OkStatus();  // no metadata lookup
-  return proto::CheckToken(token_, CallToken(ctx));
+  return security::CheckToken(token_, CallToken(ctx));
 }
 
 grpc::ServerUnaryReactor* ShardService::Register(

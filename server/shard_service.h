@@ -4,7 +4,7 @@
 // answers through callbacks, and the reactors finish from there.
 //
 // Every rejected request gets a clear status and a log line on stderr. With a
-// job token (proto/job_token.h), a call that does not carry it is refused with
+// job token (security/job_token.h), a call that does not carry it is refused with
 // UNAUTHENTICATED before its request is looked at.
 // Thread-safety: thread-safe. The Shard must outlive the service.
 

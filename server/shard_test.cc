@@ -15,8 +15,8 @@ struct FakeClock {
   absl::Time now = kT0;
 };
 
-ShardOptions Options(FakeClock* clock, int workers, Policy policy,
-                     WorkerLoss loss = WorkerLoss::kFail) {
+ShardOptions Options(FakeClock* clock, int workers, policy::Policy policy,
+                     policy::WorkerLoss loss = policy::WorkerLoss::kFail) {
   ShardOptions o;
   o.num_workers = workers;
   o.policy = policy;
@@ -31,23 +31,23 @@ ShardOptions Options(FakeClock* clock, int workers, Policy policy,
 
 TEST(ShardTest, RejectsBadOptions) {
   FakeClock clock;
-  ShardOptions o = Options(&clock, 2, Policy::kSync);
+  ShardOptions o = Options(&clock, 2, policy::Policy::kSync);
   o.shard = 2;
   o.num_shards = 2;
   EXPECT_EQ(Shard::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
-  o = Options(&clock, 0, Policy::kSync);
+  o = Options(&clock, 0, policy::Policy::kSync);
   EXPECT_EQ(Shard::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
-  o = Options(&clock, 2, Policy::kSync);
+  o = Options(&clock, 2, policy::Policy::kSync);
   o.optimizer.learning_rate = 0;
   EXPECT_EQ(Shard::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
-  o = Options(&clock, 2, Policy::kSync);
+  o = Options(&clock, 2, policy::Policy::kSync);
   o.barrier_timeout = absl::ZeroDuration();
   EXPECT_EQ(Shard::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(ShardTest, ChecksCallerAndOwnership) {
   FakeClock clock;
-  ShardOptions o = Options(&clock, 2, Policy::kSync);
+  ShardOptions o = Options(&clock, 2, policy::Policy::kSync);
   o.num_shards = 3;
   o.shard = 1;
   auto shard = *Shard::Create(o);
@@ -67,7 +67,7 @@ TEST(ShardTest, ChecksCallerAndOwnership) {
 
 TEST(ShardTest, LostWorkerFailsWaitersUnderFail) {
   FakeClock clock;
-  auto shard = *Shard::Create(Options(&clock, 2, Policy::kSync));
+  auto shard = *Shard::Create(Options(&clock, 2, policy::Policy::kSync));
   ASSERT_TRUE(shard->membership().Register(0, clock.now).ok());
   ASSERT_TRUE(shard->membership().Register(1, clock.now).ok());
   ASSERT_TRUE(shard->store().Init("w", {1}, {0}).ok());
@@ -91,7 +91,7 @@ TEST(ShardTest, LostWorkerFailsWaitersUnderFail) {
 
 TEST(ShardTest, LostWorkerIsDroppedUnderShrink) {
   FakeClock clock;
-  auto shard = *Shard::Create(Options(&clock, 2, Policy::kSync, WorkerLoss::kShrink));
+  auto shard = *Shard::Create(Options(&clock, 2, policy::Policy::kSync, policy::WorkerLoss::kShrink));
   ASSERT_TRUE(shard->membership().Register(0, clock.now).ok());
   ASSERT_TRUE(shard->membership().Register(1, clock.now).ok());
   ASSERT_TRUE(shard->store().Init("w", {1}, {0}).ok());
@@ -110,7 +110,7 @@ TEST(ShardTest, LostWorkerIsDroppedUnderShrink) {
 
 TEST(ShardTest, BarrierDeadlineExpiresOnTick) {
   FakeClock clock;
-  auto shard = *Shard::Create(Options(&clock, 2, Policy::kSync));
+  auto shard = *Shard::Create(Options(&clock, 2, policy::Policy::kSync));
   bn::Moments m = bn::Moments::Empty(1);
   m.count = 2;
   m.mean = {1};
@@ -127,8 +127,8 @@ TEST(ShardTest, BarrierDeadlineExpiresOnTick) {
 
 TEST(ShardTest, AsyncClocksOnShardZero) {
   FakeClock clock;
-  auto shard = *Shard::Create(Options(&clock, 2, Policy::kAsync));
-  ClockService* clocks = shard->clocks();
+  auto shard = *Shard::Create(Options(&clock, 2, policy::Policy::kAsync));
+  StepClocks* clocks = shard->clocks();
   ASSERT_NE(clocks, nullptr);
   std::optional<absl::StatusOr<int64_t>> started;
   auto start = [&](int w, int64_t step) {

@@ -25,10 +25,14 @@ absl::StatusOr<ClockTable> ClockTable::Create(int num_workers,
   return ClockTable(num_workers, staleness);
 }
 
-bool ClockTable::WithinBound(int64_t clock, int64_t step) const {
+bool Admissible(int64_t contribution_clock, int64_t step, int64_t staleness) {
   // clock >= step - s; step - s can only underflow when it is below any clock.
-  if (step < std::numeric_limits<int64_t>::min() + staleness_) return true;
-  return clock >= step - staleness_;
+  if (step < std::numeric_limits<int64_t>::min() + staleness) return true;
+  return contribution_clock >= step - staleness;
+}
+
+bool ClockTable::WithinBound(int64_t clock, int64_t step) const {
+  return staleness::Admissible(clock, step, staleness_);
 }
 
 absl::Status ClockTable::Advance(int worker, int64_t completed) {

@@ -8,8 +8,8 @@
 // example BN statistics) produced at clock k is admissible for step c iff
 // k >= c - s.
 //
-// ClockTable is the pure bookkeeping: it never waits (see StalenessGate for
-// that). Because clocks only grow and removal only shrinks the live set,
+// ClockTable is the pure bookkeeping: it never waits (the server's step
+// clocks, server/step_clocks.h, wait on it). Because clocks only grow and removal only shrinks the live set,
 // MinLiveClock() never decreases, so a permission once granted stays valid.
 //
 // Example:
@@ -22,7 +22,7 @@
 // back, a step the bound never allowed, a removed worker that reports progress).
 //
 // Thread-safety: not thread-safe; a plain value (copyable). Callers serialize
-// access, or use StalenessGate.
+// access.
 
 #ifndef BNPS_STALENESS_CLOCK_TABLE_H_
 #define BNPS_STALENESS_CLOCK_TABLE_H_
@@ -35,6 +35,12 @@
 #include "absl/status/statusor.h"
 
 namespace bnps::staleness {
+
+// True iff a contribution made at `contribution_clock` is admissible for a
+// worker at `step` under the bound `staleness` (>= 0): contribution_clock >=
+// step - staleness, without overflow. The one rule behind both the clocks
+// (ClockTable::MayStart) and the async BN merge (policy/async_bn.h).
+bool Admissible(int64_t contribution_clock, int64_t step, int64_t staleness);
 
 class ClockTable {
  public:

@@ -1,5 +1,5 @@
 // A real job on 127.0.0.1: S shard servers (gRPC, ephemeral ports) and W
-// worker threads, each with its own PsClient.
+// worker threads, each with its own GrpcPsClient.
 //
 // - sync: BN through the servers equals whole-batch BN (outputs and dx), and
 //   bulk-synchronous SGD equals one process on the concatenated batch, for
@@ -26,13 +26,13 @@
 #include "bn/reference.h"
 #include "gtest/gtest.h"
 #include "server/server_runner.h"
-#include "worker/ps_client.h"
+#include "client/grpc_ps_client.h"
 
 namespace bnps {
 namespace {
 
-using worker::Param;
-using worker::PsClient;
+using client::Param;
+using client::GrpcPsClient;
 
 class Cluster {
  public:
@@ -48,8 +48,8 @@ class Cluster {
     workers_ = base.num_workers;
   }
 
-  worker::PsClientOptions ClientOptions(int worker) const {
-    worker::PsClientOptions o;
+  client::GrpcClientOptions ClientOptions(int worker) const {
+    client::GrpcClientOptions o;
     o.servers = addresses_;
     o.job = "bnps";
     o.worker = worker;
@@ -59,8 +59,8 @@ class Cluster {
     return o;
   }
 
-  std::unique_ptr<PsClient> Connect(int worker) const {
-    auto c = PsClient::Connect(ClientOptions(worker));
+  std::unique_ptr<GrpcPsClient> Connect(int worker) const {
+    auto c = GrpcPsClient::Connect(ClientOptions(worker));
     EXPECT_TRUE(c.ok()) << c.status();
     return c.ok() ? *std::move(c) : nullptr;
   }
@@ -165,7 +165,7 @@ TEST(ClusterTest, SyncEqualsOneProcessOnTheConcatenatedBatch) {
   const int workers = rows.size(), total = 13, steps = 4;
   server::ShardOptions o;
   o.num_workers = workers;
-  o.policy = server::Policy::kSync;
+  o.policy = policy::Policy::kSync;
   o.optimizer = {0.05, 0.9, 1e-3};
   o.barrier_timeout = absl::Seconds(20);
   Cluster cluster(2, o);
@@ -202,7 +202,7 @@ TEST(ClusterTest, SyncEqualsOneProcessOnTheConcatenatedBatch) {
   std::vector<std::map<std::string, Param>> final_params(workers);
   std::vector<bn::RunningStats> final_running(workers);
   OnWorkers(workers, [&](int w) {
-    std::unique_ptr<PsClient> client = cluster.Connect(w);
+    std::unique_ptr<GrpcPsClient> client = cluster.Connect(w);
     ASSERT_NE(client, nullptr);
     ASSERT_TRUE(client->InitParameters(InitialParams()).ok());
     const int begin = std::accumulate(rows.begin(), rows.begin() + w, 0);
@@ -220,7 +220,7 @@ TEST(ClusterTest, SyncEqualsOneProcessOnTheConcatenatedBatch) {
           *bn::NewCpuBnKernels()->ComputeMoments(x.data(), {rows[w], kChannels, 1, 1});
       // The servers' running stats come only when asked for (the last step).
       const bool last = s + 1 == steps;
-      absl::StatusOr<worker::BnForwardResult> fwd =
+      absl::StatusOr<client::BnForwardResult> fwd =
           client->BnForward(kLayer, s, local, /*want_running=*/last);
       ASSERT_TRUE(fwd.ok()) << fwd.status();
       EXPECT_EQ(fwd->contributors, workers);
@@ -287,7 +287,7 @@ TEST(ClusterTest, AsyncBoundHoldsUnderRandomDelays) {
   const int64_t staleness = 1;
   server::ShardOptions o;
   o.num_workers = workers;
-  o.policy = server::Policy::kAsync;
+  o.policy = policy::Policy::kAsync;
   o.staleness = staleness;
   o.barrier_timeout = absl::Seconds(20);
   Cluster cluster(2, o);
@@ -296,7 +296,7 @@ TEST(ClusterTest, AsyncBoundHoldsUnderRandomDelays) {
   std::vector<int64_t> completed(workers, 0);  // updated before the server hears
   int violations = 0, starts = 0;
   OnWorkers(workers, [&](int w) {
-    std::unique_ptr<PsClient> client = cluster.Connect(w);
+    std::unique_ptr<GrpcPsClient> client = cluster.Connect(w);
     ASSERT_NE(client, nullptr);
     std::mt19937 rng(w + 17);
     std::uniform_int_distribution<int> delay_ms(0, w == 2 ? 25 : 5);  // one slow
@@ -313,7 +313,7 @@ TEST(ClusterTest, AsyncBoundHoldsUnderRandomDelays) {
       const std::vector<float> x = bn::reference::RandomTensor(shape, w, 1, c * 10 + w);
       const bn::Moments local = *bn::NewCpuBnKernels()->ComputeMoments(x.data(), shape);
       std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms(rng)));
-      absl::StatusOr<worker::BnForwardResult> fwd = client->BnForward(kLayer, c, local);
+      absl::StatusOr<client::BnForwardResult> fwd = client->BnForward(kLayer, c, local);
       ASSERT_TRUE(fwd.ok()) << fwd.status();
       EXPECT_LE(fwd->contributors, workers - 1);
       std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms(rng)));
@@ -331,10 +331,10 @@ TEST(ClusterTest, AsyncBoundHoldsUnderRandomDelays) {
 TEST(ClusterTest, AsyncWithOneWorkerIsLocal) {
   server::ShardOptions o;
   o.num_workers = 1;
-  o.policy = server::Policy::kAsync;
+  o.policy = policy::Policy::kAsync;
   o.staleness = 2;
   Cluster cluster(2, o);
-  std::unique_ptr<PsClient> client = cluster.Connect(0);
+  std::unique_ptr<GrpcPsClient> client = cluster.Connect(0);
   ASSERT_NE(client, nullptr);
   const bn::Shape shape{6, 3, 2, 2};
   for (int c = 0; c < 3; ++c) {
@@ -359,13 +359,13 @@ TEST(ClusterTest, RecalEqualsOneProcessOverTheUnion) {
   const int workers = 2;
   server::ShardOptions o;
   o.num_workers = workers;
-  o.policy = server::Policy::kRecal;
+  o.policy = policy::Policy::kRecal;
   Cluster cluster(2, o);
   const bn::Shape batch{5, 3, 4, 4};
   std::vector<std::vector<float>> data(workers);
   std::vector<bn::RunningStats> got(workers);
   OnWorkers(workers, [&](int w) {
-    std::unique_ptr<PsClient> client = cluster.Connect(w);
+    std::unique_ptr<GrpcPsClient> client = cluster.Connect(w);
     ASSERT_NE(client, nullptr);
     for (int b = 0; b < 2 + w; ++b) {  // uneven shards
       const std::vector<float> x =
@@ -400,7 +400,7 @@ TEST(ClusterTest, RetriedPushIsNotAppliedTwice) {
   o.num_workers = 1;
   o.optimizer = {0.5, 0.0, 0.0};
   Cluster cluster(2, o);
-  std::unique_ptr<PsClient> client = cluster.Connect(0);
+  std::unique_ptr<GrpcPsClient> client = cluster.Connect(0);
   ASSERT_NE(client, nullptr);
   ASSERT_TRUE(client->InitParameters(InitialParams()).ok());
   std::map<std::string, Param> grads = {
@@ -433,7 +433,7 @@ TEST(ClusterTest, AbsentWorkerFailsTheBarrierAtItsDeadline) {
   o.num_workers = 2;
   o.barrier_timeout = absl::Milliseconds(1500);
   Cluster cluster(1, o);
-  std::unique_ptr<PsClient> client = cluster.Connect(0);
+  std::unique_ptr<GrpcPsClient> client = cluster.Connect(0);
   ASSERT_NE(client, nullptr);
   const absl::Time start = absl::Now();
   auto fwd = client->BnForward(kLayer, 0, SomeMoments());
@@ -443,22 +443,22 @@ TEST(ClusterTest, AbsentWorkerFailsTheBarrierAtItsDeadline) {
   EXPECT_LT(absl::Now() - start, absl::Seconds(10));
 }
 
-void LoseWorkerOne(server::WorkerLoss loss) {
+void LoseWorkerOne(policy::WorkerLoss loss) {
   server::ShardOptions o;
   o.num_workers = 2;
   o.barrier_timeout = absl::Seconds(60);  // the heartbeat must end it first
   o.heartbeat_timeout = absl::Milliseconds(500);
   o.worker_loss = loss;
   Cluster cluster(2, o);
-  std::unique_ptr<PsClient> survivor = cluster.Connect(0);
-  std::unique_ptr<PsClient> doomed = cluster.Connect(1);
+  std::unique_ptr<GrpcPsClient> survivor = cluster.Connect(0);
+  std::unique_ptr<GrpcPsClient> doomed = cluster.Connect(1);
   ASSERT_NE(survivor, nullptr);
   ASSERT_NE(doomed, nullptr);
   doomed.reset();  // goes silent mid-job
   const absl::Time start = absl::Now();
   auto fwd = survivor->BnForward(kLayer, 0, SomeMoments());
   EXPECT_LT(absl::Now() - start, absl::Seconds(10));
-  if (loss == server::WorkerLoss::kFail) {
+  if (loss == policy::WorkerLoss::kFail) {
     EXPECT_EQ(fwd.status().code(), absl::StatusCode::kFailedPrecondition)
         << fwd.status();
     EXPECT_NE(fwd.status().message().find("worker 1 was lost"), std::string::npos)
@@ -470,11 +470,11 @@ void LoseWorkerOne(server::WorkerLoss loss) {
 }
 
 TEST(ClusterTest, SilentWorkerFailsTheJobClearly) {
-  LoseWorkerOne(server::WorkerLoss::kFail);
+  LoseWorkerOne(policy::WorkerLoss::kFail);
 }
 
 TEST(ClusterTest, SilentWorkerIsDroppedUnderShrink) {
-  LoseWorkerOne(server::WorkerLoss::kShrink);
+  LoseWorkerOne(policy::WorkerLoss::kShrink);
 }
 
 }  // namespace

@@ -1,5 +1,5 @@
-// A secured job on 127.0.0.1: the per-job token (proto/job_token.h) guards
-// every method, and TLS / mutual TLS (proto/credentials.h) carry the same
+// A secured job on 127.0.0.1: the per-job token (security/job_token.h) guards
+// every method, and TLS / mutual TLS (security/credentials.h) carry the same
 // training calls as plaintext does. Certificates: tests/testdata/tls
 // (make_certs.sh).
 
@@ -15,17 +15,17 @@
 #include "gtest/gtest.h"
 #include "proto/bnps.grpc.pb.h"
 #include "proto/codec.h"
-#include "proto/credentials.h"
-#include "proto/job_token.h"
+#include "security/credentials.h"
+#include "security/job_token.h"
 #include "server/server_runner.h"
-#include "worker/ps_client.h"
+#include "client/grpc_ps_client.h"
 
 namespace bnps {
 namespace {
 
 using grpc::StatusCode;
-using worker::Param;
-using worker::PsClient;
+using client::Param;
+using client::GrpcPsClient;
 
 constexpr char kToken[] = "test-token-0123456789abcdef";
 
@@ -46,10 +46,10 @@ std::unique_ptr<server::RunningServer> StartServer(
   return s.ok() ? *std::move(s) : nullptr;
 }
 
-worker::PsClientOptions Options(const server::RunningServer& server,
+client::GrpcClientOptions Options(const server::RunningServer& server,
                                 std::string token,
                                 std::shared_ptr<grpc::ChannelCredentials> c) {
-  worker::PsClientOptions o;
+  client::GrpcClientOptions o;
   o.servers = {absl::StrCat("127.0.0.1:", server.port())};
   o.job = "bnps";
   o.worker = 0;
@@ -63,22 +63,22 @@ worker::PsClientOptions Options(const server::RunningServer& server,
 }
 
 std::shared_ptr<grpc::ChannelCredentials> ClientCredentials(
-    proto::TlsFiles files) {
-  auto c = proto::MakeChannelCredentials(files);
+    security::TlsFiles files) {
+  auto c = security::MakeChannelCredentials(files);
   EXPECT_TRUE(c.ok()) << c.status();
   return c.ok() ? *c : nullptr;
 }
 
 std::shared_ptr<grpc::ServerCredentials> ServerCredentials(
-    proto::TlsFiles files) {
-  auto c = proto::MakeServerCredentials(files);
+    security::TlsFiles files) {
+  auto c = security::MakeServerCredentials(files);
   EXPECT_TRUE(c.ok()) << c.status();
   return c.ok() ? *c : nullptr;
 }
 
 // A training step's calls through `client`: init, push, pull (the SGD step
 // applied), a BN forward exchange (W = 1: the merge is the local moments).
-void ExpectAStepWorks(PsClient& client) {
+void ExpectAStepWorks(client::PsClient& client) {
   const std::map<std::string, Param> params = {{"w", {{2}, {1.0f, 2.0f}}}};
   ASSERT_TRUE(client.InitParameters(params).ok());
   ASSERT_TRUE(client.PushGradients(0, 1, params).ok());
@@ -90,7 +90,7 @@ void ExpectAStepWorks(PsClient& client) {
   local.count = 4;
   local.mean = {1.5, -2.0};
   local.m2 = {3.0, 0.5};
-  absl::StatusOr<worker::BnForwardResult> merged =
+  absl::StatusOr<client::BnForwardResult> merged =
       client.BnForward("bn0", 0, local);
   ASSERT_TRUE(merged.ok()) << merged.status();
   EXPECT_EQ(merged->merged.count, 4);
@@ -221,7 +221,7 @@ class EveryMethod {
     ctx->set_deadline(std::chrono::system_clock::now() +
                       std::chrono::seconds(5));
     if (!token_.empty()) {
-      ctx->AddMetadata(std::string(proto::kTokenMetadataKey), token_);
+      ctx->AddMetadata(std::string(security::kTokenMetadataKey), token_);
     }
   }
 
@@ -280,15 +280,15 @@ TEST(SecurityTest, ClientWithTheTokenTrainsAndWithoutItIsRefusedAtOnce) {
   for (const std::string& token :
        {std::string(), std::string("another-jobs-token-0123456")}) {
     const absl::Time start = absl::Now();
-    absl::StatusOr<std::unique_ptr<PsClient>> client =
-        PsClient::Connect(Options(*server, token, nullptr));
+    absl::StatusOr<std::unique_ptr<GrpcPsClient>> client =
+        GrpcPsClient::Connect(Options(*server, token, nullptr));
     EXPECT_EQ(client.status().code(), absl::StatusCode::kUnauthenticated)
         << client.status();
     // Not retried: a wrong token does not heal.
     EXPECT_LT(absl::Now() - start, absl::Seconds(2));
   }
-  absl::StatusOr<std::unique_ptr<PsClient>> client =
-      PsClient::Connect(Options(*server, kToken, nullptr));
+  absl::StatusOr<std::unique_ptr<GrpcPsClient>> client =
+      GrpcPsClient::Connect(Options(*server, kToken, nullptr));
   ASSERT_TRUE(client.ok()) << client.status();
   ExpectAStepWorks(**client);
 }
@@ -297,7 +297,7 @@ TEST(SecurityTest, BadTokensAreRefusedBeforeAnyCall) {
   std::unique_ptr<server::RunningServer> server = StartServer({});
   ASSERT_NE(server, nullptr);
   EXPECT_EQ(
-      PsClient::Connect(Options(*server, "short", nullptr)).status().code(),
+      GrpcPsClient::Connect(Options(*server, "short", nullptr)).status().code(),
       absl::StatusCode::kInvalidArgument);
   server::ShardOptions o;
   EXPECT_EQ(server::RunningServer::Start(o, "127.0.0.1:0",
@@ -311,7 +311,7 @@ TEST(SecurityTest, TlsWithTokenTrains) {
   std::unique_ptr<server::RunningServer> server = StartServer(
       {ServerCredentials({Tls("server.pem"), Tls("server.key"), ""}), kToken});
   ASSERT_NE(server, nullptr);
-  absl::StatusOr<std::unique_ptr<PsClient>> client = PsClient::Connect(
+  absl::StatusOr<std::unique_ptr<GrpcPsClient>> client = GrpcPsClient::Connect(
       Options(*server, kToken, ClientCredentials({"", "", Tls("ca.pem")})));
   ASSERT_TRUE(client.ok()) << client.status();
   ExpectAStepWorks(**client);
@@ -325,8 +325,8 @@ TEST(SecurityTest, TlsServerRefusesPlaintextAndUntrustedClients) {
   for (std::shared_ptr<grpc::ChannelCredentials> c :
        {std::shared_ptr<grpc::ChannelCredentials>(),
         ClientCredentials({"", "", Tls("other_ca.pem")})}) {
-    absl::StatusOr<std::unique_ptr<PsClient>> client =
-        PsClient::Connect(Options(*server, "", c));
+    absl::StatusOr<std::unique_ptr<GrpcPsClient>> client =
+        GrpcPsClient::Connect(Options(*server, "", c));
     EXPECT_FALSE(client.ok());
     EXPECT_TRUE(client.status().code() == absl::StatusCode::kUnavailable ||
                 client.status().code() == absl::StatusCode::kDeadlineExceeded)
@@ -339,19 +339,19 @@ TEST(SecurityTest, MutualTlsNeedsAClientCertificateFromTheJobsCa) {
       {ServerCredentials({Tls("server.pem"), Tls("server.key"), Tls("ca.pem")}),
        ""});
   ASSERT_NE(server, nullptr);
-  for (const proto::TlsFiles& files :
-       {proto::TlsFiles{"", "", Tls("ca.pem")},
-        proto::TlsFiles{Tls("other_client.pem"), Tls("other_client.key"),
+  for (const security::TlsFiles& files :
+       {security::TlsFiles{"", "", Tls("ca.pem")},
+        security::TlsFiles{Tls("other_client.pem"), Tls("other_client.key"),
                         Tls("ca.pem")}}) {
-    absl::StatusOr<std::unique_ptr<PsClient>> client =
-        PsClient::Connect(Options(*server, "", ClientCredentials(files)));
+    absl::StatusOr<std::unique_ptr<GrpcPsClient>> client =
+        GrpcPsClient::Connect(Options(*server, "", ClientCredentials(files)));
     EXPECT_FALSE(client.ok()) << files.cert;
     // The server ends the handshake; the client sees the socket close.
     EXPECT_TRUE(client.status().code() == absl::StatusCode::kUnavailable ||
                 client.status().code() == absl::StatusCode::kDeadlineExceeded)
         << client.status();
   }
-  absl::StatusOr<std::unique_ptr<PsClient>> client = PsClient::Connect(
+  absl::StatusOr<std::unique_ptr<GrpcPsClient>> client = GrpcPsClient::Connect(
       Options(*server, "",
               ClientCredentials(
                   {Tls("client.pem"), Tls("client.key"), Tls("ca.pem")})));

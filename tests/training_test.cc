@@ -15,7 +15,7 @@
 #include "worker/data/synthetic.h"
 #include "worker/nn/cpu_backend.h"
 #include "worker/nn/model.h"
-#include "worker/ps_client.h"
+#include "client/grpc_ps_client.h"
 #include "worker/trainer.h"
 
 namespace bnps {
@@ -41,7 +41,7 @@ struct WorkerResult {
 };
 
 // S servers of one job; W trainers on threads, worker w on datasets[w].
-std::vector<WorkerResult> Train(server::Policy policy, int shards,
+std::vector<WorkerResult> Train(policy::Policy policy, int shards,
                                 const std::vector<const Dataset*>& datasets,
                                 const TrainerOptions& options,
                                 int64_t staleness = 0) {
@@ -69,13 +69,13 @@ std::vector<WorkerResult> Train(server::Policy policy, int shards,
   std::vector<std::thread> threads;
   for (int w = 0; w < workers; ++w) {
     threads.emplace_back([&, w] {
-      worker::PsClientOptions o;
+      client::GrpcClientOptions o;
       o.servers = addresses;
       o.job = "bnps";
       o.worker = w;
       o.num_workers = workers;
       o.rpc_timeout = absl::Seconds(30);
-      auto client = worker::PsClient::Connect(o);
+      auto client = client::GrpcPsClient::Connect(o);
       if (!client.ok()) {
         results[w].report = client.status();
         return;
@@ -146,9 +146,9 @@ TEST(TrainingTest, SyncTwoWorkersFollowOneWorkerWithTheConcatenatedBatch) {
     TrainerOptions one = two;
     one.batch_size = 2 * b;
     std::vector<WorkerResult> split =
-        Train(server::Policy::kSync, 2, {&all, &all}, two);
+        Train(policy::Policy::kSync, 2, {&all, &all}, two);
     std::vector<WorkerResult> whole =
-        Train(server::Policy::kSync, 2, {&single}, one);
+        Train(policy::Policy::kSync, 2, {&single}, one);
     ASSERT_EQ(split.size(), 2u);
     ASSERT_EQ(whole.size(), 1u);
     ASSERT_TRUE(split[0].report.ok()) << split[0].report.status();
@@ -188,8 +188,8 @@ TEST(TrainingTest, LocalTwoWorkersDoNotFollowOneWorker) {
   TrainerOptions one = two;
   one.batch_size = 2 * b;
   const Dataset single = Interleaved(all, b, steps);
-  auto split = Train(server::Policy::kLocal, 2, {&all, &all}, two);
-  auto whole = Train(server::Policy::kLocal, 2, {&single}, one);
+  auto split = Train(policy::Policy::kLocal, 2, {&all, &all}, two);
+  auto whole = Train(policy::Policy::kLocal, 2, {&single}, one);
   ASSERT_TRUE(split[0].report.ok()) << split[0].report.status();
   ASSERT_TRUE(whole[0].report.ok()) << whole[0].report.status();
   EXPECT_GT(MaxRelDiff(whole[0].params.at("stem.conv.w").values,
@@ -202,18 +202,18 @@ TEST(TrainingTest, LocalTwoWorkersDoNotFollowOneWorker) {
 TEST(TrainingTest, EveryPolicyTrains) {
   const Dataset data = worker::MakeSyntheticDataset(1536, 12, 12, 10, 3);
   struct Case {
-    server::Policy policy;
+    policy::Policy policy;
     int64_t staleness;
     worker::RecalMode mode;
     bool recalibrate;
   };
-  for (const Case& c : {Case{server::Policy::kSync, 0, worker::RecalMode::kPrecise, false},
-                        Case{server::Policy::kAsync, 1, worker::RecalMode::kPrecise, false},
-                        Case{server::Policy::kLocal, 0, worker::RecalMode::kExact, true},
-                        Case{server::Policy::kRecal, 0, worker::RecalMode::kPrecise, false},
-                        Case{server::Policy::kRecal, 0, worker::RecalMode::kExact, false}}) {
+  for (const Case& c : {Case{policy::Policy::kSync, 0, worker::RecalMode::kPrecise, false},
+                        Case{policy::Policy::kAsync, 1, worker::RecalMode::kPrecise, false},
+                        Case{policy::Policy::kLocal, 0, worker::RecalMode::kExact, true},
+                        Case{policy::Policy::kRecal, 0, worker::RecalMode::kPrecise, false},
+                        Case{policy::Policy::kRecal, 0, worker::RecalMode::kExact, false}}) {
     SCOPED_TRACE(testing::Message()
-                 << server::PolicyName(c.policy) << " recal "
+                 << policy::PolicyName(c.policy) << " recal "
                  << worker::RecalModeName(c.mode));
     TrainerOptions o;
     o.batch_size = 16;
@@ -232,7 +232,7 @@ TEST(TrainingTest, EveryPolicyTrains) {
       EXPECT_GT(*r.report->test_accuracy, 0.3);
       ASSERT_GE(r.report->evals.size(), 2u);  // after epoch 1, and at the end
       EXPECT_GT(r.report->evals.front().test_accuracy, 0.2);
-      if (c.recalibrate || c.policy == server::Policy::kRecal) {
+      if (c.recalibrate || c.policy == policy::Policy::kRecal) {
         ASSERT_TRUE(r.report->test_accuracy_recal.has_value());
       }
     }
@@ -245,7 +245,7 @@ TEST(TrainingTest, EveryPolicyTrains) {
       EXPECT_EQ(results[0].running[l].var, results[1].running[l].var)
           << "layer " << l;
     }
-    if (c.policy == server::Policy::kAsync) {
+    if (c.policy == policy::Policy::kAsync) {
       EXPECT_LE(results[0].report->max_staleness, 1);
     }
   }

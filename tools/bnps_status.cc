@@ -12,8 +12,8 @@
 #include "absl/strings/str_split.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/bnps.grpc.pb.h"
-#include "proto/job_token.h"
-#include "worker/security_flags.h"
+#include "security/job_token.h"
+#include "security/security_flags.h"
 
 ABSL_FLAG(std::string, servers, "127.0.0.1:7000",
           "Comma-separated host:port of the shard servers, shard 0 first.");
@@ -31,8 +31,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "bnps_status: --servers is empty\n");
     return 2;
   }
-  absl::StatusOr<bnps::worker::ClientSecurity> security =
-      bnps::worker::SecurityFromFlags();
+  absl::StatusOr<bnps::security::ClientSecurity> security =
+      bnps::security::SecurityFromFlags();
   if (!security.ok()) {
     std::fprintf(stderr, "bnps_status: %s\n",
                  std::string(security.status().message()).c_str());
@@ -44,7 +44,7 @@ int main(int argc, char** argv) {
         grpc::CreateChannel(servers[i], security->credentials));
     grpc::ClientContext ctx;
     if (!security->token.empty()) {
-      ctx.AddMetadata(std::string(bnps::proto::kTokenMetadataKey),
+      ctx.AddMetadata(std::string(bnps::security::kTokenMetadataKey),
                       security->token);
     }
     ctx.set_deadline(std::chrono::system_clock::now() +

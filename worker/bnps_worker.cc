@@ -34,8 +34,9 @@
 #include "worker/nn/cpu_backend.h"
 #include "worker/nn/cuda_backend.h"
 #include "worker/nn/model.h"
-#include "worker/ps_client.h"
-#include "worker/security_flags.h"
+#include "client/grpc_ps_client.h"
+#include "policy/policy.h"
+#include "security/security_flags.h"
 #include "worker/trainer.h"
 
 ABSL_FLAG(std::string, servers, "",
@@ -114,6 +115,12 @@ namespace {
 
 absl::Status Check(bool ok, const std::string& message) {
   return ok ? absl::OkStatus() : absl::InvalidArgumentError(message);
+}
+
+// The flag name of the job's policy as the servers reported it.
+std::string PolicyName(proto::Policy wire) {
+  absl::StatusOr<policy::Policy> p = policy::FromProto(wire);
+  return p.ok() ? policy::PolicyName(*p) : "unknown";
 }
 
 // Flags the servers own must agree with theirs when given.
@@ -286,8 +293,9 @@ absl::Status Main() {
     }
   }
   // Unreadable certificates or token: fail before loading anything.
-  absl::StatusOr<ClientSecurity> security = SecurityFromFlags();
-  if (!security.ok()) return security.status();
+  absl::StatusOr<security::ClientSecurity> client_security =
+      security::SecurityFromFlags();
+  if (!client_security.ok()) return client_security.status();
   omp_set_num_threads(threads);
 
   absl::StatusOr<Data> data = LoadData();
@@ -295,16 +303,16 @@ absl::Status Main() {
   absl::StatusOr<std::unique_ptr<nn::Backend>> backend = MakeBackend();
   if (!backend.ok()) return backend.status();
 
-  PsClientOptions client_options;
+  client::GrpcClientOptions client_options;
   client_options.servers = servers;
-  client_options.credentials = security->credentials;
-  client_options.token = security->token;
+  client_options.credentials = client_security->credentials;
+  client_options.token = client_security->token;
   client_options.job = absl::GetFlag(FLAGS_job);
   client_options.worker = worker;
   client_options.num_workers = num_workers;
   client_options.rpc_timeout = absl::Seconds(rpc_timeout);
-  absl::StatusOr<std::unique_ptr<PsClient>> client =
-      PsClient::Connect(client_options);
+  absl::StatusOr<std::unique_ptr<client::GrpcPsClient>> client =
+      client::GrpcPsClient::Connect(client_options);
   if (!client.ok()) return client.status();
   if (absl::Status s = CheckAgainstServers((*client)->config()); !s.ok()) {
     return s;

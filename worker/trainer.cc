@@ -9,7 +9,9 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
 #include "bn/moments.h"
-#include "worker/nn/bn_sync.h"
+#include "policy/policy.h"
+#include "worker/nn/bn_exchange.h"
+#include "worker/server_bn_exchange.h"
 #include "worker/nn/layers.h"
 
 namespace bnps::worker {
@@ -22,50 +24,7 @@ absl::Status Annotate(const absl::Status& s, const std::string& where) {
   return absl::Status(s.code(), absl::StrCat(where, ": ", s.message()));
 }
 
-bool BulkSynchronous(proto::Policy p) { return p != proto::POLICY_ASYNC; }
-
-// BN through the servers (sync and async only; local and recal train with
-// nn::LocalBnSync): sync merges on every layer, async merges with the others'
-// recent moments. Counts the time spent in BN calls.
-class PsBnSync : public nn::BnSync {
- public:
-  PsBnSync(PsClient* client, proto::Policy policy)
-      : client_(client), policy_(policy) {}
-
-  void set_step(int64_t step) { step_ = step; }
-  absl::Duration elapsed() const { return elapsed_; }
-  void reset_elapsed() { elapsed_ = absl::ZeroDuration(); }
-
-  absl::StatusOr<bn::Moments> Forward(const std::string& layer,
-                                            const bn::Moments& local) override {
-    const absl::Time start = absl::Now();
-    absl::StatusOr<BnForwardResult> r = client_->BnForward(layer, step_, local);
-    elapsed_ += absl::Now() - start;
-    if (!r.ok()) return r.status();
-    if (policy_ == proto::POLICY_SYNC) {
-      return std::move(r->merged);
-    }
-    // async: the servers sent the others' admissible moments.
-    return bn::MergeMoments({local, r->merged});
-  }
-
-  absl::StatusOr<bn::BackwardSums> Backward(
-      const std::string& layer, const bn::BackwardSums& local) override {
-    if (policy_ != proto::POLICY_SYNC) return local;
-    const absl::Time start = absl::Now();
-    absl::StatusOr<bn::BackwardSums> r = client_->BnBackward(layer, step_, local);
-    elapsed_ += absl::Now() - start;
-    return r;
-  }
-
- private:
-  PsClient* const client_;
-  const proto::Policy policy_;
-  int64_t step_ = 0;
-  absl::Duration elapsed_;
-};
-
-nn::HostTensors ToHost(std::map<std::string, Param> params) {
+nn::HostTensors ToHost(client::Params params) {
   nn::HostTensors out;
   for (auto& [name, p] : params) {
     out.emplace(name, nn::HostTensor{std::move(p.shape), std::move(p.values)});
@@ -73,10 +32,10 @@ nn::HostTensors ToHost(std::map<std::string, Param> params) {
   return out;
 }
 
-std::map<std::string, Param> ToParams(nn::HostTensors tensors) {
-  std::map<std::string, Param> out;
+client::Params ToParams(nn::HostTensors tensors) {
+  client::Params out;
   for (auto& [name, t] : tensors) {
-    out.emplace(name, Param{std::move(t.shape), std::move(t.values)});
+    out.emplace(name, client::Param{std::move(t.shape), std::move(t.values)});
   }
   return out;
 }
@@ -91,12 +50,6 @@ std::string Num(const std::optional<double>& v) {
 }
 
 }  // namespace
-
-std::string PolicyName(proto::Policy policy) {
-  // "POLICY_SYNC" -> "sync": the names the flags use.
-  return absl::AsciiStrToLower(
-      absl::StripPrefix(proto::Policy_Name(policy), "POLICY_"));
-}
 
 absl::StatusOr<RecalMode> ParseRecalMode(const std::string& name) {
   if (name == "precise") return RecalMode::kPrecise;
@@ -141,19 +94,21 @@ std::string ReportJson(const TrainReport& r) {
   return s;
 }
 
-Trainer::Trainer(PsClient* client, nn::Model* model, const Dataset* train,
-                 const Dataset* test, TrainerOptions options)
+Trainer::Trainer(client::PsClient* client, nn::Model* model,
+                 const Dataset* train, const Dataset* test,
+                 TrainerOptions options)
     : client_(client),
       model_(model),
       train_(train),
       test_(test),
       options_(std::move(options)),
-      policy_(client->config().policy()) {}
+      wire_policy_(client->config().policy()),
+      policy_(policy::FromProto(wire_policy_).value_or(policy::Policy::kSync)) {}
 
 BatcherOptions Trainer::ShardOptions() const {
   BatcherOptions bo;
-  bo.worker = client_->options().worker;
-  bo.num_workers = client_->options().num_workers;
+  bo.worker = client_->worker();
+  bo.num_workers = client_->num_workers();
   bo.batch_size = options_.batch_size;
   bo.seed = options_.seed;
   bo.shuffle = options_.shuffle;
@@ -162,7 +117,7 @@ BatcherOptions Trainer::ShardOptions() const {
 }
 
 absl::Status Trainer::PullInto(int64_t min_version) {
-  absl::StatusOr<std::map<std::string, Param>> params =
+  absl::StatusOr<client::Params> params =
       client_->PullParameters(min_version);
   if (!params.ok()) return params.status();
   return model_->SetParameters(ToHost(*std::move(params)));
@@ -179,12 +134,16 @@ absl::StatusOr<TrainReport> Trainer::Run() {
   if (options_.evaluate && test_ == nullptr) {
     return absl::InvalidArgumentError("evaluation needs a test set");
   }
+  if (absl::StatusOr<policy::Policy> p = policy::FromProto(wire_policy_);
+      !p.ok()) {
+    return Annotate(p.status(), "the job's config");
+  }
   BatcherOptions bo = ShardOptions();
   absl::StatusOr<Batcher> batcher = Batcher::Create(train_, bo);
   if (!batcher.ok()) return batcher.status();
 
   TrainReport report;
-  report.policy = PolicyName(policy_);
+  report.policy = policy::PolicyName(policy_);
   report.worker = bo.worker;
   report.num_workers = bo.num_workers;
   const int64_t per_epoch = batcher->batches_per_epoch();
@@ -200,11 +159,11 @@ absl::StatusOr<TrainReport> Trainer::Run() {
       !s.ok()) {
     return Annotate(s, "initializing the parameters");
   }
-  PsBnSync sync(client_, policy_);
-  nn::LocalBnSync local_sync;
-  const bool bn_traffic =
-      policy_ == proto::POLICY_SYNC || policy_ == proto::POLICY_ASYNC;
-  model_->SetBnSync(bn_traffic ? static_cast<nn::BnSync*>(&sync) : &local_sync);
+  ServerBnExchange sync(client_, policy_);
+  nn::LocalBnExchange local_sync;
+  model_->SetBnExchange(policy::BnTrafficWhileTraining(policy_)
+                            ? static_cast<nn::BnExchange*>(&sync)
+                            : &local_sync);
   model_->SetBnMode(nn::BnMode::kTrain);
 
   const absl::Time start = absl::Now();
@@ -222,13 +181,13 @@ absl::StatusOr<TrainReport> Trainer::Run() {
       const absl::Time step_start = absl::Now();
       absl::Duration grad_time;
       // async: wait until the bound allows this step.
-      if (policy_ == proto::POLICY_ASYNC) {
+      if (policy_ == policy::Policy::kAsync) {
         absl::StatusOr<int64_t> min_clock = client_->StartStep(step);
         if (!min_clock.ok()) return Annotate(min_clock.status(), "step start");
         staleness = step - *min_clock;
         report.max_staleness = std::max(report.max_staleness, staleness);
       }
-      if (absl::Status s = PullInto(BulkSynchronous(policy_) ? step : 0);
+      if (absl::Status s = PullInto(policy::BulkSynchronous(policy_) ? step : 0);
           !s.ok()) {
         return Annotate(s, absl::StrCat("step ", step, ": pulling parameters"));
       }
@@ -250,12 +209,12 @@ absl::StatusOr<TrainReport> Trainer::Run() {
       if (absl::Status s =
               client_->PushGradients(
                   step, batch.n,
-                  std::make_shared<const std::map<std::string, Param>>(
+                  std::make_shared<const client::Params>(
                       ToParams(*std::move(grads))));
           !s.ok()) {
         return Annotate(s, absl::StrCat("step ", step, ": pushing gradients"));
       }
-      if (policy_ == proto::POLICY_ASYNC) {
+      if (policy_ == policy::Policy::kAsync) {
         if (absl::Status s = client_->FinishStep(step + 1); !s.ok()) {
           return Annotate(s, absl::StrCat("step ", step, ": finishing"));
         }
@@ -335,24 +294,24 @@ absl::StatusOr<TrainReport> Trainer::Run() {
     report.test_accuracy = *acc;
     report.evals.push_back(EvalPoint{report.epochs, Seconds(start), *acc});
   }
-  if (options_.recalibrate && policy_ != proto::POLICY_RECAL) {
+  if (options_.recalibrate && policy_ != policy::Policy::kRecal) {
     if (absl::Status s = Recalibrate(); !s.ok()) return s;
     if (options_.evaluate) {
       absl::StatusOr<double> acc = Evaluate();
       if (!acc.ok()) return acc.status();
       report.test_accuracy_recal = *acc;
     }
-  } else if (policy_ == proto::POLICY_RECAL) {
+  } else if (policy_ == policy::Policy::kRecal) {
     report.test_accuracy_recal = report.test_accuracy;
   }
   report.seconds_finish = Seconds(finish_start);
-  model_->SetBnSync(nullptr);
+  model_->SetBnExchange(nullptr);
   return report;
 }
 
 absl::Status Trainer::SettleRunningStats(int64_t steps) {
   // The final parameters: every update of the run applied.
-  if (BulkSynchronous(policy_)) {
+  if (policy::BulkSynchronous(policy_)) {
     if (absl::Status s = PullInto(steps); !s.ok()) {
       return Annotate(s, "pulling the final parameters");
     }
@@ -369,7 +328,7 @@ absl::Status Trainer::SettleRunningStats(int64_t steps) {
     }
   }
   switch (policy_) {
-    case proto::POLICY_LOCAL:
+    case policy::Policy::kLocal:
       for (nn::BatchNorm* layer : model_->batch_norms()) {
         absl::StatusOr<bn::RunningStats> avg =
             client_->BnLocalRunning(layer->name(), layer->running());
@@ -382,7 +341,7 @@ absl::Status Trainer::SettleRunningStats(int64_t steps) {
         }
       }
       return absl::OkStatus();
-    case proto::POLICY_RECAL:
+    case policy::Policy::kRecal:
       return Recalibrate();
     default:  // sync, async: the servers' are final now.
       return PullRunningStats(steps);
@@ -390,7 +349,7 @@ absl::Status Trainer::SettleRunningStats(int64_t steps) {
 }
 
 absl::Status Trainer::PullRunningStats(int64_t steps) {
-  if (policy_ != proto::POLICY_SYNC && policy_ != proto::POLICY_ASYNC) {
+  if (!policy::BnTrafficWhileTraining(policy_)) {
     return absl::OkStatus();
   }
   for (nn::BatchNorm* layer : model_->batch_norms()) {

@@ -5,7 +5,7 @@
 //   async only   StartStep(s): wait while the bound would break
 //   pull         the parameters: bulk-synchronous policies wait for version s
 //                (the update of step s - 1); async takes the newest
-//   forward      BN layers through a PsBnSync: sync merges every layer on the
+//   forward      BN layers through a ServerBnExchange: sync merges every layer on the
 //                servers (a barrier), async merges with the others' recent
 //                moments (never waits), local and recal stay local
 //   loss, backward (sync: the two global BN sums per layer)
@@ -46,7 +46,9 @@
 #include "worker/data/batcher.h"
 #include "worker/data/dataset.h"
 #include "worker/nn/model.h"
-#include "worker/ps_client.h"
+#include "client/ps_client.h"
+#include "policy/policy.h"
+#include "proto/bnps.pb.h"
 
 namespace bnps::worker {
 
@@ -57,9 +59,6 @@ enum class RecalMode {
   // the statistics match what inference sees.
   kExact,
 };
-
-// "sync", "async", "recal" or "local": the names the flags use.
-std::string PolicyName(proto::Policy policy);
 
 // "precise" or "exact"; INVALID_ARGUMENT otherwise.
 absl::StatusOr<RecalMode> ParseRecalMode(const std::string& name);
@@ -159,7 +158,7 @@ class Trainer {
  public:
   // None of the pointers is owned; all must outlive the Trainer. `test` may
   // be null when options.evaluate is false.
-  Trainer(PsClient* client, nn::Model* model, const Dataset* train,
+  Trainer(client::PsClient* client, nn::Model* model, const Dataset* train,
           const Dataset* test, TrainerOptions options);
 
   absl::StatusOr<TrainReport> Run();
@@ -179,12 +178,14 @@ class Trainer {
   absl::Status PullRunningStats(int64_t steps);
   absl::Status Recalibrate();
 
-  PsClient* const client_;
+  client::PsClient* const client_;
   nn::Model* const model_;
   const Dataset* const train_;
   const Dataset* const test_;
   const TrainerOptions options_;
-  const proto::Policy policy_;
+  const proto::Policy wire_policy_;  // as the servers reported it
+  // wire_policy_ (sync if it is not valid: Run then fails).
+  const policy::Policy policy_;
 };
 
 }  // namespace bnps::worker

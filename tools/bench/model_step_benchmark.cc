@@ -1,6 +1,6 @@
 // model_step_benchmark: the time of one training step (Forward + Loss +
 // Backward + Gradients download) of the worker's model (worker/nn/model.h) on
-// the CPU backend or the CUDA backend, with local BN (nn::LocalBnSync) and no
+// the CPU backend or the CUDA backend, with local BN (nn::LocalBnExchange) and no
 // parameter server. The PyTorch twin is tools/bench/torch_model_step.py; the
 // driver that runs both alternately and prints the comparison table is
 // tools/bench/model_step_compare.py.
@@ -37,7 +37,7 @@
 #include "absl/strings/str_cat.h"
 #include "bn/cuda_kernels.h"
 #include "worker/nn/backend.h"
-#include "worker/nn/bn_sync.h"
+#include "worker/nn/bn_exchange.h"
 #include "worker/nn/cpu_backend.h"
 #include "worker/nn/cuda_backend.h"
 #include "worker/nn/model.h"
@@ -161,8 +161,8 @@ int Main() {
                  model.status().ToString().c_str());
     return 2;
   }
-  nn::LocalBnSync sync;
-  (*model)->SetBnSync(&sync);
+  nn::LocalBnExchange sync;
+  (*model)->SetBnExchange(&sync);
   (*model)->SetBnMode(nn::BnMode::kTrain);
   if (absl::Status s =
           (*model)->SetParameters((*model)->InitialParameters(seed));

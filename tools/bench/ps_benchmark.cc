@@ -7,7 +7,7 @@
 //    be): a pool forked when the benchmark starts, before this process has
 //    any thread or gRPC state; each row hands them its work over pipes. The
 //    systems of a row run one after another. bnps: one shard server (sync
-//    policy) in this process; each worker has its own PsClient and calls
+//    policy) in this process; each worker has its own GrpcPsClient and calls
 //    BnForward(layer, step, moments) back to back; each call returns after
 //    the barrier. Peers with the same bytes per worker (a forward exchange
 //    carries count + mean[C] + m2[C] = 16C + 8 bytes each way):
@@ -101,7 +101,7 @@
 #include "proto/sharding.h"
 #include "server/server_runner.h"
 #include "tools/bench/echo.grpc.pb.h"
-#include "worker/ps_client.h"
+#include "client/grpc_ps_client.h"
 
 ABSL_FLAG(int, reps, 1000,
           "BN latency: the most timed calls per worker and row (a row stops "
@@ -911,9 +911,9 @@ absl::Status EchoPushPull(
 
 // --- bnps
 
-worker::PsClientOptions ClientOptions(std::vector<std::string> servers,
+client::GrpcClientOptions ClientOptions(std::vector<std::string> servers,
                                       int worker, int workers) {
-  worker::PsClientOptions o;
+  client::GrpcClientOptions o;
   o.servers = std::move(servers);
   o.job = "bnps";
   o.worker = worker;
@@ -922,12 +922,12 @@ worker::PsClientOptions ClientOptions(std::vector<std::string> servers,
   return o;
 }
 
-// A worker of the bnps row: its own PsClient, calling BnForward back to
+// A worker of the bnps row: its own GrpcPsClient, calling BnForward back to
 // back. A worker that stops leaves the others in a barrier; they fail at its
 // (short) timeout, which is not their error.
 absl::StatusOr<std::vector<double>> BnpsWorker(const Job& job,
                                                RowControl* control) {
-  auto client = worker::PsClient::Connect(ClientOptions(
+  auto client = client::GrpcPsClient::Connect(ClientOptions(
       {absl::StrCat("127.0.0.1:", job.port)}, job.rank, job.workers));
   if (!client.ok()) {
     control->stop.store(true);
@@ -943,7 +943,7 @@ absl::StatusOr<std::vector<double>> BnpsWorker(const Job& job,
   CallPlan plan(job, control);
   for (int i = 0; plan.MayStart(i) && KeepGoing(job, control); ++i) {
     const Clock::time_point t0 = Clock::now();
-    absl::StatusOr<worker::BnForwardResult> result =
+    absl::StatusOr<client::BnForwardResult> result =
         (*client)->BnForward("bn/0", i, local);
     const double elapsed = MicrosSince(t0);
     if (!result.ok() || result->contributors != job.workers) {
@@ -963,7 +963,7 @@ absl::StatusOr<Latency> BnpsLatency(WorkerPool& pool, int channels, int workers,
                                     const Settings& s) {
   server::ShardOptions options;
   options.num_workers = workers;
-  options.policy = server::Policy::kSync;
+  options.policy = policy::Policy::kSync;
   options.barrier_timeout = absl::Seconds(5);
   absl::StatusOr<std::unique_ptr<server::RunningServer>> server =
       server::RunningServer::Start(options, "127.0.0.1:0");
@@ -1036,7 +1036,7 @@ absl::StatusOr<std::vector<double>> GradReps(bool bnps, int mb, int shards,
       server::ShardOptions options;
       options.shard = i;
       options.num_shards = shards;
-      options.policy = server::Policy::kSync;
+      options.policy = policy::Policy::kSync;
       auto server = server::RunningServer::Start(options, "127.0.0.1:0");
       if (!server.ok()) return server.status();
       addresses.push_back(absl::StrCat("127.0.0.1:", (*server)->port()));
@@ -1050,23 +1050,23 @@ absl::StatusOr<std::vector<double>> GradReps(bool bnps, int mb, int shards,
   }
   const int64_t bytes = mb * kMB;
   std::function<absl::Status(int)> rep;
-  std::unique_ptr<worker::PsClient> client;
-  std::map<std::string, worker::Param> pulled;
-  std::shared_ptr<const std::map<std::string, worker::Param>> shared;
+  std::unique_ptr<client::GrpcPsClient> client;
+  std::map<std::string, client::Param> pulled;
+  std::shared_ptr<const std::map<std::string, client::Param>> shared;
   std::vector<std::string> sources;  // echo: each stub's share of the bytes
   if (bnps) {
-    absl::StatusOr<std::unique_ptr<worker::PsClient>> c =
-        worker::PsClient::Connect(ClientOptions(addresses, 0, 1));
+    absl::StatusOr<std::unique_ptr<client::GrpcPsClient>> c =
+        client::GrpcPsClient::Connect(ClientOptions(addresses, 0, 1));
     if (!c.ok()) return c.status();
     client = *std::move(c);
-    std::map<std::string, worker::Param> grads;
+    std::map<std::string, client::Param> grads;
     for (const auto& [key, n] : GradKeys(mb)) {
       grads[key] = {{n}, std::vector<float>(n, 1e-4f)};
       pulled[key];
     }
     if (absl::Status s = client->InitParameters(grads); !s.ok()) return s;
     // Sent without a copy (the trainer's way); unchanged between reps.
-    shared = std::make_shared<const std::map<std::string, worker::Param>>(
+    shared = std::make_shared<const std::map<std::string, client::Param>>(
         std::move(grads));
     rep = [&](int step) -> absl::Status {
       if (absl::Status s = client->PushGradients(step, 1, shared); !s.ok()) {

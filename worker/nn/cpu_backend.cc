@@ -16,7 +16,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "bn/cpu_clones.h"
+#include "util/cpu_clones.h"
 #include "bn/cpu_kernels.h"
 #include "oneapi/dnnl/dnnl.h"
 #include "oneapi/dnnl/dnnl.hpp"
@@ -104,7 +104,7 @@ bool IsDirectJit(const char* impl) {
 }
 
 // The hot loops of 2x2 max pooling are compiled for x86-64-v3 (AVX2) and for
-// the baseline, picked at load time (BNPS_HOT_LOOP, bn/cpu_clones.h).
+// the baseline, picked at load time (BNPS_HOT_LOOP, util/cpu_clones.h).
 
 // 2x2 windows at stride 2 over rows a and b: y[j] = the first maximum of
 // (a[2j], a[2j+1], b[2j], b[2j+1]) in that (row-major) order, with the strict

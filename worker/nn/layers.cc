@@ -598,7 +598,7 @@ absl::StatusOr<const Tensor*> BatchNorm::Forward(const Tensor& x) {
     case BnMode::kTrain: {
       if (sync_ == nullptr) {
         return absl::FailedPreconditionError(
-            absl::StrCat("batch norm ", name(), " trains without a BnSync"));
+            absl::StrCat("batch norm ", name(), " trains without a BnExchange"));
       }
       absl::StatusOr<bn::Moments> local =
           backend_.bn().ComputeMoments(x.data(), x.shape);

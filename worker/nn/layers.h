@@ -8,7 +8,7 @@
 // this batch. Gradients are of the SUM of the per-example losses: the servers
 // divide by the number of examples of the step.
 //
-// Batch norm goes through a BnSync (bn_sync.h) while training, so every policy
+// Batch norm goes through a BnExchange (bn_exchange.h) while training, so every policy
 // applies to every BN layer without the layers knowing which one is in force.
 //
 // Parameter names: "<layer>.w" (convolution and linear weights), "<layer>.b"
@@ -16,7 +16,7 @@
 // own name is the key of its statistics on the servers.
 //
 // Errors: INVALID_ARGUMENT when an input's shape does not fit the layer, plus
-// whatever the backend or the BnSync returns.
+// whatever the backend or the BnExchange returns.
 //
 // Thread-safety: thread-compatible; a model runs on one thread.
 
@@ -34,7 +34,7 @@
 #include "bn/moments.h"
 #include "bn/shape.h"
 #include "worker/nn/backend.h"
-#include "worker/nn/bn_sync.h"
+#include "worker/nn/bn_exchange.h"
 
 namespace bnps::nn {
 
@@ -123,7 +123,7 @@ absl::StatusOr<std::unique_ptr<Layer>> NewResidualBlock(Backend& backend,
                                                         double bn_eps);
 
 enum class BnMode {
-  // Normalize with what the BnSync returns and update the running statistics
+  // Normalize with what the BnExchange returns and update the running statistics
   // from it. The only mode that supports Backward.
   kTrain,
   // Normalize with the running statistics (unbiased variance, as PyTorch).
@@ -154,7 +154,7 @@ class BatchNorm : public Layer {
   BnMode mode() const { return mode_; }
   void set_mode(BnMode mode) { mode_ = mode; }
   // Not owned; must be set (and outlive the calls) before a kTrain Forward.
-  void set_sync(BnSync* sync) { sync_ = sync; }
+  void set_sync(BnExchange* sync) { sync_ = sync; }
 
   const bn::RunningStats& running() const { return running_; }
   // INVALID_ARGUMENT unless mean and var have channels() finite values and
@@ -175,7 +175,7 @@ class BatchNorm : public Layer {
   std::unique_ptr<Parameter> gamma_;
   std::unique_ptr<Parameter> beta_;
   BnMode mode_ = BnMode::kTrain;
-  BnSync* sync_ = nullptr;
+  BnExchange* sync_ = nullptr;
   bn::RunningStats running_;
   bn::Moments collected_;
 

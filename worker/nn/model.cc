@@ -195,7 +195,7 @@ void Model::SetBnMode(BnMode mode) {
   for (BatchNorm* bn : batch_norms_) bn->set_mode(mode);
 }
 
-void Model::SetBnSync(BnSync* sync) {
+void Model::SetBnExchange(BnExchange* sync) {
   for (BatchNorm* bn : batch_norms_) bn->set_sync(sync);
 }
 

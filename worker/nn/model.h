@@ -9,7 +9,7 @@
 //   stage 2  `depth` residual blocks of 2 width channels          7x7
 //   head     global average pool - linear(2 width -> classes)
 //
-// A step is Forward (training mode: BN through the BnSync), Loss, Backward;
+// A step is Forward (training mode: BN through the BnExchange), Loss, Backward;
 // Gradients then holds d(sum of the batch's losses) / d parameter. Parameters
 // come from outside (the servers): SetParameters before Forward.
 //
@@ -31,7 +31,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "worker/nn/backend.h"
-#include "worker/nn/bn_sync.h"
+#include "worker/nn/bn_exchange.h"
 #include "worker/nn/layers.h"
 #include "worker/nn/loss.h"
 
@@ -91,7 +91,7 @@ class Model {
 
   void SetBnMode(BnMode mode);
   // Not owned; must outlive the training-mode Forward/Backward calls.
-  void SetBnSync(BnSync* sync);
+  void SetBnExchange(BnExchange* sync);
 
   // Runs the layers on n images (host memory, NCHW, n * in_channels *
   // image_height * image_width floats; n >= 0). The logits are then in

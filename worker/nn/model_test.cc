@@ -12,7 +12,7 @@
 #include "absl/status/status.h"
 #include "bn/moments.h"
 #include "gtest/gtest.h"
-#include "worker/nn/bn_sync.h"
+#include "worker/nn/bn_exchange.h"
 #include "worker/nn/cpu_backend.h"
 
 namespace bnps::nn {
@@ -20,7 +20,7 @@ namespace {
 
 // Async BN as the servers run it, with the others' moments fixed: normalize
 // with merge(local, others), backward with the local sums.
-class FixedOthersSync : public BnSync {
+class FixedOthersSync : public BnExchange {
  public:
   explicit FixedOthersSync(uint64_t seed) : rng_(seed) {}
 
@@ -100,13 +100,13 @@ double LossAt(Model& model, const HostTensors& params, const Batch& b) {
 // relative error of each tensor's sampled gradient must be small. Float
 // arithmetic and ReLU/max-pool kinks make single elements noisy, so tensors
 // are compared as vectors.
-void CheckGradients(BnSync* sync, uint64_t seed) {
+void CheckGradients(BnExchange* sync, uint64_t seed) {
   std::unique_ptr<Backend> backend = NewCpuBackend();
   const ModelOptions o = Tiny();
   absl::StatusOr<std::unique_ptr<Model>> model = Model::Create(o, backend.get());
   ASSERT_TRUE(model.ok()) << model.status();
   Model& m = **model;
-  m.SetBnSync(sync);
+  m.SetBnExchange(sync);
   const Batch batch = RandomBatch(o, 5, seed);
   HostTensors params = Perturbed(m, seed);
 
@@ -148,7 +148,7 @@ void CheckGradients(BnSync* sync, uint64_t seed) {
 }
 
 TEST(ModelTest, GradientsMatchFiniteDifferencesWithLocalBn) {
-  LocalBnSync sync;
+  LocalBnExchange sync;
   CheckGradients(&sync, 11);
 }
 
@@ -173,8 +173,8 @@ TEST(ModelTest, DefaultModelShapesAndParameters) {
   EXPECT_EQ(a.at("head.fc.w").shape, (std::vector<int64_t>{10, 32}));
   EXPECT_EQ(a.at("stem.bn.gamma").values, std::vector<float>(16, 1.0f));
   ASSERT_TRUE((*model)->SetParameters(a).ok());
-  LocalBnSync sync;
-  (*model)->SetBnSync(&sync);
+  LocalBnExchange sync;
+  (*model)->SetBnExchange(&sync);
   const Batch batch = RandomBatch(ModelOptions(), 3, 1);
   ASSERT_TRUE((*model)->Forward(batch.images.data(), 3).ok());
   EXPECT_EQ((*model)->logits().size(), 30u);
@@ -186,8 +186,8 @@ TEST(ModelTest, EmptyBatchGivesZeroGradients) {
       Model::Create(Tiny(), backend.get());
   ASSERT_TRUE(model.ok());
   Model& m = **model;
-  LocalBnSync sync;
-  m.SetBnSync(&sync);
+  LocalBnExchange sync;
+  m.SetBnExchange(&sync);
   ASSERT_TRUE(m.SetParameters(Perturbed(m, 3)).ok());
   // A real batch first, so stale gradients would show.
   const Batch batch = RandomBatch(Tiny(), 4, 2);
@@ -223,7 +223,7 @@ TEST(ModelTest, BadInput) {
   p["stem.conv.w"].shape = {1, 2, 3};
   EXPECT_EQ((*model)->SetParameters(p).code(),
             absl::StatusCode::kInvalidArgument);
-  // Training needs a BnSync; backward needs a training forward.
+  // Training needs a BnExchange; backward needs a training forward.
   ASSERT_TRUE((*model)->SetParameters((*model)->InitialParameters(1)).ok());
   const Batch batch = RandomBatch(Tiny(), 2, 1);
   EXPECT_EQ((*model)->Forward(batch.images.data(), 2).code(),

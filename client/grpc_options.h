@@ -1,0 +1,72 @@
+// How GrpcPsClient (client/grpc_ps_client.h) reaches a job's shard servers,
+// and the counters of its heartbeat.
+
+#ifndef BNPS_CLIENT_GRPC_OPTIONS_H_
+#define BNPS_CLIENT_GRPC_OPTIONS_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "grpcpp/security/credentials.h"
+
+namespace bnps::client {
+
+struct GrpcClientOptions {
+  // Shard i is served at servers[i], as "host:port" (any gRPC target).
+  // Default: none; at least one is required.
+  std::vector<std::string> servers;
+  // The job's name; every server of the job must run a job of this name.
+  // Default: none; required.
+  std::string job;
+  // This worker's id, in [0, num_workers).
+  // Default: 0.
+  int worker = 0;
+  // Workers in the job; must match the servers' config.
+  // Default: 1.
+  int num_workers = 1;
+  // Deadline of every call attempt; also bounds Connect (registration with
+  // all shards, retries included) and each BN call (its retry included).
+  // Calls that may wait on the servers' barriers (BN, pulls of a version,
+  // StartStep) wait at least the servers' barrier_timeout_ms plus 5 s, so
+  // the server's error naming the missing workers arrives first. Must be
+  // finite and positive.
+  // Default: 30 s.
+  absl::Duration rpc_timeout = absl::Seconds(30);
+  // Attempts per call for retryable failures (UNAVAILABLE, ABORTED); >= 1.
+  // Default: 5.
+  int max_attempts = 5;
+  // The first backoff between attempts; doubles each time up to 2 s. Also the
+  // first reconnect backoff of the channels. >= 0.
+  // Default: 50 ms.
+  absl::Duration initial_backoff = absl::Milliseconds(50);
+  // How often the background thread heartbeats every shard; must be positive
+  // and shorter than the servers' heartbeat_timeout_ms.
+  // Default: 500 ms.
+  absl::Duration heartbeat_interval = absl::Milliseconds(500);
+  // Channel credentials, e.g. from security::MakeChannelCredentials for TLS.
+  // Default: nullptr, meaning grpc::InsecureChannelCredentials().
+  std::shared_ptr<grpc::ChannelCredentials> credentials;
+  // The job token (security/job_token.h), sent with every call; empty: none.
+  // Default: empty.
+  std::string token;
+};
+
+// Counters of GrpcPsClient's background heartbeat.
+struct HeartbeatStats {
+  int64_t sent = 0;         // Heartbeat calls made (to all shards)
+  int64_t failed = 0;       // of which failed; failures are not fatal
+  absl::Status last_error;  // the most recent failure, annotated; OK if none
+  // Workers live according to shard 0's latest answer.
+  std::vector<int> live_workers;
+};
+
+// OK if `options` can be used; INVALID_ARGUMENT naming the first bad field.
+absl::Status ValidateOptions(const GrpcClientOptions& options);
+
+}  // namespace bnps::client
+
+#endif  // BNPS_CLIENT_GRPC_OPTIONS_H_

@@ -1,0 +1,217 @@
+#include "client/grpc_ps_client.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/memory/memory.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "client/internal/bn_stream.h"
+#include "client/internal/bulk_transfer.h"
+#include "client/internal/channels.h"
+#include "client/internal/membership.h"
+#include "security/job_token.h"
+
+namespace bnps::client {
+namespace {
+
+// How often the background thread looks for BN writes stuck past their
+// deadline.
+constexpr absl::Duration kWatchdogTick = absl::Milliseconds(100);
+
+}  // namespace
+
+absl::Status ValidateOptions(const GrpcClientOptions& options) {
+  if (options.servers.empty()) {
+    return absl::InvalidArgumentError("GrpcClientOptions.servers is empty");
+  }
+  for (size_t i = 0; i < options.servers.size(); ++i) {
+    if (options.servers[i].empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("GrpcClientOptions.servers[", i, "] is empty"));
+    }
+  }
+  if (options.job.empty()) {
+    return absl::InvalidArgumentError("GrpcClientOptions.job is empty");
+  }
+  if (options.num_workers < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("GrpcClientOptions.num_workers is ", options.num_workers,
+                     "; need at least 1"));
+  }
+  if (options.worker < 0 || options.worker >= options.num_workers) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "GrpcClientOptions.worker is ", options.worker,
+        "; need 0 <= worker < num_workers = ", options.num_workers));
+  }
+  if (options.rpc_timeout <= absl::ZeroDuration() ||
+      options.rpc_timeout == absl::InfiniteDuration()) {
+    return absl::InvalidArgumentError(
+        "GrpcClientOptions.rpc_timeout must be finite and positive");
+  }
+  if (options.max_attempts < 1) {
+    return absl::InvalidArgumentError(
+        "GrpcClientOptions.max_attempts must be at least 1");
+  }
+  if (options.initial_backoff < absl::ZeroDuration() ||
+      options.initial_backoff == absl::InfiniteDuration()) {
+    return absl::InvalidArgumentError(
+        "GrpcClientOptions.initial_backoff must be finite and non-negative");
+  }
+  if (options.heartbeat_interval <= absl::ZeroDuration() ||
+      options.heartbeat_interval == absl::InfiniteDuration()) {
+    return absl::InvalidArgumentError(
+        "GrpcClientOptions.heartbeat_interval must be finite and positive");
+  }
+  if (!options.token.empty()) {
+    if (absl::Status s = security::ValidateToken(options.token); !s.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("GrpcClientOptions.token: ", s.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<GrpcPsClient>> GrpcPsClient::Connect(
+    GrpcClientOptions options) {
+  const absl::Time deadline = absl::Now() + options.rpc_timeout;
+  if (absl::Status s = ValidateOptions(options); !s.ok()) return s;
+  if (options.credentials == nullptr) {
+    options.credentials = grpc::InsecureChannelCredentials();
+  }
+  std::unique_ptr<GrpcPsClient> client =
+      absl::WrapUnique(new GrpcPsClient(std::move(options)));
+  absl::StatusOr<proto::JobConfig> config =
+      client->membership_->Register(deadline);
+  if (!config.ok()) return config.status();
+  client->channels_->set_config(*std::move(config));
+  client->background_ =
+      std::thread(&GrpcPsClient::BackgroundLoop, client.get());
+  return client;
+}
+
+GrpcPsClient::GrpcPsClient(GrpcClientOptions options)
+    : channels_(std::make_unique<internal::Channels>(std::move(options))),
+      membership_(std::make_unique<internal::Membership>(channels_.get())),
+      bulk_(std::make_unique<internal::BulkTransfer>(channels_.get())),
+      bn_(std::make_unique<internal::BnCalls>(channels_.get())) {}
+
+GrpcPsClient::~GrpcPsClient() {
+  {
+    absl::MutexLock lock(&bg_mu_);
+    stopping_ = true;
+  }
+  membership_->Stop();  // cancels a heartbeat in flight
+  if (background_.joinable()) background_.join();
+  bn_->Close();
+}
+
+void GrpcPsClient::BackgroundLoop() {
+  const absl::Duration interval = channels_->options().heartbeat_interval;
+  absl::Time next_heartbeat = absl::Now() + interval;
+  while (true) {
+    {
+      absl::MutexLock lock(&bg_mu_);
+      bg_mu_.AwaitWithDeadline(
+          absl::Condition(&stopping_),
+          std::min(next_heartbeat, absl::Now() + kWatchdogTick));
+      if (stopping_) return;
+    }
+    const absl::Time now = absl::Now();
+    bn_->CancelStuckWrites(now);
+    if (now >= next_heartbeat) {
+      membership_->SendHeartbeats();
+      next_heartbeat += interval;
+      if (next_heartbeat < absl::Now()) next_heartbeat = absl::Now() + interval;
+    }
+  }
+}
+
+const proto::JobConfig& GrpcPsClient::config() const {
+  return channels_->config();
+}
+int GrpcPsClient::worker() const { return channels_->options().worker; }
+int GrpcPsClient::num_workers() const {
+  return channels_->options().num_workers;
+}
+const GrpcClientOptions& GrpcPsClient::options() const {
+  return channels_->options();
+}
+int GrpcPsClient::num_shards() const { return channels_->num_shards(); }
+
+absl::Status GrpcPsClient::InitParameters(const Params& params) {
+  return bulk_->InitParameters(params);
+}
+
+absl::Status GrpcPsClient::PushGradients(int64_t step, int64_t num_samples,
+                                         const Params& grads) {
+  return bulk_->PushGradients(step, num_samples, grads);
+}
+
+absl::Status GrpcPsClient::PushGradients(int64_t step, int64_t num_samples,
+                                         std::shared_ptr<const Params> grads) {
+  return bulk_->PushGradients(step, num_samples, std::move(grads));
+}
+
+absl::Status GrpcPsClient::PullParametersInto(int64_t min_version,
+                                              Params* params) {
+  return bulk_->PullParametersInto(min_version, params);
+}
+
+absl::StatusOr<Params> GrpcPsClient::PullParameters(
+    const std::vector<std::string>& keys, int64_t min_version) {
+  return bulk_->PullParameters(keys, min_version);
+}
+
+absl::StatusOr<BnForwardResult> GrpcPsClient::BnForward(
+    const std::string& layer, int64_t step, const bn::Moments& local,
+    bool want_running) {
+  return bn_->BnForward(layer, step, local, want_running);
+}
+
+absl::StatusOr<bn::BackwardSums> GrpcPsClient::BnBackward(
+    const std::string& layer, int64_t step, const bn::BackwardSums& local) {
+  return bn_->BnBackward(layer, step, local);
+}
+
+absl::Status GrpcPsClient::BnRecal(const std::string& layer, int64_t batch,
+                                   const bn::Moments& moments) {
+  return bn_->BnRecal(layer, batch, moments);
+}
+
+absl::StatusOr<bn::RunningStats> GrpcPsClient::BnRecalFinish(
+    const std::string& layer) {
+  return bn_->BnRecalFinish(layer);
+}
+
+absl::StatusOr<bn::RunningStats> GrpcPsClient::BnLocalRunning(
+    const std::string& layer, const bn::RunningStats& running) {
+  return bn_->BnLocalRunning(layer, running);
+}
+
+absl::StatusOr<bn::RunningStats> GrpcPsClient::BnRunning(
+    const std::string& layer, int64_t channels) {
+  return bn_->BnRunning(layer, channels);
+}
+
+absl::StatusOr<int64_t> GrpcPsClient::StartStep(int64_t step) {
+  return membership_->StartStep(step);
+}
+
+absl::Status GrpcPsClient::FinishStep(int64_t completed) {
+  return membership_->FinishStep(completed);
+}
+
+std::vector<int> GrpcPsClient::LiveWorkers() const {
+  return membership_->stats().live_workers;
+}
+
+absl::StatusOr<proto::StatusResponse> GrpcPsClient::GetStatus(int shard) {
+  return membership_->GetStatus(shard);
+}
+
+HeartbeatStats GrpcPsClient::heartbeat_stats() const {
+  return membership_->stats();
+}
+
+}  // namespace bnps::client

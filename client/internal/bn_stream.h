@@ -1,0 +1,112 @@
+// The gRPC client's BN traffic: one long-lived BnSync stream per shard
+// (opened at first use, reopened after it breaks), shared by every thread's
+// BN calls, with answers matched to calls by id. The stream has no thread of
+// its own: callers poll it (see BnStream in bn_stream.cc). Internal to
+// client/; the typed calls' contracts are PsClient's.
+//
+// BnCall semantics: the request goes to the shard that owns the layer with a
+// fresh id; the call blocks until the answer with that id arrives or
+// CallTimeout() passes (DEADLINE_EXCEEDED). If the stream breaks while the
+// call is in flight, it is repeated once on a fresh stream (the server
+// deduplicates); a second break gives UNAVAILABLE. A stream the server ends
+// with a definite error (PERMISSION_DENIED, INVALID_ARGUMENT, ...) fails its
+// calls with that code, without a retry. An answer with a non-zero code
+// becomes that status; one whose statistics cannot be read is
+// INVALID_ARGUMENT; bytes whose id cannot be read drop the stream
+// (UNAVAILABLE, retried once as a break is).
+//
+// Thread-safety: thread-safe. The Channels must outlive it.
+
+#ifndef BNPS_CLIENT_INTERNAL_BN_STREAM_H_
+#define BNPS_CLIENT_INTERNAL_BN_STREAM_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "bn/kernels.h"
+#include "bn/moments.h"
+#include "client/internal/channels.h"
+#include "client/ps_client.h"
+#include "proto/bn_wire.h"
+#include "proto/bnps.pb.h"
+
+namespace bnps::client::internal {
+
+class BnStream;  // one shard's stream (bn_stream.cc)
+
+class BnCalls {
+ public:
+  explicit BnCalls(Channels* channels);
+  // Close(), if not called yet.
+  ~BnCalls();
+
+  absl::StatusOr<BnForwardResult> BnForward(const std::string& layer,
+                                            int64_t step,
+                                            const bn::Moments& local,
+                                            bool want_running);
+  absl::StatusOr<bn::BackwardSums> BnBackward(const std::string& layer,
+                                              int64_t step,
+                                              const bn::BackwardSums& local);
+  absl::Status BnRecal(const std::string& layer, int64_t batch,
+                       const bn::Moments& moments);
+  absl::StatusOr<bn::RunningStats> BnRecalFinish(const std::string& layer);
+  absl::StatusOr<bn::RunningStats> BnLocalRunning(
+      const std::string& layer, const bn::RunningStats& running);
+  absl::StatusOr<bn::RunningStats> BnRunning(const std::string& layer,
+                                             int64_t channels);
+
+  // Cancels a stream whose write has been blocked past its caller's deadline
+  // (a server that stopped reading: flow control would hold it forever).
+  // The client's background thread calls it every 100 ms.
+  void CancelStuckWrites(absl::Time now) ABSL_LOCKS_EXCLUDED(streams_mu_);
+
+  // Half-closes every stream, gives the servers a moment (at most 1 s, or
+  // rpc_timeout if shorter) to end them, then cancels what is left and
+  // drains the streams. Calls still waiting fail with UNAVAILABLE, and later
+  // calls too.
+  void Close() ABSL_LOCKS_EXCLUDED(streams_mu_);
+
+ private:
+  // A BN call's answer: the response's fields but its statistics, and the
+  // statistics as they arrived, for the caller to decode.
+  struct BnAnswer {
+    proto::BnResponse head;
+    proto::BnStatsIn stats;
+  };
+
+  // The current stream of `shard`, opened if there is none or it broke;
+  // null once closed.
+  std::shared_ptr<BnStream> GetStream(int shard)
+      ABSL_LOCKS_EXCLUDED(streams_mu_);
+  // One exchange as the file comment says. INVALID_ARGUMENT for an empty or
+  // too long layer or a request larger than kMaxMessageBytes.
+  // REQUIRES: head.phase() is set (the callers build `head` with BnHead).
+  absl::StatusOr<BnAnswer> BnCall(proto::BnRequest head,
+                                  const proto::BnStatsOut& stats);
+  // BnCall for the phases answered with running stats (of `channels`
+  // channels; -1: any number).
+  absl::StatusOr<bn::RunningStats> BnCallForRunning(
+      proto::BnRequest head, const proto::BnStatsOut& stats, int64_t channels);
+  // INVALID_ARGUMENT for a malformed BN response, naming the shard of `layer`.
+  absl::Status MalformedBn(const std::string& layer,
+                           const absl::Status& s) const;
+
+  Channels* const channels_;  // not owned
+  std::atomic<uint64_t> next_bn_id_{1};
+
+  absl::Mutex streams_mu_;
+  std::vector<std::shared_ptr<BnStream>> streams_ ABSL_GUARDED_BY(streams_mu_);
+  bool closed_ ABSL_GUARDED_BY(streams_mu_) = false;
+};
+
+}  // namespace bnps::client::internal
+
+#endif  // BNPS_CLIENT_INTERNAL_BN_STREAM_H_

@@ -1,0 +1,70 @@
+// The gRPC client's bulk traffic: initial values, gradient pushes and
+// parameter pulls. Tensors are routed to the shards that own their keys
+// (proto::ShardForKey), cut into chunks of proto::kChunkFloats floats and
+// framed by proto/tensor_wire (one full chunk per message, small tensors
+// packed together). Shards are called in parallel, each call retried as
+// Channels::WithRetries says (the server deduplicates pushes). Internal to
+// client/; GrpcPsClient's methods of the same names document the contract.
+//
+// Thread-safety: thread-safe. The Channels must outlive it.
+
+#ifndef BNPS_CLIENT_INTERNAL_BULK_TRANSFER_H_
+#define BNPS_CLIENT_INTERNAL_BULK_TRANSFER_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "client/internal/channels.h"
+#include "client/ps_client.h"
+
+namespace bnps::client::internal {
+
+class BulkTransfer {
+ public:
+  explicit BulkTransfer(Channels* channels) : channels_(channels) {}
+
+  absl::Status InitParameters(const Params& params);
+  absl::Status PushGradients(int64_t step, int64_t num_samples,
+                             const Params& grads);
+  absl::Status PushGradients(int64_t step, int64_t num_samples,
+                             std::shared_ptr<const Params> grads);
+  absl::StatusOr<Params> PullParameters(const std::vector<std::string>& keys,
+                                        int64_t min_version);
+  absl::Status PullParametersInto(int64_t min_version, Params* params);
+
+ private:
+  absl::Status InitShard(int shard, const std::vector<const std::string*>& keys,
+                         const Params& params);
+  // Copies the tensors into the messages, or references them if `owner`
+  // (which keeps `grads` alive) is not null.
+  absl::Status PushAll(int64_t step, int64_t num_samples, const Params& grads,
+                       const std::shared_ptr<const void>& owner);
+  absl::Status PushShard(int shard, int64_t step, int64_t num_samples,
+                         const std::vector<const std::string*>& keys,
+                         const Params& grads,
+                         const std::shared_ptr<const void>& owner,
+                         absl::Time deadline);
+  // Where a pulled tensor goes: the entry for `key`, or nullptr if the key
+  // was not requested. Called from one thread per shard at once.
+  using PullSlot = std::function<Param*(int shard, const std::string& key)>;
+  // Pulls `keys` (every key if empty) of `shard` into the slots.
+  absl::Status PullShard(int shard, const std::vector<std::string>& keys,
+                         int64_t min_version, const PullSlot& slot,
+                         absl::Time deadline);
+  absl::Status PullFrom(
+      const std::vector<std::vector<std::string>>& keys_by_shard,
+      const std::vector<int>& shards, int64_t min_version,
+      const PullSlot& slot);
+
+  Channels* const channels_;  // not owned
+};
+
+}  // namespace bnps::client::internal
+
+#endif  // BNPS_CLIENT_INTERNAL_BULK_TRANSFER_H_

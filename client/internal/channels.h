@@ -1,0 +1,120 @@
+// The gRPC client's connections to a job's shards, and what every kind of
+// call shares: the call set-up (deadline, job token), the deadline of a call
+// that may wait on a barrier, retries with backoff, and the error context.
+// Internal to client/; GrpcPsClient owns one and hands it to its parts.
+//
+// Thread-safety: thread-safe once set_config has been called (Connect calls
+// it before the client is shared).
+
+#ifndef BNPS_CLIENT_INTERNAL_CHANNELS_H_
+#define BNPS_CLIENT_INTERNAL_CHANNELS_H_
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/random/random.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "client/grpc_options.h"
+#include "grpcpp/channel.h"
+#include "grpcpp/client_context.h"
+#include "proto/bnps.grpc.pb.h"
+
+namespace bnps::client::internal {
+
+// `s` with `context` in front of its message; OK stays OK.
+absl::Status Annotate(const absl::Status& s, absl::string_view context);
+// INVALID_ARGUMENT "malformed response from <from>: <s's message>".
+absl::Status Malformed(absl::string_view from, const absl::Status& s);
+// INVALID_ARGUMENT unless `key` has 1 to proto::kMaxKeyBytes bytes; `what`
+// names it ("key", "BN layer").
+absl::Status CheckKey(const std::string& key, absl::string_view what);
+// Runs fn(0) .. fn(n - 1) on n threads (fn(0) on the caller's) and returns
+// the first error in index order.
+absl::Status RunParallel(int n, const std::function<absl::Status(int)>& fn);
+
+class Channels {
+ public:
+  struct Shard {
+    std::string address;
+    std::shared_ptr<grpc::Channel> channel;
+    std::unique_ptr<proto::ParameterServer::Stub> stub;
+    // The bulk methods, called raw (messages framed by proto/tensor_wire).
+    std::unique_ptr<grpc::internal::RpcMethod> push_method;
+    std::unique_ptr<grpc::internal::RpcMethod> pull_method;
+  };
+
+  // Opens one channel per server (message limits proto::kMaxMessageBytes
+  // both ways, reconnect backoff from options.initial_backoff up to 2 s).
+  // REQUIRES: `options` validated (ValidateOptions) with credentials set.
+  explicit Channels(GrpcClientOptions options);
+
+  const GrpcClientOptions& options() const { return options_; }
+  int num_shards() const { return static_cast<int>(shards_.size()); }
+  const Shard& shard(int i) const { return shards_[i]; }
+  // "shard 1 (host:port)".
+  std::string ShardName(int shard) const;
+
+  // The job as the servers run it; set once, before calls that wait.
+  const proto::JobConfig& config() const { return config_; }
+  void set_config(proto::JobConfig config) { config_ = std::move(config); }
+
+  // Sets a call's deadline and, if the job has one, its token.
+  void SetUp(grpc::ClientContext* context, absl::Time deadline) const;
+
+  // Deadline of a call after Connect: rpc_timeout, or the servers' barrier
+  // timeout plus 5 s if that is longer, so that the server's error naming
+  // the workers it waited for arrives before the client gives up.
+  absl::Duration CallTimeout() const;
+
+  // The wait before retry `retry` (0-based): initial_backoff doubling up to
+  // 2 s, +-20% jitter.
+  absl::Duration Backoff(int retry) ABSL_LOCKS_EXCLUDED(rng_mu_);
+
+  // Runs attempt(deadline) up to max_attempts times while it fails with
+  // UNAVAILABLE or ABORTED, sleeping a backoff between attempts; each attempt
+  // gets a deadline CallTimeout() from its start.
+  template <typename Attempt>
+  absl::Status WithRetries(Attempt attempt);
+
+ private:
+  static bool IsRetryable(absl::StatusCode code) {
+    return code == absl::StatusCode::kUnavailable ||
+           code == absl::StatusCode::kAborted;
+  }
+
+  const GrpcClientOptions options_;
+  std::vector<Shard> shards_;
+  proto::JobConfig config_;
+
+  absl::Mutex rng_mu_;
+  absl::BitGen rng_ ABSL_GUARDED_BY(rng_mu_);
+};
+
+template <typename Attempt>
+absl::Status Channels::WithRetries(Attempt attempt) {
+  absl::Status status;
+  for (int i = 0; i < options_.max_attempts; ++i) {
+    if (i > 0) absl::SleepFor(Backoff(i - 1));
+    status = attempt(absl::Now() + CallTimeout());
+    if (status.ok() || !IsRetryable(status.code())) return status;
+  }
+  if (options_.max_attempts > 1) {
+    status = absl::Status(
+        status.code(), absl::StrCat(status.message(), " (after ",
+                                    options_.max_attempts, " attempts)"));
+  }
+  return status;
+}
+
+}  // namespace bnps::client::internal
+
+#endif  // BNPS_CLIENT_INTERNAL_CHANNELS_H_

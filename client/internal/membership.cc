@@ -1,0 +1,213 @@
+#include "client/internal/membership.h"
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "google/protobuf/util/message_differencer.h"
+#include "proto/codec.h"
+
+namespace bnps::client::internal {
+
+absl::StatusOr<proto::JobConfig> Membership::Register(absl::Time deadline) {
+  const GrpcClientOptions& options = channels_->options();
+  std::vector<proto::RegisterResponse> responses(channels_->num_shards());
+  proto::RegisterRequest request;
+  request.set_job(options.job);
+  request.set_worker(options.worker);
+  request.set_num_workers(options.num_workers);
+  request.set_num_shards(channels_->num_shards());
+  for (int i = 0; i < channels_->num_shards(); ++i) {
+    absl::Status status;
+    int attempts = 0;
+    while (true) {
+      ++attempts;
+      grpc::ClientContext context;
+      channels_->SetUp(&context, deadline);
+      status = proto::FromGrpcStatus(
+          channels_->shard(i).stub->Register(&context, request, &responses[i]));
+      // UNAVAILABLE: the server may still be starting.
+      if (status.code() != absl::StatusCode::kUnavailable) break;
+      const absl::Duration wait = channels_->Backoff(attempts - 1);
+      if (absl::Now() + wait >= deadline) break;
+      absl::SleepFor(wait);
+    }
+    if (!status.ok()) {
+      return Annotate(
+          status,
+          absl::StrCat("Register with ", channels_->ShardName(i), " (", attempts,
+                       " attempts in ",
+                       absl::FormatDuration(options.rpc_timeout), ")"));
+    }
+  }
+  if (absl::Status s = CheckConfigs(responses); !s.ok()) return s;
+  return responses[0].config();
+}
+
+absl::Status Membership::CheckConfigs(
+    const std::vector<proto::RegisterResponse>& responses) const {
+  const GrpcClientOptions& options = channels_->options();
+  for (int i = 0; i < channels_->num_shards(); ++i) {
+    const proto::JobConfig& c = responses[i].config();
+    const std::string who = channels_->ShardName(i);
+    if (c.job() != options.job) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          who, " runs job '", c.job(), "', not '", options.job, "'"));
+    }
+    if (c.num_workers() != options.num_workers) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          who, " runs a job of ", c.num_workers(),
+          " workers; this worker was told ", options.num_workers));
+    }
+    if (c.num_shards() != channels_->num_shards()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(who, " runs a job of ", c.num_shards(),
+                       " shards; this worker was given ", channels_->num_shards(),
+                       " server addresses"));
+    }
+    if (c.shard() != i) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(who, " is shard ", c.shard(),
+                       " of the job; list the servers in "
+                       "shard order"));
+    }
+    if (c.policy() == proto::POLICY_UNSPECIFIED) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(who, " reports no BN policy"));
+    }
+    if (i > 0) {
+      proto::JobConfig a = responses[0].config();
+      proto::JobConfig b = c;
+      a.clear_shard();
+      b.clear_shard();
+      std::string report;
+      google::protobuf::util::MessageDifferencer differencer;
+      differencer.ReportDifferencesToString(&report);
+      if (!differencer.Compare(a, b)) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            who, " runs the job with a different config than shard 0: ",
+            absl::StripTrailingAsciiWhitespace(report)));
+      }
+    }
+  }
+  const proto::JobConfig& config = responses[0].config();
+  if (config.heartbeat_timeout_ms() > 0 &&
+      options.heartbeat_interval >=
+          absl::Milliseconds(config.heartbeat_timeout_ms())) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("heartbeat_interval ",
+                     absl::FormatDuration(options.heartbeat_interval),
+                     " is not shorter than the servers' heartbeat timeout of ",
+                     config.heartbeat_timeout_ms(), " ms"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> Membership::StartStep(int64_t step) {
+  const GrpcClientOptions& options = channels_->options();
+  if (step < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("StartStep: negative step ", step));
+  }
+  proto::StartStepRequest request;
+  request.set_job(options.job);
+  request.set_worker(options.worker);
+  request.set_step(step);
+  proto::StartStepResponse response;
+  absl::Status s = channels_->WithRetries([&](absl::Time deadline) {
+    grpc::ClientContext context;
+    channels_->SetUp(&context, deadline);
+    return proto::FromGrpcStatus(
+        channels_->shard(0).stub->StartStep(&context, request, &response));
+  });
+  if (!s.ok()) {
+    return Annotate(s, absl::StrCat("StartStep ", step, " on ", channels_->ShardName(0)));
+  }
+  return response.min_clock();
+}
+
+absl::Status Membership::FinishStep(int64_t completed) {
+  const GrpcClientOptions& options = channels_->options();
+  if (completed < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("FinishStep: negative clock ", completed));
+  }
+  proto::FinishStepRequest request;
+  request.set_job(options.job);
+  request.set_worker(options.worker);
+  request.set_completed(completed);
+  absl::Status s = channels_->WithRetries([&](absl::Time deadline) {
+    grpc::ClientContext context;
+    channels_->SetUp(&context, deadline);
+    proto::FinishStepResponse response;
+    return proto::FromGrpcStatus(
+        channels_->shard(0).stub->FinishStep(&context, request, &response));
+  });
+  return Annotate(s,
+                  absl::StrCat("FinishStep ", completed, " on ", channels_->ShardName(0)));
+}
+
+absl::StatusOr<proto::StatusResponse> Membership::GetStatus(int shard) {
+  if (shard < 0 || shard >= channels_->num_shards()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "GetStatus: shard ", shard, " is not in [0, ", channels_->num_shards(), ")"));
+  }
+  proto::StatusResponse response;
+  absl::Status s = channels_->WithRetries([&](absl::Time deadline) {
+    grpc::ClientContext context;
+    channels_->SetUp(&context, deadline);
+    return proto::FromGrpcStatus(channels_->shard(shard).stub->GetStatus(
+        &context, proto::StatusRequest(), &response));
+  });
+  if (!s.ok())
+    return Annotate(s, absl::StrCat("GetStatus of ", channels_->ShardName(shard)));
+  return response;
+}
+
+void Membership::SendHeartbeats() {
+  const GrpcClientOptions& options = channels_->options();
+  // Short deadlines: a dead shard must not delay the others' heartbeats much.
+  const absl::Duration timeout =
+      std::min(options.rpc_timeout,
+               std::max(options.heartbeat_interval, absl::Seconds(1)));
+  proto::HeartbeatRequest request;
+  request.set_job(options.job);
+  request.set_worker(options.worker);
+  for (int i = 0; i < channels_->num_shards(); ++i) {
+    grpc::ClientContext context;
+    channels_->SetUp(&context, absl::Now() + timeout);
+    {
+      absl::MutexLock lock(&mu_);
+      if (stopping_) return;
+      heartbeat_context_ = &context;
+    }
+    proto::HeartbeatResponse response;
+    const absl::Status s = proto::FromGrpcStatus(
+        channels_->shard(i).stub->Heartbeat(&context, request, &response));
+    absl::MutexLock lock(&mu_);
+    heartbeat_context_ = nullptr;
+    ++stats_.sent;
+    if (!s.ok()) {
+      ++stats_.failed;
+      stats_.last_error =
+          Annotate(s, absl::StrCat("Heartbeat to ", channels_->ShardName(i)));
+    } else if (i == 0) {
+      stats_.live_workers.assign(response.live_workers().begin(),
+                                           response.live_workers().end());
+    }
+  }
+}
+
+void Membership::Stop() {
+  absl::MutexLock lock(&mu_);
+  stopping_ = true;
+  if (heartbeat_context_ != nullptr) heartbeat_context_->TryCancel();
+}
+
+HeartbeatStats Membership::stats() const {
+  absl::MutexLock lock(&mu_);
+  return stats_;
+}
+
+}  // namespace bnps::client::internal

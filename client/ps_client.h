@@ -1,0 +1,144 @@
+// PsClient: what one worker needs of a job's shard servers, as an interface.
+// The training loop, the PyTorch binding and any user program program against
+// it; client/grpc_ps_client.h connects one to real servers over gRPC, and
+// tests run trainers over an in-process implementation (tests/).
+//
+// A worker of a bulk-synchronous job (sync, recal, local) runs, per step s:
+//   PullParametersInto(s, &params)       waits for the update of step s - 1
+//   BnForward(layer, s, moments) ...     sync: per BN layer, in model order
+//   BnBackward(layer, s, sums) ...       sync: per BN layer, in reverse order
+//   PushGradients(s, samples, grads)     summed over this worker's samples
+// Under async it brackets the step with StartStep(s) and FinishStep(s + 1),
+// pulls the newest parameters (min_version 0), and its BnForward never waits.
+// After training, BnRunning / BnLocalRunning / BnRecal + BnRecalFinish settle
+// the running statistics (see worker/trainer.h).
+//
+// Keys (parameter names and BN layer names) have 1 to 256 bytes; each lives
+// on one shard. Every push is applied at most once per (worker, step, key),
+// and every BN call at most once per (worker, step, layer, phase), so a call
+// that failed may be repeated.
+//
+// Errors: INVALID_ARGUMENT for bad arguments (checked before anything is
+// sent) and for malformed answers; otherwise the status the servers gave,
+// e.g. FAILED_PRECONDITION for a call the job's policy does not allow or a
+// lost worker, DEADLINE_EXCEEDED for a barrier that other workers did not
+// reach in time (the message names them); UNAVAILABLE when a server cannot
+// be reached.
+//
+// Thread-safety: implementations are thread-safe.
+
+#ifndef BNPS_CLIENT_PS_CLIENT_H_
+#define BNPS_CLIENT_PS_CLIENT_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "bn/kernels.h"
+#include "bn/moments.h"
+#include "proto/bnps.pb.h"
+
+namespace bnps::client {
+
+// A dense row-major float32 tensor: a parameter or a gradient.
+struct Param {
+  std::vector<int64_t> shape;
+  std::vector<float> values;  // product(shape) elements
+};
+
+using Params = std::map<std::string, Param>;
+
+// What a BN forward exchange returns.
+struct BnForwardResult {
+  // sync: the global batch's moments, to normalize with. async: the merge of
+  // the admissible other workers' moments, to merge with the local ones
+  // (policy/async_bn.h).
+  bn::Moments merged;
+  // The servers' running statistics after this step, when asked for.
+  std::optional<bn::RunningStats> running;
+  int contributors = 0;  // workers merged into `merged`
+};
+
+class PsClient {
+ public:
+  virtual ~PsClient() = default;
+
+  // The job as the servers run it (policy, staleness, optimizer, timeouts;
+  // its `shard` field is 0), this worker's id and the number of workers.
+  virtual const proto::JobConfig& config() const = 0;
+  virtual int worker() const = 0;
+  virtual int num_workers() const = 0;
+
+  // Initial values; the first initialization of a key wins, later ones are
+  // ignored, so every worker may send the same.
+  virtual absl::Status InitParameters(const Params& params) = 0;
+
+  // The gradients of `step`, summed over `num_samples` samples. The copying
+  // form copies the values; the shared form references them until it
+  // returns, and they must not change meanwhile.
+  virtual absl::Status PushGradients(int64_t step, int64_t num_samples,
+                                     const Params& grads) = 0;
+  virtual absl::Status PushGradients(
+      int64_t step, int64_t num_samples,
+      std::shared_ptr<const Params> grads) = 0;
+
+  // The keys of `*params` (every key of the job if it is empty), once each
+  // has had at least `min_version` updates applied (0 never waits), written
+  // into its entries (their buffers are reused). NOT_FOUND for a key no
+  // shard has.
+  virtual absl::Status PullParametersInto(int64_t min_version,
+                                          Params* params) = 0;
+  // Every parameter of the job, as above.
+  absl::StatusOr<Params> PullParameters(int64_t min_version) {
+    Params out;
+    if (absl::Status s = PullParametersInto(min_version, &out); !s.ok()) {
+      return s;
+    }
+    return out;
+  }
+
+  // BN exchanges. Forward: this worker's moments of `layer` at `step`
+  // (sync: a barrier of every live worker); with `want_running`, the running
+  // statistics too. Backward (sync only): this worker's backward sums;
+  // returns the global sums.
+  virtual absl::StatusOr<BnForwardResult> BnForward(
+      const std::string& layer, int64_t step, const bn::Moments& local,
+      bool want_running = false) = 0;
+  virtual absl::StatusOr<bn::BackwardSums> BnBackward(
+      const std::string& layer, int64_t step,
+      const bn::BackwardSums& local) = 0;
+  // Recalibration: the moments of this worker's batch `batch`; then, once
+  // all its batches are in, the population statistics over every worker's
+  // batches (a barrier).
+  virtual absl::Status BnRecal(const std::string& layer, int64_t batch,
+                               const bn::Moments& moments) = 0;
+  virtual absl::StatusOr<bn::RunningStats> BnRecalFinish(
+      const std::string& layer) = 0;
+  // local: this worker's running statistics; returns the average over the
+  // workers (a barrier).
+  virtual absl::StatusOr<bn::RunningStats> BnLocalRunning(
+      const std::string& layer, const bn::RunningStats& running) = 0;
+  // The running statistics of `layer` as the servers hold them; NOT_FOUND
+  // before they have any.
+  virtual absl::StatusOr<bn::RunningStats> BnRunning(const std::string& layer,
+                                                     int64_t channels) = 0;
+
+  // Bounded-staleness clocks (async only). StartStep waits until this worker
+  // may begin `step` and returns the slowest live worker's clock then;
+  // FinishStep reports `completed` steps done.
+  virtual absl::StatusOr<int64_t> StartStep(int64_t step) = 0;
+  virtual absl::Status FinishStep(int64_t completed) = 0;
+
+  // The workers the job counts as live, in increasing order, as last heard
+  // from the servers (empty before anything was heard).
+  virtual std::vector<int> LiveWorkers() const = 0;
+};
+
+}  // namespace bnps::client
+
+#endif  // BNPS_CLIENT_PS_CLIENT_H_

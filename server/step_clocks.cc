@@ -1,0 +1,127 @@
+#include "server/step_clocks.h"
+
+#include <optional>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace bnps::server {
+
+absl::StatusOr<std::unique_ptr<StepClocks>> StepClocks::Create(
+    int num_workers, int64_t staleness) {
+  absl::StatusOr<staleness::ClockTable> table =
+      staleness::ClockTable::Create(num_workers, staleness);
+  if (!table.ok()) return table.status();
+  return std::unique_ptr<StepClocks>(new StepClocks(*std::move(table)));
+}
+
+StepClocks::StepClocks(staleness::ClockTable table)
+    : table_(std::move(table)), failed_(table_.num_workers()) {}
+
+std::string StepClocks::LaggardText(int64_t step) const {
+  std::vector<std::string> parts;
+  for (int w : table_.Laggards(step)) {
+    parts.push_back(absl::StrCat("worker ", w, " at clock ", table_.clock(w)));
+  }
+  return absl::StrJoin(parts, ", ");
+}
+
+void StepClocks::Collect(Ready* ready) {
+  TakeAnswered(
+      &waiters_,
+      [this](const Waiter& w) -> std::optional<absl::StatusOr<int64_t>> {
+        if (!table_.IsLive(w.worker)) {
+          return absl::FailedPreconditionError(
+              absl::StrCat("worker ", w.worker, " was removed from the job"));
+        }
+        if (table_.MayStart(w.worker, w.step)) return table_.MinLiveClock();
+        absl::Status why;
+        for (int laggard : table_.Laggards(w.step)) {
+          if (!failed_[laggard].ok()) why = failed_[laggard];
+        }
+        if (!why.ok()) return why;
+        return std::nullopt;
+      },
+      ready);
+}
+
+void StepClocks::StartStep(int worker, int64_t step, absl::Time deadline,
+                             Done done) {
+  Ready ready;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!table_.IsValidWorker(worker)) {
+      ready.push_back([done = std::move(done), worker] {
+        done(absl::InvalidArgumentError(
+            absl::StrCat("worker ", worker, " outside the job")));
+      });
+    } else if (step < 0) {
+      ready.push_back([done = std::move(done)] {
+        done(absl::InvalidArgumentError("negative step"));
+      });
+    } else {
+      waiters_.push_back({worker, step, deadline, std::move(done)});
+      Collect(&ready);
+    }
+  }
+  for (auto& fn : ready) fn();
+}
+
+absl::Status StepClocks::FinishStep(int worker, int64_t completed) {
+  Ready ready;
+  absl::Status s;
+  {
+    absl::MutexLock lock(&mu_);
+    s = table_.Advance(worker, completed);
+    if (s.ok()) Collect(&ready);
+  }
+  for (auto& fn : ready) fn();
+  return s;
+}
+
+void StepClocks::RemoveWorker(int worker) {
+  Ready ready;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!table_.Remove(worker).ok()) return;
+    Collect(&ready);
+  }
+  for (auto& fn : ready) fn();
+}
+
+void StepClocks::FailWorker(int worker, absl::Status why) {
+  Ready ready;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!table_.IsValidWorker(worker)) return;
+    failed_[worker] = std::move(why);
+    Collect(&ready);
+  }
+  for (auto& fn : ready) fn();
+}
+
+void StepClocks::ExpireDeadlines(absl::Time now) {
+  Ready ready;
+  {
+    absl::MutexLock lock(&mu_);
+    TakeAnswered(
+        &waiters_,
+        [&](const Waiter& w) -> std::optional<absl::StatusOr<int64_t>> {
+          if (w.deadline > now) return std::nullopt;
+          return absl::DeadlineExceededError(absl::StrCat(
+              "worker ", w.worker, " may not begin step ", w.step,
+              " (staleness ", table_.staleness(), "): waited for ",
+              LaggardText(w.step)));
+        },
+        &ready);
+  }
+  for (auto& fn : ready) fn();
+}
+
+int64_t StepClocks::clock(int worker) const {
+  absl::MutexLock lock(&mu_);
+  return table_.clock(worker);
+}
+
+}  // namespace bnps::server

@@ -1,0 +1,67 @@
+// The workers' clocks under the async policy (kept by shard 0), with waiting
+// that never blocks a thread: StartStep answers through a callback as soon as
+// the staleness bound lets the worker begin the step (at once if it already
+// does), or fails at its deadline naming the laggards.
+//
+// Errors: as staleness::ClockTable; DEADLINE_EXCEEDED at a deadline; the status
+// given to FailWorker for waits that need a failed worker.
+// Thread-safety: thread-safe; callbacks run without the lock held.
+
+#ifndef BNPS_SERVER_STEP_CLOCKS_H_
+#define BNPS_SERVER_STEP_CLOCKS_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "server/waiters.h"
+#include "staleness/clock_table.h"
+
+namespace bnps::server {
+
+class StepClocks {
+ public:
+  // Answers with the slowest live worker's clock.
+  using Done = std::function<void(absl::StatusOr<int64_t>)>;
+
+  static absl::StatusOr<std::unique_ptr<StepClocks>> Create(int num_workers,
+                                                              int64_t staleness);
+
+  void StartStep(int worker, int64_t step, absl::Time deadline, Done done);
+  absl::Status FinishStep(int worker, int64_t completed);
+  void RemoveWorker(int worker);
+  void FailWorker(int worker, absl::Status why);
+  void ExpireDeadlines(absl::Time now);
+
+  int64_t clock(int worker) const;
+
+ private:
+  explicit StepClocks(staleness::ClockTable table);
+
+  struct Waiter {
+    int worker;
+    int64_t step;
+    absl::Time deadline;
+    Done done;
+  };
+  using Ready = ReadyCallbacks;
+
+  // Moves waiters that may start, or never will, to `ready`.
+  void Collect(Ready* ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::string LaggardText(int64_t step) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  mutable absl::Mutex mu_;
+  staleness::ClockTable table_ ABSL_GUARDED_BY(mu_);
+  std::vector<absl::Status> failed_ ABSL_GUARDED_BY(mu_);
+  std::vector<Waiter> waiters_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace bnps::server
+
+#endif  // BNPS_SERVER_STEP_CLOCKS_H_

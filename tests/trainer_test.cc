@@ -1,0 +1,371 @@
+// The training loop (worker/trainer.h) over the in-process client: what it
+// asks of the servers under each policy, what state it leaves on them, and
+// how it fails -- with no server process and no socket.
+
+#include "worker/trainer.h"
+
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/in_process_client.h"
+#include "worker/data/synthetic.h"
+#include "worker/nn/cpu_backend.h"
+#include "worker/nn/model.h"
+
+namespace bnps {
+namespace {
+
+using ::testing::HasSubstr;
+using worker::Dataset;
+using worker::TrainerOptions;
+using worker::TrainReport;
+
+nn::ModelOptions SmallModel() {
+  nn::ModelOptions o;
+  o.depth = 1;
+  o.width = 4;
+  o.image_height = 12;
+  o.image_width = 12;
+  return o;
+}
+
+// Delegates to an InProcessPsClient, records every call as a line
+// ("pull 3", "fwd stem.bn 3", ...) and can fail one push.
+class RecordingClient final : public client::PsClient {
+ public:
+  explicit RecordingClient(std::unique_ptr<client::PsClient> inner)
+      : inner_(std::move(inner)), config_(inner_->config()) {}
+
+  void FailPushAt(int64_t step, absl::Status why) {
+    fail_step_ = step;
+    fail_ = std::move(why);
+  }
+  proto::JobConfig* mutable_config() { return &config_; }
+  const std::vector<std::string>& calls() const { return calls_; }
+
+  const proto::JobConfig& config() const override { return config_; }
+  int worker() const override { return inner_->worker(); }
+  int num_workers() const override { return inner_->num_workers(); }
+  absl::Status InitParameters(const client::Params& p) override {
+    calls_.push_back("init");
+    return inner_->InitParameters(p);
+  }
+  absl::Status PushGradients(int64_t step, int64_t n,
+                             const client::Params& g) override {
+    calls_.push_back(absl::StrCat("push ", step, " n=", n));
+    if (step == fail_step_) return fail_;
+    return inner_->PushGradients(step, n, g);
+  }
+  absl::Status PushGradients(
+      int64_t step, int64_t n,
+      std::shared_ptr<const client::Params> g) override {
+    return PushGradients(step, n, *g);
+  }
+  absl::Status PullParametersInto(int64_t v, client::Params* p) override {
+    calls_.push_back(absl::StrCat("pull ", v));
+    return inner_->PullParametersInto(v, p);
+  }
+  absl::StatusOr<client::BnForwardResult> BnForward(
+      const std::string& layer, int64_t step, const bn::Moments& local,
+      bool want_running) override {
+    calls_.push_back(absl::StrCat("fwd ", layer, " ", step));
+    return inner_->BnForward(layer, step, local, want_running);
+  }
+  absl::StatusOr<bn::BackwardSums> BnBackward(
+      const std::string& layer, int64_t step,
+      const bn::BackwardSums& local) override {
+    calls_.push_back(absl::StrCat("bwd ", layer, " ", step));
+    return inner_->BnBackward(layer, step, local);
+  }
+  absl::Status BnRecal(const std::string& layer, int64_t batch,
+                       const bn::Moments& m) override {
+    calls_.push_back(absl::StrCat("recal ", layer));
+    return inner_->BnRecal(layer, batch, m);
+  }
+  absl::StatusOr<bn::RunningStats> BnRecalFinish(
+      const std::string& layer) override {
+    calls_.push_back(absl::StrCat("recal_finish ", layer));
+    return inner_->BnRecalFinish(layer);
+  }
+  absl::StatusOr<bn::RunningStats> BnLocalRunning(
+      const std::string& layer, const bn::RunningStats& r) override {
+    calls_.push_back(absl::StrCat("local_running ", layer));
+    return inner_->BnLocalRunning(layer, r);
+  }
+  absl::StatusOr<bn::RunningStats> BnRunning(const std::string& layer,
+                                             int64_t channels) override {
+    calls_.push_back(absl::StrCat("running ", layer));
+    return inner_->BnRunning(layer, channels);
+  }
+  absl::StatusOr<int64_t> StartStep(int64_t step) override {
+    calls_.push_back(absl::StrCat("start ", step));
+    return inner_->StartStep(step);
+  }
+  absl::Status FinishStep(int64_t completed) override {
+    calls_.push_back(absl::StrCat("finish ", completed));
+    return inner_->FinishStep(completed);
+  }
+  std::vector<int> LiveWorkers() const override {
+    return inner_->LiveWorkers();
+  }
+
+ private:
+  const std::unique_ptr<client::PsClient> inner_;
+  proto::JobConfig config_;
+  std::vector<std::string> calls_;
+  int64_t fail_step_ = -1;
+  absl::Status fail_;
+};
+
+struct WorkerRun {
+  absl::StatusOr<TrainReport> report = absl::UnknownError("not run");
+  std::vector<std::string> calls;
+  nn::HostTensors params;
+  std::vector<bn::RunningStats> running;
+  std::vector<std::string> bn_layers;  // in model order
+};
+
+server::ShardOptions JobOptions(policy::Policy p, int workers,
+                                int64_t staleness = 0) {
+  server::ShardOptions o;
+  o.num_workers = workers;
+  o.policy = p;
+  o.staleness = staleness;
+  o.optimizer.learning_rate = 0.05;
+  o.barrier_timeout = absl::Seconds(30);
+  return o;
+}
+
+// One Trainer per dataset, each on its own thread and client; `tweak` may
+// change a worker's client before it trains.
+std::vector<WorkerRun> Train(
+    testing::InProcessJob* job, const std::vector<const Dataset*>& data,
+    const TrainerOptions& options,
+    const std::function<void(int, RecordingClient*)>& tweak = nullptr) {
+  std::vector<WorkerRun> runs(data.size());
+  std::vector<std::thread> threads;
+  for (size_t w = 0; w < data.size(); ++w) {
+    threads.emplace_back([&, w] {
+      WorkerRun& run = runs[w];
+      auto inner = testing::InProcessPsClient::Connect(job, w);
+      if (!inner.ok()) {
+        run.report = inner.status();
+        return;
+      }
+      RecordingClient client(*std::move(inner));
+      if (tweak) tweak(w, &client);
+      std::unique_ptr<nn::Backend> backend = nn::NewCpuBackend();
+      auto model = nn::Model::Create(SmallModel(), backend.get());
+      if (!model.ok()) {
+        run.report = model.status();
+        return;
+      }
+      worker::Trainer trainer(&client, model->get(), data[w], data[w],
+                              options);
+      run.report = trainer.Run();
+      run.calls = client.calls();
+      for (const nn::Parameter* p : (*model)->parameters()) {
+        run.params[p->name] = nn::HostTensor{p->dims, p->host};
+      }
+      for (const nn::BatchNorm* bn : (*model)->batch_norms()) {
+        run.running.push_back(bn->running());
+        run.bn_layers.push_back(bn->name());
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  return runs;
+}
+
+// The calls of training step `step` (from its first call to the next
+// step's), or of the whole run after training when `step` is -1.
+std::vector<std::string> CallsOf(const std::vector<std::string>& calls,
+                                 const std::string& first, const std::string& next) {
+  std::vector<std::string> out;
+  bool in = false;
+  for (const std::string& c : calls) {
+    if (c == first) in = true;
+    if (in && !out.empty() && c == next) break;
+    if (in) out.push_back(c);
+  }
+  return out;
+}
+
+TrainerOptions ThreeSteps() {
+  TrainerOptions o;
+  o.batch_size = 4;
+  o.max_steps = 3;
+  o.shuffle = false;
+  o.test_examples = 16;
+  return o;
+}
+
+// sync: per step, the pull of that step's version, one forward exchange per
+// BN layer in model order, one backward exchange per BN layer in reverse
+// order, then the push; afterwards the servers' running statistics.
+TEST(TrainerTest, SyncStepExchangesEveryLayerBothWays) {
+  const Dataset data = worker::MakeSyntheticDataset(48, 12, 12, 10, 1);
+  auto job = testing::InProcessJob::Create(JobOptions(policy::Policy::kSync, 2), 2);
+  ASSERT_TRUE(job.ok()) << job.status();
+  std::vector<WorkerRun> runs = Train(job->get(), {&data, &data}, ThreeSteps());
+  for (const WorkerRun& run : runs) {
+    ASSERT_TRUE(run.report.ok()) << run.report.status();
+    EXPECT_EQ(run.report->policy, "sync");
+    EXPECT_EQ(run.report->steps, 3);
+    EXPECT_EQ(run.report->examples, 12);
+    ASSERT_TRUE(run.report->test_accuracy.has_value());
+    std::vector<std::string> want = {"pull 1"};
+    for (const std::string& l : run.bn_layers) want.push_back("fwd " + l + " 1");
+    for (auto l = run.bn_layers.rbegin(); l != run.bn_layers.rend(); ++l) {
+      want.push_back("bwd " + *l + " 1");
+    }
+    want.push_back("push 1 n=4");
+    EXPECT_EQ(CallsOf(run.calls, "pull 1", "pull 2"), want);
+    // The final parameters (version 3), then the servers' statistics.
+    std::vector<std::string> after = CallsOf(run.calls, "pull 3", "");
+    ASSERT_FALSE(after.empty());
+    EXPECT_EQ(after[1], "running " + run.bn_layers[0]);
+  }
+  // Bulk-synchronous: every worker ends with the servers' parameters, the
+  // update of each of the 3 steps applied once.
+  EXPECT_EQ(runs[0].params.at("stem.conv.w").values,
+            runs[1].params.at("stem.conv.w").values);
+  EXPECT_EQ(runs[0].running[0].mean, runs[1].running[0].mean);
+  for (int s = 0; s < 2; ++s) {
+    server::ParameterStore::Stats stats = (*job)->shard(s).store().GetStats();
+    EXPECT_EQ(stats.min_version, 3) << "shard " << s;
+  }
+}
+
+// async: each step is bracketed by the clocks, pulls the newest parameters,
+// exchanges forward statistics only, and every push is applied on arrival.
+TEST(TrainerTest, AsyncStepUsesClocksAndNoBackwardExchange) {
+  const Dataset data = worker::MakeSyntheticDataset(48, 12, 12, 10, 2);
+  auto job = testing::InProcessJob::Create(
+      JobOptions(policy::Policy::kAsync, 2, /*staleness=*/1), 1);
+  ASSERT_TRUE(job.ok()) << job.status();
+  std::vector<WorkerRun> runs = Train(job->get(), {&data, &data}, ThreeSteps());
+  for (const WorkerRun& run : runs) {
+    ASSERT_TRUE(run.report.ok()) << run.report.status();
+    EXPECT_EQ(run.report->policy, "async");
+    EXPECT_LE(run.report->max_staleness, 1);
+    std::vector<std::string> want = {"start 1", "pull 0"};
+    for (const std::string& l : run.bn_layers) want.push_back("fwd " + l + " 1");
+    want.push_back("push 1 n=4");
+    want.push_back("finish 2");
+    EXPECT_EQ(CallsOf(run.calls, "start 1", "start 2"), want);
+    for (const std::string& c : run.calls) EXPECT_THAT(c, Not(HasSubstr("bwd")));
+  }
+  // 2 workers x 3 steps, each push its own update.
+  EXPECT_EQ((*job)->shard(0).store().GetStats().min_version, 6);
+}
+
+// local and recal: no BN traffic while training; local averages the
+// workers' running statistics at the end, recal recomputes them from every
+// worker's data.
+TEST(TrainerTest, LocalAndRecalTrainWithoutBnTrafficAndSettleAfterwards) {
+  const Dataset data = worker::MakeSyntheticDataset(48, 12, 12, 10, 3);
+  for (policy::Policy p : {policy::Policy::kLocal, policy::Policy::kRecal}) {
+    SCOPED_TRACE(policy::PolicyName(p));
+    auto job = testing::InProcessJob::Create(JobOptions(p, 2), 2);
+    ASSERT_TRUE(job.ok()) << job.status();
+    std::vector<WorkerRun> runs =
+        Train(job->get(), {&data, &data}, ThreeSteps());
+    for (const WorkerRun& run : runs) {
+      ASSERT_TRUE(run.report.ok()) << run.report.status();
+      EXPECT_EQ(run.report->policy, policy::PolicyName(p));
+      EXPECT_EQ(CallsOf(run.calls, "pull 1", "pull 2"),
+                (std::vector<std::string>{"pull 1", "push 1 n=4"}));
+      const std::string settle = p == policy::Policy::kLocal
+                                     ? "local_running " + run.bn_layers[0]
+                                     : "recal_finish " + run.bn_layers[0];
+      EXPECT_THAT(run.calls, ::testing::Contains(settle));
+      if (p == policy::Policy::kRecal) {
+        EXPECT_EQ(run.report->test_accuracy_recal, run.report->test_accuracy);
+      }
+    }
+    for (size_t l = 0; l < runs[0].running.size(); ++l) {
+      EXPECT_EQ(runs[0].running[l].mean, runs[1].running[l].mean);
+      EXPECT_EQ(runs[0].running[l].var, runs[1].running[l].var);
+    }
+  }
+}
+
+// The central invariant through the trainer, without sockets: under sync,
+// 2 workers of batch b end where 1 worker of batch 2b does, when its data
+// holds both workers' batches of each step.
+TEST(TrainerTest, SyncTwoWorkersFollowOneWorkerWithTheConcatenatedBatch) {
+  const int64_t b = 4, steps = 2;
+  const Dataset all = worker::MakeSyntheticDataset(2 * b * steps, 12, 12, 10, 7);
+  Dataset single = all;
+  const int64_t px = all.image_size();
+  for (int64_t k = 0; k < steps; ++k) {
+    for (int64_t i = 0; i < 2 * b; ++i) {
+      const int64_t from = i < b ? k * b + i : b * steps + k * b + (i - b);
+      std::copy_n(all.pixels.begin() + from * px, px,
+                  single.pixels.begin() + (2 * b * k + i) * px);
+      single.labels[2 * b * k + i] = all.labels[from];
+    }
+  }
+  TrainerOptions two;
+  two.batch_size = b;
+  two.shuffle = false;
+  two.max_steps = steps;
+  two.evaluate = false;
+  TrainerOptions one = two;
+  one.batch_size = 2 * b;
+  auto split_job = testing::InProcessJob::Create(JobOptions(policy::Policy::kSync, 2), 2);
+  auto whole_job = testing::InProcessJob::Create(JobOptions(policy::Policy::kSync, 1), 2);
+  ASSERT_TRUE(split_job.ok() && whole_job.ok());
+  std::vector<WorkerRun> split = Train(split_job->get(), {&all, &all}, two);
+  std::vector<WorkerRun> whole = Train(whole_job->get(), {&single}, one);
+  ASSERT_TRUE(split[0].report.ok()) << split[0].report.status();
+  ASSERT_TRUE(whole[0].report.ok()) << whole[0].report.status();
+  for (const auto& [name, t] : whole[0].params) {
+    const std::vector<float>& got = split[0].params.at(name).values;
+    ASSERT_EQ(got.size(), t.values.size());
+    double scale = 1e-3, diff = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      scale = std::max(scale, static_cast<double>(std::abs(t.values[i])));
+      diff = std::max(diff, static_cast<double>(std::abs(got[i] - t.values[i])));
+    }
+    EXPECT_LT(diff / scale, 1e-4) << name;
+  }
+}
+
+TEST(TrainerTest, AFailedCallEndsTheRunNamingTheStep) {
+  const Dataset data = worker::MakeSyntheticDataset(48, 12, 12, 10, 4);
+  auto job = testing::InProcessJob::Create(JobOptions(policy::Policy::kLocal, 1), 1);
+  ASSERT_TRUE(job.ok());
+  std::vector<WorkerRun> runs =
+      Train(job->get(), {&data}, ThreeSteps(), [](int, RecordingClient* c) {
+        c->FailPushAt(1, absl::UnavailableError("shard 0 went away"));
+      });
+  ASSERT_FALSE(runs[0].report.ok());
+  EXPECT_EQ(runs[0].report.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(runs[0].report.status().message(), HasSubstr("step 1"));
+  EXPECT_THAT(runs[0].report.status().message(), HasSubstr("shard 0 went away"));
+  EXPECT_EQ(runs[0].calls.back(), "push 1 n=4");  // nothing after the failure
+}
+
+TEST(TrainerTest, AServerPolicyItDoesNotKnowIsRefused) {
+  const Dataset data = worker::MakeSyntheticDataset(16, 12, 12, 10, 5);
+  auto job = testing::InProcessJob::Create(JobOptions(policy::Policy::kSync, 1), 1);
+  ASSERT_TRUE(job.ok());
+  std::vector<WorkerRun> runs =
+      Train(job->get(), {&data}, ThreeSteps(), [](int, RecordingClient* c) {
+        c->mutable_config()->set_policy(proto::POLICY_UNSPECIFIED);
+      });
+  EXPECT_EQ(runs[0].report.status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(runs[0].calls.empty());  // refused before any call
+}
+
+}  // namespace
+}  // namespace bnps

@@ -1,0 +1,53 @@
+// The BN layers' exchange (worker/nn/bn_exchange.h) backed by the shard
+// servers through a PsClient, for the policies with BN traffic while
+// training: sync normalizes with the global batch's moments and gets the
+// global backward sums; async normalizes with merge(own, the others'
+// admissible moments) (policy/async_bn.h) and keeps its backward local.
+// Counts the time spent in BN calls, for the trainer's report.
+//
+// Thread-safety: used from one thread (the model's).
+
+#ifndef BNPS_WORKER_SERVER_BN_EXCHANGE_H_
+#define BNPS_WORKER_SERVER_BN_EXCHANGE_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "bn/kernels.h"
+#include "bn/moments.h"
+#include "client/ps_client.h"
+#include "policy/policy.h"
+#include "worker/nn/bn_exchange.h"
+
+namespace bnps::worker {
+
+class ServerBnExchange : public nn::BnExchange {
+ public:
+  // `client` is not owned and must outlive this. REQUIRES:
+  // policy::BnTrafficWhileTraining(policy).
+  ServerBnExchange(client::PsClient* client, policy::Policy policy)
+      : client_(client), policy_(policy) {}
+
+  // The step the next exchanges belong to.
+  void set_step(int64_t step) { step_ = step; }
+  // Time spent in BN calls since the last reset.
+  absl::Duration elapsed() const { return elapsed_; }
+  void reset_elapsed() { elapsed_ = absl::ZeroDuration(); }
+
+  absl::StatusOr<bn::Moments> Forward(const std::string& layer,
+                                      const bn::Moments& local) override;
+  absl::StatusOr<bn::BackwardSums> Backward(
+      const std::string& layer, const bn::BackwardSums& local) override;
+
+ private:
+  client::PsClient* const client_;
+  const policy::Policy policy_;
+  int64_t step_ = 0;
+  absl::Duration elapsed_;
+};
+
+}  // namespace bnps::worker
+
+#endif  // BNPS_WORKER_SERVER_BN_EXCHANGE_H_
