@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Tests of tools/compare_policies.py.
+"""Tests of tools/compare_policies.py and its package tools/compare/.
 
 SmokeTest runs the real thing once (--smoke: every row at per-worker batch 2
 and 8 on 256 training and 200 test examples, real bnps_server and bnps_worker
@@ -10,8 +10,8 @@ and holds every run, the plots when matplotlib is there (else the report says
 they were skipped), and --report_only re-rendering the same tables while
 keeping the hand-written block. 20-40 s on 2 cores.
 
-The other tests exercise the pure parts (reason lines, aggregation over
-seeds, noise calls, rendering) without processes.
+The other tests exercise the pure parts of tools/compare/ (reason lines,
+aggregation over seeds, noise calls, rendering) without processes.
 
 Run: bazel test //tools:compare_policies_test   or, after
 `bazel build //server:bnps_server //worker:bnps_worker`,
@@ -37,17 +37,16 @@ else:
 SMOKE_LIMIT_S = 300  # The whole smoke run; it takes ~40 s.
 INJECTED = ("async-s4", 2)
 
-spec = importlib.util.spec_from_file_location("compare_policies", TOOL)
-cp = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(cp)
+sys.path.insert(0, HERE)  # The package tools/compare/, as the tool finds it.
+from compare import matrix, plots, report, runner, stats  # noqa: E402
 
 
 def have_matplotlib():
     if importlib.util.find_spec("matplotlib") is not None:
         return True
-    if not os.access(cp.SYSTEM_PYTHON, os.X_OK):
+    if not os.access(plots.SYSTEM_PYTHON, os.X_OK):
         return False
-    r = subprocess.run([cp.SYSTEM_PYTHON, "-c", "import matplotlib"],
+    r = subprocess.run([plots.SYSTEM_PYTHON, "-c", "import matplotlib"],
                        capture_output=True, timeout=60)
     return r.returncode == 0
 
@@ -103,8 +102,8 @@ class SmokeTest(unittest.TestCase):
         t = tables(md)
         self.assertEqual(sorted(t), [2, 8], md)
         for b in (2, 8):
-            self.assertEqual(len(t[b]), len(cp.POLICIES), t[b])
-            for row in cp.POLICIES:
+            self.assertEqual(len(t[b]), len(matrix.POLICIES), t[b])
+            for row in matrix.POLICIES:
                 cells = t[b].get(label(row, b))
                 self.assertIsNotNone(cells, "no row %s at b=%d:\n%s" % (row, b, md))
                 self.assertEqual(len(cells), 12, cells)
@@ -123,12 +122,12 @@ class SmokeTest(unittest.TestCase):
             self.assertIn(heading, md)
         self.assertIn("--smoke", md)
         self.assertIn("Failed runs: async-s4_b2_seed1", md)
-        self.assertIn(cp.BEGIN_HAND, md)
+        self.assertIn(report.BEGIN_HAND, md)
 
     def test_results_json(self):
         data = json.loads(self.read(self.json))
         runs = data["runs"]
-        self.assertEqual(len(runs), 2 * len(cp.POLICIES))
+        self.assertEqual(len(runs), 2 * len(matrix.POLICIES))
         for r in runs:
             if (r["policy"], r["batch_size"]) == INJECTED:
                 self.assertEqual(r["status"], "failed")
@@ -167,7 +166,7 @@ class SmokeTest(unittest.TestCase):
         copy_md = os.path.join(self.dir, "copy", "results.md")
         os.makedirs(os.path.dirname(copy_md))
         md = self.read(self.md)
-        edited = md.replace(cp.BEGIN_HAND + "\n", cp.BEGIN_HAND + "\nSync wins at b=2.\n")
+        edited = md.replace(report.BEGIN_HAND + "\n", report.BEGIN_HAND + "\nSync wins at b=2.\n")
         with open(copy_md, "w", encoding="utf-8") as f:
             f.write(edited)
         r = subprocess.run([sys.executable, TOOL, "--report_only", "--no_plots",
@@ -178,6 +177,24 @@ class SmokeTest(unittest.TestCase):
         self.assertIn("Sync wins at b=2.", again)
         self.assertEqual(tables(again), tables(md))
         self.assertIn("Plots skipped: --no_plots", again)
+
+
+class EntryPointTest(unittest.TestCase):
+    def test_help_from_another_cwd_under_each_python(self):
+        """The script finds its package wherever it is started from."""
+        pythons = [sys.executable]
+        if os.access(plots.SYSTEM_PYTHON, os.X_OK):
+            pythons.append(plots.SYSTEM_PYTHON)
+        cwd = tempfile.mkdtemp(prefix="compare_policies_cwd_")
+        try:
+            for python in pythons:
+                r = subprocess.run([python, TOOL, "--help"], cwd=cwd, capture_output=True,
+                                   text=True, timeout=60)
+                self.assertEqual(r.returncode, 0, (python, r.stderr))
+                self.assertTrue(r.stdout.startswith("usage: compare_policies.py"), r.stdout)
+                self.assertIn("--inject_failure ROW@B", r.stdout)
+        finally:
+            shutil.rmtree(cwd, ignore_errors=True)
 
 
 def fake_run(row, b, seed, acc, status="ok", recal=None):
@@ -200,13 +217,13 @@ class PureTest(unittest.TestCase):
             "bnps_launch: last 2 lines of w1's stderr (all in /x/w1.log):",
             "  some earlier line", "  bnps_worker: step 3: DEADLINE_EXCEEDED",
             "bnps_launch: logs in /x"])
-        self.assertEqual(cp.failure_reason(log, 1),
+        self.assertEqual(runner.failure_reason(log, 1),
                          ("worker w1 exited with code 1",
                           "bnps_worker: step 3: DEADLINE_EXCEEDED"))
-        self.assertEqual(cp.failure_reason("bnps_launch.py: error: --servers must be at "
-                                           "least 1 (got 0)", 2),
+        self.assertEqual(runner.failure_reason("bnps_launch.py: error: --servers must be at "
+                                               "least 1 (got 0)", 2),
                          ("--servers must be at least 1 (got 0)", None))
-        self.assertEqual(cp.failure_reason("nothing useful", -9),
+        self.assertEqual(runner.failure_reason("nothing useful", -9),
                          ("the launcher exited with code -9", None))
 
     def test_seeds_aggregate_to_mean_and_range_and_failures_stay(self):
@@ -214,22 +231,24 @@ class PureTest(unittest.TestCase):
                 fake_run("sync", 2, 3, 0.0, status="failed"),
                 fake_run("local", 2, 1, 0.60), fake_run("local", 2, 2, 0.62),
                 fake_run("local", 2, 3, 0.61)]
-        g = cp.aggregate(runs, ["sync", "local"], [2])
+        g = stats.aggregate(runs, ["sync", "local"], [2])
         self.assertEqual(g[("sync", 2)]["n_ok"], 2)
         self.assertAlmostEqual(g[("sync", 2)]["test_accuracy"][0], 0.82)
         self.assertEqual(g[("sync", 2)]["test_accuracy"][1:], (0.80, 0.84))
-        self.assertTrue(cp.separated(g[("sync", 2)], g[("local", 2)], "test_accuracy", 10000))
-        close = cp.aggregate([fake_run("sync", 2, 1, 0.80), fake_run("sync", 2, 2, 0.84),
-                              fake_run("local", 2, 1, 0.83), fake_run("local", 2, 2, 0.85)],
-                             ["sync", "local"], [2])
-        self.assertFalse(cp.separated(close[("sync", 2)], close[("local", 2)],
-                                      "test_accuracy", 10000))
+        self.assertTrue(stats.separated(g[("sync", 2)], g[("local", 2)], "test_accuracy", 10000))
+        close = stats.aggregate([fake_run("sync", 2, 1, 0.80), fake_run("sync", 2, 2, 0.84),
+                                 fake_run("local", 2, 1, 0.83), fake_run("local", 2, 2, 0.85)],
+                                ["sync", "local"], [2])
+        self.assertFalse(stats.separated(close[("sync", 2)], close[("local", 2)],
+                                         "test_accuracy", 10000))
         # One seed: the test-set sampling error of the difference decides:
         # 2 x 0.56 points on 10000 test examples, 2 x 1.8 points on 1000.
-        one = cp.aggregate([fake_run("sync", 2, 1, 0.80), fake_run("local", 2, 1, 0.82)],
-                           ["sync", "local"], [2])
-        self.assertTrue(cp.separated(one[("sync", 2)], one[("local", 2)], "test_accuracy", 10000))
-        self.assertFalse(cp.separated(one[("sync", 2)], one[("local", 2)], "test_accuracy", 1000))
+        one = stats.aggregate([fake_run("sync", 2, 1, 0.80), fake_run("local", 2, 1, 0.82)],
+                              ["sync", "local"], [2])
+        self.assertTrue(stats.separated(one[("sync", 2)], one[("local", 2)],
+                                        "test_accuracy", 10000))
+        self.assertFalse(stats.separated(one[("sync", 2)], one[("local", 2)],
+                                         "test_accuracy", 1000))
 
     def test_render_with_seeds_failures_and_unrun_rows(self):
         config = {"policies": ["reference", "sync", "local"], "batch_sizes": [2, 32],
@@ -245,7 +264,7 @@ class PureTest(unittest.TestCase):
         data = {"config": config, "machine": {"cpu": "Test CPU", "cores": 2},
                 "runs": runs, "results_json": "/x/results.json", "command_line": "cmd",
                 "estimate_s": 60.0, "total_wall_s": 30.0}
-        md = cp.render_markdown(data, {"files": {}, "skipped": "no matplotlib"})
+        md = report.render_markdown(data, {"files": {}, "skipped": "no matplotlib"})
         t = tables(md)
         self.assertEqual(set(t[2]), {"reference (1×8)", "sync", "local"})
         self.assertEqual(set(t[32]), {"reference (1×128)", "sync", "local"})
