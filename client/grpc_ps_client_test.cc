@@ -21,6 +21,7 @@
 #include "absl/time/time.h"
 #include "bn/moments.h"
 #include "gmock/gmock.h"
+#include "google/protobuf/unknown_field_set.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
@@ -83,8 +84,8 @@ enum class BnMode {
   kIgnoreHalfClose,  // answer; after the client's half-close, stay until
                      // cancelled
   kNoRead,           // never read (flow control fills up)
-  kUnreadable,       // answer with the moments field (4) sent as a varint:
-                     // protobuf keeps it as an unknown field, bn_wire refuses
+  kUnreadable,       // answer with a moments field (4) whose contents are
+                     // a truncated message: protobuf cannot parse it
 };
 
 // A shard server that records what it receives and answers predictably.
@@ -338,7 +339,10 @@ class FakeShard final : public proto::ParameterServer::Service {
       if (mode == BnMode::kHold) continue;
       if (mode == BnMode::kUnreadable) {
         proto::BnResponse answer = Answer(request);
-        answer.MergeFromString(std::string("\x20\x01", 2));
+        // Written verbatim after the real moments; protobuf merges the two
+        // and fails on the truncated varint inside.
+        answer.GetReflection()->MutableUnknownFields(&answer)->AddLengthDelimited(
+            4, "\x08");
         stream->Write(answer);
         continue;
       }
@@ -878,17 +882,20 @@ TEST_F(GrpcPsClientTest, BnResponseCodeBecomesStatus) {
   EXPECT_TRUE(client->BnForward("ok.bn", 0, MakeMoments(2, {1}, {1})).ok());
 }
 
-TEST_F(GrpcPsClientTest, UnreadableBnResponseIsInvalidArgument) {
+// Protobuf parses a response whole, so bytes it cannot parse have no id:
+// they drop the stream, and the call is retried once on a fresh one.
+TEST_F(GrpcPsClientTest, UnreadableBnResponseDropsTheStream) {
   const std::string layer = KeyOnShard(0, "bn");
   fakes_[0]->set_bn_mode(BnMode::kUnreadable);
   std::unique_ptr<GrpcPsClient> client = Connect(Options());
   ASSERT_NE(client, nullptr);
   absl::StatusOr<BnForwardResult> fwd =
       client->BnForward(layer, 0, MakeMoments(2, {1}, {1}));
-  EXPECT_EQ(fwd.status().code(), absl::StatusCode::kInvalidArgument)
+  EXPECT_EQ(fwd.status().code(), absl::StatusCode::kUnavailable)
       << fwd.status();
-  EXPECT_THAT(fwd.status().message(), HasSubstr("malformed response"));
+  EXPECT_THAT(fwd.status().message(), HasSubstr("malformed BN response"));
   EXPECT_THAT(fwd.status().message(), HasSubstr(layer));
+  EXPECT_EQ(fakes_[0]->bn_streams(), 2);
 }
 
 TEST_F(GrpcPsClientTest, BnCallRetriesOnceOnAFreshStream) {

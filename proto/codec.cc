@@ -15,6 +15,17 @@ static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
 namespace bnps::proto {
 namespace {
 
+// A per-channel float64 tensor as it arrived, before any check: its dtype,
+// its shape, and its data's size in `bytes`, with the data itself in `values`
+// when that size is a multiple of 8 (else `values` is empty).
+struct WireChannels {
+  int dtype = 0;
+  std::vector<int64_t> shape;
+  int64_t bytes = 0;
+  std::vector<double> values;
+};
+
+
 std::string ShapeString(absl::Span<const int64_t> shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
 }
@@ -154,18 +165,14 @@ void EncodeMoments(const bn::Moments& m, BnMoments* out) {
 }
 
 absl::StatusOr<bn::Moments> DecodeMoments(const BnMoments& m, int64_t channels) {
-  return DecodeMoments(WireMoments{m.count(), ToWire(m.mean()), ToWire(m.m2())},
-                       channels);
-}
-
-absl::StatusOr<bn::Moments> DecodeMoments(WireMoments m, int64_t channels) {
   bn::Moments out;
-  out.count = m.count;
+  out.count = m.count();
   // ValidateMoments checks the values (finite, M2 not negative) in one pass
   // per array and names the channel, so the decode does not check them first.
-  absl::StatusOr<std::vector<double>> mean = TakeChannels(m.mean, channels);
+  WireChannels wire_mean = ToWire(m.mean()), wire_m2 = ToWire(m.m2());
+  absl::StatusOr<std::vector<double>> mean = TakeChannels(wire_mean, channels);
   if (!mean.ok()) return mean.status();
-  absl::StatusOr<std::vector<double>> m2 = TakeChannels(m.m2, mean->size());
+  absl::StatusOr<std::vector<double>> m2 = TakeChannels(wire_m2, mean->size());
   if (!m2.ok()) return m2.status();
   out.mean = *std::move(mean);
   out.m2 = *std::move(m2);
@@ -179,14 +186,10 @@ void EncodeSums(const bn::BackwardSums& s, BnSums* out) {
 }
 
 absl::StatusOr<bn::BackwardSums> DecodeSums(const BnSums& s, int64_t channels) {
-  return DecodeSums(WireSums{ToWire(s.sum_dy()), ToWire(s.sum_dy_xhat())},
-                    channels);
-}
-
-absl::StatusOr<bn::BackwardSums> DecodeSums(WireSums s, int64_t channels) {
-  absl::StatusOr<std::vector<double>> dy = TakeFinite(s.sum_dy, channels);
+  WireChannels wire_dy = ToWire(s.sum_dy()), wire_dyx = ToWire(s.sum_dy_xhat());
+  absl::StatusOr<std::vector<double>> dy = TakeFinite(wire_dy, channels);
   if (!dy.ok()) return dy.status();
-  absl::StatusOr<std::vector<double>> dyx = TakeFinite(s.sum_dy_xhat, dy->size());
+  absl::StatusOr<std::vector<double>> dyx = TakeFinite(wire_dyx, dy->size());
   if (!dyx.ok()) return dyx.status();
   if (dy->empty()) return absl::InvalidArgumentError("backward sums are empty");
   return bn::BackwardSums{*std::move(dy), *std::move(dyx)};
@@ -199,13 +202,10 @@ void EncodeRunning(const bn::RunningStats& r, BnRunningStats* out) {
 
 absl::StatusOr<bn::RunningStats> DecodeRunning(const BnRunningStats& r,
                                                int64_t channels) {
-  return DecodeRunning(WireRunning{ToWire(r.mean()), ToWire(r.var())}, channels);
-}
-
-absl::StatusOr<bn::RunningStats> DecodeRunning(WireRunning r, int64_t channels) {
-  absl::StatusOr<std::vector<double>> mean = TakeFinite(r.mean, channels);
+  WireChannels wire_mean = ToWire(r.mean()), wire_var = ToWire(r.var());
+  absl::StatusOr<std::vector<double>> mean = TakeFinite(wire_mean, channels);
   if (!mean.ok()) return mean.status();
-  absl::StatusOr<std::vector<double>> var = TakeChannels(r.var, mean->size());
+  absl::StatusOr<std::vector<double>> var = TakeChannels(wire_var, mean->size());
   if (!var.ok()) return var.status();
   if (mean->empty()) return absl::InvalidArgumentError("running stats are empty");
   // One scan: a variance must be finite and not negative.

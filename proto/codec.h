@@ -1,8 +1,8 @@
 // Conversions between wire messages and host values: tensors as raw
 // little-endian bytes, BN moments/sums/running stats, chunked tensors, and
 // absl::Status <-> grpc::Status (the one place that converts). The bulk
-// messages are read and written by proto/tensor_wire.h, the BN stream's by
-// proto/bn_wire.h.
+// messages are read and written by proto/tensor_wire.h; the BN stream's are
+// protobuf's generated classes.
 //
 // Decoding validates everything that arrives over the network and returns
 // INVALID_ARGUMENT naming what is wrong: dtype, shape, byte size, non-finite
@@ -35,49 +35,18 @@ void EncodeFloat64(absl::Span<const double> values, Tensor* out);  // 1-D
 absl::StatusOr<std::vector<float>> DecodeFloat32(
     const Tensor& t, absl::Span<const int64_t> want_shape = {});
 
-// A per-channel float64 tensor as it arrived, before any check: its dtype,
-// its shape, and its data's size in `bytes`, with the data itself in `values`
-// when that size is a multiple of 8 (else `values` is empty).
-// proto/bn_wire.h fills these straight from gRPC's buffers; the decoders of
-// generated messages below copy into them, so both paths check alike.
-struct WireChannels {
-  int dtype = 0;
-  std::vector<int64_t> shape;
-  int64_t bytes = 0;
-  std::vector<double> values;
-};
-// BnMoments, BnSums and BnRunningStats as they arrived. An absent message is
-// all defaults, as protobuf reads it.
-struct WireMoments {
-  int64_t count = 0;
-  WireChannels mean, m2;
-};
-struct WireSums {
-  WireChannels sum_dy, sum_dy_xhat;
-};
-struct WireRunning {
-  WireChannels mean, var;
-};
-
-// The BN statistics to and from protobuf's generated classes. Client and
-// server frame them with proto/bn_wire.h; these stay for peers that use the
-// generated classes and as the reference the tests hold bn_wire to. The
-// Wire* overloads are what bn_wire's parser hands on.
+// The BN statistics to and from the messages of the BN stream.
 void EncodeMoments(const bn::Moments& m, BnMoments* out);
 // Validated with bn::ValidateMoments; `channels` < 0 accepts any count.
 absl::StatusOr<bn::Moments> DecodeMoments(const BnMoments& m,
                                           int64_t channels = -1);
-absl::StatusOr<bn::Moments> DecodeMoments(WireMoments m, int64_t channels = -1);
 
 void EncodeSums(const bn::BackwardSums& s, BnSums* out);
 absl::StatusOr<bn::BackwardSums> DecodeSums(const BnSums& s,
                                             int64_t channels = -1);
-absl::StatusOr<bn::BackwardSums> DecodeSums(WireSums s, int64_t channels = -1);
 
 void EncodeRunning(const bn::RunningStats& r, BnRunningStats* out);
 absl::StatusOr<bn::RunningStats> DecodeRunning(const BnRunningStats& r,
-                                               int64_t channels = -1);
-absl::StatusOr<bn::RunningStats> DecodeRunning(WireRunning r,
                                                int64_t channels = -1);
 
 // Number of elements of `shape`; INVALID_ARGUMENT for negative dimensions or

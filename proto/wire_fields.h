@@ -1,5 +1,5 @@
 // Small pieces of protobuf's wire format shared by the hand-framed messages
-// (proto/tensor_wire.h, proto/bn_wire.h): varints and field prefixes to write,
+// (proto/tensor_wire.h): varints and field prefixes to write,
 // and checks and readers for fields being parsed.
 //
 // Thread-safety: functions are pure.

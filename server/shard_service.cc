@@ -10,7 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
-#include "proto/bn_wire.h"
+#include "grpcpp/impl/codegen/proto_utils.h"
 #include "proto/codec.h"
 #include "security/job_token.h"
 #include "proto/limits.h"
@@ -258,9 +258,9 @@ class PullReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
 
 // One worker's long-lived BN stream. Requests are dispatched as they arrive;
 // answers come back through callbacks (maybe on other threads) and are written
-// in the order they become ready, one write at a time. Messages are framed by
-// proto/bn_wire, so statistics are copied once each way. Bytes that are not a
-// BnRequest end the stream with INVALID_ARGUMENT once the answers to the
+// in the order they become ready, one write at a time. Messages are parsed and
+// serialized by protobuf's generated classes (as a typed stream would). Bytes
+// that are not a BnRequest end the stream with INVALID_ARGUMENT once the answers to the
 // requests before them are written.
 class BnReactor
     : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
@@ -269,12 +269,15 @@ class BnReactor
 
   void OnReadDone(bool ok) override {
     absl::Status malformed;
-    if (ok) {
-      malformed = proto::ParseBn(req_, proto::kBnRequestStats, &head_, &stats_);
+    if (ok &&
+        !grpc::SerializationTraits<proto::BnRequest>::Deserialize(&req_, &msg_)
+             .ok()) {
+      malformed = absl::InvalidArgumentError(
+          "malformed message: protobuf could not parse a BnRequest");
     }
     if (!ok || !malformed.ok()) {
       if (!malformed.ok()) {
-        // ParseBn cleared head_: the sender is not known.
+        // The parse failed: the sender is not known.
         LogRejected(*shard_, "BnSync", -1, malformed);
       }
       {
@@ -292,10 +295,9 @@ class BnReactor
     // Answer first, then read on: a pending read makes gRPC announce the
     // window the request used at once, and the answer should not queue
     // behind that announcement.
-    // Dispatch takes what it keeps from stats_, so head_ and req_ serve the
-    // next read too.
-    Dispatch(head_, stats_);
-    req_.Clear();
+    // Dispatch copies what it keeps from msg_, so msg_ and req_ (emptied by
+    // the parse) serve the next read too.
+    Dispatch(msg_);
     StartRead(&req_);
   }
 
@@ -324,7 +326,7 @@ class BnReactor
   void OnDone() override { delete this; }
 
  private:
-  void Dispatch(const proto::BnRequest& req, proto::BnStatsIn& stats) {
+  void Dispatch(const proto::BnRequest& req) {
     const uint64_t id = req.id();
     const int worker = req.worker();
     // A forward answer carries the running stats only on request (they
@@ -333,22 +335,30 @@ class BnReactor
         req.phase() != proto::BN_FORWARD || req.want_running();
     auto reply = [this, id, worker,
                   send_running](const absl::StatusOr<BnAggregator::Reply>& r) {
-      proto::BnResponse head;
-      head.set_id(id);
-      proto::BnStatsOut out;
+      proto::BnResponse resp;
+      resp.set_id(id);
       if (!r.ok()) {
         LogRejected(*shard_, "BnSync", worker, r.status());
-        head.set_code(static_cast<int>(r.status().code()));
-        head.set_message(std::string(r.status().message()));
+        resp.set_code(static_cast<int>(r.status().code()));
+        resp.set_message(std::string(r.status().message()));
       } else {
-        head.set_contributors(r->contributors);
-        if (!r->moments.mean.empty()) out.moments = &r->moments;
-        if (!r->sums.sum_dy.empty()) out.sums = &r->sums;
-        if (send_running && r->running.has_value()) out.running = &*r->running;
+        resp.set_contributors(r->contributors);
+        if (!r->moments.mean.empty()) {
+          proto::EncodeMoments(r->moments, resp.mutable_moments());
+        }
+        if (!r->sums.sum_dy.empty()) {
+          proto::EncodeSums(r->sums, resp.mutable_sums());
+        }
+        if (send_running && r->running.has_value()) {
+          proto::EncodeRunning(*r->running, resp.mutable_running());
+        }
       }
-      const grpc::Slice message =
-          proto::FrameBn(head, proto::kBnResponseStats, out);
-      Send(grpc::ByteBuffer(&message, 1));
+      grpc::ByteBuffer message;
+      bool own_buffer;
+      // Serializing a message protobuf built cannot fail.
+      grpc::SerializationTraits<proto::BnResponse>::Serialize(resp, &message,
+                                                              &own_buffer);
+      Send(std::move(message));
     };
     absl::Status s = shard_->CheckCaller(req.job(), worker);
     if (s.ok()) s = shard_->CheckOwned(req.layer());
@@ -362,7 +372,7 @@ class BnReactor
       case proto::BN_FORWARD:
       case proto::BN_RECAL: {
         absl::StatusOr<bn::Moments> m =
-            proto::DecodeMoments(std::move(stats.moments));
+            proto::DecodeMoments(req.moments());
         if (!m.ok()) return reply(m.status());
         if (req.phase() == proto::BN_FORWARD) {
           return bn.Forward(worker, req.step(), req.layer(), *std::move(m),
@@ -372,7 +382,7 @@ class BnReactor
       }
       case proto::BN_BACKWARD: {
         absl::StatusOr<bn::BackwardSums> sums =
-            proto::DecodeSums(std::move(stats.sums));
+            proto::DecodeSums(req.sums());
         if (!sums.ok()) return reply(sums.status());
         return bn.Backward(worker, req.step(), req.layer(), *std::move(sums),
                            deadline, reply);
@@ -381,7 +391,7 @@ class BnReactor
         return bn.RecalFinish(worker, req.layer(), deadline, reply);
       case proto::BN_LOCAL_RUNNING: {
         absl::StatusOr<bn::RunningStats> r =
-            proto::DecodeRunning(std::move(stats.running));
+            proto::DecodeRunning(req.running());
         if (!r.ok()) return reply(r.status());
         return bn.LocalRunning(worker, req.layer(), *std::move(r), deadline, reply);
       }
@@ -437,8 +447,7 @@ class BnReactor
   Shard* const shard_;
   // Touched only by the read path.
   grpc::ByteBuffer req_;
-  proto::BnRequest head_;
-  proto::BnStatsIn stats_;
+  proto::BnRequest msg_;
 
   absl::Mutex mu_;
   std::deque<grpc::ByteBuffer> queue_ ABSL_GUARDED_BY(mu_);

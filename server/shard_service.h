@@ -24,9 +24,9 @@ namespace bnps::server {
 proto::JobConfig ToJobConfig(const ShardOptions& options);
 
 // Every method uses the callback API. The bulk methods (PushGradients,
-// PullParameters) and the BN stream are raw: their messages are framed by
-// proto/tensor_wire and proto/bn_wire, so tensors and statistics are not
-// copied through protobuf.
+// PullParameters) and the BN stream are raw: the bulk messages are framed by
+// proto/tensor_wire, so tensors are not copied through protobuf; the BN
+// stream's are parsed and serialized by protobuf's generated classes.
 using ShardServiceBase = proto::ParameterServer::WithCallbackMethod_Register<
     proto::ParameterServer::WithCallbackMethod_Heartbeat<
     proto::ParameterServer::WithCallbackMethod_InitParameters<

@@ -11,6 +11,7 @@
 #include "grpc/support/time.h"
 #include "grpcpp/completion_queue.h"
 #include "grpcpp/generic/generic_stub.h"
+#include "grpcpp/impl/codegen/proto_utils.h"
 #include "grpcpp/support/async_stream.h"
 #include "proto/codec.h"
 #include "proto/limits.h"
@@ -104,7 +105,7 @@ class BnStream {
     absl::Status status;
     // The stream broke under the call: repeating it on a fresh stream is safe.
     bool retry = false;
-    grpc::ByteBuffer response;  // a BnResponse, framed as proto/bn_wire reads
+    proto::BnResponse response;  // parsed by protobuf's generated class
   };
 
   BnStream(const std::shared_ptr<grpc::Channel>& channel,
@@ -142,7 +143,7 @@ class BnStream {
     }
   }
 
-  // Writes `request` (a BnRequest whose id is `id`) and waits until its
+  // Writes `request` (a serialized BnRequest whose id is `id`) and waits until its
   // response arrives or `deadline`.
   Outcome Call(const grpc::ByteBuffer& request, uint64_t id,
                absl::Time deadline) ABSL_LOCKS_EXCLUDED(mu_) {
@@ -256,7 +257,7 @@ class BnStream {
     bool written = false;     // and the write succeeded
     absl::Status status;
     bool retry = false;
-    grpc::ByteBuffer response;
+    proto::BnResponse response;
 
     bool Over() const { return done && write_done; }
   };
@@ -267,7 +268,7 @@ class BnStream {
     Tag tag = Tag::kStart;
     bool ok = false;
     uint64_t id = 0;             // kRead: the response's id
-    grpc::ByteBuffer response;   // kRead
+    proto::BnResponse response;  // kRead: parsed by protobuf
     absl::Status end;            // kFinish
   };
 
@@ -344,15 +345,20 @@ class BnStream {
     event->ok = ok;
     if (event->tag == Tag::kRead) {
       if (ok) {
-        absl::StatusOr<uint64_t> id = proto::PeekBnId(incoming_);
-        if (id.ok()) {
-          event->id = *id;
-          event->response.Swap(&incoming_);  // Handle re-arms if a call waits
+        // The whole response is parsed here (off mu_) to learn its id; the
+        // parse empties incoming_ for the next read (Handle re-arms it if a
+        // call waits).
+        const grpc::Status parsed =
+            grpc::SerializationTraits<proto::BnResponse>::Deserialize(
+                &incoming_, &event->response);
+        if (parsed.ok()) {
+          event->id = event->response.id();
         } else {
           // Not a BnResponse: nothing more on this stream can be trusted.
           // Handled as a failed read; the cancel reason ends the calls.
-          Cancel(absl::StrCat("the server sent a malformed BN response (",
-                              id.status().message(), ")"));
+          Cancel(
+              "the server sent a malformed BN response (protobuf could not "
+              "parse it as a BnResponse)");
           event->ok = false;
         }
       }
@@ -496,24 +502,27 @@ std::shared_ptr<BnStream> BnCalls::GetStream(int shard) {
   return slot;
 }
 
-absl::StatusOr<BnCalls::BnAnswer> BnCalls::BnCall(
-    proto::BnRequest head, const proto::BnStatsOut& stats) {
-  if (absl::Status s = CheckKey(head.layer(), "BN layer"); !s.ok()) return s;
-  head.set_job(channels_->options().job);
-  head.set_worker(channels_->options().worker);
-  head.clear_id();  // each attempt puts its own in front
-  const grpc::Slice body = proto::FrameBn(head, proto::kBnRequestStats, stats);
-  const size_t bytes = body.size() + proto::kMaxBnIdBytes;
+absl::StatusOr<proto::BnResponse> BnCalls::BnCall(proto::BnRequest request) {
+  if (absl::Status s = CheckKey(request.layer(), "BN layer"); !s.ok()) {
+    return s;
+  }
+  request.set_job(channels_->options().job);
+  request.set_worker(channels_->options().worker);
+  request.clear_id();  // each attempt sets its own
+  // The id, set per attempt, adds at most a 1-byte tag and a 10-byte varint.
+  constexpr size_t kMaxIdBytes = 11;
+  const size_t bytes = request.ByteSizeLong() + kMaxIdBytes;
   if (bytes > static_cast<size_t>(proto::kMaxMessageBytes)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("BN request for layer '", head.layer(), "' has ", bytes,
-                     " bytes, more than ", proto::kMaxMessageBytes));
+        absl::StrCat("BN request for layer '", request.layer(), "' has ",
+                     bytes, " bytes, more than ", proto::kMaxMessageBytes));
   }
-  const int shard = proto::ShardForKey(head.layer(), channels_->num_shards());
+  const int shard =
+      proto::ShardForKey(request.layer(), channels_->num_shards());
   // Only a failed call names itself: not formatted on every call.
   auto context = [&] {
-    return absl::StrCat(proto::BnPhase_Name(head.phase()), " of layer '",
-                        head.layer(), "' at step ", head.step(), " on ",
+    return absl::StrCat(proto::BnPhase_Name(request.phase()), " of layer '",
+                        request.layer(), "' at step ", request.step(), " on ",
                         channels_->ShardName(shard));
   };
   const absl::Time deadline = absl::Now() + channels_->CallTimeout();
@@ -524,9 +533,15 @@ absl::StatusOr<BnCalls::BnAnswer> BnCalls::BnCall(
           absl::StrCat(context(), ": the client is closed"));
     }
     const uint64_t id = next_bn_id_.fetch_add(1, std::memory_order_relaxed);
-    const grpc::Slice message[] = {proto::FrameBnId(id), body};
-    BnStream::Outcome out =
-        stream->Call(grpc::ByteBuffer(message, 2), id, deadline);
+    request.set_id(id);
+    grpc::ByteBuffer message;
+    bool own_buffer;
+    if (grpc::Status s = grpc::SerializationTraits<proto::BnRequest>::Serialize(
+            request, &message, &own_buffer);
+        !s.ok()) {
+      return Annotate(proto::FromGrpcStatus(s), context());
+    }
+    BnStream::Outcome out = stream->Call(message, id, deadline);
     if (!out.status.ok()) {
       if (out.retry && attempt == 0) {
         const absl::Duration wait =
@@ -538,24 +553,16 @@ absl::StatusOr<BnCalls::BnAnswer> BnCalls::BnCall(
       }
       return Annotate(out.status, context());
     }
-    BnAnswer answer;
-    if (absl::Status s = proto::ParseBn(out.response, proto::kBnResponseStats,
-                                        &answer.head, &answer.stats);
-        !s.ok()) {
-      // context() names the shard already.
-      return Annotate(absl::InvalidArgumentError(
-                          absl::StrCat("malformed response: ", s.message())),
-                      context());
-    }
-    const int code = answer.head.code();
-    if (code == 0) return answer;
+    proto::BnResponse& answer = out.response;
+    const int code = answer.code();
+    if (code == 0) return std::move(answer);
     if (code < 0 ||
         code > static_cast<int>(absl::StatusCode::kUnauthenticated)) {
       return absl::UnknownError(absl::StrCat(context(), ": code ", code, ": ",
-                                             answer.head.message()));
+                                             answer.message()));
     }
     return absl::Status(static_cast<absl::StatusCode>(code),
-                        absl::StrCat(context(), ": ", answer.head.message()));
+                        absl::StrCat(context(), ": ", answer.message()));
   }
 }
 
@@ -569,37 +576,35 @@ absl::StatusOr<BnForwardResult> BnCalls::BnForward(const std::string& layer,
                                                     const bn::Moments& local,
                                                     bool want_running) {
   if (absl::Status s = bn::ValidateMoments(local); !s.ok()) return s;
-  proto::BnRequest head = BnHead(layer, proto::BN_FORWARD, step);
-  head.set_want_running(want_running);
-  proto::BnStatsOut stats;
-  stats.moments = &local;
-  absl::StatusOr<BnAnswer> answer = BnCall(std::move(head), stats);
+  proto::BnRequest request = BnHead(layer, proto::BN_FORWARD, step);
+  request.set_want_running(want_running);
+  proto::EncodeMoments(local, request.mutable_moments());
+  absl::StatusOr<proto::BnResponse> answer = BnCall(std::move(request));
   if (!answer.ok()) return answer.status();
   BnForwardResult result;
   absl::StatusOr<bn::Moments> merged =
-      proto::DecodeMoments(std::move(answer->stats.moments), local.channels());
+      proto::DecodeMoments(answer->moments(), local.channels());
   if (!merged.ok()) return MalformedBn(layer, merged.status());
   result.merged = *std::move(merged);
   if (want_running) {
-    absl::StatusOr<bn::RunningStats> running = proto::DecodeRunning(
-        std::move(answer->stats.running), local.channels());
+    absl::StatusOr<bn::RunningStats> running =
+        proto::DecodeRunning(answer->running(), local.channels());
     if (!running.ok()) return MalformedBn(layer, running.status());
     result.running = *std::move(running);
   }
-  result.contributors = answer->head.contributors();
+  result.contributors = answer->contributors();
   return result;
 }
 
 absl::StatusOr<bn::BackwardSums> BnCalls::BnBackward(
     const std::string& layer, int64_t step, const bn::BackwardSums& local) {
   if (absl::Status s = CheckSums(local); !s.ok()) return s;
-  proto::BnStatsOut stats;
-  stats.sums = &local;
-  absl::StatusOr<BnAnswer> answer =
-      BnCall(BnHead(layer, proto::BN_BACKWARD, step), stats);
+  proto::BnRequest request = BnHead(layer, proto::BN_BACKWARD, step);
+  proto::EncodeSums(local, request.mutable_sums());
+  absl::StatusOr<proto::BnResponse> answer = BnCall(std::move(request));
   if (!answer.ok()) return answer.status();
   absl::StatusOr<bn::BackwardSums> sums =
-      proto::DecodeSums(std::move(answer->stats.sums), local.sum_dy.size());
+      proto::DecodeSums(answer->sums(), local.sum_dy.size());
   if (!sums.ok()) return MalformedBn(layer, sums.status());
   return sums;
 }
@@ -607,23 +612,22 @@ absl::StatusOr<bn::BackwardSums> BnCalls::BnBackward(
 absl::Status BnCalls::BnRecal(const std::string& layer, int64_t batch,
                                const bn::Moments& moments) {
   if (absl::Status s = bn::ValidateMoments(moments); !s.ok()) return s;
-  proto::BnStatsOut stats;
-  stats.moments = &moments;
-  return BnCall(BnHead(layer, proto::BN_RECAL, batch), stats).status();
+  proto::BnRequest request = BnHead(layer, proto::BN_RECAL, batch);
+  proto::EncodeMoments(moments, request.mutable_moments());
+  return BnCall(std::move(request)).status();
 }
 
 absl::StatusOr<bn::RunningStats> BnCalls::BnRecalFinish(
     const std::string& layer) {
-  return BnCallForRunning(BnHead(layer, proto::BN_RECAL_FINISH), {}, -1);
+  return BnCallForRunning(BnHead(layer, proto::BN_RECAL_FINISH), -1);
 }
 
 absl::StatusOr<bn::RunningStats> BnCalls::BnLocalRunning(
     const std::string& layer, const bn::RunningStats& running) {
   if (absl::Status s = CheckRunning(running); !s.ok()) return s;
-  proto::BnStatsOut stats;
-  stats.running = &running;
-  return BnCallForRunning(BnHead(layer, proto::BN_LOCAL_RUNNING), stats,
-                          running.mean.size());
+  proto::BnRequest request = BnHead(layer, proto::BN_LOCAL_RUNNING);
+  proto::EncodeRunning(running, request.mutable_running());
+  return BnCallForRunning(std::move(request), running.mean.size());
 }
 
 absl::StatusOr<bn::RunningStats> BnCalls::BnRunning(const std::string& layer,
@@ -632,16 +636,16 @@ absl::StatusOr<bn::RunningStats> BnCalls::BnRunning(const std::string& layer,
     return absl::InvalidArgumentError(
         absl::StrCat("BnRunning: ", channels, " channels"));
   }
-  return BnCallForRunning(BnHead(layer, proto::BN_RUNNING), {}, channels);
+  return BnCallForRunning(BnHead(layer, proto::BN_RUNNING), channels);
 }
 
 absl::StatusOr<bn::RunningStats> BnCalls::BnCallForRunning(
-    proto::BnRequest head, const proto::BnStatsOut& stats, int64_t channels) {
-  const std::string layer = head.layer();
-  absl::StatusOr<BnAnswer> answer = BnCall(std::move(head), stats);
+    proto::BnRequest request, int64_t channels) {
+  const std::string layer = request.layer();
+  absl::StatusOr<proto::BnResponse> answer = BnCall(std::move(request));
   if (!answer.ok()) return answer.status();
   absl::StatusOr<bn::RunningStats> running =
-      proto::DecodeRunning(std::move(answer->stats.running), channels);
+      proto::DecodeRunning(answer->running(), channels);
   if (!running.ok()) return MalformedBn(layer, running.status());
   return running;
 }

@@ -11,9 +11,9 @@
 // deduplicates); a second break gives UNAVAILABLE. A stream the server ends
 // with a definite error (PERMISSION_DENIED, INVALID_ARGUMENT, ...) fails its
 // calls with that code, without a retry. An answer with a non-zero code
-// becomes that status; one whose statistics cannot be read is
-// INVALID_ARGUMENT; bytes whose id cannot be read drop the stream
-// (UNAVAILABLE, retried once as a break is).
+// becomes that status; one whose statistics fail the checks of proto/codec.h
+// is INVALID_ARGUMENT; bytes protobuf cannot parse as a BnResponse drop the
+// stream (UNAVAILABLE, retried once as a break is).
 //
 // Thread-safety: thread-safe. The Channels must outlive it.
 
@@ -35,7 +35,6 @@
 #include "bn/moments.h"
 #include "client/internal/channels.h"
 #include "client/ps_client.h"
-#include "proto/bn_wire.h"
 #include "proto/bnps.pb.h"
 
 namespace bnps::client::internal {
@@ -75,26 +74,18 @@ class BnCalls {
   void Close() ABSL_LOCKS_EXCLUDED(streams_mu_);
 
  private:
-  // A BN call's answer: the response's fields but its statistics, and the
-  // statistics as they arrived, for the caller to decode.
-  struct BnAnswer {
-    proto::BnResponse head;
-    proto::BnStatsIn stats;
-  };
-
   // The current stream of `shard`, opened if there is none or it broke;
   // null once closed.
   std::shared_ptr<BnStream> GetStream(int shard)
       ABSL_LOCKS_EXCLUDED(streams_mu_);
   // One exchange as the file comment says. INVALID_ARGUMENT for an empty or
   // too long layer or a request larger than kMaxMessageBytes.
-  // REQUIRES: head.phase() is set (the callers build `head` with BnHead).
-  absl::StatusOr<BnAnswer> BnCall(proto::BnRequest head,
-                                  const proto::BnStatsOut& stats);
+  // REQUIRES: request.phase() is set (the callers build it with BnHead).
+  absl::StatusOr<proto::BnResponse> BnCall(proto::BnRequest request);
   // BnCall for the phases answered with running stats (of `channels`
   // channels; -1: any number).
-  absl::StatusOr<bn::RunningStats> BnCallForRunning(
-      proto::BnRequest head, const proto::BnStatsOut& stats, int64_t channels);
+  absl::StatusOr<bn::RunningStats> BnCallForRunning(proto::BnRequest request,
+                                                    int64_t channels);
   // INVALID_ARGUMENT for a malformed BN response, naming the shard of `layer`.
   absl::Status MalformedBn(const std::string& layer,
                            const absl::Status& s) const;
