@@ -183,8 +183,8 @@ std::vector<WorkerRun> Train(
   return runs;
 }
 
-// The calls of training step `step` (from its first call to the next
-// step's), or of the whole run after training when `step` is -1.
+// The calls from the first one equal to `first` up to, not including, the
+// next one equal to `next` (to the end if there is none).
 std::vector<std::string> CallsOf(const std::vector<std::string>& calls,
                                  const std::string& first, const std::string& next) {
   std::vector<std::string> out;
