@@ -211,8 +211,8 @@ the Chan merge in double precision, its bookkeeping) costs over a gRPC
 barrier that does none; star/gloo compares that bare barrier with gloo.
 bnps/echo sets the barrier against a transport that waits for nobody. With
 W = 1 gloo's allreduce is a local copy, so it has no ratio. A `*` marks a row
-that ran out of time before its minimum number of calls. p99 shows the
-tail: on a shared machine it is mostly scheduling.""",
+that ran out of time before its minimum number of calls. The p99 columns
+show the tail of the same calls; the ratios are of p50s only.""",
     "grad": """\
 bnps/echo above 1 means bnps moved the bytes faster than bare gRPC did;
 below 1, it is the fraction of the bare transport's rate that bnps reaches
@@ -567,7 +567,7 @@ def measure(root, logs_dir, quick):
                   env=b["env"], timeout=b["timeout"])
         with open(os.path.join(logs_dir, b["log"]), "w") as f:
             f.write(out)
-    machine.append(("Time taken", "{:.0f} min, build included".format(
+    machine.append(("Time taken", "{:.1f} min, build included".format(
         (time.time() - start) / 60)))
     with open(os.path.join(logs_dir, MACHINE_LOG), "w") as f:
         for k, v in machine:

@@ -8,8 +8,11 @@
 //
 // Example:
 //   absl::StatusOr<std::unique_ptr<WorkerPool>> pool =
-//       WorkerPool::Fork(8, &RunLatencyJob);  // first thing in main
-//   absl::StatusOr<Latency> l = (*pool)->Run(RowJob(Peer::kEcho, 64, 2, s));
+//       WorkerPool::Fork(8, &RunLatencyJob);  // while single-threaded
+//   ...
+//   Job job = RowJob(Peer::kEcho, /*channels=*/64, /*workers=*/2, settings);
+//   job.port = echo_server->port();
+//   absl::StatusOr<Latency> latency = (*pool)->Run(job);
 //
 // Thread-safety: one thread uses a pool; Run is not reentrant.
 
