@@ -25,6 +25,7 @@ packages=(
   zlib1g-dev               # gzip IDX files
   dataset-fashion-mnist    # /usr/share/datasets/fashion-mnist
   libgloo-dev              # peer of the BN-sync benchmark (//tools/bench)
+  clang libclang-rt-14-dev # libFuzzer and the sanitizers (tools/fuzz.sh)
 )
 if [ "$want_peers" = 1 ]; then
   packages+=(python3-torch python3-matplotlib)
