@@ -134,6 +134,33 @@ class BadInputTest(unittest.TestCase):
         self.assertOneLine(run([SERVER, "--policy=bogus"]), 2, "bogus")
         self.assertOneLine(run([SERVER, "--port=70000"]), 2, "70000")
 
+    def test_server_on_a_port_in_use(self):
+        # A second server on a busy port must not start (gRPC would share the
+        # port with SO_REUSEPORT and mix the two jobs' traffic).
+        first = subprocess.Popen([SERVER, "--port=0"], stdout=subprocess.PIPE,
+                                 text=True)
+        try:
+            port = first.stdout.readline().strip().rsplit(":", 1)[1]
+            second = subprocess.Popen([SERVER, "--port=" + port],
+                                      stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True)
+            try:
+                out, err = second.communicate(timeout=10)
+            except subprocess.TimeoutExpired:
+                second.kill()
+                out, err = second.communicate()
+                self.fail("a second server started on port %s: %s" % (port, out))
+            self.assertEqual(second.returncode, 1, out + err)
+            last = err.strip().splitlines()[-1]
+            self.assertTrue(last.startswith(
+                "bnps_server: cannot listen on 127.0.0.1:" + port), err)
+            self.assertIn("in use", last)
+            self.assertNotIn("listening", out)
+            self.assertIsNone(first.poll())  # the first one still serves
+        finally:
+            first.terminate()
+            first.wait(timeout=10)
+
     def test_security_flags(self):
         cert = os.path.join(TLS, "server.pem")
         self.assertOneLine(run([SERVER, "--port=0", "--tls_cert=" + cert]), 2, "key")
