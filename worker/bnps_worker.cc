@@ -18,13 +18,11 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/synchronization/mutex.h"
-#include "absl/flags/usage.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "bn/cuda_kernels.h"
 #include "worker/data/dataset.h"
@@ -37,6 +35,7 @@
 #include "client/grpc_ps_client.h"
 #include "policy/policy.h"
 #include "security/security_flags.h"
+#include "util/command_line.h"
 #include "worker/trainer.h"
 
 ABSL_FLAG(std::string, servers, "",
@@ -394,12 +393,15 @@ absl::Status Main() {
 }  // namespace bnps::worker
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
+  // --help exits 0; an unknown or malformed flag exits 2.
+  bnps::util::ParseCommandLine(
+      argc, argv,
       "A worker of a bnps job: trains the model on its shard of the data "
       "against the job's shard servers.\n"
       "  bnps_worker --servers=127.0.0.1:7000,127.0.0.1:7001 --worker=0 "
-      "--num_workers=4 --epochs=1");
-  absl::ParseCommandLine(argc, argv);
+      "--num_workers=4 --epochs=1\n"
+      "Exit status: 0 on success or --help; 2 for bad flags; 1 when training "
+      "fails (servers unreachable, missing data, ...).");
   // Debian builds Abseil with Mutex deadlock detection on, which records a
   // lock graph at every acquisition; the tests keep it, the binaries do not.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
