@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 import unittest
 
 RUNFILES = os.getcwd()  # Bazel runs tests in the runfiles tree of the workspace
@@ -107,7 +108,8 @@ class CommandLineTest(OneLineErrors, unittest.TestCase):
     FLAGS = {
         SERVER: ["--host", "--port", "--policy", "--token_file", "--tls_cert",
                  "--tls_key", "--tls_client_ca"],
-        WORKER: ["--servers", "--rpc_timeout_s", "--token_file", "--tls_ca",
+        WORKER: ["--servers", "--connect_timeout_s", "--rpc_timeout_s",
+                 "--token_file", "--tls_ca",
                  "--tls_cert", "--tls_key"],
         STATUS: ["--servers", "--timeout_ms", "--token_file", "--tls_ca",
                  "--tls_cert", "--tls_key"],
@@ -164,9 +166,37 @@ class BadInputTest(OneLineErrors, unittest.TestCase):
                                     "--data_dir=" + d]), 1, d)
 
     def test_unreachable_servers(self):
-        self.assertOneLine(run([WORKER, "--servers=127.0.0.1:1", "--device=cpu",
-                                "--rpc_timeout_s=1", "--train_examples=64"]),
-                           1, "127.0.0.1:1")
+        # A closed port: the worker says at once what it connects to, keeps
+        # retrying, and gives up after --connect_timeout_s (not the longer
+        # --rpc_timeout_s) with one line naming the address.
+        start = time.monotonic()
+        worker = subprocess.Popen(
+            [WORKER, "--servers=127.0.0.1:1", "--device=cpu",
+             "--connect_timeout_s=3", "--rpc_timeout_s=60",
+             "--train_examples=64"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            first = worker.stdout.readline()
+            said = time.monotonic() - start
+            still_trying = worker.poll() is None
+            out, err = worker.communicate(timeout=30)
+        finally:
+            if worker.poll() is None:
+                worker.kill()
+                worker.wait()
+        took = time.monotonic() - start
+        self.assertIn("connecting to job 'bnps' at 127.0.0.1:1 (up to 3s)", first)
+        self.assertTrue(still_trying, first + out + err)
+        self.assertOneLine(subprocess.CompletedProcess(worker.args,
+                                                       worker.returncode, out, err),
+                           1, "127.0.0.1:1", "connect_timeout 3s")
+        self.assertGreaterEqual(took - said, 2)  # it retried meanwhile
+        self.assertLess(took, said + 10)
+
+    def test_connect_timeout_flag(self):
+        self.assertOneLine(run([WORKER, "--servers=127.0.0.1:1",
+                                "--connect_timeout_s=0"]),
+                           2, "--connect_timeout_s")
 
     def test_server_flags(self):
         self.assertOneLine(run([SERVER, "--policy=bogus"]), 2, "bogus")
