@@ -28,8 +28,16 @@ struct GrpcClientOptions {
   // Workers in the job; must match the servers' config.
   // Default: 1.
   int num_workers = 1;
-  // Deadline of every call attempt; also bounds Connect (registration with
-  // all shards, retries included) and each BN call (its retry included).
+  // How long Connect may take in all: registration with every shard,
+  // retrying UNAVAILABLE (a server not up yet, a closed port, a wrong host)
+  // with backoff. A shard not reached by then fails Connect with an error
+  // naming its address. Kept apart from rpc_timeout so that a wrong address
+  // shows soon while calls of a running job may wait long. Must be finite
+  // and positive.
+  // Default: 30 s.
+  absl::Duration connect_timeout = absl::Seconds(30);
+  // Deadline of every call attempt (in Connect, at most what is left of
+  // connect_timeout) and of each BN call (its retry included).
   // Calls that may wait on the servers' barriers (BN, pulls of a version,
   // StartStep) wait at least the servers' barrier_timeout_ms plus 5 s, so
   // the server's error naming the missing workers arrives first. Must be

@@ -44,6 +44,11 @@ absl::Status ValidateOptions(const GrpcClientOptions& options) {
         "GrpcClientOptions.worker is ", options.worker,
         "; need 0 <= worker < num_workers = ", options.num_workers));
   }
+  if (options.connect_timeout <= absl::ZeroDuration() ||
+      options.connect_timeout == absl::InfiniteDuration()) {
+    return absl::InvalidArgumentError(
+        "GrpcClientOptions.connect_timeout must be finite and positive");
+  }
   if (options.rpc_timeout <= absl::ZeroDuration() ||
       options.rpc_timeout == absl::InfiniteDuration()) {
     return absl::InvalidArgumentError(
@@ -74,7 +79,7 @@ absl::Status ValidateOptions(const GrpcClientOptions& options) {
 
 absl::StatusOr<std::unique_ptr<GrpcPsClient>> GrpcPsClient::Connect(
     GrpcClientOptions options) {
-  const absl::Time deadline = absl::Now() + options.rpc_timeout;
+  const absl::Time deadline = absl::Now() + options.connect_timeout;
   if (absl::Status s = ValidateOptions(options); !s.ok()) return s;
   if (options.credentials == nullptr) {
     options.credentials = grpc::InsecureChannelCredentials();

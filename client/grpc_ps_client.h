@@ -25,7 +25,8 @@
 // the servers deduplicate pushes and BN requests, and the rest are reads or
 // idempotent. DEADLINE_EXCEEDED is not retried: the server may still be
 // working on the call. Connect retries UNAVAILABLE (servers still starting)
-// until rpc_timeout has passed instead of counting attempts.
+// and DEADLINE_EXCEEDED until connect_timeout has passed instead of counting
+// attempts.
 //
 // Errors, beyond PsClient's: a failed call's message is prefixed with the rpc
 // and the shard ("PushGradients of step 3 to shard 1 (host:port): ...");
@@ -60,10 +61,11 @@ class Membership;
 class GrpcPsClient final : public PsClient {
  public:
   // Validates `options` (INVALID_ARGUMENT), opens one channel per shard,
-  // registers with every shard (UNAVAILABLE or DEADLINE_EXCEEDED when a
-  // shard cannot be reached within rpc_timeout), checks that every shard's
-  // config agrees with the options and with shard 0's (FAILED_PRECONDITION,
-  // naming the difference), and starts heartbeating.
+  // registers with every shard (UNAVAILABLE or DEADLINE_EXCEEDED, naming the
+  // shard's address, when one cannot be reached within connect_timeout),
+  // checks that every shard's config agrees with the options and with shard
+  // 0's (FAILED_PRECONDITION, naming the difference), and starts
+  // heartbeating.
   static absl::StatusOr<std::unique_ptr<GrpcPsClient>> Connect(
       GrpcClientOptions options);
 

@@ -594,7 +594,7 @@ TEST_F(GrpcPsClientTest, ConnectRejectsMissingShardCount) {
   EXPECT_EQ(client.status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
-TEST_F(GrpcPsClientTest, ConnectToDeadPortFailsWithinDeadline) {
+TEST_F(GrpcPsClientTest, ConnectToDeadPortFailsWithinConnectTimeout) {
   // A bound socket that does not listen: connections are refused, and nobody
   // else can take the port meanwhile.
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -607,8 +607,11 @@ TEST_F(GrpcPsClientTest, ConnectToDeadPortFailsWithinDeadline) {
   socklen_t len = sizeof(addr);
   ASSERT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
   GrpcClientOptions options = Options();
-  options.servers = {absl::StrCat("127.0.0.1:", ntohs(addr.sin_port))};
-  options.rpc_timeout = absl::Milliseconds(500);
+  const std::string address = absl::StrCat("127.0.0.1:", ntohs(addr.sin_port));
+  options.servers = {address};
+  // Connect gives up after connect_timeout, however long calls may take.
+  options.connect_timeout = absl::Milliseconds(500);
+  options.rpc_timeout = absl::Seconds(30);
   const absl::Time start = absl::Now();
   absl::StatusOr<std::unique_ptr<GrpcPsClient>> client = GrpcPsClient::Connect(options);
   const absl::Duration took = absl::Now() - start;
@@ -617,7 +620,44 @@ TEST_F(GrpcPsClientTest, ConnectToDeadPortFailsWithinDeadline) {
   EXPECT_TRUE(client.status().code() == absl::StatusCode::kUnavailable ||
               client.status().code() == absl::StatusCode::kDeadlineExceeded)
       << client.status();
+  EXPECT_THAT(client.status().message(), HasSubstr(address));
+  EXPECT_THAT(client.status().message(), HasSubstr("connect_timeout"));
   EXPECT_LT(took, absl::Seconds(2));
+}
+
+TEST_F(GrpcPsClientTest, ConnectRetriesUntilAShardComesUp) {
+  // Shard 1's address refuses connections for a while (a server still
+  // starting); Connect keeps trying with backoff and succeeds once it
+  // listens.
+  const std::string late = addresses_[1];
+  servers_[1]->Shutdown(absl::ToChronoTime(absl::Now()));
+  servers_[1]->Wait();
+  std::unique_ptr<grpc::Server> restarted;
+  std::thread restart([this, late, &restarted] {
+    absl::SleepFor(absl::Milliseconds(700));
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort(late, grpc::InsecureServerCredentials());
+    builder.RegisterService(fakes_[1].get());
+    restarted = builder.BuildAndStart();
+  });
+  GrpcClientOptions options = Options();
+  options.connect_timeout = absl::Seconds(10);
+  absl::StatusOr<std::unique_ptr<GrpcPsClient>> client =
+      GrpcPsClient::Connect(options);
+  restart.join();
+  ASSERT_NE(restarted, nullptr) << "could not listen on " << late << " again";
+  servers_[1] = std::move(restarted);
+  EXPECT_TRUE(client.ok()) << client.status();
+}
+
+TEST_F(GrpcPsClientTest, ConnectRejectsBadConnectTimeout) {
+  GrpcClientOptions options = Options();
+  options.connect_timeout = absl::ZeroDuration();
+  EXPECT_EQ(GrpcPsClient::Connect(options).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  options.connect_timeout = absl::InfiniteDuration();
+  EXPECT_EQ(GrpcPsClient::Connect(options).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(GrpcPsClientTest, InitParametersRoutesKeysToTheirShards) {

@@ -8,14 +8,13 @@
 #include <thread>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/synchronization/mutex.h"
-#include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "security/credentials.h"
 #include "security/job_token.h"
 #include "server/server_runner.h"
+#include "util/command_line.h"
 
 ABSL_FLAG(std::string, host, "127.0.0.1",
           "Address to listen on. 127.0.0.1 serves this machine only; 0.0.0.0 "
@@ -78,12 +77,16 @@ std::string Fail(const absl::Status& s) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
+  // --help exits 0; an unknown or malformed flag exits 2.
+  bnps::util::ParseCommandLine(
+      argc, argv,
       "A shard server of a bnps job: keeps the parameters it owns, applies the "
       "optimizer, and merges BN statistics under --policy.\n"
       "  bnps_server --port=7000 --shard=0 --num_shards=2 --num_workers=4 "
-      "--policy=sync");
-  absl::ParseCommandLine(argc, argv);
+      "--policy=sync\n"
+      "Exit status: 0 after a clean shutdown (SIGINT, SIGTERM) or --help; 2 "
+      "for a flag it cannot use; 1 for options that do not fit together or "
+      "an address it cannot bind (a port in use).");
   // Debian builds Abseil with Mutex deadlock detection on, which records a
   // lock graph at every acquisition; the tests keep it, the binaries do not.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);

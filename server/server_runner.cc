@@ -31,13 +31,18 @@ absl::StatusOr<std::unique_ptr<RunningServer>> RunningServer::Start(
                                ? security.credentials
                                : grpc::InsecureServerCredentials(),
                            &rs->port_);
+  // gRPC binds with SO_REUSEPORT by default, so a second server on a port in
+  // use would start and the kernel would split the clients between the two:
+  // two jobs silently mixing their traffic. A busy port must be an error.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.RegisterService(rs->service_.get());
   builder.SetMaxReceiveMessageSize(proto::kMaxMessageBytes);
   builder.SetMaxSendMessageSize(proto::kMaxMessageBytes);
   rs->server_ = builder.BuildAndStart();
   if (rs->server_ == nullptr || rs->port_ == 0) {
-    // gRPC says why only in its log: a port in use, an address not of this
-    // machine, or (with TLS) a certificate and key that do not match.
+    // gRPC says why only in its log: a port in use (by any process, another
+    // bnps_server included), an address not of this machine, or (with TLS) a
+    // certificate and key that do not match.
     return absl::UnavailableError(absl::StrCat(
         "cannot listen on ", address,
         security.credentials != nullptr

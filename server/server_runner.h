@@ -29,7 +29,9 @@ struct ServerSecurity {
 class RunningServer {
  public:
   // Binds `address` ("127.0.0.1:0" picks a free port). INVALID_ARGUMENT for bad
-  // options or token; UNAVAILABLE if the address cannot be bound.
+  // options or token; UNAVAILABLE, naming the address, if it cannot be bound:
+  // a port already in use is an error (never shared, as gRPC's default
+  // SO_REUSEPORT would), so two servers cannot mix two jobs' traffic.
   static absl::StatusOr<std::unique_ptr<RunningServer>> Start(
       ShardOptions options, const std::string& address,
       ServerSecurity security = {});

@@ -15,14 +15,19 @@
 #include "security/job_token.h"
 #include "proto/limits.h"
 #include "proto/tensor_wire.h"
+#include "util/log_escape.h"
 
 namespace bnps::server {
 namespace {
 
+// The server's one log line per rejected call. The status may quote what the
+// client sent (a job name, a key), so all of it is escaped: a newline or a
+// byte that is not printable ASCII from a client never reaches the log raw.
 void LogRejected(const Shard& shard, const char* method, int worker,
                  const absl::Status& s) {
   std::fprintf(stderr, "bnps_server[%d]: %s from worker %d rejected: %s\n",
-               shard.options().shard, method, worker, s.ToString().c_str());
+               shard.options().shard, method, worker,
+               util::EscapeForLog(s.ToString()).c_str());
 }
 
 // Finishes a unary call with `s`, logging a rejection.

@@ -54,6 +54,8 @@ client::GrpcClientOptions Options(const server::RunningServer& server,
   o.job = "bnps";
   o.worker = 0;
   o.num_workers = 1;
+  // Refused handshakes fail Connect once connect_timeout has passed.
+  o.connect_timeout = absl::Seconds(3);
   o.rpc_timeout = absl::Seconds(3);
   o.max_attempts = 2;
   o.initial_backoff = absl::Milliseconds(10);

@@ -2,13 +2,23 @@
 // crashes it: unknown keys, wrong shape or dtype, NaN/Inf, a key the shard does
 // not own, a worker outside the job, a step from the past, an oversized message.
 // Raw stubs, so every malformed message can be sent as it is. Also pins the
-// size of the server's own messages: a pull answers one chunk per message.
+// size of the server's own messages (a pull answers one chunk per message) and
+// that client-supplied text cannot forge lines of the server's log.
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
+#include "absl/strings/str_split.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
@@ -23,6 +33,43 @@ namespace bnps {
 namespace {
 
 using grpc::StatusCode;
+
+// Redirects this process's stderr (file descriptor 2, where the server logs)
+// to a temporary file until Finish, which returns what was written.
+class StderrCapture {
+ public:
+  StderrCapture() {
+    char path[] = "/tmp/bnps_stderr_XXXXXX";
+    file_ = mkstemp(path);
+    path_ = path;
+    std::fflush(stderr);
+    saved_ = dup(STDERR_FILENO);
+    dup2(file_, STDERR_FILENO);
+  }
+  ~StderrCapture() { Finish(); }
+
+  std::string Finish() {
+    if (saved_ >= 0) {
+      std::fflush(stderr);
+      dup2(saved_, STDERR_FILENO);
+      close(saved_);
+      close(file_);
+      saved_ = -1;
+      std::ifstream in(path_);
+      std::stringstream text;
+      text << in.rdbuf();
+      captured_ = text.str();
+      unlink(path_.c_str());
+    }
+    return captured_;
+  }
+
+ private:
+  int file_ = -1;
+  int saved_ = -1;
+  std::string path_;
+  std::string captured_;
+};
 
 class BadInputTest : public ::testing::Test {
  protected:
@@ -328,6 +375,61 @@ TEST_F(BadInputTest, RegisterChecksTheJobShape) {
   grpc::ClientContext ctx3;
   EXPECT_EQ(stub_->StartStep(&ctx3, start, &sresp).error_code(),
             StatusCode::FAILED_PRECONDITION);  // not async
+}
+
+TEST_F(BadInputTest, ClientStringsCannotForgeLogLines) {
+  const std::string forged = "bnps_server[0]: forged";
+  StderrCapture capture;
+  // A job name with a newline. (One that is not UTF-8 does not get this far:
+  // protobuf refuses to parse it.)
+  proto::InitParametersRequest init;
+  init.set_job("evil\n" + forged);
+  proto::NamedTensor* p = init.add_parameters();
+  p->set_key(owned_);
+  proto::EncodeFloat32({1, 2, 3}, {3}, p->mutable_value());
+  proto::InitParametersResponse init_resp;
+  grpc::ClientContext ctx;
+  EXPECT_EQ(stub_->InitParameters(&ctx, init, &init_resp).error_code(),
+            StatusCode::INVALID_ARGUMENT);
+  // A pushed key (hand-framed bytes: anything goes, invalid UTF-8 and
+  // terminal escapes too) and a BN layer this shard does not own, quoted
+  // back in the rejection.
+  std::string key, layer;
+  for (int i = 0; key.empty() || layer.empty(); ++i) {
+    const std::string k =
+        absl::StrCat("param/", i, "\xff\xfe\x1b[2J\r\n", forged, " key");
+    const std::string l = absl::StrCat("bn/", i, "\n", forged, " layer");
+    if (key.empty() && proto::ShardForKey(k, 2) == 1) key = k;
+    if (layer.empty() && proto::ShardForKey(l, 2) == 1) layer = l;
+  }
+  EXPECT_EQ(Push(Grad(key, {1}, {1})).error_code(), StatusCode::INVALID_ARGUMENT);
+  proto::BnRequest bn;
+  bn.set_id(1);
+  bn.set_job("bnps");
+  bn.set_layer(layer);
+  bn.set_phase(proto::BN_FORWARD);
+  bn::Moments m;
+  m.count = 1;
+  m.mean = {0.5};
+  m.m2 = {0.0};
+  proto::EncodeMoments(m, bn.mutable_moments());
+  EXPECT_EQ(Bn(bn).code(), static_cast<int>(StatusCode::INVALID_ARGUMENT));
+  const std::string log = capture.Finish();
+
+  // Each rejection was logged, on one line, with the client's text escaped.
+  for (const absl::string_view needle :
+       {"evil\\nbnps_server[0]: forged",
+        "\\xff\\xfe\\x1b[2J\\r\\nbnps_server[0]: forged key",
+        "\\nbnps_server[0]: forged layer"}) {
+    EXPECT_TRUE(absl::StrContains(log, needle)) << needle << " not in:\n" << log;
+  }
+  for (const absl::string_view line : absl::StrSplit(log, '\n')) {
+    EXPECT_FALSE(absl::StartsWith(line, forged)) << "forged line: " << line;
+    EXPECT_FALSE(absl::StrContains(line, '\r')) << line;
+  }
+  EXPECT_FALSE(absl::StrContains(log, "\xff")) << "raw non-UTF-8 byte logged";
+  EXPECT_FALSE(absl::StrContains(log, "\x1b")) << "raw escape logged";
+  ExpectAlive();
 }
 
 TEST_F(BadInputTest, PullAnswersOneFullChunkPerMessage) {

@@ -3,6 +3,8 @@
 A short run on Fashion-MNIST (installed by tools/setup.sh) must bring the
 training loss clearly below its start and report a test accuracy; bad flags
 and missing data must give one clear line on stderr, not a stack trace.
+Also bnps_status's command line: --help lists every flag of each binary and
+exits 0, a bad flag exits 2.
 """
 
 import json
@@ -10,11 +12,13 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 import unittest
 
 RUNFILES = os.getcwd()  # Bazel runs tests in the runfiles tree of the workspace
 SERVER = os.path.join(RUNFILES, "server", "bnps_server")
 WORKER = os.path.join(RUNFILES, "worker", "bnps_worker")
+STATUS = os.path.join(RUNFILES, "tools", "bnps_status")
 LAUNCHER = os.path.join(RUNFILES, "tools", "bnps_launch.py")
 TLS = os.path.join(RUNFILES, "tests", "testdata", "tls")
 TOKEN = "process-test-token-0123456789"
@@ -88,7 +92,7 @@ class EndToEndTest(unittest.TestCase):
                 self.assertLess(report["train_loss_last"], report["train_loss_first"])
 
 
-class BadInputTest(unittest.TestCase):
+class OneLineErrors:
     def assertOneLine(self, r, code, *needles):
         self.assertEqual(r.returncode, code, r.stderr)
         lines = r.stderr.strip().splitlines()
@@ -96,6 +100,42 @@ class BadInputTest(unittest.TestCase):
         for needle in needles:
             self.assertIn(needle, lines[0])
         self.assertNotIn("Traceback", r.stderr)
+
+
+class CommandLineTest(OneLineErrors, unittest.TestCase):
+    # Flags each binary must list in --help: its own and those of the
+    # libraries it links (security/security_flags.cc for the clients).
+    FLAGS = {
+        SERVER: ["--host", "--port", "--policy", "--token_file", "--tls_cert",
+                 "--tls_key", "--tls_client_ca"],
+        WORKER: ["--servers", "--connect_timeout_s", "--rpc_timeout_s",
+                 "--token_file", "--tls_ca",
+                 "--tls_cert", "--tls_key"],
+        STATUS: ["--servers", "--timeout_ms", "--token_file", "--tls_ca",
+                 "--tls_cert", "--tls_key"],
+    }
+
+    def test_help_lists_every_flag_and_exits_0(self):
+        for binary, flags in self.FLAGS.items():
+            name = os.path.basename(binary)
+            r = run([binary, "--help"], timeout=30)
+            self.assertEqual(r.returncode, 0, name + ": " + r.stdout + r.stderr)
+            self.assertTrue(r.stdout.startswith(name + ": "), r.stdout[:300])
+            for flag in flags:
+                # Abseil's format: "    --flag (help text); default: ...;"
+                self.assertIn(flag + " (", r.stdout, name)
+            self.assertNotIn("--flagfile", r.stdout, name)  # Abseil's own
+
+    def test_bad_flags_exit_2(self):
+        for binary in self.FLAGS:
+            self.assertOneLine(run([binary, "--no_such_flag=1"], timeout=30),
+                               2, "no_such_flag")
+        self.assertOneLine(run([WORKER, "--epochs=many"]), 2, "epochs")
+        self.assertOneLine(run([SERVER, "--port=http"]), 2, "port")
+        self.assertOneLine(run([STATUS, "--timeout_ms"]), 2, "timeout_ms")
+
+
+class BadInputTest(OneLineErrors, unittest.TestCase):
 
     def test_worker_flags(self):
         self.assertOneLine(run([WORKER, "--batch_size=0", "--servers=127.0.0.1:1"]),
@@ -107,8 +147,8 @@ class BadInputTest(unittest.TestCase):
                            2, "--device=tpu")
         self.assertOneLine(run([WORKER, "--servers=127.0.0.1:1", "--width=0"]),
                            2, "width")
-        self.assertOneLine(run([WORKER, "--no_such_flag=1"]), 1, "no_such_flag")
-        self.assertOneLine(run([WORKER, "--epochs=many"]), 1, "epochs")
+        self.assertOneLine(run([WORKER, "--no_such_flag=1"]), 2, "no_such_flag")
+        self.assertOneLine(run([WORKER, "--epochs=many"]), 2, "epochs")
 
     def test_missing_data(self):
         with tempfile.TemporaryDirectory() as empty:
@@ -126,13 +166,68 @@ class BadInputTest(unittest.TestCase):
                                     "--data_dir=" + d]), 1, d)
 
     def test_unreachable_servers(self):
-        self.assertOneLine(run([WORKER, "--servers=127.0.0.1:1", "--device=cpu",
-                                "--rpc_timeout_s=1", "--train_examples=64"]),
-                           1, "127.0.0.1:1")
+        # A closed port: the worker says at once what it connects to, keeps
+        # retrying, and gives up after --connect_timeout_s (not the longer
+        # --rpc_timeout_s) with one line naming the address.
+        start = time.monotonic()
+        worker = subprocess.Popen(
+            [WORKER, "--servers=127.0.0.1:1", "--device=cpu",
+             "--connect_timeout_s=3", "--rpc_timeout_s=60",
+             "--train_examples=64"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            first = worker.stdout.readline()
+            said = time.monotonic() - start
+            still_trying = worker.poll() is None
+            out, err = worker.communicate(timeout=30)
+        finally:
+            if worker.poll() is None:
+                worker.kill()
+                worker.wait()
+        took = time.monotonic() - start
+        self.assertIn("connecting to job 'bnps' at 127.0.0.1:1 (up to 3s)", first)
+        self.assertTrue(still_trying, first + out + err)
+        self.assertOneLine(subprocess.CompletedProcess(worker.args,
+                                                       worker.returncode, out, err),
+                           1, "127.0.0.1:1", "connect_timeout 3s")
+        self.assertGreaterEqual(took - said, 2)  # it retried meanwhile
+        self.assertLess(took, said + 10)
+
+    def test_connect_timeout_flag(self):
+        self.assertOneLine(run([WORKER, "--servers=127.0.0.1:1",
+                                "--connect_timeout_s=0"]),
+                           2, "--connect_timeout_s")
 
     def test_server_flags(self):
         self.assertOneLine(run([SERVER, "--policy=bogus"]), 2, "bogus")
         self.assertOneLine(run([SERVER, "--port=70000"]), 2, "70000")
+
+    def test_server_on_a_port_in_use(self):
+        # A second server on a busy port must not start (gRPC would share the
+        # port with SO_REUSEPORT and mix the two jobs' traffic).
+        first = subprocess.Popen([SERVER, "--port=0"], stdout=subprocess.PIPE,
+                                 text=True)
+        try:
+            port = first.stdout.readline().strip().rsplit(":", 1)[1]
+            second = subprocess.Popen([SERVER, "--port=" + port],
+                                      stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True)
+            try:
+                out, err = second.communicate(timeout=10)
+            except subprocess.TimeoutExpired:
+                second.kill()
+                out, err = second.communicate()
+                self.fail("a second server started on port %s: %s" % (port, out))
+            self.assertEqual(second.returncode, 1, out + err)
+            last = err.strip().splitlines()[-1]
+            self.assertTrue(last.startswith(
+                "bnps_server: cannot listen on 127.0.0.1:" + port), err)
+            self.assertIn("in use", last)
+            self.assertNotIn("listening", out)
+            self.assertIsNone(first.poll())  # the first one still serves
+        finally:
+            first.terminate()
+            first.wait(timeout=10)
 
     def test_security_flags(self):
         cert = os.path.join(TLS, "server.pem")

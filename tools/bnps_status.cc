@@ -7,24 +7,26 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
 #include "absl/strings/str_split.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/bnps.grpc.pb.h"
 #include "security/job_token.h"
 #include "security/security_flags.h"
+#include "util/command_line.h"
 
 ABSL_FLAG(std::string, servers, "127.0.0.1:7000",
           "Comma-separated host:port of the shard servers, shard 0 first.");
 ABSL_FLAG(int, timeout_ms, 3000, "Deadline of each status call.");
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
+  // --help exits 0; an unknown or malformed flag exits 2.
+  bnps::util::ParseCommandLine(
+      argc, argv,
       "Shows the job configuration, the workers' liveness and clocks, and the "
       "parameter versions of every shard server.\n"
-      "  bnps_status --servers=127.0.0.1:7000,127.0.0.1:7001");
-  absl::ParseCommandLine(argc, argv);
+      "  bnps_status --servers=127.0.0.1:7000,127.0.0.1:7001\n"
+      "Exit status: 0 when every server answered or after --help; 1 when one "
+      "did not; 2 for bad flags.");
   const std::vector<std::string> servers =
       absl::StrSplit(absl::GetFlag(FLAGS_servers), ',', absl::SkipEmpty());
   if (servers.empty()) {

@@ -18,13 +18,12 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/synchronization/mutex.h"
-#include "absl/flags/usage.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "bn/cuda_kernels.h"
 #include "worker/data/dataset.h"
@@ -37,6 +36,7 @@
 #include "client/grpc_ps_client.h"
 #include "policy/policy.h"
 #include "security/security_flags.h"
+#include "util/command_line.h"
 #include "worker/trainer.h"
 
 ABSL_FLAG(std::string, servers, "",
@@ -107,8 +107,13 @@ ABSL_FLAG(double, progress_interval_s, 2, "Seconds between progress reports.");
 ABSL_FLAG(std::string, report, "",
           "Write a JSON report of the run here (loss curve, accuracy, time "
           "split into compute, BN sync and gradient sync).");
+ABSL_FLAG(double, connect_timeout_s, 30,
+          "How long to try to reach every server at start, in seconds: while "
+          "one does not answer (not up yet, a closed port, a wrong host) the "
+          "worker retries with backoff, then stops with an error naming its "
+          "address.");
 ABSL_FLAG(double, rpc_timeout_s, 60,
-          "Deadline of every call to the servers, in seconds.");
+          "Deadline of every call to the servers once connected, in seconds.");
 
 namespace bnps::worker {
 namespace {
@@ -241,6 +246,7 @@ absl::Status Main() {
   const int threads = absl::GetFlag(FLAGS_threads);
   const std::string eval = absl::GetFlag(FLAGS_eval);
   const std::string progress = absl::GetFlag(FLAGS_progress);
+  const double connect_timeout = absl::GetFlag(FLAGS_connect_timeout_s);
   const double rpc_timeout = absl::GetFlag(FLAGS_rpc_timeout_s);
   const double progress_interval = absl::GetFlag(FLAGS_progress_interval_s);
   if (absl::Status s = Check(!servers.empty(),
@@ -269,6 +275,8 @@ absl::Status Main() {
                 progress == "none",
             absl::StrCat("--progress=", progress,
                          " is not one of auto, line, plain, none")},
+           {connect_timeout > 0 && std::isfinite(connect_timeout),
+            "--connect_timeout_s must be positive and finite"},
            {rpc_timeout > 0, "--rpc_timeout_s must be positive"},
            {progress_interval > 0, "--progress_interval_s must be positive"},
        }) {
@@ -310,9 +318,24 @@ absl::Status Main() {
   client_options.job = absl::GetFlag(FLAGS_job);
   client_options.worker = worker;
   client_options.num_workers = num_workers;
+  client_options.connect_timeout = absl::Seconds(connect_timeout);
   client_options.rpc_timeout = absl::Seconds(rpc_timeout);
+  // Said before the wait, so a wrong address shows at once.
+  std::printf("bnps_worker %d/%d: connecting to job '%s' at %s (up to %s)\n",
+              worker, num_workers, client_options.job.c_str(),
+              absl::StrJoin(servers, ", ").c_str(),
+              absl::FormatDuration(client_options.connect_timeout).c_str());
+  std::fflush(stdout);
   absl::StatusOr<std::unique_ptr<client::GrpcPsClient>> client =
       client::GrpcPsClient::Connect(client_options);
+  if (absl::IsUnavailable(client.status()) ||
+      absl::IsDeadlineExceeded(client.status())) {
+    return absl::Status(
+        client.status().code(),
+        absl::StrCat(client.status().message(),
+                     " (check --servers; raise --connect_timeout_s if the "
+                     "servers are still starting)"));
+  }
   if (!client.ok()) return client.status();
   if (absl::Status s = CheckAgainstServers((*client)->config()); !s.ok()) {
     return s;
@@ -394,12 +417,15 @@ absl::Status Main() {
 }  // namespace bnps::worker
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
+  // --help exits 0; an unknown or malformed flag exits 2.
+  bnps::util::ParseCommandLine(
+      argc, argv,
       "A worker of a bnps job: trains the model on its shard of the data "
       "against the job's shard servers.\n"
       "  bnps_worker --servers=127.0.0.1:7000,127.0.0.1:7001 --worker=0 "
-      "--num_workers=4 --epochs=1");
-  absl::ParseCommandLine(argc, argv);
+      "--num_workers=4 --epochs=1\n"
+      "Exit status: 0 on success or --help; 2 for bad flags; 1 when training "
+      "fails (servers unreachable, missing data, ...).");
   // Debian builds Abseil with Mutex deadlock detection on, which records a
   // lock graph at every acquisition; the tests keep it, the binaries do not.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);

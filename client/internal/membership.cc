@@ -1,5 +1,6 @@
 #include "client/internal/membership.h"
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -9,6 +10,19 @@
 #include "proto/codec.h"
 
 namespace bnps::client::internal {
+namespace {
+
+// The time left for Connect's last attempt at a shard: enough for a refused
+// connection to show as such rather than as a deadline.
+constexpr absl::Duration kLastAttempt = absl::Milliseconds(100);
+
+// Connect's failures that mean "no server answered (yet)".
+bool Unreachable(const absl::Status& s) {
+  return s.code() == absl::StatusCode::kUnavailable ||
+         s.code() == absl::StatusCode::kDeadlineExceeded;
+}
+
+}  // namespace
 
 absl::StatusOr<proto::JobConfig> Membership::Register(absl::Time deadline) {
   const GrpcClientOptions& options = channels_->options();
@@ -24,21 +38,32 @@ absl::StatusOr<proto::JobConfig> Membership::Register(absl::Time deadline) {
     while (true) {
       ++attempts;
       grpc::ClientContext context;
-      channels_->SetUp(&context, deadline);
+      channels_->SetUp(&context,
+                       std::min(deadline, absl::Now() + options.rpc_timeout));
       status = proto::FromGrpcStatus(
           channels_->shard(i).stub->Register(&context, request, &responses[i]));
-      // UNAVAILABLE: the server may still be starting.
-      if (status.code() != absl::StatusCode::kUnavailable) break;
-      const absl::Duration wait = channels_->Backoff(attempts - 1);
-      if (absl::Now() + wait >= deadline) break;
-      absl::SleepFor(wait);
+      // UNAVAILABLE: the server may still be starting. DEADLINE_EXCEEDED: an
+      // attempt got rpc_timeout, and connect_timeout may be longer (a
+      // repeated Register is harmless).
+      if (!Unreachable(status)) break;
+      // The last attempt comes just before the deadline rather than a
+      // backoff early, so Connect takes connect_timeout, not up to 2 s less.
+      const absl::Duration left = deadline - absl::Now();
+      if (left < kLastAttempt) break;
+      absl::SleepFor(
+          std::min(channels_->Backoff(attempts - 1), left - kLastAttempt));
+    }
+    if (Unreachable(status)) {
+      return Annotate(
+          status, absl::StrCat("cannot reach ", channels_->ShardName(i),
+                               ": no answer to Register within connect_timeout ",
+                               absl::FormatDuration(options.connect_timeout),
+                               " (", attempts,
+                               attempts == 1 ? " attempt)" : " attempts)"));
     }
     if (!status.ok()) {
-      return Annotate(
-          status,
-          absl::StrCat("Register with ", channels_->ShardName(i), " (", attempts,
-                       " attempts in ",
-                       absl::FormatDuration(options.rpc_timeout), ")"));
+      return Annotate(status, absl::StrCat("Register with ",
+                                           channels_->ShardName(i)));
     }
   }
   if (absl::Status s = CheckConfigs(responses); !s.ok()) return s;

@@ -25,9 +25,11 @@ class Membership {
   explicit Membership(Channels* channels) : channels_(channels) {}
 
   // Registers with every shard, retrying UNAVAILABLE (a server still
-  // starting) with backoff until `deadline`, and returns the job's config
-  // once every shard's agrees with the options and with shard 0's
-  // (FAILED_PRECONDITION naming the difference otherwise).
+  // starting) and DEADLINE_EXCEEDED with backoff until `deadline` (each
+  // attempt gets at most rpc_timeout), and returns the job's config once every shard's agrees
+  // with the options and with shard 0's (FAILED_PRECONDITION naming the
+  // difference otherwise). A shard not reached by `deadline`: UNAVAILABLE or
+  // DEADLINE_EXCEEDED naming its address and connect_timeout.
   absl::StatusOr<proto::JobConfig> Register(absl::Time deadline);
 
   // One heartbeat to every shard, each with a short deadline; failures are
