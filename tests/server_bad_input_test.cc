@@ -378,5 +378,93 @@ TEST_F(BadInputTest, PullAnswersOneFullChunkPerMessage) {
   EXPECT_EQ(got, values);
 }
 
+// A push or BN call of a step far beyond what the job's clocks allow is
+// refused and changes nothing: the worker's real step afterwards works (it
+// was silently dropped as a duplicate, or its BN layer was "from the past").
+class FutureStepTest : public ::testing::TestWithParam<policy::Policy> {};
+
+TEST_P(FutureStepTest, IsRefusedAndChangesNothing) {
+  server::ShardOptions o;
+  o.num_workers = 1;
+  o.policy = GetParam();
+  o.staleness = 1;
+  o.barrier_timeout = absl::Seconds(5);
+  auto server = server::RunningServer::Start(o, "127.0.0.1:0");
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto stub = proto::ParameterServer::NewStub(grpc::CreateChannel(
+      "127.0.0.1:" + std::to_string((*server)->port()),
+      grpc::InsecureChannelCredentials()));
+  {
+    proto::InitParametersRequest req;
+    req.set_job("bnps");
+    proto::NamedTensor* p = req.add_parameters();
+    p->set_key("w");
+    proto::EncodeFloat32({1, 2}, {2}, p->mutable_value());
+    proto::InitParametersResponse resp;
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(stub->InitParameters(&ctx, req, &resp).ok());
+  }
+  auto push = [&](int64_t step, proto::PushGradientsResponse* resp) {
+    proto::PushGradientsRequest req;
+    req.set_job("bnps");
+    req.set_step(step);
+    req.set_num_samples(1);
+    proto::AppendChunks("w", std::vector<int64_t>{2}, {0.5f, 0.5f},
+                        proto::kChunkFloats, req.mutable_chunks());
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    auto writer = stub->PushGradients(&ctx, resp);
+    writer->Write(req);
+    writer->WritesDone();
+    return writer->Finish();
+  };
+  auto bn = [&](int64_t step) {
+    proto::BnRequest req;
+    req.set_id(1);
+    req.set_job("bnps");
+    req.set_step(step);
+    req.set_layer("bn/0");
+    req.set_phase(proto::BN_FORWARD);
+    proto::EncodeMoments(bn::Moments{4, {0.5, 1.0}, {1.0, 2.0}},
+                         req.mutable_moments());
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    auto stream = stub->BnSync(&ctx);
+    proto::BnResponse resp;
+    EXPECT_TRUE(stream->Write(req));
+    EXPECT_TRUE(stream->Read(&resp));
+    stream->WritesDone();
+    EXPECT_TRUE(stream->Finish().ok());
+    return resp;
+  };
+  constexpr int64_t kFarFuture = 1'000'000'000'000'000;  // 10^15
+  proto::PushGradientsResponse resp;
+  grpc::Status s = push(kFarFuture, &resp);
+  EXPECT_EQ(s.error_code(), StatusCode::FAILED_PRECONDITION) << s.error_message();
+  EXPECT_NE(s.error_message().find("future"), std::string::npos)
+      << s.error_message();
+  proto::BnResponse r = bn(kFarFuture);
+  EXPECT_EQ(r.code(), static_cast<int>(StatusCode::FAILED_PRECONDITION))
+      << r.message();
+  EXPECT_NE(r.message().find("future"), std::string::npos) << r.message();
+
+  // The worker's real step 0.
+  r = bn(0);
+  EXPECT_EQ(r.code(), 0) << r.message();
+  resp.Clear();
+  s = push(0, &resp);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(resp.applied(), 1);
+  EXPECT_EQ(resp.duplicates(), 0);
+  EXPECT_EQ((*server)->shard().store().GetStats().min_version, 1);
+}
+
+INSTANTIATE_TEST_SUITE_P(Policies, FutureStepTest,
+                         ::testing::Values(policy::Policy::kSync,
+                                           policy::Policy::kAsync),
+                         [](const auto& info) {
+                           return std::string(policy::PolicyName(info.param));
+                         });
+
 }  // namespace
 }  // namespace bnps
