@@ -145,6 +145,17 @@ absl::Status ParameterStore::Admit(const Param& p, int worker, int64_t step,
   return absl::OkStatus();
 }
 
+absl::Status ParameterStore::CheckPush(int worker, int64_t step,
+                                       const std::string& key,
+                                       absl::Span<const int64_t> shape) const {
+  if (absl::Status s = CheckArguments(worker, step, 0); !s.ok()) return s;
+  absl::MutexLock lock(&mu_);
+  auto it = params_.find(key);
+  if (it == params_.end()) return NotInitialized(key);
+  bool duplicate;
+  return Admit(it->second, worker, step, key, shape, &duplicate);
+}
+
 absl::StatusOr<ParameterStore::PushResult> ParameterStore::Push(
     int worker, int64_t step, const std::string& key,
     absl::Span<const int64_t> shape, absl::Span<const float> grad,

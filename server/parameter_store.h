@@ -109,6 +109,12 @@ class ParameterStore {
                                   absl::Span<const float> grad,
                                   int64_t num_samples);
 
+  // OK if a push of (worker, step, key) with this shape would be accepted now
+  // (or acknowledged as a duplicate); otherwise the error Push would give.
+  // For a receiver to check a push before it reserves room for the values.
+  absl::Status CheckPush(int worker, int64_t step, const std::string& key,
+                         absl::Span<const int64_t> shape) const;
+
   // Calls done with the values of `keys` (every key if empty) once each has
   // version >= min_version: at once if they do. NOT_FOUND for an unknown key;
   // DEADLINE_EXCEEDED after `deadline` (see ExpireDeadlines); the FailWorker status if a

@@ -295,6 +295,8 @@ TEST(ParameterStoreTest, StaleSynchronousRefusesStepsBeyondTheBound) {
         store.Push(0, step, "w", {1}, {1}, 1);
     EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition) << step;
     EXPECT_NE(r.status().message().find("future"), std::string::npos);
+    EXPECT_EQ(store.CheckPush(0, step, "w", {1}).code(),
+              absl::StatusCode::kFailedPrecondition);
   }
   ExpectUnchanged(store, 0, 0, 0);
   absl::StatusOr<ParameterStore::PushResult> r =
@@ -326,6 +328,31 @@ TEST(ParameterStoreTest, BulkSynchronousRefusesStepsBeyondTheNextVersion) {
       store.Push(0, 0, "w", {1}, {1}, 1);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_FALSE(r->duplicate);
+  ExpectUnchanged(store, 1, 0, 1);
+}
+
+// CheckPush says what Push would, before anything is read or reserved.
+TEST(ParameterStoreTest, CheckPushGivesPushsVerdict) {
+  ParameterStore store(Sync(2));
+  ASSERT_TRUE(store.Init("w", {2, 3}, std::vector<float>(6, 0)).ok());
+  EXPECT_TRUE(store.CheckPush(0, 0, "w", {2, 3}).ok());
+  EXPECT_EQ(store.CheckPush(0, 0, "nope", {int64_t{1} << 30}).code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(store.CheckPush(0, 0, "w", {int64_t{1} << 30}).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(store.CheckPush(0, 0, "w", {3, 2}).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(store.CheckPush(2, 0, "w", {2, 3}).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(store.CheckPush(0, -1, "w", {2, 3}).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(store.CheckPush(0, 5, "w", {2, 3}).code(),
+            absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(store.Push(0, 0, "w", {2, 3}, std::vector<float>(6, 1), 1).ok());
+  EXPECT_TRUE(store.CheckPush(0, 0, "w", {2, 3}).ok());  // a duplicate
+  store.RemoveWorker(1);
+  EXPECT_EQ(store.CheckPush(1, 0, "w", {2, 3}).code(),
+            absl::StatusCode::kFailedPrecondition);
   ExpectUnchanged(store, 1, 0, 1);
 }
 

@@ -70,9 +70,17 @@ class PushReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
         scratch_(scratch),
         resp_(resp),
         reader_(
-            [this](const std::string& key, absl::Span<const int64_t>,
+            [this](const std::string& key, absl::Span<const int64_t> shape,
                    int64_t n) -> absl::StatusOr<float*> {
               if (absl::Status s = shard_->CheckOwned(key); !s.ok()) return s;
+              // n is what the sender declared: only once the store knows the
+              // key with this very shape (so n is its size) and would take
+              // the push is room reserved for it.
+              if (absl::Status s =
+                      shard_->store().CheckPush(worker_, step_, key, shape);
+                  !s.ok()) {
+                return s;
+              }
               if (staging_.capacity() < static_cast<size_t>(n)) {
                 staging_ = ScratchPool::Buffer();  // back before taking
                 staging_ = scratch_->Take(n);

@@ -3,8 +3,10 @@
 // Waiting (barriers, versions, clocks) never blocks a gRPC thread: the logic
 // answers through callbacks, and the reactors finish from there.
 //
-// Every rejected request gets a clear status and a log line on stderr. With a
-// job token (security/job_token.h), a call that does not carry it is refused with
+// Every rejected request gets a clear status and a log line on stderr. A push
+// is checked against the store (key, shape, step) at each tensor's first
+// chunk, before room is reserved for the size the sender declares. With a job
+// token (security/job_token.h), a call that does not carry it is refused with
 // UNAUTHENTICATED before its request is looked at.
 // Thread-safety: thread-safe. The Shard must outlive the service.
 
@@ -68,6 +70,9 @@ class ShardService final : public ShardServiceBase {
   grpc::ServerUnaryReactor* GetStatus(grpc::CallbackServerContext* ctx,
                                       const proto::StatusRequest* req,
                                       proto::StatusResponse* resp) override;
+
+  // The staging buffers of pushes, for tests.
+  const ScratchPool& scratch() const { return scratch_; }
 
  private:
   // OK if the call carries the job's token (or the job has none).

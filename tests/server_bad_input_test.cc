@@ -127,6 +127,23 @@ TEST_F(BadInputTest, PushGradients) {
             proto::ShardForKey("param/nope", 2) == 0 ? StatusCode::NOT_FOUND
                                                        : StatusCode::INVALID_ARGUMENT);
   EXPECT_EQ(Push(Grad(foreign_, {1}, {1})).error_code(), StatusCode::INVALID_ARGUMENT);
+  // A few bytes declaring 2^30 elements (4 GiB) of a key the shard owns but
+  // never initialized: refused before room is reserved for them.
+  std::string unknown;
+  for (int i = 0; unknown.empty(); ++i) {
+    const std::string key = "param/unknown/" + std::to_string(i);
+    if (proto::ShardForKey(key, 2) == 0) unknown = key;
+  }
+  proto::PushGradientsRequest huge = Grad(unknown, {1}, {1});
+  huge.mutable_chunks(0)->set_shape(0, proto::kMaxTensorElements);
+  {
+    const grpc::Status s = Push(huge);
+    EXPECT_EQ(s.error_code(), StatusCode::NOT_FOUND) << s.error_message();
+    EXPECT_NE(s.error_message().find(unknown), std::string::npos)
+        << s.error_message();
+  }
+  huge.mutable_chunks(0)->set_key(owned_);  // an existing key, another shape
+  EXPECT_EQ(Push(huge).error_code(), StatusCode::INVALID_ARGUMENT);
   EXPECT_EQ(Push(Grad(owned_, {1, 2}, {2})).error_code(),
             StatusCode::INVALID_ARGUMENT);  // wrong shape
   EXPECT_EQ(Push(Grad(owned_, {1, INFINITY, 3}, {3})).error_code(),
