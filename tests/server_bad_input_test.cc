@@ -395,6 +395,80 @@ TEST_F(BadInputTest, PullAnswersOneFullChunkPerMessage) {
   EXPECT_EQ(got, values);
 }
 
+// Sends `bytes` as the request of `method` (any kind of rpc) and returns how
+// the call ended.
+grpc::Status CallWithBytes(const std::shared_ptr<grpc::Channel>& channel,
+                           const std::string& method,
+                           const std::string& bytes) {
+  grpc::GenericStub generic(channel);
+  grpc::CompletionQueue cq;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  auto call = generic.PrepareCall(
+      &ctx, "/bnps.proto.ParameterServer/" + method, &cq);
+  void* const kTag = reinterpret_cast<void*>(1);
+  // One operation at a time, each awaited before the next; a failed one
+  // (the server ended the call) is fine.
+  auto await = [&cq, kTag] {
+    void* tag;
+    bool ok;
+    EXPECT_TRUE(cq.Next(&tag, &ok));
+    EXPECT_EQ(tag, kTag);
+    return ok;
+  };
+  call->StartCall(kTag);
+  await();
+  grpc::Slice slice(bytes.data(), bytes.size());
+  call->Write(grpc::ByteBuffer(&slice, 1), kTag);
+  await();
+  call->WritesDone(kTag);
+  await();
+  grpc::ByteBuffer answer;
+  for (int i = 0; i < 100; ++i) {  // a bounded drain of any answers
+    call->Read(&answer, kTag);
+    if (!await()) break;
+  }
+  grpc::Status end;
+  call->Finish(&end, kTag);
+  await();
+  return end;
+}
+
+// Bytes that are not the method's request get INVALID_ARGUMENT with a message
+// and a log line, on every method (gRPC's typed handlers answered
+// UNIMPLEMENTED with no message, PullParameters INTERNAL).
+TEST_F(BadInputTest, UnparseableRequestsGetInvalidArgument) {
+  const std::vector<std::string> garbage = {
+      std::string("\x0a\x05" "ab", 4),  // field 1: 5 bytes long, 2 there
+      std::string(6, '\xff'),           // a tag that never ends
+  };
+  const std::vector<std::string> methods = {
+      "Register",  "Heartbeat",  "InitParameters", "StartStep",
+      "FinishStep", "GetStatus", "PullParameters", "PushGradients"};
+  ::testing::internal::CaptureStderr();
+  for (const std::string& method : methods) {
+    for (const std::string& bytes : garbage) {
+      const grpc::Status s = CallWithBytes(channel_, method, bytes);
+      EXPECT_EQ(s.error_code(), StatusCode::INVALID_ARGUMENT)
+          << method << ": " << s.error_message();
+      EXPECT_NE(s.error_message().find("malformed message"), std::string::npos)
+          << method << ": " << s.error_message();
+    }
+  }
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  for (const std::string& method : methods) {
+    bool logged = false;
+    for (size_t at = log.find(method); at != std::string::npos && !logged;
+         at = log.find(method, at + 1)) {
+      const size_t end = log.find('\n', at);
+      logged = log.substr(at, end - at).find("malformed message") !=
+               std::string::npos;
+    }
+    EXPECT_TRUE(logged) << method << " was not logged:\n" << log;
+  }
+  ExpectAlive();
+}
+
 // A push or BN call of a step far beyond what the job's clocks allow is
 // refused and changes nothing: the worker's real step afterwards works (it
 // was silently dropped as a duplicate, or its BN layer was "from the past").
