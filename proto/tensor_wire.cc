@@ -1,6 +1,7 @@
 #include "proto/tensor_wire.h"
 
 #include <algorithm>
+#include <climits>
 #include <cstring>
 #include <utility>
 
@@ -9,6 +10,7 @@
 #include "util/finite.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
+#include "google/protobuf/stubs/common.h"
 #include "google/protobuf/wire_format_lite.h"
 #include "grpc/slice.h"
 #include "grpcpp/support/proto_buffer_reader.h"
@@ -26,10 +28,7 @@ namespace {
 using google::protobuf::io::CodedInputStream;
 using google::protobuf::internal::WireFormatLite;
 using wire::AppendLengthPrefix;
-using wire::IsLengthDelimited;
-using wire::IsVarint;
 using wire::Malformed;
-using wire::ReadInt64s;
 
 // Payloads are copied and checked for NaN and infinity this many floats
 // (16 KB) at a time.
@@ -157,199 +156,231 @@ grpc::ByteBuffer ChunkedMessageBuilder::Build() {
 
 // --- TensorReader
 
-// A chunk's fields as far as they were read.
+namespace {
+
+using wire::Is;
+using wire::IsInt64s;
+using wire::ReadLength;
+using wire::ReadTag;
+using wire::ReadVarint;
+using wire::SkipField;
+constexpr auto kVarint = WireFormatLite::WIRETYPE_VARINT;
+constexpr auto kLengthDelimited = WireFormatLite::WIRETYPE_LENGTH_DELIMITED;
+
+// Pushes a limit for a nested message whose length prefix comes next, and
+// counts it towards the recursion limit, as protobuf does.
+bool EnterMessage(CodedInputStream* in, CodedInputStream::Limit* limit) {
+  int len;
+  if (!ReadLength(in, &len) || !in->IncrementRecursionDepth()) return false;
+  *limit = in->PushLimit(len);
+  return true;
+}
+
+void LeaveMessage(CodedInputStream* in, CodedInputStream::Limit limit) {
+  in->PopLimit(limit);
+  in->DecrementRecursionDepth();
+}
+
+}  // namespace
+
+// A chunk's fields as protobuf parses them: a singular field that comes again
+// replaces the earlier value, a repeated one appends, a second `part` merges
+// into the first. The payload stays in the message: only where it is.
 struct TensorReader::Chunk {
   std::string key;
+  bool key_too_long = false;  // then `key` is empty
   std::vector<int64_t> shape;
   int64_t offset = 0;
   int dtype = 0;
   std::vector<int64_t> part_shape;
-  bool payload_read = false;
+  int payload_at = -1;  // position in the message; -1 if no data field
+  int payload_bytes = 0;
 };
+
+// Parses a TensorChunk whose tag was just read. False if protobuf would not
+// parse it.
+bool TensorReader::ParseChunk(CodedInputStream* in, Chunk* c) {
+  CodedInputStream::Limit chunk_limit;
+  if (!EnterMessage(in, &chunk_limit)) return false;
+  while (in->BytesUntilLimit() > 0) {
+    uint32_t tag;
+    if (!ReadTag(in, &tag)) return false;
+    if (Is(tag, kChunkKey, kLengthDelimited)) {
+      std::string key;
+      // A proto3 string: protobuf refuses one that is not UTF-8.
+      if (!wire::ReadBytes(in, &key) ||
+          !google::protobuf::internal::IsStructurallyValidUTF8(
+              key.data(), static_cast<int>(key.size()))) {
+        return false;
+      }
+      c->key_too_long = key.size() > static_cast<size_t>(kMaxKeyBytes);
+      c->key = c->key_too_long ? std::string() : std::move(key);
+    } else if (IsInt64s(tag, kChunkShape)) {
+      if (!wire::ReadInt64s(in, tag, &c->shape)) return false;
+    } else if (Is(tag, kChunkOffset, kVarint)) {
+      uint64_t v;
+      if (!ReadVarint(in, &v)) return false;
+      c->offset = static_cast<int64_t>(v);
+    } else if (Is(tag, kChunkPart, kLengthDelimited)) {
+      CodedInputStream::Limit part_limit;
+      if (!EnterMessage(in, &part_limit)) return false;
+      while (in->BytesUntilLimit() > 0) {
+        if (!ReadTag(in, &tag)) return false;
+        if (Is(tag, kTensorDtype, kVarint)) {
+          uint64_t v;
+          if (!ReadVarint(in, &v)) return false;
+          c->dtype = static_cast<int32_t>(v);  // as protobuf stores an enum
+        } else if (IsInt64s(tag, kTensorShape)) {
+          if (!wire::ReadInt64s(in, tag, &c->part_shape)) return false;
+        } else if (Is(tag, kTensorData, kLengthDelimited)) {
+          int len;
+          if (!ReadLength(in, &len)) return false;
+          c->payload_at = in->CurrentPosition();
+          c->payload_bytes = len;
+          if (!in->Skip(len)) return false;
+        } else if (!SkipField(in, tag)) {
+          return false;
+        }
+      }
+      LeaveMessage(in, part_limit);
+    } else if (!SkipField(in, tag)) {
+      return false;
+    }
+  }
+  LeaveMessage(in, chunk_limit);
+  return true;
+}
 
 TensorReader::TensorReader(Destination destination, Complete complete)
     : destination_(std::move(destination)), complete_(std::move(complete)) {}
+
+absl::Status TensorReader::Deliver(const Chunk& c, CodedInputStream* data) {
+  if (c.key.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("chunk key must have 1 to ", kMaxKeyBytes, " bytes"));
+  }
+  if (c.part_shape.size() != 1 || c.dtype != DTYPE_FLOAT32) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "chunk of '", c.key, "' must be a 1-D DTYPE_FLOAT32 tensor"));
+  }
+  const int64_t len = c.part_shape[0];
+  if (len < 0 || c.payload_bytes != len * 4) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("chunk of '", c.key, "' declares ", len,
+                     " elements but has ", c.payload_bytes, " bytes"));
+  }
+  if (!pending()) {
+    absl::StatusOr<int64_t> n = NumElements(c.shape);
+    if (!n.ok()) return n.status();
+    if (c.offset != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "chunk of '", c.key, "' at offset ", c.offset, ", expected 0"));
+    }
+    if (len > *n) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "chunks of '", c.key, "' run past its ", *n, " elements"));
+    }
+    absl::StatusOr<float*> dst = destination_(c.key, c.shape, *n);
+    if (!dst.ok()) return dst.status();
+    key_ = c.key;
+    shape_ = c.shape;
+    values_ = *dst;
+    total_ = *n;
+    received_ = 0;
+  } else if (c.key != key_ || c.shape != shape_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "chunk of '", c.key, "' arrived while '", key_, "' is incomplete"));
+  } else if (c.offset != received_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("chunk of '", c.key, "' at offset ", c.offset,
+                     ", expected ", received_));
+  } else if (len > total_ - received_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "chunks of '", c.key, "' run past its ", total_, " elements"));
+  }
+  if (len > 0 && !data->Skip(c.payload_at - data->CurrentPosition())) {
+    return Malformed("chunk payload");  // the structure was checked before
+  }
+  // Read and checked in blocks that stay in the core's cache, so the check
+  // does not fetch the payload from memory a second time.
+  float* const dst = values_ + received_;
+  for (int64_t at = 0; at < len; at += kCheckBlockFloats) {
+    const int64_t n = std::min(kCheckBlockFloats, len - at);
+    if (!data->ReadRaw(dst + at, static_cast<int>(n * 4))) {
+      return Malformed("truncated chunk payload");
+    }
+    if (const int64_t i = static_cast<int64_t>(
+            util::FirstNonFinite(absl::MakeConstSpan(dst + at, n)));
+        i < n) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("chunk of '", c.key, "': element ", received_ + at + i,
+                       " is not finite"));
+    }
+  }
+  received_ += len;
+  if (received_ < total_) return absl::OkStatus();
+  const std::string key = std::move(key_);
+  key_.clear();
+  return complete_(key);
+}
 
 absl::Status TensorReader::Read(const grpc::ByteBuffer& message,
                                 int chunks_field,
                                 google::protobuf::MessageLite* head,
                                 const std::function<absl::Status()>& check_head) {
   head->Clear();
-  grpc::ByteBuffer shared(message);  // shares the slices
-  grpc::ProtoBufferReader stream(&shared);
-  CodedInputStream in(&stream);
-  std::string others;  // the fields that are not chunks, for `head`
-  google::protobuf::io::StringOutputStream others_stream(&others);
-  google::protobuf::io::CodedOutputStream others_out(&others_stream);
-
-  // Reads one chunk's payload of `bytes` bytes (0 if it had none) straight
-  // into its tensor, after checking the chunk's fields.
-  auto payload = [&](Chunk& c, int bytes) -> absl::Status {
-    c.payload_read = true;
-    if (c.key.empty()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("chunk key must have 1 to ", kMaxKeyBytes, " bytes"));
-    }
-    if (!pending()) {
-      absl::StatusOr<int64_t> n = NumElements(c.shape);
-      if (!n.ok()) return n.status();
-      absl::StatusOr<float*> dst = destination_(c.key, c.shape, *n);
-      if (!dst.ok()) return dst.status();
-      key_ = c.key;
-      shape_ = c.shape;
-      values_ = *dst;
-      total_ = *n;
-      received_ = 0;
-    } else if (c.key != key_ || c.shape != shape_) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "chunk of '", c.key, "' arrived while '", key_, "' is incomplete"));
-    }
-    if (c.offset != received_) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("chunk of '", c.key, "' at offset ", c.offset,
-                       ", expected ", received_));
-    }
-    if (c.part_shape.size() != 1 || c.dtype != DTYPE_FLOAT32) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "chunk of '", c.key, "' must be a 1-D DTYPE_FLOAT32 tensor"));
-    }
-    const int64_t len = c.part_shape[0];
-    if (len < 0 || len > total_ - received_) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "chunks of '", c.key, "' run past its ", total_, " elements"));
-    }
-    if (static_cast<int64_t>(bytes) != len * 4) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("chunk of '", c.key, "' declares ", len,
-                       " elements but has ", bytes, " bytes"));
-    }
-    // Read and checked in blocks that stay in the core's cache, so the check
-    // does not fetch the payload from memory a second time.
-    float* const dst = values_ + received_;
-    for (int64_t at = 0; at < len; at += kCheckBlockFloats) {
-      const int64_t n = std::min(kCheckBlockFloats, len - at);
-      if (!in.ReadRaw(dst + at, static_cast<int>(n * 4))) {
-        return Malformed("truncated chunk payload");
-      }
-      if (const int64_t i = static_cast<int64_t>(
-              util::FirstNonFinite(absl::MakeConstSpan(dst + at, n)));
-          i < n) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("chunk of '", c.key, "': element ", received_ + at + i,
-                         " is not finite"));
-      }
-    }
-    received_ += len;
-    if (received_ < total_) return absl::OkStatus();
-    const std::string key = std::move(key_);
-    key_.clear();
-    return complete_(key);
-  };
-
-  // Reads the part (a Tensor) of chunk `c`; its payload goes to the tensor.
-  auto read_part = [&](Chunk& c) -> absl::Status {
-    int len;
-    if (!in.ReadVarintSizeAsInt(&len)) return Malformed("chunk part length");
-    const CodedInputStream::Limit limit = in.PushLimit(len);
-    while (const uint32_t tag = in.ReadTag()) {
-      const int field = WireFormatLite::GetTagFieldNumber(tag);
-      if (field == kTensorDtype || field == kTensorShape ||
-          field == kTensorData) {
-        if (c.payload_read) {
-          return Malformed("a chunk field after its payload");
+  const size_t size = message.Length();
+  if (size > static_cast<size_t>(INT_MAX) - 16) {
+    return Malformed("message over 2 GiB");  // protobuf's limit too
+  }
+  // First pass: the whole message's structure, exactly as protobuf parses
+  // it, before anything reaches the callbacks; the fields that are not chunks
+  // become `head`. Payloads are skipped, not copied.
+  {
+    std::string others;
+    {
+      grpc::ByteBuffer shared(message);  // shares the slices
+      grpc::ProtoBufferReader stream(&shared);
+      CodedInputStream in(&stream);
+      in.PushLimit(static_cast<int>(size));
+      google::protobuf::io::StringOutputStream others_stream(&others);
+      google::protobuf::io::CodedOutputStream others_out(&others_stream);
+      for (int chunk = 0; in.BytesUntilLimit() > 0;) {
+        uint32_t tag;
+        if (!ReadTag(&in, &tag)) return Malformed("field tag");
+        if (Is(tag, chunks_field, kLengthDelimited)) {
+          Chunk c;
+          if (!ParseChunk(&in, &c)) {
+            return Malformed(absl::StrCat("chunk ", chunk));
+          }
+          ++chunk;
+        } else if (!SkipField(&in, tag, &others_out)) {
+          return Malformed(absl::StrCat("field ", wire::FieldNumber(tag)));
         }
       }
-      if (field == kTensorDtype && IsVarint(tag)) {
-        uint32_t v;
-        if (!in.ReadVarint32(&v)) return Malformed("chunk dtype");
-        c.dtype = static_cast<int>(v);
-      } else if (field == kTensorShape) {
-        if (!ReadInt64s(&in, tag, &c.part_shape)) {
-          return Malformed("chunk part shape");
-        }
-      } else if (field == kTensorData && IsLengthDelimited(tag)) {
-        int bytes;
-        if (!in.ReadVarintSizeAsInt(&bytes)) {
-          return Malformed("chunk payload length");
-        }
-        if (absl::Status s = payload(c, bytes); !s.ok()) return s;
-      } else if (field == kTensorDtype || field == kTensorData ||
-                 !WireFormatLite::SkipField(&in, tag)) {
-        return Malformed("chunk part field");
-      }
     }
-    if (!wire::EndedAtLimit(in)) return Malformed("chunk part");
-    in.PopLimit(limit);
-    return absl::OkStatus();
-  };
-
-  auto read_chunk = [&]() -> absl::Status {
-    int len;
-    if (!in.ReadVarintSizeAsInt(&len)) return Malformed("chunk length");
-    const CodedInputStream::Limit limit = in.PushLimit(len);
-    Chunk c;
-    bool has_part = false;
-    while (const uint32_t tag = in.ReadTag()) {
-      const int field = WireFormatLite::GetTagFieldNumber(tag);
-      if (c.payload_read && (field == kChunkKey || field == kChunkShape ||
-                             field == kChunkOffset || field == kChunkPart)) {
-        return Malformed("a chunk field after its payload");
-      }
-      if (field == kChunkKey && IsLengthDelimited(tag)) {
-        int n;
-        if (!in.ReadVarintSizeAsInt(&n)) return Malformed("chunk key");
-        if (n > kMaxKeyBytes) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "chunk key must have 1 to ", kMaxKeyBytes, " bytes"));
-        }
-        if (!in.ReadString(&c.key, n)) return Malformed("chunk key");
-      } else if (field == kChunkShape) {
-        if (!ReadInt64s(&in, tag, &c.shape)) return Malformed("chunk shape");
-      } else if (field == kChunkOffset && IsVarint(tag)) {
-        uint64_t v;
-        if (!in.ReadVarint64(&v)) return Malformed("chunk offset");
-        c.offset = static_cast<int64_t>(v);
-      } else if (field == kChunkPart && IsLengthDelimited(tag)) {
-        if (has_part) return Malformed("a chunk with two parts");
-        has_part = true;
-        if (absl::Status s = read_part(c); !s.ok()) return s;
-      } else if (field == kChunkKey || field == kChunkOffset ||
-                 field == kChunkPart || !WireFormatLite::SkipField(&in, tag)) {
-        return Malformed("chunk field");
-      }
-    }
-    if (!wire::EndedAtLimit(in)) return Malformed("chunk");
-    in.PopLimit(limit);
-    // Protobuf leaves out an empty payload.
-    if (!c.payload_read) return payload(c, 0);
-    return absl::OkStatus();
-  };
-
-  bool head_checked = false;
-  auto parse_head = [&]() -> absl::Status {
-    others_out.Trim();
     if (!head->ParseFromString(others)) return Malformed("message head");
-    return absl::OkStatus();
-  };
-  while (const uint32_t tag = in.ReadTag()) {
-    if (WireFormatLite::GetTagFieldNumber(tag) == chunks_field &&
-        IsLengthDelimited(tag)) {
-      if (check_head != nullptr && !head_checked) {
-        head_checked = true;
-        if (absl::Status s = parse_head(); !s.ok()) return s;
-        if (absl::Status s = check_head(); !s.ok()) return s;
-      }
-      if (absl::Status s = read_chunk(); !s.ok()) return s;
-    } else if (head_checked) {
-      return Malformed("a message field after its chunks");
-    } else if (!WireFormatLite::SkipField(&in, tag, &others_out)) {
+  }
+  if (check_head != nullptr) {
+    if (absl::Status s = check_head(); !s.ok()) return s;
+  }
+  // Second pass: each chunk's fields, then its payload straight into its
+  // tensor, read through a second stream that only moves forward.
+  grpc::ByteBuffer shared(message), shared_data(message);
+  grpc::ProtoBufferReader stream(&shared), data_stream(&shared_data);
+  CodedInputStream in(&stream), data(&data_stream);
+  in.PushLimit(static_cast<int>(size));
+  while (in.BytesUntilLimit() > 0) {
+    uint32_t tag;
+    if (!ReadTag(&in, &tag)) return Malformed("field tag");
+    if (Is(tag, chunks_field, kLengthDelimited)) {
+      Chunk c;
+      if (!ParseChunk(&in, &c)) return Malformed("chunk");
+      if (absl::Status s = Deliver(c, &data); !s.ok()) return s;
+    } else if (!SkipField(&in, tag)) {
       return Malformed("message field");
     }
   }
-  if (!in.ConsumedEntireMessage()) return Malformed("message");
-  if (head_checked) return absl::OkStatus();
-  if (absl::Status s = parse_head(); !s.ok()) return s;
-  if (check_head != nullptr) return check_head();
   return absl::OkStatus();
 }
 

@@ -6,8 +6,16 @@
 // The bytes are protobuf's wire format for these messages, so a peer that uses
 // the generated classes reads and writes the same messages: the builder emits
 // the message's other fields, then each chunk's fields in field-number order
-// with the payload last; the reader accepts any field order, packed or
-// unpacked shapes, and skips unknown fields, as protobuf does.
+// with the payload last. The reader accepts exactly the bytes protobuf's
+// parser accepts for the message, and reads them as it would: any field
+// order, packed or unpacked shapes, a later value of a singular field
+// replacing an earlier one, a repeated `part` merged into the first, a known
+// field with another wire type kept as an unknown field, unknown fields
+// skipped; and it refuses what protobuf refuses (a length past the end of
+// its message, a truncated or overlong varint or tag, field number 0, a
+// chunk key that is not UTF-8, unbalanced groups, nesting past the recursion
+// limit: proto/wire_fields.h). proto/tensor_wire_test.cc compares the two on
+// hand-made and mutated messages.
 //
 // Thread-safety: thread-compatible.
 
@@ -23,6 +31,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/message_lite.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/slice.h"
@@ -84,16 +93,22 @@ class ChunkedMessageBuilder {
 // within one message or across consecutive ones.
 //
 // Everything that arrives is validated: INVALID_ARGUMENT names what is wrong
-// (a malformed message, a chunk key of 0 or more than kMaxKeyBytes bytes, a
-// bad shape, a payload that is not 1-D float32 of the declared size, a chunk
-// out of order, past the end, or of another tensor while one is incomplete,
-// a non-finite value). After an error the reader and the destination of the
-// tensor being read are unspecified; start over with a new reader.
+// ("malformed message: ..." for bytes protobuf would not parse; then a chunk
+// key of 0 or more than kMaxKeyBytes bytes, a bad shape, a payload that is not
+// 1-D float32 of the declared size, a chunk out of order, past the end, or of
+// another tensor while one is incomplete, a non-finite value). A message is
+// parsed whole before any callback runs, so bytes protobuf would refuse never
+// reach the destination; a later error in a message that parses may come
+// after earlier tensors of it were completed. After an error the reader and
+// the destination of the tensor being read are unspecified; start over with
+// a new reader.
 class TensorReader {
  public:
-  // Called at a tensor's first chunk with its key, shape and element count:
-  // returns where its values go (room for `elements` floats), or an error
-  // that ends the read (an unknown key, a key this side does not accept).
+  // Called at a tensor's first chunk with its key, shape and element count
+  // (at most kMaxTensorElements: the count the sender declares, so check the
+  // key and shape before reserving room for it): returns where its values go
+  // (room for `elements` floats), or an error that ends the read (an unknown
+  // key, a key or shape this side does not accept).
   using Destination = std::function<absl::StatusOr<float*>(
       const std::string& key, absl::Span<const int64_t> shape,
       int64_t elements)>;
@@ -104,9 +119,8 @@ class TensorReader {
 
   // Reads one message whose field `chunks_field` is repeated TensorChunk; its
   // other fields are parsed into `head` (which is cleared first). With
-  // `check_head`, the head is checked before any chunk is read: its fields
-  // must then precede the chunks (as protobuf writes a message whose chunks
-  // field has the highest number), and an error from it ends the read.
+  // `check_head`, the head is checked once it is parsed, before any chunk
+  // reaches the callbacks, and an error from it ends the read.
   absl::Status Read(const grpc::ByteBuffer& message, int chunks_field,
                     google::protobuf::MessageLite* head,
                     const std::function<absl::Status()>& check_head = nullptr);
@@ -118,6 +132,15 @@ class TensorReader {
 
  private:
   struct Chunk;
+
+  // Parses a TensorChunk whose tag was just read; false if protobuf would
+  // not parse it.
+  static bool ParseChunk(google::protobuf::io::CodedInputStream* in,
+                         Chunk* c);
+  // Checks a parsed chunk and copies its payload from `data` (a stream over
+  // the same message, before the payload) into its tensor.
+  absl::Status Deliver(const Chunk& c,
+                       google::protobuf::io::CodedInputStream* data);
 
   Destination destination_;
   Complete complete_;

@@ -1,10 +1,12 @@
 #include "server/bn_aggregator.h"
 
+#include <algorithm>
 #include <cmath>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "staleness/clock_table.h"
 
 namespace bnps::server {
 namespace {
@@ -32,8 +34,7 @@ int BnAggregator::NumLive() const {
   return n;
 }
 
-absl::Status BnAggregator::Admit(int worker, const std::string& layer,
-                                 int64_t channels) {
+absl::Status BnAggregator::CheckWorker(int worker) const {
   if (worker < 0 || worker >= options_.num_workers) {
     return absl::InvalidArgumentError(absl::StrCat(
         "worker ", worker, " outside the job's [0, ", options_.num_workers, ")"));
@@ -42,6 +43,12 @@ absl::Status BnAggregator::Admit(int worker, const std::string& layer,
     return absl::FailedPreconditionError(
         absl::StrCat("worker ", worker, " was removed from the job"));
   }
+  return absl::OkStatus();
+}
+
+absl::Status BnAggregator::Admit(int worker, const std::string& layer,
+                                 int64_t channels) {
+  if (absl::Status s = CheckWorker(worker); !s.ok()) return s;
   if (layer.empty()) return absl::InvalidArgumentError("empty BN layer name");
   Layer& l = layers_[layer];
   if (channels > 0) {
@@ -54,28 +61,53 @@ absl::Status BnAggregator::Admit(int worker, const std::string& layer,
   return absl::OkStatus();
 }
 
+absl::Status BnAggregator::CheckStep(const char* phase, const std::string& layer,
+                                     int64_t step, int64_t version) const {
+  if (step < 0) return absl::InvalidArgumentError("negative step");
+  const bool sync = options_.policy == policy::Policy::kSync;
+  const int64_t staleness = sync ? 0 : options_.staleness;
+  int64_t next = newest_step_ == INT64_MAX ? INT64_MAX : newest_step_ + 1;
+  if (sync) next = std::max(next, version);
+  if (staleness::Admissible(next, step, staleness)) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "BN ", phase, " of layer '", layer, "' step ", step,
+      " is from the future: the newest BN step on this shard is ", newest_step_,
+      sync ? absl::StrCat(" and the parameters are at version ", version)
+           : std::string(),
+      ", so steps up to ", next + staleness,  // no overflow: step is beyond
+      " are admissible"));
+}
+
 void BnAggregator::Forward(int worker, int64_t step, const std::string& layer,
                            bn::Moments local, absl::Time deadline, Done done) {
+  // Read before the lock: the store has its own.
+  const int64_t version =
+      options_.parameter_version ? options_.parameter_version() : 0;
   Ready ready;
   {
     absl::MutexLock lock(&mu_);
-    absl::Status s = Admit(worker, layer, local.channels());
+    absl::Status s = CheckWorker(worker);
     if (s.ok() && options_.policy != policy::Policy::kSync &&
         options_.policy != policy::Policy::kAsync) {
       s = absl::FailedPreconditionError(absl::StrCat(
           "policy ", policy::PolicyName(options_.policy),
           " normalizes with local statistics: no BN forward traffic"));
     }
-    if (s.ok() && step < 0) s = absl::InvalidArgumentError("negative step");
+    // The step before the layer: a refused call changes nothing.
+    if (s.ok()) s = CheckStep("forward", layer, step, version);
+    if (s.ok()) s = Admit(worker, layer, local.channels());
     if (!s.ok()) {
       ready.push_back([done = std::move(done), s] { done(s); });
-    } else if (options_.policy == policy::Policy::kAsync) {
-      AsyncForward(worker, step, layers_[layer], std::move(local),
-                   std::move(done), &ready);
     } else {
-      Contribute(worker, {layer, Phase::kForward, step},
-                 Contribution{std::move(local), {}, {}}, deadline,
-                 std::move(done), &ready);
+      newest_step_ = std::max(newest_step_, step);
+      if (options_.policy == policy::Policy::kAsync) {
+        AsyncForward(worker, step, layers_[layer], std::move(local),
+                     std::move(done), &ready);
+      } else {
+        Contribute(worker, {layer, Phase::kForward, step},
+                   Contribution{std::move(local), {}, {}}, deadline,
+                   std::move(done), &ready);
+      }
     }
   }
   for (auto& fn : ready) fn();
@@ -84,19 +116,23 @@ void BnAggregator::Forward(int worker, int64_t step, const std::string& layer,
 void BnAggregator::Backward(int worker, int64_t step, const std::string& layer,
                             bn::BackwardSums local, absl::Time deadline,
                             Done done) {
+  const int64_t version =
+      options_.parameter_version ? options_.parameter_version() : 0;
   Ready ready;
   {
     absl::MutexLock lock(&mu_);
-    absl::Status s = Admit(worker, layer, local.sum_dy.size());
+    absl::Status s = CheckWorker(worker);
     if (s.ok() && options_.policy != policy::Policy::kSync) {
       s = absl::FailedPreconditionError(
           absl::StrCat("policy ", policy::PolicyName(options_.policy),
                        " has no global BN backward reduction"));
     }
-    if (s.ok() && step < 0) s = absl::InvalidArgumentError("negative step");
+    if (s.ok()) s = CheckStep("backward", layer, step, version);
+    if (s.ok()) s = Admit(worker, layer, local.sum_dy.size());
     if (!s.ok()) {
       ready.push_back([done = std::move(done), s] { done(s); });
     } else {
+      newest_step_ = std::max(newest_step_, step);
       Contribute(worker, {layer, Phase::kBackward, step},
                  Contribution{{}, std::move(local), {}}, deadline,
                  std::move(done), &ready);

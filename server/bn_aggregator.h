@@ -25,9 +25,26 @@
 // A repeated contribution of (worker, step, layer, phase) gets the same answer
 // and is not merged twice.
 //
-// Errors: INVALID_ARGUMENT for a worker outside the job or a channel count that
-// differs from the layer's; FAILED_PRECONDITION for a phase the policy does not
-// use, a removed worker, or a step from the past.
+// Admissible steps: a Forward or Backward of a step the job's clocks could not
+// have allowed is refused (FAILED_PRECONDITION) without changing anything;
+// accepted, a step of 10^15 would make every real step "from the past". With n
+// the newest step of any Forward or Backward this aggregator accepted (-1
+// before any):
+//   sync    step <= max(n + 1, v), with v the newest parameter version on the
+//           shard (Options::parameter_version): a worker reaches BN step c
+//           after it pulled version c, or after step c - 1's barriers, which
+//           needed every worker.
+//   async   step <= n + 1 + staleness: a worker begins step c only once every
+//           live worker completed c - staleness steps, and so sent BN
+//           statistics of step c - staleness - 1.
+// (This assumes every step sends BN traffic to the shard, as the trainer's
+// do: one that skips the shard's layers entirely for a step, on a shard
+// without parameters, is refused.) Recalibration batches are not steps.
+//
+// Errors: INVALID_ARGUMENT for a worker outside the job, a negative step or a
+// channel count that differs from the layer's; FAILED_PRECONDITION for a phase
+// the policy does not use, a removed worker, or a step from the past or not
+// admissible.
 //
 // Thread-safety: thread-safe. Callbacks run without the lock held, on the
 // calling thread or on the thread whose call completed the barrier.
@@ -62,6 +79,9 @@ class BnAggregator {
     int num_workers = 1;
     int64_t staleness = 0;
     double momentum = 0.1;  // running-stats momentum, as PyTorch's
+    // sync: the newest parameter version on the shard, for the admissible
+    // steps (above). Called without the aggregator's lock. Default: none (0).
+    std::function<int64_t()> parameter_version;
   };
 
   struct Reply {
@@ -125,8 +145,16 @@ class BnAggregator {
   };
   using Ready = std::vector<std::function<void()>>;
 
-  // Validates the worker and the layer's channel count (0 = not checked).
+  // OK for a live worker of the job.
+  absl::Status CheckWorker(int worker) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Validates the worker and the layer's channel count (0 = not checked);
+  // records the layer and its channel count.
   absl::Status Admit(int worker, const std::string& layer, int64_t channels)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // OK if a Forward or Backward of `step` is admissible (above), given the
+  // parameters' `version`.
+  absl::Status CheckStep(const char* phase, const std::string& layer,
+                         int64_t step, int64_t version) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Adds a contribution to a barrier and completes or fails it if it can.
   void Contribute(int worker, BarrierKey key, Contribution c, absl::Time deadline,
@@ -151,6 +179,8 @@ class BnAggregator {
   std::map<BarrierKey, Barrier> barriers_ ABSL_GUARDED_BY(mu_);
   std::vector<bool> live_ ABSL_GUARDED_BY(mu_);
   std::vector<absl::Status> failed_ ABSL_GUARDED_BY(mu_);
+  // The newest step of an accepted Forward or Backward; -1 before any.
+  int64_t newest_step_ ABSL_GUARDED_BY(mu_) = -1;
 };
 
 }  // namespace bnps::server

@@ -108,10 +108,10 @@ TEST(BnAggregatorTest, RetryGetsTheSameAnswerAndIsNotMergedTwice) {
 TEST(BnAggregatorTest, SyncBackwardSumsInWorkerOrder) {
   BnAggregator agg({policy::Policy::kSync, 3, 0, 0.1});
   Result r0, r1, r2;
-  agg.Backward(2, 4, "bn", {{1, 2}, {3, 4}}, kNever, Into(&r2));
-  agg.Backward(0, 4, "bn", {{10, 20}, {30, 40}}, kNever, Into(&r0));
+  agg.Backward(2, 0, "bn", {{1, 2}, {3, 4}}, kNever, Into(&r2));
+  agg.Backward(0, 0, "bn", {{10, 20}, {30, 40}}, kNever, Into(&r0));
   EXPECT_FALSE(r0.has_value());
-  agg.Backward(1, 4, "bn", {{100, 200}, {300, 400}}, kNever, Into(&r1));
+  agg.Backward(1, 0, "bn", {{100, 200}, {300, 400}}, kNever, Into(&r1));
   for (const Result* r : {&r0, &r1, &r2}) {
     ASSERT_TRUE(r->has_value() && (*r)->ok());
     EXPECT_EQ((**r)->sums.sum_dy, (std::vector<double>{111, 222}));
@@ -169,9 +169,13 @@ TEST(BnAggregatorTest, AsyncNeverWaitsAndRespectsTheWindow) {
   const Split split = MakeSplit({2, 3, 4}, 5);
   BnAggregator agg({policy::Policy::kAsync, 3, /*staleness=*/1, 0.1});
   Result r;
+  for (int step = 0; step < 2; ++step) {  // worker 0 at steps 0 and 1
+    agg.Forward(0, step, "bn", split.parts[0], kNever, Into(&r));
+    ASSERT_TRUE(r.has_value() && r->ok()) << "async must answer at once";
+  }
   agg.Forward(1, 3, "bn", split.parts[1], kNever, Into(&r));  // worker 1 at step 3
   ASSERT_TRUE(r.has_value() && r->ok()) << "async must answer at once";
-  EXPECT_EQ((*r)->moments.count, 0);  // nobody else yet
+  EXPECT_EQ((*r)->moments.count, 0);  // worker 0's step 1 < 3 - 1: too stale
   agg.Forward(2, 5, "bn", split.parts[2], kNever, Into(&r));
   ASSERT_TRUE(r.has_value() && r->ok());
   EXPECT_EQ((*r)->contributors, 0);  // step 3 < 5 - 1: too stale
@@ -275,6 +279,61 @@ TEST(BnAggregatorTest, StepFromThePast) {
   agg.Forward(0, 39, "bn", split.parts[0], kNever, Into(&r));
   EXPECT_TRUE(r->ok());  // recent: a retry, answered from the cache
   agg.Forward(0, 3, "bn", split.parts[0], kNever, Into(&r));
+  EXPECT_EQ(r->status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+constexpr int64_t kFarFuture = 1'000'000'000'000'000;  // 10^15
+
+// A BN step no clock allows is refused and changes nothing (not even the
+// layer's channel count); the real steps afterwards work.
+TEST(BnAggregatorTest, SyncRefusesStepsBeyondTheNext) {
+  const Split split = MakeSplit({4}, 10);
+  int64_t version = 0;
+  BnAggregator::Options o{policy::Policy::kSync, 1, 0, 0.1};
+  o.parameter_version = [&version] { return version; };
+  BnAggregator agg(o);
+  Result r;
+  agg.Forward(0, kFarFuture, "bn", bn::Moments::Empty(7), kNever, Into(&r));
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(r->status().message().find("future"), std::string::npos);
+  agg.Backward(0, kFarFuture, "bn", {{1}, {1}}, kNever, Into(&r));
+  EXPECT_EQ(r->status().code(), absl::StatusCode::kFailedPrecondition);
+  agg.Forward(0, 1, "bn", split.parts[0], kNever, Into(&r));  // expects 0
+  EXPECT_EQ(r->status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(agg.num_layers(), 0);
+  for (int64_t step = 0; step < 3; ++step) {
+    agg.Forward(0, step, "bn", split.parts[0], kNever, Into(&r));
+    ASSERT_TRUE(r->ok()) << step << ": " << r->status();
+    agg.Backward(0, step, "bn", bn::BackwardSums::Zero(3), kNever, Into(&r));
+    ASSERT_TRUE(r->ok()) << step << ": " << r->status();
+  }
+  agg.Forward(0, 4, "bn", split.parts[0], kNever, Into(&r));
+  EXPECT_EQ(r->status().code(), absl::StatusCode::kFailedPrecondition);
+  // The parameters' version says how far the job got.
+  version = 9;
+  agg.Forward(0, 9, "bn", split.parts[0], kNever, Into(&r));
+  EXPECT_TRUE(r->ok()) << r->status();
+}
+
+TEST(BnAggregatorTest, AsyncRefusesStepsBeyondTheBound) {
+  const Split split = MakeSplit({4, 4}, 11);
+  BnAggregator agg({policy::Policy::kAsync, 2, /*staleness=*/2, 0.1});
+  Result r;
+  for (int64_t step : {kFarFuture, int64_t{3}}) {  // nothing yet: up to 2
+    agg.Forward(0, step, "bn", split.parts[0], kNever, Into(&r));
+    EXPECT_EQ(r->status().code(), absl::StatusCode::kFailedPrecondition) << step;
+  }
+  EXPECT_EQ(agg.num_layers(), 0);
+  agg.Forward(0, 0, "bn", split.parts[0], kNever, Into(&r));
+  ASSERT_TRUE(r->ok()) << r->status();
+  agg.Forward(1, 3, "bn", split.parts[1], kNever, Into(&r));  // 0 + 1 + 2
+  ASSERT_TRUE(r->ok()) << r->status();
+  EXPECT_EQ((*r)->contributors, 0);  // worker 0's step 0 < 3 - 2
+  agg.Forward(0, 1, "bn", split.parts[0], kNever, Into(&r));  // not "past"
+  ASSERT_TRUE(r->ok()) << r->status();
+  EXPECT_EQ((*r)->contributors, 1);
+  agg.Forward(1, 7, "bn", split.parts[1], kNever, Into(&r));  // 3 + 1 + 2 = 6
   EXPECT_EQ(r->status().code(), absl::StatusCode::kFailedPrecondition);
 }
 

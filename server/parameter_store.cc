@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "staleness/clock_table.h"
 #include "util/cpu_clones.h"
 
 namespace bnps::server {
@@ -48,6 +49,11 @@ void SgdRange(const double* sum, const float* grad, const float* w_in,
   }
 }
 
+absl::Status NotInitialized(const std::string& key) {
+  return absl::NotFoundError(
+      absl::StrCat("parameter '", key, "' was never initialized"));
+}
+
 int64_t Product(const std::vector<int64_t>& shape) {
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
@@ -82,10 +88,8 @@ absl::StatusOr<bool> ParameterStore::Init(const std::string& key,
   return true;
 }
 
-absl::StatusOr<ParameterStore::PushResult> ParameterStore::Push(
-    int worker, int64_t step, const std::string& key,
-    absl::Span<const int64_t> shape, absl::Span<const float> grad,
-    int64_t num_samples) {
+absl::Status ParameterStore::CheckArguments(int worker, int64_t step,
+                                            int64_t num_samples) const {
   if (worker < 0 || worker >= options_.num_workers) {
     return absl::InvalidArgumentError(absl::StrCat(
         "worker ", worker, " outside the job's [0, ", options_.num_workers, ")"));
@@ -97,43 +101,91 @@ absl::StatusOr<ParameterStore::PushResult> ParameterStore::Push(
     return absl::InvalidArgumentError(
         absl::StrCat("negative sample count ", num_samples));
   }
+  return absl::OkStatus();
+}
+
+absl::Status ParameterStore::Admit(const Param& p, int worker, int64_t step,
+                                   const std::string& key,
+                                   absl::Span<const int64_t> shape,
+                                   bool* duplicate) const {
+  if (shape != absl::MakeConstSpan(p.shape)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "gradient of '", key, "' has shape [", absl::StrJoin(shape, ","),
+        "], the parameter [", absl::StrJoin(p.shape, ","), "]"));
+  }
+  if (!live_[worker]) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("worker ", worker, " was removed from the job"));
+  }
+  *duplicate = step <= p.last_pushed[worker];
+  if (*duplicate) return absl::OkStatus();
+  if (options_.bulk_synchronous) {
+    if (step < p.version) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "step ", step, " of '", key, "' is from the past: it was applied ",
+          "without worker ", worker, " (now at version ", p.version, ")"));
+    }
+    if (step > p.version + 1) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "step ", step, " of '", key, "' is from the future: version is ",
+          p.version, "; pull before pushing"));
+    }
+  } else {
+    // A worker may begin step c only once every live worker completed c - s
+    // steps, so pushed step c - s - 1 here: c <= newest + 1 + s.
+    const int64_t next = newest_step_ == INT64_MAX ? INT64_MAX : newest_step_ + 1;
+    if (!staleness::Admissible(next, step, options_.staleness)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "step ", step, " of '", key, "' is from the future: the newest step ",
+          "pushed to this shard is ", newest_step_, " and staleness ",
+          options_.staleness, " admits steps up to ",
+          next + options_.staleness));  // no overflow: step is beyond it
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParameterStore::CheckPush(int worker, int64_t step,
+                                       const std::string& key,
+                                       absl::Span<const int64_t> shape) const {
+  if (absl::Status s = CheckArguments(worker, step, 0); !s.ok()) return s;
+  absl::MutexLock lock(&mu_);
+  auto it = params_.find(key);
+  if (it == params_.end()) return NotInitialized(key);
+  bool duplicate;
+  return Admit(it->second, worker, step, key, shape, &duplicate);
+}
+
+absl::StatusOr<ParameterStore::PushResult> ParameterStore::Push(
+    int worker, int64_t step, const std::string& key,
+    absl::Span<const int64_t> shape, absl::Span<const float> grad,
+    int64_t num_samples) {
+  if (absl::Status s = CheckArguments(worker, step, num_samples); !s.ok()) {
+    return s;
+  }
   Ready ready;
   PushResult result;
   {
     absl::MutexLock lock(&mu_);
     auto it = params_.find(key);
-    if (it == params_.end()) {
-      return absl::NotFoundError(
-          absl::StrCat("parameter '", key, "' was never initialized"));
-    }
+    if (it == params_.end()) return NotInitialized(key);
     Param& p = it->second;
-    if (shape != absl::MakeConstSpan(p.shape) ||
-        grad.size() != p.values->size()) {
+    if (absl::Status s = Admit(p, worker, step, key, shape, &result.duplicate);
+        !s.ok()) {
+      return s;
+    }
+    if (grad.size() != p.values->size()) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "gradient of '", key, "' has shape [", absl::StrJoin(shape, ","),
-          "], the parameter [", absl::StrJoin(p.shape, ","), "]"));
+          "gradient of '", key, "' has ", grad.size(), " values, the parameter ",
+          p.values->size()));
     }
-    if (!live_[worker]) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("worker ", worker, " was removed from the job"));
-    }
-    if (step <= p.last_pushed[worker]) {
+    if (result.duplicate) {
       ++duplicates_;
-      result.duplicate = true;
       return result;
     }
+    newest_step_ = std::max(newest_step_, step);
     if (options_.bulk_synchronous) {
       const int64_t version = p.version;
-      if (step < version) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "step ", step, " of '", key, "' is from the past: it was applied ",
-            "without worker ", worker, " (now at version ", version, ")"));
-      }
-      if (step > version + 1) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "step ", step, " of '", key, "' is from the future: version is ",
-            version, "; pull before pushing"));
-      }
       PendingStep& s = p.pending[step];
       if (s.pushed.empty()) s.pushed.assign(options_.num_workers, false);
       s.pushed[worker] = true;
@@ -167,6 +219,7 @@ absl::StatusOr<ParameterStore::PushResult> ParameterStore::Push(
 void ParameterStore::Apply(Param& p, const double* sum, const float* grad,
                            int64_t samples) {
   ++p.version;
+  newest_version_ = std::max(newest_version_, p.version);
   if (samples == 0) return;  // nobody had data this step: nothing to learn
   // Pulls still sending the current values keep them; the step writes to
   // another buffer (a pull's earlier one, once it is free).
@@ -331,6 +384,11 @@ void ParameterStore::ExpireDeadlines(absl::Time now) {
         &ready);
   }
   for (auto& fn : ready) fn();
+}
+
+int64_t ParameterStore::newest_version() const {
+  absl::MutexLock lock(&mu_);
+  return newest_version_;
 }
 
 ParameterStore::Stats ParameterStore::GetStats() const {

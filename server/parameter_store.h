@@ -14,6 +14,17 @@
 // Exactly once: a push of (worker, step, key) at or below the worker's last
 // pushed step for the key is acknowledged as a duplicate and not applied again.
 //
+// Admissible steps: a push that is not a duplicate must be of a step the job's
+// clocks could have allowed, or it is refused (FAILED_PRECONDITION) without
+// changing anything. Without this a step of 10^15 would be accepted and every
+// later push of that worker dropped as a duplicate.
+//   bulk-synchronous  step in [v, v + 1] for a key at version v: v is the step
+//                     being gathered; v + 1 may begin once a worker pulled v.
+//   stale-synchronous step <= n + 1 + s, with n the newest step pushed to this
+//                     store (any key, any worker; -1 before any) and s the
+//                     staleness bound: a worker begins step c only once every
+//                     live worker completed c - s steps, so pushed c - s - 1.
+//
 // A key's version is the number of updates applied to it. Pull waits until every
 // requested key reached a version, or fails at its deadline naming the workers
 // the oldest pending step still waits for. Pulled values are shared, not
@@ -57,9 +68,10 @@ struct OptimizerOptions {
 class ParameterStore {
  public:
   struct Options {
-    int num_workers = 1;
-    bool bulk_synchronous = true;
+    int num_workers = 1;           // Default: 1
+    bool bulk_synchronous = true;  // Default: true
     OptimizerOptions optimizer;
+    int64_t staleness = 0;  // stale-synchronous: the bound s. Default: 0
   };
 
   struct Tensor {
@@ -87,15 +99,21 @@ class ParameterStore {
   };
   // Pushes worker's gradient (a sum over `num_samples` samples) of `key` for
   // `step`. NOT_FOUND for a key never initialized; INVALID_ARGUMENT for a
-  // worker outside the job, a negative step, num_samples < 1 or a shape
+  // worker outside the job, a negative step, num_samples < 0 or a shape
   // mismatch; FAILED_PRECONDITION for a step already applied without this
-  // worker, a step more than one ahead of the key's version (bulk-synchronous),
-  // or a worker that was removed.
+  // worker, a step that is not admissible (above), or a worker that was
+  // removed. An error changes nothing.
   absl::StatusOr<PushResult> Push(int worker, int64_t step,
                                   const std::string& key,
                                   absl::Span<const int64_t> shape,
                                   absl::Span<const float> grad,
                                   int64_t num_samples);
+
+  // OK if a push of (worker, step, key) with this shape would be accepted now
+  // (or acknowledged as a duplicate); otherwise the error Push would give.
+  // For a receiver to check a push before it reserves room for the values.
+  absl::Status CheckPush(int worker, int64_t step, const std::string& key,
+                         absl::Span<const int64_t> shape) const;
 
   // Calls done with the values of `keys` (every key if empty) once each has
   // version >= min_version: at once if they do. NOT_FOUND for an unknown key;
@@ -112,6 +130,10 @@ class ParameterStore {
 
   // Fails waiting pulls whose deadline is at or before `now`.
   void ExpireDeadlines(absl::Time now);
+
+  // The highest version of any key (0 without keys): under bulk-synchronous
+  // training, the number of steps whose update some key has applied.
+  int64_t newest_version() const ABSL_LOCKS_EXCLUDED(mu_);
 
   struct Stats {
     int num_keys = 0;
@@ -145,6 +167,12 @@ class ParameterStore {
   };
   using Ready = ReadyCallbacks;
 
+  absl::Status CheckArguments(int worker, int64_t step,
+                              int64_t num_samples) const;
+  // Checks a push of `p`; sets *duplicate if it is one. Changes nothing.
+  absl::Status Admit(const Param& p, int worker, int64_t step,
+                     const std::string& key, absl::Span<const int64_t> shape,
+                     bool* duplicate) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // One optimizer step with gradient (sum + grad) / samples; either of sum
   // and grad may be null (counts as zeros).
   void Apply(Param& p, const double* sum, const float* grad, int64_t samples)
@@ -170,6 +198,8 @@ class ParameterStore {
   std::vector<Waiter> waiters_ ABSL_GUARDED_BY(mu_);
   int64_t applied_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t duplicates_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t newest_step_ ABSL_GUARDED_BY(mu_) = -1;  // of any accepted push
+  int64_t newest_version_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace bnps::server

@@ -273,6 +273,89 @@ TEST(ParameterStoreTest, StaleSynchronousAppliesOnArrival) {
   EXPECT_TRUE(store.Push(0, 1, "w", {1}, {1}, 1)->duplicate);
 }
 
+constexpr int64_t kFarFuture = 1'000'000'000'000'000;  // 10^15
+
+void ExpectUnchanged(const ParameterStore& store, int64_t applied,
+                     int64_t duplicates, int64_t version) {
+  const ParameterStore::Stats s = store.GetStats();
+  EXPECT_EQ(s.applied, applied);
+  EXPECT_EQ(s.duplicates, duplicates);
+  EXPECT_EQ(s.min_version, version);
+}
+
+// A step no clock allows is refused and changes nothing: the worker's real
+// pushes afterwards are applied, not taken for duplicates.
+TEST(ParameterStoreTest, StaleSynchronousRefusesStepsBeyondTheBound) {
+  ParameterStore::Options o{2, /*bulk_synchronous=*/false, {1.0, 0.0, 0.0}};
+  o.staleness = 1;
+  ParameterStore store(o);
+  ASSERT_TRUE(store.Init("w", {1}, {0}).ok());
+  for (int64_t step : {kFarFuture, int64_t{2}}) {  // nothing pushed yet: <= 1
+    absl::StatusOr<ParameterStore::PushResult> r =
+        store.Push(0, step, "w", {1}, {1}, 1);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition) << step;
+    EXPECT_NE(r.status().message().find("future"), std::string::npos);
+    EXPECT_EQ(store.CheckPush(0, step, "w", {1}).code(),
+              absl::StatusCode::kFailedPrecondition);
+  }
+  ExpectUnchanged(store, 0, 0, 0);
+  absl::StatusOr<ParameterStore::PushResult> r =
+      store.Push(0, 0, "w", {1}, {1}, 1);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FALSE(r->duplicate);
+  ASSERT_TRUE(store.Push(0, 1, "w", {1}, {1}, 1).ok());
+  // Newest step 1: worker 1 may be at most one step beyond step 2.
+  EXPECT_EQ(store.Push(1, 4, "w", {1}, {1}, 1).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  r = store.Push(1, 3, "w", {1}, {1}, 1);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FALSE(r->duplicate);
+  r = store.Push(1, 0, "w", {1}, {1}, 1);  // worker 1 is at step 3 already
+  ASSERT_TRUE(r.ok());
+  EXPECT_TRUE(r->duplicate);
+  ExpectUnchanged(store, 3, 1, 3);
+}
+
+TEST(ParameterStoreTest, BulkSynchronousRefusesStepsBeyondTheNextVersion) {
+  ParameterStore store(Sync(1));
+  ASSERT_TRUE(store.Init("w", {1}, {0}).ok());
+  for (int64_t step : {kFarFuture, int64_t{2}}) {
+    EXPECT_EQ(store.Push(0, step, "w", {1}, {1}, 1).status().code(),
+              absl::StatusCode::kFailedPrecondition);
+  }
+  ExpectUnchanged(store, 0, 0, 0);
+  absl::StatusOr<ParameterStore::PushResult> r =
+      store.Push(0, 0, "w", {1}, {1}, 1);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FALSE(r->duplicate);
+  ExpectUnchanged(store, 1, 0, 1);
+}
+
+// CheckPush says what Push would, before anything is read or reserved.
+TEST(ParameterStoreTest, CheckPushGivesPushsVerdict) {
+  ParameterStore store(Sync(2));
+  ASSERT_TRUE(store.Init("w", {2, 3}, std::vector<float>(6, 0)).ok());
+  EXPECT_TRUE(store.CheckPush(0, 0, "w", {2, 3}).ok());
+  EXPECT_EQ(store.CheckPush(0, 0, "nope", {int64_t{1} << 30}).code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(store.CheckPush(0, 0, "w", {int64_t{1} << 30}).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(store.CheckPush(0, 0, "w", {3, 2}).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(store.CheckPush(2, 0, "w", {2, 3}).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(store.CheckPush(0, -1, "w", {2, 3}).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(store.CheckPush(0, 5, "w", {2, 3}).code(),
+            absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(store.Push(0, 0, "w", {2, 3}, std::vector<float>(6, 1), 1).ok());
+  EXPECT_TRUE(store.CheckPush(0, 0, "w", {2, 3}).ok());  // a duplicate
+  store.RemoveWorker(1);
+  EXPECT_EQ(store.CheckPush(1, 0, "w", {2, 3}).code(),
+            absl::StatusCode::kFailedPrecondition);
+  ExpectUnchanged(store, 1, 0, 1);
+}
+
 TEST(ParameterStoreTest, UnknownKeyInPull) {
   ParameterStore store(Sync(1));
   auto snap = PullNow(store, 0, {"nope"});

@@ -34,13 +34,23 @@ ScratchPool::Buffer ScratchPool::Take(size_t n) {
       b.data_ = std::move(it->second);
       idle_bytes_ -= it->first * sizeof(float);
       idle_.erase(it);
+      NoteTaken(b.capacity_);
       return b;
     }
   }
   // Default-initialized: no zeroing of memory the caller overwrites anyway.
   b.data_.reset(new float[n == 0 ? 1 : n]);
   b.capacity_ = n;
+  NoteTaken(n);
   return b;
+}
+
+void ScratchPool::NoteTaken(size_t capacity) {
+  const size_t bytes = capacity * sizeof(float);
+  size_t seen = largest_taken_bytes_.load(std::memory_order_relaxed);
+  while (bytes > seen && !largest_taken_bytes_.compare_exchange_weak(
+                             seen, bytes, std::memory_order_relaxed)) {
+  }
 }
 
 void ScratchPool::Give(std::unique_ptr<float[]> data, size_t capacity) {

@@ -16,6 +16,7 @@
 #ifndef BNPS_SERVER_SCRATCH_POOL_H_
 #define BNPS_SERVER_SCRATCH_POOL_H_
 
+#include <atomic>
 #include <cstddef>
 #include <map>
 #include <memory>
@@ -60,12 +61,17 @@ class ScratchPool {
   // Idle buffers and their bytes, for tests and status.
   size_t kept() const ABSL_LOCKS_EXCLUDED(mu_);
   size_t kept_bytes() const ABSL_LOCKS_EXCLUDED(mu_);
+  // The capacity of the largest buffer Take ever handed out, in bytes.
+  size_t largest_taken_bytes() const { return largest_taken_bytes_.load(); }
 
  private:
   void Give(std::unique_ptr<float[]> data, size_t capacity)
       ABSL_LOCKS_EXCLUDED(mu_);
 
+  void NoteTaken(size_t capacity);
+
   const size_t max_kept_bytes_;
+  std::atomic<size_t> largest_taken_bytes_{0};
   mutable absl::Mutex mu_;
   // Idle buffers by capacity (floats).
   std::multimap<size_t, std::unique_ptr<float[]>> idle_ ABSL_GUARDED_BY(mu_);

@@ -89,6 +89,20 @@ TEST(ScratchPoolTest, MovedBuffersGoBackOnce) {
   EXPECT_EQ(pool.kept(), 2u);
 }
 
+TEST(ScratchPoolTest, LargestTakenCountsCapacityHandedOut) {
+  ScratchPool pool(size_t{256} << 20);
+  EXPECT_EQ(pool.largest_taken_bytes(), 0u);
+  { ScratchPool::Buffer small = pool.Take(3); }
+  EXPECT_EQ(pool.largest_taken_bytes(), 3 * sizeof(float));
+  { ScratchPool::Buffer big = pool.Take(2 * kBig); }
+  EXPECT_EQ(pool.largest_taken_bytes(), 2 * kBig * sizeof(float));
+  // A smaller request served by the kept buffer hands out all of it.
+  { ScratchPool::Buffer reused = pool.Take(kBig); }
+  EXPECT_EQ(pool.largest_taken_bytes(), 2 * kBig * sizeof(float));
+  { ScratchPool::Buffer small = pool.Take(1); }
+  EXPECT_EQ(pool.largest_taken_bytes(), 2 * kBig * sizeof(float));
+}
+
 TEST(ScratchPoolTest, ConcurrentTakersGetDistinctBuffers) {
   ScratchPool pool(size_t{256} << 20);
   std::vector<std::thread> threads;

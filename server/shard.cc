@@ -56,9 +56,10 @@ absl::StatusOr<std::unique_ptr<Shard>> Shard::Create(ShardOptions options) {
 Shard::Shard(ShardOptions options)
     : options_(std::move(options)),
       store_({options_.num_workers, policy::BulkSynchronous(options_.policy),
-              options_.optimizer}),
+              options_.optimizer, options_.staleness}),
       bn_({options_.policy, options_.num_workers, options_.staleness,
-           options_.bn_momentum}),
+           options_.bn_momentum,
+           [this] { return store_.newest_version(); }}),
       membership_(options_.num_workers, options_.heartbeat_timeout) {}
 
 Shard::~Shard() {

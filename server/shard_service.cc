@@ -11,6 +11,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "grpcpp/impl/codegen/proto_utils.h"
+#include "grpcpp/support/proto_buffer_reader.h"
 #include "proto/codec.h"
 #include "security/job_token.h"
 #include "proto/limits.h"
@@ -30,11 +31,40 @@ void LogRejected(const Shard& shard, const char* method, int worker,
                util::EscapeForLog(s.ToString()).c_str());
 }
 
-// Finishes a unary call with `s`, logging a rejection.
+// Serializes a message protobuf built (which cannot fail) into `out`.
+void SerializeTo(const google::protobuf::MessageLite& m, grpc::ByteBuffer* out) {
+  bool own_buffer;
+  grpc::SerializationTraits<google::protobuf::MessageLite>::Serialize(
+      m, out, &own_buffer);
+}
+
+// Parses a unary request from gRPC's bytes (shared, not copied).
+// INVALID_ARGUMENT, naming the message, for bytes protobuf does not parse.
+template <typename Request>
+absl::Status ParseRequest(const grpc::ByteBuffer& raw, Request* req) {
+  grpc::ByteBuffer shared(raw);
+  grpc::ProtoBufferReader reader(&shared);
+  if (!req->ParseFromZeroCopyStream(&reader)) {
+    req->Clear();  // what was parsed is not to be trusted, not even the worker
+    return absl::InvalidArgumentError(
+        absl::StrCat("malformed message: protobuf could not parse a ",
+                     req->GetTypeName()));
+  }
+  return absl::OkStatus();
+}
+
+// Finishes a unary call with `s`, logging a rejection; on success, `resp`
+// (if any) is the answer.
 grpc::ServerUnaryReactor* Respond(grpc::CallbackServerContext* ctx,
                                   const Shard& shard, const char* method,
-                                  int worker, const absl::Status& s) {
-  if (!s.ok()) LogRejected(shard, method, worker, s);
+                                  int worker, const absl::Status& s,
+                                  const google::protobuf::MessageLite* resp = nullptr,
+                                  grpc::ByteBuffer* out = nullptr) {
+  if (!s.ok()) {
+    LogRejected(shard, method, worker, s);
+  } else if (resp != nullptr) {
+    SerializeTo(*resp, out);
+  }
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   reactor->Finish(proto::ToGrpcStatus(s));
   return reactor;
@@ -75,9 +105,17 @@ class PushReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
         scratch_(scratch),
         resp_(resp),
         reader_(
-            [this](const std::string& key, absl::Span<const int64_t>,
+            [this](const std::string& key, absl::Span<const int64_t> shape,
                    int64_t n) -> absl::StatusOr<float*> {
               if (absl::Status s = shard_->CheckOwned(key); !s.ok()) return s;
+              // n is what the sender declared: only once the store knows the
+              // key with this very shape (so n is its size) and would take
+              // the push is room reserved for it.
+              if (absl::Status s =
+                      shard_->store().CheckPush(worker_, step_, key, shape);
+                  !s.ok()) {
+                return s;
+              }
               if (staging_.capacity() < static_cast<size_t>(n)) {
                 staging_ = ScratchPool::Buffer();  // back before taking
                 staging_ = scratch_->Take(n);
@@ -183,12 +221,11 @@ class PullReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
               const grpc::ByteBuffer* raw)
       : shard_(shard) {
     proto::PullParametersRequest req;
-    grpc::ByteBuffer copy(*raw);
-    absl::Status s = proto::FromGrpcStatus(
-        grpc::SerializationTraits<proto::PullParametersRequest>::Deserialize(
-            &copy, &req));
-    worker_ = req.worker();
-    if (s.ok()) s = shard->CheckCaller(req.job(), req.worker());
+    absl::Status s = ParseRequest(*raw, &req);
+    if (s.ok()) {
+      worker_ = req.worker();
+      s = shard->CheckCaller(req.job(), req.worker());
+    }
     if (s.ok() && req.min_version() < 0) {
       s = absl::InvalidArgumentError("negative min_version");
     }
@@ -490,42 +527,59 @@ absl::Status ShardService::Authenticate(
   return security::CheckToken(token_, CallToken(ctx));
 }
 
+template <typename Request>
+absl::Status ShardService::Admit(const grpc::CallbackServerContext& ctx,
+                                 const grpc::ByteBuffer& raw,
+                                 Request* req) const {
+  if (absl::Status s = Authenticate(ctx); !s.ok()) return s;
+  return ParseRequest(raw, req);
+}
+
 grpc::ServerUnaryReactor* ShardService::Register(
-    grpc::CallbackServerContext* ctx, const proto::RegisterRequest* req,
-    proto::RegisterResponse* resp) {
+    grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* raw,
+    grpc::ByteBuffer* out) {
   const ShardOptions& o = shard_->options();
-  absl::Status s = Authenticate(*ctx);
-  if (s.ok()) s = shard_->CheckCaller(req->job(), req->worker());
-  if (s.ok() && (req->num_workers() != o.num_workers ||
-                 req->num_shards() != o.num_shards)) {
+  proto::RegisterRequest req;
+  proto::RegisterResponse resp;
+  absl::Status s = Admit(*ctx, *raw, &req);
+  const int worker = s.ok() ? req.worker() : -1;
+  if (s.ok()) s = shard_->CheckCaller(req.job(), req.worker());
+  if (s.ok() && (req.num_workers() != o.num_workers ||
+                 req.num_shards() != o.num_shards)) {
     s = absl::FailedPreconditionError(absl::StrCat(
-        "worker expects ", req->num_workers(), " workers and ", req->num_shards(),
+        "worker expects ", req.num_workers(), " workers and ", req.num_shards(),
         " shards; this server runs ", o.num_workers, " workers and ",
         o.num_shards, " shards"));
   }
-  if (s.ok()) s = shard_->membership().Register(req->worker(), o.now());
-  if (s.ok()) *resp->mutable_config() = ToJobConfig(o);
-  return Respond(ctx, *shard_, "Register", req->worker(), s);
+  if (s.ok()) s = shard_->membership().Register(req.worker(), o.now());
+  if (s.ok()) *resp.mutable_config() = ToJobConfig(o);
+  return Respond(ctx, *shard_, "Register", worker, s, &resp, out);
 }
 
 grpc::ServerUnaryReactor* ShardService::Heartbeat(
-    grpc::CallbackServerContext* ctx, const proto::HeartbeatRequest* req,
-    proto::HeartbeatResponse* resp) {
-  absl::Status s = Authenticate(*ctx);
-  if (s.ok()) s = shard_->CheckCaller(req->job(), req->worker());
-  if (s.ok()) s = shard_->membership().Heartbeat(req->worker(), shard_->options().now());
+    grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* raw,
+    grpc::ByteBuffer* out) {
+  proto::HeartbeatRequest req;
+  proto::HeartbeatResponse resp;
+  absl::Status s = Admit(*ctx, *raw, &req);
+  const int worker = s.ok() ? req.worker() : -1;
+  if (s.ok()) s = shard_->CheckCaller(req.job(), req.worker());
+  if (s.ok()) s = shard_->membership().Heartbeat(req.worker(), shard_->options().now());
   if (s.ok()) {
-    for (int w : shard_->membership().LiveWorkers()) resp->add_live_workers(w);
+    for (int w : shard_->membership().LiveWorkers()) resp.add_live_workers(w);
   }
-  return Respond(ctx, *shard_, "Heartbeat", req->worker(), s);
+  return Respond(ctx, *shard_, "Heartbeat", worker, s, &resp, out);
 }
 
 grpc::ServerUnaryReactor* ShardService::InitParameters(
-    grpc::CallbackServerContext* ctx, const proto::InitParametersRequest* req,
-    proto::InitParametersResponse* resp) {
-  absl::Status s = Authenticate(*ctx);
-  if (s.ok()) s = shard_->CheckCaller(req->job(), req->worker());
-  for (const proto::NamedTensor& p : req->parameters()) {
+    grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* raw,
+    grpc::ByteBuffer* out) {
+  proto::InitParametersRequest req;
+  proto::InitParametersResponse resp;
+  absl::Status s = Admit(*ctx, *raw, &req);
+  const int worker = s.ok() ? req.worker() : -1;
+  if (s.ok()) s = shard_->CheckCaller(req.job(), req.worker());
+  for (const proto::NamedTensor& p : req.parameters()) {
     if (!s.ok()) break;
     if (p.key().empty() || p.key().size() > proto::kMaxKeyBytes) {
       s = absl::InvalidArgumentError("parameter key must have 1 to 256 bytes");
@@ -547,12 +601,12 @@ grpc::ServerUnaryReactor* ShardService::InitParameters(
       break;
     }
     if (*fresh) {
-      resp->set_initialized(resp->initialized() + 1);
+      resp.set_initialized(resp.initialized() + 1);
     } else {
-      resp->set_already(resp->already() + 1);
+      resp.set_already(resp.already() + 1);
     }
   }
-  return Respond(ctx, *shard_, "InitParameters", req->worker(), s);
+  return Respond(ctx, *shard_, "InitParameters", worker, s, &resp, out);
 }
 
 grpc::ServerReadReactor<grpc::ByteBuffer>* ShardService::PushGradients(
@@ -584,23 +638,26 @@ ShardService::BnSync(grpc::CallbackServerContext* ctx) {
 }
 
 grpc::ServerUnaryReactor* ShardService::StartStep(
-    grpc::CallbackServerContext* ctx, const proto::StartStepRequest* req,
-    proto::StartStepResponse* resp) {
-  absl::Status s = Authenticate(*ctx);
-  if (s.ok()) s = shard_->CheckCaller(req->job(), req->worker());
+    grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* raw,
+    grpc::ByteBuffer* out) {
+  proto::StartStepRequest req;
+  absl::Status s = Admit(*ctx, *raw, &req);
+  const int worker = s.ok() ? req.worker() : -1;
+  if (s.ok()) s = shard_->CheckCaller(req.job(), req.worker());
   if (s.ok() && shard_->clocks() == nullptr) {
     s = absl::FailedPreconditionError(
         "step clocks are kept by shard 0 under the async policy only");
   }
-  if (!s.ok()) return Respond(ctx, *shard_, "StartStep", req->worker(), s);
+  if (!s.ok()) return Respond(ctx, *shard_, "StartStep", worker, s);
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   Shard* shard = shard_;
-  const int worker = req->worker();
   shard_->clocks()->StartStep(
-      worker, req->step(), WaitDeadline(*shard_, ctx),
-      [reactor, resp, shard, worker](absl::StatusOr<int64_t> min_clock) {
+      worker, req.step(), WaitDeadline(*shard_, ctx),
+      [reactor, out, shard, worker](absl::StatusOr<int64_t> min_clock) {
         if (min_clock.ok()) {
-          resp->set_min_clock(*min_clock);
+          proto::StartStepResponse resp;
+          resp.set_min_clock(*min_clock);
+          SerializeTo(resp, out);
         } else {
           LogRejected(*shard, "StartStep", worker, min_clock.status());
         }
@@ -610,30 +667,35 @@ grpc::ServerUnaryReactor* ShardService::StartStep(
 }
 
 grpc::ServerUnaryReactor* ShardService::FinishStep(
-    grpc::CallbackServerContext* ctx, const proto::FinishStepRequest* req,
-    proto::FinishStepResponse* resp) {
-  absl::Status s = Authenticate(*ctx);
-  if (s.ok()) s = shard_->CheckCaller(req->job(), req->worker());
+    grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* raw,
+    grpc::ByteBuffer* out) {
+  proto::FinishStepRequest req;
+  absl::Status s = Admit(*ctx, *raw, &req);
+  const int worker = s.ok() ? req.worker() : -1;
+  if (s.ok()) s = shard_->CheckCaller(req.job(), req.worker());
   if (s.ok() && shard_->clocks() == nullptr) {
     s = absl::FailedPreconditionError(
         "step clocks are kept by shard 0 under the async policy only");
   }
-  if (s.ok()) s = shard_->clocks()->FinishStep(req->worker(), req->completed());
-  return Respond(ctx, *shard_, "FinishStep", req->worker(), s);
+  if (s.ok()) s = shard_->clocks()->FinishStep(req.worker(), req.completed());
+  const proto::FinishStepResponse resp;
+  return Respond(ctx, *shard_, "FinishStep", worker, s, &resp, out);
 }
 
-grpc::ServerUnaryReactor* ShardService::GetStatus(grpc::CallbackServerContext* ctx,
-                                                  const proto::StatusRequest* req,
-                                                  proto::StatusResponse* resp) {
-  if (absl::Status s = Authenticate(*ctx); !s.ok()) {
+grpc::ServerUnaryReactor* ShardService::GetStatus(
+    grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* raw,
+    grpc::ByteBuffer* out) {
+  proto::StatusRequest req;
+  if (absl::Status s = Admit(*ctx, *raw, &req); !s.ok()) {
     return Respond(ctx, *shard_, "GetStatus", -1, s);
   }
-  *resp->mutable_config() = ToJobConfig(shard_->options());
+  proto::StatusResponse resp;
+  *resp.mutable_config() = ToJobConfig(shard_->options());
   const absl::Time now = shard_->options().now();
   const std::vector<Membership::WorkerInfo> workers =
       shard_->membership().Snapshot();
   for (size_t w = 0; w < workers.size(); ++w) {
-    proto::WorkerStatus* ws = resp->add_workers();
+    proto::WorkerStatus* ws = resp.add_workers();
     ws->set_worker(static_cast<int>(w));
     ws->set_registered(workers[w].registered);
     ws->set_live(workers[w].registered && !workers[w].lost);
@@ -643,12 +705,12 @@ grpc::ServerUnaryReactor* ShardService::GetStatus(grpc::CallbackServerContext* c
                               : -1);
   }
   const ParameterStore::Stats stats = shard_->store().GetStats();
-  resp->set_num_parameters(stats.num_keys);
-  resp->set_min_version(stats.min_version);
-  resp->set_pushes_applied(stats.applied);
-  resp->set_pushes_duplicate(stats.duplicates);
-  resp->set_num_bn_layers(shard_->bn().num_layers());
-  return Respond(ctx, *shard_, "GetStatus", -1, absl::OkStatus());
+  resp.set_num_parameters(stats.num_keys);
+  resp.set_min_version(stats.min_version);
+  resp.set_pushes_applied(stats.applied);
+  resp.set_pushes_duplicate(stats.duplicates);
+  resp.set_num_bn_layers(shard_->bn().num_layers());
+  return Respond(ctx, *shard_, "GetStatus", -1, absl::OkStatus(), &resp, out);
 }
 
 }  // namespace bnps::server

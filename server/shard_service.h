@@ -3,8 +3,11 @@
 // Waiting (barriers, versions, clocks) never blocks a gRPC thread: the logic
 // answers through callbacks, and the reactors finish from there.
 //
-// Every rejected request gets a clear status and a log line on stderr. With a
-// job token (security/job_token.h), a call that does not carry it is refused with
+// Every rejected request gets a clear status and a log line on stderr: bytes
+// that do not parse as the request, INVALID_ARGUMENT. A push is checked
+// against the store (key, shape, step) at each tensor's first chunk, before
+// room is reserved for the size the sender declares. With a job token
+// (security/job_token.h), a call that does not carry it is refused with
 // UNAUTHENTICATED before its request is looked at.
 // Thread-safety: thread-safe. The Shard must outlive the service.
 
@@ -23,19 +26,21 @@ namespace bnps::server {
 // The job as the wire describes it.
 proto::JobConfig ToJobConfig(const ShardOptions& options);
 
-// Every method uses the callback API. The bulk methods (PushGradients,
-// PullParameters) and the BN stream are raw: the bulk messages are framed by
-// proto/tensor_wire, so tensors are not copied through protobuf; the BN
-// stream's are parsed and serialized by protobuf's generated classes.
-using ShardServiceBase = proto::ParameterServer::WithCallbackMethod_Register<
-    proto::ParameterServer::WithCallbackMethod_Heartbeat<
-    proto::ParameterServer::WithCallbackMethod_InitParameters<
+// Every method uses the callback API, and every one is raw: the service
+// parses requests itself, so bytes that do not parse get INVALID_ARGUMENT with
+// a message and a log line (gRPC's typed handlers would answer UNIMPLEMENTED,
+// with neither). The bulk messages (PushGradients, PullParameters) are framed
+// by proto/tensor_wire, so tensors are not copied through protobuf; the other
+// messages are parsed and serialized by protobuf's generated classes.
+using ShardServiceBase = proto::ParameterServer::WithRawCallbackMethod_Register<
+    proto::ParameterServer::WithRawCallbackMethod_Heartbeat<
+    proto::ParameterServer::WithRawCallbackMethod_InitParameters<
     proto::ParameterServer::WithRawCallbackMethod_PushGradients<
     proto::ParameterServer::WithRawCallbackMethod_PullParameters<
     proto::ParameterServer::WithRawCallbackMethod_BnSync<
-    proto::ParameterServer::WithCallbackMethod_StartStep<
-    proto::ParameterServer::WithCallbackMethod_FinishStep<
-    proto::ParameterServer::WithCallbackMethod_GetStatus<
+    proto::ParameterServer::WithRawCallbackMethod_StartStep<
+    proto::ParameterServer::WithRawCallbackMethod_FinishStep<
+    proto::ParameterServer::WithRawCallbackMethod_GetStatus<
     proto::ParameterServer::Service>>>>>>>>>;  // NOLINT: one per method
 
 class ShardService final : public ShardServiceBase {
@@ -44,15 +49,16 @@ class ShardService final : public ShardServiceBase {
   explicit ShardService(Shard* shard, std::string token = "")
       : shard_(shard), token_(std::move(token)) {}
 
+  // Requests and responses are the messages of proto/bnps.proto, as bytes.
   grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* ctx,
-                                     const proto::RegisterRequest* req,
-                                     proto::RegisterResponse* resp) override;
+                                     const grpc::ByteBuffer* req,
+                                     grpc::ByteBuffer* resp) override;
   grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* ctx,
-                                      const proto::HeartbeatRequest* req,
-                                      proto::HeartbeatResponse* resp) override;
-  grpc::ServerUnaryReactor* InitParameters(
-      grpc::CallbackServerContext* ctx, const proto::InitParametersRequest* req,
-      proto::InitParametersResponse* resp) override;
+                                      const grpc::ByteBuffer* req,
+                                      grpc::ByteBuffer* resp) override;
+  grpc::ServerUnaryReactor* InitParameters(grpc::CallbackServerContext* ctx,
+                                           const grpc::ByteBuffer* req,
+                                           grpc::ByteBuffer* resp) override;
   grpc::ServerReadReactor<grpc::ByteBuffer>* PushGradients(
       grpc::CallbackServerContext* ctx, grpc::ByteBuffer* resp) override;
   grpc::ServerWriteReactor<grpc::ByteBuffer>* PullParameters(
@@ -60,18 +66,26 @@ class ShardService final : public ShardServiceBase {
   grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* BnSync(
       grpc::CallbackServerContext* ctx) override;
   grpc::ServerUnaryReactor* StartStep(grpc::CallbackServerContext* ctx,
-                                      const proto::StartStepRequest* req,
-                                      proto::StartStepResponse* resp) override;
+                                      const grpc::ByteBuffer* req,
+                                      grpc::ByteBuffer* resp) override;
   grpc::ServerUnaryReactor* FinishStep(grpc::CallbackServerContext* ctx,
-                                       const proto::FinishStepRequest* req,
-                                       proto::FinishStepResponse* resp) override;
+                                       const grpc::ByteBuffer* req,
+                                       grpc::ByteBuffer* resp) override;
   grpc::ServerUnaryReactor* GetStatus(grpc::CallbackServerContext* ctx,
-                                      const proto::StatusRequest* req,
-                                      proto::StatusResponse* resp) override;
+                                      const grpc::ByteBuffer* req,
+                                      grpc::ByteBuffer* resp) override;
+
+  // The staging buffers of pushes, for tests.
+  const ScratchPool& scratch() const { return scratch_; }
 
  private:
   // OK if the call carries the job's token (or the job has none).
   absl::Status Authenticate(const grpc::CallbackServerContext& ctx) const;
+  // Authenticates the call, then parses its request: UNAUTHENTICATED, or
+  // INVALID_ARGUMENT for bytes that are not a `Request`.
+  template <typename Request>
+  absl::Status Admit(const grpc::CallbackServerContext& ctx,
+                     const grpc::ByteBuffer& raw, Request* req) const;
 
   Shard* const shard_;
   const std::string token_;

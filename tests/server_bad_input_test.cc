@@ -174,6 +174,23 @@ TEST_F(BadInputTest, PushGradients) {
             proto::ShardForKey("param/nope", 2) == 0 ? StatusCode::NOT_FOUND
                                                        : StatusCode::INVALID_ARGUMENT);
   EXPECT_EQ(Push(Grad(foreign_, {1}, {1})).error_code(), StatusCode::INVALID_ARGUMENT);
+  // A few bytes declaring 2^30 elements (4 GiB) of a key the shard owns but
+  // never initialized: refused before room is reserved for them.
+  std::string unknown;
+  for (int i = 0; unknown.empty(); ++i) {
+    const std::string key = "param/unknown/" + std::to_string(i);
+    if (proto::ShardForKey(key, 2) == 0) unknown = key;
+  }
+  proto::PushGradientsRequest huge = Grad(unknown, {1}, {1});
+  huge.mutable_chunks(0)->set_shape(0, proto::kMaxTensorElements);
+  {
+    const grpc::Status s = Push(huge);
+    EXPECT_EQ(s.error_code(), StatusCode::NOT_FOUND) << s.error_message();
+    EXPECT_NE(s.error_message().find(unknown), std::string::npos)
+        << s.error_message();
+  }
+  huge.mutable_chunks(0)->set_key(owned_);  // an existing key, another shape
+  EXPECT_EQ(Push(huge).error_code(), StatusCode::INVALID_ARGUMENT);
   EXPECT_EQ(Push(Grad(owned_, {1, 2}, {2})).error_code(),
             StatusCode::INVALID_ARGUMENT);  // wrong shape
   EXPECT_EQ(Push(Grad(owned_, {1, INFINITY, 3}, {3})).error_code(),
@@ -479,6 +496,168 @@ TEST_F(BadInputTest, PullAnswersOneFullChunkPerMessage) {
   EXPECT_EQ(small_chunks, 1);
   EXPECT_EQ(got, values);
 }
+
+// Sends `bytes` as the request of `method` (any kind of rpc) and returns how
+// the call ended.
+grpc::Status CallWithBytes(const std::shared_ptr<grpc::Channel>& channel,
+                           const std::string& method,
+                           const std::string& bytes) {
+  grpc::GenericStub generic(channel);
+  grpc::CompletionQueue cq;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  auto call = generic.PrepareCall(
+      &ctx, "/bnps.proto.ParameterServer/" + method, &cq);
+  void* const kTag = reinterpret_cast<void*>(1);
+  // One operation at a time, each awaited before the next; a failed one
+  // (the server ended the call) is fine.
+  auto await = [&cq, kTag] {
+    void* tag;
+    bool ok;
+    EXPECT_TRUE(cq.Next(&tag, &ok));
+    EXPECT_EQ(tag, kTag);
+    return ok;
+  };
+  call->StartCall(kTag);
+  await();
+  grpc::Slice slice(bytes.data(), bytes.size());
+  call->Write(grpc::ByteBuffer(&slice, 1), kTag);
+  await();
+  call->WritesDone(kTag);
+  await();
+  grpc::ByteBuffer answer;
+  for (int i = 0; i < 100; ++i) {  // a bounded drain of any answers
+    call->Read(&answer, kTag);
+    if (!await()) break;
+  }
+  grpc::Status end;
+  call->Finish(&end, kTag);
+  await();
+  return end;
+}
+
+// Bytes that are not the method's request get INVALID_ARGUMENT with a message
+// and a log line, on every method (gRPC's typed handlers answered
+// UNIMPLEMENTED with no message, PullParameters INTERNAL).
+TEST_F(BadInputTest, UnparseableRequestsGetInvalidArgument) {
+  const std::vector<std::string> garbage = {
+      std::string("\x0a\x05" "ab", 4),  // field 1: 5 bytes long, 2 there
+      std::string(6, '\xff'),           // a tag that never ends
+  };
+  const std::vector<std::string> methods = {
+      "Register",  "Heartbeat",  "InitParameters", "StartStep",
+      "FinishStep", "GetStatus", "PullParameters", "PushGradients"};
+  ::testing::internal::CaptureStderr();
+  for (const std::string& method : methods) {
+    for (const std::string& bytes : garbage) {
+      const grpc::Status s = CallWithBytes(channel_, method, bytes);
+      EXPECT_EQ(s.error_code(), StatusCode::INVALID_ARGUMENT)
+          << method << ": " << s.error_message();
+      EXPECT_NE(s.error_message().find("malformed message"), std::string::npos)
+          << method << ": " << s.error_message();
+    }
+  }
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  for (const std::string& method : methods) {
+    bool logged = false;
+    for (size_t at = log.find(method); at != std::string::npos && !logged;
+         at = log.find(method, at + 1)) {
+      const size_t end = log.find('\n', at);
+      logged = log.substr(at, end - at).find("malformed message") !=
+               std::string::npos;
+    }
+    EXPECT_TRUE(logged) << method << " was not logged:\n" << log;
+  }
+  ExpectAlive();
+}
+
+// A push or BN call of a step far beyond what the job's clocks allow is
+// refused and changes nothing: the worker's real step afterwards works (it
+// was silently dropped as a duplicate, or its BN layer was "from the past").
+class FutureStepTest : public ::testing::TestWithParam<policy::Policy> {};
+
+TEST_P(FutureStepTest, IsRefusedAndChangesNothing) {
+  server::ShardOptions o;
+  o.num_workers = 1;
+  o.policy = GetParam();
+  o.staleness = 1;
+  o.barrier_timeout = absl::Seconds(5);
+  auto server = server::RunningServer::Start(o, "127.0.0.1:0");
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto stub = proto::ParameterServer::NewStub(grpc::CreateChannel(
+      "127.0.0.1:" + std::to_string((*server)->port()),
+      grpc::InsecureChannelCredentials()));
+  {
+    proto::InitParametersRequest req;
+    req.set_job("bnps");
+    proto::NamedTensor* p = req.add_parameters();
+    p->set_key("w");
+    proto::EncodeFloat32({1, 2}, {2}, p->mutable_value());
+    proto::InitParametersResponse resp;
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(stub->InitParameters(&ctx, req, &resp).ok());
+  }
+  auto push = [&](int64_t step, proto::PushGradientsResponse* resp) {
+    proto::PushGradientsRequest req;
+    req.set_job("bnps");
+    req.set_step(step);
+    req.set_num_samples(1);
+    proto::AppendChunks("w", std::vector<int64_t>{2}, {0.5f, 0.5f},
+                        proto::kChunkFloats, req.mutable_chunks());
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    auto writer = stub->PushGradients(&ctx, resp);
+    writer->Write(req);
+    writer->WritesDone();
+    return writer->Finish();
+  };
+  auto bn = [&](int64_t step) {
+    proto::BnRequest req;
+    req.set_id(1);
+    req.set_job("bnps");
+    req.set_step(step);
+    req.set_layer("bn/0");
+    req.set_phase(proto::BN_FORWARD);
+    proto::EncodeMoments(bn::Moments{4, {0.5, 1.0}, {1.0, 2.0}},
+                         req.mutable_moments());
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    auto stream = stub->BnSync(&ctx);
+    proto::BnResponse resp;
+    EXPECT_TRUE(stream->Write(req));
+    EXPECT_TRUE(stream->Read(&resp));
+    stream->WritesDone();
+    EXPECT_TRUE(stream->Finish().ok());
+    return resp;
+  };
+  constexpr int64_t kFarFuture = 1'000'000'000'000'000;  // 10^15
+  proto::PushGradientsResponse resp;
+  grpc::Status s = push(kFarFuture, &resp);
+  EXPECT_EQ(s.error_code(), StatusCode::FAILED_PRECONDITION) << s.error_message();
+  EXPECT_NE(s.error_message().find("future"), std::string::npos)
+      << s.error_message();
+  proto::BnResponse r = bn(kFarFuture);
+  EXPECT_EQ(r.code(), static_cast<int>(StatusCode::FAILED_PRECONDITION))
+      << r.message();
+  EXPECT_NE(r.message().find("future"), std::string::npos) << r.message();
+
+  // The worker's real step 0.
+  r = bn(0);
+  EXPECT_EQ(r.code(), 0) << r.message();
+  resp.Clear();
+  s = push(0, &resp);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(resp.applied(), 1);
+  EXPECT_EQ(resp.duplicates(), 0);
+  EXPECT_EQ((*server)->shard().store().GetStats().min_version, 1);
+}
+
+INSTANTIATE_TEST_SUITE_P(Policies, FutureStepTest,
+                         ::testing::Values(policy::Policy::kSync,
+                                           policy::Policy::kAsync),
+                         [](const auto& info) {
+                           return std::string(policy::PolicyName(info.param));
+                         });
 
 }  // namespace
 }  // namespace bnps
