@@ -20,20 +20,26 @@ namespace {
 
 // Writes `bytes` to one scratch file per process and returns its path.
 const std::string& Scratch(absl::string_view bytes) {
-  static const std::string* path = [] {
+  // Removed when the process exits.
+  struct File {
+    std::string path;
+    ~File() { unlink(path.c_str()); }
+  };
+  static const File file = [] {
     char name[] = "/dev/shm/bnps_fuzz_XXXXXX";
     const int fd = mkstemp(name);
     if (fd < 0) std::abort();
     close(fd);
-    return new std::string(name);
+    return File{name};
   }();
-  FILE* f = std::fopen(path->c_str(), "wb");
+  const std::string& path = file.path;
+  FILE* f = std::fopen(path.c_str(), "wb");
   if (f == nullptr) std::abort();
   if (!bytes.empty() && std::fwrite(bytes.data(), 1, bytes.size(), f) != bytes.size()) {
     std::abort();
   }
   std::fclose(f);
-  return *path;
+  return path;
 }
 
 }  // namespace
@@ -42,9 +48,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const absl::string_view bytes(reinterpret_cast<const char*>(data), size);
   // Keeps gRPC initialized across inputs (each credentials object would
   // otherwise start it up and shut it down again).
-  static const auto* keep_grpc = new std::shared_ptr<grpc::ChannelCredentials>(
-      grpc::InsecureChannelCredentials());
-  (void)keep_grpc;
+  static const std::shared_ptr<grpc::ChannelCredentials> keep_grpc =
+      grpc::InsecureChannelCredentials();
   const std::string& path = Scratch(bytes);
   bnps::security::ReadTokenFile(path).status().IgnoreError();
   bnps::security::TlsFiles as_ca{"", "", path};
