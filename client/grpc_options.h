@@ -5,6 +5,7 @@
 #define BNPS_CLIENT_GRPC_OPTIONS_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -12,6 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "grpcpp/security/credentials.h"
+#include "proto/bnps.pb.h"
 
 namespace bnps::client {
 
@@ -61,15 +63,25 @@ struct GrpcClientOptions {
   // The job token (security/job_token.h), sent with every call; empty: none.
   // Default: empty.
   std::string token;
+  // More of the job's config that this worker needs (say, the policy it was
+  // launched for). Connect calls it with the config every shard agreed on,
+  // before registering anywhere; an error stops Connect, returned as is, and
+  // the worker never joins the job.
+  // Default: none (any config the servers agree on).
+  std::function<absl::Status(const proto::JobConfig&)> check_config;
 };
 
 // Counters of GrpcPsClient's background heartbeat.
 struct HeartbeatStats {
   int64_t sent = 0;         // Heartbeat calls made (to all shards)
-  int64_t failed = 0;       // of which failed; failures are not fatal
+  int64_t failed = 0;       // of which failed; fatal only as `dropped` says
   absl::Status last_error;  // the most recent failure, annotated; OK if none
   // Workers live according to shard 0's latest answer.
   std::vector<int> live_workers;
+  // FAILED_PRECONDITION once a shard answered that it no longer counts this
+  // process as the worker (it was lost, or another process took its place);
+  // every later call of the client then fails with it. OK until then.
+  absl::Status dropped;
 };
 
 // OK if `options` can be used; INVALID_ARGUMENT naming the first bad field.

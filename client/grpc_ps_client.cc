@@ -145,65 +145,78 @@ const GrpcClientOptions& GrpcPsClient::options() const {
 int GrpcPsClient::num_shards() const { return channels_->num_shards(); }
 
 absl::Status GrpcPsClient::InitParameters(const Params& params) {
+  if (absl::Status s = membership_->dropped(); !s.ok()) return s;
   return bulk_->InitParameters(params);
 }
 
 absl::Status GrpcPsClient::PushGradients(int64_t step, int64_t num_samples,
                                          const Params& grads) {
+  if (absl::Status s = membership_->dropped(); !s.ok()) return s;
   return bulk_->PushGradients(step, num_samples, grads);
 }
 
 absl::Status GrpcPsClient::PushGradients(int64_t step, int64_t num_samples,
                                          std::shared_ptr<const Params> grads) {
+  if (absl::Status s = membership_->dropped(); !s.ok()) return s;
   return bulk_->PushGradients(step, num_samples, std::move(grads));
 }
 
 absl::Status GrpcPsClient::PullParametersInto(int64_t min_version,
                                               Params* params) {
+  if (absl::Status s = membership_->dropped(); !s.ok()) return s;
   return bulk_->PullParametersInto(min_version, params);
 }
 
 absl::StatusOr<Params> GrpcPsClient::PullParameters(
     const std::vector<std::string>& keys, int64_t min_version) {
+  if (absl::Status s = membership_->dropped(); !s.ok()) return s;
   return bulk_->PullParameters(keys, min_version);
 }
 
 absl::StatusOr<BnForwardResult> GrpcPsClient::BnForward(
     const std::string& layer, int64_t step, const bn::Moments& local,
     bool want_running) {
+  if (absl::Status s = membership_->dropped(); !s.ok()) return s;
   return bn_->BnForward(layer, step, local, want_running);
 }
 
 absl::StatusOr<bn::BackwardSums> GrpcPsClient::BnBackward(
     const std::string& layer, int64_t step, const bn::BackwardSums& local) {
+  if (absl::Status s = membership_->dropped(); !s.ok()) return s;
   return bn_->BnBackward(layer, step, local);
 }
 
 absl::Status GrpcPsClient::BnRecal(const std::string& layer, int64_t batch,
                                    const bn::Moments& moments) {
+  if (absl::Status s = membership_->dropped(); !s.ok()) return s;
   return bn_->BnRecal(layer, batch, moments);
 }
 
 absl::StatusOr<bn::RunningStats> GrpcPsClient::BnRecalFinish(
     const std::string& layer) {
+  if (absl::Status s = membership_->dropped(); !s.ok()) return s;
   return bn_->BnRecalFinish(layer);
 }
 
 absl::StatusOr<bn::RunningStats> GrpcPsClient::BnLocalRunning(
     const std::string& layer, const bn::RunningStats& running) {
+  if (absl::Status s = membership_->dropped(); !s.ok()) return s;
   return bn_->BnLocalRunning(layer, running);
 }
 
 absl::StatusOr<bn::RunningStats> GrpcPsClient::BnRunning(
     const std::string& layer, int64_t channels) {
+  if (absl::Status s = membership_->dropped(); !s.ok()) return s;
   return bn_->BnRunning(layer, channels);
 }
 
 absl::StatusOr<int64_t> GrpcPsClient::StartStep(int64_t step) {
+  if (absl::Status s = membership_->dropped(); !s.ok()) return s;
   return membership_->StartStep(step);
 }
 
 absl::Status GrpcPsClient::FinishStep(int64_t completed) {
+  if (absl::Status s = membership_->dropped(); !s.ok()) return s;
   return membership_->FinishStep(completed);
 }
 

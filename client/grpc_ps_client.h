@@ -31,6 +31,11 @@
 // Errors, beyond PsClient's: a failed call's message is prefixed with the rpc
 // and the shard ("PushGradients of step 3 to shard 1 (host:port): ...");
 // a malformed answer is INVALID_ARGUMENT "malformed response from shard N".
+// Once a shard answers a heartbeat with FAILED_PRECONDITION (this worker was
+// lost, and the job dropped it; or another process took its place), every
+// call fails at once with FAILED_PRECONDITION saying so
+// (HeartbeatStats::dropped): a process the job no longer counts stops
+// instead of going on.
 //
 // Thread-safety: thread-safe; calls on different shards run in parallel and
 // BN calls from several threads share one stream per shard. The destructor
@@ -61,11 +66,13 @@ class Membership;
 class GrpcPsClient final : public PsClient {
  public:
   // Validates `options` (INVALID_ARGUMENT), opens one channel per shard,
-  // registers with every shard (UNAVAILABLE or DEADLINE_EXCEEDED, naming the
+  // reads every shard's config (UNAVAILABLE or DEADLINE_EXCEEDED, naming the
   // shard's address, when one cannot be reached within connect_timeout),
-  // checks that every shard's config agrees with the options and with shard
-  // 0's (FAILED_PRECONDITION, naming the difference), and starts
-  // heartbeating.
+  // checks that it agrees with the options and with shard 0's
+  // (FAILED_PRECONDITION, naming the difference) and passes
+  // options.check_config, and only then registers with every shard and
+  // starts heartbeating. A worker id that another live process runs is
+  // refused (FAILED_PRECONDITION naming it).
   static absl::StatusOr<std::unique_ptr<GrpcPsClient>> Connect(
       GrpcClientOptions options);
 

@@ -116,6 +116,11 @@ class FakeShard final : public proto::ParameterServer::Service {
     absl::MutexLock lock(&mu_);
     failing_pushes_ = n;
   }
+  // What heartbeats are answered with.
+  void set_heartbeat_status(grpc::Status status) {
+    absl::MutexLock lock(&mu_);
+    heartbeat_status_ = std::move(status);
+  }
   void SetParam(const std::string& key, Param p) {
     absl::MutexLock lock(&mu_);
     params_[key] = std::move(p);
@@ -137,6 +142,10 @@ class FakeShard final : public proto::ParameterServer::Service {
   int heartbeats() {
     absl::MutexLock lock(&mu_);
     return heartbeats_;
+  }
+  std::set<uint64_t> heartbeat_incarnations() {
+    absl::MutexLock lock(&mu_);
+    return heartbeat_incarnations_;
   }
   std::map<std::string, Param> params() {
     absl::MutexLock lock(&mu_);
@@ -180,12 +189,14 @@ class FakeShard final : public proto::ParameterServer::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status Heartbeat(grpc::ServerContext*, const proto::HeartbeatRequest*,
+  grpc::Status Heartbeat(grpc::ServerContext*,
+                         const proto::HeartbeatRequest* request,
                          proto::HeartbeatResponse* response) override {
     absl::MutexLock lock(&mu_);
     ++heartbeats_;
+    heartbeat_incarnations_.insert(request->incarnation());
     for (int w = 0; w < kWorkers; ++w) response->add_live_workers(w);
-    return grpc::Status::OK;
+    return heartbeat_status_;
   }
 
   grpc::Status InitParameters(
@@ -463,6 +474,8 @@ class FakeShard final : public proto::ParameterServer::Service {
   std::map<std::string, Param> params_ ABSL_GUARDED_BY(mu_);
   std::vector<proto::RegisterRequest> registrations_ ABSL_GUARDED_BY(mu_);
   int heartbeats_ ABSL_GUARDED_BY(mu_) = 0;
+  std::set<uint64_t> heartbeat_incarnations_ ABSL_GUARDED_BY(mu_);
+  grpc::Status heartbeat_status_ ABSL_GUARDED_BY(mu_);
   std::vector<Push> pushes_ ABSL_GUARDED_BY(mu_);
   int push_calls_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<proto::BnRequest> bn_requests_ ABSL_GUARDED_BY(mu_);
@@ -571,12 +584,21 @@ TEST_F(GrpcPsClientTest, ConnectRejectsWorkerCountMismatch) {
   EXPECT_THAT(client.status().message(), HasSubstr("shard 1"));
 }
 
+// A refused Connect registers nowhere: checking happens before joining.
+void ExpectNoRegistrations(
+    const std::vector<std::unique_ptr<FakeShard>>& fakes) {
+  for (size_t i = 0; i < fakes.size(); ++i) {
+    EXPECT_TRUE(fakes[i]->registrations().empty()) << "shard " << i;
+  }
+}
+
 TEST_F(GrpcPsClientTest, ConnectRejectsServersOutOfOrder) {
   GrpcClientOptions options = Options();
   std::swap(options.servers[0], options.servers[1]);
   absl::StatusOr<std::unique_ptr<GrpcPsClient>> client = GrpcPsClient::Connect(options);
   EXPECT_EQ(client.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(client.status().message(), HasSubstr("shard order"));
+  ExpectNoRegistrations(fakes_);
 }
 
 TEST_F(GrpcPsClientTest, ConnectRejectsShardsThatDisagree) {
@@ -585,6 +607,88 @@ TEST_F(GrpcPsClientTest, ConnectRejectsShardsThatDisagree) {
       GrpcPsClient::Connect(Options());
   EXPECT_EQ(client.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(client.status().message(), HasSubstr("policy"));
+  ExpectNoRegistrations(fakes_);
+}
+
+TEST_F(GrpcPsClientTest, CheckConfigRunsBeforeRegistering) {
+  GrpcClientOptions options = Options();
+  std::vector<proto::JobConfig> seen;
+  options.check_config = [&](const proto::JobConfig& c) {
+    seen.push_back(c);
+    return c.policy() == proto::POLICY_ASYNC
+               ? absl::OkStatus()
+               : absl::FailedPreconditionError("launched for async");
+  };
+  absl::StatusOr<std::unique_ptr<GrpcPsClient>> client =
+      GrpcPsClient::Connect(options);
+  EXPECT_EQ(client.status(),
+            absl::FailedPreconditionError("launched for async"));
+  ASSERT_EQ(seen.size(), 1u);
+  EXPECT_EQ(seen[0].policy(), proto::POLICY_SYNC);
+  ExpectNoRegistrations(fakes_);
+  for (auto& fake : fakes_) {
+    fake->mutable_config()->set_policy(proto::POLICY_ASYNC);
+  }
+  client = GrpcPsClient::Connect(options);
+  ASSERT_TRUE(client.ok()) << client.status();
+  EXPECT_EQ(fakes_[0]->registrations().size(), 1u);
+  EXPECT_EQ(fakes_[1]->registrations().size(), 1u);
+}
+
+TEST_F(GrpcPsClientTest, EachClientIsAnIncarnationOfItsOwn) {
+  GrpcClientOptions options = Options();
+  options.heartbeat_interval = absl::Milliseconds(20);
+  std::unique_ptr<GrpcPsClient> first = Connect(options);
+  ASSERT_NE(first, nullptr);
+  const absl::Time give_up = absl::Now() + absl::Seconds(5);
+  while ((fakes_[0]->heartbeats() == 0 || fakes_[1]->heartbeats() == 0) &&
+         absl::Now() < give_up) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  first.reset();
+  std::unique_ptr<GrpcPsClient> second = Connect(options);
+  ASSERT_NE(second, nullptr);
+  const std::vector<proto::RegisterRequest> regs = fakes_[0]->registrations();
+  ASSERT_EQ(regs.size(), 2u);
+  EXPECT_NE(regs[0].incarnation(), 0u);
+  EXPECT_NE(regs[1].incarnation(), 0u);
+  EXPECT_NE(regs[0].incarnation(), regs[1].incarnation());
+  // One process uses one incarnation with every shard and in its heartbeats.
+  EXPECT_EQ(fakes_[1]->registrations()[0].incarnation(), regs[0].incarnation());
+  EXPECT_EQ(fakes_[0]->heartbeat_incarnations().count(regs[0].incarnation()),
+            1u);
+  EXPECT_EQ(fakes_[1]->heartbeat_incarnations().count(regs[0].incarnation()),
+            1u);
+}
+
+TEST_F(GrpcPsClientTest, ADroppedWorkerStopsAtOnce) {
+  GrpcClientOptions options = Options();
+  options.heartbeat_interval = absl::Milliseconds(20);
+  std::unique_ptr<GrpcPsClient> client = Connect(options);
+  ASSERT_NE(client, nullptr);
+  std::map<std::string, Param> grads = {
+      {KeyOnShard(1, "w"), MakeParam({2}, 1)}};
+  ASSERT_TRUE(client->PushGradients(0, 1, grads).ok());
+  fakes_[1]->set_heartbeat_status(grpc::Status(
+      grpc::StatusCode::FAILED_PRECONDITION,
+      "worker 1 was lost (no heartbeat for 10s): the job dropped it"));
+  const absl::Time give_up = absl::Now() + absl::Seconds(5);
+  while (client->heartbeat_stats().dropped.ok() && absl::Now() < give_up) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  const absl::Status dropped = client->heartbeat_stats().dropped;
+  EXPECT_EQ(dropped.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(dropped.message(), HasSubstr("was lost"));
+  EXPECT_THAT(dropped.message(), HasSubstr("shard 1"));
+  // Nothing more reaches the servers: the process is to stop.
+  EXPECT_EQ(client->PushGradients(1, 1, grads), dropped);
+  EXPECT_EQ(client->PullParameters(0).status(), dropped);
+  EXPECT_EQ(client->FinishStep(1), dropped);
+  EXPECT_EQ(client->BnForward(KeyOnShard(0, "bn"), 1, MakeMoments(2, {1}, {1}))
+                .status(),
+            dropped);
+  EXPECT_EQ(fakes_[1]->pushes().size(), 1u);
+  EXPECT_TRUE(fakes_[0]->finished_clocks().empty());
 }
 
 TEST_F(GrpcPsClientTest, ConnectRejectsMissingShardCount) {

@@ -26,7 +26,8 @@ const char* PhaseName(int phase) {
 BnAggregator::BnAggregator(Options options)
     : options_(options),
       live_(options.num_workers, true),
-      failed_(options.num_workers) {}
+      failed_(options.num_workers),
+      contributed_(options.num_workers, false) {}
 
 int BnAggregator::NumLive() const {
   int n = 0;
@@ -43,7 +44,7 @@ absl::Status BnAggregator::CheckWorker(int worker) const {
     return absl::FailedPreconditionError(
         absl::StrCat("worker ", worker, " was removed from the job"));
   }
-  return absl::OkStatus();
+  return failed_[worker];
 }
 
 absl::Status BnAggregator::Admit(int worker, const std::string& layer,
@@ -157,6 +158,7 @@ void BnAggregator::Recal(int worker, int64_t batch, const std::string& layer,
         // The first value of a (worker, batch) stays: retries are not merged twice.
         layers_[layer].recal.emplace(std::make_pair(worker, batch),
                                      std::move(moments));
+        contributed_[worker] = true;
       }
     }
   }
@@ -233,6 +235,7 @@ void BnAggregator::Contribute(int worker, BarrierKey key, Contribution c,
     return;
   }
   if (!b.by_worker[worker].has_value()) b.by_worker[worker] = std::move(c);
+  contributed_[worker] = true;
   b.waiting.push_back(std::move(done));
   b.deadline = std::min(b.deadline, deadline);
   Evaluate(key, b, ready);
@@ -370,6 +373,7 @@ void BnAggregator::AsyncForward(int worker, int64_t step, Layer& layer,
   }
   own.step = step;
   own.moments = std::move(local);
+  contributed_[worker] = true;
   policy::AsyncMerge merge = policy::MergeForAsync(
       layer.latest, live_, worker, step, options_.staleness, layer.channels);
   Reply reply;
@@ -414,6 +418,26 @@ void BnAggregator::FailWorker(int worker, absl::Status why) {
     for (auto& [key, b] : barriers_) Evaluate(key, b, &ready);
   }
   for (auto& fn : ready) fn();
+}
+
+void BnAggregator::RestoreWorker(int worker) {
+  absl::MutexLock lock(&mu_);
+  if (worker < 0 || worker >= options_.num_workers) return;
+  live_[worker] = true;
+  failed_[worker] = absl::OkStatus();
+}
+
+bool BnAggregator::Contributed(int worker) const {
+  absl::MutexLock lock(&mu_);
+  return worker >= 0 && worker < options_.num_workers && contributed_[worker];
+}
+
+bool BnAggregator::AnyContributed() const {
+  absl::MutexLock lock(&mu_);
+  for (bool c : contributed_) {
+    if (c) return true;
+  }
+  return false;
 }
 
 void BnAggregator::ExpireDeadlines(absl::Time now) {

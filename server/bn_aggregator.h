@@ -22,6 +22,7 @@
 // all its waiters with DEADLINE_EXCEEDED naming the missing workers, and so
 // does every later contribution to it. A removed worker (shrink) is not waited
 // for; a failed worker (fail) makes barriers that need it fail with its status.
+// Neither may contribute any more: the job dropped them.
 // A repeated contribution of (worker, step, layer, phase) gets the same answer
 // and is not merged twice.
 //
@@ -43,8 +44,8 @@
 //
 // Errors: INVALID_ARGUMENT for a worker outside the job, a negative step or a
 // channel count that differs from the layer's; FAILED_PRECONDITION for a phase
-// the policy does not use, a removed worker, or a step from the past or not
-// admissible.
+// the policy does not use, a removed or failed worker, or a step from the past
+// or not admissible.
 //
 // Thread-safety: thread-safe. Callbacks run without the lock held, on the
 // calling thread or on the thread whose call completed the barrier.
@@ -114,7 +115,16 @@ class BnAggregator {
 
   void RemoveWorker(int worker);
   void FailWorker(int worker, absl::Status why);
+  // Undoes RemoveWorker and FailWorker: a lost worker that never contributed
+  // came back (server/shard.h says when).
+  void RestoreWorker(int worker);
   void ExpireDeadlines(absl::Time now);
+
+  // Whether a contribution of `worker` (any phase, recalibration included)
+  // was accepted; false for an id outside the job.
+  bool Contributed(int worker) const;
+  // Whether any worker's was.
+  bool AnyContributed() const;
 
   // The layer's running stats, if any were computed.
   std::optional<bn::RunningStats> Running(const std::string& layer) const;
@@ -179,6 +189,7 @@ class BnAggregator {
   std::map<BarrierKey, Barrier> barriers_ ABSL_GUARDED_BY(mu_);
   std::vector<bool> live_ ABSL_GUARDED_BY(mu_);
   std::vector<absl::Status> failed_ ABSL_GUARDED_BY(mu_);
+  std::vector<bool> contributed_ ABSL_GUARDED_BY(mu_);  // by worker
   // The newest step of an accepted Forward or Backward; -1 before any.
   int64_t newest_step_ ABSL_GUARDED_BY(mu_) = -1;
 };

@@ -7,35 +7,79 @@ namespace bnps::server {
 Membership::Membership(int num_workers, absl::Duration heartbeat_timeout)
     : timeout_(heartbeat_timeout), workers_(num_workers) {}
 
-absl::Status Membership::Check(int worker) const {
+absl::Status Membership::Check(int worker, uint64_t incarnation) const {
   if (worker < 0 || worker >= static_cast<int>(workers_.size())) {
     return absl::InvalidArgumentError(absl::StrCat(
         "worker ", worker, " outside the job's [0, ", workers_.size(), ")"));
   }
+  if (incarnation == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("worker ", worker,
+                     " sent no incarnation (a nonzero id of its process)"));
+  }
   if (workers_[worker].lost) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "worker ", worker, " was lost (no heartbeat for ",
-        absl::FormatDuration(timeout_), "); the job went on without it"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("worker ", worker, " was lost (no heartbeat for ",
+                     absl::FormatDuration(timeout_), "): the job dropped it"));
   }
   return absl::OkStatus();
 }
 
-absl::Status Membership::Register(int worker, absl::Time now) {
+absl::Status Membership::Register(int worker, uint64_t incarnation,
+                                  absl::Time now) {
   absl::MutexLock lock(&mu_);
-  if (absl::Status s = Check(worker); !s.ok()) return s;
-  workers_[worker].registered = true;
-  workers_[worker].last_seen = now;
+  if (absl::Status s = Check(worker, incarnation); !s.ok()) return s;
+  WorkerInfo& info = workers_[worker];
+  if (info.registered && info.incarnation != incarnation) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("worker ", worker,
+                     " is already registered by another live process "
+                     "(last heard from ",
+                     absl::FormatDuration(absl::Trunc(now - info.last_seen,
+                                                      absl::Milliseconds(1))),
+                     " ago): is worker ", worker,
+                     " launched twice? A restart may "
+                     "register once that process is lost (silent for ",
+                     absl::FormatDuration(timeout_), ")"));
+  }
+  info.registered = true;
+  info.incarnation = incarnation;
+  info.last_seen = now;
   return absl::OkStatus();
 }
 
-absl::Status Membership::Heartbeat(int worker, absl::Time now) {
+absl::Status Membership::Rejoin(int worker, uint64_t incarnation,
+                                absl::Time now) {
   absl::MutexLock lock(&mu_);
-  if (absl::Status s = Check(worker); !s.ok()) return s;
-  if (!workers_[worker].registered) {
+  if (!IsLostLocked(worker)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("worker ", worker, " is not lost"));
+  }
+  if (incarnation == 0) {
+    return absl::InvalidArgumentError("incarnation 0");
+  }
+  WorkerInfo& info = workers_[worker];
+  info.lost = false;
+  info.incarnation = incarnation;
+  info.last_seen = now;
+  return absl::OkStatus();
+}
+
+absl::Status Membership::Heartbeat(int worker, uint64_t incarnation,
+                                   absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  if (absl::Status s = Check(worker, incarnation); !s.ok()) return s;
+  WorkerInfo& info = workers_[worker];
+  if (!info.registered) {
     return absl::FailedPreconditionError(
         absl::StrCat("worker ", worker, " heartbeats before registering"));
   }
-  workers_[worker].last_seen = now;
+  if (info.incarnation != incarnation) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "worker ", worker, " is now run by another process (it registered ",
+        "after this one was lost)"));
+  }
+  info.last_seen = now;
   return absl::OkStatus();
 }
 
@@ -64,6 +108,16 @@ std::vector<int> Membership::LiveWorkers() const {
     if (workers_[w].registered && !workers_[w].lost) live.push_back(w);
   }
   return live;
+}
+
+bool Membership::IsLost(int worker) const {
+  absl::MutexLock lock(&mu_);
+  return IsLostLocked(worker);
+}
+
+bool Membership::IsLostLocked(int worker) const {
+  return worker >= 0 && worker < static_cast<int>(workers_.size()) &&
+         workers_[worker].lost;
 }
 
 }  // namespace bnps::server

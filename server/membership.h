@@ -1,17 +1,29 @@
-// Which workers of the job registered and which still heartbeat.
+// Which workers of the job registered, which process runs each, and which
+// still heartbeat.
+//
+// Each registration names an incarnation: a random nonzero number the
+// worker's process draws once, so that two processes launched with the same
+// worker id are told apart. While a worker is live, only its incarnation may
+// register again (a retry) or heartbeat.
 //
 // A registered worker that has not sent a heartbeat (or registered) for
-// `heartbeat_timeout` is lost, for good: CheckTimeouts reports it once, and the
-// shard then fails or drops it (server/shard.h). Workers that never registered
-// are not lost; barriers that wait for them fail at their deadlines instead.
+// `heartbeat_timeout` is lost: CheckTimeouts reports it once, and the shard
+// then fails or drops it (server/shard.h). Lost is final for Register and
+// Heartbeat; only Rejoin, which the shard calls when its rule allows
+// (Shard::Register), makes a lost worker live again. Workers that never
+// registered are not lost; barriers that wait for them fail at their
+// deadlines instead.
 //
-// Errors: INVALID_ARGUMENT for a worker id outside the job; FAILED_PRECONDITION
-// for a heartbeat or registration of a lost worker.
+// Errors: INVALID_ARGUMENT for a worker id outside the job or incarnation 0;
+// FAILED_PRECONDITION for a registration with another incarnation while the
+// worker is live, a heartbeat from another incarnation or before
+// registering, and a heartbeat or registration of a lost worker.
 // Thread-safety: thread-safe.
 
 #ifndef BNPS_SERVER_MEMBERSHIP_H_
 #define BNPS_SERVER_MEMBERSHIP_H_
 
+#include <cstdint>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -24,9 +36,13 @@ class Membership {
  public:
   Membership(int num_workers, absl::Duration heartbeat_timeout);
 
-  // Registering again (a retried call) is OK.
-  absl::Status Register(int worker, absl::Time now);
-  absl::Status Heartbeat(int worker, absl::Time now);
+  // Registers `worker` as run by `incarnation`. The same incarnation again
+  // (a retried call) is OK.
+  absl::Status Register(int worker, uint64_t incarnation, absl::Time now);
+  // Makes a lost worker live again, run by `incarnation`.
+  // FAILED_PRECONDITION unless it is lost.
+  absl::Status Rejoin(int worker, uint64_t incarnation, absl::Time now);
+  absl::Status Heartbeat(int worker, uint64_t incarnation, absl::Time now);
 
   // Workers that became lost since the last call.
   std::vector<int> CheckTimeouts(absl::Time now);
@@ -34,13 +50,20 @@ class Membership {
   struct WorkerInfo {
     bool registered = false;
     bool lost = false;
+    uint64_t incarnation = 0;  // of the latest registration; 0 before any
     absl::Time last_seen = absl::InfinitePast();
   };
   std::vector<WorkerInfo> Snapshot() const;
   std::vector<int> LiveWorkers() const;  // registered and not lost
+  // False for an id outside the job.
+  bool IsLost(int worker) const;
 
  private:
-  absl::Status Check(int worker) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // INVALID_ARGUMENT for a bad id or incarnation; FAILED_PRECONDITION,
+  // naming the worker, if it is lost.
+  absl::Status Check(int worker, uint64_t incarnation) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool IsLostLocked(int worker) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const absl::Duration timeout_;
   mutable absl::Mutex mu_;

@@ -117,6 +117,7 @@ absl::Status ParameterStore::Admit(const Param& p, int worker, int64_t step,
     return absl::FailedPreconditionError(
         absl::StrCat("worker ", worker, " was removed from the job"));
   }
+  if (!failed_[worker].ok()) return failed_[worker];
   *duplicate = step <= p.last_pushed[worker];
   if (*duplicate) return absl::OkStatus();
   if (options_.bulk_synchronous) {
@@ -367,6 +368,22 @@ void ParameterStore::FailWorker(int worker, absl::Status why) {
     CollectReady(&ready);
   }
   for (auto& fn : ready) fn();
+}
+
+void ParameterStore::RestoreWorker(int worker) {
+  absl::MutexLock lock(&mu_);
+  if (worker < 0 || worker >= options_.num_workers) return;
+  live_[worker] = true;
+  failed_[worker] = absl::OkStatus();
+}
+
+bool ParameterStore::Pushed(int worker) const {
+  absl::MutexLock lock(&mu_);
+  if (worker < 0 || worker >= options_.num_workers) return false;
+  for (const auto& [_, p] : params_) {
+    if (p.last_pushed[worker] >= 0) return true;
+  }
+  return false;
 }
 
 void ParameterStore::ExpireDeadlines(absl::Time now) {

@@ -102,7 +102,8 @@ class ParameterStore {
   // worker outside the job, a negative step, num_samples < 0 or a shape
   // mismatch; FAILED_PRECONDITION for a step already applied without this
   // worker, a step that is not admissible (above), or a worker that was
-  // removed. An error changes nothing.
+  // removed or failed (the job dropped it: its pushes change nothing). An
+  // error changes nothing.
   absl::StatusOr<PushResult> Push(int worker, int64_t step,
                                   const std::string& key,
                                   absl::Span<const int64_t> shape,
@@ -125,8 +126,15 @@ class ParameterStore {
   // The worker leaves the job: pending steps stop waiting for it (shrink).
   void RemoveWorker(int worker);
   // The worker is lost and steps that need it cannot complete: waiting pulls
-  // fail with `why`, and so do later pulls that would wait.
+  // fail with `why`, and so do later pulls that would wait; its pushes are
+  // refused with `why`.
   void FailWorker(int worker, absl::Status why);
+  // Undoes RemoveWorker and FailWorker: a lost worker that never pushed came
+  // back (server/shard.h says when).
+  void RestoreWorker(int worker);
+  // Whether a push of `worker` was accepted (duplicates aside); false for an
+  // id outside the job.
+  bool Pushed(int worker) const;
 
   // Fails waiting pulls whose deadline is at or before `now`.
   void ExpireDeadlines(absl::Time now);

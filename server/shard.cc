@@ -95,7 +95,74 @@ absl::Status Shard::CheckOwned(const std::string& key) const {
   return absl::OkStatus();
 }
 
+absl::Status Shard::MayRejoin(int worker) const {
+  const bool shrink = options_.worker_loss == policy::WorkerLoss::kShrink;
+  const std::string lost =
+      absl::StrCat("worker ", worker, " was lost (no heartbeat for ",
+                   absl::FormatDuration(options_.heartbeat_timeout), ")");
+  const std::string after =
+      shrink ? "; the job went on without it (--on_worker_loss=shrink)"
+             : "; the job cannot go on without it (--on_worker_loss=fail): "
+               "restart the job's servers";
+  const char* held = store_.Pushed(worker)     ? "gradients"
+                     : bn_.Contributed(worker) ? "BN statistics"
+                     : clocks_ != nullptr && clocks_->clock(worker) > 0
+                         ? "step clock"
+                         : nullptr;
+  if (held != nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(lost, " after it took part in the job (shard ",
+                     options_.shard, " holds its ", held, ")", after));
+  }
+  if (shrink) {
+    bool begun = store_.GetStats().applied > 0 || bn_.AnyContributed();
+    for (int w = 0; clocks_ != nullptr && w < options_.num_workers; ++w) {
+      begun = begun || clocks_->clock(w) > 0;
+    }
+    if (begun) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(lost,
+                       "; the job dropped it and has begun without it "
+                       "(--on_worker_loss=shrink)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Shard::Register(int worker, uint64_t incarnation) {
+  absl::MutexLock lock(&join_mu_);
+  const absl::Time now = options_.now();
+  if (!membership_.IsLost(worker)) {
+    return membership_.Register(worker, incarnation, now);
+  }
+  if (incarnation == 0) return membership_.Register(worker, incarnation, now);
+  if (absl::Status s = MayRejoin(worker); !s.ok()) return s;
+  if (clocks_) {
+    if (absl::Status s = clocks_->RestoreWorker(worker); !s.ok()) return s;
+  }
+  store_.RestoreWorker(worker);
+  bn_.RestoreWorker(worker);
+  if (absl::Status s = membership_.Rejoin(worker, incarnation, now); !s.ok()) {
+    return s;  // not reached: join_mu_ keeps it lost
+  }
+  std::fprintf(stderr,
+               "bnps_server[%d]: worker %d, lost before it took part in the "
+               "job, registered again\n",
+               options_.shard, worker);
+  return absl::OkStatus();
+}
+
 void Shard::Tick(absl::Time now) {
+  {
+    absl::MutexLock lock(&join_mu_);
+    HandleLosses(now);
+  }
+  store_.ExpireDeadlines(now);
+  bn_.ExpireDeadlines(now);
+  if (clocks_) clocks_->ExpireDeadlines(now);
+}
+
+void Shard::HandleLosses(absl::Time now) {
   for (int w : membership_.CheckTimeouts(now)) {
     std::fprintf(stderr, "bnps_server[%d]: worker %d lost (no heartbeat for %s): %s\n",
                  options_.shard, w,
@@ -116,9 +183,6 @@ void Shard::Tick(absl::Time now) {
       if (clocks_) clocks_->FailWorker(w, why);
     }
   }
-  store_.ExpireDeadlines(now);
-  bn_.ExpireDeadlines(now);
-  if (clocks_) clocks_->ExpireDeadlines(now);
 }
 
 }  // namespace bnps::server

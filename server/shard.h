@@ -4,9 +4,15 @@
 // requests into calls on these.
 //
 // A ticker thread calls Tick every `tick` to turn silent workers into lost ones
-// (fail: steps that need them fail with FAILED_PRECONDITION; shrink: they are dropped
-// and steps complete with the others) and to expire deadlines. Tests may run
-// without the ticker and call Tick with a time of their choosing.
+// (fail: steps that need them fail with FAILED_PRECONDITION; shrink: they are
+// dropped and steps complete with the others) and to expire deadlines. Tests
+// may run without the ticker and call Tick with a time of their choosing.
+// Either way the job has dropped a lost worker: its pushes, BN contributions
+// and clock updates are refused (FAILED_PRECONDITION), so it changes nothing.
+//
+// Workers join through Register. A lost worker may register again (a
+// relaunch, with a new incarnation) only if it never took part in the job on
+// this shard, which Register defines exactly; otherwise it stays lost.
 //
 // Thread-safety: thread-safe.
 
@@ -63,6 +69,20 @@ class Shard {
 
   // OK if the request belongs to this job and names a worker of it.
   absl::Status CheckCaller(const std::string& job, int worker) const;
+
+  // Registers `worker`, run by the process `incarnation` (nonzero), as
+  // Membership::Register does: a retry of the same incarnation is OK, another
+  // incarnation of a live worker is FAILED_PRECONDITION. A lost worker
+  // rejoins (is live again under `incarnation`) if it never took part in the
+  // job on this shard: no push of it was accepted here (duplicates aside),
+  // no BN contribution of it (forward, backward, recalibration, local
+  // running stats), and its clock is 0 (no FinishStep, shard 0 under async).
+  // Under shrink the job must also not have begun here without it: no push
+  // or BN contribution of any worker was accepted, and every clock is 0.
+  // Otherwise FAILED_PRECONDITION saying why. Errors for the id and the
+  // incarnation as Membership's.
+  absl::Status Register(int worker, uint64_t incarnation);
+
   // INVALID_ARGUMENT unless this shard owns `key` (proto/sharding.h).
   absl::Status CheckOwned(const std::string& key) const;
 
@@ -78,11 +98,20 @@ class Shard {
  private:
   explicit Shard(ShardOptions options);
 
+  // OK if lost `worker` may rejoin (Register's rule); otherwise why not.
+  absl::Status MayRejoin(int worker) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(join_mu_);
+  // Fails or drops the workers lost as of `now`.
+  void HandleLosses(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(join_mu_);
+
   const ShardOptions options_;
   ParameterStore store_;
   BnAggregator bn_;
   Membership membership_;
   std::unique_ptr<StepClocks> clocks_;
+  // Held while a worker turns lost (Tick) or rejoins (Register), so that a
+  // rejoin sees a loss either not at all or applied to every component.
+  absl::Mutex join_mu_;
 
   absl::Notification stop_;
   std::thread ticker_;

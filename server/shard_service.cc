@@ -551,7 +551,7 @@ grpc::ServerUnaryReactor* ShardService::Register(
         " shards; this server runs ", o.num_workers, " workers and ",
         o.num_shards, " shards"));
   }
-  if (s.ok()) s = shard_->membership().Register(req.worker(), o.now());
+  if (s.ok()) s = shard_->Register(req.worker(), req.incarnation());
   if (s.ok()) *resp.mutable_config() = ToJobConfig(o);
   return Respond(ctx, *shard_, "Register", worker, s, &resp, out);
 }
@@ -564,7 +564,10 @@ grpc::ServerUnaryReactor* ShardService::Heartbeat(
   absl::Status s = Admit(*ctx, *raw, &req);
   const int worker = s.ok() ? req.worker() : -1;
   if (s.ok()) s = shard_->CheckCaller(req.job(), req.worker());
-  if (s.ok()) s = shard_->membership().Heartbeat(req.worker(), shard_->options().now());
+  if (s.ok()) {
+    s = shard_->membership().Heartbeat(req.worker(), req.incarnation(),
+                                       shard_->options().now());
+  }
   if (s.ok()) {
     for (int w : shard_->membership().LiveWorkers()) resp.add_live_workers(w);
   }

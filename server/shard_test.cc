@@ -10,6 +10,9 @@ namespace bnps::server {
 namespace {
 
 const absl::Time kT0 = absl::FromUnixSeconds(1'000'000);
+// Incarnations: the first process of a worker, and a relaunch.
+constexpr uint64_t kFirst = 11;
+constexpr uint64_t kRelaunch = 22;
 
 struct FakeClock {
   absl::Time now = kT0;
@@ -68,44 +71,216 @@ TEST(ShardTest, ChecksCallerAndOwnership) {
 TEST(ShardTest, LostWorkerFailsWaitersUnderFail) {
   FakeClock clock;
   auto shard = *Shard::Create(Options(&clock, 2, policy::Policy::kSync));
-  ASSERT_TRUE(shard->membership().Register(0, clock.now).ok());
-  ASSERT_TRUE(shard->membership().Register(1, clock.now).ok());
+  ASSERT_TRUE(shard->Register(0, kFirst).ok());
+  ASSERT_TRUE(shard->Register(1, kFirst).ok());
   ASSERT_TRUE(shard->store().Init("w", {1}, {0}).ok());
   ASSERT_TRUE(shard->store().Push(0, 0, "w", {1}, {1}, 1).ok());
   std::optional<absl::StatusOr<ParameterStore::Snapshot>> pulled;
   shard->store().Pull({}, 1, shard->Deadline(),
                       [&](auto s) { pulled = std::move(s); });
   clock.now += absl::Seconds(2);
-  ASSERT_TRUE(shard->membership().Heartbeat(0, clock.now).ok());
+  ASSERT_TRUE(shard->membership().Heartbeat(0, kFirst, clock.now).ok());
   shard->Tick(clock.now);
   EXPECT_FALSE(pulled.has_value());
   clock.now += absl::Seconds(2);  // worker 1 silent for 4 s > 3 s
-  ASSERT_TRUE(shard->membership().Heartbeat(0, clock.now).ok());
+  ASSERT_TRUE(shard->membership().Heartbeat(0, kFirst, clock.now).ok());
   shard->Tick(clock.now);
   ASSERT_TRUE(pulled.has_value());
   EXPECT_EQ(pulled->status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(pulled->status().message().find("worker 1 was lost"), std::string::npos);
-  EXPECT_EQ(shard->membership().Heartbeat(1, clock.now).code(),
+  EXPECT_EQ(shard->membership().Heartbeat(1, kFirst, clock.now).code(),
             absl::StatusCode::kFailedPrecondition);
 }
 
 TEST(ShardTest, LostWorkerIsDroppedUnderShrink) {
   FakeClock clock;
   auto shard = *Shard::Create(Options(&clock, 2, policy::Policy::kSync, policy::WorkerLoss::kShrink));
-  ASSERT_TRUE(shard->membership().Register(0, clock.now).ok());
-  ASSERT_TRUE(shard->membership().Register(1, clock.now).ok());
+  ASSERT_TRUE(shard->Register(0, kFirst).ok());
+  ASSERT_TRUE(shard->Register(1, kFirst).ok());
   ASSERT_TRUE(shard->store().Init("w", {1}, {0}).ok());
   ASSERT_TRUE(shard->store().Push(0, 0, "w", {1}, {1}, 1).ok());
   std::optional<absl::StatusOr<ParameterStore::Snapshot>> pulled;
   shard->store().Pull({}, 1, shard->Deadline(),
                       [&](auto s) { pulled = std::move(s); });
   clock.now += absl::Seconds(4);
-  ASSERT_TRUE(shard->membership().Heartbeat(0, clock.now).ok());
+  ASSERT_TRUE(shard->membership().Heartbeat(0, kFirst, clock.now).ok());
   shard->Tick(clock.now);
   ASSERT_TRUE(pulled.has_value());
   ASSERT_TRUE(pulled->ok()) << pulled->status();
   EXPECT_EQ((**pulled).at("w").version, 1);
   EXPECT_EQ(shard->membership().LiveWorkers(), (std::vector<int>{0}));
+}
+
+// Worker 1 of a 2-worker shard falls silent past the heartbeat timeout while
+// worker 0 heartbeats.
+void LoseWorkerOne(Shard& shard, FakeClock& clock) {
+  clock.now += absl::Seconds(4);
+  ASSERT_TRUE(shard.membership().Heartbeat(0, kFirst, clock.now).ok());
+  shard.Tick(clock.now);
+  ASSERT_TRUE(shard.membership().IsLost(1));
+}
+
+bn::Moments SomeMoments() {
+  bn::Moments m = bn::Moments::Empty(1);
+  m.count = 2;
+  m.mean = {1};
+  m.m2 = {1};
+  return m;
+}
+
+// Runs a BN forward and returns its answer, which must come at once.
+absl::StatusOr<BnAggregator::Reply> ForwardNow(Shard& shard, int worker,
+                                               int64_t step) {
+  std::optional<absl::StatusOr<BnAggregator::Reply>> r;
+  shard.bn().Forward(worker, step, "bn", SomeMoments(), shard.Deadline(),
+                     [&](const auto& s) { r = s; });
+  if (!r.has_value()) return absl::UnknownError("no answer yet");
+  return *r;
+}
+
+TEST(ShardTest, LostWorkerChangesNothing) {
+  // async, where pushes apply on arrival, under either choice.
+  for (policy::WorkerLoss loss :
+       {policy::WorkerLoss::kFail, policy::WorkerLoss::kShrink}) {
+    FakeClock clock;
+    auto shard =
+        *Shard::Create(Options(&clock, 2, policy::Policy::kAsync, loss));
+    ASSERT_TRUE(shard->Register(0, kFirst).ok());
+    ASSERT_TRUE(shard->Register(1, kFirst).ok());
+    ASSERT_TRUE(shard->store().Init("w", {1}, {0}).ok());
+    ASSERT_TRUE(shard->store().Push(1, 0, "w", {1}, {1}, 1).ok());
+    ASSERT_TRUE(shard->clocks()->FinishStep(1, 1).ok());
+    LoseWorkerOne(*shard, clock);
+    // Resumed (SIGCONT), it goes on: nothing it sends is taken.
+    const absl::StatusOr<ParameterStore::PushResult> push =
+        shard->store().Push(1, 1, "w", {1}, {1}, 1);
+    EXPECT_EQ(push.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_EQ(shard->store().CheckPush(1, 1, "w", {1}).code(),
+              absl::StatusCode::kFailedPrecondition);
+    EXPECT_EQ(ForwardNow(*shard, 1, 1).status().code(),
+              absl::StatusCode::kFailedPrecondition);
+    EXPECT_EQ(shard->clocks()->FinishStep(1, 2).code(),
+              absl::StatusCode::kFailedPrecondition);
+    std::optional<absl::StatusOr<int64_t>> started;
+    shard->clocks()->StartStep(1, 1, shard->Deadline(),
+                               [&](auto s) { started = s; });
+    ASSERT_TRUE(started.has_value());
+    EXPECT_EQ(started->status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_EQ(shard->clocks()->clock(1), 1);
+    EXPECT_EQ(shard->membership().Heartbeat(1, kFirst, clock.now).code(),
+              absl::StatusCode::kFailedPrecondition);
+    // Only its push of step 0 was applied.
+    std::optional<absl::StatusOr<ParameterStore::Snapshot>> pulled;
+    shard->store().Pull({"w"}, 0, shard->Deadline(),
+                        [&](auto s) { pulled = std::move(s); });
+    ASSERT_TRUE(pulled.has_value() && pulled->ok());
+    EXPECT_EQ((**pulled).at("w").version, 1);
+    // The others go on.
+    EXPECT_TRUE(shard->store().Push(0, 0, "w", {1}, {1}, 1).ok());
+  }
+}
+
+TEST(ShardTest, SameWorkerTwiceIsRefusedWhileTheFirstIsLive) {
+  FakeClock clock;
+  auto shard = *Shard::Create(Options(&clock, 2, policy::Policy::kSync));
+  ASSERT_TRUE(shard->Register(0, kFirst).ok());
+  ASSERT_TRUE(shard->Register(1, kFirst).ok());
+  EXPECT_TRUE(shard->Register(1, kFirst).ok());  // a retry
+  const absl::Status twice = shard->Register(1, kRelaunch);
+  EXPECT_EQ(twice.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(twice.message().find("worker 1 is already registered"),
+            std::string::npos)
+      << twice;
+  EXPECT_EQ(shard->membership().Heartbeat(1, kRelaunch, clock.now).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(shard->membership().Heartbeat(1, kFirst, clock.now).ok());
+  EXPECT_EQ(shard->Register(1, 0).code(), absl::StatusCode::kInvalidArgument);
+  // Once the first is lost, a restart may take its place (it never took
+  // part), and the first is told it was replaced.
+  LoseWorkerOne(*shard, clock);
+  ASSERT_TRUE(shard->Register(1, kRelaunch).ok());
+  EXPECT_EQ(shard->membership().Heartbeat(1, kFirst, clock.now).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(shard->membership().Heartbeat(1, kRelaunch, clock.now).ok());
+}
+
+TEST(ShardTest, LostWorkerThatNeverTookPartMayRejoin) {
+  for (policy::WorkerLoss loss :
+       {policy::WorkerLoss::kFail, policy::WorkerLoss::kShrink}) {
+    FakeClock clock;
+    auto shard =
+        *Shard::Create(Options(&clock, 2, policy::Policy::kSync, loss));
+    ASSERT_TRUE(shard->store().Init("w", {1}, {0}).ok());
+    ASSERT_TRUE(shard->Register(0, kFirst).ok());
+    ASSERT_TRUE(shard->Register(1, kFirst).ok());  // then exits at once
+    LoseWorkerOne(*shard, clock);
+    ASSERT_TRUE(shard->Register(1, kRelaunch).ok());
+    EXPECT_EQ(shard->membership().LiveWorkers(), (std::vector<int>{0, 1}));
+    // It counts again: a step needs it, and takes what it sends.
+    ASSERT_TRUE(shard->store().Push(0, 0, "w", {1}, {1}, 1).ok());
+    std::optional<absl::StatusOr<BnAggregator::Reply>> fwd;
+    shard->bn().Forward(0, 0, "bn", SomeMoments(), shard->Deadline(),
+                        [&](const auto& r) { fwd = r; });
+    EXPECT_FALSE(fwd.has_value());
+    ASSERT_TRUE(ForwardNow(*shard, 1, 0).ok());
+    ASSERT_TRUE(fwd.has_value() && fwd->ok()) << fwd->status();
+    EXPECT_EQ((*fwd)->contributors, 2);
+    ASSERT_TRUE(shard->store().Push(1, 0, "w", {1}, {1}, 1).ok());
+    EXPECT_EQ(shard->store().GetStats().min_version, 1);
+  }
+}
+
+TEST(ShardTest, LostWorkerThatTookPartStaysLost) {
+  FakeClock clock;
+  auto shard = *Shard::Create(Options(&clock, 2, policy::Policy::kAsync));
+  ASSERT_TRUE(shard->store().Init("w", {1}, {0}).ok());
+  ASSERT_TRUE(shard->Register(0, kFirst).ok());
+  ASSERT_TRUE(shard->Register(1, kFirst).ok());
+  ASSERT_TRUE(shard->store().Push(1, 0, "w", {1}, {1}, 1).ok());
+  LoseWorkerOne(*shard, clock);
+  const absl::Status again = shard->Register(1, kRelaunch);
+  EXPECT_EQ(again.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(again.message().find("after it took part in the job (shard 0 "
+                                 "holds its gradients)"),
+            std::string::npos)
+      << again;
+  EXPECT_TRUE(shard->membership().IsLost(1));
+  EXPECT_EQ(shard->store().Push(1, 1, "w", {1}, {1}, 1).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+
+  // BN statistics and a clock count as taking part too.
+  for (int what = 0; what < 2; ++what) {
+    FakeClock c2;
+    auto s2 = *Shard::Create(Options(&c2, 2, policy::Policy::kAsync));
+    ASSERT_TRUE(s2->Register(0, kFirst).ok());
+    ASSERT_TRUE(s2->Register(1, kFirst).ok());
+    if (what == 0) {
+      ASSERT_TRUE(ForwardNow(*s2, 1, 0).ok());
+    } else {
+      ASSERT_TRUE(s2->clocks()->FinishStep(1, 1).ok());
+    }
+    LoseWorkerOne(*s2, c2);
+    EXPECT_EQ(s2->Register(1, kRelaunch).code(),
+              absl::StatusCode::kFailedPrecondition)
+        << what;
+  }
+}
+
+TEST(ShardTest, UnderShrinkALostWorkerRejoinsOnlyBeforeTheJobBegan) {
+  FakeClock clock;
+  auto shard = *Shard::Create(
+      Options(&clock, 2, policy::Policy::kSync, policy::WorkerLoss::kShrink));
+  ASSERT_TRUE(shard->store().Init("w", {1}, {0}).ok());
+  ASSERT_TRUE(shard->Register(0, kFirst).ok());
+  ASSERT_TRUE(shard->Register(1, kFirst).ok());
+  LoseWorkerOne(*shard, clock);
+  // Worker 0 goes on alone: its step completes without worker 1.
+  ASSERT_TRUE(shard->store().Push(0, 0, "w", {1}, {1}, 1).ok());
+  EXPECT_EQ(shard->store().GetStats().min_version, 1);
+  const absl::Status again = shard->Register(1, kRelaunch);
+  EXPECT_EQ(again.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(again.message().find("begun without it"), std::string::npos)
+      << again;
 }
 
 TEST(ShardTest, BarrierDeadlineExpiresOnTick) {

@@ -60,6 +60,9 @@ void StepClocks::StartStep(int worker, int64_t step, absl::Time deadline,
       ready.push_back([done = std::move(done)] {
         done(absl::InvalidArgumentError("negative step"));
       });
+    } else if (!failed_[worker].ok()) {
+      ready.push_back(
+          [done = std::move(done), why = failed_[worker]] { done(why); });
     } else {
       waiters_.push_back({worker, step, deadline, std::move(done)});
       Collect(&ready);
@@ -73,6 +76,9 @@ absl::Status StepClocks::FinishStep(int worker, int64_t completed) {
   absl::Status s;
   {
     absl::MutexLock lock(&mu_);
+    if (table_.IsValidWorker(worker) && !failed_[worker].ok()) {
+      return failed_[worker];  // the job dropped it: its clock stays
+    }
     s = table_.Advance(worker, completed);
     if (s.ok()) Collect(&ready);
   }
@@ -99,6 +105,13 @@ void StepClocks::FailWorker(int worker, absl::Status why) {
     Collect(&ready);
   }
   for (auto& fn : ready) fn();
+}
+
+absl::Status StepClocks::RestoreWorker(int worker) {
+  absl::MutexLock lock(&mu_);
+  if (absl::Status s = table_.Restore(worker); !s.ok()) return s;
+  failed_[worker] = absl::OkStatus();
+  return absl::OkStatus();
 }
 
 void StepClocks::ExpireDeadlines(absl::Time now) {

@@ -4,7 +4,8 @@
 // does), or fails at its deadline naming the laggards.
 //
 // Errors: as staleness::ClockTable; DEADLINE_EXCEEDED at a deadline; the status
-// given to FailWorker for waits that need a failed worker.
+// given to FailWorker for waits that need a failed worker, and for StartStep
+// and FinishStep of the failed worker itself (the job dropped it).
 // Thread-safety: thread-safe; callbacks run without the lock held.
 
 #ifndef BNPS_SERVER_STEP_CLOCKS_H_
@@ -37,6 +38,8 @@ class StepClocks {
   absl::Status FinishStep(int worker, int64_t completed);
   void RemoveWorker(int worker);
   void FailWorker(int worker, absl::Status why);
+  // Undoes RemoveWorker and FailWorker; as ClockTable::Restore.
+  absl::Status RestoreWorker(int worker);
   void ExpireDeadlines(absl::Time now);
 
   int64_t clock(int worker) const;

@@ -79,6 +79,23 @@ absl::Status ClockTable::Remove(int worker) {
   return absl::OkStatus();
 }
 
+absl::Status ClockTable::Restore(int worker) {
+  if (!IsValidWorker(worker)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "restore: unknown worker ", worker, " (", num_workers(), " workers)"));
+  }
+  if (live_[worker]) return absl::OkStatus();
+  const int64_t min = MinLiveClock();
+  if (num_live_ > 0 && clocks_[worker] < min) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("restore: worker ", worker, " is at clock ",
+                     clocks_[worker], " and the slowest live worker at ", min));
+  }
+  live_[worker] = true;
+  ++num_live_;
+  return absl::OkStatus();
+}
+
 bool ClockTable::MayStart(int worker, int64_t step) const {
   return IsLive(worker) && WithinBound(MinLiveClock(), step);
 }

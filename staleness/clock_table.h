@@ -4,13 +4,15 @@
 // completed, starting at 0. With bound s >= 0, worker w may begin step c only if
 // every live worker has completed at least c - s steps (MinLiveClock() >= c - s);
 // s = 0 is lock-step (bulk-synchronous). A removed (dead) worker no longer holds
-// anyone back; removal is permanent and freezes its clock. A contribution (for
-// example BN statistics) produced at clock k is admissible for step c iff
-// k >= c - s.
+// anyone back; removal freezes its clock, and only Restore undoes it. A
+// contribution (for example BN statistics) produced at clock k is admissible
+// for step c iff k >= c - s.
 //
 // ClockTable is the pure bookkeeping: it never waits (the server's step
-// clocks, server/step_clocks.h, wait on it). Because clocks only grow and removal only shrinks the live set,
-// MinLiveClock() never decreases, so a permission once granted stays valid.
+// clocks, server/step_clocks.h, wait on it). Because clocks only grow, removal
+// only shrinks the live set and Restore never brings back a clock below
+// MinLiveClock(), MinLiveClock() never decreases while a worker is live, so a
+// permission once granted stays valid.
 //
 // Example:
 //   absl::StatusOr<ClockTable> table = ClockTable::Create(/*num_workers=*/4,
@@ -62,6 +64,13 @@ class ClockTable {
   // no longer advance. Removing a removed worker is OK (idempotent).
   // INVALID_ARGUMENT if the id is unknown.
   absl::Status Remove(int worker);
+
+  // Makes a removed worker live again, at its frozen clock (a worker that
+  // left before the job began, coming back). OK for a live worker.
+  // INVALID_ARGUMENT if the id is unknown; FAILED_PRECONDITION if its clock
+  // is below MinLiveClock() (some worker being live): the others may have
+  // begun steps it would block.
+  absl::Status Restore(int worker);
 
   // True iff `worker` is a live worker and the bound lets it begin `step`:
   // MinLiveClock() >= step - s. `step` is normally clock(worker). False for an

@@ -155,6 +155,28 @@ TEST(ClockTableTest, RemovedWorkerIsFrozen) {
   EXPECT_THAT(t.Laggards(100), ElementsAre(0));  // removed never lag
 }
 
+TEST(ClockTableTest, RestoreNeverLowersTheSlowestClock) {
+  ClockTable t = MakeTable(3, 1);
+  ASSERT_TRUE(t.Remove(2).ok());
+  ASSERT_TRUE(t.Restore(2).ok());  // every clock 0: nobody began anything
+  EXPECT_TRUE(t.IsLive(2));
+  EXPECT_EQ(t.num_live(), 3);
+  EXPECT_TRUE(t.Restore(2).ok());  // live: nothing to do
+  EXPECT_EQ(t.num_live(), 3);
+  ASSERT_TRUE(t.Remove(2).ok());
+  ASSERT_TRUE(t.Advance(0, 1).ok());
+  ASSERT_TRUE(t.Advance(1, 1).ok());
+  // Workers 0 and 1 may have begun step 2; worker 2 at clock 0 would forbid it.
+  EXPECT_EQ(t.Restore(2).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_FALSE(t.IsLive(2));
+  EXPECT_EQ(t.MinLiveClock(), 1);
+  EXPECT_EQ(t.Restore(3).code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(t.Remove(0).ok());
+  ASSERT_TRUE(t.Remove(1).ok());
+  EXPECT_TRUE(t.Restore(2).ok());  // nobody live to hold back
+  EXPECT_EQ(t.MinLiveClock(), 0);
+}
+
 TEST(ClockTableTest, NoLiveWorkers) {
   ClockTable t = MakeTable(2, 0);
   ASSERT_TRUE(t.Remove(0).ok());

@@ -8,7 +8,10 @@
 //   local BN;
 // - recal: population statistics equal one process over the union of the data;
 // - a retried push is not applied twice;
-// - a worker that never comes, or goes silent, does not hang the others.
+// - a worker that never comes, or goes silent, does not hang the others;
+// - who may join: not a second process with a live worker's id, not a launch
+//   whose config does not fit (and then nothing of it joined), and a lost
+//   worker only if it never took part.
 
 #include <algorithm>
 #include <chrono>
@@ -63,6 +66,32 @@ class Cluster {
     auto c = GrpcPsClient::Connect(ClientOptions(worker));
     EXPECT_TRUE(c.ok()) << c.status();
     return c.ok() ? *std::move(c) : nullptr;
+  }
+
+  // How every shard sees `worker` right now, as `client` asks.
+  std::vector<proto::WorkerStatus> Worker(GrpcPsClient& client,
+                                          int worker) const {
+    std::vector<proto::WorkerStatus> out;
+    for (int s = 0; s < static_cast<int>(servers_.size()); ++s) {
+      absl::StatusOr<proto::StatusResponse> status = client.GetStatus(s);
+      EXPECT_TRUE(status.ok()) << status.status();
+      if (status.ok()) out.push_back(status->workers(worker));
+    }
+    return out;
+  }
+
+  // Waits (at most 10 s) until every shard counts `worker` as lost.
+  bool AwaitLost(GrpcPsClient& client, int worker) const {
+    const absl::Time give_up = absl::Now() + absl::Seconds(10);
+    while (absl::Now() < give_up) {
+      bool lost = true;
+      for (const proto::WorkerStatus& w : Worker(client, worker)) {
+        lost = lost && w.registered() && !w.live();
+      }
+      if (lost) return true;
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+    return false;
   }
 
  private:
@@ -475,6 +504,108 @@ TEST(ClusterTest, SilentWorkerFailsTheJobClearly) {
 
 TEST(ClusterTest, SilentWorkerIsDroppedUnderShrink) {
   LoseWorkerOne(policy::WorkerLoss::kShrink);
+}
+
+// --- who may join ------------------------------------------------------------
+
+TEST(ClusterTest, SameWorkerLaunchedTwiceIsRefusedWhileTheFirstIsLive) {
+  server::ShardOptions o;
+  o.num_workers = 1;
+  Cluster cluster(2, o);
+  std::unique_ptr<GrpcPsClient> first = cluster.Connect(0);
+  ASSERT_NE(first, nullptr);
+  absl::StatusOr<std::unique_ptr<GrpcPsClient>> second =
+      GrpcPsClient::Connect(cluster.ClientOptions(0));
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kFailedPrecondition)
+      << second.status();
+  EXPECT_NE(second.status().message().find("worker 0 is already registered"),
+            std::string::npos)
+      << second.status();
+  // The first goes on undisturbed.
+  ASSERT_TRUE(first->InitParameters(InitialParams()).ok());
+  std::map<std::string, Param> grads = {
+      {"param/v", {{kChannels}, {2.0f, 2.0f, 2.0f, 2.0f}}}};
+  ASSERT_TRUE(first->PushGradients(0, 2, grads).ok());
+  EXPECT_TRUE(first->PullParameters({"param/v"}, 1).ok());
+  EXPECT_TRUE(first->heartbeat_stats().dropped.ok());
+}
+
+TEST(ClusterTest, ABadLaunchJoinsNothingAndItsRelaunchIsWelcome) {
+  server::ShardOptions o;
+  o.num_workers = 2;
+  o.heartbeat_timeout = absl::Milliseconds(500);
+  o.barrier_timeout = absl::Seconds(20);
+  Cluster cluster(3, o);
+  std::unique_ptr<GrpcPsClient> other = cluster.Connect(0);
+  ASSERT_NE(other, nullptr);
+  // Launched with the servers out of order, or with a flag the job does not
+  // have: refused before it joins any shard.
+  client::GrpcClientOptions swapped = cluster.ClientOptions(1);
+  std::swap(swapped.servers[1], swapped.servers[2]);
+  client::GrpcClientOptions wrong_policy = cluster.ClientOptions(1);
+  wrong_policy.check_config = [](const proto::JobConfig& c) {
+    return c.policy() == proto::POLICY_ASYNC
+               ? absl::OkStatus()
+               : absl::FailedPreconditionError("--policy=async");
+  };
+  for (const client::GrpcClientOptions& bad : {swapped, wrong_policy}) {
+    absl::StatusOr<std::unique_ptr<GrpcPsClient>> refused =
+        GrpcPsClient::Connect(bad);
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition)
+        << refused.status();
+  }
+  for (const proto::WorkerStatus& w : cluster.Worker(*other, 1)) {
+    EXPECT_FALSE(w.registered());
+  }
+  // Long past the heartbeat timeout, the corrected launch joins and trains.
+  absl::SleepFor(absl::Milliseconds(1200));
+  std::unique_ptr<GrpcPsClient> fixed = cluster.Connect(1);
+  ASSERT_NE(fixed, nullptr);
+  std::thread t([&] {
+    auto fwd = fixed->BnForward(kLayer, 0, SomeMoments());
+    EXPECT_TRUE(fwd.ok()) << fwd.status();
+  });
+  auto fwd = other->BnForward(kLayer, 0, SomeMoments());
+  t.join();
+  ASSERT_TRUE(fwd.ok()) << fwd.status();
+  EXPECT_EQ(fwd->contributors, 2);
+}
+
+TEST(ClusterTest, LostWorkerThatNeverTookPartRejoins) {
+  server::ShardOptions o;
+  o.num_workers = 2;
+  o.heartbeat_timeout = absl::Milliseconds(500);
+  o.barrier_timeout = absl::Seconds(20);
+  Cluster cluster(2, o);
+  std::unique_ptr<GrpcPsClient> other = cluster.Connect(0);
+  ASSERT_NE(other, nullptr);
+  std::unique_ptr<GrpcPsClient> crashed = cluster.Connect(1);
+  ASSERT_NE(crashed, nullptr);
+  crashed.reset();  // dies before its first step
+  ASSERT_TRUE(cluster.AwaitLost(*other, 1));
+  std::unique_ptr<GrpcPsClient> relaunched = cluster.Connect(1);
+  ASSERT_NE(relaunched, nullptr);
+  for (const proto::WorkerStatus& w : cluster.Worker(*other, 1)) {
+    EXPECT_TRUE(w.live());
+  }
+  std::thread t([&] {
+    auto fwd = relaunched->BnForward(kLayer, 0, SomeMoments());
+    EXPECT_TRUE(fwd.ok()) << fwd.status();
+  });
+  auto fwd = other->BnForward(kLayer, 0, SomeMoments());
+  t.join();
+  ASSERT_TRUE(fwd.ok()) << fwd.status();
+  EXPECT_EQ(fwd->contributors, 2);
+
+  // Having taken part, it does not come back once lost.
+  relaunched.reset();
+  ASSERT_TRUE(cluster.AwaitLost(*other, 1));
+  absl::StatusOr<std::unique_ptr<GrpcPsClient>> again =
+      GrpcPsClient::Connect(cluster.ClientOptions(1));
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(again.status().message().find("after it took part in the job"),
+            std::string::npos)
+      << again.status();
 }
 
 }  // namespace

@@ -51,21 +51,24 @@ absl::StatusOr<std::unique_ptr<InProcessJob>> InProcessJob::Create(
 
 absl::StatusOr<std::unique_ptr<InProcessPsClient>> InProcessPsClient::Connect(
     InProcessJob* job, int worker) {
+  const uint64_t incarnation = job->NewIncarnation();
   for (int i = 0; i < job->num_shards(); ++i) {
     server::Shard& shard = job->shard(i);
     absl::Status s = shard.CheckCaller(shard.options().job, worker);
-    if (s.ok()) s = shard.membership().Register(worker, shard.options().now());
+    if (s.ok()) s = shard.Register(worker, incarnation);
     if (!s.ok()) return s;
   }
   return std::unique_ptr<InProcessPsClient>(new InProcessPsClient(
-      job, worker, server::ToJobConfig(job->shard(0).options())));
+      job, worker, incarnation, server::ToJobConfig(job->shard(0).options())));
 }
 
 server::Shard& InProcessPsClient::ShardOf(const std::string& key) {
   server::Shard& shard =
       job_->shard(proto::ShardForKey(key, job_->num_shards()));
   // A lost worker stays lost: the error shows at the call that needs it.
-  shard.membership().Heartbeat(worker_, shard.options().now()).IgnoreError();
+  shard.membership()
+      .Heartbeat(worker_, incarnation_, shard.options().now())
+      .IgnoreError();
   return shard;
 }
 

@@ -15,6 +15,8 @@
 #ifndef BNPS_TESTS_IN_PROCESS_CLIENT_H_
 #define BNPS_TESTS_IN_PROCESS_CLIENT_H_
 
+#include <atomic>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -34,16 +36,20 @@ class InProcessJob {
 
   int num_shards() const { return static_cast<int>(shards_.size()); }
   server::Shard& shard(int i) { return *shards_[i]; }
+  // A fresh incarnation (server/membership.h) for each client: every Connect
+  // stands for a process of its own, as GrpcPsClient's does.
+  uint64_t NewIncarnation() { return next_incarnation_.fetch_add(1); }
 
  private:
   InProcessJob() = default;
   std::vector<std::unique_ptr<server::Shard>> shards_;
+  std::atomic<uint64_t> next_incarnation_{1};
 };
 
 class InProcessPsClient final : public client::PsClient {
  public:
   // Registers `worker` with every shard of `job` (not owned; must outlive
-  // the client). Errors as the shards' membership.
+  // the client) as a new incarnation. Errors as server::Shard::Register.
   static absl::StatusOr<std::unique_ptr<InProcessPsClient>> Connect(
       InProcessJob* job, int worker);
 
@@ -80,8 +86,12 @@ class InProcessPsClient final : public client::PsClient {
   std::vector<int> LiveWorkers() const override;
 
  private:
-  InProcessPsClient(InProcessJob* job, int worker, proto::JobConfig config)
-      : job_(job), worker_(worker), config_(std::move(config)) {}
+  InProcessPsClient(InProcessJob* job, int worker, uint64_t incarnation,
+                    proto::JobConfig config)
+      : job_(job),
+        worker_(worker),
+        incarnation_(incarnation),
+        config_(std::move(config)) {}
 
   // The shard that owns `key`, after a heartbeat from this worker to it.
   server::Shard& ShardOf(const std::string& key);
@@ -93,6 +103,7 @@ class InProcessPsClient final : public client::PsClient {
 
   InProcessJob* const job_;
   const int worker_;
+  const uint64_t incarnation_;  // as Register and Heartbeat need
   const proto::JobConfig config_;
 };
 

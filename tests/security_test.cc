@@ -119,6 +119,7 @@ class EveryMethod {
       req.set_job("bnps");
       req.set_num_workers(1);
       req.set_num_shards(1);
+      req.set_incarnation(1);
       proto::RegisterResponse resp;
       out["Register"] = stub_->Register(&ctx, req, &resp).error_code();
     }
@@ -127,6 +128,7 @@ class EveryMethod {
       Prepare(&ctx);
       proto::HeartbeatRequest req;
       req.set_job("bnps");
+      req.set_incarnation(1);
       proto::HeartbeatResponse resp;
       out["Heartbeat"] = stub_->Heartbeat(&ctx, req, &resp).error_code();
     }

@@ -370,12 +370,48 @@ TEST_F(BadInputTest, MalformedBnBytesEndTheStream) {
   ExpectAlive();
 }
 
+TEST_F(BadInputTest, RegisterAdmitsOneProcessPerWorker) {
+  auto reg = [&](uint64_t incarnation) {
+    proto::RegisterRequest req;
+    req.set_job("bnps");
+    req.set_worker(1);
+    req.set_num_workers(2);
+    req.set_num_shards(2);
+    req.set_incarnation(incarnation);
+    proto::RegisterResponse resp;
+    grpc::ClientContext ctx;
+    return stub_->Register(&ctx, req, &resp);
+  };
+  auto beat = [&](uint64_t incarnation) {
+    proto::HeartbeatRequest req;
+    req.set_job("bnps");
+    req.set_worker(1);
+    req.set_incarnation(incarnation);
+    proto::HeartbeatResponse resp;
+    grpc::ClientContext ctx;
+    return stub_->Heartbeat(&ctx, req, &resp);
+  };
+  EXPECT_EQ(reg(0).error_code(), StatusCode::INVALID_ARGUMENT);
+  ASSERT_TRUE(reg(41).ok());
+  EXPECT_TRUE(reg(41).ok());  // a retry
+  const grpc::Status twice = reg(42);
+  EXPECT_EQ(twice.error_code(), StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(twice.error_message().find("worker 1 is already registered"),
+            std::string::npos)
+      << twice.error_message();
+  EXPECT_TRUE(beat(41).ok());
+  EXPECT_EQ(beat(42).error_code(), StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(beat(0).error_code(), StatusCode::INVALID_ARGUMENT);
+  ExpectAlive();
+}
+
 TEST_F(BadInputTest, RegisterChecksTheJobShape) {
   proto::RegisterRequest req;
   req.set_job("bnps");
   req.set_worker(0);
   req.set_num_workers(3);  // the server runs 2
   req.set_num_shards(2);
+  req.set_incarnation(7);
   proto::RegisterResponse resp;
   grpc::ClientContext ctx;
   EXPECT_EQ(stub_->Register(&ctx, req, &resp).error_code(),

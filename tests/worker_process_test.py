@@ -9,6 +9,8 @@ exits 0, a bad flag exits 2.
 
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -273,6 +275,121 @@ class BadInputTest(OneLineErrors, unittest.TestCase):
         finally:
             server.terminate()
             server.wait(timeout=10)
+
+
+def start_server(*flags):
+    """A bnps_server on a free port; returns (process, "127.0.0.1:port")."""
+    server = subprocess.Popen([SERVER, "--port=0"] + list(flags),
+                              stdout=subprocess.PIPE, text=True)
+    port = server.stdout.readline().strip().rsplit(":", 1)[1]
+    return server, "127.0.0.1:" + port
+
+
+def stop(process):
+    """Stops a process this test started (by its Popen) and closes its pipes."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+    for pipe in (process.stdout, process.stderr):
+        if pipe is not None:
+            pipe.close()
+
+
+def worker_args(address, *flags):
+    return [WORKER, "--servers=" + address, "--device=cpu", "--data=synthetic",
+            "--eval=none", "--progress=none"] + list(flags)
+
+
+def status(address):
+    r = run([STATUS, "--servers=" + address], timeout=30)
+    return r.stdout
+
+
+class WorkerLifecycleTest(OneLineErrors, unittest.TestCase):
+    """Who may join a job, and what happens to a worker the job dropped."""
+
+    def test_a_bad_launch_leaves_the_servers_usable(self):
+        # A worker launched with flags that do not fit the job stops before it
+        # joins; so, long after the heartbeat timeout, its corrected relaunch
+        # is welcome.
+        server, address = start_server("--policy=sync", "--learning_rate=0.1",
+                                       "--heartbeat_timeout_ms=1000")
+        try:
+            for flag, theirs in (("--policy=async", "sync"),
+                                 ("--learning_rate=0.5", "0.1"),
+                                 ("--staleness=3", "0")):
+                self.assertOneLine(run(worker_args(address, flag, "--max_steps=2")),
+                                   1, flag, theirs)
+                self.assertIn("worker 0: not registered", status(address))
+            time.sleep(2)  # twice the heartbeat timeout
+            r = run(worker_args(address, "--policy=sync", "--max_steps=2"))
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+            self.assertIn("done: 2 steps", r.stdout)
+        finally:
+            stop(server)
+
+    def test_the_same_worker_launched_twice_is_refused(self):
+        server, address = start_server("--num_workers=1")
+        first = subprocess.Popen(worker_args(address, "--max_steps=100000"),
+                                 stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.PIPE, text=True)
+        try:
+            deadline = time.monotonic() + 30
+            while ("worker 0: live" not in status(address)
+                   and time.monotonic() < deadline):
+                time.sleep(0.1)
+            self.assertIn("worker 0: live", status(address))
+            self.assertOneLine(run(worker_args(address, "--max_steps=2")), 1,
+                               "worker 0 is already registered")
+            self.assertIsNone(first.poll())  # the first trains on
+        finally:
+            stop(first)
+            stop(server)
+
+    def test_a_lost_worker_stops_when_it_resumes(self):
+        # async: pushes apply on arrival. A worker stopped (SIGSTOP) past the
+        # heartbeat timeout is lost; resumed, it must change nothing and stop
+        # with a clear line instead of training on.
+        server, address = start_server("--policy=async", "--staleness=1",
+                                       "--heartbeat_timeout_ms=1000")
+        worker = subprocess.Popen(
+            worker_args(address, "--epochs=1000", "--progress=plain",
+                        "--progress_interval_s=0.1"),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            for line in worker.stdout:  # training has begun
+                if line.startswith("step "):
+                    break
+            worker.send_signal(signal.SIGSTOP)
+            deadline = time.monotonic() + 15
+            while ("worker 0: LOST" not in status(address)
+                   and time.monotonic() < deadline):
+                time.sleep(0.1)
+            before = status(address)
+            self.assertIn("worker 0: LOST", before)
+            worker.send_signal(signal.SIGCONT)
+            try:
+                out, err = worker.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                worker.kill()
+                out, err = worker.communicate()
+                self.fail("the lost worker trains on: " + status(address))
+            self.assertOneLine(
+                subprocess.CompletedProcess(worker.args, worker.returncode,
+                                            out, err),
+                1, "worker 0 was lost")
+            applied = re.compile(r"pushes (\d+) applied")
+            self.assertEqual(applied.search(status(address)).group(1),
+                             applied.search(before).group(1))
+        finally:
+            if worker.poll() is None:
+                worker.send_signal(signal.SIGCONT)
+            stop(worker)
+            stop(server)
 
 
 if __name__ == "__main__":

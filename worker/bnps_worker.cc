@@ -128,7 +128,8 @@ std::string PolicyName(proto::Policy wire) {
   return p.ok() ? policy::PolicyName(*p) : "unknown";
 }
 
-// Flags the servers own must agree with theirs when given.
+// Flags the servers own must agree with theirs when given. Connect calls it
+// before registering (GrpcClientOptions::check_config).
 absl::Status CheckAgainstServers(const proto::JobConfig& c) {
   const std::string policy = absl::GetFlag(FLAGS_policy);
   const std::string theirs = PolicyName(c.policy());
@@ -320,6 +321,9 @@ absl::Status Main() {
   client_options.num_workers = num_workers;
   client_options.connect_timeout = absl::Seconds(connect_timeout);
   client_options.rpc_timeout = absl::Seconds(rpc_timeout);
+  // Checked before the worker joins: a launch with flags that do not fit the
+  // job stops here and leaves the servers as they were.
+  client_options.check_config = CheckAgainstServers;
   // Said before the wait, so a wrong address shows at once.
   std::printf("bnps_worker %d/%d: connecting to job '%s' at %s (up to %s)\n",
               worker, num_workers, client_options.job.c_str(),
@@ -337,9 +341,6 @@ absl::Status Main() {
                      "servers are still starting)"));
   }
   if (!client.ok()) return client.status();
-  if (absl::Status s = CheckAgainstServers((*client)->config()); !s.ok()) {
-    return s;
-  }
   // The layers' running stats follow the servers' momentum: under sync the
   // worker's own copy is then the servers' bit for bit.
   model_options.bn_momentum = (*client)->config().bn_momentum();

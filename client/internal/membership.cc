@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "google/protobuf/util/message_differencer.h"
@@ -22,59 +23,102 @@ bool Unreachable(const absl::Status& s) {
          s.code() == absl::StatusCode::kDeadlineExceeded;
 }
 
+// A random nonzero id for this process (absl::BitGen is seeded from the OS).
+uint64_t NewIncarnation() {
+  absl::BitGen gen;
+  uint64_t id = 0;
+  while (id == 0) id = absl::Uniform<uint64_t>(gen);
+  return id;
+}
+
 }  // namespace
+
+Membership::Membership(Channels* channels)
+    : channels_(channels), incarnation_(NewIncarnation()) {}
+
+absl::Status Membership::UntilReached(
+    int shard, absl::Time deadline, const char* rpc,
+    const std::function<absl::Status(absl::Time)>& call) const {
+  const GrpcClientOptions& options = channels_->options();
+  absl::Status status;
+  int attempts = 0;
+  while (true) {
+    ++attempts;
+    status = call(std::min(deadline, absl::Now() + options.rpc_timeout));
+    // UNAVAILABLE: the server may still be starting. DEADLINE_EXCEEDED: an
+    // attempt got rpc_timeout, and connect_timeout may be longer (GetStatus
+    // and a repeated Register are harmless).
+    if (!Unreachable(status)) break;
+    // The last attempt comes just before the deadline rather than a
+    // backoff early, so Connect takes connect_timeout, not up to 2 s less.
+    const absl::Duration left = deadline - absl::Now();
+    if (left < kLastAttempt) break;
+    absl::SleepFor(
+        std::min(channels_->Backoff(attempts - 1), left - kLastAttempt));
+  }
+  if (Unreachable(status)) {
+    return Annotate(
+        status,
+        absl::StrCat("cannot reach ", channels_->ShardName(shard),
+                     ": no answer to ", rpc, " within connect_timeout ",
+                     absl::FormatDuration(options.connect_timeout), " (",
+                     attempts, attempts == 1 ? " attempt)" : " attempts)"));
+  }
+  return Annotate(status,
+                  absl::StrCat(rpc, " with ", channels_->ShardName(shard)));
+}
 
 absl::StatusOr<proto::JobConfig> Membership::Register(absl::Time deadline) {
   const GrpcClientOptions& options = channels_->options();
-  std::vector<proto::RegisterResponse> responses(channels_->num_shards());
+  const int shards = channels_->num_shards();
+  // Round 1: read every shard's config; nothing joins yet.
+  std::vector<proto::JobConfig> configs(shards);
+  for (int i = 0; i < shards; ++i) {
+    proto::StatusResponse response;
+    absl::Status s =
+        UntilReached(i, deadline, "GetStatus", [&](absl::Time call_deadline) {
+          grpc::ClientContext context;
+          channels_->SetUp(&context, call_deadline);
+          return proto::FromGrpcStatus(channels_->shard(i).stub->GetStatus(
+              &context, proto::StatusRequest(), &response));
+        });
+    if (!s.ok()) return s;
+    configs[i] = response.config();
+  }
+  if (absl::Status s = CheckConfigs(configs); !s.ok()) return s;
+  if (options.check_config) {
+    if (absl::Status s = options.check_config(configs[0]); !s.ok()) return s;
+  }
+  // Round 2: join.
   proto::RegisterRequest request;
   request.set_job(options.job);
   request.set_worker(options.worker);
   request.set_num_workers(options.num_workers);
-  request.set_num_shards(channels_->num_shards());
-  for (int i = 0; i < channels_->num_shards(); ++i) {
-    absl::Status status;
-    int attempts = 0;
-    while (true) {
-      ++attempts;
-      grpc::ClientContext context;
-      channels_->SetUp(&context,
-                       std::min(deadline, absl::Now() + options.rpc_timeout));
-      status = proto::FromGrpcStatus(
-          channels_->shard(i).stub->Register(&context, request, &responses[i]));
-      // UNAVAILABLE: the server may still be starting. DEADLINE_EXCEEDED: an
-      // attempt got rpc_timeout, and connect_timeout may be longer (a
-      // repeated Register is harmless).
-      if (!Unreachable(status)) break;
-      // The last attempt comes just before the deadline rather than a
-      // backoff early, so Connect takes connect_timeout, not up to 2 s less.
-      const absl::Duration left = deadline - absl::Now();
-      if (left < kLastAttempt) break;
-      absl::SleepFor(
-          std::min(channels_->Backoff(attempts - 1), left - kLastAttempt));
-    }
-    if (Unreachable(status)) {
-      return Annotate(
-          status, absl::StrCat("cannot reach ", channels_->ShardName(i),
-                               ": no answer to Register within connect_timeout ",
-                               absl::FormatDuration(options.connect_timeout),
-                               " (", attempts,
-                               attempts == 1 ? " attempt)" : " attempts)"));
-    }
-    if (!status.ok()) {
-      return Annotate(status, absl::StrCat("Register with ",
-                                           channels_->ShardName(i)));
-    }
+  request.set_num_shards(shards);
+  request.set_incarnation(incarnation_);
+  for (int i = 0; i < shards; ++i) {
+    proto::RegisterResponse response;
+    absl::Status s =
+        UntilReached(i, deadline, "Register", [&](absl::Time call_deadline) {
+          grpc::ClientContext context;
+          channels_->SetUp(&context, call_deadline);
+          return proto::FromGrpcStatus(
+              channels_->shard(i).stub->Register(&context, request, &response));
+        });
+    if (!s.ok()) return s;
+    configs[i] = response.config();
   }
-  if (absl::Status s = CheckConfigs(responses); !s.ok()) return s;
-  return responses[0].config();
+  // Only a server restarted with another config between the rounds fails
+  // here.
+  if (absl::Status s = CheckConfigs(configs); !s.ok()) return s;
+  return configs[0];
 }
 
 absl::Status Membership::CheckConfigs(
-    const std::vector<proto::RegisterResponse>& responses) const {
+    const std::vector<proto::JobConfig>& configs) const {
   const GrpcClientOptions& options = channels_->options();
   for (int i = 0; i < channels_->num_shards(); ++i) {
-    const proto::JobConfig& c = responses[i].config();
+    const proto::JobConfig& c = configs[i];
     const std::string who = channels_->ShardName(i);
     if (c.job() != options.job) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -102,7 +146,7 @@ absl::Status Membership::CheckConfigs(
           absl::StrCat(who, " reports no BN policy"));
     }
     if (i > 0) {
-      proto::JobConfig a = responses[0].config();
+      proto::JobConfig a = configs[0];
       proto::JobConfig b = c;
       a.clear_shard();
       b.clear_shard();
@@ -116,7 +160,7 @@ absl::Status Membership::CheckConfigs(
       }
     }
   }
-  const proto::JobConfig& config = responses[0].config();
+  const proto::JobConfig& config = configs[0];
   if (config.heartbeat_timeout_ms() > 0 &&
       options.heartbeat_interval >=
           absl::Milliseconds(config.heartbeat_timeout_ms())) {
@@ -199,6 +243,7 @@ void Membership::SendHeartbeats() {
   proto::HeartbeatRequest request;
   request.set_job(options.job);
   request.set_worker(options.worker);
+  request.set_incarnation(incarnation_);
   for (int i = 0; i < channels_->num_shards(); ++i) {
     grpc::ClientContext context;
     channels_->SetUp(&context, absl::Now() + timeout);
@@ -217,6 +262,13 @@ void Membership::SendHeartbeats() {
       ++stats_.failed;
       stats_.last_error =
           Annotate(s, absl::StrCat("Heartbeat to ", channels_->ShardName(i)));
+      // The shard no longer counts this process as the worker: final.
+      if (absl::IsFailedPrecondition(s) && stats_.dropped.ok()) {
+        stats_.dropped = absl::FailedPreconditionError(
+            absl::StrCat("worker ", options.worker,
+                         " is no longer in the job, so it stops: ",
+                         stats_.last_error.message()));
+      }
     } else if (i == 0) {
       stats_.live_workers.assign(response.live_workers().begin(),
                                            response.live_workers().end());
@@ -228,6 +280,11 @@ void Membership::Stop() {
   absl::MutexLock lock(&mu_);
   stopping_ = true;
   if (heartbeat_context_ != nullptr) heartbeat_context_->TryCancel();
+}
+
+absl::Status Membership::dropped() const {
+  absl::MutexLock lock(&mu_);
+  return stats_.dropped;
 }
 
 HeartbeatStats Membership::stats() const {

@@ -2,12 +2,18 @@
 // (agreeing on the job's config), heartbeats, the bounded-staleness clocks
 // kept by shard 0, and status queries. Internal to client/.
 //
+// The process is one incarnation of its worker: a random nonzero id drawn
+// here, sent with every Register and Heartbeat, so that the servers refuse a
+// second process with the same worker id while this one is live.
+//
 // Thread-safety: thread-safe. The Channels must outlive it.
 
 #ifndef BNPS_CLIENT_INTERNAL_MEMBERSHIP_H_
 #define BNPS_CLIENT_INTERNAL_MEMBERSHIP_H_
 
 #include <cstdint>
+#include <functional>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -22,19 +28,31 @@ namespace bnps::client::internal {
 
 class Membership {
  public:
-  explicit Membership(Channels* channels) : channels_(channels) {}
+  explicit Membership(Channels* channels);
 
-  // Registers with every shard, retrying UNAVAILABLE (a server still
-  // starting) and DEADLINE_EXCEEDED with backoff until `deadline` (each
-  // attempt gets at most rpc_timeout), and returns the job's config once every shard's agrees
-  // with the options and with shard 0's (FAILED_PRECONDITION naming the
-  // difference otherwise). A shard not reached by `deadline`: UNAVAILABLE or
-  // DEADLINE_EXCEEDED naming its address and connect_timeout.
+  // Joins the job in two rounds. First it reads every shard's config
+  // (GetStatus, which joins nothing) and checks it: it must agree with the
+  // options and with shard 0's, and options().check_config must accept it
+  // (FAILED_PRECONDITION naming the difference, or check_config's error).
+  // Only then does it register with every shard, and returns the config.
+  // So a worker launched with flags that do not fit the job never joins it.
+  // Calls are retried on UNAVAILABLE (a server still starting) and
+  // DEADLINE_EXCEEDED with backoff until `deadline` (each attempt gets at
+  // most rpc_timeout); a shard not reached by then: UNAVAILABLE or
+  // DEADLINE_EXCEEDED naming its address and connect_timeout. A server that
+  // refuses the registration (another live process runs this worker id; a
+  // lost worker that took part in the job): its FAILED_PRECONDITION.
   absl::StatusOr<proto::JobConfig> Register(absl::Time deadline);
 
   // One heartbeat to every shard, each with a short deadline; failures are
-  // counted, not returned. Does nothing once Stop was called.
+  // counted, not returned. A FAILED_PRECONDITION answer means the shard no
+  // longer counts this process as the worker (it was lost, or another
+  // process took its place): dropped() reports it from then on. Does nothing
+  // once Stop was called.
   void SendHeartbeats() ABSL_LOCKS_EXCLUDED(mu_);
+  // OK while no shard said that this process was dropped from the job;
+  // FAILED_PRECONDITION saying so, and what the shard said, afterwards.
+  absl::Status dropped() const ABSL_LOCKS_EXCLUDED(mu_);
   // Cancels a heartbeat in flight and makes later ones no-ops.
   void Stop() ABSL_LOCKS_EXCLUDED(mu_);
   HeartbeatStats stats() const ABSL_LOCKS_EXCLUDED(mu_);
@@ -47,10 +65,16 @@ class Membership {
   absl::StatusOr<proto::StatusResponse> GetStatus(int shard);
 
  private:
-  absl::Status CheckConfigs(
-      const std::vector<proto::RegisterResponse>& responses) const;
+  // Calls call(shard, deadline) until it answers something other than
+  // UNAVAILABLE or DEADLINE_EXCEEDED, or `deadline` passes; `rpc` names it.
+  absl::Status UntilReached(
+      int shard, absl::Time deadline, const char* rpc,
+      const std::function<absl::Status(absl::Time)>& call) const;
+  // The checks of Register's first round, on shard i's config configs[i].
+  absl::Status CheckConfigs(const std::vector<proto::JobConfig>& configs) const;
 
   Channels* const channels_;  // not owned
+  const uint64_t incarnation_;
 
   mutable absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

@@ -1,0 +1,68 @@
+#include "server/membership.h"
+
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace bnps::server {
+namespace {
+
+const absl::Time kT0 = absl::FromUnixSeconds(1'000'000);
+constexpr absl::Duration kTimeout = absl::Seconds(3);
+
+TEST(MembershipTest, OneProcessPerWorker) {
+  Membership m(2, kTimeout);
+  ASSERT_TRUE(m.Register(0, 5, kT0).ok());
+  EXPECT_TRUE(m.Register(0, 5, kT0).ok());  // a retried call
+  const absl::Status twice = m.Register(0, 6, kT0 + absl::Seconds(1));
+  EXPECT_EQ(twice.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(twice.message().find("worker 0 is already registered by another "
+                                 "live process (last heard from 1s ago)"),
+            std::string::npos)
+      << twice;
+  EXPECT_EQ(m.Snapshot()[0].incarnation, 5u);
+  EXPECT_TRUE(m.Heartbeat(0, 5, kT0).ok());
+  EXPECT_EQ(m.Heartbeat(0, 6, kT0).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(m.Heartbeat(1, 5, kT0).code(),
+            absl::StatusCode::kFailedPrecondition);  // not registered
+}
+
+TEST(MembershipTest, BadIdsAndIncarnations) {
+  Membership m(2, kTimeout);
+  EXPECT_EQ(m.Register(2, 5, kT0).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(m.Register(-1, 5, kT0).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(m.Register(0, 0, kT0).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(m.Heartbeat(0, 0, kT0).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_FALSE(m.IsLost(7));
+}
+
+TEST(MembershipTest, LostIsFinalButForRejoin) {
+  Membership m(2, kTimeout);
+  ASSERT_TRUE(m.Register(0, 5, kT0).ok());
+  ASSERT_TRUE(m.Register(1, 5, kT0).ok());
+  EXPECT_TRUE(m.CheckTimeouts(kT0 + kTimeout).empty());  // not yet
+  ASSERT_TRUE(m.Heartbeat(0, 5, kT0 + absl::Seconds(2)).ok());
+  EXPECT_EQ(m.CheckTimeouts(kT0 + absl::Seconds(4)), (std::vector<int>{1}));
+  EXPECT_TRUE(m.CheckTimeouts(kT0 + absl::Seconds(4)).empty());  // once
+  EXPECT_TRUE(m.IsLost(1));
+  EXPECT_EQ(m.LiveWorkers(), (std::vector<int>{0}));
+  for (uint64_t incarnation : {5, 6}) {
+    const absl::Status s = m.Register(1, incarnation, kT0 + absl::Seconds(4));
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_NE(s.message().find("worker 1 was lost (no heartbeat for 3s)"),
+              std::string::npos)
+        << s;
+  }
+  EXPECT_EQ(m.Rejoin(0, 6, kT0).code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(m.Rejoin(1, 6, kT0 + absl::Seconds(5)).ok());
+  EXPECT_FALSE(m.IsLost(1));
+  EXPECT_EQ(m.LiveWorkers(), (std::vector<int>{0, 1}));
+  EXPECT_TRUE(m.Heartbeat(1, 6, kT0 + absl::Seconds(6)).ok());
+  EXPECT_EQ(m.Heartbeat(1, 5, kT0 + absl::Seconds(6)).code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+}  // namespace
+}  // namespace bnps::server
