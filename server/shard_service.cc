@@ -1,100 +1,22 @@
 #include "server/shard_service.h"
 
-#include <cstdio>
+#include <algorithm>
 #include <deque>
-#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "absl/time/clock.h"
 #include "grpcpp/impl/codegen/proto_utils.h"
-#include "grpcpp/support/proto_buffer_reader.h"
 #include "proto/codec.h"
 #include "security/job_token.h"
 #include "proto/limits.h"
 #include "proto/tensor_wire.h"
-#include "util/log_escape.h"
+#include "server/rpc_util.h"
 
 namespace bnps::server {
 namespace {
-
-// The server's one log line per rejected call. The status may quote what the
-// client sent (a job name, a key), so all of it is escaped: a newline or a
-// byte that is not printable ASCII from a client never reaches the log raw.
-void LogRejected(const Shard& shard, const char* method, int worker,
-                 const absl::Status& s) {
-  std::fprintf(stderr, "bnps_server[%d]: %s from worker %d rejected: %s\n",
-               shard.options().shard, method, worker,
-               util::EscapeForLog(s.ToString()).c_str());
-}
-
-// Serializes a message protobuf built (which cannot fail) into `out`.
-void SerializeTo(const google::protobuf::MessageLite& m, grpc::ByteBuffer* out) {
-  bool own_buffer;
-  grpc::SerializationTraits<google::protobuf::MessageLite>::Serialize(
-      m, out, &own_buffer);
-}
-
-// Parses a unary request from gRPC's bytes (shared, not copied).
-// INVALID_ARGUMENT, naming the message, for bytes protobuf does not parse.
-template <typename Request>
-absl::Status ParseRequest(const grpc::ByteBuffer& raw, Request* req) {
-  grpc::ByteBuffer shared(raw);
-  grpc::ProtoBufferReader reader(&shared);
-  if (!req->ParseFromZeroCopyStream(&reader)) {
-    req->Clear();  // what was parsed is not to be trusted, not even the worker
-    return absl::InvalidArgumentError(
-        absl::StrCat("malformed message: protobuf could not parse a ",
-                     req->GetTypeName()));
-  }
-  return absl::OkStatus();
-}
-
-// Finishes a unary call with `s`, logging a rejection; on success, `resp`
-// (if any) is the answer.
-grpc::ServerUnaryReactor* Respond(grpc::CallbackServerContext* ctx,
-                                  const Shard& shard, const char* method,
-                                  int worker, const absl::Status& s,
-                                  const google::protobuf::MessageLite* resp = nullptr,
-                                  grpc::ByteBuffer* out = nullptr) {
-  if (!s.ok()) {
-    LogRejected(shard, method, worker, s);
-  } else if (resp != nullptr) {
-    SerializeTo(*resp, out);
-  }
-  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  reactor->Finish(proto::ToGrpcStatus(s));
-  return reactor;
-}
-
-// The job token a call carried in its metadata, if any.
-std::optional<absl::string_view> CallToken(
-    const grpc::CallbackServerContext& ctx) {
-  const auto& metadata = ctx.client_metadata();
-  const auto it = metadata.find(grpc::string_ref(
-      security::kTokenMetadataKey.data(), security::kTokenMetadataKey.size()));
-  if (it == metadata.end()) return std::nullopt;
-  return absl::string_view(it->second.data(), it->second.size());
-}
-
-// A streaming call refused before its first message: finishes at once with
-// `s` (gRPC holds the Finish until the reactor is bound).
-template <typename Reactor>
-class Refused final : public Reactor {
- public:
-  explicit Refused(const absl::Status& s) {
-    this->Finish(proto::ToGrpcStatus(s));
-  }
-  void OnDone() override { delete this; }
-};
-
-// The earlier of the shard's barrier deadline and the caller's own.
-absl::Time WaitDeadline(const Shard& shard, grpc::CallbackServerContext* ctx) {
-  return std::min(shard.Deadline(), absl::FromChrono(ctx->deadline()));
-}
 
 // Gradients of one step arrive as chunks (framed by proto/tensor_wire); each
 // tensor is read straight into a staging buffer and pushed once complete.
@@ -238,7 +160,7 @@ class PullReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       return;
     }
     shard->store().Pull(std::move(keys), req.min_version(),
-                        WaitDeadline(*shard, ctx),
+                        WaitDeadline(*shard, *ctx),
                         [this](absl::StatusOr<ParameterStore::Snapshot> snap) {
                           OnSnapshot(std::move(snap));
                         });
@@ -655,7 +577,7 @@ grpc::ServerUnaryReactor* ShardService::StartStep(
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   Shard* shard = shard_;
   shard_->clocks()->StartStep(
-      worker, req.step(), WaitDeadline(*shard_, ctx),
+      worker, req.step(), WaitDeadline(*shard_, *ctx),
       [reactor, out, shard, worker](absl::StatusOr<int64_t> min_clock) {
         if (min_clock.ok()) {
           proto::StartStepResponse resp;

@@ -1,0 +1,55 @@
+#include "server/rpc_util.h"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "grpcpp/impl/codegen/proto_utils.h"
+#include "security/job_token.h"
+#include "util/log_escape.h"
+
+namespace bnps::server {
+
+void LogRejected(const Shard& shard, const char* method, int worker,
+                 const absl::Status& s) {
+  std::fprintf(stderr, "bnps_server[%d]: %s from worker %d rejected: %s\n",
+               shard.options().shard, method, worker,
+               util::EscapeForLog(s.ToString()).c_str());
+}
+
+void SerializeTo(const google::protobuf::MessageLite& m,
+                 grpc::ByteBuffer* out) {
+  bool own_buffer;
+  grpc::SerializationTraits<google::protobuf::MessageLite>::Serialize(
+      m, out, &own_buffer);
+}
+
+grpc::ServerUnaryReactor* Respond(grpc::CallbackServerContext* ctx,
+                                  const Shard& shard, const char* method,
+                                  int worker, const absl::Status& s,
+                                  const google::protobuf::MessageLite* resp,
+                                  grpc::ByteBuffer* out) {
+  if (!s.ok()) {
+    LogRejected(shard, method, worker, s);
+  } else if (resp != nullptr) {
+    SerializeTo(*resp, out);
+  }
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  reactor->Finish(proto::ToGrpcStatus(s));
+  return reactor;
+}
+
+std::optional<absl::string_view> CallToken(
+    const grpc::CallbackServerContext& ctx) {
+  const auto& metadata = ctx.client_metadata();
+  const auto it = metadata.find(grpc::string_ref(
+      security::kTokenMetadataKey.data(), security::kTokenMetadataKey.size()));
+  if (it == metadata.end()) return std::nullopt;
+  return absl::string_view(it->second.data(), it->second.size());
+}
+
+absl::Time WaitDeadline(const Shard& shard,
+                        const grpc::CallbackServerContext& ctx) {
+  return std::min(shard.Deadline(), absl::FromChrono(ctx.deadline()));
+}
+
+}  // namespace bnps::server
