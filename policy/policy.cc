@@ -61,14 +61,4 @@ proto::WorkerLossAction ToProto(WorkerLoss w) {
                                   : proto::WORKER_LOSS_FAIL;
 }
 
-absl::StatusOr<WorkerLoss> FromProto(proto::WorkerLossAction w) {
-  switch (w) {
-    case proto::WORKER_LOSS_FAIL: return WorkerLoss::kFail;
-    case proto::WORKER_LOSS_SHRINK: return WorkerLoss::kShrink;
-    default:
-      return absl::InvalidArgumentError(absl::StrCat(
-          "unknown worker-loss action ", static_cast<int>(w), " on the wire"));
-  }
-}
-
 }  // namespace bnps::policy

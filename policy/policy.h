@@ -54,11 +54,10 @@ inline bool BnTrafficWhileTraining(Policy p) {
 inline bool GlobalBnBackward(Policy p) { return p == Policy::kSync; }
 
 // The wire's enums. FromProto: INVALID_ARGUMENT for UNSPECIFIED or an
-// unknown value (a peer's config that cannot be trusted).
+// unknown policy (a peer's config that cannot be trusted).
 proto::Policy ToProto(Policy p);
 absl::StatusOr<Policy> FromProto(proto::Policy p);
 proto::WorkerLossAction ToProto(WorkerLoss w);
-absl::StatusOr<WorkerLoss> FromProto(proto::WorkerLossAction w);
 
 }  // namespace bnps::policy
 

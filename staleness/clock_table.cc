@@ -100,10 +100,6 @@ bool ClockTable::MayStart(int worker, int64_t step) const {
   return IsLive(worker) && WithinBound(MinLiveClock(), step);
 }
 
-bool ClockTable::Admissible(int64_t contribution_clock, int64_t step) const {
-  return WithinBound(contribution_clock, step);
-}
-
 std::vector<int> ClockTable::Laggards(int64_t step) const {
   std::vector<int> laggards;
   for (int w = 0; w < num_workers(); ++w) {

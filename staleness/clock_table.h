@@ -77,10 +77,6 @@ class ClockTable {
   // unknown or removed worker.
   bool MayStart(int worker, int64_t step) const;
 
-  // True iff a contribution made at `contribution_clock` is admissible for a
-  // worker at `step`: contribution_clock >= step - s.
-  bool Admissible(int64_t contribution_clock, int64_t step) const;
-
   // The live workers whose clock < step - s (those that block `step`), in
   // increasing id order. Empty iff the bound lets a live worker begin `step`.
   std::vector<int> Laggards(int64_t step) const;

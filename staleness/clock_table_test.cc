@@ -188,32 +188,31 @@ TEST(ClockTableTest, NoLiveWorkers) {
 }
 
 TEST(ClockTableTest, Admissibility) {
-  ClockTable lock_step = MakeTable(2, 0);
-  EXPECT_TRUE(lock_step.Admissible(5, 5));
-  EXPECT_TRUE(lock_step.Admissible(6, 5));
-  EXPECT_FALSE(lock_step.Admissible(4, 5));
+  // Lock step (s = 0).
+  EXPECT_TRUE(Admissible(5, 5, 0));
+  EXPECT_TRUE(Admissible(6, 5, 0));
+  EXPECT_FALSE(Admissible(4, 5, 0));
 
-  ClockTable t = MakeTable(2, 2);
-  EXPECT_TRUE(t.Admissible(3, 5));
-  EXPECT_FALSE(t.Admissible(2, 5));
-  EXPECT_TRUE(t.Admissible(0, 0));
-  EXPECT_TRUE(t.Admissible(0, 2));
-  EXPECT_FALSE(t.Admissible(0, 3));
+  EXPECT_TRUE(Admissible(3, 5, 2));
+  EXPECT_FALSE(Admissible(2, 5, 2));
+  EXPECT_TRUE(Admissible(0, 0, 2));
+  EXPECT_TRUE(Admissible(0, 2, 2));
+  EXPECT_FALSE(Admissible(0, 3, 2));
 }
 
 TEST(ClockTableTest, ExtremeValuesDoNotOverflow) {
   constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
   constexpr int64_t kMin = std::numeric_limits<int64_t>::min();
   ClockTable huge = MakeTable(2, kMax);
-  EXPECT_TRUE(huge.Admissible(0, kMax));
-  EXPECT_TRUE(huge.Admissible(-1, 0));
+  EXPECT_TRUE(Admissible(0, kMax, kMax));
+  EXPECT_TRUE(Admissible(-1, 0, kMax));
   EXPECT_TRUE(huge.MayStart(0, kMax));
   EXPECT_TRUE(huge.Advance(0, kMax).ok());
 
   ClockTable t = MakeTable(1, 3);
-  EXPECT_TRUE(t.Admissible(kMin, kMin));
-  EXPECT_FALSE(t.Admissible(kMin, 0));
-  EXPECT_FALSE(t.Admissible(0, kMax));
+  EXPECT_TRUE(Admissible(kMin, kMin, 3));
+  EXPECT_FALSE(Admissible(kMin, 0, 3));
+  EXPECT_FALSE(Admissible(0, kMax, 3));
   EXPECT_TRUE(t.MayStart(0, kMin));
 }
 

@@ -14,6 +14,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/in_process_client.h"
+#include "tests/training_testing.h"
 #include "worker/data/synthetic.h"
 #include "worker/nn/cpu_backend.h"
 #include "worker/nn/model.h"
@@ -25,15 +26,6 @@ using ::testing::HasSubstr;
 using worker::Dataset;
 using worker::TrainerOptions;
 using worker::TrainReport;
-
-nn::ModelOptions SmallModel() {
-  nn::ModelOptions o;
-  o.depth = 1;
-  o.width = 4;
-  o.image_height = 12;
-  o.image_width = 12;
-  return o;
-}
 
 // Delegates to an InProcessPsClient, records every call as a line
 // ("pull 3", "fwd stem.bn 3", ...) and can fail one push.
@@ -161,7 +153,7 @@ std::vector<WorkerRun> Train(
       RecordingClient client(*std::move(inner));
       if (tweak) tweak(w, &client);
       std::unique_ptr<nn::Backend> backend = nn::NewCpuBackend();
-      auto model = nn::Model::Create(SmallModel(), backend.get());
+      auto model = nn::Model::Create(testing::SmallModel(), backend.get());
       if (!model.ok()) {
         run.report = model.status();
         return;
@@ -303,16 +295,7 @@ TEST(TrainerTest, LocalAndRecalTrainWithoutBnTrafficAndSettleAfterwards) {
 TEST(TrainerTest, SyncTwoWorkersFollowOneWorkerWithTheConcatenatedBatch) {
   const int64_t b = 4, steps = 2;
   const Dataset all = worker::MakeSyntheticDataset(2 * b * steps, 12, 12, 10, 7);
-  Dataset single = all;
-  const int64_t px = all.image_size();
-  for (int64_t k = 0; k < steps; ++k) {
-    for (int64_t i = 0; i < 2 * b; ++i) {
-      const int64_t from = i < b ? k * b + i : b * steps + k * b + (i - b);
-      std::copy_n(all.pixels.begin() + from * px, px,
-                  single.pixels.begin() + (2 * b * k + i) * px);
-      single.labels[2 * b * k + i] = all.labels[from];
-    }
-  }
+  const Dataset single = testing::Interleaved(all, b, steps);
   TrainerOptions two;
   two.batch_size = b;
   two.shuffle = false;
@@ -330,12 +313,7 @@ TEST(TrainerTest, SyncTwoWorkersFollowOneWorkerWithTheConcatenatedBatch) {
   for (const auto& [name, t] : whole[0].params) {
     const std::vector<float>& got = split[0].params.at(name).values;
     ASSERT_EQ(got.size(), t.values.size());
-    double scale = 1e-3, diff = 0;
-    for (size_t i = 0; i < got.size(); ++i) {
-      scale = std::max(scale, static_cast<double>(std::abs(t.values[i])));
-      diff = std::max(diff, static_cast<double>(std::abs(got[i] - t.values[i])));
-    }
-    EXPECT_LT(diff / scale, 1e-4) << name;
+    EXPECT_LT(testing::MaxRelDiff(t.values, got), 1e-4) << name;
   }
 }
 

@@ -16,6 +16,7 @@
 #include "worker/nn/cpu_backend.h"
 #include "worker/nn/model.h"
 #include "client/grpc_ps_client.h"
+#include "tests/training_testing.h"
 #include "worker/trainer.h"
 
 namespace bnps {
@@ -24,15 +25,9 @@ namespace {
 using worker::Dataset;
 using worker::TrainerOptions;
 using worker::TrainReport;
-
-nn::ModelOptions SmallModel() {
-  nn::ModelOptions o;
-  o.depth = 1;
-  o.width = 4;
-  o.image_height = 12;
-  o.image_width = 12;
-  return o;
-}
+using testing::Interleaved;
+using testing::MaxRelDiff;
+using testing::SmallModel;
 
 struct WorkerResult {
   absl::StatusOr<TrainReport> report = absl::UnknownError("not run");
@@ -101,33 +96,6 @@ std::vector<WorkerResult> Train(policy::Policy policy, int shards,
   return results;
 }
 
-double MaxRelDiff(const std::vector<float>& a, const std::vector<float>& b) {
-  double scale = 1e-3, diff = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    scale = std::max(scale, static_cast<double>(std::abs(a[i])));
-    diff = std::max(diff, static_cast<double>(std::abs(a[i] - b[i])));
-  }
-  return diff / scale;
-}
-
-// Two workers of batch b reading their shards of `all` in order see, at step
-// k, examples [k b, (k+1) b) and [n/2 + k b, ...). The result holds both, one
-// after the other, at positions [2 b k, 2 b (k+1)), for one worker of batch 2b.
-Dataset Interleaved(const Dataset& all, int64_t b, int64_t steps) {
-  Dataset single = all;
-  const int64_t half = b * steps, px = all.image_size();
-  for (int64_t k = 0; k < steps; ++k) {
-    for (int64_t i = 0; i < 2 * b; ++i) {
-      const int64_t from = i < b ? k * b + i : half + k * b + (i - b);
-      const int64_t to = 2 * b * k + i;
-      std::copy_n(all.pixels.begin() + from * px, px,
-                  single.pixels.begin() + to * px);
-      single.labels[to] = all.labels[from];
-    }
-  }
-  return single;
-}
-
 // The central invariant on the whole model: with sync, 2 workers of batch b
 // follow 1 worker of batch 2b step by step. Worker w's shard is read in
 // order, so the single worker's data is arranged to hold, at step k, worker
@@ -137,7 +105,7 @@ TEST(TrainingTest, SyncTwoWorkersFollowOneWorkerWithTheConcatenatedBatch) {
   const Dataset all = worker::MakeSyntheticDataset(2 * b * steps, 12, 12, 10, 7);
   const Dataset single = Interleaved(all, b, steps);
   for (int64_t k : {1, 2, 4}) {
-    SCOPED_TRACE(testing::Message() << "after " << k << " steps");
+    SCOPED_TRACE(::testing::Message() << "after " << k << " steps");
     TrainerOptions two;
     two.batch_size = b;
     two.shuffle = false;
@@ -212,7 +180,7 @@ TEST(TrainingTest, EveryPolicyTrains) {
                         Case{policy::Policy::kLocal, 0, worker::RecalMode::kExact, true},
                         Case{policy::Policy::kRecal, 0, worker::RecalMode::kPrecise, false},
                         Case{policy::Policy::kRecal, 0, worker::RecalMode::kExact, false}}) {
-    SCOPED_TRACE(testing::Message()
+    SCOPED_TRACE(::testing::Message()
                  << policy::PolicyName(c.policy) << " recal "
                  << worker::RecalModeName(c.mode));
     TrainerOptions o;

@@ -102,8 +102,8 @@ Trainer::Trainer(client::PsClient* client, nn::Model* model,
       train_(train),
       test_(test),
       options_(std::move(options)),
-      wire_policy_(client->config().policy()),
-      policy_(policy::FromProto(wire_policy_).value_or(policy::Policy::kSync)) {}
+      policy_(policy::FromProto(client->config().policy())
+                  .value_or(policy::Policy::kSync)) {}
 
 BatcherOptions Trainer::ShardOptions() const {
   BatcherOptions bo;
@@ -134,7 +134,8 @@ absl::StatusOr<TrainReport> Trainer::Run() {
   if (options_.evaluate && test_ == nullptr) {
     return absl::InvalidArgumentError("evaluation needs a test set");
   }
-  if (absl::StatusOr<policy::Policy> p = policy::FromProto(wire_policy_);
+  if (absl::StatusOr<policy::Policy> p =
+          policy::FromProto(client_->config().policy());
       !p.ok()) {
     return Annotate(p.status(), "the job's config");
   }

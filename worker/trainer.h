@@ -183,8 +183,8 @@ class Trainer {
   const Dataset* const train_;
   const Dataset* const test_;
   const TrainerOptions options_;
-  const proto::Policy wire_policy_;  // as the servers reported it
-  // wire_policy_ (sync if it is not valid: Run then fails).
+  // The servers' policy (sync if they report one it does not know: Run
+  // then fails).
   const policy::Policy policy_;
 };
 
