@@ -1,6 +1,6 @@
 // PsClient: what one worker needs of a job's shard servers, as an interface.
-// The training loop, the PyTorch binding and any user program program against
-// it; client/grpc_ps_client.h connects one to real servers over gRPC, and
+// The training loop and any user program (a binding to another framework,
+// say) program against it; client/grpc_ps_client.h connects one to real servers over gRPC, and
 // tests run trainers over an in-process implementation (tests/).
 //
 // A worker of a bulk-synchronous job (sync, recal, local) runs, per step s:

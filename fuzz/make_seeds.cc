@@ -62,21 +62,38 @@ int main(int argc, char** argv) {
   push.set_worker(1);
   push.set_step(7);
   push.set_num_samples(32);
-  int i = 0;
-  for (const std::string& m :
-       Bulk(push, p::PushGradientsRequest::kChunksFieldNumber, 1 << 20)) {
-    Write(root + "/tensor_wire", "push" + std::to_string(i++), "\x80" + m);
+  // Each seed is one whole message (split point 0xffff: past its end) or
+  // two split exactly between them (tensor_wire_fuzzer.cc).
+  const auto one = [](const std::string& m) { return "\xff\xff" + m; };
+  const auto two = [](const std::string& a, const std::string& b) {
+    const size_t n = a.size();  // < 64 KiB
+    return std::string(1, static_cast<char>(n & 0xff)) +
+           static_cast<char>(n >> 8) + a + b;
+  };
+  const std::vector<std::string> whole =
+      Bulk(push, p::PushGradientsRequest::kChunksFieldNumber, 1 << 20);
+  const std::vector<std::string> small =
+      Bulk(push, p::PushGradientsRequest::kChunksFieldNumber, 64);
+  for (size_t i = 0; i < whole.size(); ++i) {
+    Write(root + "/tensor_wire", "push" + std::to_string(i), one(whole[i]));
   }
-  for (const std::string& m :
-       Bulk(push, p::PushGradientsRequest::kChunksFieldNumber, 64)) {
-    Write(root + "/tensor_wire", "push" + std::to_string(i++), "\xff" + m);
+  for (size_t i = 0; i + 1 < small.size(); ++i) {
+    // Consecutive messages: a tensor's chunks may span them.
+    Write(root + "/tensor_wire", "push_pair" + std::to_string(i),
+          two(small[i], small[i + 1]));
   }
   p::PullParametersResponse pull;
   pull.set_version(3);
-  for (const std::string& m :
-       Bulk(pull, p::PullParametersResponse::kChunksFieldNumber, 1 << 20)) {
-    Write(root + "/tensor_wire", "pull" + std::to_string(i++), "\x80" + m);
+  const std::vector<std::string> pulled =
+      Bulk(pull, p::PullParametersResponse::kChunksFieldNumber, 1 << 20);
+  for (size_t i = 0; i < pulled.size(); ++i) {
+    Write(root + "/tensor_wire", "pull" + std::to_string(i), one(pulled[i]));
   }
+  // A chunk whose key is not UTF-8: protobuf refuses it, so must the reader
+  // (the fuzzer's first find).
+  const std::string chunk = "\x0a\x04\xff\xfe\x1b\n";
+  Write(root + "/tensor_wire", "non_utf8_key",
+        one("\x2a" + std::string(1, static_cast<char>(chunk.size())) + chunk));
 
   // codec: BN requests and answers of every kind, and an init request.
   const bnps::bn::Moments moments{6, {0.5, -1.0, 2.0}, {1.0, 0.0, 3.5}};

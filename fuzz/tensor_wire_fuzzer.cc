@@ -4,6 +4,7 @@
 // input. Whatever the reader accepts, protobuf's generated parser must accept
 // too: a message the reader takes but protobuf refuses aborts the run.
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -66,16 +67,17 @@ void Check(const std::vector<std::string>& messages, int chunks_field) {
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  // The first byte splits the input into two messages (at its value, scaled).
+  // The first two bytes (little-endian) are where the rest splits into two
+  // messages; past its end, the rest is one message.
   std::vector<std::string> messages;
-  if (size == 0) {
+  if (size < 2) {
     messages.emplace_back();
   } else {
-    const size_t rest = size - 1;
-    const size_t cut = rest * data[0] / 255;
-    messages.emplace_back(reinterpret_cast<const char*>(data + 1), cut);
+    const size_t rest = size - 2;
+    const size_t cut = std::min<size_t>(rest, data[0] | (data[1] << 8));
+    messages.emplace_back(reinterpret_cast<const char*>(data + 2), cut);
     if (cut < rest) {
-      messages.emplace_back(reinterpret_cast<const char*>(data + 1 + cut),
+      messages.emplace_back(reinterpret_cast<const char*>(data + 2 + cut),
                             rest - cut);
     }
   }

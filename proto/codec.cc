@@ -15,17 +15,6 @@ static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
 namespace bnps::proto {
 namespace {
 
-// A per-channel float64 tensor as it arrived, before any check: its dtype,
-// its shape, and its data's size in `bytes`, with the data itself in `values`
-// when that size is a multiple of 8 (else `values` is empty).
-struct WireChannels {
-  int dtype = 0;
-  std::vector<int64_t> shape;
-  int64_t bytes = 0;
-  std::vector<double> values;
-};
-
-
 std::string ShapeString(absl::Span<const int64_t> shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
 }
@@ -61,42 +50,35 @@ absl::StatusOr<int64_t> CheckLayout(int dtype, DType want,
   return n;
 }
 
-WireChannels ToWire(const Tensor& t) {
-  WireChannels w;
-  w.dtype = t.dtype();
-  w.shape.assign(t.shape().begin(), t.shape().end());
-  w.bytes = static_cast<int64_t>(t.data().size());
-  if (w.bytes % sizeof(double) == 0) {
-    w.values.resize(w.bytes / sizeof(double));
-    if (w.bytes > 0) std::memcpy(w.values.data(), t.data().data(), w.bytes);
-  }
-  return w;
-}
-
 // The values of a per-channel float64 tensor [want_size] (any size if
-// want_size < 0), moved out of `t`, not yet checked for finiteness.
-absl::StatusOr<std::vector<double>> TakeChannels(WireChannels& t,
+// want_size < 0), copied out of `t` once its layout is checked; not yet
+// checked for finiteness.
+absl::StatusOr<std::vector<double>> TakeChannels(const Tensor& t,
                                                  int64_t want_size) {
-  if (t.shape.size() != 1) {
+  const absl::Span<const int64_t> shape(t.shape().data(), t.shape_size());
+  if (shape.size() != 1) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "per-channel tensor must be 1-D, got shape ", ShapeString(t.shape)));
+        "per-channel tensor must be 1-D, got shape ", ShapeString(shape)));
   }
-  if (want_size >= 0 && t.shape[0] != want_size) {
+  if (want_size >= 0 && shape[0] != want_size) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "per-channel tensor has ", t.shape[0], " channels, expected ", want_size));
+        "per-channel tensor has ", shape[0], " channels, expected ", want_size));
   }
-  if (t.shape[0] > kMaxChannels) {
+  if (shape[0] > kMaxChannels) {
     return absl::InvalidArgumentError(
         absl::StrCat("per-channel tensor has more than ", kMaxChannels, " channels"));
   }
   absl::StatusOr<int64_t> n =
-      CheckLayout(t.dtype, DTYPE_FLOAT64, t.shape, t.bytes, sizeof(double));
+      CheckLayout(t.dtype(), DTYPE_FLOAT64, shape,
+                  static_cast<int64_t>(t.data().size()), sizeof(double));
   if (!n.ok()) return n.status();
-  return std::move(t.values);
+  std::vector<double> values(*n);
+  if (*n > 0) std::memcpy(values.data(), t.data().data(), t.data().size());
+  return values;
 }
 
 // TakeChannels, and every value finite.
-absl::StatusOr<std::vector<double>> TakeFinite(WireChannels& t,
+absl::StatusOr<std::vector<double>> TakeFinite(const Tensor& t,
                                                int64_t want_size) {
   absl::StatusOr<std::vector<double>> out = TakeChannels(t, want_size);
   if (!out.ok()) return out.status();
@@ -169,10 +151,9 @@ absl::StatusOr<bn::Moments> DecodeMoments(const BnMoments& m, int64_t channels) 
   out.count = m.count();
   // ValidateMoments checks the values (finite, M2 not negative) in one pass
   // per array and names the channel, so the decode does not check them first.
-  WireChannels wire_mean = ToWire(m.mean()), wire_m2 = ToWire(m.m2());
-  absl::StatusOr<std::vector<double>> mean = TakeChannels(wire_mean, channels);
+  absl::StatusOr<std::vector<double>> mean = TakeChannels(m.mean(), channels);
   if (!mean.ok()) return mean.status();
-  absl::StatusOr<std::vector<double>> m2 = TakeChannels(wire_m2, mean->size());
+  absl::StatusOr<std::vector<double>> m2 = TakeChannels(m.m2(), mean->size());
   if (!m2.ok()) return m2.status();
   out.mean = *std::move(mean);
   out.m2 = *std::move(m2);
@@ -186,10 +167,9 @@ void EncodeSums(const bn::BackwardSums& s, BnSums* out) {
 }
 
 absl::StatusOr<bn::BackwardSums> DecodeSums(const BnSums& s, int64_t channels) {
-  WireChannels wire_dy = ToWire(s.sum_dy()), wire_dyx = ToWire(s.sum_dy_xhat());
-  absl::StatusOr<std::vector<double>> dy = TakeFinite(wire_dy, channels);
+  absl::StatusOr<std::vector<double>> dy = TakeFinite(s.sum_dy(), channels);
   if (!dy.ok()) return dy.status();
-  absl::StatusOr<std::vector<double>> dyx = TakeFinite(wire_dyx, dy->size());
+  absl::StatusOr<std::vector<double>> dyx = TakeFinite(s.sum_dy_xhat(), dy->size());
   if (!dyx.ok()) return dyx.status();
   if (dy->empty()) return absl::InvalidArgumentError("backward sums are empty");
   return bn::BackwardSums{*std::move(dy), *std::move(dyx)};
@@ -202,10 +182,9 @@ void EncodeRunning(const bn::RunningStats& r, BnRunningStats* out) {
 
 absl::StatusOr<bn::RunningStats> DecodeRunning(const BnRunningStats& r,
                                                int64_t channels) {
-  WireChannels wire_mean = ToWire(r.mean()), wire_var = ToWire(r.var());
-  absl::StatusOr<std::vector<double>> mean = TakeFinite(wire_mean, channels);
+  absl::StatusOr<std::vector<double>> mean = TakeFinite(r.mean(), channels);
   if (!mean.ok()) return mean.status();
-  absl::StatusOr<std::vector<double>> var = TakeChannels(wire_var, mean->size());
+  absl::StatusOr<std::vector<double>> var = TakeChannels(r.var(), mean->size());
   if (!var.ok()) return var.status();
   if (mean->empty()) return absl::InvalidArgumentError("running stats are empty");
   // One scan: a variance must be finite and not negative.

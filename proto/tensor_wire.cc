@@ -187,8 +187,7 @@ void LeaveMessage(CodedInputStream* in, CodedInputStream::Limit limit) {
 // replaces the earlier value, a repeated one appends, a second `part` merges
 // into the first. The payload stays in the message: only where it is.
 struct TensorReader::Chunk {
-  std::string key;
-  bool key_too_long = false;  // then `key` is empty
+  std::string key;  // empty if it had more than kMaxKeyBytes bytes
   std::vector<int64_t> shape;
   int64_t offset = 0;
   int dtype = 0;
@@ -213,8 +212,8 @@ bool TensorReader::ParseChunk(CodedInputStream* in, Chunk* c) {
               key.data(), static_cast<int>(key.size()))) {
         return false;
       }
-      c->key_too_long = key.size() > static_cast<size_t>(kMaxKeyBytes);
-      c->key = c->key_too_long ? std::string() : std::move(key);
+      if (key.size() > static_cast<size_t>(kMaxKeyBytes)) key.clear();
+      c->key = std::move(key);
     } else if (IsInt64s(tag, kChunkShape)) {
       if (!wire::ReadInt64s(in, tag, &c->shape)) return false;
     } else if (Is(tag, kChunkOffset, kVarint)) {
@@ -253,6 +252,8 @@ bool TensorReader::ParseChunk(CodedInputStream* in, Chunk* c) {
 
 TensorReader::TensorReader(Destination destination, Complete complete)
     : destination_(std::move(destination)), complete_(std::move(complete)) {}
+
+TensorReader::~TensorReader() = default;
 
 absl::Status TensorReader::Deliver(const Chunk& c, CodedInputStream* data) {
   if (c.key.empty()) {
@@ -334,8 +335,10 @@ absl::Status TensorReader::Read(const grpc::ByteBuffer& message,
     return Malformed("message over 2 GiB");  // protobuf's limit too
   }
   // First pass: the whole message's structure, exactly as protobuf parses
-  // it, before anything reaches the callbacks; the fields that are not chunks
-  // become `head`. Payloads are skipped, not copied.
+  // it, before anything reaches the callbacks; the chunks' fields are kept,
+  // the fields that are not chunks become `head`. Payloads are skipped, not
+  // copied.
+  chunks_.clear();
   {
     std::string others;
     {
@@ -349,8 +352,8 @@ absl::Status TensorReader::Read(const grpc::ByteBuffer& message,
         uint32_t tag;
         if (!ReadTag(&in, &tag)) return Malformed("field tag");
         if (Is(tag, chunks_field, kLengthDelimited)) {
-          Chunk c;
-          if (!ParseChunk(&in, &c)) {
+          chunks_.emplace_back();
+          if (!ParseChunk(&in, &chunks_.back())) {
             return Malformed(absl::StrCat("chunk ", chunk));
           }
           ++chunk;
@@ -364,22 +367,14 @@ absl::Status TensorReader::Read(const grpc::ByteBuffer& message,
   if (check_head != nullptr) {
     if (absl::Status s = check_head(); !s.ok()) return s;
   }
-  // Second pass: each chunk's fields, then its payload straight into its
-  // tensor, read through a second stream that only moves forward.
-  grpc::ByteBuffer shared(message), shared_data(message);
-  grpc::ProtoBufferReader stream(&shared), data_stream(&shared_data);
-  CodedInputStream in(&stream), data(&data_stream);
-  in.PushLimit(static_cast<int>(size));
-  while (in.BytesUntilLimit() > 0) {
-    uint32_t tag;
-    if (!ReadTag(&in, &tag)) return Malformed("field tag");
-    if (Is(tag, chunks_field, kLengthDelimited)) {
-      Chunk c;
-      if (!ParseChunk(&in, &c)) return Malformed("chunk");
-      if (absl::Status s = Deliver(c, &data); !s.ok()) return s;
-    } else if (!SkipField(&in, tag)) {
-      return Malformed("message field");
-    }
+  // Second pass: each chunk's payload straight into its tensor, read through
+  // a stream that only moves forward.
+  grpc::ByteBuffer shared(message);
+  grpc::ProtoBufferReader data_stream(&shared);
+  CodedInputStream data(&data_stream);
+  data.PushLimit(static_cast<int>(size));
+  for (const Chunk& c : chunks_) {
+    if (absl::Status s = Deliver(c, &data); !s.ok()) return s;
   }
   return absl::OkStatus();
 }

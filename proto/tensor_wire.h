@@ -116,6 +116,7 @@ class TensorReader {
   using Complete = std::function<absl::Status(const std::string& key)>;
 
   TensorReader(Destination destination, Complete complete);
+  ~TensorReader();
 
   // Reads one message whose field `chunks_field` is repeated TensorChunk; its
   // other fields are parsed into `head` (which is cleared first). With
@@ -150,6 +151,9 @@ class TensorReader {
   float* values_ = nullptr;
   int64_t total_ = 0;
   int64_t received_ = 0;
+  // The chunks of the message being read, as its first pass parsed them
+  // (kept across messages so their storage is reused).
+  std::vector<Chunk> chunks_;
 };
 
 }  // namespace bnps::proto

@@ -35,13 +35,6 @@ using google::protobuf::internal::WireFormatLite;
 using google::protobuf::io::CodedInputStream;
 using google::protobuf::io::CodedOutputStream;
 
-// The bytes of `v` as a varint (1 to 10).
-inline size_t VarintSize(uint64_t v) {
-  size_t n = 1;
-  for (; v >= 0x80; v >>= 7) ++n;
-  return n;
-}
-
 // Writes `v` as a varint at `p`; returns the end of what it wrote.
 inline uint8_t* PutVarint(uint64_t v, uint8_t* p) {
   for (; v >= 0x80; v >>= 7) *p++ = static_cast<uint8_t>(v | 0x80);

@@ -4,7 +4,7 @@
 // command line is parsed.
 //
 // Example:
-//   absl::ParseCommandLine(argc, argv);
+//   util::ParseCommandLine(argc, argv, "usage ...");  // util/command_line.h
 //   absl::StatusOr<ClientSecurity> security = SecurityFromFlags();
 //   if (!security.ok()) ...  // a clear error naming the flag and file
 //   options.credentials = security->credentials;

@@ -62,6 +62,14 @@ absl::Status BnAggregator::Admit(int worker, const std::string& layer,
   return absl::OkStatus();
 }
 
+int64_t BnAggregator::ParameterVersion() const {
+  // Only sync's step rule uses it.
+  if (options_.policy != policy::Policy::kSync || !options_.parameter_version) {
+    return 0;
+  }
+  return options_.parameter_version();
+}
+
 absl::Status BnAggregator::CheckStep(const char* phase, const std::string& layer,
                                      int64_t step, int64_t version) const {
   if (step < 0) return absl::InvalidArgumentError("negative step");
@@ -81,9 +89,7 @@ absl::Status BnAggregator::CheckStep(const char* phase, const std::string& layer
 
 void BnAggregator::Forward(int worker, int64_t step, const std::string& layer,
                            bn::Moments local, absl::Time deadline, Done done) {
-  // Read before the lock: the store has its own.
-  const int64_t version =
-      options_.parameter_version ? options_.parameter_version() : 0;
+  const int64_t version = ParameterVersion();
   Ready ready;
   {
     absl::MutexLock lock(&mu_);
@@ -117,8 +123,7 @@ void BnAggregator::Forward(int worker, int64_t step, const std::string& layer,
 void BnAggregator::Backward(int worker, int64_t step, const std::string& layer,
                             bn::BackwardSums local, absl::Time deadline,
                             Done done) {
-  const int64_t version =
-      options_.parameter_version ? options_.parameter_version() : 0;
+  const int64_t version = ParameterVersion();
   Ready ready;
   {
     absl::MutexLock lock(&mu_);

@@ -161,6 +161,8 @@ class BnAggregator {
   // records the layer and its channel count.
   absl::Status Admit(int worker, const std::string& layer, int64_t channels)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Options::parameter_version() under sync; 0 otherwise (unused there).
+  int64_t ParameterVersion() const;
   // OK if a Forward or Backward of `step` is admissible (above), given the
   // parameters' `version`.
   absl::Status CheckStep(const char* phase, const std::string& layer,

@@ -69,6 +69,8 @@ ABSL_FLAG(std::string, tls_client_ca, "",
 
 namespace {
 
+constexpr int kBadFlags = bnps::util::kBadFlagsExitCode;
+
 std::string Fail(const absl::Status& s) {
   std::fprintf(stderr, "bnps_server: %s\n", std::string(s.message()).c_str());
   return "";
@@ -105,11 +107,11 @@ int main(int argc, char** argv) {
   o.num_workers = absl::GetFlag(FLAGS_num_workers);
   absl::StatusOr<bnps::policy::Policy> policy =
       bnps::policy::ParsePolicy(absl::GetFlag(FLAGS_policy));
-  if (!policy.ok()) return Fail(policy.status()), 2;
+  if (!policy.ok()) return Fail(policy.status()), kBadFlags;
   o.policy = *policy;
   absl::StatusOr<bnps::policy::WorkerLoss> loss =
       bnps::policy::ParseWorkerLoss(absl::GetFlag(FLAGS_on_worker_loss));
-  if (!loss.ok()) return Fail(loss.status()), 2;
+  if (!loss.ok()) return Fail(loss.status()), kBadFlags;
   o.worker_loss = *loss;
   o.staleness = absl::GetFlag(FLAGS_staleness);
   o.optimizer.learning_rate = absl::GetFlag(FLAGS_learning_rate);
@@ -122,7 +124,7 @@ int main(int argc, char** argv) {
   if (port < 0 || port > 65535) {
     return Fail(absl::InvalidArgumentError(
                absl::StrCat("--port ", port, " is not a port"))),
-           2;
+           kBadFlags;
   }
   bnps::server::ServerSecurity security;
   bnps::security::TlsFiles tls;
@@ -131,12 +133,12 @@ int main(int argc, char** argv) {
   tls.ca = absl::GetFlag(FLAGS_tls_client_ca);
   absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
       bnps::security::MakeServerCredentials(tls);
-  if (!credentials.ok()) return Fail(credentials.status()), 2;
+  if (!credentials.ok()) return Fail(credentials.status()), kBadFlags;
   // Null means plaintext to RunningServer, whose errors then do not blame TLS.
   if (bnps::security::UsesTls(tls)) security.credentials = *credentials;
   if (const std::string path = absl::GetFlag(FLAGS_token_file); !path.empty()) {
     absl::StatusOr<std::string> token = bnps::security::ReadTokenFile(path);
-    if (!token.ok()) return Fail(token.status()), 2;
+    if (!token.ok()) return Fail(token.status()), kBadFlags;
     security.token = *std::move(token);
   }
   const std::string address = absl::StrCat(absl::GetFlag(FLAGS_host), ":", port);

@@ -19,8 +19,7 @@ absl::Status Membership::Check(int worker, uint64_t incarnation) const {
   }
   if (workers_[worker].lost) {
     return absl::FailedPreconditionError(
-        absl::StrCat("worker ", worker, " was lost (no heartbeat for ",
-                     absl::FormatDuration(timeout_), "): the job dropped it"));
+        absl::StrCat(LostText(worker), ": the job dropped it"));
   }
   return absl::OkStatus();
 }
@@ -118,6 +117,11 @@ bool Membership::IsLost(int worker) const {
 bool Membership::IsLostLocked(int worker) const {
   return worker >= 0 && worker < static_cast<int>(workers_.size()) &&
          workers_[worker].lost;
+}
+
+std::string Membership::LostText(int worker) const {
+  return absl::StrCat("worker ", worker, " was lost (no heartbeat for ",
+                      absl::FormatDuration(timeout_), ")");
 }
 
 }  // namespace bnps::server

@@ -24,6 +24,7 @@
 #define BNPS_SERVER_MEMBERSHIP_H_
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -57,6 +58,9 @@ class Membership {
   std::vector<int> LiveWorkers() const;  // registered and not lost
   // False for an id outside the job.
   bool IsLost(int worker) const;
+  // "worker N was lost (no heartbeat for T)": how every refusal and log line
+  // names a lost worker.
+  std::string LostText(int worker) const;
 
  private:
   // INVALID_ARGUMENT for a bad id or incarnation; FAILED_PRECONDITION,

@@ -220,7 +220,9 @@ absl::StatusOr<ParameterStore::PushResult> ParameterStore::Push(
 void ParameterStore::Apply(Param& p, const double* sum, const float* grad,
                            int64_t samples) {
   ++p.version;
-  newest_version_ = std::max(newest_version_, p.version);
+  if (p.version > newest_version_.load(std::memory_order_relaxed)) {
+    newest_version_.store(p.version, std::memory_order_release);
+  }
   if (samples == 0) return;  // nobody had data this step: nothing to learn
   // Pulls still sending the current values keep them; the step writes to
   // another buffer (a pull's earlier one, once it is free).
@@ -403,10 +405,6 @@ void ParameterStore::ExpireDeadlines(absl::Time now) {
   for (auto& fn : ready) fn();
 }
 
-int64_t ParameterStore::newest_version() const {
-  absl::MutexLock lock(&mu_);
-  return newest_version_;
-}
 
 ParameterStore::Stats ParameterStore::GetStats() const {
   absl::MutexLock lock(&mu_);

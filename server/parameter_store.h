@@ -42,6 +42,7 @@
 #ifndef BNPS_SERVER_PARAMETER_STORE_H_
 #define BNPS_SERVER_PARAMETER_STORE_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -140,8 +141,12 @@ class ParameterStore {
   void ExpireDeadlines(absl::Time now);
 
   // The highest version of any key (0 without keys): under bulk-synchronous
-  // training, the number of steps whose update some key has applied.
-  int64_t newest_version() const ABSL_LOCKS_EXCLUDED(mu_);
+  // training, the number of steps whose update some key has applied. Takes
+  // no lock (the BN path reads it on every call, and must not wait behind an
+  // optimizer step).
+  int64_t newest_version() const {
+    return newest_version_.load(std::memory_order_acquire);
+  }
 
   struct Stats {
     int num_keys = 0;
@@ -207,7 +212,8 @@ class ParameterStore {
   int64_t applied_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t duplicates_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t newest_step_ ABSL_GUARDED_BY(mu_) = -1;  // of any accepted push
-  int64_t newest_version_ ABSL_GUARDED_BY(mu_) = 0;
+  // Written under mu_, read without it.
+  std::atomic<int64_t> newest_version_{0};
 };
 
 }  // namespace bnps::server

@@ -1,8 +1,9 @@
 // The shard service's side of the RPC boundary, shared by its unary
 // handlers and its reactors (server/shard_service.cc): parsing a raw
-// request, finishing a call with an absl::Status (converted to a gRPC status
-// here, through proto/codec.h, and nowhere else), the one log line per
-// rejected call, and the job token a call carries. Internal to server/.
+// request, finishing a unary call with an absl::Status (converted by
+// proto::ToGrpcStatus, the one converter, as the reactors' Finish calls are),
+// the one log line per rejected call, and the job token a call carries.
+// Internal to server/.
 //
 // Thread-safety: the functions are thread-safe; a Refused reactor belongs to
 // its call.

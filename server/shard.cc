@@ -97,9 +97,7 @@ absl::Status Shard::CheckOwned(const std::string& key) const {
 
 absl::Status Shard::MayRejoin(int worker) const {
   const bool shrink = options_.worker_loss == policy::WorkerLoss::kShrink;
-  const std::string lost =
-      absl::StrCat("worker ", worker, " was lost (no heartbeat for ",
-                   absl::FormatDuration(options_.heartbeat_timeout), ")");
+  const std::string lost = membership_.LostText(worker);
   const std::string after =
       shrink ? "; the job went on without it (--on_worker_loss=shrink)"
              : "; the job cannot go on without it (--on_worker_loss=fail): "
@@ -164,9 +162,8 @@ void Shard::Tick(absl::Time now) {
 
 void Shard::HandleLosses(absl::Time now) {
   for (int w : membership_.CheckTimeouts(now)) {
-    std::fprintf(stderr, "bnps_server[%d]: worker %d lost (no heartbeat for %s): %s\n",
-                 options_.shard, w,
-                 absl::FormatDuration(options_.heartbeat_timeout).c_str(),
+    std::fprintf(stderr, "bnps_server[%d]: %s: %s\n", options_.shard,
+                 membership_.LostText(w).c_str(),
                  options_.worker_loss == policy::WorkerLoss::kShrink
                      ? "dropping it, the job goes on with the others"
                      : "steps that need it fail");
@@ -175,9 +172,8 @@ void Shard::HandleLosses(absl::Time now) {
       bn_.RemoveWorker(w);
       if (clocks_) clocks_->RemoveWorker(w);
     } else {
-      const absl::Status why = absl::FailedPreconditionError(absl::StrCat(
-          "worker ", w, " was lost (no heartbeat for ",
-          absl::FormatDuration(options_.heartbeat_timeout), ")"));
+      const absl::Status why =
+          absl::FailedPreconditionError(membership_.LostText(w));
       store_.FailWorker(w, why);
       bn_.FailWorker(w, why);
       if (clocks_) clocks_->FailWorker(w, why);

@@ -112,9 +112,7 @@ class PushReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
 
   void Done(const absl::Status& s) {
     if (!s.ok()) LogRejected(*shard_, "PushGradients", worker_, s);
-    bool own;
-    grpc::SerializationTraits<proto::PushGradientsResponse>::Serialize(
-        response_, resp_, &own);
+    SerializeTo(response_, resp_);
     Finish(proto::ToGrpcStatus(s));
   }
 
@@ -233,11 +231,9 @@ class BnReactor
 
   void OnReadDone(bool ok) override {
     absl::Status malformed;
-    if (ok &&
-        !grpc::SerializationTraits<proto::BnRequest>::Deserialize(&req_, &msg_)
-             .ok()) {
-      malformed = absl::InvalidArgumentError(
-          "malformed message: protobuf could not parse a BnRequest");
+    if (ok) {
+      malformed = ParseRequest(req_, &msg_);
+      req_.Clear();  // for the next read
     }
     if (!ok || !malformed.ok()) {
       if (!malformed.ok()) {
@@ -259,8 +255,8 @@ class BnReactor
     // Answer first, then read on: a pending read makes gRPC announce the
     // window the request used at once, and the answer should not queue
     // behind that announcement.
-    // Dispatch copies what it keeps from msg_, so msg_ and req_ (emptied by
-    // the parse) serve the next read too.
+    // Dispatch copies what it keeps from msg_, so msg_ and req_ (cleared
+    // after the parse) serve the next read too.
     Dispatch(msg_);
     StartRead(&req_);
   }
@@ -318,10 +314,7 @@ class BnReactor
         }
       }
       grpc::ByteBuffer message;
-      bool own_buffer;
-      // Serializing a message protobuf built cannot fail.
-      grpc::SerializationTraits<proto::BnResponse>::Serialize(resp, &message,
-                                                              &own_buffer);
+      SerializeTo(resp, &message);
       Send(std::move(message));
     };
     absl::Status s = shard_->CheckCaller(req.job(), worker);

@@ -10,7 +10,7 @@
 #include "proto/sharding.h"
 #include "server/shard_service.h"
 
-namespace bnps::testing {
+namespace bnps::test {
 namespace {
 
 // Starts an operation that answers through a callback taking T, and blocks
@@ -241,4 +241,4 @@ std::vector<int> InProcessPsClient::LiveWorkers() const {
   return job_->shard(0).membership().LiveWorkers();
 }
 
-}  // namespace bnps::testing
+}  // namespace bnps::test

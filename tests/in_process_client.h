@@ -25,7 +25,7 @@
 #include "client/ps_client.h"
 #include "server/shard.h"
 
-namespace bnps::testing {
+namespace bnps::test {
 
 class InProcessJob {
  public:
@@ -107,6 +107,6 @@ class InProcessPsClient final : public client::PsClient {
   const proto::JobConfig config_;
 };
 
-}  // namespace bnps::testing
+}  // namespace bnps::test
 
 #endif  // BNPS_TESTS_IN_PROCESS_CLIENT_H_

@@ -137,7 +137,7 @@ server::ShardOptions JobOptions(policy::Policy p, int workers,
 // One Trainer per dataset, each on its own thread and client; `tweak` may
 // change a worker's client before it trains.
 std::vector<WorkerRun> Train(
-    testing::InProcessJob* job, const std::vector<const Dataset*>& data,
+    test::InProcessJob* job, const std::vector<const Dataset*>& data,
     const TrainerOptions& options,
     const std::function<void(int, RecordingClient*)>& tweak = nullptr) {
   std::vector<WorkerRun> runs(data.size());
@@ -145,7 +145,7 @@ std::vector<WorkerRun> Train(
   for (size_t w = 0; w < data.size(); ++w) {
     threads.emplace_back([&, w] {
       WorkerRun& run = runs[w];
-      auto inner = testing::InProcessPsClient::Connect(job, w);
+      auto inner = test::InProcessPsClient::Connect(job, w);
       if (!inner.ok()) {
         run.report = inner.status();
         return;
@@ -153,7 +153,7 @@ std::vector<WorkerRun> Train(
       RecordingClient client(*std::move(inner));
       if (tweak) tweak(w, &client);
       std::unique_ptr<nn::Backend> backend = nn::NewCpuBackend();
-      auto model = nn::Model::Create(testing::SmallModel(), backend.get());
+      auto model = nn::Model::Create(test::SmallModel(), backend.get());
       if (!model.ok()) {
         run.report = model.status();
         return;
@@ -203,7 +203,7 @@ TrainerOptions ThreeSteps() {
 // order, then the push; afterwards the servers' running statistics.
 TEST(TrainerTest, SyncStepExchangesEveryLayerBothWays) {
   const Dataset data = worker::MakeSyntheticDataset(48, 12, 12, 10, 1);
-  auto job = testing::InProcessJob::Create(JobOptions(policy::Policy::kSync, 2), 2);
+  auto job = test::InProcessJob::Create(JobOptions(policy::Policy::kSync, 2), 2);
   ASSERT_TRUE(job.ok()) << job.status();
   std::vector<WorkerRun> runs = Train(job->get(), {&data, &data}, ThreeSteps());
   for (const WorkerRun& run : runs) {
@@ -221,7 +221,7 @@ TEST(TrainerTest, SyncStepExchangesEveryLayerBothWays) {
     EXPECT_EQ(CallsOf(run.calls, "pull 1", "pull 2"), want);
     // The final parameters (version 3), then the servers' statistics.
     std::vector<std::string> after = CallsOf(run.calls, "pull 3", "");
-    ASSERT_FALSE(after.empty());
+    ASSERT_GE(after.size(), 2u);
     EXPECT_EQ(after[1], "running " + run.bn_layers[0]);
   }
   // Bulk-synchronous: every worker ends with the servers' parameters, the
@@ -239,7 +239,7 @@ TEST(TrainerTest, SyncStepExchangesEveryLayerBothWays) {
 // exchanges forward statistics only, and every push is applied on arrival.
 TEST(TrainerTest, AsyncStepUsesClocksAndNoBackwardExchange) {
   const Dataset data = worker::MakeSyntheticDataset(48, 12, 12, 10, 2);
-  auto job = testing::InProcessJob::Create(
+  auto job = test::InProcessJob::Create(
       JobOptions(policy::Policy::kAsync, 2, /*staleness=*/1), 1);
   ASSERT_TRUE(job.ok()) << job.status();
   std::vector<WorkerRun> runs = Train(job->get(), {&data, &data}, ThreeSteps());
@@ -265,7 +265,7 @@ TEST(TrainerTest, LocalAndRecalTrainWithoutBnTrafficAndSettleAfterwards) {
   const Dataset data = worker::MakeSyntheticDataset(48, 12, 12, 10, 3);
   for (policy::Policy p : {policy::Policy::kLocal, policy::Policy::kRecal}) {
     SCOPED_TRACE(policy::PolicyName(p));
-    auto job = testing::InProcessJob::Create(JobOptions(p, 2), 2);
+    auto job = test::InProcessJob::Create(JobOptions(p, 2), 2);
     ASSERT_TRUE(job.ok()) << job.status();
     std::vector<WorkerRun> runs =
         Train(job->get(), {&data, &data}, ThreeSteps());
@@ -295,7 +295,7 @@ TEST(TrainerTest, LocalAndRecalTrainWithoutBnTrafficAndSettleAfterwards) {
 TEST(TrainerTest, SyncTwoWorkersFollowOneWorkerWithTheConcatenatedBatch) {
   const int64_t b = 4, steps = 2;
   const Dataset all = worker::MakeSyntheticDataset(2 * b * steps, 12, 12, 10, 7);
-  const Dataset single = testing::Interleaved(all, b, steps);
+  const Dataset single = test::Interleaved(all, b, steps);
   TrainerOptions two;
   two.batch_size = b;
   two.shuffle = false;
@@ -303,8 +303,8 @@ TEST(TrainerTest, SyncTwoWorkersFollowOneWorkerWithTheConcatenatedBatch) {
   two.evaluate = false;
   TrainerOptions one = two;
   one.batch_size = 2 * b;
-  auto split_job = testing::InProcessJob::Create(JobOptions(policy::Policy::kSync, 2), 2);
-  auto whole_job = testing::InProcessJob::Create(JobOptions(policy::Policy::kSync, 1), 2);
+  auto split_job = test::InProcessJob::Create(JobOptions(policy::Policy::kSync, 2), 2);
+  auto whole_job = test::InProcessJob::Create(JobOptions(policy::Policy::kSync, 1), 2);
   ASSERT_TRUE(split_job.ok() && whole_job.ok());
   std::vector<WorkerRun> split = Train(split_job->get(), {&all, &all}, two);
   std::vector<WorkerRun> whole = Train(whole_job->get(), {&single}, one);
@@ -313,13 +313,13 @@ TEST(TrainerTest, SyncTwoWorkersFollowOneWorkerWithTheConcatenatedBatch) {
   for (const auto& [name, t] : whole[0].params) {
     const std::vector<float>& got = split[0].params.at(name).values;
     ASSERT_EQ(got.size(), t.values.size());
-    EXPECT_LT(testing::MaxRelDiff(t.values, got), 1e-4) << name;
+    EXPECT_LT(test::MaxRelDiff(t.values, got), 1e-4) << name;
   }
 }
 
 TEST(TrainerTest, AFailedCallEndsTheRunNamingTheStep) {
   const Dataset data = worker::MakeSyntheticDataset(48, 12, 12, 10, 4);
-  auto job = testing::InProcessJob::Create(JobOptions(policy::Policy::kLocal, 1), 1);
+  auto job = test::InProcessJob::Create(JobOptions(policy::Policy::kLocal, 1), 1);
   ASSERT_TRUE(job.ok());
   std::vector<WorkerRun> runs =
       Train(job->get(), {&data}, ThreeSteps(), [](int, RecordingClient* c) {
@@ -334,7 +334,7 @@ TEST(TrainerTest, AFailedCallEndsTheRunNamingTheStep) {
 
 TEST(TrainerTest, AServerPolicyItDoesNotKnowIsRefused) {
   const Dataset data = worker::MakeSyntheticDataset(16, 12, 12, 10, 5);
-  auto job = testing::InProcessJob::Create(JobOptions(policy::Policy::kSync, 1), 1);
+  auto job = test::InProcessJob::Create(JobOptions(policy::Policy::kSync, 1), 1);
   ASSERT_TRUE(job.ok());
   std::vector<WorkerRun> runs =
       Train(job->get(), {&data}, ThreeSteps(), [](int, RecordingClient* c) {

@@ -25,9 +25,9 @@ namespace {
 using worker::Dataset;
 using worker::TrainerOptions;
 using worker::TrainReport;
-using testing::Interleaved;
-using testing::MaxRelDiff;
-using testing::SmallModel;
+using test::Interleaved;
+using test::MaxRelDiff;
+using test::SmallModel;
 
 struct WorkerResult {
   absl::StatusOr<TrainReport> report = absl::UnknownError("not run");
@@ -105,7 +105,7 @@ TEST(TrainingTest, SyncTwoWorkersFollowOneWorkerWithTheConcatenatedBatch) {
   const Dataset all = worker::MakeSyntheticDataset(2 * b * steps, 12, 12, 10, 7);
   const Dataset single = Interleaved(all, b, steps);
   for (int64_t k : {1, 2, 4}) {
-    SCOPED_TRACE(::testing::Message() << "after " << k << " steps");
+    SCOPED_TRACE(testing::Message() << "after " << k << " steps");
     TrainerOptions two;
     two.batch_size = b;
     two.shuffle = false;
@@ -180,7 +180,7 @@ TEST(TrainingTest, EveryPolicyTrains) {
                         Case{policy::Policy::kLocal, 0, worker::RecalMode::kExact, true},
                         Case{policy::Policy::kRecal, 0, worker::RecalMode::kPrecise, false},
                         Case{policy::Policy::kRecal, 0, worker::RecalMode::kExact, false}}) {
-    SCOPED_TRACE(::testing::Message()
+    SCOPED_TRACE(testing::Message()
                  << policy::PolicyName(c.policy) << " recal "
                  << worker::RecalModeName(c.mode));
     TrainerOptions o;

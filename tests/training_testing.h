@@ -14,7 +14,7 @@
 #include "worker/data/dataset.h"
 #include "worker/nn/model.h"
 
-namespace bnps::testing {
+namespace bnps::test {
 
 // One block of width 4 on 12x12 images: every layer kind, in milliseconds.
 inline nn::ModelOptions SmallModel() {
@@ -56,6 +56,6 @@ inline worker::Dataset Interleaved(const worker::Dataset& all, int64_t b,
   return single;
 }
 
-}  // namespace bnps::testing
+}  // namespace bnps::test
 
 #endif  // BNPS_TESTS_TRAINING_TESTING_H_

@@ -31,14 +31,14 @@ int main(int argc, char** argv) {
       absl::StrSplit(absl::GetFlag(FLAGS_servers), ',', absl::SkipEmpty());
   if (servers.empty()) {
     std::fprintf(stderr, "bnps_status: --servers is empty\n");
-    return 2;
+    return bnps::util::kBadFlagsExitCode;
   }
   absl::StatusOr<bnps::security::ClientSecurity> security =
       bnps::security::SecurityFromFlags();
   if (!security.ok()) {
     std::fprintf(stderr, "bnps_status: %s\n",
                  std::string(security.status().message()).c_str());
-    return 2;
+    return bnps::util::kBadFlagsExitCode;
   }
   int unreachable = 0;
   for (size_t i = 0; i < servers.size(); ++i) {

@@ -7,7 +7,9 @@
 // "\\\\", newline, carriage return and tab become "\\n", "\\r", "\\t", and
 // every other byte (other control characters, DEL, any byte >= 0x80, so also
 // UTF-8 beyond ASCII) becomes "\\xNN". The escaping is unambiguous: a client
-// cannot make escaped text look like an escape.
+// cannot make escaped text look like an escape. (absl::CHexEscape would do
+// the same but also escape quotes, which the log's quoted keys read worse
+// with.)
 //
 // Example:
 //   std::fprintf(stderr, "rejected: %s\n", EscapeForLog(s.ToString()).c_str());

@@ -25,8 +25,9 @@ namespace bnps::worker {
 
 class ServerBnExchange : public nn::BnExchange {
  public:
-  // `client` is not owned and must outlive this. REQUIRES:
-  // policy::BnTrafficWhileTraining(policy).
+  // `client` is not owned and must outlive this. Only policies with BN
+  // traffic while training (policy::BnTrafficWhileTraining) should route
+  // their layers here; under the others the servers refuse the calls.
   ServerBnExchange(client::PsClient* client, policy::Policy policy)
       : client_(client), policy_(policy) {}
 

@@ -4,10 +4,8 @@
 #include <cmath>
 #include <utility>
 
-#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/strip.h"
 #include "bn/moments.h"
 #include "policy/policy.h"
 #include "worker/nn/bn_exchange.h"
