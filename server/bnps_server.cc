@@ -79,7 +79,11 @@ std::string Fail(const absl::Status& s) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // --help exits 0; an unknown or malformed flag exits 2.
+  // --help exits 0; an unknown or malformed flag exits 2. Flags may come
+  // from BNPS_* variables; BNPS_SHARD=from-hostname takes a StatefulSet pod's
+  // ordinal.
+  bnps::util::EnvFlagsOptions env;
+  env.ordinal_flag = "shard";
   bnps::util::ParseCommandLine(
       argc, argv,
       "A shard server of a bnps job: keeps the parameters it owns, applies the "
@@ -88,7 +92,8 @@ int main(int argc, char** argv) {
       "--policy=sync\n"
       "Exit status: 0 after a clean shutdown (SIGINT, SIGTERM) or --help; 2 "
       "for a flag it cannot use; 1 for options that do not fit together or "
-      "an address it cannot bind (a port in use).");
+      "an address it cannot bind (a port in use).",
+      env);
   // Debian builds Abseil with Mutex deadlock detection on, which records a
   // lock graph at every acquisition; the tests keep it, the binaries do not.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);

@@ -19,14 +19,19 @@ ABSL_FLAG(std::string, servers, "127.0.0.1:7000",
 ABSL_FLAG(int, timeout_ms, 3000, "Deadline of each status call.");
 
 int main(int argc, char** argv) {
-  // --help exits 0; an unknown or malformed flag exits 2.
+  // --help exits 0; an unknown or malformed flag exits 2. Flags may come
+  // from BNPS_* variables; others only warn, since bnps_status is run by hand
+  // in containers whose environment was written for a server or a worker.
+  bnps::util::EnvFlagsOptions env;
+  env.unknown_is_error = false;
   bnps::util::ParseCommandLine(
       argc, argv,
       "Shows the job configuration, the workers' liveness and clocks, and the "
       "parameter versions of every shard server.\n"
       "  bnps_status --servers=127.0.0.1:7000,127.0.0.1:7001\n"
       "Exit status: 0 when every server answered or after --help; 1 when one "
-      "did not; 2 for bad flags.");
+      "did not; 2 for bad flags.",
+      env);
   const std::vector<std::string> servers =
       absl::StrSplit(absl::GetFlag(FLAGS_servers), ',', absl::SkipEmpty());
   if (servers.empty()) {

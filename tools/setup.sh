@@ -5,13 +5,16 @@
 #
 #   tools/setup.sh          build + test dependencies, and Fashion-MNIST
 #   tools/setup.sh --peers  also PyTorch and matplotlib (benchmark peer, plots): large
+#   tools/setup.sh --containers  also Podman and the tools of tools/container_test.sh
 set -euo pipefail
 
 want_peers=0
+want_containers=0
 for arg in "$@"; do
   case "$arg" in
     --peers) want_peers=1 ;;
-    -h|--help) sed -n '2,8p' "$0"; exit 0 ;;
+    --containers) want_containers=1 ;;
+    -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
     *) echo "setup.sh: unknown argument '$arg' (try --help)" >&2; exit 2 ;;
   esac
 done
@@ -29,6 +32,15 @@ packages=(
 )
 if [ "$want_peers" = 1 ]; then
   packages+=(python3-torch python3-matplotlib)
+fi
+if [ "$want_containers" = 1 ]; then
+  packages+=(
+    podman buildah           # images and containers (docs/deploy.md)
+    runc                     # the OCI runtime that works on hybrid cgroups
+    uidmap fuse-overlayfs slirp4netns
+    mmdebstrap               # the Debian base image, built without a registry
+    podman-compose           # runs compose.yaml
+  )
 fi
 
 sudo_cmd=()

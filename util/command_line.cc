@@ -1,7 +1,9 @@
 #include "util/command_line.h"
 
+#include <cstdio>
 #include <cstdlib>
 #include <iostream>
+#include <string>
 
 #include "absl/flags/internal/parse.h"
 #include "absl/flags/internal/usage.h"
@@ -33,7 +35,8 @@ bool IsBinaryFlagFile(absl::string_view filename) {
 }  // namespace
 
 std::vector<char*> ParseCommandLine(int argc, char** argv,
-                                    absl::string_view usage) {
+                                    absl::string_view usage,
+                                    const EnvFlagsOptions& env) {
   absl::SetProgramUsageMessage(usage);
   // Abseil's default shows only the flags of the file named after the
   // binary, which hides the flags of linked libraries (security_flags.cc).
@@ -42,6 +45,11 @@ std::vector<char*> ParseCommandLine(int argc, char** argv,
   config.contains_helpshort_flags = &IsBinaryFlagFile;
   config.contains_helppackage_flags = &IsBinaryFlagFile;
   absl::SetFlagsUsageConfig(config);
+  // The environment first, so that the command line parsed next wins.
+  if (absl::Status s = ApplyEnvironment(env); !s.ok()) {
+    std::fprintf(stderr, "ERROR: %s\n", std::string(s.message()).c_str());
+    std::exit(kBadFlagsExitCode);
+  }
   // What absl::ParseCommandLine does, except that the help flags are handled
   // here, so that help exits 0 (Abseil 20220623, Debian's, has no public way
   // to do this; newer Abseil has absl::ParseAbseilFlagsOnly).
@@ -51,7 +59,7 @@ std::vector<char*> ParseCommandLine(int argc, char** argv,
       absl::flags_internal::OnUndefinedFlag::kAbortIfUndefined);
   if (absl::flags_internal::HandleUsageFlags(
           std::cout, absl::ProgramUsageMessage()) != -1) {
-    std::cout << std::flush;
+    std::cout << EnvironmentHelp(BinaryFlagNames(), env) << std::flush;
     std::exit(0);
   }
   return positional;

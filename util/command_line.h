@@ -10,10 +10,17 @@
 //       type, an unreadable --flagfile: Abseil's one line "ERROR: ..." on
 //       stderr, and exit status 2 (the binaries' status for bad flags; Abseil
 //       alone would exit 1).
+//   Flags are first taken from the environment (BNPS_<FLAG>, and the
+//       Kubernetes roles `env` names; util/env_flags.h), then from the command
+//       line, which wins. A variable it cannot use: one line "ERROR: ..." on
+//       stderr naming it, and exit status 2. --help ends with the variables.
 //
 // Example:
 //   int main(int argc, char** argv) {
-//     bnps::util::ParseCommandLine(argc, argv, "What it does.\n  usage: ...");
+//     bnps::util::EnvFlagsOptions env;
+//     env.job_index_flag = "worker";  // JOB_COMPLETION_INDEX sets --worker
+//     bnps::util::ParseCommandLine(argc, argv, "What it does.\n  usage: ...",
+//                                  env);
 //     ...
 //   }
 //
@@ -26,17 +33,20 @@
 #include <vector>
 
 #include "absl/strings/string_view.h"
+#include "util/env_flags.h"
 
 namespace bnps::util {
 
 // The exit status of a binary given flags it cannot use.
 inline constexpr int kBadFlagsExitCode = 2;
 
-// Sets `usage` as the program usage message, parses the flags and returns
-// the positional arguments (argv[0] first). Does not return after --help or a
-// bad flag (see above).
+// Sets `usage` as the program usage message, sets flags from the environment
+// as `env` says, parses the command line and returns the positional arguments
+// (argv[0] first). Does not return after --help or a bad flag or variable
+// (see above).
 std::vector<char*> ParseCommandLine(int argc, char** argv,
-                                    absl::string_view usage);
+                                    absl::string_view usage,
+                                    const EnvFlagsOptions& env = {});
 
 }  // namespace bnps::util
 

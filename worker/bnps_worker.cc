@@ -418,7 +418,11 @@ absl::Status Main() {
 }  // namespace bnps::worker
 
 int main(int argc, char** argv) {
-  // --help exits 0; an unknown or malformed flag exits 2.
+  // --help exits 0; an unknown or malformed flag exits 2. Flags may come
+  // from BNPS_* variables, the worker's id from an Indexed Job's
+  // JOB_COMPLETION_INDEX.
+  bnps::util::EnvFlagsOptions env;
+  env.job_index_flag = "worker";
   bnps::util::ParseCommandLine(
       argc, argv,
       "A worker of a bnps job: trains the model on its shard of the data "
@@ -426,7 +430,8 @@ int main(int argc, char** argv) {
       "  bnps_worker --servers=127.0.0.1:7000,127.0.0.1:7001 --worker=0 "
       "--num_workers=4 --epochs=1\n"
       "Exit status: 0 on success or --help; 2 for bad flags; 1 when training "
-      "fails (servers unreachable, missing data, ...).");
+      "fails (servers unreachable, missing data, ...).",
+      env);
   // Debian builds Abseil with Mutex deadlock detection on, which records a
   // lock graph at every acquisition; the tests keep it, the binaries do not.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
