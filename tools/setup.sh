@@ -38,6 +38,7 @@ if [ "$want_containers" = 1 ]; then
     podman buildah           # images and containers (docs/deploy.md)
     runc                     # the OCI runtime that works on hybrid cgroups
     uidmap fuse-overlayfs slirp4netns
+    netavark aardvark-dns    # container networks whose DNS knows the services
     mmdebstrap               # the Debian base image, built without a registry
     podman-compose           # runs compose.yaml
   )
