@@ -32,11 +32,11 @@ FROM ${RUNTIME_BASE}
 ARG WITH_DATASET=1
 # The runtime halves of the -dev packages setup.sh installs (found with ldd on
 # the binaries and dpkg -S on the libraries): gRPC, Protocol Buffers, Abseil,
-# oneDNN (which pulls the OpenCL loader), OpenMP, zlib.
+# oneDNN (which pulls the OpenCL loader), OpenMP, libatomic, zlib.
 RUN apt-get update -qq \
     && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
         libgrpc++1.51 libgrpc29 libprotobuf32 libabsl20220623 libdnnl2 \
-        libgomp1 zlib1g libc-ares2 libre2-9 libssl3 \
+        libgomp1 libatomic1 zlib1g libc-ares2 libre2-9 libssl3 \
         $([ "$WITH_DATASET" = 1 ] && echo dataset-fashion-mnist) \
     && rm -rf /var/lib/apt/lists/*
 COPY --from=build /out/ /usr/local/bin/
@@ -44,12 +44,13 @@ COPY --from=build /out/ /usr/local/bin/
 RUN ! ldd /usr/local/bin/bnps_server /usr/local/bin/bnps_worker \
         /usr/local/bin/bnps_status | grep 'not found'
 # Checkpoints go to /var/lib/bnps (a volume in compose and Kubernetes).
-RUN useradd --system --uid 10001 --user-group --home-dir /var/lib/bnps \
+RUN groupadd --system --gid 10001 bnps \
+    && useradd --system --uid 10001 --gid 10001 --home-dir /var/lib/bnps \
         --create-home --shell /usr/sbin/nologin bnps
 USER 10001
 WORKDIR /var/lib/bnps
-# Servers listen on every interface of the container; flags and BNPS_*
-# variables say the rest (bnps_server --help).
-ENV BNPS_HOST=0.0.0.0
+# Flags and BNPS_* variables configure each process (bnps_server --help); a
+# server in a container needs --host=0.0.0.0 (BNPS_HOST). No BNPS_ variable is
+# set here: one bnps_worker does not know would stop it.
 EXPOSE 7000
 CMD ["bnps_server", "--help"]

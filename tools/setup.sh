@@ -39,6 +39,7 @@ if [ "$want_containers" = 1 ]; then
     runc                     # the OCI runtime that works on hybrid cgroups
     uidmap fuse-overlayfs slirp4netns
     netavark aardvark-dns    # container networks whose DNS knows the services
+    catatonit                # the pause process of pods (podman kube play)
     mmdebstrap               # the Debian base image, built without a registry
     podman-compose           # runs compose.yaml
   )

@@ -1,0 +1,207 @@
+#!/usr/bin/env bash
+# The container deployment, end to end, on this machine (docs/deploy.md):
+#   1. the Debian base image (mmdebstrap, once per machine: no registry here),
+#   2. the bnps image (Dockerfile: Bazel builds the binaries inside Debian 12),
+#   3. compose.yaml run to completion, plaintext with a token and again with
+#      compose.tls.yaml (mutual TLS): every worker prints a test accuracy,
+#   4. the Kubernetes manifests (deploy/base, gpu, tls) rendered with kubectl
+#      kustomize and every object validated against the Kubernetes schemas,
+#   5. deploy/base's servers and workers run as Pods with podman kube play
+#      (deploy/to_pods.js renders the StatefulSet and the Indexed Job as the
+#      Pods a cluster would create) to the workers' test accuracy.
+# It removes every container, pod, network and volume it started, and its
+# files; images stay (the next run reuses them) unless --rmi.
+#
+#   tools/setup.sh --containers && tools/container_test.sh [--rmi] [--skip-tls]
+#
+# Needs root (rootful Podman), podman-compose, mmdebstrap, kubectl, node and
+# npm (deploy/package.json's validator is installed with npm ci).
+# Exit status 0 when every step passed; the failing step's output otherwise.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+repo=$PWD
+
+rmi=0
+tls=1
+for arg in "$@"; do
+  case "$arg" in
+    --rmi) rmi=1 ;;
+    --skip-tls) tls=0 ;;
+    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+    *) echo "container_test.sh: unknown argument '$arg' (try --help)" >&2; exit 2 ;;
+  esac
+done
+
+for tool in podman podman-compose mmdebstrap kubectl node npm openssl; do
+  if ! command -v "$tool" >/dev/null; then
+    echo "container_test.sh: no $tool; run tools/setup.sh --containers" >&2
+    exit 2
+  fi
+done
+
+# Podman as it works here: runc, no default ulimits, netavark (DNS by name).
+export CONTAINERS_CONF=${CONTAINERS_CONF:-$repo/tools/containers.conf}
+readonly IMAGE=localhost/bnps:latest
+readonly BASE=localhost/debian:bookworm
+readonly project="bnpsct$$"
+readonly kube_net="bnpsct$$-kube"
+readonly subnet_prefix="10.89.$((100 + $$ % 100))"
+work=$(mktemp -d /tmp/bnps-container-test.XXXXXX)
+start=$(date +%s)
+
+step() { echo "== $(( $(date +%s) - start ))s: $*"; }
+die() { echo "container_test.sh: FAILED: $*" >&2; exit 1; }
+
+compose() {
+  podman-compose -p "$project" "$@"
+}
+
+cleanup() {
+  local rc=$?
+  set +e
+  echo "== cleaning up"
+  for f in "$work"/pods/workers.yaml "$work"/pods/servers.yaml; do
+    [ -f "$f" ] && podman kube down "$f" >/dev/null 2>&1
+  done
+  # podman-compose 1.0.3's down leaves the network; remove what is labelled.
+  compose -f compose.yaml down >/dev/null 2>&1
+  podman ps -a -q --filter "label=io.podman.compose.project=$project" |
+    xargs -r podman rm -f >/dev/null 2>&1
+  podman network ls -q --filter "label=io.podman.compose.project=$project" |
+    xargs -r podman network rm -f >/dev/null 2>&1
+  podman network exists "$kube_net" && podman network rm -f "$kube_net" >/dev/null
+  podman volume ls -q --filter "label=io.podman.compose.project=$project" |
+    xargs -r podman volume rm -f >/dev/null 2>&1
+  if [ "$rmi" = 1 ]; then
+    podman rmi -f "$IMAGE" "$BASE" docker.io/library/debian:bookworm \
+      docker.io/library/debian:bookworm-slim >/dev/null 2>&1
+  fi
+  rm -rf "$work"
+  echo "== $(( $(date +%s) - start ))s in all; exit status $rc"
+}
+trap cleanup EXIT
+
+# The workers' accuracy lines in LOG: N of them, each above chance (10%).
+check_accuracy() {
+  local log=$1 want=$2 what=$3
+  local got
+  got=$(grep -cE '^test accuracy 0\.[0-9]{4}' "$log" || true)
+  [ "$got" = "$want" ] || { tail -40 "$log"; die "$what: $got of $want workers printed a test accuracy"; }
+  # Above 0.5: well above chance after an epoch (about 0.8 is usual).
+  if grep -E '^test accuracy' "$log" | awk '{ if ($3 < 0.5) bad = 1 } END { exit !bad }'; then
+    grep -E '^test accuracy' "$log"; die "$what: a test accuracy below 0.5"
+  fi
+  grep -E '^test accuracy' "$log" | sort | uniq -c | sed "s/^/   $what: /"
+}
+
+# --- 1. The base image ------------------------------------------------------
+if podman image exists "$BASE"; then
+  step "base image $BASE: present (reused)"
+else
+  step "base image $BASE: mmdebstrap (once per machine)"
+  mmdebstrap --quiet --variant=minbase bookworm "$work/rootfs.tar" http://deb.debian.org/debian
+  podman import --quiet "$work/rootfs.tar" "$BASE" >/dev/null
+  rm -f "$work/rootfs.tar"
+fi
+# The names the Dockerfile's FROM lines use.
+podman tag "$BASE" docker.io/library/debian:bookworm docker.io/library/debian:bookworm-slim
+
+# --- 2. The bnps image --------------------------------------------------------
+step "podman build -t $IMAGE ."
+podman build --network host --pull=never -t "$IMAGE" . > "$work/build.log" 2>&1 ||
+  { tail -60 "$work/build.log"; die "podman build"; }
+podman run --rm "$IMAGE" bnps_worker --help > "$work/help.txt" ||
+  die "bnps_worker --help in the image"
+grep -q 'BNPS_SERVERS' "$work/help.txt" || die "--help in the image names no BNPS_SERVERS"
+[ "$(podman run --rm "$IMAGE" id -u)" = 10001 ] || die "the image's user is not 10001"
+step "image $(podman image inspect --format '{{.Size}}' "$IMAGE" | awk '{printf "%.0f MB", $1/1e6}')"
+
+# --- 3. compose ---------------------------------------------------------------
+# Secrets are bind-mounted: the containers' user (10001) must read them.
+openssl rand -hex 32 > "$work/token"
+chmod 644 "$work/token"
+export COMPOSE_BNPS_TOKEN="$work/token" COMPOSE_BNPS_IMAGE="$IMAGE"
+
+run_compose() {  # NAME COMPOSE_FILES...
+  local name=$1; shift
+  local files=()
+  for f in "$@"; do files+=(-f "$f"); done
+  step "compose ($name): podman-compose up"
+  compose "${files[@]}" up -d > "$work/compose-$name-up.log" 2>&1 ||
+    { cat "$work/compose-$name-up.log"; die "podman-compose up ($name)"; }
+  local log="$work/compose-$name.log" rc
+  : > "$log"
+  for w in 0 1 2 3; do
+    rc=$(timeout 900 podman wait "${project}_worker-${w}_1") ||
+      die "compose ($name): worker-$w did not finish in 15 minutes"
+    podman logs "${project}_worker-${w}_1" >> "$log" 2>&1
+    [ "$rc" = 0 ] || { tail -30 "$log"; podman logs "${project}_server-0_1" | tail; die "compose ($name): worker-$w exited $rc"; }
+  done
+  podman logs "${project}_server-0_1" > "$work/compose-$name-server.log" 2>&1
+  check_accuracy "$log" 4 "compose ($name)"
+  compose "${files[@]}" down > /dev/null 2>&1
+}
+
+run_compose plaintext compose.yaml
+grep -q "plaintext with a job token" "$work/compose-plaintext-server.log" ||
+  die "compose (plaintext): the server did not take the token"
+if [ "$tls" = 1 ]; then
+  deploy/make_tls.sh "$work/tls" server-0 server-1 > /dev/null
+  export COMPOSE_BNPS_TLS="$work/tls"
+  run_compose tls compose.yaml compose.tls.yaml
+  grep -q "mutual TLS" "$work/compose-tls-server.log" ||
+    { cat "$work/compose-tls-server.log"; die "compose (tls): the server does not serve mutual TLS"; }
+fi
+
+# --- 4. The manifests, validated ----------------------------------------------
+step "manifests: npm ci (deploy/package.json), kubectl kustomize, validate"
+(cd deploy && npm ci --no-audit --no-fund --silent > "$work/npm.log" 2>&1) ||
+  { cat "$work/npm.log"; die "npm ci in deploy/"; }
+# A copy of deploy/ with the secrets a user would create.
+cp -r deploy "$work/deploy"
+rm -rf "$work/deploy/node_modules"
+openssl rand -hex 32 > "$work/deploy/base/secrets/token"
+deploy/make_tls.sh "$work/deploy/tls/secrets" > /dev/null
+for overlay in base gpu tls; do
+  kubectl kustomize "$work/deploy/$overlay" > "$work/$overlay.yaml" ||
+    die "kubectl kustomize deploy/$overlay"
+  node deploy/validate.js "$work/$overlay.yaml" > "$work/validate-$overlay.txt" ||
+    { cat "$work/validate-$overlay.txt"; die "deploy/$overlay: invalid objects"; }
+  echo "   deploy/$overlay: $(tail -1 "$work/validate-$overlay.txt")"
+done
+# The validator must be able to fail: a replica count that is not a number.
+if sed 's/replicas: 2/replicas: "two"/' "$work/base.yaml" |
+    node deploy/validate.js - > /dev/null; then
+  die "validate.js accepted replicas: \"two\""
+fi
+
+# --- 5. The manifests' containers as Pods --------------------------------------
+step "pods: podman kube play deploy/base's servers and workers"
+node deploy/to_pods.js "$work/base.yaml" "$work/pods" "$subnet_prefix" > /dev/null
+podman network create --subnet "$subnet_prefix.0/24" "$kube_net" > /dev/null
+ip_args=()
+while read -r ip; do ip_args+=(--ip "$ip"); done < "$work/pods/ips"
+podman kube play --network "$kube_net" "${ip_args[@]}" "$work/pods/servers.yaml" \
+  > "$work/play-servers.log" 2>&1 || { cat "$work/play-servers.log"; die "kube play (servers)"; }
+podman kube play --network "$kube_net" "$work/pods/workers.yaml" \
+  > "$work/play-workers.log" 2>&1 || { cat "$work/play-workers.log"; die "kube play (workers)"; }
+log="$work/pods-workers.log"
+: > "$log"
+for w in 0 1 2 3; do
+  rc=$(timeout 900 podman wait "bnps-worker-$w-worker") ||
+    die "pods: bnps-worker-$w did not finish in 15 minutes"
+  podman logs "bnps-worker-$w-worker" >> "$log" 2>&1
+  [ "$rc" = 0 ] || { tail -30 "$log"; podman logs bnps-server-0-server | tail; die "pods: bnps-worker-$w exited $rc"; }
+done
+check_accuracy "$log" 4 "pods"
+# Each server took its shard from its hostname (BNPS_SHARD=from-hostname).
+for s in 0 1; do
+  podman logs "bnps-server-$s-server" 2>&1 | grep -q "shard $s of 2" ||
+    { podman logs "bnps-server-$s-server"; die "pods: bnps-server-$s is not shard $s"; }
+done
+# The worker ids came from JOB_COMPLETION_INDEX.
+for w in 0 1 2 3; do
+  grep -q "^bnps_worker $w/4: connecting to job 'fashion' at bnps-server-0.bnps-server:7000" "$log" ||
+    die "pods: no worker $w connecting by the servers' DNS names"
+done
+step "passed"
