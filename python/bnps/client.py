@@ -96,6 +96,23 @@ class Client:
         return self._native.bn_running(layer, channels)
 
     @_translated
+    def init_parameters(self, params):
+        """{name: float32 array}; the first initialization of a key wins."""
+        return self._native.init_parameters(params)
+
+    @_translated
+    def push_gradients(self, step, num_samples, grads):
+        """{name: float32 array}: the gradients of `step` summed over
+        `num_samples` samples."""
+        return self._native.push_gradients(step, num_samples, grads)
+
+    @_translated
+    def pull_parameters(self, min_version, keys=()):
+        """{name: float32 array} of `keys` (all if empty) once each has had
+        `min_version` updates applied (0: at once)."""
+        return self._native.pull_parameters(min_version, list(keys))
+
+    @_translated
     def start_step(self, step):
         return self._native.start_step(step)
 

@@ -98,6 +98,34 @@ py::dict ConfigDict(const proto::JobConfig& c) {
 }
 
 // One worker's connection to the job's shard servers.
+using FloatArray =
+    py::array_t<float, py::array::c_style | py::array::forcecast>;
+
+// {name: float32 array of any shape} -> Params.
+client::Params ToParams(const py::dict& d) {
+  client::Params params;
+  for (auto item : d) {
+    std::string name = py::cast<std::string>(item.first);
+    FloatArray a = py::cast<FloatArray>(item.second);
+    client::Param p;
+    for (py::ssize_t i = 0; i < a.ndim(); ++i) p.shape.push_back(a.shape(i));
+    p.values.assign(a.data(), a.data() + a.size());
+    params.emplace(std::move(name), std::move(p));
+  }
+  return params;
+}
+
+py::dict FromParams(const client::Params& params) {
+  py::dict d;
+  for (const auto& [name, p] : params) {
+    std::vector<py::ssize_t> shape(p.shape.begin(), p.shape.end());
+    FloatArray a(shape);
+    std::copy(p.values.begin(), p.values.end(), a.mutable_data());
+    d[py::str(name)] = std::move(a);
+  }
+  return d;
+}
+
 class Client {
  public:
   Client(std::vector<std::string> servers, std::string job, int worker,
@@ -246,6 +274,42 @@ class Client {
     Check(s);
   }
 
+  void InitParameters(const py::dict& params) {
+    client::Params p = ToParams(params);
+    client::GrpcPsClient& c = get();
+    absl::Status s;
+    {
+      py::gil_scoped_release release;
+      s = c.InitParameters(p);
+    }
+    Check(s);
+  }
+
+  void PushGradients(int64_t step, int64_t num_samples, const py::dict& grads) {
+    auto p = std::make_shared<const client::Params>(ToParams(grads));
+    client::GrpcPsClient& c = get();
+    absl::Status s;
+    {
+      py::gil_scoped_release release;
+      s = c.PushGradients(step, num_samples, std::move(p));
+    }
+    Check(s);
+  }
+
+  // The parameters named in `keys` (every key of the job if empty), once
+  // each has at least `min_version` updates applied.
+  py::dict PullParameters(int64_t min_version,
+                          const std::vector<std::string>& keys) {
+    client::GrpcPsClient& c = get();
+    absl::StatusOr<client::Params> r;
+    {
+      py::gil_scoped_release release;
+      r = keys.empty() ? c.PullParameters(min_version)
+                       : c.PullParameters(keys, min_version);
+    }
+    return FromParams(Value(std::move(r)));
+  }
+
   std::vector<int> LiveWorkers() { return get().LiveWorkers(); }
   py::dict Config() { return ConfigDict(get().config()); }
   int worker() { return get().worker(); }
@@ -313,6 +377,11 @@ PYBIND11_MODULE(_bnps_native, m) {
            py::arg("mean"), py::arg("var"))
       .def("bn_running", &Client::BnRunning, py::arg("layer"),
            py::arg("channels"))
+      .def("init_parameters", &Client::InitParameters, py::arg("params"))
+      .def("push_gradients", &Client::PushGradients, py::arg("step"),
+           py::arg("num_samples"), py::arg("grads"))
+      .def("pull_parameters", &Client::PullParameters, py::arg("min_version"),
+           py::arg("keys") = std::vector<std::string>{})
       .def("start_step", &Client::StartStep, py::arg("step"))
       .def("finish_step", &Client::FinishStep, py::arg("completed"));
 }

@@ -15,7 +15,8 @@ from bnps.torch.session import Session, default_session, init
 from bnps.torch.sync_batchnorm import SyncBatchNorm, local_moments
 from bnps.torch.convert import (convert_sync_batchnorm, name_layers,
                                 recalibrate, sync_running_stats)
+from bnps.torch.optimizer import ParameterServerOptimizer
 
-__all__ = ["Session", "SyncBatchNorm", "convert_sync_batchnorm",
+__all__ = ["ParameterServerOptimizer", "Session", "SyncBatchNorm", "convert_sync_batchnorm",
            "default_session", "init", "local_moments", "name_layers",
            "recalibrate", "sync_running_stats"]
