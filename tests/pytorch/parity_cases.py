@@ -133,3 +133,24 @@ def convert_data(step):
     n = sum(CONVERT_SIZES)
     return (torch.randn(n, 3, 5, 5, generator=g, dtype=torch.float64),
             torch.randn(n, 5, generator=g, dtype=torch.float64))
+
+
+# ParameterServerOptimizer: a small model trained by 2 workers with uneven
+# batches, against torch.optim.SGD on the global batch.
+OPT_SIZES = [3, 5]
+OPT_STEPS = 4
+OPT_LR = 0.1
+OPT_MOMENTUM = 0.9
+
+
+def opt_model():
+    torch.manual_seed(11)
+    return nn.Sequential(nn.Linear(4, 6), nn.BatchNorm1d(6), nn.ReLU(),
+                         nn.Linear(6, 3))
+
+
+def opt_data(step):
+    g = torch.Generator().manual_seed(700 + step)
+    n = sum(OPT_SIZES)
+    return (torch.randn(n, 4, generator=g),
+            torch.randint(0, 3, (n,), generator=g))

@@ -186,6 +186,29 @@ def scenario_async(worker):
             "steps": int(bn.num_batches_tracked)}
 
 
+def scenario_optimizer(worker):
+    """A model trained through the servers' SGD (uneven batches)."""
+    model = bnps.torch.convert_sync_batchnorm(parity_cases.opt_model())
+    # A sum loss: with uneven batches a per-worker mean would weigh the
+    # workers' dy differently inside the synchronized BN backward pass.
+    opt = bnps.torch.ParameterServerOptimizer(model.named_parameters(),
+                                              loss_reduction="sum")
+    session = bnps.torch.default_session()
+    sizes = parity_cases.OPT_SIZES
+    rows = slice(sum(sizes[:worker]), sum(sizes[:worker + 1]))
+    for step in range(parity_cases.OPT_STEPS):
+        x, y = parity_cases.opt_data(step)
+        with session.step():
+            opt.zero_grad()
+            loss = torch.nn.functional.cross_entropy(model(x[rows]), y[rows],
+                                                     reduction="sum")
+            loss.backward()
+            opt.step(num_samples=sizes[worker])
+    return {"params": {n: p.detach().clone()
+                       for n, p in model.named_parameters()},
+            "steps": opt.step_count}
+
+
 SCENARIOS = {name[len("scenario_"):]: fn for name, fn in globals().items()
              if name.startswith("scenario_")}
 

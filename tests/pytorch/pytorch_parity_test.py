@@ -302,5 +302,29 @@ class PolicyTest(unittest.TestCase):
             self.assertTrue(bool((g["running_var"] > 0).all()), g)
 
 
+class ParameterServerOptimizerTest(unittest.TestCase):
+    def test_training_through_the_servers_matches_sgd_on_the_global_batch(self):
+        got = run_scenario(
+            "optimizer", 2, servers=2,
+            flags=[f"--learning_rate={parity_cases.OPT_LR}",
+                   f"--momentum={parity_cases.OPT_MOMENTUM}"])
+        model = parity_cases.opt_model()
+        sgd = torch.optim.SGD(model.parameters(), lr=parity_cases.OPT_LR,
+                              momentum=parity_cases.OPT_MOMENTUM)
+        for step in range(parity_cases.OPT_STEPS):
+            x, y = parity_cases.opt_data(step)
+            sgd.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            sgd.step()
+        for g in got:
+            self.assertEqual(g["steps"], parity_cases.OPT_STEPS)
+            for name, p in model.named_parameters():
+                torch.testing.assert_close(g["params"][name], p.detach(),
+                                           rtol=1e-4, atol=1e-5, msg=name)
+        # They moved: the check above is not the initial values twice.
+        start = dict(parity_cases.opt_model().named_parameters())
+        self.assertFalse(torch.allclose(start["0.weight"], model[0].weight))
+
+
 if __name__ == "__main__":
     unittest.main()

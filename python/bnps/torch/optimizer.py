@@ -12,11 +12,17 @@ learning rate, momentum and weight decay: bnps_server's flags).
 
 Construction offers every worker's initial values (the first to arrive wins)
 and loads the winner, so all workers start alike. step() pushes this
-worker's gradients (multiplied by num_samples when the loss is a mean, so the
-servers' average over the global batch is exact for uneven batches) and
+worker's gradients as a sum over its samples (multiplied by num_samples when
+loss_reduction="mean"; the servers divide by the global batch) and
 loads the parameters for the next step: under sync, local and recal once
 every worker's step is applied (a barrier); under async the newest.
 Parameters are float32 on the servers; a float64 model is rounded.
+
+Uneven batches with synchronized BN: use a sum loss (reduction="sum",
+loss_reduction="sum"). A per-worker mean scales each worker's dy by its own
+1/n inside the BN backward pass, which mixes all workers' dy, so the result is
+exact only when every worker has the same batch size (as with
+torch.nn.SyncBatchNorm under DDP).
 """
 
 import torch
