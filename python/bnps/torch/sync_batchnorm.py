@@ -38,6 +38,7 @@ gets bnps.DeadlineExceeded naming them after the servers' barrier timeout.
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from bnps import client as _client
 from bnps.torch import session as _session
@@ -59,16 +60,18 @@ def _channel_shape(x):
 
 def local_moments(x):
     """(count, mean, m2) of `x` (N, C, *) per channel: count an int, mean and
-    m2 float64 CPU tensors of size C."""
+    m2 float64 CPU tensors of size C. Two passes (the mean, then the squared
+    deviations from it), accumulated in float32 for 16-bit inputs."""
     channels = x.shape[1]
     count = x.numel() // channels if channels else 0
     if count == 0:
         zeros = torch.zeros(channels, dtype=torch.float64)
         return 0, zeros, zeros.clone()
     xa = x.to(_acc_dtype(x.dtype))
-    var, mean = torch.var_mean(xa, dim=_reduce_dims(x), unbiased=False)
-    return (count, mean.to(torch.float64).cpu(),
-            (var.to(torch.float64) * count).cpu())
+    dims = _reduce_dims(x)
+    mean = xa.sum(dim=dims) / count
+    m2 = ((xa - mean.view(_channel_shape(x))) ** 2).sum(dim=dims)
+    return count, mean.to(torch.float64).cpu(), m2.to(torch.float64).cpu()
 
 
 def _np(t):
@@ -87,59 +90,75 @@ class _Stats:
 
 
 class _SyncBatchNormFunction(torch.autograd.Function):
+    """y = (x - mean) / sqrt(var + eps) * weight + bias with the statistics
+    the layer's exchange gives; dx with the sums its backward exchange gives
+    (bn/kernels.h explains the variants). Per-element work is torch's fused
+    CPU/CUDA kernels: batch_norm in inference form for y, the backward
+    kernel's reduction for the two sums, and two fused multiply-adds for dx.
+    """
+
     @staticmethod
     def forward(ctx, x, weight, bias, bn, eps):
         stats = bn._exchange_forward(x)
         acc = _acc_dtype(x.dtype)
-        shape = _channel_shape(x)
-        mean = stats.mean.to(device=x.device, dtype=acc).view(shape)
-        invstd = torch.rsqrt(stats.var + eps).to(device=x.device,
-                                                 dtype=acc).view(shape)
-        y = (x.to(acc) - mean) * invstd
-        if weight is not None:
-            y = y * weight.to(acc).view(shape) + bias.to(acc).view(shape)
-        ctx.save_for_backward(x, weight, mean, invstd)
+        xa = x.to(acc)
+        mean = stats.mean.to(device=x.device, dtype=acc)
+        var = stats.var.to(device=x.device, dtype=acc)
+        w = None if weight is None else weight.to(acc)
+        b = None if bias is None else bias.to(acc)
+        y = F.batch_norm(xa, mean, var, w, b, False, 0.0, eps)
+        invstd = torch.rsqrt(stats.var + eps)  # float64, CPU
+        ctx.save_for_backward(x, weight)
         ctx.stats = stats
+        ctx.invstd = invstd
         ctx.bn = bn
+        ctx.eps = eps
         return y.to(x.dtype)
 
     @staticmethod
     def backward(ctx, dy):
-        x, weight, mean, invstd = ctx.saved_tensors
-        stats = ctx.stats
+        x, weight = ctx.saved_tensors
+        stats, invstd = ctx.stats, ctx.invstd
         acc = _acc_dtype(x.dtype)
-        dims = _reduce_dims(x)
         channels = x.shape[1]
-        dya = dy.to(acc)
+        f64 = dict(dtype=torch.float64)
         if x.numel() > 0:
-            xhat = (x.to(acc) - mean) * invstd
-            sum_dy = dya.sum(dim=dims)
-            sum_dy_xhat = (dya * xhat).sum(dim=dims)
+            xa, dya = x.to(acc), dy.to(acc)
+            _, sum_dy_xhat, sum_dy = torch.ops.aten.native_batch_norm_backward(
+                dya, xa, None, None, None,
+                stats.mean.to(device=x.device, dtype=acc),
+                invstd.to(device=x.device, dtype=acc), True, ctx.eps,
+                [False, True, True])
         else:
-            xhat = None
             sum_dy = torch.zeros(channels, dtype=acc, device=x.device)
             sum_dy_xhat = torch.zeros_like(sum_dy)
+        l_dy = sum_dy.to(**f64).cpu()
+        l_dy_xhat = sum_dy_xhat.to(**f64).cpu()
         if stats.layer is not None:  # sync: the global sums
             g_dy, g_dy_xhat = ctx.bn._exchange_backward(
-                stats, _np(sum_dy.to(torch.float64).cpu()),
-                _np(sum_dy_xhat.to(torch.float64).cpu()))
-            g_dy = torch.from_numpy(g_dy).to(device=x.device, dtype=acc)
-            g_dy_xhat = torch.from_numpy(g_dy_xhat).to(device=x.device,
-                                                       dtype=acc)
+                stats, _np(l_dy), _np(l_dy_xhat))
+            g_dy, g_dy_xhat = torch.from_numpy(g_dy), torch.from_numpy(g_dy_xhat)
         else:
-            g_dy, g_dy_xhat = sum_dy, sum_dy_xhat
+            g_dy, g_dy_xhat = l_dy, l_dy_xhat
         dx = None
         if ctx.needs_input_grad[0]:
             if x.numel() == 0:
                 dx = torch.zeros_like(x)
             else:
-                shape = _channel_shape(x)
-                scale = invstd if weight is None else (
-                    invstd * weight.to(acc).view(shape))
+                # dx = k1 dy + k2 x + k3 per channel (float64 coefficients):
+                # k1 dy - k1 sum_dy / n - k1 x_hat sum_dy_xhat / n.
                 n = stats.count
-                dx = (scale * (dya - g_dy.view(shape) / n
-                               - xhat * (g_dy_xhat.view(shape) / n))
-                      ).to(x.dtype)
+                k1 = invstd if weight is None else \
+                    invstd * weight.detach().to(**f64).cpu()
+                k2 = -k1 * invstd * g_dy_xhat / n
+                k3 = -k1 * g_dy / n - k2 * stats.mean
+                shape = _channel_shape(x)
+
+                def dev(t):
+                    return t.to(device=x.device, dtype=acc).view(shape)
+                dx = torch.addcmul(dev(k3), xa, dev(k2))
+                dx.addcmul_(dya, dev(k1))
+                dx = dx.to(x.dtype)
         dweight = dbias = None
         if weight is not None:
             dweight = sum_dy_xhat.to(weight.dtype)
@@ -196,12 +215,11 @@ class SyncBatchNorm(nn.modules.batchnorm._BatchNorm):
 
     def _eval_forward(self, x):
         acc = _acc_dtype(x.dtype)
-        shape = _channel_shape(x)
-        y = (x.to(acc) - self.running_mean.to(acc).view(shape)) * torch.rsqrt(
-            self.running_var.to(acc).view(shape) + self.eps)
-        if self.weight is not None:
-            y = y * self.weight.to(acc).view(shape) + \
-                self.bias.to(acc).view(shape)
+        y = F.batch_norm(
+            x.to(acc), self.running_mean.to(acc), self.running_var.to(acc),
+            None if self.weight is None else self.weight.to(acc),
+            None if self.bias is None else self.bias.to(acc), False, 0.0,
+            self.eps)
         return y.to(x.dtype)
 
     # --- the exchanges, called by _SyncBatchNormFunction ---
