@@ -48,6 +48,11 @@ def parse_args():
     p.add_argument("--test_examples", type=int, default=2000)
     p.add_argument("--width", type=int, default=16)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--recalibrate", action="store_true",
+                   help="also recalibrate the running statistics over every "
+                        "worker's data (any policy) and print that accuracy")
+    p.add_argument("--recal_examples", type=int, default=2048,
+                   help="per worker, for recal and --recalibrate")
     p.add_argument("--timeout_s", type=float, default=900)
     return p.parse_args()
 
@@ -140,21 +145,37 @@ def work(args):
     train_s = time.monotonic() - start
     # Settle the running statistics as the policy says (a barrier for
     # local and recal: every worker takes part).
+    recal_loader = [x[i:i + 256]
+                    for i in range(0, min(len(x), args.recal_examples), 256)]
+    accuracies = {}
     if session.policy == "recal":
-        loader = [x[i:i + 256] for i in range(0, min(len(x), 2048), 256)]
-        bnps.torch.recalibrate(model, loader)
+        bnps.torch.recalibrate(model, recal_loader)
     else:
         bnps.torch.sync_running_stats(model)
+        if args.recalibrate:
+            accuracies["test_accuracy"] = evaluate(model, args) if w == 0 else 0
+            bnps.torch.recalibrate(model, recal_loader)
+    key = "recal_accuracy" if "test_accuracy" in accuracies else "test_accuracy"
+    accuracies[key] = evaluate(model, args) if w == 0 else 0
     if w == 0:
-        model.eval()
-        xt, yt = resnet.fashion_mnist("test", args.test_examples)
-        with torch.no_grad():
-            acc = sum(int((model(xt[i:i + 500]).argmax(1) == yt[i:i + 500])
-                          .sum()) for i in range(0, len(xt), 500)) / len(xt)
         print(f"result: policy={session.policy} workers={nw} steps={steps} "
-              f"train_s={train_s:.1f} test_accuracy={acc:.4f}", flush=True)
+              f"train_s={train_s:.1f} " +
+              " ".join(f"{k}={v:.4f}" for k, v in accuracies.items()),
+              flush=True)
     session.close()
     return 0
+
+
+def evaluate(model, args):
+    """Accuracy on the first --test_examples test images, in eval mode (no
+    traffic to the servers)."""
+    model.eval()
+    xt, yt = resnet.fashion_mnist("test", args.test_examples)
+    with torch.no_grad():
+        correct = sum(int((model(xt[i:i + 500]).argmax(1) == yt[i:i + 500])
+                          .sum()) for i in range(0, len(xt), 500))
+    model.train()
+    return correct / len(xt)
 
 
 def main():
