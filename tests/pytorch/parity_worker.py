@@ -70,6 +70,14 @@ def scenario_sync(worker):
             for case in parity_cases.SYNC3}
 
 
+SECURED = parity_cases.Case("secured", [3, 2], 3, steps=2, seed=13)
+
+
+def scenario_secured(worker):
+    """Mutual TLS and a job token, from BNPS_TLS_* and BNPS_TOKEN_FILE."""
+    return {"secured": run_case(SECURED, worker)}
+
+
 def scenario_long(worker):
     out = run_case(parity_cases.LONG, worker)
     client = bnps.torch.default_session().client

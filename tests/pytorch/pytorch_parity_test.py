@@ -205,6 +205,31 @@ class LongRunTest(unittest.TestCase):
                                        ref["bn"].running_var, **F64)
 
 
+class SecuredTest(unittest.TestCase):
+    def test_mutual_tls_and_token_from_the_environment(self):
+        tls = os.path.join(RUNFILES, "tests", "testdata", "tls")
+        with tempfile.TemporaryDirectory() as d:
+            token = os.path.join(d, "token")
+            with open(token, "w") as f:
+                f.write("pytorch-parity-token-0123456789\n")
+            got = run_scenario(
+                "secured", 2, servers=2,
+                flags=["--tls_cert=" + os.path.join(tls, "server.pem"),
+                       "--tls_key=" + os.path.join(tls, "server.key"),
+                       "--tls_client_ca=" + os.path.join(tls, "ca.pem"),
+                       "--token_file=" + token],
+                extra_env={"BNPS_TLS_CA": os.path.join(tls, "ca.pem"),
+                           "BNPS_TLS_CERT": os.path.join(tls, "client.pem"),
+                           "BNPS_TLS_KEY": os.path.join(tls, "client.key"),
+                           "BNPS_TOKEN_FILE": token,
+                           "BNPS_CONNECT_TIMEOUT_S": "10"})
+        case = parity_cases.Case("secured", [3, 2], 3, steps=2, seed=13)
+        ref = reference(case)
+        for w, g in enumerate(got):
+            torch.testing.assert_close(g["secured"]["y"][-1],
+                                       ref["y"][-1][case.slice(w)], **F64)
+
+
 class ConvertTest(unittest.TestCase):
     def test_nested_model_matches_torch_on_the_global_batch(self):
         got = run_scenario("convert", 3)
