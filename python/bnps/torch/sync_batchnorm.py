@@ -180,7 +180,7 @@ class SyncBatchNorm(nn.modules.batchnorm._BatchNorm):
         self.bnps_name = name
         self.session = session
         self._bnps_step = 0       # training-mode calls synced so far
-        self._recal_batch = None  # not None: recalibrating (bnps.torch.recal)
+        self._recal_batch = None  # not None: the next recalibration batch
 
     def _check_input_dim(self, x):
         if x.dim() < 2 or x.dim() > 5:
