@@ -184,7 +184,8 @@ def scenario_async(worker):
     g = torch.Generator().manual_seed(40 + worker)
     for _ in range(6):
         with session.step():
-            x = torch.randn(5, 3, 2, 2, generator=g, dtype=torch.float64) + worker
+            x = torch.randn(5, 3, 2, 2, generator=g,
+                            dtype=torch.float64) + 3 * worker
             y = bn(x)
             y.sum().backward()
     bnps.torch.sync_running_stats(bn)
