@@ -17,6 +17,7 @@ from bnps.torch.convert import (convert_sync_batchnorm, name_layers,
                                 recalibrate, sync_running_stats)
 from bnps.torch.optimizer import ParameterServerOptimizer
 
-__all__ = ["ParameterServerOptimizer", "Session", "SyncBatchNorm", "convert_sync_batchnorm",
+__all__ = ["ParameterServerOptimizer", "Session", "SyncBatchNorm",
+           "convert_sync_batchnorm",
            "default_session", "init", "local_moments", "name_layers",
            "recalibrate", "sync_running_stats"]

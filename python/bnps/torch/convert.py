@@ -33,7 +33,8 @@ def _convert(module, session):
     out = module
     if isinstance(module, nn.modules.batchnorm._BatchNorm) and \
             not isinstance(module, SyncBatchNorm):
-        ref = module.weight if module.weight is not None else module.running_mean
+        ref = module.weight if module.weight is not None else \
+            module.running_mean
         out = SyncBatchNorm(module.num_features, module.eps, module.momentum,
                             module.affine, module.track_running_stats,
                             device=None if ref is None else ref.device,

@@ -43,7 +43,8 @@ class ParameterServerOptimizer:
         self.step_count = 0
         self._bulk = self.session.policy != "async"
         self.session.client.init_parameters(
-            {n: p.detach().float().cpu().numpy() for n, p in self.params.items()})
+            {n: p.detach().float().cpu().numpy()
+             for n, p in self.params.items()})
         self._load(0)
 
     def zero_grad(self, set_to_none=True):

@@ -137,7 +137,8 @@ class _SyncBatchNormFunction(torch.autograd.Function):
         if stats.layer is not None:  # sync: the global sums
             g_dy, g_dy_xhat = ctx.bn._exchange_backward(
                 stats, _np(l_dy), _np(l_dy_xhat))
-            g_dy, g_dy_xhat = torch.from_numpy(g_dy), torch.from_numpy(g_dy_xhat)
+            g_dy = torch.from_numpy(g_dy)
+            g_dy_xhat = torch.from_numpy(g_dy_xhat)
         else:
             g_dy, g_dy_xhat = l_dy, l_dy_xhat
         dx = None
@@ -246,7 +247,8 @@ class SyncBatchNorm(nn.modules.batchnorm._BatchNorm):
         want_running = track and s.policy == "async"
         if want_running:
             job_momentum = s.config["bn_momentum"]
-            if self.momentum is None or abs(self.momentum - job_momentum) > 1e-12:
+            if self.momentum is None or \
+                    abs(self.momentum - job_momentum) > 1e-12:
                 raise ValueError(
                     f"bnps SyncBatchNorm '{name}': momentum {self.momentum} "
                     f"differs from the job's bn_momentum {job_momentum}, which "
