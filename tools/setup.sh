@@ -3,8 +3,9 @@
 # The one place that installs dependencies: .ci/run and the README call it.
 # Idempotent and quiet; safe to run twice. Needs root (or sudo).
 #
-#   tools/setup.sh          build + test dependencies, and Fashion-MNIST
-#   tools/setup.sh --peers  also PyTorch and matplotlib (benchmark peer, plots): large
+#   tools/setup.sh          build + test dependencies, Fashion-MNIST, and
+#                           PyTorch for bnps.torch and its tests (large)
+#   tools/setup.sh --peers  also matplotlib (the policy comparison's plots)
 #   tools/setup.sh --containers  also Podman and the tools of tools/container_test.sh
 set -euo pipefail
 
@@ -14,7 +15,7 @@ for arg in "$@"; do
   case "$arg" in
     --peers) want_peers=1 ;;
     --containers) want_containers=1 ;;
-    -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
     *) echo "setup.sh: unknown argument '$arg' (try --help)" >&2; exit 2 ;;
   esac
 done
@@ -29,9 +30,16 @@ packages=(
   dataset-fashion-mnist    # /usr/share/datasets/fashion-mnist
   libgloo-dev              # peer of the BN-sync benchmark (//tools/bench)
   clang libclang-rt-14-dev # libFuzzer and the sanitizers (tools/fuzz.sh)
+  # bnps.torch (python/, docs/pytorch.md): the pybind11 extension is built
+  # against these; its parity tests (//tests/pytorch) and the PyTorch
+  # benchmark peer need python3-torch (Debian's 1.13, CPU). With numpy and
+  # their dependencies about 570 MiB installed: the tests run in
+  # `bazel test //...`, so they are part of the default set.
+  pybind11-dev python3-dev
+  python3-torch python3-numpy
 )
 if [ "$want_peers" = 1 ]; then
-  packages+=(python3-torch python3-matplotlib)
+  packages+=(python3-matplotlib)
 fi
 if [ "$want_containers" = 1 ]; then
   packages+=(

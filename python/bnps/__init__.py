@@ -1,0 +1,26 @@
+"""bnps for Python: the client of a bnps job's shard servers.
+
+Most users want bnps.torch (SyncBatchNorm backed by bnps). This package also
+holds bnps.Client (the client library's calls, float64 NumPy vectors in and
+out), bnps.errors (the exceptions every call raises) and bnps.cluster (a local
+cluster of shard servers, for tests, examples and benchmarks).
+
+The compiled part is the module _bnps_native (built by
+`bazel build //python:_bnps_native.so`); tools/bnps_python puts it and this
+package on the path. See docs/pytorch.md.
+"""
+
+from bnps.errors import (BnpsError, DeadlineExceeded, FailedPrecondition,
+                         InvalidArgument, NotFound, Unavailable)
+
+
+def __getattr__(name):
+    # bnps.Client loads the compiled module on first use, so that the pure
+    # parts (bnps.errors, bnps.cluster) import without it.
+    if name == "Client":
+        from bnps.client import Client
+        return Client
+    raise AttributeError(f"module 'bnps' has no attribute {name!r}")
+
+__all__ = ["BnpsError", "Client", "DeadlineExceeded", "FailedPrecondition",
+           "InvalidArgument", "NotFound", "Unavailable"]

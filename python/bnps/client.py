@@ -1,0 +1,132 @@
+"""bnps.Client: one worker's connection to a job's shard servers.
+
+A thin wrapper of the client library (client/ps_client.h, through the
+extension _bnps_native): the BN exchanges, recalibration, running statistics
+and the async policy's step clocks. Per-channel vectors are float64 NumPy
+arrays (or anything NumPy turns into one). Every failed call raises a
+bnps.errors.BnpsError subclass. Thread-safe; the GIL is released while a call
+waits on the servers.
+
+Layers are keyed by name (1 to 256 bytes) and calls by step: every worker of a
+sync job must make the same calls, and each (layer, step, phase) call is
+applied at most once per worker.
+"""
+
+import functools
+
+from bnps import errors
+
+try:
+    import _bnps_native
+except ImportError as e:  # pragma: no cover - depends on the set-up
+    raise ImportError(
+        "bnps: cannot import the compiled module _bnps_native (" + str(e) +
+        "). Build it with `bazel build //python:_bnps_native.so` and put "
+        "bazel-bin/python on PYTHONPATH, or run your script with "
+        "tools/bnps_python (docs/pytorch.md). It needs Debian's python3 "
+        "(3.11).") from e
+
+
+def _translated(fn):
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except _bnps_native.Error as e:
+            raise errors.from_native(e) from None
+    return wrapper
+
+
+class Client:
+    """Connects to every shard (registering as `worker` of `num_workers`) or
+    raises: Unavailable when a server cannot be reached within
+    connect_timeout_s, FailedPrecondition when the servers' job differs."""
+
+    @_translated
+    def __init__(self, servers, job="bnps", worker=0, num_workers=1,
+                 token_file="", tls_ca="", tls_cert="", tls_key="",
+                 connect_timeout_s=30.0, rpc_timeout_s=30.0):
+        if isinstance(servers, str):
+            servers = [s for s in servers.split(",") if s]
+        self._native = _bnps_native.Client(
+            list(servers), job, int(worker), int(num_workers), token_file or "",
+            tls_ca or "", tls_cert or "", tls_key or "",
+            float(connect_timeout_s), float(rpc_timeout_s))
+        self.config = self._native.config()
+        self.worker = int(worker)
+        self.num_workers = int(num_workers)
+
+    def close(self):
+        """Stops heartbeating and closes the connections; idempotent."""
+        self._native.close()
+
+    @property
+    def closed(self):
+        return self._native.closed
+
+    @_translated
+    def bn_forward(self, layer, step, count, mean, m2, want_running=False):
+        """Returns (count, mean, m2, running_mean, running_var, contributors);
+        sync: the global batch's moments; async: the admissible others'."""
+        return self._native.bn_forward(layer, step, count, mean, m2,
+                                       want_running)
+
+    @_translated
+    def bn_backward(self, layer, step, sum_dy, sum_dy_xhat):
+        """sync: returns the global (sum_dy, sum_dy_xhat)."""
+        return self._native.bn_backward(layer, step, sum_dy, sum_dy_xhat)
+
+    @_translated
+    def bn_recal(self, layer, batch, count, mean, m2):
+        return self._native.bn_recal(layer, batch, count, mean, m2)
+
+    @_translated
+    def bn_recal_finish(self, layer):
+        """Returns the population (mean, var) over every worker's batches."""
+        return self._native.bn_recal_finish(layer)
+
+    @_translated
+    def bn_local_running(self, layer, mean, var):
+        """local: returns the workers' average running (mean, var)."""
+        return self._native.bn_local_running(layer, mean, var)
+
+    @_translated
+    def bn_running(self, layer, channels):
+        """The servers' running (mean, var) of the layer."""
+        return self._native.bn_running(layer, channels)
+
+    @_translated
+    def init_parameters(self, params):
+        """{name: float32 array}; the first initialization of a key wins."""
+        return self._native.init_parameters(params)
+
+    @_translated
+    def push_gradients(self, step, num_samples, grads):
+        """{name: float32 array}: the gradients of `step` summed over
+        `num_samples` samples."""
+        return self._native.push_gradients(step, num_samples, grads)
+
+    @_translated
+    def pull_parameters(self, min_version, keys=()):
+        """{name: float32 array} of `keys` (all if empty) once each has had
+        `min_version` updates applied (0: at once)."""
+        return self._native.pull_parameters(min_version, list(keys))
+
+    @_translated
+    def start_step(self, step):
+        return self._native.start_step(step)
+
+    @_translated
+    def finish_step(self, completed):
+        return self._native.finish_step(completed)
+
+    @_translated
+    def live_workers(self):
+        return self._native.live_workers()
+
+
+@_translated
+def merge_moments(count_a, mean_a, m2_a, count_b, mean_b, m2_b):
+    """Chan's merge of two moments, a first, in float64 (bn/moments.h)."""
+    return _bnps_native.merge_moments(count_a, mean_a, m2_a, count_b, mean_b,
+                                      m2_b)

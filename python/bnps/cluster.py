@@ -1,0 +1,132 @@
+"""A local bnps cluster: S shard servers on 127.0.0.1, each on a free port,
+for tests, examples and benchmarks (tools/bnps_launch.py starts whole jobs of
+bnps_worker binaries; this starts only the servers, for Python workers).
+
+    with LocalCluster(num_servers=2, num_workers=4, policy="sync") as c:
+        env = c.worker_env(worker=0)   # BNPS_SERVERS, BNPS_WORKER, ...
+        ...
+
+Each server runs with --port=0 and prints the port it took; the servers run
+in their own session and are stopped (SIGTERM, then SIGKILL after 5 s) by PID
+when the context ends. A server that exits or prints no port within
+start_timeout_s raises RuntimeError with the tail of its output.
+"""
+
+import os
+import re
+import signal
+import subprocess
+import tempfile
+import time
+
+_LISTENING = re.compile(r"listening on (\S+):(\d+)\s*$")
+
+
+def find_server_binary(explicit=None):
+    """bnps_server: `explicit`, $BNPS_SERVER_BIN, the Bazel runfiles tree the
+    caller runs in, or bazel-bin of the repository holding this package."""
+    candidates = [explicit, os.environ.get("BNPS_SERVER_BIN"),
+                  os.path.join(os.getcwd(), "server", "bnps_server")]
+    here = os.path.dirname(os.path.abspath(__file__))
+    repo = os.path.dirname(os.path.dirname(here))  # python/bnps -> repo
+    candidates.append(os.path.join(repo, "bazel-bin", "server", "bnps_server"))
+    for c in candidates:
+        if c and os.path.isfile(c) and os.access(c, os.X_OK):
+            return c
+    raise FileNotFoundError(
+        "bnps: no bnps_server binary; build it with `bazel build "
+        "//:bnps_server` or set BNPS_SERVER_BIN")
+
+
+class LocalCluster:
+    def __init__(self, num_servers=1, num_workers=2, policy="sync",
+                 job="bnps", server_flags=(), server_bin=None,
+                 start_timeout_s=30.0):
+        self.num_servers = num_servers
+        self.num_workers = num_workers
+        self.policy = policy
+        self.job = job
+        self._flags = list(server_flags)
+        self._bin = find_server_binary(server_bin)
+        self._timeout = start_timeout_s
+        self._procs = []
+        self._logs = []
+        self.addresses = []
+
+    def __enter__(self):
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+    def start(self):
+        for shard in range(self.num_servers):
+            log = tempfile.TemporaryFile(mode="w+")
+            self._logs.append(log)
+            args = [self._bin, "--host=127.0.0.1", "--port=0",
+                    f"--shard={shard}", f"--num_shards={self.num_servers}",
+                    f"--num_workers={self.num_workers}",
+                    f"--policy={self.policy}", f"--job={self.job}"]
+            self._procs.append(subprocess.Popen(
+                args + self._flags, stdout=subprocess.PIPE, stderr=log,
+                text=True, start_new_session=True))
+        for shard, proc in enumerate(self._procs):
+            self.addresses.append(self._read_address(shard, proc))
+        return self
+
+    def _read_address(self, shard, proc):
+        deadline = time.monotonic() + self._timeout
+        seen = []
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()  # the line comes at once or never
+            if not line:
+                break
+            seen.append(line)
+            m = _LISTENING.search(line)
+            if m:
+                return f"{m.group(1)}:{m.group(2)}"
+        self._logs[shard].seek(0)
+        raise RuntimeError(
+            f"bnps_server shard {shard} gave no port (exit status "
+            f"{proc.poll()}): {''.join(seen)[-1000:]}"
+            f"{self._logs[shard].read()[-2000:]}")
+
+    @property
+    def servers(self):
+        """The servers' addresses, comma-separated, shard order."""
+        return ",".join(self.addresses)
+
+    def worker_env(self, worker, base=None):
+        """`base` (default os.environ) plus the BNPS_* variables of worker
+        `worker`, which bnps.torch.init() reads."""
+        env = dict(os.environ if base is None else base)
+        env.update(BNPS_SERVERS=self.servers, BNPS_WORKER=str(worker),
+                   BNPS_NUM_WORKERS=str(self.num_workers), BNPS_JOB=self.job)
+        return env
+
+    def server_log(self, shard):
+        self._logs[shard].seek(0)
+        return self._logs[shard].read()
+
+    def stop(self):
+        for p in self._procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 5
+        for p in self._procs:
+            try:
+                p.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+            if p.stdout:
+                p.stdout.close()
+        self._procs = []
+        for log in self._logs:
+            log.close()
+        self._logs = []

@@ -1,0 +1,130 @@
+"""Whole-model helpers: convert_sync_batchnorm and name_layers (layer names),
+and settling the running statistics across workers after training:
+sync_running_stats (every policy but recal) and recalibrate (any policy)."""
+
+import torch
+from torch import nn
+
+from bnps.torch import session as _session
+from bnps.torch.sync_batchnorm import SyncBatchNorm, local_moments, _np
+
+
+def name_layers(module, prefix=""):
+    """Names every SyncBatchNorm of `module` that has no name yet by its
+    qualified module name (with `prefix`), and returns `module`."""
+    for qualified, m in module.named_modules():
+        if isinstance(m, SyncBatchNorm) and not m.bnps_name:
+            m.bnps_name = prefix + (qualified or "bn")
+    return module
+
+
+def convert_sync_batchnorm(module, prefix="", session=None):
+    """Replaces every torch.nn.BatchNorm1d/2d/3d (and torch.nn.SyncBatchNorm)
+    of `module` in place by a bnps SyncBatchNorm with the same arguments,
+    keeping its parameters (the same Parameter objects, so an optimizer made
+    before still updates them), running statistics, training flag and
+    device, and names every bnps layer by its qualified module name. Returns
+    the module (a new one if `module` itself is a BatchNorm)."""
+    out = _convert(module, session)
+    return name_layers(out, prefix)
+
+
+def _convert(module, session):
+    out = module
+    if isinstance(module, nn.modules.batchnorm._BatchNorm) and \
+            not isinstance(module, SyncBatchNorm):
+        ref = module.weight if module.weight is not None else \
+            module.running_mean
+        out = SyncBatchNorm(module.num_features, module.eps, module.momentum,
+                            module.affine, module.track_running_stats,
+                            device=None if ref is None else ref.device,
+                            dtype=None if ref is None else ref.dtype,
+                            session=session)
+        if module.affine:
+            with torch.no_grad():
+                out.weight = module.weight
+                out.bias = module.bias
+        out.running_mean = module.running_mean
+        out.running_var = module.running_var
+        out.num_batches_tracked = module.num_batches_tracked
+        out.training = module.training
+        if hasattr(module, "qconfig"):
+            out.qconfig = module.qconfig
+    for child_name, child in module.named_children():
+        out.add_module(child_name, _convert(child, session))
+    return out
+
+
+def _layers(model):
+    return sorted(((m.bnps_name or "", m) for m in model.modules()
+                   if isinstance(m, SyncBatchNorm)), key=lambda p: p[0])
+
+
+def _copy_running(m, mean, var):
+    with torch.no_grad():
+        m.running_mean.copy_(torch.from_numpy(mean))
+        m.running_var.copy_(torch.from_numpy(var))
+
+
+def sync_running_stats(model, session=None):
+    """Makes every SyncBatchNorm's running statistics the job's: under sync
+    nothing to do (every worker updated them with the same global moments);
+    under async the servers' latest (training copies them in each step);
+    under local the average over the workers (a barrier per layer: every
+    worker must call it). Under recal use recalibrate. Returns the number of
+    layers settled."""
+    s = session or _session.default_session()
+    if s.policy == "recal":
+        raise RuntimeError("bnps: policy recal settles the running statistics "
+                           "with bnps.torch.recalibrate(model, loader)")
+    if s.policy == "sync":
+        return 0
+    n = 0
+    for name, m in _layers(model):
+        if m.running_mean is None:
+            continue
+        if s.policy == "local":
+            mean, var = s.client.bn_local_running(
+                m._name(), _np(m.running_mean.to(torch.float64).cpu()),
+                _np(m.running_var.to(torch.float64).cpu()))
+        else:
+            mean, var = s.client.bn_running(m._name(), m.num_features)
+        _copy_running(m, mean, var)
+        n += 1
+    return n
+
+
+def recalibrate(model, loader, session=None, num_batches=None, device=None):
+    """Recomputes every SyncBatchNorm's running statistics as the population
+    statistics of the data of every worker: each worker runs its `loader`
+    (batches of inputs, or tuples whose first element is the input) through
+    the model in training mode without gradients, each layer sends the
+    moments of each batch to the servers, and once a worker's batches are
+    done the servers merge all workers' batches per layer (a barrier: every
+    worker must call this). Works under every policy; it is how recal
+    settles the statistics. Returns the number of batches this worker ran."""
+    s = session or _session.default_session()
+    layers = [m for _, m in _layers(model) if m.running_mean is not None]
+    was_training = model.training
+    model.train()
+    for m in layers:
+        m._recal_batch = 0
+    batches = 0
+    try:
+        with torch.no_grad():
+            for i, batch in enumerate(loader):
+                if num_batches is not None and i >= num_batches:
+                    break
+                x = batch[0] if isinstance(batch, (list, tuple)) else batch
+                if device is not None:
+                    x = x.to(device)
+                model(x)
+                batches += 1
+    finally:
+        for m in layers:
+            m._recal_batch = None
+        model.train(was_training)
+    for m in layers:
+        mean, var = s.client.bn_recal_finish(m._name())
+        _copy_running(m, mean, var)
+    return batches

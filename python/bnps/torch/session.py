@@ -1,0 +1,136 @@
+"""bnps.torch.init and the Session it returns: this process's connection to
+the job's shard servers, which SyncBatchNorm layers use.
+
+    session = bnps.torch.init()          # from BNPS_* environment variables
+    session = bnps.torch.init(servers="127.0.0.1:7000,127.0.0.1:7001",
+                              worker=rank, num_workers=world, job="resnet")
+    ...
+    session.close()                      # or `with bnps.torch.init(...):`
+
+Every argument left as None comes from the environment, like the binaries'
+flags: BNPS_SERVERS (comma-separated, shard order), BNPS_WORKER,
+BNPS_NUM_WORKERS, BNPS_JOB (default "bnps"), BNPS_TOKEN_FILE, BNPS_TLS_CA,
+BNPS_TLS_CERT, BNPS_TLS_KEY, BNPS_RPC_TIMEOUT_S, BNPS_CONNECT_TIMEOUT_S.
+
+The first session opened becomes the default one, which layers without their
+own `session=` use (as torch.distributed's default process group); closing it
+clears the default. The policy, the running-statistics momentum and the
+barrier timeout are the servers' (session.policy, session.config).
+"""
+
+import contextlib
+import os
+import threading
+
+from bnps.client import Client
+
+_default_lock = threading.Lock()
+_default = None
+
+POLICIES = ("sync", "async", "local", "recal")
+
+
+class Session:
+    def __init__(self, client):
+        self.client = client
+        self.config = dict(client.config)
+        self.policy = self.config["policy"]
+        self.worker = client.worker
+        self.num_workers = client.num_workers
+        self._step = 0
+
+    @property
+    def closed(self):
+        return self.client.closed
+
+    def close(self):
+        """Disconnects (idempotent); layers using it fail afterwards."""
+        global _default
+        with _default_lock:
+            if _default is self:
+                _default = None
+        self.client.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    @contextlib.contextmanager
+    def step(self):
+        """Brackets one training iteration. Under async it waits until the
+        staleness bound lets this worker begin (StartStep) and reports the
+        step done afterwards (FinishStep); under the other policies it only
+        counts. Use it around each iteration of an async job:
+
+            for x, y in loader:
+                with session.step():
+                    loss = model(x) ...; loss.backward(); opt.step()
+        """
+        if self.policy == "async":
+            self.client.start_step(self._step)
+        yield self._step
+        self._step += 1
+        if self.policy == "async":
+            self.client.finish_step(self._step)
+
+    def __repr__(self):
+        return (f"bnps.torch.Session(worker={self.worker}/{self.num_workers}, "
+                f"policy={self.policy}, job={self.config.get('job')!r})")
+
+
+def _env(name, value, convert=str, default=None):
+    if value is not None:
+        return value
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return convert(raw)
+    except ValueError:
+        raise ValueError(f"bnps: ${name}={raw!r} is not valid") from None
+
+
+def init(servers=None, worker=None, num_workers=None, job=None,
+         token_file=None, tls_ca=None, tls_cert=None, tls_key=None,
+         connect_timeout_s=None, rpc_timeout_s=None, set_default=True):
+    """Connects this process to the job as worker `worker` of `num_workers`
+    and returns a Session. Raises ValueError for missing or bad arguments,
+    bnps.Unavailable when a server cannot be reached, bnps.FailedPrecondition
+    when the servers run another job or the worker id is taken."""
+    global _default
+    servers = _env("BNPS_SERVERS", servers)
+    if not servers:
+        raise ValueError("bnps.torch.init: no servers (pass servers= or set "
+                         "BNPS_SERVERS=host:port,host:port)")
+    worker = _env("BNPS_WORKER", worker, int)
+    num_workers = _env("BNPS_NUM_WORKERS", num_workers, int)
+    if worker is None or num_workers is None:
+        raise ValueError("bnps.torch.init: pass worker= and num_workers= (or "
+                         "set BNPS_WORKER and BNPS_NUM_WORKERS)")
+    client = Client(
+        servers, job=_env("BNPS_JOB", job, default="bnps"), worker=worker,
+        num_workers=num_workers,
+        token_file=_env("BNPS_TOKEN_FILE", token_file, default=""),
+        tls_ca=_env("BNPS_TLS_CA", tls_ca, default=""),
+        tls_cert=_env("BNPS_TLS_CERT", tls_cert, default=""),
+        tls_key=_env("BNPS_TLS_KEY", tls_key, default=""),
+        connect_timeout_s=_env("BNPS_CONNECT_TIMEOUT_S", connect_timeout_s,
+                               float, 30.0),
+        rpc_timeout_s=_env("BNPS_RPC_TIMEOUT_S", rpc_timeout_s, float, 30.0))
+    session = Session(client)
+    if set_default:
+        with _default_lock:
+            if _default is None:
+                _default = session
+    return session
+
+
+def default_session():
+    """The default session; RuntimeError if none is open."""
+    s = _default
+    if s is None:
+        raise RuntimeError("bnps.torch: no session; call bnps.torch.init() "
+                           "first (or pass session= to the layer)")
+    return s

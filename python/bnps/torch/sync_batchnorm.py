@@ -1,0 +1,309 @@
+"""bnps.torch.SyncBatchNorm: batch normalization whose statistics are merged
+across the workers of a bnps job by its shard servers.
+
+In training mode a layer computes its input's per-channel moments (count,
+mean, M2) on the input's own device with torch operations (accumulating in
+float32 for float16/bfloat16 inputs, in the input's precision otherwise),
+sends them in float64 through the client, and normalizes with what the
+servers' policy gives back:
+
+    sync    the global batch's moments (a barrier of every worker, per layer
+            and step); the backward pass merges sum(dy) and sum(dy * x_hat)
+            the same way, so input gradients are those of BN over the global
+            batch. Running statistics: updated with the global moments and
+            the layer's momentum, as torch does, so they are the same on
+            every worker (and equal to the servers' own when the layer
+            started fresh with the job's bn_momentum).
+    async   merge(own moments, the other workers' latest admissible ones),
+            without waiting; the backward pass stays local (the others'
+            moments are constants). Running statistics: the servers' (which
+            merge every worker's moments), copied into the buffers each step;
+            the layer's momentum must be the job's bn_momentum.
+    local   its own moments; nothing is sent. Running statistics: its own;
+    recal   bnps.torch.sync_running_stats (local) or recalibrate (recal)
+            settle them across workers after training.
+
+Eval mode never talks to the servers: it normalizes with the running
+statistics in the buffers (or, with track_running_stats=False, with the
+input's own statistics, as torch does). Weight and bias gradients are this
+worker's own (as torch.nn.SyncBatchNorm's); sum or average them across
+workers as for any parameter.
+
+Layers are matched across processes by name: `name=` given here, or assigned
+by convert_sync_batchnorm / name_layers (the qualified module name). Each
+layer counts its training-mode calls; the count is the step of its BN calls,
+so every worker must call it equally often. A worker whose peers stop calling
+gets bnps.DeadlineExceeded naming them after the servers' barrier timeout.
+"""
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from bnps import client as _client
+from bnps.torch import session as _session
+
+_LOCAL_POLICIES = ("local", "recal")
+
+
+def _acc_dtype(dtype):
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _reduce_dims(x):
+    return [0] + list(range(2, x.dim()))
+
+
+def _channel_shape(x):
+    return [1, x.shape[1]] + [1] * (x.dim() - 2)
+
+
+def local_moments(x):
+    """(count, mean, m2) of `x` (N, C, *) per channel: count an int, mean and
+    m2 float64 CPU tensors of size C. Two passes (the mean, then the squared
+    deviations from it), accumulated in float32 for 16-bit inputs."""
+    channels = x.shape[1]
+    count = x.numel() // channels if channels else 0
+    if count == 0:
+        zeros = torch.zeros(channels, dtype=torch.float64)
+        return 0, zeros, zeros.clone()
+    xa = x.to(_acc_dtype(x.dtype))
+    dims = _reduce_dims(x)
+    mean = xa.sum(dim=dims) / count
+    m2 = ((xa - mean.view(_channel_shape(x))) ** 2).sum(dim=dims)
+    return count, mean.to(torch.float64).cpu(), m2.to(torch.float64).cpu()
+
+
+def _np(t):
+    return t.detach().numpy()
+
+
+class _Stats:
+    """What a forward pass normalized with, and how its backward syncs."""
+
+    def __init__(self, count, mean, var, layer=None, step=None):
+        self.count = count   # samples the statistics describe
+        self.mean = mean     # float64 CPU tensors, size C
+        self.var = var       # biased
+        self.layer = layer   # the layer's name if the backward pass syncs
+        self.step = step
+
+
+class _SyncBatchNormFunction(torch.autograd.Function):
+    """y = (x - mean) / sqrt(var + eps) * weight + bias with the statistics
+    the layer's exchange gives; dx with the sums its backward exchange gives
+    (bn/kernels.h explains the variants). Per-element work is torch's fused
+    CPU/CUDA kernels: batch_norm in inference form for y, the backward
+    kernel's reduction for the two sums, and two fused multiply-adds for dx.
+    """
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, bn, eps):
+        stats = bn._exchange_forward(x)
+        acc = _acc_dtype(x.dtype)
+        xa = x.to(acc)
+        mean = stats.mean.to(device=x.device, dtype=acc)
+        var = stats.var.to(device=x.device, dtype=acc)
+        w = None if weight is None else weight.to(acc)
+        b = None if bias is None else bias.to(acc)
+        y = F.batch_norm(xa, mean, var, w, b, False, 0.0, eps)
+        invstd = torch.rsqrt(stats.var + eps)  # float64, CPU
+        ctx.save_for_backward(x, weight)
+        ctx.stats = stats
+        ctx.invstd = invstd
+        ctx.bn = bn
+        ctx.eps = eps
+        return y.to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight = ctx.saved_tensors
+        stats, invstd = ctx.stats, ctx.invstd
+        acc = _acc_dtype(x.dtype)
+        channels = x.shape[1]
+        f64 = dict(dtype=torch.float64)
+        if x.numel() > 0:
+            xa, dya = x.to(acc), dy.to(acc)
+            _, sum_dy_xhat, sum_dy = torch.ops.aten.native_batch_norm_backward(
+                dya, xa, None, None, None,
+                stats.mean.to(device=x.device, dtype=acc),
+                invstd.to(device=x.device, dtype=acc), True, ctx.eps,
+                [False, True, True])
+        else:
+            sum_dy = torch.zeros(channels, dtype=acc, device=x.device)
+            sum_dy_xhat = torch.zeros_like(sum_dy)
+        l_dy = sum_dy.to(**f64).cpu()
+        l_dy_xhat = sum_dy_xhat.to(**f64).cpu()
+        if stats.layer is not None:  # sync: the global sums
+            g_dy, g_dy_xhat = ctx.bn._exchange_backward(
+                stats, _np(l_dy), _np(l_dy_xhat))
+            g_dy = torch.from_numpy(g_dy)
+            g_dy_xhat = torch.from_numpy(g_dy_xhat)
+        else:
+            g_dy, g_dy_xhat = l_dy, l_dy_xhat
+        dx = None
+        if ctx.needs_input_grad[0]:
+            if x.numel() == 0:
+                dx = torch.zeros_like(x)
+            else:
+                # dx = k1 dy + k2 x + k3 per channel (float64 coefficients):
+                # k1 dy - k1 sum_dy / n - k1 x_hat sum_dy_xhat / n.
+                n = stats.count
+                k1 = invstd if weight is None else \
+                    invstd * weight.detach().to(**f64).cpu()
+                k2 = -k1 * invstd * g_dy_xhat / n
+                k3 = -k1 * g_dy / n - k2 * stats.mean
+                shape = _channel_shape(x)
+
+                def dev(t):
+                    return t.to(device=x.device, dtype=acc).view(shape)
+                dx = torch.addcmul(dev(k3), xa, dev(k2))
+                dx.addcmul_(dya, dev(k1))
+                dx = dx.to(x.dtype)
+        dweight = dbias = None
+        if weight is not None:
+            dweight = sum_dy_xhat.to(weight.dtype)
+            dbias = sum_dy.to(weight.dtype)
+        return dx, dweight, dbias, None, None
+
+
+class SyncBatchNorm(nn.modules.batchnorm._BatchNorm):
+    """torch.nn.SyncBatchNorm's arguments, plus `name` (the layer's key on
+    the servers; convert_sync_batchnorm assigns it) and `session` (default:
+    the default session). Input: (N, C) to (N, C, D, H, W), any memory
+    format, float16/bfloat16/float32/float64, CPU or CUDA."""
+
+    def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True,
+                 track_running_stats=True, device=None, dtype=None, name=None,
+                 session=None):
+        super().__init__(num_features, eps, momentum, affine,
+                         track_running_stats, device=device, dtype=dtype)
+        self.bnps_name = name
+        self.session = session
+        self._bnps_step = 0       # training-mode calls synced so far
+        self._recal_batch = None  # not None: the next recalibration batch
+
+    def _check_input_dim(self, x):
+        if x.dim() < 2 or x.dim() > 5:
+            raise ValueError(f"bnps SyncBatchNorm: expected 2-D to 5-D input "
+                             f"(N, C, ...), got {x.dim()}-D")
+        if x.shape[1] != self.num_features:
+            raise ValueError(f"bnps SyncBatchNorm: expected {self.num_features}"
+                             f" channels, got input of shape {tuple(x.shape)}")
+
+    def _session(self):
+        return self.session if self.session is not None else \
+            _session.default_session()
+
+    def _name(self):
+        if not self.bnps_name:
+            raise RuntimeError(
+                "bnps SyncBatchNorm has no name: pass name= or call "
+                "bnps.torch.convert_sync_batchnorm(model) (or "
+                "bnps.torch.name_layers(model)) so that every process keys "
+                "its layers alike")
+        return self.bnps_name
+
+    def extra_repr(self):
+        return super().extra_repr() + f", name={self.bnps_name!r}"
+
+    def forward(self, x):
+        self._check_input_dim(x)
+        if not self.training and self.running_mean is not None:
+            return self._eval_forward(x)
+        return _SyncBatchNormFunction.apply(x, self.weight, self.bias, self,
+                                            self.eps)
+
+    def _eval_forward(self, x):
+        acc = _acc_dtype(x.dtype)
+        y = F.batch_norm(
+            x.to(acc), self.running_mean.to(acc), self.running_var.to(acc),
+            None if self.weight is None else self.weight.to(acc),
+            None if self.bias is None else self.bias.to(acc), False, 0.0,
+            self.eps)
+        return y.to(x.dtype)
+
+    # --- the exchanges, called by _SyncBatchNormFunction ---
+
+    def _exchange_forward(self, x):
+        count, mean, m2 = local_moments(x)
+        if not self.training:  # no running stats: the input's own statistics
+            return _Stats(count, mean, _biased(count, m2))
+        if self._recal_batch is not None:  # recalibrating
+            s = self._session()
+            s.client.bn_recal(self._name(), self._recal_batch, count,
+                              _np(mean), _np(m2))
+            self._recal_batch += 1
+            return _Stats(count, mean, _biased(count, m2))
+        s = self._session()
+        if s.policy in _LOCAL_POLICIES:
+            self._update_running(count, mean, m2)
+            return _Stats(count, mean, _biased(count, m2))
+        return self._exchange_with_servers(s, count, mean, m2)
+
+    def _exchange_with_servers(self, s, count, mean, m2):
+        name = self._name()
+        track = self.running_mean is not None
+        want_running = track and s.policy == "async"
+        if want_running:
+            job_momentum = s.config["bn_momentum"]
+            if self.momentum is None or \
+                    abs(self.momentum - job_momentum) > 1e-12:
+                raise ValueError(
+                    f"bnps SyncBatchNorm '{name}': momentum {self.momentum} "
+                    f"differs from the job's bn_momentum {job_momentum}, which "
+                    f"the servers' running statistics use under policy "
+                    f"async; set the layer's momentum to {job_momentum} or "
+                    f"start the servers with --bn_momentum={self.momentum}")
+        step = self._bnps_step
+        r = s.client.bn_forward(name, step, count, _np(mean), _np(m2),
+                                want_running=want_running)
+        self._bnps_step += 1
+        got_count, got_mean, got_m2, run_mean, run_var, _ = r
+        if s.policy == "sync":
+            g_mean = torch.from_numpy(got_mean)
+            g_m2 = torch.from_numpy(got_m2)
+            # The global moments are bitwise the same on every worker, so
+            # are the running statistics updated with them.
+            self._update_running(got_count, g_mean, g_m2)
+            return _Stats(got_count, g_mean, _biased(got_count, g_m2),
+                          layer=name, step=step)
+        if want_running and run_mean is not None:
+            with torch.no_grad():
+                self.running_mean.copy_(torch.from_numpy(run_mean))
+                self.running_var.copy_(torch.from_numpy(run_var))
+                self.num_batches_tracked.add_(1)
+        # async: normalize with merge(own, the others'); backward stays local
+        n, mu, mm2 = _client.merge_moments(count, _np(mean), _np(m2),
+                                           got_count, got_mean, got_m2)
+        return _Stats(n, torch.from_numpy(mu),
+                      _biased(n, torch.from_numpy(mm2)))
+
+    def _exchange_backward(self, stats, sum_dy, sum_dy_xhat):
+        return self._session().client.bn_backward(stats.layer, stats.step,
+                                                  sum_dy, sum_dy_xhat)
+
+    def _update_running(self, count, mean, m2):
+        """running = (1 - m) running + m batch (unbiased variance), in
+        float64, as torch does; momentum None: the cumulative average."""
+        if self.running_mean is None or count == 0:
+            return
+        if count == 1:
+            raise ValueError("bnps SyncBatchNorm: expected more than 1 value "
+                             "per channel when training (the batch it "
+                             "normalizes with has one)")
+        with torch.no_grad():
+            self.num_batches_tracked.add_(1)
+            m = self.momentum
+            if m is None:
+                m = 1.0 / float(self.num_batches_tracked)
+            rm = self.running_mean.to(torch.float64).cpu()
+            rv = self.running_var.to(torch.float64).cpu()
+            rm = (1 - m) * rm + m * mean
+            rv = (1 - m) * rv + m * (m2 / (count - 1))
+            self.running_mean.copy_(rm)
+            self.running_var.copy_(rv)
+
+
+def _biased(count, m2):
+    return m2 / count if count > 0 else torch.zeros_like(m2)

@@ -1,0 +1,235 @@
+"""Unit tests of the bnps package without servers: errors, init's argument
+checks, an unreachable server, local moments (16-bit input accumulated in
+float32), Chan's merge, SyncBatchNorm against torch.nn.BatchNorm under a
+fake client (sync with one worker, local with momentum=None), eval mode with
+no session at all, convert_sync_batchnorm's names and state.
+Needs torch (tools/setup.sh installs python3-torch); fails without it."""
+
+import os
+import sys
+import unittest
+
+DEBIAN_PYTHON = "/usr/bin/python3"
+try:
+    import torch
+except ImportError:
+    if os.path.realpath(sys.executable) != os.path.realpath(DEBIAN_PYTHON) \
+            and os.path.exists(DEBIAN_PYTHON):
+        os.execv(DEBIAN_PYTHON, [DEBIAN_PYTHON] + sys.argv)
+    sys.exit("FAIL: torch cannot be imported by " + sys.executable +
+             "; tools/setup.sh installs python3-torch")
+
+sys.path.insert(0, os.path.join(os.getcwd(), "python"))  # Bazel runfiles
+
+import numpy as np  # noqa: E402
+from torch import nn  # noqa: E402
+
+import _bnps_native  # noqa: E402
+import bnps  # noqa: E402
+import bnps.torch  # noqa: E402
+from bnps import client as bnps_client  # noqa: E402
+from bnps import errors  # noqa: E402
+from bnps.torch import session as bnps_session  # noqa: E402
+
+F64 = dict(rtol=1e-10, atol=1e-10)
+
+
+class FakeClient:
+    """One worker's view of a job of one worker: the merge is its own."""
+
+    def __init__(self, policy):
+        self.config = {"policy": policy, "bn_momentum": 0.1,
+                       "barrier_timeout_ms": 1000}
+        self.worker, self.num_workers = 0, 1
+        self.calls = []
+        self.closed = False
+
+    def bn_forward(self, layer, step, count, mean, m2, want_running=False):
+        self.calls.append(("forward", layer, step))
+        return count, np.array(mean), np.array(m2), None, None, 1
+
+    def bn_backward(self, layer, step, sum_dy, sum_dy_xhat):
+        self.calls.append(("backward", layer, step))
+        return np.array(sum_dy), np.array(sum_dy_xhat)
+
+    def close(self):
+        self.closed = True
+
+
+class ErrorsTest(unittest.TestCase):
+    def test_native_errors_become_the_package_classes(self):
+        e = errors.from_native(_bnps_native.Error(4, "DEADLINE_EXCEEDED",
+                                                  "workers 1 missing"))
+        self.assertIsInstance(e, bnps.DeadlineExceeded)
+        self.assertIsInstance(e, TimeoutError)
+        self.assertEqual(e.code, 4)
+        self.assertIn("workers 1 missing", str(e))
+        self.assertIs(type(errors.from_native(
+            _bnps_native.Error(13, "INTERNAL", "x"))), bnps.BnpsError)
+
+
+class InitTest(unittest.TestCase):
+    def setUp(self):
+        self.saved = {k: v for k, v in os.environ.items()
+                      if k.startswith("BNPS_")}
+        for k in self.saved:
+            del os.environ[k]
+
+    def tearDown(self):
+        os.environ.update(self.saved)
+
+    def test_missing_servers_or_worker_is_a_value_error(self):
+        with self.assertRaisesRegex(ValueError, "BNPS_SERVERS"):
+            bnps.torch.init()
+        os.environ["BNPS_SERVERS"] = "127.0.0.1:1"
+        with self.assertRaisesRegex(ValueError, "BNPS_WORKER"):
+            bnps.torch.init()
+        os.environ["BNPS_WORKER"] = "zero"
+        with self.assertRaisesRegex(ValueError, "BNPS_WORKER"):
+            bnps.torch.init(num_workers=1)
+
+    def test_unreachable_server_is_unavailable_naming_it(self):
+        os.environ["BNPS_CONNECT_TIMEOUT_S"] = "0.3"
+        with self.assertRaises(bnps.Unavailable) as cm:
+            bnps.torch.init(servers="127.0.0.1:1", worker=0, num_workers=1)
+        self.assertIn("127.0.0.1:1", str(cm.exception))
+        self.assertIsInstance(cm.exception, ConnectionError)
+
+
+class MomentsTest(unittest.TestCase):
+    def test_moments_match_float64(self):
+        x = torch.randn(6, 3, 4, 5, dtype=torch.float64) * 2 + 7
+        count, mean, m2 = bnps.torch.local_moments(x)
+        self.assertEqual(count, 6 * 4 * 5)
+        torch.testing.assert_close(mean, x.mean(dim=(0, 2, 3)), **F64)
+        torch.testing.assert_close(
+            m2, x.var(dim=(0, 2, 3), unbiased=False) * count, **F64)
+
+    def test_half_input_is_accumulated_in_float32(self):
+        # A half-precision sum of these would overflow (max 65504).
+        x = (torch.randn(64, 2, 16, 16) + 100).half()
+        count, mean, m2 = bnps.torch.local_moments(x)
+        ref = x.double()
+        torch.testing.assert_close(mean, ref.mean(dim=(0, 2, 3)),
+                                   rtol=1e-6, atol=1e-5)
+        torch.testing.assert_close(
+            m2 / count, ref.var(dim=(0, 2, 3), unbiased=False),
+            rtol=1e-3, atol=1e-3)
+
+    def test_empty_input_has_count_zero(self):
+        count, mean, m2 = bnps.torch.local_moments(torch.zeros(0, 4, 3, 3))
+        self.assertEqual(count, 0)
+        self.assertEqual(mean.tolist(), [0.0] * 4)
+        self.assertEqual(m2.tolist(), [0.0] * 4)
+
+    def test_merge_is_the_union(self):
+        a = torch.randn(5, 3, dtype=torch.float64)
+        b = torch.randn(7, 3, dtype=torch.float64) + 3
+        ma, mb = bnps.torch.local_moments(a), bnps.torch.local_moments(b)
+        n, mean, m2 = bnps_client.merge_moments(
+            ma[0], ma[1].numpy(), ma[2].numpy(), mb[0], mb[1].numpy(),
+            mb[2].numpy())
+        u = bnps.torch.local_moments(torch.cat([a, b]))
+        self.assertEqual(n, 12)
+        torch.testing.assert_close(torch.from_numpy(mean), u[1], **F64)
+        torch.testing.assert_close(torch.from_numpy(m2), u[2], **F64)
+
+
+class LayerTest(unittest.TestCase):
+    def session(self, policy):
+        s = bnps_session.Session(FakeClient(policy))
+        self.addCleanup(s.close)
+        return s
+
+    def check_against_torch(self, policy, momentum, steps=3):
+        s = self.session(policy)
+        ours = bnps.torch.SyncBatchNorm(3, momentum=momentum, name="l",
+                                        session=s).double()
+        ref = nn.BatchNorm2d(3, momentum=momentum).double()
+        with torch.no_grad():
+            for m in (ours, ref):
+                m.weight.copy_(torch.tensor([0.5, 1.5, 2.0]))
+                m.bias.copy_(torch.tensor([0.1, -0.2, 0.3]))
+        for _ in range(steps):
+            x = torch.randn(4, 3, 5, 5, dtype=torch.float64) * 3 + 2
+            dy = torch.randn_like(x)
+            xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+            ya, yb = ours(xa), ref(xb)
+            ya.backward(dy)
+            yb.backward(dy)
+            torch.testing.assert_close(ya, yb, **F64)
+            torch.testing.assert_close(xa.grad, xb.grad, **F64)
+            torch.testing.assert_close(ours.weight.grad, ref.weight.grad, **F64)
+            torch.testing.assert_close(ours.bias.grad, ref.bias.grad, **F64)
+        for key, value in ref.state_dict().items():
+            torch.testing.assert_close(ours.state_dict()[key], value, **F64)
+        return s
+
+    def test_sync_with_one_worker_is_torch_batchnorm(self):
+        s = self.check_against_torch("sync", 0.1)
+        self.assertEqual(s.client.calls[:2], [("forward", "l", 0),
+                                              ("backward", "l", 0)])
+        self.assertEqual(s.client.calls[-1], ("backward", "l", 2))
+
+    def test_local_is_torch_batchnorm_with_a_cumulative_average(self):
+        s = self.check_against_torch("local", None)
+        self.assertEqual(s.client.calls, [])  # no traffic
+
+    def test_training_without_a_name_or_a_session_is_refused(self):
+        s = self.session("sync")
+        with self.assertRaisesRegex(RuntimeError, "name"):
+            bnps.torch.SyncBatchNorm(2, session=s)(torch.randn(3, 2))
+        saved, bnps_session._default = bnps_session._default, None
+        try:
+            with self.assertRaisesRegex(RuntimeError, "init"):
+                bnps.torch.SyncBatchNorm(2, name="x")(torch.randn(3, 2))
+        finally:
+            bnps_session._default = saved
+
+    def test_bad_input_rank_is_a_value_error(self):
+        with self.assertRaises(ValueError):
+            bnps.torch.SyncBatchNorm(2, name="x")(torch.randn(3))
+        with self.assertRaises(ValueError):
+            bnps.torch.SyncBatchNorm(2, name="x")(torch.randn(3, 4))
+
+    def test_eval_needs_no_session(self):
+        ours = bnps.torch.SyncBatchNorm(3).eval()
+        ref = nn.BatchNorm2d(3).eval()
+        with torch.no_grad():
+            for m in (ours, ref):
+                m.running_mean.copy_(torch.tensor([1.0, -1.0, 0.5]))
+                m.running_var.copy_(torch.tensor([2.0, 0.5, 1.0]))
+        x = torch.randn(2, 3, 4, 4)
+        torch.testing.assert_close(ours(x), ref(x))
+
+
+class ConvertTest(unittest.TestCase):
+    def test_names_state_and_parameters_are_kept(self):
+        model = nn.Sequential(nn.Conv2d(1, 2, 1), nn.BatchNorm2d(2),
+                              nn.Sequential(nn.Flatten(), nn.SyncBatchNorm(8)))
+        with torch.no_grad():
+            model[1].running_mean.fill_(0.25)
+            model[1].weight.fill_(3)
+        weight = model[1].weight
+        before = {k: v.clone() for k, v in model.state_dict().items()}
+        out = bnps.torch.convert_sync_batchnorm(model.eval(), prefix="m/")
+        self.assertIs(out, model)
+        self.assertIsInstance(model[1], bnps.torch.SyncBatchNorm)
+        self.assertIsInstance(model[2][1], bnps.torch.SyncBatchNorm)
+        self.assertIs(model[1].weight, weight)
+        self.assertFalse(model[1].training)
+        self.assertEqual(model[1].bnps_name, "m/1")
+        self.assertEqual(model[2][1].bnps_name, "m/2.1")
+        after = model.state_dict()
+        self.assertEqual(sorted(before), sorted(after))
+        for k, v in before.items():
+            self.assertTrue(torch.equal(after[k], v), k)
+
+    def test_a_batchnorm_root_is_replaced(self):
+        out = bnps.torch.convert_sync_batchnorm(nn.BatchNorm1d(4))
+        self.assertIsInstance(out, bnps.torch.SyncBatchNorm)
+        self.assertEqual(out.bnps_name, "bn")
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,234 @@
+"""One worker process of pytorch_parity_test.py: connects with
+bnps.torch.init() (BNPS_* environment), runs one scenario with
+bnps.torch.SyncBatchNorm on its slice of each case's data, and saves what it
+saw (outputs, gradients, running statistics, errors) with torch.save to
+OUT/<scenario>_w<worker>.pt for the test to compare.
+
+    parity_worker.py SCENARIO OUT
+"""
+
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import parity_cases  # noqa: E402
+import bnps  # noqa: E402
+import bnps.torch  # noqa: E402
+
+
+def run_case(case, worker, eval_extra=0):
+    """Trains a standalone layer on the worker's slice for case.steps steps;
+    returns per-step outputs and gradients and the final state."""
+    bn = bnps.torch.SyncBatchNorm(case.features, affine=case.affine,
+                                  track_running_stats=case.track,
+                                  name=case.name)
+    param_dtype = torch.float64 if case.dtype == torch.float64 else torch.float32
+    bn = bn.to(param_dtype)
+    if case.affine:
+        w, b = case.init_params()
+        with torch.no_grad():
+            bn.weight.copy_(w)
+            bn.bias.copy_(b)
+    rows = case.slice(worker)
+    out = {"y": [], "dx": [], "dw": [], "db": [], "channels_last": []}
+    for step in range(case.steps):
+        x, dy = case.global_data(step)
+        x = x[rows].to(case.dtype)
+        if case.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        x.requires_grad_(True)
+        y = bn(x)
+        (y.to(torch.float64) * dy[rows]).sum().backward()
+        out["y"].append(y.detach().to(torch.float64))
+        out["dx"].append(x.grad.detach().to(torch.float64))
+        out["channels_last"].append(
+            y.is_contiguous(memory_format=torch.channels_last))
+        if case.affine:
+            out["dw"].append(bn.weight.grad.detach().to(torch.float64).clone())
+            out["db"].append(bn.bias.grad.detach().to(torch.float64).clone())
+            bn.weight.grad = None
+            bn.bias.grad = None
+        out["dtype"] = str(y.dtype)
+    if case.track:
+        out["running_mean"] = bn.running_mean.detach().to(torch.float64).clone()
+        out["running_var"] = bn.running_var.detach().to(torch.float64).clone()
+        out["num_batches_tracked"] = int(bn.num_batches_tracked)
+    bn.eval()
+    xe = parity_cases.eval_data(case)[rows].to(case.dtype)
+    with torch.no_grad():
+        out["y_eval"] = bn(xe).to(torch.float64)
+        for _ in range(eval_extra):  # only some workers: eval never syncs
+            bn(xe)
+    return out
+
+
+def scenario_sync(worker):
+    return {case.name: run_case(case, worker, eval_extra=3 if worker == 0 else 0)
+            for case in parity_cases.SYNC3}
+
+
+SECURED = parity_cases.Case("secured", [3, 2], 3, steps=2, seed=13)
+
+
+def scenario_secured(worker):
+    """Mutual TLS and a job token, from BNPS_TLS_* and BNPS_TOKEN_FILE."""
+    return {"secured": run_case(SECURED, worker)}
+
+
+def scenario_long(worker):
+    out = run_case(parity_cases.LONG, worker)
+    client = bnps.torch.default_session().client
+    mean, var = client.bn_running("long", parity_cases.LONG.features)
+    out["server_mean"] = torch.from_numpy(mean)
+    out["server_var"] = torch.from_numpy(var)
+    return {"long": out}
+
+
+def scenario_convert(worker):
+    model = parity_cases.nested_model()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    model = bnps.torch.convert_sync_batchnorm(model)
+    out = {"names": sorted(m.bnps_name for m in model.modules()
+                           if isinstance(m, bnps.torch.SyncBatchNorm)),
+           "types": sorted({type(m).__name__ for m in model.modules()}),
+           "state_kept": all(torch.equal(before[k], v)
+                             for k, v in model.state_dict().items()),
+           "same_keys": sorted(before) == sorted(model.state_dict()),
+           "y": [], "dx": [], "grads": []}
+    start = sum(parity_cases.CONVERT_SIZES[:worker])
+    rows = slice(start, start + parity_cases.CONVERT_SIZES[worker])
+    for step in range(parity_cases.CONVERT_STEPS):
+        x, dy = parity_cases.convert_data(step)
+        x = x[rows].clone().requires_grad_(True)
+        y = model(x)
+        (y * dy[rows]).sum().backward()
+        out["y"].append(y.detach())
+        out["dx"].append(x.grad.detach())
+        out["grads"].append({n: p.grad.detach().clone()
+                             for n, p in model.named_parameters()})
+        model.zero_grad(set_to_none=True)
+    out["buffers"] = {k: v.clone() for k, v in model.state_dict().items()}
+    return out
+
+
+def scenario_stop(worker):
+    """Worker 1 stops calling after 2 steps (its process stays up and
+    heartbeating); worker 0 goes on and must get an error, not hang."""
+    bn = bnps.torch.SyncBatchNorm(3, name="stop").double()
+    x = torch.randn(4, 3, 2, 2, dtype=torch.float64)
+    out = {"completed": 0, "error": None}
+    steps = 2 if worker == 1 else 4
+    start = time.monotonic()
+    try:
+        for _ in range(steps):
+            start = time.monotonic()
+            bn(x).sum().backward()
+            out["completed"] += 1
+    except bnps.BnpsError as e:
+        out["error"] = type(e).__name__
+        out["message"] = str(e)
+        out["is_timeout"] = isinstance(e, TimeoutError)
+        out["waited_s"] = time.monotonic() - start
+    if worker == 1:
+        time.sleep(float(os.environ.get("STOP_SLEEP_S", "6")))
+    return out
+
+
+def scenario_local(worker):
+    """local: training normalizes with the worker's own batch; afterwards
+    sync_running_stats averages the running statistics."""
+    case = parity_cases.Case("local", [4, 6], 3, steps=5, seed=20)
+    out = run_case_keep(case, worker)
+    bn = out.pop("module")
+    out["settled"] = bnps.torch.sync_running_stats(bn)
+    out["running_after"] = (bn.running_mean.clone(), bn.running_var.clone())
+    return out
+
+
+def run_case_keep(case, worker):
+    bn = bnps.torch.SyncBatchNorm(case.features, name=case.name).double()
+    rows = case.slice(worker)
+    out = {"y": []}
+    for step in range(case.steps):
+        x, dy = case.global_data(step)
+        y = bn(x[rows])
+        (y * dy[rows]).sum().backward()
+        out["y"].append(y.detach())
+    out["running_before"] = (bn.running_mean.clone(), bn.running_var.clone())
+    out["module"] = bn
+    return out
+
+
+def scenario_recal(worker):
+    """recal: local while training, then recalibrate over each worker's own
+    batches (different numbers of batches per worker)."""
+    case = parity_cases.Case("recal", [4, 6], 3, steps=2, seed=21)
+    out = run_case_keep(case, worker)
+    bn = out.pop("module")
+    loader = [parity_cases.Case("recal", [5, 3], 3, seed=30 + worker)
+              .global_data(b)[0] for b in range(2 + worker)]
+    out["batches"] = bnps.torch.recalibrate(bn, loader)
+    out["running_mean"] = bn.running_mean.clone()
+    out["running_var"] = bn.running_var.clone()
+    out["loader"] = loader
+    return out
+
+
+def scenario_async(worker):
+    """async: runs inside session.step() and ends with the servers' stats."""
+    session = bnps.torch.default_session()
+    bn = bnps.torch.SyncBatchNorm(3, name="async").double()
+    g = torch.Generator().manual_seed(40 + worker)
+    for _ in range(6):
+        with session.step():
+            x = torch.randn(5, 3, 2, 2, generator=g,
+                            dtype=torch.float64) + 3 * worker
+            y = bn(x)
+            y.sum().backward()
+    bnps.torch.sync_running_stats(bn)
+    return {"finite": bool(torch.isfinite(y).all()),
+            "running_mean": bn.running_mean.clone(),
+            "running_var": bn.running_var.clone(),
+            "steps": int(bn.num_batches_tracked)}
+
+
+def scenario_optimizer(worker):
+    """A model trained through the servers' SGD (uneven batches)."""
+    model = bnps.torch.convert_sync_batchnorm(parity_cases.opt_model())
+    # A sum loss: with uneven batches a per-worker mean would weigh the
+    # workers' dy differently inside the synchronized BN backward pass.
+    opt = bnps.torch.ParameterServerOptimizer(model.named_parameters(),
+                                              loss_reduction="sum")
+    session = bnps.torch.default_session()
+    sizes = parity_cases.OPT_SIZES
+    rows = slice(sum(sizes[:worker]), sum(sizes[:worker + 1]))
+    for step in range(parity_cases.OPT_STEPS):
+        x, y = parity_cases.opt_data(step)
+        with session.step():
+            opt.zero_grad()
+            loss = torch.nn.functional.cross_entropy(model(x[rows]), y[rows],
+                                                     reduction="sum")
+            loss.backward()
+            opt.step(num_samples=sizes[worker])
+    return {"params": {n: p.detach().clone()
+                       for n, p in model.named_parameters()},
+            "steps": opt.step_count}
+
+
+SCENARIOS = {name[len("scenario_"):]: fn for name, fn in globals().items()
+             if name.startswith("scenario_")}
+
+
+def main():
+    scenario, out_dir = sys.argv[1], sys.argv[2]
+    torch.set_num_threads(1)
+    with bnps.torch.init() as session:
+        result = SCENARIOS[scenario](session.worker)
+    torch.save(result, os.path.join(out_dir, f"{scenario}_w{session.worker}.pt"))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,355 @@
+"""bnps.torch.SyncBatchNorm against torch.nn.BatchNorm on the concatenated
+batch, in float64, with 2-3 worker processes and real bnps_server shards on
+127.0.0.1 (ports picked by the servers).
+
+Each scenario starts a LocalCluster, runs parity_worker.py SCENARIO in one
+process per worker (Debian's /usr/bin/python3, which has python3-torch), and
+compares what they saved with the reference computed here: outputs, input
+gradients, weight and bias gradients (summed over workers), running
+statistics after many steps, eval mode; uneven and empty batches, one sample
+per process, affine=False, 2-D/3-D/5-D input, channels_last, float16 and
+bfloat16; convert_sync_batchnorm on nested modules; the local, recal and
+async policies; a worker whose peer stops calling gets DeadlineExceeded.
+
+torch is required: tools/setup.sh installs python3-torch. Without it this
+test fails (it does not skip).
+"""
+
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+DEBIAN_PYTHON = "/usr/bin/python3"
+try:
+    import torch
+except ImportError:
+    # Bazel may run this file with another python3 (a pyenv one, say): use
+    # Debian's, which has python3-torch.
+    if os.path.realpath(sys.executable) != os.path.realpath(DEBIAN_PYTHON) \
+            and os.path.exists(DEBIAN_PYTHON):
+        os.execv(DEBIAN_PYTHON, [DEBIAN_PYTHON] + sys.argv)
+    sys.exit("FAIL: torch cannot be imported by " + sys.executable +
+             "; tools/setup.sh installs python3-torch")
+
+RUNFILES = os.getcwd()
+HERE = os.path.dirname(os.path.abspath(__file__))
+PYDIR = os.path.join(RUNFILES, "python")  # bnps/ and _bnps_native.so
+sys.path.insert(0, PYDIR)
+sys.path.insert(0, HERE)
+
+import parity_cases  # noqa: E402
+from bnps.cluster import LocalCluster  # noqa: E402
+
+WORKER = os.path.join(HERE, "parity_worker.py")
+F64 = dict(rtol=1e-9, atol=1e-9)
+
+
+def tolerance(dtype):
+    return {torch.float64: F64,
+            torch.float32: dict(rtol=1e-4, atol=1e-4),
+            torch.float16: dict(rtol=1e-2, atol=2e-2),
+            torch.bfloat16: dict(rtol=3e-2, atol=1e-1)}[dtype]
+
+
+def run_scenario(scenario, workers, policy="sync", servers=2, flags=(),
+                 extra_env=None, timeout=180):
+    """Runs the scenario's workers against a fresh cluster; returns each
+    worker's saved result."""
+    with LocalCluster(num_servers=servers, num_workers=workers, policy=policy,
+                      server_flags=list(flags)) as cluster, \
+            tempfile.TemporaryDirectory() as out:
+        procs = []
+        for w in range(workers):
+            env = cluster.worker_env(w)
+            env["PYTHONPATH"] = PYDIR
+            env["OMP_NUM_THREADS"] = "1"
+            env.update(extra_env or {})
+            procs.append(subprocess.Popen(
+                [sys.executable, WORKER, scenario, out], env=env,
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        logs = []
+        for p in procs:
+            try:
+                logs.append(p.communicate(timeout=timeout)[0])
+            except subprocess.TimeoutExpired:
+                for q in procs:
+                    q.kill()
+                raise AssertionError(f"{scenario}: a worker hung") from None
+        for w, p in enumerate(procs):
+            if p.returncode != 0:
+                raise AssertionError(f"{scenario} worker {w} exited "
+                                     f"{p.returncode}:\n{logs[w][-4000:]}")
+        return [torch.load(os.path.join(out, f"{scenario}_w{w}.pt"))
+                for w in range(workers)]
+
+
+def torch_bn(case):
+    cls = {0: torch.nn.BatchNorm1d, 1: torch.nn.BatchNorm1d,
+           2: torch.nn.BatchNorm2d, 3: torch.nn.BatchNorm3d}[len(case.spatial)]
+    bn = cls(case.features, affine=case.affine,
+             track_running_stats=case.track).double()
+    if case.affine:
+        w, b = case.init_params()
+        with torch.no_grad():
+            bn.weight.copy_(w)
+            bn.bias.copy_(b)
+    return bn
+
+
+def reference(case):
+    """torch BN on the global batch, in float64 from the case's dtype."""
+    bn = torch_bn(case)
+    ref = {"y": [], "dx": [], "dw": [], "db": []}
+    for step in range(case.steps):
+        x, dy = case.global_data(step)
+        x = x.to(case.dtype).double().requires_grad_(True)
+        y = bn(x)
+        (y * dy).sum().backward()
+        ref["y"].append(y.detach())
+        ref["dx"].append(x.grad)
+        if case.affine:
+            ref["dw"].append(bn.weight.grad.clone())
+            ref["db"].append(bn.bias.grad.clone())
+            bn.weight.grad = bn.bias.grad = None
+    ref["bn"] = bn
+    return ref
+
+
+class SyncParityTest(unittest.TestCase):
+    """Eleven cases on one 3-worker sync job with 2 shards."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.results = run_scenario("sync", 3,
+                                   flags=["--barrier_timeout_ms=20000"])
+
+    def check_case(self, case):
+        ref = reference(case)
+        tol = tolerance(case.dtype)
+        got = [r[case.name] for r in self.results]
+        for step in range(case.steps):
+            for w, g in enumerate(got):
+                rows = case.slice(w)
+                msg = f"{case.name} step {step} worker {w}"
+                torch.testing.assert_close(g["y"][step], ref["y"][step][rows],
+                                           msg=msg + " output", **tol)
+                torch.testing.assert_close(g["dx"][step], ref["dx"][step][rows],
+                                           msg=msg + " input grad", **tol)
+                if case.channels_last:
+                    self.assertTrue(g["channels_last"][step], msg)
+            if case.affine:
+                ptol = tol if case.dtype != torch.float32 else \
+                    dict(rtol=1e-4, atol=1e-3)
+                torch.testing.assert_close(
+                    sum(g["dw"][step] for g in got), ref["dw"][step], **ptol,
+                    msg=f"{case.name} step {step} weight grad")
+                torch.testing.assert_close(
+                    sum(g["db"][step] for g in got), ref["db"][step], **ptol,
+                    msg=f"{case.name} step {step} bias grad")
+        bn = ref["bn"]
+        for w, g in enumerate(got):
+            self.assertEqual(g["dtype"], str(case.dtype), case.name)
+            if case.track:
+                rtol = F64 if case.dtype == torch.float64 else \
+                    dict(rtol=1e-5, atol=1e-5)
+                torch.testing.assert_close(g["running_mean"], bn.running_mean,
+                                           **rtol, msg=f"{case.name} mean w{w}")
+                torch.testing.assert_close(g["running_var"], bn.running_var,
+                                           **rtol, msg=f"{case.name} var w{w}")
+                self.assertEqual(g["num_batches_tracked"], case.steps)
+        # Eval mode: the running statistics (or, untracked, the worker's own
+        # batch statistics), no traffic: worker 0 made 3 more eval calls.
+        xe = parity_cases.eval_data(case).to(case.dtype).double()
+        bn.eval()
+        for w, g in enumerate(got):
+            rows = case.slice(w)
+            if case.track:
+                want = bn(xe)[rows]
+            elif case.sizes[w] > 0:
+                local = torch_bn(case)
+                local.eval()
+                want = local(xe[rows])
+            else:
+                continue
+            torch.testing.assert_close(g["y_eval"], want.detach(), **tol,
+                                       msg=f"{case.name} eval w{w}")
+
+
+def _add_sync_tests():
+    for case in parity_cases.SYNC3:
+        setattr(SyncParityTest, f"test_{case.name}",
+                lambda self, case=case: self.check_case(case))
+
+
+_add_sync_tests()
+
+
+class LongRunTest(unittest.TestCase):
+    def test_running_stats_after_many_steps_on_one_shard(self):
+        case = parity_cases.LONG
+        got = [r["long"] for r in run_scenario("long", 2, servers=1)]
+        ref = reference(case)
+        for w, g in enumerate(got):
+            torch.testing.assert_close(g["y"][-1], ref["y"][-1][case.slice(w)],
+                                       **F64)
+            torch.testing.assert_close(g["running_mean"],
+                                       ref["bn"].running_mean, **F64)
+            torch.testing.assert_close(g["running_var"],
+                                       ref["bn"].running_var, **F64)
+            # ... and they are the servers' running statistics too.
+            torch.testing.assert_close(g["server_mean"],
+                                       ref["bn"].running_mean, **F64)
+            torch.testing.assert_close(g["server_var"],
+                                       ref["bn"].running_var, **F64)
+
+
+class SecuredTest(unittest.TestCase):
+    def test_mutual_tls_and_token_from_the_environment(self):
+        tls = os.path.join(RUNFILES, "tests", "testdata", "tls")
+        with tempfile.TemporaryDirectory() as d:
+            token = os.path.join(d, "token")
+            with open(token, "w") as f:
+                f.write("pytorch-parity-token-0123456789\n")
+            got = run_scenario(
+                "secured", 2, servers=2,
+                flags=["--tls_cert=" + os.path.join(tls, "server.pem"),
+                       "--tls_key=" + os.path.join(tls, "server.key"),
+                       "--tls_client_ca=" + os.path.join(tls, "ca.pem"),
+                       "--token_file=" + token],
+                extra_env={"BNPS_TLS_CA": os.path.join(tls, "ca.pem"),
+                           "BNPS_TLS_CERT": os.path.join(tls, "client.pem"),
+                           "BNPS_TLS_KEY": os.path.join(tls, "client.key"),
+                           "BNPS_TOKEN_FILE": token,
+                           "BNPS_CONNECT_TIMEOUT_S": "10"})
+        case = parity_cases.Case("secured", [3, 2], 3, steps=2, seed=13)
+        ref = reference(case)
+        for w, g in enumerate(got):
+            torch.testing.assert_close(g["secured"]["y"][-1],
+                                       ref["y"][-1][case.slice(w)], **F64)
+
+
+class ConvertTest(unittest.TestCase):
+    def test_nested_model_matches_torch_on_the_global_batch(self):
+        got = run_scenario("convert", 3)
+        model = parity_cases.nested_model()
+        bn_names = sorted(n for n, m in model.named_modules()
+                          if isinstance(m, torch.nn.modules.batchnorm._BatchNorm))
+        self.assertEqual(bn_names, ["blocks.0.bn", "blocks.1.bn", "head.1",
+                                    "head.3", "stem.1"])
+        for g in got:
+            self.assertEqual(g["names"], bn_names)
+            self.assertNotIn("BatchNorm2d", g["types"])
+            self.assertNotIn("BatchNorm1d", g["types"])
+            self.assertTrue(g["state_kept"])
+            self.assertTrue(g["same_keys"])
+        sizes = parity_cases.CONVERT_SIZES
+        for step in range(parity_cases.CONVERT_STEPS):
+            x, dy = parity_cases.convert_data(step)
+            x.requires_grad_(True)
+            y = model(x)
+            (y * dy).sum().backward()
+            start = 0
+            for w, g in enumerate(got):
+                rows = slice(start, start + sizes[w])
+                start += sizes[w]
+                torch.testing.assert_close(g["y"][step], y.detach()[rows], **F64)
+                torch.testing.assert_close(g["dx"][step], x.grad[rows], **F64)
+            for name, p in model.named_parameters():
+                torch.testing.assert_close(
+                    sum(g["grads"][step][name] for g in got), p.grad, **F64,
+                    msg=f"grad of {name} at step {step}")
+            model.zero_grad(set_to_none=True)
+        for key, value in model.state_dict().items():
+            for g in got:
+                torch.testing.assert_close(g["buffers"][key], value, **F64,
+                                           msg=key)
+
+
+class StopCallingTest(unittest.TestCase):
+    def test_peer_that_stops_calling_gives_deadline_exceeded(self):
+        got = run_scenario("stop", 2, servers=1,
+                           flags=["--barrier_timeout_ms=2000"],
+                           extra_env={"STOP_SLEEP_S": "6"})
+        self.assertEqual(got[1]["completed"], 2)
+        self.assertIsNone(got[1]["error"])
+        self.assertEqual(got[0]["completed"], 2, got[0])
+        self.assertEqual(got[0]["error"], "DeadlineExceeded", got[0])
+        self.assertTrue(got[0]["is_timeout"])
+        self.assertIn("worker", got[0]["message"])
+        self.assertIn("1", got[0]["message"])
+        # The servers' barrier timeout, not the client's 30 s RPC deadline.
+        self.assertLess(got[0]["waited_s"], 25, got[0])
+
+
+class PolicyTest(unittest.TestCase):
+    def test_local_normalizes_locally_then_averages_running_stats(self):
+        got = run_scenario("local", 2, policy="local", servers=1)
+        case = parity_cases.Case("local", [4, 6], 3, steps=5, seed=20)
+        refs = []
+        for w, g in enumerate(got):
+            bn = torch.nn.BatchNorm2d(3).double()
+            for step in range(case.steps):
+                x, _ = case.global_data(step)
+                torch.testing.assert_close(g["y"][step],
+                                           bn(x[case.slice(w)]).detach(), **F64)
+            refs.append(bn)
+            torch.testing.assert_close(g["running_before"][0], bn.running_mean,
+                                       **F64)
+        want_mean = (refs[0].running_mean + refs[1].running_mean) / 2
+        want_var = (refs[0].running_var + refs[1].running_var) / 2
+        for g in got:
+            self.assertEqual(g["settled"], 1)
+            torch.testing.assert_close(g["running_after"][0], want_mean, **F64)
+            torch.testing.assert_close(g["running_after"][1], want_var, **F64)
+
+    def test_recal_recalibrates_over_every_workers_batches(self):
+        got = run_scenario("recal", 2, policy="recal", servers=2)
+        data = torch.cat([b for g in got for b in g["loader"]])
+        dims = [0, 2, 3]
+        for w, g in enumerate(got):
+            self.assertEqual(g["batches"], 2 + w)
+            torch.testing.assert_close(g["running_mean"], data.mean(dim=dims),
+                                       **F64)
+            torch.testing.assert_close(g["running_var"],
+                                       data.var(dim=dims, unbiased=True), **F64)
+
+    def test_async_runs_and_shares_the_servers_running_stats(self):
+        got = run_scenario("async", 2, policy="async", servers=1,
+                           flags=["--staleness=1"])
+        for g in got:
+            self.assertTrue(g["finite"])
+            self.assertEqual(g["steps"], 6)
+            # The servers' statistics, moved from their start (mean 0, var 1)
+            # towards the data (worker w's inputs have mean near 3 w).
+            self.assertGreater(float(g["running_mean"].min()), 0.1, g)
+            self.assertTrue(bool((g["running_var"] > 0).all()), g)
+
+
+class ParameterServerOptimizerTest(unittest.TestCase):
+    def test_training_through_the_servers_matches_sgd_on_the_global_batch(self):
+        got = run_scenario(
+            "optimizer", 2, servers=2,
+            flags=[f"--learning_rate={parity_cases.OPT_LR}",
+                   f"--momentum={parity_cases.OPT_MOMENTUM}"])
+        model = parity_cases.opt_model()
+        sgd = torch.optim.SGD(model.parameters(), lr=parity_cases.OPT_LR,
+                              momentum=parity_cases.OPT_MOMENTUM)
+        for step in range(parity_cases.OPT_STEPS):
+            x, y = parity_cases.opt_data(step)
+            sgd.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            sgd.step()
+        for g in got:
+            self.assertEqual(g["steps"], parity_cases.OPT_STEPS)
+            for name, p in model.named_parameters():
+                torch.testing.assert_close(g["params"][name], p.detach(),
+                                           rtol=1e-4, atol=1e-5, msg=name)
+        # They moved: the check above is not the initial values twice.
+        start = dict(parity_cases.opt_model().named_parameters())
+        self.assertFalse(torch.allclose(start["0.weight"], model[0].weight))
+
+
+if __name__ == "__main__":
+    unittest.main()
