@@ -15,7 +15,7 @@ for arg in "$@"; do
   case "$arg" in
     --peers) want_peers=1 ;;
     --containers) want_containers=1 ;;
-    -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
     *) echo "setup.sh: unknown argument '$arg' (try --help)" >&2; exit 2 ;;
   esac
 done
