@@ -59,7 +59,13 @@ std::vector<char*> ParseCommandLine(int argc, char** argv,
       absl::flags_internal::OnUndefinedFlag::kAbortIfUndefined);
   if (absl::flags_internal::HandleUsageFlags(
           std::cout, absl::ProgramUsageMessage()) != -1) {
-    std::cout << EnvironmentHelp(BinaryFlagNames(), env) << std::flush;
+    const absl::flags_internal::HelpMode mode =
+        absl::flags_internal::GetFlagsHelpMode();
+    if (mode != absl::flags_internal::HelpMode::kVersion &&
+        mode != absl::flags_internal::HelpMode::kOnlyCheckArgs) {
+      std::cout << EnvironmentHelp(BinaryFlagNames(), env);
+    }
+    std::cout << std::flush;
     std::exit(0);
   }
   return positional;
