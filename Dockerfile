@@ -43,10 +43,12 @@ COPY --from=build /out/ /usr/local/bin/
 # Fails the build if a library is missing, rather than the first run.
 RUN ! ldd /usr/local/bin/bnps_server /usr/local/bin/bnps_worker \
         /usr/local/bin/bnps_status | grep 'not found'
-# Checkpoints go to /var/lib/bnps (a volume in compose and Kubernetes).
+# Checkpoints go to /var/lib/bnps/checkpoints (a volume in compose and
+# Kubernetes; a new volume takes this directory's owner).
 RUN groupadd --system --gid 10001 bnps \
     && useradd --system --uid 10001 --gid 10001 --home-dir /var/lib/bnps \
-        --create-home --shell /usr/sbin/nologin bnps
+        --create-home --shell /usr/sbin/nologin bnps \
+    && install -d -o 10001 -g 10001 /var/lib/bnps/checkpoints
 USER 10001
 WORKDIR /var/lib/bnps
 # Flags and BNPS_* variables configure each process (bnps_server --help); a

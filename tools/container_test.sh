@@ -10,7 +10,8 @@
 #      (deploy/to_pods.js renders the StatefulSet and the Indexed Job as the
 #      Pods a cluster would create) to the workers' test accuracy.
 # It removes every container, pod, network and volume it started, and its
-# files; images stay (the next run reuses them) unless --rmi.
+# files; images and the image build's Bazel cache stay (the next run reuses
+# them) unless --rmi.
 #
 #   tools/setup.sh --containers && tools/container_test.sh [--rmi] [--skip-tls]
 #
@@ -75,6 +76,8 @@ cleanup() {
   if [ "$rmi" = 1 ]; then
     podman rmi -f "$IMAGE" "$BASE" docker.io/library/debian:bookworm \
       docker.io/library/debian:bookworm-slim >/dev/null 2>&1
+    # The Dockerfile's Bazel cache mount (id=bnps-bazel-disk).
+    rm -rf /var/tmp/buildah-cache/bnps-bazel-disk
   fi
   rm -rf "$work"
   echo "== $(( $(date +%s) - start ))s in all; exit status $rc"
