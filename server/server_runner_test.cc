@@ -1,4 +1,6 @@
-// RunningServer on 127.0.0.1: starting, and refusing an address in use.
+// RunningServer on 127.0.0.1: starting, refusing an address in use, the
+// standard health service and server reflection (called with raw bytes, as
+// any client would, so the test needs no generated code of theirs).
 
 #include "server/server_runner.h"
 
@@ -7,12 +9,107 @@
 
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
+#include "google/protobuf/unknown_field_set.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/impl/codegen/client_unary_call.h"
+#include "grpcpp/impl/codegen/sync_stream.h"
+#include "grpcpp/security/credentials.h"
+#include "grpcpp/support/byte_buffer.h"
 #include "gtest/gtest.h"
 
 namespace bnps::server {
 namespace {
 
+using ::testing::Contains;
 using ::testing::HasSubstr;
+
+grpc::ByteBuffer Bytes(const std::string& s) {
+  grpc::Slice slice(s);
+  return grpc::ByteBuffer(&slice, 1);
+}
+
+std::string String(const grpc::ByteBuffer& b) {
+  std::vector<grpc::Slice> slices;
+  b.Dump(&slices).IgnoreError();
+  std::string out;
+  for (const grpc::Slice& s : slices) {
+    out.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  }
+  return out;
+}
+
+std::shared_ptr<grpc::Channel> Connect(int port) {
+  return grpc::CreateChannel(absl::StrCat("127.0.0.1:", port),
+                             grpc::InsecureChannelCredentials());
+}
+
+// grpc.health.v1.Health/Check for `service`: the status number (1 SERVING,
+// 2 NOT_SERVING), or -code for a failed call.
+int HealthCheck(int port, const std::string& service) {
+  auto channel = Connect(port);
+  grpc::internal::RpcMethod method("/grpc.health.v1.Health/Check",
+                                   grpc::internal::RpcMethod::NORMAL_RPC);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  // HealthCheckRequest { string service = 1; }
+  const std::string req = absl::StrCat(
+      std::string(1, '\x0a'), std::string(1, static_cast<char>(service.size())),
+      service);
+  grpc::ByteBuffer resp;
+  grpc::Status s = grpc::internal::BlockingUnaryCall<grpc::ByteBuffer,
+                                                    grpc::ByteBuffer>(
+      channel.get(), method, &ctx, Bytes(req), &resp);
+  if (!s.ok()) return -static_cast<int>(s.error_code());
+  // HealthCheckResponse { ServingStatus status = 1; }
+  google::protobuf::UnknownFieldSet fields;
+  if (!fields.ParseFromString(String(resp))) return -100;
+  for (int i = 0; i < fields.field_count(); ++i) {
+    if (fields.field(i).number() == 1) return fields.field(i).varint();
+  }
+  return 0;  // UNKNOWN, the default, is not sent
+}
+
+// The services server reflection lists.
+std::vector<std::string> ReflectedServices(int port) {
+  auto channel = Connect(port);
+  grpc::internal::RpcMethod method(
+      "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+      grpc::internal::RpcMethod::BIDI_STREAMING);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  std::unique_ptr<grpc::ClientReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>>
+      stream(grpc::internal::ClientReaderWriterFactory<
+             grpc::ByteBuffer, grpc::ByteBuffer>::Create(channel.get(), method,
+                                                         &ctx));
+  // ServerReflectionRequest { string list_services = 7; }
+  stream->Write(Bytes(std::string("\x3a\x00", 2)));
+  stream->WritesDone();
+  grpc::ByteBuffer resp;
+  std::vector<std::string> names;
+  while (stream->Read(&resp)) {
+    // ServerReflectionResponse { ListServiceResponse list_services_response
+    // = 6; } ListServiceResponse { repeated ServiceResponse service = 1; }
+    // ServiceResponse { string name = 1; }
+    google::protobuf::UnknownFieldSet top;
+    if (!top.ParseFromString(String(resp))) break;
+    for (int i = 0; i < top.field_count(); ++i) {
+      if (top.field(i).number() != 6) continue;
+      google::protobuf::UnknownFieldSet list;
+      list.ParseFromString(top.field(i).length_delimited());
+      for (int j = 0; j < list.field_count(); ++j) {
+        google::protobuf::UnknownFieldSet service;
+        service.ParseFromString(list.field(j).length_delimited());
+        for (int k = 0; k < service.field_count(); ++k) {
+          if (service.field(k).number() == 1) {
+            names.push_back(service.field(k).length_delimited());
+          }
+        }
+      }
+    }
+  }
+  EXPECT_TRUE(stream->Finish().ok());
+  return names;
+}
 
 TEST(RunningServerTest, PortZeroPicksAFreePort) {
   absl::StatusOr<std::unique_ptr<RunningServer>> server =
@@ -35,6 +132,48 @@ TEST(RunningServerTest, AddressInUseIsAnError) {
   EXPECT_EQ(second.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_THAT(second.status().message(), HasSubstr(address));
   EXPECT_THAT(second.status().message(), HasSubstr("in use"));
+}
+
+TEST(RunningServerTest, HealthIsServingOnceStartedAndFollowsSetServing) {
+  absl::StatusOr<std::unique_ptr<RunningServer>> server =
+      RunningServer::Start(ShardOptions(), "127.0.0.1:0");
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int port = (*server)->port();
+  constexpr int kServing = 1, kNotServing = 2;
+  EXPECT_EQ(HealthCheck(port, ""), kServing);
+  EXPECT_EQ(HealthCheck(port, "bnps.proto.ParameterServer"), kServing);
+  EXPECT_EQ(HealthCheck(port, "no.such.Service"),
+            -static_cast<int>(grpc::StatusCode::NOT_FOUND));
+  (*server)->SetServing(false);
+  EXPECT_EQ(HealthCheck(port, ""), kNotServing);
+  EXPECT_EQ(HealthCheck(port, "bnps.proto.ParameterServer"), kNotServing);
+  (*server)->SetServing(true);
+  EXPECT_EQ(HealthCheck(port, "bnps.proto.ParameterServer"), kServing);
+}
+
+TEST(RunningServerTest, ReflectionListsTheServices) {
+  absl::StatusOr<std::unique_ptr<RunningServer>> server =
+      RunningServer::Start(ShardOptions(), "127.0.0.1:0");
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::vector<std::string> services = ReflectedServices((*server)->port());
+  EXPECT_THAT(services, Contains("bnps.proto.ParameterServer"));
+  EXPECT_THAT(services, Contains("grpc.health.v1.Health"));
+}
+
+TEST(RunningServerTest, MetricsCanBeTurnedOff) {
+  absl::StatusOr<std::unique_ptr<RunningServer>> on =
+      RunningServer::Start(ShardOptions(), "127.0.0.1:0");
+  ASSERT_TRUE(on.ok()) << on.status();
+  EXPECT_NE((*on)->metrics(), nullptr);
+  EXPECT_THAT((*on)->registry().TextExposition(),
+              HasSubstr("bnps_server_workers{state=\"unregistered\"} 1"));
+  ServerMonitoring off;
+  off.metrics = false;
+  absl::StatusOr<std::unique_ptr<RunningServer>> none =
+      RunningServer::Start(ShardOptions(), "127.0.0.1:0", {}, off);
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_EQ((*none)->metrics(), nullptr);
+  EXPECT_EQ((*none)->registry().TextExposition(), "");
 }
 
 }  // namespace
