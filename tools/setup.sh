@@ -27,7 +27,7 @@ packages=(
   libgloo-dev              # peer of the BN-sync benchmark (//tools/bench)
   clang libclang-rt-14-dev # libFuzzer and the sanitizers (tools/fuzz.sh)
   libcpp-httplib-dev       # HTTP server of the /metrics endpoints (//metrics)
-  prometheus               # promtool and the scrape test (tools/prometheus_scrape_test.sh)
+  prometheus curl          # promtool and the scrape test (tools/prometheus_scrape_test.sh)
 )
 if [ "$want_peers" = 1 ]; then
   packages+=(python3-torch python3-matplotlib)

@@ -4,7 +4,9 @@
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
 #include "google/protobuf/util/json_util.h"
 
 namespace bnps::tools {
@@ -27,6 +29,12 @@ std::string Millis(int64_t ms) {
 std::string Fit(const std::string& s, size_t width) {
   if (s.size() <= width) return s;
   return s.substr(0, width - 1) + "~";
+}
+
+// An enum's name without its prefix, in lower case: "sync" for POLICY_SYNC.
+std::string Short(const std::string& name, absl::string_view prefix) {
+  std::string out = absl::AsciiStrToLower(absl::StripPrefix(name, prefix));
+  return out;
 }
 
 std::string JsonString(const std::string& s) {
@@ -60,9 +68,10 @@ void FormatShard(const ShardAnswer& a, const ViewOptions& options,
       Fit(absl::StrFormat("%s: job '%s' shard %d/%d, policy %s, staleness %d, "
                           "%d workers, worker loss: %s",
                           a.address, c.job(), c.shard(), c.num_shards(),
-                          proto::Policy_Name(c.policy()), c.staleness(),
-                          c.num_workers(),
-                          proto::WorkerLossAction_Name(c.worker_loss())),
+                          Short(proto::Policy_Name(c.policy()), "POLICY_"),
+                          c.staleness(), c.num_workers(),
+                          Short(proto::WorkerLossAction_Name(c.worker_loss()),
+                                "WORKER_LOSS_")),
           80),
       "\n");
   absl::StrAppend(

@@ -50,7 +50,7 @@ TEST(StatusViewTest, TextFitsEightyColumnsAndShowsTheSlowestLayersFirst) {
   for (absl::string_view line : absl::StrSplit(text, '\n')) {
     EXPECT_LE(line.size(), 80u) << line;
   }
-  EXPECT_THAT(text, HasSubstr("job 'demo' shard 0/1, policy POLICY_SYNC"));
+  EXPECT_THAT(text, HasSubstr("job 'demo' shard 0/1, policy sync"));
   EXPECT_THAT(text, HasSubstr("  worker 0: live, step 12, pushes 20, last "
                               "heard 120ms ago\n"));
   EXPECT_THAT(text, HasSubstr("  worker 1: LOST, step 9, pushes 20, last heard "
