@@ -130,6 +130,34 @@ for q in "${checks[@]}"; do
   done
 done
 
+# Every query of the Grafana dashboard parses and runs (its variables set
+# to this test's job names).
+if [ -n "${TEST_SRCDIR:-}" ]; then
+  dashboard="$TEST_SRCDIR/bnps/deploy/grafana/bnps.json"
+else
+  dashboard="$(dirname "$0")/../deploy/grafana/bnps.json"
+fi
+python3 - "$dashboard" "$prom_port" <<'PY' || fail "a dashboard query failed"
+import json, sys, urllib.parse, urllib.request
+dashboard, port = sys.argv[1], sys.argv[2]
+panels = json.load(open(dashboard))["panels"]
+n = 0
+for panel in panels:
+    for target in panel["targets"]:
+        expr = (target["expr"].replace("$server_job", "bnps_server")
+                .replace("$worker_job", "bnps_worker"))
+        url = "http://127.0.0.1:%s/api/v1/query?%s" % (
+            port, urllib.parse.urlencode({"query": expr}))
+        try:
+            status = json.load(urllib.request.urlopen(url))["status"]
+        except Exception as e:  # 400: the query does not parse
+            sys.exit("%s: %s: %s" % (panel["title"], expr, e))
+        if status != "success":
+            sys.exit("%s: %s: %s" % (panel["title"], expr, status))
+        n += 1
+print("ok: the dashboard's %d queries run" % n)
+PY
+
 for p in "$server_metrics" "$worker0_metrics" "$worker1_metrics"; do
   curl -sf "http://127.0.0.1:$p/metrics" >"$tmp/metrics_$p.txt" \
     || fail "cannot fetch 127.0.0.1:$p/metrics"
