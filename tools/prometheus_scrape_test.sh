@@ -6,7 +6,7 @@
 # scraped every endpoint, then asks its HTTP API for non-zero pushes, a
 # barrier-wait histogram and the workers' step split. `promtool check metrics`
 # validates every endpoint's exposition. Everything it starts is stopped by
-# PID at exit.
+# PID at exit. Also the health check of tools/grpc_health_check.py.
 #
 #   bazel test //tools:prometheus_scrape_test
 #   tools/prometheus_scrape_test.sh [BIN_DIR]   # BIN_DIR: default bazel-bin
@@ -66,6 +66,15 @@ for _ in $(seq 100); do
   sleep 0.1
 done
 [ -n "$port" ] || fail "the server did not start"
+
+# The standard health check, as a probe makes it.
+if [ -n "${TEST_SRCDIR:-}" ]; then
+  health="$TEST_SRCDIR/bnps/tools/grpc_health_check.py"
+else
+  health="$(dirname "$0")/grpc_health_check.py"
+fi
+/usr/bin/python3 "$health" "127.0.0.1:$port" bnps.proto.ParameterServer \
+  || fail "the server is not SERVING"
 
 # Short training; the workers keep their endpoints up afterwards so that
 # Prometheus scrapes their final figures.

@@ -28,6 +28,7 @@ packages=(
   clang libclang-rt-14-dev # libFuzzer and the sanitizers (tools/fuzz.sh)
   libcpp-httplib-dev       # HTTP server of the /metrics endpoints (//metrics)
   prometheus curl          # promtool and the scrape test (tools/prometheus_scrape_test.sh)
+  python3-grpcio           # tools/grpc_health_check.py
 )
 if [ "$want_peers" = 1 ]; then
   packages+=(python3-torch python3-matplotlib)
