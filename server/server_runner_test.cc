@@ -69,8 +69,9 @@ int HealthCheck(int port, const std::string& service) {
   return 0;  // UNKNOWN, the default, is not sent
 }
 
-// The services server reflection lists.
-std::vector<std::string> ReflectedServices(int port) {
+// One server reflection exchange: sends `request` (a serialized
+// ServerReflectionRequest) and returns the answer's bytes.
+std::string Reflect(int port, const std::string& request) {
   auto channel = Connect(port);
   grpc::internal::RpcMethod method(
       "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
@@ -81,34 +82,62 @@ std::vector<std::string> ReflectedServices(int port) {
       stream(grpc::internal::ClientReaderWriterFactory<
              grpc::ByteBuffer, grpc::ByteBuffer>::Create(channel.get(), method,
                                                          &ctx));
-  // ServerReflectionRequest { string list_services = 7; }
-  stream->Write(Bytes(std::string("\x3a\x00", 2)));
+  stream->Write(Bytes(request));
   stream->WritesDone();
+  std::string answer;
   grpc::ByteBuffer resp;
-  std::vector<std::string> names;
+  if (stream->Read(&resp)) answer = String(resp);
   while (stream->Read(&resp)) {
-    // ServerReflectionResponse { ListServiceResponse list_services_response
-    // = 6; } ListServiceResponse { repeated ServiceResponse service = 1; }
-    // ServiceResponse { string name = 1; }
-    google::protobuf::UnknownFieldSet top;
-    if (!top.ParseFromString(String(resp))) break;
-    for (int i = 0; i < top.field_count(); ++i) {
-      if (top.field(i).number() != 6) continue;
-      google::protobuf::UnknownFieldSet list;
-      list.ParseFromString(top.field(i).length_delimited());
-      for (int j = 0; j < list.field_count(); ++j) {
-        google::protobuf::UnknownFieldSet service;
-        service.ParseFromString(list.field(j).length_delimited());
-        for (int k = 0; k < service.field_count(); ++k) {
-          if (service.field(k).number() == 1) {
-            names.push_back(service.field(k).length_delimited());
-          }
-        }
+  }
+  EXPECT_TRUE(stream->Finish().ok());
+  return answer;
+}
+
+// The length-delimited values of field `number` in the message `bytes`.
+std::vector<std::string> Strings(const std::string& bytes, int number) {
+  google::protobuf::UnknownFieldSet fields;
+  fields.ParseFromString(bytes);
+  std::vector<std::string> out;
+  for (int i = 0; i < fields.field_count(); ++i) {
+    if (fields.field(i).number() == number &&
+        fields.field(i).type() ==
+            google::protobuf::UnknownField::TYPE_LENGTH_DELIMITED) {
+      out.push_back(fields.field(i).length_delimited());
+    }
+  }
+  return out;
+}
+
+// ServerReflectionRequest { string file_containing_symbol = 4; string
+// list_services = 7; }  ServerReflectionResponse { FileDescriptorResponse
+// file_descriptor_response = 4; ListServiceResponse list_services_response =
+// 6; }  ListServiceResponse { repeated ServiceResponse service = 1; }
+// ServiceResponse { string name = 1; }  FileDescriptorResponse { repeated
+// bytes file_descriptor_proto = 1; }
+std::vector<std::string> ReflectedServices(int port) {
+  std::vector<std::string> names;
+  for (const std::string& list :
+       Strings(Reflect(port, std::string("\x3a\x00", 2)), 6)) {
+    for (const std::string& service : Strings(list, 1)) {
+      for (const std::string& name : Strings(service, 1)) {
+        names.push_back(name);
       }
     }
   }
-  EXPECT_TRUE(stream->Finish().ok());
   return names;
+}
+
+// The file descriptors (serialized FileDescriptorProtos) reflection gives for
+// `symbol`.
+std::vector<std::string> ReflectedFiles(int port, const std::string& symbol) {
+  std::vector<std::string> files;
+  const std::string request = absl::StrCat(
+      std::string(1, '\x22'), std::string(1, static_cast<char>(symbol.size())),
+      symbol);
+  for (const std::string& r : Strings(Reflect(port, request), 4)) {
+    for (const std::string& f : Strings(r, 1)) files.push_back(f);
+  }
+  return files;
 }
 
 TEST(RunningServerTest, PortZeroPicksAFreePort) {
@@ -158,6 +187,12 @@ TEST(RunningServerTest, ReflectionListsTheServices) {
   const std::vector<std::string> services = ReflectedServices((*server)->port());
   EXPECT_THAT(services, Contains("bnps.proto.ParameterServer"));
   EXPECT_THAT(services, Contains("grpc.health.v1.Health"));
+  // What grpcurl needs to call the methods: the .proto that defines them.
+  const std::vector<std::string> files =
+      ReflectedFiles((*server)->port(), "bnps.proto.ParameterServer");
+  ASSERT_FALSE(files.empty());
+  EXPECT_THAT(files[0], HasSubstr("proto/bnps.proto"));
+  EXPECT_THAT(files[0], HasSubstr("PushGradients"));
 }
 
 TEST(RunningServerTest, MetricsCanBeTurnedOff) {
