@@ -245,6 +245,29 @@ std::vector<ServerMetrics::LayerSummary> ServerMetrics::Layers() const {
   return out;
 }
 
+ServerMetrics::Layer* ServerMetrics::LayerCache::Get(const std::string& layer) {
+  auto [it, added] = layers_.try_emplace(layer, nullptr);
+  if (added) it->second = metrics_->ForLayer(layer);
+  return it->second;
+}
+
+void ServerMetrics::FillStatus(proto::StatusResponse* status) const {
+  for (int w = 0; w < status->workers_size(); ++w) {
+    proto::WorkerStatus* ws = status->mutable_workers(w);
+    ws->set_step(worker_step(ws->worker()));
+    ws->set_pushes(worker_pushes(ws->worker()));
+  }
+  for (const LayerSummary& l : Layers()) {
+    proto::BnLayerStatus* ls = status->add_bn_layers();
+    ls->set_layer(l.layer);
+    ls->set_phase(static_cast<proto::BnPhase>(l.phase + proto::BN_FORWARD));
+    ls->set_messages(l.messages);
+    ls->set_mean_wait_seconds(l.mean_wait_seconds);
+    ls->set_step(l.step);
+    ls->set_slowest_wait_seconds(l.slowest_wait_seconds);
+  }
+}
+
 void ServerMetrics::RecordCheckpoint(absl::Time when) {
   checkpoint_age_family_->WithLabels({});  // exposed from now on
   absl::MutexLock lock(&mu_);

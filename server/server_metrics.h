@@ -33,10 +33,12 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "metrics/registry.h"
+#include "proto/bnps.pb.h"
 #include "server/shard.h"
 
 namespace bnps::server {
@@ -104,6 +106,19 @@ class ServerMetrics {
   // The layer's series, created on first use. Keep the pointer.
   Layer* ForLayer(const std::string& layer);
 
+  // A stream's own map from layer names to their series, so that a BN
+  // message costs one lookup in it rather than in ForLayer's shared map.
+  // Used from one thread (the stream's read path).
+  class LayerCache {
+   public:
+    explicit LayerCache(ServerMetrics* metrics) : metrics_(metrics) {}
+    Layer* Get(const std::string& layer);
+
+   private:
+    ServerMetrics* const metrics_;
+    absl::flat_hash_map<std::string, Layer*> layers_;
+  };
+
   // Hook for checkpoints: a checkpoint of this shard was written at `when`.
   // From then on checkpoint_age_seconds is exposed (now - when).
   void RecordCheckpoint(absl::Time when);
@@ -121,6 +136,9 @@ class ServerMetrics {
   };
   // Forward and backward phases with traffic, by layer.
   std::vector<LayerSummary> Layers() const;
+  // Sets the workers' step and pushes (`status` lists the workers already)
+  // and adds the BN layers' summaries.
+  void FillStatus(proto::StatusResponse* status) const;
 
  private:
   void Collect();

@@ -6,7 +6,6 @@
 #include <utility>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "grpcpp/impl/codegen/proto_utils.h"
@@ -18,6 +17,8 @@
 
 namespace bnps::server {
 namespace {
+
+using M = ServerMetrics;  // its enums; metrics_ may be null everywhere
 
 // Gradients of one step arrive as chunks (framed by proto/tensor_wire); each
 // tensor is read straight into a staging buffer and pushed once complete.
@@ -74,9 +75,7 @@ class PushReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
 
  private:
   absl::Status Handle() {
-    if (metrics_ != nullptr) {
-      metrics_->Received(ServerMetrics::kPushGradients, message_.Length());
-    }
+    if (metrics_) metrics_->Received(M::kPushGradients, message_.Length());
     proto::PushGradientsRequest head;
     // The head is checked before any chunk of the message is read.
     absl::Status s = reader_.Read(message_, kChunksField, &head,
@@ -95,7 +94,7 @@ class PushReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
       worker_ = head.worker();
       step_ = head.step();
       samples_ = head.num_samples();
-      if (metrics_ != nullptr) metrics_->WorkerAt(worker_, step_);
+      if (metrics_) metrics_->WorkerAt(worker_, step_);
     } else if (head.worker() != worker_ || head.step() != step_ ||
                head.num_samples() != samples_) {
       return absl::InvalidArgumentError(
@@ -111,10 +110,10 @@ class PushReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
     if (!r.ok()) return r.status();
     if (r->duplicate) {
       response_.set_duplicates(response_.duplicates() + 1);
-      if (metrics_ != nullptr) metrics_->PushDuplicate();
+      if (metrics_) metrics_->PushDuplicate();
     } else {
       response_.set_applied(response_.applied() + 1);
-      if (metrics_ != nullptr) metrics_->PushApplied(worker_);
+      if (metrics_) metrics_->PushApplied(worker_);
     }
     return absl::OkStatus();
   }
@@ -122,10 +121,10 @@ class PushReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   void Done(const absl::Status& s) {
     if (!s.ok()) LogRejected(*shard_, "PushGradients", worker_, s);
     SerializeTo(response_, resp_);
-    if (metrics_ != nullptr) {
+    if (metrics_) {
       if (!s.ok()) metrics_->PushRejected(s.code());
-      metrics_->Sent(ServerMetrics::kPushGradients, resp_->Length());
-      metrics_->Request(ServerMetrics::kPushGradients, s.code());
+      metrics_->Sent(M::kPushGradients, resp_->Length());
+      metrics_->Request(M::kPushGradients, s.code());
     }
     Finish(proto::ToGrpcStatus(s));
   }
@@ -155,9 +154,7 @@ class PullReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   PullReactor(Shard* shard, grpc::CallbackServerContext* ctx,
               const grpc::ByteBuffer* raw, ServerMetrics* metrics)
       : shard_(shard), metrics_(metrics) {
-    if (metrics_ != nullptr) {
-      metrics_->Received(ServerMetrics::kPullParameters, raw->Length());
-    }
+    if (metrics_) metrics_->Received(M::kPullParameters, raw->Length());
     proto::PullParametersRequest req;
     absl::Status s = ParseRequest(*raw, &req);
     if (s.ok()) {
@@ -219,10 +216,7 @@ class PullReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
 
   void WriteNext() {
     if (next_ < messages_.size()) {
-      if (metrics_ != nullptr) {
-        metrics_->Sent(ServerMetrics::kPullParameters,
-                       messages_[next_].Length());
-      }
+      if (metrics_) metrics_->Sent(M::kPullParameters, messages_[next_].Length());
       StartWrite(&messages_[next_++]);
     } else {
       End(grpc::Status::OK);
@@ -235,10 +229,7 @@ class PullReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   }
 
   void End(const grpc::Status& s) {
-    if (metrics_ != nullptr) {
-      metrics_->Request(ServerMetrics::kPullParameters,
-                        static_cast<absl::StatusCode>(s.error_code()));
-    }
+    if (metrics_) metrics_->Request(M::kPullParameters, proto::FromGrpcStatus(s).code());
     Finish(s);
   }
 
@@ -266,9 +257,7 @@ class BnReactor
   void OnReadDone(bool ok) override {
     absl::Status malformed;
     if (ok) {
-      if (metrics_ != nullptr) {
-        metrics_->Received(ServerMetrics::kBnSync, req_.Length());
-      }
+      if (metrics_) metrics_->Received(M::kBnSync, req_.Length());
       malformed = ParseRequest(req_, &msg_);
       req_.Clear();  // for the next read
     }
@@ -334,13 +323,11 @@ class BnReactor
     // the arrival time, for the wait.
     ServerMetrics::Layer* layer_metrics = nullptr;
     absl::Time arrived;
-    const int phase = req.phase() - proto::BN_FORWARD;  // ServerMetrics'
+    const int phase = req.phase() - proto::BN_FORWARD;  // as M::BnPhase
     const int64_t step = req.step();
-    if (metrics_ != nullptr && phase >= 0 && phase < ServerMetrics::kNumBnPhases) {
+    if (metrics_ && phase >= 0 && phase < M::kNumBnPhases) {
       arrived = absl::Now();
-      auto [it, added] = layer_metrics_.try_emplace(req.layer(), nullptr);
-      if (added) it->second = metrics_->ForLayer(req.layer());
-      layer_metrics = it->second;
+      layer_metrics = layer_cache_.Get(req.layer());
       if (req.phase() == proto::BN_FORWARD || req.phase() == proto::BN_BACKWARD) {
         metrics_->WorkerAt(worker, step);
       }
@@ -349,8 +336,8 @@ class BnReactor
                   step](const absl::StatusOr<BnAggregator::Reply>& r) {
       if (layer_metrics != nullptr) {
         if (r.ok()) {
-          layer_metrics->Observe(static_cast<ServerMetrics::BnPhase>(phase),
-                                 step, absl::Now() - arrived, r->merge_time);
+          layer_metrics->Observe(static_cast<M::BnPhase>(phase), step,
+                                 absl::Now() - arrived, r->merge_time);
           for (int64_t age : r->staleness) metrics_->Staleness(age);
         } else {
           metrics_->BnRejected(r.status().code());
@@ -376,9 +363,7 @@ class BnReactor
       }
       grpc::ByteBuffer message;
       SerializeTo(resp, &message);
-      if (metrics_ != nullptr) {
-        metrics_->Sent(ServerMetrics::kBnSync, message.Length());
-      }
+      if (metrics_) metrics_->Sent(M::kBnSync, message.Length());
       Send(std::move(message));
     };
     absl::Status s = shard_->CheckCaller(req.job(), worker);
@@ -462,10 +447,7 @@ class BnReactor
       finished_ = true;
       end = end_;
     }
-    if (metrics_ != nullptr) {
-      metrics_->Request(ServerMetrics::kBnSync,
-                        static_cast<absl::StatusCode>(end.error_code()));
-    }
+    if (metrics_) metrics_->Request(M::kBnSync, proto::FromGrpcStatus(end).code());
     Finish(end);
   }
 
@@ -474,7 +456,7 @@ class BnReactor
   // Touched only by the read path.
   grpc::ByteBuffer req_;
   proto::BnRequest msg_;
-  absl::flat_hash_map<std::string, ServerMetrics::Layer*> layer_metrics_;
+  ServerMetrics::LayerCache layer_cache_{metrics_};
 
   absl::Mutex mu_;
   std::deque<grpc::ByteBuffer> queue_ ABSL_GUARDED_BY(mu_);
@@ -553,7 +535,7 @@ grpc::ServerUnaryReactor* ShardService::Register(
   }
   if (s.ok()) s = shard_->Register(req.worker(), req.incarnation());
   if (s.ok()) *resp.mutable_config() = ToJobConfig(o);
-  return Answer(ServerMetrics::kRegister, ctx, *raw, worker, s, &resp, out);
+  return Answer(M::kRegister, ctx, *raw, worker, s, &resp, out);
 }
 
 grpc::ServerUnaryReactor* ShardService::Heartbeat(
@@ -571,7 +553,7 @@ grpc::ServerUnaryReactor* ShardService::Heartbeat(
   if (s.ok()) {
     for (int w : shard_->membership().LiveWorkers()) resp.add_live_workers(w);
   }
-  return Answer(ServerMetrics::kHeartbeat, ctx, *raw, worker, s, &resp, out);
+  return Answer(M::kHeartbeat, ctx, *raw, worker, s, &resp, out);
 }
 
 grpc::ServerUnaryReactor* ShardService::InitParameters(
@@ -609,14 +591,14 @@ grpc::ServerUnaryReactor* ShardService::InitParameters(
       resp.set_already(resp.already() + 1);
     }
   }
-  return Answer(ServerMetrics::kInitParameters, ctx, *raw, worker, s, &resp, out);
+  return Answer(M::kInitParameters, ctx, *raw, worker, s, &resp, out);
 }
 
 grpc::ServerReadReactor<grpc::ByteBuffer>* ShardService::PushGradients(
     grpc::CallbackServerContext* ctx, grpc::ByteBuffer* resp) {
   if (absl::Status s = Authenticate(*ctx); !s.ok()) {
     LogRejected(*shard_, "PushGradients", -1, s);
-    if (metrics_ != nullptr) metrics_->Request(ServerMetrics::kPushGradients, s.code());
+    if (metrics_) metrics_->Request(M::kPushGradients, s.code());
     return new Refused<grpc::ServerReadReactor<grpc::ByteBuffer>>(s);
   }
   return new PushReactor(shard_, &scratch_, resp, metrics_);
@@ -626,7 +608,7 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* ShardService::PullParameters(
     grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req) {
   if (absl::Status s = Authenticate(*ctx); !s.ok()) {
     LogRejected(*shard_, "PullParameters", -1, s);
-    if (metrics_ != nullptr) metrics_->Request(ServerMetrics::kPullParameters, s.code());
+    if (metrics_) metrics_->Request(M::kPullParameters, s.code());
     return new Refused<grpc::ServerWriteReactor<grpc::ByteBuffer>>(s);
   }
   return new PullReactor(shard_, ctx, req, metrics_);
@@ -636,7 +618,7 @@ grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>*
 ShardService::BnSync(grpc::CallbackServerContext* ctx) {
   if (absl::Status s = Authenticate(*ctx); !s.ok()) {
     LogRejected(*shard_, "BnSync", -1, s);
-    if (metrics_ != nullptr) metrics_->Request(ServerMetrics::kBnSync, s.code());
+    if (metrics_) metrics_->Request(M::kBnSync, s.code());
     return new Refused<
         grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>>(s);
   }
@@ -654,13 +636,11 @@ grpc::ServerUnaryReactor* ShardService::StartStep(
     s = absl::FailedPreconditionError(
         "step clocks are kept by shard 0 under the async policy only");
   }
-  if (!s.ok()) return Answer(ServerMetrics::kStartStep, ctx, *raw, worker, s);
+  if (!s.ok()) return Answer(M::kStartStep, ctx, *raw, worker, s);
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   Shard* shard = shard_;
   ServerMetrics* metrics = metrics_;
-  if (metrics != nullptr) {
-    metrics->Received(ServerMetrics::kStartStep, raw->Length());
-  }
+  if (metrics) metrics->Received(M::kStartStep, raw->Length());
   shard_->clocks()->StartStep(
       worker, req.step(), WaitDeadline(*shard_, *ctx),
       [reactor, out, shard, worker, metrics](absl::StatusOr<int64_t> min_clock) {
@@ -668,15 +648,11 @@ grpc::ServerUnaryReactor* ShardService::StartStep(
           proto::StartStepResponse resp;
           resp.set_min_clock(*min_clock);
           SerializeTo(resp, out);
-          if (metrics != nullptr) {
-            metrics->Sent(ServerMetrics::kStartStep, out->Length());
-          }
+          if (metrics) metrics->Sent(M::kStartStep, out->Length());
         } else {
           LogRejected(*shard, "StartStep", worker, min_clock.status());
         }
-        if (metrics != nullptr) {
-          metrics->Request(ServerMetrics::kStartStep, min_clock.status().code());
-        }
+        if (metrics) metrics->Request(M::kStartStep, min_clock.status().code());
         reactor->Finish(proto::ToGrpcStatus(min_clock.status()));
       });
   return reactor;
@@ -695,7 +671,7 @@ grpc::ServerUnaryReactor* ShardService::FinishStep(
   }
   if (s.ok()) s = shard_->clocks()->FinishStep(req.worker(), req.completed());
   const proto::FinishStepResponse resp;
-  return Answer(ServerMetrics::kFinishStep, ctx, *raw, worker, s, &resp, out);
+  return Answer(M::kFinishStep, ctx, *raw, worker, s, &resp, out);
 }
 
 grpc::ServerUnaryReactor* ShardService::GetStatus(
@@ -703,7 +679,7 @@ grpc::ServerUnaryReactor* ShardService::GetStatus(
     grpc::ByteBuffer* out) {
   proto::StatusRequest req;
   if (absl::Status s = Admit(*ctx, *raw, &req); !s.ok()) {
-    return Answer(ServerMetrics::kGetStatus, ctx, *raw, -1, s);
+    return Answer(M::kGetStatus, ctx, *raw, -1, s);
   }
   proto::StatusResponse resp;
   *resp.mutable_config() = ToJobConfig(shard_->options());
@@ -720,28 +696,14 @@ grpc::ServerUnaryReactor* ShardService::GetStatus(
         workers[w].registered ? absl::ToInt64Milliseconds(now - workers[w].last_seen)
                               : -1);
   }
-  if (metrics_ != nullptr) {
-    for (int w = 0; w < resp.workers_size(); ++w) {
-      resp.mutable_workers(w)->set_step(metrics_->worker_step(w));
-      resp.mutable_workers(w)->set_pushes(metrics_->worker_pushes(w));
-    }
-    for (const ServerMetrics::LayerSummary& l : metrics_->Layers()) {
-      proto::BnLayerStatus* ls = resp.add_bn_layers();
-      ls->set_layer(l.layer);
-      ls->set_phase(static_cast<proto::BnPhase>(l.phase + proto::BN_FORWARD));
-      ls->set_messages(l.messages);
-      ls->set_mean_wait_seconds(l.mean_wait_seconds);
-      ls->set_step(l.step);
-      ls->set_slowest_wait_seconds(l.slowest_wait_seconds);
-    }
-  }
+  if (metrics_) metrics_->FillStatus(&resp);
   const ParameterStore::Stats stats = shard_->store().GetStats();
   resp.set_num_parameters(stats.num_keys);
   resp.set_min_version(stats.min_version);
   resp.set_pushes_applied(stats.applied);
   resp.set_pushes_duplicate(stats.duplicates);
   resp.set_num_bn_layers(shard_->bn().num_layers());
-  return Answer(ServerMetrics::kGetStatus, ctx, *raw, -1, absl::OkStatus(),
+  return Answer(M::kGetStatus, ctx, *raw, -1, absl::OkStatus(),
                 &resp, out);
 }
 
