@@ -63,22 +63,24 @@ void FormatShard(const ShardAnswer& a, const ViewOptions& options,
   }
   const proto::StatusResponse& r = *a.status;
   const proto::JobConfig& c = r.config();
+  const std::string policy = Short(proto::Policy_Name(c.policy()), "POLICY_");
   absl::StrAppend(
       out,
-      Fit(absl::StrFormat("%s: job '%s' shard %d/%d, policy %s, staleness %d, "
-                          "%d workers, worker loss: %s",
-                          a.address, c.job(), c.shard(), c.num_shards(),
-                          Short(proto::Policy_Name(c.policy()), "POLICY_"),
-                          c.staleness(), c.num_workers(),
-                          Short(proto::WorkerLossAction_Name(c.worker_loss()),
-                                "WORKER_LOSS_")),
+      Fit(absl::StrFormat("%s: job '%s' shard %d/%d, policy %s%s, %d workers",
+                          a.address, c.job(), c.shard(), c.num_shards(), policy,
+                          c.policy() == proto::POLICY_ASYNC
+                              ? absl::StrCat(" (staleness ", c.staleness(), ")")
+                              : "",
+                          c.num_workers()),
           80),
       "\n");
   absl::StrAppend(
       out,
-      absl::StrFormat("  parameters %d (min version %d), BN layers %d, pushes "
-                      "%d applied, %d duplicate\n",
+      absl::StrFormat("  parameters %d (min version %d), BN layers %d, worker "
+                      "loss: %s\n  pushes %d applied, %d duplicate\n",
                       r.num_parameters(), r.min_version(), r.num_bn_layers(),
+                      Short(proto::WorkerLossAction_Name(c.worker_loss()),
+                            "WORKER_LOSS_"),
                       r.pushes_applied(), r.pushes_duplicate()));
   // "worker N: state" as before the columns came: scripts grep for it.
   for (const proto::WorkerStatus& w : r.workers()) {
