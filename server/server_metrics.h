@@ -8,7 +8,7 @@
 //   received_bytes_total{method}, sent_bytes_total{method}
 //   pushes_total{result=applied|duplicate} tensors pushed
 //   push_rejections_total{reason}          pushes refused, by status code
-//   bn_requests_rejected_total{reason}     BN messages refused
+//   bn_rejections_total{reason}            BN messages refused
 //   bn_barrier_wait_seconds{layer,phase}   a BN message's arrival to its answer
 //   bn_merge_seconds{layer,phase}          computing a barrier's merge
 //   bn_staleness_steps                     async: age of merged moments
