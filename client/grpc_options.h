@@ -69,6 +69,11 @@ struct GrpcClientOptions {
   // the worker never joins the job.
   // Default: none (any config the servers agree on).
   std::function<absl::Status(const proto::JobConfig&)> check_config;
+  // Called before each retry of a call (not of Connect's registration) with
+  // the code the failed attempt ended with, e.g. to count retries in
+  // metrics. May be called from several threads at once.
+  // Default: none.
+  std::function<void(absl::StatusCode)> on_retry;
 };
 
 // Counters of GrpcPsClient's background heartbeat.

@@ -855,6 +855,11 @@ TEST_F(GrpcPsClientTest, PushGradientsRetriesUnavailable) {
   fakes_[0]->set_failing_pushes(100);
   GrpcClientOptions options = Options();
   options.max_attempts = 3;
+  std::atomic<int> retries{0};
+  options.on_retry = [&retries](absl::StatusCode code) {
+    EXPECT_EQ(code, absl::StatusCode::kUnavailable);
+    ++retries;
+  };
   std::unique_ptr<GrpcPsClient> impatient = Connect(options);
   ASSERT_NE(impatient, nullptr);
   const int before = fakes_[0]->push_calls();
@@ -862,6 +867,7 @@ TEST_F(GrpcPsClientTest, PushGradientsRetriesUnavailable) {
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
   EXPECT_THAT(s.message(), HasSubstr("shard 0"));
   EXPECT_EQ(fakes_[0]->push_calls() - before, 3);
+  EXPECT_EQ(retries.load(), 2);  // between the three attempts
 }
 
 TEST_F(GrpcPsClientTest, PullParametersReassemblesEveryShard) {

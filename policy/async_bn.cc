@@ -17,6 +17,7 @@ AsyncMerge MergeForAsync(const std::vector<LatestMoments>& latest,
       if (!staleness::Admissible(l.step, step, staleness)) continue;
       bn::MergeInto(l.moments, &out.others);
       ++out.contributors;
+      out.staleness.push_back(step - l.step);
     }
     bn::MergeInto(l.moments, &out.all);
   }

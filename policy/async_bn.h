@@ -34,6 +34,9 @@ struct AsyncMerge {
   // `self`'s and the admissible others' moments, in worker order: what the
   // server updates the layer's running statistics with.
   bn::Moments all;
+  // step - the step of each other worker's moments merged into `others`
+  // (their staleness), in worker order.
+  std::vector<int64_t> staleness;
 };
 
 // Merges the entries of `latest` (indexed by worker) for worker `self` at

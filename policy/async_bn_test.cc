@@ -27,6 +27,7 @@ TEST(AsyncBnTest, MergesAdmissibleLiveOthersInWorkerOrder) {
   AsyncMerge m = MergeForAsync(latest, live, /*self=*/1, /*step=*/5,
                                /*staleness=*/1, /*channels=*/1);
   EXPECT_EQ(m.contributors, 1);
+  EXPECT_EQ(m.staleness, std::vector<int64_t>({1}));  // worker 0: 5 - 4
   EXPECT_EQ(m.others.count, 2);
   EXPECT_DOUBLE_EQ(m.others.mean[0], 1.5);
   // `all` is self plus the admissible others: {1, 2, 10}.
@@ -36,6 +37,7 @@ TEST(AsyncBnTest, MergesAdmissibleLiveOthersInWorkerOrder) {
   // A larger bound admits worker 2 as well.
   AsyncMerge wide = MergeForAsync(latest, live, 1, 5, 2, 1);
   EXPECT_EQ(wide.contributors, 2);
+  EXPECT_EQ(wide.staleness, std::vector<int64_t>({1, 2}));
   EXPECT_EQ(wide.others.count, 3);
   EXPECT_DOUBLE_EQ(wide.others.mean[0], 103.0 / 3);
 }

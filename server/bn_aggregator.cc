@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
 #include "staleness/clock_table.h"
 
 namespace bnps::server {
@@ -280,7 +281,10 @@ void BnAggregator::Evaluate(const BarrierKey& key, Barrier& b, Ready* ready) {
     }
     return;  // still waiting for w
   }
-  Resolve(key, b, Finish(key, b), ready);
+  const absl::Time merge_start = absl::Now();
+  absl::StatusOr<Reply> result = Finish(key, b);
+  if (result.ok()) result->merge_time = absl::Now() - merge_start;
+  Resolve(key, b, std::move(result), ready);
 }
 
 void BnAggregator::Resolve(const BarrierKey& key, Barrier& b,
@@ -384,6 +388,7 @@ void BnAggregator::AsyncForward(int worker, int64_t step, Layer& layer,
   Reply reply;
   reply.moments = std::move(merge.others);
   reply.contributors = merge.contributors;
+  reply.staleness = std::move(merge.staleness);
   const bn::Moments& all = merge.all;
   if (!layer.running.has_value()) {
     layer.running = bn::RunningStats::Initial(layer.channels);

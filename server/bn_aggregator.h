@@ -90,6 +90,11 @@ class BnAggregator {
     bn::BackwardSums sums;
     std::optional<bn::RunningStats> running;
     int contributors = 0;
+    // Barriers: how long computing the merge took (for metrics).
+    absl::Duration merge_time;
+    // async forward: step - step of each other worker's moments merged into
+    // `moments` (for metrics).
+    std::vector<int64_t> staleness;
   };
   // Called once, maybe on another caller's thread, after the aggregator's
   // lock is released. The answer is shared by all the waiters of a barrier

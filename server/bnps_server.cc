@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "metrics/http_endpoint.h"
 #include "security/credentials.h"
 #include "security/job_token.h"
 #include "server/server_runner.h"
@@ -53,6 +54,15 @@ ABSL_FLAG(std::string, on_worker_loss, "fail",
           "What a lost worker means: fail (steps that need it fail with "
           "FAILED_PRECONDITION naming it, so the job stops with a clear error) or "
           "shrink (it is dropped and the job goes on with the others).");
+
+ABSL_FLAG(int, metrics_port, 0,
+          "Serve Prometheus metrics over HTTP at "
+          "http://<metrics_address>:<metrics_port>/metrics (docs/"
+          "observability.md). 0, the default: no metrics endpoint.");
+ABSL_FLAG(std::string, metrics_address, "127.0.0.1",
+          "Address the metrics endpoint listens on (plain HTTP, no "
+          "authentication). 0.0.0.0 lets a Prometheus on another machine "
+          "scrape it.");
 
 ABSL_FLAG(std::string, token_file, "",
           "File holding the job's token (16 to 4096 printable characters, no "
@@ -146,10 +156,24 @@ int main(int argc, char** argv) {
     if (!token.ok()) return Fail(token.status()), kBadFlags;
     security.token = *std::move(token);
   }
+  const int metrics_port = absl::GetFlag(FLAGS_metrics_port);
+  if (metrics_port < 0 || metrics_port > 65535) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+               "--metrics_port ", metrics_port, " is not a port"))),
+           kBadFlags;
+  }
   const std::string address = absl::StrCat(absl::GetFlag(FLAGS_host), ":", port);
   absl::StatusOr<std::unique_ptr<bnps::server::RunningServer>> server =
       bnps::server::RunningServer::Start(o, address, security);
   if (!server.ok()) return Fail(server.status()), 1;
+  std::unique_ptr<bnps::metrics::HttpEndpoint> metrics;
+  if (metrics_port != 0) {
+    absl::StatusOr<std::unique_ptr<bnps::metrics::HttpEndpoint>> m =
+        bnps::metrics::HttpEndpoint::Start(absl::GetFlag(FLAGS_metrics_address),
+                                           metrics_port, &(*server)->registry());
+    if (!m.ok()) return Fail(m.status()), 1;
+    metrics = *std::move(m);
+  }
   // The launcher reads the port from the end of this line.
   std::printf("bnps_server: shard %d of %d, job '%s', policy %s, %d workers, "
               "%s%s, listening on %s:%d\n",
@@ -160,6 +184,10 @@ int main(int argc, char** argv) {
                                          : "mutual TLS",
               security.token.empty() ? "" : " with a job token",
               absl::GetFlag(FLAGS_host).c_str(), (*server)->port());
+  if (metrics != nullptr) {
+    std::printf("bnps_server: metrics at http://%s:%d/metrics\n",
+                absl::GetFlag(FLAGS_metrics_address).c_str(), metrics->port());
+  }
   std::fflush(stdout);
 
   std::thread signals([&set, &server] {
@@ -170,5 +198,6 @@ int main(int argc, char** argv) {
   });
   (*server)->Wait();
   signals.join();
+  if (metrics != nullptr) metrics->Stop();
   return 0;
 }

@@ -5,6 +5,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "grpcpp/security/server_credentials.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/server_builder.h"
 #include "security/job_token.h"
 #include "proto/limits.h"
@@ -13,7 +15,7 @@ namespace bnps::server {
 
 absl::StatusOr<std::unique_ptr<RunningServer>> RunningServer::Start(
     ShardOptions options, const std::string& address,
-    ServerSecurity security) {
+    ServerSecurity security, ServerMonitoring monitoring) {
   if (!security.token.empty()) {
     if (absl::Status s = security::ValidateToken(security.token); !s.ok()) {
       return s;
@@ -23,8 +25,17 @@ absl::StatusOr<std::unique_ptr<RunningServer>> RunningServer::Start(
   if (!shard.ok()) return shard.status();
   std::unique_ptr<RunningServer> rs(new RunningServer());
   rs->shard_ = *std::move(shard);
-  rs->service_ = std::make_unique<ShardService>(rs->shard_.get(),
-                                                std::move(security.token));
+  rs->registry_ = std::make_unique<metrics::Registry>();
+  if (monitoring.metrics) {
+    rs->metrics_ =
+        std::make_unique<ServerMetrics>(rs->registry_.get(), rs->shard_.get());
+  }
+  rs->service_ = std::make_unique<ShardService>(
+      rs->shard_.get(), std::move(security.token), rs->metrics_.get());
+  // Both are process-wide switches of gRPC, read when a builder is made;
+  // turning them on again is harmless.
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   builder.AddListeningPort(address,
                            security.credentials != nullptr
@@ -50,7 +61,17 @@ absl::StatusOr<std::unique_ptr<RunningServer>> RunningServer::Start(
               "that do not match: see gRPC's log above)"
             : " (address in use or not local)"));
   }
+  rs->SetServing(true);
   return rs;
+}
+
+void RunningServer::SetServing(bool serving) {
+  grpc::HealthCheckServiceInterface* health =
+      server_->GetHealthCheckService();
+  if (health == nullptr) return;
+  health->SetServingStatus(serving);  // every service, and ""
+  health->SetServingStatus(proto::ParameterServer::service_full_name(),
+                           serving);
 }
 
 RunningServer::~RunningServer() { Shutdown(); }

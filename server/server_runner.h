@@ -2,6 +2,16 @@
 // message limits set explicitly. Used by the bnps_server binary and by tests
 // that start real servers on 127.0.0.1.
 //
+// Besides the ParameterServer service, the server answers the standard
+// health check (grpc.health.v1.Health, gRPC's default implementation) and
+// server reflection (grpc.reflection.v1alpha, so grpcurl can list and call
+// the methods). Health: the server listens only once it has its
+// configuration (the Shard exists), so both the overall status ("") and
+// "bnps.proto.ParameterServer" are SERVING from the first call on, until
+// Shutdown (NOT_SERVING) or SetServing(false). The metrics of the calls
+// (server/server_metrics.h) are kept in registry(), which bnps_server serves
+// over HTTP when asked (--metrics_port).
+//
 // Thread-safety: Shutdown may be called from any thread, once or more.
 
 #ifndef BNPS_SERVER_SERVER_RUNNER_H_
@@ -13,6 +23,8 @@
 #include "absl/status/statusor.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server.h"
+#include "metrics/registry.h"
+#include "server/server_metrics.h"
 #include "server/shard.h"
 #include "server/shard_service.h"
 
@@ -26,6 +38,14 @@ struct ServerSecurity {
   std::string token;
 };
 
+// What the server measures.
+struct ServerMonitoring {
+  // Count and time the calls (server/server_metrics.h); off, GetStatus has
+  // no per-worker steps, pushes or BN waits. Default: true. Off only to
+  // measure what metrics cost.
+  bool metrics = true;
+};
+
 class RunningServer {
  public:
   // Binds `address` ("127.0.0.1:0" picks a free port). INVALID_ARGUMENT for bad
@@ -34,11 +54,20 @@ class RunningServer {
   // SO_REUSEPORT would), so two servers cannot mix two jobs' traffic.
   static absl::StatusOr<std::unique_ptr<RunningServer>> Start(
       ShardOptions options, const std::string& address,
-      ServerSecurity security = {});
+      ServerSecurity security = {}, ServerMonitoring monitoring = {});
   ~RunningServer();  // Shutdown()
 
   int port() const { return port_; }
   Shard& shard() { return *shard_; }
+  // The server's metrics; registry() outlives metrics() and both live as
+  // long as the server. metrics() is null when monitoring.metrics is false.
+  metrics::Registry& registry() { return *registry_; }
+  ServerMetrics* metrics() { return metrics_.get(); }
+
+  // The health status of the server and of its ParameterServer service:
+  // true SERVING, false NOT_SERVING. For a server that is not ready to
+  // serve yet although it listens (e.g. while it restores a checkpoint).
+  void SetServing(bool serving);
 
   // Blocks until Shutdown.
   void Wait();
@@ -49,7 +78,9 @@ class RunningServer {
  private:
   RunningServer() = default;
 
+  std::unique_ptr<metrics::Registry> registry_;
   std::unique_ptr<Shard> shard_;
+  std::unique_ptr<ServerMetrics> metrics_;
   std::unique_ptr<ShardService> service_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;

@@ -18,13 +18,17 @@
 namespace bnps::server {
 namespace {
 
+using M = ServerMetrics;  // its enums; metrics_ may be null everywhere
+
 // Gradients of one step arrive as chunks (framed by proto/tensor_wire); each
 // tensor is read straight into a staging buffer and pushed once complete.
 class PushReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
  public:
-  PushReactor(Shard* shard, ScratchPool* scratch, grpc::ByteBuffer* resp)
+  PushReactor(Shard* shard, ScratchPool* scratch, grpc::ByteBuffer* resp,
+              ServerMetrics* metrics)
       : shard_(shard),
         scratch_(scratch),
+        metrics_(metrics),
         resp_(resp),
         reader_(
             [this](const std::string& key, absl::Span<const int64_t> shape,
@@ -71,6 +75,7 @@ class PushReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
 
  private:
   absl::Status Handle() {
+    if (metrics_) metrics_->Received(M::kPushGradients, message_.Length());
     proto::PushGradientsRequest head;
     // The head is checked before any chunk of the message is read.
     absl::Status s = reader_.Read(message_, kChunksField, &head,
@@ -89,6 +94,7 @@ class PushReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
       worker_ = head.worker();
       step_ = head.step();
       samples_ = head.num_samples();
+      if (metrics_) metrics_->WorkerAt(worker_, step_);
     } else if (head.worker() != worker_ || head.step() != step_ ||
                head.num_samples() != samples_) {
       return absl::InvalidArgumentError(
@@ -104,8 +110,10 @@ class PushReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
     if (!r.ok()) return r.status();
     if (r->duplicate) {
       response_.set_duplicates(response_.duplicates() + 1);
+      if (metrics_) metrics_->PushDuplicate();
     } else {
       response_.set_applied(response_.applied() + 1);
+      if (metrics_) metrics_->PushApplied(worker_);
     }
     return absl::OkStatus();
   }
@@ -113,6 +121,11 @@ class PushReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   void Done(const absl::Status& s) {
     if (!s.ok()) LogRejected(*shard_, "PushGradients", worker_, s);
     SerializeTo(response_, resp_);
+    if (metrics_) {
+      if (!s.ok()) metrics_->PushRejected(s.code());
+      metrics_->Sent(M::kPushGradients, resp_->Length());
+      metrics_->Request(M::kPushGradients, s.code());
+    }
     Finish(proto::ToGrpcStatus(s));
   }
 
@@ -121,6 +134,7 @@ class PushReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
 
   Shard* const shard_;
   ScratchPool* const scratch_;
+  ServerMetrics* const metrics_;  // may be null
   grpc::ByteBuffer* const resp_;
   grpc::ByteBuffer message_;
   ScratchPool::Buffer staging_;
@@ -138,8 +152,9 @@ class PushReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
 class PullReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   PullReactor(Shard* shard, grpc::CallbackServerContext* ctx,
-              const grpc::ByteBuffer* raw)
-      : shard_(shard) {
+              const grpc::ByteBuffer* raw, ServerMetrics* metrics)
+      : shard_(shard), metrics_(metrics) {
+    if (metrics_) metrics_->Received(M::kPullParameters, raw->Length());
     proto::PullParametersRequest req;
     absl::Status s = ParseRequest(*raw, &req);
     if (s.ok()) {
@@ -166,7 +181,7 @@ class PullReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
 
   void OnWriteDone(bool ok) override {
     if (!ok) {
-      Finish(grpc::Status(grpc::StatusCode::CANCELLED, "client went away"));
+      End(grpc::Status(grpc::StatusCode::CANCELLED, "client went away"));
       return;
     }
     WriteNext();
@@ -201,18 +216,25 @@ class PullReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
 
   void WriteNext() {
     if (next_ < messages_.size()) {
+      if (metrics_) metrics_->Sent(M::kPullParameters, messages_[next_].Length());
       StartWrite(&messages_[next_++]);
     } else {
-      Finish(grpc::Status::OK);
+      End(grpc::Status::OK);
     }
   }
 
   void Done(const absl::Status& s) {
     if (!s.ok()) LogRejected(*shard_, "PullParameters", worker_, s);
-    Finish(proto::ToGrpcStatus(s));
+    End(proto::ToGrpcStatus(s));
+  }
+
+  void End(const grpc::Status& s) {
+    if (metrics_) metrics_->Request(M::kPullParameters, proto::FromGrpcStatus(s).code());
+    Finish(s);
   }
 
   Shard* const shard_;
+  ServerMetrics* const metrics_;  // may be null
   int worker_ = -1;
   std::vector<grpc::ByteBuffer> messages_;
   size_t next_ = 0;
@@ -227,11 +249,15 @@ class PullReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
 class BnReactor
     : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
-  explicit BnReactor(Shard* shard) : shard_(shard) { StartRead(&req_); }
+  BnReactor(Shard* shard, ServerMetrics* metrics)
+      : shard_(shard), metrics_(metrics) {
+    StartRead(&req_);
+  }
 
   void OnReadDone(bool ok) override {
     absl::Status malformed;
     if (ok) {
+      if (metrics_) metrics_->Received(M::kBnSync, req_.Length());
       malformed = ParseRequest(req_, &msg_);
       req_.Clear();  // for the next read
     }
@@ -293,8 +319,30 @@ class BnReactor
     // double its size).
     const bool send_running =
         req.phase() != proto::BN_FORWARD || req.want_running();
-    auto reply = [this, id, worker,
-                  send_running](const absl::StatusOr<BnAggregator::Reply>& r) {
+    // Metrics: the layer's series (resolved once per stream and layer) and
+    // the arrival time, for the wait.
+    ServerMetrics::Layer* layer_metrics = nullptr;
+    absl::Time arrived;
+    const int phase = req.phase() - proto::BN_FORWARD;  // as M::BnPhase
+    const int64_t step = req.step();
+    if (metrics_ && phase >= 0 && phase < M::kNumBnPhases) {
+      arrived = absl::Now();
+      layer_metrics = layer_cache_.Get(req.layer());
+      if (req.phase() == proto::BN_FORWARD || req.phase() == proto::BN_BACKWARD) {
+        metrics_->WorkerAt(worker, step);
+      }
+    }
+    auto reply = [this, id, worker, send_running, layer_metrics, arrived, phase,
+                  step](const absl::StatusOr<BnAggregator::Reply>& r) {
+      if (layer_metrics != nullptr) {
+        if (r.ok()) {
+          layer_metrics->Observe(static_cast<M::BnPhase>(phase), step,
+                                 absl::Now() - arrived, r->merge_time);
+          for (int64_t age : r->staleness) metrics_->Staleness(age);
+        } else {
+          metrics_->BnRejected(r.status().code());
+        }
+      }
       proto::BnResponse resp;
       resp.set_id(id);
       if (!r.ok()) {
@@ -315,6 +363,7 @@ class BnReactor
       }
       grpc::ByteBuffer message;
       SerializeTo(resp, &message);
+      if (metrics_) metrics_->Sent(M::kBnSync, message.Length());
       Send(std::move(message));
     };
     absl::Status s = shard_->CheckCaller(req.job(), worker);
@@ -398,13 +447,16 @@ class BnReactor
       finished_ = true;
       end = end_;
     }
+    if (metrics_) metrics_->Request(M::kBnSync, proto::FromGrpcStatus(end).code());
     Finish(end);
   }
 
   Shard* const shard_;
+  ServerMetrics* const metrics_;  // may be null
   // Touched only by the read path.
   grpc::ByteBuffer req_;
   proto::BnRequest msg_;
+  ServerMetrics::LayerCache layer_cache_{metrics_};
 
   absl::Mutex mu_;
   std::deque<grpc::ByteBuffer> queue_ ABSL_GUARDED_BY(mu_);
@@ -450,6 +502,21 @@ absl::Status ShardService::Admit(const grpc::CallbackServerContext& ctx,
   return ParseRequest(raw, req);
 }
 
+grpc::ServerUnaryReactor* ShardService::Answer(
+    ServerMetrics::Method method, grpc::CallbackServerContext* ctx,
+    const grpc::ByteBuffer& raw, int worker, const absl::Status& s,
+    const google::protobuf::MessageLite* resp, grpc::ByteBuffer* out) {
+  if (metrics_ != nullptr) {
+    metrics_->Received(method, raw.Length());
+    if (s.ok() && resp != nullptr) {
+      metrics_->Sent(method, static_cast<int64_t>(resp->ByteSizeLong()));
+    }
+    metrics_->Request(method, s.code());
+  }
+  return Respond(ctx, *shard_, ServerMetrics::MethodName(method), worker, s,
+                 resp, out);
+}
+
 grpc::ServerUnaryReactor* ShardService::Register(
     grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* raw,
     grpc::ByteBuffer* out) {
@@ -468,7 +535,7 @@ grpc::ServerUnaryReactor* ShardService::Register(
   }
   if (s.ok()) s = shard_->Register(req.worker(), req.incarnation());
   if (s.ok()) *resp.mutable_config() = ToJobConfig(o);
-  return Respond(ctx, *shard_, "Register", worker, s, &resp, out);
+  return Answer(M::kRegister, ctx, *raw, worker, s, &resp, out);
 }
 
 grpc::ServerUnaryReactor* ShardService::Heartbeat(
@@ -486,7 +553,7 @@ grpc::ServerUnaryReactor* ShardService::Heartbeat(
   if (s.ok()) {
     for (int w : shard_->membership().LiveWorkers()) resp.add_live_workers(w);
   }
-  return Respond(ctx, *shard_, "Heartbeat", worker, s, &resp, out);
+  return Answer(M::kHeartbeat, ctx, *raw, worker, s, &resp, out);
 }
 
 grpc::ServerUnaryReactor* ShardService::InitParameters(
@@ -524,35 +591,38 @@ grpc::ServerUnaryReactor* ShardService::InitParameters(
       resp.set_already(resp.already() + 1);
     }
   }
-  return Respond(ctx, *shard_, "InitParameters", worker, s, &resp, out);
+  return Answer(M::kInitParameters, ctx, *raw, worker, s, &resp, out);
 }
 
 grpc::ServerReadReactor<grpc::ByteBuffer>* ShardService::PushGradients(
     grpc::CallbackServerContext* ctx, grpc::ByteBuffer* resp) {
   if (absl::Status s = Authenticate(*ctx); !s.ok()) {
     LogRejected(*shard_, "PushGradients", -1, s);
+    if (metrics_) metrics_->Request(M::kPushGradients, s.code());
     return new Refused<grpc::ServerReadReactor<grpc::ByteBuffer>>(s);
   }
-  return new PushReactor(shard_, &scratch_, resp);
+  return new PushReactor(shard_, &scratch_, resp, metrics_);
 }
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* ShardService::PullParameters(
     grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req) {
   if (absl::Status s = Authenticate(*ctx); !s.ok()) {
     LogRejected(*shard_, "PullParameters", -1, s);
+    if (metrics_) metrics_->Request(M::kPullParameters, s.code());
     return new Refused<grpc::ServerWriteReactor<grpc::ByteBuffer>>(s);
   }
-  return new PullReactor(shard_, ctx, req);
+  return new PullReactor(shard_, ctx, req, metrics_);
 }
 
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>*
 ShardService::BnSync(grpc::CallbackServerContext* ctx) {
   if (absl::Status s = Authenticate(*ctx); !s.ok()) {
     LogRejected(*shard_, "BnSync", -1, s);
+    if (metrics_) metrics_->Request(M::kBnSync, s.code());
     return new Refused<
         grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>>(s);
   }
-  return new BnReactor(shard_);
+  return new BnReactor(shard_, metrics_);
 }
 
 grpc::ServerUnaryReactor* ShardService::StartStep(
@@ -566,19 +636,23 @@ grpc::ServerUnaryReactor* ShardService::StartStep(
     s = absl::FailedPreconditionError(
         "step clocks are kept by shard 0 under the async policy only");
   }
-  if (!s.ok()) return Respond(ctx, *shard_, "StartStep", worker, s);
+  if (!s.ok()) return Answer(M::kStartStep, ctx, *raw, worker, s);
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   Shard* shard = shard_;
+  ServerMetrics* metrics = metrics_;
+  if (metrics) metrics->Received(M::kStartStep, raw->Length());
   shard_->clocks()->StartStep(
       worker, req.step(), WaitDeadline(*shard_, *ctx),
-      [reactor, out, shard, worker](absl::StatusOr<int64_t> min_clock) {
+      [reactor, out, shard, worker, metrics](absl::StatusOr<int64_t> min_clock) {
         if (min_clock.ok()) {
           proto::StartStepResponse resp;
           resp.set_min_clock(*min_clock);
           SerializeTo(resp, out);
+          if (metrics) metrics->Sent(M::kStartStep, out->Length());
         } else {
           LogRejected(*shard, "StartStep", worker, min_clock.status());
         }
+        if (metrics) metrics->Request(M::kStartStep, min_clock.status().code());
         reactor->Finish(proto::ToGrpcStatus(min_clock.status()));
       });
   return reactor;
@@ -597,7 +671,7 @@ grpc::ServerUnaryReactor* ShardService::FinishStep(
   }
   if (s.ok()) s = shard_->clocks()->FinishStep(req.worker(), req.completed());
   const proto::FinishStepResponse resp;
-  return Respond(ctx, *shard_, "FinishStep", worker, s, &resp, out);
+  return Answer(M::kFinishStep, ctx, *raw, worker, s, &resp, out);
 }
 
 grpc::ServerUnaryReactor* ShardService::GetStatus(
@@ -605,7 +679,7 @@ grpc::ServerUnaryReactor* ShardService::GetStatus(
     grpc::ByteBuffer* out) {
   proto::StatusRequest req;
   if (absl::Status s = Admit(*ctx, *raw, &req); !s.ok()) {
-    return Respond(ctx, *shard_, "GetStatus", -1, s);
+    return Answer(M::kGetStatus, ctx, *raw, -1, s);
   }
   proto::StatusResponse resp;
   *resp.mutable_config() = ToJobConfig(shard_->options());
@@ -622,13 +696,15 @@ grpc::ServerUnaryReactor* ShardService::GetStatus(
         workers[w].registered ? absl::ToInt64Milliseconds(now - workers[w].last_seen)
                               : -1);
   }
+  if (metrics_) metrics_->FillStatus(&resp);
   const ParameterStore::Stats stats = shard_->store().GetStats();
   resp.set_num_parameters(stats.num_keys);
   resp.set_min_version(stats.min_version);
   resp.set_pushes_applied(stats.applied);
   resp.set_pushes_duplicate(stats.duplicates);
   resp.set_num_bn_layers(shard_->bn().num_layers());
-  return Respond(ctx, *shard_, "GetStatus", -1, absl::OkStatus(), &resp, out);
+  return Answer(M::kGetStatus, ctx, *raw, -1, absl::OkStatus(),
+                &resp, out);
 }
 
 }  // namespace bnps::server

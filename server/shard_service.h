@@ -19,6 +19,7 @@
 
 #include "proto/bnps.grpc.pb.h"
 #include "server/scratch_pool.h"
+#include "server/server_metrics.h"
 #include "server/shard.h"
 
 namespace bnps::server {
@@ -46,8 +47,11 @@ using ShardServiceBase = proto::ParameterServer::WithRawCallbackMethod_Register<
 class ShardService final : public ShardServiceBase {
  public:
   // `shard` is not owned. An empty `token` accepts calls without one.
-  explicit ShardService(Shard* shard, std::string token = "")
-      : shard_(shard), token_(std::move(token)) {}
+  // `metrics` (not owned; null: none) counts and times the calls, and gives
+  // GetStatus the per-worker steps and pushes and the BN layers' waits.
+  explicit ShardService(Shard* shard, std::string token = "",
+                        ServerMetrics* metrics = nullptr)
+      : shard_(shard), token_(std::move(token)), metrics_(metrics) {}
 
   // Requests and responses are the messages of proto/bnps.proto, as bytes.
   grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* ctx,
@@ -87,8 +91,16 @@ class ShardService final : public ShardServiceBase {
   absl::Status Admit(const grpc::CallbackServerContext& ctx,
                      const grpc::ByteBuffer& raw, Request* req) const;
 
+  // Respond (rpc_util.h), counting the call in the metrics.
+  grpc::ServerUnaryReactor* Answer(
+      ServerMetrics::Method method, grpc::CallbackServerContext* ctx,
+      const grpc::ByteBuffer& raw, int worker, const absl::Status& s,
+      const google::protobuf::MessageLite* resp = nullptr,
+      grpc::ByteBuffer* out = nullptr);
+
   Shard* const shard_;
   const std::string token_;
+  ServerMetrics* const metrics_;  // may be null
   // Staging buffers of pushes, reused across calls.
   ScratchPool scratch_{size_t{256} << 20};
 };

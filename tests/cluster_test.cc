@@ -68,6 +68,8 @@ class Cluster {
     return c.ok() ? *std::move(c) : nullptr;
   }
 
+  server::RunningServer& server(int shard) { return *servers_[shard]; }
+
   // How every shard sees `worker` right now, as `client` asks.
   std::vector<proto::WorkerStatus> Worker(GrpcPsClient& client,
                                           int worker) const {
@@ -455,6 +457,68 @@ bn::Moments SomeMoments() {
   const bn::Shape shape{3, 2, 2, 2};
   const std::vector<float> x = bn::reference::RandomTensor(shape, 0, 1, 3);
   return *bn::NewCpuBnKernels()->ComputeMoments(x.data(), shape);
+}
+
+// --- what the servers report -------------------------------------------------
+
+// GetStatus and the metrics see the real calls: per-worker steps and pushes,
+// the BN layer's barrier waits, and async staleness.
+TEST(ClusterTest, StatusAndMetricsFollowTheCalls) {
+  server::ShardOptions o;
+  o.num_workers = 2;
+  o.policy = policy::Policy::kAsync;
+  o.staleness = 3;
+  Cluster cluster(1, o);
+  std::unique_ptr<GrpcPsClient> a = cluster.Connect(0);
+  std::unique_ptr<GrpcPsClient> b = cluster.Connect(1);
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  ASSERT_TRUE(a->InitParameters(InitialParams()).ok());
+  // Worker 1 runs steps 0 and 1, worker 0 then step 2: merged with worker
+  // 1's moments of step 1, one step old.
+  for (int c = 0; c < 2; ++c) {
+    ASSERT_TRUE(b->StartStep(c).ok());
+    ASSERT_TRUE(b->BnForward(kLayer, c, SomeMoments()).ok());
+    ASSERT_TRUE(b->PushGradients(c, 2, {{"param/v", {{kChannels}, {1, 1, 1, 1}}}})
+                    .ok());
+    ASSERT_TRUE(b->FinishStep(c + 1).ok());
+  }
+  ASSERT_TRUE(a->StartStep(2).ok());
+  absl::StatusOr<client::BnForwardResult> fwd =
+      a->BnForward(kLayer, 2, SomeMoments());
+  ASSERT_TRUE(fwd.ok()) << fwd.status();
+  EXPECT_EQ(fwd->contributors, 1);
+
+  absl::StatusOr<proto::StatusResponse> status = a->GetStatus(0);
+  ASSERT_TRUE(status.ok()) << status.status();
+  ASSERT_EQ(status->workers_size(), 2);
+  EXPECT_EQ(status->workers(0).step(), 2);
+  EXPECT_EQ(status->workers(0).pushes(), 0);
+  EXPECT_EQ(status->workers(1).step(), 1);
+  EXPECT_EQ(status->workers(1).pushes(), 2);
+  ASSERT_EQ(status->bn_layers_size(), 1);
+  EXPECT_EQ(status->bn_layers(0).layer(), kLayer);
+  EXPECT_EQ(status->bn_layers(0).phase(), proto::BN_FORWARD);
+  EXPECT_EQ(status->bn_layers(0).messages(), 3);
+  EXPECT_EQ(status->bn_layers(0).step(), 2);
+  EXPECT_GT(status->bn_layers(0).slowest_wait_seconds(), 0);
+
+  const std::string text = cluster.server(0).registry().TextExposition();
+  EXPECT_NE(text.find("bnps_server_pushes_total{result=\"applied\"} 2\n"),
+            std::string::npos) << text;
+  EXPECT_NE(text.find("bnps_server_bn_barrier_wait_seconds_count{layer=\"" +
+                      std::string(kLayer) + "\",phase=\"forward\"} 3\n"),
+            std::string::npos) << text;
+  // Worker 0's step 2 merged worker 1's step 1 (staleness 1); worker 1's
+  // step 1 merged nothing of worker 0 (it had sent none).
+  EXPECT_NE(text.find("bnps_server_bn_staleness_steps_bucket{le=\"0\"} 0\n"
+                      "bnps_server_bn_staleness_steps_bucket{le=\"1\"} 1\n"),
+            std::string::npos) << text;
+  EXPECT_NE(text.find("bnps_server_requests_total{method=\"StartStep\",code="
+                      "\"OK\"} 3\n"),
+            std::string::npos) << text;
+  EXPECT_NE(text.find("bnps_server_worker_step{worker=\"1\"} 1\n"),
+            std::string::npos) << text;
 }
 
 TEST(ClusterTest, AbsentWorkerFailsTheBarrierAtItsDeadline) {

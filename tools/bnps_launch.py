@@ -40,6 +40,10 @@ servers), --token_file (the job token). Servers only: --bn_momentum,
 through to the workers like any other worker flag. An option left out is not
 passed, so each binary uses its own default (--policy is always passed; default
 sync).
+
+Metrics (docs/observability.md): --metrics_port_base=P gives server s
+--metrics_port=P+s and worker i --metrics_port=P+S+i, all on 127.0.0.1 (each
+prints its address); without it nothing serves metrics.
 """
 
 import argparse
@@ -107,6 +111,9 @@ def parse_args(argv):
     for name, server_name in SERVER_RENAMED_OPTIONS:
         p.add_argument("--" + name, help="to servers as --" + server_name)
     p.add_argument("--on_worker_loss", choices=["fail", "shrink"], help="to servers")
+    p.add_argument("--metrics_port_base", type=int,
+                   help="serve Prometheus metrics: server s on port P+s, worker i "
+                   "on P+S+i (default: none)")
     p.add_argument("--bin_dir", default=os.path.join(REPO, "bazel-bin"),
                    help="holds server/bnps_server and worker/bnps_worker "
                    "(default <repo>/bazel-bin)")
@@ -139,6 +146,11 @@ def check_args(args, extra):
             raise UsageError("--%s must be > 0" % name)
     if args.kill_grace_s < 0:
         raise UsageError("--kill_grace_s must be >= 0")
+    if args.metrics_port_base is not None and not (
+            0 < args.metrics_port_base
+            and args.metrics_port_base + args.servers + args.workers <= 65536):
+        raise UsageError("--metrics_port_base leaves no room for %d ports"
+                         % (args.servers + args.workers))
     for flag in extra:
         if not flag.startswith("--") or flag == "--":
             raise UsageError("worker flags must be written --flag=value; got %r" % flag)
@@ -183,6 +195,8 @@ def server_command(args, shard):
             cmd.append("--%s=%s" % (server_name, getattr(args, name)))
     if args.on_worker_loss:
         cmd.append("--on_worker_loss=" + args.on_worker_loss)
+    if args.metrics_port_base is not None:
+        cmd.append("--metrics_port=%d" % (args.metrics_port_base + shard))
     return cmd
 
 
@@ -192,6 +206,9 @@ def worker_command(args, extra, index, addresses, out_dir):
            "--policy=" + args.policy]
     cmd += optional_flags(args, SHARED_OPTIONS)
     cmd += ["--report=" + report_path(out_dir, index), "--progress=plain"]
+    if args.metrics_port_base is not None:
+        cmd.append("--metrics_port=%d"
+                   % (args.metrics_port_base + args.servers + index))
     return cmd + list(extra)
 
 

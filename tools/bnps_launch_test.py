@@ -381,6 +381,16 @@ class UnitTest(unittest.TestCase):
         self.assertEqual(args.workers, 4)
         self.assertTrue(args.build)
 
+    def test_metrics_ports_follow_the_base(self):
+        args, extra = self.m.parse_args(["--servers=2", "--workers=3",
+                                         "--metrics_port_base=9400"])
+        self.assertIn("--metrics_port=9401", self.m.server_command(args, 1))
+        worker = self.m.worker_command(args, extra, 2, ["127.0.0.1:1"], "/out")
+        self.assertIn("--metrics_port=9404", worker)
+        args, extra = self.m.parse_args([])
+        self.assertFalse(any(f.startswith("--metrics_port")
+                             for f in self.m.server_command(args, 0)))
+
     def test_security_options_reach_the_right_binaries(self):
         args, extra = self.m.parse_args([
             "--token_file=/t", "--server_tls_cert=/s.pem", "--server_tls_key=/s.key",

@@ -37,6 +37,9 @@ packages=(
   # `bazel test //...`, so they are part of the default set.
   pybind11-dev python3-dev
   python3-torch python3-numpy
+  libcpp-httplib-dev       # HTTP server of the /metrics endpoints (//metrics)
+  prometheus curl          # promtool and the scrape test (tools/prometheus_scrape_test.sh)
+  python3-grpcio           # tools/grpc_health_check.py
 )
 if [ "$want_peers" = 1 ]; then
   packages+=(python3-matplotlib)

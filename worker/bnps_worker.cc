@@ -37,6 +37,9 @@
 #include "policy/policy.h"
 #include "security/security_flags.h"
 #include "util/command_line.h"
+#include "metrics/http_endpoint.h"
+#include "metrics/registry.h"
+#include "worker/worker_metrics.h"
 #include "worker/trainer.h"
 
 ABSL_FLAG(std::string, servers, "",
@@ -104,6 +107,17 @@ ABSL_FLAG(std::string, progress, "auto",
           "auto (a refreshed line on a terminal, else plain lines) | line | "
           "plain | none.");
 ABSL_FLAG(double, progress_interval_s, 2, "Seconds between progress reports.");
+ABSL_FLAG(int, metrics_port, 0,
+          "Serve Prometheus metrics over HTTP at "
+          "http://<metrics_address>:<metrics_port>/metrics (docs/"
+          "observability.md). 0, the default: no metrics endpoint.");
+ABSL_FLAG(std::string, metrics_address, "127.0.0.1",
+          "Address the metrics endpoint listens on (plain HTTP, no "
+          "authentication). 0.0.0.0 lets a Prometheus on another machine "
+          "scrape it.");
+ABSL_FLAG(double, metrics_linger_s, 0,
+          "With --metrics_port: keep serving metrics this many seconds after "
+          "training ends, so that a scraper sees the final figures.");
 ABSL_FLAG(std::string, report, "",
           "Write a JSON report of the run here (loss curve, accuracy, time "
           "split into compute, BN sync and gradient sync).");
@@ -306,6 +320,42 @@ absl::Status Main() {
       security::SecurityFromFlags();
   if (!client_security.ok()) return client_security.status();
   omp_set_num_threads(threads);
+  const int metrics_port = absl::GetFlag(FLAGS_metrics_port);
+  const double metrics_linger = absl::GetFlag(FLAGS_metrics_linger_s);
+  if (metrics_port < 0 || metrics_port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--metrics_port ", metrics_port, " is not a port"));
+  }
+  if (!(metrics_linger >= 0) || !std::isfinite(metrics_linger)) {
+    return absl::InvalidArgumentError(
+        "--metrics_linger_s must be >= 0 and finite");
+  }
+  // Measured always (it costs a few atomic adds per step and BN call);
+  // served only with --metrics_port.
+  metrics::Registry registry;
+  WorkerMetrics worker_metrics(&registry);
+  std::unique_ptr<metrics::HttpEndpoint> endpoint;
+  if (metrics_port != 0) {
+    absl::StatusOr<std::unique_ptr<metrics::HttpEndpoint>> e =
+        metrics::HttpEndpoint::Start(absl::GetFlag(FLAGS_metrics_address),
+                                     metrics_port, &registry);
+    if (!e.ok()) return e.status();
+    endpoint = *std::move(e);
+    std::printf("bnps_worker %d/%d: metrics at http://%s:%d/metrics\n", worker,
+                num_workers, absl::GetFlag(FLAGS_metrics_address).c_str(),
+                endpoint->port());
+  }
+  // After training (or a failure), a last scrape may still come.
+  struct Linger {
+    const metrics::HttpEndpoint* endpoint;
+    double seconds;
+    ~Linger() {
+      if (endpoint != nullptr && seconds > 0) {
+        std::fflush(stdout);
+        absl::SleepFor(absl::Seconds(seconds));
+      }
+    }
+  } linger{endpoint.get(), metrics_linger};
 
   absl::StatusOr<Data> data = LoadData();
   if (!data.ok()) return data.status();
@@ -324,6 +374,9 @@ absl::Status Main() {
   // Checked before the worker joins: a launch with flags that do not fit the
   // job stops here and leaves the servers as they were.
   client_options.check_config = CheckAgainstServers;
+  client_options.on_retry = [&worker_metrics](absl::StatusCode code) {
+    worker_metrics.Retry(code);
+  };
   // Said before the wait, so a wrong address shows at once.
   std::printf("bnps_worker %d/%d: connecting to job '%s' at %s (up to %s)\n",
               worker, num_workers, client_options.job.c_str(),
@@ -361,6 +414,7 @@ absl::Status Main() {
   options.evaluate = eval == "all" || (eval == "first" && worker == 0);
   options.eval_every_epoch = absl::GetFlag(FLAGS_eval_every_epoch);
   options.progress_interval = absl::Seconds(progress_interval);
+  options.metrics = &worker_metrics;
   const bool refresh =
       progress == "line" || (progress == "auto" && isatty(STDOUT_FILENO));
   auto printer = std::make_shared<ProgressPrinter>(refresh);

@@ -12,7 +12,11 @@ absl::StatusOr<bn::Moments> ServerBnExchange::Forward(
   const absl::Time start = absl::Now();
   absl::StatusOr<client::BnForwardResult> r =
       client_->BnForward(layer, step_, local);
-  elapsed_ += absl::Now() - start;
+  const absl::Duration took = absl::Now() - start;
+  elapsed_ += took;
+  if (metrics_ != nullptr) {
+    metrics_->BnRoundTrip(layer, WorkerMetrics::kForward, took);
+  }
   if (!r.ok()) return r.status();
   if (policy_ == policy::Policy::kSync) return std::move(r->merged);
   // async: the servers sent the others' admissible moments.
@@ -24,7 +28,11 @@ absl::StatusOr<bn::BackwardSums> ServerBnExchange::Backward(
   if (!policy::GlobalBnBackward(policy_)) return local;
   const absl::Time start = absl::Now();
   absl::StatusOr<bn::BackwardSums> r = client_->BnBackward(layer, step_, local);
-  elapsed_ += absl::Now() - start;
+  const absl::Duration took = absl::Now() - start;
+  elapsed_ += took;
+  if (metrics_ != nullptr) {
+    metrics_->BnRoundTrip(layer, WorkerMetrics::kBackward, took);
+  }
   return r;
 }
 

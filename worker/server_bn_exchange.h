@@ -20,6 +20,7 @@
 #include "client/ps_client.h"
 #include "policy/policy.h"
 #include "worker/nn/bn_exchange.h"
+#include "worker/worker_metrics.h"
 
 namespace bnps::worker {
 
@@ -28,8 +29,10 @@ class ServerBnExchange : public nn::BnExchange {
   // `client` is not owned and must outlive this. Only policies with BN
   // traffic while training (policy::BnTrafficWhileTraining) should route
   // their layers here; under the others the servers refuse the calls.
-  ServerBnExchange(client::PsClient* client, policy::Policy policy)
-      : client_(client), policy_(policy) {}
+  // `metrics` (not owned; null: none) gets each call's round trip.
+  ServerBnExchange(client::PsClient* client, policy::Policy policy,
+                   WorkerMetrics* metrics = nullptr)
+      : client_(client), policy_(policy), metrics_(metrics) {}
 
   // The step the next exchanges belong to.
   void set_step(int64_t step) { step_ = step; }
@@ -45,6 +48,7 @@ class ServerBnExchange : public nn::BnExchange {
  private:
   client::PsClient* const client_;
   const policy::Policy policy_;
+  WorkerMetrics* const metrics_;
   int64_t step_ = 0;
   absl::Duration elapsed_;
 };

@@ -158,7 +158,7 @@ absl::StatusOr<TrainReport> Trainer::Run() {
       !s.ok()) {
     return Annotate(s, "initializing the parameters");
   }
-  ServerBnExchange sync(client_, policy_);
+  ServerBnExchange sync(client_, policy_, options_.metrics);
   nn::LocalBnExchange local_sync;
   model_->SetBnExchange(policy::BnTrafficWhileTraining(policy_)
                             ? static_cast<nn::BnExchange*>(&sync)
@@ -224,6 +224,12 @@ absl::StatusOr<TrainReport> Trainer::Run() {
       report.seconds_total += step_seconds;
       report.seconds_bn_sync += absl::ToDoubleSeconds(sync.elapsed());
       report.seconds_grad_sync += absl::ToDoubleSeconds(grad_time);
+      if (options_.metrics != nullptr) {
+        options_.metrics->StepDone(
+            std::max(absl::ZeroDuration(),
+                     step_end - step_start - sync.elapsed() - grad_time),
+            sync.elapsed(), grad_time, batch.n);
+      }
       report.examples += batch.n;
       hist_loss += loss->loss_sum;
       prog_loss += loss->loss_sum;

@@ -46,6 +46,7 @@
 #include "worker/data/batcher.h"
 #include "worker/data/dataset.h"
 #include "worker/nn/model.h"
+#include "worker/worker_metrics.h"
 #include "client/ps_client.h"
 #include "policy/policy.h"
 #include "proto/bnps.pb.h"
@@ -98,6 +99,9 @@ struct TrainerOptions {
   // the end of each epoch. Default: none.
   std::function<void(const struct Progress&)> on_progress;
   absl::Duration progress_interval = absl::Seconds(2);
+  // Where steps and BN round trips are measured (not owned; must outlive
+  // the Trainer). Default: null, nothing measured.
+  WorkerMetrics* metrics = nullptr;
 };
 
 struct Progress {

@@ -547,6 +547,9 @@ absl::StatusOr<proto::BnResponse> BnCalls::BnCall(proto::BnRequest request) {
         const absl::Duration wait =
             std::min(channels_->options().initial_backoff, deadline - absl::Now());
         if (wait >= absl::ZeroDuration()) {
+          if (channels_->options().on_retry) {
+            channels_->options().on_retry(out.status.code());
+          }
           absl::SleepFor(wait);
           continue;
         }

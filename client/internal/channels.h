@@ -106,6 +106,9 @@ absl::Status Channels::WithRetries(Attempt attempt) {
     if (i > 0) absl::SleepFor(Backoff(i - 1));
     status = attempt(absl::Now() + CallTimeout());
     if (status.ok() || !IsRetryable(status.code())) return status;
+    if (options_.on_retry && i + 1 < options_.max_attempts) {
+      options_.on_retry(status.code());
+    }
   }
   if (options_.max_attempts > 1) {
     status = absl::Status(

@@ -56,13 +56,14 @@ absl::StatusOr<std::vector<double>> BnpsWorker(const Job& job,
 }
 
 absl::StatusOr<Latency> BnpsLatency(WorkerPool& pool, int channels, int workers,
-                                    const Settings& s) {
+                                    const Settings& s, bool metrics) {
   server::ShardOptions options;
   options.num_workers = workers;
   options.policy = policy::Policy::kSync;
   options.barrier_timeout = absl::Seconds(5);
   absl::StatusOr<std::unique_ptr<server::RunningServer>> server =
-      server::RunningServer::Start(options, "127.0.0.1:0");
+      server::RunningServer::Start(options, "127.0.0.1:0", {},
+                                   server::ServerMonitoring{metrics});
   if (!server.ok()) return server.status();
   Job job = RowJob(Peer::kBnps, channels, workers, s);
   job.port = (*server)->port();

@@ -34,9 +34,10 @@ absl::StatusOr<std::vector<double>> BnpsWorker(const Job& job,
                                                RowControl* control);
 
 // One row: a sync shard server in this process (5 s barrier timeout) and the
-// pool's first `workers` processes.
+// pool's first `workers` processes. `metrics`: whether the server counts and
+// times its calls (server/server_metrics.h), as bnps_server always does.
 absl::StatusOr<Latency> BnpsLatency(WorkerPool& pool, int channels, int workers,
-                                    const Settings& s);
+                                    const Settings& s, bool metrics = true);
 
 }  // namespace bnps::bench
 

@@ -27,14 +27,23 @@ absl::StatusOr<std::vector<double>> RunLatencyJob(const Job& job,
 LatencyTable MeasureLatency(WorkerPool& pool, const Settings& s) {
   using Rounds =
       std::map<std::pair<int, int>, std::vector<absl::StatusOr<Latency>>>;
-  Rounds gloo, bnps, echo, star;
+  Rounds gloo, bnps, echo, star, bnps_off;
   absl::StatusOr<std::unique_ptr<EchoServer>> echo_server =
       s.echo || s.star ? EchoServer::Start() : Skipped();
   for (int round = 0; round < s.rounds; ++round) {
     for (int c : s.channels) {
       for (int w : s.workers) {
         const std::pair<int, int> key(c, w);
-        bnps[key].push_back(s.bnps ? BnpsLatency(pool, c, w, s) : Skipped());
+        if (s.metrics_ab) {
+          // On and off back to back, the first alternating by round, so
+          // that drift of the machine does not favour one.
+          const bool off_first = round % 2 == 1;
+          if (off_first) bnps_off[key].push_back(BnpsLatency(pool, c, w, s, false));
+          bnps[key].push_back(BnpsLatency(pool, c, w, s, true));
+          if (!off_first) bnps_off[key].push_back(BnpsLatency(pool, c, w, s, false));
+        } else {
+          bnps[key].push_back(s.bnps ? BnpsLatency(pool, c, w, s) : Skipped());
+        }
         gloo[key].push_back(s.gloo ? GlooLatency(pool, c, w, s) : Skipped());
         for (const bool gather : {false, true}) {
           absl::StatusOr<Latency> l = Skipped();
@@ -59,6 +68,7 @@ LatencyTable MeasureLatency(WorkerPool& pool, const Settings& s) {
   table.gloo = medians(gloo);
   table.echo = medians(echo);
   table.star = medians(star);
+  table.bnps_no_metrics = medians(bnps_off);
   return table;
 }
 

@@ -26,6 +26,8 @@ using LatencyCells = std::map<std::pair<int, int>, absl::StatusOr<Latency>>;
 
 struct LatencyTable {
   LatencyCells bnps, gloo, echo, star;
+  // bnps with the server's metrics off; only with Settings::metrics_ab.
+  LatencyCells bnps_no_metrics;
 };
 
 // The JobRunner of the pool (worker_pool.h): runs `job` with the worker of

@@ -95,6 +95,10 @@ ABSL_FLAG(std::vector<std::string>, systems,
           std::vector<std::string>({"bnps", "gloo", "echo", "star"}),
           "which systems to measure: bnps, gloo, echo, star (the grad table "
           "has bnps and echo); fewer to profile one alone");
+ABSL_FLAG(bool, metrics_ab, false,
+          "BN latency: also measure every bnps row with the server's metrics "
+          "off, and print a table of the round trip with metrics on and off "
+          "(implies bnps in --systems)");
 ABSL_FLAG(std::vector<std::string>, channels,
           std::vector<std::string>({"64", "256", "1024"}),
           "BN latency: the layer widths C, one row group each");
@@ -159,6 +163,8 @@ int Main() {
     }
     *on = true;
   }
+  s.metrics_ab = absl::GetFlag(FLAGS_metrics_ab);
+  if (s.metrics_ab) s.bnps = true;
   s.reps = std::max(1, absl::GetFlag(FLAGS_reps));
   s.min_reps = std::clamp(absl::GetFlag(FLAGS_min_reps), 1, s.reps);
   s.row_time = absl::Seconds(std::max(0.0, absl::GetFlag(FLAGS_row_seconds)));
@@ -203,7 +209,9 @@ int Main() {
       absl::FPrintF(stderr, "ps_benchmark: %s\n", pool.status().ToString());
       return 1;
     }
-    PrintLatencyTable(MeasureLatency(**pool, s), s);
+    const LatencyTable table = MeasureLatency(**pool, s);
+    PrintLatencyTable(table, s);
+    if (s.metrics_ab) PrintMetricsCostTable(table, s);
   }
   if (grad_table) {
     PrintThroughputTable(MeasureThroughput(s));

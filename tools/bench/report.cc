@@ -103,6 +103,36 @@ void PrintLatencyTable(const LatencyTable& table, const Settings& s) {
   notes.Print();
 }
 
+void PrintMetricsCostTable(const LatencyTable& table, const Settings& s) {
+  Notes notes;
+  absl::PrintF(
+      "\n## Metrics cost: bnps BN round trip with the server's metrics on and "
+      "off (us; as above; median of %d rounds, on and off back to back)\n\n"
+      "| C | W | on p50 | off p50 | on p99 | off p99 | on/off p50 |\n"
+      "|---:|---:|---:|---:|---:|---:|---:|\n",
+      s.rounds);
+  for (int c : s.channels) {
+    for (int w : s.workers) {
+      const std::pair<int, int> key(c, w);
+      const absl::StatusOr<Latency>& on = table.bnps.at(key);
+      const absl::StatusOr<Latency>& off = table.bnps_no_metrics.at(key);
+      std::vector<std::string> cells = {absl::StrCat(c), absl::StrCat(w)};
+      if (!on.ok() || !off.ok()) {
+        cells.push_back(notes.Cell(!on.ok() ? on.status() : off.status()));
+        for (int i = 0; i < 4; ++i) cells.push_back("");
+      } else {
+        cells.push_back(Micros(on->p50_us));
+        cells.push_back(Micros(off->p50_us));
+        cells.push_back(Micros(on->p99_us));
+        cells.push_back(Micros(off->p99_us));
+        cells.push_back(Ratio(on->p50_us, off->p50_us));
+      }
+      absl::PrintF("| %s |\n", absl::StrJoin(cells, " | "));
+    }
+  }
+  notes.Print();
+}
+
 void PrintThroughputTable(const std::vector<ThroughputRow>& rows) {
   Notes notes;
   absl::PrintF(

@@ -24,6 +24,10 @@ std::string CpuModel();
 // s.workers. REQUIRES: `table` has a cell for each.
 void PrintLatencyTable(const LatencyTable& table, const Settings& s);
 
+// Prints bnps's BN round trip with the server's metrics on and off, and
+// their ratio. REQUIRES: s.metrics_ab and a cell of each for every row.
+void PrintMetricsCostTable(const LatencyTable& table, const Settings& s);
+
 // Prints the gradient push + pull table.
 void PrintThroughputTable(const std::vector<ThroughputRow>& rows);
 

@@ -26,6 +26,9 @@ struct Settings {
   std::vector<int> shard_counts = {1, 2};
   // Which systems are measured (--systems); a skipped one's cells say so.
   bool bnps = true, gloo = true, echo = true, star = true;
+  // Also measure every bnps row with the server's metrics off, beside the
+  // usual one (metrics on), alternating which goes first (--metrics_ab).
+  bool metrics_ab = false;
   // By MB: about 2 s of each system per row. With a quarter of these (and
   // cells the median of so few reps) a row's ratio moved by 0.3 between runs.
   std::map<int, int> push_pull_reps = {{1, 160}, {16, 60}, {64, 36}};
