@@ -32,11 +32,12 @@ FROM ${RUNTIME_BASE}
 ARG WITH_DATASET=1
 # The runtime halves of the -dev packages setup.sh installs (found with ldd on
 # the binaries and dpkg -S on the libraries): gRPC, Protocol Buffers, Abseil,
-# oneDNN (which pulls the OpenCL loader), OpenMP, libatomic, zlib.
+# oneDNN (which pulls the OpenCL loader), OpenMP, libatomic, zlib, and
+# cpp-httplib (the /metrics endpoint).
 RUN apt-get update -qq \
     && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
         libgrpc++1.51 libgrpc29 libprotobuf32 libabsl20220623 libdnnl2 \
-        libgomp1 libatomic1 zlib1g libc-ares2 libre2-9 libssl3 \
+        libgomp1 libatomic1 zlib1g libc-ares2 libre2-9 libssl3 libcpp-httplib0.11 \
         $([ "$WITH_DATASET" = 1 ] && echo dataset-fashion-mnist) \
     && rm -rf /var/lib/apt/lists/*
 COPY --from=build /out/ /usr/local/bin/

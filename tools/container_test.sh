@@ -207,4 +207,17 @@ for w in 0 1 2 3; do
   grep -q "^bnps_worker $w/4: connecting to job 'fashion' at bnps-server-0.bnps-server:7000" "$log" ||
     die "pods: no worker $w connecting by the servers' DNS names"
 done
+# What the manifests' probes and scrape annotations point at: every server's
+# gRPC health service says SERVING on 7000 (as Kubernetes' grpc: probe asks),
+# and its /metrics on 9090 answers with bnps metrics.
+i=0
+while read -r ip; do
+  /usr/bin/python3 tools/grpc_health_check.py "$ip:7000" > "$work/health-$i.txt" 2>&1 ||
+    { cat "$work/health-$i.txt"; die "pods: bnps-server-$i's health service is not SERVING"; }
+  /usr/bin/python3 -c "import sys, urllib.request; sys.stdout.write(urllib.request.urlopen('http://$ip:9090/metrics', timeout=10).read().decode())" \
+    > "$work/metrics-$i.txt" || die "pods: bnps-server-$i serves no /metrics on 9090"
+  grep -q '^bnps_' "$work/metrics-$i.txt" || die "pods: bnps-server-$i's /metrics has no bnps_ metric"
+  i=$((i + 1))
+done < "$work/pods/ips"
+echo "   pods: both servers SERVING on 7000 and serving /metrics on 9090"
 step "passed"
