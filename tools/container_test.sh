@@ -10,8 +10,9 @@
 #      (deploy/to_pods.js renders the StatefulSet and the Indexed Job as the
 #      Pods a cluster would create) to the workers' test accuracy.
 # It removes every container, pod, network and volume it started, and its
-# files; images and the image build's Bazel cache stay (the next run reuses
-# them) unless --rmi.
+# files; images, build layers and the image build's Bazel cache stay (the next
+# run reuses them) unless --rmi, which removes them all (and any other image
+# no container uses: meant for a machine that runs only this).
 #
 #   tools/setup.sh --containers && tools/container_test.sh [--rmi] [--skip-tls]
 #
@@ -76,7 +77,8 @@ cleanup() {
   if [ "$rmi" = 1 ]; then
     podman rmi -f "$IMAGE" "$BASE" docker.io/library/debian:bookworm \
       docker.io/library/debian:bookworm-slim >/dev/null 2>&1
-    # The Dockerfile's Bazel cache mount (id=bnps-bazel-disk).
+    # The build stages' layers, and the Dockerfile's Bazel cache mount.
+    podman image prune -a -f >/dev/null 2>&1
     rm -rf /var/tmp/buildah-cache/bnps-bazel-disk
   fi
   rm -rf "$work"
