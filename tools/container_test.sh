@@ -200,9 +200,11 @@ for w in 0 1 2 3; do
 done
 check_accuracy "$log" 4 "pods"
 # Each server took its shard from its hostname (BNPS_SHARD=from-hostname).
+# (Logs to a file first: grep -q would close the pipe early, and pipefail.)
 for s in 0 1; do
-  podman logs "bnps-server-$s-server" 2>&1 | grep -q "shard $s of 2" ||
-    { podman logs "bnps-server-$s-server"; die "pods: bnps-server-$s is not shard $s"; }
+  podman logs "bnps-server-$s-server" > "$work/pods-server-$s.log" 2>&1
+  grep -q "shard $s of 2" "$work/pods-server-$s.log" ||
+    { cat "$work/pods-server-$s.log"; die "pods: bnps-server-$s is not shard $s"; }
 done
 # The worker ids came from JOB_COMPLETION_INDEX.
 for w in 0 1 2 3; do
