@@ -42,6 +42,7 @@ class FakeClient:
                        "barrier_timeout_ms": 1000}
         self.worker, self.num_workers = 0, 1
         self.calls = []
+        self.answers = {}
         self.closed = False
 
     def bn_forward(self, layer, step, count, mean, m2, want_running=False):
@@ -49,8 +50,17 @@ class FakeClient:
         return count, np.array(mean), np.array(m2), None, None, 1
 
     def bn_backward(self, layer, step, sum_dy, sum_dy_xhat):
+        # As the servers: a repeated (layer, step) gets the first answer.
         self.calls.append(("backward", layer, step))
-        return np.array(sum_dy), np.array(sum_dy_xhat)
+        return self.answers.setdefault(
+            (layer, step), (np.array(sum_dy), np.array(sum_dy_xhat)))
+
+    def bn_recal(self, layer, batch, count, mean, m2):
+        self.calls.append(("recal", layer, batch))
+
+    def bn_recal_finish(self, layer):
+        self.calls.append(("recal_finish", layer))
+        return np.full(3, 0.5), np.full(3, 2.0)
 
     def close(self):
         self.closed = True
@@ -191,6 +201,51 @@ class LayerTest(unittest.TestCase):
             bnps.torch.SyncBatchNorm(2, name="x")(torch.randn(3))
         with self.assertRaises(ValueError):
             bnps.torch.SyncBatchNorm(2, name="x")(torch.randn(3, 4))
+
+    def test_a_second_backward_through_one_forward_is_refused_under_sync(self):
+        # The servers merge each (layer, step) backward once: a second pass
+        # (retain_graph) would silently reuse the first pass's global sums.
+        s = self.session("sync")
+        bn = bnps.torch.SyncBatchNorm(3, name="l", session=s).double()
+        x = torch.randn(4, 3, 2, 2, dtype=torch.float64, requires_grad=True)
+        y = bn(x)
+        y.backward(torch.randn_like(y), retain_graph=True)
+        with self.assertRaisesRegex(RuntimeError, "second backward"):
+            y.backward(torch.randn_like(y))
+        self.assertEqual(s.client.calls, [("forward", "l", 0),
+                                          ("backward", "l", 0)])
+
+    def test_a_second_backward_under_local_is_torch_batchnorm(self):
+        s = self.session("local")
+        ours = bnps.torch.SyncBatchNorm(3, name="l", session=s).double()
+        ref = nn.BatchNorm2d(3).double()
+        x = torch.randn(4, 3, 2, 2, dtype=torch.float64)
+        xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+        ya, yb = ours(xa), ref(xb)
+        for _ in range(2):
+            dy = torch.randn_like(x)
+            ya.backward(dy, retain_graph=True)
+            yb.backward(dy, retain_graph=True)
+        torch.testing.assert_close(xa.grad, xb.grad, **F64)
+
+    def test_recalibrate_keeps_untracked_layers_off_the_wire(self):
+        # Under sync an untracked layer's forward is a barrier; during
+        # recalibration (loaders of any length per worker) it must not be.
+        s = self.session("sync")
+        model = nn.Sequential(
+            bnps.torch.SyncBatchNorm(3, name="a", session=s),
+            bnps.torch.SyncBatchNorm(3, name="b", session=s,
+                                     track_running_stats=False))
+        model.eval()
+        model[1].train()  # a mixed state: each module's flag comes back
+        loader = [torch.randn(4, 3, 2, 2) for _ in range(2)]
+        self.assertEqual(bnps.torch.recalibrate(model, loader, session=s), 2)
+        self.assertEqual(s.client.calls, [("recal", "a", 0), ("recal", "a", 1),
+                                          ("recal_finish", "a")])
+        self.assertFalse(model.training)
+        self.assertFalse(model[0].training)
+        self.assertTrue(model[1].training)
+        torch.testing.assert_close(model[0].running_mean, torch.full((3,), 0.5))
 
     def test_eval_needs_no_session(self):
         ours = bnps.torch.SyncBatchNorm(3).eval()

@@ -104,10 +104,14 @@ def recalibrate(model, loader, session=None, num_batches=None, device=None):
     worker must call this). Works under every policy; it is how recal
     settles the statistics. Returns the number of batches this worker ran."""
     s = session or _session.default_session()
-    layers = [m for _, m in _layers(model) if m.running_mean is not None]
-    was_training = model.training
+    # Every bnps layer is in recalibration mode, so that none talks to the
+    # servers' sync or async exchanges (whose steps the training owns); those
+    # with running statistics file their batches' moments.
+    every = [m for _, m in _layers(model)]
+    layers = [m for m in every if m.running_mean is not None]
+    modes = [(m, m.training) for m in model.modules()]
     model.train()
-    for m in layers:
+    for m in every:
         m._recal_batch = 0
     batches = 0
     try:
@@ -121,9 +125,10 @@ def recalibrate(model, loader, session=None, num_batches=None, device=None):
                 model(x)
                 batches += 1
     finally:
-        for m in layers:
+        for m in every:
             m._recal_batch = None
-        model.train(was_training)
+        for m, training in modes:  # each module's own flag, as it was
+            m.training = training
     for m in layers:
         mean, var = s.client.bn_recal_finish(m._name())
         _copy_running(m, mean, var)

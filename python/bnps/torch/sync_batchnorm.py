@@ -135,6 +135,17 @@ class _SyncBatchNormFunction(torch.autograd.Function):
         l_dy = sum_dy.to(**f64).cpu()
         l_dy_xhat = sum_dy_xhat.to(**f64).cpu()
         if stats.layer is not None:  # sync: the global sums
+            # The servers answer a repeated (layer, step) backward with the
+            # first call's global sums: a second backward pass through this
+            # forward (retain_graph=True) would silently get the first one's.
+            if getattr(ctx, "bnps_synced", False):
+                raise RuntimeError(
+                    f"bnps SyncBatchNorm '{stats.layer}': a second backward "
+                    f"pass through the same forward (step {stats.step}) "
+                    f"cannot be synchronized under policy sync (each step's "
+                    f"backward is merged once); run the forward again, or "
+                    f"sum the losses and call backward once")
+            ctx.bnps_synced = True
             g_dy, g_dy_xhat = ctx.bn._exchange_backward(
                 stats, _np(l_dy), _np(l_dy_xhat))
             g_dy = torch.from_numpy(g_dy)
@@ -230,10 +241,14 @@ class SyncBatchNorm(nn.modules.batchnorm._BatchNorm):
         if not self.training:  # no running stats: the input's own statistics
             return _Stats(count, mean, _biased(count, m2))
         if self._recal_batch is not None:  # recalibrating
-            s = self._session()
-            s.client.bn_recal(self._name(), self._recal_batch, count,
-                              _np(mean), _np(m2))
-            self._recal_batch += 1
+            # A layer without running statistics has nothing to recalibrate:
+            # it normalizes with its own batch and sends nothing (the
+            # workers' loaders may differ in length: no barriers here).
+            if self.running_mean is not None:
+                s = self._session()
+                s.client.bn_recal(self._name(), self._recal_batch, count,
+                                  _np(mean), _np(m2))
+                self._recal_batch += 1
             return _Stats(count, mean, _biased(count, m2))
         s = self._session()
         if s.policy in _LOCAL_POLICIES:
