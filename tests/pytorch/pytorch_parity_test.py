@@ -19,6 +19,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 import unittest
 
 DEBIAN_PYTHON = "/usr/bin/python3"
@@ -349,6 +350,97 @@ class ParameterServerOptimizerTest(unittest.TestCase):
         # They moved: the check above is not the initial values twice.
         start = dict(parity_cases.opt_model().named_parameters())
         self.assertFalse(torch.allclose(start["0.weight"], model[0].weight))
+
+
+_CLOSE_WHILE_WAITING = """
+import threading, time
+import bnps
+from bnps.cluster import LocalCluster
+with LocalCluster(num_servers=1, num_workers=2,
+                  server_flags=["--barrier_timeout_ms=3000"]) as c:
+    client = bnps.Client(c.servers, worker=0, num_workers=2)
+    got = {}
+    def waiter():  # a forward barrier that worker 1 never joins
+        try:
+            client.bn_forward("l", 0, 2, [0.0], [1.0])
+            got["result"] = "ok"
+        except bnps.BnpsError as e:
+            got["result"] = type(e).__name__
+    t = threading.Thread(target=waiter)
+    t.start()
+    time.sleep(0.5)
+    client.close()
+    t.join(30)
+    try:
+        client.bn_forward("l", 1, 2, [0.0], [1.0])
+        after = "no error"
+    except bnps.BnpsError as e:
+        after = type(e).__name__
+    print("alive", t.is_alive(), "result", got.get("result"), "after", after)
+"""
+
+
+class CloseTest(unittest.TestCase):
+    def test_close_while_another_thread_waits_on_the_servers(self):
+        # The call in flight holds the connection: it ends as if close() had
+        # not come (the barrier's deadline), instead of running on a
+        # destroyed client (a crash, most runs, before the fix).
+        r = subprocess.run([sys.executable, "-c", _CLOSE_WHILE_WAITING],
+                           env=dict(os.environ, PYTHONPATH=PYDIR),
+                           cwd=RUNFILES, capture_output=True, text=True,
+                           timeout=120)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr[-3000:])
+        self.assertIn("alive False result DeadlineExceeded after "
+                      "FailedPrecondition", r.stdout)
+
+
+def _running(pid):
+    """Whether process `pid` exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+class LocalClusterTest(unittest.TestCase):
+    def test_servers_die_with_the_process_that_started_them(self):
+        # A test or script killed before LocalCluster.stop() (a Bazel
+        # timeout, Ctrl-C on a launcher) must not leave servers running.
+        code = ("import time\n"
+                "from bnps.cluster import LocalCluster\n"
+                "c = LocalCluster(num_servers=2, num_workers=1).start()\n"
+                "print(*[p.pid for p in c._procs], flush=True)\n"
+                "time.sleep(120)\n")
+        proc = subprocess.Popen([sys.executable, "-c", code],
+                                env=dict(os.environ, PYTHONPATH=PYDIR),
+                                cwd=RUNFILES, stdout=subprocess.PIPE,
+                                text=True)
+        try:
+            pids = [int(p) for p in proc.stdout.readline().split()]
+        finally:
+            proc.kill()
+            proc.wait()
+            proc.stdout.close()
+        self.assertEqual(len(pids), 2)
+        deadline = time.monotonic() + 10
+        alive = pids
+        while alive and time.monotonic() < deadline:
+            time.sleep(0.1)
+            alive = [pid for pid in pids if _running(pid)]
+        for pid in alive:  # do not leak them when the test fails
+            os.kill(pid, 9)
+        self.assertEqual(alive, [], "servers outlived their parent")
+
+    def test_a_failed_start_stops_the_servers_it_started(self):
+        # The servers refuse an unknown flag: start() raises, and stops
+        # what it started, also when called without `with`.
+        c = LocalCluster(num_servers=2, num_workers=1,
+                         server_flags=["--no_such_flag_for_this_test"],
+                         start_timeout_s=20)
+        with self.assertRaisesRegex(RuntimeError, "gave no port"):
+            c.start()
+        self.assertEqual(c._procs, [])
 
 
 if __name__ == "__main__":
