@@ -247,6 +247,30 @@ class LayerTest(unittest.TestCase):
         self.assertTrue(model[1].training)
         torch.testing.assert_close(model[0].running_mean, torch.full((3,), 0.5))
 
+    @unittest.skipUnless(torch.cuda.is_available(),
+                         "no CUDA device (or a CPU-only torch)")
+    def test_cuda_is_torch_batchnorm(self):
+        # The CUDA path: the same torch operations on the input's device.
+        for dtype, affine in ((torch.float32, True), (torch.float32, False),
+                              (torch.float16, True)):
+            s = self.session("sync")
+            ours = bnps.torch.SyncBatchNorm(3, affine=affine, name="l",
+                                            session=s).cuda()
+            ref = nn.BatchNorm2d(3, affine=affine).cuda()
+            x = (torch.randn(4, 3, 5, 5, device="cuda") * 3 + 2).to(dtype)
+            dy = torch.randn_like(x)
+            xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+            ours(xa).backward(dy)
+            ref(xb.float()).to(dtype).backward(dy)
+            tol = dict(rtol=1e-2, atol=2e-2) if dtype == torch.float16 else \
+                dict(rtol=1e-4, atol=1e-4)
+            torch.testing.assert_close(xa.grad.float(), xb.grad.float(), **tol)
+            if affine:
+                torch.testing.assert_close(ours.weight.grad, ref.weight.grad,
+                                           **tol)
+            torch.testing.assert_close(ours.running_var, ref.running_var,
+                                       rtol=1e-4, atol=1e-4)
+
     def test_eval_needs_no_session(self):
         ours = bnps.torch.SyncBatchNorm(3).eval()
         ref = nn.BatchNorm2d(3).eval()

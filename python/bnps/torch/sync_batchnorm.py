@@ -124,8 +124,12 @@ class _SyncBatchNormFunction(torch.autograd.Function):
         f64 = dict(dtype=torch.float64)
         if x.numel() > 0:
             xa, dya = x.to(acc), dy.to(acc)
+            # A weight of ones, not None: CUDA's reduction allocates
+            # grad_weight with the weight's options ("tensor does not have a
+            # device" for None). Its values do not enter the two sums.
+            ones = torch.ones(channels, dtype=acc, device=x.device)
             _, sum_dy_xhat, sum_dy = torch.ops.aten.native_batch_norm_backward(
-                dya, xa, None, None, None,
+                dya, xa, ones, None, None,
                 stats.mean.to(device=x.device, dtype=acc),
                 invstd.to(device=x.device, dtype=acc), True, ctx.eps,
                 [False, True, True])
