@@ -50,8 +50,14 @@ class FakeClient:
         return count, np.array(mean), np.array(m2), None, None, 1
 
     def bn_backward(self, layer, step, sum_dy, sum_dy_xhat):
-        # As the servers: a repeated (layer, step) gets the first answer.
+        # As the servers: a repeated (layer, step) gets the first answer,
+        # and a step below the newest finished one is refused.
         self.calls.append(("backward", layer, step))
+        newest = max([k[1] for k in self.answers if k[0] == layer],
+                     default=-1)
+        if (layer, step) not in self.answers and step < newest:
+            raise bnps.FailedPrecondition(9, "FAILED_PRECONDITION",
+                                          f"step {step} is from the past")
         return self.answers.setdefault(
             (layer, step), (np.array(sum_dy), np.array(sum_dy_xhat)))
 
@@ -202,21 +208,8 @@ class LayerTest(unittest.TestCase):
         with self.assertRaises(ValueError):
             bnps.torch.SyncBatchNorm(2, name="x")(torch.randn(3, 4))
 
-    def test_a_second_backward_through_one_forward_is_refused_under_sync(self):
-        # The servers merge each (layer, step) backward once: a second pass
-        # (retain_graph) would silently reuse the first pass's global sums.
-        s = self.session("sync")
-        bn = bnps.torch.SyncBatchNorm(3, name="l", session=s).double()
-        x = torch.randn(4, 3, 2, 2, dtype=torch.float64, requires_grad=True)
-        y = bn(x)
-        y.backward(torch.randn_like(y), retain_graph=True)
-        with self.assertRaisesRegex(RuntimeError, "second backward"):
-            y.backward(torch.randn_like(y))
-        self.assertEqual(s.client.calls, [("forward", "l", 0),
-                                          ("backward", "l", 0)])
-
-    def test_a_second_backward_under_local_is_torch_batchnorm(self):
-        s = self.session("local")
+    def check_two_backward_passes(self, policy, calls):
+        s = self.session(policy)
         ours = bnps.torch.SyncBatchNorm(3, name="l", session=s).double()
         ref = nn.BatchNorm2d(3).double()
         x = torch.randn(4, 3, 2, 2, dtype=torch.float64)
@@ -227,6 +220,37 @@ class LayerTest(unittest.TestCase):
             ya.backward(dy, retain_graph=True)
             yb.backward(dy, retain_graph=True)
         torch.testing.assert_close(xa.grad, xb.grad, **F64)
+        self.assertEqual(s.client.calls, calls)
+
+    def test_a_second_backward_through_one_forward_under_sync(self):
+        # Each backward pass is merged on its own (the servers answer a
+        # repeated step with the first answer: it must not be reused).
+        self.check_two_backward_passes("sync", [("forward", "l", 0),
+                                                ("backward", "l", 0),
+                                                ("backward", "l", 1)])
+
+    def test_a_layer_applied_twice_per_step_under_sync(self):
+        # A siamese model: the backward passes come in reverse order of the
+        # forwards; their steps count up all the same (the servers refuse a
+        # backward step below one they finished).
+        s = self.session("sync")
+        ours = bnps.torch.SyncBatchNorm(3, name="l", session=s).double()
+        ref = nn.BatchNorm2d(3).double()
+        for _ in range(2):
+            x1 = torch.randn(4, 3, 2, 2, dtype=torch.float64)
+            x2 = torch.randn(4, 3, 2, 2, dtype=torch.float64) + 1
+            grads = []
+            for m in (ours, ref):
+                a, b = x1.clone().requires_grad_(), x2.clone().requires_grad_()
+                ((m(a) * x1).sum() + (m(b) ** 3).sum()).backward()
+                grads.append((a.grad, b.grad))
+            for got, want in zip(grads[0], grads[1]):
+                torch.testing.assert_close(got, want, **F64)
+        backward_steps = [c[2] for c in s.client.calls if c[0] == "backward"]
+        self.assertEqual(backward_steps, [0, 1, 2, 3])
+
+    def test_a_second_backward_under_local_is_torch_batchnorm(self):
+        self.check_two_backward_passes("local", [])
 
     def test_recalibrate_keeps_untracked_layers_off_the_wire(self):
         # Under sync an untracked layer's forward is a barrier; during

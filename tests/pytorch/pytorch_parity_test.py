@@ -119,7 +119,7 @@ def reference(case):
 
 
 class SyncParityTest(unittest.TestCase):
-    """Eleven cases on one 3-worker sync job with 2 shards."""
+    """Twelve cases on one 3-worker sync job with 2 shards."""
 
     @classmethod
     def setUpClass(cls):
@@ -204,6 +204,35 @@ class LongRunTest(unittest.TestCase):
                                        ref["bn"].running_mean, **F64)
             torch.testing.assert_close(g["server_var"],
                                        ref["bn"].running_var, **F64)
+
+
+class SharedLayerTest(unittest.TestCase):
+    def test_a_layer_applied_twice_per_step_matches_torch(self):
+        # A siamese model: the second application's backward pass comes
+        # first (the servers refused the first's as "from the past").
+        got = run_scenario("shared", 2, servers=1)
+        case = parity_cases.SHARED
+        bn = torch_bn(case)
+        for step in range(case.steps):
+            x1, dy1, x2, dy2 = parity_cases.shared_data(step)
+            x1.requires_grad_(True)
+            x2.requires_grad_(True)
+            y1, y2 = bn(x1), bn(x2)
+            ((y1 * dy1).sum() + (y2 * dy2).sum()).backward()
+            for w, g in enumerate(got):
+                rows = case.slice(w)
+                for i, (y, x) in enumerate(((y1, x1), (y2, x2))):
+                    msg = f"step {step} worker {w} application {i}"
+                    torch.testing.assert_close(g["y"][step][i],
+                                               y.detach()[rows], **F64,
+                                               msg=msg + " output")
+                    torch.testing.assert_close(g["dx"][step][i],
+                                               x.grad[rows], **F64,
+                                               msg=msg + " input grad")
+            bn.zero_grad(set_to_none=True)
+        for g in got:
+            torch.testing.assert_close(g["running_mean"], bn.running_mean, **F64)
+            torch.testing.assert_close(g["running_var"], bn.running_var, **F64)
 
 
 class SecuredTest(unittest.TestCase):

@@ -31,8 +31,9 @@ workers as for any parameter.
 
 Layers are matched across processes by name: `name=` given here, or assigned
 by convert_sync_batchnorm / name_layers (the qualified module name). Each
-layer counts its training-mode calls; the count is the step of its BN calls,
-so every worker must call it equally often. A worker whose peers stop calling
+layer counts its training-mode calls, and separately its backward passes (in
+the order autograd runs them); the counts are the steps of its BN calls, so
+every worker must call it equally often. A worker whose peers stop calling
 gets bnps.DeadlineExceeded naming them after the servers' barrier timeout.
 """
 
@@ -139,17 +140,6 @@ class _SyncBatchNormFunction(torch.autograd.Function):
         l_dy = sum_dy.to(**f64).cpu()
         l_dy_xhat = sum_dy_xhat.to(**f64).cpu()
         if stats.layer is not None:  # sync: the global sums
-            # The servers answer a repeated (layer, step) backward with the
-            # first call's global sums: a second backward pass through this
-            # forward (retain_graph=True) would silently get the first one's.
-            if getattr(ctx, "bnps_synced", False):
-                raise RuntimeError(
-                    f"bnps SyncBatchNorm '{stats.layer}': a second backward "
-                    f"pass through the same forward (step {stats.step}) "
-                    f"cannot be synchronized under policy sync (each step's "
-                    f"backward is merged once); run the forward again, or "
-                    f"sum the losses and call backward once")
-            ctx.bnps_synced = True
             g_dy, g_dy_xhat = ctx.bn._exchange_backward(
                 stats, _np(l_dy), _np(l_dy_xhat))
             g_dy = torch.from_numpy(g_dy)
@@ -196,6 +186,7 @@ class SyncBatchNorm(nn.modules.batchnorm._BatchNorm):
         self.bnps_name = name
         self.session = session
         self._bnps_step = 0       # training-mode calls synced so far
+        self._bnps_backward_step = 0  # backward passes synced so far
         self._recal_batch = None  # not None: the next recalibration batch
 
     def _check_input_dim(self, x):
@@ -299,8 +290,18 @@ class SyncBatchNorm(nn.modules.batchnorm._BatchNorm):
                       _biased(n, torch.from_numpy(mm2)))
 
     def _exchange_backward(self, stats, sum_dy, sum_dy_xhat):
-        return self._session().client.bn_backward(stats.layer, stats.step,
-                                                  sum_dy, sum_dy_xhat)
+        # Backward passes have their own count, in the order autograd runs
+        # them (the same in every process), not the forward's step: a layer
+        # applied twice per iteration (a siamese model) has its backward
+        # passes in the reverse order of its forwards, and the servers
+        # refuse a backward step below one they finished; a second backward
+        # through one forward (retain_graph) needs a merge of its own, where
+        # a repeated step would get the first pass's sums back.
+        step = self._bnps_backward_step
+        r = self._session().client.bn_backward(stats.layer, step, sum_dy,
+                                               sum_dy_xhat)
+        self._bnps_backward_step += 1
+        return r
 
     def _update_running(self, count, mean, m2):
         """running = (1 - m) running + m batch (unbiased variance), in
