@@ -168,6 +168,13 @@ def scenario_local(worker):
     bn = out.pop("module")
     out["settled"] = bnps.torch.sync_running_stats(bn)
     out["running_after"] = (bn.running_mean.clone(), bn.running_var.clone())
+    # A second round after more training (each round is averaged anew).
+    for step in range(2):
+        x, _ = case.global_data(50 + step)
+        bn(x[case.slice(worker)] * (1 + worker))
+    out["running_before2"] = (bn.running_mean.clone(), bn.running_var.clone())
+    bnps.torch.sync_running_stats(bn)
+    out["running_after2"] = (bn.running_mean.clone(), bn.running_var.clone())
     return out
 
 
@@ -197,6 +204,11 @@ def scenario_recal(worker):
     out["running_mean"] = bn.running_mean.clone()
     out["running_var"] = bn.running_var.clone()
     out["loader"] = loader
+    # A second recalibration, on other data (a round of its own).
+    loader2 = [b * 2 + 5 for b in loader[:1 + worker]]
+    bnps.torch.recalibrate(bn, loader2)
+    out["running2"] = (bn.running_mean.clone(), bn.running_var.clone())
+    out["loader2"] = loader2
     return out
 
 

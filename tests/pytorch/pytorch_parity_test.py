@@ -333,6 +333,14 @@ class PolicyTest(unittest.TestCase):
             self.assertEqual(g["settled"], 1)
             torch.testing.assert_close(g["running_after"][0], want_mean, **F64)
             torch.testing.assert_close(g["running_after"][1], want_var, **F64)
+        # The second round averages the statistics as they are then (the
+        # servers answered it with the first round's before).
+        for i in (0, 1):
+            want = (got[0]["running_before2"][i] +
+                    got[1]["running_before2"][i]) / 2
+            self.assertFalse(torch.allclose(want, got[0]["running_after"][i]))
+            for g in got:
+                torch.testing.assert_close(g["running_after2"][i], want, **F64)
 
     def test_recal_recalibrates_over_every_workers_batches(self):
         got = run_scenario("recal", 2, policy="recal", servers=2)
@@ -344,6 +352,14 @@ class PolicyTest(unittest.TestCase):
                                        **F64)
             torch.testing.assert_close(g["running_var"],
                                        data.var(dim=dims, unbiased=True), **F64)
+        # A second recalibration (the servers refused its batches before).
+        data2 = torch.cat([b for g in got for b in g["loader2"]])
+        for g in got:
+            torch.testing.assert_close(g["running2"][0], data2.mean(dim=dims),
+                                       **F64)
+            torch.testing.assert_close(g["running2"][1],
+                                       data2.var(dim=dims, unbiased=True),
+                                       **F64)
 
     def test_async_runs_and_shares_the_servers_running_stats(self):
         got = run_scenario("async", 2, policy="async", servers=1,
@@ -389,15 +405,19 @@ with LocalCluster(num_servers=1, num_workers=2,
                   server_flags=["--barrier_timeout_ms=3000"]) as c:
     client = bnps.Client(c.servers, worker=0, num_workers=2)
     got = {}
+    calling = threading.Event()
     def waiter():  # a forward barrier that worker 1 never joins
         try:
+            calling.set()
             client.bn_forward("l", 0, 2, [0.0], [1.0])
             got["result"] = "ok"
         except bnps.BnpsError as e:
             got["result"] = type(e).__name__
+            got["message"] = str(e)
     t = threading.Thread(target=waiter)
     t.start()
-    time.sleep(0.5)
+    calling.wait()
+    time.sleep(1)  # well inside the call (3 s barrier timeout)
     client.close()
     t.join(30)
     try:
@@ -406,6 +426,7 @@ with LocalCluster(num_servers=1, num_workers=2,
     except bnps.BnpsError as e:
         after = type(e).__name__
     print("alive", t.is_alive(), "result", got.get("result"), "after", after)
+    print(got.get("message"))
 """
 
 

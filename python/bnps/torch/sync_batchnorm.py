@@ -188,6 +188,8 @@ class SyncBatchNorm(nn.modules.batchnorm._BatchNorm):
         self._bnps_step = 0       # training-mode calls synced so far
         self._bnps_backward_step = 0  # backward passes synced so far
         self._recal_batch = None  # not None: the next recalibration batch
+        self._recal_key = None    # the servers' key of this recalibration
+        self._bnps_rounds = {}    # settling rounds so far (convert.py)
 
     def _check_input_dim(self, x):
         if x.dim() < 2 or x.dim() > 5:
@@ -241,7 +243,7 @@ class SyncBatchNorm(nn.modules.batchnorm._BatchNorm):
             # workers' loaders may differ in length: no barriers here).
             if self.running_mean is not None:
                 s = self._session()
-                s.client.bn_recal(self._name(), self._recal_batch, count,
+                s.client.bn_recal(self._recal_key, self._recal_batch, count,
                                   _np(mean), _np(m2))
                 self._recal_batch += 1
             return _Stats(count, mean, _biased(count, m2))
