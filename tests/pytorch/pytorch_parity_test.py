@@ -231,8 +231,10 @@ class SharedLayerTest(unittest.TestCase):
                                                msg=msg + " input grad")
             bn.zero_grad(set_to_none=True)
         for g in got:
-            torch.testing.assert_close(g["running_mean"], bn.running_mean, **F64)
-            torch.testing.assert_close(g["running_var"], bn.running_var, **F64)
+            torch.testing.assert_close(g["running_mean"], bn.running_mean,
+                                       **F64)
+            torch.testing.assert_close(g["running_var"], bn.running_var,
+                                       **F64)
 
 
 class SecuredTest(unittest.TestCase):

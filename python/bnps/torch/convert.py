@@ -82,8 +82,8 @@ def sync_running_stats(model, session=None):
     nothing to do (every worker updated them with the same global moments);
     under async the servers' latest (training copies them in each step);
     under local the average over the workers (a barrier per layer: every
-    worker must call it; each call is a round of its own). Under recal use recalibrate. Returns the number of
-    layers settled."""
+    worker must call it; each call is a round of its own). Under recal use
+    recalibrate. Returns the number of layers settled."""
     s = session or _session.default_session()
     if s.policy == "recal":
         raise RuntimeError("bnps: policy recal settles the running statistics "
@@ -96,7 +96,8 @@ def sync_running_stats(model, session=None):
             continue
         if s.policy == "local":
             mean, var = s.client.bn_local_running(
-                _round_key(m, "local"), _np(m.running_mean.to(torch.float64).cpu()),
+                _round_key(m, "local"),
+                _np(m.running_mean.to(torch.float64).cpu()),
                 _np(m.running_var.to(torch.float64).cpu()))
         else:
             mean, var = s.client.bn_running(m._name(), m.num_features)
