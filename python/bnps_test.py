@@ -252,6 +252,17 @@ class LayerTest(unittest.TestCase):
     def test_a_second_backward_under_local_is_torch_batchnorm(self):
         self.check_two_backward_passes("local", [])
 
+    def test_double_backward_is_refused(self):
+        # The backward pass treats the merged statistics as constants, so
+        # its own derivative (create_graph=True, a gradient penalty) would
+        # be wrong: it must raise rather than differentiate it.
+        s = self.session("local")
+        bn = bnps.torch.SyncBatchNorm(3, name="l", session=s).double()
+        x = torch.randn(4, 3, 2, 2, dtype=torch.float64, requires_grad=True)
+        (g,) = torch.autograd.grad((bn(x) ** 3).sum(), x, create_graph=True)
+        with self.assertRaisesRegex(RuntimeError, "once_differentiable"):
+            g.sum().backward()
+
     def test_recalibrate_keeps_untracked_layers_off_the_wire(self):
         # Under sync an untracked layer's forward is a barrier; during
         # recalibration (loaders of any length per worker) it must not be.
