@@ -11,6 +11,8 @@
 #include "grpcpp/impl/codegen/proto_utils.h"
 #include "proto/codec.h"
 #include "security/job_token.h"
+#include "server/checkpoint.h"
+#include "util/sha256.h"
 #include "proto/limits.h"
 #include "proto/tensor_wire.h"
 #include "server/rpc_util.h"
@@ -227,7 +229,10 @@ class PullReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
 class BnReactor
     : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
-  explicit BnReactor(Shard* shard) : shard_(shard) { StartRead(&req_); }
+  BnReactor(Shard* shard, int64_t generation)
+      : shard_(shard), generation_(generation) {
+    StartRead(&req_);
+  }
 
   void OnReadDone(bool ok) override {
     absl::Status malformed;
@@ -319,6 +324,10 @@ class BnReactor
     };
     absl::Status s = shard_->CheckCaller(req.job(), worker);
     if (s.ok()) s = shard_->CheckOwned(req.layer());
+    // BN_RUNNING only reads; the rest must be of the job's generation.
+    if (s.ok() && req.phase() != proto::BN_RUNNING) {
+      s = shard_->CheckGeneration(generation_);
+    }
     if (!s.ok()) {
       reply(s);
       return;
@@ -402,6 +411,7 @@ class BnReactor
   }
 
   Shard* const shard_;
+  const int64_t generation_;  // the stream's
   // Touched only by the read path.
   grpc::ByteBuffer req_;
   proto::BnRequest msg_;
@@ -417,24 +427,6 @@ class BnReactor
 };
 
 }  // namespace
-
-proto::JobConfig ToJobConfig(const ShardOptions& o) {
-  proto::JobConfig c;
-  c.set_job(o.job);
-  c.set_num_workers(o.num_workers);
-  c.set_num_shards(o.num_shards);
-  c.set_shard(o.shard);
-  c.set_policy(policy::ToProto(o.policy));
-  c.set_staleness(o.staleness);
-  c.set_learning_rate(o.optimizer.learning_rate);
-  c.set_momentum(o.optimizer.momentum);
-  c.set_weight_decay(o.optimizer.weight_decay);
-  c.set_bn_momentum(o.bn_momentum);
-  c.set_barrier_timeout_ms(absl::ToInt64Milliseconds(o.barrier_timeout));
-  c.set_heartbeat_timeout_ms(absl::ToInt64Milliseconds(o.heartbeat_timeout));
-  c.set_worker_loss(policy::ToProto(o.worker_loss));
-  return c;
-}
 
 absl::Status ShardService::Authenticate(
     const grpc::CallbackServerContext& ctx) const {
@@ -467,7 +459,11 @@ grpc::ServerUnaryReactor* ShardService::Register(
         o.num_shards, " shards"));
   }
   if (s.ok()) s = shard_->Register(req.worker(), req.incarnation());
-  if (s.ok()) *resp.mutable_config() = ToJobConfig(o);
+  if (s.ok()) {
+    *resp.mutable_config() = ToJobConfig(o);
+    resp.set_server_incarnation(shard_->server_incarnation());
+    resp.set_generation(shard_->generation().generation);
+  }
   return Respond(ctx, *shard_, "Register", worker, s, &resp, out);
 }
 
@@ -485,6 +481,10 @@ grpc::ServerUnaryReactor* ShardService::Heartbeat(
   }
   if (s.ok()) {
     for (int w : shard_->membership().LiveWorkers()) resp.add_live_workers(w);
+    const Shard::GenerationInfo g = shard_->generation();
+    resp.set_server_incarnation(shard_->server_incarnation());
+    resp.set_generation(g.generation);
+    resp.set_needs_rollback(g.needs_rollback);
   }
   return Respond(ctx, *shard_, "Heartbeat", worker, s, &resp, out);
 }
@@ -497,6 +497,7 @@ grpc::ServerUnaryReactor* ShardService::InitParameters(
   absl::Status s = Admit(*ctx, *raw, &req);
   const int worker = s.ok() ? req.worker() : -1;
   if (s.ok()) s = shard_->CheckCaller(req.job(), req.worker());
+  if (s.ok()) s = shard_->CheckGeneration(CallGeneration(*ctx));
   for (const proto::NamedTensor& p : req.parameters()) {
     if (!s.ok()) break;
     if (p.key().empty() || p.key().size() > proto::kMaxKeyBytes) {
@@ -533,12 +534,20 @@ grpc::ServerReadReactor<grpc::ByteBuffer>* ShardService::PushGradients(
     LogRejected(*shard_, "PushGradients", -1, s);
     return new Refused<grpc::ServerReadReactor<grpc::ByteBuffer>>(s);
   }
+  if (absl::Status s = shard_->CheckGeneration(CallGeneration(*ctx)); !s.ok()) {
+    LogRejected(*shard_, "PushGradients", -1, s);
+    return new Refused<grpc::ServerReadReactor<grpc::ByteBuffer>>(s);
+  }
   return new PushReactor(shard_, &scratch_, resp);
 }
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* ShardService::PullParameters(
     grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req) {
   if (absl::Status s = Authenticate(*ctx); !s.ok()) {
+    LogRejected(*shard_, "PullParameters", -1, s);
+    return new Refused<grpc::ServerWriteReactor<grpc::ByteBuffer>>(s);
+  }
+  if (absl::Status s = shard_->CheckGeneration(CallGeneration(*ctx)); !s.ok()) {
     LogRejected(*shard_, "PullParameters", -1, s);
     return new Refused<grpc::ServerWriteReactor<grpc::ByteBuffer>>(s);
   }
@@ -552,7 +561,7 @@ ShardService::BnSync(grpc::CallbackServerContext* ctx) {
     return new Refused<
         grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>>(s);
   }
-  return new BnReactor(shard_);
+  return new BnReactor(shard_, CallGeneration(*ctx));
 }
 
 grpc::ServerUnaryReactor* ShardService::StartStep(
@@ -562,6 +571,7 @@ grpc::ServerUnaryReactor* ShardService::StartStep(
   absl::Status s = Admit(*ctx, *raw, &req);
   const int worker = s.ok() ? req.worker() : -1;
   if (s.ok()) s = shard_->CheckCaller(req.job(), req.worker());
+  if (s.ok()) s = shard_->CheckGeneration(CallGeneration(*ctx));
   if (s.ok() && shard_->clocks() == nullptr) {
     s = absl::FailedPreconditionError(
         "step clocks are kept by shard 0 under the async policy only");
@@ -591,6 +601,7 @@ grpc::ServerUnaryReactor* ShardService::FinishStep(
   absl::Status s = Admit(*ctx, *raw, &req);
   const int worker = s.ok() ? req.worker() : -1;
   if (s.ok()) s = shard_->CheckCaller(req.job(), req.worker());
+  if (s.ok()) s = shard_->CheckGeneration(CallGeneration(*ctx));
   if (s.ok() && shard_->clocks() == nullptr) {
     s = absl::FailedPreconditionError(
         "step clocks are kept by shard 0 under the async policy only");
@@ -621,6 +632,20 @@ grpc::ServerUnaryReactor* ShardService::GetStatus(
     ws->set_ms_since_heartbeat(
         workers[w].registered ? absl::ToInt64Milliseconds(now - workers[w].last_seen)
                               : -1);
+    ws->set_took_part(shard_->TookPart(static_cast<int>(w)));
+  }
+  const Shard::GenerationInfo g = shard_->generation();
+  resp.set_server_incarnation(shard_->server_incarnation());
+  resp.set_generation(g.generation);
+  resp.set_needs_rollback(g.needs_rollback);
+  resp.set_restored_step(g.restored_step);
+  resp.set_checkpoint_dir(shard_->options().checkpoint_dir);
+  if (!shard_->options().checkpoint_dir.empty()) {
+    absl::StatusOr<std::vector<int64_t>> steps =
+        ListCheckpoints(shard_->options().checkpoint_dir);
+    if (steps.ok()) {
+      for (int64_t k : *steps) resp.add_checkpoint_steps(k);
+    }
   }
   const ParameterStore::Stats stats = shard_->store().GetStats();
   resp.set_num_parameters(stats.num_keys);
@@ -629,6 +654,60 @@ grpc::ServerUnaryReactor* ShardService::GetStatus(
   resp.set_pushes_duplicate(stats.duplicates);
   resp.set_num_bn_layers(shard_->bn().num_layers());
   return Respond(ctx, *shard_, "GetStatus", -1, absl::OkStatus(), &resp, out);
+}
+
+grpc::ServerUnaryReactor* ShardService::Rollback(
+    grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* raw,
+    grpc::ByteBuffer* out) {
+  proto::RollbackRequest req;
+  proto::RollbackResponse resp;
+  absl::Status s = Admit(*ctx, *raw, &req);
+  const int worker = s.ok() ? req.worker() : -1;
+  if (s.ok()) s = shard_->CheckCaller(req.job(), req.worker());
+  if (s.ok()) {
+    absl::StatusOr<int64_t> step = shard_->Rollback(req.generation(), req.step());
+    s = step.status();
+    if (s.ok()) {
+      resp.set_generation(req.generation());
+      resp.set_step(*step);
+    }
+  }
+  return Respond(ctx, *shard_, "Rollback", worker, s, &resp, out);
+}
+
+grpc::ServerUnaryReactor* ShardService::GetDigest(
+    grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* raw,
+    grpc::ByteBuffer* out) {
+  proto::DigestRequest req;
+  if (absl::Status s = Admit(*ctx, *raw, &req); !s.ok()) {
+    return Respond(ctx, *shard_, "GetDigest", -1, s);
+  }
+  proto::DigestResponse resp;
+  const StoreState store = shard_->store().Export();
+  int64_t step = store.keys.empty() ? 0 : INT64_MAX;
+  for (const StoreState::Key& k : store.keys) {
+    proto::DigestResponse::Entry* e = resp.add_entries();
+    e->set_key(k.key);
+    e->set_sha256(util::Sha256Of(absl::string_view(
+        reinterpret_cast<const char*>(k.values->data()),
+        k.values->size() * sizeof(float))));
+    step = std::min(step, k.version);
+  }
+  for (const BnState::Layer& l : shard_->bn().Export().layers) {
+    if (!l.running.has_value()) continue;
+    util::Sha256 h;
+    h.Update(absl::string_view(
+        reinterpret_cast<const char*>(l.running->mean.data()),
+        l.running->mean.size() * sizeof(double)));
+    h.Update(absl::string_view(
+        reinterpret_cast<const char*>(l.running->var.data()),
+        l.running->var.size() * sizeof(double)));
+    proto::DigestResponse::Entry* e = resp.add_entries();
+    e->set_key(absl::StrCat("bn/", l.name));
+    e->set_sha256(h.Final());
+  }
+  resp.set_step(step);
+  return Respond(ctx, *shard_, "GetDigest", -1, absl::OkStatus(), &resp, out);
 }
 
 }  // namespace bnps::server

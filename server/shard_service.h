@@ -23,8 +23,6 @@
 
 namespace bnps::server {
 
-// The job as the wire describes it.
-proto::JobConfig ToJobConfig(const ShardOptions& options);
 
 // Every method uses the callback API, and every one is raw: the service
 // parses requests itself, so bytes that do not parse get INVALID_ARGUMENT with
@@ -41,7 +39,9 @@ using ShardServiceBase = proto::ParameterServer::WithRawCallbackMethod_Register<
     proto::ParameterServer::WithRawCallbackMethod_StartStep<
     proto::ParameterServer::WithRawCallbackMethod_FinishStep<
     proto::ParameterServer::WithRawCallbackMethod_GetStatus<
-    proto::ParameterServer::Service>>>>>>>>>;  // NOLINT: one per method
+    proto::ParameterServer::WithRawCallbackMethod_Rollback<
+    proto::ParameterServer::WithRawCallbackMethod_GetDigest<
+    proto::ParameterServer::Service>>>>>>>>>>>;  // NOLINT: one per method
 
 class ShardService final : public ShardServiceBase {
  public:
@@ -72,6 +72,12 @@ class ShardService final : public ShardServiceBase {
                                        const grpc::ByteBuffer* req,
                                        grpc::ByteBuffer* resp) override;
   grpc::ServerUnaryReactor* GetStatus(grpc::CallbackServerContext* ctx,
+                                      const grpc::ByteBuffer* req,
+                                      grpc::ByteBuffer* resp) override;
+  grpc::ServerUnaryReactor* Rollback(grpc::CallbackServerContext* ctx,
+                                     const grpc::ByteBuffer* req,
+                                     grpc::ByteBuffer* resp) override;
+  grpc::ServerUnaryReactor* GetDigest(grpc::CallbackServerContext* ctx,
                                       const grpc::ByteBuffer* req,
                                       grpc::ByteBuffer* resp) override;
 

@@ -114,6 +114,40 @@ absl::Status StepClocks::RestoreWorker(int worker) {
   return absl::OkStatus();
 }
 
+absl::Status StepClocks::Restore(const std::vector<int64_t>& clocks,
+                                 const absl::Status& why) {
+  Ready ready;
+  {
+    absl::MutexLock lock(&mu_);
+    if (clocks.size() != static_cast<size_t>(table_.num_workers())) {
+      return absl::InvalidArgumentError("checkpointed clocks of another job");
+    }
+    absl::StatusOr<staleness::ClockTable> fresh =
+        staleness::ClockTable::Create(table_.num_workers(), table_.staleness());
+    if (!fresh.ok()) return fresh.status();
+    for (int w = 0; w < table_.num_workers(); ++w) {
+      if (clocks[w] < 0) {
+        return absl::InvalidArgumentError("negative checkpointed clock");
+      }
+      if (clocks[w] > 0) {
+        if (absl::Status s = fresh->Advance(w, clocks[w]); !s.ok()) return s;
+      }
+      if (!table_.IsLive(w)) {
+        if (absl::Status s = fresh->Remove(w); !s.ok()) return s;
+      }
+    }
+    table_ = *std::move(fresh);
+    TakeAnswered(
+        &waiters_,
+        [&](const Waiter&) -> std::optional<absl::StatusOr<int64_t>> {
+          return absl::StatusOr<int64_t>(why);
+        },
+        &ready);
+  }
+  for (auto& fn : ready) fn();
+  return absl::OkStatus();
+}
+
 void StepClocks::ExpireDeadlines(absl::Time now) {
   Ready ready;
   {

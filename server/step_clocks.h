@@ -41,6 +41,11 @@ class StepClocks {
   // Undoes RemoveWorker and FailWorker; as ClockTable::Restore.
   absl::Status RestoreWorker(int worker);
   void ExpireDeadlines(absl::Time now);
+  // Sets every worker's clock to `clocks` (a checkpoint's); waiting
+  // StartSteps fail with `why`. INVALID_ARGUMENT for another worker count
+  // or a negative clock.
+  absl::Status Restore(const std::vector<int64_t>& clocks,
+                       const absl::Status& why);
 
   int64_t clock(int worker) const;
 
