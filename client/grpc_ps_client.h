@@ -123,6 +123,10 @@ class GrpcPsClient final : public PsClient {
   absl::Status FinishStep(int64_t completed) override;
   // Shard 0's answer to the latest heartbeat.
   std::vector<int> LiveWorkers() const override;
+  // As PsClient's; waits up to connect_timeout plus the call timeout for
+  // shards that are down (restarting). Not concurrently with other calls.
+  absl::StatusOr<int64_t> Recover(bool restarted) override;
+  bool rejoining() const override;
 
   // What shard `shard` knows. INVALID_ARGUMENT for a shard out of range.
   absl::StatusOr<proto::StatusResponse> GetStatus(int shard);
