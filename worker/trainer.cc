@@ -185,7 +185,7 @@ absl::StatusOr<TrainReport> Trainer::Run() {
   int64_t positioned = -1;  // the step the batcher's next batch is of
   while (step < total) {
     const int64_t epoch = per_epoch > 0 ? step / per_epoch : 0;
-    if (positioned != step) {
+    if (positioned != step || batcher->step() == per_epoch) {
       // The sampler is deterministic in (seed, epoch, step): a resumed step
       // sees the batch it saw before.
       batcher->StartEpoch(epoch);
