@@ -188,6 +188,14 @@ absl::StatusOr<CheckpointFile> ReadCheckpoint(const std::string& path) {
   return file;
 }
 
+std::string SetAside(const std::string& path) {
+  const std::string aside = absl::StrCat(path, ".bad");
+  if (::rename(path.c_str(), aside.c_str()) != 0) {
+    return absl::StrCat("(not: ", std::strerror(errno), ")");
+  }
+  return aside;
+}
+
 absl::StatusOr<CheckpointFile> LoadNewestCheckpoint(
     const std::string& dir, const std::string& log_prefix) {
   absl::StatusOr<std::vector<int64_t>> steps = ListCheckpoints(dir);
@@ -196,10 +204,15 @@ absl::StatusOr<CheckpointFile> LoadNewestCheckpoint(
     const std::string path = CheckpointPath(dir, step);
     absl::StatusOr<CheckpointFile> f = ReadCheckpoint(path);
     if (f.ok() && f->step == step) return f;
-    std::fprintf(stderr, "%s: checkpoint %s is bad (%s); trying the previous one\n",
+    if (!f.ok() && !absl::IsDataLoss(f.status())) return f.status();
+    const std::string aside = SetAside(path);
+    std::fprintf(stderr,
+                 "%s: checkpoint %s is bad (%s); set aside as %s; trying the "
+                 "previous one\n",
                  log_prefix.c_str(), path.c_str(),
                  f.ok() ? "its header names another step"
-                        : std::string(f.status().message()).c_str());
+                        : std::string(f.status().message()).c_str(),
+                 aside.c_str());
   }
   return absl::NotFoundError(
       absl::StrCat("no good checkpoint in '", dir, "'"));

@@ -56,9 +56,15 @@ absl::StatusOr<std::vector<int64_t>> ListCheckpoints(const std::string& dir);
 // Reads and verifies one file. DATA_LOSS for a torn or corrupt file.
 absl::StatusOr<CheckpointFile> ReadCheckpoint(const std::string& path);
 
-// The newest file of `dir` that verifies; each bad one is skipped with a
-// line on stderr naming it ("<log_prefix>: checkpoint <path> is bad (...);
-// trying the previous one"). NOT_FOUND if none verifies.
+// Renames a bad file to "<path>.bad", so that it is no longer listed (and
+// stays for a post-mortem); returns the new name, or why not.
+std::string SetAside(const std::string& path);
+
+// The newest file of `dir` that verifies; each bad one (DATA_LOSS) is set
+// aside and skipped with a line on stderr naming it ("<log_prefix>:
+// checkpoint <path> is bad (...); set aside as <path>.bad; trying the
+// previous one"). NOT_FOUND if none verifies; another error of reading
+// (INTERNAL) as it is.
 absl::StatusOr<CheckpointFile> LoadNewestCheckpoint(
     const std::string& dir, const std::string& log_prefix = "bnps");
 

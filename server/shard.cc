@@ -540,8 +540,18 @@ absl::StatusOr<int64_t> Shard::Rollback(int64_t generation, int64_t step) {
       return gen_.restored_step;  // decided already
     }
   }
-  absl::StatusOr<CheckpointFile> file =
-      ReadCheckpoint(CheckpointPath(options_.checkpoint_dir, step));
+  const std::string path = CheckpointPath(options_.checkpoint_dir, step);
+  absl::StatusOr<CheckpointFile> file = ReadCheckpoint(path);
+  if (file.ok() && file->step != step) {
+    file = absl::DataLossError(
+        absl::StrCat("checkpoint ", path, ": its header names another step"));
+  }
+  if (absl::IsDataLoss(file.status())) {
+    // Not listed any more: the workers choose another step.
+    std::fprintf(stderr, "bnps_server[%d]: %s; set aside as %s\n",
+                 options_.shard, std::string(file.status().message()).c_str(),
+                 SetAside(path).c_str());
+  }
   if (!file.ok()) return file.status();
   const absl::Status why = absl::AbortedError(absl::StrCat(
       "shard ", options_.shard, " rolled back to step ", step, " (generation ",

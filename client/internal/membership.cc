@@ -210,7 +210,10 @@ absl::StatusOr<int64_t> Membership::Recover(bool restarted,
       // Someone went further meanwhile (a stale generation), or the step is
       // gone: look again.
       last = s;
-      if (absl::IsFailedPrecondition(s) || absl::IsNotFound(s)) continue;
+      if (absl::IsFailedPrecondition(s) || absl::IsNotFound(s) ||
+          absl::IsDataLoss(s)) {
+        continue;
+      }
       return s;
     }
     channels_->set_generation(generation);
