@@ -50,6 +50,8 @@ proto::JobConfig ToJobConfig(const ShardOptions& o) {
   return c;
 }
 
+constexpr size_t kMaxQueuedCheckpoints = 8;
+
 struct Shard::Taken {
   int64_t step = 0;
   int64_t generation = 0;
@@ -342,8 +344,9 @@ void Shard::OnBoundary(int64_t step, StoreState store) {
     taken->generation = gen_.generation;
   }
   absl::MutexLock lock(&writer_mu_);
-  // A writer that falls behind skips to the newest.
-  while (to_write_.size() >= 2) to_write_.pop_front();
+  // A writer far behind (a disk slower than the training) skips old
+  // boundaries rather than holding many copies of the model.
+  while (to_write_.size() >= kMaxQueuedCheckpoints) to_write_.pop_front();
   to_write_.push_back(std::move(taken));
 }
 
@@ -562,14 +565,20 @@ absl::StatusOr<int64_t> Shard::Rollback(int64_t generation, int64_t step) {
     std::fprintf(stderr, "bnps_server[%d]: %s\n", options_.shard,
                  std::string(s.message()).c_str());
   }
-  if (absl::Status s = Restore(file->payload, file->path, why); !s.ok()) {
-    return s;
-  }
+  // The generation is published before the waiting calls fail, so that a
+  // worker they wake finds the rollback under way (GetStatus) and joins it.
+  GenerationInfo before;
   {
     absl::MutexLock lock(&gen_mu_);
+    before = gen_;
     gen_.generation = generation;
     gen_.needs_rollback = false;
     gen_.restored_step = step;
+  }
+  if (absl::Status s = Restore(file->payload, file->path, why); !s.ok()) {
+    absl::MutexLock lock(&gen_mu_);
+    gen_ = before;
+    return s;
   }
   std::fprintf(stderr,
                "bnps_server[%d]: rolled back to step %lld (generation %lld)\n",

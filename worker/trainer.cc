@@ -208,10 +208,10 @@ absl::StatusOr<TrainReport> Trainer::Run() {
           positioned = -1;
           continue;
         }
-        if (!absl::IsFailedPrecondition(k.status()) &&
-            !absl::IsUnimplemented(k.status())) {
-          return Annotate(k.status(), absl::StrCat("after: ", s.message(),
-                                                   "; rolling back"));
+        if (!absl::IsUnimplemented(k.status())) {
+          return absl::Status(
+              s.code(), absl::StrCat(s.message(), "; rolling the job back: ",
+                                     k.status().message()));
         }
       }
       return s;
