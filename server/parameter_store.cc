@@ -384,6 +384,16 @@ void ParameterStore::RestoreWorker(int worker) {
   failed_[worker] = absl::OkStatus();
 }
 
+int64_t ParameterStore::NextStep(int worker) const {
+  absl::MutexLock lock(&mu_);
+  int64_t next = INT64_MAX;
+  if (worker < 0 || worker >= options_.num_workers) return next;
+  for (const auto& [_, p] : params_) {
+    next = std::min(next, p.last_pushed[worker] + 1);
+  }
+  return next;
+}
+
 bool ParameterStore::Pushed(int worker) const {
   absl::MutexLock lock(&mu_);
   if (worker < 0 || worker >= options_.num_workers) return false;

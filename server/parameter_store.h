@@ -163,6 +163,10 @@ class ParameterStore {
   // Undoes RemoveWorker and FailWorker: a lost worker that never pushed came
   // back (server/shard.h says when).
   void RestoreWorker(int worker);
+  // The lowest step of `worker` not yet accepted for some key: min over keys
+  // of (its last pushed step + 1); INT64_MAX without keys or for an id
+  // outside the job. After a rollback the worker resumes there.
+  int64_t NextStep(int worker) const;
   // Whether a push of `worker` was accepted (duplicates aside); false for an
   // id outside the job.
   bool Pushed(int worker) const;

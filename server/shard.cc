@@ -324,6 +324,16 @@ absl::Status Shard::CheckGeneration(int64_t generation) const {
   return absl::OkStatus();
 }
 
+int64_t Shard::ResumeStep(int worker) const {
+  int64_t next = store_.NextStep(worker);
+  if (clocks_ != nullptr) next = std::min(next, clocks_->clock(worker));
+  if (next == INT64_MAX) {
+    absl::MutexLock lock(&gen_mu_);
+    next = std::max<int64_t>(gen_.restored_step, 0);
+  }
+  return next;
+}
+
 Shard::GenerationInfo Shard::generation() const {
   absl::MutexLock lock(&gen_mu_);
   return gen_;
@@ -530,7 +540,9 @@ absl::StatusOr<int64_t> Shard::Rollback(int64_t generation, int64_t step) {
         "shard ", options_.shard,
         " has no --checkpoint_dir: the job cannot roll back"));
   }
-  // One rollback at a time; the generation is decided under gen_mu_ below.
+  // One rollback at a time, and none while a checked call is under way; the
+  // generation is decided under gen_mu_ below.
+  absl::MutexLock exclusive(&rollback_mu_);
   absl::MutexLock join(&join_mu_);
   {
     absl::MutexLock lock(&gen_mu_);

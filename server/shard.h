@@ -116,12 +116,37 @@ class Shard {
   // Job generations (proto/bnps.proto). OK if a call of `generation` may
   // proceed; ABORTED containing proto::kRollsBackText otherwise.
   absl::Status CheckGeneration(int64_t generation) const;
+  // CheckGeneration, holding off any rollback while the guard lives: a call
+  // checked under a guard reaches the store, the BN aggregator or the clocks
+  // before a rollback or after it, never across. What a guarded section
+  // calls must not wait (the components answer through callbacks).
+  class GenerationGuard {
+   public:
+    GenerationGuard(const Shard* shard, int64_t generation)
+        ABSL_SHARED_LOCK_FUNCTION(shard->rollback_mu_)
+        : mu_(&shard->rollback_mu_) {
+      mu_->ReaderLock();
+      status_ = shard->CheckGeneration(generation);
+    }
+    ~GenerationGuard() ABSL_UNLOCK_FUNCTION() { mu_->ReaderUnlock(); }
+    GenerationGuard(const GenerationGuard&) = delete;
+    GenerationGuard& operator=(const GenerationGuard&) = delete;
+    const absl::Status& status() const { return status_; }
+
+   private:
+    absl::Mutex* const mu_;
+    absl::Status status_;
+  };
   // Restores checkpoint `step` as `generation` (proto::RollbackRequest):
   // returns the step decided for `generation`. Waiting calls fail with
   // ABORTED (kRollsBackText). FAILED_PRECONDITION for an older generation
   // or without a checkpoint_dir; NOT_FOUND or DATA_LOSS for a checkpoint
   // that is not there or bad.
   absl::StatusOr<int64_t> Rollback(int64_t generation, int64_t step);
+  // Where `worker` resumes after a rollback, as far as this shard knows: the
+  // lowest step of it not applied here (under async also its clock on shard
+  // 0); the restored step if the shard holds no parameters.
+  int64_t ResumeStep(int worker) const;
   struct GenerationInfo {
     int64_t generation = 0;
     bool needs_rollback = false;
@@ -180,6 +205,9 @@ class Shard {
 
   uint64_t incarnation_ = 0;
 
+  // Shared by generation-checked calls (GenerationGuard), exclusive for a
+  // rollback.
+  mutable absl::Mutex rollback_mu_;
   mutable absl::Mutex gen_mu_;
   GenerationInfo gen_ ABSL_GUARDED_BY(gen_mu_);
 

@@ -24,8 +24,10 @@ namespace {
 // tensor is read straight into a staging buffer and pushed once complete.
 class PushReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
  public:
-  PushReactor(Shard* shard, ScratchPool* scratch, grpc::ByteBuffer* resp)
+  PushReactor(Shard* shard, ScratchPool* scratch, grpc::ByteBuffer* resp,
+              int64_t generation)
       : shard_(shard),
+        generation_(generation),
         scratch_(scratch),
         resp_(resp),
         reader_(
@@ -100,6 +102,8 @@ class PushReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   }
 
   absl::Status PushTensor(const std::string& key) {
+    Shard::GenerationGuard guard(shard_, generation_);
+    if (!guard.status().ok()) return guard.status();
     absl::StatusOr<ParameterStore::PushResult> r = shard_->store().Push(
         worker_, step_, key, reader_.shape(),
         absl::MakeConstSpan(staging_.data(), staged_), samples_);
@@ -122,6 +126,7 @@ class PushReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
       proto::PushGradientsRequest::kChunksFieldNumber;
 
   Shard* const shard_;
+  const int64_t generation_;  // the call's
   ScratchPool* const scratch_;
   grpc::ByteBuffer* const resp_;
   grpc::ByteBuffer message_;
@@ -155,6 +160,8 @@ class PullReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     for (const std::string& key : keys) {
       if (s.ok()) s = shard->CheckOwned(key);
     }
+    Shard::GenerationGuard guard(shard, CallGeneration(*ctx));
+    if (s.ok()) s = guard.status();
     if (!s.ok()) {
       Done(s);
       return;
@@ -325,9 +332,8 @@ class BnReactor
     absl::Status s = shard_->CheckCaller(req.job(), worker);
     if (s.ok()) s = shard_->CheckOwned(req.layer());
     // BN_RUNNING only reads; the rest must be of the job's generation.
-    if (s.ok() && req.phase() != proto::BN_RUNNING) {
-      s = shard_->CheckGeneration(generation_);
-    }
+    Shard::GenerationGuard guard(shard_, generation_);
+    if (s.ok() && req.phase() != proto::BN_RUNNING) s = guard.status();
     if (!s.ok()) {
       reply(s);
       return;
@@ -497,7 +503,8 @@ grpc::ServerUnaryReactor* ShardService::InitParameters(
   absl::Status s = Admit(*ctx, *raw, &req);
   const int worker = s.ok() ? req.worker() : -1;
   if (s.ok()) s = shard_->CheckCaller(req.job(), req.worker());
-  if (s.ok()) s = shard_->CheckGeneration(CallGeneration(*ctx));
+  Shard::GenerationGuard guard(shard_, CallGeneration(*ctx));
+  if (s.ok()) s = guard.status();
   for (const proto::NamedTensor& p : req.parameters()) {
     if (!s.ok()) break;
     if (p.key().empty() || p.key().size() > proto::kMaxKeyBytes) {
@@ -538,7 +545,7 @@ grpc::ServerReadReactor<grpc::ByteBuffer>* ShardService::PushGradients(
     LogRejected(*shard_, "PushGradients", -1, s);
     return new Refused<grpc::ServerReadReactor<grpc::ByteBuffer>>(s);
   }
-  return new PushReactor(shard_, &scratch_, resp);
+  return new PushReactor(shard_, &scratch_, resp, CallGeneration(*ctx));
 }
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* ShardService::PullParameters(
@@ -571,7 +578,8 @@ grpc::ServerUnaryReactor* ShardService::StartStep(
   absl::Status s = Admit(*ctx, *raw, &req);
   const int worker = s.ok() ? req.worker() : -1;
   if (s.ok()) s = shard_->CheckCaller(req.job(), req.worker());
-  if (s.ok()) s = shard_->CheckGeneration(CallGeneration(*ctx));
+  Shard::GenerationGuard guard(shard_, CallGeneration(*ctx));
+  if (s.ok()) s = guard.status();
   if (s.ok() && shard_->clocks() == nullptr) {
     s = absl::FailedPreconditionError(
         "step clocks are kept by shard 0 under the async policy only");
@@ -601,7 +609,8 @@ grpc::ServerUnaryReactor* ShardService::FinishStep(
   absl::Status s = Admit(*ctx, *raw, &req);
   const int worker = s.ok() ? req.worker() : -1;
   if (s.ok()) s = shard_->CheckCaller(req.job(), req.worker());
-  if (s.ok()) s = shard_->CheckGeneration(CallGeneration(*ctx));
+  Shard::GenerationGuard guard(shard_, CallGeneration(*ctx));
+  if (s.ok()) s = guard.status();
   if (s.ok() && shard_->clocks() == nullptr) {
     s = absl::FailedPreconditionError(
         "step clocks are kept by shard 0 under the async policy only");
@@ -670,6 +679,7 @@ grpc::ServerUnaryReactor* ShardService::Rollback(
     if (s.ok()) {
       resp.set_generation(req.generation());
       resp.set_step(*step);
+      resp.set_resume_step(shard_->ResumeStep(req.worker()));
     }
   }
   return Respond(ctx, *shard_, "Rollback", worker, s, &resp, out);

@@ -36,10 +36,57 @@ def newest_checkpoint(c, shard):
     return names[-1] if names else None
 
 
+def kill_and_restart(c, rng, kills, deadline):
+    """Up to KILLS random SIGKILLs of c's processes, each restarted at once
+    and each after a new checkpoint of shard 0 (the job went on)."""
+    last = None
+    while len(kills) < KILLS and time.time() < deadline:
+        if all(w.poll() is not None for w in c.workers):
+            return  # the job finished first
+        newest = newest_checkpoint(c, 0)
+        if newest is None or newest == last:
+            time.sleep(0.02)
+            continue
+        time.sleep(rng.uniform(0, 0.3))
+        kind = rng.choice(["server", "worker"])
+        i = rng.randrange(c.num_servers if kind == "server" else c.num_workers)
+        procs = c.servers if kind == "server" else c.workers
+        if procs[i].poll() is not None:
+            continue  # a worker that finished
+        c.kill(kind, i)
+        kills.append(f"{kind}{i}@{newest}")
+        (c.start_server if kind == "server" else c.start_worker)(i)
+        last = newest_checkpoint(c, 0)
+
+
 class ChaosTest(unittest.TestCase):
-    def cluster(self, out):
+    def cluster(self, out, **kwargs):
         return Cluster(out, servers=2, workers=3, steps=STEPS, checkpoint_every=5,
-                       worker_loss="wait")
+                       worker_loss="wait", **kwargs)
+
+    def test_async_applies_every_push_once(self):
+        # Under async the runs differ (arrival order), but every
+        # (worker, step, key) is applied exactly once: the shards' applied
+        # pushes equal the workers' own count, steps x workers x keys.
+        rng = random.Random(SEED + 1)
+        with tempfile.TemporaryDirectory() as out:
+            c = self.cluster(out, policy="async", staleness=2)
+            kills = []
+            deadline = time.time() + TIMEOUT_S
+            try:
+                c.start()
+                kill_and_restart(c, rng, kills, deadline)
+                codes = c.wait_workers(timeout=max(1, deadline - time.time()))
+                print(f"chaos (async): survived {len(kills)} kills: "
+                      f"{', '.join(kills)}", flush=True)
+                self.assertEqual(codes, [0, 0, 0], f"kills {kills}\n" + c.logs())
+                params, applied = c.pushes()
+            finally:
+                c.stop()
+            self.assertGreater(len(kills), 0, "the job finished before any kill")
+            self.assertGreater(params, 0)
+            self.assertEqual(applied, STEPS * 3 * params,
+                             f"seed {SEED + 1}, kills {kills}")
 
     def test_sync_survives_random_kills_bit_identically(self):
         rng = random.Random(SEED)
@@ -61,25 +108,7 @@ class ChaosTest(unittest.TestCase):
             deadline = time.time() + TIMEOUT_S
             try:
                 c.start()
-                last = None
-                while len(kills) < KILLS and time.time() < deadline:
-                    if all(w.poll() is not None for w in c.workers):
-                        break  # the job finished first
-                    # Progress since the last kill: a newer checkpoint.
-                    newest = newest_checkpoint(c, 0)
-                    if newest is None or newest == last:
-                        time.sleep(0.02)
-                        continue
-                    time.sleep(rng.uniform(0, 0.3))
-                    kind = rng.choice(["server", "worker"])
-                    i = rng.randrange(2 if kind == "server" else 3)
-                    procs = c.servers if kind == "server" else c.workers
-                    if procs[i].poll() is not None:
-                        continue  # a worker that finished
-                    c.kill(kind, i)
-                    kills.append(f"{kind}{i}@{newest}")
-                    (c.start_server if kind == "server" else c.start_worker)(i)
-                    last = newest_checkpoint(c, 0)
+                kill_and_restart(c, rng, kills, deadline)
                 codes = c.wait_workers(timeout=max(1, deadline - time.time()))
                 print(f"chaos: survived {len(kills)} kills: {', '.join(kills)}",
                       flush=True)

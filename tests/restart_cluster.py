@@ -8,6 +8,7 @@ by its PID.
 """
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -32,7 +33,7 @@ def free_ports(n):
 class Cluster:
     def __init__(self, out_dir, servers=2, workers=2, policy="sync",
                  steps=600, checkpoint_every=3, worker_loss="fail",
-                 extra_worker_flags=()):
+                 staleness=0, extra_worker_flags=()):
         self.out = out_dir
         self.num_servers = servers
         self.num_workers = workers
@@ -42,7 +43,7 @@ class Cluster:
             f"--num_shards={servers}", f"--num_workers={workers}",
             f"--policy={policy}", f"--checkpoint_every_steps={checkpoint_every}",
             "--heartbeat_timeout_ms=3000", "--barrier_timeout_ms=30000",
-            f"--on_worker_loss={worker_loss}"]
+            f"--on_worker_loss={worker_loss}", f"--staleness={staleness}"]
         self.worker_flags = [
             f"--servers={self.addresses}", f"--num_workers={workers}",
             "--data=synthetic", "--train_examples=1024", "--batch_size=16",
@@ -119,6 +120,17 @@ class Cluster:
         r = subprocess.run([STATUS, f"--servers={self.addresses}", "--digest"],
                            capture_output=True, text=True, timeout=30)
         return r.stdout.strip() if r.returncode == 0 else "error: " + r.stderr
+
+    def pushes(self):
+        """(parameters, pushes applied) summed over the shards, from
+        bnps_status."""
+        r = subprocess.run([STATUS, f"--servers={self.addresses}"],
+                           capture_output=True, text=True, timeout=30)
+        params = applied = 0
+        for m in re.finditer(r"parameters (\d+) \(.*?pushes (\d+) applied", r.stdout):
+            params += int(m.group(1))
+            applied += int(m.group(2))
+        return params, applied
 
     def stop(self):
         for p in self.servers + self.workers:

@@ -191,6 +191,7 @@ absl::StatusOr<int64_t> Membership::Recover(bool restarted,
     }
     // Shard 0 decides; the others follow its step.
     absl::Status s;
+    int64_t resume = INT64_MAX;
     for (int i = 0; i < shards && s.ok(); ++i) {
       proto::RollbackRequest request;
       request.set_job(options.job);
@@ -204,7 +205,10 @@ absl::StatusOr<int64_t> Membership::Recover(bool restarted,
         return proto::FromGrpcStatus(
             channels_->shard(i).stub->Rollback(&context, request, &response));
       });
-      if (s.ok()) step = response.step();
+      if (s.ok()) {
+        step = response.step();
+        resume = std::min(resume, response.resume_step());
+      }
     }
     if (!s.ok()) {
       // Someone went further meanwhile (a stale generation), or the step is
@@ -222,7 +226,7 @@ absl::StatusOr<int64_t> Membership::Recover(bool restarted,
     std::vector<proto::JobConfig> configs(shards);
     if (absl::Status r = RegisterAll(deadline, &configs); !r.ok()) return r;
     registered_generation_ = generation;
-    return step;
+    return resume == INT64_MAX ? step : resume;
   }
   return Annotate(last, absl::StrCat("no rollback agreed after ", kRounds,
                                      " rounds"));

@@ -51,7 +51,9 @@ class Membership {
   bool rejoining() const { return rejoining_; }
 
   // Rolls the job back to a step every shard has a checkpoint of, as
-  // proto/bnps.proto's "Job generations" describes, and returns that step:
+  // proto/bnps.proto's "Job generations" describes, and returns the step
+  // this worker resumes at (RollbackResponse.resume_step; under sync the
+  // checkpoint's step):
   // a new generation if a shard restarted from its checkpoint (or, with
   // `restarted`, because this process is a restart), else the one already
   // decided. Retries unreachable shards until `deadline`.
