@@ -185,6 +185,8 @@ absl::StatusOr<ParameterStore::PushResult> ParameterStore::Push(
       return result;
     }
     newest_step_ = std::max(newest_step_, step);
+    // Counted before the update: a step boundary it makes takes the count.
+    ++applied_;
     if (options_.bulk_synchronous) {
       const int64_t version = p.version;
       PendingStep& s = p.pending[step];
@@ -212,7 +214,6 @@ absl::StatusOr<ParameterStore::PushResult> ParameterStore::Push(
       Apply(p, nullptr, grad.data(), num_samples);
       MaybeBoundary(p);
     }
-    ++applied_;
     CollectReady(&ready);
   }
   for (auto& fn : ready) fn();

@@ -556,7 +556,11 @@ absl::StatusOr<int64_t> Shard::Rollback(int64_t generation, int64_t step) {
     }
   }
   const std::string path = CheckpointPath(options_.checkpoint_dir, step);
-  absl::StatusOr<CheckpointFile> file = ReadCheckpoint(path);
+  absl::StatusOr<CheckpointFile> file =
+      step < 0 ? LoadNewestCheckpoint(options_.checkpoint_dir,
+                                      absl::StrCat("bnps_server[", options_.shard, "]"))
+               : ReadCheckpoint(path);
+  if (file.ok() && step < 0) step = file->step;
   if (file.ok() && file->step != step) {
     file = absl::DataLossError(
         absl::StrCat("checkpoint ", path, ": its header names another step"));

@@ -137,7 +137,9 @@ class Shard {
     absl::Mutex* const mu_;
     absl::Status status_;
   };
-  // Restores checkpoint `step` as `generation` (proto::RollbackRequest):
+  // Restores checkpoint `step` (its newest good one for a negative step:
+  // under async, where the shards' checkpoints are not of one moment) as
+  // `generation` (proto::RollbackRequest):
   // returns the step decided for `generation`. Waiting calls fail with
   // ABORTED (kRollsBackText). FAILED_PRECONDITION for an older generation
   // or without a checkpoint_dir; NOT_FOUND or DATA_LOSS for a checkpoint

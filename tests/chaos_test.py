@@ -80,11 +80,13 @@ class ChaosTest(unittest.TestCase):
                 print(f"chaos (async): survived {len(kills)} kills: "
                       f"{', '.join(kills)}", flush=True)
                 self.assertEqual(codes, [0, 0, 0], f"kills {kills}\n" + c.logs())
-                params, applied = c.pushes()
+                params, applied, min_version = c.pushes()
             finally:
                 c.stop()
             self.assertGreater(len(kills), 0, "the job finished before any kill")
             self.assertGreater(params, 0)
+            # Each push updates its key once: every key saw every push.
+            self.assertEqual(min_version, STEPS * 3, f"seed {SEED + 1}, kills {kills}")
             self.assertEqual(applied, STEPS * 3 * params,
                              f"seed {SEED + 1}, kills {kills}")
 

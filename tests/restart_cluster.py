@@ -122,15 +122,18 @@ class Cluster:
         return r.stdout.strip() if r.returncode == 0 else "error: " + r.stderr
 
     def pushes(self):
-        """(parameters, pushes applied) summed over the shards, from
-        bnps_status."""
+        """(parameters, pushes applied, smallest parameter version) over the
+        shards, from bnps_status."""
         r = subprocess.run([STATUS, f"--servers={self.addresses}"],
                            capture_output=True, text=True, timeout=30)
         params = applied = 0
-        for m in re.finditer(r"parameters (\d+) \(.*?pushes (\d+) applied", r.stdout):
+        versions = []
+        for m in re.finditer(r"parameters (\d+) \(min version (\d+)\).*?"
+                             r"pushes (\d+) applied", r.stdout):
             params += int(m.group(1))
-            applied += int(m.group(2))
-        return params, applied
+            versions.append(int(m.group(2)))
+            applied += int(m.group(3))
+        return params, applied, min(versions) if versions else -1
 
     def stop(self):
         for p in self.servers + self.workers:

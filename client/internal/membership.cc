@@ -160,7 +160,14 @@ absl::StatusOr<int64_t> Membership::Recover(bool restarted,
     }
     const bool force = restarted && newest <= registered_generation_;
     int64_t generation = newest, step = st[0].restored_step();
-    if (pending || force) {
+    const bool async = channels_->config().policy() == proto::POLICY_ASYNC;
+    if ((pending || force) && async) {
+      // Under async the shards' checkpoints are not of one moment anyway:
+      // each restores its newest, and every worker resumes at the lowest of
+      // its steps some shard lacks (duplicates are acknowledged).
+      generation = newest + 1;
+      step = -1;
+    } else if (pending || force) {
       // A new generation, at the newest step every shard has.
       generation = newest + 1;
       std::vector<int64_t> common(st[0].checkpoint_steps().begin(),
@@ -189,6 +196,7 @@ absl::StatusOr<int64_t> Membership::Recover(bool restarted,
       return absl::FailedPreconditionError(
           "nothing to roll back: every shard is in this worker's generation");
     }
+    if (async) step = -1;
     // Shard 0 decides; the others follow its step.
     absl::Status s;
     int64_t resume = INT64_MAX;
@@ -206,7 +214,7 @@ absl::StatusOr<int64_t> Membership::Recover(bool restarted,
             channels_->shard(i).stub->Rollback(&context, request, &response));
       });
       if (s.ok()) {
-        step = response.step();
+        if (!async) step = response.step();
         resume = std::min(resume, response.resume_step());
       }
     }
