@@ -50,8 +50,6 @@ proto::JobConfig ToJobConfig(const ShardOptions& o) {
   return c;
 }
 
-constexpr size_t kMaxQueuedCheckpoints = 8;
-
 struct Shard::Taken {
   int64_t step = 0;
   int64_t generation = 0;
@@ -354,9 +352,15 @@ void Shard::OnBoundary(int64_t step, StoreState store) {
     taken->generation = gen_.generation;
   }
   absl::MutexLock lock(&writer_mu_);
-  // A writer far behind (a disk slower than the training) skips old
-  // boundaries rather than holding many copies of the model.
-  while (to_write_.size() >= kMaxQueuedCheckpoints) to_write_.pop_front();
+  // The previous boundary must be on disk before this one is taken (the
+  // store waits, only if the disk is slower than the training): a shard
+  // killed at any moment has the previous boundary at least, and keeps the
+  // last kKeepCheckpoints, so the shards always have a step in common.
+  writer_mu_.Await(absl::Condition(
+      +[](Shard* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->writer_mu_) {
+        return s->stop_writer_ || (s->to_write_.empty() && !s->writing_);
+      },
+      this));
   to_write_.push_back(std::move(taken));
 }
 

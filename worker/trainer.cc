@@ -153,11 +153,26 @@ absl::StatusOr<TrainReport> Trainer::Run() {
   const int64_t history_every = std::max<int64_t>(1, total / 50);
 
   // The first initialization of a key wins, so every worker may offer its
-  // (identical) initial values.
-  if (absl::Status s = client_->InitParameters(
-          ToParams(model_->InitialParameters(options_.seed)));
-      !s.ok()) {
-    return Annotate(s, "initializing the parameters");
+  // (identical) initial values. A restarted worker brings the job back to a
+  // checkpoint it can join at; so does a worker that finds a server
+  // restarted.
+  int64_t step = 0;
+  int64_t recoveries = 0;
+  bool rejoin = client_->rejoining();
+  for (;;) {
+    absl::Status s = client_->InitParameters(
+        ToParams(model_->InitialParameters(options_.seed)));
+    if (s.ok() && rejoin) s = absl::AbortedError(proto::kRollsBackText);
+    if (s.ok()) break;
+    if (!(proto::IsRollback(s) || absl::IsUnavailable(s)) ||
+        recoveries >= kMaxRecoveries) {
+      return Annotate(s, "initializing the parameters");
+    }
+    absl::StatusOr<int64_t> k = client_->Recover(rejoin);
+    if (!k.ok()) return Annotate(k.status(), "joining the job");
+    ++recoveries;
+    rejoin = false;
+    step = std::min(*k, total);
   }
   ServerBnExchange sync(client_, policy_);
   nn::LocalBnExchange local_sync;
@@ -168,14 +183,6 @@ absl::StatusOr<TrainReport> Trainer::Run() {
 
   const absl::Time start = absl::Now();
   absl::Time last_progress = start;
-  int64_t step = 0;
-  // A restarted worker brings the job back to a checkpoint it can join at.
-  if (client_->rejoining()) {
-    absl::StatusOr<int64_t> k = client_->Recover(/*restarted=*/true);
-    if (!k.ok()) return Annotate(k.status(), "rejoining the job");
-    step = std::min(*k, total);
-  }
-  int64_t recoveries = 0;
   // Figures since the last history point / progress report.
   double hist_loss = 0, prog_loss = 0;
   int64_t hist_correct = 0, hist_n = 0, prog_correct = 0, prog_n = 0,
