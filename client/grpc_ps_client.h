@@ -20,7 +20,8 @@
 // Deadlines and retries. Every call carries a deadline of rpc_timeout per
 // attempt (a BN call: rpc_timeout in all, its one retry included; calls that
 // may wait on a barrier: at least the servers' barrier timeout plus 5 s).
-// Calls are retried when they fail with UNAVAILABLE or ABORTED, up to
+// Calls are retried when they fail with UNAVAILABLE or ABORTED (not an
+// ABORTED "... the job rolls back ...": see Recover), up to
 // max_attempts attempts with exponential backoff -- all are safe to repeat:
 // the servers deduplicate pushes and BN requests, and the rest are reads or
 // idempotent. DEADLINE_EXCEEDED is not retried: the server may still be

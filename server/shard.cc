@@ -10,6 +10,7 @@
 #include "proto/generation.h"
 #include "proto/sharding.h"
 #include "server/checkpoint.h"
+#include "util/sha256.h"
 
 namespace bnps::server {
 namespace {
@@ -330,6 +331,23 @@ int64_t Shard::ResumeStep(int worker) const {
     next = std::max<int64_t>(gen_.restored_step, 0);
   }
   return next;
+}
+
+Shard::Digest Shard::ComputeDigest() const {
+  Digest d;
+  const StoreState store = store_.Export();
+  d.step = store.keys.empty() ? 0 : INT64_MAX;
+  for (const StoreState::Key& k : store.keys) {
+    d.entries.emplace_back(k.key, util::Sha256Of(FloatBytes(*k.values)));
+    d.step = std::min(d.step, k.version);
+  }
+  for (const BnState::Layer& l : bn_.Export().layers) {
+    if (!l.running.has_value()) continue;
+    d.entries.emplace_back(
+        absl::StrCat("bn/", l.name),
+        util::Sha256Of(DoubleBytes(l.running->mean) + DoubleBytes(l.running->var)));
+  }
+  return d;
 }
 
 Shard::GenerationInfo Shard::generation() const {

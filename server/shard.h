@@ -38,6 +38,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -106,8 +107,10 @@ class Shard {
   // running stats), and its clock is 0 (no FinishStep, shard 0 under async).
   // Under shrink the job must also not have begun here without it: no push
   // or BN contribution of any worker was accepted, and every clock is 0.
-  // Otherwise FAILED_PRECONDITION saying why. Errors for the id and the
-  // incarnation as Membership's.
+  // Otherwise FAILED_PRECONDITION saying why. Under --on_worker_loss=wait
+  // another incarnation takes the worker's place whether it is live or lost
+  // (a restarted process; it then rolls the job back). Errors for the id and
+  // the incarnation as Membership's.
   absl::Status Register(int worker, uint64_t incarnation);
 
   // Whether `worker` took part in the job here (as Register's rule above).
@@ -156,6 +159,15 @@ class Shard {
   };
   GenerationInfo generation() const;
   uint64_t server_incarnation() const { return incarnation_; }
+
+  // SHA-256s of the parameters (their float32 bytes) and of the BN layers'
+  // running statistics ("bn/<layer>": mean then var, float64 bytes), in key
+  // order, and the smallest parameter version (proto::DigestResponse).
+  struct Digest {
+    std::vector<std::pair<std::string, std::string>> entries;
+    int64_t step = 0;
+  };
+  Digest ComputeDigest() const;
 
   // Writes a checkpoint: under the bulk-synchronous policies, waits until
   // the step boundaries already taken are on disk (a step boundary is the

@@ -12,7 +12,6 @@
 #include "proto/codec.h"
 #include "security/job_token.h"
 #include "server/checkpoint.h"
-#include "util/sha256.h"
 #include "proto/limits.h"
 #include "proto/tensor_wire.h"
 #include "server/rpc_util.h"
@@ -693,30 +692,13 @@ grpc::ServerUnaryReactor* ShardService::GetDigest(
     return Respond(ctx, *shard_, "GetDigest", -1, s);
   }
   proto::DigestResponse resp;
-  const StoreState store = shard_->store().Export();
-  int64_t step = store.keys.empty() ? 0 : INT64_MAX;
-  for (const StoreState::Key& k : store.keys) {
+  const Shard::Digest digest = shard_->ComputeDigest();
+  for (const auto& [key, hash] : digest.entries) {
     proto::DigestResponse::Entry* e = resp.add_entries();
-    e->set_key(k.key);
-    e->set_sha256(util::Sha256Of(absl::string_view(
-        reinterpret_cast<const char*>(k.values->data()),
-        k.values->size() * sizeof(float))));
-    step = std::min(step, k.version);
+    e->set_key(key);
+    e->set_sha256(hash);
   }
-  for (const BnState::Layer& l : shard_->bn().Export().layers) {
-    if (!l.running.has_value()) continue;
-    util::Sha256 h;
-    h.Update(absl::string_view(
-        reinterpret_cast<const char*>(l.running->mean.data()),
-        l.running->mean.size() * sizeof(double)));
-    h.Update(absl::string_view(
-        reinterpret_cast<const char*>(l.running->var.data()),
-        l.running->var.size() * sizeof(double)));
-    proto::DigestResponse::Entry* e = resp.add_entries();
-    e->set_key(absl::StrCat("bn/", l.name));
-    e->set_sha256(h.Final());
-  }
-  resp.set_step(step);
+  resp.set_step(digest.step);
   return Respond(ctx, *shard_, "GetDigest", -1, absl::OkStatus(), &resp, out);
 }
 

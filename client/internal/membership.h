@@ -60,6 +60,7 @@ class Membership {
   // FAILED_PRECONDITION if there is nothing to roll back to (no checkpoint
   // common to every shard) or nothing to roll back (every shard in this
   // client's generation, none restarted); the shards' errors otherwise.
+  // Not concurrently with Register or another Recover.
   absl::StatusOr<int64_t> Recover(bool restarted, absl::Time deadline);
 
   // One heartbeat to every shard, each with a short deadline; failures are
