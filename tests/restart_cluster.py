@@ -66,8 +66,8 @@ class Cluster:
 
     def _spawn(self, kind, i, args):
         self.starts[(kind, i)] = self.starts.get((kind, i), 0) + 1
-        log = open(self.log(kind, i), "a")
-        return subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+        with open(self.log(kind, i), "a") as log:  # the child keeps its own fd
+            return subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
 
     def start_server(self, i):
         self.servers[i] = self._spawn("server", i, [
