@@ -8,7 +8,11 @@
 // against the store (key, shape, step) at each tensor's first chunk, before
 // room is reserved for the size the sender declares. With a job token
 // (security/job_token.h), a call that does not carry it is refused with
-// UNAUTHENTICATED before its request is looked at.
+// UNAUTHENTICATED before its request is looked at. The training calls
+// (InitParameters, PushGradients, PullParameters, BnSync but BN_RUNNING,
+// StartStep, FinishStep) must be of the shard's job generation
+// (proto/bnps.proto, "Job generations"), or get ABORTED "... the job rolls
+// back ..."; each runs under a Shard::GenerationGuard.
 // Thread-safety: thread-safe. The Shard must outlive the service.
 
 #ifndef BNPS_SERVER_SHARD_SERVICE_H_

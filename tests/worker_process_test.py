@@ -109,12 +109,13 @@ class CommandLineTest(OneLineErrors, unittest.TestCase):
     # libraries it links (security/security_flags.cc for the clients).
     FLAGS = {
         SERVER: ["--host", "--port", "--policy", "--token_file", "--tls_cert",
-                 "--tls_key", "--tls_client_ca"],
+                 "--tls_key", "--tls_client_ca", "--checkpoint_dir",
+                 "--checkpoint_every_steps", "--on_worker_loss"],
         WORKER: ["--servers", "--connect_timeout_s", "--rpc_timeout_s",
                  "--token_file", "--tls_ca",
                  "--tls_cert", "--tls_key"],
         STATUS: ["--servers", "--timeout_ms", "--token_file", "--tls_ca",
-                 "--tls_cert", "--tls_key"],
+                 "--tls_cert", "--tls_key", "--digest"],
     }
 
     def test_help_lists_every_flag_and_exits_0(self):

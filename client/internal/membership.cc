@@ -135,6 +135,20 @@ absl::StatusOr<int64_t> Membership::Recover(bool restarted,
   const GrpcClientOptions& options = channels_->options();
   const int shards = channels_->num_shards();
   constexpr int kRounds = 20;
+  // A job whose servers keep no checkpoints cannot roll back: say so at once
+  // rather than wait for a server that is down.
+  for (int i = 0; i < shards; ++i) {
+    grpc::ClientContext context;
+    channels_->SetUp(&context, absl::Now() + options.rpc_timeout);
+    proto::StatusResponse r;
+    if (channels_->shard(i).stub->GetStatus(&context, proto::StatusRequest(), &r)
+            .ok() &&
+        r.checkpoint_dir().empty()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          channels_->ShardName(i),
+          " keeps no checkpoints (--checkpoint_dir): the job cannot roll back"));
+    }
+  }
   absl::Status last;
   for (int round = 0; round < kRounds; ++round) {
     if (round > 0) absl::SleepFor(channels_->Backoff(std::min(round - 1, 4)));
