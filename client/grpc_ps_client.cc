@@ -1,5 +1,7 @@
 #include "client/grpc_ps_client.h"
 
+#include <cstdio>
+
 #include <algorithm>
 #include <utility>
 
@@ -223,6 +225,23 @@ absl::Status GrpcPsClient::FinishStep(int64_t completed) {
 std::vector<int> GrpcPsClient::LiveWorkers() const {
   return membership_->stats().live_workers;
 }
+
+absl::StatusOr<int64_t> GrpcPsClient::Recover(bool restarted) {
+  if (absl::Status s = membership_->dropped(); !s.ok()) return s;
+  const absl::Time deadline =
+      absl::Now() + channels_->options().connect_timeout + channels_->CallTimeout();
+  absl::StatusOr<int64_t> step = membership_->Recover(restarted, deadline);
+  if (step.ok()) {
+    std::fprintf(stderr,
+                 "bnps worker %d: the job rolled back to step %lld "
+                 "(generation %lld)\n",
+                 channels_->options().worker, static_cast<long long>(*step),
+                 static_cast<long long>(channels_->generation()));
+  }
+  return step;
+}
+
+bool GrpcPsClient::rejoining() const { return membership_->rejoining(); }
 
 absl::StatusOr<proto::StatusResponse> GrpcPsClient::GetStatus(int shard) {
   return membership_->GetStatus(shard);

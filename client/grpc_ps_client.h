@@ -20,7 +20,8 @@
 // Deadlines and retries. Every call carries a deadline of rpc_timeout per
 // attempt (a BN call: rpc_timeout in all, its one retry included; calls that
 // may wait on a barrier: at least the servers' barrier timeout plus 5 s).
-// Calls are retried when they fail with UNAVAILABLE or ABORTED, up to
+// Calls are retried when they fail with UNAVAILABLE or ABORTED (not an
+// ABORTED "... the job rolls back ...": see Recover), up to
 // max_attempts attempts with exponential backoff -- all are safe to repeat:
 // the servers deduplicate pushes and BN requests, and the rest are reads or
 // idempotent. DEADLINE_EXCEEDED is not retried: the server may still be
@@ -123,6 +124,10 @@ class GrpcPsClient final : public PsClient {
   absl::Status FinishStep(int64_t completed) override;
   // Shard 0's answer to the latest heartbeat.
   std::vector<int> LiveWorkers() const override;
+  // As PsClient's; waits up to connect_timeout plus the call timeout for
+  // shards that are down (restarting). Not concurrently with other calls.
+  absl::StatusOr<int64_t> Recover(bool restarted) override;
+  bool rejoining() const override;
 
   // What shard `shard` knows. INVALID_ARGUMENT for a shard out of range.
   absl::StatusOr<proto::StatusResponse> GetStatus(int shard);

@@ -137,6 +137,23 @@ class PsClient {
   // The workers the job counts as live, in increasing order, as last heard
   // from the servers (empty before anything was heard).
   virtual std::vector<int> LiveWorkers() const = 0;
+
+  // Surviving restarts (docs/reliability.md). A call that fails with
+  // ABORTED "... the job rolls back ..." (proto::IsRollback), or UNAVAILABLE
+  // because a server is down, may be followed by Recover: it rolls the job
+  // back to a step every server has a checkpoint of (all workers agree on
+  // it) and returns that step, from which the worker trains again (the
+  // servers hold that step's parameters). With `restarted`, this process is
+  // a restart of a worker that took part in the job (rejoining()), and the
+  // job rolls back for it. FAILED_PRECONDITION when there is nothing to
+  // roll back (or to); implementations without restarts: UNIMPLEMENTED.
+  virtual absl::StatusOr<int64_t> Recover(bool restarted) {
+    (void)restarted;
+    return absl::UnimplementedError("this client cannot roll a job back");
+  }
+  // True if this process runs a worker id that had taken part in the job
+  // before it connected: a restart, which must Recover(true) first.
+  virtual bool rejoining() const { return false; }
 };
 
 }  // namespace bnps::client

@@ -26,12 +26,18 @@ std::string PolicyName(Policy p) {
 absl::StatusOr<WorkerLoss> ParseWorkerLoss(absl::string_view name) {
   if (name == "fail") return WorkerLoss::kFail;
   if (name == "shrink") return WorkerLoss::kShrink;
+  if (name == "wait") return WorkerLoss::kWait;
   return absl::InvalidArgumentError(absl::StrCat(
-      "unknown worker-loss action '", name, "'; expected fail or shrink"));
+      "unknown worker-loss action '", name, "'; expected fail, shrink or wait"));
 }
 
 std::string WorkerLossName(WorkerLoss w) {
-  return w == WorkerLoss::kFail ? "fail" : "shrink";
+  switch (w) {
+    case WorkerLoss::kFail: return "fail";
+    case WorkerLoss::kShrink: return "shrink";
+    case WorkerLoss::kWait: return "wait";
+  }
+  return "?";
 }
 
 proto::Policy ToProto(Policy p) {
@@ -57,8 +63,12 @@ absl::StatusOr<Policy> FromProto(proto::Policy p) {
 }
 
 proto::WorkerLossAction ToProto(WorkerLoss w) {
-  return w == WorkerLoss::kShrink ? proto::WORKER_LOSS_SHRINK
-                                  : proto::WORKER_LOSS_FAIL;
+  switch (w) {
+    case WorkerLoss::kShrink: return proto::WORKER_LOSS_SHRINK;
+    case WorkerLoss::kWait: return proto::WORKER_LOSS_WAIT;
+    case WorkerLoss::kFail: break;
+  }
+  return proto::WORKER_LOSS_FAIL;
 }
 
 }  // namespace bnps::policy

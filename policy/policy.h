@@ -28,13 +28,16 @@ enum class Policy { kSync, kAsync, kRecal, kLocal };
 enum class WorkerLoss {
   kFail,    // they fail with FAILED_PRECONDITION naming the worker
   kShrink,  // the worker is dropped; they complete with the others
+  kWait,    // they wait (up to their deadlines) for it to come back: a worker
+            // restarted with the same id rejoins and the job rolls back to
+            // its last checkpoint (docs/reliability.md)
 };
 
 // "sync", "async", "recal", "local"; INVALID_ARGUMENT for anything else,
 // naming the choices.
 absl::StatusOr<Policy> ParsePolicy(absl::string_view name);
 std::string PolicyName(Policy p);
-// "fail", "shrink"; INVALID_ARGUMENT for anything else.
+// "fail", "shrink", "wait"; INVALID_ARGUMENT for anything else.
 absl::StatusOr<WorkerLoss> ParseWorkerLoss(absl::string_view name);
 std::string WorkerLossName(WorkerLoss w);
 

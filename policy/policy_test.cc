@@ -15,13 +15,14 @@ TEST(PolicyTest, NamesRoundTripThroughParseAndTheWire) {
     ASSERT_TRUE(wire.ok()) << wire.status();
     EXPECT_EQ(*wire, p);
   }
-  for (WorkerLoss w : {WorkerLoss::kFail, WorkerLoss::kShrink}) {
+  for (WorkerLoss w : {WorkerLoss::kFail, WorkerLoss::kShrink, WorkerLoss::kWait}) {
     absl::StatusOr<WorkerLoss> parsed = ParseWorkerLoss(WorkerLossName(w));
     ASSERT_TRUE(parsed.ok());
     EXPECT_EQ(*parsed, w);
   }
   EXPECT_EQ(ToProto(WorkerLoss::kFail), proto::WORKER_LOSS_FAIL);
   EXPECT_EQ(ToProto(WorkerLoss::kShrink), proto::WORKER_LOSS_SHRINK);
+  EXPECT_EQ(ToProto(WorkerLoss::kWait), proto::WORKER_LOSS_WAIT);
 }
 
 TEST(PolicyTest, UnknownNamesAndWireValuesAreRefused) {
@@ -29,7 +30,7 @@ TEST(PolicyTest, UnknownNamesAndWireValuesAreRefused) {
   EXPECT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(p.status().message().find("sync, async, recal or local"),
             std::string::npos);
-  EXPECT_EQ(ParseWorkerLoss("wait").status().code(),
+  EXPECT_EQ(ParseWorkerLoss("linger").status().code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(FromProto(proto::POLICY_UNSPECIFIED).status().code(),
             absl::StatusCode::kInvalidArgument);

@@ -42,6 +42,7 @@ class FakeClient:
                        "barrier_timeout_ms": 1000}
         self.worker, self.num_workers = 0, 1
         self.calls = []
+        self.answers = {}
         self.closed = False
 
     def bn_forward(self, layer, step, count, mean, m2, want_running=False):
@@ -49,8 +50,23 @@ class FakeClient:
         return count, np.array(mean), np.array(m2), None, None, 1
 
     def bn_backward(self, layer, step, sum_dy, sum_dy_xhat):
+        # As the servers: a repeated (layer, step) gets the first answer,
+        # and a step below the newest finished one is refused.
         self.calls.append(("backward", layer, step))
-        return np.array(sum_dy), np.array(sum_dy_xhat)
+        newest = max([k[1] for k in self.answers if k[0] == layer],
+                     default=-1)
+        if (layer, step) not in self.answers and step < newest:
+            raise bnps.FailedPrecondition(9, "FAILED_PRECONDITION",
+                                          f"step {step} is from the past")
+        return self.answers.setdefault(
+            (layer, step), (np.array(sum_dy), np.array(sum_dy_xhat)))
+
+    def bn_recal(self, layer, batch, count, mean, m2):
+        self.calls.append(("recal", layer, batch))
+
+    def bn_recal_finish(self, layer):
+        self.calls.append(("recal_finish", layer))
+        return np.full(3, 0.5), np.full(3, 2.0)
 
     def close(self):
         self.closed = True
@@ -191,6 +207,104 @@ class LayerTest(unittest.TestCase):
             bnps.torch.SyncBatchNorm(2, name="x")(torch.randn(3))
         with self.assertRaises(ValueError):
             bnps.torch.SyncBatchNorm(2, name="x")(torch.randn(3, 4))
+
+    def check_two_backward_passes(self, policy, calls):
+        s = self.session(policy)
+        ours = bnps.torch.SyncBatchNorm(3, name="l", session=s).double()
+        ref = nn.BatchNorm2d(3).double()
+        x = torch.randn(4, 3, 2, 2, dtype=torch.float64)
+        xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+        ya, yb = ours(xa), ref(xb)
+        for _ in range(2):
+            dy = torch.randn_like(x)
+            ya.backward(dy, retain_graph=True)
+            yb.backward(dy, retain_graph=True)
+        torch.testing.assert_close(xa.grad, xb.grad, **F64)
+        self.assertEqual(s.client.calls, calls)
+
+    def test_a_second_backward_through_one_forward_under_sync(self):
+        # Each backward pass is merged on its own (the servers answer a
+        # repeated step with the first answer: it must not be reused).
+        self.check_two_backward_passes("sync", [("forward", "l", 0),
+                                                ("backward", "l", 0),
+                                                ("backward", "l", 1)])
+
+    def test_a_layer_applied_twice_per_step_under_sync(self):
+        # A siamese model: the backward passes come in reverse order of the
+        # forwards; their steps count up all the same (the servers refuse a
+        # backward step below one they finished).
+        s = self.session("sync")
+        ours = bnps.torch.SyncBatchNorm(3, name="l", session=s).double()
+        ref = nn.BatchNorm2d(3).double()
+        for _ in range(2):
+            x1 = torch.randn(4, 3, 2, 2, dtype=torch.float64)
+            x2 = torch.randn(4, 3, 2, 2, dtype=torch.float64) + 1
+            grads = []
+            for m in (ours, ref):
+                a, b = x1.clone().requires_grad_(), x2.clone().requires_grad_()
+                ((m(a) * x1).sum() + (m(b) ** 3).sum()).backward()
+                grads.append((a.grad, b.grad))
+            for got, want in zip(grads[0], grads[1]):
+                torch.testing.assert_close(got, want, **F64)
+        backward_steps = [c[2] for c in s.client.calls if c[0] == "backward"]
+        self.assertEqual(backward_steps, [0, 1, 2, 3])
+
+    def test_a_second_backward_under_local_is_torch_batchnorm(self):
+        self.check_two_backward_passes("local", [])
+
+    def test_double_backward_is_refused(self):
+        # The backward pass treats the merged statistics as constants, so
+        # its own derivative (create_graph=True, a gradient penalty) would
+        # be wrong: it must raise rather than differentiate it.
+        s = self.session("local")
+        bn = bnps.torch.SyncBatchNorm(3, name="l", session=s).double()
+        x = torch.randn(4, 3, 2, 2, dtype=torch.float64, requires_grad=True)
+        (g,) = torch.autograd.grad((bn(x) ** 3).sum(), x, create_graph=True)
+        with self.assertRaisesRegex(RuntimeError, "once_differentiable"):
+            g.sum().backward()
+
+    def test_recalibrate_keeps_untracked_layers_off_the_wire(self):
+        # Under sync an untracked layer's forward is a barrier; during
+        # recalibration (loaders of any length per worker) it must not be.
+        s = self.session("sync")
+        model = nn.Sequential(
+            bnps.torch.SyncBatchNorm(3, name="a", session=s),
+            bnps.torch.SyncBatchNorm(3, name="b", session=s,
+                                     track_running_stats=False))
+        model.eval()
+        model[1].train()  # a mixed state: each module's flag comes back
+        loader = [torch.randn(4, 3, 2, 2) for _ in range(2)]
+        self.assertEqual(bnps.torch.recalibrate(model, loader, session=s), 2)
+        self.assertEqual(s.client.calls, [("recal", "a", 0), ("recal", "a", 1),
+                                          ("recal_finish", "a")])
+        self.assertFalse(model.training)
+        self.assertFalse(model[0].training)
+        self.assertTrue(model[1].training)
+        torch.testing.assert_close(model[0].running_mean, torch.full((3,), 0.5))
+
+    @unittest.skipUnless(torch.cuda.is_available(),
+                         "no CUDA device (or a CPU-only torch)")
+    def test_cuda_is_torch_batchnorm(self):
+        # The CUDA path: the same torch operations on the input's device.
+        for dtype, affine in ((torch.float32, True), (torch.float32, False),
+                              (torch.float16, True)):
+            s = self.session("sync")
+            ours = bnps.torch.SyncBatchNorm(3, affine=affine, name="l",
+                                            session=s).cuda()
+            ref = nn.BatchNorm2d(3, affine=affine).cuda()
+            x = (torch.randn(4, 3, 5, 5, device="cuda") * 3 + 2).to(dtype)
+            dy = torch.randn_like(x)
+            xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+            ours(xa).backward(dy)
+            ref(xb.float()).to(dtype).backward(dy)
+            tol = dict(rtol=1e-2, atol=2e-2) if dtype == torch.float16 else \
+                dict(rtol=1e-4, atol=1e-4)
+            torch.testing.assert_close(xa.grad.float(), xb.grad.float(), **tol)
+            if affine:
+                torch.testing.assert_close(ours.weight.grad, ref.weight.grad,
+                                           **tol)
+            torch.testing.assert_close(ours.running_var, ref.running_var,
+                                       rtol=1e-4, atol=1e-4)
 
     def test_eval_needs_no_session(self):
         ours = bnps.torch.SyncBatchNorm(3).eval()

@@ -73,6 +73,23 @@
 
 namespace bnps::server {
 
+// What a checkpoint keeps of a BnAggregator: each layer's running stats and
+// its newest finished barrier steps, the newest accepted step, and who
+// contributed. Barriers in progress, async's latest moments and
+// recalibration batches are not kept.
+struct BnState {
+  struct Layer {
+    std::string name;
+    int64_t channels = 0;
+    std::optional<bn::RunningStats> running;
+    int64_t newest_forward = -1;   // -1: no barrier finished
+    int64_t newest_backward = -1;
+  };
+  std::vector<Layer> layers;  // in name order
+  int64_t newest_step = -1;
+  std::vector<bool> contributed;  // by worker
+};
+
 class BnAggregator {
  public:
   struct Options {
@@ -130,6 +147,12 @@ class BnAggregator {
   bool Contributed(int worker) const;
   // Whether any worker's was.
   bool AnyContributed() const;
+
+  BnState Export() const;
+  // Replaces the state with `state`; every barrier in progress fails with
+  // `why` for its waiters. Which workers are live or failed stays.
+  // INVALID_ARGUMENT, changing nothing, if `state` does not fit the job.
+  absl::Status Import(const BnState& state, const absl::Status& why);
 
   // The layer's running stats, if any were computed.
   std::optional<bn::RunningStats> Running(const std::string& layer) const;

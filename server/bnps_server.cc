@@ -53,7 +53,21 @@ ABSL_FLAG(int64_t, heartbeat_timeout_ms, 10000,
 ABSL_FLAG(std::string, on_worker_loss, "fail",
           "What a lost worker means: fail (steps that need it fail with "
           "FAILED_PRECONDITION naming it, so the job stops with a clear error) or "
-          "shrink (it is dropped and the job goes on with the others).");
+          "shrink (it is dropped and the job goes on with the others) or wait "
+          "(steps wait for it up to --barrier_timeout_ms; a process restarted "
+          "with its id takes its place and the job rolls back to the last "
+          "checkpoint, see --checkpoint_dir). Default fail: without a "
+          "supervisor that restarts workers, waiting only delays the error.");
+ABSL_FLAG(std::string, checkpoint_dir, "",
+          "Directory of this server's checkpoints (one per shard; created if "
+          "absent). Started with one that holds a checkpoint, the server "
+          "resumes from the newest good one and the workers roll the job "
+          "back to a step every server has. Empty: no checkpoints.");
+ABSL_FLAG(int64_t, checkpoint_every_steps, 0,
+          "With --checkpoint_dir: a checkpoint every this many steps (at the "
+          "step boundary every shard passes under sync, recal and local), "
+          "keeping the last 3. 0: only at SIGTERM (async) or never (the "
+          "bulk-synchronous policies, which checkpoint only at boundaries).");
 
 ABSL_FLAG(int, metrics_port, 0,
           "Serve Prometheus metrics over HTTP at "
@@ -135,6 +149,8 @@ int main(int argc, char** argv) {
   o.bn_momentum = absl::GetFlag(FLAGS_bn_momentum);
   o.barrier_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_barrier_timeout_ms));
   o.heartbeat_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_timeout_ms));
+  o.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
+  o.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every_steps);
   const int port = absl::GetFlag(FLAGS_port);
   if (port < 0 || port > 65535) {
     return Fail(absl::InvalidArgumentError(
@@ -194,6 +210,14 @@ int main(int argc, char** argv) {
     int sig = 0;
     sigwait(&set, &sig);
     std::fprintf(stderr, "bnps_server: signal %d, shutting down\n", sig);
+    if (sig == SIGTERM && !(*server)->shard().options().checkpoint_dir.empty()) {
+      // Under sync the checkpoints taken at step boundaries are flushed (a
+      // mid-step state is not consistent across shards); under async the
+      // state now is written as well.
+      const absl::Status s = (*server)->shard().CheckpointNow();
+      std::fprintf(stderr, "bnps_server: checkpoint at SIGTERM: %s\n",
+                   s.ok() ? "written" : std::string(s.message()).c_str());
+    }
     (*server)->Shutdown();
   });
   (*server)->Wait();

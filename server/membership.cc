@@ -47,6 +47,31 @@ absl::Status Membership::Register(int worker, uint64_t incarnation,
   return absl::OkStatus();
 }
 
+absl::Status Membership::Replace(int worker, uint64_t incarnation,
+                                 absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  if (worker < 0 || worker >= static_cast<int>(workers_.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("worker ", worker, " outside the job"));
+  }
+  if (incarnation == 0) return absl::InvalidArgumentError("incarnation 0");
+  WorkerInfo& info = workers_[worker];
+  info.registered = true;
+  info.lost = false;
+  info.incarnation = incarnation;
+  info.last_seen = now;
+  return absl::OkStatus();
+}
+
+void Membership::Restore(const std::vector<WorkerInfo>& workers,
+                         absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  if (workers.size() != workers_.size()) return;
+  for (size_t w = 0; w < workers.size(); ++w) {
+    workers_[w] = workers[w];
+    workers_[w].last_seen = workers[w].registered ? now : absl::InfinitePast();
+  }
+}
+
 absl::Status Membership::Rejoin(int worker, uint64_t incarnation,
                                 absl::Time now) {
   absl::MutexLock lock(&mu_);

@@ -43,6 +43,10 @@ class Membership {
   // Makes a lost worker live again, run by `incarnation`.
   // FAILED_PRECONDITION unless it is lost.
   absl::Status Rejoin(int worker, uint64_t incarnation, absl::Time now);
+  // Makes `incarnation` run `worker` in place of the one before, live or
+  // lost (--on_worker_loss=wait: a restarted process). INVALID_ARGUMENT for
+  // a bad id or incarnation 0.
+  absl::Status Replace(int worker, uint64_t incarnation, absl::Time now);
   absl::Status Heartbeat(int worker, uint64_t incarnation, absl::Time now);
 
   // Workers that became lost since the last call.
@@ -55,6 +59,10 @@ class Membership {
     absl::Time last_seen = absl::InfinitePast();
   };
   std::vector<WorkerInfo> Snapshot() const;
+  // Sets the registrations to `workers` (a checkpoint's; their last_seen is
+  // ignored), as last seen `now`: the registered workers get a full
+  // heartbeat_timeout to be heard from. Ignored unless of the job's size.
+  void Restore(const std::vector<WorkerInfo>& workers, absl::Time now);
   std::vector<int> LiveWorkers() const;  // registered and not lost
   // False for an id outside the job.
   bool IsLost(int worker) const;

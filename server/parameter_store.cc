@@ -185,6 +185,8 @@ absl::StatusOr<ParameterStore::PushResult> ParameterStore::Push(
       return result;
     }
     newest_step_ = std::max(newest_step_, step);
+    // Counted before the update: a step boundary it makes takes the count.
+    ++applied_;
     if (options_.bulk_synchronous) {
       const int64_t version = p.version;
       PendingStep& s = p.pending[step];
@@ -199,6 +201,7 @@ absl::StatusOr<ParameterStore::PushResult> ParameterStore::Push(
         if (!s.sum.empty()) p.spare_sum = std::move(s.sum);
         p.pending.erase(step);
         ApplyReady(p);
+        MaybeBoundary(p);
       } else if (s.sum.empty()) {
         // Reusing the last step's buffer avoids fresh pages every step.
         s.sum = std::move(p.spare_sum);
@@ -209,8 +212,8 @@ absl::StatusOr<ParameterStore::PushResult> ParameterStore::Push(
     } else {
       p.last_pushed[worker] = step;
       Apply(p, nullptr, grad.data(), num_samples);
+      MaybeBoundary(p);
     }
-    ++applied_;
     CollectReady(&ready);
   }
   for (auto& fn : ready) fn();
@@ -355,7 +358,10 @@ void ParameterStore::RemoveWorker(int worker) {
     absl::MutexLock lock(&mu_);
     if (worker < 0 || worker >= options_.num_workers || !live_[worker]) return;
     live_[worker] = false;
-    for (auto& [_, p] : params_) ApplyReady(p);
+    for (auto& [_, p] : params_) {
+      ApplyReady(p);
+      MaybeBoundary(p);
+    }
     CollectReady(&ready);
   }
   for (auto& fn : ready) fn();
@@ -377,6 +383,16 @@ void ParameterStore::RestoreWorker(int worker) {
   if (worker < 0 || worker >= options_.num_workers) return;
   live_[worker] = true;
   failed_[worker] = absl::OkStatus();
+}
+
+int64_t ParameterStore::NextStep(int worker) const {
+  absl::MutexLock lock(&mu_);
+  int64_t next = INT64_MAX;
+  if (worker < 0 || worker >= options_.num_workers) return next;
+  for (const auto& [_, p] : params_) {
+    next = std::min(next, p.last_pushed[worker] + 1);
+  }
+  return next;
 }
 
 bool ParameterStore::Pushed(int worker) const {
@@ -405,6 +421,80 @@ void ParameterStore::ExpireDeadlines(absl::Time now) {
   for (auto& fn : ready) fn();
 }
 
+void ParameterStore::MaybeBoundary(const Param& p) {
+  const int64_t every = options_.boundary_every;
+  if (every <= 0 || !options_.on_boundary) return;
+  const int64_t k = options_.bulk_synchronous
+                        ? p.version
+                        : newest_version_.load(std::memory_order_relaxed);
+  if (k <= last_boundary_ || k % every != 0) return;
+  if (options_.bulk_synchronous) {
+    for (const auto& [_, q] : params_) {
+      if (q.version != k) return;
+    }
+  }
+  last_boundary_ = k;
+  options_.on_boundary(k, ExportLocked());
+}
+
+StoreState ParameterStore::ExportLocked() const {
+  StoreState state;
+  for (const auto& [key, p] : params_) {
+    state.keys.push_back(StoreState::Key{key, p.shape, p.values,
+                                         p.momentum_buffer, p.version,
+                                         p.last_pushed});
+  }
+  state.applied = applied_;
+  state.duplicates = duplicates_;
+  state.newest_step = newest_step_;
+  return state;
+}
+
+StoreState ParameterStore::Export() const {
+  absl::MutexLock lock(&mu_);
+  return ExportLocked();
+}
+
+absl::Status ParameterStore::Import(const StoreState& state,
+                                    const absl::Status& why) {
+  std::map<std::string, Param> params;
+  int64_t newest = 0;
+  for (const StoreState::Key& k : state.keys) {
+    if (k.values == nullptr ||
+        Product(k.shape) != static_cast<int64_t>(k.values->size()) ||
+        k.momentum.size() != k.values->size() ||
+        k.last_pushed.size() != static_cast<size_t>(options_.num_workers) ||
+        k.version < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "checkpointed parameter '", k.key, "' does not fit this job"));
+    }
+    Param& p = params[k.key];
+    p.shape = k.shape;
+    p.values = std::make_shared<std::vector<float>>(*k.values);
+    p.momentum_buffer = k.momentum;
+    p.version = k.version;
+    p.last_pushed = k.last_pushed;
+    newest = std::max(newest, k.version);
+  }
+  Ready ready;
+  {
+    absl::MutexLock lock(&mu_);
+    params_ = std::move(params);
+    applied_ = state.applied;
+    duplicates_ = state.duplicates;
+    newest_step_ = state.newest_step;
+    last_boundary_ = newest;
+    newest_version_.store(newest, std::memory_order_release);
+    TakeAnswered(
+        &waiters_,
+        [&](const Waiter&) -> std::optional<absl::StatusOr<Snapshot>> {
+          return absl::StatusOr<Snapshot>(why);
+        },
+        &ready);
+  }
+  for (auto& fn : ready) fn();
+  return absl::OkStatus();
+}
 
 ParameterStore::Stats ParameterStore::GetStats() const {
   absl::MutexLock lock(&mu_);

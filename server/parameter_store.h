@@ -36,8 +36,12 @@
 // and the last is added inside the optimizer step, which gives the same bits
 // as a separate sum with two fewer passes over memory.
 //
+// Checkpoints (server/shard.h): Export and Import copy the whole state, and
+// Options::on_boundary hands a copy out at every step boundary (below).
+//
 // Thread-safety: thread-safe. Callbacks run without the store's lock held, on
-// the calling thread or on the thread of the call that made them ready.
+// the calling thread or on the thread of the call that made them ready
+// (on_boundary excepted: see Options).
 
 #ifndef BNPS_SERVER_PARAMETER_STORE_H_
 #define BNPS_SERVER_PARAMETER_STORE_H_
@@ -66,6 +70,23 @@ struct OptimizerOptions {
   double weight_decay = 0.0;   // Default: 0
 };
 
+// A copy of a store's state (values shared, not copied: the store never
+// changes a buffer someone else holds).
+struct StoreState {
+  struct Key {
+    std::string key;
+    std::vector<int64_t> shape;
+    std::shared_ptr<const std::vector<float>> values;
+    std::vector<float> momentum;
+    int64_t version = 0;
+    std::vector<int64_t> last_pushed;  // by worker; -1 = none
+  };
+  std::vector<Key> keys;  // in key order
+  int64_t applied = 0;
+  int64_t duplicates = 0;
+  int64_t newest_step = -1;
+};
+
 class ParameterStore {
  public:
   struct Options {
@@ -73,6 +94,15 @@ class ParameterStore {
     bool bulk_synchronous = true;  // Default: true
     OptimizerOptions optimizer;
     int64_t staleness = 0;  // stale-synchronous: the bound s. Default: 0
+    // Step boundaries every `boundary_every` versions (0: none).
+    // Bulk-synchronous: when every key reached version k (a multiple), which
+    // happens before any worker can pull version k, so nothing of step k is
+    // in yet. Stale-synchronous: when the newest version reaches a multiple.
+    // on_boundary gets k and the state then; it runs with the store's lock
+    // held (so the state of anything else it reads is of the same moment)
+    // and must not call the store. Default: none.
+    int64_t boundary_every = 0;
+    std::function<void(int64_t, struct StoreState)> on_boundary;
   };
 
   struct Tensor {
@@ -133,6 +163,10 @@ class ParameterStore {
   // Undoes RemoveWorker and FailWorker: a lost worker that never pushed came
   // back (server/shard.h says when).
   void RestoreWorker(int worker);
+  // The lowest step of `worker` not yet accepted for some key: min over keys
+  // of (its last pushed step + 1); INT64_MAX without keys or for an id
+  // outside the job. After a rollback the worker resumes there.
+  int64_t NextStep(int worker) const;
   // Whether a push of `worker` was accepted (duplicates aside); false for an
   // id outside the job.
   bool Pushed(int worker) const;
@@ -147,6 +181,16 @@ class ParameterStore {
   int64_t newest_version() const {
     return newest_version_.load(std::memory_order_acquire);
   }
+
+  // The state now (pending steps of the bulk-synchronous policies are not
+  // part of it: Export is meant for step boundaries).
+  StoreState Export() const;
+  // Replaces the state with `state` (pending steps dropped); every waiting
+  // pull fails with `why`. Which workers are live or failed stays.
+  // INVALID_ARGUMENT, changing nothing, if `state` does not fit the job
+  // (exactly-once records of another worker count, values that do not match
+  // their shape).
+  absl::Status Import(const StoreState& state, const absl::Status& why);
 
   struct Stats {
     int num_keys = 0;
@@ -201,6 +245,9 @@ class ParameterStore {
   void CollectReady(Ready* ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string MissingWorkers(const Waiter& w) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  StoreState ExportLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Calls on_boundary if `p`'s update made a step boundary.
+  void MaybeBoundary(const Param& p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Options options_;
 
@@ -212,6 +259,7 @@ class ParameterStore {
   int64_t applied_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t duplicates_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t newest_step_ ABSL_GUARDED_BY(mu_) = -1;  // of any accepted push
+  int64_t last_boundary_ ABSL_GUARDED_BY(mu_) = 0;  // version of the last one
   // Written under mu_, read without it.
   std::atomic<int64_t> newest_version_{0};
 };

@@ -1,5 +1,8 @@
 #include "server/rpc_util.h"
 
+#include "absl/strings/numbers.h"
+#include "proto/generation.h"
+
 #include <algorithm>
 #include <cstdio>
 
@@ -45,6 +48,18 @@ std::optional<absl::string_view> CallToken(
       security::kTokenMetadataKey.data(), security::kTokenMetadataKey.size()));
   if (it == metadata.end()) return std::nullopt;
   return absl::string_view(it->second.data(), it->second.size());
+}
+
+int64_t CallGeneration(const grpc::CallbackServerContext& ctx) {
+  const auto& metadata = ctx.client_metadata();
+  const auto it = metadata.find(grpc::string_ref(proto::kGenerationMetadataKey));
+  int64_t g = 0;
+  if (it == metadata.end() ||
+      !absl::SimpleAtoi(absl::string_view(it->second.data(), it->second.size()),
+                        &g)) {
+    return 0;
+  }
+  return g;
 }
 
 absl::Time WaitDeadline(const Shard& shard,

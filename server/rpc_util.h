@@ -80,6 +80,10 @@ class Refused final : public Reactor {
   void OnDone() override { delete this; }
 };
 
+// The job generation a call carried in its metadata (proto/generation.h);
+// 0 when it carried none or one that does not parse.
+int64_t CallGeneration(const grpc::CallbackServerContext& ctx);
+
 // The earlier of the shard's barrier deadline and the caller's own.
 absl::Time WaitDeadline(const Shard& shard,
                         const grpc::CallbackServerContext& ctx);

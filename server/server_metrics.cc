@@ -45,7 +45,8 @@ const std::vector<double> kStalenessBuckets = {0, 1, 2, 3, 4, 6, 8, 12, 16, 32, 
 const char* ServerMetrics::MethodName(Method m) {
   static const char* const kNames[kNumMethods] = {
       "Register", "Heartbeat", "InitParameters", "PushGradients",
-      "PullParameters", "BnSync", "StartStep", "FinishStep", "GetStatus"};
+      "PullParameters", "BnSync", "StartStep", "FinishStep", "GetStatus",
+      "Rollback", "GetDigest"};
   return kNames[m];
 }
 
@@ -292,6 +293,9 @@ void ServerMetrics::Collect() {
     worker_step_gauges_[w]->Set(static_cast<double>(worker_step(w)));
   }
   version_->Set(static_cast<double>(shard_->store().GetStats().min_version));
+  if (std::optional<absl::Time> t = shard_->last_checkpoint_written()) {
+    RecordCheckpoint(*t);
+  }
   std::optional<absl::Time> checkpoint;
   {
     absl::MutexLock lock(&mu_);

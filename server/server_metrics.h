@@ -47,7 +47,8 @@ class ServerMetrics {
  public:
   enum Method {
     kRegister, kHeartbeat, kInitParameters, kPushGradients, kPullParameters,
-    kBnSync, kStartStep, kFinishStep, kGetStatus, kNumMethods
+    kBnSync, kStartStep, kFinishStep, kGetStatus, kRollback, kGetDigest,
+    kNumMethods
   };
   // The phases of proto::BnPhase, in its order.
   enum BnPhase {

@@ -14,15 +14,33 @@
 // relaunch, with a new incarnation) only if it never took part in the job on
 // this shard, which Register defines exactly; otherwise it stays lost.
 //
+// Under --on_worker_loss=wait a lost worker is only logged: steps that need
+// it wait for it up to their deadlines, and a process that registers with
+// its id (a restart, with another incarnation) takes its place at once.
+//
+// Checkpoints (with a checkpoint_dir): at every checkpoint_every-th step
+// boundary of the store (server/parameter_store.h; under the bulk-synchronous
+// policies one all shards pass) the shard copies its state -- parameters,
+// optimizer state, exactly-once records, BN running statistics, membership,
+// clocks, the job's config and generation -- and a writer thread saves it
+// (server/checkpoint.h). Created with a checkpoint_dir that holds one, the
+// shard starts from the newest good checkpoint ("resumed from step K") and
+// then needs a rollback: every generation-checked call is refused until a
+// worker rolls the job back (Rollback). Job generations: proto/bnps.proto.
+//
 // Thread-safety: thread-safe.
 
 #ifndef BNPS_SERVER_SHARD_H_
 #define BNPS_SERVER_SHARD_H_
 
+#include <deque>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -33,8 +51,12 @@
 #include "server/membership.h"
 #include "server/parameter_store.h"
 #include "policy/policy.h"
+#include "proto/bnps.pb.h"
 
 namespace bnps::server {
+
+// The job as the wire describes it.
+proto::JobConfig ToJobConfig(const struct ShardOptions& options);
 
 struct ShardOptions {
   std::string job = "bnps";                  // Default: "bnps"
@@ -51,6 +73,13 @@ struct ShardOptions {
   absl::Duration tick = absl::Milliseconds(20);          // Default: 20 ms
   bool start_ticker = true;                  // Default: true
   std::function<absl::Time()> now = absl::Now;  // Default: absl::Now
+  // Where checkpoints are written and read; empty: none. Default: none.
+  std::string checkpoint_dir;
+  // A checkpoint every this many steps (parameter versions); 0: only on
+  // request (CheckpointNow). Default: 0.
+  int64_t checkpoint_every = 0;
+  // This server process, as the wire names it; 0: a random one. Default: 0.
+  uint64_t server_incarnation = 0;
 };
 
 class Shard {
@@ -79,9 +108,78 @@ class Shard {
   // running stats), and its clock is 0 (no FinishStep, shard 0 under async).
   // Under shrink the job must also not have begun here without it: no push
   // or BN contribution of any worker was accepted, and every clock is 0.
-  // Otherwise FAILED_PRECONDITION saying why. Errors for the id and the
-  // incarnation as Membership's.
+  // Otherwise FAILED_PRECONDITION saying why. Under --on_worker_loss=wait
+  // another incarnation takes the worker's place whether it is live or lost
+  // (a restarted process; it then rolls the job back). Errors for the id and
+  // the incarnation as Membership's.
   absl::Status Register(int worker, uint64_t incarnation);
+
+  // Whether `worker` took part in the job here (as Register's rule above).
+  bool TookPart(int worker) const;
+
+  // Job generations (proto/bnps.proto). OK if a call of `generation` may
+  // proceed; ABORTED containing proto::kRollsBackText otherwise.
+  absl::Status CheckGeneration(int64_t generation) const;
+  // CheckGeneration, holding off any rollback while the guard lives: a call
+  // checked under a guard reaches the store, the BN aggregator or the clocks
+  // before a rollback or after it, never across. What a guarded section
+  // calls must not wait (the components answer through callbacks).
+  class GenerationGuard {
+   public:
+    GenerationGuard(const Shard* shard, int64_t generation)
+        ABSL_SHARED_LOCK_FUNCTION(shard->rollback_mu_)
+        : mu_(&shard->rollback_mu_) {
+      mu_->ReaderLock();
+      status_ = shard->CheckGeneration(generation);
+    }
+    ~GenerationGuard() ABSL_UNLOCK_FUNCTION() { mu_->ReaderUnlock(); }
+    GenerationGuard(const GenerationGuard&) = delete;
+    GenerationGuard& operator=(const GenerationGuard&) = delete;
+    const absl::Status& status() const { return status_; }
+
+   private:
+    absl::Mutex* const mu_;
+    absl::Status status_;
+  };
+  // Restores checkpoint `step` (its newest good one for a negative step:
+  // under async, where the shards' checkpoints are not of one moment) as
+  // `generation` (proto::RollbackRequest):
+  // returns the step decided for `generation`. Waiting calls fail with
+  // ABORTED (kRollsBackText). FAILED_PRECONDITION for an older generation
+  // or without a checkpoint_dir; NOT_FOUND or DATA_LOSS for a checkpoint
+  // that is not there or bad.
+  absl::StatusOr<int64_t> Rollback(int64_t generation, int64_t step);
+  // Where `worker` resumes after a rollback, as far as this shard knows: the
+  // lowest step of it not applied here (under async also its clock on shard
+  // 0); the restored step if the shard holds no parameters.
+  int64_t ResumeStep(int worker) const;
+  struct GenerationInfo {
+    int64_t generation = 0;
+    bool needs_rollback = false;
+    int64_t restored_step = -1;  // -1: never restored
+  };
+  GenerationInfo generation() const;
+  uint64_t server_incarnation() const { return incarnation_; }
+
+  // SHA-256s of the parameters (their float32 bytes) and of the BN layers'
+  // running statistics ("bn/<layer>": mean then var, float64 bytes), in key
+  // order, and the smallest parameter version (proto::DigestResponse).
+  struct Digest {
+    std::vector<std::pair<std::string, std::string>> entries;
+    int64_t step = 0;
+  };
+  Digest ComputeDigest() const;
+
+  // Writes a checkpoint: under the bulk-synchronous policies, waits until
+  // the step boundaries already taken are on disk (a step boundary is the
+  // only consistent state); under async, also takes the state now and
+  // writes it. FAILED_PRECONDITION without a checkpoint_dir.
+  absl::Status CheckpointNow();
+  // Blocks until every checkpoint taken so far is written; its status.
+  absl::Status FlushCheckpoints();
+
+  // When this process last wrote a checkpoint file; nullopt before the first.
+  std::optional<absl::Time> last_checkpoint_written() const;
 
   // INVALID_ARGUMENT unless this shard owns `key` (proto/sharding.h).
   absl::Status CheckOwned(const std::string& key) const;
@@ -104,6 +202,16 @@ class Shard {
   // Fails or drops the workers lost as of `now`.
   void HandleLosses(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(join_mu_);
 
+  // A checkpoint's worth of state, taken at a boundary, written later.
+  struct Taken;
+  // Called by the store at a step boundary, with its lock held.
+  void OnBoundary(int64_t step, StoreState store);
+  void WriterLoop();
+  // Restores `payload` (a serialized proto::ShardCheckpoint). INVALID_ARGUMENT
+  // for a checkpoint of another job config.
+  absl::Status Restore(const std::string& payload, const std::string& from,
+                       const absl::Status& why);
+
   const ShardOptions options_;
   ParameterStore store_;
   BnAggregator bn_;
@@ -112,6 +220,22 @@ class Shard {
   // Held while a worker turns lost (Tick) or rejoins (Register), so that a
   // rejoin sees a loss either not at all or applied to every component.
   absl::Mutex join_mu_;
+
+  uint64_t incarnation_ = 0;
+
+  // Shared by generation-checked calls (GenerationGuard), exclusive for a
+  // rollback.
+  mutable absl::Mutex rollback_mu_;
+  mutable absl::Mutex gen_mu_;
+  GenerationInfo gen_ ABSL_GUARDED_BY(gen_mu_);
+
+  mutable absl::Mutex writer_mu_;
+  std::deque<std::unique_ptr<Taken>> to_write_ ABSL_GUARDED_BY(writer_mu_);
+  bool writing_ ABSL_GUARDED_BY(writer_mu_) = false;
+  bool stop_writer_ ABSL_GUARDED_BY(writer_mu_) = false;
+  absl::Status write_status_ ABSL_GUARDED_BY(writer_mu_);
+  std::optional<absl::Time> last_written_ ABSL_GUARDED_BY(writer_mu_);
+  std::thread writer_;
 
   absl::Notification stop_;
   std::thread ticker_;

@@ -11,6 +11,7 @@
 #include "grpcpp/impl/codegen/proto_utils.h"
 #include "proto/codec.h"
 #include "security/job_token.h"
+#include "server/checkpoint.h"
 #include "proto/limits.h"
 #include "proto/tensor_wire.h"
 #include "server/rpc_util.h"
@@ -25,8 +26,9 @@ using M = ServerMetrics;  // its enums; metrics_ may be null everywhere
 class PushReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
  public:
   PushReactor(Shard* shard, ScratchPool* scratch, grpc::ByteBuffer* resp,
-              ServerMetrics* metrics)
+              ServerMetrics* metrics, int64_t generation)
       : shard_(shard),
+        generation_(generation),
         scratch_(scratch),
         metrics_(metrics),
         resp_(resp),
@@ -104,6 +106,8 @@ class PushReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   }
 
   absl::Status PushTensor(const std::string& key) {
+    Shard::GenerationGuard guard(shard_, generation_);
+    if (!guard.status().ok()) return guard.status();
     absl::StatusOr<ParameterStore::PushResult> r = shard_->store().Push(
         worker_, step_, key, reader_.shape(),
         absl::MakeConstSpan(staging_.data(), staged_), samples_);
@@ -133,6 +137,7 @@ class PushReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
       proto::PushGradientsRequest::kChunksFieldNumber;
 
   Shard* const shard_;
+  const int64_t generation_;  // the call's
   ScratchPool* const scratch_;
   ServerMetrics* const metrics_;  // may be null
   grpc::ByteBuffer* const resp_;
@@ -168,6 +173,8 @@ class PullReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     for (const std::string& key : keys) {
       if (s.ok()) s = shard->CheckOwned(key);
     }
+    Shard::GenerationGuard guard(shard, CallGeneration(*ctx));
+    if (s.ok()) s = guard.status();
     if (!s.ok()) {
       Done(s);
       return;
@@ -249,8 +256,8 @@ class PullReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
 class BnReactor
     : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
-  BnReactor(Shard* shard, ServerMetrics* metrics)
-      : shard_(shard), metrics_(metrics) {
+  BnReactor(Shard* shard, ServerMetrics* metrics, int64_t generation)
+      : shard_(shard), metrics_(metrics), generation_(generation) {
     StartRead(&req_);
   }
 
@@ -368,6 +375,9 @@ class BnReactor
     };
     absl::Status s = shard_->CheckCaller(req.job(), worker);
     if (s.ok()) s = shard_->CheckOwned(req.layer());
+    // BN_RUNNING only reads; the rest must be of the job's generation.
+    Shard::GenerationGuard guard(shard_, generation_);
+    if (s.ok() && req.phase() != proto::BN_RUNNING) s = guard.status();
     if (!s.ok()) {
       reply(s);
       return;
@@ -453,6 +463,7 @@ class BnReactor
 
   Shard* const shard_;
   ServerMetrics* const metrics_;  // may be null
+  const int64_t generation_;  // the stream's
   // Touched only by the read path.
   grpc::ByteBuffer req_;
   proto::BnRequest msg_;
@@ -469,24 +480,6 @@ class BnReactor
 };
 
 }  // namespace
-
-proto::JobConfig ToJobConfig(const ShardOptions& o) {
-  proto::JobConfig c;
-  c.set_job(o.job);
-  c.set_num_workers(o.num_workers);
-  c.set_num_shards(o.num_shards);
-  c.set_shard(o.shard);
-  c.set_policy(policy::ToProto(o.policy));
-  c.set_staleness(o.staleness);
-  c.set_learning_rate(o.optimizer.learning_rate);
-  c.set_momentum(o.optimizer.momentum);
-  c.set_weight_decay(o.optimizer.weight_decay);
-  c.set_bn_momentum(o.bn_momentum);
-  c.set_barrier_timeout_ms(absl::ToInt64Milliseconds(o.barrier_timeout));
-  c.set_heartbeat_timeout_ms(absl::ToInt64Milliseconds(o.heartbeat_timeout));
-  c.set_worker_loss(policy::ToProto(o.worker_loss));
-  return c;
-}
 
 absl::Status ShardService::Authenticate(
     const grpc::CallbackServerContext& ctx) const {
@@ -534,7 +527,11 @@ grpc::ServerUnaryReactor* ShardService::Register(
         o.num_shards, " shards"));
   }
   if (s.ok()) s = shard_->Register(req.worker(), req.incarnation());
-  if (s.ok()) *resp.mutable_config() = ToJobConfig(o);
+  if (s.ok()) {
+    *resp.mutable_config() = ToJobConfig(o);
+    resp.set_server_incarnation(shard_->server_incarnation());
+    resp.set_generation(shard_->generation().generation);
+  }
   return Answer(M::kRegister, ctx, *raw, worker, s, &resp, out);
 }
 
@@ -552,6 +549,10 @@ grpc::ServerUnaryReactor* ShardService::Heartbeat(
   }
   if (s.ok()) {
     for (int w : shard_->membership().LiveWorkers()) resp.add_live_workers(w);
+    const Shard::GenerationInfo g = shard_->generation();
+    resp.set_server_incarnation(shard_->server_incarnation());
+    resp.set_generation(g.generation);
+    resp.set_needs_rollback(g.needs_rollback);
   }
   return Answer(M::kHeartbeat, ctx, *raw, worker, s, &resp, out);
 }
@@ -564,6 +565,8 @@ grpc::ServerUnaryReactor* ShardService::InitParameters(
   absl::Status s = Admit(*ctx, *raw, &req);
   const int worker = s.ok() ? req.worker() : -1;
   if (s.ok()) s = shard_->CheckCaller(req.job(), req.worker());
+  Shard::GenerationGuard guard(shard_, CallGeneration(*ctx));
+  if (s.ok()) s = guard.status();
   for (const proto::NamedTensor& p : req.parameters()) {
     if (!s.ok()) break;
     if (p.key().empty() || p.key().size() > proto::kMaxKeyBytes) {
@@ -601,12 +604,23 @@ grpc::ServerReadReactor<grpc::ByteBuffer>* ShardService::PushGradients(
     if (metrics_) metrics_->Request(M::kPushGradients, s.code());
     return new Refused<grpc::ServerReadReactor<grpc::ByteBuffer>>(s);
   }
-  return new PushReactor(shard_, &scratch_, resp, metrics_);
+  if (absl::Status s = shard_->CheckGeneration(CallGeneration(*ctx)); !s.ok()) {
+    LogRejected(*shard_, "PushGradients", -1, s);
+    if (metrics_) metrics_->Request(M::kPushGradients, s.code());
+    return new Refused<grpc::ServerReadReactor<grpc::ByteBuffer>>(s);
+  }
+  return new PushReactor(shard_, &scratch_, resp, metrics_,
+                         CallGeneration(*ctx));
 }
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* ShardService::PullParameters(
     grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req) {
   if (absl::Status s = Authenticate(*ctx); !s.ok()) {
+    LogRejected(*shard_, "PullParameters", -1, s);
+    if (metrics_) metrics_->Request(M::kPullParameters, s.code());
+    return new Refused<grpc::ServerWriteReactor<grpc::ByteBuffer>>(s);
+  }
+  if (absl::Status s = shard_->CheckGeneration(CallGeneration(*ctx)); !s.ok()) {
     LogRejected(*shard_, "PullParameters", -1, s);
     if (metrics_) metrics_->Request(M::kPullParameters, s.code());
     return new Refused<grpc::ServerWriteReactor<grpc::ByteBuffer>>(s);
@@ -622,7 +636,7 @@ ShardService::BnSync(grpc::CallbackServerContext* ctx) {
     return new Refused<
         grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>>(s);
   }
-  return new BnReactor(shard_, metrics_);
+  return new BnReactor(shard_, metrics_, CallGeneration(*ctx));
 }
 
 grpc::ServerUnaryReactor* ShardService::StartStep(
@@ -632,6 +646,8 @@ grpc::ServerUnaryReactor* ShardService::StartStep(
   absl::Status s = Admit(*ctx, *raw, &req);
   const int worker = s.ok() ? req.worker() : -1;
   if (s.ok()) s = shard_->CheckCaller(req.job(), req.worker());
+  Shard::GenerationGuard guard(shard_, CallGeneration(*ctx));
+  if (s.ok()) s = guard.status();
   if (s.ok() && shard_->clocks() == nullptr) {
     s = absl::FailedPreconditionError(
         "step clocks are kept by shard 0 under the async policy only");
@@ -665,6 +681,8 @@ grpc::ServerUnaryReactor* ShardService::FinishStep(
   absl::Status s = Admit(*ctx, *raw, &req);
   const int worker = s.ok() ? req.worker() : -1;
   if (s.ok()) s = shard_->CheckCaller(req.job(), req.worker());
+  Shard::GenerationGuard guard(shard_, CallGeneration(*ctx));
+  if (s.ok()) s = guard.status();
   if (s.ok() && shard_->clocks() == nullptr) {
     s = absl::FailedPreconditionError(
         "step clocks are kept by shard 0 under the async policy only");
@@ -695,6 +713,20 @@ grpc::ServerUnaryReactor* ShardService::GetStatus(
     ws->set_ms_since_heartbeat(
         workers[w].registered ? absl::ToInt64Milliseconds(now - workers[w].last_seen)
                               : -1);
+    ws->set_took_part(shard_->TookPart(static_cast<int>(w)));
+  }
+  const Shard::GenerationInfo g = shard_->generation();
+  resp.set_server_incarnation(shard_->server_incarnation());
+  resp.set_generation(g.generation);
+  resp.set_needs_rollback(g.needs_rollback);
+  resp.set_restored_step(g.restored_step);
+  resp.set_checkpoint_dir(shard_->options().checkpoint_dir);
+  if (!shard_->options().checkpoint_dir.empty()) {
+    absl::StatusOr<std::vector<int64_t>> steps =
+        ListCheckpoints(shard_->options().checkpoint_dir);
+    if (steps.ok()) {
+      for (int64_t k : *steps) resp.add_checkpoint_steps(k);
+    }
   }
   if (metrics_) metrics_->FillStatus(&resp);
   const ParameterStore::Stats stats = shard_->store().GetStats();
@@ -705,6 +737,45 @@ grpc::ServerUnaryReactor* ShardService::GetStatus(
   resp.set_num_bn_layers(shard_->bn().num_layers());
   return Answer(M::kGetStatus, ctx, *raw, -1, absl::OkStatus(),
                 &resp, out);
+}
+
+grpc::ServerUnaryReactor* ShardService::Rollback(
+    grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* raw,
+    grpc::ByteBuffer* out) {
+  proto::RollbackRequest req;
+  proto::RollbackResponse resp;
+  absl::Status s = Admit(*ctx, *raw, &req);
+  const int worker = s.ok() ? req.worker() : -1;
+  if (s.ok()) s = shard_->CheckCaller(req.job(), req.worker());
+  if (s.ok()) {
+    absl::StatusOr<int64_t> step = shard_->Rollback(req.generation(), req.step());
+    s = step.status();
+    if (s.ok()) {
+      resp.set_generation(req.generation());
+      resp.set_step(*step);
+      resp.set_resume_step(shard_->ResumeStep(req.worker()));
+    }
+  }
+  return Answer(M::kRollback, ctx, *raw, worker, s, &resp, out);
+}
+
+grpc::ServerUnaryReactor* ShardService::GetDigest(
+    grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* raw,
+    grpc::ByteBuffer* out) {
+  proto::DigestRequest req;
+  if (absl::Status s = Admit(*ctx, *raw, &req); !s.ok()) {
+    return Answer(M::kGetDigest, ctx, *raw, -1, s);
+  }
+  proto::DigestResponse resp;
+  const Shard::Digest digest = shard_->ComputeDigest();
+  for (const auto& [key, hash] : digest.entries) {
+    proto::DigestResponse::Entry* e = resp.add_entries();
+    e->set_key(key);
+    e->set_sha256(hash);
+  }
+  resp.set_step(digest.step);
+  return Answer(M::kGetDigest, ctx, *raw, -1, absl::OkStatus(), &resp,
+                out);
 }
 
 }  // namespace bnps::server

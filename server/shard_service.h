@@ -8,7 +8,11 @@
 // against the store (key, shape, step) at each tensor's first chunk, before
 // room is reserved for the size the sender declares. With a job token
 // (security/job_token.h), a call that does not carry it is refused with
-// UNAUTHENTICATED before its request is looked at.
+// UNAUTHENTICATED before its request is looked at. The training calls
+// (InitParameters, PushGradients, PullParameters, BnSync but BN_RUNNING,
+// StartStep, FinishStep) must be of the shard's job generation
+// (proto/bnps.proto, "Job generations"), or get ABORTED "... the job rolls
+// back ..."; each runs under a Shard::GenerationGuard.
 // Thread-safety: thread-safe. The Shard must outlive the service.
 
 #ifndef BNPS_SERVER_SHARD_SERVICE_H_
@@ -24,8 +28,6 @@
 
 namespace bnps::server {
 
-// The job as the wire describes it.
-proto::JobConfig ToJobConfig(const ShardOptions& options);
 
 // Every method uses the callback API, and every one is raw: the service
 // parses requests itself, so bytes that do not parse get INVALID_ARGUMENT with
@@ -42,7 +44,9 @@ using ShardServiceBase = proto::ParameterServer::WithRawCallbackMethod_Register<
     proto::ParameterServer::WithRawCallbackMethod_StartStep<
     proto::ParameterServer::WithRawCallbackMethod_FinishStep<
     proto::ParameterServer::WithRawCallbackMethod_GetStatus<
-    proto::ParameterServer::Service>>>>>>>>>;  // NOLINT: one per method
+    proto::ParameterServer::WithRawCallbackMethod_Rollback<
+    proto::ParameterServer::WithRawCallbackMethod_GetDigest<
+    proto::ParameterServer::Service>>>>>>>>>>>;  // NOLINT: one per method
 
 class ShardService final : public ShardServiceBase {
  public:
@@ -76,6 +80,12 @@ class ShardService final : public ShardServiceBase {
                                        const grpc::ByteBuffer* req,
                                        grpc::ByteBuffer* resp) override;
   grpc::ServerUnaryReactor* GetStatus(grpc::CallbackServerContext* ctx,
+                                      const grpc::ByteBuffer* req,
+                                      grpc::ByteBuffer* resp) override;
+  grpc::ServerUnaryReactor* Rollback(grpc::CallbackServerContext* ctx,
+                                     const grpc::ByteBuffer* req,
+                                     grpc::ByteBuffer* resp) override;
+  grpc::ServerUnaryReactor* GetDigest(grpc::CallbackServerContext* ctx,
                                       const grpc::ByteBuffer* req,
                                       grpc::ByteBuffer* resp) override;
 

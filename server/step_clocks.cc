@@ -1,5 +1,7 @@
 #include "server/step_clocks.h"
 
+#include <algorithm>
+
 #include <optional>
 #include <utility>
 
@@ -79,6 +81,10 @@ absl::Status StepClocks::FinishStep(int worker, int64_t completed) {
     if (table_.IsValidWorker(worker) && !failed_[worker].ok()) {
       return failed_[worker];  // the job dropped it: its clock stays
     }
+    if (restored_ && table_.IsValidWorker(worker) &&
+        completed < table_.clock(worker)) {
+      return absl::OkStatus();  // a step replayed after a rollback
+    }
     s = table_.Advance(worker, completed);
     if (s.ok()) Collect(&ready);
   }
@@ -111,6 +117,48 @@ absl::Status StepClocks::RestoreWorker(int worker) {
   absl::MutexLock lock(&mu_);
   if (absl::Status s = table_.Restore(worker); !s.ok()) return s;
   failed_[worker] = absl::OkStatus();
+  return absl::OkStatus();
+}
+
+absl::Status StepClocks::Restore(const std::vector<int64_t>& clocks,
+                                 const absl::Status& why) {
+  Ready ready;
+  {
+    absl::MutexLock lock(&mu_);
+    if (clocks.size() != static_cast<size_t>(table_.num_workers())) {
+      return absl::InvalidArgumentError("checkpointed clocks of another job");
+    }
+    absl::StatusOr<staleness::ClockTable> fresh =
+        staleness::ClockTable::Create(table_.num_workers(), table_.staleness());
+    if (!fresh.ok()) return fresh.status();
+    int64_t top = 0;
+    for (int64_t c : clocks) {
+      if (c < 0) return absl::InvalidArgumentError("negative checkpointed clock");
+      top = std::max(top, c);
+    }
+    // Level by level, as the workers got there: the table checks the bound
+    // at every step.
+    for (int64_t level = 1; level <= top; ++level) {
+      for (int w = 0; w < table_.num_workers(); ++w) {
+        if (clocks[w] < level) continue;
+        if (absl::Status s = fresh->Advance(w, level); !s.ok()) return s;
+      }
+    }
+    for (int w = 0; w < table_.num_workers(); ++w) {
+      if (!table_.IsLive(w)) {
+        if (absl::Status s = fresh->Remove(w); !s.ok()) return s;
+      }
+    }
+    table_ = *std::move(fresh);
+    restored_ = true;
+    TakeAnswered(
+        &waiters_,
+        [&](const Waiter&) -> std::optional<absl::StatusOr<int64_t>> {
+          return absl::StatusOr<int64_t>(why);
+        },
+        &ready);
+  }
+  for (auto& fn : ready) fn();
   return absl::OkStatus();
 }
 

@@ -41,6 +41,12 @@ class StepClocks {
   // Undoes RemoveWorker and FailWorker; as ClockTable::Restore.
   absl::Status RestoreWorker(int worker);
   void ExpireDeadlines(absl::Time now);
+  // Sets every worker's clock to `clocks` (a checkpoint's); waiting
+  // StartSteps fail with `why`. From then on a FinishStep below the
+  // worker's clock (a step replayed after the rollback) is acknowledged. INVALID_ARGUMENT for another worker count
+  // or a negative clock.
+  absl::Status Restore(const std::vector<int64_t>& clocks,
+                       const absl::Status& why);
 
   int64_t clock(int worker) const;
 
@@ -63,6 +69,9 @@ class StepClocks {
   staleness::ClockTable table_ ABSL_GUARDED_BY(mu_);
   std::vector<absl::Status> failed_ ABSL_GUARDED_BY(mu_);
   std::vector<Waiter> waiters_ ABSL_GUARDED_BY(mu_);
+  // Restored from a checkpoint: a worker replays steps it had finished, and
+  // a FinishStep below its clock is acknowledged.
+  bool restored_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace bnps::server

@@ -208,6 +208,22 @@ class EveryMethod {
       out["GetStatus"] =
           stub_->GetStatus(&ctx, proto::StatusRequest(), &resp).error_code();
     }
+    {
+      grpc::ClientContext ctx;
+      Prepare(&ctx);
+      proto::RollbackRequest req;
+      req.set_job("bnps");
+      req.set_generation(1);
+      proto::RollbackResponse resp;
+      out["Rollback"] = stub_->Rollback(&ctx, req, &resp).error_code();
+    }
+    {
+      grpc::ClientContext ctx;
+      Prepare(&ctx);
+      proto::DigestResponse resp;
+      out["GetDigest"] =
+          stub_->GetDigest(&ctx, proto::DigestRequest(), &resp).error_code();
+    }
     return out;
   }
 

@@ -110,14 +110,15 @@ class CommandLineTest(OneLineErrors, unittest.TestCase):
     FLAGS = {
         SERVER: ["--host", "--port", "--policy", "--token_file", "--tls_cert",
                  "--tls_key", "--tls_client_ca", "--metrics_port",
-                 "--metrics_address"],
+                 "--metrics_address", "--checkpoint_dir",
+                 "--checkpoint_every_steps", "--on_worker_loss"],
         WORKER: ["--servers", "--connect_timeout_s", "--rpc_timeout_s",
                  "--token_file", "--tls_ca",
                  "--tls_cert", "--tls_key", "--metrics_port",
                  "--metrics_address", "--metrics_linger_s"],
         STATUS: ["--servers", "--timeout_ms", "--token_file", "--tls_ca",
                  "--tls_cert", "--tls_key", "--json", "--watch",
-                 "--interval_s", "--count"],
+                 "--interval_s", "--count", "--digest"],
     }
 
     def test_help_lists_every_flag_and_exits_0(self):

@@ -31,6 +31,15 @@ exits non-zero: 1 for a failed process, 124 on timeout, 128+N on signal N
 (130 for Ctrl-C), 2 for bad usage. Children also get SIGTERM from the kernel
 if the launcher itself dies (PR_SET_PDEATHSIG), so none outlives it.
 
+Restarts (--restart=on-failure): a worker that exits non-zero, or a server
+that exits before the workers are done, is started again with the same
+command (a server on the port it had, from its checkpoints in
+<checkpoint_dir>/shard<i>), at most --max_restarts times in all; each restart
+is one line "restarting NAME (restart K of N): it ...". The job then rolls back
+to the newest step every server has a checkpoint of (docs/reliability.md). It
+needs --checkpoint_every_steps (default 10 with --restart); restarted workers
+need --on_worker_loss=wait under sync.
+
 Options given to both servers and workers: --policy, --job, --staleness,
 --learning_rate, --momentum, --weight_decay (the worker checks they match the
 servers), --token_file (the job token). Servers only: --bn_momentum,
@@ -110,7 +119,17 @@ def parse_args(argv):
         p.add_argument("--" + name, type=typ, help="to servers")
     for name, server_name in SERVER_RENAMED_OPTIONS:
         p.add_argument("--" + name, help="to servers as --" + server_name)
-    p.add_argument("--on_worker_loss", choices=["fail", "shrink"], help="to servers")
+    p.add_argument("--on_worker_loss", choices=["fail", "shrink", "wait"],
+                   help="to servers")
+    p.add_argument("--restart", choices=["no", "on-failure"], default="no",
+                   help="start a process that died again (default no)")
+    p.add_argument("--max_restarts", type=int, default=3,
+                   help="restarts allowed in all with --restart=on-failure (default 3)")
+    p.add_argument("--checkpoint_dir",
+                   help="servers' checkpoints go to <dir>/shard<i> (default with "
+                   "--restart: <out_dir>/checkpoints)")
+    p.add_argument("--checkpoint_every_steps", type=int,
+                   help="to servers (default with --restart: 10)")
     p.add_argument("--metrics_port_base", type=int,
                    help="serve Prometheus metrics: server s on port P+s, worker i "
                    "on P+S+i (default: none)")
@@ -151,6 +170,10 @@ def check_args(args, extra):
             and args.metrics_port_base + args.servers + args.workers <= 65536):
         raise UsageError("--metrics_port_base leaves no room for %d ports"
                          % (args.servers + args.workers))
+    if args.max_restarts < 0:
+        raise UsageError("--max_restarts must be >= 0")
+    if args.checkpoint_every_steps is not None and args.checkpoint_every_steps < 0:
+        raise UsageError("--checkpoint_every_steps must be >= 0")
     for flag in extra:
         if not flag.startswith("--") or flag == "--":
             raise UsageError("worker flags must be written --flag=value; got %r" % flag)
@@ -197,6 +220,11 @@ def server_command(args, shard):
         cmd.append("--on_worker_loss=" + args.on_worker_loss)
     if args.metrics_port_base is not None:
         cmd.append("--metrics_port=%d" % (args.metrics_port_base + shard))
+    if args.checkpoint_dir:
+        cmd.append("--checkpoint_dir=" + os.path.join(args.checkpoint_dir,
+                                                      "shard%d" % shard))
+    if args.checkpoint_every_steps is not None:
+        cmd.append("--checkpoint_every_steps=%d" % args.checkpoint_every_steps)
     return cmd
 
 
@@ -273,19 +301,49 @@ def start_workers(args, extra, addresses, out_dir, procs, console):
     return workers
 
 
-def wait_for_workers(args, servers, workers, procs, interrupt, deadline):
-    """Returns when every worker exited 0; raises Failure otherwise."""
+def restart(args, group, i, procs, console, budget, why):
+    """Starts group[i] again (same command; a server on its port) if
+    --restart allows; returns whether it did."""
+    if args.restart != "on-failure" or budget[0] >= args.max_restarts:
+        return False
+    budget[0] += 1
+    old = group[i]
+    cmd = list(old.cmd)
+    if old.address:  # a server comes back where the workers look for it
+        cmd = [("--port=" + old.address.rsplit(":", 1)[1])
+               if c.startswith("--port=") else c for c in cmd]
+    proc = Proc(old.name, cmd, old.log_path)
+    proc.restarts = old.restarts + 1
+    say(console, "restarting %s (restart %d of %d): it %s"
+        % (old.name, budget[0], args.max_restarts, why))
+    procs.append(proc)
+    group[i] = proc
+    start(proc, console)
+    return True
+
+
+def wait_for_workers(args, servers, workers, procs, interrupt, deadline,
+                     console=None):
+    """Returns when every worker exited 0; raises Failure otherwise (after
+    the restarts --restart allows)."""
+    budget = [0]  # restarts used
     while True:  # Bounded by deadline (check_deadline raises).
         check_interrupt(interrupt)
-        for w in workers:
+        for i, w in enumerate(workers):
             code = w.returncode()
             if code is not None and code != 0:
+                if restart(args, workers, i, procs, console, budget,
+                           describe_exit(code)):
+                    continue
                 raise Failure("worker %s %s" % (w.name, describe_exit(code)), proc=w)
         if all(w.returncode() == 0 for w in workers):
             return
-        for s in servers:
+        for i, s in enumerate(servers):
             code = s.returncode()
             if code is not None:
+                if restart(args, servers, i, procs, console, budget,
+                           describe_exit(code) + " before the workers finished"):
+                    continue
                 raise Failure("server %s %s before the workers finished"
                               % (s.name, describe_exit(code)), proc=s)
         check_deadline(deadline, args.timeout_s, procs)
@@ -442,7 +500,8 @@ def run_cluster(args, extra, argv, out_dir, console, interrupt):
     try:
         servers, addresses = start_servers(args, out_dir, procs, console, interrupt, deadline)
         workers = start_workers(args, extra, addresses, out_dir, procs, console)
-        wait_for_workers(args, servers, workers, procs, interrupt, deadline)
+        wait_for_workers(args, servers, workers, procs, interrupt, deadline,
+                         console)
     except Failure as failure:
         console.end_status()
         exited = [p for p in procs if p.returncode() not in (None, 0)]
@@ -477,6 +536,12 @@ def main(argv=None):
             return 1
         check_binaries(args.bin_dir)
         out_dir = make_out_dir(args)
+        if args.restart == "on-failure":
+            # A restarted server resumes from its checkpoints.
+            if not args.checkpoint_dir:
+                args.checkpoint_dir = os.path.join(out_dir, "checkpoints")
+            if args.checkpoint_every_steps is None:
+                args.checkpoint_every_steps = 10
     except UsageError as e:
         print("bnps_launch: error: %s" % e, file=sys.stderr)
         return 2

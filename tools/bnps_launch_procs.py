@@ -97,6 +97,7 @@ class Proc:
         self.stderr_tail = collections.deque(maxlen=TAIL_LINES)
         self.address = None
         self.listening = threading.Event()
+        self.restarts = 0  # times this process was started again
 
     def running(self):
         return self.popen is not None and self.popen.poll() is None
@@ -118,7 +119,9 @@ def die_with_parent():
 
 
 def start(proc, console):
-    proc.log = open(proc.log_path, "w", encoding="utf-8", errors="replace")
+    # A restarted process appends to the log of the one it replaces.
+    proc.log = open(proc.log_path, "a" if proc.restarts else "w",
+                    encoding="utf-8", errors="replace")
     proc.log.write("# " + shlex.join(proc.cmd) + "\n")
     proc.log.flush()
     # A session of their own: a terminal's Ctrl-C reaches only the launcher,

@@ -65,6 +65,12 @@ for i in range(600):  # At most 60 s.
     if mode == "exit_early" and shard == 1 and i == 5:
         print("bnps_server: giving up", file=sys.stderr, flush=True)
         sys.exit(0)
+    # Dies once (killed, say); started again it runs on.
+    once = os.path.join(piddir or ".", "s%d.died" % shard)
+    if mode == "die_once" and shard == 1 and i == 2 and not os.path.exists(once):
+        open(once, "w").close()
+        print("bnps_server: dying once", file=sys.stderr, flush=True)
+        sys.exit(9)
     time.sleep(0.1)
 sys.exit(5)
 '''
@@ -89,6 +95,13 @@ def hang():
         time.sleep(0.1)
     sys.exit(6)
 
+once = os.path.join(piddir or ".", "w%d.died" % me)
+if flags.get("fake_fail_once_worker") == str(me) and not os.path.exists(once):
+    open(once, "w").close()
+    print("bnps_worker: dying once", file=sys.stderr, flush=True)
+    sys.exit(3)
+if flags.get("fake_fail_once_worker") == str(me):
+    time.sleep(0.5)  # the restarted worker outlives the dying server
 if flags.get("fake_fail_worker") == str(me):
     print("step 1/10 epoch 1 loss 2.3 acc 0.1 img/s 100 stale 0", flush=True)
     time.sleep(0.3)
@@ -306,6 +319,33 @@ class LauncherTest(unittest.TestCase):
                       r.stdout)
         self.assertIn("giving up", r.stdout.split("FAILED")[1])
         self.assert_all_gone(self.all_names())
+
+    def test_restart_on_failure_restarts_a_dead_worker_and_server(self):
+        r = self.launch("--restart=on-failure", "--fake_fail_once_worker=1",
+                        "--fake_steps=40", server_mode="die_once")
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertRegex(r.stdout, r"restarting w1 \(restart [12] of 3\): it exited "
+                         r"with code 3")
+        self.assertRegex(r.stdout, r"restarting s1 \(restart [12] of 3\): it exited "
+                         r"with code 9 before the workers finished")
+        # The server came back on its port, from its checkpoints.
+        with open(os.path.join(self.pid_dir, "s1.args")) as f:
+            args = f.read().split("\n")
+        self.assertIn("--port=40001", args)
+        self.assertIn("--checkpoint_dir=" + os.path.join(self.out_dir, "checkpoints",
+                                                         "shard1"), args)
+        self.assertIn("--checkpoint_every_steps=10", args)
+        with open(os.path.join(self.out_dir, "w1.log")) as f:
+            self.assertIn("dying once", f.read())  # the log keeps both runs
+
+    def test_restarts_are_bounded(self):
+        r = self.launch("--restart=on-failure", "--max_restarts=0",
+                        "--fake_fail_once_worker=1")
+        self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+        self.assertIn("FAILED: worker w1 exited with code 3", r.stdout)
+        self.assertNotIn("restarting", r.stdout)
+        for pid in self.started_pids():
+            self.assertFalse(pid_alive(pid), "pid %d is still running" % pid)
 
     def test_timeout_stops_a_hanging_cluster(self):
         r = self.launch("--fake_hang=1", "--timeout_s=1.5")

@@ -7,7 +7,9 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -20,6 +22,7 @@
 #include "security/security_flags.h"
 #include "tools/status_view.h"
 #include "util/command_line.h"
+#include "util/sha256.h"
 
 ABSL_FLAG(std::string, servers, "127.0.0.1:7000",
           "Comma-separated host:port of the shard servers, shard 0 first.");
@@ -35,8 +38,24 @@ ABSL_FLAG(bool, watch, false,
 ABSL_FLAG(double, interval_s, 2, "Seconds between refreshes of --watch.");
 ABSL_FLAG(int, count, 0,
           "With --watch: stop after this many refreshes (0: until Ctrl-C).");
+ABSL_FLAG(bool, digest, false,
+          "Print only one line, `params sha256 <hex> step <n>`: a SHA-256 over "
+          "every shard's parameters and BN running statistics in key order "
+          "(bit-identical runs give the same line), and the smallest "
+          "parameter version of the shards.");
 
 namespace {
+
+// A context with the job token and --timeout_ms's deadline.
+void Prepare(const bnps::security::ClientSecurity& security,
+             grpc::ClientContext* ctx) {
+  if (!security.token.empty()) {
+    ctx->AddMetadata(std::string(bnps::security::kTokenMetadataKey),
+                     security.token);
+  }
+  ctx->set_deadline(std::chrono::system_clock::now() +
+                    std::chrono::milliseconds(absl::GetFlag(FLAGS_timeout_ms)));
+}
 
 std::vector<bnps::tools::ShardAnswer> Query(
     const std::vector<std::string>& servers,
@@ -46,12 +65,7 @@ std::vector<bnps::tools::ShardAnswer> Query(
   for (size_t i = 0; i < servers.size(); ++i) {
     answers[i].address = servers[i];
     grpc::ClientContext ctx;
-    if (!security.token.empty()) {
-      ctx.AddMetadata(std::string(bnps::security::kTokenMetadataKey),
-                      security.token);
-    }
-    ctx.set_deadline(std::chrono::system_clock::now() +
-                     std::chrono::milliseconds(absl::GetFlag(FLAGS_timeout_ms)));
+    Prepare(security, &ctx);
     bnps::proto::StatusRequest req;
     bnps::proto::StatusResponse resp;
     const grpc::Status s = stubs[i]->GetStatus(&ctx, req, &resp);
@@ -62,6 +76,38 @@ std::vector<bnps::tools::ShardAnswer> Query(
     }
   }
   return answers;
+}
+
+// Prints the --digest line; 1 if a server did not answer.
+int PrintDigest(
+    const std::vector<std::string>& servers,
+    const std::vector<std::unique_ptr<bnps::proto::ParameterServer::Stub>>& stubs,
+    const bnps::security::ClientSecurity& security) {
+  std::map<std::string, std::string> entries;  // key -> its SHA-256
+  int64_t step = INT64_MAX;
+  for (size_t i = 0; i < servers.size(); ++i) {
+    grpc::ClientContext ctx;
+    Prepare(security, &ctx);
+    bnps::proto::DigestResponse resp;
+    const grpc::Status s =
+        stubs[i]->GetDigest(&ctx, bnps::proto::DigestRequest(), &resp);
+    if (!s.ok()) {
+      std::fprintf(stderr, "bnps_status: %s: no digest (%s)\n",
+                   servers[i].c_str(), s.error_message().c_str());
+      return 1;
+    }
+    for (const auto& e : resp.entries()) entries[e.key()] = e.sha256();
+    step = std::min<int64_t>(step, resp.step());
+  }
+  bnps::util::Sha256 h;
+  for (const auto& [key, hash] : entries) {
+    h.Update(key);
+    h.Update(absl::string_view("\0", 1));
+    h.Update(hash);
+  }
+  std::printf("params sha256 %s step %lld\n", bnps::util::Hex(h.Final()).c_str(),
+              static_cast<long long>(step == INT64_MAX ? 0 : step));
+  return 0;
 }
 
 }  // namespace
@@ -110,6 +156,7 @@ int main(int argc, char** argv) {
     stubs.push_back(bnps::proto::ParameterServer::NewStub(
         grpc::CreateChannel(server, security->credentials)));
   }
+  if (absl::GetFlag(FLAGS_digest)) return PrintDigest(servers, stubs, *security);
   const auto all_answered = [](const std::vector<bnps::tools::ShardAnswer>& a) {
     for (const auto& x : a) {
       if (!x.status.has_value()) return false;

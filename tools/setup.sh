@@ -23,6 +23,8 @@ done
 packages=(
   bazel-bootstrap          # Bazel 4.2.3, runs offline
   g++ pkg-config python3
+  python-is-python3        # /usr/bin/python: Bazel 4's py_test stubs start
+                           # with `#!/usr/bin/env python` (no pyenv needed)
   libgrpc++-dev protobuf-compiler-grpc protobuf-compiler libprotobuf-dev
   libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev
   libdnnl-dev              # oneDNN, CPU convolution and matrix products

@@ -82,6 +82,18 @@ void FormatShard(const ShardAnswer& a, const ViewOptions& options,
                       Short(proto::WorkerLossAction_Name(c.worker_loss()),
                             "WORKER_LOSS_"),
                       r.pushes_applied(), r.pushes_duplicate()));
+  if (!r.checkpoint_dir().empty() || r.generation() > 0) {
+    absl::StrAppend(
+        out,
+        Fit(absl::StrFormat("  generation %d%s, %d checkpoints, restored step "
+                            "%d, in %s",
+                            r.generation(),
+                            r.needs_rollback() ? " (needs a rollback)" : "",
+                            r.checkpoint_steps_size(), r.restored_step(),
+                            r.checkpoint_dir().empty() ? "-" : r.checkpoint_dir()),
+            80),
+        "\n");
+  }
   // "worker N: state" as before the columns came: scripts grep for it.
   for (const proto::WorkerStatus& w : r.workers()) {
     std::string line = absl::StrCat("  worker ", w.worker(), ": ",

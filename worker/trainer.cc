@@ -8,6 +8,7 @@
 #include "absl/strings/str_format.h"
 #include "bn/moments.h"
 #include "policy/policy.h"
+#include "proto/generation.h"
 #include "worker/nn/bn_exchange.h"
 #include "worker/server_bn_exchange.h"
 #include "worker/nn/layers.h"
@@ -152,11 +153,26 @@ absl::StatusOr<TrainReport> Trainer::Run() {
   const int64_t history_every = std::max<int64_t>(1, total / 50);
 
   // The first initialization of a key wins, so every worker may offer its
-  // (identical) initial values.
-  if (absl::Status s = client_->InitParameters(
-          ToParams(model_->InitialParameters(options_.seed)));
-      !s.ok()) {
-    return Annotate(s, "initializing the parameters");
+  // (identical) initial values. A restarted worker brings the job back to a
+  // checkpoint it can join at; so does a worker that finds a server
+  // restarted.
+  int64_t step = 0;
+  int64_t recoveries = 0;
+  bool rejoin = client_->rejoining();
+  for (;;) {
+    absl::Status s = client_->InitParameters(
+        ToParams(model_->InitialParameters(options_.seed)));
+    if (s.ok() && rejoin) s = absl::AbortedError(proto::kRollsBackText);
+    if (s.ok()) break;
+    if (!(proto::IsRollback(s) || absl::IsUnavailable(s)) ||
+        recoveries >= kMaxRecoveries) {
+      return Annotate(s, "initializing the parameters");
+    }
+    absl::StatusOr<int64_t> k = client_->Recover(rejoin);
+    if (!k.ok()) return Annotate(k.status(), "joining the job");
+    ++recoveries;
+    rejoin = false;
+    step = std::min(*k, total);
   }
   ServerBnExchange sync(client_, policy_, options_.metrics);
   nn::LocalBnExchange local_sync;
@@ -167,111 +183,99 @@ absl::StatusOr<TrainReport> Trainer::Run() {
 
   const absl::Time start = absl::Now();
   absl::Time last_progress = start;
-  int64_t step = 0;
   // Figures since the last history point / progress report.
   double hist_loss = 0, prog_loss = 0;
   int64_t hist_correct = 0, hist_n = 0, prog_correct = 0, prog_n = 0,
           staleness = 0;
   double prog_start = 0;
   Batch batch;
-  for (int64_t epoch = 0; epoch < options_.epochs && step < total; ++epoch) {
-    batcher->StartEpoch(epoch);
-    while (step < total && batcher->Next(&batch)) {
-      const absl::Time step_start = absl::Now();
-      absl::Duration grad_time;
-      // async: wait until the bound allows this step.
-      if (policy_ == policy::Policy::kAsync) {
-        absl::StatusOr<int64_t> min_clock = client_->StartStep(step);
-        if (!min_clock.ok()) return Annotate(min_clock.status(), "step start");
-        staleness = step - *min_clock;
-        report.max_staleness = std::max(report.max_staleness, staleness);
-      }
-      if (absl::Status s = PullInto(policy::BulkSynchronous(policy_) ? step : 0);
-          !s.ok()) {
-        return Annotate(s, absl::StrCat("step ", step, ": pulling parameters"));
-      }
-      grad_time += absl::Now() - step_start;
-      sync.set_step(step);
-      sync.reset_elapsed();
-      if (absl::Status s = model_->Forward(batch.images.data(), batch.n);
-          !s.ok()) {
-        return Annotate(s, absl::StrCat("step ", step, ": forward"));
-      }
-      absl::StatusOr<nn::LossResult> loss = model_->Loss(batch.labels.data());
-      if (!loss.ok()) return Annotate(loss.status(), absl::StrCat("step ", step));
-      if (absl::Status s = model_->Backward(); !s.ok()) {
-        return Annotate(s, absl::StrCat("step ", step, ": backward"));
-      }
-      absl::StatusOr<nn::HostTensors> grads = model_->Gradients();
-      if (!grads.ok()) return grads.status();
-      const absl::Time push_start = absl::Now();
-      if (absl::Status s =
-              client_->PushGradients(
-                  step, batch.n,
-                  std::make_shared<const client::Params>(
-                      ToParams(*std::move(grads))));
-          !s.ok()) {
-        return Annotate(s, absl::StrCat("step ", step, ": pushing gradients"));
-      }
-      if (policy_ == policy::Policy::kAsync) {
-        if (absl::Status s = client_->FinishStep(step + 1); !s.ok()) {
-          return Annotate(s, absl::StrCat("step ", step, ": finishing"));
-        }
-      }
-      const absl::Time step_end = absl::Now();
-      grad_time += step_end - push_start;
-      const double step_seconds = absl::ToDoubleSeconds(step_end - step_start);
-      report.seconds_total += step_seconds;
-      report.seconds_bn_sync += absl::ToDoubleSeconds(sync.elapsed());
-      report.seconds_grad_sync += absl::ToDoubleSeconds(grad_time);
-      if (options_.metrics != nullptr) {
-        options_.metrics->StepDone(
-            std::max(absl::ZeroDuration(),
-                     step_end - step_start - sync.elapsed() - grad_time),
-            sync.elapsed(), grad_time, batch.n);
-      }
-      report.examples += batch.n;
-      hist_loss += loss->loss_sum;
-      prog_loss += loss->loss_sum;
-      hist_correct += loss->correct;
-      prog_correct += loss->correct;
-      hist_n += batch.n;
-      prog_n += batch.n;
-      ++step;
-
-      if (step % history_every == 0 || step == total) {
-        if (hist_n > 0) {
-          report.history.push_back(HistoryPoint{
-              step, Seconds(start), hist_loss / hist_n,
-              static_cast<double>(hist_correct) / hist_n});
-        }
-        hist_loss = 0;
-        hist_correct = hist_n = 0;
-      }
-      const bool epoch_end = batcher->step() == per_epoch || step == total;
-      if (options_.on_progress &&
-          (epoch_end ||
-           step_end - last_progress >= options_.progress_interval)) {
-        const double now = Seconds(start);
-        Progress p;
-        p.step = step;
-        p.total_steps = total;
-        p.epoch = epoch;
-        p.loss = prog_n > 0 ? prog_loss / prog_n : 0;
-        p.accuracy = prog_n > 0 ? static_cast<double>(prog_correct) / prog_n : 0;
-        p.images_per_second =
-            now > prog_start ? prog_n / (now - prog_start) : 0;
-        p.staleness = staleness;
-        p.seconds = now;
-        options_.on_progress(p);
-        last_progress = step_end;
-        prog_start = now;
-        prog_loss = 0;
-        prog_correct = prog_n = 0;
-      }
+  int64_t positioned = -1;  // the step the batcher's next batch is of
+  while (step < total) {
+    const int64_t epoch = per_epoch > 0 ? step / per_epoch : 0;
+    if (positioned != step || batcher->step() == per_epoch) {
+      // The sampler is deterministic in (seed, epoch, step): a resumed step
+      // sees the batch it saw before.
+      batcher->StartEpoch(epoch);
+      for (int64_t i = epoch * per_epoch; i < step; ++i) batcher->Next(&batch);
+      positioned = step;
     }
-    if (options_.evaluate && options_.eval_every_epoch &&
-        epoch + 1 < options_.epochs && step < total) {
+    if (!batcher->Next(&batch)) break;
+    ++positioned;
+    StepFigures f;
+    const absl::Time step_start = absl::Now();
+    if (absl::Status s = TrainStep(step, batch, &sync, &f); !s.ok()) {
+      // A server restarted (or a worker, under --on_worker_loss=wait): the
+      // job rolls back to a checkpoint and this worker goes on from there.
+      if ((proto::IsRollback(s) || absl::IsUnavailable(s)) &&
+          recoveries < kMaxRecoveries) {
+        absl::StatusOr<int64_t> k = client_->Recover(/*restarted=*/false);
+        if (k.ok()) {
+          ++recoveries;
+          step = std::min(*k, total);
+          positioned = -1;
+          continue;
+        }
+        if (!absl::IsUnimplemented(k.status())) {
+          return absl::Status(
+              s.code(), absl::StrCat(s.message(), "; rolling the job back: ",
+                                     k.status().message()));
+        }
+      }
+      return s;
+    }
+    staleness = f.staleness;
+    report.max_staleness = std::max(report.max_staleness, staleness);
+    const absl::Time step_end = absl::Now();
+    const double step_seconds = absl::ToDoubleSeconds(step_end - step_start);
+    report.seconds_total += step_seconds;
+    report.seconds_bn_sync += absl::ToDoubleSeconds(f.bn_time);
+    report.seconds_grad_sync += absl::ToDoubleSeconds(f.grad_time);
+    if (options_.metrics != nullptr) {
+      options_.metrics->StepDone(
+          std::max(absl::ZeroDuration(),
+                   step_end - step_start - f.bn_time - f.grad_time),
+          f.bn_time, f.grad_time, batch.n);
+    }
+    report.examples += batch.n;
+    hist_loss += f.loss_sum;
+    prog_loss += f.loss_sum;
+    hist_correct += f.correct;
+    prog_correct += f.correct;
+    hist_n += batch.n;
+    prog_n += batch.n;
+    ++step;
+
+    if (step % history_every == 0 || step == total) {
+      if (hist_n > 0) {
+        report.history.push_back(HistoryPoint{
+            step, Seconds(start), hist_loss / hist_n,
+            static_cast<double>(hist_correct) / hist_n});
+      }
+      hist_loss = 0;
+      hist_correct = hist_n = 0;
+    }
+    const bool epoch_end = batcher->step() == per_epoch || step == total;
+    if (options_.on_progress &&
+        (epoch_end || step_end - last_progress >= options_.progress_interval)) {
+      const double now = Seconds(start);
+      Progress p;
+      p.step = step;
+      p.total_steps = total;
+      p.epoch = epoch;
+      p.loss = prog_n > 0 ? prog_loss / prog_n : 0;
+      p.accuracy = prog_n > 0 ? static_cast<double>(prog_correct) / prog_n : 0;
+      p.images_per_second = now > prog_start ? prog_n / (now - prog_start) : 0;
+      p.staleness = staleness;
+      p.seconds = now;
+      options_.on_progress(p);
+      last_progress = step_end;
+      prog_start = now;
+      prog_loss = 0;
+      prog_correct = prog_n = 0;
+    }
+    if (batcher->step() == per_epoch && options_.evaluate &&
+        options_.eval_every_epoch && epoch + 1 < options_.epochs &&
+        step < total) {
       // Parameters as of this worker's last pull; sync and async take the
       // servers' running stats as they are now. A progress figure, not the
       // final result.
@@ -312,6 +316,51 @@ absl::StatusOr<TrainReport> Trainer::Run() {
   report.seconds_finish = Seconds(finish_start);
   model_->SetBnExchange(nullptr);
   return report;
+}
+
+absl::Status Trainer::TrainStep(int64_t step, const Batch& batch,
+                               ServerBnExchange* sync, StepFigures* f) {
+  const absl::Time step_start = absl::Now();
+  // async: wait until the bound allows this step.
+  if (policy_ == policy::Policy::kAsync) {
+    absl::StatusOr<int64_t> min_clock = client_->StartStep(step);
+    if (!min_clock.ok()) return Annotate(min_clock.status(), "step start");
+    f->staleness = step - *min_clock;
+  }
+  if (absl::Status s = PullInto(policy::BulkSynchronous(policy_) ? step : 0);
+      !s.ok()) {
+    return Annotate(s, absl::StrCat("step ", step, ": pulling parameters"));
+  }
+  f->grad_time += absl::Now() - step_start;
+  sync->set_step(step);
+  sync->reset_elapsed();
+  if (absl::Status s = model_->Forward(batch.images.data(), batch.n); !s.ok()) {
+    return Annotate(s, absl::StrCat("step ", step, ": forward"));
+  }
+  absl::StatusOr<nn::LossResult> loss = model_->Loss(batch.labels.data());
+  if (!loss.ok()) return Annotate(loss.status(), absl::StrCat("step ", step));
+  if (absl::Status s = model_->Backward(); !s.ok()) {
+    return Annotate(s, absl::StrCat("step ", step, ": backward"));
+  }
+  absl::StatusOr<nn::HostTensors> grads = model_->Gradients();
+  if (!grads.ok()) return grads.status();
+  const absl::Time push_start = absl::Now();
+  if (absl::Status s = client_->PushGradients(
+          step, batch.n,
+          std::make_shared<const client::Params>(ToParams(*std::move(grads))));
+      !s.ok()) {
+    return Annotate(s, absl::StrCat("step ", step, ": pushing gradients"));
+  }
+  if (policy_ == policy::Policy::kAsync) {
+    if (absl::Status s = client_->FinishStep(step + 1); !s.ok()) {
+      return Annotate(s, absl::StrCat("step ", step, ": finishing"));
+    }
+  }
+  f->grad_time += absl::Now() - push_start;
+  f->bn_time = sync->elapsed();
+  f->loss_sum = loss->loss_sum;
+  f->correct = loss->correct;
+  return absl::OkStatus();
 }
 
 absl::Status Trainer::SettleRunningStats(int64_t steps) {

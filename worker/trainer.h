@@ -26,6 +26,16 @@
 // a second test accuracy. Recalibration and BnLocalRunning are barriers: every
 // worker of the job must run them.
 //
+// Restarts (docs/reliability.md): a step that fails because the job rolls
+// back (a server restarted from its checkpoint; proto::IsRollback) or a
+// server is unreachable makes the trainer call client->Recover and go on
+// from the step it returns, with that step's batch (the sampler is
+// deterministic in (seed, epoch, step)); at most kMaxRecoveries times. A
+// worker that rejoins (client->rejoining(), a restarted process) recovers
+// before its first step. Under sync and async the servers' running stats
+// are final; under local, the workers' own running stats are not rolled
+// back.
+//
 // Errors: the first failure of the client, the model or the data ends the run
 // with that status, annotated with the step.
 //
@@ -52,6 +62,8 @@
 #include "proto/bnps.pb.h"
 
 namespace bnps::worker {
+
+class ServerBnExchange;  // worker/server_bn_exchange.h
 
 enum class RecalMode {
   // One pass, all layers at once; upstream layers normalize with batch stats.
@@ -171,8 +183,17 @@ class Trainer {
   absl::StatusOr<double> Evaluate();
 
  private:
-  absl::Status Step(int64_t global_step, const Batch& batch,
-                    TrainReport* report);
+  static constexpr int64_t kMaxRecoveries = 100;
+  struct StepFigures {
+    double loss_sum = 0;
+    int64_t correct = 0;
+    int64_t staleness = 0;
+    absl::Duration grad_time;
+    absl::Duration bn_time;
+  };
+  // One training step (the file comment's list).
+  absl::Status TrainStep(int64_t step, const Batch& batch,
+                         ServerBnExchange* sync, StepFigures* f);
   // This worker's shard of the training data.
   BatcherOptions ShardOptions() const;
   absl::Status PullInto(int64_t min_version);

@@ -14,6 +14,7 @@
 #include "grpcpp/impl/codegen/proto_utils.h"
 #include "grpcpp/support/async_stream.h"
 #include "proto/codec.h"
+#include "proto/generation.h"
 #include "proto/limits.h"
 #include "proto/sharding.h"
 #include "security/job_token.h"
@@ -109,7 +110,10 @@ class BnStream {
   };
 
   BnStream(const std::shared_ptr<grpc::Channel>& channel,
-           const std::string& token) {
+           const std::string& token, int64_t generation)
+      : generation_(generation) {
+    context_.AddMetadata(proto::kGenerationMetadataKey,
+                         absl::StrCat(generation));
     if (!token.empty()) {
       context_.AddMetadata(std::string(security::kTokenMetadataKey), token);
     }
@@ -192,6 +196,8 @@ class BnStream {
     }
     return {std::move(call.status), call.retry, std::move(call.response)};
   }
+
+  int64_t generation() const { return generation_; }
 
   bool broken() const ABSL_LOCKS_EXCLUDED(mu_) {
     absl::MutexLock lock(&mu_);
@@ -460,6 +466,7 @@ class BnStream {
     finished_ = true;
   }
 
+  const int64_t generation_;  // sent when the stream was opened
   // Outlives the call, which posts its events here.
   grpc::CompletionQueue cq_;
   // Declared before stream_, which refers to it and must be destroyed first.
@@ -494,10 +501,13 @@ std::shared_ptr<BnStream> BnCalls::GetStream(int shard) {
   absl::MutexLock lock(&streams_mu_);
   if (closed_) return nullptr;
   std::shared_ptr<BnStream>& slot = streams_[shard];
-  if (slot == nullptr || slot->broken()) {
+  // A stream opened in an earlier generation is refused by the server.
+  if (slot == nullptr || slot->broken() ||
+      slot->generation() != channels_->generation()) {
     old = std::move(slot);
     slot = std::make_shared<BnStream>(channels_->shard(shard).channel,
-                                     channels_->options().token);
+                                     channels_->options().token,
+                                     channels_->generation());
   }
   return slot;
 }

@@ -84,6 +84,8 @@ std::string Channels::ShardName(int shard) const {
 
 void Channels::SetUp(grpc::ClientContext* context, absl::Time deadline) const {
   context->set_deadline(absl::ToChronoTime(deadline));
+  context->AddMetadata(proto::kGenerationMetadataKey,
+                       absl::StrCat(generation_.load()));
   if (!options_.token.empty()) {
     context->AddMetadata(std::string(security::kTokenMetadataKey),
                          options_.token);

@@ -9,6 +9,8 @@
 #ifndef BNPS_CLIENT_INTERNAL_CHANNELS_H_
 #define BNPS_CLIENT_INTERNAL_CHANNELS_H_
 
+#include <atomic>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -27,6 +29,7 @@
 #include "grpcpp/channel.h"
 #include "grpcpp/client_context.h"
 #include "proto/bnps.grpc.pb.h"
+#include "proto/generation.h"
 
 namespace bnps::client::internal {
 
@@ -67,7 +70,12 @@ class Channels {
   const proto::JobConfig& config() const { return config_; }
   void set_config(proto::JobConfig config) { config_ = std::move(config); }
 
-  // Sets a call's deadline and, if the job has one, its token.
+  // The job generation this client is in (proto/bnps.proto, "Job
+  // generations"), sent with every call.
+  int64_t generation() const { return generation_.load(); }
+  void set_generation(int64_t g) { generation_.store(g); }
+  // Sets a call's deadline, its generation and, if the job has one, its
+  // token.
   void SetUp(grpc::ClientContext* context, absl::Time deadline) const;
 
   // Deadline of a call after Connect: rpc_timeout, or the servers' barrier
@@ -80,20 +88,22 @@ class Channels {
   absl::Duration Backoff(int retry) ABSL_LOCKS_EXCLUDED(rng_mu_);
 
   // Runs attempt(deadline) up to max_attempts times while it fails with
-  // UNAVAILABLE or ABORTED, sleeping a backoff between attempts; each attempt
+  // UNAVAILABLE or ABORTED (but not a rollback, proto::IsRollback), sleeping a backoff between attempts; each attempt
   // gets a deadline CallTimeout() from its start.
   template <typename Attempt>
   absl::Status WithRetries(Attempt attempt);
 
  private:
-  static bool IsRetryable(absl::StatusCode code) {
-    return code == absl::StatusCode::kUnavailable ||
-           code == absl::StatusCode::kAborted;
+  static bool IsRetryable(const absl::Status& s) {
+    return (s.code() == absl::StatusCode::kUnavailable ||
+            s.code() == absl::StatusCode::kAborted) &&
+           !proto::IsRollback(s);
   }
 
   const GrpcClientOptions options_;
   std::vector<Shard> shards_;
   proto::JobConfig config_;
+  std::atomic<int64_t> generation_{0};
 
   absl::Mutex rng_mu_;
   absl::BitGen rng_ ABSL_GUARDED_BY(rng_mu_);
@@ -105,7 +115,7 @@ absl::Status Channels::WithRetries(Attempt attempt) {
   for (int i = 0; i < options_.max_attempts; ++i) {
     if (i > 0) absl::SleepFor(Backoff(i - 1));
     status = attempt(absl::Now() + CallTimeout());
-    if (status.ok() || !IsRetryable(status.code())) return status;
+    if (status.ok() || !IsRetryable(status)) return status;
     if (options_.on_retry && i + 1 < options_.max_attempts) {
       options_.on_retry(status.code());
     }

@@ -84,12 +84,27 @@ absl::StatusOr<proto::JobConfig> Membership::Register(absl::Time deadline) {
         });
     if (!s.ok()) return s;
     configs[i] = response.config();
+    for (const proto::WorkerStatus& w : response.workers()) {
+      if (w.worker() == options.worker && w.took_part()) rejoining_ = true;
+    }
   }
   if (absl::Status s = CheckConfigs(configs); !s.ok()) return s;
   if (options.check_config) {
     if (absl::Status s = options.check_config(configs[0]); !s.ok()) return s;
   }
   // Round 2: join.
+  if (absl::Status s = RegisterAll(deadline, &configs); !s.ok()) return s;
+  // Only a server restarted with another config between the rounds fails
+  // here.
+  if (absl::Status s = CheckConfigs(configs); !s.ok()) return s;
+  return configs[0];
+}
+
+absl::Status Membership::RegisterAll(absl::Time deadline,
+                                     std::vector<proto::JobConfig>* configs) {
+  const GrpcClientOptions& options = channels_->options();
+  const int shards = channels_->num_shards();
+  int64_t generation = 0;
   proto::RegisterRequest request;
   request.set_job(options.job);
   request.set_worker(options.worker);
@@ -106,12 +121,137 @@ absl::StatusOr<proto::JobConfig> Membership::Register(absl::Time deadline) {
               channels_->shard(i).stub->Register(&context, request, &response));
         });
     if (!s.ok()) return s;
-    configs[i] = response.config();
+    (*configs)[i] = response.config();
+    generation = std::max(generation, response.generation());
   }
-  // Only a server restarted with another config between the rounds fails
-  // here.
-  if (absl::Status s = CheckConfigs(configs); !s.ok()) return s;
-  return configs[0];
+  registered_generation_ = generation;
+  // A client that joins late joins the generation the job is in.
+  if (channels_->generation() < generation) channels_->set_generation(generation);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> Membership::Recover(bool restarted,
+                                            absl::Time deadline) {
+  const GrpcClientOptions& options = channels_->options();
+  const int shards = channels_->num_shards();
+  constexpr int kRounds = 20;
+  // A job whose servers keep no checkpoints cannot roll back: say so at once
+  // rather than wait for a server that is down.
+  for (int i = 0; i < shards; ++i) {
+    grpc::ClientContext context;
+    channels_->SetUp(&context, absl::Now() + options.rpc_timeout);
+    proto::StatusResponse r;
+    if (channels_->shard(i).stub->GetStatus(&context, proto::StatusRequest(), &r)
+            .ok() &&
+        r.checkpoint_dir().empty()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          channels_->ShardName(i),
+          " keeps no checkpoints (--checkpoint_dir): the job cannot roll back"));
+    }
+  }
+  absl::Status last;
+  for (int round = 0; round < kRounds; ++round) {
+    if (round > 0) absl::SleepFor(channels_->Backoff(std::min(round - 1, 4)));
+    std::vector<proto::StatusResponse> st(shards);
+    for (int i = 0; i < shards; ++i) {
+      absl::Status s =
+          UntilReached(i, deadline, "GetStatus", [&](absl::Time call_deadline) {
+            grpc::ClientContext context;
+            channels_->SetUp(&context, call_deadline);
+            return proto::FromGrpcStatus(channels_->shard(i).stub->GetStatus(
+                &context, proto::StatusRequest(), &st[i]));
+          });
+      if (!s.ok()) return s;
+    }
+    int64_t newest = 0;
+    bool pending = false, behind = false;
+    for (const proto::StatusResponse& r : st) {
+      newest = std::max(newest, r.generation());
+      pending = pending || r.needs_rollback();
+    }
+    for (const proto::StatusResponse& r : st) {
+      behind = behind || r.generation() < newest;
+    }
+    const bool force = restarted && newest <= registered_generation_;
+    int64_t generation = newest, step = st[0].restored_step();
+    const bool async = channels_->config().policy() == proto::POLICY_ASYNC;
+    if ((pending || force) && async) {
+      // Under async the shards' checkpoints are not of one moment anyway:
+      // each restores its newest, and every worker resumes at the lowest of
+      // its steps some shard lacks (duplicates are acknowledged).
+      generation = newest + 1;
+      step = -1;
+    } else if (pending || force) {
+      // A new generation, at the newest step every shard has.
+      generation = newest + 1;
+      std::vector<int64_t> common(st[0].checkpoint_steps().begin(),
+                                  st[0].checkpoint_steps().end());
+      for (int i = 1; i < shards; ++i) {
+        std::vector<int64_t> keep;
+        for (int64_t k : common) {
+          if (std::find(st[i].checkpoint_steps().begin(),
+                        st[i].checkpoint_steps().end(),
+                        k) != st[i].checkpoint_steps().end()) {
+            keep.push_back(k);
+          }
+        }
+        common = std::move(keep);
+      }
+      if (common.empty()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            pending ? "a shard restarted from its checkpoint"
+                    : "this worker restarted",
+            ", but no checkpoint step is common to every shard (do they all "
+            "run with --checkpoint_dir and --checkpoint_every_steps?): the "
+            "job cannot roll back; restart it from the beginning"));
+      }
+      step = *std::max_element(common.begin(), common.end());
+    } else if (!behind && generation == channels_->generation()) {
+      return absl::FailedPreconditionError(
+          "nothing to roll back: every shard is in this worker's generation");
+    }
+    if (async) step = -1;
+    // Shard 0 decides; the others follow its step.
+    absl::Status s;
+    int64_t resume = INT64_MAX;
+    for (int i = 0; i < shards && s.ok(); ++i) {
+      proto::RollbackRequest request;
+      request.set_job(options.job);
+      request.set_worker(options.worker);
+      request.set_generation(generation);
+      request.set_step(step);
+      proto::RollbackResponse response;
+      s = UntilReached(i, deadline, "Rollback", [&](absl::Time call_deadline) {
+        grpc::ClientContext context;
+        channels_->SetUp(&context, call_deadline);
+        return proto::FromGrpcStatus(
+            channels_->shard(i).stub->Rollback(&context, request, &response));
+      });
+      if (s.ok()) {
+        if (!async) step = response.step();
+        resume = std::min(resume, response.resume_step());
+      }
+    }
+    if (!s.ok()) {
+      // Someone went further meanwhile (a stale generation), or the step is
+      // gone: look again.
+      last = s;
+      if (absl::IsFailedPrecondition(s) || absl::IsNotFound(s) ||
+          absl::IsDataLoss(s)) {
+        continue;
+      }
+      return s;
+    }
+    channels_->set_generation(generation);
+    // A restarted shard knows the registrations of its checkpoint; a worker
+    // restarted since then registers again (it takes its place under wait).
+    std::vector<proto::JobConfig> configs(shards);
+    if (absl::Status r = RegisterAll(deadline, &configs); !r.ok()) return r;
+    registered_generation_ = generation;
+    return resume == INT64_MAX ? step : resume;
+  }
+  return Annotate(last, absl::StrCat("no rollback agreed after ", kRounds,
+                                     " rounds"));
 }
 
 absl::Status Membership::CheckConfigs(

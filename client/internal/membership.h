@@ -42,7 +42,26 @@ class Membership {
   // DEADLINE_EXCEEDED naming its address and connect_timeout. A server that
   // refuses the registration (another live process runs this worker id; a
   // lost worker that took part in the job): its FAILED_PRECONDITION.
+  // The client takes the servers' job generation. It notes whether a shard
+  // says this worker id took part in the job already (rejoining()).
   absl::StatusOr<proto::JobConfig> Register(absl::Time deadline);
+
+  // True if, at Register, a shard said this worker id had taken part in the
+  // job: this process is a restart (--on_worker_loss=wait).
+  bool rejoining() const { return rejoining_; }
+
+  // Rolls the job back to a step every shard has a checkpoint of, as
+  // proto/bnps.proto's "Job generations" describes, and returns the step
+  // this worker resumes at (RollbackResponse.resume_step; under sync the
+  // checkpoint's step):
+  // a new generation if a shard restarted from its checkpoint (or, with
+  // `restarted`, because this process is a restart), else the one already
+  // decided. Retries unreachable shards until `deadline`.
+  // FAILED_PRECONDITION if there is nothing to roll back to (no checkpoint
+  // common to every shard) or nothing to roll back (every shard in this
+  // client's generation, none restarted); the shards' errors otherwise.
+  // Not concurrently with Register or another Recover.
+  absl::StatusOr<int64_t> Recover(bool restarted, absl::Time deadline);
 
   // One heartbeat to every shard, each with a short deadline; failures are
   // counted, not returned. A FAILED_PRECONDITION answer means the shard no
@@ -73,8 +92,14 @@ class Membership {
   // The checks of Register's first round, on shard i's config configs[i].
   absl::Status CheckConfigs(const std::vector<proto::JobConfig>& configs) const;
 
+  // Register's second round, on every shard.
+  absl::Status RegisterAll(absl::Time deadline,
+                           std::vector<proto::JobConfig>* configs);
+
   Channels* const channels_;  // not owned
   const uint64_t incarnation_;
+  bool rejoining_ = false;  // set by Register
+  int64_t registered_generation_ = 0;  // the newest generation at Register
 
   mutable absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

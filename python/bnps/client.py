@@ -57,7 +57,10 @@ class Client:
         self.num_workers = int(num_workers)
 
     def close(self):
-        """Stops heartbeating and closes the connections; idempotent."""
+        """Stops heartbeating and closes the connections; idempotent. Calls
+        in flight in other threads keep the connection until they return
+        (they finish or time out as if close() had not come); later calls
+        raise FailedPrecondition."""
         self._native.close()
 
     @property

@@ -8,18 +8,38 @@ bnps_worker binaries; this starts only the servers, for Python workers).
 
 Each server runs with --port=0 and prints the port it took; the servers run
 in their own session and are stopped (SIGTERM, then SIGKILL after 5 s) by PID
-when the context ends. A server that exits or prints no port within
-start_timeout_s raises RuntimeError with the tail of its output.
+when the context ends, or when start() fails. They also die with the thread
+that started them (Linux's parent-death signal, as tools/bnps_launch.py's
+children), so a test or script killed before stop() leaves none behind. A
+server that exits or prints no port within start_timeout_s raises
+RuntimeError with the tail of its output.
 """
 
 import os
 import re
+import select
 import signal
 import subprocess
 import tempfile
 import time
 
 _LISTENING = re.compile(r"listening on (\S+):(\d+)\s*$")
+
+
+def _parent_death_signal():
+    """A preexec_fn that makes the child get SIGTERM when its parent dies
+    (even by SIGKILL); None where prctl is not available. Resolved here, in
+    the parent: the child of a threaded process must not import."""
+    try:
+        import ctypes
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    pr_set_pdeathsig = 1
+
+    def preexec():
+        prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0)
+    return preexec
 
 
 def find_server_binary(explicit=None):
@@ -54,17 +74,23 @@ class LocalCluster:
         self.addresses = []
 
     def __enter__(self):
-        try:
-            self.start()
-        except BaseException:
-            self.stop()
-            raise
+        self.start()
         return self
 
     def __exit__(self, *exc):
         self.stop()
 
     def start(self):
+        """Starts the servers and reads their ports; on failure stops the
+        ones started and raises."""
+        try:
+            return self._start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self):
+        preexec = _parent_death_signal()
         for shard in range(self.num_servers):
             log = tempfile.TemporaryFile(mode="w+")
             self._logs.append(log)
@@ -74,7 +100,8 @@ class LocalCluster:
                     f"--policy={self.policy}", f"--job={self.job}"]
             self._procs.append(subprocess.Popen(
                 args + self._flags, stdout=subprocess.PIPE, stderr=log,
-                text=True, start_new_session=True))
+                stdin=subprocess.DEVNULL, text=True, start_new_session=True,
+                preexec_fn=preexec))
         for shard, proc in enumerate(self._procs):
             self.addresses.append(self._read_address(shard, proc))
         return self
@@ -82,8 +109,13 @@ class LocalCluster:
     def _read_address(self, shard, proc):
         deadline = time.monotonic() + self._timeout
         seen = []
-        while time.monotonic() < deadline:
-            line = proc.stdout.readline()  # the line comes at once or never
+        while True:
+            left = deadline - time.monotonic()
+            # The server prints (and flushes) one whole line: once the pipe
+            # is readable, readline() does not block for long.
+            if left <= 0 or not select.select([proc.stdout], [], [], left)[0]:
+                break
+            line = proc.stdout.readline()
             if not line:
                 break
             seen.append(line)

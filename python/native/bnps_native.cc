@@ -9,7 +9,11 @@
 // the package's exception classes.
 //
 // Every call that talks to the servers releases the GIL while it waits, so
-// other Python threads (a data loader, say) run meanwhile.
+// other Python threads (a data loader, say) run meanwhile. Each such call
+// holds its own reference to the connection: close() from another thread
+// drops the Client's, and the connection goes away once the calls in flight
+// have returned (they finish, or time out, as if close() had not been
+// called); calls made after close() raise FAILED_PRECONDITION.
 
 #include <cstdint>
 #include <memory>
@@ -152,18 +156,34 @@ class Client {
       py::gil_scoped_release release;
       c = client::GrpcPsClient::Connect(std::move(o));
     }
-    client_ = Value(std::move(c));
+    client_ = Value(std::move(c));  // unique_ptr -> shared_ptr
   }
 
-  client::GrpcPsClient& get() {
+  // A reference to the connection; raises once closed. REQUIRES: the GIL
+  // (it guards client_).
+  std::shared_ptr<client::GrpcPsClient> get() {
     if (client_ == nullptr) {
       Raise(absl::FailedPreconditionError("the bnps client is closed"));
     }
-    return *client_;
+    return client_;
+  }
+
+  // fn(client) without the GIL, holding a reference for its duration: a
+  // concurrent close() cannot destroy the client under it. Dropped without
+  // the GIL too, as it may be the last (destroying the client joins its
+  // background thread).
+  template <typename Fn>
+  auto Call(Fn fn) {
+    std::shared_ptr<client::GrpcPsClient> c = get();
+    py::gil_scoped_release release;
+    auto result = fn(*c);
+    c.reset();
+    return result;
   }
 
   void Close() {
-    std::unique_ptr<client::GrpcPsClient> c = std::move(client_);
+    std::shared_ptr<client::GrpcPsClient> c = std::move(client_);
+    client_ = nullptr;
     py::gil_scoped_release release;
     c.reset();
   }
@@ -174,12 +194,10 @@ class Client {
   py::tuple BnForward(const std::string& layer, int64_t step, int64_t count,
                       const Array& mean, const Array& m2, bool want_running) {
     bn::Moments local = ToMoments(count, mean, m2);
-    client::GrpcPsClient& c = get();
-    absl::StatusOr<client::BnForwardResult> r;
-    {
-      py::gil_scoped_release release;
-      r = c.BnForward(layer, step, local, want_running);
-    }
+    absl::StatusOr<client::BnForwardResult> r =
+        Call([&](client::GrpcPsClient& c) {
+          return c.BnForward(layer, step, local, want_running);
+        });
     client::BnForwardResult v = Value(std::move(r));
     py::object rm = py::none(), rv = py::none();
     if (v.running.has_value()) {
@@ -195,12 +213,9 @@ class Client {
                        const Array& sum_dy, const Array& sum_dy_xhat) {
     bn::BackwardSums local{ToVector(sum_dy, "sum_dy"),
                            ToVector(sum_dy_xhat, "sum_dy_xhat")};
-    client::GrpcPsClient& c = get();
-    absl::StatusOr<bn::BackwardSums> r;
-    {
-      py::gil_scoped_release release;
-      r = c.BnBackward(layer, step, local);
-    }
+    absl::StatusOr<bn::BackwardSums> r = Call([&](client::GrpcPsClient& c) {
+      return c.BnBackward(layer, step, local);
+    });
     bn::BackwardSums v = Value(std::move(r));
     return py::make_tuple(ToArray(v.sum_dy), ToArray(v.sum_dy_xhat));
   }
@@ -208,12 +223,9 @@ class Client {
   void BnRecal(const std::string& layer, int64_t batch, int64_t count,
                const Array& mean, const Array& m2) {
     bn::Moments m = ToMoments(count, mean, m2);
-    client::GrpcPsClient& c = get();
-    absl::Status s;
-    {
-      py::gil_scoped_release release;
-      s = c.BnRecal(layer, batch, m);
-    }
+    absl::Status s = Call([&](client::GrpcPsClient& c) {
+      return c.BnRecal(layer, batch, m);
+    });
     Check(s);
   }
 
@@ -223,76 +235,55 @@ class Client {
   }
 
   py::tuple BnRecalFinish(const std::string& layer) {
-    client::GrpcPsClient& c = get();
-    absl::StatusOr<bn::RunningStats> r;
-    {
-      py::gil_scoped_release release;
-      r = c.BnRecalFinish(layer);
-    }
+    absl::StatusOr<bn::RunningStats> r = Call([&](client::GrpcPsClient& c) {
+      return c.BnRecalFinish(layer);
+    });
     return Running(std::move(r));
   }
 
   py::tuple BnLocalRunning(const std::string& layer, const Array& mean,
                            const Array& var) {
     bn::RunningStats running{ToVector(mean, "mean"), ToVector(var, "var")};
-    client::GrpcPsClient& c = get();
-    absl::StatusOr<bn::RunningStats> r;
-    {
-      py::gil_scoped_release release;
-      r = c.BnLocalRunning(layer, running);
-    }
+    absl::StatusOr<bn::RunningStats> r = Call([&](client::GrpcPsClient& c) {
+      return c.BnLocalRunning(layer, running);
+    });
     return Running(std::move(r));
   }
 
   py::tuple BnRunning(const std::string& layer, int64_t channels) {
-    client::GrpcPsClient& c = get();
-    absl::StatusOr<bn::RunningStats> r;
-    {
-      py::gil_scoped_release release;
-      r = c.BnRunning(layer, channels);
-    }
+    absl::StatusOr<bn::RunningStats> r = Call([&](client::GrpcPsClient& c) {
+      return c.BnRunning(layer, channels);
+    });
     return Running(std::move(r));
   }
 
   int64_t StartStep(int64_t step) {
-    client::GrpcPsClient& c = get();
-    absl::StatusOr<int64_t> r;
-    {
-      py::gil_scoped_release release;
-      r = c.StartStep(step);
-    }
+    absl::StatusOr<int64_t> r = Call([&](client::GrpcPsClient& c) {
+      return c.StartStep(step);
+    });
     return Value(std::move(r));
   }
 
   void FinishStep(int64_t completed) {
-    client::GrpcPsClient& c = get();
-    absl::Status s;
-    {
-      py::gil_scoped_release release;
-      s = c.FinishStep(completed);
-    }
+    absl::Status s = Call([&](client::GrpcPsClient& c) {
+      return c.FinishStep(completed);
+    });
     Check(s);
   }
 
   void InitParameters(const py::dict& params) {
     client::Params p = ToParams(params);
-    client::GrpcPsClient& c = get();
-    absl::Status s;
-    {
-      py::gil_scoped_release release;
-      s = c.InitParameters(p);
-    }
+    absl::Status s = Call([&](client::GrpcPsClient& c) {
+      return c.InitParameters(p);
+    });
     Check(s);
   }
 
   void PushGradients(int64_t step, int64_t num_samples, const py::dict& grads) {
     auto p = std::make_shared<const client::Params>(ToParams(grads));
-    client::GrpcPsClient& c = get();
-    absl::Status s;
-    {
-      py::gil_scoped_release release;
-      s = c.PushGradients(step, num_samples, std::move(p));
-    }
+    absl::Status s = Call([&](client::GrpcPsClient& c) {
+      return c.PushGradients(step, num_samples, std::move(p));
+    });
     Check(s);
   }
 
@@ -300,23 +291,21 @@ class Client {
   // each has at least `min_version` updates applied.
   py::dict PullParameters(int64_t min_version,
                           const std::vector<std::string>& keys) {
-    client::GrpcPsClient& c = get();
-    absl::StatusOr<client::Params> r;
-    {
-      py::gil_scoped_release release;
-      r = keys.empty() ? c.PullParameters(min_version)
-                       : c.PullParameters(keys, min_version);
-    }
+    absl::StatusOr<client::Params> r = Call([&](client::GrpcPsClient& c) {
+      return keys.empty() ? c.PullParameters(min_version)
+                          : c.PullParameters(keys, min_version);
+    });
     return FromParams(Value(std::move(r)));
   }
 
-  std::vector<int> LiveWorkers() { return get().LiveWorkers(); }
-  py::dict Config() { return ConfigDict(get().config()); }
-  int worker() { return get().worker(); }
-  int num_workers() { return get().num_workers(); }
+  std::vector<int> LiveWorkers() { return get()->LiveWorkers(); }
+  py::dict Config() { return ConfigDict(get()->config()); }
+  int worker() { return get()->worker(); }
+  int num_workers() { return get()->num_workers(); }
 
  private:
-  std::unique_ptr<client::GrpcPsClient> client_;
+  // Guarded by the GIL; shared with the calls in flight (Call).
+  std::shared_ptr<client::GrpcPsClient> client_;
 };
 
 // merge(a, b), a first (bn::MergeInto): what the async policy normalizes

@@ -57,6 +57,8 @@ SYNC3 = [
     Case("basic", [4, 4, 4], 5, steps=6, seed=1),
     Case("uneven_empty", [5, 0, 3], 4, steps=4, seed=2),
     Case("one_sample", [1, 1, 1], 3, steps=3, seed=3),
+    # One value per channel and worker: 2-D input, a batch of one each.
+    Case("one_sample_2d", [1, 1, 1], 5, spatial=(), steps=3, seed=15),
     Case("no_affine", [2, 3, 1], 3, affine=False, steps=3, seed=4),
     Case("input_2d", [6, 2, 5], 7, spatial=(), steps=3, seed=5),
     Case("input_3d", [3, 3, 2], 4, spatial=(5,), steps=2, seed=6),
@@ -67,6 +69,16 @@ SYNC3 = [
     Case("bfloat16", [4, 3, 5], 4, dtype="bfloat16", steps=2, seed=10),
     Case("untracked", [3, 3, 2], 3, track=False, steps=2, seed=11),
 ]
+
+# One layer applied to two batches per step (a siamese model): its backward
+# passes run in the reverse order of its forwards.
+SHARED = Case("shared", [3, 2], 3, steps=3, seed=14)
+
+
+def shared_data(step):
+    """(x1, dy1, x2, dy2) of SHARED's step: two global batches."""
+    return SHARED.global_data(step) + SHARED.global_data(100 + step)
+
 
 # Many steps: the running statistics after them.
 LONG = Case("long", [3, 5], 4, steps=40, seed=12)

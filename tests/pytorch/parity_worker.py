@@ -78,6 +78,29 @@ def scenario_secured(worker):
     return {"secured": run_case(SECURED, worker)}
 
 
+def scenario_shared(worker):
+    """One layer applied to two batches per step, one loss over both."""
+    case = parity_cases.SHARED
+    bn = bnps.torch.SyncBatchNorm(case.features, name=case.name).double()
+    w, b = case.init_params()
+    with torch.no_grad():
+        bn.weight.copy_(w)
+        bn.bias.copy_(b)
+    rows = case.slice(worker)
+    out = {"y": [], "dx": []}
+    for step in range(case.steps):
+        x1, dy1, x2, dy2 = parity_cases.shared_data(step)
+        x1 = x1[rows].clone().requires_grad_(True)
+        x2 = x2[rows].clone().requires_grad_(True)
+        y1, y2 = bn(x1), bn(x2)
+        ((y1 * dy1[rows]).sum() + (y2 * dy2[rows]).sum()).backward()
+        out["y"].append((y1.detach(), y2.detach()))
+        out["dx"].append((x1.grad, x2.grad))
+    out["running_mean"] = bn.running_mean.clone()
+    out["running_var"] = bn.running_var.clone()
+    return out
+
+
 def scenario_long(worker):
     out = run_case(parity_cases.LONG, worker)
     client = bnps.torch.default_session().client
@@ -145,6 +168,13 @@ def scenario_local(worker):
     bn = out.pop("module")
     out["settled"] = bnps.torch.sync_running_stats(bn)
     out["running_after"] = (bn.running_mean.clone(), bn.running_var.clone())
+    # A second round after more training (each round is averaged anew).
+    for step in range(2):
+        x, _ = case.global_data(50 + step)
+        bn(x[case.slice(worker)] * (1 + worker))
+    out["running_before2"] = (bn.running_mean.clone(), bn.running_var.clone())
+    bnps.torch.sync_running_stats(bn)
+    out["running_after2"] = (bn.running_mean.clone(), bn.running_var.clone())
     return out
 
 
@@ -174,6 +204,11 @@ def scenario_recal(worker):
     out["running_mean"] = bn.running_mean.clone()
     out["running_var"] = bn.running_var.clone()
     out["loader"] = loader
+    # A second recalibration, on other data (a round of its own).
+    loader2 = [b * 2 + 5 for b in loader[:1 + worker]]
+    bnps.torch.recalibrate(bn, loader2)
+    out["running2"] = (bn.running_mean.clone(), bn.running_var.clone())
+    out["loader2"] = loader2
     return out
 
 

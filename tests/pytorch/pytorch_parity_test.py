@@ -19,6 +19,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 import unittest
 
 DEBIAN_PYTHON = "/usr/bin/python3"
@@ -118,7 +119,7 @@ def reference(case):
 
 
 class SyncParityTest(unittest.TestCase):
-    """Eleven cases on one 3-worker sync job with 2 shards."""
+    """Twelve cases on one 3-worker sync job with 2 shards."""
 
     @classmethod
     def setUpClass(cls):
@@ -203,6 +204,37 @@ class LongRunTest(unittest.TestCase):
                                        ref["bn"].running_mean, **F64)
             torch.testing.assert_close(g["server_var"],
                                        ref["bn"].running_var, **F64)
+
+
+class SharedLayerTest(unittest.TestCase):
+    def test_a_layer_applied_twice_per_step_matches_torch(self):
+        # A siamese model: the second application's backward pass comes
+        # first (the servers refused the first's as "from the past").
+        got = run_scenario("shared", 2, servers=1)
+        case = parity_cases.SHARED
+        bn = torch_bn(case)
+        for step in range(case.steps):
+            x1, dy1, x2, dy2 = parity_cases.shared_data(step)
+            x1.requires_grad_(True)
+            x2.requires_grad_(True)
+            y1, y2 = bn(x1), bn(x2)
+            ((y1 * dy1).sum() + (y2 * dy2).sum()).backward()
+            for w, g in enumerate(got):
+                rows = case.slice(w)
+                for i, (y, x) in enumerate(((y1, x1), (y2, x2))):
+                    msg = f"step {step} worker {w} application {i}"
+                    torch.testing.assert_close(g["y"][step][i],
+                                               y.detach()[rows], **F64,
+                                               msg=msg + " output")
+                    torch.testing.assert_close(g["dx"][step][i],
+                                               x.grad[rows], **F64,
+                                               msg=msg + " input grad")
+            bn.zero_grad(set_to_none=True)
+        for g in got:
+            torch.testing.assert_close(g["running_mean"], bn.running_mean,
+                                       **F64)
+            torch.testing.assert_close(g["running_var"], bn.running_var,
+                                       **F64)
 
 
 class SecuredTest(unittest.TestCase):
@@ -303,6 +335,14 @@ class PolicyTest(unittest.TestCase):
             self.assertEqual(g["settled"], 1)
             torch.testing.assert_close(g["running_after"][0], want_mean, **F64)
             torch.testing.assert_close(g["running_after"][1], want_var, **F64)
+        # The second round averages the statistics as they are then (the
+        # servers answered it with the first round's before).
+        for i in (0, 1):
+            want = (got[0]["running_before2"][i] +
+                    got[1]["running_before2"][i]) / 2
+            self.assertFalse(torch.allclose(want, got[0]["running_after"][i]))
+            for g in got:
+                torch.testing.assert_close(g["running_after2"][i], want, **F64)
 
     def test_recal_recalibrates_over_every_workers_batches(self):
         got = run_scenario("recal", 2, policy="recal", servers=2)
@@ -314,6 +354,14 @@ class PolicyTest(unittest.TestCase):
                                        **F64)
             torch.testing.assert_close(g["running_var"],
                                        data.var(dim=dims, unbiased=True), **F64)
+        # A second recalibration (the servers refused its batches before).
+        data2 = torch.cat([b for g in got for b in g["loader2"]])
+        for g in got:
+            torch.testing.assert_close(g["running2"][0], data2.mean(dim=dims),
+                                       **F64)
+            torch.testing.assert_close(g["running2"][1],
+                                       data2.var(dim=dims, unbiased=True),
+                                       **F64)
 
     def test_async_runs_and_shares_the_servers_running_stats(self):
         got = run_scenario("async", 2, policy="async", servers=1,
@@ -349,6 +397,102 @@ class ParameterServerOptimizerTest(unittest.TestCase):
         # They moved: the check above is not the initial values twice.
         start = dict(parity_cases.opt_model().named_parameters())
         self.assertFalse(torch.allclose(start["0.weight"], model[0].weight))
+
+
+_CLOSE_WHILE_WAITING = """
+import threading, time
+import bnps
+from bnps.cluster import LocalCluster
+with LocalCluster(num_servers=1, num_workers=2,
+                  server_flags=["--barrier_timeout_ms=3000"]) as c:
+    client = bnps.Client(c.servers, worker=0, num_workers=2)
+    got = {}
+    calling = threading.Event()
+    def waiter():  # a forward barrier that worker 1 never joins
+        try:
+            calling.set()
+            client.bn_forward("l", 0, 2, [0.0], [1.0])
+            got["result"] = "ok"
+        except bnps.BnpsError as e:
+            got["result"] = type(e).__name__
+            got["message"] = str(e)
+    t = threading.Thread(target=waiter)
+    t.start()
+    calling.wait()
+    time.sleep(1)  # well inside the call (3 s barrier timeout)
+    client.close()
+    t.join(30)
+    try:
+        client.bn_forward("l", 1, 2, [0.0], [1.0])
+        after = "no error"
+    except bnps.BnpsError as e:
+        after = type(e).__name__
+    print("alive", t.is_alive(), "result", got.get("result"), "after", after)
+    print(got.get("message"))
+"""
+
+
+class CloseTest(unittest.TestCase):
+    def test_close_while_another_thread_waits_on_the_servers(self):
+        # The call in flight holds the connection: it ends as if close() had
+        # not come (the barrier's deadline), instead of running on a
+        # destroyed client (a crash, most runs, before the fix).
+        r = subprocess.run([sys.executable, "-c", _CLOSE_WHILE_WAITING],
+                           env=dict(os.environ, PYTHONPATH=PYDIR),
+                           cwd=RUNFILES, capture_output=True, text=True,
+                           timeout=120)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr[-3000:])
+        self.assertIn("alive False result DeadlineExceeded after "
+                      "FailedPrecondition", r.stdout)
+
+
+def _running(pid):
+    """Whether process `pid` exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+class LocalClusterTest(unittest.TestCase):
+    def test_servers_die_with_the_process_that_started_them(self):
+        # A test or script killed before LocalCluster.stop() (a Bazel
+        # timeout, Ctrl-C on a launcher) must not leave servers running.
+        code = ("import time\n"
+                "from bnps.cluster import LocalCluster\n"
+                "c = LocalCluster(num_servers=2, num_workers=1).start()\n"
+                "print(*[p.pid for p in c._procs], flush=True)\n"
+                "time.sleep(120)\n")
+        proc = subprocess.Popen([sys.executable, "-c", code],
+                                env=dict(os.environ, PYTHONPATH=PYDIR),
+                                cwd=RUNFILES, stdout=subprocess.PIPE,
+                                text=True)
+        try:
+            pids = [int(p) for p in proc.stdout.readline().split()]
+        finally:
+            proc.kill()
+            proc.wait()
+            proc.stdout.close()
+        self.assertEqual(len(pids), 2)
+        deadline = time.monotonic() + 10
+        alive = pids
+        while alive and time.monotonic() < deadline:
+            time.sleep(0.1)
+            alive = [pid for pid in pids if _running(pid)]
+        for pid in alive:  # do not leak them when the test fails
+            os.kill(pid, 9)
+        self.assertEqual(alive, [], "servers outlived their parent")
+
+    def test_a_failed_start_stops_the_servers_it_started(self):
+        # The servers refuse an unknown flag: start() raises, and stops
+        # what it started, also when called without `with`.
+        c = LocalCluster(num_servers=2, num_workers=1,
+                         server_flags=["--no_such_flag_for_this_test"],
+                         start_timeout_s=20)
+        with self.assertRaisesRegex(RuntimeError, "gave no port"):
+            c.start()
+        self.assertEqual(c._procs, [])
 
 
 if __name__ == "__main__":

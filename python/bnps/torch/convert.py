@@ -66,13 +66,24 @@ def _copy_running(m, mean, var):
         m.running_var.copy_(torch.from_numpy(var))
 
 
+def _round_key(m, kind):
+    """The servers' key for the layer's next settling of `kind` ("local" or
+    "recal"): its name the first time, then name#<kind><k>. The servers
+    merge each key once (a repeated local average answers with the first;
+    a finished recalibration refuses more batches), so each round needs its
+    own; every worker counts the rounds alike, as it calls them alike."""
+    k = m._bnps_rounds.get(kind, 0)
+    m._bnps_rounds[kind] = k + 1
+    return m._name() if k == 0 else f"{m._name()}#{kind}{k}"
+
+
 def sync_running_stats(model, session=None):
     """Makes every SyncBatchNorm's running statistics the job's: under sync
     nothing to do (every worker updated them with the same global moments);
     under async the servers' latest (training copies them in each step);
     under local the average over the workers (a barrier per layer: every
-    worker must call it). Under recal use recalibrate. Returns the number of
-    layers settled."""
+    worker must call it; each call is a round of its own). Under recal use
+    recalibrate. Returns the number of layers settled."""
     s = session or _session.default_session()
     if s.policy == "recal":
         raise RuntimeError("bnps: policy recal settles the running statistics "
@@ -85,7 +96,8 @@ def sync_running_stats(model, session=None):
             continue
         if s.policy == "local":
             mean, var = s.client.bn_local_running(
-                m._name(), _np(m.running_mean.to(torch.float64).cpu()),
+                _round_key(m, "local"),
+                _np(m.running_mean.to(torch.float64).cpu()),
                 _np(m.running_var.to(torch.float64).cpu()))
         else:
             mean, var = s.client.bn_running(m._name(), m.num_features)
@@ -101,14 +113,21 @@ def recalibrate(model, loader, session=None, num_batches=None, device=None):
     the model in training mode without gradients, each layer sends the
     moments of each batch to the servers, and once a worker's batches are
     done the servers merge all workers' batches per layer (a barrier: every
-    worker must call this). Works under every policy; it is how recal
-    settles the statistics. Returns the number of batches this worker ran."""
+    worker must call this). Works under every policy, as often as wanted
+    (each call is a round of its own); it is how recal settles the
+    statistics. Returns the number of batches this worker ran."""
     s = session or _session.default_session()
-    layers = [m for _, m in _layers(model) if m.running_mean is not None]
-    was_training = model.training
+    # Every bnps layer is in recalibration mode, so that none talks to the
+    # servers' sync or async exchanges (whose steps the training owns); those
+    # with running statistics file their batches' moments.
+    every = [m for _, m in _layers(model)]
+    layers = [m for m in every if m.running_mean is not None]
+    modes = [(m, m.training) for m in model.modules()]
     model.train()
-    for m in layers:
+    for m in every:
         m._recal_batch = 0
+    for m in layers:
+        m._recal_key = _round_key(m, "recal")
     batches = 0
     try:
         with torch.no_grad():
@@ -121,10 +140,11 @@ def recalibrate(model, loader, session=None, num_batches=None, device=None):
                 model(x)
                 batches += 1
     finally:
-        for m in layers:
+        for m in every:
             m._recal_batch = None
-        model.train(was_training)
+        for m, training in modes:  # each module's own flag, as it was
+            m.training = training
     for m in layers:
-        mean, var = s.client.bn_recal_finish(m._name())
+        mean, var = s.client.bn_recal_finish(m._recal_key)
         _copy_running(m, mean, var)
     return batches

@@ -31,13 +31,15 @@ workers as for any parameter.
 
 Layers are matched across processes by name: `name=` given here, or assigned
 by convert_sync_batchnorm / name_layers (the qualified module name). Each
-layer counts its training-mode calls; the count is the step of its BN calls,
-so every worker must call it equally often. A worker whose peers stop calling
+layer counts its training-mode calls, and separately its backward passes (in
+the order autograd runs them); the counts are the steps of its BN calls, so
+every worker must call it equally often. A worker whose peers stop calling
 gets bnps.DeadlineExceeded naming them after the servers' barrier timeout.
 """
 
 import torch
 from torch import nn
+from torch.autograd.function import once_differentiable
 from torch.nn import functional as F
 
 from bnps import client as _client
@@ -116,7 +118,8 @@ class _SyncBatchNormFunction(torch.autograd.Function):
         return y.to(x.dtype)
 
     @staticmethod
-    def backward(ctx, dy):
+    @once_differentiable  # the exchanged statistics are constants here: a
+    def backward(ctx, dy):  # second derivative would be silently wrong
         x, weight = ctx.saved_tensors
         stats, invstd = ctx.stats, ctx.invstd
         acc = _acc_dtype(x.dtype)
@@ -124,8 +127,12 @@ class _SyncBatchNormFunction(torch.autograd.Function):
         f64 = dict(dtype=torch.float64)
         if x.numel() > 0:
             xa, dya = x.to(acc), dy.to(acc)
+            # A weight of ones, not None: CUDA's reduction allocates
+            # grad_weight with the weight's options ("tensor does not have a
+            # device" for None). Its values do not enter the two sums.
+            ones = torch.ones(channels, dtype=acc, device=x.device)
             _, sum_dy_xhat, sum_dy = torch.ops.aten.native_batch_norm_backward(
-                dya, xa, None, None, None,
+                dya, xa, ones, None, None,
                 stats.mean.to(device=x.device, dtype=acc),
                 invstd.to(device=x.device, dtype=acc), True, ctx.eps,
                 [False, True, True])
@@ -181,7 +188,10 @@ class SyncBatchNorm(nn.modules.batchnorm._BatchNorm):
         self.bnps_name = name
         self.session = session
         self._bnps_step = 0       # training-mode calls synced so far
+        self._bnps_backward_step = 0  # backward passes synced so far
         self._recal_batch = None  # not None: the next recalibration batch
+        self._recal_key = None    # the servers' key of this recalibration
+        self._bnps_rounds = {}    # settling rounds so far (convert.py)
 
     def _check_input_dim(self, x):
         if x.dim() < 2 or x.dim() > 5:
@@ -230,10 +240,14 @@ class SyncBatchNorm(nn.modules.batchnorm._BatchNorm):
         if not self.training:  # no running stats: the input's own statistics
             return _Stats(count, mean, _biased(count, m2))
         if self._recal_batch is not None:  # recalibrating
-            s = self._session()
-            s.client.bn_recal(self._name(), self._recal_batch, count,
-                              _np(mean), _np(m2))
-            self._recal_batch += 1
+            # A layer without running statistics has nothing to recalibrate:
+            # it normalizes with its own batch and sends nothing (the
+            # workers' loaders may differ in length: no barriers here).
+            if self.running_mean is not None:
+                s = self._session()
+                s.client.bn_recal(self._recal_key, self._recal_batch, count,
+                                  _np(mean), _np(m2))
+                self._recal_batch += 1
             return _Stats(count, mean, _biased(count, m2))
         s = self._session()
         if s.policy in _LOCAL_POLICIES:
@@ -280,8 +294,18 @@ class SyncBatchNorm(nn.modules.batchnorm._BatchNorm):
                       _biased(n, torch.from_numpy(mm2)))
 
     def _exchange_backward(self, stats, sum_dy, sum_dy_xhat):
-        return self._session().client.bn_backward(stats.layer, stats.step,
-                                                  sum_dy, sum_dy_xhat)
+        # Backward passes have their own count, in the order autograd runs
+        # them (the same in every process), not the forward's step: a layer
+        # applied twice per iteration (a siamese model) has its backward
+        # passes in the reverse order of its forwards, and the servers
+        # refuse a backward step below one they finished; a second backward
+        # through one forward (retain_graph) needs a merge of its own, where
+        # a repeated step would get the first pass's sums back.
+        step = self._bnps_backward_step
+        r = self._session().client.bn_backward(stats.layer, step, sum_dy,
+                                               sum_dy_xhat)
+        self._bnps_backward_step += 1
+        return r
 
     def _update_running(self, count, mean, m2):
         """running = (1 - m) running + m batch (unbiased variance), in

@@ -1,0 +1,24 @@
+// Job generations on the wire (proto/bnps.proto, "Job generations"): the
+// metadata key a call carries its generation in, and how a refusal for
+// being of another generation is told apart from other ABORTED answers.
+
+#ifndef BNPS_PROTO_GENERATION_H_
+#define BNPS_PROTO_GENERATION_H_
+
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+
+namespace bnps::proto {
+
+inline constexpr char kGenerationMetadataKey[] = "bnps-generation";
+// Every such refusal's message contains this.
+inline constexpr char kRollsBackText[] = "the job rolls back";
+
+// ABORTED, containing kRollsBackText: the job rolls back to a checkpoint.
+inline bool IsRollback(const absl::Status& s) {
+  return absl::IsAborted(s) && absl::StrContains(s.message(), kRollsBackText);
+}
+
+}  // namespace bnps::proto
+
+#endif  // BNPS_PROTO_GENERATION_H_

@@ -1,0 +1,172 @@
+// Shard checkpoints: taken at step boundaries, restored at start (which
+// then needs a rollback), Rollback to a generation, the generation checks,
+// and the worker-restart rule of --on_worker_loss=wait.
+
+#include <stdlib.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "proto/generation.h"
+#include "server/checkpoint.h"
+#include "server/shard.h"
+
+namespace bnps::server {
+namespace {
+
+class ShardCheckpointTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/shard_ckpt_test_XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+  }
+  void TearDown() override { std::system(("rm -rf " + dir_).c_str()); }
+
+  ShardOptions Options(int workers = 1,
+                       policy::WorkerLoss loss = policy::WorkerLoss::kFail) {
+    ShardOptions o;
+    o.num_workers = workers;
+    o.policy = policy::Policy::kSync;
+    o.worker_loss = loss;
+    o.start_ticker = false;
+    o.checkpoint_dir = dir_;
+    o.checkpoint_every = 2;
+    return o;
+  }
+
+  // One SGD step of `shard` with gradient `g` from every worker.
+  void Step(Shard& shard, int64_t step, float g) {
+    for (int w = 0; w < shard.options().num_workers; ++w) {
+      absl::StatusOr<ParameterStore::PushResult> r =
+          shard.store().Push(w, step, "w", {2}, std::vector<float>{g, -g}, 1);
+      ASSERT_TRUE(r.ok()) << r.status();
+    }
+  }
+
+  std::vector<float> Values(Shard& shard) {
+    std::vector<float> out;
+    shard.store().Pull({"w"}, 0, absl::InfiniteFuture(),
+                       [&](absl::StatusOr<ParameterStore::Snapshot> s) {
+                         ASSERT_TRUE(s.ok()) << s.status();
+                         out = *s->at("w").values;
+                       });
+    return out;
+  }
+
+  std::string dir_;
+};
+
+TEST_F(ShardCheckpointTest, BoundariesAreWrittenAndRestoredAtStart) {
+  std::vector<float> at_4;
+  {
+    auto shard = *Shard::Create(Options());
+    ASSERT_TRUE(shard->Register(0, 7).ok());
+    ASSERT_TRUE(*shard->store().Init("w", {2}, {1.0f, 2.0f}));
+    for (int64_t s = 0; s < 5; ++s) {
+      Step(*shard, s, 0.5f * (s + 1));
+      if (s == 3) at_4 = Values(*shard);
+    }
+    ASSERT_TRUE(shard->FlushCheckpoints().ok());
+    EXPECT_EQ(*ListCheckpoints(dir_), (std::vector<int64_t>{4, 2}));
+    EXPECT_TRUE(shard->CheckGeneration(0).ok());
+  }
+  auto restarted = *Shard::Create(Options());
+  const Shard::GenerationInfo g = restarted->generation();
+  EXPECT_TRUE(g.needs_rollback);
+  EXPECT_EQ(g.restored_step, 4);
+  EXPECT_EQ(g.generation, 0);
+  EXPECT_EQ(Values(*restarted), at_4);
+  EXPECT_EQ(restarted->store().GetStats().min_version, 4);
+  // The registration came back with the checkpoint.
+  EXPECT_TRUE(restarted->membership().Heartbeat(0, 7, absl::Now()).ok());
+  // Nothing of the job proceeds before the rollback.
+  const absl::Status refused = restarted->CheckGeneration(0);
+  EXPECT_TRUE(proto::IsRollback(refused)) << refused;
+  EXPECT_NE(refused.message().find("restarted from its checkpoint of step 4"),
+            std::string::npos);
+
+  absl::StatusOr<int64_t> step = restarted->Rollback(1, 2);
+  ASSERT_TRUE(step.ok()) << step.status();
+  EXPECT_EQ(*step, 2);
+  EXPECT_TRUE(restarted->CheckGeneration(1).ok());
+  EXPECT_TRUE(proto::IsRollback(restarted->CheckGeneration(0)));
+  EXPECT_EQ(restarted->store().GetStats().min_version, 2);
+  // Idempotent: the same generation answers the step decided, whatever is
+  // asked; an older one is stale.
+  EXPECT_EQ(*restarted->Rollback(1, 4), 2);
+  EXPECT_EQ(restarted->Rollback(0, 4).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  // A step without a checkpoint.
+  EXPECT_EQ(restarted->Rollback(2, 3).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(ShardCheckpointTest, ReplayAfterRollbackGivesTheSameBits) {
+  std::vector<float> final_values;
+  auto shard = *Shard::Create(Options());
+  ASSERT_TRUE(*shard->store().Init("w", {2}, {1.0f, 2.0f}));
+  for (int64_t s = 0; s < 6; ++s) Step(*shard, s, 0.25f * (s + 1));
+  final_values = Values(*shard);
+  ASSERT_TRUE(shard->FlushCheckpoints().ok());
+  // A pull waiting for a version the rollback takes away fails with it.
+  absl::Status waited;
+  shard->store().Pull({"w"}, 7, absl::InfiniteFuture(),
+                      [&](absl::StatusOr<ParameterStore::Snapshot> s) {
+                        waited = s.status();
+                      });
+  absl::StatusOr<int64_t> rolled = shard->Rollback(1, 2);
+  ASSERT_TRUE(rolled.ok()) << rolled.status();
+  EXPECT_TRUE(proto::IsRollback(waited)) << waited;
+  // Steps 2..5 again, as the workers replay them.
+  for (int64_t s = 2; s < 6; ++s) Step(*shard, s, 0.25f * (s + 1));
+  EXPECT_EQ(Values(*shard), final_values);  // bit for bit
+}
+
+TEST_F(ShardCheckpointTest, RefusesACheckpointOfAnotherJob) {
+  {
+    auto shard = *Shard::Create(Options());
+    ASSERT_TRUE(*shard->store().Init("w", {2}, {1.0f, 2.0f}));
+    Step(*shard, 0, 1.0f);
+    Step(*shard, 1, 1.0f);
+    ASSERT_TRUE(shard->FlushCheckpoints().ok());
+  }
+  ShardOptions other = Options();
+  other.optimizer.learning_rate = 0.5;
+  absl::StatusOr<std::unique_ptr<Shard>> s = Shard::Create(other);
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.status().message().find("another job configuration"),
+            std::string::npos)
+      << s.status();
+}
+
+TEST_F(ShardCheckpointTest, CheckpointNeedsADirectory) {
+  ShardOptions o = Options();
+  o.checkpoint_dir.clear();
+  EXPECT_EQ(Shard::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
+  o.checkpoint_every = 0;
+  auto shard = *Shard::Create(o);
+  EXPECT_EQ(shard->CheckpointNow().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(shard->Rollback(1, 0).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(ShardCheckpointTest, UnderWaitARestartedWorkerTakesThePlace) {
+  auto shard = *Shard::Create(Options(2, policy::WorkerLoss::kWait));
+  ASSERT_TRUE(shard->Register(0, 11).ok());
+  ASSERT_TRUE(shard->Register(1, 21).ok());
+  ASSERT_TRUE(*shard->store().Init("w", {2}, {1.0f, 2.0f}));
+  Step(*shard, 0, 1.0f);
+  EXPECT_TRUE(shard->TookPart(1));
+  ASSERT_TRUE(shard->Register(1, 22).ok());  // the restarted process
+  EXPECT_TRUE(shard->membership().Heartbeat(1, 22, absl::Now()).ok());
+  EXPECT_FALSE(shard->membership().Heartbeat(1, 21, absl::Now()).ok());
+  // Under fail, the same is a second process: refused.
+  auto strict = *Shard::Create(Options(2, policy::WorkerLoss::kFail));
+  ASSERT_TRUE(strict->Register(1, 21).ok());
+  EXPECT_EQ(strict->Register(1, 22).code(), absl::StatusCode::kFailedPrecondition);
+}
+
+}  // namespace
+}  // namespace bnps::server
