@@ -66,7 +66,7 @@ cleanup() {
     [ -f "$f" ] && podman kube down "$f" >/dev/null 2>&1
   done
   # podman-compose 1.0.3's down leaves the network; remove what is labelled.
-  compose -f compose.yaml down >/dev/null 2>&1
+  compose -f compose.yaml down -v >/dev/null 2>&1
   podman ps -a -q --filter "label=io.podman.compose.project=$project" |
     xargs -r podman rm -f >/dev/null 2>&1
   podman network ls -q --filter "label=io.podman.compose.project=$project" |
@@ -144,7 +144,8 @@ run_compose() {  # NAME COMPOSE_FILES...
   done
   podman logs "${project}_server-0_1" > "$work/compose-$name-server.log" 2>&1
   check_accuracy "$log" 4 "compose ($name)"
-  compose "${files[@]}" down > /dev/null 2>&1
+  # -v: the checkpoint volumes too, or the next run would resume this job.
+  compose "${files[@]}" down -v > /dev/null 2>&1
 }
 
 run_compose plaintext compose.yaml
