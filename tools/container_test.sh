@@ -144,6 +144,14 @@ run_compose() {  # NAME COMPOSE_FILES...
   done
   podman logs "${project}_server-0_1" > "$work/compose-$name-server.log" 2>&1
   check_accuracy "$log" 4 "compose ($name)"
+  # The servers wrote checkpoints into their volumes (BNPS_CHECKPOINT_DIR).
+  for s in 0 1; do
+    podman exec "${project}_server-${s}_1" ls /var/lib/bnps/checkpoints \
+      > "$work/compose-$name-ckpt-$s.txt" 2>&1 || true
+    grep -q '^ckpt-.*\.bnps$' "$work/compose-$name-ckpt-$s.txt" ||
+      { cat "$work/compose-$name-ckpt-$s.txt"; die "compose ($name): no checkpoint in server-$s's volume"; }
+  done
+  echo "   compose ($name): checkpoints in both servers' volumes: $(wc -l < "$work/compose-$name-ckpt-0.txt") and $(wc -l < "$work/compose-$name-ckpt-1.txt")"
   # -v: the checkpoint volumes too, or the next run would resume this job.
   compose "${files[@]}" down -v > /dev/null 2>&1
 }
@@ -206,6 +214,11 @@ for s in 0 1; do
   podman logs "bnps-server-$s-server" > "$work/pods-server-$s.log" 2>&1
   grep -q "shard $s of 2" "$work/pods-server-$s.log" ||
     { cat "$work/pods-server-$s.log"; die "pods: bnps-server-$s is not shard $s"; }
+done
+# Checkpoints in each server's claim (the StatefulSet's volumeClaimTemplate).
+for s in 0 1; do
+  ls "$work/pods/volumes/checkpoints-bnps-server-$s" | grep -q '^ckpt-.*\.bnps$' ||
+    die "pods: no checkpoint in bnps-server-$s's volume"
 done
 # The worker ids came from JOB_COMPLETION_INDEX.
 for w in 0 1 2 3; do
