@@ -6,15 +6,18 @@
 #      compose.tls.yaml (mutual TLS): every worker prints a test accuracy,
 #   4. the Kubernetes manifests (deploy/base, gpu, tls) rendered with kubectl
 #      kustomize and every object validated against the Kubernetes schemas,
-#   5. deploy/base's servers and workers run as Pods with podman kube play
-#      (deploy/to_pods.js renders the StatefulSet and the Indexed Job as the
-#      Pods a cluster would create) to the workers' test accuracy.
+#   5. deploy/base's and deploy/tls's servers and workers run as Pods with
+#      podman kube play (deploy/to_pods.js renders the StatefulSet and the
+#      Indexed Job as the Pods a cluster would create) to the workers' test
+#      accuracy.
 # It removes every container, pod, network and volume it started, and its
 # files; images, build layers and the image build's Bazel cache stay (the next
 # run reuses them) unless --rmi, which removes them all (and any other image
 # no container uses: meant for a machine that runs only this).
 #
 #   tools/setup.sh --containers && tools/container_test.sh [--rmi] [--skip-tls]
+#
+# --skip-tls skips the TLS runs (compose.tls.yaml and deploy/tls's pods).
 #
 # Needs root (rootful Podman), podman-compose, mmdebstrap, kubectl, node and
 # npm (deploy/package.json's validator is installed with npm ci).
@@ -29,7 +32,7 @@ for arg in "$@"; do
   case "$arg" in
     --rmi) rmi=1 ;;
     --skip-tls) tls=0 ;;
-    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
     *) echo "container_test.sh: unknown argument '$arg' (try --help)" >&2; exit 2 ;;
   esac
 done
@@ -62,7 +65,7 @@ cleanup() {
   local rc=$?
   set +e
   echo "== cleaning up"
-  for f in "$work"/pods/workers.yaml "$work"/pods/servers.yaml; do
+  for f in "$work"/pods-*/workers.yaml "$work"/pods-*/servers.yaml; do
     [ -f "$f" ] && podman kube down "$f" >/dev/null 2>&1
   done
   # podman-compose 1.0.3's down leaves the network; remove what is labelled.
@@ -190,52 +193,73 @@ if sed 's/replicas: 2/replicas: "two"/' "$work/base.yaml" |
 fi
 
 # --- 5. The manifests' containers as Pods --------------------------------------
-step "pods: podman kube play deploy/base's servers and workers"
-node deploy/to_pods.js "$work/base.yaml" "$work/pods" "$subnet_prefix" > /dev/null
 podman network create --subnet "$subnet_prefix.0/24" "$kube_net" > /dev/null
-ip_args=()
-while read -r ip; do ip_args+=(--ip "$ip"); done < "$work/pods/ips"
-podman kube play --network "$kube_net" "${ip_args[@]}" "$work/pods/servers.yaml" \
-  > "$work/play-servers.log" 2>&1 || { cat "$work/play-servers.log"; die "kube play (servers)"; }
-podman kube play --network "$kube_net" "$work/pods/workers.yaml" \
-  > "$work/play-workers.log" 2>&1 || { cat "$work/play-workers.log"; die "kube play (workers)"; }
-log="$work/pods-workers.log"
-: > "$log"
-for w in 0 1 2 3; do
-  rc=$(timeout 900 podman wait "bnps-worker-$w-worker") ||
-    die "pods: bnps-worker-$w did not finish in 15 minutes"
-  podman logs "bnps-worker-$w-worker" >> "$log" 2>&1
-  [ "$rc" = 0 ] || { tail -30 "$log"; podman logs bnps-server-0-server | tail; die "pods: bnps-worker-$w exited $rc"; }
-done
-check_accuracy "$log" 4 "pods"
-# Each server took its shard from its hostname (BNPS_SHARD=from-hostname).
-# (Logs to a file first: grep -q would close the pipe early, and pipefail.)
-for s in 0 1; do
-  podman logs "bnps-server-$s-server" > "$work/pods-server-$s.log" 2>&1
-  grep -q "shard $s of 2" "$work/pods-server-$s.log" ||
-    { cat "$work/pods-server-$s.log"; die "pods: bnps-server-$s is not shard $s"; }
-done
-# Checkpoints in each server's claim (the StatefulSet's volumeClaimTemplate).
-for s in 0 1; do
-  ls "$work/pods/volumes/checkpoints-bnps-server-$s" | grep -q '^ckpt-.*\.bnps$' ||
-    die "pods: no checkpoint in bnps-server-$s's volume"
-done
-# The worker ids came from JOB_COMPLETION_INDEX.
-for w in 0 1 2 3; do
-  grep -q "^bnps_worker $w/4: connecting to job 'fashion' at bnps-server-0.bnps-server:7000" "$log" ||
-    die "pods: no worker $w connecting by the servers' DNS names"
-done
-# What the manifests' probes and scrape annotations point at: every server's
-# gRPC health service says SERVING on 7000 (as Kubernetes' grpc: probe asks),
-# and its /metrics on 9090 answers with bnps metrics.
-i=0
-while read -r ip; do
-  /usr/bin/python3 tools/grpc_health_check.py "$ip:7000" > "$work/health-$i.txt" 2>&1 ||
-    { cat "$work/health-$i.txt"; die "pods: bnps-server-$i's health service is not SERVING"; }
-  /usr/bin/python3 -c "import sys, urllib.request; sys.stdout.write(urllib.request.urlopen('http://$ip:9090/metrics', timeout=10).read().decode())" \
-    > "$work/metrics-$i.txt" || die "pods: bnps-server-$i serves no /metrics on 9090"
-  grep -q '^bnps_' "$work/metrics-$i.txt" || die "pods: bnps-server-$i's /metrics has no bnps_ metric"
-  i=$((i + 1))
-done < "$work/pods/ips"
-echo "   pods: both servers SERVING on 7000 and serving /metrics on 9090"
+
+run_pods() {  # OVERLAY: deploy/OVERLAY's servers and workers as Pods
+  local overlay=$1 pods="$work/pods-$1" what="pods ($1)"
+  step "$what: podman kube play deploy/$overlay's servers and workers"
+  node deploy/to_pods.js "$work/$overlay.yaml" "$pods" "$subnet_prefix" > /dev/null
+  local ip_args=() ip w s rc i
+  while read -r ip; do ip_args+=(--ip "$ip"); done < "$pods/ips"
+  podman kube play --network "$kube_net" "${ip_args[@]}" "$pods/servers.yaml" \
+    > "$pods/play-servers.log" 2>&1 || { cat "$pods/play-servers.log"; die "$what: kube play (servers)"; }
+  podman kube play --network "$kube_net" "$pods/workers.yaml" \
+    > "$pods/play-workers.log" 2>&1 || { cat "$pods/play-workers.log"; die "$what: kube play (workers)"; }
+  local log="$pods/workers.log"
+  : > "$log"
+  for w in 0 1 2 3; do
+    rc=$(timeout 900 podman wait "bnps-worker-$w-worker") ||
+      die "$what: bnps-worker-$w did not finish in 15 minutes"
+    podman logs "bnps-worker-$w-worker" >> "$log" 2>&1
+    [ "$rc" = 0 ] || { tail -30 "$log"; die "$what: bnps-worker-$w exited $rc"; }
+  done
+  check_accuracy "$log" 4 "$what"
+  # Each server took its shard from its hostname (BNPS_SHARD=from-hostname).
+  # (Logs to a file first: grep -q would close the pipe early, and pipefail.)
+  for s in 0 1; do
+    podman logs "bnps-server-$s-server" > "$pods/server-$s.log" 2>&1
+    grep -q "shard $s of 2" "$pods/server-$s.log" ||
+      { cat "$pods/server-$s.log"; die "$what: bnps-server-$s is not shard $s"; }
+  done
+  # Checkpoints in each server's claim (the StatefulSet's volumeClaimTemplate).
+  for s in 0 1; do
+    ls "$pods/volumes/checkpoints-bnps-server-$s" | grep -q '^ckpt-.*\.bnps$' ||
+      die "$what: no checkpoint in bnps-server-$s's volume"
+  done
+  # The worker ids came from JOB_COMPLETION_INDEX.
+  for w in 0 1 2 3; do
+    grep -q "^bnps_worker $w/4: connecting to job 'fashion' at bnps-server-0.bnps-server:7000" "$log" ||
+      die "$what: no worker $w connecting by the servers' DNS names"
+  done
+  # What the manifests' probes and scrape annotations point at. Plaintext:
+  # gRPC health says SERVING on 7000 (Kubernetes' grpc: probe) and /metrics
+  # on 9090 answers with bnps metrics. TLS: the port accepts connections
+  # (the overlay's tcpSocket probe) and the servers serve mutual TLS.
+  i=0
+  while read -r ip; do
+    if [ "$overlay" = tls ]; then
+      /usr/bin/python3 -c "import socket; socket.create_connection(('$ip', 7000), 5).close()" ||
+        die "$what: bnps-server-$i does not accept connections on 7000"
+      grep -q "mutual TLS with a job token" "$pods/server-$i.log" ||
+        die "$what: bnps-server-$i does not serve mutual TLS"
+    else
+      /usr/bin/python3 tools/grpc_health_check.py "$ip:7000" > "$pods/health-$i.txt" 2>&1 ||
+        { cat "$pods/health-$i.txt"; die "$what: bnps-server-$i's health service is not SERVING"; }
+    fi
+    /usr/bin/python3 -c "import sys, urllib.request; sys.stdout.write(urllib.request.urlopen('http://$ip:9090/metrics', timeout=10).read().decode())" \
+      > "$pods/metrics-$i.txt" || die "$what: bnps-server-$i serves no /metrics on 9090"
+    grep -q '^bnps_' "$pods/metrics-$i.txt" || die "$what: bnps-server-$i's /metrics has no bnps_ metric"
+    i=$((i + 1))
+  done < "$pods/ips"
+  if [ "$overlay" = tls ]; then
+    echo "   $what: both servers serve mutual TLS on 7000 and /metrics on 9090"
+  else
+    echo "   $what: both servers SERVING on 7000 and serving /metrics on 9090"
+  fi
+  podman kube down "$pods/workers.yaml" > /dev/null 2>&1
+  podman kube down "$pods/servers.yaml" > /dev/null 2>&1
+}
+
+run_pods base
+if [ "$tls" = 1 ]; then run_pods tls; fi
 step "passed"
