@@ -359,8 +359,10 @@ class LauncherTest(unittest.TestCase):
         proc = subprocess.Popen(self.argv("--fake_hang=1"), env=self.env(),
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
-            for _ in range(200):  # At most 10 s for every worker to start.
-                if os.path.exists(os.path.join(self.pid_dir, "w2.pid")):
+            for _ in range(200):  # At most 10 s for every process to start.
+                # Each writes its pid file when it runs, in no set order.
+                if all(os.path.exists(os.path.join(self.pid_dir, n + ".pid"))
+                       for n in self.all_names()):
                     break
                 time.sleep(0.05)
             else:
