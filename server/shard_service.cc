@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "security/job_token.h"
+#include "proto/limits.h"
 #include "server/checkpoint.h"
 #include "server/rpc_util.h"
 #include "server/shard_reactors.h"
