@@ -12,6 +12,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "metrics/http_endpoint.h"
+#include "metrics/metrics_flags.h"
 #include "security/credentials.h"
 #include "security/job_token.h"
 #include "server/server_runner.h"
@@ -69,14 +70,6 @@ ABSL_FLAG(int64_t, checkpoint_every_steps, 0,
           "keeping the last 3. 0: only at SIGTERM (async) or never (the "
           "bulk-synchronous policies, which checkpoint only at boundaries).");
 
-ABSL_FLAG(int, metrics_port, 0,
-          "Serve Prometheus metrics over HTTP at "
-          "http://<metrics_address>:<metrics_port>/metrics (docs/"
-          "observability.md). 0, the default: no metrics endpoint.");
-ABSL_FLAG(std::string, metrics_address, "127.0.0.1",
-          "Address the metrics endpoint listens on (plain HTTP, no "
-          "authentication). 0.0.0.0 lets a Prometheus on another machine "
-          "scrape it.");
 
 ABSL_FLAG(std::string, token_file, "",
           "File holding the job's token (16 to 4096 printable characters, no "
@@ -172,24 +165,16 @@ int main(int argc, char** argv) {
     if (!token.ok()) return Fail(token.status()), kBadFlags;
     security.token = *std::move(token);
   }
-  const int metrics_port = absl::GetFlag(FLAGS_metrics_port);
-  if (metrics_port < 0 || metrics_port > 65535) {
-    return Fail(absl::InvalidArgumentError(absl::StrCat(
-               "--metrics_port ", metrics_port, " is not a port"))),
-           kBadFlags;
+  if (absl::Status m = bnps::metrics::CheckMetricsFlags(); !m.ok()) {
+    return Fail(m), kBadFlags;
   }
   const std::string address = absl::StrCat(absl::GetFlag(FLAGS_host), ":", port);
   absl::StatusOr<std::unique_ptr<bnps::server::RunningServer>> server =
       bnps::server::RunningServer::Start(o, address, security);
   if (!server.ok()) return Fail(server.status()), 1;
-  std::unique_ptr<bnps::metrics::HttpEndpoint> metrics;
-  if (metrics_port != 0) {
-    absl::StatusOr<std::unique_ptr<bnps::metrics::HttpEndpoint>> m =
-        bnps::metrics::HttpEndpoint::Start(absl::GetFlag(FLAGS_metrics_address),
-                                           metrics_port, &(*server)->registry());
-    if (!m.ok()) return Fail(m.status()), 1;
-    metrics = *std::move(m);
-  }
+  absl::StatusOr<std::unique_ptr<bnps::metrics::HttpEndpoint>> metrics =
+      bnps::metrics::StartEndpointFromFlags(&(*server)->registry());
+  if (!metrics.ok()) return Fail(metrics.status()), 1;
   // The launcher reads the port from the end of this line.
   std::printf("bnps_server: shard %d of %d, job '%s', policy %s, %d workers, "
               "%s%s, listening on %s:%d\n",
@@ -200,9 +185,9 @@ int main(int argc, char** argv) {
                                          : "mutual TLS",
               security.token.empty() ? "" : " with a job token",
               absl::GetFlag(FLAGS_host).c_str(), (*server)->port());
-  if (metrics != nullptr) {
+  if (*metrics != nullptr) {
     std::printf("bnps_server: metrics at http://%s:%d/metrics\n",
-                absl::GetFlag(FLAGS_metrics_address).c_str(), metrics->port());
+                bnps::metrics::MetricsAddress().c_str(), (*metrics)->port());
   }
   std::fflush(stdout);
 
@@ -222,6 +207,6 @@ int main(int argc, char** argv) {
   });
   (*server)->Wait();
   signals.join();
-  if (metrics != nullptr) metrics->Stop();
+  if (*metrics != nullptr) (*metrics)->Stop();
   return 0;
 }

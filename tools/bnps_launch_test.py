@@ -207,11 +207,25 @@ class LauncherTest(unittest.TestCase):
         return list(pids.values())
 
     def pid_of(self, name):
-        with open(os.path.join(self.pid_dir, name + ".pid")) as f:
-            return int(f.read())
+        for _ in range(40):  # the file is created a moment before it is written
+            with open(os.path.join(self.pid_dir, name + ".pid")) as f:
+                text = f.read()
+            if text:
+                return int(text)
+            time.sleep(0.05)
+        self.fail("%s.pid stayed empty" % name)
 
     def assert_all_gone(self, names):
+        # A process writes its pid file when its script starts; one the
+        # launcher stopped before that never wrote it (and is gone). One it
+        # left running writes it late: wait a little for that.
+        deadline = time.monotonic() + 2
         for name in names:
+            path = os.path.join(self.pid_dir, name + ".pid")
+            while not os.path.exists(path) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if not os.path.exists(path):
+                continue
             pid = self.pid_of(name)
             self.assertFalse(pid_alive(pid), "%s (pid %d) is still running" % (name, pid))
 
@@ -359,8 +373,10 @@ class LauncherTest(unittest.TestCase):
         proc = subprocess.Popen(self.argv("--fake_hang=1"), env=self.env(),
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
-            for _ in range(200):  # At most 10 s for every worker to start.
-                if os.path.exists(os.path.join(self.pid_dir, "w2.pid")):
+            for _ in range(200):  # At most 10 s for every process to start.
+                # Each writes its pid file when it runs, in no set order.
+                if all(os.path.exists(os.path.join(self.pid_dir, n + ".pid"))
+                       for n in self.all_names()):
                     break
                 time.sleep(0.05)
             else:

@@ -38,6 +38,7 @@
 #include "security/security_flags.h"
 #include "util/command_line.h"
 #include "metrics/http_endpoint.h"
+#include "metrics/metrics_flags.h"
 #include "metrics/registry.h"
 #include "worker/worker_metrics.h"
 #include "worker/trainer.h"
@@ -107,14 +108,6 @@ ABSL_FLAG(std::string, progress, "auto",
           "auto (a refreshed line on a terminal, else plain lines) | line | "
           "plain | none.");
 ABSL_FLAG(double, progress_interval_s, 2, "Seconds between progress reports.");
-ABSL_FLAG(int, metrics_port, 0,
-          "Serve Prometheus metrics over HTTP at "
-          "http://<metrics_address>:<metrics_port>/metrics (docs/"
-          "observability.md). 0, the default: no metrics endpoint.");
-ABSL_FLAG(std::string, metrics_address, "127.0.0.1",
-          "Address the metrics endpoint listens on (plain HTTP, no "
-          "authentication). 0.0.0.0 lets a Prometheus on another machine "
-          "scrape it.");
 ABSL_FLAG(double, metrics_linger_s, 0,
           "With --metrics_port: keep serving metrics this many seconds after "
           "training ends, so that a scraper sees the final figures.");
@@ -320,12 +313,8 @@ absl::Status Main() {
       security::SecurityFromFlags();
   if (!client_security.ok()) return client_security.status();
   omp_set_num_threads(threads);
-  const int metrics_port = absl::GetFlag(FLAGS_metrics_port);
   const double metrics_linger = absl::GetFlag(FLAGS_metrics_linger_s);
-  if (metrics_port < 0 || metrics_port > 65535) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--metrics_port ", metrics_port, " is not a port"));
-  }
+  if (absl::Status s = metrics::CheckMetricsFlags(); !s.ok()) return s;
   if (!(metrics_linger >= 0) || !std::isfinite(metrics_linger)) {
     return absl::InvalidArgumentError(
         "--metrics_linger_s must be >= 0 and finite");
@@ -334,15 +323,13 @@ absl::Status Main() {
   // served only with --metrics_port.
   metrics::Registry registry;
   WorkerMetrics worker_metrics(&registry);
-  std::unique_ptr<metrics::HttpEndpoint> endpoint;
-  if (metrics_port != 0) {
-    absl::StatusOr<std::unique_ptr<metrics::HttpEndpoint>> e =
-        metrics::HttpEndpoint::Start(absl::GetFlag(FLAGS_metrics_address),
-                                     metrics_port, &registry);
-    if (!e.ok()) return e.status();
-    endpoint = *std::move(e);
+  absl::StatusOr<std::unique_ptr<metrics::HttpEndpoint>> started =
+      metrics::StartEndpointFromFlags(&registry);
+  if (!started.ok()) return started.status();
+  std::unique_ptr<metrics::HttpEndpoint> endpoint = *std::move(started);
+  if (endpoint != nullptr) {
     std::printf("bnps_worker %d/%d: metrics at http://%s:%d/metrics\n", worker,
-                num_workers, absl::GetFlag(FLAGS_metrics_address).c_str(),
+                num_workers, metrics::MetricsAddress().c_str(),
                 endpoint->port());
   }
   // After training (or a failure), a last scrape may still come.

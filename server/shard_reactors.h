@@ -1,0 +1,30 @@
+// The streaming calls of ShardService, as gRPC callback reactors: pushes
+// (client stream of chunks), pulls (server stream of chunks) and the BN
+// stream (bidirectional). The service creates one per call, after it has
+// authenticated the call; each deletes itself when the call is done.
+
+#ifndef BNPS_SERVER_SHARD_REACTORS_H_
+#define BNPS_SERVER_SHARD_REACTORS_H_
+
+#include <cstdint>
+
+#include "grpcpp/grpcpp.h"
+#include "server/scratch_pool.h"
+#include "server/server_metrics.h"
+#include "server/shard.h"
+
+namespace bnps::server {
+
+// `metrics` may be null. `generation` is the job generation the call carries.
+grpc::ServerReadReactor<grpc::ByteBuffer>* NewPushReactor(
+    Shard* shard, ScratchPool* scratch, grpc::ByteBuffer* resp,
+    ServerMetrics* metrics, int64_t generation);
+grpc::ServerWriteReactor<grpc::ByteBuffer>* NewPullReactor(
+    Shard* shard, grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* raw,
+    ServerMetrics* metrics);
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* NewBnReactor(
+    Shard* shard, ServerMetrics* metrics, int64_t generation);
+
+}  // namespace bnps::server
+
+#endif  // BNPS_SERVER_SHARD_REACTORS_H_
