@@ -2,8 +2,8 @@
 
 As in a container: every flag from a BNPS_* variable, the worker's id from
 Kubernetes' JOB_COMPLETION_INDEX, the servers by DNS name (localhost). A flag
-on the command line beats its variable; an unknown BNPS_ variable stops the
-server and the worker with exit status 2 (bnps_status only warns); --help names
+on the command line beats its variable; an unknown BNPS_ variable gets one
+warning line naming it, a bad value exit status 2 naming it; --help names
 the variables. Real processes on 127.0.0.1 (util/env_flags.h).
 """
 
@@ -119,12 +119,11 @@ class FromEnvironmentTest(unittest.TestCase):
             self.assertIn(f"bnps_worker {want}/4: connecting", r.stdout,
                           (extra_env, args))
 
-    def test_an_unknown_variable_is_an_error_naming_it(self):
+    def test_an_unknown_variable_is_a_warning_naming_it(self):
         for binary in (SERVER, WORKER):
             r = run([binary, "--help"], clean_env(BNPS_NUM_WORKRES=2))
-            self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
-            self.assertIn("BNPS_NUM_WORKRES", r.stderr)
-            self.assertEqual(r.stdout, "")
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+            self.assertIn("warning: BNPS_NUM_WORKRES", r.stderr)
 
     def test_a_bad_value_is_an_error_naming_the_variable(self):
         r = run([SERVER], clean_env(BNPS_PORT="seven"))

@@ -114,10 +114,8 @@ int PrintDigest(
 
 int main(int argc, char** argv) {
   // --help exits 0; an unknown or malformed flag exits 2. Flags may come
-  // from BNPS_* variables; others only warn, since bnps_status is run by hand
-  // in containers whose environment was written for a server or a worker.
+  // from BNPS_* variables (util/env_flags.h).
   bnps::util::EnvFlagsOptions env;
-  env.unknown_is_error = false;
   bnps::util::ParseCommandLine(
       argc, argv,
       "Shows the job configuration, the workers' liveness, steps and clocks, "

@@ -66,19 +66,19 @@ TEST(PlanFromEnvironment, AnEmptyValueIsAValue) {
   EXPECT_THAT(Assigned(*plan), ::testing::ElementsAre("servers="));
 }
 
-TEST(PlanFromEnvironment, AnUnknownVariableIsAnErrorNamingIt) {
+TEST(PlanFromEnvironment, AnUnknownVariableIsAnErrorWhenAsked) {
+  EnvFlagsOptions o;
+  o.unknown_is_error = true;
   absl::StatusOr<EnvPlan> plan = PlanFromEnvironment(
-      {"BNPS_NUM_WORKERS=4", "BNPS_NUM_WORKRES=4"}, kFlags, "host", {});
+      {"BNPS_NUM_WORKERS=4", "BNPS_NUM_WORKRES=4"}, kFlags, "host", o);
   ASSERT_FALSE(plan.ok());
   EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(plan.status().message(), HasSubstr("BNPS_NUM_WORKRES"));
 }
 
-TEST(PlanFromEnvironment, AnUnknownVariableIsAWarningWhenAsked) {
-  EnvFlagsOptions o;
-  o.unknown_is_error = false;
+TEST(PlanFromEnvironment, AnUnknownVariableIsAWarningNamingIt) {
   absl::StatusOr<EnvPlan> plan = PlanFromEnvironment(
-      {"BNPS_PORT=7000", "BNPS_SERVERS=a:1"}, kFlags, "host", o);
+      {"BNPS_PORT=7000", "BNPS_SERVERS=a:1"}, kFlags, "host", {});
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_THAT(Assigned(*plan), ::testing::ElementsAre("servers=a:1"));
   ASSERT_EQ(plan->warnings.size(), 1u);
