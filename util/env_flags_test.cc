@@ -224,13 +224,26 @@ TEST_F(ApplyEnvironmentTest, AValueTheFlagCannotTakeNamesTheVariable) {
   EXPECT_EQ(absl::GetFlag(FLAGS_env_test_count), 1);
 }
 
-TEST_F(ApplyEnvironmentTest, AnUnknownVariableSetsNothing) {
+TEST_F(ApplyEnvironmentTest, AnUnknownVariableAsAnErrorSetsNothing) {
   setenv("BNPS_ENV_TEST_COUNT", "5", 1);
   setenv("BNPS_ENV_TEST_TYPO", "1", 1);
-  absl::Status s = ApplyEnvironment({});
+  EnvFlagsOptions o;
+  o.unknown_is_error = true;
+  absl::Status s = ApplyEnvironment(o);
   ASSERT_FALSE(s.ok());
   EXPECT_THAT(s.message(), HasSubstr("BNPS_ENV_TEST_TYPO"));
   EXPECT_EQ(absl::GetFlag(FLAGS_env_test_count), 1);
+}
+
+TEST_F(ApplyEnvironmentTest, AnUnknownVariableWarnsAndTheRestApplies) {
+  setenv("BNPS_ENV_TEST_COUNT", "5", 1);
+  setenv("BNPS_ENV_TEST_TYPO", "1", 1);
+  testing::internal::CaptureStderr();
+  absl::Status s = ApplyEnvironment({});
+  const std::string err = testing::internal::GetCapturedStderr();
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_THAT(err, HasSubstr("warning: BNPS_ENV_TEST_TYPO"));
+  EXPECT_EQ(absl::GetFlag(FLAGS_env_test_count), 5);
 }
 
 }  // namespace
