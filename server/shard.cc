@@ -480,7 +480,8 @@ absl::Status Shard::CheckpointNow() {
 }
 
 absl::Status Shard::Restore(const std::string& payload, const std::string& from,
-                            const absl::Status& why) {
+                            const absl::Status& why, bool* changed) {
+  if (changed != nullptr) *changed = false;
   proto::ShardCheckpoint c;
   if (!c.ParseFromString(payload)) {
     return absl::DataLossError(absl::StrCat(from, ": not a shard checkpoint"));
@@ -538,13 +539,46 @@ absl::Status Shard::Restore(const std::string& payload, const std::string& from,
       static_cast<size_t>(c.workers_size()) != workers) {
     return bad("worker records of another worker count");
   }
-  if (absl::Status s = store_.Import(store, why); !s.ok()) return bad(std::string(s.message()));
-  if (absl::Status s = bn_.Import(bn, why); !s.ok()) return bad(std::string(s.message()));
+  // Everything is checked before anything changes: a rollback that fails
+  // must not leave the store restored and the BN layers or clocks not.
+  // (The store and the aggregator check the same again.)
+  for (const StoreState::Key& k : store.keys) {
+    int64_t n = 1;
+    bool fits = k.values->size() == k.momentum.size() &&
+                k.last_pushed.size() == workers && k.version >= 0;
+    for (int64_t d : k.shape) {
+      fits = fits && d >= 0 &&
+             (d == 0 || n <= static_cast<int64_t>(k.values->size()) / d);
+      if (fits) n *= d;
+    }
+    if (!fits || n != static_cast<int64_t>(k.values->size())) {
+      return bad(absl::StrCat("parameter '", k.key, "' does not fit this job"));
+    }
+    if (absl::Status s = CheckOwned(k.key); !s.ok()) {
+      return bad(std::string(s.message()));
+    }
+  }
+  for (const BnState::Layer& l : bn.layers) {
+    if (l.channels < 0 ||
+        (l.running.has_value() &&
+         (static_cast<int64_t>(l.running->mean.size()) != l.channels ||
+          static_cast<int64_t>(l.running->var.size()) != l.channels))) {
+      return bad(absl::StrCat("BN layer '", l.name, "' does not fit its channels"));
+    }
+  }
+  // The clocks first: their restore checks the staleness bound as it goes,
+  // and changes nothing when it fails.
   if (clocks_ != nullptr) {
     std::vector<int64_t> clocks;
     for (const proto::WorkerState& w : c.workers()) clocks.push_back(w.clock());
-    if (absl::Status s = clocks_->Restore(clocks, why); !s.ok()) return s;
+    if (absl::Status s = clocks_->Restore(clocks, why); !s.ok()) {
+      return bad(std::string(s.message()));
+    }
+    if (changed != nullptr) *changed = true;
   }
+  if (absl::Status s = store_.Import(store, why); !s.ok()) return bad(std::string(s.message()));
+  if (changed != nullptr) *changed = true;
+  if (absl::Status s = bn_.Import(bn, why); !s.ok()) return bad(std::string(s.message()));
   absl::MutexLock lock(&gen_mu_);
   if (why.ok()) {  // at start: the registrations, as of the checkpoint
     std::vector<Membership::WorkerInfo> infos;
@@ -619,9 +653,15 @@ absl::StatusOr<int64_t> Shard::Rollback(int64_t generation, int64_t step) {
     gen_.needs_rollback = false;
     gen_.restored_step = step;
   }
-  if (absl::Status s = Restore(file->payload, file->path, why); !s.ok()) {
+  bool changed = false;
+  if (absl::Status s = Restore(file->payload, file->path, why, &changed);
+      !s.ok()) {
+    // Restore checks before it changes anything; should a part have changed
+    // all the same, no call may reach a shard half restored: it waits for
+    // another rollback.
     absl::MutexLock lock(&gen_mu_);
     gen_ = before;
+    if (changed) gen_.needs_rollback = true;
     return s;
   }
   std::fprintf(stderr,
