@@ -659,6 +659,13 @@ absl::StatusOr<int64_t> Shard::Rollback(int64_t generation, int64_t step) {
     // Restore checks before it changes anything; should a part have changed
     // all the same, no call may reach a shard half restored: it waits for
     // another rollback.
+    if (absl::IsDataLoss(s)) {
+      // Its checksum is right but not its content: as a torn file, it is
+      // set aside, so that the workers' next try picks another step.
+      std::fprintf(stderr, "bnps_server[%d]: %s; set aside as %s\n",
+                   options_.shard, std::string(s.message()).c_str(),
+                   SetAside(file->path).c_str());
+    }
     absl::MutexLock lock(&gen_mu_);
     gen_ = before;
     if (changed) gen_.needs_rollback = true;
