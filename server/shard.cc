@@ -104,6 +104,12 @@ absl::StatusOr<std::unique_ptr<Shard>> Shard::Create(ShardOptions options) {
     shard->incarnation_ = absl::Uniform<uint64_t>(gen);
   }
   if (!o.checkpoint_dir.empty()) {
+    // A directory that cannot be written is said now, not at every
+    // checkpoint while the job runs without any to come back to.
+    if (absl::Status d = CreateCheckpointDir(o.checkpoint_dir); !d.ok()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("checkpoint directory: ", d.message()));
+    }
     absl::StatusOr<CheckpointFile> file = LoadNewestCheckpoint(
         o.checkpoint_dir, absl::StrCat("bnps_server[", o.shard, "]"));
     if (file.ok()) {

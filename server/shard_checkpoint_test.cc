@@ -192,6 +192,26 @@ TEST_F(ShardCheckpointTest, AHalfRestoredShardRefusesCalls) {
   EXPECT_FALSE(shard->generation().needs_rollback);
 }
 
+TEST_F(ShardCheckpointTest, TheDirectoryIsCreatedAtStartOrTheStartFails) {
+  // Missing parents are created (bnps_launch.py --restart=on-failure passes
+  // <out_dir>/checkpoints/shard<i>, whose parent nothing else creates).
+  ShardOptions o = Options();
+  o.checkpoint_dir = dir_ + "/checkpoints/shard0";
+  {
+    auto shard = *Shard::Create(o);
+    ASSERT_TRUE(*shard->store().Init("w", {2}, {1.0f, 2.0f}));
+    for (int64_t s = 0; s < 2; ++s) Step(*shard, s, 1.0f);
+    ASSERT_TRUE(shard->FlushCheckpoints().ok());
+    EXPECT_EQ(*ListCheckpoints(o.checkpoint_dir), (std::vector<int64_t>{2}));
+  }
+  // A directory that cannot be made fails the start, not every checkpoint
+  // while the job runs without any to come back to.
+  ASSERT_TRUE(WriteCheckpoint(dir_ + "/d", 0, "x").ok());
+  o.checkpoint_dir = CheckpointPath(dir_ + "/d", 0) + "/sub";  // under a file
+  absl::StatusOr<std::unique_ptr<Shard>> shard = Shard::Create(o);
+  EXPECT_TRUE(absl::IsFailedPrecondition(shard.status())) << shard.status();
+}
+
 TEST_F(ShardCheckpointTest, RefusesACheckpointOfAnotherJob) {
   {
     auto shard = *Shard::Create(Options());
