@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "proto/checkpoint.pb.h"
 #include "proto/generation.h"
+#include "proto/limits.h"
 #include "proto/sharding.h"
 #include "server/checkpoint.h"
 #include "util/sha256.h"
@@ -110,14 +111,25 @@ absl::StatusOr<std::unique_ptr<Shard>> Shard::Create(ShardOptions options) {
       return absl::FailedPreconditionError(
           absl::StrCat("checkpoint directory: ", d.message()));
     }
-    absl::StatusOr<CheckpointFile> file = LoadNewestCheckpoint(
-        o.checkpoint_dir, absl::StrCat("bnps_server[", o.shard, "]"));
+    const std::string prefix = absl::StrCat("bnps_server[", o.shard, "]");
+    absl::StatusOr<CheckpointFile> file =
+        LoadNewestCheckpoint(o.checkpoint_dir, prefix);
+    // A file that verifies but does not fit the job (DATA_LOSS; another
+    // job's config is refused as it is) is set aside as a torn one, and the
+    // previous one is tried: a supervisor's restarts would fail the same way.
+    for (;;) {
+      if (!file.ok()) break;
+      const absl::Status s =
+          shard->Restore(file->payload, file->path, absl::OkStatus());
+      if (s.ok()) break;
+      if (!absl::IsDataLoss(s)) return s;
+      std::fprintf(stderr,
+                   "%s: %s; set aside as %s; trying the previous one\n",
+                   prefix.c_str(), std::string(s.message()).c_str(),
+                   SetAside(file->path).c_str());
+      file = LoadNewestCheckpoint(o.checkpoint_dir, prefix);
+    }
     if (file.ok()) {
-      if (absl::Status s =
-              shard->Restore(file->payload, file->path, absl::OkStatus());
-          !s.ok()) {
-        return s;
-      }
       absl::MutexLock lock(&shard->gen_mu_);
       shard->gen_.needs_rollback = true;
       std::fprintf(stderr,
@@ -560,12 +572,16 @@ absl::Status Shard::Restore(const std::string& payload, const std::string& from,
     if (!fits || n != static_cast<int64_t>(k.values->size())) {
       return bad(absl::StrCat("parameter '", k.key, "' does not fit this job"));
     }
+    if (k.key.empty() || k.key.size() > proto::kMaxKeyBytes ||
+        n > proto::kMaxTensorElements) {
+      return bad(absl::StrCat("parameter '", k.key, "' does not fit this job"));
+    }
     if (absl::Status s = CheckOwned(k.key); !s.ok()) {
       return bad(std::string(s.message()));
     }
   }
   for (const BnState::Layer& l : bn.layers) {
-    if (l.channels < 0 ||
+    if (l.channels < 0 || l.channels > proto::kMaxChannels ||
         (l.running.has_value() &&
          (static_cast<int64_t>(l.running->mean.size()) != l.channels ||
           static_cast<int64_t>(l.running->var.size()) != l.channels))) {

@@ -212,6 +212,21 @@ TEST_F(ShardCheckpointTest, TheDirectoryIsCreatedAtStartOrTheStartFails) {
   EXPECT_TRUE(absl::IsFailedPrecondition(shard.status())) << shard.status();
 }
 
+TEST_F(ShardCheckpointTest, AtStartAFileThatDoesNotFitFallsBack) {
+  {
+    auto shard = *Shard::Create(Options());
+    ASSERT_TRUE(*shard->store().Init("w", {2}, {1.0f, 2.0f}));
+    for (int64_t s = 0; s < 4; ++s) Step(*shard, s, 0.5f);
+    ASSERT_TRUE(shard->FlushCheckpoints().ok());
+  }
+  // Step 4's file verifies (its checksum is right) but is no checkpoint.
+  ASSERT_TRUE(WriteCheckpoint(dir_, 4, "\xff\xff\xff").ok());
+  absl::StatusOr<std::unique_ptr<Shard>> shard = Shard::Create(Options());
+  ASSERT_TRUE(shard.ok()) << shard.status();
+  EXPECT_EQ((*shard)->generation().restored_step, 2);
+  EXPECT_EQ(*ListCheckpoints(dir_), (std::vector<int64_t>{2}));
+}
+
 TEST_F(ShardCheckpointTest, RefusesACheckpointOfAnotherJob) {
   {
     auto shard = *Shard::Create(Options());
