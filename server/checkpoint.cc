@@ -80,6 +80,26 @@ absl::Status FsyncPath(const std::string& path, int flags) {
 
 }  // namespace
 
+absl::Status CreateCheckpointDir(const std::string& dir) {
+  if (dir.empty()) return absl::InvalidArgumentError("no checkpoint directory");
+  // Each missing level in turn, as mkdir -p.
+  for (size_t end = dir.find('/', 1);; end = dir.find('/', end + 1)) {
+    const std::string level = dir.substr(0, end);
+    if (::mkdir(level.c_str(), 0755) != 0 && errno != EEXIST) {
+      return Errno("cannot create directory", level);
+    }
+    if (end == std::string::npos) break;
+  }
+  struct stat st;
+  if (::stat(dir.c_str(), &st) != 0) return Errno("cannot create directory", dir);
+  if (!S_ISDIR(st.st_mode)) {
+    return absl::InternalError(absl::StrCat("cannot create directory ", dir,
+                                            ": it is not a directory"));
+  }
+  if (::access(dir.c_str(), W_OK | X_OK) != 0) return Errno("cannot write to", dir);
+  return absl::OkStatus();
+}
+
 std::string CheckpointPath(const std::string& dir, int64_t step) {
   return absl::StrFormat("%s/%s%012d%s", dir, kPrefix, step, kSuffix);
 }
@@ -88,9 +108,7 @@ absl::Status WriteCheckpoint(const std::string& dir, int64_t step,
                              const std::string& payload, int keep) {
   if (dir.empty()) return absl::InvalidArgumentError("no checkpoint directory");
   if (step < 0) return absl::InvalidArgumentError("negative checkpoint step");
-  if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
-    return Errno("cannot create directory", dir);
-  }
+  if (absl::Status s = CreateCheckpointDir(dir); !s.ok()) return s;
   std::string header(kMagic, sizeof(kMagic));
   PutLe(&header, kFormatVersion, 4);
   PutLe(&header, static_cast<uint64_t>(step), 8);

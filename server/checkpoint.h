@@ -40,11 +40,15 @@ struct CheckpointFile {
   std::string payload;
 };
 
+// Creates `dir` and its missing parents (as mkdir -p); INTERNAL if that
+// fails or the directory cannot be written.
+absl::Status CreateCheckpointDir(const std::string& dir);
+
 // The path of step `step`'s file in `dir`.
 std::string CheckpointPath(const std::string& dir, int64_t step);
 
 // Writes `payload` as step `step` (replacing one of the same step), creating
-// `dir` if needed, then removes all but the newest `keep` files.
+// `dir` (and its parents) if needed, then removes all but the newest `keep` files.
 absl::Status WriteCheckpoint(const std::string& dir, int64_t step,
                              const std::string& payload,
                              int keep = kKeepCheckpoints);

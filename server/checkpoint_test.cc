@@ -1,6 +1,8 @@
 #include "server/checkpoint.h"
 
+#include <signal.h>
 #include <stdlib.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -46,6 +48,30 @@ TEST_F(CheckpointTest, RoundTripsAndKeepsTheNewest) {
   EXPECT_EQ(f->payload, "payload 8");
   // No temporary file is left behind.
   EXPECT_NE(access((CheckpointPath(dir_, 8) + ".tmp").c_str(), F_OK), 0);
+}
+
+// A write that fails part-way (here the file size limit, EFBIG, as a full
+// disk gives ENOSPC) says so, leaves no temporary file and removes nothing:
+// the previous checkpoints stay the newest good ones.
+TEST_F(CheckpointTest, AFailedWriteKeepsThePreviousFiles) {
+  for (int64_t step : {2, 4, 6}) {
+    ASSERT_TRUE(WriteCheckpoint(dir_, step, "payload " + std::to_string(step)).ok());
+  }
+  struct rlimit old;
+  ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &old), 0);
+  void (*old_handler)(int) = signal(SIGXFSZ, SIG_IGN);
+  struct rlimit small = old;
+  small.rlim_cur = 64 << 10;
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &small), 0);
+  const absl::Status s = WriteCheckpoint(dir_, 8, std::string(1 << 20, 'x'));
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &old), 0);
+  signal(SIGXFSZ, old_handler);
+  EXPECT_TRUE(absl::IsInternal(s)) << s;
+  EXPECT_EQ(*ListCheckpoints(dir_), (std::vector<int64_t>{6, 4, 2}));
+  EXPECT_NE(access((CheckpointPath(dir_, 8) + ".tmp").c_str(), F_OK), 0);
+  absl::StatusOr<CheckpointFile> f = LoadNewestCheckpoint(dir_);
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_EQ(f->payload, "payload 6");
 }
 
 TEST_F(CheckpointTest, EmptyPayloadAndAbsentDirectory) {

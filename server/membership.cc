@@ -5,7 +5,9 @@
 namespace bnps::server {
 
 Membership::Membership(int num_workers, absl::Duration heartbeat_timeout)
-    : timeout_(heartbeat_timeout), workers_(num_workers) {}
+    : timeout_(heartbeat_timeout),
+      workers_(num_workers),
+      restored_(num_workers, false) {}
 
 absl::Status Membership::Check(int worker, uint64_t incarnation) const {
   if (worker < 0 || worker >= static_cast<int>(workers_.size())) {
@@ -44,6 +46,7 @@ absl::Status Membership::Register(int worker, uint64_t incarnation,
   info.registered = true;
   info.incarnation = incarnation;
   info.last_seen = now;
+  restored_[worker] = false;
   return absl::OkStatus();
 }
 
@@ -59,6 +62,7 @@ absl::Status Membership::Replace(int worker, uint64_t incarnation,
   info.lost = false;
   info.incarnation = incarnation;
   info.last_seen = now;
+  restored_[worker] = false;
   return absl::OkStatus();
 }
 
@@ -69,6 +73,7 @@ void Membership::Restore(const std::vector<WorkerInfo>& workers,
   for (size_t w = 0; w < workers.size(); ++w) {
     workers_[w] = workers[w];
     workers_[w].last_seen = workers[w].registered ? now : absl::InfinitePast();
+    restored_[w] = true;
   }
 }
 
@@ -86,12 +91,25 @@ absl::Status Membership::Rejoin(int worker, uint64_t incarnation,
   info.lost = false;
   info.incarnation = incarnation;
   info.last_seen = now;
+  restored_[worker] = false;
   return absl::OkStatus();
 }
 
 absl::Status Membership::Heartbeat(int worker, uint64_t incarnation,
                                    absl::Time now) {
   absl::MutexLock lock(&mu_);
+  if (worker >= 0 && worker < static_cast<int>(workers_.size()) &&
+      incarnation != 0 && restored_[worker] &&
+      (!workers_[worker].registered ||
+       workers_[worker].incarnation != incarnation)) {
+    // The record is a checkpoint's: this process may have registered after
+    // it was taken (a worker restarted, then this server). Not final: the
+    // process registers again when the job rolls back.
+    return absl::AbortedError(absl::StrCat(
+        "worker ", worker, ": this server restarted from a checkpoint taken "
+        "before this process registered; it registers again when the job "
+        "rolls back"));
+  }
   if (absl::Status s = Check(worker, incarnation); !s.ok()) return s;
   WorkerInfo& info = workers_[worker];
   if (!info.registered) {

@@ -47,6 +47,9 @@ class Membership {
   // lost (--on_worker_loss=wait: a restarted process). INVALID_ARGUMENT for
   // a bad id or incarnation 0.
   absl::Status Replace(int worker, uint64_t incarnation, absl::Time now);
+  // FAILED_PRECONDITION (final for the process) for a lost worker, one not
+  // registered, or another incarnation; but ABORTED while the worker's record
+  // is a checkpoint's (Restore) and the process not registered since.
   absl::Status Heartbeat(int worker, uint64_t incarnation, absl::Time now);
 
   // Workers that became lost since the last call.
@@ -80,6 +83,11 @@ class Membership {
   const absl::Duration timeout_;
   mutable absl::Mutex mu_;
   std::vector<WorkerInfo> workers_ ABSL_GUARDED_BY(mu_);
+  // By worker: its record is a checkpoint's (Restore), not yet confirmed by
+  // a registration of this process's lifetime. A heartbeat of another
+  // incarnation is then ABORTED, not final (FAILED_PRECONDITION): the worker
+  // may have been restarted after the checkpoint was taken.
+  std::vector<bool> restored_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace bnps::server

@@ -64,5 +64,28 @@ TEST(MembershipTest, LostIsFinalButForRejoin) {
             absl::StatusCode::kFailedPrecondition);
 }
 
+// A server restarted from a checkpoint knows the registrations of then: a
+// worker restarted after the checkpoint heartbeats with another incarnation
+// before it registers again (in its rollback), which must not stop it.
+TEST(MembershipTest, HeartbeatsAgainstRestoredRegistrationsAreNotFinal) {
+  const absl::Time t0 = absl::FromUnixSeconds(1000);
+  Membership m(2, absl::Seconds(10));
+  std::vector<Membership::WorkerInfo> infos(2);
+  infos[0].registered = true;
+  infos[0].incarnation = 5;  // the process before the restart
+  m.Restore(infos, t0);
+  absl::Status s = m.Heartbeat(0, 7, t0);
+  EXPECT_FALSE(absl::IsFailedPrecondition(s)) << s;
+  EXPECT_TRUE(absl::IsAborted(s)) << s;
+  s = m.Heartbeat(1, 8, t0);  // restored as not registered
+  EXPECT_TRUE(absl::IsAborted(s)) << s;
+  EXPECT_TRUE(m.Heartbeat(0, 5, t0).ok());  // the checkpoint's process
+  // Once the new process registered (Replace under wait), the old one's
+  // heartbeats are final again.
+  ASSERT_TRUE(m.Replace(0, 7, t0).ok());
+  EXPECT_TRUE(m.Heartbeat(0, 7, t0).ok());
+  EXPECT_TRUE(absl::IsFailedPrecondition(m.Heartbeat(0, 5, t0)));
+}
+
 }  // namespace
 }  // namespace bnps::server

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "proto/checkpoint.pb.h"
 #include "proto/generation.h"
+#include "proto/limits.h"
 #include "proto/sharding.h"
 #include "server/checkpoint.h"
 #include "util/sha256.h"
@@ -104,14 +105,31 @@ absl::StatusOr<std::unique_ptr<Shard>> Shard::Create(ShardOptions options) {
     shard->incarnation_ = absl::Uniform<uint64_t>(gen);
   }
   if (!o.checkpoint_dir.empty()) {
-    absl::StatusOr<CheckpointFile> file = LoadNewestCheckpoint(
-        o.checkpoint_dir, absl::StrCat("bnps_server[", o.shard, "]"));
+    // A directory that cannot be written is said now, not at every
+    // checkpoint while the job runs without any to come back to.
+    if (absl::Status d = CreateCheckpointDir(o.checkpoint_dir); !d.ok()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("checkpoint directory: ", d.message()));
+    }
+    const std::string prefix = absl::StrCat("bnps_server[", o.shard, "]");
+    absl::StatusOr<CheckpointFile> file =
+        LoadNewestCheckpoint(o.checkpoint_dir, prefix);
+    // A file that verifies but does not fit the job (DATA_LOSS; another
+    // job's config is refused as it is) is set aside as a torn one, and the
+    // previous one is tried: a supervisor's restarts would fail the same way.
+    for (;;) {
+      if (!file.ok()) break;
+      const absl::Status s =
+          shard->Restore(file->payload, file->path, absl::OkStatus());
+      if (s.ok()) break;
+      if (!absl::IsDataLoss(s)) return s;
+      std::fprintf(stderr,
+                   "%s: %s; set aside as %s; trying the previous one\n",
+                   prefix.c_str(), std::string(s.message()).c_str(),
+                   SetAside(file->path).c_str());
+      file = LoadNewestCheckpoint(o.checkpoint_dir, prefix);
+    }
     if (file.ok()) {
-      if (absl::Status s =
-              shard->Restore(file->payload, file->path, absl::OkStatus());
-          !s.ok()) {
-        return s;
-      }
       absl::MutexLock lock(&shard->gen_mu_);
       shard->gen_.needs_rollback = true;
       std::fprintf(stderr,
@@ -480,7 +498,8 @@ absl::Status Shard::CheckpointNow() {
 }
 
 absl::Status Shard::Restore(const std::string& payload, const std::string& from,
-                            const absl::Status& why) {
+                            const absl::Status& why, bool* changed) {
+  if (changed != nullptr) *changed = false;
   proto::ShardCheckpoint c;
   if (!c.ParseFromString(payload)) {
     return absl::DataLossError(absl::StrCat(from, ": not a shard checkpoint"));
@@ -538,13 +557,50 @@ absl::Status Shard::Restore(const std::string& payload, const std::string& from,
       static_cast<size_t>(c.workers_size()) != workers) {
     return bad("worker records of another worker count");
   }
-  if (absl::Status s = store_.Import(store, why); !s.ok()) return bad(std::string(s.message()));
-  if (absl::Status s = bn_.Import(bn, why); !s.ok()) return bad(std::string(s.message()));
+  // Everything is checked before anything changes: a rollback that fails
+  // must not leave the store restored and the BN layers or clocks not.
+  // (The store and the aggregator check the same again.)
+  for (const StoreState::Key& k : store.keys) {
+    int64_t n = 1;
+    bool fits = k.values->size() == k.momentum.size() &&
+                k.last_pushed.size() == workers && k.version >= 0;
+    for (int64_t d : k.shape) {
+      fits = fits && d >= 0 &&
+             (d == 0 || n <= static_cast<int64_t>(k.values->size()) / d);
+      if (fits) n *= d;
+    }
+    if (!fits || n != static_cast<int64_t>(k.values->size())) {
+      return bad(absl::StrCat("parameter '", k.key, "' does not fit this job"));
+    }
+    if (k.key.empty() || k.key.size() > proto::kMaxKeyBytes ||
+        n > proto::kMaxTensorElements) {
+      return bad(absl::StrCat("parameter '", k.key, "' does not fit this job"));
+    }
+    if (absl::Status s = CheckOwned(k.key); !s.ok()) {
+      return bad(std::string(s.message()));
+    }
+  }
+  for (const BnState::Layer& l : bn.layers) {
+    if (l.channels < 0 || l.channels > proto::kMaxChannels ||
+        (l.running.has_value() &&
+         (static_cast<int64_t>(l.running->mean.size()) != l.channels ||
+          static_cast<int64_t>(l.running->var.size()) != l.channels))) {
+      return bad(absl::StrCat("BN layer '", l.name, "' does not fit its channels"));
+    }
+  }
+  // The clocks first: their restore checks the staleness bound as it goes,
+  // and changes nothing when it fails.
   if (clocks_ != nullptr) {
     std::vector<int64_t> clocks;
     for (const proto::WorkerState& w : c.workers()) clocks.push_back(w.clock());
-    if (absl::Status s = clocks_->Restore(clocks, why); !s.ok()) return s;
+    if (absl::Status s = clocks_->Restore(clocks, why); !s.ok()) {
+      return bad(std::string(s.message()));
+    }
+    if (changed != nullptr) *changed = true;
   }
+  if (absl::Status s = store_.Import(store, why); !s.ok()) return bad(std::string(s.message()));
+  if (changed != nullptr) *changed = true;
+  if (absl::Status s = bn_.Import(bn, why); !s.ok()) return bad(std::string(s.message()));
   absl::MutexLock lock(&gen_mu_);
   if (why.ok()) {  // at start: the registrations, as of the checkpoint
     std::vector<Membership::WorkerInfo> infos;
@@ -619,9 +675,22 @@ absl::StatusOr<int64_t> Shard::Rollback(int64_t generation, int64_t step) {
     gen_.needs_rollback = false;
     gen_.restored_step = step;
   }
-  if (absl::Status s = Restore(file->payload, file->path, why); !s.ok()) {
+  bool changed = false;
+  if (absl::Status s = Restore(file->payload, file->path, why, &changed);
+      !s.ok()) {
+    // Restore checks before it changes anything; should a part have changed
+    // all the same, no call may reach a shard half restored: it waits for
+    // another rollback.
+    if (absl::IsDataLoss(s)) {
+      // Its checksum is right but not its content: as a torn file, it is
+      // set aside, so that the workers' next try picks another step.
+      std::fprintf(stderr, "bnps_server[%d]: %s; set aside as %s\n",
+                   options_.shard, std::string(s.message()).c_str(),
+                   SetAside(file->path).c_str());
+    }
     absl::MutexLock lock(&gen_mu_);
     gen_ = before;
+    if (changed) gen_.needs_rollback = true;
     return s;
   }
   std::fprintf(stderr,

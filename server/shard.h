@@ -208,9 +208,11 @@ class Shard {
   void OnBoundary(int64_t step, StoreState store);
   void WriterLoop();
   // Restores `payload` (a serialized proto::ShardCheckpoint). INVALID_ARGUMENT
-  // for a checkpoint of another job config.
+  // for a checkpoint of another job config; DATA_LOSS for one that does not
+  // fit the job (checked before anything changes). `*changed` (if given):
+  // whether some component was restored all the same.
   absl::Status Restore(const std::string& payload, const std::string& from,
-                       const absl::Status& why);
+                       const absl::Status& why, bool* changed = nullptr);
 
   const ShardOptions options_;
   ParameterStore store_;

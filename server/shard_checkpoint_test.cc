@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "proto/checkpoint.pb.h"
 #include "proto/generation.h"
 #include "server/checkpoint.h"
 #include "server/shard.h"
@@ -122,6 +123,108 @@ TEST_F(ShardCheckpointTest, ReplayAfterRollbackGivesTheSameBits) {
   // Steps 2..5 again, as the workers replay them.
   for (int64_t s = 2; s < 6; ++s) Step(*shard, s, 0.25f * (s + 1));
   EXPECT_EQ(Values(*shard), final_values);  // bit for bit
+}
+
+// A checkpoint that verifies (its checksum is right) but whose content does
+// not fit the job must change nothing when a rollback to it fails: not the
+// parameters (half a restore) and not the generation checks.
+TEST_F(ShardCheckpointTest, AFailedRollbackLeavesTheStateAsItWas) {
+  auto shard = *Shard::Create(Options());
+  ASSERT_TRUE(*shard->store().Init("w", {2}, {1.0f, 2.0f}));
+  for (int64_t s = 0; s < 4; ++s) Step(*shard, s, 0.25f * (s + 1));
+  ASSERT_TRUE(shard->FlushCheckpoints().ok());
+  const std::vector<float> before = Values(*shard);
+  absl::StatusOr<CheckpointFile> file =
+      ReadCheckpoint(CheckpointPath(dir_, 2));
+  ASSERT_TRUE(file.ok()) << file.status();
+  proto::ShardCheckpoint c;
+  ASSERT_TRUE(c.ParseFromString(file->payload));
+  ASSERT_EQ(c.params_size(), 1);
+  proto::BnLayerState* l = c.add_bn_layers();
+  l->set_layer("bn0");
+  l->set_channels(3);
+  l->set_has_running(true);
+  l->set_running_mean(std::string(2 * sizeof(double), '\0'));  // not 3
+  l->set_running_var(std::string(2 * sizeof(double), '\0'));
+  ASSERT_TRUE(WriteCheckpoint(dir_, 2, c.SerializeAsString()).ok());
+
+  absl::StatusOr<int64_t> rolled = shard->Rollback(1, 2);
+  EXPECT_TRUE(absl::IsDataLoss(rolled.status())) << rolled.status();
+  EXPECT_EQ(Values(*shard), before);  // not step 2's parameters
+  // Set aside, as a torn file: the workers' next try picks another step.
+  EXPECT_EQ(*ListCheckpoints(dir_), (std::vector<int64_t>{4}));
+  EXPECT_TRUE(shard->CheckGeneration(0).ok());
+  EXPECT_EQ(shard->generation().generation, 0);
+  Step(*shard, 4, 1.0f);  // the job goes on where it was
+}
+
+// A checkpoint whose clocks cannot be restored (async, shard 0: over the
+// staleness bound) must not leave the parameters restored and the clocks not.
+TEST_F(ShardCheckpointTest, AHalfRestoredShardRefusesCalls) {
+  ShardOptions o = Options(2);
+  o.policy = policy::Policy::kAsync;
+  o.staleness = 1;
+  o.checkpoint_every = 0;
+  auto shard = *Shard::Create(o);
+  ASSERT_TRUE(*shard->store().Init("w", {2}, {1.0f, 2.0f}));
+  ASSERT_TRUE(shard->store().Push(0, 0, "w", {2}, std::vector<float>{1, 1}, 1).ok());
+  ASSERT_TRUE(shard->CheckpointNow().ok());
+  const std::vector<float> before = Values(*shard);
+  absl::StatusOr<std::vector<int64_t>> steps = ListCheckpoints(dir_);
+  ASSERT_TRUE(steps.ok() && !steps->empty());
+  absl::StatusOr<CheckpointFile> file =
+      ReadCheckpoint(CheckpointPath(dir_, steps->front()));
+  ASSERT_TRUE(file.ok()) << file.status();
+  proto::ShardCheckpoint c;
+  ASSERT_TRUE(c.ParseFromString(file->payload));
+  ASSERT_EQ(c.workers_size(), 2);
+  ASSERT_EQ(c.params_size(), 1);
+  c.mutable_params(0)->set_values(std::string(2 * sizeof(float), '\0'));
+  c.mutable_workers(0)->set_clock(5);  // 5 steps ahead of worker 1: over s
+  ASSERT_TRUE(WriteCheckpoint(dir_, steps->front(), c.SerializeAsString()).ok());
+
+  absl::StatusOr<int64_t> rolled = shard->Rollback(1, -1);
+  EXPECT_FALSE(rolled.ok());
+  // The clocks are checked before the parameters change: nothing changed,
+  // and the job goes on in its generation.
+  EXPECT_EQ(Values(*shard), before);
+  EXPECT_TRUE(shard->CheckGeneration(0).ok());
+  EXPECT_FALSE(shard->generation().needs_rollback);
+}
+
+TEST_F(ShardCheckpointTest, TheDirectoryIsCreatedAtStartOrTheStartFails) {
+  // Missing parents are created (bnps_launch.py --restart=on-failure passes
+  // <out_dir>/checkpoints/shard<i>, whose parent nothing else creates).
+  ShardOptions o = Options();
+  o.checkpoint_dir = dir_ + "/checkpoints/shard0";
+  {
+    auto shard = *Shard::Create(o);
+    ASSERT_TRUE(*shard->store().Init("w", {2}, {1.0f, 2.0f}));
+    for (int64_t s = 0; s < 2; ++s) Step(*shard, s, 1.0f);
+    ASSERT_TRUE(shard->FlushCheckpoints().ok());
+    EXPECT_EQ(*ListCheckpoints(o.checkpoint_dir), (std::vector<int64_t>{2}));
+  }
+  // A directory that cannot be made fails the start, not every checkpoint
+  // while the job runs without any to come back to.
+  ASSERT_TRUE(WriteCheckpoint(dir_ + "/d", 0, "x").ok());
+  o.checkpoint_dir = CheckpointPath(dir_ + "/d", 0) + "/sub";  // under a file
+  absl::StatusOr<std::unique_ptr<Shard>> shard = Shard::Create(o);
+  EXPECT_TRUE(absl::IsFailedPrecondition(shard.status())) << shard.status();
+}
+
+TEST_F(ShardCheckpointTest, AtStartAFileThatDoesNotFitFallsBack) {
+  {
+    auto shard = *Shard::Create(Options());
+    ASSERT_TRUE(*shard->store().Init("w", {2}, {1.0f, 2.0f}));
+    for (int64_t s = 0; s < 4; ++s) Step(*shard, s, 0.5f);
+    ASSERT_TRUE(shard->FlushCheckpoints().ok());
+  }
+  // Step 4's file verifies (its checksum is right) but is no checkpoint.
+  ASSERT_TRUE(WriteCheckpoint(dir_, 4, "\xff\xff\xff").ok());
+  absl::StatusOr<std::unique_ptr<Shard>> shard = Shard::Create(Options());
+  ASSERT_TRUE(shard.ok()) << shard.status();
+  EXPECT_EQ((*shard)->generation().restored_step, 2);
+  EXPECT_EQ(*ListCheckpoints(dir_), (std::vector<int64_t>{2}));
 }
 
 TEST_F(ShardCheckpointTest, RefusesACheckpointOfAnotherJob) {
