@@ -96,11 +96,17 @@ class Cluster:
             return []
         return sorted(f for f in os.listdir(d) if f.endswith(".bnps"))
 
-    def wait_for_checkpoint(self, i, timeout=60):
-        """Until server i wrote a checkpoint (training has begun)."""
+    def wait_for_common_checkpoint(self, timeout=60):
+        """Until every server wrote a checkpoint of one same step: what a
+        rollback needs (each shard writes its own in the background, so one
+        shard's file alone does not make a step common)."""
         deadline = time.time() + timeout
         while time.time() < deadline:
-            if self.checkpoints(i):
+            common = None
+            for i in range(len(self.ports)):
+                steps = {int(re.sub(r"\D", "", f)) for f in self.checkpoints(i)}
+                common = steps if common is None else common & steps
+            if common:
                 return True
             time.sleep(0.02)
         return False

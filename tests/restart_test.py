@@ -46,7 +46,7 @@ class RestartTest(unittest.TestCase):
 
     def test_server_killed_and_restarted(self):
         def kill_server_1(c):
-            self.assertTrue(c.wait_for_checkpoint(1), c.logs())
+            self.assertTrue(c.wait_for_common_checkpoint(), c.logs())
             c.kill("server", 1)
             c.start_server(1)
 
@@ -61,7 +61,7 @@ class RestartTest(unittest.TestCase):
 
     def test_worker_killed_and_restarted(self):
         def kill_worker_1(c):
-            self.assertTrue(c.wait_for_checkpoint(0), c.logs())
+            self.assertTrue(c.wait_for_common_checkpoint(), c.logs())
             c.kill("worker", 1)
             c.start_worker(1)
 
@@ -75,7 +75,7 @@ class RestartTest(unittest.TestCase):
 
     def test_corrupt_newest_checkpoint_falls_back(self):
         def kill_and_corrupt(c):
-            self.assertTrue(c.wait_for_checkpoint(1), c.logs())
+            self.assertTrue(c.wait_for_common_checkpoint(), c.logs())
             # Two checkpoints, so that there is a previous one to fall back to.
             deadline = time.time() + 60
             while len(c.checkpoints(1)) < 2 and time.time() < deadline:
