@@ -2,7 +2,7 @@
 checks, an unreachable server, local moments (16-bit input accumulated in
 float32), Chan's merge, SyncBatchNorm against torch.nn.BatchNorm under a
 fake client (sync with one worker, local with momentum=None), eval mode with
-no session at all, convert_sync_batchnorm's names and state.
+no connection at all, convert_sync_batchnorm's names and state.
 Needs torch (tools/setup.sh installs python3-torch); fails without it."""
 
 import os
@@ -29,7 +29,7 @@ import bnps  # noqa: E402
 import bnps.torch  # noqa: E402
 from bnps import client as bnps_client  # noqa: E402
 from bnps import errors  # noqa: E402
-from bnps.torch import session as bnps_session  # noqa: E402
+from bnps.torch import connection as bnps_connection  # noqa: E402
 
 F64 = dict(rtol=1e-10, atol=1e-10)
 
@@ -152,15 +152,15 @@ class MomentsTest(unittest.TestCase):
 
 
 class LayerTest(unittest.TestCase):
-    def session(self, policy):
-        s = bnps_session.Session(FakeClient(policy))
+    def connection(self, policy):
+        s = bnps_connection.Connection(FakeClient(policy))
         self.addCleanup(s.close)
         return s
 
     def check_against_torch(self, policy, momentum, steps=3):
-        s = self.session(policy)
+        s = self.connection(policy)
         ours = bnps.torch.SyncBatchNorm(3, momentum=momentum, name="l",
-                                        session=s).double()
+                                        connection=s).double()
         ref = nn.BatchNorm2d(3, momentum=momentum).double()
         with torch.no_grad():
             for m in (ours, ref):
@@ -191,16 +191,16 @@ class LayerTest(unittest.TestCase):
         s = self.check_against_torch("local", None)
         self.assertEqual(s.client.calls, [])  # no traffic
 
-    def test_training_without_a_name_or_a_session_is_refused(self):
-        s = self.session("sync")
+    def test_training_without_a_name_or_a_connection_is_refused(self):
+        s = self.connection("sync")
         with self.assertRaisesRegex(RuntimeError, "name"):
-            bnps.torch.SyncBatchNorm(2, session=s)(torch.randn(3, 2))
-        saved, bnps_session._default = bnps_session._default, None
+            bnps.torch.SyncBatchNorm(2, connection=s)(torch.randn(3, 2))
+        saved, bnps_connection._default = bnps_connection._default, None
         try:
             with self.assertRaisesRegex(RuntimeError, "init"):
                 bnps.torch.SyncBatchNorm(2, name="x")(torch.randn(3, 2))
         finally:
-            bnps_session._default = saved
+            bnps_connection._default = saved
 
     def test_bad_input_rank_is_a_value_error(self):
         with self.assertRaises(ValueError):
@@ -209,8 +209,8 @@ class LayerTest(unittest.TestCase):
             bnps.torch.SyncBatchNorm(2, name="x")(torch.randn(3, 4))
 
     def check_two_backward_passes(self, policy, calls):
-        s = self.session(policy)
-        ours = bnps.torch.SyncBatchNorm(3, name="l", session=s).double()
+        s = self.connection(policy)
+        ours = bnps.torch.SyncBatchNorm(3, name="l", connection=s).double()
         ref = nn.BatchNorm2d(3).double()
         x = torch.randn(4, 3, 2, 2, dtype=torch.float64)
         xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
@@ -233,8 +233,8 @@ class LayerTest(unittest.TestCase):
         # A siamese model: the backward passes come in reverse order of the
         # forwards; their steps count up all the same (the servers refuse a
         # backward step below one they finished).
-        s = self.session("sync")
-        ours = bnps.torch.SyncBatchNorm(3, name="l", session=s).double()
+        s = self.connection("sync")
+        ours = bnps.torch.SyncBatchNorm(3, name="l", connection=s).double()
         ref = nn.BatchNorm2d(3).double()
         for _ in range(2):
             x1 = torch.randn(4, 3, 2, 2, dtype=torch.float64)
@@ -256,8 +256,8 @@ class LayerTest(unittest.TestCase):
         # The backward pass treats the merged statistics as constants, so
         # its own derivative (create_graph=True, a gradient penalty) would
         # be wrong: it must raise rather than differentiate it.
-        s = self.session("local")
-        bn = bnps.torch.SyncBatchNorm(3, name="l", session=s).double()
+        s = self.connection("local")
+        bn = bnps.torch.SyncBatchNorm(3, name="l", connection=s).double()
         x = torch.randn(4, 3, 2, 2, dtype=torch.float64, requires_grad=True)
         (g,) = torch.autograd.grad((bn(x) ** 3).sum(), x, create_graph=True)
         with self.assertRaisesRegex(RuntimeError, "once_differentiable"):
@@ -266,15 +266,15 @@ class LayerTest(unittest.TestCase):
     def test_recalibrate_keeps_untracked_layers_off_the_wire(self):
         # Under sync an untracked layer's forward is a barrier; during
         # recalibration (loaders of any length per worker) it must not be.
-        s = self.session("sync")
+        s = self.connection("sync")
         model = nn.Sequential(
-            bnps.torch.SyncBatchNorm(3, name="a", session=s),
-            bnps.torch.SyncBatchNorm(3, name="b", session=s,
+            bnps.torch.SyncBatchNorm(3, name="a", connection=s),
+            bnps.torch.SyncBatchNorm(3, name="b", connection=s,
                                      track_running_stats=False))
         model.eval()
         model[1].train()  # a mixed state: each module's flag comes back
         loader = [torch.randn(4, 3, 2, 2) for _ in range(2)]
-        self.assertEqual(bnps.torch.recalibrate(model, loader, session=s), 2)
+        self.assertEqual(bnps.torch.recalibrate(model, loader, connection=s), 2)
         self.assertEqual(s.client.calls, [("recal", "a", 0), ("recal", "a", 1),
                                           ("recal_finish", "a")])
         self.assertFalse(model.training)
@@ -288,9 +288,9 @@ class LayerTest(unittest.TestCase):
         # The CUDA path: the same torch operations on the input's device.
         for dtype, affine in ((torch.float32, True), (torch.float32, False),
                               (torch.float16, True)):
-            s = self.session("sync")
+            s = self.connection("sync")
             ours = bnps.torch.SyncBatchNorm(3, affine=affine, name="l",
-                                            session=s).cuda()
+                                            connection=s).cuda()
             ref = nn.BatchNorm2d(3, affine=affine).cuda()
             x = (torch.randn(4, 3, 5, 5, device="cuda") * 3 + 2).to(dtype)
             dy = torch.randn_like(x)
@@ -306,7 +306,7 @@ class LayerTest(unittest.TestCase):
             torch.testing.assert_close(ours.running_var, ref.running_var,
                                        rtol=1e-4, atol=1e-4)
 
-    def test_eval_needs_no_session(self):
+    def test_eval_needs_no_connection(self):
         ours = bnps.torch.SyncBatchNorm(3).eval()
         ref = nn.BatchNorm2d(3).eval()
         with torch.no_grad():

@@ -203,7 +203,14 @@ class Shard {
   void HandleLosses(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(join_mu_);
 
   // A checkpoint's worth of state, taken at a boundary, written later.
-  struct Taken;
+  struct Taken {
+    int64_t step = 0;
+    int64_t generation = 0;
+    StoreState store;
+    BnState bn;
+    std::vector<Membership::WorkerInfo> workers;
+    std::vector<int64_t> clocks;
+  };
   // Called by the store at a step boundary, with its lock held.
   void OnBoundary(int64_t step, StoreState store);
   void WriterLoop();

@@ -107,8 +107,8 @@ def launch(args):
 def work(args):
     import bnps.torch
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    session = bnps.torch.init()
-    w, nw = session.worker, session.num_workers
+    connection = bnps.torch.init()
+    w, nw = connection.worker, connection.num_workers
     x, y = resnet.fashion_mnist("train", args.train_examples)
     x, y = x[w::nw], y[w::nw]
     torch.manual_seed(args.seed)  # the same initial model everywhere
@@ -127,7 +127,7 @@ def work(args):
         for i in range(per_epoch):
             idx = order[i * args.batch_size:(i + 1) * args.batch_size]
             xb, yb = x[idx], y[idx]
-            with session.step():
+            with connection.step():
                 opt.zero_grad()
                 out = model(xb)
                 loss = F.cross_entropy(out, yb)
@@ -148,7 +148,7 @@ def work(args):
     recal_loader = [x[i:i + 256]
                     for i in range(0, min(len(x), args.recal_examples), 256)]
     accuracies = {}
-    if session.policy == "recal":
+    if connection.policy == "recal":
         bnps.torch.recalibrate(model, recal_loader)
     else:
         bnps.torch.sync_running_stats(model)
@@ -158,11 +158,11 @@ def work(args):
     key = "recal_accuracy" if "test_accuracy" in accuracies else "test_accuracy"
     accuracies[key] = evaluate(model, args) if w == 0 else 0
     if w == 0:
-        print(f"result: policy={session.policy} workers={nw} steps={steps} "
+        print(f"result: policy={connection.policy} workers={nw} steps={steps} "
               f"train_s={train_s:.1f} " +
               " ".join(f"{k}={v:.4f}" for k, v in accuracies.items()),
               flush=True)
-    session.close()
+    connection.close()
     return 0
 
 

@@ -103,7 +103,7 @@ def scenario_shared(worker):
 
 def scenario_long(worker):
     out = run_case(parity_cases.LONG, worker)
-    client = bnps.torch.default_session().client
+    client = bnps.torch.default_connection().client
     mean, var = client.bn_running("long", parity_cases.LONG.features)
     out["server_mean"] = torch.from_numpy(mean)
     out["server_var"] = torch.from_numpy(var)
@@ -213,12 +213,12 @@ def scenario_recal(worker):
 
 
 def scenario_async(worker):
-    """async: runs inside session.step() and ends with the servers' stats."""
-    session = bnps.torch.default_session()
+    """async: runs inside connection.step() and ends with the servers' stats."""
+    connection = bnps.torch.default_connection()
     bn = bnps.torch.SyncBatchNorm(3, name="async").double()
     g = torch.Generator().manual_seed(40 + worker)
     for _ in range(6):
-        with session.step():
+        with connection.step():
             x = torch.randn(5, 3, 2, 2, generator=g,
                             dtype=torch.float64) + 3 * worker
             y = bn(x)
@@ -237,12 +237,12 @@ def scenario_optimizer(worker):
     # workers' dy differently inside the synchronized BN backward pass.
     opt = bnps.torch.ParameterServerOptimizer(model.named_parameters(),
                                               loss_reduction="sum")
-    session = bnps.torch.default_session()
+    connection = bnps.torch.default_connection()
     sizes = parity_cases.OPT_SIZES
     rows = slice(sum(sizes[:worker]), sum(sizes[:worker + 1]))
     for step in range(parity_cases.OPT_STEPS):
         x, y = parity_cases.opt_data(step)
-        with session.step():
+        with connection.step():
             opt.zero_grad()
             loss = torch.nn.functional.cross_entropy(model(x[rows]), y[rows],
                                                      reduction="sum")
@@ -260,9 +260,9 @@ SCENARIOS = {name[len("scenario_"):]: fn for name, fn in globals().items()
 def main():
     scenario, out_dir = sys.argv[1], sys.argv[2]
     torch.set_num_threads(1)
-    with bnps.torch.init() as session:
-        result = SCENARIOS[scenario](session.worker)
-    torch.save(result, os.path.join(out_dir, f"{scenario}_w{session.worker}.pt"))
+    with bnps.torch.init() as connection:
+        result = SCENARIOS[scenario](connection.worker)
+    torch.save(result, os.path.join(out_dir, f"{scenario}_w{connection.worker}.pt"))
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ sync_running_stats (every policy but recal) and recalibrate (any policy)."""
 import torch
 from torch import nn
 
-from bnps.torch import session as _session
+from bnps.torch import connection as _connection
 from bnps.torch.sync_batchnorm import SyncBatchNorm, local_moments, _np
 
 
@@ -18,18 +18,18 @@ def name_layers(module, prefix=""):
     return module
 
 
-def convert_sync_batchnorm(module, prefix="", session=None):
+def convert_sync_batchnorm(module, prefix="", connection=None):
     """Replaces every torch.nn.BatchNorm1d/2d/3d (and torch.nn.SyncBatchNorm)
     of `module` in place by a bnps SyncBatchNorm with the same arguments,
     keeping its parameters (the same Parameter objects, so an optimizer made
     before still updates them), running statistics, training flag and
     device, and names every bnps layer by its qualified module name. Returns
     the module (a new one if `module` itself is a BatchNorm)."""
-    out = _convert(module, session)
+    out = _convert(module, connection)
     return name_layers(out, prefix)
 
 
-def _convert(module, session):
+def _convert(module, connection):
     out = module
     if isinstance(module, nn.modules.batchnorm._BatchNorm) and \
             not isinstance(module, SyncBatchNorm):
@@ -39,7 +39,7 @@ def _convert(module, session):
                             module.affine, module.track_running_stats,
                             device=None if ref is None else ref.device,
                             dtype=None if ref is None else ref.dtype,
-                            session=session)
+                            connection=connection)
         if module.affine:
             with torch.no_grad():
                 out.weight = module.weight
@@ -51,7 +51,7 @@ def _convert(module, session):
         if hasattr(module, "qconfig"):
             out.qconfig = module.qconfig
     for child_name, child in module.named_children():
-        out.add_module(child_name, _convert(child, session))
+        out.add_module(child_name, _convert(child, connection))
     return out
 
 
@@ -77,14 +77,14 @@ def _round_key(m, kind):
     return m._name() if k == 0 else f"{m._name()}#{kind}{k}"
 
 
-def sync_running_stats(model, session=None):
+def sync_running_stats(model, connection=None):
     """Makes every SyncBatchNorm's running statistics the job's: under sync
     nothing to do (every worker updated them with the same global moments);
     under async the servers' latest (training copies them in each step);
     under local the average over the workers (a barrier per layer: every
     worker must call it; each call is a round of its own). Under recal use
     recalibrate. Returns the number of layers settled."""
-    s = session or _session.default_session()
+    s = connection or _connection.default_connection()
     if s.policy == "recal":
         raise RuntimeError("bnps: policy recal settles the running statistics "
                            "with bnps.torch.recalibrate(model, loader)")
@@ -106,7 +106,7 @@ def sync_running_stats(model, session=None):
     return n
 
 
-def recalibrate(model, loader, session=None, num_batches=None, device=None):
+def recalibrate(model, loader, connection=None, num_batches=None, device=None):
     """Recomputes every SyncBatchNorm's running statistics as the population
     statistics of the data of every worker: each worker runs its `loader`
     (batches of inputs, or tuples whose first element is the input) through
@@ -116,7 +116,7 @@ def recalibrate(model, loader, session=None, num_batches=None, device=None):
     worker must call this). Works under every policy, as often as wanted
     (each call is a round of its own); it is how recal settles the
     statistics. Returns the number of batches this worker ran."""
-    s = session or _session.default_session()
+    s = connection or _connection.default_connection()
     # Every bnps layer is in recalibration mode, so that none talks to the
     # servers' sync or async exchanges (whose steps the training owns); those
     # with running statistics file their batches' moments.

@@ -4,7 +4,7 @@ learning rate, momentum and weight decay: bnps_server's flags).
 
     opt = bnps.torch.ParameterServerOptimizer(model.named_parameters())
     for x, y in loader:
-        with session.step():
+        with connection.step():
             opt.zero_grad()
             loss = F.cross_entropy(model(x), y)   # a mean over the batch
             loss.backward()
@@ -27,22 +27,22 @@ torch.nn.SyncBatchNorm under DDP).
 
 import torch
 
-from bnps.torch import session as _session
+from bnps.torch import connection as _connection
 
 
 class ParameterServerOptimizer:
-    def __init__(self, named_parameters, session=None, prefix="",
+    def __init__(self, named_parameters, connection=None, prefix="",
                  loss_reduction="mean"):
         if loss_reduction not in ("mean", "sum"):
             raise ValueError("loss_reduction must be 'mean' or 'sum'")
-        self.session = session or _session.default_session()
+        self.connection = connection or _connection.default_connection()
         self.params = {prefix + n: p for n, p in named_parameters}
         if not self.params:
             raise ValueError("ParameterServerOptimizer: no parameters")
         self.loss_reduction = loss_reduction
         self.step_count = 0
-        self._bulk = self.session.policy != "async"
-        self.session.client.init_parameters(
+        self._bulk = self.connection.policy != "async"
+        self.connection.client.init_parameters(
             {n: p.detach().float().cpu().numpy()
              for n, p in self.params.items()})
         self._load(0)
@@ -55,7 +55,7 @@ class ParameterServerOptimizer:
                 p.grad.zero_()
 
     def _load(self, min_version):
-        values = self.session.client.pull_parameters(min_version,
+        values = self.connection.client.pull_parameters(min_version,
                                                      list(self.params))
         with torch.no_grad():
             for n, p in self.params.items():
@@ -70,7 +70,7 @@ class ParameterServerOptimizer:
         for n, p in self.params.items():
             g = p.grad if p.grad is not None else torch.zeros_like(p)
             grads[n] = (g.detach().float() * scale).cpu().numpy()
-        self.session.client.push_gradients(self.step_count, int(num_samples),
+        self.connection.client.push_gradients(self.step_count, int(num_samples),
                                            grads)
         self.step_count += 1
         self._load(self.step_count if self._bulk else 0)

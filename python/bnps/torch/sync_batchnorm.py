@@ -43,7 +43,7 @@ from torch.autograd.function import once_differentiable
 from torch.nn import functional as F
 
 from bnps import client as _client
-from bnps.torch import session as _session
+from bnps.torch import connection as _connection
 
 _LOCAL_POLICIES = ("local", "recal")
 
@@ -176,17 +176,17 @@ class _SyncBatchNormFunction(torch.autograd.Function):
 
 class SyncBatchNorm(nn.modules.batchnorm._BatchNorm):
     """torch.nn.SyncBatchNorm's arguments, plus `name` (the layer's key on
-    the servers; convert_sync_batchnorm assigns it) and `session` (default:
-    the default session). Input: (N, C) to (N, C, D, H, W), any memory
+    the servers; convert_sync_batchnorm assigns it) and `connection` (default:
+    the default connection). Input: (N, C) to (N, C, D, H, W), any memory
     format, float16/bfloat16/float32/float64, CPU or CUDA."""
 
     def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True,
                  track_running_stats=True, device=None, dtype=None, name=None,
-                 session=None):
+                 connection=None):
         super().__init__(num_features, eps, momentum, affine,
                          track_running_stats, device=device, dtype=dtype)
         self.bnps_name = name
-        self.session = session
+        self.connection = connection
         self._bnps_step = 0       # training-mode calls synced so far
         self._bnps_backward_step = 0  # backward passes synced so far
         self._recal_batch = None  # not None: the next recalibration batch
@@ -201,9 +201,9 @@ class SyncBatchNorm(nn.modules.batchnorm._BatchNorm):
             raise ValueError(f"bnps SyncBatchNorm: expected {self.num_features}"
                              f" channels, got input of shape {tuple(x.shape)}")
 
-    def _session(self):
-        return self.session if self.session is not None else \
-            _session.default_session()
+    def _connection(self):
+        return self.connection if self.connection is not None else \
+            _connection.default_connection()
 
     def _name(self):
         if not self.bnps_name:
@@ -244,12 +244,12 @@ class SyncBatchNorm(nn.modules.batchnorm._BatchNorm):
             # it normalizes with its own batch and sends nothing (the
             # workers' loaders may differ in length: no barriers here).
             if self.running_mean is not None:
-                s = self._session()
+                s = self._connection()
                 s.client.bn_recal(self._recal_key, self._recal_batch, count,
                                   _np(mean), _np(m2))
                 self._recal_batch += 1
             return _Stats(count, mean, _biased(count, m2))
-        s = self._session()
+        s = self._connection()
         if s.policy in _LOCAL_POLICIES:
             self._update_running(count, mean, m2)
             return _Stats(count, mean, _biased(count, m2))
@@ -302,7 +302,7 @@ class SyncBatchNorm(nn.modules.batchnorm._BatchNorm):
         # through one forward (retain_graph) needs a merge of its own, where
         # a repeated step would get the first pass's sums back.
         step = self._bnps_backward_step
-        r = self._session().client.bn_backward(stats.layer, step, sum_dy,
+        r = self._connection().client.bn_backward(stats.layer, step, sum_dy,
                                                sum_dy_xhat)
         self._bnps_backward_step += 1
         return r

@@ -1,21 +1,21 @@
-"""bnps.torch.init and the Session it returns: this process's connection to
+"""bnps.torch.init and the Connection it returns: this process's connection to
 the job's shard servers, which SyncBatchNorm layers use.
 
-    session = bnps.torch.init()          # from BNPS_* environment variables
-    session = bnps.torch.init(servers="127.0.0.1:7000,127.0.0.1:7001",
+    connection = bnps.torch.init()          # from BNPS_* environment variables
+    connection = bnps.torch.init(servers="127.0.0.1:7000,127.0.0.1:7001",
                               worker=rank, num_workers=world, job="resnet")
     ...
-    session.close()                      # or `with bnps.torch.init(...):`
+    connection.close()                      # or `with bnps.torch.init(...):`
 
 Every argument left as None comes from the environment, like the binaries'
 flags: BNPS_SERVERS (comma-separated, shard order), BNPS_WORKER,
 BNPS_NUM_WORKERS, BNPS_JOB (default "bnps"), BNPS_TOKEN_FILE, BNPS_TLS_CA,
 BNPS_TLS_CERT, BNPS_TLS_KEY, BNPS_RPC_TIMEOUT_S, BNPS_CONNECT_TIMEOUT_S.
 
-The first session opened becomes the default one, which layers without their
-own `session=` use (as torch.distributed's default process group); closing it
+The first connection opened becomes the default one, which layers without their
+own `connection=` use (as torch.distributed's default process group); closing it
 clears the default. The policy, the running-statistics momentum and the
-barrier timeout are the servers' (session.policy, session.config).
+barrier timeout are the servers' (connection.policy, connection.config).
 """
 
 import contextlib
@@ -30,7 +30,7 @@ _default = None
 POLICIES = ("sync", "async", "local", "recal")
 
 
-class Session:
+class Connection:
     def __init__(self, client):
         self.client = client
         self.config = dict(client.config)
@@ -65,7 +65,7 @@ class Session:
         counts. Use it around each iteration of an async job:
 
             for x, y in loader:
-                with session.step():
+                with connection.step():
                     loss = model(x) ...; loss.backward(); opt.step()
         """
         if self.policy == "async":
@@ -76,7 +76,7 @@ class Session:
             self.client.finish_step(self._step)
 
     def __repr__(self):
-        return (f"bnps.torch.Session(worker={self.worker}/{self.num_workers}, "
+        return (f"bnps.torch.Connection(worker={self.worker}/{self.num_workers}, "
                 f"policy={self.policy}, job={self.config.get('job')!r})")
 
 
@@ -96,7 +96,7 @@ def init(servers=None, worker=None, num_workers=None, job=None,
          token_file=None, tls_ca=None, tls_cert=None, tls_key=None,
          connect_timeout_s=None, rpc_timeout_s=None, set_default=True):
     """Connects this process to the job as worker `worker` of `num_workers`
-    and returns a Session. Raises ValueError for missing or bad arguments,
+    and returns a Connection. Raises ValueError for missing or bad arguments,
     bnps.Unavailable when a server cannot be reached, bnps.FailedPrecondition
     when the servers run another job or the worker id is taken."""
     global _default
@@ -119,18 +119,18 @@ def init(servers=None, worker=None, num_workers=None, job=None,
         connect_timeout_s=_env("BNPS_CONNECT_TIMEOUT_S", connect_timeout_s,
                                float, 30.0),
         rpc_timeout_s=_env("BNPS_RPC_TIMEOUT_S", rpc_timeout_s, float, 30.0))
-    session = Session(client)
+    connection = Connection(client)
     if set_default:
         with _default_lock:
             if _default is None:
-                _default = session
-    return session
+                _default = connection
+    return connection
 
 
-def default_session():
-    """The default session; RuntimeError if none is open."""
+def default_connection():
+    """The default connection; RuntimeError if none is open."""
     s = _default
     if s is None:
-        raise RuntimeError("bnps.torch: no session; call bnps.torch.init() "
-                           "first (or pass session= to the layer)")
+        raise RuntimeError("bnps.torch: no connection; call bnps.torch.init() "
+                           "first (or pass connection= to the layer)")
     return s

@@ -1,0 +1,384 @@
+// Shard's checkpoints, rollbacks and digest: what it takes at a step
+// boundary, the writer thread that puts it on disk, restoring it (at start or
+// by Rollback), and the hashes of bnps_status --digest. The rest of the class
+// is in shard.cc.
+
+#include <cstdio>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "proto/checkpoint.pb.h"
+#include "proto/generation.h"
+#include "proto/limits.h"
+#include "proto/sharding.h"
+#include "server/checkpoint.h"
+#include "server/shard.h"
+#include "util/sha256.h"
+
+namespace bnps::server {
+namespace {
+
+std::string FloatBytes(const std::vector<float>& v) {
+  return std::string(reinterpret_cast<const char*>(v.data()),
+                     v.size() * sizeof(float));
+}
+std::string DoubleBytes(const std::vector<double>& v) {
+  return std::string(reinterpret_cast<const char*>(v.data()),
+                     v.size() * sizeof(double));
+}
+template <typename T>
+bool FromBytes(const std::string& b, std::vector<T>* out) {
+  if (b.size() % sizeof(T) != 0) return false;
+  out->resize(b.size() / sizeof(T));
+  if (!b.empty()) std::memcpy(out->data(), b.data(), b.size());
+  return true;
+}
+
+}  // namespace
+
+Shard::Digest Shard::ComputeDigest() const {
+  Digest d;
+  const StoreState store = store_.Export();
+  d.step = store.keys.empty() ? 0 : INT64_MAX;
+  for (const StoreState::Key& k : store.keys) {
+    d.entries.emplace_back(k.key, util::Sha256Of(FloatBytes(*k.values)));
+    d.step = std::min(d.step, k.version);
+  }
+  for (const BnState::Layer& l : bn_.Export().layers) {
+    if (!l.running.has_value()) continue;
+    d.entries.emplace_back(
+        absl::StrCat("bn/", l.name),
+        util::Sha256Of(DoubleBytes(l.running->mean) + DoubleBytes(l.running->var)));
+  }
+  return d;
+}
+
+void Shard::OnBoundary(int64_t step, StoreState store) {
+  // The store's lock is held: nothing of step `step` is in yet anywhere.
+  auto taken = std::make_unique<Taken>();
+  taken->step = step;
+  taken->store = std::move(store);
+  taken->bn = bn_.Export();
+  taken->workers = membership_.Snapshot();
+  for (int w = 0; clocks_ != nullptr && w < options_.num_workers; ++w) {
+    taken->clocks.push_back(clocks_->clock(w));
+  }
+  {
+    absl::MutexLock lock(&gen_mu_);
+    taken->generation = gen_.generation;
+  }
+  absl::MutexLock lock(&writer_mu_);
+  // The previous boundary must be on disk before this one is taken (the
+  // store waits, only if the disk is slower than the training): a shard
+  // killed at any moment has the previous boundary at least, and keeps the
+  // last kKeepCheckpoints, so the shards always have a step in common.
+  writer_mu_.Await(absl::Condition(
+      +[](Shard* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->writer_mu_) {
+        return s->stop_writer_ || (s->to_write_.empty() && !s->writing_);
+      },
+      this));
+  to_write_.push_back(std::move(taken));
+}
+
+void Shard::WriterLoop() {
+  for (;;) {
+    std::unique_ptr<Taken> t;
+    {
+      absl::MutexLock lock(&writer_mu_);
+      writer_mu_.Await(absl::Condition(
+          +[](Shard* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->writer_mu_) {
+            return s->stop_writer_ || !s->to_write_.empty();
+          },
+          this));
+      if (to_write_.empty()) return;  // stopping, all written
+      t = std::move(to_write_.front());
+      to_write_.pop_front();
+      writing_ = true;
+    }
+    proto::ShardCheckpoint c;
+    *c.mutable_config() = ToJobConfig(options_);
+    c.set_step(t->step);
+    c.set_generation(t->generation);
+    for (const StoreState::Key& k : t->store.keys) {
+      proto::ParamState* p = c.add_params();
+      p->set_key(k.key);
+      for (int64_t d : k.shape) p->add_shape(d);
+      p->set_values(FloatBytes(*k.values));
+      p->set_momentum(FloatBytes(k.momentum));
+      p->set_version(k.version);
+      for (int64_t l : k.last_pushed) p->add_last_pushed(l);
+    }
+    for (const BnState::Layer& l : t->bn.layers) {
+      proto::BnLayerState* b = c.add_bn_layers();
+      b->set_layer(l.name);
+      b->set_channels(l.channels);
+      b->set_has_running(l.running.has_value());
+      if (l.running.has_value()) {
+        b->set_running_mean(DoubleBytes(l.running->mean));
+        b->set_running_var(DoubleBytes(l.running->var));
+      }
+      b->set_newest_forward(l.newest_forward);
+      b->set_newest_backward(l.newest_backward);
+    }
+    for (size_t w = 0; w < t->workers.size(); ++w) {
+      proto::WorkerState* ws = c.add_workers();
+      ws->set_registered(t->workers[w].registered);
+      ws->set_lost(t->workers[w].lost);
+      ws->set_incarnation(t->workers[w].incarnation);
+      ws->set_clock(w < t->clocks.size() ? t->clocks[w] : 0);
+    }
+    c.set_pushes_applied(t->store.applied);
+    c.set_pushes_duplicate(t->store.duplicates);
+    c.set_newest_push_step(t->store.newest_step);
+    c.set_newest_bn_step(t->bn.newest_step);
+    for (bool b : t->bn.contributed) c.add_bn_contributed(b);
+    absl::Status s =
+        WriteCheckpoint(options_.checkpoint_dir, t->step, c.SerializeAsString());
+    if (!s.ok()) {
+      std::fprintf(stderr, "bnps_server[%d]: checkpoint of step %lld failed: %s\n",
+                   options_.shard, static_cast<long long>(t->step),
+                   std::string(s.message()).c_str());
+    }
+    absl::MutexLock lock(&writer_mu_);
+    writing_ = false;
+    write_status_.Update(s);
+    if (s.ok()) last_written_ = options_.now();
+  }
+}
+
+std::optional<absl::Time> Shard::last_checkpoint_written() const {
+  absl::MutexLock lock(&writer_mu_);
+  return last_written_;
+}
+
+absl::Status Shard::FlushCheckpoints() {
+  if (options_.checkpoint_dir.empty()) {
+    return absl::FailedPreconditionError("the server has no --checkpoint_dir");
+  }
+  absl::MutexLock lock(&writer_mu_);
+  writer_mu_.Await(absl::Condition(
+      +[](Shard* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->writer_mu_) {
+        return s->to_write_.empty() && !s->writing_;
+      },
+      this));
+  return write_status_;
+}
+
+absl::Status Shard::CheckpointNow() {
+  if (options_.checkpoint_dir.empty()) {
+    return absl::FailedPreconditionError("the server has no --checkpoint_dir");
+  }
+  if (!policy::BulkSynchronous(options_.policy)) {
+    StoreState state = store_.Export();
+    int64_t step = 0;
+    for (const StoreState::Key& k : state.keys) step = std::max(step, k.version);
+    OnBoundary(step, std::move(state));
+  }
+  return FlushCheckpoints();
+}
+
+absl::Status Shard::Restore(const std::string& payload, const std::string& from,
+                            const absl::Status& why, bool* changed) {
+  if (changed != nullptr) *changed = false;
+  proto::ShardCheckpoint c;
+  if (!c.ParseFromString(payload)) {
+    return absl::DataLossError(absl::StrCat(from, ": not a shard checkpoint"));
+  }
+  const proto::JobConfig mine = ToJobConfig(options_);
+  if (c.config().SerializeAsString() != mine.SerializeAsString()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        from, " is a checkpoint of another job configuration (",
+        c.config().ShortDebugString(), "); this server runs ",
+        mine.ShortDebugString(),
+        ": start it with the job's flags, or another --checkpoint_dir"));
+  }
+  const size_t workers = static_cast<size_t>(options_.num_workers);
+  auto bad = [&](const std::string& what) {
+    return absl::DataLossError(absl::StrCat(from, ": ", what));
+  };
+  StoreState store;
+  for (const proto::ParamState& p : c.params()) {
+    StoreState::Key k;
+    k.key = p.key();
+    k.shape.assign(p.shape().begin(), p.shape().end());
+    auto values = std::make_shared<std::vector<float>>();
+    if (!FromBytes(p.values(), values.get()) ||
+        !FromBytes(p.momentum(), &k.momentum)) {
+      return bad(absl::StrCat("parameter '", p.key(), "' is malformed"));
+    }
+    k.values = std::move(values);
+    k.version = p.version();
+    k.last_pushed.assign(p.last_pushed().begin(), p.last_pushed().end());
+    store.keys.push_back(std::move(k));
+  }
+  store.applied = c.pushes_applied();
+  store.duplicates = c.pushes_duplicate();
+  store.newest_step = c.newest_push_step();
+  BnState bn;
+  for (const proto::BnLayerState& l : c.bn_layers()) {
+    BnState::Layer out;
+    out.name = l.layer();
+    out.channels = l.channels();
+    if (l.has_running()) {
+      bn::RunningStats r;
+      if (!FromBytes(l.running_mean(), &r.mean) ||
+          !FromBytes(l.running_var(), &r.var)) {
+        return bad(absl::StrCat("BN layer '", l.layer(), "' is malformed"));
+      }
+      out.running = std::move(r);
+    }
+    out.newest_forward = l.newest_forward();
+    out.newest_backward = l.newest_backward();
+    bn.layers.push_back(std::move(out));
+  }
+  bn.newest_step = c.newest_bn_step();
+  bn.contributed.assign(c.bn_contributed().begin(), c.bn_contributed().end());
+  if (bn.contributed.size() != workers ||
+      static_cast<size_t>(c.workers_size()) != workers) {
+    return bad("worker records of another worker count");
+  }
+  // Everything is checked before anything changes: a rollback that fails
+  // must not leave the store restored and the BN layers or clocks not.
+  // (The store and the aggregator check the same again.)
+  for (const StoreState::Key& k : store.keys) {
+    int64_t n = 1;
+    bool fits = k.values->size() == k.momentum.size() &&
+                k.last_pushed.size() == workers && k.version >= 0;
+    for (int64_t d : k.shape) {
+      fits = fits && d >= 0 &&
+             (d == 0 || n <= static_cast<int64_t>(k.values->size()) / d);
+      if (fits) n *= d;
+    }
+    if (!fits || n != static_cast<int64_t>(k.values->size())) {
+      return bad(absl::StrCat("parameter '", k.key, "' does not fit this job"));
+    }
+    if (k.key.empty() || k.key.size() > proto::kMaxKeyBytes ||
+        n > proto::kMaxTensorElements) {
+      return bad(absl::StrCat("parameter '", k.key, "' does not fit this job"));
+    }
+    if (absl::Status s = CheckOwned(k.key); !s.ok()) {
+      return bad(std::string(s.message()));
+    }
+  }
+  for (const BnState::Layer& l : bn.layers) {
+    if (l.channels < 0 || l.channels > proto::kMaxChannels ||
+        (l.running.has_value() &&
+         (static_cast<int64_t>(l.running->mean.size()) != l.channels ||
+          static_cast<int64_t>(l.running->var.size()) != l.channels))) {
+      return bad(absl::StrCat("BN layer '", l.name, "' does not fit its channels"));
+    }
+  }
+  // The clocks first: their restore checks the staleness bound as it goes,
+  // and changes nothing when it fails.
+  if (clocks_ != nullptr) {
+    std::vector<int64_t> clocks;
+    for (const proto::WorkerState& w : c.workers()) clocks.push_back(w.clock());
+    if (absl::Status s = clocks_->Restore(clocks, why); !s.ok()) {
+      return bad(std::string(s.message()));
+    }
+    if (changed != nullptr) *changed = true;
+  }
+  if (absl::Status s = store_.Import(store, why); !s.ok()) return bad(std::string(s.message()));
+  if (changed != nullptr) *changed = true;
+  if (absl::Status s = bn_.Import(bn, why); !s.ok()) return bad(std::string(s.message()));
+  absl::MutexLock lock(&gen_mu_);
+  if (why.ok()) {  // at start: the registrations, as of the checkpoint
+    std::vector<Membership::WorkerInfo> infos;
+    for (const proto::WorkerState& w : c.workers()) {
+      Membership::WorkerInfo info;
+      info.registered = w.registered();
+      info.lost = w.lost();
+      info.incarnation = w.incarnation();
+      infos.push_back(info);
+    }
+    membership_.Restore(infos, options_.now());
+    gen_.generation = c.generation();
+  }
+  gen_.restored_step = c.step();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> Shard::Rollback(int64_t generation, int64_t step) {
+  if (options_.checkpoint_dir.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "shard ", options_.shard,
+        " has no --checkpoint_dir: the job cannot roll back"));
+  }
+  // One rollback at a time, and none while a checked call is under way; the
+  // generation is decided under gen_mu_ below.
+  absl::MutexLock exclusive(&rollback_mu_);
+  absl::MutexLock join(&join_mu_);
+  {
+    absl::MutexLock lock(&gen_mu_);
+    if (generation < gen_.generation) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "rollback to generation ", generation, " is stale: shard ",
+          options_.shard, " is in generation ", gen_.generation));
+    }
+    if (generation == gen_.generation && !gen_.needs_rollback) {
+      return gen_.restored_step;  // decided already
+    }
+  }
+  const std::string path = CheckpointPath(options_.checkpoint_dir, step);
+  absl::StatusOr<CheckpointFile> file =
+      step < 0 ? LoadNewestCheckpoint(options_.checkpoint_dir,
+                                      absl::StrCat("bnps_server[", options_.shard, "]"))
+               : ReadCheckpoint(path);
+  if (file.ok() && step < 0) step = file->step;
+  if (file.ok() && file->step != step) {
+    file = absl::DataLossError(
+        absl::StrCat("checkpoint ", path, ": its header names another step"));
+  }
+  if (absl::IsDataLoss(file.status())) {
+    // Not listed any more: the workers choose another step.
+    std::fprintf(stderr, "bnps_server[%d]: %s; set aside as %s\n",
+                 options_.shard, std::string(file.status().message()).c_str(),
+                 SetAside(path).c_str());
+  }
+  if (!file.ok()) return file.status();
+  const absl::Status why = absl::AbortedError(absl::StrCat(
+      "shard ", options_.shard, " rolled back to step ", step, " (generation ",
+      generation, "): ", proto::kRollsBackText));
+  // Later boundaries of the old generation are not written: they would be
+  // of the same bits, but the directory must not mix generations mid-write.
+  if (absl::Status s = FlushCheckpoints(); !s.ok()) {
+    std::fprintf(stderr, "bnps_server[%d]: %s\n", options_.shard,
+                 std::string(s.message()).c_str());
+  }
+  // The generation is published before the waiting calls fail, so that a
+  // worker they wake finds the rollback under way (GetStatus) and joins it.
+  GenerationInfo before;
+  {
+    absl::MutexLock lock(&gen_mu_);
+    before = gen_;
+    gen_.generation = generation;
+    gen_.needs_rollback = false;
+    gen_.restored_step = step;
+  }
+  bool changed = false;
+  if (absl::Status s = Restore(file->payload, file->path, why, &changed);
+      !s.ok()) {
+    // Restore checks before it changes anything; should a part have changed
+    // all the same, no call may reach a shard half restored: it waits for
+    // another rollback.
+    if (absl::IsDataLoss(s)) {
+      // Its checksum is right but not its content: as a torn file, it is
+      // set aside, so that the workers' next try picks another step.
+      std::fprintf(stderr, "bnps_server[%d]: %s; set aside as %s\n",
+                   options_.shard, std::string(s.message()).c_str(),
+                   SetAside(file->path).c_str());
+    }
+    absl::MutexLock lock(&gen_mu_);
+    gen_ = before;
+    if (changed) gen_.needs_rollback = true;
+    return s;
+  }
+  std::fprintf(stderr,
+               "bnps_server[%d]: rolled back to step %lld (generation %lld)\n",
+               options_.shard, static_cast<long long>(step),
+               static_cast<long long>(generation));
+  return step;
+}
+
+}  // namespace bnps::server
