@@ -1,0 +1,173 @@
+#!/usr/bin/env bash
+# Runs bnps on the GPU machine from the archive tools/gpu/bundle.sh packed
+# (gpu-bundle/bnps-gpu.tar.xz, carried beside the tree by the device tool).
+#
+#   tools/gpu/run.sh info                # GPU, driver, CUDA, which libraries load
+#   tools/gpu/run.sh tests               # every GPU test binary (the CUDA BN
+#                                        #   kernels, the CUDA backend)
+#   tools/gpu/run.sh bench               # cuda_bn_benchmark (ours against
+#                                        #   cuDNN) and the model step against
+#                                        #   PyTorch on the same GPU
+#   tools/gpu/run.sh demo [launcher flags]  # tools/bnps_launch.py --device=gpu
+#   tools/gpu/run.sh exec PATH [args]    # one packed binary, e.g.
+#                                        #   exec worker/bnps_worker --help
+#
+# It unpacks the archive into $BNPS_GPU_DIR (default /tmp/bnps-gpu, reused when
+# it holds the same commit), puts wrappers that set the library search path
+# under $BNPS_GPU_DIR/wrap (a bazel-bin-shaped tree, so tools that take
+# --bin_dir or --binary use them as they are), and finds the machine's own
+# CUDA libraries: the driver's libcuda, the toolkit's cudart and cuBLAS, and
+# cuDNN (and cuBLAS if the toolkit lacks it) from PyTorch's nvidia wheels.
+# BNPS_GPU_LOADER=packed forces the packed loader (to check it where the
+# machine's glibc would do). Logs and tables go to $OUT (the device tool's output folder) when it is set,
+# else ./gpu-out.
+set -euo pipefail
+REPO=$(cd "$(dirname "$0")/../.." && pwd)
+ARCHIVE=${BNPS_GPU_ARCHIVE:-$REPO/gpu-bundle/bnps-gpu.tar.xz}
+DIR=${BNPS_GPU_DIR:-/tmp/bnps-gpu}
+RESULTS=${OUT:-$REPO/gpu-out}
+mkdir -p "$RESULTS"
+
+die() { echo "run.sh: $*" >&2; exit 1; }
+[[ -f $ARCHIVE ]] || die "no $ARCHIVE: run tools/gpu/bundle.sh on the build machine and carry gpu-bundle"
+
+unpack() {
+  local want
+  # bundle.sh writes the archive's commit and a digest beside it.
+  want=$(cat "${ARCHIVE%.tar.xz}.id" 2>/dev/null || echo none)
+  if [[ -f $DIR/ID && $(cat "$DIR/ID") == "$want" ]]; then return; fi
+  rm -rf "$DIR"; mkdir -p "$(dirname "$DIR")"
+  local tmp; tmp=$(mktemp -d "$(dirname "$DIR")/bnps-gpu.XXXXXX")
+  xz -dc "$ARCHIVE" | tar -C "$tmp" -xf -
+  echo "$want" > "$tmp/bnps-gpu/ID"
+  mv "$tmp/bnps-gpu" "$DIR"; rmdir "$tmp"
+}
+
+# A python that can import torch (the GPU machine's), for the wheels' libraries
+# and the PyTorch side of the benchmarks.
+find_python() {
+  local p
+  for p in ${BNPS_PYTHON:-} python3 /usr/bin/python3 python; do
+    if command -v "$p" >/dev/null && "$p" -c 'import torch' 2>/dev/null; then
+      command -v "$p"; return
+    fi
+  done
+}
+
+# The library folders of PyTorch's nvidia wheels and of torch itself.
+WHEEL_LIBS='
+import importlib, os
+for mod in ("nvidia.cudnn", "nvidia.cublas", "nvidia.cuda_runtime", "nvidia.cu13"):
+    try:
+        m = importlib.import_module(mod)
+    except ImportError:
+        continue
+    for root in getattr(m, "__path__", []):
+        for sub in ("lib", "lib64"):
+            if os.path.isdir(os.path.join(root, sub)):
+                print(os.path.join(root, sub))
+import torch
+print(os.path.join(os.path.dirname(torch.__file__), "lib"))
+'
+
+cuda_lib_dirs() {
+  local dirs=() d py
+  # The driver's libcuda.so.1.
+  d=$(ldconfig -p 2>/dev/null | awk '/libcuda\.so\.1 / && !f {print $NF; f=1}')
+  [[ -n $d ]] && dirs+=("$(dirname "$d")")
+  for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
+           /usr/local/nvidia/lib64 /usr/lib/x86_64-linux-gnu; do
+    [[ -d $d ]] && dirs+=("$d")
+  done
+  py=$(find_python || true)
+  if [[ -n $py ]]; then
+    while read -r d; do [[ -d $d ]] && dirs+=("$d"); done < <("$py" -c "$WHEEL_LIBS" 2>/dev/null)
+  fi
+  local IFS=:; echo "${dirs[*]}"
+}
+
+version_ge() { [[ "$(printf '%s\n%s\n' "$2" "$1" | sort -V | head -1)" == "$2" ]]; }
+
+# Wrappers: wrap/<path> runs bin/<path> with the right search path; with the
+# packed loader when this machine's glibc is older than the build machine's.
+make_wrappers() {
+  local host_glibc built_glibc libpath prefix=""
+  host_glibc=$(getconf GNU_LIBC_VERSION | awk '{print $2}')
+  built_glibc=$(cat "$DIR/lib/glibc/VERSION")
+  libpath="$DIR/lib"
+  if [[ ${BNPS_GPU_LOADER:-auto} != packed ]] && version_ge "$host_glibc" "$built_glibc"; then
+    # The machine's C library will do; its C++ runtime too if new enough
+    # (GCC 12's GLIBCXX_3.4.30).
+    local cxx; cxx=$(ldconfig -p | awk '/libstdc\+\+\.so\.6 / && !f {print $NF; f=1}')
+    if [[ -z $cxx ]] || ! grep -qa GLIBCXX_3.4.30 "$cxx"; then libpath="$libpath:$DIR/lib/cxx"; fi
+  else
+    libpath="$DIR/lib/glibc:$DIR/lib/cxx:$libpath"
+    prefix="$DIR/lib/glibc/$(ls "$DIR/lib/glibc" | grep -m1 '^ld-linux')"
+  fi
+  libpath="$libpath:$(cuda_lib_dirs)"
+  echo "glibc here $host_glibc, built against $built_glibc; loader: ${prefix:-this machine}" > "$DIR/MODE"
+  rm -rf "$DIR/wrap"
+  (cd "$DIR/bin" && find . -type f | sed "s|^\./||") | while read -r rel; do
+    mkdir -p "$DIR/wrap/$(dirname "$rel")"
+    if [[ -n $prefix ]]; then
+      printf '#!/bin/sh\nexec %s --library-path "%s" %s "$@"\n' \
+        "$prefix" "$libpath" "$DIR/bin/$rel" > "$DIR/wrap/$rel"
+    else
+      printf '#!/bin/sh\nLD_LIBRARY_PATH="%s${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" exec %s "$@"\n' \
+        "$libpath" "$DIR/bin/$rel" > "$DIR/wrap/$rel"
+    fi
+    chmod +x "$DIR/wrap/$rel"
+  done
+}
+
+unpack
+make_wrappers
+W=$DIR/wrap
+PY=$(find_python || true)
+cmd=${1:-info}; shift || true
+
+case "$cmd" in
+  info)
+    echo "bundle: commit $(cut -c1-12 "$DIR/COMMIT"), $(cat "$DIR/MODE")"
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 || echo "nvidia-smi: none"
+    nvcc --version 2>/dev/null | tail -1 || true
+    [[ -n $PY ]] && "$PY" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "cudnn", torch.backends.cudnn.version(), "gpu", torch.cuda.is_available())'
+    echo "search path: $(cuda_lib_dirs)"
+    "$W/worker/bnps_worker" --help >/dev/null && echo "bnps_worker starts"
+    ;;
+  tests)
+    rc=0
+    for t in bn/cuda_kernels_test worker/nn/cuda_backend_test; do
+      log="$RESULTS/$(basename "$t").log"
+      if "$W/$t" --gtest_output="xml:$RESULTS/$(basename "$t").xml" > "$log" 2>&1; then
+        echo "$t: ok"
+      else
+        echo "$t: FAILED"; rc=1
+      fi
+      grep -E '^\[ +(PASSED|FAILED|SKIPPED) +\] [0-9]+ tests?' "$log" | sed 's/^/  /' || true
+      # On a GPU machine nothing may skip: a skip means no device was found.
+      if grep -qE '^\[ +SKIPPED +\] [0-9]+ tests?' "$log" && nvidia-smi -L >/dev/null 2>&1; then
+        echo "  tests skipped although this machine has a GPU"; rc=1
+      fi
+    done
+    exit $rc
+    ;;
+  bench)
+    "$W/bn/cuda_bn_benchmark" "$@" 2>&1 | tee "$RESULTS/cuda_bn_benchmark.txt"
+    if [[ -n $PY ]]; then
+      "$PY" "$REPO/tools/bench/model_step_compare.py" --device=gpu \
+        --binary "$W/tools/bench/model_step_benchmark" --python "$PY" 2>&1 | tee "$RESULTS/model_step_gpu.md"
+    fi
+    ;;
+  demo)
+    "${PY:-python3}" "$REPO/tools/bnps_launch.py" --bin_dir "$W" --servers 2 --workers 4 \
+      --policy sync --epochs=3 --device=gpu --data_dir="$DIR/data/fashion-mnist" \
+      --out_dir "$RESULTS/demo" "$@"
+    ;;
+  exec)
+    [[ $# -ge 1 ]] || die "exec needs a path under bazel-bin, e.g. worker/bnps_worker"
+    rel=$1; shift
+    exec "$W/$rel" "$@"
+    ;;
+  *) die "unknown command $cmd (info, tests, bench, demo, exec)" ;;
+esac
