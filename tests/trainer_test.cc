@@ -136,10 +136,13 @@ server::ShardOptions JobOptions(policy::Policy p, int workers,
 
 // One Trainer per dataset, each on its own thread and client; `tweak` may
 // change a worker's client before it trains.
+// `replica_models` (empty: none) are the options of each worker's extra
+// model replicas (TrainerOptions::replicas), each on its own CPU backend.
 std::vector<WorkerRun> Train(
     test::InProcessJob* job, const std::vector<const Dataset*>& data,
     const TrainerOptions& options,
-    const std::function<void(int, RecordingClient*)>& tweak = nullptr) {
+    const std::function<void(int, RecordingClient*)>& tweak = nullptr,
+    const std::vector<nn::ModelOptions>& replica_models = {}) {
   std::vector<WorkerRun> runs(data.size());
   std::vector<std::thread> threads;
   for (size_t w = 0; w < data.size(); ++w) {
@@ -158,8 +161,21 @@ std::vector<WorkerRun> Train(
         run.report = model.status();
         return;
       }
+      std::vector<std::unique_ptr<nn::Backend>> replica_backends;
+      std::vector<std::unique_ptr<nn::Model>> replicas;
+      TrainerOptions with_replicas = options;
+      for (const nn::ModelOptions& mo : replica_models) {
+        replica_backends.push_back(nn::NewCpuBackend());
+        auto replica = nn::Model::Create(mo, replica_backends.back().get());
+        if (!replica.ok()) {
+          run.report = replica.status();
+          return;
+        }
+        replicas.push_back(*std::move(replica));
+        with_replicas.replicas.push_back(replicas.back().get());
+      }
       worker::Trainer trainer(&client, model->get(), data[w], data[w],
-                              options);
+                              with_replicas);
       run.report = trainer.Run();
       run.calls = client.calls();
       for (const nn::Parameter* p : (*model)->parameters()) {
@@ -315,6 +331,78 @@ TEST(TrainerTest, SyncTwoWorkersFollowOneWorkerWithTheConcatenatedBatch) {
     ASSERT_EQ(got.size(), t.values.size());
     EXPECT_LT(test::MaxRelDiff(t.values, got), 1e-4) << name;
   }
+}
+
+// Co-located aggregation: one worker driving 2 replicas of batch b each (its
+// batch of 2b split in two) ends where 2 workers of batch b do under sync,
+// and crosses to the servers once per BN layer and phase, not per replica.
+TEST(TrainerTest, ReplicasCombineOnTheHostAndMatchSeparateWorkers) {
+  const int64_t b = 4, steps = 2;
+  const Dataset all = worker::MakeSyntheticDataset(2 * b * steps, 12, 12, 10, 7);
+  const Dataset single = test::Interleaved(all, b, steps);
+  TrainerOptions two;
+  two.batch_size = b;
+  two.shuffle = false;
+  two.max_steps = steps;
+  two.evaluate = false;
+  TrainerOptions replicated = two;
+  replicated.batch_size = 2 * b;
+  for (policy::Policy p : {policy::Policy::kSync, policy::Policy::kLocal}) {
+    SCOPED_TRACE(policy::PolicyName(p));
+    auto split_job = test::InProcessJob::Create(JobOptions(p, 2), 2);
+    auto host_job = test::InProcessJob::Create(JobOptions(p, 1), 2);
+    ASSERT_TRUE(split_job.ok() && host_job.ok());
+    // Under local, the reference is one worker with the whole batch: a
+    // worker's local BN is over its batch, whatever it runs on.
+    std::vector<WorkerRun> reference =
+        p == policy::Policy::kSync
+            ? Train(split_job->get(), {&all, &all}, two)
+            : Train(host_job->get(), {&single}, replicated);
+    auto replica_job = test::InProcessJob::Create(JobOptions(p, 1), 2);
+    ASSERT_TRUE(replica_job.ok());
+    std::vector<WorkerRun> host = Train(replica_job->get(), {&single},
+                                        replicated, nullptr, {test::SmallModel()});
+    ASSERT_TRUE(reference[0].report.ok()) << reference[0].report.status();
+    ASSERT_TRUE(host[0].report.ok()) << host[0].report.status();
+    for (const auto& [name, t] : reference[0].params) {
+      const std::vector<float>& got = host[0].params.at(name).values;
+      ASSERT_EQ(got.size(), t.values.size());
+      EXPECT_LT(test::MaxRelDiff(t.values, got), 1e-5) << name;
+    }
+    for (size_t l = 0; l < reference[0].running.size(); ++l) {
+      for (size_t c = 0; c < reference[0].running[l].mean.size(); ++c) {
+        EXPECT_NEAR(host[0].running[l].mean[c], reference[0].running[l].mean[c],
+                    1e-6);
+      }
+    }
+    if (p == policy::Policy::kSync) {
+      // One forward and one backward exchange per layer per step, one push
+      // of all 2b samples.
+      const std::vector<std::string> step1 =
+          CallsOf(host[0].calls, "pull 1", "pull 2");
+      const size_t layers = host[0].bn_layers.size();
+      ASSERT_EQ(step1.size(), 2 + 2 * layers);
+      EXPECT_EQ(step1[1], absl::StrCat("fwd ", host[0].bn_layers[0], " 1"));
+      EXPECT_EQ(step1.back(), absl::StrCat("push 1 n=", 2 * b));
+    }
+  }
+}
+
+// A replica built from other options is refused before anything runs.
+TEST(TrainerTest, AReplicaOfAnotherModelIsRefused) {
+  const Dataset data = worker::MakeSyntheticDataset(48, 12, 12, 10, 4);
+  auto job = test::InProcessJob::Create(JobOptions(policy::Policy::kSync, 1), 1);
+  ASSERT_TRUE(job.ok());
+  nn::ModelOptions deeper = test::SmallModel();
+  deeper.depth = 2;  // its parameters include the first model's
+  TrainerOptions o = ThreeSteps();
+  o.evaluate = false;
+  std::vector<WorkerRun> runs = Train(job->get(), {&data}, o, nullptr, {deeper});
+  ASSERT_FALSE(runs[0].report.ok());
+  EXPECT_EQ(runs[0].report.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(runs[0].report.status().message(),
+              HasSubstr("replica 1 is not the same model"));
+  EXPECT_THAT(runs[0].calls, ::testing::Not(::testing::Contains("push 0 n=4")));
 }
 
 TEST(TrainerTest, AFailedCallEndsTheRunNamingTheStep) {

@@ -76,6 +76,13 @@ ABSL_FLAG(int, gpu, 0, "Which CUDA device, for --device=gpu or auto.");
 ABSL_FLAG(int, threads, 1,
           "CPU threads for the model (oneDNN and the loops; OpenMP). Several "
           "workers on one machine should share its cores.");
+ABSL_FLAG(int, replicas, 1,
+          "Model replicas this worker drives (co-located aggregation): each "
+          "step's batch (--batch_size) is split among them, they combine "
+          "their BN statistics and gradients in this process and cross to "
+          "the servers once, as one worker. On GPUs one replica per device "
+          "(--gpu, --gpu + 1, ...); on the CPU one thread each, with "
+          "--threads threads.");
 ABSL_FLAG(std::string, data, "fashion-mnist",
           "fashion-mnist (IDX files in --data_dir) | synthetic (generated, "
           "for tests).");
@@ -170,9 +177,10 @@ absl::Status CheckAgainstServers(const proto::JobConfig& c) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::unique_ptr<nn::Backend>> MakeBackend() {
+// The backend of replica `replica` (GPU replicas take consecutive devices).
+absl::StatusOr<std::unique_ptr<nn::Backend>> MakeBackend(int replica) {
   const std::string device = absl::GetFlag(FLAGS_device);
-  const int gpu = absl::GetFlag(FLAGS_gpu);
+  const int gpu = absl::GetFlag(FLAGS_gpu) + replica;
   if (device == "cpu") return nn::NewCpuBackend();
   if (device != "gpu" && device != "auto") {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -268,6 +276,9 @@ absl::Status Main() {
             absl::StrCat("--worker=", worker, " is outside [0, --num_workers=",
                          num_workers, ")")},
            {threads >= 1, "--threads must be at least 1"},
+           {absl::GetFlag(FLAGS_replicas) >= 1 &&
+                absl::GetFlag(FLAGS_replicas) <= 64,
+            "--replicas must be in [1, 64]"},
            {absl::GetFlag(FLAGS_batch_size) >= 1, "--batch_size must be >= 1"},
            {absl::GetFlag(FLAGS_epochs) >= 1, "--epochs must be >= 1"},
            {absl::GetFlag(FLAGS_max_steps) >= 0, "--max_steps must be >= 0"},
@@ -346,8 +357,18 @@ absl::Status Main() {
 
   absl::StatusOr<Data> data = LoadData();
   if (!data.ok()) return data.status();
-  absl::StatusOr<std::unique_ptr<nn::Backend>> backend = MakeBackend();
+  absl::StatusOr<std::unique_ptr<nn::Backend>> backend = MakeBackend(0);
   if (!backend.ok()) return backend.status();
+  const int replicas = absl::GetFlag(FLAGS_replicas);
+  std::vector<std::unique_ptr<nn::Backend>> replica_backends;
+  for (int i = 1; i < replicas; ++i) {
+    absl::StatusOr<std::unique_ptr<nn::Backend>> b = MakeBackend(i);
+    if (!b.ok()) {
+      return absl::Status(b.status().code(),
+                          absl::StrCat("replica ", i, ": ", b.status().message()));
+    }
+    replica_backends.push_back(*std::move(b));
+  }
 
   client::GrpcClientOptions client_options;
   client_options.servers = servers;
@@ -387,8 +408,20 @@ absl::Status Main() {
   absl::StatusOr<std::unique_ptr<nn::Model>> model =
       nn::Model::Create(model_options, backend->get());
   if (!model.ok()) return model.status();
+  std::vector<std::unique_ptr<nn::Model>> replica_models;
+  for (const std::unique_ptr<nn::Backend>& b : replica_backends) {
+    absl::StatusOr<std::unique_ptr<nn::Model>> m =
+        nn::Model::Create(model_options, b.get());
+    if (!m.ok()) return m.status();
+    replica_models.push_back(*std::move(m));
+  }
 
   TrainerOptions options;
+  for (const std::unique_ptr<nn::Model>& m : replica_models) {
+    options.replicas.push_back(m.get());
+  }
+  // OpenMP's thread count is per thread: each replica's thread sets its own.
+  options.on_replica_thread = [threads](int) { omp_set_num_threads(threads); };
   options.batch_size = absl::GetFlag(FLAGS_batch_size);
   options.epochs = absl::GetFlag(FLAGS_epochs);
   options.max_steps = absl::GetFlag(FLAGS_max_steps);
@@ -410,10 +443,11 @@ absl::Status Main() {
   }
 
   std::printf(
-      "bnps_worker %d/%d: policy %s, %s, model depth %lld width %lld (%lld "
+      "bnps_worker %d/%d: policy %s, %s%s, model depth %lld width %lld (%lld "
       "weights), %lld training examples\n",
       worker, num_workers, PolicyName((*client)->config().policy()).c_str(),
-      (*backend)->name().c_str(), static_cast<long long>(model_options.depth),
+      (*backend)->name().c_str(),
+      replicas > 1 ? absl::StrCat(" x ", replicas, " replicas").c_str() : "", static_cast<long long>(model_options.depth),
       static_cast<long long>(model_options.width),
       static_cast<long long>((*model)->num_weights()),
       static_cast<long long>(data->train.size()));

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -9,6 +10,7 @@
 #include "bn/moments.h"
 #include "policy/policy.h"
 #include "proto/generation.h"
+#include "worker/host_bn_group.h"
 #include "worker/nn/bn_exchange.h"
 #include "worker/server_bn_exchange.h"
 #include "worker/nn/layers.h"
@@ -115,11 +117,22 @@ BatcherOptions Trainer::ShardOptions() const {
   return bo;
 }
 
+std::vector<nn::Model*> Trainer::Models() const {
+  std::vector<nn::Model*> models = {model_};
+  models.insert(models.end(), options_.replicas.begin(),
+                options_.replicas.end());
+  return models;
+}
+
 absl::Status Trainer::PullInto(int64_t min_version) {
   absl::StatusOr<client::Params> params =
       client_->PullParameters(min_version);
   if (!params.ok()) return params.status();
-  return model_->SetParameters(ToHost(*std::move(params)));
+  nn::HostTensors values = ToHost(*std::move(params));
+  for (nn::Model* replica : options_.replicas) {
+    if (absl::Status s = replica->SetParameters(values); !s.ok()) return s;
+  }
+  return model_->SetParameters(std::move(values));
 }
 
 absl::StatusOr<TrainReport> Trainer::Run() {
@@ -129,6 +142,27 @@ absl::StatusOr<TrainReport> Trainer::Run() {
     return absl::InvalidArgumentError(absl::StrCat(
         "bad training options: batch_size ", options_.batch_size, ", epochs ",
         options_.epochs, ", max_steps ", options_.max_steps));
+  }
+  for (size_t r = 0; r < options_.replicas.size(); ++r) {
+    const nn::Model* replica = options_.replicas[r];
+    if (replica == nullptr || replica == model_) {
+      return absl::InvalidArgumentError(
+          "a replica is null or the first model itself");
+    }
+    // The same layers in the same order, or the host's BN rounds would pair
+    // different layers.
+    const std::vector<nn::Parameter*>& want = model_->parameters();
+    const std::vector<nn::Parameter*>& got = replica->parameters();
+    bool same = want.size() == got.size();
+    for (size_t i = 0; same && i < want.size(); ++i) {
+      same = want[i]->name == got[i]->name && want[i]->dims == got[i]->dims;
+    }
+    if (!same) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "replica ", r + 1, " is not the same model as the first (",
+          got.size(), " parameters against ", want.size(),
+          "): build every replica with the same options"));
+    }
   }
   if (options_.evaluate && test_ == nullptr) {
     return absl::InvalidArgumentError("evaluation needs a test set");
@@ -176,10 +210,26 @@ absl::StatusOr<TrainReport> Trainer::Run() {
   }
   ServerBnExchange sync(client_, policy_, options_.metrics);
   nn::LocalBnExchange local_sync;
-  model_->SetBnExchange(policy::BnTrafficWhileTraining(policy_)
-                            ? static_cast<nn::BnExchange*>(&sync)
-                            : &local_sync);
-  model_->SetBnMode(nn::BnMode::kTrain);
+  nn::BnExchange* const exchange = policy::BnTrafficWhileTraining(policy_)
+                                       ? static_cast<nn::BnExchange*>(&sync)
+                                       : &local_sync;
+  // Replicas combine their BN contributions on the host first (under local
+  // and recal too: the worker's batch is the union of the slices).
+  const std::vector<nn::Model*> models = Models();
+  std::optional<HostBnGroup> group;
+  if (models.size() > 1) {
+    group.emplace(static_cast<int>(models.size()), exchange);
+    group_ = &*group;
+  }
+  for (size_t i = 0; i < models.size(); ++i) {
+    models[i]->SetBnExchange(group ? group->member(static_cast<int>(i))
+                                   : exchange);
+    models[i]->SetBnMode(nn::BnMode::kTrain);
+  }
+  struct ClearGroup {
+    Trainer* t;
+    ~ClearGroup() { t->group_ = nullptr; }
+  } clear_group{this};
 
   const absl::Time start = absl::Now();
   absl::Time last_progress = start;
@@ -334,15 +384,7 @@ absl::Status Trainer::TrainStep(int64_t step, const Batch& batch,
   f->grad_time += absl::Now() - step_start;
   sync->set_step(step);
   sync->reset_elapsed();
-  if (absl::Status s = model_->Forward(batch.images.data(), batch.n); !s.ok()) {
-    return Annotate(s, absl::StrCat("step ", step, ": forward"));
-  }
-  absl::StatusOr<nn::LossResult> loss = model_->Loss(batch.labels.data());
-  if (!loss.ok()) return Annotate(loss.status(), absl::StrCat("step ", step));
-  if (absl::Status s = model_->Backward(); !s.ok()) {
-    return Annotate(s, absl::StrCat("step ", step, ": backward"));
-  }
-  absl::StatusOr<nn::HostTensors> grads = model_->Gradients();
+  absl::StatusOr<nn::HostTensors> grads = Compute(step, batch, f);
   if (!grads.ok()) return grads.status();
   const absl::Time push_start = absl::Now();
   if (absl::Status s = client_->PushGradients(
@@ -358,9 +400,79 @@ absl::Status Trainer::TrainStep(int64_t step, const Batch& batch,
   }
   f->grad_time += absl::Now() - push_start;
   f->bn_time = sync->elapsed();
-  f->loss_sum = loss->loss_sum;
-  f->correct = loss->correct;
   return absl::OkStatus();
+}
+
+absl::StatusOr<nn::HostTensors> Trainer::Compute(int64_t step,
+                                                 const Batch& batch,
+                                                 StepFigures* f) {
+  const std::vector<nn::Model*> models = Models();
+  const int k = static_cast<int>(models.size());
+  const int64_t per_image = batch.channels * batch.height * batch.width;
+  struct Part {
+    absl::Status status;
+    nn::LossResult loss;
+    absl::StatusOr<nn::HostTensors> grads = absl::UnknownError("not run");
+  };
+  std::vector<Part> parts(k);
+  // Replica i takes the examples [n*i/k, n*(i+1)/k).
+  auto run = [&](int i) {
+    const int64_t lo = batch.n * i / k, hi = batch.n * (i + 1) / k;
+    nn::Model* m = models[i];
+    Part& p = parts[i];
+    p.status = m->Forward(batch.images.data() + lo * per_image, hi - lo);
+    if (!p.status.ok()) {
+      p.status = Annotate(p.status, absl::StrCat("step ", step, ": forward"));
+    } else if (absl::StatusOr<nn::LossResult> loss =
+                   m->Loss(batch.labels.data() + lo);
+               !loss.ok()) {
+      p.status = Annotate(loss.status(), absl::StrCat("step ", step));
+    } else {
+      p.loss = *loss;
+      p.status = m->Backward();
+      if (!p.status.ok()) {
+        p.status = Annotate(p.status, absl::StrCat("step ", step, ": backward"));
+      } else {
+        p.grads = m->Gradients();
+        p.status = p.grads.status();
+      }
+    }
+    // A replica that stops must not leave the others waiting at the host's
+    // BN barrier.
+    if (!p.status.ok() && group_ != nullptr) group_->Abort(p.status);
+  };
+  if (k == 1) {
+    run(0);
+  } else {
+    std::vector<std::thread> threads;
+    for (int i = 1; i < k; ++i) {
+      threads.emplace_back([&, i] {
+        if (options_.on_replica_thread) options_.on_replica_thread(i);
+        run(i);
+      });
+    }
+    run(0);
+    for (std::thread& t : threads) t.join();
+  }
+  // The first failure in replica order (an Abort's echo in the others).
+  for (Part& p : parts) {
+    if (!p.status.ok() && !absl::IsCancelled(p.status)) return p.status;
+  }
+  for (Part& p : parts) {
+    if (!p.status.ok()) return p.status;
+  }
+  nn::HostTensors sum = *std::move(parts[0].grads);
+  for (int i = 1; i < k; ++i) {
+    for (auto& [name, t] : sum) {
+      const nn::HostTensor& add = parts[i].grads->at(name);
+      for (size_t j = 0; j < t.values.size(); ++j) t.values[j] += add.values[j];
+    }
+  }
+  for (const Part& p : parts) {
+    f->loss_sum += p.loss.loss_sum;
+    f->correct += p.loss.correct;
+  }
+  return sum;
 }
 
 absl::Status Trainer::SettleRunningStats(int64_t steps) {

@@ -26,6 +26,16 @@
 // a second test accuracy. Recalibration and BnLocalRunning are barriers: every
 // worker of the job must run them.
 //
+// Replicas (co-located aggregation, options.replicas): the process may drive
+// several copies of the model (one per GPU, or per group of CPU cores) and
+// still be ONE worker to the servers. Each step's batch is split into
+// contiguous slices, one per replica, run on one thread each; their BN
+// contributions are combined on the host in replica order
+// (worker/host_bn_group.h) and cross to the servers once per layer, and their
+// gradients are summed in replica order and pushed once. A worker with K
+// replicas computes what one replica would on the whole batch, to float
+// rounding. Evaluation and recalibration use the first model.
+//
 // Restarts (docs/reliability.md): a step that fails because the job rolls
 // back (a server restarted from its checkpoint; proto::IsRollback) or a
 // server is unreachable makes the trainer call client->Recover and go on
@@ -64,6 +74,7 @@
 namespace bnps::worker {
 
 class ServerBnExchange;  // worker/server_bn_exchange.h
+class HostBnGroup;       // worker/host_bn_group.h
 
 enum class RecalMode {
   // One pass, all layers at once; upstream layers normalize with batch stats.
@@ -111,6 +122,13 @@ struct TrainerOptions {
   // the end of each epoch. Default: none.
   std::function<void(const struct Progress&)> on_progress;
   absl::Duration progress_interval = absl::Seconds(2);
+  // More replicas of the model (not owned; must outlive the Trainer), built
+  // with the same options on backends of their own; empty: the model alone.
+  // See the file comment. Default: none.
+  std::vector<nn::Model*> replicas;
+  // Called first on each extra replica's thread with its index (1, 2, ...),
+  // e.g. to set that thread's OpenMP thread count. Default: none.
+  std::function<void(int)> on_replica_thread;
   // Where steps and BN round trips are measured (not owned; must outlive
   // the Trainer). Default: null, nothing measured.
   WorkerMetrics* metrics = nullptr;
@@ -194,6 +212,12 @@ class Trainer {
   // One training step (the file comment's list).
   absl::Status TrainStep(int64_t step, const Batch& batch,
                          ServerBnExchange* sync, StepFigures* f);
+  // Forward, loss and backward of `batch` on every model (its slice each);
+  // the gradients summed in replica order.
+  absl::StatusOr<nn::HostTensors> Compute(int64_t step, const Batch& batch,
+                                          StepFigures* f);
+  // Every model (the first and the replicas).
+  std::vector<nn::Model*> Models() const;
   // This worker's shard of the training data.
   BatcherOptions ShardOptions() const;
   absl::Status PullInto(int64_t min_version);
@@ -208,6 +232,7 @@ class Trainer {
   const Dataset* const train_;
   const Dataset* const test_;
   const TrainerOptions options_;
+  HostBnGroup* group_ = nullptr;  // with replicas, while Run trains
   // The servers' policy (sync if they report one it does not know: Run
   // then fails).
   const policy::Policy policy_;
