@@ -246,8 +246,10 @@ class RegimeSmokeTest(unittest.TestCase):
             md = f.read()
         self.assertIn("| `fc_bn` | 1 | 1 |", md)
         self.assertIn("## Which half of async costs the accuracy (`cnn`, b=2 per worker)", md)
-        self.assertIn("| grad-async-s2 | sync | async (s=2) | 0.025 |", md)
-        self.assertIn("| bn-async-s2 | async (s=2) | sync | 0.1 |", md)
+        # Linear scaling from 0.02 at global batch 4: 0.04 at 4 x 2, a quarter
+        # of it for async gradients (each worker's batch applied on its own).
+        self.assertIn("| grad-async-s2 | sync | async (s=2) | 0.01 |", md)
+        self.assertIn("| bn-async-s2 | async (s=2) | sync | 0.04 |", md)
 
 
 def regime_run(row, model, b, seed, acc, recal=None):
@@ -291,14 +293,15 @@ class RegimeTest(unittest.TestCase):
         self.assertIn("--bn_policy=sync", cmd)
         self.assertIn("--gradients=async", cmd)
         self.assertIn("--staleness=2", cmd)
-        self.assertIn("--learning_rate=0.025", cmd)
+        self.assertIn("--learning_rate=0.01", cmd)  # 0.02 x 8 / 4 / 4 workers
         self.assertFalse(any(c.startswith("--policy=") for c in cmd))
         self.assertFalse(any(c.startswith("--model=") for c in cmd))  # cnn: the default
         cmd = matrix.run_command(cfg, by["bn-async-s2_cnn_b2_seed1"], "/out/x", False)
-        self.assertIn("--learning_rate=0.1", cmd)  # sync gradients
+        self.assertIn("--learning_rate=0.04", cmd)  # sync gradients
         cmd = matrix.run_command(cfg, by["reference_fc_bn_b1_seed2"], "/out/x", False)
         self.assertIn("--workers=1", cmd)
         self.assertIn("--batch_size=4", cmd)
+        self.assertIn("--learning_rate=0.02", cmd)  # as the 4 workers of batch 1
         self.assertIn("--model=fc_bn", cmd)
         self.assertIn("--policy=sync", cmd)
 

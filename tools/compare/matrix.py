@@ -99,10 +99,22 @@ def plan_runs(config):
     return runs
 
 
-def learning_rate(config, row):
+# --lr_scaling=linear: the learning rates are for this global batch and
+# scale with workers x b (the reference's batch is the same global batch).
+LR_BATCH = 4
+
+
+def lr_scale(config, b):
+    if config.get("lr_scaling", "fixed") != "linear":
+        return 1.0
+    return config["workers"] * b / float(LR_BATCH)
+
+
+def learning_rate(config, row, b=None):
+    scale = 1.0 if b is None else lr_scale(config, b)
     if ROWS[row][1] == "async" and config.get("async_learning_rate") is not None:
-        return config["async_learning_rate"]
-    return config["learning_rate"]
+        return config["async_learning_rate"] * scale
+    return config["learning_rate"] * scale
 
 
 def run_command(config, run, run_dir, inject):
@@ -122,7 +134,7 @@ def run_command(config, run, run_dir, inject):
     cmd += [
            "--bin_dir=" + config["bin_dir"], "--out_dir=" + run_dir,
            "--timeout_s=%g" % config["timeout_s"],
-           "--learning_rate=%g" % learning_rate(config, row),
+           "--learning_rate=%g" % learning_rate(config, row, b),
            "--momentum=%g" % config["momentum"],
            "--weight_decay=%g" % config["weight_decay"]]
     if staleness is not None:

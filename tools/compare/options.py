@@ -13,13 +13,16 @@ BUILD_TARGETS = ["//server:bnps_server", "//worker:bnps_worker"]
 DEFAULTS = {
     # The policies x batch sizes of the CNN (the first comparison).
     "grid": dict(batch_sizes="2,8,32", workers=4, servers=2, seeds="1", epochs=2,
-                 train_examples=20000, test_examples=10000, timeout_s=900.0),
+                 train_examples=20000, test_examples=10000, timeout_s=900.0,
+                 learning_rate=0.1, lr_scaling="fixed"),
     # Samples per channel per worker from 1 to 98, 3 seeds: ~45 min on 2 cores.
     "regime": dict(batch_sizes="", workers=4, servers=2, seeds="1,2,3", epochs=1,
-                   train_examples=3000, test_examples=5000, timeout_s=900.0),
+                   train_examples=3000, test_examples=5000, timeout_s=900.0,
+                   learning_rate=0.02, lr_scaling="linear"),
     # Up to 1568 samples per channel, more rows, 5 seeds, 3x the data.
     "full": dict(batch_sizes="", workers=4, servers=2, seeds="1,2,3,4,5", epochs=1,
-                 train_examples=12000, test_examples=10000, timeout_s=1800.0),
+                 train_examples=12000, test_examples=10000, timeout_s=1800.0,
+                 learning_rate=0.02, lr_scaling="linear"),
 }
 DEFAULTS["smoke"] = DEFAULTS["regime"]
 
@@ -83,8 +86,13 @@ def parse_args(argv):
                    "examples, 1 epoch); explicit flags still win"
                    % (SMOKE["batch_sizes"], SMOKE["train_examples"], SMOKE["test_examples"]))
     g = p.add_argument_group("training (the same for every run)")
-    g.add_argument("--learning_rate", type=float, default=0.1,
-                   help="SGD learning rate, fixed for every batch size (default 0.1)")
+    g.add_argument("--learning_rate", type=float,
+                   help="SGD learning rate (default %s); with --lr_scaling=linear the one "
+                   "of global batch 4, scaled by workers x b / 4" % DEFAULT_TEXT("learning_rate"))
+    g.add_argument("--lr_scaling", choices=["fixed", "linear"],
+                   help="fixed: --learning_rate at every batch size; linear: scaled with "
+                   "the global batch (default %s). At global batch 4 a fixed 0.1 made "
+                   "some fc_bn runs diverge while others learned" % DEFAULT_TEXT("lr_scaling"))
     g.add_argument("--async_learning_rate", type=float,
                    help="learning rate of the async rows (default: --learning_rate / "
                    "--workers). "
@@ -219,6 +227,7 @@ def make_config(args):
         "seeds": args.seed_list, "workers": args.workers, "servers": args.servers,
         "epochs": args.epochs, "train_examples": args.train_examples,
         "test_examples": args.test_examples, "learning_rate": args.learning_rate,
+        "lr_scaling": args.lr_scaling,
         # Linear scaling: an async update has batch b, a sync one workers x b.
         "async_learning_rate": (args.async_learning_rate
                                 if args.async_learning_rate is not None

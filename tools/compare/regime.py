@@ -9,7 +9,8 @@ draw_regime_plot, which needs matplotlib.
 
 import math
 
-from .matrix import BUDGET_MINUTES, CROSSED, POSITIONS, ROWS, estimate_text
+from .matrix import (BUDGET_MINUTES, CROSSED, LR_BATCH, POSITIONS, ROWS, estimate_text,
+                     learning_rate)
 
 MODEL_TEXT = {
     "fc_bn": "BN after fully connected layers: statistics over the batch alone",
@@ -131,13 +132,15 @@ def render_regime(data, plots, hand_block, begin_hand, end_hand):
     L.append("Every run: %d workers (the reference 1) and %d shard servers on this machine, "
              "Fashion-MNIST, the first %s training examples for %d epoch(s), %s test "
              "examples, seeds %s (a seed sets the initial weights and the data order), SGD "
-             "learning rate %g with momentum %g (async gradients: %g, the linear-scaling "
+             "learning rate %g %s with momentum %g (async gradients: %g, the linear-scaling "
              "equivalent, since each worker's gradient is applied on its own), weight decay "
              "%g. Accuracy is worker 0's on the test set with the running statistics the "
              "policy leaves; \"after recal\" recomputes them over the training data first."
              % (cfg["workers"], cfg["servers"], cfg["train_examples"] or 60000,
                 cfg["epochs"], cfg["test_examples"] or 10000,
                 ", ".join(str(s) for s in cfg["seeds"]), cfg["learning_rate"],
+                "per global batch of %d, scaled linearly with workers × b" % LR_BATCH
+                if cfg.get("lr_scaling") == "linear" else "at every batch size",
                 cfg["momentum"], cfg.get("async_learning_rate") or cfg["learning_rate"],
                 cfg["weight_decay"]))
     L.append("")
@@ -234,7 +237,7 @@ def render_regime(data, plots, hand_block, begin_hand, end_hand):
             if not g:
                 continue
             bn, grads, s, _, _ = ROWS[r]
-            lr = cfg.get("async_learning_rate") if grads == "async" else cfg["learning_rate"]
+            lr = learning_rate(cfg, r, b)
             L.append("| %s | %s%s | %s%s | %g | %s | %s | %s | %s | %s |" % (
                 r, bn, " (s=%d)" % s if bn == "async" else "", grads,
                 " (s=%d)" % s if grads == "async" else "", lr or 0, f_ms(g["acc"]),
