@@ -66,7 +66,7 @@ void FormatShard(const ShardAnswer& a, const ViewOptions& options,
   std::string policy = Short(proto::Policy_Name(c.policy()), "POLICY_");
   // A pair that is not a --policy shorthand names its gradient mode too.
   if (c.gradients() != proto::GRADIENTS_UNSPECIFIED) {
-    policy = absl::StrCat("bn ", policy, " gradients ",
+    policy = absl::StrCat("bn ", policy, "/grad ",
                           Short(proto::Gradients_Name(c.gradients()),
                                 "GRADIENTS_"));
   }
