@@ -1,14 +1,17 @@
 #!/usr/bin/env python3
 """Tests of tools/compare_policies.py and its package tools/compare/.
 
-SmokeTest runs the real thing once (--smoke: every row at per-worker batch 2
-and 8 on 256 training and 200 test examples, real bnps_server and bnps_worker
-processes through tools/bnps_launch.py) with one failure injected, and checks
+SmokeTest runs the real thing once (--matrix=grid --smoke: every row at
+per-worker batch 2 and 8 on 256 training and 200 test examples, real
+bnps_server and bnps_worker processes through tools/bnps_launch.py) with one
+failure injected, and checks
 the report: a table per batch size with every row, the injected run shown as
 failed with its reason while every other row is ok, results.json that parses
 and holds every run, the plots when matplotlib is there (else the report says
 they were skipped), and --report_only re-rendering the same tables while
-keeping the hand-written block. 20-40 s on 2 cores.
+keeping the hand-written block. 20-40 s on 2 cores. RegimeSmokeTest runs
+--matrix=smoke (fc_bn at one example per worker; the crossed BN policy x
+gradient mode rows on the CNN), each row a real cluster: ~20 s.
 
 The other tests exercise the pure parts of tools/compare/ (reason lines,
 aggregation over seeds, noise calls, rendering) without processes.
