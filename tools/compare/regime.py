@@ -122,6 +122,14 @@ def render_regime(data, plots, hand_block, begin_hand, end_hand):
                  "%.1f min" % (wall / 60.0) if wall else "?",
                  estimate_text(data.get("estimate_s") or 0), BUDGET_MINUTES, len(runs),
                  sum(1 for r in runs if r["status"] == "ok")))
+    loads = [r["load_average"][0] for r in runs if r.get("load_average")]
+    if loads:
+        L.append("")
+        L.append("Load average (1 min) after each run: %.1f to %.1f, mean %.1f, on %s "
+                 "cores: other work shared the machine, which slows the runs and changes "
+                 "the async rows' staleness, not the bulk-synchronous rows' arithmetic." % (
+                     min(loads), max(loads), sum(loads) / len(loads),
+                     machine.get("cores") or "?"))
     if data.get("interrupted"):
         L.append("")
         L.append("**Interrupted (%s)**: the runs not done are listed as not run." %
