@@ -23,6 +23,56 @@ std::string PolicyName(Policy p) {
   return "?";
 }
 
+absl::StatusOr<Gradients> ParseGradients(absl::string_view name) {
+  if (name == "sync") return Gradients::kSync;
+  if (name == "async") return Gradients::kAsync;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown gradient mode '", name, "'; expected sync or async"));
+}
+
+std::string GradientsName(Gradients g) {
+  return g == Gradients::kAsync ? "async" : "sync";
+}
+
+absl::StatusOr<JobPolicy> ResolvePolicy(absl::string_view policy,
+                                        absl::string_view bn_policy,
+                                        absl::string_view gradients) {
+  JobPolicy out;
+  if (!policy.empty()) {
+    absl::StatusOr<Policy> p = ParsePolicy(policy);
+    if (!p.ok()) return p.status();
+    out = {*p, ShorthandGradients(*p)};
+  }
+  if (!bn_policy.empty()) {
+    absl::StatusOr<Policy> bn = ParsePolicy(bn_policy);
+    if (!bn.ok()) return bn.status();
+    if (!policy.empty() && *bn != out.bn) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--policy=", policy, " means --bn_policy=", PolicyName(out.bn),
+          ", not ", bn_policy, "; give --bn_policy and --gradients alone"));
+    }
+    out.bn = *bn;
+  }
+  if (!gradients.empty()) {
+    absl::StatusOr<Gradients> g = ParseGradients(gradients);
+    if (!g.ok()) return g.status();
+    if (!policy.empty() && *g != out.gradients) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--policy=", policy, " means --gradients=",
+          GradientsName(out.gradients), ", not ", gradients,
+          "; give --bn_policy and --gradients alone"));
+    }
+    out.gradients = *g;
+  }
+  return out;
+}
+
+std::string JobPolicyName(const JobPolicy& p) {
+  if (p.gradients == ShorthandGradients(p.bn)) return PolicyName(p.bn);
+  return absl::StrCat("bn_policy=", PolicyName(p.bn),
+                      ",gradients=", GradientsName(p.gradients));
+}
+
 absl::StatusOr<WorkerLoss> ParseWorkerLoss(absl::string_view name) {
   if (name == "fail") return WorkerLoss::kFail;
   if (name == "shrink") return WorkerLoss::kShrink;
@@ -69,6 +119,33 @@ proto::WorkerLossAction ToProto(WorkerLoss w) {
     case WorkerLoss::kFail: break;
   }
   return proto::WORKER_LOSS_FAIL;
+}
+
+absl::StatusOr<JobPolicy> FromConfig(const proto::JobConfig& c) {
+  absl::StatusOr<Policy> bn = FromProto(c.policy());
+  if (!bn.ok()) return bn.status();
+  switch (c.gradients()) {
+    case proto::GRADIENTS_UNSPECIFIED:
+      return JobPolicy{*bn, ShorthandGradients(*bn)};
+    case proto::GRADIENTS_SYNC:
+      return JobPolicy{*bn, Gradients::kSync};
+    case proto::GRADIENTS_ASYNC:
+      return JobPolicy{*bn, Gradients::kAsync};
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(
+          "unknown gradient mode ", static_cast<int>(c.gradients()),
+          " on the wire"));
+  }
+}
+
+void ToConfig(const JobPolicy& p, proto::JobConfig* c) {
+  c->set_policy(ToProto(p.bn));
+  if (p.gradients == ShorthandGradients(p.bn)) {
+    c->clear_gradients();
+  } else {
+    c->set_gradients(p.gradients == Gradients::kAsync ? proto::GRADIENTS_ASYNC
+                                                      : proto::GRADIENTS_SYNC);
+  }
 }
 
 }  // namespace bnps::policy

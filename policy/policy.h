@@ -1,13 +1,22 @@
 // The job's policies, defined once for the server, the worker, the client and
 // the tools: which BN policy a job runs (see docs/design.md for what each
-// means) and what a shard does when a worker is lost. Names are the ones the
-// flags use; the wire has matching enums in proto/bnps.proto, converted here.
+// means), how its gradients are applied, and what a shard does when a
+// worker is lost. Names are the ones the flags use; the wire has matching
+// enums in proto/bnps.proto, converted here.
 //
-//   policy  BN while training              gradients
-//   sync    merged over workers per layer  bulk-synchronous
-//   async   merged with recent others      stale-synchronous (bound s)
-//   recal   local; recomputed afterwards   bulk-synchronous
-//   local   local; averaged afterwards     bulk-synchronous
+// The BN policy and the gradient mode are independent (--bn_policy,
+// --gradients); --policy is the shorthand for the usual pairs:
+//
+//   --policy  BN while training (--bn_policy)   gradients (--gradients)
+//   sync      merged over workers per layer      sync: bulk-synchronous
+//   async     merged with recent others          async: stale-synchronous,
+//                                                bound --staleness
+//   recal     local; recomputed afterwards       sync
+//   local     local; averaged afterwards         sync
+//
+// Any other pair (say sync gradients with async BN) is named by the two
+// flags. --staleness bounds both what async gradients may run ahead and how
+// old the others' moments async BN merges may be.
 //
 // Thread-safety: pure functions.
 
@@ -22,7 +31,23 @@
 
 namespace bnps::policy {
 
+// The BN policy.
 enum class Policy { kSync, kAsync, kRecal, kLocal };
+
+// How gradients are applied.
+enum class Gradients {
+  kSync,   // bulk-synchronous: once per step, after every live worker pushed
+  kAsync,  // stale-synchronous: on arrival, workers at most --staleness apart
+};
+
+// A job's BN policy and gradient mode.
+struct JobPolicy {
+  Policy bn = Policy::kSync;
+  Gradients gradients = Gradients::kSync;
+  bool operator==(const JobPolicy& o) const {
+    return bn == o.bn && gradients == o.gradients;
+  }
+};
 
 // What happens to steps that need a worker whose heartbeats stopped.
 enum class WorkerLoss {
@@ -37,13 +62,30 @@ enum class WorkerLoss {
 // naming the choices.
 absl::StatusOr<Policy> ParsePolicy(absl::string_view name);
 std::string PolicyName(Policy p);
+// "sync", "async"; INVALID_ARGUMENT for anything else.
+absl::StatusOr<Gradients> ParseGradients(absl::string_view name);
+std::string GradientsName(Gradients g);
+// The gradient mode the --policy shorthand `p` pairs with its BN policy.
+inline Gradients ShorthandGradients(Policy p) {
+  return p == Policy::kAsync ? Gradients::kAsync : Gradients::kSync;
+}
+// The pair the three flags name; each may be empty (not given). --bn_policy
+// and --gradients win over what --policy implies and default to sync; a
+// --policy that contradicts either is INVALID_ARGUMENT saying so (e.g.
+// --policy=async --gradients=sync). Unknown names: INVALID_ARGUMENT.
+absl::StatusOr<JobPolicy> ResolvePolicy(absl::string_view policy,
+                                        absl::string_view bn_policy,
+                                        absl::string_view gradients);
+// The shorthand ("async") when the pair is one, else
+// "bn_policy=async,gradients=sync".
+std::string JobPolicyName(const JobPolicy& p);
 // "fail", "shrink", "wait"; INVALID_ARGUMENT for anything else.
 absl::StatusOr<WorkerLoss> ParseWorkerLoss(absl::string_view name);
 std::string WorkerLossName(WorkerLoss w);
 
 // Gradients are applied once per step after every live worker pushed (true),
 // or on arrival within the staleness bound (false: async).
-inline bool BulkSynchronous(Policy p) { return p != Policy::kAsync; }
+inline bool BulkSynchronous(Gradients g) { return g == Gradients::kSync; }
 
 // Whether BN layers exchange statistics with the servers while training
 // (sync and async); recal and local normalize with local statistics and
@@ -61,6 +103,15 @@ inline bool GlobalBnBackward(Policy p) { return p == Policy::kSync; }
 proto::Policy ToProto(Policy p);
 absl::StatusOr<Policy> FromProto(proto::Policy p);
 proto::WorkerLossAction ToProto(WorkerLoss w);
+// The job's pair from its config: `policy` is the BN policy, `gradients`
+// the gradient mode, where UNSPECIFIED (a config written before the field
+// existed, or a shorthand pair) means the one --policy implies.
+// INVALID_ARGUMENT for an unspecified or unknown policy or gradient mode.
+absl::StatusOr<JobPolicy> FromConfig(const proto::JobConfig& c);
+// Sets `policy`, and `gradients` only when it is not the shorthand's, so a
+// shorthand job's config is byte-for-byte what it was before the field (its
+// checkpoints stay readable both ways).
+void ToConfig(const JobPolicy& p, proto::JobConfig* c);
 
 }  // namespace bnps::policy
 

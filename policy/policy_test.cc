@@ -39,16 +39,80 @@ TEST(PolicyTest, UnknownNamesAndWireValuesAreRefused) {
 }
 
 TEST(PolicyTest, Properties) {
-  EXPECT_TRUE(BulkSynchronous(Policy::kSync));
-  EXPECT_FALSE(BulkSynchronous(Policy::kAsync));
-  EXPECT_TRUE(BulkSynchronous(Policy::kRecal));
-  EXPECT_TRUE(BulkSynchronous(Policy::kLocal));
+  EXPECT_TRUE(BulkSynchronous(Gradients::kSync));
+  EXPECT_FALSE(BulkSynchronous(Gradients::kAsync));
+  EXPECT_EQ(ShorthandGradients(Policy::kSync), Gradients::kSync);
+  EXPECT_EQ(ShorthandGradients(Policy::kAsync), Gradients::kAsync);
+  EXPECT_EQ(ShorthandGradients(Policy::kRecal), Gradients::kSync);
+  EXPECT_EQ(ShorthandGradients(Policy::kLocal), Gradients::kSync);
   EXPECT_TRUE(BnTrafficWhileTraining(Policy::kSync));
   EXPECT_TRUE(BnTrafficWhileTraining(Policy::kAsync));
   EXPECT_FALSE(BnTrafficWhileTraining(Policy::kRecal));
   EXPECT_FALSE(BnTrafficWhileTraining(Policy::kLocal));
   EXPECT_TRUE(GlobalBnBackward(Policy::kSync));
   EXPECT_FALSE(GlobalBnBackward(Policy::kAsync));
+}
+
+TEST(PolicyTest, ResolveShorthandsAndPairs) {
+  struct Case {
+    const char *policy, *bn, *gradients;
+    JobPolicy want;
+  } cases[] = {
+      {"", "", "", {Policy::kSync, Gradients::kSync}},
+      {"async", "", "", {Policy::kAsync, Gradients::kAsync}},
+      {"recal", "", "", {Policy::kRecal, Gradients::kSync}},
+      {"async", "async", "async", {Policy::kAsync, Gradients::kAsync}},
+      {"", "async", "", {Policy::kAsync, Gradients::kSync}},
+      {"", "sync", "async", {Policy::kSync, Gradients::kAsync}},
+      {"", "recal", "async", {Policy::kRecal, Gradients::kAsync}},
+      {"local", "", "sync", {Policy::kLocal, Gradients::kSync}},
+  };
+  for (const Case& c : cases) {
+    absl::StatusOr<JobPolicy> p = ResolvePolicy(c.policy, c.bn, c.gradients);
+    ASSERT_TRUE(p.ok()) << c.policy << "/" << c.bn << "/" << c.gradients;
+    EXPECT_TRUE(*p == c.want) << c.policy << "/" << c.bn << "/" << c.gradients;
+  }
+}
+
+TEST(PolicyTest, ResolveRejectsContradictions) {
+  absl::StatusOr<JobPolicy> p = ResolvePolicy("async", "", "sync");
+  EXPECT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(p.status().message().find("--policy=async means --gradients=async"),
+            std::string::npos);
+  p = ResolvePolicy("sync", "recal", "");
+  EXPECT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(p.status().message().find("--bn_policy=sync"), std::string::npos);
+  EXPECT_EQ(ResolvePolicy("", "", "bulk").status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ResolvePolicy("", "global", "").status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(PolicyTest, NamesAndConfigRoundTrip) {
+  EXPECT_EQ(JobPolicyName({Policy::kAsync, Gradients::kAsync}), "async");
+  EXPECT_EQ(JobPolicyName({Policy::kRecal, Gradients::kSync}), "recal");
+  EXPECT_EQ(JobPolicyName({Policy::kAsync, Gradients::kSync}),
+            "bn_policy=async,gradients=sync");
+  for (Policy bn : {Policy::kSync, Policy::kAsync, Policy::kRecal,
+                    Policy::kLocal}) {
+    for (Gradients g : {Gradients::kSync, Gradients::kAsync}) {
+      proto::JobConfig c;
+      ToConfig({bn, g}, &c);
+      // Shorthand pairs leave the field unset: configs (and checkpoints) of
+      // those jobs are what they were before it.
+      EXPECT_EQ(c.gradients() == proto::GRADIENTS_UNSPECIFIED,
+                g == ShorthandGradients(bn));
+      absl::StatusOr<JobPolicy> back = FromConfig(c);
+      ASSERT_TRUE(back.ok());
+      EXPECT_TRUE(*back == (JobPolicy{bn, g}));
+    }
+  }
+  proto::JobConfig old;  // written before the field: the shorthand's
+  old.set_policy(proto::POLICY_ASYNC);
+  EXPECT_EQ(FromConfig(old)->gradients, Gradients::kAsync);
+  old.set_gradients(static_cast<proto::Gradients>(7));
+  EXPECT_EQ(FromConfig(old).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

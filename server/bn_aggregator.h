@@ -34,7 +34,8 @@
 //   sync    step <= max(n + 1, v), with v the newest parameter version on the
 //           shard (Options::parameter_version): a worker reaches BN step c
 //           after it pulled version c, or after step c - 1's barriers, which
-//           needed every worker.
+//           needed every worker. Under async gradients there is no v (a
+//           version per push is no step), and the barriers alone bound it.
 //   async   step <= n + 1 + staleness: a worker begins step c only once every
 //           live worker completed c - staleness steps, and so sent BN
 //           statistics of step c - staleness - 1.
@@ -97,8 +98,9 @@ class BnAggregator {
     int num_workers = 1;
     int64_t staleness = 0;
     double momentum = 0.1;  // running-stats momentum, as PyTorch's
-    // sync: the newest parameter version on the shard, for the admissible
-    // steps (above). Called without the aggregator's lock. Default: none (0).
+    // sync BN with sync gradients: the newest parameter version on the
+    // shard, for the admissible steps (above); none under async gradients.
+    // Called without the aggregator's lock. Default: none (0).
     std::function<int64_t()> parameter_version;
   };
 

@@ -28,17 +28,26 @@ ABSL_FLAG(std::string, job, "bnps",
 ABSL_FLAG(int, shard, 0, "This server's shard id, in [0, num_shards).");
 ABSL_FLAG(int, num_shards, 1, "Number of shard servers in the job.");
 ABSL_FLAG(int, num_workers, 1, "Number of workers in the job.");
-ABSL_FLAG(std::string, policy, "sync",
-          "How BN statistics and gradients are merged: sync (exact cross-worker "
-          "BN every step, bulk-synchronous SGD), async (bounded staleness: BN "
-          "statistics merged from a window of --staleness steps, stale-"
-          "synchronous SGD), recal (local BN while training, population "
-          "statistics over all workers' data afterwards), local (local BN; "
-          "running statistics averaged at the end).");
+ABSL_FLAG(std::string, policy, "",
+          "Shorthand for a BN policy and a gradient mode (default sync): sync "
+          "(exact cross-worker BN every step, bulk-synchronous SGD), async "
+          "(bounded staleness: BN statistics merged from a window of "
+          "--staleness steps, stale-synchronous SGD), recal (local BN while "
+          "training, population statistics over all workers' data afterwards; "
+          "synchronous SGD), local (local BN; running statistics averaged at "
+          "the end; synchronous SGD). --bn_policy and --gradients choose the "
+          "two halves independently.");
+ABSL_FLAG(std::string, bn_policy, "",
+          "The BN policy alone: sync | async | recal | local (default: what "
+          "--policy says, else sync). Contradicting --policy is an error.");
+ABSL_FLAG(std::string, gradients, "",
+          "The gradient mode alone: sync (bulk-synchronous) | async (stale-"
+          "synchronous within --staleness) (default: what --policy says, else "
+          "sync). Contradicting --policy is an error.");
 ABSL_FLAG(int64_t, staleness, 0,
-          "async: a worker may begin step c only when every live worker has "
-          "completed c - staleness steps; BN statistics older than that are not "
-          "merged.");
+          "Async gradients: a worker may begin step c only when every live "
+          "worker has completed c - staleness steps. Async BN: statistics "
+          "older than c - staleness are not merged.");
 ABSL_FLAG(double, learning_rate, 0.1, "SGD learning rate (applied on the server).");
 ABSL_FLAG(double, momentum, 0.9, "SGD momentum.");
 ABSL_FLAG(double, weight_decay, 0.0, "SGD weight decay (L2).");
@@ -127,10 +136,12 @@ int main(int argc, char** argv) {
   o.shard = absl::GetFlag(FLAGS_shard);
   o.num_shards = absl::GetFlag(FLAGS_num_shards);
   o.num_workers = absl::GetFlag(FLAGS_num_workers);
-  absl::StatusOr<bnps::policy::Policy> policy =
-      bnps::policy::ParsePolicy(absl::GetFlag(FLAGS_policy));
+  absl::StatusOr<bnps::policy::JobPolicy> policy = bnps::policy::ResolvePolicy(
+      absl::GetFlag(FLAGS_policy), absl::GetFlag(FLAGS_bn_policy),
+      absl::GetFlag(FLAGS_gradients));
   if (!policy.ok()) return Fail(policy.status()), kBadFlags;
-  o.policy = *policy;
+  o.policy = policy->bn;
+  o.gradients = policy->gradients;
   absl::StatusOr<bnps::policy::WorkerLoss> loss =
       bnps::policy::ParseWorkerLoss(absl::GetFlag(FLAGS_on_worker_loss));
   if (!loss.ok()) return Fail(loss.status()), kBadFlags;
@@ -179,7 +190,7 @@ int main(int argc, char** argv) {
   std::printf("bnps_server: shard %d of %d, job '%s', policy %s, %d workers, "
               "%s%s, listening on %s:%d\n",
               o.shard, o.num_shards, o.job.c_str(),
-              bnps::policy::PolicyName(o.policy).c_str(), o.num_workers,
+              bnps::policy::JobPolicyName(*policy).c_str(), o.num_workers,
               !bnps::security::UsesTls(tls) ? "plaintext"
               : tls.ca.empty()           ? "TLS"
                                          : "mutual TLS",

@@ -17,7 +17,7 @@ proto::JobConfig ToJobConfig(const ShardOptions& o) {
   c.set_num_workers(o.num_workers);
   c.set_num_shards(o.num_shards);
   c.set_shard(o.shard);
-  c.set_policy(policy::ToProto(o.policy));
+  policy::ToConfig(JobPolicyOf(o), &c);
   c.set_staleness(o.staleness);
   c.set_learning_rate(o.optimizer.learning_rate);
   c.set_momentum(o.optimizer.momentum);
@@ -27,6 +27,10 @@ proto::JobConfig ToJobConfig(const ShardOptions& o) {
   c.set_heartbeat_timeout_ms(absl::ToInt64Milliseconds(o.heartbeat_timeout));
   c.set_worker_loss(policy::ToProto(o.worker_loss));
   return c;
+}
+
+policy::JobPolicy JobPolicyOf(const ShardOptions& o) {
+  return {o.policy, o.gradients.value_or(policy::ShorthandGradients(o.policy))};
 }
 
 absl::StatusOr<std::unique_ptr<Shard>> Shard::Create(ShardOptions options) {
@@ -61,7 +65,7 @@ absl::StatusOr<std::unique_ptr<Shard>> Shard::Create(ShardOptions options) {
   if (!options.now) options.now = absl::Now;
   std::unique_ptr<Shard> shard(new Shard(std::move(options)));
   const ShardOptions& o = shard->options_;
-  if (o.shard == 0 && o.policy == policy::Policy::kAsync) {
+  if (o.shard == 0 && !policy::BulkSynchronous(JobPolicyOf(o).gradients)) {
     absl::StatusOr<std::unique_ptr<StepClocks>> clocks =
         StepClocks::Create(o.num_workers, o.staleness);
     if (!clocks.ok()) return clocks.status();
@@ -129,7 +133,8 @@ absl::StatusOr<std::unique_ptr<Shard>> Shard::Create(ShardOptions options) {
 
 Shard::Shard(ShardOptions options)
     : options_(std::move(options)),
-      store_({options_.num_workers, policy::BulkSynchronous(options_.policy),
+      store_({options_.num_workers,
+              policy::BulkSynchronous(JobPolicyOf(options_).gradients),
               options_.optimizer, options_.staleness,
               options_.checkpoint_dir.empty() ? 0 : options_.checkpoint_every,
               [this](int64_t step, StoreState state) {
@@ -137,7 +142,12 @@ Shard::Shard(ShardOptions options)
               }}),
       bn_({options_.policy, options_.num_workers, options_.staleness,
            options_.bn_momentum,
-           [this] { return store_.newest_version(); }}),
+           // The version rule of sync BN's steps needs bulk-synchronous
+           // versions (one per step).
+           policy::BulkSynchronous(JobPolicyOf(options_).gradients)
+               ? std::function<int64_t()>(
+                     [this] { return store_.newest_version(); })
+               : std::function<int64_t()>()}),
       membership_(options_.num_workers, options_.heartbeat_timeout) {}
 
 Shard::~Shard() {

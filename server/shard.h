@@ -57,14 +57,19 @@ namespace bnps::server {
 
 // The job as the wire describes it.
 proto::JobConfig ToJobConfig(const struct ShardOptions& options);
+// The options' BN policy and gradient mode.
+policy::JobPolicy JobPolicyOf(const struct ShardOptions& options);
 
 struct ShardOptions {
   std::string job = "bnps";                  // Default: "bnps"
   int shard = 0;                             // Default: 0
   int num_shards = 1;                        // Default: 1
   int num_workers = 1;                       // Default: 1
-  policy::Policy policy = policy::Policy::kSync;             // Default: sync
-  int64_t staleness = 0;                     // async only. Default: 0
+  policy::Policy policy = policy::Policy::kSync;  // BN policy. Default: sync
+  // The gradient mode; unset: the one `policy` implies (async for async,
+  // else sync; policy/policy.h). Default: unset.
+  std::optional<policy::Gradients> gradients;
+  int64_t staleness = 0;  // async gradients or BN only. Default: 0
   OptimizerOptions optimizer;                // Default: see OptimizerOptions
   double bn_momentum = 0.1;                  // Default: 0.1
   absl::Duration barrier_timeout = absl::Seconds(60);    // Default: 60 s
@@ -93,7 +98,7 @@ class Shard {
   ParameterStore& store() { return store_; }
   BnAggregator& bn() { return bn_; }
   Membership& membership() { return membership_; }
-  // Non-null on shard 0 under the async policy.
+  // Non-null on shard 0 under async gradients.
   StepClocks* clocks() { return clocks_.get(); }
 
   // OK if the request belongs to this job and names a worker of it.

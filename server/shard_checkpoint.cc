@@ -169,7 +169,7 @@ absl::Status Shard::CheckpointNow() {
   if (options_.checkpoint_dir.empty()) {
     return absl::FailedPreconditionError("the server has no --checkpoint_dir");
   }
-  if (!policy::BulkSynchronous(options_.policy)) {
+  if (!policy::BulkSynchronous(JobPolicyOf(options_).gradients)) {
     StoreState state = store_.Export();
     int64_t step = 0;
     for (const StoreState::Key& k : state.keys) step = std::max(step, k.version);

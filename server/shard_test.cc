@@ -138,6 +138,56 @@ absl::StatusOr<BnAggregator::Reply> ForwardNow(Shard& shard, int worker,
   return *r;
 }
 
+// The BN policy and the gradient mode are independent: each half of a
+// crossed pair behaves as in its shorthand.
+TEST(ShardTest, CrossedPairsSplitBnFromGradients) {
+  struct Case {
+    policy::Policy bn;
+    policy::Gradients gradients;
+  };
+  for (const Case& c : {Case{policy::Policy::kAsync, policy::Gradients::kSync},
+                        Case{policy::Policy::kSync, policy::Gradients::kAsync}}) {
+    SCOPED_TRACE(policy::JobPolicyName({c.bn, c.gradients}));
+    FakeClock clock;
+    ShardOptions o = Options(&clock, 2, c.bn);
+    o.gradients = c.gradients;
+    auto shard = *Shard::Create(o);
+    const bool async_gradients = c.gradients == policy::Gradients::kAsync;
+    // The clocks are a gradient decision.
+    EXPECT_EQ(shard->clocks() != nullptr, async_gradients);
+    const proto::JobConfig config = ToJobConfig(o);
+    EXPECT_EQ(config.policy(), policy::ToProto(c.bn));
+    EXPECT_EQ(config.gradients(), async_gradients ? proto::GRADIENTS_ASYNC
+                                                  : proto::GRADIENTS_SYNC);
+    ASSERT_TRUE(shard->Register(0, kFirst).ok());
+    ASSERT_TRUE(shard->Register(1, kFirst).ok());
+    ASSERT_TRUE(shard->store().Init("w", {1}, {0}).ok());
+    // BN: async answers worker 0 alone at once; sync waits for worker 1.
+    const absl::StatusOr<BnAggregator::Reply> bn = ForwardNow(*shard, 0, 0);
+    EXPECT_EQ(bn.ok(), c.bn == policy::Policy::kAsync) << bn.status();
+    // Gradients: async applies worker 0's push on arrival; sync waits for
+    // the step's other push.
+    ASSERT_TRUE(shard->store().Push(0, 0, "w", {1}, {1}, 1).ok());
+    std::optional<absl::StatusOr<ParameterStore::Snapshot>> pulled;
+    shard->store().Pull({"w"}, 1, shard->Deadline(),
+                        [&](auto s) { pulled = std::move(s); });
+    EXPECT_EQ(pulled.has_value(), async_gradients);
+    ASSERT_TRUE(shard->store().Push(1, 0, "w", {1}, {1}, 1).ok());
+    EXPECT_TRUE(pulled.has_value());
+  }
+  // A shorthand pair leaves the field unset (configs and checkpoints as
+  // before it).
+  FakeClock clock;
+  for (policy::Policy p : {policy::Policy::kSync, policy::Policy::kAsync,
+                           policy::Policy::kRecal}) {
+    ShardOptions o = Options(&clock, 2, p);
+    o.gradients = policy::ShorthandGradients(p);
+    EXPECT_EQ(ToJobConfig(o).gradients(), proto::GRADIENTS_UNSPECIFIED);
+    EXPECT_EQ(ToJobConfig(o).SerializeAsString(),
+              ToJobConfig(Options(&clock, 2, p)).SerializeAsString());
+  }
+}
+
 TEST(ShardTest, LostWorkerChangesNothing) {
   // async, where pushes apply on arrival, under either choice.
   for (policy::WorkerLoss loss :

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -36,15 +37,19 @@ struct WorkerResult {
 };
 
 // S servers of one job; W trainers on threads, worker w on datasets[w].
-std::vector<WorkerResult> Train(policy::Policy policy, int shards,
-                                const std::vector<const Dataset*>& datasets,
-                                const TrainerOptions& options,
-                                int64_t staleness = 0) {
+// `gradients` unset: the policy's shorthand pair.
+std::vector<WorkerResult> Train(
+    policy::Policy policy, int shards,
+    const std::vector<const Dataset*>& datasets, const TrainerOptions& options,
+    int64_t staleness = 0,
+    std::optional<policy::Gradients> gradients = std::nullopt,
+    const nn::ModelOptions& model_options = SmallModel()) {
   const int workers = static_cast<int>(datasets.size());
   server::ShardOptions base;
   base.num_shards = shards;
   base.num_workers = workers;
   base.policy = policy;
+  base.gradients = gradients;
   base.staleness = staleness;
   base.optimizer.learning_rate = 0.05;
   base.optimizer.momentum = 0.9;
@@ -76,7 +81,7 @@ std::vector<WorkerResult> Train(policy::Policy policy, int shards,
         return;
       }
       std::unique_ptr<nn::Backend> backend = nn::NewCpuBackend();
-      auto model = nn::Model::Create(SmallModel(), backend.get());
+      auto model = nn::Model::Create(model_options, backend.get());
       if (!model.ok()) {
         results[w].report = model.status();
         return;
@@ -141,6 +146,49 @@ TEST(TrainingTest, SyncTwoWorkersFollowOneWorkerWithTheConcatenatedBatch) {
     }
     std::printf("after %lld steps: largest relative parameter difference %.3g\n",
                 static_cast<long long>(k), worst);
+  }
+}
+
+// The same at one example per worker on the variants where it matters: BN
+// after fully connected layers (statistics over the batch alone) and BN on
+// 1x1 maps deep in the network. Each worker's local BN would be degenerate
+// (one sample); sync normalizes over the two workers' samples exactly as one
+// worker of batch 2 does.
+TEST(TrainingTest, SyncAtOneExamplePerWorkerFollowsOneWorker) {
+  const int64_t steps = 3;
+  const Dataset all = worker::MakeSyntheticDataset(2 * steps, 12, 12, 10, 5);
+  const Dataset single = Interleaved(all, 1, steps);
+  for (nn::Architecture a : {nn::Architecture::kFcBn, nn::Architecture::kDeep}) {
+    SCOPED_TRACE(nn::ArchitectureName(a));
+    nn::ModelOptions m = SmallModel();
+    m.architecture = a;
+    TrainerOptions two;
+    two.batch_size = 1;
+    two.shuffle = false;
+    two.max_steps = steps;
+    two.evaluate = false;
+    TrainerOptions one = two;
+    one.batch_size = 2;
+    auto split = Train(policy::Policy::kSync, 2, {&all, &all}, two, 0,
+                       std::nullopt, m);
+    auto whole =
+        Train(policy::Policy::kSync, 2, {&single}, one, 0, std::nullopt, m);
+    ASSERT_EQ(split.size(), 2u);
+    ASSERT_TRUE(split[0].report.ok()) << split[0].report.status();
+    ASSERT_TRUE(whole[0].report.ok()) << whole[0].report.status();
+    for (const auto& [name, t] : whole[0].params) {
+      EXPECT_LT(MaxRelDiff(t.values, split[0].params.at(name).values), 1e-4)
+          << name;
+    }
+    // Local BN at one example per worker does not: it trains on nothing
+    // below the first BN layer.
+    auto local = Train(policy::Policy::kLocal, 2, {&all, &all}, two, 0,
+                       std::nullopt, m);
+    ASSERT_TRUE(local[0].report.ok()) << local[0].report.status();
+    const std::string first = a == nn::Architecture::kFcBn ? "fc0.w" : "stem.conv.w";
+    EXPECT_GT(MaxRelDiff(whole[0].params.at(first).values,
+                         local[0].params.at(first).values),
+              1e-3);
   }
 }
 
@@ -215,6 +263,47 @@ TEST(TrainingTest, EveryPolicyTrains) {
     }
     if (c.policy == policy::Policy::kAsync) {
       EXPECT_LE(results[0].report->max_staleness, 1);
+    }
+  }
+}
+
+// The BN policy and the gradient mode crossed: each pair trains end to end
+// on real servers, async gradients stay within the bound and sync ones are
+// never stale.
+TEST(TrainingTest, CrossedPairsTrain) {
+  const Dataset data = worker::MakeSyntheticDataset(1536, 12, 12, 10, 3);
+  struct Case {
+    policy::Policy bn;
+    policy::Gradients gradients;
+  };
+  for (const Case& c : {Case{policy::Policy::kAsync, policy::Gradients::kSync},
+                        Case{policy::Policy::kSync, policy::Gradients::kAsync},
+                        Case{policy::Policy::kRecal, policy::Gradients::kAsync}}) {
+    SCOPED_TRACE(policy::JobPolicyName({c.bn, c.gradients}));
+    TrainerOptions o;
+    o.batch_size = 16;
+    o.epochs = 2;
+    o.test_examples = 512;
+    auto results = Train(c.bn, 2, {&data, &data}, o, 2, c.gradients);
+    ASSERT_EQ(results.size(), 2u);
+    for (const WorkerResult& r : results) {
+      ASSERT_TRUE(r.report.ok()) << r.report.status();
+      EXPECT_EQ(r.report->policy, policy::JobPolicyName({c.bn, c.gradients}));
+      EXPECT_EQ(r.report->steps, 2 * 1536 / 2 / 16);
+      EXPECT_LT(r.report->train_loss_last, 0.7 * r.report->train_loss_first);
+      ASSERT_TRUE(r.report->test_accuracy.has_value());
+      EXPECT_GT(*r.report->test_accuracy, 0.3);
+      std::printf("%s: test accuracy %.4f\n",
+                  policy::JobPolicyName({c.bn, c.gradients}).c_str(),
+                  *r.report->test_accuracy);
+      if (c.gradients == policy::Gradients::kSync) {
+        EXPECT_EQ(r.report->max_staleness, 0);
+      } else {
+        EXPECT_LE(r.report->max_staleness, 2);
+      }
+    }
+    for (size_t l = 0; l < results[0].running.size(); ++l) {
+      EXPECT_EQ(results[0].running[l].mean, results[1].running[l].mean);
     }
   }
 }

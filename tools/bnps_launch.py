@@ -40,6 +40,12 @@ to the newest step every server has a checkpoint of (docs/reliability.md). It
 needs --checkpoint_every_steps (default 10 with --restart); restarted workers
 need --on_worker_loss=wait under sync.
 
+The BN policy and the gradient mode: --policy is the shorthand for a pair
+(sync, async, recal, local: policy/policy.h), --bn_policy and --gradients
+choose the halves independently (e.g. --bn_policy=async --gradients=sync);
+a --policy that contradicts either is a usage error. A shorthand pair goes to
+the binaries as --policy, any other as --bn_policy and --gradients.
+
 Options given to both servers and workers: --policy, --job, --staleness,
 --learning_rate, --momentum, --weight_decay (the worker checks they match the
 servers), --token_file (the job token). Servers only: --bn_momentum,
@@ -110,8 +116,14 @@ def parse_args(argv):
         allow_abbrev=False)
     p.add_argument("--servers", type=int, default=2, help="shard servers S (default 2)")
     p.add_argument("--workers", type=int, default=4, help="workers W (default 4)")
-    p.add_argument("--policy", default="sync", choices=["sync", "async", "recal", "local"],
-                   help="BN/gradient policy, to servers and workers (default sync)")
+    p.add_argument("--policy", choices=POLICIES,
+                   help="shorthand for a BN policy and a gradient mode, to servers and "
+                   "workers (default sync): async = async BN + async gradients, the "
+                   "others their BN policy + sync gradients")
+    p.add_argument("--bn_policy", choices=POLICIES,
+                   help="the BN policy alone (default: --policy's, else sync)")
+    p.add_argument("--gradients", choices=["sync", "async"],
+                   help="the gradient mode alone (default: --policy's, else sync)")
     p.add_argument("--job", default="bnps", help="job name (default bnps)")
     for name, typ in SHARED_OPTIONS:
         p.add_argument("--" + name, type=typ, help="to servers and workers")
@@ -153,7 +165,34 @@ def parse_args(argv):
     return args, extra
 
 
+POLICIES = ["sync", "async", "recal", "local"]
+
+
+def resolve_policy(policy, bn_policy, gradients):
+    """(BN policy, gradient mode, name) as policy::ResolvePolicy: the name is
+    the shorthand when the pair is one, else bn_policy=X,gradients=Y."""
+    bn, grads = "sync", "sync"
+    if policy:
+        bn, grads = policy, "async" if policy == "async" else "sync"
+    for flag, value, implied in (("bn_policy", bn_policy, bn), ("gradients", gradients, grads)):
+        if value and policy and value != implied:
+            raise UsageError("--policy=%s means --%s=%s, not %s; give --bn_policy and "
+                             "--gradients alone" % (policy, flag, implied, value))
+    bn, grads = bn_policy or bn, gradients or grads
+    shorthand = grads == ("async" if bn == "async" else "sync")
+    return bn, grads, bn if shorthand else "bn_policy=%s,gradients=%s" % (bn, grads)
+
+
+def policy_flags(args):
+    """The policy flags of the binaries' command lines."""
+    if "=" not in args.policy_name:
+        return ["--policy=" + args.policy_name]
+    return ["--bn_policy=" + args.bn_policy_used, "--gradients=" + args.gradients_used]
+
+
 def check_args(args, extra):
+    args.bn_policy_used, args.gradients_used, args.policy_name = resolve_policy(
+        args.policy, args.bn_policy, args.gradients)
     if args.servers < 1:
         raise UsageError("--servers must be at least 1 (got %d)" % args.servers)
     if args.workers < 1:
@@ -211,7 +250,7 @@ def optional_flags(args, options):
 def server_command(args, shard):
     cmd = [binary_paths(args.bin_dir)[0], "--host=127.0.0.1", "--port=0",
            "--job=" + args.job, "--shard=%d" % shard, "--num_shards=%d" % args.servers,
-           "--num_workers=%d" % args.workers, "--policy=" + args.policy]
+           "--num_workers=%d" % args.workers] + policy_flags(args)
     cmd += optional_flags(args, SHARED_OPTIONS + SERVER_OPTIONS)
     for name, server_name in SERVER_RENAMED_OPTIONS:
         if getattr(args, name) is not None:
@@ -230,8 +269,8 @@ def server_command(args, shard):
 
 def worker_command(args, extra, index, addresses, out_dir):
     cmd = [binary_paths(args.bin_dir)[1], "--servers=" + ",".join(addresses),
-           "--job=" + args.job, "--worker=%d" % index, "--num_workers=%d" % args.workers,
-           "--policy=" + args.policy]
+           "--job=" + args.job, "--worker=%d" % index, "--num_workers=%d" % args.workers]
+    cmd += policy_flags(args)
     cmd += optional_flags(args, SHARED_OPTIONS)
     cmd += ["--report=" + report_path(out_dir, index), "--progress=plain"]
     if args.metrics_port_base is not None:
@@ -450,7 +489,8 @@ def first_value(reports, key):
 def result_line(args, reports, wall_s):
     acc = first_value(reports, "test_accuracy")
     line = "result: policy=%s workers=%d servers=%d test_accuracy=%s" % (
-        args.policy, args.workers, args.servers, fmt(acc, ".4f") if acc is not None else "none")
+        args.policy_name, args.workers, args.servers,
+        fmt(acc, ".4f") if acc is not None else "none")
     recal = first_value(reports, "test_accuracy_recal")
     if recal is not None:
         line += " test_accuracy_recal=%s" % fmt(recal, ".4f")
@@ -460,7 +500,9 @@ def result_line(args, reports, wall_s):
 def write_summary(args, extra, argv, out_dir, addresses, reports, wall_s):
     summary = {
         "command": [sys.argv[0]] + list(argv),
-        "policy": args.policy,
+        "policy": args.policy_name,
+        "bn_policy": args.bn_policy_used,
+        "gradients": args.gradients_used,
         "servers": args.servers,
         "workers": args.workers,
         "server_addresses": addresses,

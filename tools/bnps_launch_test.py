@@ -437,6 +437,27 @@ class UnitTest(unittest.TestCase):
         self.assertEqual(args.workers, 4)
         self.assertTrue(args.build)
 
+    def test_policy_pairs_reach_servers_and_workers(self):
+        cases = [([], ["--policy=sync"]),
+                 (["--policy=async"], ["--policy=async"]),
+                 (["--bn_policy=recal"], ["--policy=recal"]),
+                 (["--bn_policy=async", "--gradients=sync"],
+                  ["--bn_policy=async", "--gradients=sync"]),
+                 (["--policy=recal", "--gradients=async"], None),
+                 (["--gradients=async"], ["--bn_policy=sync", "--gradients=async"])]
+        for argv, want in cases:
+            if want is None:
+                with self.assertRaises(self.m.UsageError) as e:
+                    self.m.resolve_policy("recal", None, "async")
+                self.assertIn("--policy=recal means --gradients=sync", str(e.exception))
+                continue
+            args, extra = self.m.parse_args(argv)
+            for cmd in (self.m.server_command(args, 0),
+                        self.m.worker_command(args, extra, 0, ["127.0.0.1:1"], "/out")):
+                got = [f for f in cmd if f.split("=")[0] in
+                       ("--policy", "--bn_policy", "--gradients")]
+                self.assertEqual(got, want, argv)
+
     def test_metrics_ports_follow_the_base(self):
         args, extra = self.m.parse_args(["--servers=2", "--workers=3",
                                          "--metrics_port_base=9400"])

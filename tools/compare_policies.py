@@ -1,77 +1,75 @@
 #!/usr/bin/env python3
 """The policy comparison: one command runs a matrix of training runs with the
-same model, data, seed(s) and number of epochs under every BN policy, and
-writes a report (docs/results.md, plots next to it, raw data in
-docs/results.json).
+same data and seeds under the BN policies, and writes a report
+(docs/results.md, a plot next to it, raw data in docs/results.json).
 
 Usage:
     bazel build //server:bnps_server //worker:bnps_worker
     python3 tools/compare_policies.py                  # the default matrix
-    python3 tools/compare_policies.py --smoke --results=/tmp/r/results.md
+    python3 tools/compare_policies.py --matrix=full    # the larger one
+    python3 tools/compare_policies.py --matrix=grid    # policies x batch sizes
+    python3 tools/compare_policies.py --matrix=smoke --smoke --results=/tmp/r/results.md
     python3 tools/compare_policies.py --report_only    # re-render from JSON
     python3 tools/compare_policies.py --dry_run        # commands + estimate
 
-The matrix (rows x per-worker batch sizes x seeds), run one at a time through
-tools/bnps_launch.py, each run with its own --out_dir under --out_dir:
-    reference      1 worker with the global batch (workers x b), policy sync
-                   (with one worker every policy is the same computation)
-    local          local BN; running stats averaged at the end (the control)
-    sync           exact cross-worker BN every step
-    async-s1       bounded staleness, --staleness=1
-    async-s4       bounded staleness, --staleness=4
-    recal-precise  local BN, population stats recomputed after training
-    recal-exact    the same, layer by layer (--recal_mode=exact)
-Every run uses --workers workers (the reference 1) with per-worker batch b,
---servers shard servers, the same --train_examples, --epochs, --test_examples
-(worker 0 evaluates on the same first test examples), --seed, learning rate,
-momentum and weight decay. Every non-recal run also gets --recalibrate=true
-(recal mode precise), so "accuracy after recalibrating the running stats" is
-there for every row. With --epochs >= 2 the workers also evaluate after every
-epoch (--eval_every_epoch), which gives the test points of the over-time plot.
+The matrices (tools/compare/matrix.py, MATRICES):
+    regime (default)  where synchronizing BN matters. A BN layer's statistics
+                      are over batch x height x width of its input, so the
+                      question is samples per channel per worker = per-worker
+                      batch b x the positions per example at the model's
+                      smallest BN input: the worker's --model=fc_bn (BN after
+                      linear layers: 1), deep (2x2 maps: 4), cnn (7x7: 49).
+                      Cells fc_bn b=1,2,8; deep b=1,8; cnn b=1,2 (samples 1,
+                      2, 4, 8, 32, 49, 98), rows reference, local, sync,
+                      recal-precise, async-s2 in every cell, and in one cell
+                      (cnn, b=2) the crossed rows: bn-async-s2 (async BN, sync
+                      gradients), grad-async-s2 (sync BN, async gradients),
+                      grad-async-s2-recal (recal BN, async gradients), which
+                      tell which half of async costs the accuracy. Seeds 1, 2,
+                      3; the report gives mean +- standard deviation, gaps
+                      with 2 standard errors, and a plot of test accuracy
+                      against samples per channel per worker.
+    full              more batch sizes (to 32 per worker), rows (async-s1,
+                      async-s4, recal-exact) and 5 seeds on 3x the data:
+                      hours on 2 cores.
+    smoke             a tiny regime matrix (fc_bn b=1, the crossed cell) for
+                      the test.
+    grid              the first comparison: --policies x --batch_sizes on
+                      --model (default every shorthand row at b = 2, 8, 32).
+Rows (ROWS): reference (1 worker with the global batch workers x b, which
+sync must match), local, sync, async-s1/s2/s4 (async BN and gradients,
+bound s), recal-precise, recal-exact, and the crossed rows above. Every
+non-recal run also gets --recalibrate=true (recal mode precise), so
+"accuracy after recalibrating the running statistics" is there for every row.
 
-Learning rate: fixed (--learning_rate, default 0.1, momentum 0.9, the
-servers' defaults), not scaled with the batch. All rows of one batch size
-share the global batch (workers x b), so the comparison between policies at
-a given b is fair; across batch sizes the effective step differs, which the
-report says. Async is the exception to "the same update": every worker's
-gradient is applied on its own, so an update has batch b and there are
-workers x as many. In the calibration async at b=2 did not learn at all at
-0.1 (loss ~2.4, test accuracy 0.10 after 3000 steps) while sync reached 0.82;
-so the async rows get --async_learning_rate, by default --learning_rate /
-workers (0.025 for 0.1 and 4 workers: the linear-scaling equivalent, the same
-step per example), and the report says so.
+Learning rate: --lr_scaling=linear (regime, full): --learning_rate (0.02) is
+the rate of global batch 4 and scales with workers x b (0.04 at b=2, 0.16 at
+b=8); a fixed 0.1 at global batch 4 made some fc_bn runs diverge (loss back to
+ln 10) while others learned. --lr_scaling=fixed (grid): --learning_rate (0.1)
+at every batch size. Rows with async gradients get --async_learning_rate, by
+default the rate / workers (each worker's gradient is applied on its own, so
+an update has batch b, not workers x b: the linear-scaling equivalent; in the
+first calibration async at b=2 did not learn at all at 0.1).
 
 Per run it records: status (ok, or failed with the launcher's reason line and
 the last stderr line of the process it blamed), the test accuracy with the
 running statistics, the test accuracy after recalibration, the final training
-loss (mean over workers of each worker's last reporting interval), images/s
-summed over the workers, milliseconds per step split into compute, BN sync
-and gradient sync (each worker's seconds / steps, averaged over workers),
-max staleness, and wall time. Over seeds: mean and min-max.
+loss, images/s summed over the workers, milliseconds per step split into
+compute, BN sync and gradient sync, max staleness, wall time and the load
+average after it.
 
-Budget and calibration (the default matrix must finish within 45 min on 2 CPU
-cores, so it is shrunk to fit). Measured with this tool on the project's
-2-core AMD EPYC VM (23 GiB), 4 workers + 2 servers on the 2 cores, while
-another benchmark ran on the same machine (load 3-6), from matrices of 3072
-training examples and full-size sync/async runs at b=2:
-    milliseconds per step      b=2    b=8    b=32
-    sync                        18     27     64
-    async (s1, s4)              13     23     57
-    local                       10     22     57
-    recal (precise, exact)       8     22     60
-    reference (1 worker, 4b)    11     24     84
-    fixed per run: ~2 s start-up, ~0.8 s per test evaluation of 10000
-    examples; recalibration ~0.35 x one epoch's training time (precise),
-    ~1 x (exact)
-A first, single sync run at b=2 measured 34 ms per step, so the same runs
-vary by up to ~1.9x on the shared machine. The default is --train_examples=
-20000 (of 60000) and --epochs=2 (40000 examples seen per run; 5000 steps at
-b=2, 312 at b=32), all 10000 test examples, one seed: 21 runs, estimated
-16 min (up to ~31 min at the slow end), within the 45-minute budget. The
-model behind the estimate is estimate_seconds (it was within 10% of the
-measured full-size b=2 runs); --dry_run prints it for any configuration.
-Scale up with --train_examples=0 (all 60000), more --epochs and
---seeds=1,2,3 on a larger machine, or on a GPU with --worker_flag=--device=gpu.
+Budget: the default matrix must finish within about 45 min on 2 CPU cores.
+The estimate (estimate_seconds; --dry_run prints it) is calibrated on the
+project's 2-core AMD EPYC VM with 4 workers and 2 servers on the 2 cores while
+other work ran (load 3-6): milliseconds per step of the CNN
+    b=2: sync 18, async 13, local 10, recal 8, reference (1 worker, 4b) 11
+    b=8: 27, 23, 22, 22, 24;  b=32: 64, 57, 57, 60, 84
+(b=1 extrapolated), ~2 s start-up per run, ~0.8 s per 10000 test examples,
+recalibration ~0.35 x an epoch; the variants cost ~0.6x (fc_bn) and ~2x
+(deep) the CNN. The regime matrix: 3000 training examples, 1 epoch, 5000 test
+examples, 114 runs, estimated 19 min (up to ~36 min on the shared machine).
+Scale up with --matrix=full, --train_examples=0 (all 60000), more --epochs
+and --seeds on a larger machine, or on a GPU with --worker_flag=--device=gpu.
 Threads: one model thread per worker (--threads), the reference too: on the
 loaded 2 cores a 2-thread reference ran 5x slower than a 1-thread one.
 

@@ -1,14 +1,17 @@
 #!/usr/bin/env python3
 """Tests of tools/compare_policies.py and its package tools/compare/.
 
-SmokeTest runs the real thing once (--smoke: every row at per-worker batch 2
-and 8 on 256 training and 200 test examples, real bnps_server and bnps_worker
-processes through tools/bnps_launch.py) with one failure injected, and checks
+SmokeTest runs the real thing once (--matrix=grid --smoke: every row at
+per-worker batch 2 and 8 on 256 training and 200 test examples, real
+bnps_server and bnps_worker processes through tools/bnps_launch.py) with one
+failure injected, and checks
 the report: a table per batch size with every row, the injected run shown as
 failed with its reason while every other row is ok, results.json that parses
 and holds every run, the plots when matplotlib is there (else the report says
 they were skipped), and --report_only re-rendering the same tables while
-keeping the hand-written block. 20-40 s on 2 cores.
+keeping the hand-written block. 20-40 s on 2 cores. RegimeSmokeTest runs
+--matrix=smoke (fc_bn at one example per worker; the crossed BN policy x
+gradient mode rows on the CNN), each row a real cluster: ~20 s.
 
 The other tests exercise the pure parts of tools/compare/ (reason lines,
 aggregation over seeds, noise calls, rendering) without processes.
@@ -77,7 +80,7 @@ class SmokeTest(unittest.TestCase):
         cls.dir = tempfile.mkdtemp(prefix="compare_policies_test_")
         cls.md = os.path.join(cls.dir, "report", "results.md")
         cls.json = os.path.join(cls.dir, "report", "results.json")
-        cmd = [sys.executable, TOOL, "--smoke", "--bin_dir=" + BIN_DIR,
+        cmd = [sys.executable, TOOL, "--matrix=grid", "--smoke", "--bin_dir=" + BIN_DIR,
                "--out_dir=" + os.path.join(cls.dir, "runs"), "--results=" + cls.md,
                "--inject_failure=%s@%d" % INJECTED]
         cls.proc = subprocess.run(cmd, capture_output=True, text=True, timeout=SMOKE_LIMIT_S)
@@ -102,8 +105,8 @@ class SmokeTest(unittest.TestCase):
         t = tables(md)
         self.assertEqual(sorted(t), [2, 8], md)
         for b in (2, 8):
-            self.assertEqual(len(t[b]), len(matrix.POLICIES), t[b])
-            for row in matrix.POLICIES:
+            self.assertEqual(len(t[b]), len(matrix.GRID_ROWS), t[b])
+            for row in matrix.GRID_ROWS:
                 cells = t[b].get(label(row, b))
                 self.assertIsNotNone(cells, "no row %s at b=%d:\n%s" % (row, b, md))
                 self.assertEqual(len(cells), 12, cells)
@@ -127,7 +130,7 @@ class SmokeTest(unittest.TestCase):
     def test_results_json(self):
         data = json.loads(self.read(self.json))
         runs = data["runs"]
-        self.assertEqual(len(runs), 2 * len(matrix.POLICIES))
+        self.assertEqual(len(runs), 2 * len(matrix.GRID_ROWS))
         for r in runs:
             if (r["policy"], r["batch_size"]) == INJECTED:
                 self.assertEqual(r["status"], "failed")
@@ -207,6 +210,141 @@ def fake_run(row, b, seed, acc, status="ok", recal=None):
             "max_staleness": 0, "wall_s": 5.0,
             "reason": None if status == "ok" else "worker w1 exited with code 1",
             "detail": None if status == "ok" else "bnps_worker: step 3: boom"}
+
+
+class RegimeSmokeTest(unittest.TestCase):
+    """--matrix=smoke: fc_bn at one example per worker and the crossed async
+    rows on the CNN, each a real cluster (launcher, servers, workers)."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.dir = tempfile.mkdtemp(prefix="compare_policies_regime_test_")
+        cls.md = os.path.join(cls.dir, "report", "results.md")
+        cmd = [sys.executable, TOOL, "--matrix=smoke", "--smoke", "--bin_dir=" + BIN_DIR,
+               "--out_dir=" + os.path.join(cls.dir, "runs"), "--results=" + cls.md,
+               "--no_plots"]
+        cls.proc = subprocess.run(cmd, capture_output=True, text=True, timeout=SMOKE_LIMIT_S)
+        cls.output = cls.proc.stdout[-4000:] + cls.proc.stderr[-4000:]
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.dir, ignore_errors=True)
+
+    def test_every_run_succeeds_and_the_report_has_the_cells(self):
+        self.assertEqual(self.proc.returncode, 0, self.output)
+        with open(os.path.join(self.dir, "report", "results.json"), encoding="utf-8") as f:
+            data = json.load(f)
+        runs = {r["id"]: r for r in data["runs"]}
+        planned = [(m, b, row) for m, b, rows in matrix.MATRICES["smoke"] for row in rows]
+        self.assertEqual(len(runs), len(planned))
+        for m, b, row in planned:
+            r = runs["%s_%s_b%d_seed1" % (row, m, b)]
+            self.assertEqual(r["status"], "ok", r)
+            self.assertEqual(r["samples_per_channel"], matrix.POSITIONS[m] * b)
+            bn, grads = matrix.ROWS[row][:2]
+            self.assertEqual((r["bn_policy"], r["gradients"]), (bn, grads))
+            if grads == "sync":
+                self.assertEqual(r["max_staleness"], 0, row)
+        with open(self.md, encoding="utf-8") as f:
+            md = f.read()
+        self.assertIn("| `fc_bn` | 1 | 1 |", md)
+        self.assertIn("## Which half of async costs the accuracy (`cnn`, b=2 per worker)", md)
+        # Linear scaling from 0.02 at global batch 4: 0.04 at 4 x 2, a quarter
+        # of it for async gradients (each worker's batch applied on its own).
+        self.assertIn("| grad-async-s2 | sync | async (s=2) | 0.01 |", md)
+        self.assertIn("| bn-async-s2 | async (s=2) | sync | 0.04 |", md)
+
+
+def regime_run(row, model, b, seed, acc, recal=None):
+    r = fake_run(row, b, seed, acc, recal=recal)
+    r.update(id="%s_%s_b%d_seed%d" % (row, model, b, seed), model=model,
+             samples_per_channel=matrix.POSITIONS[model] * b)
+    return r
+
+
+class RegimeTest(unittest.TestCase):
+    def config(self, name="regime"):
+        from compare import options
+        return options.make_config(options.parse_args(["--matrix=" + name]))
+
+    def test_default_matrix_sweeps_samples_per_channel_with_three_seeds(self):
+        cfg = self.config()
+        runs = matrix.plan_runs(cfg)
+        self.assertEqual(sorted(cfg["seeds"]), [1, 2, 3])
+        samples = sorted({r["samples_per_channel"] for r in runs})
+        self.assertEqual(samples[0], 1)
+        self.assertGreaterEqual(len(samples), 6)
+        # Every cell has the sweep's rows; the crossed rows are in one cell.
+        crossed = {(r["model"], r["batch_size"]) for r in runs
+                   if r["policy"] in matrix.CROSSED}
+        self.assertEqual(crossed, {("cnn", 2)})
+        for r in runs:
+            if r["policy"] == "sync":
+                for row in matrix.SWEEP:
+                    self.assertTrue(any(q["policy"] == row and q["model"] == r["model"] and
+                                        q["batch_size"] == r["batch_size"] and
+                                        q["seed"] == r["seed"] for q in runs), row)
+        minutes = sum(matrix.estimate_seconds(cfg, r) for r in runs) / 60.0
+        self.assertLess(minutes, matrix.BUDGET_MINUTES)
+        self.assertGreater(len(matrix.plan_runs(self.config("full"))), len(runs))
+
+    def test_commands_of_crossed_rows_and_variants(self):
+        cfg = self.config()
+        cfg["out_dir"] = "/out"
+        by = {r["id"]: r for r in matrix.plan_runs(cfg)}
+        cmd = matrix.run_command(cfg, by["grad-async-s2_cnn_b2_seed1"], "/out/x", False)
+        self.assertIn("--bn_policy=sync", cmd)
+        self.assertIn("--gradients=async", cmd)
+        self.assertIn("--staleness=2", cmd)
+        self.assertIn("--learning_rate=0.01", cmd)  # 0.02 x 8 / 4 / 4 workers
+        self.assertFalse(any(c.startswith("--policy=") for c in cmd))
+        self.assertFalse(any(c.startswith("--model=") for c in cmd))  # cnn: the default
+        cmd = matrix.run_command(cfg, by["bn-async-s2_cnn_b2_seed1"], "/out/x", False)
+        self.assertIn("--learning_rate=0.04", cmd)  # sync gradients
+        cmd = matrix.run_command(cfg, by["reference_fc_bn_b1_seed2"], "/out/x", False)
+        self.assertIn("--workers=1", cmd)
+        self.assertIn("--batch_size=4", cmd)
+        self.assertIn("--learning_rate=0.02", cmd)  # as the 4 workers of batch 1
+        self.assertIn("--model=fc_bn", cmd)
+        self.assertIn("--policy=sync", cmd)
+
+    def test_gaps_and_boundary(self):
+        from compare import regime
+        self.assertEqual(regime.summary([None]), None)
+        m, sd, n = regime.summary([0.8, 0.82, 0.84])
+        self.assertAlmostEqual(m, 0.82)
+        self.assertAlmostEqual(sd, 0.02)
+        self.assertEqual(n, 3)
+        runs = []
+        for seed, (s1, l1, s49, l49) in enumerate([(0.70, 0.10, 0.80, 0.80),
+                                                  (0.72, 0.12, 0.82, 0.79),
+                                                  (0.71, 0.11, 0.81, 0.82)]):
+            runs += [regime_run("sync", "fc_bn", 1, seed, s1),
+                     regime_run("local", "fc_bn", 1, seed, l1),
+                     regime_run("sync", "cnn", 1, seed, s49),
+                     regime_run("local", "cnn", 1, seed, l49)]
+        groups = regime.cell_groups(runs)
+        cells = regime.cells_of({}, runs)
+        self.assertEqual(cells, [("fc_bn", 1), ("cnn", 1)])
+        lose, hold = regime.boundary(groups, cells)
+        self.assertEqual([(s, m) for s, m, _, _ in lose], [(1, "fc_bn")])
+        self.assertEqual([(s, m) for s, m, _, _ in hold], [(49, "cnn")])
+        d, noise, sep = regime.gap(groups[("sync", "fc_bn", 1)]["acc"],
+                                   groups[("local", "fc_bn", 1)]["acc"])
+        self.assertAlmostEqual(d, 0.60)
+        self.assertTrue(sep)
+        data = {"config": dict(self.config(), seeds=[0, 1, 2]), "runs": runs,
+                "machine": {"cpu": "Test CPU", "cores": 2}, "command_line": "cmd",
+                "estimate_s": 60.0, "total_wall_s": 30.0}
+        md = report.render_markdown(data, {"files": {}, "skipped": "no matplotlib"},
+                                    "KEEP ME")
+        self.assertIn("| `fc_bn` | 1 | 1 |", md)
+        self.assertIn("0.710 ± 0.010", md)
+        self.assertIn("+60.0 ± ", md)
+        self.assertIn("sync beats local beyond the noise at 1 (`fc_bn` b=1, +60.0 points); "
+                      "not at 49 (`cnn` b=1)", md)
+        self.assertIn("KEEP ME", md)
+        self.assertIn("Test CPU", md)
 
 
 class PureTest(unittest.TestCase):

@@ -63,14 +63,21 @@ void FormatShard(const ShardAnswer& a, const ViewOptions& options,
   }
   const proto::StatusResponse& r = *a.status;
   const proto::JobConfig& c = r.config();
-  const std::string policy = Short(proto::Policy_Name(c.policy()), "POLICY_");
+  std::string policy = Short(proto::Policy_Name(c.policy()), "POLICY_");
+  // A pair that is not a --policy shorthand names its gradient mode too.
+  if (c.gradients() != proto::GRADIENTS_UNSPECIFIED) {
+    policy = absl::StrCat("bn ", policy, "/grad ",
+                          Short(proto::Gradients_Name(c.gradients()),
+                                "GRADIENTS_"));
+  }
+  const bool stale = c.policy() == proto::POLICY_ASYNC ||
+                     c.gradients() == proto::GRADIENTS_ASYNC;
   absl::StrAppend(
       out,
       Fit(absl::StrFormat("%s: job '%s' shard %d/%d, policy %s%s, %d workers",
                           a.address, c.job(), c.shard(), c.num_shards(), policy,
-                          c.policy() == proto::POLICY_ASYNC
-                              ? absl::StrCat(" (staleness ", c.staleness(), ")")
-                              : "",
+                          stale ? absl::StrCat(" (staleness ", c.staleness(), ")")
+                                : "",
                           c.num_workers()),
           80),
       "\n");

@@ -42,6 +42,16 @@ ShardAnswer Answer() {
   return a;
 }
 
+// A pair that is not a --policy shorthand names both halves and the bound.
+TEST(StatusViewTest, CrossedPairShowsBothHalves) {
+  ShardAnswer a = Answer();
+  a.status->mutable_config()->set_policy(proto::POLICY_SYNC);
+  a.status->mutable_config()->set_gradients(proto::GRADIENTS_ASYNC);
+  a.status->mutable_config()->set_staleness(2);
+  EXPECT_THAT(FormatText({a}),
+              HasSubstr("policy bn sync/grad async (staleness 2)"));
+}
+
 TEST(StatusViewTest, TextFitsEightyColumnsAndShowsTheSlowestLayersFirst) {
   ShardAnswer down;
   down.address = "127.0.0.1:7001";

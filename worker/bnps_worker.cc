@@ -52,7 +52,13 @@ ABSL_FLAG(int, num_workers, 1, "Workers in the job; must match the servers'.");
 ABSL_FLAG(std::string, policy, "",
           "sync | async | recal | local. The servers decide the policy; when "
           "given, this must match theirs (a check against launching the wrong "
-          "job). Empty: whatever the servers run.");
+          "job): the BN policy and gradient mode the shorthand stands for. "
+          "Empty: whatever the servers run.");
+ABSL_FLAG(std::string, bn_policy, "",
+          "sync | async | recal | local: when given, must match the servers' "
+          "BN policy.");
+ABSL_FLAG(std::string, gradients, "",
+          "sync | async: when given, must match the servers' gradient mode.");
 ABSL_FLAG(int64_t, staleness, -1,
           "async: the staleness bound; when >= 0, must match the servers'.");
 ABSL_FLAG(double, learning_rate, -1,
@@ -93,10 +99,17 @@ ABSL_FLAG(int64_t, train_examples, 0,
           "Train on the first this-many examples only (0: all 60000).");
 ABSL_FLAG(int64_t, test_examples, 0,
           "Evaluate on the first this-many test examples (0: all 10000).");
-ABSL_FLAG(int64_t, depth, 1, "Residual blocks per stage of the model.");
+ABSL_FLAG(std::string, model, "cnn",
+          "The model (worker/nn/model.h, docs/worker.md): cnn (ResNet-style, "
+          "BN on 28x28 to 7x7 maps: 49 positions per example at least) | deep "
+          "(the cnn continued to 4x4 and 2x2 maps: 4 positions) | fc_bn (BN "
+          "after fully connected layers: statistics over the batch alone).");
+ABSL_FLAG(int64_t, depth, 1,
+          "Residual blocks per stage of the model (fc_bn: hidden layers - 1).");
 ABSL_FLAG(int64_t, width, 16,
           "Channels of the model's first stage (the second has twice as "
-          "many).");
+          "many, deep's third and fourth four times; fc_bn's hidden layers "
+          "have 8 x width units).");
 ABSL_FLAG(std::string, recal_mode, "precise",
           "How recal recomputes BN statistics: precise (one pass, all layers) "
           "| exact (layer by layer, as inference sees them).");
@@ -137,24 +150,38 @@ absl::Status Check(bool ok, const std::string& message) {
 }
 
 // The flag name of the job's policy as the servers reported it.
-std::string PolicyName(proto::Policy wire) {
-  absl::StatusOr<policy::Policy> p = policy::FromProto(wire);
-  return p.ok() ? policy::PolicyName(*p) : "unknown";
+std::string PolicyName(const proto::JobConfig& c) {
+  absl::StatusOr<policy::JobPolicy> p = policy::FromConfig(c);
+  return p.ok() ? policy::JobPolicyName(*p) : "unknown";
 }
 
 // Flags the servers own must agree with theirs when given. Connect calls it
 // before registering (GrpcClientOptions::check_config).
 absl::Status CheckAgainstServers(const proto::JobConfig& c) {
   const std::string policy = absl::GetFlag(FLAGS_policy);
-  const std::string theirs = PolicyName(c.policy());
+  const std::string bn_policy = absl::GetFlag(FLAGS_bn_policy);
+  const std::string gradients = absl::GetFlag(FLAGS_gradients);
+  absl::StatusOr<policy::JobPolicy> mine =
+      policy::ResolvePolicy(policy, bn_policy, gradients);
+  if (!mine.ok()) return mine.status();
+  absl::StatusOr<policy::JobPolicy> servers = policy::FromConfig(c);
+  const std::string theirs = PolicyName(c);
   auto mismatch = [](const std::string& flag, const std::string& mine,
                      const std::string& servers) {
     return absl::FailedPreconditionError(absl::StrCat(
         "--", flag, "=", mine, " but the servers run ", flag, " ", servers,
         " (start them with the same value, or leave the flag out)"));
   };
-  if (!policy.empty() && policy != theirs) {
+  if (!servers.ok()) return servers.status();
+  if (!policy.empty() && !(*mine == *servers)) {
     return mismatch("policy", policy, theirs);
+  }
+  if (!bn_policy.empty() && mine->bn != servers->bn) {
+    return mismatch("bn_policy", bn_policy, policy::PolicyName(servers->bn));
+  }
+  if (!gradients.empty() && mine->gradients != servers->gradients) {
+    return mismatch("gradients", gradients,
+                    policy::GradientsName(servers->gradients));
   }
   const int64_t staleness = absl::GetFlag(FLAGS_staleness);
   if (staleness >= 0 && staleness != c.staleness()) {
@@ -305,6 +332,13 @@ absl::Status Main() {
       ParseRecalMode(absl::GetFlag(FLAGS_recal_mode));
   if (!recal_mode.ok()) return recal_mode.status();
   nn::ModelOptions model_options;
+  absl::StatusOr<nn::Architecture> architecture =
+      nn::ParseArchitecture(absl::GetFlag(FLAGS_model));
+  if (!architecture.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--model: ", architecture.status().message()));
+  }
+  model_options.architecture = *architecture;
   model_options.depth = absl::GetFlag(FLAGS_depth);
   model_options.width = absl::GetFlag(FLAGS_width);
   if (absl::Status s = nn::ValidateModelOptions(model_options); !s.ok()) {
@@ -444,13 +478,18 @@ absl::Status Main() {
 
   std::printf(
       "bnps_worker %d/%d: policy %s, %s%s, model depth %lld width %lld (%lld "
-      "weights), %lld training examples\n",
-      worker, num_workers, PolicyName((*client)->config().policy()).c_str(),
+      "weights), %lld training examples; model %s, %lld BN samples per "
+      "channel per step at least\n",
+      worker, num_workers, PolicyName((*client)->config()).c_str(),
       (*backend)->name().c_str(),
-      replicas > 1 ? absl::StrCat(" x ", replicas, " replicas").c_str() : "", static_cast<long long>(model_options.depth),
+      replicas > 1 ? absl::StrCat(" x ", replicas, " replicas").c_str() : "",
+      static_cast<long long>(model_options.depth),
       static_cast<long long>(model_options.width),
       static_cast<long long>((*model)->num_weights()),
-      static_cast<long long>(data->train.size()));
+      static_cast<long long>(data->train.size()),
+      nn::ArchitectureName(model_options.architecture).c_str(),
+      static_cast<long long>(options.batch_size *
+                             (*model)->bn_positions_per_example()));
   std::fflush(stdout);
   Trainer trainer(client->get(), model->get(), &data->train, &data->test,
                   options);
@@ -464,15 +503,18 @@ absl::Status Main() {
       report->train_loss_last, report->images_per_second, report->seconds_total,
       report->seconds_compute, report->seconds_bn_sync,
       report->seconds_grad_sync);
+  const absl::StatusOr<policy::JobPolicy> job =
+      policy::FromConfig((*client)->config());
+  const bool recal_policy = job.ok() && job->bn == policy::Policy::kRecal;
   if (report->test_accuracy.has_value()) {
     std::printf("test accuracy %.4f (running stats%s)\n", *report->test_accuracy,
-                report->policy == "recal"
+                recal_policy
                     ? absl::StrCat(", recalibrated ",
                                    RecalModeName(*recal_mode))
                           .c_str()
                     : "");
   }
-  if (report->test_accuracy_recal.has_value() && report->policy != "recal") {
+  if (report->test_accuracy_recal.has_value() && !recal_policy) {
     std::printf("test accuracy %.4f after recalibration (%s)\n",
                 *report->test_accuracy_recal,
                 RecalModeName(*recal_mode).c_str());

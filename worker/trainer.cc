@@ -103,8 +103,10 @@ Trainer::Trainer(client::PsClient* client, nn::Model* model,
       train_(train),
       test_(test),
       options_(std::move(options)),
-      policy_(policy::FromProto(client->config().policy())
-                  .value_or(policy::Policy::kSync)) {}
+      job_policy_(policy::FromConfig(client->config())
+                      .value_or(policy::JobPolicy{})),
+      policy_(job_policy_.bn),
+      bulk_synchronous_(policy::BulkSynchronous(job_policy_.gradients)) {}
 
 BatcherOptions Trainer::ShardOptions() const {
   BatcherOptions bo;
@@ -167,8 +169,8 @@ absl::StatusOr<TrainReport> Trainer::Run() {
   if (options_.evaluate && test_ == nullptr) {
     return absl::InvalidArgumentError("evaluation needs a test set");
   }
-  if (absl::StatusOr<policy::Policy> p =
-          policy::FromProto(client_->config().policy());
+  if (absl::StatusOr<policy::JobPolicy> p =
+          policy::FromConfig(client_->config());
       !p.ok()) {
     return Annotate(p.status(), "the job's config");
   }
@@ -177,7 +179,7 @@ absl::StatusOr<TrainReport> Trainer::Run() {
   if (!batcher.ok()) return batcher.status();
 
   TrainReport report;
-  report.policy = policy::PolicyName(policy_);
+  report.policy = policy::JobPolicyName(job_policy_);
   report.worker = bo.worker;
   report.num_workers = bo.num_workers;
   const int64_t per_epoch = batcher->batches_per_epoch();
@@ -371,13 +373,13 @@ absl::StatusOr<TrainReport> Trainer::Run() {
 absl::Status Trainer::TrainStep(int64_t step, const Batch& batch,
                                ServerBnExchange* sync, StepFigures* f) {
   const absl::Time step_start = absl::Now();
-  // async: wait until the bound allows this step.
-  if (policy_ == policy::Policy::kAsync) {
+  // async gradients: wait until the bound allows this step.
+  if (!bulk_synchronous_) {
     absl::StatusOr<int64_t> min_clock = client_->StartStep(step);
     if (!min_clock.ok()) return Annotate(min_clock.status(), "step start");
     f->staleness = step - *min_clock;
   }
-  if (absl::Status s = PullInto(policy::BulkSynchronous(policy_) ? step : 0);
+  if (absl::Status s = PullInto(bulk_synchronous_ ? step : 0);
       !s.ok()) {
     return Annotate(s, absl::StrCat("step ", step, ": pulling parameters"));
   }
@@ -393,7 +395,7 @@ absl::Status Trainer::TrainStep(int64_t step, const Batch& batch,
       !s.ok()) {
     return Annotate(s, absl::StrCat("step ", step, ": pushing gradients"));
   }
-  if (policy_ == policy::Policy::kAsync) {
+  if (!bulk_synchronous_) {
     if (absl::Status s = client_->FinishStep(step + 1); !s.ok()) {
       return Annotate(s, absl::StrCat("step ", step, ": finishing"));
     }
@@ -477,7 +479,7 @@ absl::StatusOr<nn::HostTensors> Trainer::Compute(int64_t step,
 
 absl::Status Trainer::SettleRunningStats(int64_t steps) {
   // The final parameters: every update of the run applied.
-  if (policy::BulkSynchronous(policy_)) {
+  if (bulk_synchronous_) {
     if (absl::Status s = PullInto(steps); !s.ok()) {
       return Annotate(s, "pulling the final parameters");
     }

@@ -233,9 +233,11 @@ class Trainer {
   const Dataset* const test_;
   const TrainerOptions options_;
   HostBnGroup* group_ = nullptr;  // with replicas, while Run trains
-  // The servers' policy (sync if they report one it does not know: Run
-  // then fails).
-  const policy::Policy policy_;
+  // The servers' BN policy and gradient mode (sync if they report one it
+  // does not know: Run then fails).
+  const policy::JobPolicy job_policy_;
+  const policy::Policy policy_;  // job_policy_.bn
+  const bool bulk_synchronous_;  // job_policy_.gradients is sync
 };
 
 }  // namespace bnps::worker

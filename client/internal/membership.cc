@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "google/protobuf/util/message_differencer.h"
+#include "policy/policy.h"
 #include "proto/codec.h"
 
 namespace bnps::client::internal {
@@ -174,7 +175,11 @@ absl::StatusOr<int64_t> Membership::Recover(bool restarted,
     }
     const bool force = restarted && newest <= registered_generation_;
     int64_t generation = newest, step = st[0].restored_step();
-    const bool async = channels_->config().policy() == proto::POLICY_ASYNC;
+    // Async gradients: the shards' checkpoints are not of one moment.
+    const absl::StatusOr<policy::JobPolicy> job =
+        policy::FromConfig(channels_->config());
+    const bool async =
+        job.ok() && !policy::BulkSynchronous(job->gradients);
     if ((pending || force) && async) {
       // Under async the shards' checkpoints are not of one moment anyway:
       // each restores its newest, and every worker resumes at the lowest of

@@ -91,6 +91,10 @@ py::dict ConfigDict(const proto::JobConfig& c) {
   d["num_shards"] = c.num_shards();
   absl::StatusOr<policy::Policy> p = policy::FromProto(c.policy());
   d["policy"] = p.ok() ? policy::PolicyName(*p) : std::string("unknown");
+  // The gradient mode (the BN policy alone is "policy"): "sync" or "async".
+  absl::StatusOr<policy::JobPolicy> jp = policy::FromConfig(c);
+  d["gradients"] = jp.ok() ? policy::GradientsName(jp->gradients)
+                           : std::string("unknown");
   d["staleness"] = c.staleness();
   d["learning_rate"] = c.learning_rate();
   d["momentum"] = c.momentum();

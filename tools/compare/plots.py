@@ -10,6 +10,7 @@ import sys
 import textwrap
 
 from .matrix import ENTRY
+from .regime import draw_regime_plot
 from .stats import aggregate
 
 SYSTEM_PYTHON = "/usr/bin/python3"
@@ -19,8 +20,10 @@ class PlotsUnavailable(Exception):
     pass
 
 
-def plot_paths(results_md):
+def plot_paths(results_md, matrix="grid"):
     base = os.path.splitext(results_md)[0]
+    if matrix != "grid":
+        return {"accuracy_vs_samples": base + "_accuracy_vs_samples.png"}
     return {"accuracy_vs_batch": base + "_accuracy_vs_batch.png",
             "accuracy_over_time": base + "_accuracy_over_time.png"}
 
@@ -47,6 +50,11 @@ def draw_plots(data, results_md):
     except ImportError as e:
         raise PlotsUnavailable("matplotlib is not installed for %s (%s)" % (sys.executable, e))
     cfg = data["config"]
+    if cfg.get("matrix", "grid") != "grid":
+        paths = plot_paths(results_md, cfg["matrix"])
+        draw_regime_plot(plt, data, paths["accuracy_vs_samples"])
+        return {"files": paths, "note": "Mean ± one standard deviation over seeds, from %s."
+                % os.path.basename(data["results_json"])}
     groups = aggregate(data["runs"], cfg["policies"], cfg["batch_sizes"])
     paths = plot_paths(results_md)
     styles = {"reference": ("k", "o", "--"), "local": ("tab:gray", "v", "-"),

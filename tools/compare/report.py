@@ -7,9 +7,10 @@ import json
 import math
 import os
 
-from .matrix import BUDGET_MINUTES, FAMILIES, POLICIES, estimate_text
+from .matrix import BUDGET_MINUTES, FAMILIES, ROWS, estimate_text
 from .options import UsageError
 from .plots import make_plots
+from .regime import render_regime
 from .stats import aggregate, noise_floor, separated
 
 BEGIN_HAND = "<!-- BEGIN hand-written -->"
@@ -206,7 +207,7 @@ def findings(data, groups):
                 loss = g["train_loss_last"]
                 flat.append("%s at b=%d (%.4f%s)" % (
                     row, b, t[0], "" if loss is None else ", last train loss %.2f" % loss[0]))
-            elif r is not None and abs(r[0] - t[0]) >= RECAL_MOVES and POLICIES[row][0] != "recal":
+            elif r is not None and abs(r[0] - t[0]) >= RECAL_MOVES and ROWS[row][0] != "recal":
                 moved.append("%s at b=%d %s" % (row, b, pts(r[0], t[0])))
     if moved:
         out.append("Recalibrating the running statistics after training moves test accuracy "
@@ -244,6 +245,8 @@ def hand_written_block(path):
 
 
 def render_markdown(data, plots, hand_block=None):
+    if data["config"].get("matrix", "grid") != "grid":
+        return render_regime(data, plots, hand_block, BEGIN_HAND, END_HAND)
     cfg = data["config"]
     mach = data["machine"]
     groups = aggregate(data["runs"], cfg["policies"], cfg["batch_sizes"])

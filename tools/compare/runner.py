@@ -14,7 +14,7 @@ import time
 from .matrix import run_command
 from .stats import mean
 
-DEVICE_RE = re.compile(r"bnps_worker \d+/\d+: policy \w+, (\w+), model depth (\d+) "
+DEVICE_RE = re.compile(r"bnps_worker \d+/\d+: policy \S+, (\w+), model depth (\d+) "
                        r"width (\d+) \((\d+) weights\)")
 
 
@@ -139,6 +139,10 @@ def execute(config, run, inject):
             raise
     run["wall_s"] = time.monotonic() - t0
     run["exit_code"] = code
+    try:  # other work on the machine slows the runs (not their accuracy)
+        run["load_average"] = [round(v, 2) for v in os.getloadavg()]
+    except OSError:
+        pass
     with open(log_path, encoding="utf-8", errors="replace") as f:
         text = f.read()
     run["worker_info"] = device_line(run_dir)

@@ -37,7 +37,29 @@ uint64_t ParameterStreamSeed(const std::string& name) {
 
 }  // namespace
 
+absl::StatusOr<Architecture> ParseArchitecture(const std::string& name) {
+  if (name == "cnn") return Architecture::kCnn;
+  if (name == "deep") return Architecture::kDeep;
+  if (name == "fc_bn") return Architecture::kFcBn;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown model '", name, "'; expected cnn, deep or fc_bn"));
+}
+
+std::string ArchitectureName(Architecture a) {
+  switch (a) {
+    case Architecture::kCnn: return "cnn";
+    case Architecture::kDeep: return "deep";
+    case Architecture::kFcBn: return "fc_bn";
+  }
+  return "?";
+}
+
 absl::Status ValidateModelOptions(const ModelOptions& o) {
+  if (o.architecture != Architecture::kCnn &&
+      o.architecture != Architecture::kDeep &&
+      o.architecture != Architecture::kFcBn) {
+    return absl::InvalidArgumentError("unknown architecture");
+  }
   if (o.depth < 0 || o.depth > 64) {
     return absl::InvalidArgumentError(
         absl::StrCat("depth ", o.depth, " is outside [0, 64]"));
@@ -86,23 +108,48 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(
     return std::unique_ptr<Layer>(*std::move(layer));
   };
   std::vector<absl::StatusOr<std::unique_ptr<Layer>>> layers;
-  layers.push_back(NewConv2d(b, "stem.conv", options.in_channels, w, 3, 1, 1));
-  layers.push_back(bn("stem.bn", w));
-  layers.push_back(NewRelu(b, "stem.relu"));
-  layers.push_back(NewMaxPool(b, "stem.pool", 2, 2));
-  for (int64_t i = 0; i < options.depth; ++i) {
+  if (options.architecture == Architecture::kFcBn) {
+    int64_t in = options.in_channels * options.image_height * options.image_width;
+    for (int64_t i = 0; i <= options.depth; ++i) {
+      const std::string name = absl::StrCat("fc", i);
+      layers.push_back(NewLinear(b, name, in, 8 * w));
+      layers.push_back(bn(name + ".bn", 8 * w));
+      layers.push_back(NewRelu(b, name + ".relu"));
+      in = 8 * w;
+    }
+    layers.push_back(NewLinear(b, "head.fc", in, options.classes));
+  } else {
+    layers.push_back(NewConv2d(b, "stem.conv", options.in_channels, w, 3, 1, 1));
+    layers.push_back(bn("stem.bn", w));
+    layers.push_back(NewRelu(b, "stem.relu"));
+    layers.push_back(NewMaxPool(b, "stem.pool", 2, 2));
+    // (prefix of the down layer, prefix of the stage, channels in, out)
+    struct Stage {
+      std::string down, stage;
+      int64_t in, out;
+    };
+    std::vector<Stage> stages = {{"", "stage1", w, w},
+                                 {"down", "stage2", w, 2 * w}};
+    if (options.architecture == Architecture::kDeep) {
+      stages.push_back({"down2", "stage3", 2 * w, 4 * w});
+      stages.push_back({"down3", "stage4", 4 * w, 4 * w});
+    }
+    for (const Stage& st : stages) {
+      if (!st.down.empty()) {
+        layers.push_back(
+            NewConv2d(b, st.down + ".conv", st.in, st.out, 3, 2, 1));
+        layers.push_back(bn(st.down + ".bn", st.out));
+        layers.push_back(NewRelu(b, st.down + ".relu"));
+      }
+      for (int64_t i = 0; i < options.depth; ++i) {
+        layers.push_back(NewResidualBlock(
+            b, absl::StrCat(st.stage, ".block", i), st.out, mom, eps));
+      }
+    }
+    layers.push_back(NewGlobalAvgPool(b, "head.pool"));
     layers.push_back(
-        NewResidualBlock(b, absl::StrCat("stage1.block", i), w, mom, eps));
+        NewLinear(b, "head.fc", stages.back().out, options.classes));
   }
-  layers.push_back(NewConv2d(b, "down.conv", w, 2 * w, 3, 2, 1));
-  layers.push_back(bn("down.bn", 2 * w));
-  layers.push_back(NewRelu(b, "down.relu"));
-  for (int64_t i = 0; i < options.depth; ++i) {
-    layers.push_back(
-        NewResidualBlock(b, absl::StrCat("stage2.block", i), 2 * w, mom, eps));
-  }
-  layers.push_back(NewGlobalAvgPool(b, "head.pool"));
-  layers.push_back(NewLinear(b, "head.fc", 2 * w, options.classes));
   for (auto& layer : layers) {
     if (absl::Status s = m->Add(std::move(layer)); !s.ok()) return s;
   }
@@ -112,6 +159,13 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(
   for (const auto& layer : m->layers_) {
     absl::StatusOr<bn::Shape> next = layer->OutputShape(shape);
     if (!next.ok()) return next.status();
+    // A residual block's BN layers see its input's shape.
+    std::vector<BatchNorm*> bns;
+    layer->AppendBatchNorms(&bns);
+    if (!bns.empty()) {
+      const int64_t hw = shape.h * shape.w;
+      if (m->bn_positions_ == 0 || hw < m->bn_positions_) m->bn_positions_ = hw;
+    }
     shape = *next;
   }
   return m;

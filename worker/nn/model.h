@@ -1,13 +1,39 @@
 // The worker's model: a list of layers (layers.h) built from options, with
 // softmax cross-entropy on top.
 //
-// The default is a small ResNet-style CNN for 28x28 grayscale images:
+// Three architectures (ModelOptions::architecture, the worker's --model).
+// The default, kCnn ("cnn"), is a small ResNet-style CNN for 28x28 grayscale
+// images:
 //
 //   stem     conv3x3(1 -> width) - BN - ReLU - maxpool 2x2       28x28 -> 14x14
 //   stage 1  `depth` residual blocks of width channels            14x14
 //   down     conv3x3 stride 2 (width -> 2 width) - BN - ReLU      14x14 -> 7x7
 //   stage 2  `depth` residual blocks of 2 width channels          7x7
 //   head     global average pool - linear(2 width -> classes)
+//
+// kDeep ("deep") continues the CNN to small feature maps, so its deepest BN
+// layers see 4 positions per example (28x28 input):
+//
+//   ... stage 2 as above                                          7x7
+//   down2    conv3x3 stride 2 (2 width -> 4 width) - BN - ReLU    7x7 -> 4x4
+//   stage 3  `depth` residual blocks of 4 width channels          4x4
+//   down3    conv3x3 stride 2 (4 width -> 4 width) - BN - ReLU    4x4 -> 2x2
+//   stage 4  `depth` residual blocks of 4 width channels          2x2
+//   head     global average pool - linear(4 width -> classes)
+//
+// kFcBn ("fc_bn") has BN after fully connected layers only, whose statistics
+// are over the batch alone (one position per example):
+//
+//   depth + 1 times: linear(-> 8 width) - BN - ReLU   (the first flattens
+//                                                      the image)
+//   head     linear(8 width -> classes)
+//
+// A BN layer's statistics are over batch x height x width of its input; the
+// fewest positions per example of any BN layer is bn_positions_per_example()
+// (cnn 49, deep 4, fc_bn 1 on 28x28), so a worker's fewest samples per
+// channel are its batch times that. With one example per worker, local BN
+// in fc_bn sees one sample: variance 0, every output is beta and no gradient
+// flows to the layers below (what bn/kernels.h computes for a count of 1).
 //
 // A step is Forward (training mode: BN through the BnExchange), Loss, Backward;
 // Gradients then holds d(sum of the batch's losses) / d parameter. Parameters
@@ -37,10 +63,19 @@
 
 namespace bnps::nn {
 
+enum class Architecture { kCnn, kDeep, kFcBn };
+
+// "cnn", "deep", "fc_bn"; INVALID_ARGUMENT naming the choices otherwise.
+absl::StatusOr<Architecture> ParseArchitecture(const std::string& name);
+std::string ArchitectureName(Architecture a);
+
 struct ModelOptions {
-  // Residual blocks per stage, >= 0. Default: 1.
+  // Which model (see above). Default: kCnn.
+  Architecture architecture = Architecture::kCnn;
+  // Residual blocks per stage (fc_bn: hidden layers - 1), >= 0. Default: 1.
   int64_t depth = 1;
-  // Channels of the stem and stage 1 (stage 2 has twice as many), >= 1.
+  // Channels of the stem and stage 1 (stage 2 has twice as many, stages 3
+  // and 4 four times; fc_bn's hidden layers have 8 width units), >= 1.
   // Default: 16.
   int64_t width = 16;
   // Input images: channels x height x width, each >= 1; height and width
@@ -78,6 +113,10 @@ class Model {
   const std::vector<Parameter*>& parameters() const { return parameters_; }
   const std::vector<BatchNorm*>& batch_norms() const { return batch_norms_; }
   int64_t num_weights() const;
+  // The fewest height x width positions per example over the BN layers'
+  // inputs (the worker's samples per channel are batch x this); 0 without
+  // BN layers.
+  int64_t bn_positions_per_example() const { return bn_positions_; }
 
   // Initial values from `seed` (the same for every seed on every platform):
   // convolution weights He-normal, linear weights and bias uniform in
@@ -114,6 +153,7 @@ class Model {
   std::vector<std::unique_ptr<Layer>> layers_;
   std::vector<Parameter*> parameters_;
   std::vector<BatchNorm*> batch_norms_;
+  int64_t bn_positions_ = 0;
 
   int64_t n_ = 0;  // examples of the last Forward
   Tensor input_;

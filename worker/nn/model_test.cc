@@ -3,6 +3,7 @@
 
 #include "worker/nn/model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <random>
@@ -49,8 +50,9 @@ class FixedOthersSync : public BnExchange {
   std::map<std::string, bn::Moments> others_;
 };
 
-ModelOptions Tiny() {
+ModelOptions Tiny(Architecture a = Architecture::kCnn) {
   ModelOptions o;
+  o.architecture = a;
   o.depth = 1;
   o.width = 2;
   o.image_height = 6;
@@ -100,9 +102,11 @@ double LossAt(Model& model, const HostTensors& params, const Batch& b) {
 // relative error of each tensor's sampled gradient must be small. Float
 // arithmetic and ReLU/max-pool kinks make single elements noisy, so tensors
 // are compared as vectors.
-void CheckGradients(BnExchange* sync, uint64_t seed) {
+void CheckGradients(BnExchange* sync, uint64_t seed,
+                    Architecture a = Architecture::kCnn) {
+  SCOPED_TRACE(ArchitectureName(a));
   std::unique_ptr<Backend> backend = NewCpuBackend();
-  const ModelOptions o = Tiny();
+  const ModelOptions o = Tiny(a);
   absl::StatusOr<std::unique_ptr<Model>> model = Model::Create(o, backend.get());
   ASSERT_TRUE(model.ok()) << model.status();
   Model& m = **model;
@@ -155,6 +159,129 @@ TEST(ModelTest, GradientsMatchFiniteDifferencesWithLocalBn) {
 TEST(ModelTest, GradientsMatchFiniteDifferencesWithAsyncBn) {
   FixedOthersSync sync(5);
   CheckGradients(&sync, 23);
+}
+
+// The variants: deep (BN down to 1x1 maps on 6x6 images) and fc_bn (BN over
+// the batch alone), against finite differences under local and async BN.
+TEST(ModelTest, VariantGradientsMatchFiniteDifferences) {
+  for (Architecture a : {Architecture::kDeep, Architecture::kFcBn}) {
+    LocalBnExchange local;
+    CheckGradients(&local, 31, a);
+    FixedOthersSync async(7);
+    CheckGradients(&async, 37, a);
+  }
+}
+
+TEST(ModelTest, ArchitectureNames) {
+  for (Architecture a :
+       {Architecture::kCnn, Architecture::kDeep, Architecture::kFcBn}) {
+    absl::StatusOr<Architecture> back = ParseArchitecture(ArchitectureName(a));
+    ASSERT_TRUE(back.ok());
+    EXPECT_EQ(*back, a);
+  }
+  absl::StatusOr<Architecture> bad = ParseArchitecture("resnet50");
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("cnn, deep or fc_bn"),
+            std::string::npos);
+}
+
+// Shapes on 28x28: BN layers, their fewest positions per example, the head.
+TEST(ModelTest, VariantShapesAndPositionsPerExample) {
+  struct Case {
+    Architecture a;
+    size_t bn_layers;
+    int64_t positions;
+    std::vector<int64_t> head;
+  } cases[] = {
+      // stem, 2 blocks x 2, down
+      {Architecture::kCnn, 6, 49, {10, 32}},
+      // + down2, down3, 2 more blocks x 2
+      {Architecture::kDeep, 12, 4, {10, 64}},
+      // two hidden layers of 8 x 16 units
+      {Architecture::kFcBn, 2, 1, {10, 128}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(ArchitectureName(c.a));
+    std::unique_ptr<Backend> backend = NewCpuBackend();
+    ModelOptions o;
+    o.architecture = c.a;
+    absl::StatusOr<std::unique_ptr<Model>> model =
+        Model::Create(o, backend.get());
+    ASSERT_TRUE(model.ok()) << model.status();
+    EXPECT_EQ((*model)->batch_norms().size(), c.bn_layers);
+    EXPECT_EQ((*model)->bn_positions_per_example(), c.positions);
+    const HostTensors p = (*model)->InitialParameters(1);
+    EXPECT_EQ(p.at("head.fc.w").shape, c.head);
+    if (c.a == Architecture::kFcBn) {
+      EXPECT_EQ(p.at("fc0.w").shape, (std::vector<int64_t>{128, 784}));
+      EXPECT_EQ(p.at("fc0.bn.gamma").shape, (std::vector<int64_t>{128}));
+    }
+    if (c.a == Architecture::kDeep) {
+      EXPECT_EQ(p.at("down3.conv.w").shape,
+                (std::vector<int64_t>{64, 64, 3, 3}));
+      EXPECT_EQ(p.count("stage4.block0.bn2.gamma"), 1u);
+    }
+    ASSERT_TRUE((*model)->SetParameters(p).ok());
+    LocalBnExchange sync;
+    (*model)->SetBnExchange(&sync);
+    const Batch batch = RandomBatch(o, 3, 1);
+    ASSERT_TRUE((*model)->Forward(batch.images.data(), 3).ok());
+    EXPECT_EQ((*model)->logits().size(), 30u);
+    ASSERT_TRUE((*model)->Loss(batch.labels.data()).ok());
+    ASSERT_TRUE((*model)->Backward().ok());
+  }
+}
+
+// One sample per worker under local BN in fc_bn: each BN layer normalizes
+// one value per channel by itself (variance 0), so its output is beta
+// whatever the image, and no gradient reaches the layers below it. (With
+// sync or async BN the moments are over more samples and both are normal;
+// tests/training_test.cc checks sync at batch 1 against one worker.)
+TEST(ModelTest, FcBnWithOneLocalSampleIsDegenerate) {
+  std::unique_ptr<Backend> backend = NewCpuBackend();
+  const ModelOptions o = Tiny(Architecture::kFcBn);
+  absl::StatusOr<std::unique_ptr<Model>> model = Model::Create(o, backend.get());
+  ASSERT_TRUE(model.ok());
+  Model& m = **model;
+  LocalBnExchange local;
+  m.SetBnExchange(&local);
+  ASSERT_TRUE(m.SetParameters(Perturbed(m, 5)).ok());
+  const Batch a = RandomBatch(o, 1, 1), b = RandomBatch(o, 1, 2);
+  ASSERT_TRUE(m.Forward(a.images.data(), 1).ok());
+  const std::vector<float> logits_a = m.logits();
+  ASSERT_TRUE(m.Loss(a.labels.data()).ok());
+  ASSERT_TRUE(m.Backward().ok());
+  absl::StatusOr<HostTensors> g = m.Gradients();
+  ASSERT_TRUE(g.ok());
+  // Zero up to rounding (x - mean of one sample in float arithmetic, over
+  // sqrt(eps)): far below the same weights' gradient at batch 2.
+  auto largest = [](const std::vector<float>& v) {
+    double m = 0;
+    for (float x : v) m = std::max<double>(m, std::abs(x));
+    return m;
+  };
+  const double below1 =
+      std::max(largest(g->at("fc0.w").values), largest(g->at("fc1.w").values));
+  const double beta = largest(g->at("fc1.bn.beta").values);
+  const Batch two = RandomBatch(o, 2, 9);
+  ASSERT_TRUE(m.Forward(two.images.data(), 2).ok());
+  ASSERT_TRUE(m.Loss(two.labels.data()).ok());
+  ASSERT_TRUE(m.Backward().ok());
+  g = m.Gradients();
+  ASSERT_TRUE(g.ok());
+  const double below2 =
+      std::min(largest(g->at("fc0.w").values), largest(g->at("fc1.w").values));
+  EXPECT_GT(beta, 1e-3);
+  EXPECT_LT(below1, 1e-3 * below2) << below1 << " vs " << below2;
+  ASSERT_TRUE(m.Forward(b.images.data(), 1).ok());
+  EXPECT_EQ(m.logits(), logits_a);
+  // Normalized with more samples (async's merge), the image matters again.
+  FixedOthersSync async(3);
+  m.SetBnExchange(&async);
+  ASSERT_TRUE(m.Forward(a.images.data(), 1).ok());
+  const std::vector<float> async_a = m.logits();
+  ASSERT_TRUE(m.Forward(b.images.data(), 1).ok());
+  EXPECT_NE(m.logits(), async_a);
 }
 
 TEST(ModelTest, DefaultModelShapesAndParameters) {

@@ -14,8 +14,9 @@ BNPS_TLS_CERT, BNPS_TLS_KEY, BNPS_RPC_TIMEOUT_S, BNPS_CONNECT_TIMEOUT_S.
 
 The first connection opened becomes the default one, which layers without their
 own `connection=` use (as torch.distributed's default process group); closing it
-clears the default. The policy, the running-statistics momentum and the
-barrier timeout are the servers' (connection.policy, connection.config).
+clears the default. The BN policy, the gradient mode, the running-statistics
+momentum and the barrier timeout are the servers' (connection.policy,
+connection.gradients, connection.config).
 """
 
 import contextlib
@@ -34,7 +35,11 @@ class Connection:
     def __init__(self, client):
         self.client = client
         self.config = dict(client.config)
-        self.policy = self.config["policy"]
+        self.policy = self.config["policy"]  # the BN policy
+        # "sync" (bulk-synchronous) or "async" (stale-synchronous): the
+        # servers' --gradients, which --policy=async implies.
+        self.gradients = self.config.get(
+            "gradients", "async" if self.policy == "async" else "sync")
         self.worker = client.worker
         self.num_workers = client.num_workers
         self._step = 0
@@ -59,20 +64,20 @@ class Connection:
 
     @contextlib.contextmanager
     def step(self):
-        """Brackets one training iteration. Under async it waits until the
-        staleness bound lets this worker begin (StartStep) and reports the
-        step done afterwards (FinishStep); under the other policies it only
-        counts. Use it around each iteration of an async job:
+        """Brackets one training iteration. Under async gradients it waits
+        until the staleness bound lets this worker begin (StartStep) and
+        reports the step done afterwards (FinishStep); under sync gradients it
+        only counts. Use it around each iteration of an async job:
 
             for x, y in loader:
                 with connection.step():
                     loss = model(x) ...; loss.backward(); opt.step()
         """
-        if self.policy == "async":
+        if self.gradients == "async":
             self.client.start_step(self._step)
         yield self._step
         self._step += 1
-        if self.policy == "async":
+        if self.gradients == "async":
             self.client.finish_step(self._step)
 
     def __repr__(self):
