@@ -12,6 +12,7 @@
 #include "client/internal/bulk_transfer.h"
 #include "client/internal/channels.h"
 #include "client/internal/membership.h"
+#include "client/internal/streaming_push.h"
 #include "security/job_token.h"
 
 namespace bnps::client {
@@ -161,6 +162,12 @@ absl::Status GrpcPsClient::PushGradients(int64_t step, int64_t num_samples,
                                          std::shared_ptr<const Params> grads) {
   if (absl::Status s = membership_->dropped(); !s.ok()) return s;
   return bulk_->PushGradients(step, num_samples, std::move(grads));
+}
+
+std::unique_ptr<GradientPush> GrpcPsClient::StartPush(int64_t step,
+                                                      int64_t num_samples) {
+  return std::make_unique<internal::StreamingPush>(
+      bulk_.get(), step, num_samples, membership_->dropped());
 }
 
 absl::Status GrpcPsClient::PullParametersInto(int64_t min_version,

@@ -114,6 +114,10 @@ ABSL_FLAG(double, metrics_linger_s, 0,
 ABSL_FLAG(std::string, report, "",
           "Write a JSON report of the run here (loss curve, accuracy, time "
           "split into compute, BN sync and gradient sync).");
+ABSL_FLAG(bool, overlap, true,
+          "Push each layer's gradients as soon as the backward pass has them, "
+          "overlapping the push with the rest of the pass; false pushes them "
+          "all after it (the results are the same bit for bit).");
 ABSL_FLAG(double, connect_timeout_s, 30,
           "How long to try to reach every server at start, in seconds: while "
           "one does not answer (not up yet, a closed port, a wrong host) the "
@@ -393,6 +397,7 @@ absl::Status Main() {
   options.epochs = absl::GetFlag(FLAGS_epochs);
   options.max_steps = absl::GetFlag(FLAGS_max_steps);
   options.seed = absl::GetFlag(FLAGS_seed);
+  options.overlap = absl::GetFlag(FLAGS_overlap);
   options.train_examples = absl::GetFlag(FLAGS_train_examples);
   options.test_examples = absl::GetFlag(FLAGS_test_examples);
   options.recal_mode = *recal_mode;

@@ -9,7 +9,9 @@
 //                servers (a barrier), async merges with the others' recent
 //                moments (never waits), local and recal stay local
 //   loss, backward (sync: the two global BN sums per layer)
-//   push         the gradient sums and the sample count of step s
+//   push         the gradient sums and the sample count of step s: by
+//                default each layer's as soon as the backward pass has them,
+//                overlapping the rest of the pass (options.overlap)
 //   async only   FinishStep(s + 1)
 // Every worker runs the same number of steps (empty batches included), which
 // the bulk-synchronous barriers need.
@@ -111,6 +113,11 @@ struct TrainerOptions {
   // the end of each epoch. Default: none.
   std::function<void(const struct Progress&)> on_progress;
   absl::Duration progress_interval = absl::Seconds(2);
+  // Push each layer's gradients as soon as the backward pass has them
+  // (client->StartPush), so the push overlaps the rest of the pass; false
+  // pushes all of them after it (PushGradients). The results are the same
+  // bit for bit. Default: true.
+  bool overlap = true;
   // Where steps and BN round trips are measured (not owned; must outlive
   // the Trainer). Default: null, nothing measured.
   WorkerMetrics* metrics = nullptr;
@@ -194,6 +201,10 @@ class Trainer {
   // One training step (the file comment's list).
   absl::Status TrainStep(int64_t step, const Batch& batch,
                          ServerBnExchange* sync, StepFigures* f);
+  // Backward pass and push of `step` over `n` samples: all gradients after
+  // the pass, or each layer's as the pass finishes it (options_.overlap).
+  absl::Status BackwardThenPush(int64_t step, int64_t n, StepFigures* f);
+  absl::Status BackwardAndPush(int64_t step, int64_t n, StepFigures* f);
   // This worker's shard of the training data.
   BatcherOptions ShardOptions() const;
   absl::Status PullInto(int64_t min_version);
