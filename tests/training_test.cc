@@ -144,6 +144,46 @@ TEST(TrainingTest, SyncTwoWorkersFollowOneWorkerWithTheConcatenatedBatch) {
   }
 }
 
+// Pushing each layer's gradients during the backward pass, over real servers
+// and sockets, ends every worker on the very bits of the push after the pass
+// (2 workers, 2 shards, sync; 1 worker under async).
+TEST(TrainingTest, OverlappedPushGivesTheBitsOfThePushAfterTheBackwardPass) {
+  const Dataset data = worker::MakeSyntheticDataset(48, 12, 12, 10, 9);
+  struct Case {
+    policy::Policy policy;
+    int workers;
+  };
+  for (const Case& c :
+       {Case{policy::Policy::kSync, 2}, Case{policy::Policy::kAsync, 1}}) {
+    SCOPED_TRACE(policy::PolicyName(c.policy));
+    TrainerOptions after;
+    after.batch_size = 6;
+    after.shuffle = false;
+    after.max_steps = 3;
+    after.evaluate = false;
+    after.overlap = false;
+    TrainerOptions during = after;
+    during.overlap = true;
+    const std::vector<const Dataset*> datasets(c.workers, &data);
+    std::vector<WorkerResult> base = Train(c.policy, 2, datasets, after);
+    std::vector<WorkerResult> overlapped = Train(c.policy, 2, datasets, during);
+    ASSERT_EQ(base.size(), static_cast<size_t>(c.workers));
+    ASSERT_EQ(overlapped.size(), static_cast<size_t>(c.workers));
+    for (int w = 0; w < c.workers; ++w) {
+      ASSERT_TRUE(base[w].report.ok()) << base[w].report.status();
+      ASSERT_TRUE(overlapped[w].report.ok()) << overlapped[w].report.status();
+      ASSERT_EQ(base[w].params.size(), overlapped[w].params.size());
+      for (const auto& [name, t] : base[w].params) {
+        EXPECT_EQ(overlapped[w].params.at(name).values, t.values) << name;
+      }
+      for (size_t l = 0; l < base[w].running.size(); ++l) {
+        EXPECT_EQ(overlapped[w].running[l].mean, base[w].running[l].mean);
+        EXPECT_EQ(overlapped[w].running[l].var, base[w].running[l].var);
+      }
+    }
+  }
+}
+
 // Local BN would not match: the test above can fail.
 TEST(TrainingTest, LocalTwoWorkersDoNotFollowOneWorker) {
   const int64_t b = 6, steps = 2;
