@@ -206,6 +206,75 @@ TEST(ModelTest, EmptyBatchGivesZeroGradients) {
   }
 }
 
+// Backward(on_final) reports each layer's parameters once, layers in reverse
+// model order, with gradients that are final when reported: equal, bit for
+// bit, to those of the plain Backward.
+TEST(ModelTest, BackwardReportsEachLayersGradientsOnceTheyAreFinal) {
+  std::unique_ptr<Backend> backend = NewCpuBackend();
+  absl::StatusOr<std::unique_ptr<Model>> model =
+      Model::Create(Tiny(), backend.get());
+  ASSERT_TRUE(model.ok());
+  Model& m = **model;
+  LocalBnExchange sync;
+  m.SetBnExchange(&sync);
+  ASSERT_TRUE(m.SetParameters(Perturbed(m, 5)).ok());
+  const Batch batch = RandomBatch(Tiny(), 4, 6);
+  auto step = [&]() {
+    ASSERT_TRUE(m.Forward(batch.images.data(), batch.n).ok());
+    ASSERT_TRUE(m.Loss(batch.labels.data()).ok());
+  };
+  step();
+  ASSERT_TRUE(m.Backward().ok());
+  absl::StatusOr<HostTensors> plain = m.Gradients();
+  ASSERT_TRUE(plain.ok());
+
+  step();
+  std::map<const Parameter*, size_t> index;
+  for (size_t i = 0; i < m.parameters().size(); ++i) {
+    index[m.parameters()[i]] = i;
+  }
+  std::vector<std::vector<size_t>> spans;
+  HostTensors reported;
+  ASSERT_TRUE(m.Backward([&](absl::Span<const Parameter* const> params) {
+                 spans.emplace_back();
+                 for (const Parameter* p : params) {
+                   spans.back().push_back(index.at(p));
+                 }
+                 absl::StatusOr<HostTensors> g = m.Gradients(params);
+                 if (!g.ok()) return g.status();
+                 for (auto& [name, t] : *g) {
+                   EXPECT_TRUE(reported.emplace(name, std::move(t)).second)
+                       << name << " reported twice";
+                 }
+                 return absl::OkStatus();
+               }).ok());
+  ASSERT_GT(spans.size(), 2u);
+  // Contiguous spans, walking down from the last parameter to the first.
+  size_t next_end = m.parameters().size();
+  for (const std::vector<size_t>& span : spans) {
+    ASSERT_FALSE(span.empty());
+    for (size_t i = 0; i < span.size(); ++i) {
+      EXPECT_EQ(span[i], next_end - span.size() + i);
+    }
+    next_end -= span.size();
+  }
+  EXPECT_EQ(next_end, 0u);
+  ASSERT_EQ(reported.size(), plain->size());
+  for (const auto& [name, t] : *plain) {
+    EXPECT_EQ(reported.at(name).values, t.values) << name;
+  }
+
+  // An error from on_final ends the pass with it.
+  step();
+  int calls = 0;
+  absl::Status s = m.Backward([&](absl::Span<const Parameter* const>) {
+    return ++calls == 2 ? absl::UnavailableError("push failed")
+                        : absl::OkStatus();
+  });
+  EXPECT_EQ(s, absl::UnavailableError("push failed"));
+  EXPECT_EQ(calls, 2);
+}
+
 TEST(ModelTest, BadInput) {
   std::unique_ptr<Backend> backend = NewCpuBackend();
   ModelOptions bad = Tiny();
