@@ -66,6 +66,10 @@ absl::Status ValidateOptions(const GrpcClientOptions& options) {
     return absl::InvalidArgumentError(
         "GrpcClientOptions.initial_backoff must be finite and non-negative");
   }
+  if (options.push_part_bytes < 0) {
+    return absl::InvalidArgumentError(
+        "GrpcClientOptions.push_part_bytes must be non-negative");
+  }
   if (options.heartbeat_interval <= absl::ZeroDuration() ||
       options.heartbeat_interval == absl::InfiniteDuration()) {
     return absl::InvalidArgumentError(
@@ -167,7 +171,8 @@ absl::Status GrpcPsClient::PushGradients(int64_t step, int64_t num_samples,
 std::unique_ptr<GradientPush> GrpcPsClient::StartPush(int64_t step,
                                                       int64_t num_samples) {
   return std::make_unique<internal::StreamingPush>(
-      bulk_.get(), step, num_samples, membership_->dropped());
+      bulk_.get(), step, num_samples, channels_->options().push_part_bytes,
+      membership_->dropped());
 }
 
 absl::Status GrpcPsClient::PullParametersInto(int64_t min_version,

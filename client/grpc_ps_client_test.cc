@@ -592,6 +592,10 @@ TEST_F(GrpcPsClientTest, ConnectRejectsBadOptions) {
   options.rpc_timeout = absl::ZeroDuration();
   EXPECT_EQ(GrpcPsClient::Connect(options).status().code(),
             absl::StatusCode::kInvalidArgument);
+  options = Options();
+  options.push_part_bytes = -1;
+  EXPECT_EQ(GrpcPsClient::Connect(options).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(GrpcPsClientTest, ConnectRejectsWorkerCountMismatch) {
@@ -895,7 +899,9 @@ TEST_F(GrpcPsClientTest, PushGradientsRetriesUnavailable) {
 // it; Finish waits for the answers. Every key arrives once, intact, with the
 // step's number and sample count.
 TEST_F(GrpcPsClientTest, PushInPartsReturnsFromAddWhileTheShardsHoldIt) {
-  std::unique_ptr<GrpcPsClient> client = Connect(Options(/*worker=*/1));
+  GrpcClientOptions options = Options(/*worker=*/1);
+  options.push_part_bytes = 0;  // every part as it comes
+  std::unique_ptr<GrpcPsClient> client = Connect(options);
   ASSERT_NE(client, nullptr);
   auto a = std::make_shared<Params>();
   auto b = std::make_shared<Params>();
@@ -909,7 +915,14 @@ TEST_F(GrpcPsClientTest, PushInPartsReturnsFromAddWhileTheShardsHoldIt) {
       client->StartPush(/*step=*/5, /*num_samples=*/16);
   push->Add(a);
   push->Add(b);
-  // Both Adds returned with every push held: none waited for an answer.
+  // Both Adds returned with every push held: none waited for an answer. The
+  // first part is on its way before Finish.
+  const absl::Time give_up = absl::Now() + absl::Seconds(10);
+  while (fakes_[0]->push_calls() + fakes_[1]->push_calls() == 0 &&
+         absl::Now() < give_up) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  EXPECT_GT(fakes_[0]->push_calls() + fakes_[1]->push_calls(), 0);
   for (auto& fake : fakes_) fake->set_hold_pushes(false);
   ASSERT_TRUE(push->Finish().ok());
 
@@ -936,7 +949,9 @@ TEST_F(GrpcPsClientTest, PushInPartsReturnsFromAddWhileTheShardsHoldIt) {
 // A part that fails does not stop the others: Finish returns its error
 // once every other part was answered.
 TEST_F(GrpcPsClientTest, PushInPartsReportsAFailedPartAfterTheRest) {
-  std::unique_ptr<GrpcPsClient> client = Connect(Options(/*worker=*/1));
+  GrpcClientOptions options = Options(/*worker=*/1);
+  options.push_part_bytes = 0;
+  std::unique_ptr<GrpcPsClient> client = Connect(options);
   ASSERT_NE(client, nullptr);
   const std::string bad = KeyOnShard(0, "bad");
   fakes_[0]->set_failing_key(bad);
@@ -965,6 +980,39 @@ TEST_F(GrpcPsClientTest, PushInPartsReportsAFailedPartAfterTheRest) {
   std::unique_ptr<GradientPush> negative = client->StartPush(-1, 8);
   negative->Add(first);
   EXPECT_EQ(negative->Finish().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// Parts smaller than push_part_bytes wait for more: small ones go together
+// in Finish, one call per shard; once enough bytes are in they are sent.
+TEST_F(GrpcPsClientTest, PushInPartsSendsOnceEnoughBytesAreIn) {
+  GrpcClientOptions options = Options(/*worker=*/1);
+  options.push_part_bytes = 4000;
+  std::unique_ptr<GrpcPsClient> client = Connect(options);
+  ASSERT_NE(client, nullptr);
+  std::unique_ptr<GradientPush> push = client->StartPush(2, 4);
+  for (int i = 0; i < 3; ++i) {
+    auto part = std::make_shared<Params>();
+    (*part)[KeyOnShard(1, "small", i)] = MakeParam({100}, i);  // 400 bytes
+    push->Add(part);
+  }
+  ASSERT_TRUE(push->Finish().ok());
+  EXPECT_EQ(fakes_[1]->push_calls(), 1);
+  ASSERT_EQ(fakes_[1]->pushes().size(), 1u);
+  EXPECT_EQ(fakes_[1]->pushes()[0].grads.size(), 3u);
+
+  fakes_[1]->set_hold_pushes(true);
+  push = client->StartPush(3, 4);
+  auto big = std::make_shared<Params>();
+  (*big)[KeyOnShard(1, "big")] = MakeParam({1000}, 1);  // 4000 bytes
+  push->Add(big);
+  const absl::Time give_up = absl::Now() + absl::Seconds(10);
+  while (fakes_[1]->push_calls() < 2 && absl::Now() < give_up) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  EXPECT_EQ(fakes_[1]->push_calls(), 2);  // sent before Finish
+  fakes_[1]->set_hold_pushes(false);
+  ASSERT_TRUE(push->Finish().ok());
+  EXPECT_EQ(fakes_[1]->pushes().size(), 2u);
 }
 
 TEST_F(GrpcPsClientTest, PullParametersReassemblesEveryShard) {

@@ -118,6 +118,10 @@ ABSL_FLAG(bool, overlap, true,
           "Push each layer's gradients as soon as the backward pass has them, "
           "overlapping the push with the rest of the pass; false pushes them "
           "all after it (the results are the same bit for bit).");
+ABSL_FLAG(int64_t, push_part_bytes, int64_t{1} << 20,
+          "With --overlap: send the layers' gradients once those not yet "
+          "sent hold this many bytes (each send is a call per server); 0 "
+          "sends every layer's as it comes.");
 ABSL_FLAG(double, connect_timeout_s, 30,
           "How long to try to reach every server at start, in seconds: while "
           "one does not answer (not up yet, a closed port, a wrong host) the "
@@ -362,6 +366,7 @@ absl::Status Main() {
   client_options.num_workers = num_workers;
   client_options.connect_timeout = absl::Seconds(connect_timeout);
   client_options.rpc_timeout = absl::Seconds(rpc_timeout);
+  client_options.push_part_bytes = absl::GetFlag(FLAGS_push_part_bytes);
   // Checked before the worker joins: a launch with flags that do not fit the
   // job stops here and leaves the servers as they were.
   client_options.check_config = CheckAgainstServers;

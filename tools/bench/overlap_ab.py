@@ -1,0 +1,88 @@
+#!/usr/bin/env python3
+"""A/B of the worker's --overlap (gradient push during the backward pass)
+through the local-cluster launcher.
+
+For each policy, worker count and batch size it runs short jobs on
+Fashion-MNIST (the step time is seconds.total / steps of worker 0's report,
+which counts the training steps only, not start-up or evaluation), alternating
+--overlap=true and --overlap=false, --reps times each, and prints one table
+row per (policy, workers, batch, overlap): min / median / max milliseconds per
+step, and of that the median gradient-sync share (pull + the push's wait).
+
+Usage (after `bazel build //server:bnps_server //worker:bnps_worker`):
+    python3 tools/bench/overlap_ab.py --workers 1,2 --batch 8,32 \\
+        --policy sync,local --steps 100 --reps 3
+
+The machine's load average is printed before and after: compare rows only
+from quiet runs. Exit status: 0, or 1 if a run failed (its output is shown).
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def run_once(args, policy, workers, batch, overlap):
+    with tempfile.TemporaryDirectory(prefix="bnps_overlap_ab_") as out_dir:
+        cmd = [sys.executable, os.path.join(REPO, "tools", "bnps_launch.py"),
+               "--servers=%d" % args.servers, "--workers=%d" % workers,
+               "--policy=" + policy, "--out_dir=" + out_dir,
+               "--batch_size=%d" % batch, "--max_steps=%d" % args.steps,
+               "--train_examples=%d" % (batch * workers * args.steps),
+               "--eval=none", "--seed=1",
+               "--threads=1", "--overlap=%s" % ("true" if overlap else "false")]
+        cmd += args.extra
+        p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           text=True)
+        if p.returncode != 0:
+            sys.stdout.write(p.stdout[-4000:])
+            raise RuntimeError("run failed: " + " ".join(cmd))
+        with open(os.path.join(out_dir, "worker0.json")) as f:
+            r = json.load(f)
+    steps = max(1, r["steps"])
+    sec = r["seconds"]
+    return 1000.0 * sec["total"] / steps, 1000.0 * sec["grad_sync"] / steps
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--workers", default="1,2")
+    p.add_argument("--batch", default="8,32")
+    p.add_argument("--policy", default="sync,local")
+    p.add_argument("--servers", type=int, default=1)
+    p.add_argument("--steps", type=int, default=100)
+    p.add_argument("--reps", type=int, default=3)
+    args, extra = p.parse_known_args(argv)
+    args.extra = extra  # more worker flags, passed through
+    print("load before:", os.getloadavg())
+    print("%-6s %2s %5s %-7s %8s %8s %8s %10s" % (
+        "policy", "W", "batch", "overlap", "min_ms", "med_ms", "max_ms",
+        "grad_ms"))
+    for policy in args.policy.split(","):
+        for workers in [int(w) for w in args.workers.split(",")]:
+            for batch in [int(b) for b in args.batch.split(",")]:
+                got = {True: [], False: []}
+                for _ in range(args.reps):
+                    for overlap in (True, False):
+                        got[overlap].append(
+                            run_once(args, policy, workers, batch, overlap))
+                for overlap in (True, False):
+                    step = [s for s, _ in got[overlap]]
+                    grad = [g for _, g in got[overlap]]
+                    print("%-6s %2d %5d %-7s %8.2f %8.2f %8.2f %10.2f" % (
+                        policy, workers, batch, "on" if overlap else "off",
+                        min(step), statistics.median(step), max(step),
+                        statistics.median(grad)), flush=True)
+    print("load after:", os.getloadavg())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
