@@ -116,7 +116,8 @@ class PsClient {
 
   // The gradients of `step`, summed over `num_samples` samples, in parts
   // (GradientPush). The default collects the parts and sends them with one
-  // PushGradients in Finish; GrpcPsClient sends each part as it comes.
+  // PushGradients in Finish; GrpcPsClient sends them while the caller goes
+  // on, once enough bytes are in (GrpcClientOptions::push_part_bytes).
   virtual std::unique_ptr<GradientPush> StartPush(int64_t step,
                                                   int64_t num_samples);
 
