@@ -115,9 +115,11 @@ ABSL_FLAG(std::string, report, "",
           "Write a JSON report of the run here (loss curve, accuracy, time "
           "split into compute, BN sync and gradient sync).");
 ABSL_FLAG(bool, overlap, true,
-          "Push each layer's gradients as soon as the backward pass has them, "
-          "overlapping the push with the rest of the pass; false pushes them "
-          "all after it (the results are the same bit for bit).");
+          "Overlap communication with the backward pass: push each layer's "
+          "gradients as soon as the pass has them, and compute a "
+          "convolution's weight gradient while the BN before it exchanges; "
+          "false pushes them all after the pass and waits for each exchange "
+          "(the results are the same bit for bit).");
 ABSL_FLAG(int64_t, push_part_bytes, int64_t{1} << 20,
           "With --overlap: send the layers' gradients once those not yet "
           "sent hold this many bytes (each send is a call per server); 0 "

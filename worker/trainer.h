@@ -11,7 +11,8 @@
 //   loss, backward (sync: the two global BN sums per layer)
 //   push         the gradient sums and the sample count of step s: by
 //                default each layer's as soon as the backward pass has them,
-//                overlapping the rest of the pass (options.overlap)
+//                overlapping the rest of the pass (options.overlap, which
+//                also overlaps BN backward exchanges with weight gradients)
 //   async only   FinishStep(s + 1)
 // Every worker runs the same number of steps (empty batches included), which
 // the bulk-synchronous barriers need.
@@ -113,10 +114,12 @@ struct TrainerOptions {
   // the end of each epoch. Default: none.
   std::function<void(const struct Progress&)> on_progress;
   absl::Duration progress_interval = absl::Seconds(2);
-  // Push each layer's gradients as soon as the backward pass has them
-  // (client->StartPush), so the push overlaps the rest of the pass; false
-  // pushes all of them after it (PushGradients). The results are the same
-  // bit for bit. Default: true.
+  // Overlap communication with the backward pass: push each layer's
+  // gradients as soon as the pass has them (client->StartPush), and compute
+  // a convolution's weight gradient while the BN before it exchanges its
+  // backward sums (nn::Model::SetBackwardOverlap). false pushes everything
+  // after the pass (PushGradients) and waits for every exchange at once.
+  // The results are the same bit for bit. Default: true.
   bool overlap = true;
   // Where steps and BN round trips are measured (not owned; must outlive
   // the Trainer). Default: null, nothing measured.

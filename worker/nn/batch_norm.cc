@@ -152,7 +152,22 @@ absl::StatusOr<const Tensor*> BatchNorm::Backward(const Tensor& dy,
   absl::StatusOr<bn::BackwardSums> local =
       backend_.bn().BackwardReduce(dy.data(), x_->data(), x_->shape, norm);
   if (!local.ok()) return local.status();
-  absl::StatusOr<bn::BackwardSums> reduced = sync_->Backward(name(), *local);
+  absl::StatusOr<bn::BackwardSums> reduced;
+  if (later_ != nullptr && !later_->empty()) {
+    // The deferred work does not depend on the exchange: it runs while the
+    // exchange is in flight.
+    std::unique_ptr<PendingBackward> pending =
+        sync_->StartBackward(name(), *local);
+    absl::Status work;
+    for (const auto& w : *later_) {
+      if (work.ok()) work = w();
+    }
+    later_->clear();
+    reduced = pending->Wait();
+    if (!work.ok()) return work;
+  } else {
+    reduced = sync_->Backward(name(), *local);
+  }
   if (!reduced.ok()) return reduced.status();
   // dgamma and dbeta are this worker's own sums; the servers add them up.
   grad_host_.assign(local->sum_dy_xhat.begin(), local->sum_dy_xhat.end());

@@ -57,11 +57,15 @@ class Conv2d : public Layer {
   absl::StatusOr<const Tensor*> Backward(const Tensor& dy,
                                          bool need_dx) override {
     const ConvGeometry g = Geometry(x_->shape);
-    if (g.n == 0) {
-      if (absl::Status s = ZeroGrad(backend_, *w_); !s.ok()) return s;
-    } else if (absl::Status s = backend_.ConvBackwardWeights(
-                   g, x_->data(), dy.data(), w_->grad.data());
-               !s.ok()) {
+    // Independent of dx: computed now or left for later, the same bits.
+    auto weights = [this, g, dy = &dy]() -> absl::Status {
+      if (g.n == 0) return ZeroGrad(backend_, *w_);
+      return backend_.ConvBackwardWeights(g, x_->data(), dy->data(),
+                                          w_->grad.data());
+    };
+    if (later_ != nullptr && need_dx) {
+      later_->push_back(weights);
+    } else if (absl::Status s = weights(); !s.ok()) {
       return s;
     }
     if (!need_dx) return nullptr;
@@ -77,6 +81,7 @@ class Conv2d : public Layer {
   void AppendParameters(std::vector<Parameter*>* out) override {
     out->push_back(w_.get());
   }
+  void set_deferred(DeferredWork* later) override { later_ = later; }
 
  private:
   ConvGeometry Geometry(const bn::Shape& in) const {
@@ -88,6 +93,7 @@ class Conv2d : public Layer {
   const int64_t in_, out_, kernel_, stride_, pad_;
   const Tensor* x_ = nullptr;
   Tensor y_, dx_;
+  DeferredWork* later_ = nullptr;  // not owned
 };
 
 class Relu : public Layer {
@@ -341,11 +347,23 @@ class ResidualBlock : public Layer {
       return s;
     }
     const Tensor* d = &dsum_;
+    later_.clear();
     for (size_t i = parts_.size(); i-- > 0;) {
       absl::StatusOr<const Tensor*> prev = parts_[i]->Backward(*d, true);
-      if (!prev.ok()) return prev.status();
+      if (!prev.ok()) {
+        later_.clear();
+        return prev.status();
+      }
       d = *prev;
     }
+    // What no batch norm ran (the first convolution's weight gradient).
+    for (const auto& work : later_) {
+      if (absl::Status s = work(); !s.ok()) {
+        later_.clear();
+        return s;
+      }
+    }
+    later_.clear();
     if (!need_dx) return nullptr;
     if (absl::Status s = Resize(backend_, y_.shape, &dx_); !s.ok()) return s;
     if (absl::Status s = backend_.Add(n, d->data(), dsum_.data(), dx_.data());
@@ -361,11 +379,15 @@ class ResidualBlock : public Layer {
   void AppendBatchNorms(std::vector<BatchNorm*>* out) override {
     for (const auto& part : parts_) part->AppendBatchNorms(out);
   }
+  void set_backward_overlap(bool on) override {
+    for (const auto& part : parts_) part->set_deferred(on ? &later_ : nullptr);
+  }
 
  private:
   Backend& backend_;
   std::vector<std::unique_ptr<Layer>> parts_;
   Tensor y_, dsum_, dx_;
+  DeferredWork later_;  // the parts' deferred work, during Backward
 };
 
 }  // namespace

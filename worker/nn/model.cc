@@ -198,6 +198,10 @@ absl::StatusOr<HostTensors> Model::Gradients(
   return out;
 }
 
+void Model::SetBackwardOverlap(bool on) {
+  for (const auto& layer : layers_) layer->set_backward_overlap(on);
+}
+
 void Model::SetBnMode(BnMode mode) {
   for (BatchNorm* bn : batch_norms_) bn->set_mode(mode);
 }

@@ -94,6 +94,11 @@ class Model {
   absl::StatusOr<HostTensors> Gradients(
       absl::Span<const Parameter* const> params) const;
 
+  // Overlap each BN backward exchange with the weight gradient of the
+  // convolution after the BN, where the model has such a pair (the residual
+  // blocks' first BN); the results are the same bit for bit. Default: off.
+  void SetBackwardOverlap(bool on);
+
   void SetBnMode(BnMode mode);
   // Not owned; must outlive the training-mode Forward/Backward calls.
   void SetBnExchange(BnExchange* sync);
