@@ -7,7 +7,9 @@ Fashion-MNIST (the step time is seconds.total / steps of worker 0's report,
 which counts the training steps only, not start-up or evaluation), alternating
 --overlap=true and --overlap=false, --reps times each, and prints one table
 row per (policy, workers, batch, overlap): min / median / max milliseconds per
-step, and of that the median gradient-sync share (pull + the push's wait).
+step, and of that the medians of the gradient-sync share (pull + the wait for
+the push) and of the BN-sync share (the time the model waited for BN
+exchanges; with the overlap on, only the wait after the overlapped work).
 
 Usage (after `bazel build //server:bnps_server //worker:bnps_worker`):
     python3 tools/bench/overlap_ab.py --workers 1,2 --batch 8,32 \\
@@ -47,7 +49,8 @@ def run_once(args, policy, workers, batch, overlap):
             r = json.load(f)
     steps = max(1, r["steps"])
     sec = r["seconds"]
-    return 1000.0 * sec["total"] / steps, 1000.0 * sec["grad_sync"] / steps
+    return (1000.0 * sec["total"] / steps, 1000.0 * sec["grad_sync"] / steps,
+            1000.0 * sec["bn_sync"] / steps)
 
 
 def main(argv=None):
@@ -62,9 +65,9 @@ def main(argv=None):
     args, extra = p.parse_known_args(argv)
     args.extra = extra  # more worker flags, passed through
     print("load before:", os.getloadavg())
-    print("%-6s %2s %5s %-7s %8s %8s %8s %10s" % (
+    print("%-6s %2s %5s %-7s %8s %8s %8s %8s %8s" % (
         "policy", "W", "batch", "overlap", "min_ms", "med_ms", "max_ms",
-        "grad_ms"))
+        "grad_ms", "bn_ms"))
     for policy in args.policy.split(","):
         for workers in [int(w) for w in args.workers.split(",")]:
             for batch in [int(b) for b in args.batch.split(",")]:
@@ -74,12 +77,14 @@ def main(argv=None):
                         got[overlap].append(
                             run_once(args, policy, workers, batch, overlap))
                 for overlap in (True, False):
-                    step = [s for s, _ in got[overlap]]
-                    grad = [g for _, g in got[overlap]]
-                    print("%-6s %2d %5d %-7s %8.2f %8.2f %8.2f %10.2f" % (
+                    step = [s for s, _, _ in got[overlap]]
+                    grad = [g for _, g, _ in got[overlap]]
+                    bn = [b for _, _, b in got[overlap]]
+                    print("%-6s %2d %5d %-7s %8.2f %8.2f %8.2f %8.2f %8.2f" % (
                         policy, workers, batch, "on" if overlap else "off",
                         min(step), statistics.median(step), max(step),
-                        statistics.median(grad)), flush=True)
+                        statistics.median(grad), statistics.median(bn)),
+                          flush=True)
     print("load after:", os.getloadavg())
     return 0
 
