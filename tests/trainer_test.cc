@@ -388,7 +388,8 @@ TEST(TrainerTest, AFailedCallEndsTheRunNamingTheStep) {
   EXPECT_EQ(runs[0].calls.back(), "push 1 n=4");  // nothing after the failure
 }
 
-// Pushing each layer's gradients during the backward pass changes nothing:
+// Pushing each layer's gradients during the backward pass, and BN backward
+// exchanges overlapping weight gradients, change nothing:
 // the same parameters and running statistics, bit for bit, under each
 // policy a job of these workers runs deterministically.
 TEST(TrainerTest, OverlappedPushGivesTheBitsOfThePushAfterTheBackwardPass) {
@@ -406,6 +407,7 @@ TEST(TrainerTest, OverlappedPushGivesTheBitsOfThePushAfterTheBackwardPass) {
     after.overlap = false;
     TrainerOptions during = ThreeSteps();
     during.overlap = true;
+    during.overlap_bn = true;
     auto job_after = test::InProcessJob::Create(JobOptions(c.policy, c.workers), 2);
     auto job_during = test::InProcessJob::Create(JobOptions(c.policy, c.workers), 2);
     ASSERT_TRUE(job_after.ok() && job_during.ok());

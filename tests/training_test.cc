@@ -146,7 +146,8 @@ TEST(TrainingTest, SyncTwoWorkersFollowOneWorkerWithTheConcatenatedBatch) {
   }
 }
 
-// Pushing each layer's gradients during the backward pass, over real servers
+// Pushing each layer's gradients during the backward pass, and BN backward
+// exchanges overlapping weight gradients, over real servers
 // and sockets, ends every worker on the very bits of the push after the pass
 // (2 workers, 2 shards, sync; 1 worker under async), every layer's
 // gradients in a push of their own.
@@ -167,6 +168,7 @@ TEST(TrainingTest, OverlappedPushGivesTheBitsOfThePushAfterTheBackwardPass) {
     after.overlap = false;
     TrainerOptions during = after;
     during.overlap = true;
+    during.overlap_bn = true;
     const std::vector<const Dataset*> datasets(c.workers, &data);
     std::vector<WorkerResult> base = Train(c.policy, 2, datasets, after);
     // Every layer's gradients in a push of their own (the model is small).

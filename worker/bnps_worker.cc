@@ -115,11 +115,13 @@ ABSL_FLAG(std::string, report, "",
           "Write a JSON report of the run here (loss curve, accuracy, time "
           "split into compute, BN sync and gradient sync).");
 ABSL_FLAG(bool, overlap, true,
-          "Overlap communication with the backward pass: push each layer's "
-          "gradients as soon as the pass has them, and compute a "
-          "convolution's weight gradient while the BN before it exchanges; "
-          "false pushes them all after the pass and waits for each exchange "
-          "(the results are the same bit for bit).");
+          "Push each layer's gradients as soon as the backward pass has them, "
+          "overlapping the push with the rest of the pass; false pushes them "
+          "all after it (the results are the same bit for bit).");
+ABSL_FLAG(bool, overlap_bn, false,
+          "Compute a convolution's weight gradient while the BN before it "
+          "exchanges its backward sums (on a thread of its own); the results "
+          "are the same bit for bit.");
 ABSL_FLAG(int64_t, push_part_bytes, int64_t{1} << 20,
           "With --overlap: send the layers' gradients once those not yet "
           "sent hold this many bytes (each send is a call per server); 0 "
@@ -405,6 +407,7 @@ absl::Status Main() {
   options.max_steps = absl::GetFlag(FLAGS_max_steps);
   options.seed = absl::GetFlag(FLAGS_seed);
   options.overlap = absl::GetFlag(FLAGS_overlap);
+  options.overlap_bn = absl::GetFlag(FLAGS_overlap_bn);
   options.train_examples = absl::GetFlag(FLAGS_train_examples);
   options.test_examples = absl::GetFlag(FLAGS_test_examples);
   options.recal_mode = *recal_mode;

@@ -180,7 +180,7 @@ absl::StatusOr<TrainReport> Trainer::Run() {
                             ? static_cast<nn::BnExchange*>(&sync)
                             : &local_sync);
   model_->SetBnMode(nn::BnMode::kTrain);
-  model_->SetBackwardOverlap(options_.overlap);
+  model_->SetBackwardOverlap(options_.overlap_bn);
 
   const absl::Time start = absl::Now();
   absl::Time last_progress = start;

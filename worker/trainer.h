@@ -11,8 +11,7 @@
 //   loss, backward (sync: the two global BN sums per layer)
 //   push         the gradient sums and the sample count of step s: by
 //                default each layer's as soon as the backward pass has them,
-//                overlapping the rest of the pass (options.overlap, which
-//                also overlaps BN backward exchanges with weight gradients)
+//                overlapping the rest of the pass (options.overlap)
 //   async only   FinishStep(s + 1)
 // Every worker runs the same number of steps (empty batches included), which
 // the bulk-synchronous barriers need.
@@ -114,13 +113,17 @@ struct TrainerOptions {
   // the end of each epoch. Default: none.
   std::function<void(const struct Progress&)> on_progress;
   absl::Duration progress_interval = absl::Seconds(2);
-  // Overlap communication with the backward pass: push each layer's
-  // gradients as soon as the pass has them (client->StartPush), and compute
-  // a convolution's weight gradient while the BN before it exchanges its
-  // backward sums (nn::Model::SetBackwardOverlap). false pushes everything
-  // after the pass (PushGradients) and waits for every exchange at once.
-  // The results are the same bit for bit. Default: true.
+  // Push each layer's gradients as soon as the backward pass has them
+  // (client->StartPush), so the push overlaps the rest of the pass; false
+  // pushes all of them after it (PushGradients). The results are the same
+  // bit for bit. Default: true.
   bool overlap = true;
+  // Compute a convolution's weight gradient while the BN before it exchanges
+  // its backward sums (nn::Model::SetBackwardOverlap; the exchange runs on a
+  // thread of its own). The results are the same bit for bit. Default: false
+  // until measured on a machine with cores to spare: here (2 cores shared)
+  // the hand-over to the exchange's thread could cost more than it hides.
+  bool overlap_bn = false;
   // Where steps and BN round trips are measured (not owned; must outlive
   // the Trainer). Default: null, nothing measured.
   WorkerMetrics* metrics = nullptr;

@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
-"""A/B of the worker's --overlap (gradient push during the backward pass)
-through the local-cluster launcher.
+"""A/B of the worker's --overlap (gradient push during the backward pass), or
+of another boolean worker flag (--ab_flag=overlap_bn: BN backward exchanges
+overlapping a weight gradient), through the local-cluster launcher.
 
 For each policy, worker count and batch size it runs short jobs on
 Fashion-MNIST (the step time is seconds.total / steps of worker 0's report,
 which counts the training steps only, not start-up or evaluation), alternating
---overlap=true and --overlap=false, --reps times each, and prints one table
+--<flag>=true and --<flag>=false, --reps times each, and prints one table
 row per (policy, workers, batch, overlap): min / median / max milliseconds per
 step, and of that the medians of the gradient-sync share (pull + the wait for
 the push) and of the BN-sync share (the time the model waited for BN
@@ -30,7 +31,7 @@ import tempfile
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def run_once(args, policy, workers, batch, overlap):
+def run_once(args, policy, workers, batch, on):
     with tempfile.TemporaryDirectory(prefix="bnps_overlap_ab_") as out_dir:
         cmd = [sys.executable, os.path.join(REPO, "tools", "bnps_launch.py"),
                "--servers=%d" % args.servers, "--workers=%d" % workers,
@@ -38,7 +39,7 @@ def run_once(args, policy, workers, batch, overlap):
                "--batch_size=%d" % batch, "--max_steps=%d" % args.steps,
                "--train_examples=%d" % (batch * workers * args.steps),
                "--eval=none", "--seed=1",
-               "--threads=1", "--overlap=%s" % ("true" if overlap else "false")]
+               "--threads=1", "--%s=%s" % (args.ab_flag, "true" if on else "false")]
         cmd += args.extra
         p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                            text=True)
@@ -62,11 +63,13 @@ def main(argv=None):
     p.add_argument("--servers", type=int, default=1)
     p.add_argument("--steps", type=int, default=100)
     p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--ab_flag", default="overlap",
+                   help="the boolean worker flag to turn on and off")
     args, extra = p.parse_known_args(argv)
     args.extra = extra  # more worker flags, passed through
     print("load before:", os.getloadavg())
     print("%-6s %2s %5s %-7s %8s %8s %8s %8s %8s" % (
-        "policy", "W", "batch", "overlap", "min_ms", "med_ms", "max_ms",
+        "policy", "W", "batch", args.ab_flag[:7], "min_ms", "med_ms", "max_ms",
         "grad_ms", "bn_ms"))
     for policy in args.policy.split(","):
         for workers in [int(w) for w in args.workers.split(",")]:
