@@ -57,6 +57,13 @@ struct GrpcClientOptions {
   // and shorter than the servers' heartbeat_timeout_ms.
   // Default: 500 ms.
   absl::Duration heartbeat_interval = absl::Milliseconds(500);
+  // A push in parts (StartPush) sends the parts it was given once they hold
+  // at least this many bytes of gradients, and the rest in Finish: each
+  // send is a call per shard whose fixed cost (a few hundred microseconds
+  // here) only pays off when there is enough to send while the caller
+  // computes. 0 sends every part as it comes. >= 0.
+  // Default: 1 MiB.
+  int64_t push_part_bytes = int64_t{1} << 20;
   // Channel credentials, e.g. from security::MakeChannelCredentials for TLS.
   // Default: nullptr, meaning grpc::InsecureChannelCredentials().
   std::shared_ptr<grpc::ChannelCredentials> credentials;

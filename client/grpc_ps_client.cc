@@ -12,6 +12,7 @@
 #include "client/internal/bulk_transfer.h"
 #include "client/internal/channels.h"
 #include "client/internal/membership.h"
+#include "client/internal/streaming_push.h"
 #include "security/job_token.h"
 
 namespace bnps::client {
@@ -64,6 +65,10 @@ absl::Status ValidateOptions(const GrpcClientOptions& options) {
       options.initial_backoff == absl::InfiniteDuration()) {
     return absl::InvalidArgumentError(
         "GrpcClientOptions.initial_backoff must be finite and non-negative");
+  }
+  if (options.push_part_bytes < 0) {
+    return absl::InvalidArgumentError(
+        "GrpcClientOptions.push_part_bytes must be non-negative");
   }
   if (options.heartbeat_interval <= absl::ZeroDuration() ||
       options.heartbeat_interval == absl::InfiniteDuration()) {
@@ -161,6 +166,13 @@ absl::Status GrpcPsClient::PushGradients(int64_t step, int64_t num_samples,
                                          std::shared_ptr<const Params> grads) {
   if (absl::Status s = membership_->dropped(); !s.ok()) return s;
   return bulk_->PushGradients(step, num_samples, std::move(grads));
+}
+
+std::unique_ptr<GradientPush> GrpcPsClient::StartPush(int64_t step,
+                                                      int64_t num_samples) {
+  return std::make_unique<internal::StreamingPush>(
+      bulk_.get(), step, num_samples, channels_->options().push_part_bytes,
+      membership_->dropped());
 }
 
 absl::Status GrpcPsClient::PullParametersInto(int64_t min_version,

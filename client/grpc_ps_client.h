@@ -95,6 +95,11 @@ class GrpcPsClient final : public PsClient {
                              const Params& grads) override;
   absl::Status PushGradients(int64_t step, int64_t num_samples,
                              std::shared_ptr<const Params> grads) override;
+  // Sends the parts from a thread of its own once the unsent ones hold
+  // options.push_part_bytes, the rest in Finish
+  // (client/internal/streaming_push.h).
+  std::unique_ptr<GradientPush> StartPush(int64_t step,
+                                          int64_t num_samples) override;
   absl::Status PullParametersInto(int64_t min_version,
                                   Params* params) override;
   using PsClient::PullParameters;

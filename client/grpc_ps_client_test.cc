@@ -116,6 +116,16 @@ class FakeShard final : public proto::ParameterServer::Service {
     absl::MutexLock lock(&mu_);
     failing_pushes_ = n;
   }
+  // A push with this key fails with INVALID_ARGUMENT (not retried).
+  void set_failing_key(const std::string& key) {
+    absl::MutexLock lock(&mu_);
+    failing_key_ = key;
+  }
+  // While held, pushes wait before they answer.
+  void set_hold_pushes(bool hold) {
+    absl::MutexLock lock(&mu_);
+    hold_pushes_ = hold;
+  }
   // What heartbeats are answered with.
   void set_heartbeat_status(grpc::Status status) {
     absl::MutexLock lock(&mu_);
@@ -282,6 +292,12 @@ class FakeShard final : public proto::ParameterServer::Service {
     }
     response->set_applied(static_cast<int>(push.grads.size()));
     absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(
+        +[](bool* hold) { return !*hold; }, &hold_pushes_));
+    if (push.grads.count(failing_key_) > 0) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          absl::StrCat("no parameter ", failing_key_));
+    }
     pushes_.push_back(std::move(push));
     return grpc::Status::OK;
   }
@@ -478,6 +494,8 @@ class FakeShard final : public proto::ParameterServer::Service {
   grpc::Status heartbeat_status_ ABSL_GUARDED_BY(mu_);
   std::vector<Push> pushes_ ABSL_GUARDED_BY(mu_);
   int push_calls_ ABSL_GUARDED_BY(mu_) = 0;
+  std::string failing_key_ ABSL_GUARDED_BY(mu_);
+  bool hold_pushes_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<proto::BnRequest> bn_requests_ ABSL_GUARDED_BY(mu_);
   int bn_streams_ ABSL_GUARDED_BY(mu_) = 0;
   bool last_bn_stream_cancelled_ ABSL_GUARDED_BY(mu_) = false;
@@ -572,6 +590,10 @@ TEST_F(GrpcPsClientTest, ConnectRejectsBadOptions) {
             absl::StatusCode::kInvalidArgument);
   options = Options();
   options.rpc_timeout = absl::ZeroDuration();
+  EXPECT_EQ(GrpcPsClient::Connect(options).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  options = Options();
+  options.push_part_bytes = -1;
   EXPECT_EQ(GrpcPsClient::Connect(options).status().code(),
             absl::StatusCode::kInvalidArgument);
 }
@@ -682,6 +704,9 @@ TEST_F(GrpcPsClientTest, ADroppedWorkerStopsAtOnce) {
   EXPECT_THAT(dropped.message(), HasSubstr("shard 1"));
   // Nothing more reaches the servers: the process is to stop.
   EXPECT_EQ(client->PushGradients(1, 1, grads), dropped);
+  std::unique_ptr<GradientPush> push = client->StartPush(1, 1);
+  push->Add(std::make_shared<const Params>(grads));
+  EXPECT_EQ(push->Finish(), dropped);
   EXPECT_EQ(client->PullParameters(0).status(), dropped);
   EXPECT_EQ(client->FinishStep(1), dropped);
   EXPECT_EQ(client->BnForward(KeyOnShard(0, "bn"), 1, MakeMoments(2, {1}, {1}))
@@ -868,6 +893,126 @@ TEST_F(GrpcPsClientTest, PushGradientsRetriesUnavailable) {
   EXPECT_THAT(s.message(), HasSubstr("shard 0"));
   EXPECT_EQ(fakes_[0]->push_calls() - before, 3);
   EXPECT_EQ(retries.load(), 2);  // between the three attempts
+}
+
+// StartPush: Add hands a part over and returns while the shards still hold
+// it; Finish waits for the answers. Every key arrives once, intact, with the
+// step's number and sample count.
+TEST_F(GrpcPsClientTest, PushInPartsReturnsFromAddWhileTheShardsHoldIt) {
+  GrpcClientOptions options = Options(/*worker=*/1);
+  options.push_part_bytes = 0;  // every part as it comes
+  std::unique_ptr<GrpcPsClient> client = Connect(options);
+  ASSERT_NE(client, nullptr);
+  auto a = std::make_shared<Params>();
+  auto b = std::make_shared<Params>();
+  for (int s = 0; s < kShards; ++s) {
+    (*a)[KeyOnShard(s, "a")] = MakeParam({3, 4}, s);
+    (*b)[KeyOnShard(s, "b")] = MakeParam({5}, 10 + s);
+  }
+  (*b)[KeyOnShard(1, "fc")] = MakeParam({3000, 1000}, 0.5f);  // chunked
+  for (auto& fake : fakes_) fake->set_hold_pushes(true);
+  std::unique_ptr<GradientPush> push =
+      client->StartPush(/*step=*/5, /*num_samples=*/16);
+  push->Add(a);
+  push->Add(b);
+  // Both Adds returned with every push held: none waited for an answer. The
+  // first part is on its way before Finish.
+  const absl::Time give_up = absl::Now() + absl::Seconds(10);
+  while (fakes_[0]->push_calls() + fakes_[1]->push_calls() == 0 &&
+         absl::Now() < give_up) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  EXPECT_GT(fakes_[0]->push_calls() + fakes_[1]->push_calls(), 0);
+  for (auto& fake : fakes_) fake->set_hold_pushes(false);
+  ASSERT_TRUE(push->Finish().ok());
+
+  Params want = *a;
+  want.insert(b->begin(), b->end());
+  Params got;
+  for (int s = 0; s < kShards; ++s) {
+    for (const FakeShard::Push& p : fakes_[s]->pushes()) {
+      EXPECT_EQ(p.worker, 1);
+      EXPECT_EQ(p.step, 5);
+      EXPECT_EQ(p.num_samples, 16);
+      for (const auto& [key, g] : p.grads) {
+        EXPECT_TRUE(got.emplace(key, g).second) << key << " came twice";
+      }
+    }
+  }
+  ASSERT_EQ(got.size(), want.size());
+  for (const auto& [key, g] : want) {
+    ASSERT_EQ(got.count(key), 1u) << key;
+    EXPECT_TRUE(SameParam(got.at(key), g)) << key;
+  }
+}
+
+// A part that fails does not stop the others: Finish returns its error
+// once every other part was answered.
+TEST_F(GrpcPsClientTest, PushInPartsReportsAFailedPartAfterTheRest) {
+  GrpcClientOptions options = Options(/*worker=*/1);
+  options.push_part_bytes = 0;
+  std::unique_ptr<GrpcPsClient> client = Connect(options);
+  ASSERT_NE(client, nullptr);
+  const std::string bad = KeyOnShard(0, "bad");
+  fakes_[0]->set_failing_key(bad);
+  auto first = std::make_shared<Params>();
+  (*first)[KeyOnShard(1, "first")] = MakeParam({7}, 1);
+  auto failing = std::make_shared<Params>();
+  (*failing)[bad] = MakeParam({7}, 2);
+  auto last = std::make_shared<Params>();
+  (*last)[KeyOnShard(1, "last")] = MakeParam({7}, 3);
+  std::unique_ptr<GradientPush> push = client->StartPush(6, 8);
+  push->Add(first);
+  push->Add(failing);
+  push->Add(last);
+  const absl::Status s = push->Finish();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(s.message(), HasSubstr("PushGradients of step 6 to shard 0"));
+  EXPECT_THAT(s.message(), HasSubstr("no parameter " + bad));
+  std::set<std::string> on_shard_1;
+  for (const FakeShard::Push& p : fakes_[1]->pushes()) {
+    for (const auto& [key, g] : p.grads) on_shard_1.insert(key);
+  }
+  EXPECT_EQ(on_shard_1, (std::set<std::string>{first->begin()->first,
+                                               last->begin()->first}));
+  EXPECT_TRUE(fakes_[0]->pushes().empty());
+  // Bad arguments come back from Finish as well.
+  std::unique_ptr<GradientPush> negative = client->StartPush(-1, 8);
+  negative->Add(first);
+  EXPECT_EQ(negative->Finish().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// Parts smaller than push_part_bytes wait for more: small ones go together
+// in Finish, one call per shard; once enough bytes are in they are sent.
+TEST_F(GrpcPsClientTest, PushInPartsSendsOnceEnoughBytesAreIn) {
+  GrpcClientOptions options = Options(/*worker=*/1);
+  options.push_part_bytes = 4000;
+  std::unique_ptr<GrpcPsClient> client = Connect(options);
+  ASSERT_NE(client, nullptr);
+  std::unique_ptr<GradientPush> push = client->StartPush(2, 4);
+  for (int i = 0; i < 3; ++i) {
+    auto part = std::make_shared<Params>();
+    (*part)[KeyOnShard(1, "small", i)] = MakeParam({100}, i);  // 400 bytes
+    push->Add(part);
+  }
+  ASSERT_TRUE(push->Finish().ok());
+  EXPECT_EQ(fakes_[1]->push_calls(), 1);
+  ASSERT_EQ(fakes_[1]->pushes().size(), 1u);
+  EXPECT_EQ(fakes_[1]->pushes()[0].grads.size(), 3u);
+
+  fakes_[1]->set_hold_pushes(true);
+  push = client->StartPush(3, 4);
+  auto big = std::make_shared<Params>();
+  (*big)[KeyOnShard(1, "big")] = MakeParam({1000}, 1);  // 4000 bytes
+  push->Add(big);
+  const absl::Time give_up = absl::Now() + absl::Seconds(10);
+  while (fakes_[1]->push_calls() < 2 && absl::Now() < give_up) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  EXPECT_EQ(fakes_[1]->push_calls(), 2);  // sent before Finish
+  fakes_[1]->set_hold_pushes(false);
+  ASSERT_TRUE(push->Finish().ok());
+  EXPECT_EQ(fakes_[1]->pushes().size(), 2u);
 }
 
 TEST_F(GrpcPsClientTest, PullParametersReassemblesEveryShard) {

@@ -8,6 +8,8 @@
 //   BnForward(layer, s, moments) ...     sync: per BN layer, in model order
 //   BnBackward(layer, s, sums) ...       sync: per BN layer, in reverse order
 //   PushGradients(s, samples, grads)     summed over this worker's samples
+//     or StartPush(s, samples), then Add(part) per layer as the backward
+//     pass finishes it, then Finish()
 // Under async it brackets the step with StartStep(s) and FinishStep(s + 1),
 // pulls the newest parameters (min_version 0), and its BnForward never waits.
 // After training, BnRunning / BnLocalRunning / BnRecal + BnRecalFinish settle
@@ -64,6 +66,31 @@ struct BnForwardResult {
   int contributors = 0;  // workers merged into `merged`
 };
 
+// One step's gradient push, handed over in parts: a backward pass gives each
+// layer's gradients as soon as they are final and computes on while they
+// travel. Every key of the step goes into exactly one part; the servers apply
+// each key as if the whole step had come in one PushGradients (the same
+// values, summed in the same way), so the results do not change by a bit.
+//
+// Errors: Add never fails; Finish returns the first error of any part (as
+// PushGradients would give it), after every part handed over was answered --
+// a part sent is never abandoned in flight, and a failed step may be pushed
+// again, since the servers apply each (worker, step, key) at most once.
+//
+// Thread-safety: one thread calls Add and Finish.
+class GradientPush {
+ public:
+  // Waits as Finish does if it was not called, dropping the status.
+  virtual ~GradientPush() = default;
+  // Hands over the gradients of keys not given before in this push. They are
+  // referenced until Finish returns and must not change meanwhile. Returns
+  // without waiting for the network.
+  virtual void Add(std::shared_ptr<const Params> part) = 0;
+  // Waits until every part is acknowledged or failed; the first error, or
+  // OK. Call once, after the last Add.
+  virtual absl::Status Finish() = 0;
+};
+
 class PsClient {
  public:
   virtual ~PsClient() = default;
@@ -86,6 +113,13 @@ class PsClient {
   virtual absl::Status PushGradients(
       int64_t step, int64_t num_samples,
       std::shared_ptr<const Params> grads) = 0;
+
+  // The gradients of `step`, summed over `num_samples` samples, in parts
+  // (GradientPush). The default collects the parts and sends them with one
+  // PushGradients in Finish; GrpcPsClient sends them while the caller goes
+  // on, once enough bytes are in (GrpcClientOptions::push_part_bytes).
+  virtual std::unique_ptr<GradientPush> StartPush(int64_t step,
+                                                  int64_t num_samples);
 
   // The keys of `*params` (every key of the job if it is empty), once each
   // has had at least `min_version` updates applied (0 never waits), written

@@ -105,6 +105,34 @@ absl::Status InProcessPsClient::PushGradients(
   return PushGradients(step, num_samples, *grads);
 }
 
+namespace {
+
+class ImmediatePush final : public client::GradientPush {
+ public:
+  ImmediatePush(InProcessPsClient* client, int64_t step, int64_t num_samples)
+      : client_(client), step_(step), num_samples_(num_samples) {}
+  void Add(std::shared_ptr<const client::Params> part) override {
+    if (part == nullptr) return;
+    // Every part is pushed, even after one failed, as over gRPC.
+    absl::Status s = client_->PushGradients(step_, num_samples_, *part);
+    if (status_.ok()) status_ = s;
+  }
+  absl::Status Finish() override { return status_; }
+
+ private:
+  InProcessPsClient* const client_;
+  const int64_t step_;
+  const int64_t num_samples_;
+  absl::Status status_;
+};
+
+}  // namespace
+
+std::unique_ptr<client::GradientPush> InProcessPsClient::StartPush(
+    int64_t step, int64_t num_samples) {
+  return std::make_unique<ImmediatePush>(this, step, num_samples);
+}
+
 absl::Status InProcessPsClient::PullParametersInto(int64_t min_version,
                                                    client::Params* params) {
   const bool every_key = params->empty();

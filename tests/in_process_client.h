@@ -63,6 +63,10 @@ class InProcessPsClient final : public client::PsClient {
   absl::Status PushGradients(
       int64_t step, int64_t num_samples,
       std::shared_ptr<const client::Params> grads) override;
+  // Pushes each part to the shards the moment it is added, so a step's keys
+  // reach them in several pushes, during the backward pass, as over gRPC.
+  std::unique_ptr<client::GradientPush> StartPush(
+      int64_t step, int64_t num_samples) override;
   absl::Status PullParametersInto(int64_t min_version,
                                   client::Params* params) override;
 

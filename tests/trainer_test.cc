@@ -9,6 +9,10 @@
 #include <thread>
 #include <vector>
 
+#include "absl/algorithm/container.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "gmock/gmock.h"
@@ -28,7 +32,10 @@ using worker::TrainerOptions;
 using worker::TrainReport;
 
 // Delegates to an InProcessPsClient, records every call as a line
-// ("pull 3", "fwd stem.bn 3", ...) and can fail one push.
+// ("pull 3", "fwd stem.bn 3", ...) and can fail one push. A step's pushes in
+// parts (StartPush) are collected into one "push s n=..." unless
+// ForwardParts() was called: then they go to the inner client part by part,
+// recorded as "part s <its keys, comma-separated>" and "push_done s".
 class RecordingClient final : public client::PsClient {
  public:
   explicit RecordingClient(std::unique_ptr<client::PsClient> inner)
@@ -37,6 +44,21 @@ class RecordingClient final : public client::PsClient {
   void FailPushAt(int64_t step, absl::Status why) {
     fail_step_ = step;
     fail_ = std::move(why);
+  }
+  void ForwardParts() { forward_parts_ = true; }
+  // With ForwardParts: part `index` (0-based) of `step`'s push is not
+  // passed on, and the push fails with `why`.
+  void FailPartAt(int64_t step, int index, absl::Status why) {
+    fail_part_step_ = step;
+    fail_part_ = index;
+    fail_ = std::move(why);
+  }
+
+  std::unique_ptr<client::GradientPush> StartPush(int64_t step,
+                                                  int64_t n) override {
+    if (!forward_parts_) return PsClient::StartPush(step, n);
+    return std::make_unique<ForwardedPush>(this, step,
+                                           inner_->StartPush(step, n));
   }
   proto::JobConfig* mutable_config() { return &config_; }
   const std::vector<std::string>& calls() const { return calls_; }
@@ -110,8 +132,42 @@ class RecordingClient final : public client::PsClient {
  private:
   const std::unique_ptr<client::PsClient> inner_;
   proto::JobConfig config_;
+  // Records and passes on each part (one may be failed: FailPartAt).
+  class ForwardedPush final : public client::GradientPush {
+   public:
+    ForwardedPush(RecordingClient* c, int64_t step,
+                  std::unique_ptr<client::GradientPush> inner)
+        : c_(c), step_(step), inner_(std::move(inner)) {}
+    void Add(std::shared_ptr<const client::Params> part) override {
+      std::vector<std::string> keys;
+      for (const auto& [key, _] : *part) keys.push_back(key);
+      c_->calls_.push_back(
+          absl::StrCat("part ", step_, " ", absl::StrJoin(keys, ",")));
+      if (step_ == c_->fail_part_step_ && parts_++ == c_->fail_part_) {
+        failed_ = true;
+        return;
+      }
+      inner_->Add(std::move(part));
+    }
+    absl::Status Finish() override {
+      absl::Status s = inner_->Finish();
+      c_->calls_.push_back(absl::StrCat("push_done ", step_));
+      return failed_ ? c_->fail_ : s;
+    }
+
+   private:
+    RecordingClient* const c_;
+    const int64_t step_;
+    const std::unique_ptr<client::GradientPush> inner_;
+    int parts_ = 0;
+    bool failed_ = false;
+  };
+
   std::vector<std::string> calls_;
   int64_t fail_step_ = -1;
+  int64_t fail_part_step_ = -1;
+  int fail_part_ = -1;
+  bool forward_parts_ = false;
   absl::Status fail_;
 };
 
@@ -418,6 +474,105 @@ TEST(TrainerTest, AFailedCallEndsTheRunNamingTheStep) {
   EXPECT_THAT(runs[0].report.status().message(), HasSubstr("step 1"));
   EXPECT_THAT(runs[0].report.status().message(), HasSubstr("shard 0 went away"));
   EXPECT_EQ(runs[0].calls.back(), "push 1 n=4");  // nothing after the failure
+}
+
+// Pushing each layer's gradients during the backward pass, and BN backward
+// exchanges overlapping weight gradients, change nothing:
+// the same parameters and running statistics, bit for bit, under each
+// policy a job of these workers runs deterministically.
+TEST(TrainerTest, OverlappedPushGivesTheBitsOfThePushAfterTheBackwardPass) {
+  const Dataset data = worker::MakeSyntheticDataset(48, 12, 12, 10, 6);
+  struct Case {
+    policy::Policy policy;
+    int workers;
+  };
+  for (const Case& c : {Case{policy::Policy::kSync, 2},
+                        Case{policy::Policy::kLocal, 2},
+                        Case{policy::Policy::kAsync, 1}}) {
+    SCOPED_TRACE(policy::PolicyName(c.policy));
+    std::vector<const Dataset*> datasets(c.workers, &data);
+    TrainerOptions after = ThreeSteps();
+    after.overlap = false;
+    TrainerOptions during = ThreeSteps();
+    during.overlap = true;
+    during.overlap_bn = true;
+    auto job_after = test::InProcessJob::Create(JobOptions(c.policy, c.workers), 2);
+    auto job_during = test::InProcessJob::Create(JobOptions(c.policy, c.workers), 2);
+    ASSERT_TRUE(job_after.ok() && job_during.ok());
+    std::vector<WorkerRun> base = Train(job_after->get(), datasets, after);
+    std::vector<WorkerRun> overlapped =
+        Train(job_during->get(), datasets, during,
+              [](int, RecordingClient* client) { client->ForwardParts(); });
+    for (int w = 0; w < c.workers; ++w) {
+      ASSERT_TRUE(base[w].report.ok()) << base[w].report.status();
+      ASSERT_TRUE(overlapped[w].report.ok()) << overlapped[w].report.status();
+      ASSERT_EQ(base[w].params.size(), overlapped[w].params.size());
+      for (const auto& [name, t] : base[w].params) {
+        EXPECT_EQ(overlapped[w].params.at(name).values, t.values) << name;
+      }
+      for (size_t l = 0; l < base[w].running.size(); ++l) {
+        EXPECT_EQ(overlapped[w].running[l].mean, base[w].running[l].mean);
+        EXPECT_EQ(overlapped[w].running[l].var, base[w].running[l].var);
+      }
+      EXPECT_EQ(overlapped[w].report->test_accuracy,
+                base[w].report->test_accuracy);
+      // The parts went out one layer at a time, the head's first, and under
+      // sync while BN backward exchanges were still to come.
+      std::vector<std::string> parts;
+      int bwd_after_first_part = 0;
+      for (const std::string& call : overlapped[w].calls) {
+        if (absl::StartsWith(call, "part 1 ")) parts.push_back(call);
+        if (!parts.empty() && absl::StartsWith(call, "bwd ") &&
+            absl::EndsWith(call, " 1")) {
+          ++bwd_after_first_part;
+        }
+      }
+      ASSERT_GT(parts.size(), 3u);
+      EXPECT_EQ(parts[0], "part 1 head.fc.b,head.fc.w");
+      if (c.policy == policy::Policy::kSync) {
+        EXPECT_GT(bwd_after_first_part, 0);
+      }
+    }
+  }
+}
+
+// A part that fails in the middle of the backward pass fails the step, with
+// the step named, but only after every other part was pushed: the servers
+// hold all of the step's keys but the failed part's.
+TEST(TrainerTest, AFailedPartFailsTheStepAfterTheOtherPartsArePushed) {
+  const Dataset data = worker::MakeSyntheticDataset(48, 12, 12, 10, 8);
+  auto job = test::InProcessJob::Create(JobOptions(policy::Policy::kLocal, 1), 2);
+  ASSERT_TRUE(job.ok());
+  std::vector<WorkerRun> runs =
+      Train(job->get(), {&data}, ThreeSteps(), [](int, RecordingClient* c) {
+        c->ForwardParts();
+        c->FailPartAt(1, 1, absl::UnavailableError("shard 1 went away"));
+      });
+  ASSERT_FALSE(runs[0].report.ok());
+  const absl::Status& s = runs[0].report.status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(s.message(), HasSubstr("step 1: pushing gradients"));
+  EXPECT_THAT(s.message(), HasSubstr("shard 1 went away"));
+  EXPECT_EQ(runs[0].calls.back(), "push_done 1");  // nothing after it
+
+  // The failed part: the second of step 1.
+  std::vector<std::string> parts;
+  for (const std::string& call : runs[0].calls) {
+    if (absl::StartsWith(call, "part 1 ")) parts.push_back(call.substr(7));
+  }
+  ASSERT_GT(parts.size(), 2u);
+  const std::vector<std::string> failed = absl::StrSplit(parts[1], ',');
+  int at_step_1 = 0, at_step_0 = 0;
+  for (int shard = 0; shard < 2; ++shard) {
+    for (const server::StoreState::Key& k :
+         (*job)->shard(shard).store().Export().keys) {
+      const bool in_failed = absl::c_linear_search(failed, k.key);
+      EXPECT_EQ(k.last_pushed[0], in_failed ? 0 : 1) << k.key;
+      ++(k.last_pushed[0] == 1 ? at_step_1 : at_step_0);
+    }
+  }
+  EXPECT_GT(at_step_1, 0);
+  EXPECT_GT(at_step_0, 0);
 }
 
 TEST(TrainerTest, AServerPolicyItDoesNotKnowIsRefused) {

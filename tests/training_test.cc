@@ -43,7 +43,8 @@ std::vector<WorkerResult> Train(
     const std::vector<const Dataset*>& datasets, const TrainerOptions& options,
     int64_t staleness = 0,
     std::optional<policy::Gradients> gradients = std::nullopt,
-    const nn::ModelOptions& model_options = SmallModel()) {
+    const nn::ModelOptions& model_options = SmallModel(),
+    int64_t push_part_bytes = -1) {
   const int workers = static_cast<int>(datasets.size());
   server::ShardOptions base;
   base.num_shards = shards;
@@ -75,6 +76,7 @@ std::vector<WorkerResult> Train(
       o.worker = w;
       o.num_workers = workers;
       o.rpc_timeout = absl::Seconds(30);
+      if (push_part_bytes >= 0) o.push_part_bytes = push_part_bytes;
       auto client = client::GrpcPsClient::Connect(o);
       if (!client.ok()) {
         results[w].report = client.status();
@@ -189,6 +191,52 @@ TEST(TrainingTest, SyncAtOneExamplePerWorkerFollowsOneWorker) {
     EXPECT_GT(MaxRelDiff(whole[0].params.at(first).values,
                          local[0].params.at(first).values),
               1e-3);
+  }
+}
+
+// Pushing each layer's gradients during the backward pass, and BN backward
+// exchanges overlapping weight gradients, over real servers
+// and sockets, ends every worker on the very bits of the push after the pass
+// (2 workers, 2 shards, sync; 1 worker under async), every layer's
+// gradients in a push of their own.
+TEST(TrainingTest, OverlappedPushGivesTheBitsOfThePushAfterTheBackwardPass) {
+  const Dataset data = worker::MakeSyntheticDataset(48, 12, 12, 10, 9);
+  struct Case {
+    policy::Policy policy;
+    int workers;
+  };
+  for (const Case& c :
+       {Case{policy::Policy::kSync, 2}, Case{policy::Policy::kAsync, 1}}) {
+    SCOPED_TRACE(policy::PolicyName(c.policy));
+    TrainerOptions after;
+    after.batch_size = 6;
+    after.shuffle = false;
+    after.max_steps = 3;
+    after.evaluate = false;
+    after.overlap = false;
+    TrainerOptions during = after;
+    during.overlap = true;
+    during.overlap_bn = true;
+    const std::vector<const Dataset*> datasets(c.workers, &data);
+    std::vector<WorkerResult> base = Train(c.policy, 2, datasets, after);
+    // Every layer's gradients in a push of their own (the model is small).
+    std::vector<WorkerResult> overlapped =
+        Train(c.policy, 2, datasets, during, 0, std::nullopt, SmallModel(),
+              /*push_part_bytes=*/0);
+    ASSERT_EQ(base.size(), static_cast<size_t>(c.workers));
+    ASSERT_EQ(overlapped.size(), static_cast<size_t>(c.workers));
+    for (int w = 0; w < c.workers; ++w) {
+      ASSERT_TRUE(base[w].report.ok()) << base[w].report.status();
+      ASSERT_TRUE(overlapped[w].report.ok()) << overlapped[w].report.status();
+      ASSERT_EQ(base[w].params.size(), overlapped[w].params.size());
+      for (const auto& [name, t] : base[w].params) {
+        EXPECT_EQ(overlapped[w].params.at(name).values, t.values) << name;
+      }
+      for (size_t l = 0; l < base[w].running.size(); ++l) {
+        EXPECT_EQ(overlapped[w].running[l].mean, base[w].running[l].mean);
+        EXPECT_EQ(overlapped[w].running[l].var, base[w].running[l].var);
+      }
+    }
   }
 }
 

@@ -134,6 +134,18 @@ ABSL_FLAG(double, metrics_linger_s, 0,
 ABSL_FLAG(std::string, report, "",
           "Write a JSON report of the run here (loss curve, accuracy, time "
           "split into compute, BN sync and gradient sync).");
+ABSL_FLAG(bool, overlap, true,
+          "Push each layer's gradients as soon as the backward pass has them, "
+          "overlapping the push with the rest of the pass; false pushes them "
+          "all after it (the results are the same bit for bit).");
+ABSL_FLAG(bool, overlap_bn, false,
+          "Compute a convolution's weight gradient while the BN before it "
+          "exchanges its backward sums (on a thread of its own); the results "
+          "are the same bit for bit.");
+ABSL_FLAG(int64_t, push_part_bytes, int64_t{1} << 20,
+          "With --overlap: send the layers' gradients once those not yet "
+          "sent hold this many bytes (each send is a call per server); 0 "
+          "sends every layer's as it comes.");
 ABSL_FLAG(double, connect_timeout_s, 30,
           "How long to try to reach every server at start, in seconds: while "
           "one does not answer (not up yet, a closed port, a wrong host) the "
@@ -413,6 +425,7 @@ absl::Status Main() {
   client_options.num_workers = num_workers;
   client_options.connect_timeout = absl::Seconds(connect_timeout);
   client_options.rpc_timeout = absl::Seconds(rpc_timeout);
+  client_options.push_part_bytes = absl::GetFlag(FLAGS_push_part_bytes);
   // Checked before the worker joins: a launch with flags that do not fit the
   // job stops here and leaves the servers as they were.
   client_options.check_config = CheckAgainstServers;
@@ -460,6 +473,8 @@ absl::Status Main() {
   options.epochs = absl::GetFlag(FLAGS_epochs);
   options.max_steps = absl::GetFlag(FLAGS_max_steps);
   options.seed = absl::GetFlag(FLAGS_seed);
+  options.overlap = absl::GetFlag(FLAGS_overlap);
+  options.overlap_bn = absl::GetFlag(FLAGS_overlap_bn);
   options.train_examples = absl::GetFlag(FLAGS_train_examples);
   options.test_examples = absl::GetFlag(FLAGS_test_examples);
   options.recal_mode = *recal_mode;

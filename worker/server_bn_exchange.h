@@ -5,7 +5,8 @@
 // admissible moments) (policy/async_bn.h) and keeps its backward local.
 // Counts the time spent in BN calls, for the trainer's report.
 //
-// Thread-safety: used from one thread (the model's).
+// Thread-safety: used from one thread (the model's); StartBackward's call
+// runs on a thread of its own.
 
 #ifndef BNPS_WORKER_SERVER_BN_EXCHANGE_H_
 #define BNPS_WORKER_SERVER_BN_EXCHANGE_H_
@@ -43,6 +44,11 @@ class ServerBnExchange : public nn::BnExchange {
   absl::StatusOr<bn::Moments> Forward(const std::string& layer,
                                       const bn::Moments& local) override;
   absl::StatusOr<bn::BackwardSums> Backward(
+      const std::string& layer, const bn::BackwardSums& local) override;
+  // Sync: the call runs on a thread of its own until Wait; elapsed() counts
+  // only the time Wait blocks, the metrics the whole round trip. The
+  // PendingBackward must not outlive this.
+  std::unique_ptr<nn::PendingBackward> StartBackward(
       const std::string& layer, const bn::BackwardSums& local) override;
 
  private:

@@ -232,6 +232,9 @@ absl::StatusOr<TrainReport> Trainer::Run() {
     Trainer* t;
     ~ClearGroup() { t->group_ = nullptr; }
   } clear_group{this};
+  // The BN backward overlap needs the exchange's StartBackward, which the
+  // host's group runs in place: with replicas it is off.
+  model_->SetBackwardOverlap(options_.overlap_bn && models.size() == 1);
 
   const absl::Time start = absl::Now();
   absl::Time last_progress = start;
@@ -386,15 +389,33 @@ absl::Status Trainer::TrainStep(int64_t step, const Batch& batch,
   f->grad_time += absl::Now() - step_start;
   sync->set_step(step);
   sync->reset_elapsed();
-  absl::StatusOr<nn::HostTensors> grads = Compute(step, batch, f);
-  if (!grads.ok()) return grads.status();
-  const absl::Time push_start = absl::Now();
-  if (absl::Status s = client_->PushGradients(
-          step, batch.n,
-          std::make_shared<const client::Params>(ToParams(*std::move(grads))));
-      !s.ok()) {
-    return Annotate(s, absl::StrCat("step ", step, ": pushing gradients"));
+  if (!options_.replicas.empty()) {
+    // Replicas: their gradients are summed on the host, then pushed once.
+    absl::StatusOr<nn::HostTensors> grads = Compute(step, batch, f);
+    if (!grads.ok()) return grads.status();
+    const absl::Time push_start = absl::Now();
+    absl::Status s = client_->PushGradients(
+        step, batch.n,
+        std::make_shared<const client::Params>(ToParams(*std::move(grads))));
+    f->grad_time += absl::Now() - push_start;
+    if (!s.ok()) {
+      return Annotate(s, absl::StrCat("step ", step, ": pushing gradients"));
+    }
+  } else {
+    if (absl::Status s = model_->Forward(batch.images.data(), batch.n);
+        !s.ok()) {
+      return Annotate(s, absl::StrCat("step ", step, ": forward"));
+    }
+    absl::StatusOr<nn::LossResult> loss = model_->Loss(batch.labels.data());
+    if (!loss.ok()) return Annotate(loss.status(), absl::StrCat("step ", step));
+    f->loss_sum = loss->loss_sum;
+    f->correct = loss->correct;
+    const absl::Status pushed =
+        options_.overlap ? BackwardAndPush(step, batch.n, f)
+                         : BackwardThenPush(step, batch.n, f);
+    if (!pushed.ok()) return pushed;
   }
+  const absl::Time push_start = absl::Now();
   if (!bulk_synchronous_) {
     if (absl::Status s = client_->FinishStep(step + 1); !s.ok()) {
       return Annotate(s, absl::StrCat("step ", step, ": finishing"));
@@ -475,6 +496,43 @@ absl::StatusOr<nn::HostTensors> Trainer::Compute(int64_t step,
     f->correct += p.loss.correct;
   }
   return sum;
+}
+
+absl::Status Trainer::BackwardThenPush(int64_t step, int64_t n,
+                                       StepFigures* f) {
+  if (absl::Status s = model_->Backward(); !s.ok()) {
+    return Annotate(s, absl::StrCat("step ", step, ": backward"));
+  }
+  absl::StatusOr<nn::HostTensors> grads = model_->Gradients();
+  if (!grads.ok()) return grads.status();
+  const absl::Time push_start = absl::Now();
+  absl::Status s = client_->PushGradients(
+      step, n,
+      std::make_shared<const client::Params>(ToParams(*std::move(grads))));
+  f->grad_time += absl::Now() - push_start;
+  return Annotate(s, absl::StrCat("step ", step, ": pushing gradients"));
+}
+
+absl::Status Trainer::BackwardAndPush(int64_t step, int64_t n,
+                                      StepFigures* f) {
+  std::unique_ptr<client::GradientPush> push = client_->StartPush(step, n);
+  absl::Status backward = model_->Backward(
+      [&](absl::Span<const nn::Parameter* const> params) -> absl::Status {
+        absl::StatusOr<nn::HostTensors> grads = model_->Gradients(params);
+        if (!grads.ok()) return grads.status();
+        push->Add(std::make_shared<const client::Params>(
+            ToParams(*std::move(grads))));
+        return absl::OkStatus();
+      });
+  // Even after a failed backward pass every part handed over is waited for:
+  // none is left in flight when the step fails.
+  const absl::Time wait_start = absl::Now();
+  absl::Status pushed = push->Finish();
+  f->grad_time += absl::Now() - wait_start;
+  if (!backward.ok()) {
+    return Annotate(backward, absl::StrCat("step ", step, ": backward"));
+  }
+  return Annotate(pushed, absl::StrCat("step ", step, ": pushing gradients"));
 }
 
 absl::Status Trainer::SettleRunningStats(int64_t steps) {

@@ -9,7 +9,9 @@
 //                servers (a barrier), async merges with the others' recent
 //                moments (never waits), local and recal stay local
 //   loss, backward (sync: the two global BN sums per layer)
-//   push         the gradient sums and the sample count of step s
+//   push         the gradient sums and the sample count of step s: by
+//                default each layer's as soon as the backward pass has them,
+//                overlapping the rest of the pass (options.overlap)
 //   async only   FinishStep(s + 1)
 // Every worker runs the same number of steps (empty batches included), which
 // the bulk-synchronous barriers need.
@@ -129,6 +131,17 @@ struct TrainerOptions {
   // Called first on each extra replica's thread with its index (1, 2, ...),
   // e.g. to set that thread's OpenMP thread count. Default: none.
   std::function<void(int)> on_replica_thread;
+  // Push each layer's gradients as soon as the backward pass has them
+  // (client->StartPush), so the push overlaps the rest of the pass; false
+  // pushes all of them after it (PushGradients). The results are the same
+  // bit for bit. Default: true.
+  bool overlap = true;
+  // Compute a convolution's weight gradient while the BN before it exchanges
+  // its backward sums (nn::Model::SetBackwardOverlap; the exchange runs on a
+  // thread of its own). The results are the same bit for bit. Default: false
+  // until measured on a machine with cores to spare: here (2 cores shared)
+  // the hand-over to the exchange's thread could cost more than it hides.
+  bool overlap_bn = false;
   // Where steps and BN round trips are measured (not owned; must outlive
   // the Trainer). Default: null, nothing measured.
   WorkerMetrics* metrics = nullptr;
@@ -218,6 +231,10 @@ class Trainer {
                                           StepFigures* f);
   // Every model (the first and the replicas).
   std::vector<nn::Model*> Models() const;
+  // Backward pass and push of `step` over `n` samples: all gradients after
+  // the pass, or each layer's as the pass finishes it (options_.overlap).
+  absl::Status BackwardThenPush(int64_t step, int64_t n, StepFigures* f);
+  absl::Status BackwardAndPush(int64_t step, int64_t n, StepFigures* f);
   // This worker's shard of the training data.
   BatcherOptions ShardOptions() const;
   absl::Status PullInto(int64_t min_version);

@@ -124,21 +124,30 @@ absl::Status BulkTransfer::PushGradients(
 absl::Status BulkTransfer::PushAll(int64_t step, int64_t num_samples,
                                const Params& grads,
                                const std::shared_ptr<const void>& owner) {
+  std::vector<PushEntry> entries;
+  entries.reserve(grads.size());
+  for (const auto& [key, p] : grads) entries.push_back(PushEntry{&key, &p});
+  return PushEntries(step, num_samples, entries, owner);
+}
+
+absl::Status BulkTransfer::PushEntries(int64_t step, int64_t num_samples,
+                                       const std::vector<PushEntry>& entries,
+                                       const std::shared_ptr<const void>& owner) {
   if (step < 0 || num_samples < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("PushGradients: step ", step, " and num_samples ",
                      num_samples, " must not be negative"));
   }
-  std::vector<std::vector<const std::string*>> by_shard(channels_->num_shards());
-  for (const auto& [key, p] : grads) {
-    if (absl::Status s = CheckParam(key, p); !s.ok()) return s;
-    by_shard[proto::ShardForKey(key, channels_->num_shards())].push_back(&key);
+  std::vector<std::vector<PushEntry>> by_shard(channels_->num_shards());
+  for (const PushEntry& e : entries) {
+    if (absl::Status s = CheckParam(*e.key, *e.param); !s.ok()) return s;
+    by_shard[proto::ShardForKey(*e.key, channels_->num_shards())].push_back(e);
   }
   const std::vector<int> shards = ShardsWithKeys(by_shard);
   return RunParallel(static_cast<int>(shards.size()), [&](int j) {
     const int shard = shards[j];
     absl::Status s = channels_->WithRetries([&](absl::Time deadline) {
-      return PushShard(shard, step, num_samples, by_shard[shard], grads, owner,
+      return PushShard(shard, step, num_samples, by_shard[shard], owner,
                        deadline);
     });
     return Annotate(s, absl::StrCat("PushGradients of step ", step, " to ",
@@ -147,8 +156,7 @@ absl::Status BulkTransfer::PushAll(int64_t step, int64_t num_samples,
 }
 
 absl::Status BulkTransfer::PushShard(int shard, int64_t step, int64_t num_samples,
-                                 const std::vector<const std::string*>& keys,
-                                 const Params& grads,
+                                 const std::vector<PushEntry>& entries,
                                  const std::shared_ptr<const void>& owner,
                                  absl::Time deadline) {
   grpc::ClientContext context;
@@ -171,9 +179,9 @@ absl::Status BulkTransfer::PushShard(int shard, int64_t step, int64_t num_sample
       proto::kBulkMessageBytes);
   const auto write = [&writer](grpc::ByteBuffer m) { return writer->Write(m); };
   bool ok = true;
-  for (const std::string* key : keys) {
-    const Param& p = grads.at(*key);
-    ok = message.AddTensor(*key, p.shape, p.values, owner, write);
+  for (const PushEntry& e : entries) {
+    const Param& p = *e.param;
+    ok = message.AddTensor(*e.key, p.shape, p.values, owner, write);
     if (!ok) break;
   }
   if (ok && message.num_chunks() > 0) ok = writer->Write(message.Build());

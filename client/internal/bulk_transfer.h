@@ -29,11 +29,23 @@ class BulkTransfer {
  public:
   explicit BulkTransfer(Channels* channels) : channels_(channels) {}
 
+  // A gradient to push: its key and value, neither owned.
+  struct PushEntry {
+    const std::string* key;
+    const Param* param;
+  };
+
   absl::Status InitParameters(const Params& params);
   absl::Status PushGradients(int64_t step, int64_t num_samples,
                              const Params& grads);
   absl::Status PushGradients(int64_t step, int64_t num_samples,
                              std::shared_ptr<const Params> grads);
+  // Pushes `entries` (distinct keys) as PushGradients does, referencing
+  // their values if `owner` (which keeps them alive) is not null and copying
+  // them otherwise.
+  absl::Status PushEntries(int64_t step, int64_t num_samples,
+                           const std::vector<PushEntry>& entries,
+                           const std::shared_ptr<const void>& owner);
   absl::StatusOr<Params> PullParameters(const std::vector<std::string>& keys,
                                         int64_t min_version);
   absl::Status PullParametersInto(int64_t min_version, Params* params);
@@ -46,8 +58,7 @@ class BulkTransfer {
   absl::Status PushAll(int64_t step, int64_t num_samples, const Params& grads,
                        const std::shared_ptr<const void>& owner);
   absl::Status PushShard(int shard, int64_t step, int64_t num_samples,
-                         const std::vector<const std::string*>& keys,
-                         const Params& grads,
+                         const std::vector<PushEntry>& entries,
                          const std::shared_ptr<const void>& owner,
                          absl::Time deadline);
   // Where a pulled tensor goes: the entry for `key`, or nullptr if the key

@@ -21,13 +21,37 @@
 #ifndef BNPS_WORKER_NN_BN_EXCHANGE_H_
 #define BNPS_WORKER_NN_BN_EXCHANGE_H_
 
+#include <memory>
 #include <string>
+#include <utility>
 
 #include "absl/status/statusor.h"
 #include "bn/kernels.h"
 #include "bn/moments.h"
 
 namespace bnps::nn {
+
+// A backward exchange under way (BnExchange::StartBackward).
+class PendingBackward {
+ public:
+  // Waits for the exchange if Wait was not called.
+  virtual ~PendingBackward() = default;
+  // What Backward would have returned. Call once.
+  virtual absl::StatusOr<bn::BackwardSums> Wait() = 0;
+};
+
+// A PendingBackward that is done already.
+class DoneBackward final : public PendingBackward {
+ public:
+  explicit DoneBackward(absl::StatusOr<bn::BackwardSums> result)
+      : result_(std::move(result)) {}
+  absl::StatusOr<bn::BackwardSums> Wait() override {
+    return std::move(result_);
+  }
+
+ private:
+  absl::StatusOr<bn::BackwardSums> result_;
+};
 
 class BnExchange {
  public:
@@ -39,6 +63,13 @@ class BnExchange {
                                               const bn::Moments& local) = 0;
   virtual absl::StatusOr<bn::BackwardSums> Backward(
       const std::string& layer, const bn::BackwardSums& local) = 0;
+  // Backward, started: the layer computes what does not depend on the
+  // result while the exchange is in flight, then waits. In place of a
+  // Backward call, in the same order. The default runs Backward at once.
+  virtual std::unique_ptr<PendingBackward> StartBackward(
+      const std::string& layer, const bn::BackwardSums& local) {
+    return std::make_unique<DoneBackward>(Backward(layer, local));
+  }
 };
 
 // Local BN: what every worker does without synchronization.

@@ -24,6 +24,7 @@
 #define BNPS_WORKER_NN_LAYERS_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -70,6 +71,11 @@ absl::StatusOr<std::unique_ptr<Parameter>> NewParameter(
 
 class BatchNorm;
 
+// Work a layer's Backward leaves for later: a convolution's weight gradient,
+// which a batch norm before it (in model order) computes while its backward
+// exchange is in flight. Each item returns its error.
+using DeferredWork = std::vector<std::function<absl::Status()>>;
+
 class Layer {
  public:
   explicit Layer(std::string name) : name_(std::move(name)) {}
@@ -85,6 +91,16 @@ class Layer {
   virtual absl::StatusOr<const Tensor*> Forward(const Tensor& x) = 0;
   virtual absl::StatusOr<const Tensor*> Backward(const Tensor& dy,
                                                  bool need_dx) = 0;
+
+  // With `on`, Backward overlaps each BN backward exchange inside the layer
+  // with the weight gradient of the convolution after the BN; the gradients
+  // are the same bit for bit, and final when Backward returns. Default: off.
+  // Layers without such a pair ignore it.
+  virtual void set_backward_overlap(bool on) {}
+  // Where Backward leaves deferrable work (a convolution) or runs what is
+  // there during its exchange (a batch norm); not owned, null: none. Set by
+  // the layer that holds both, which runs what is left at its end.
+  virtual void set_deferred(DeferredWork* later) {}
 
   // Appends this layer's parameters / BN layers (its own and its parts').
   virtual void AppendParameters(std::vector<Parameter*>* out) {}
@@ -149,6 +165,7 @@ class BatchNorm : public Layer {
   void AppendBatchNorms(std::vector<BatchNorm*>* out) override {
     out->push_back(this);
   }
+  void set_deferred(DeferredWork* later) override { later_ = later; }
 
   int64_t channels() const { return channels_; }
   BnMode mode() const { return mode_; }
@@ -176,6 +193,7 @@ class BatchNorm : public Layer {
   std::unique_ptr<Parameter> beta_;
   BnMode mode_ = BnMode::kTrain;
   BnExchange* sync_ = nullptr;
+  DeferredWork* later_ = nullptr;  // not owned
   bn::RunningStats running_;
   bn::Moments collected_;
 

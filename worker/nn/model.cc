@@ -87,6 +87,7 @@ absl::Status ValidateModelOptions(const ModelOptions& o) {
 absl::Status Model::Add(absl::StatusOr<std::unique_ptr<Layer>> layer) {
   if (!layer.ok()) return layer.status();
   (*layer)->AppendParameters(&parameters_);
+  layer_params_.push_back(parameters_.size());
   (*layer)->AppendBatchNorms(&batch_norms_);
   layers_.push_back(*std::move(layer));
   return absl::OkStatus();
@@ -230,8 +231,14 @@ absl::Status Model::SetParameters(const HostTensors& values) {
 }
 
 absl::StatusOr<HostTensors> Model::Gradients() const {
+  return Gradients(absl::Span<const Parameter* const>(parameters_.data(),
+                                                     parameters_.size()));
+}
+
+absl::StatusOr<HostTensors> Model::Gradients(
+    absl::Span<const Parameter* const> params) const {
   HostTensors out;
-  for (const Parameter* p : parameters_) {
+  for (const Parameter* p : params) {
     HostTensor t;
     t.shape = p->dims;
     t.values.resize(p->elements());
@@ -243,6 +250,10 @@ absl::StatusOr<HostTensors> Model::Gradients() const {
     out.emplace(p->name, std::move(t));
   }
   return out;
+}
+
+void Model::SetBackwardOverlap(bool on) {
+  for (const auto& layer : layers_) layer->set_backward_overlap(on);
 }
 
 void Model::SetBnMode(BnMode mode) {
@@ -297,12 +308,22 @@ absl::StatusOr<LossResult> Model::Loss(const int32_t* labels) {
   return r;
 }
 
-absl::Status Model::Backward() {
+absl::Status Model::Backward() { return Backward(nullptr); }
+
+absl::Status Model::Backward(const GradientsFinal& on_final) {
   const Tensor* d = &dlogits_;
   for (size_t i = layers_.size(); i-- > 0;) {
     absl::StatusOr<const Tensor*> prev = layers_[i]->Backward(*d, i > 0);
     if (!prev.ok()) return prev.status();
     d = *prev;
+    const size_t begin = layer_params_[i], end = layer_params_[i + 1];
+    if (on_final && end > begin) {
+      if (absl::Status s = on_final(absl::Span<const Parameter* const>(
+              parameters_.data() + begin, end - begin));
+          !s.ok()) {
+        return s;
+      }
+    }
   }
   return absl::OkStatus();
 }

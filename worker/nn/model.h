@@ -49,6 +49,7 @@
 #define BNPS_WORKER_NN_MODEL_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -56,6 +57,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "worker/nn/backend.h"
 #include "worker/nn/bn_exchange.h"
 #include "worker/nn/layers.h"
@@ -127,6 +129,14 @@ class Model {
   absl::Status SetParameters(const HostTensors& values);
   // The gradients of the last Backward, downloaded.
   absl::StatusOr<HostTensors> Gradients() const;
+  // Those of `params` only (the model's own, e.g. from a GradientsFinal).
+  absl::StatusOr<HostTensors> Gradients(
+      absl::Span<const Parameter* const> params) const;
+
+  // Overlap each BN backward exchange with the weight gradient of the
+  // convolution after the BN, where the model has such a pair (the residual
+  // blocks' first BN); the results are the same bit for bit. Default: off.
+  void SetBackwardOverlap(bool on);
 
   void SetBnMode(BnMode mode);
   // Not owned; must outlive the training-mode Forward/Backward calls.
@@ -142,6 +152,15 @@ class Model {
   absl::StatusOr<LossResult> Loss(const int32_t* labels);
   // Back-propagates the last Loss through the layers (training mode only).
   absl::Status Backward();
+  // Called during Backward with parameters whose gradients are final (a
+  // layer's, once the pass is through it), so a caller can send them while
+  // the pass goes on. Every parameter comes exactly once, layers in reverse
+  // model order; an error ends the pass with that status.
+  using GradientsFinal =
+      std::function<absl::Status(absl::Span<const Parameter* const>)>;
+  // As Backward, calling `on_final` (may be empty) as above. The gradients
+  // are those Backward() computes, bit for bit.
+  absl::Status Backward(const GradientsFinal& on_final);
 
  private:
   Model(const ModelOptions& options, Backend* backend)
@@ -152,6 +171,9 @@ class Model {
   Backend* const backend_;
   std::vector<std::unique_ptr<Layer>> layers_;
   std::vector<Parameter*> parameters_;
+  // layers_[i]'s parameters are parameters_[layer_params_[i],
+  // layer_params_[i + 1]).
+  std::vector<size_t> layer_params_ = {0};
   std::vector<BatchNorm*> batch_norms_;
   int64_t bn_positions_ = 0;
 

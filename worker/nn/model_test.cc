@@ -7,7 +7,9 @@
 #include <cmath>
 #include <map>
 #include <random>
+#include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -330,6 +332,163 @@ TEST(ModelTest, EmptyBatchGivesZeroGradients) {
   ASSERT_TRUE(grads.ok());
   for (const auto& [name, g] : *grads) {
     for (float v : g.values) ASSERT_EQ(v, 0.0f) << name;
+  }
+}
+
+// Backward(on_final) reports each layer's parameters once, layers in reverse
+// model order, with gradients that are final when reported: equal, bit for
+// bit, to those of the plain Backward.
+TEST(ModelTest, BackwardReportsEachLayersGradientsOnceTheyAreFinal) {
+  std::unique_ptr<Backend> backend = NewCpuBackend();
+  absl::StatusOr<std::unique_ptr<Model>> model =
+      Model::Create(Tiny(), backend.get());
+  ASSERT_TRUE(model.ok());
+  Model& m = **model;
+  LocalBnExchange sync;
+  m.SetBnExchange(&sync);
+  ASSERT_TRUE(m.SetParameters(Perturbed(m, 5)).ok());
+  const Batch batch = RandomBatch(Tiny(), 4, 6);
+  auto step = [&]() {
+    ASSERT_TRUE(m.Forward(batch.images.data(), batch.n).ok());
+    ASSERT_TRUE(m.Loss(batch.labels.data()).ok());
+  };
+  step();
+  ASSERT_TRUE(m.Backward().ok());
+  absl::StatusOr<HostTensors> plain = m.Gradients();
+  ASSERT_TRUE(plain.ok());
+
+  step();
+  std::map<const Parameter*, size_t> index;
+  for (size_t i = 0; i < m.parameters().size(); ++i) {
+    index[m.parameters()[i]] = i;
+  }
+  std::vector<std::vector<size_t>> spans;
+  HostTensors reported;
+  ASSERT_TRUE(m.Backward([&](absl::Span<const Parameter* const> params) {
+                 spans.emplace_back();
+                 for (const Parameter* p : params) {
+                   spans.back().push_back(index.at(p));
+                 }
+                 absl::StatusOr<HostTensors> g = m.Gradients(params);
+                 if (!g.ok()) return g.status();
+                 for (auto& [name, t] : *g) {
+                   EXPECT_TRUE(reported.emplace(name, std::move(t)).second)
+                       << name << " reported twice";
+                 }
+                 return absl::OkStatus();
+               }).ok());
+  ASSERT_GT(spans.size(), 2u);
+  // Contiguous spans, walking down from the last parameter to the first.
+  size_t next_end = m.parameters().size();
+  for (const std::vector<size_t>& span : spans) {
+    ASSERT_FALSE(span.empty());
+    for (size_t i = 0; i < span.size(); ++i) {
+      EXPECT_EQ(span[i], next_end - span.size() + i);
+    }
+    next_end -= span.size();
+  }
+  EXPECT_EQ(next_end, 0u);
+  ASSERT_EQ(reported.size(), plain->size());
+  for (const auto& [name, t] : *plain) {
+    EXPECT_EQ(reported.at(name).values, t.values) << name;
+  }
+
+  // An error from on_final ends the pass with it.
+  step();
+  int calls = 0;
+  absl::Status s = m.Backward([&](absl::Span<const Parameter* const>) {
+    return ++calls == 2 ? absl::UnavailableError("push failed")
+                        : absl::OkStatus();
+  });
+  EXPECT_EQ(s, absl::UnavailableError("push failed"));
+  EXPECT_EQ(calls, 2);
+}
+
+// Local BN whose backward exchange, when started, looks at a convolution's
+// weight gradient at the start and at the wait.
+class WatchingExchange : public LocalBnExchange {
+ public:
+  WatchingExchange(Backend* backend, const Parameter* watched,
+                   std::string layer)
+      : backend_(backend), watched_(watched), layer_(std::move(layer)) {}
+
+  std::unique_ptr<PendingBackward> StartBackward(
+      const std::string& layer, const bn::BackwardSums& local) override {
+    started_.push_back(layer);
+    if (layer == layer_) at_start_ = Grad();
+    class Pending : public PendingBackward {
+     public:
+      Pending(WatchingExchange* x, bool watch, bn::BackwardSums local)
+          : x_(x), watch_(watch), local_(std::move(local)) {}
+      absl::StatusOr<bn::BackwardSums> Wait() override {
+        if (watch_) x_->at_wait_ = x_->Grad();
+        return local_;
+      }
+
+     private:
+      WatchingExchange* x_;
+      bool watch_;
+      bn::BackwardSums local_;
+    };
+    return std::make_unique<Pending>(this, layer == layer_, local);
+  }
+
+  std::vector<float> Grad() const {
+    std::vector<float> g(watched_->elements());
+    EXPECT_TRUE(
+        backend_->CopyToHost(watched_->grad.data(), g.size(), g.data()).ok());
+    return g;
+  }
+
+  Backend* backend_;
+  const Parameter* watched_;
+  std::string layer_;
+  std::vector<std::string> started_;
+  std::vector<float> at_start_, at_wait_;
+};
+
+// With the backward overlap, a block's first BN starts its exchange, the
+// block's second convolution computes its weight gradient meanwhile, and the
+// BN then waits; every gradient is what the plain pass computes, bit for bit.
+TEST(ModelTest, BackwardOverlapComputesTheNextWeightGradientDuringTheExchange) {
+  std::unique_ptr<Backend> backend = NewCpuBackend();
+  absl::StatusOr<std::unique_ptr<Model>> model =
+      Model::Create(Tiny(), backend.get());
+  ASSERT_TRUE(model.ok());
+  Model& m = **model;
+  const Parameter* conv2 = nullptr;
+  for (const Parameter* p : m.parameters()) {
+    if (p->name == "stage2.block0.conv2.w") conv2 = p;
+  }
+  ASSERT_NE(conv2, nullptr);
+  WatchingExchange sync(backend.get(), conv2, "stage2.block0.bn1");
+  m.SetBnExchange(&sync);
+  ASSERT_TRUE(m.SetParameters(Perturbed(m, 7)).ok());
+  const Batch batch = RandomBatch(Tiny(), 4, 8);
+  auto pass = [&]() -> HostTensors {
+    EXPECT_TRUE(m.Forward(batch.images.data(), batch.n).ok());
+    EXPECT_TRUE(m.Loss(batch.labels.data()).ok());
+    EXPECT_TRUE(m.Backward().ok());
+    absl::StatusOr<HostTensors> g = m.Gradients();
+    EXPECT_TRUE(g.ok());
+    return g.ok() ? *g : HostTensors();
+  };
+  const HostTensors plain = pass();
+  EXPECT_TRUE(sync.started_.empty());  // off by default
+
+  // Stale values first, so the test sees when the gradient is computed.
+  for (Parameter* p : m.parameters()) {
+    ASSERT_TRUE(backend->Zero(p->grad.data(), p->grad.size()).ok());
+  }
+  m.SetBackwardOverlap(true);
+  const HostTensors overlapped = pass();
+  EXPECT_EQ(sync.started_, (std::vector<std::string>{"stage2.block0.bn1",
+                                                     "stage1.block0.bn1"}));
+  EXPECT_EQ(sync.at_start_, std::vector<float>(conv2->elements(), 0.0f));
+  EXPECT_EQ(sync.at_wait_, plain.at(conv2->name).values);
+  ASSERT_EQ(overlapped.size(), plain.size());
+  for (const auto& [name, t] : plain) {
+    EXPECT_EQ(overlapped.at(name).values, t.values) << name;
   }
 }
 
