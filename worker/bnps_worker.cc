@@ -67,6 +67,10 @@ ABSL_FLAG(int64_t, epochs, 1, "Passes over the training data.");
 ABSL_FLAG(int64_t, max_steps, 0,
           "Stop after this many steps (0: run all epochs); the same on every "
           "worker.");
+ABSL_FLAG(int64_t, timing_warmup_steps, 0,
+          "Leave steps numbered below this out of the report's time split "
+          "(seconds: total, compute, bn_sync, grad_sync) and images/s; they "
+          "still train. For benchmarks (tools/bench/step_overhead.py).");
 ABSL_FLAG(uint64_t, seed, 1,
           "Seed of the initial parameters and the shuffle; the same on every "
           "worker.");
@@ -271,6 +275,8 @@ absl::Status Main() {
            {absl::GetFlag(FLAGS_batch_size) >= 1, "--batch_size must be >= 1"},
            {absl::GetFlag(FLAGS_epochs) >= 1, "--epochs must be >= 1"},
            {absl::GetFlag(FLAGS_max_steps) >= 0, "--max_steps must be >= 0"},
+           {absl::GetFlag(FLAGS_timing_warmup_steps) >= 0,
+            "--timing_warmup_steps must be >= 0"},
            {absl::GetFlag(FLAGS_train_examples) >= 0,
             "--train_examples must be >= 0"},
            {absl::GetFlag(FLAGS_test_examples) >= 0,
@@ -392,6 +398,7 @@ absl::Status Main() {
   options.batch_size = absl::GetFlag(FLAGS_batch_size);
   options.epochs = absl::GetFlag(FLAGS_epochs);
   options.max_steps = absl::GetFlag(FLAGS_max_steps);
+  options.timing_warmup_steps = absl::GetFlag(FLAGS_timing_warmup_steps);
   options.seed = absl::GetFlag(FLAGS_seed);
   options.train_examples = absl::GetFlag(FLAGS_train_examples);
   options.test_examples = absl::GetFlag(FLAGS_test_examples);
