@@ -15,8 +15,7 @@ BN round trip of ps_benchmark (bnps against the bare gRPC barrier "star" and
 the echo, C = 256, W = 2) measured in the same run.
 
 Usage:
-    bazel build -c opt //server:bnps_server //worker:bnps_worker \\
-        //tools/bench:ps_benchmark
+    python3 tools/bench/step_overhead.py --build --runs 3   # or, built:
     python3 tools/bench/step_overhead.py [--runs 3] [--workers 1,2]
         [--batches 8,32] [--steps 300] [--warmup 50] [--servers 1]
         [--policies local,sync,async,recal] [--data synthetic]
@@ -61,6 +60,86 @@ RATIO_HEADER = ["W", "batch", "policy", "min", "median", "max"]
 RT_HEADING = "## BN round trip beside it"
 RT_HEADER = ["C", "W", "bnps p50 us", "star p50 us", "echo p50 us",
              "bnps/star", "bnps/echo", "bnps/star min", "bnps/star max"]
+
+
+# For update_performance_md.py: the tables docs/performance.md takes from
+# this tool's output (its TABLES format), what they measure, how to read them.
+DOC_TABLES = [
+    {
+        "id": "step_overhead",
+        "title": "Step overhead: sync, async and recal against local",
+        "log": "step_overhead.txt",
+        "heading": STEP_HEADING,
+        "header": STEP_HEADER,
+        "keys": [0, 1, 2],
+        "rows": [(w, b, p) for w in ("1", "2") for b in ("8", "32")
+                 for p in POLICIES],
+        "numbers": [3, 4, 5, 6, 7],
+        "ratios": [],
+    },
+    {
+        "id": "step_ratio",
+        "log": "step_overhead.txt",
+        "heading": RATIO_HEADING,
+        "header": RATIO_HEADER,
+        "keys": [0, 1, 2],
+        "rows": [(w, b, p) for w in ("1", "2") for b in ("8", "32")
+                 for p in POLICIES],
+        "numbers": [3, 4, 5],
+        "ratios": [],
+    },
+    {
+        "id": "step_round_trip",
+        "log": "step_overhead.txt",
+        "heading": RT_HEADING,
+        "header": RT_HEADER,
+        "keys": [0, 1],
+        "rows": [("256", "2")],
+        "numbers": list(range(2, 9)),
+        "ratios": [],
+    },
+]
+
+DOC_WHAT = """\
+What a user pays per training step for each policy, against `local` BN
+(gradients still go through the servers; BN statistics stay on the worker)
+measured in the same run: `tools/bench/step_overhead.py` starts S = 1
+shard server and W worker processes (`bnps_server`, `bnps_worker`) for each
+policy in turn, each process pinned to a core of its own where the machine
+has enough (the last column says where they share), and each worker trains
+a warm-up that is left out, then the timed steps (synthetic 28x28 data, the
+default model, one model thread). Cells are milliseconds per step, the mean
+over the workers, split as the worker reports it: compute (data, forward,
+backward), BN sync (the blocking BN exchanges: 12 a step for this model)
+and grad sync (push, pull, clocks). The second table gives each ratio's
+spread over the runs; the third puts `ps_benchmark`'s BN round trip
+(C = 256, W = 2: bnps against the bare gRPC barrier and the echo) beside
+it, measured in each run."""
+
+DOC_READING = """\
+"ratio to local" is the policy's step time over local's in the same run
+(the median of the runs' ratios): the price of the policy. sync pays the BN
+exchanges on top of compute even at W = 1, where there is no peer to wait
+for, so its BN sync column is the latency of the round trip times the
+exchanges per step. async exchanges BN statistics without waiting for the
+slowest worker; recal exchanges none during training (its recalibration
+after training is not in the step). Where processes share cores, a worker
+waiting for a peer gives its core to a process that runs, so ratios can
+fall below 1 and the figures time the scheduler as much as bnps."""
+
+
+def doc_summary(tables):
+    """One paragraph of figures from the checked tables (id -> Table)."""
+    ratio = tables["step_ratio"]
+    parts = []
+    for row in ratio.rows:
+        if row[2] == "sync":
+            parts.append("W = {}, batch {}: {}".format(row[0], row[1], row[4]))
+    rt = tables["step_round_trip"].rows[0]
+    return ("In this run, sync / local (median over runs): {}. BN round "
+            "trip at C = {}, W = {}: bnps {} us against the bare gRPC barrier's "
+            "{} us (bnps/star {}).".format("; ".join(parts), rt[0], rt[1],
+                                           rt[2], rt[3], rt[5]))
 
 
 class Failure(Exception):
@@ -331,9 +410,10 @@ def parse_args(argv):
                    help="steps before the timed ones, left out")
     p.add_argument("--data", default="synthetic",
                    help="synthetic | fashion-mnist (the worker's --data)")
-    p.add_argument("--bin_dir", default=os.path.join(REPO, "bazel-bin"),
+    p.add_argument("--bin_dir",
                    help="where server/bnps_server, worker/bnps_worker and "
-                   "tools/bench/ps_benchmark are")
+                   "tools/bench/ps_benchmark are (default: Bazel's -c opt "
+                   "output, bazel-out/k8-opt/bin, else bazel-bin)")
     p.add_argument("--build", action="store_true",
                    help="bazel build -c opt the three binaries first")
     p.add_argument("--round_trip", choices=["on", "off"], default="on",
@@ -361,10 +441,25 @@ def main(argv):
         subprocess.check_call(
             ["bazel", "build", "-c", "opt", "//server:bnps_server",
              "//worker:bnps_worker", "//tools/bench:ps_benchmark"], cwd=REPO)
+        if not args.bin_dir:
+            args.bin_dir = subprocess.check_output(
+                ["bazel", "info", "-c", "opt", "bazel-bin"], cwd=REPO,
+                universal_newlines=True).strip()
+    if not args.bin_dir:
+        opt = os.path.join(REPO, "bazel-out", "k8-opt", "bin")
+        args.bin_dir = opt if os.path.isdir(opt) else os.path.join(
+            REPO, "bazel-bin")
     results = {}
     shared = {}
     rts = []
     tmp = tempfile.mkdtemp(prefix="bnps_step_overhead_")
+    for name in ("server/bnps_server", "worker/bnps_worker") + (
+            ("tools/bench/ps_benchmark",) if args.round_trip == "on" else ()):
+        if not os.access(os.path.join(args.bin_dir, name), os.X_OK):
+            print("step_overhead: no {} under {} (build it: --build, or "
+                  "--round_trip=off without ps_benchmark)".format(
+                      name, args.bin_dir), file=sys.stderr)
+            return 1
     try:
         for run in range(args.runs):
             for W in args.workers:
