@@ -19,7 +19,8 @@ Usage:
     python3 tools/bench/step_overhead.py [--runs 3] [--workers 1,2]
         [--batches 8,32] [--steps 300] [--warmup 50] [--servers 1]
         [--policies local,sync,async,recal] [--data synthetic]
-        [--bin_dir bazel-bin] [--round_trip on|off] [--build]
+        [--bin_dir DIR] [--round_trip on|off] [--build]
+        [--worker_flag=--bn_spin_us=0 ...]
 
 Output (Markdown, parsed by update_performance_md.py):
   ## Step time against local   one row per (W, batch, policy): ms per step
@@ -238,7 +239,8 @@ def measure_policy(args, policy, workers, batch, out_dir):
                    "--max_steps={}".format(args.warmup + args.steps),
                    "--timing_warmup_steps={}".format(args.warmup),
                    "--epochs=1000000", "--data=" + args.data, "--threads=1",
-                   "--eval=none", "--progress=none", "--report=" + report]
+                   "--eval=none", "--progress=none", "--report=" + report
+                   ] + args.worker_flag
             with open(log, "w") as f:
                 p = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT,
                                      preexec_fn=pinned(w_cores[w]))
@@ -422,6 +424,9 @@ def parse_args(argv):
     p.add_argument("--rt_workers", type=int, default=2)
     p.add_argument("--quick_round_trip", action="store_true",
                    help="ps_benchmark --quick (for tests)")
+    p.add_argument("--worker_flag", action="append", default=[],
+                   help="passed to every worker as is (repeatable), e.g. "
+                   "--worker_flag=--bn_spin_us=0")
     p.add_argument("--timeout_s", type=float, default=600,
                    help="per policy and (W, batch)")
     args = p.parse_args(argv)
