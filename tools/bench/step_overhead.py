@@ -276,12 +276,19 @@ def measure_policy(args, policy, workers, batch, out_dir):
     return sums, shared
 
 
+def rt_spin_us(args):
+    """bnps_worker's --bn_spin_us=-1 rule for the round trip's processes
+    (W workers of one thread, one server), so it polls as the step would."""
+    return 100 if (os.cpu_count() or 1) >= args.rt_workers + 1 else 0
+
+
 def measure_round_trip(args):
     """(bnps, star, echo) p50 microseconds from one ps_benchmark run."""
     cmd = [os.path.join(args.bin_dir, "tools", "bench", "ps_benchmark"),
            "--tables=bn", "--systems=bnps,star,echo",
            "--channels={}".format(args.rt_channels),
-           "--workers={}".format(args.rt_workers), "--rounds=1"]
+           "--workers={}".format(args.rt_workers), "--rounds=1",
+           "--bn_spin_us={}".format(rt_spin_us(args))]
     if args.quick_round_trip:
         cmd.append("--quick")
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -321,8 +328,13 @@ def report(args, results, shared, rts, out):
     w("settings: S = {} shard server(s); {} timed steps after {} warm-up "
       "steps per worker; --data={}, model depth 1 width 16, 1 model thread; "
       "{} run(s), the policies of a (W, batch) back to back in each; "
-      "processes pinned one to a core (sched_setaffinity)\n\n".format(
-          args.servers, args.steps, args.warmup, args.data, args.runs))
+      "each process pinned to a core (sched_setaffinity; round-robin where "
+      "there are too few, see 'cores'); worker flags: "
+      "{}; round trip: bnps workers poll {} us before blocking (the "
+      "workers' --bn_spin_us=-1 rule)\n\n".format(
+          args.servers, args.steps, args.warmup, args.data, args.runs,
+          " ".join(args.worker_flag) or "defaults (--bn_spin_us=-1: poll "
+          "100 us where every process has a core)", rt_spin_us(args)))
     w(STEP_HEADING + " (ms per step, mean over workers; median over runs)\n\n")
     w("| " + " | ".join(STEP_HEADER) + " |\n")
     w("|---:|---:|:---|---:|---:|---:|---:|---:|:---|\n")
