@@ -449,9 +449,13 @@ absl::Status Main() {
   printer->Finish();
   if (!report.ok()) return report.status();
   std::printf(
-      "done: %lld steps, loss %.4f -> %.4f, %.0f img/s; time %.1fs: compute "
+      "done: %lld steps%s, loss %.4f -> %.4f, %.0f img/s; time %.1fs: compute "
       "%.1fs, BN sync %.1fs, gradient sync %.1fs\n",
-      static_cast<long long>(report->steps), report->train_loss_first,
+      static_cast<long long>(report->steps),
+      report->timed_steps == report->steps
+          ? ""
+          : absl::StrCat(" (", report->timed_steps, " timed)").c_str(),
+      report->train_loss_first,
       report->train_loss_last, report->images_per_second, report->seconds_total,
       report->seconds_compute, report->seconds_bn_sync,
       report->seconds_grad_sync);

@@ -65,7 +65,9 @@ gpr_timespec ToGprTime(absl::Time t) {
 // done, starts Finish once the read fails and, when the stream has ended, fails
 // every waiting call. In training one thread makes BN calls one after another,
 // so a caller nearly always polls for itself and reads its own answer without
-// waking any other thread.
+// waking any other thread. With a spin (GrpcClientOptions::bn_spin) the poller
+// first polls without blocking until the spin ends, then blocks: an answer
+// that comes within the spin is taken without the thread having slept.
 //
 // Callers write one at a time (`writing_`; gRPC allows one write and one read
 // in flight). Once the stream has ended, or a write failed, it is `broken` and
