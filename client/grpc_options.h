@@ -81,6 +81,13 @@ struct GrpcClientOptions {
   // metrics. May be called from several threads at once.
   // Default: none.
   std::function<void(absl::StatusCode)> on_retry;
+  // How long a BN call polls for its answer without sleeping before it
+  // blocks (once per event it waits for). Spinning saves the wake-up of a
+  // blocked thread (tens of microseconds a round trip) and keeps the core
+  // busy meanwhile: worth it only where the worker has a core to itself
+  // (bnps_worker --bn_spin_us decides). Must be >= 0.
+  // Default: 0 (block at once).
+  absl::Duration bn_spin = absl::ZeroDuration();
 };
 
 // Counters of GrpcPsClient's background heartbeat.

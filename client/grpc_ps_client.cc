@@ -75,6 +75,11 @@ absl::Status ValidateOptions(const GrpcClientOptions& options) {
     return absl::InvalidArgumentError(
         "GrpcClientOptions.heartbeat_interval must be finite and positive");
   }
+  if (options.bn_spin < absl::ZeroDuration() ||
+      options.bn_spin > absl::Seconds(1)) {
+    return absl::InvalidArgumentError(
+        "GrpcClientOptions.bn_spin must be in [0, 1 s]");
+  }
   if (!options.token.empty()) {
     if (absl::Status s = security::ValidateToken(options.token); !s.ok()) {
       return absl::InvalidArgumentError(

@@ -596,6 +596,10 @@ TEST_F(GrpcPsClientTest, ConnectRejectsBadOptions) {
   options.push_part_bytes = -1;
   EXPECT_EQ(GrpcPsClient::Connect(options).status().code(),
             absl::StatusCode::kInvalidArgument);
+  options = Options();
+  options.bn_spin = absl::Microseconds(-1);
+  EXPECT_EQ(GrpcPsClient::Connect(options).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(GrpcPsClientTest, ConnectRejectsWorkerCountMismatch) {
@@ -1233,6 +1237,56 @@ TEST_F(GrpcPsClientTest, BnStreamRefusedByServerIsNotRetried) {
   EXPECT_EQ(fwd.status().code(), absl::StatusCode::kPermissionDenied)
       << fwd.status();
   EXPECT_EQ(fakes_[0]->bn_streams(), 1);
+}
+
+TEST_F(GrpcPsClientTest, SpinningBnCallersGetTheirOwnResponses) {
+  // Callers that poll before they block (bn_spin) still hand each answer to
+  // its own caller, whoever holds the poller token.
+  fakes_[0]->set_bn_mode(BnMode::kReverseBatches, 3);
+  GrpcClientOptions options = Options();
+  options.bn_spin = absl::Microseconds(200);
+  std::unique_ptr<GrpcPsClient> client = Connect(options);
+  ASSERT_NE(client, nullptr);
+  constexpr int kThreads = 3;
+  constexpr int kRounds = 20;
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      const std::string layer = KeyOnShard(0, "bn", t);
+      for (int round = 0; round < kRounds; ++round) {
+        const double mark = t * 1000 + round;
+        absl::StatusOr<BnForwardResult> fwd = client->BnForward(
+            layer, round, MakeMoments(t + 1, {mark}, {1.0}));
+        if (!fwd.ok() || fwd->merged.mean != std::vector<double>{mark + 1}) {
+          ADD_FAILURE() << "thread " << t << " round " << round << ": "
+                        << (fwd.ok() ? "wrong response"
+                                     : fwd.status().ToString());
+          ++failures;
+          return;
+        }
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_EQ(fakes_[0]->bn_requests().size(), 1u * kThreads * kRounds);
+}
+
+TEST_F(GrpcPsClientTest, BnSpinLongerThanTheDeadlineStillTimesOut) {
+  const std::string layer = KeyOnShard(0, "bn");
+  fakes_[0]->set_bn_mode(BnMode::kHold);
+  GrpcClientOptions options = Options();
+  options.rpc_timeout = absl::Milliseconds(300);
+  options.bn_spin = absl::Seconds(1);
+  std::unique_ptr<GrpcPsClient> client = Connect(options);
+  ASSERT_NE(client, nullptr);
+  const absl::Time start = absl::Now();
+  absl::StatusOr<BnForwardResult> fwd =
+      client->BnForward(layer, 0, MakeMoments(2, {1}, {1}));
+  EXPECT_EQ(fwd.status().code(), absl::StatusCode::kDeadlineExceeded)
+      << fwd.status();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2));
 }
 
 TEST_F(GrpcPsClientTest, BnCallTimesOutWhenNoResponseComes) {

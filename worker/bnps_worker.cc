@@ -15,6 +15,7 @@
 #include <fstream>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -73,6 +74,10 @@ ABSL_FLAG(int64_t, epochs, 1, "Passes over the training data.");
 ABSL_FLAG(int64_t, max_steps, 0,
           "Stop after this many steps (0: run all epochs); the same on every "
           "worker.");
+ABSL_FLAG(int64_t, timing_warmup_steps, 0,
+          "Leave steps numbered below this out of the report's time split "
+          "(seconds: total, compute, bn_sync, grad_sync) and images/s; they "
+          "still train. For benchmarks (tools/bench/step_overhead.py).");
 ABSL_FLAG(uint64_t, seed, 1,
           "Seed of the initial parameters and the shuffle; the same on every "
           "worker.");
@@ -153,6 +158,14 @@ ABSL_FLAG(double, connect_timeout_s, 30,
           "address.");
 ABSL_FLAG(double, rpc_timeout_s, 60,
           "Deadline of every call to the servers once connected, in seconds.");
+ABSL_FLAG(int, bn_spin_us, -1,
+          "How long a BN exchange polls for its answer before it sleeps, in "
+          "microseconds: saves the wake-up (tens of microseconds an exchange) "
+          "but keeps a core busy meanwhile. -1: 100 when this machine has a "
+          "core for every model thread of every worker and every server of "
+          "the job (num_workers * threads * replicas + servers), as if all ran "
+          "here; "
+          "else 0.");
 
 namespace bnps::worker {
 namespace {
@@ -318,9 +331,14 @@ absl::Status Main() {
            {absl::GetFlag(FLAGS_replicas) >= 1 &&
                 absl::GetFlag(FLAGS_replicas) <= 64,
             "--replicas must be in [1, 64]"},
+           {absl::GetFlag(FLAGS_bn_spin_us) >= -1 &&
+                absl::GetFlag(FLAGS_bn_spin_us) <= 1000000,
+            "--bn_spin_us must be in [-1, 1000000]"},
            {absl::GetFlag(FLAGS_batch_size) >= 1, "--batch_size must be >= 1"},
            {absl::GetFlag(FLAGS_epochs) >= 1, "--epochs must be >= 1"},
            {absl::GetFlag(FLAGS_max_steps) >= 0, "--max_steps must be >= 0"},
+           {absl::GetFlag(FLAGS_timing_warmup_steps) >= 0,
+            "--timing_warmup_steps must be >= 0"},
            {absl::GetFlag(FLAGS_train_examples) >= 0,
             "--train_examples must be >= 0"},
            {absl::GetFlag(FLAGS_test_examples) >= 0,
@@ -426,6 +444,14 @@ absl::Status Main() {
   client_options.connect_timeout = absl::Seconds(connect_timeout);
   client_options.rpc_timeout = absl::Seconds(rpc_timeout);
   client_options.push_part_bytes = absl::GetFlag(FLAGS_push_part_bytes);
+  int spin_us = absl::GetFlag(FLAGS_bn_spin_us);
+  if (spin_us < 0) {
+    const int64_t job_cores = static_cast<int64_t>(num_workers) * threads *
+                                  absl::GetFlag(FLAGS_replicas) +
+                              static_cast<int64_t>(servers.size());
+    spin_us = std::thread::hardware_concurrency() >= job_cores ? 100 : 0;
+  }
+  client_options.bn_spin = absl::Microseconds(spin_us);
   // Checked before the worker joins: a launch with flags that do not fit the
   // job stops here and leaves the servers as they were.
   client_options.check_config = CheckAgainstServers;
@@ -472,6 +498,7 @@ absl::Status Main() {
   options.batch_size = absl::GetFlag(FLAGS_batch_size);
   options.epochs = absl::GetFlag(FLAGS_epochs);
   options.max_steps = absl::GetFlag(FLAGS_max_steps);
+  options.timing_warmup_steps = absl::GetFlag(FLAGS_timing_warmup_steps);
   options.seed = absl::GetFlag(FLAGS_seed);
   options.overlap = absl::GetFlag(FLAGS_overlap);
   options.overlap_bn = absl::GetFlag(FLAGS_overlap_bn);
@@ -512,9 +539,13 @@ absl::Status Main() {
   printer->Finish();
   if (!report.ok()) return report.status();
   std::printf(
-      "done: %lld steps, loss %.4f -> %.4f, %.0f img/s; time %.1fs: compute "
+      "done: %lld steps%s, loss %.4f -> %.4f, %.0f img/s; time %.1fs: compute "
       "%.1fs, BN sync %.1fs, gradient sync %.1fs\n",
-      static_cast<long long>(report->steps), report->train_loss_first,
+      static_cast<long long>(report->steps),
+      report->timed_steps == report->steps
+          ? ""
+          : absl::StrCat(" (", report->timed_steps, " timed)").c_str(),
+      report->train_loss_first,
       report->train_loss_last, report->images_per_second, report->seconds_total,
       report->seconds_compute, report->seconds_bn_sync,
       report->seconds_grad_sync);

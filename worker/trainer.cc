@@ -77,7 +77,8 @@ std::string ReportJson(const TrainReport& r) {
       Num(r.seconds_total), ", \"compute\": ", Num(r.seconds_compute),
       ", \"bn_sync\": ", Num(r.seconds_bn_sync),
       ", \"grad_sync\": ", Num(r.seconds_grad_sync),
-      ", \"finish\": ", Num(r.seconds_finish), "}, \"history\": [");
+      ", \"finish\": ", Num(r.seconds_finish),
+      "}, \"timed_steps\": ", r.timed_steps, ", \"history\": [");
   for (size_t i = 0; i < r.history.size(); ++i) {
     const HistoryPoint& h = r.history[i];
     absl::StrAppend(&s, i ? ", " : "", "{\"step\": ", h.step,
@@ -282,9 +283,13 @@ absl::StatusOr<TrainReport> Trainer::Run() {
     report.max_staleness = std::max(report.max_staleness, staleness);
     const absl::Time step_end = absl::Now();
     const double step_seconds = absl::ToDoubleSeconds(step_end - step_start);
-    report.seconds_total += step_seconds;
-    report.seconds_bn_sync += absl::ToDoubleSeconds(f.bn_time);
-    report.seconds_grad_sync += absl::ToDoubleSeconds(f.grad_time);
+    if (step >= options_.timing_warmup_steps) {
+      report.seconds_total += step_seconds;
+      report.seconds_bn_sync += absl::ToDoubleSeconds(f.bn_time);
+      report.seconds_grad_sync += absl::ToDoubleSeconds(f.grad_time);
+      report.timed_examples += batch.n;
+      ++report.timed_steps;
+    }
     if (options_.metrics != nullptr) {
       options_.metrics->StepDone(
           std::max(absl::ZeroDuration(),
@@ -343,8 +348,9 @@ absl::StatusOr<TrainReport> Trainer::Run() {
   report.epochs = per_epoch > 0 ? (step + per_epoch - 1) / per_epoch : 0;
   report.seconds_compute = std::max(
       0.0, report.seconds_total - report.seconds_bn_sync - report.seconds_grad_sync);
-  report.images_per_second =
-      report.seconds_total > 0 ? report.examples / report.seconds_total : 0;
+  report.images_per_second = report.seconds_total > 0
+                                 ? report.timed_examples / report.seconds_total
+                                 : 0;
   if (!report.history.empty()) {
     report.train_loss_first = report.history.front().loss;
     report.train_loss_last = report.history.back().loss;

@@ -98,6 +98,10 @@ struct TrainerOptions {
   // Stop after this many steps in all (0: run every epoch); for tests and
   // short runs. Must be the same on every worker. Default: 0.
   int64_t max_steps = 0;
+  // Steps numbered below this are left out of the report's seconds_* split
+  // and images_per_second (a warm-up: first touches of the model,
+  // connections, caches); they still train. Default: 0.
+  int64_t timing_warmup_steps = 0;
   // Seed of the initial parameters and of the shuffle; the same on every
   // worker. Default: 1.
   uint64_t seed = 1;
@@ -193,6 +197,10 @@ struct TrainReport {
   double seconds_bn_sync = 0;
   double seconds_grad_sync = 0;
   double seconds_finish = 0;  // running-stats settlement and recalibration
+  // Steps the seconds_* split covers: steps less the options'
+  // timing_warmup_steps (all of them when the run was shorter).
+  int64_t timed_steps = 0;
+  int64_t timed_examples = 0;  // trained on in those steps
   std::vector<HistoryPoint> history;
   std::vector<EvalPoint> evals;
 };

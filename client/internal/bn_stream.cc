@@ -65,7 +65,9 @@ gpr_timespec ToGprTime(absl::Time t) {
 // done, starts Finish once the read fails and, when the stream has ended, fails
 // every waiting call. In training one thread makes BN calls one after another,
 // so a caller nearly always polls for itself and reads its own answer without
-// waking any other thread.
+// waking any other thread. With a spin (GrpcClientOptions::bn_spin) the poller
+// first polls without blocking until the spin ends, then blocks: an answer
+// that comes within the spin is taken without the thread having slept.
 //
 // Callers write one at a time (`writing_`; gRPC allows one write and one read
 // in flight). Once the stream has ended, or a write failed, it is `broken` and
@@ -81,8 +83,8 @@ class BnStream {
   };
 
   BnStream(const std::shared_ptr<grpc::Channel>& channel,
-           const std::string& token, int64_t generation)
-      : generation_(generation) {
+           const std::string& token, int64_t generation, absl::Duration spin)
+      : generation_(generation), spin_(spin) {
     context_.AddMetadata(proto::kGenerationMetadataKey,
                          absl::StrCat(generation));
     if (!token.empty()) {
@@ -295,7 +297,16 @@ class BnStream {
       polling_ = true;
       mu_.Unlock();
       Event event;
-      const bool got = Poll(deadline, &event);
+      bool got = false;
+      if (spin_ > absl::ZeroDuration()) {
+        // Non-blocking polls (each still reads the socket) until the spin
+        // ends, then a blocking one.
+        const absl::Time spin_end = std::min(absl::Now() + spin_, deadline);
+        do {
+          got = Poll(absl::InfinitePast(), &event);
+        } while (!got && absl::Now() < spin_end);
+      }
+      if (!got) got = Poll(deadline, &event);
       mu_.Lock();
       polling_ = false;
       if (got) {
@@ -438,6 +449,7 @@ class BnStream {
   }
 
   const int64_t generation_;  // sent when the stream was opened
+  const absl::Duration spin_;  // GrpcClientOptions::bn_spin
   // Outlives the call, which posts its events here.
   grpc::CompletionQueue cq_;
   // Declared before stream_, which refers to it and must be destroyed first.
@@ -478,7 +490,8 @@ std::shared_ptr<BnStream> BnCalls::GetStream(int shard) {
     old = std::move(slot);
     slot = std::make_shared<BnStream>(channels_->shard(shard).channel,
                                      channels_->options().token,
-                                     channels_->generation());
+                                     channels_->generation(),
+                                     channels_->options().bn_spin);
   }
   return slot;
 }

@@ -24,8 +24,10 @@ client::GrpcClientOptions ClientOptions(std::vector<std::string> servers,
 
 absl::StatusOr<std::vector<double>> BnpsWorker(const Job& job,
                                                RowControl* control) {
-  auto client = client::GrpcPsClient::Connect(ClientOptions(
-      {absl::StrCat("127.0.0.1:", job.port)}, job.rank, job.workers));
+  client::GrpcClientOptions options = ClientOptions(
+      {absl::StrCat("127.0.0.1:", job.port)}, job.rank, job.workers);
+  options.bn_spin = absl::Nanoseconds(job.bn_spin_ns);
+  auto client = client::GrpcPsClient::Connect(std::move(options));
   if (!client.ok()) {
     control->stop.store(true);
     return client.status();

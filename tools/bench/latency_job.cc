@@ -15,6 +15,7 @@ Job RowJob(Peer peer, int channels, int workers, const Settings& s) {
   job.reps = s.reps;
   job.min_reps = s.min_reps;
   job.row_time_ns = absl::ToInt64Nanoseconds(s.row_time);
+  job.bn_spin_ns = absl::ToInt64Nanoseconds(s.bn_spin);
   job.deadline_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
                         (Clock::now() + absl::ToChronoNanoseconds(s.row_budget))
                             .time_since_epoch())

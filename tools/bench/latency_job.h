@@ -37,6 +37,7 @@ struct Job {
   int port = 0;             // bnps, echo, star: their server on 127.0.0.1
   int64_t deadline_ns = 0;  // steady clock: no call starts after it
   char dir[64] = {};        // gloo: the rendezvous directory
+  int64_t bn_spin_ns = 0;   // bnps: the client's bn_spin
 };
 
 // What a row's worker processes share (memory mapped before the fork).

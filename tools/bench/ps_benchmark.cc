@@ -49,7 +49,7 @@
 //      [--row_seconds=0.5] [--quick]
 //      [--tables=bn,grad] [--systems=bnps,gloo,echo,star]
 //      [--channels=64,256,1024]
-//      [--workers=1,2,4,8]
+//      [--workers=1,2,4,8] [--bn_spin_us=0]
 
 #include <algorithm>
 #include <cstdio>
@@ -99,6 +99,9 @@ ABSL_FLAG(bool, metrics_ab, false,
           "BN latency: also measure every bnps row with the server's metrics "
           "off, and print a table of the round trip with metrics on and off "
           "(implies bnps in --systems)");
+ABSL_FLAG(int, bn_spin_us, 0,
+          "BN latency: how long each bnps worker polls for its answer before "
+          "it blocks (GrpcClientOptions::bn_spin)");
 ABSL_FLAG(std::vector<std::string>, channels,
           std::vector<std::string>({"64", "256", "1024"}),
           "BN latency: the layer widths C, one row group each");
@@ -164,6 +167,8 @@ int Main() {
     *on = true;
   }
   s.metrics_ab = absl::GetFlag(FLAGS_metrics_ab);
+  s.bn_spin = absl::Microseconds(std::clamp(absl::GetFlag(FLAGS_bn_spin_us), 0,
+                                            1000000));
   if (s.metrics_ab) s.bnps = true;
   s.reps = std::max(1, absl::GetFlag(FLAGS_reps));
   s.min_reps = std::clamp(absl::GetFlag(FLAGS_min_reps), 1, s.reps);

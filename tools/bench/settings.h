@@ -29,6 +29,8 @@ struct Settings {
   // Also measure every bnps row with the server's metrics off, beside the
   // usual one (metrics on), alternating which goes first (--metrics_ab).
   bool metrics_ab = false;
+  // bnps workers' GrpcClientOptions::bn_spin (--bn_spin_us).
+  absl::Duration bn_spin = absl::ZeroDuration();
   // By MB: about 2 s of each system per row. With a quarter of these (and
   // cells the median of so few reps) a row's ratio moved by 0.3 between runs.
   std::map<int, int> push_pull_reps = {{1, 160}, {16, 60}, {64, 36}};

@@ -33,11 +33,19 @@ import sys
 import tempfile
 import time
 
+# step_overhead.py (beside this file) runs the servers and workers and says
+# which of its tables the document takes; found when imported from a Bazel
+# runfiles tree too.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import step_overhead  # noqa: E402  (needs the path above)
+
 REGENERATE = "python3 tools/bench/update_performance_md.py"
 TARGETS = [
     "//tools/bench:ps_benchmark",
     "//bn:bn_benchmark",
     "//server:optimizer_benchmark",
+    "//server:bnps_server",
+    "//worker:bnps_worker",
 ]
 BUILD_COMMAND = ["bazel", "build", "-c", "opt"] + TARGETS
 
@@ -67,6 +75,16 @@ BENCHMARKS = [
         "args": [],
         "quick_args": ["--reps=3"],
         "timeout": 600,
+    },
+    {
+        # A script, not a binary: run with this python and --bin_dir.
+        "log": "step_overhead.txt",
+        "env": {},
+        "script": "tools/bench/step_overhead.py",
+        "args": ["--runs", "3"],
+        "quick_args": ["--steps", "30", "--warmup", "5",
+                       "--quick_round_trip"],
+        "timeout": 1800,
     },
 ]
 MACHINE_LOG = "machine.txt"
@@ -141,6 +159,8 @@ TABLES = [
         "numbers": [1, 2, 3, 4, 5],
         "ratios": [],
     },
+    # Its section also shows the tool's other tables ("extra").
+    dict(step_overhead.DOC_TABLES[0], extra=step_overhead.DOC_TABLES[1:]),
 ]
 
 INTRO = """\
@@ -160,6 +180,9 @@ the figure to read is the ratio between them:
   memcpy moving as many bytes.
 - **Optimizer step** (`optimizer_benchmark`): the server's SGD step against a
   memcpy moving as many bytes.
+- **Step overhead** (`step_overhead.py`): the training step of each policy
+  with real servers and workers, against local BN in the same run, beside
+  the BN round trip.
 
 Everything runs on 127.0.0.1; there is no network between the processes.
 """
@@ -199,6 +222,7 @@ bulk-synchronous job, which applies SGD with momentum and weight decay at
 once and moves 20 bytes per element (gradient, weights and momentum read;
 weights and momentum written). It runs on every core, against a memcpy of as
 many bytes split over the cores the same way, timed in the same run.""",
+    "step_overhead": step_overhead.DOC_WHAT,
 }
 
 # How to read each table: the template, then figures from the table.
@@ -233,6 +257,7 @@ destination line first, which the step, writing lines it has just read,
 does not, so the ratio leans toward the step and can exceed 1. The shortest
 steps (the smaller sizes) are the most exposed to a shared machine's
 noise.""",
+    "step_overhead": step_overhead.DOC_READING,
 }
 
 # For each table, the ratio columns summarized under it.
@@ -369,6 +394,8 @@ def summary(spec, table, cpus):
     """Figures from the table: the spread of each ratio column (for the BN
     table by W, as a table), and for the BN table a note on the rows with
     more processes than this machine has CPUs."""
+    if spec["id"] == "step_overhead":
+        return step_overhead.doc_summary(table.extra)
     names = SUMMARY_COLUMNS[spec["id"]]
     columns = [table.header.index(name) for name in names]
     if spec["id"] != "bn_sync":
@@ -494,14 +521,19 @@ def commands(quick):
         env = "".join("{}={} ".format(k, v)
                       for k, v in sorted(b["env"].items()))
         args = b["args"] + (b["quick_args"] if quick else [])
-        lines.append((env + "bazel-bin/" + b["binary"] + " " +
-                      " ".join(args)).rstrip())
+        program = ("python3 " + b["script"] if "script" in b
+                   else "bazel-bin/" + b["binary"])
+        lines.append((env + program + " " + " ".join(args)).rstrip())
     return lines
 
 
 def render(logs, machine, quick):
     """The document from the logs (log name -> text); raises Failure."""
     checked = [(spec, find_table(spec, logs[spec["log"]])) for spec in TABLES]
+    for spec, table in checked:
+        table.extra = {e["id"]: find_table(e, logs[e["log"]])
+                       for e in spec.get("extra", [])}
+        table.extra[spec["id"]] = table
     out = ["# Performance", "", INTRO]
     out += ["To regenerate this file:", "", "```sh", REGENERATE, "```", "",
             "It builds the benchmarks with Bazel and runs them one after "
@@ -523,10 +555,18 @@ def render(logs, machine, quick):
                 out += ["`ps_benchmark`'s settings (both of its tables): " +
                         settings + ".", ""]
             settings_shown = True
+        elif spec["log"] == "step_overhead.txt":
+            settings = settings_line(logs[spec["log"]])
+            if settings:
+                out += ["`step_overhead`'s settings: " + settings + ".", ""]
         if spec["heading"]:
             caption = table.heading[3:].strip()
             out += ["`{}`: {}".format(spec["log"][:-4], caption), ""]
         out += table.lines + [""]
+        for e in spec.get("extra", []):
+            out += ["`{}`: {}".format(e["log"][:-4],
+                                      table.extra[e["id"]].heading[3:].strip()),
+                    ""] + table.extra[e["id"]].lines + [""]
         notes = [n for n in table.notes if n.startswith("*") or
                  n.startswith("[")]
         if notes:
@@ -563,8 +603,12 @@ def measure(root, logs_dir, quick):
     bazel_bin = run(["bazel", "info", "-c", "opt", "bazel-bin"], root).strip()
     for b in BENCHMARKS:
         args = b["args"] + (b["quick_args"] if quick else [])
-        out = run([os.path.join(bazel_bin, b["binary"])] + args, root,
-                  env=b["env"], timeout=b["timeout"])
+        if "script" in b:
+            cmd = [sys.executable, os.path.join(root, b["script"]),
+                   "--bin_dir", bazel_bin]
+        else:
+            cmd = [os.path.join(bazel_bin, b["binary"])]
+        out = run(cmd + args, root, env=b["env"], timeout=b["timeout"])
         with open(os.path.join(logs_dir, b["log"]), "w") as f:
             f.write(out)
     machine.append(("Time taken", "{:.1f} min, build included".format(
@@ -602,7 +646,8 @@ def main(argv):
     parser.add_argument(
         "--from_logs", metavar="DIR",
         help="render the logs in DIR (ps_benchmark.txt, bn_benchmark.txt, "
-        "optimizer_benchmark.txt and, if there, machine.txt) instead of "
+        "optimizer_benchmark.txt, step_overhead.txt and, if there, "
+        "machine.txt) instead of "
         "building and running the benchmarks")
     parser.add_argument(
         "--save_logs", metavar="DIR",

@@ -64,7 +64,7 @@ class UpdatePerformanceMdTest(unittest.TestCase):
         self.assertIn("- Kernel: Linux", doc)
         self.assertIn("- Date: ", doc)
         sections = re.findall(r"^## (.*)$", doc, re.M)
-        self.assertEqual(len(sections), 5, sections)  # Machine + 4 tables
+        self.assertEqual(len(sections), 6, sections)  # Machine + 5 tables
         # Every row of every table, in order.
         for c in ("64", "256", "1024"):
             for w in ("1", "2", "4", "8"):
@@ -79,7 +79,14 @@ class UpdatePerformanceMdTest(unittest.TestCase):
         self.assertNotIn("fail[", doc)
         # The readings and the figures computed from the tables.
         self.assertIn("below 1", doc)
-        self.assertEqual(doc.count("In this run"), 4)
+        self.assertEqual(doc.count("In this run"), 5)
+        for w in ("1", "2"):
+            for b in ("8", "32"):
+                for p in ("local", "sync", "async", "recal"):
+                    self.assertRegex(doc, r"(?m)^\| {} \| {} \| {} \| \d"
+                                     .format(w, b, p))
+        self.assertRegex(doc, r"(?m)^\| 256 \| 2 \| \d+\.\d \| ")
+        self.assertIn("python3 tools/bench/step_overhead.py --runs 3", doc)
         self.assertRegex(doc, r"(?m)^\| 2 \| 0\.34 to 0\.64 \(median 0\.41\)")
         self.assertIn("This machine has 2 logical CPUs", doc)
         self.assertNotIn("--quick", doc)
@@ -113,6 +120,12 @@ class UpdatePerformanceMdTest(unittest.TestCase):
     def test_empty_log_fails(self):
         self.edit("bn_benchmark.txt", lambda t: "")
         self.assert_fails("bn_kernels in bn_benchmark.txt: no table")
+
+    def test_missing_step_overhead_table_fails(self):
+        self.edit("step_overhead.txt",
+                  lambda t: t.split("## BN round trip")[0])
+        self.assert_fails("step_round_trip in step_overhead.txt: no table "
+                          "under '## BN round trip beside it'")
 
     def test_missing_log_fails(self):
         os.remove(os.path.join(self.logs, "bn_benchmark.txt"))
