@@ -164,8 +164,7 @@ ABSL_FLAG(int, bn_spin_us, -1,
           "but keeps a core busy meanwhile. -1: 100 when this machine has a "
           "core for every model thread of every worker and every server of "
           "the job (num_workers * threads * replicas + servers), as if all ran "
-          "here; "
-          "else 0.");
+          "here; else 0.");
 
 namespace bnps::worker {
 namespace {

@@ -18,7 +18,8 @@ Usage:
     python3 tools/bench/step_overhead.py --build --runs 3   # or, built:
     python3 tools/bench/step_overhead.py [--runs 3] [--workers 1,2]
         [--batches 8,32] [--steps 300] [--warmup 50] [--servers 1]
-        [--policies local,sync,async,recal] [--data synthetic]
+        [--policies local,sync,async,recal,sync-colocated]
+        [--data synthetic]
         [--bin_dir DIR] [--round_trip on|off] [--build]
         [--worker_flag=--bn_spin_us=0 ...]
 
@@ -51,6 +52,10 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
 POLICIES = ["local", "sync", "async", "recal"]
+# Co-located aggregation: the W workers' batches in ONE bnps_worker process
+# with --replicas=W (one thread each, pinned to the W workers' cores), the BN
+# statistics combined in the process and sent once. Only for W >= 2.
+COLOCATED = "sync-colocated"
 LISTENING = re.compile(r"listening on ([0-9.]+):(\d+)")
 
 STEP_HEADING = "## Step time against local"
@@ -74,7 +79,8 @@ DOC_TABLES = [
         "header": STEP_HEADER,
         "keys": [0, 1, 2],
         "rows": [(w, b, p) for w in ("1", "2") for b in ("8", "32")
-                 for p in POLICIES],
+                 for p in POLICIES] + [("2", b, COLOCATED)
+                                       for b in ("8", "32")],
         "numbers": [3, 4, 5, 6, 7],
         "ratios": [],
     },
@@ -85,7 +91,8 @@ DOC_TABLES = [
         "header": RATIO_HEADER,
         "keys": [0, 1, 2],
         "rows": [(w, b, p) for w in ("1", "2") for b in ("8", "32")
-                 for p in POLICIES],
+                 for p in POLICIES] + [("2", b, COLOCATED)
+                                       for b in ("8", "32")],
         "numbers": [3, 4, 5],
         "ratios": [],
     },
@@ -126,7 +133,12 @@ exchanges per step. async exchanges BN statistics without waiting for the
 slowest worker; recal exchanges none during training (its recalibration
 after training is not in the step). Where processes share cores, a worker
 waiting for a peer gives its core to a process that runs, so ratios can
-fall below 1 and the figures time the scheduler as much as bnps."""
+fall below 1 and the figures time the scheduler as much as bnps.
+`sync-colocated` (W >= 2) is sync with the W workers' batches in one
+`bnps_worker --replicas=W` process (one thread per replica, on the same
+cores): the replicas combine their BN statistics and gradients in the
+process and cross to the server once per layer, so each barrier waits for
+one contribution instead of W (docs/worker.md)."""
 
 
 def doc_summary(tables):
@@ -167,9 +179,11 @@ def placement(servers, workers, cores):
 
 
 def pinned(core):
+    """A preexec_fn pinning to `core` (an int, or a set of them)."""
     if core is None or not hasattr(os, "sched_setaffinity"):
         return None
-    return lambda: os.sched_setaffinity(0, {core})
+    cores = core if isinstance(core, set) else {core}
+    return lambda: os.sched_setaffinity(0, cores)
 
 
 def tail(path, n=15):
@@ -218,6 +232,11 @@ def start_server(args, shard, policy, workers, core, out_dir):
 def measure_policy(args, policy, workers, batch, out_dir):
     """Mean over workers of (total, compute, bn, grad) seconds per step."""
     s_cores, w_cores, shared = placement(args.servers, workers, args.cores)
+    # sync-colocated: one process holds the W workers' replicas.
+    replicas = workers if policy == COLOCATED else 1
+    if replicas > 1:
+        policy, batch, workers = "sync", batch * replicas, 1
+        w_cores = [set(w_cores)]
     procs = []
     try:
         addresses = []
@@ -239,8 +258,8 @@ def measure_policy(args, policy, workers, batch, out_dir):
                    "--max_steps={}".format(args.warmup + args.steps),
                    "--timing_warmup_steps={}".format(args.warmup),
                    "--epochs=1000000", "--data=" + args.data, "--threads=1",
-                   "--eval=none", "--progress=none", "--report=" + report
-                   ] + args.worker_flag
+                   "--eval=none", "--progress=none", "--report=" + report,
+                   "--replicas={}".format(replicas)] + args.worker_flag
             with open(log, "w") as f:
                 p = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT,
                                      preexec_fn=pinned(w_cores[w]))
@@ -343,6 +362,8 @@ def report(args, results, shared, rts, out):
         for b in args.batches:
             local = results.get((W, b, "local"))
             for policy in args.policies:
+                if (W, b, policy) not in results:
+                    continue
                 runs = results[(W, b, policy)]
                 cells = [median([r[i] for r in runs]) for i in range(4)]
                 if local:
@@ -353,6 +374,8 @@ def report(args, results, shared, rts, out):
                     ratio = "-"
                 where = ("shared: {} processes on {} cores".format(
                     args.servers + W, cores) if shared[W] else "own core each")
+                if policy == COLOCATED:
+                    where = "1 process, {} replicas; ".format(W) + where
                 w("| {} | {} | {} | {} | {} | {} | {} | {} | {} |\n".format(
                     W, b, policy, *([fmt_ms(c) for c in cells] +
                                     [ratio, where])))
@@ -417,7 +440,9 @@ def parse_args(argv):
     p.add_argument("--workers", type=int_list, default=[1, 2])
     p.add_argument("--batches", type=int_list, default=[8, 32],
                    help="per-worker batch sizes")
-    p.add_argument("--policies", default=",".join(POLICIES))
+    p.add_argument("--policies", default=",".join(POLICIES + [COLOCATED]),
+                   help="of local, sync, async, recal and " + COLOCATED +
+                   " (W >= 2: the W workers as one process with --replicas=W)")
     p.add_argument("--servers", type=int, default=1, help="shard servers S")
     p.add_argument("--steps", type=int, default=300, help="timed steps")
     p.add_argument("--warmup", type=int, default=50,
@@ -443,9 +468,9 @@ def parse_args(argv):
                    help="per policy and (W, batch)")
     args = p.parse_args(argv)
     args.policies = [x for x in args.policies.split(",") if x]
-    bad = [x for x in args.policies if x not in POLICIES]
+    bad = [x for x in args.policies if x not in POLICIES + [COLOCATED]]
     if bad or not args.policies:
-        p.error("--policies: {} not in {}".format(bad, POLICIES))
+        p.error("--policies: {} not in {}".format(bad, POLICIES + [COLOCATED]))
     if args.runs < 1 or args.steps < 1 or args.warmup < 0 or args.servers < 1:
         p.error("--runs, --steps and --servers must be >= 1, --warmup >= 0")
     return args
@@ -482,6 +507,8 @@ def main(argv):
             for W in args.workers:
                 for b in args.batches:
                     for policy in args.policies:
+                        if policy == COLOCATED and W < 2:
+                            continue
                         print("step_overhead: run {} W={} batch={} {}".format(
                             run + 1, W, b, policy), file=sys.stderr)
                         sys.stderr.flush()
