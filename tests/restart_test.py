@@ -59,6 +59,24 @@ class RestartTest(unittest.TestCase):
                 self.assertIn("the job rolled back to step", c.read_log("worker", w))
         self.assertEqual(digest, self.uninterrupted())
 
+    def test_server_killed_under_workers_with_replicas(self):
+        # Each worker drives 2 model replicas (co-located aggregation): the
+        # failed step is recovered like any other, and the job ends on the
+        # digest of its uninterrupted run.
+        flags = {"extra_worker_flags": ("--replicas=2",)}
+
+        def kill_server_0(c):
+            self.assertTrue(c.wait_for_common_checkpoint(), c.logs())
+            c.kill("server", 0)
+            c.start_server(0)
+
+        with tempfile.TemporaryDirectory() as out:
+            c, digest = self.run_cluster(out, disrupt=kill_server_0, **flags)
+            for w in range(2):
+                self.assertIn("the job rolled back to step",
+                              c.read_log("worker", w))
+        self.assertEqual(digest, self.uninterrupted(**flags))
+
     def test_worker_killed_and_restarted(self):
         def kill_worker_1(c):
             self.assertTrue(c.wait_for_common_checkpoint(), c.logs())

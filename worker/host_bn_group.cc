@@ -110,9 +110,18 @@ HostBnGroup::~HostBnGroup() = default;
 nn::BnExchange* HostBnGroup::member(int i) { return members_[i].get(); }
 
 void HostBnGroup::Abort(absl::Status status) {
-  if (status.ok()) status = absl::CancelledError("the host's BN group ended");
   absl::MutexLock lock(&mu_);
-  if (aborted_.ok()) aborted_ = std::move(status);
+  if (aborted_.ok()) {
+    aborted_ = absl::CancelledError(
+        status.ok() ? std::string("another replica stopped")
+                    : absl::StrCat("another replica stopped: ", status.message()));
+  }
+}
+
+void HostBnGroup::Reset() {
+  absl::MutexLock lock(&mu_);
+  aborted_ = absl::OkStatus();
+  round_.reset();
 }
 
 template <typename T>

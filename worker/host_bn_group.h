@@ -16,7 +16,7 @@
 //
 // Every replica must call every layer in the same order (the model's). A
 // replica that fails must call Abort, which ends the rounds in progress and
-// every later one with that status, so no replica waits for it forever.
+// every later one (until Reset), so no replica waits for it forever.
 //
 // Thread-safety: member(i) is used by replica i's thread; Abort from any
 // thread.
@@ -51,8 +51,13 @@ class HostBnGroup {
   // Replica i's exchange. REQUIRES: 0 <= i < replicas().
   nn::BnExchange* member(int i);
 
-  // Ends the current and every later round with `status` (not OK).
+  // Ends the current and every later round: the replicas waiting in one,
+  // and those that come later, get CANCELLED naming `status` (the replica
+  // that failed keeps its own error).
   void Abort(absl::Status status);
+  // Opens the group again after an Abort (a new step after a recovery).
+  // REQUIRES: no replica is inside Forward or Backward.
+  void Reset();
 
  private:
   class Member;

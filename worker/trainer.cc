@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/strings/str_format.h"
 #include "bn/moments.h"
 #include "policy/policy.h"
@@ -96,6 +98,74 @@ std::string ReportJson(const TrainReport& r) {
   return s;
 }
 
+// Threads 1 .. k-1 of a replicated worker, alive for a whole Run (a thread
+// per step would also rebuild its OpenMP pool every step).
+class Trainer::ReplicaThreads {
+ public:
+  ReplicaThreads(int k, std::function<void(int)> init) {
+    for (int i = 1; i < k; ++i) {
+      threads_.emplace_back([this, i, init] {
+        if (init) init(i);
+        Loop(i);
+      });
+    }
+  }
+  ~ReplicaThreads() {
+    {
+      absl::MutexLock lock(&mu_);
+      stop_ = true;
+    }
+    for (std::thread& t : threads_) t.join();
+  }
+
+  // fn(i) on thread i for i >= 1 while the caller runs fn(0); returns when
+  // all are done.
+  void Run(const std::function<void(int)>& fn) {
+    {
+      absl::MutexLock lock(&mu_);
+      fn_ = &fn;
+      done_ = 0;
+      ++generation_;
+    }
+    fn(0);
+    absl::MutexLock lock(&mu_);
+    const int others = static_cast<int>(threads_.size());
+    auto all_done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return done_ == others;
+    };
+    mu_.Await(absl::Condition(&all_done));
+    fn_ = nullptr;
+  }
+
+ private:
+  void Loop(int i) {
+    int64_t seen = 0;
+    for (;;) {
+      const std::function<void(int)>* fn;
+      {
+        absl::MutexLock lock(&mu_);
+        auto work = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+          return stop_ || generation_ != seen;
+        };
+        mu_.Await(absl::Condition(&work));
+        if (stop_) return;
+        seen = generation_;
+        fn = fn_;
+      }
+      (*fn)(i);
+      absl::MutexLock lock(&mu_);
+      ++done_;
+    }
+  }
+
+  absl::Mutex mu_;
+  const std::function<void(int)>* fn_ ABSL_GUARDED_BY(mu_) = nullptr;
+  int64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
+  int done_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::thread> threads_;
+};
+
 Trainer::Trainer(client::PsClient* client, nn::Model* model,
                  const Dataset* train, const Dataset* test,
                  TrainerOptions options)
@@ -148,9 +218,11 @@ absl::StatusOr<TrainReport> Trainer::Run() {
   }
   for (size_t r = 0; r < options_.replicas.size(); ++r) {
     const nn::Model* replica = options_.replicas[r];
-    if (replica == nullptr || replica == model_) {
+    if (replica == nullptr || replica == model_ ||
+        std::count(options_.replicas.begin(), options_.replicas.end(),
+                   replica) > 1) {
       return absl::InvalidArgumentError(
-          "a replica is null or the first model itself");
+          "a replica is null, the first model itself or listed twice");
     }
     // The same layers in the same order, or the host's BN rounds would pair
     // different layers.
@@ -220,19 +292,28 @@ absl::StatusOr<TrainReport> Trainer::Run() {
   // and recal too: the worker's batch is the union of the slices).
   const std::vector<nn::Model*> models = Models();
   std::optional<HostBnGroup> group;
+  std::optional<ReplicaThreads> replica_threads;
   if (models.size() > 1) {
     group.emplace(static_cast<int>(models.size()), exchange);
     group_ = &*group;
+    replica_threads.emplace(static_cast<int>(models.size()),
+                            options_.on_replica_thread);
+    replica_threads_ = &*replica_threads;
   }
   for (size_t i = 0; i < models.size(); ++i) {
     models[i]->SetBnExchange(group ? group->member(static_cast<int>(i))
                                    : exchange);
     models[i]->SetBnMode(nn::BnMode::kTrain);
   }
-  struct ClearGroup {
+  // However Run ends, no model keeps a pointer to the exchanges above.
+  struct Detach {
     Trainer* t;
-    ~ClearGroup() { t->group_ = nullptr; }
-  } clear_group{this};
+    ~Detach() {
+      for (nn::Model* m : t->Models()) m->SetBnExchange(nullptr);
+      t->group_ = nullptr;
+      t->replica_threads_ = nullptr;
+    }
+  } detach{this};
   // The BN backward overlap needs the exchange's StartBackward, which the
   // host's group runs in place: with replicas it is off.
   model_->SetBackwardOverlap(options_.overlap_bn && models.size() == 1);
@@ -473,15 +554,10 @@ absl::StatusOr<nn::HostTensors> Trainer::Compute(int64_t step,
   if (k == 1) {
     run(0);
   } else {
-    std::vector<std::thread> threads;
-    for (int i = 1; i < k; ++i) {
-      threads.emplace_back([&, i] {
-        if (options_.on_replica_thread) options_.on_replica_thread(i);
-        run(i);
-      });
-    }
-    run(0);
-    for (std::thread& t : threads) t.join();
+    // A new step, perhaps after a failed one and a recovery: no replica is
+    // inside the group now.
+    group_->Reset();
+    replica_threads_->Run(run);
   }
   // The first failure in replica order (an Abort's echo in the others).
   for (Part& p : parts) {

@@ -129,8 +129,11 @@ struct TrainerOptions {
   std::function<void(const struct Progress&)> on_progress;
   absl::Duration progress_interval = absl::Seconds(2);
   // More replicas of the model (not owned; must outlive the Trainer), built
-  // with the same options on backends of their own; empty: the model alone.
-  // See the file comment. Default: none.
+  // with the same options on backends of their own, each listed once;
+  // empty: the model alone. batch_size stays the worker's batch, split
+  // among the models. With replicas the gradients are pushed after the
+  // backward pass (overlap and overlap_bn do not apply). See the file
+  // comment. Default: none.
   std::vector<nn::Model*> replicas;
   // Called first on each extra replica's thread with its index (1, 2, ...),
   // e.g. to set that thread's OpenMP thread count. Default: none.
@@ -257,7 +260,11 @@ class Trainer {
   const Dataset* const train_;
   const Dataset* const test_;
   const TrainerOptions options_;
-  HostBnGroup* group_ = nullptr;  // with replicas, while Run trains
+  // With replicas, while Run trains: the host's BN group and the threads
+  // that run replicas 1, 2, ... (created once per Run).
+  class ReplicaThreads;
+  HostBnGroup* group_ = nullptr;
+  ReplicaThreads* replica_threads_ = nullptr;
   // The servers' BN policy and gradient mode (sync if they report one it
   // does not know: Run then fails).
   const policy::JobPolicy job_policy_;
