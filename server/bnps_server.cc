@@ -155,6 +155,17 @@ int main(int argc, char** argv) {
   o.heartbeat_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_timeout_ms));
   o.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
   o.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every_steps);
+  // After a restart, stale-synchronous workers resume each at its own step,
+  // which sync BN's per-step barriers cannot pair up: not supported yet.
+  if (!o.checkpoint_dir.empty() && o.policy == bnps::policy::Policy::kSync &&
+      o.gradients == bnps::policy::Gradients::kAsync) {
+    return Fail(absl::InvalidArgumentError(
+               "--checkpoint_dir with --bn_policy=sync and --gradients=async "
+               "is not supported: after a restart the workers would resume "
+               "at different steps, which sync BN's barriers cannot pair; "
+               "use --gradients=sync or run without checkpoints")),
+           kBadFlags;
+  }
   const int port = absl::GetFlag(FLAGS_port);
   if (port < 0 || port > 65535) {
     return Fail(absl::InvalidArgumentError(

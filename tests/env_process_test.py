@@ -134,6 +134,16 @@ class FromEnvironmentTest(unittest.TestCase):
         self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
         self.assertIn("JOB_COMPLETION_INDEX", r.stderr)
 
+    def test_a_pair_checkpoints_cannot_restore_is_refused(self):
+        # sync BN with stale-synchronous gradients: workers would resume at
+        # different steps after a restart (docs/reliability.md).
+        with tempfile.TemporaryDirectory() as d:
+            r = run([SERVER, "--port=0", "--host=127.0.0.1"],
+                    clean_env(BNPS_BN_POLICY="sync", BNPS_GRADIENTS="async",
+                              BNPS_CHECKPOINT_DIR=d))
+        self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+        self.assertIn("--bn_policy=sync and --gradients=async", r.stderr)
+
     def test_status_only_warns_about_other_binaries_variables(self):
         # As in `kubectl exec` into a server's container.
         r = run([STATUS, "--help"], clean_env(BNPS_PORT=7000, BNPS_SHARD=1))
