@@ -1019,6 +1019,32 @@ TEST_F(GrpcPsClientTest, PushInPartsSendsOnceEnoughBytesAreIn) {
   EXPECT_EQ(fakes_[1]->pushes().size(), 2u);
 }
 
+// A push abandoned (its step failed mid-pass) sends nothing more: parts
+// still held are dropped, so the shards see none of them.
+TEST_F(GrpcPsClientTest, AnAbandonedPushSendsWhatItHeldNowhere) {
+  GrpcClientOptions options = Options(/*worker=*/1);
+  options.push_part_bytes = 4000;
+  std::unique_ptr<GrpcPsClient> client = Connect(options);
+  ASSERT_NE(client, nullptr);
+  std::unique_ptr<GradientPush> push = client->StartPush(2, 4);
+  auto part = std::make_shared<Params>();
+  (*part)[KeyOnShard(1, "small")] = MakeParam({100}, 1);  // under 4000 bytes
+  push->Add(part);
+  push->Abandon();
+  push.reset();  // and the destructor sends nothing either
+  EXPECT_EQ(fakes_[1]->push_calls(), 0);
+  // A push dropped without Finish or Abandon is abandoned too.
+  push = client->StartPush(3, 4);
+  push->Add(part);
+  push.reset();
+  EXPECT_EQ(fakes_[1]->push_calls(), 0);
+  // The client goes on: the next push is delivered.
+  push = client->StartPush(4, 4);
+  push->Add(part);
+  ASSERT_TRUE(push->Finish().ok());
+  EXPECT_EQ(fakes_[1]->push_calls(), 1);
+}
+
 TEST_F(GrpcPsClientTest, PullParametersReassemblesEveryShard) {
   std::map<std::string, Param> want;
   want[KeyOnShard(0, "a")] = MakeParam({2, 3}, 1);

@@ -11,12 +11,15 @@ class CollectedPush final : public GradientPush {
  public:
   CollectedPush(PsClient* client, int64_t step, int64_t num_samples)
       : client_(client), step_(step), num_samples_(num_samples) {}
-  ~CollectedPush() override {
-    if (!finished_) Finish().IgnoreError();
-  }
+  ~CollectedPush() override = default;  // unfinished: nothing was sent
 
   void Add(std::shared_ptr<const Params> part) override {
     if (part != nullptr) parts_.push_back(std::move(part));
+  }
+
+  void Abandon() override {
+    finished_ = true;
+    parts_.clear();
   }
 
   absl::Status Finish() override {

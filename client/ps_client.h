@@ -80,7 +80,7 @@ struct BnForwardResult {
 // Thread-safety: one thread calls Add and Finish.
 class GradientPush {
  public:
-  // Waits as Finish does if it was not called, dropping the status.
+  // Abandons the push (see Abandon) if neither Finish nor Abandon was called.
   virtual ~GradientPush() = default;
   // Hands over the gradients of keys not given before in this push. They are
   // referenced until Finish returns and must not change meanwhile. Returns
@@ -89,6 +89,10 @@ class GradientPush {
   // Waits until every part is acknowledged or failed; the first error, or
   // OK. Call once, after the last Add.
   virtual absl::Status Finish() = 0;
+  // Ends a push whose step failed before its last part: the parts not sent
+  // yet are dropped, and the sends in flight are waited for (so nothing
+  // still references the parts). Call instead of Finish.
+  virtual void Abandon() = 0;
 };
 
 class PsClient {

@@ -118,6 +118,7 @@ class ImmediatePush final : public client::GradientPush {
     if (status_.ok()) status_ = s;
   }
   absl::Status Finish() override { return status_; }
+  void Abandon() override {}  // every part is pushed as it comes
 
  private:
   InProcessPsClient* const client_;

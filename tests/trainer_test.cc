@@ -154,6 +154,10 @@ class RecordingClient final : public client::PsClient {
       c_->calls_.push_back(absl::StrCat("push_done ", step_));
       return failed_ ? c_->fail_ : s;
     }
+    void Abandon() override {
+      inner_->Abandon();
+      c_->calls_.push_back(absl::StrCat("push_abandoned ", step_));
+    }
 
    private:
     RecordingClient* const c_;

@@ -606,14 +606,16 @@ absl::Status Trainer::BackwardAndPush(int64_t step, int64_t n,
             ToParams(*std::move(grads))));
         return absl::OkStatus();
       });
-  // Even after a failed backward pass every part handed over is waited for:
-  // none is left in flight when the step fails.
   const absl::Time wait_start = absl::Now();
-  absl::Status pushed = push->Finish();
-  f->grad_time += absl::Now() - wait_start;
   if (!backward.ok()) {
+    // A failed pass sends no more of its step (the parts held are dropped)
+    // and waits for the sends in flight: none is left when the step fails.
+    push->Abandon();
+    f->grad_time += absl::Now() - wait_start;
     return Annotate(backward, absl::StrCat("step ", step, ": backward"));
   }
+  absl::Status pushed = push->Finish();
+  f->grad_time += absl::Now() - wait_start;
   return Annotate(pushed, absl::StrCat("step ", step, ": pushing gradients"));
 }
 

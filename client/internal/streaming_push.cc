@@ -19,7 +19,22 @@ StreamingPush::StreamingPush(BulkTransfer* bulk, int64_t step,
 }
 
 StreamingPush::~StreamingPush() {
-  if (!finished_) Finish().IgnoreError();
+  if (!finished_) Abandon();
+}
+
+void StreamingPush::Abandon() {
+  if (finished_) return;
+  finished_ = true;
+  pending_.clear();
+  pending_bytes_ = 0;
+  if (sender_.joinable()) {
+    {
+      absl::MutexLock lock(&mu_);
+      queue_.clear();  // not sent yet: dropped
+      closed_ = true;
+    }
+    sender_.join();
+  }
 }
 
 void StreamingPush::Add(std::shared_ptr<const Params> part) {

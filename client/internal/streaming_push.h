@@ -39,6 +39,7 @@ class StreamingPush final : public GradientPush {
 
   void Add(std::shared_ptr<const Params> part) override;
   absl::Status Finish() override;
+  void Abandon() override;
 
  private:
   // One send of `parts`; the first error is kept.
