@@ -164,6 +164,9 @@ absl::StatusOr<const Tensor*> BatchNorm::Backward(const Tensor& dy,
     }
     later_->clear();
     reduced = pending->Wait();
+    // The exchange's error first: it may be one the job recovers from (a
+    // server restarted), which the trainer must see.
+    if (!reduced.ok()) return reduced.status();
     if (!work.ok()) return work;
   } else {
     reduced = sync_->Backward(name(), *local);
