@@ -35,6 +35,7 @@ TARGETS=(
   //bn:cuda_kernels_test
   //bn:cuda_bn_benchmark
   //worker/nn:cuda_backend_test
+  //worker/nn:model_cuda_test
   //server:bnps_server
   //worker:bnps_worker
   //tools:bnps_status

@@ -137,7 +137,7 @@ case "$cmd" in
     ;;
   tests)
     rc=0
-    for t in bn/cuda_kernels_test worker/nn/cuda_backend_test; do
+    for t in bn/cuda_kernels_test worker/nn/cuda_backend_test worker/nn/model_cuda_test; do
       log="$RESULTS/$(basename "$t").log"
       if "$W/$t" --gtest_output="xml:$RESULTS/$(basename "$t").xml" > "$log" 2>&1; then
         echo "$t: ok"
