@@ -13,6 +13,7 @@
 #include "policy/policy.h"
 #include "proto/generation.h"
 #include "worker/host_bn_group.h"
+#include "worker/replica_threads.h"
 #include "worker/nn/bn_exchange.h"
 #include "worker/server_bn_exchange.h"
 #include "worker/nn/layers.h"
@@ -43,128 +44,8 @@ client::Params ToParams(nn::HostTensors tensors) {
   return out;
 }
 
-std::string Num(double v) {
-  if (!std::isfinite(v)) return "null";
-  return absl::StrFormat("%.6g", v);
-}
-
-std::string Num(const std::optional<double>& v) {
-  return v.has_value() ? Num(*v) : "null";
-}
-
 }  // namespace
 
-absl::StatusOr<RecalMode> ParseRecalMode(const std::string& name) {
-  if (name == "precise") return RecalMode::kPrecise;
-  if (name == "exact") return RecalMode::kExact;
-  return absl::InvalidArgumentError(absl::StrCat(
-      "unknown recalibration mode '", name, "' (want precise or exact)"));
-}
-
-std::string RecalModeName(RecalMode mode) {
-  return mode == RecalMode::kExact ? "exact" : "precise";
-}
-
-std::string ReportJson(const TrainReport& r) {
-  std::string s = absl::StrCat(
-      "{\"worker\": ", r.worker, ", \"num_workers\": ", r.num_workers,
-      ", \"policy\": \"", r.policy, "\", \"steps\": ", r.steps,
-      ", \"epochs\": ", r.epochs, ", \"examples\": ", r.examples,
-      ", \"train_loss_first\": ", Num(r.train_loss_first),
-      ", \"train_loss_last\": ", Num(r.train_loss_last),
-      ", \"test_accuracy\": ", Num(r.test_accuracy),
-      ", \"test_accuracy_recal\": ", Num(r.test_accuracy_recal),
-      ", \"images_per_second\": ", Num(r.images_per_second),
-      ", \"max_staleness\": ", r.max_staleness, ", \"seconds\": {\"total\": ",
-      Num(r.seconds_total), ", \"compute\": ", Num(r.seconds_compute),
-      ", \"bn_sync\": ", Num(r.seconds_bn_sync),
-      ", \"grad_sync\": ", Num(r.seconds_grad_sync),
-      ", \"finish\": ", Num(r.seconds_finish),
-      "}, \"timed_steps\": ", r.timed_steps, ", \"history\": [");
-  for (size_t i = 0; i < r.history.size(); ++i) {
-    const HistoryPoint& h = r.history[i];
-    absl::StrAppend(&s, i ? ", " : "", "{\"step\": ", h.step,
-                    ", \"seconds\": ", Num(h.seconds), ", \"loss\": ",
-                    Num(h.loss), ", \"accuracy\": ", Num(h.accuracy), "}");
-  }
-  absl::StrAppend(&s, "], \"evals\": [");
-  for (size_t i = 0; i < r.evals.size(); ++i) {
-    const EvalPoint& e = r.evals[i];
-    absl::StrAppend(&s, i ? ", " : "", "{\"epoch\": ", e.epoch,
-                    ", \"seconds\": ", Num(e.seconds),
-                    ", \"test_accuracy\": ", Num(e.test_accuracy), "}");
-  }
-  absl::StrAppend(&s, "]}");
-  return s;
-}
-
-// Threads 1 .. k-1 of a replicated worker, alive for a whole Run (a thread
-// per step would also rebuild its OpenMP pool every step).
-class Trainer::ReplicaThreads {
- public:
-  ReplicaThreads(int k, std::function<void(int)> init) {
-    for (int i = 1; i < k; ++i) {
-      threads_.emplace_back([this, i, init] {
-        if (init) init(i);
-        Loop(i);
-      });
-    }
-  }
-  ~ReplicaThreads() {
-    {
-      absl::MutexLock lock(&mu_);
-      stop_ = true;
-    }
-    for (std::thread& t : threads_) t.join();
-  }
-
-  // fn(i) on thread i for i >= 1 while the caller runs fn(0); returns when
-  // all are done.
-  void Run(const std::function<void(int)>& fn) {
-    {
-      absl::MutexLock lock(&mu_);
-      fn_ = &fn;
-      done_ = 0;
-      ++generation_;
-    }
-    fn(0);
-    absl::MutexLock lock(&mu_);
-    const int others = static_cast<int>(threads_.size());
-    auto all_done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return done_ == others;
-    };
-    mu_.Await(absl::Condition(&all_done));
-    fn_ = nullptr;
-  }
-
- private:
-  void Loop(int i) {
-    int64_t seen = 0;
-    for (;;) {
-      const std::function<void(int)>* fn;
-      {
-        absl::MutexLock lock(&mu_);
-        auto work = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-          return stop_ || generation_ != seen;
-        };
-        mu_.Await(absl::Condition(&work));
-        if (stop_) return;
-        seen = generation_;
-        fn = fn_;
-      }
-      (*fn)(i);
-      absl::MutexLock lock(&mu_);
-      ++done_;
-    }
-  }
-
-  absl::Mutex mu_;
-  const std::function<void(int)>* fn_ ABSL_GUARDED_BY(mu_) = nullptr;
-  int64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
-  int done_ ABSL_GUARDED_BY(mu_) = 0;
-  bool stop_ ABSL_GUARDED_BY(mu_) = false;
-  std::vector<std::thread> threads_;
-};
 
 Trainer::Trainer(client::PsClient* client, nn::Model* model,
                  const Dataset* train, const Dataset* test,

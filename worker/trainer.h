@@ -77,6 +77,7 @@ namespace bnps::worker {
 
 class ServerBnExchange;  // worker/server_bn_exchange.h
 class HostBnGroup;       // worker/host_bn_group.h
+class ReplicaThreads;    // worker/replica_threads.h
 
 enum class RecalMode {
   // One pass, all layers at once; upstream layers normalize with batch stats.
@@ -262,7 +263,6 @@ class Trainer {
   const TrainerOptions options_;
   // With replicas, while Run trains: the host's BN group and the threads
   // that run replicas 1, 2, ... (created once per Run).
-  class ReplicaThreads;
   HostBnGroup* group_ = nullptr;
   ReplicaThreads* replica_threads_ = nullptr;
   // The servers' BN policy and gradient mode (sync if they report one it
