@@ -85,6 +85,9 @@ class UpdatePerformanceMdTest(unittest.TestCase):
                 for p in ("local", "sync", "async", "recal"):
                     self.assertRegex(doc, r"(?m)^\| {} \| {} \| {} \| \d"
                                      .format(w, b, p))
+        for b in ("8", "32"):  # co-located replicas, W = 2 only
+            self.assertRegex(doc, r"(?m)^\| 2 \| {} \| sync-colocated \| \d"
+                             .format(b))
         self.assertRegex(doc, r"(?m)^\| 256 \| 2 \| \d+\.\d \| ")
         self.assertIn("python3 tools/bench/step_overhead.py --runs 3", doc)
         self.assertRegex(doc, r"(?m)^\| 2 \| 0\.34 to 0\.64 \(median 0\.41\)")
