@@ -420,17 +420,17 @@ absl::Status Main() {
 
   absl::StatusOr<Data> data = LoadData();
   if (!data.ok()) return data.status();
-  absl::StatusOr<std::unique_ptr<nn::Backend>> backend = MakeBackend(0);
-  if (!backend.ok()) return backend.status();
+  // One backend per replica; the first model's is backends[0].
   const int replicas = absl::GetFlag(FLAGS_replicas);
-  std::vector<std::unique_ptr<nn::Backend>> replica_backends;
-  for (int i = 1; i < replicas; ++i) {
+  std::vector<std::unique_ptr<nn::Backend>> backends;
+  for (int i = 0; i < replicas; ++i) {
     absl::StatusOr<std::unique_ptr<nn::Backend>> b = MakeBackend(i);
     if (!b.ok()) {
+      if (i == 0) return b.status();
       return absl::Status(b.status().code(),
                           absl::StrCat("replica ", i, ": ", b.status().message()));
     }
-    replica_backends.push_back(*std::move(b));
+    backends.push_back(*std::move(b));
   }
 
   client::GrpcClientOptions client_options;
@@ -446,7 +446,7 @@ absl::Status Main() {
   int spin_us = absl::GetFlag(FLAGS_bn_spin_us);
   if (spin_us < 0) {
     const int64_t job_cores = static_cast<int64_t>(num_workers) * threads *
-                                  absl::GetFlag(FLAGS_replicas) +
+                                  replicas +
                               static_cast<int64_t>(servers.size());
     spin_us = std::thread::hardware_concurrency() >= job_cores ? 100 : 0;
   }
@@ -477,20 +477,18 @@ absl::Status Main() {
   // The layers' running stats follow the servers' momentum: under sync the
   // worker's own copy is then the servers' bit for bit.
   model_options.bn_momentum = (*client)->config().bn_momentum();
-  absl::StatusOr<std::unique_ptr<nn::Model>> model =
-      nn::Model::Create(model_options, backend->get());
-  if (!model.ok()) return model.status();
-  std::vector<std::unique_ptr<nn::Model>> replica_models;
-  for (const std::unique_ptr<nn::Backend>& b : replica_backends) {
+  std::vector<std::unique_ptr<nn::Model>> models;
+  for (const std::unique_ptr<nn::Backend>& b : backends) {
     absl::StatusOr<std::unique_ptr<nn::Model>> m =
         nn::Model::Create(model_options, b.get());
     if (!m.ok()) return m.status();
-    replica_models.push_back(*std::move(m));
+    models.push_back(*std::move(m));
   }
+  nn::Model& model = *models[0];
 
   TrainerOptions options;
-  for (const std::unique_ptr<nn::Model>& m : replica_models) {
-    options.replicas.push_back(m.get());
+  for (size_t i = 1; i < models.size(); ++i) {
+    options.replicas.push_back(models[i].get());
   }
   // OpenMP's thread count is per thread: each replica's thread sets its own.
   options.on_replica_thread = [threads](int) { omp_set_num_threads(threads); };
@@ -522,17 +520,17 @@ absl::Status Main() {
       "weights), %lld training examples; model %s, %lld BN samples per "
       "channel per step at least\n",
       worker, num_workers, PolicyName((*client)->config()).c_str(),
-      (*backend)->name().c_str(),
+      backends[0]->name().c_str(),
       replicas > 1 ? absl::StrCat(" x ", replicas, " replicas").c_str() : "",
       static_cast<long long>(model_options.depth),
       static_cast<long long>(model_options.width),
-      static_cast<long long>((*model)->num_weights()),
+      static_cast<long long>(model.num_weights()),
       static_cast<long long>(data->train.size()),
       nn::ArchitectureName(model_options.architecture).c_str(),
       static_cast<long long>(options.batch_size *
-                             (*model)->bn_positions_per_example()));
+                             model.bn_positions_per_example()));
   std::fflush(stdout);
-  Trainer trainer(client->get(), model->get(), &data->train, &data->test,
+  Trainer trainer(client->get(), &model, &data->train, &data->test,
                   options);
   absl::StatusOr<TrainReport> report = trainer.Run();
   printer->Finish();

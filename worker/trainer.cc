@@ -44,8 +44,15 @@ client::Params ToParams(nn::HostTensors tensors) {
   return out;
 }
 
-}  // namespace
+// The first model, then the replicas.
+std::vector<nn::Model*> AllModels(nn::Model* first,
+                                  const std::vector<nn::Model*>& replicas) {
+  std::vector<nn::Model*> models = {first};
+  models.insert(models.end(), replicas.begin(), replicas.end());
+  return models;
+}
 
+}  // namespace
 
 Trainer::Trainer(client::PsClient* client, nn::Model* model,
                  const Dataset* train, const Dataset* test,
@@ -55,6 +62,7 @@ Trainer::Trainer(client::PsClient* client, nn::Model* model,
       train_(train),
       test_(test),
       options_(std::move(options)),
+      models_(AllModels(model, options_.replicas)),
       job_policy_(policy::FromConfig(client->config())
                       .value_or(policy::JobPolicy{})),
       policy_(job_policy_.bn),
@@ -69,13 +77,6 @@ BatcherOptions Trainer::ShardOptions() const {
   bo.shuffle = options_.shuffle;
   bo.limit = options_.train_examples;
   return bo;
-}
-
-std::vector<nn::Model*> Trainer::Models() const {
-  std::vector<nn::Model*> models = {model_};
-  models.insert(models.end(), options_.replicas.begin(),
-                options_.replicas.end());
-  return models;
 }
 
 absl::Status Trainer::PullInto(int64_t min_version) {
@@ -171,7 +172,7 @@ absl::StatusOr<TrainReport> Trainer::Run() {
                                        : &local_sync;
   // Replicas combine their BN contributions on the host first (under local
   // and recal too: the worker's batch is the union of the slices).
-  const std::vector<nn::Model*> models = Models();
+  const std::vector<nn::Model*>& models = models_;
   std::optional<HostBnGroup> group;
   std::optional<ReplicaThreads> replica_threads;
   if (models.size() > 1) {
@@ -190,7 +191,7 @@ absl::StatusOr<TrainReport> Trainer::Run() {
   struct Detach {
     Trainer* t;
     ~Detach() {
-      for (nn::Model* m : t->Models()) m->SetBnExchange(nullptr);
+      for (nn::Model* m : t->models_) m->SetBnExchange(nullptr);
       t->group_ = nullptr;
       t->replica_threads_ = nullptr;
     }
@@ -361,13 +362,8 @@ absl::Status Trainer::TrainStep(int64_t step, const Batch& batch,
     // Replicas: their gradients are summed on the host, then pushed once.
     absl::StatusOr<nn::HostTensors> grads = Compute(step, batch, f);
     if (!grads.ok()) return grads.status();
-    const absl::Time push_start = absl::Now();
-    absl::Status s = client_->PushGradients(
-        step, batch.n,
-        std::make_shared<const client::Params>(ToParams(*std::move(grads))));
-    f->grad_time += absl::Now() - push_start;
-    if (!s.ok()) {
-      return Annotate(s, absl::StrCat("step ", step, ": pushing gradients"));
+    if (absl::Status s = Push(step, batch.n, *std::move(grads), f); !s.ok()) {
+      return s;
     }
   } else {
     if (absl::Status s = model_->Forward(batch.images.data(), batch.n);
@@ -397,7 +393,7 @@ absl::Status Trainer::TrainStep(int64_t step, const Batch& batch,
 absl::StatusOr<nn::HostTensors> Trainer::Compute(int64_t step,
                                                  const Batch& batch,
                                                  StepFigures* f) {
-  const std::vector<nn::Model*> models = Models();
+  const std::vector<nn::Model*>& models = models_;
   const int k = static_cast<int>(models.size());
   const int64_t per_image = batch.channels * batch.height * batch.width;
   struct Part {
@@ -430,16 +426,12 @@ absl::StatusOr<nn::HostTensors> Trainer::Compute(int64_t step,
     }
     // A replica that stops must not leave the others waiting at the host's
     // BN barrier.
-    if (!p.status.ok() && group_ != nullptr) group_->Abort(p.status);
+    if (!p.status.ok()) group_->Abort(p.status);
   };
-  if (k == 1) {
-    run(0);
-  } else {
-    // A new step, perhaps after a failed one and a recovery: no replica is
-    // inside the group now.
-    group_->Reset();
-    replica_threads_->Run(run);
-  }
+  // A new step, perhaps after a failed one and a recovery: no replica is
+  // inside the group now.
+  group_->Reset();
+  replica_threads_->Run(run);
   // The first failure in replica order (an Abort's echo in the others).
   for (Part& p : parts) {
     if (!p.status.ok() && !absl::IsCancelled(p.status)) return p.status;
@@ -468,10 +460,14 @@ absl::Status Trainer::BackwardThenPush(int64_t step, int64_t n,
   }
   absl::StatusOr<nn::HostTensors> grads = model_->Gradients();
   if (!grads.ok()) return grads.status();
+  return Push(step, n, *std::move(grads), f);
+}
+
+absl::Status Trainer::Push(int64_t step, int64_t n, nn::HostTensors grads,
+                           StepFigures* f) {
   const absl::Time push_start = absl::Now();
   absl::Status s = client_->PushGradients(
-      step, n,
-      std::make_shared<const client::Params>(ToParams(*std::move(grads))));
+      step, n, std::make_shared<const client::Params>(ToParams(std::move(grads))));
   f->grad_time += absl::Now() - push_start;
   return Annotate(s, absl::StrCat("step ", step, ": pushing gradients"));
 }

@@ -237,12 +237,13 @@ class Trainer {
   // One training step (the file comment's list).
   absl::Status TrainStep(int64_t step, const Batch& batch,
                          ServerBnExchange* sync, StepFigures* f);
-  // Forward, loss and backward of `batch` on every model (its slice each);
-  // the gradients summed in replica order.
+  // With replicas: forward, loss and backward of `batch` on every model (its
+  // slice each); the gradients summed in replica order.
   absl::StatusOr<nn::HostTensors> Compute(int64_t step, const Batch& batch,
                                           StepFigures* f);
-  // Every model (the first and the replicas).
-  std::vector<nn::Model*> Models() const;
+  // The push of `step`'s gradients after the backward pass.
+  absl::Status Push(int64_t step, int64_t n, nn::HostTensors grads,
+                    StepFigures* f);
   // Backward pass and push of `step` over `n` samples: all gradients after
   // the pass, or each layer's as the pass finishes it (options_.overlap).
   absl::Status BackwardThenPush(int64_t step, int64_t n, StepFigures* f);
@@ -261,6 +262,7 @@ class Trainer {
   const Dataset* const train_;
   const Dataset* const test_;
   const TrainerOptions options_;
+  const std::vector<nn::Model*> models_;  // model_, then the replicas
   // With replicas, while Run trains: the host's BN group and the threads
   // that run replicas 1, 2, ... (created once per Run).
   HostBnGroup* group_ = nullptr;
