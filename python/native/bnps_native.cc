@@ -89,10 +89,9 @@ py::dict ConfigDict(const proto::JobConfig& c) {
   d["job"] = c.job();
   d["num_workers"] = c.num_workers();
   d["num_shards"] = c.num_shards();
-  absl::StatusOr<policy::Policy> p = policy::FromProto(c.policy());
-  d["policy"] = p.ok() ? policy::PolicyName(*p) : std::string("unknown");
-  // The gradient mode (the BN policy alone is "policy"): "sync" or "async".
+  // "policy" is the BN policy; "gradients" the gradient mode (sync, async).
   absl::StatusOr<policy::JobPolicy> jp = policy::FromConfig(c);
+  d["policy"] = jp.ok() ? policy::PolicyName(jp->bn) : std::string("unknown");
   d["gradients"] = jp.ok() ? policy::GradientsName(jp->gradients)
                            : std::string("unknown");
   d["staleness"] = c.staleness();

@@ -68,6 +68,10 @@ RT_HEADER = ["C", "W", "bnps p50 us", "star p50 us", "echo p50 us",
              "bnps/star", "bnps/echo", "bnps/star min", "bnps/star max"]
 
 
+# The (W, batch, policy) rows docs/performance.md expects of both step tables.
+STEP_ROWS = [(w, b, p) for w in ("1", "2") for b in ("8", "32")
+             for p in POLICIES] + [("2", b, COLOCATED) for b in ("8", "32")]
+
 # For update_performance_md.py: the tables docs/performance.md takes from
 # this tool's output (its TABLES format), what they measure, how to read them.
 DOC_TABLES = [
@@ -78,9 +82,7 @@ DOC_TABLES = [
         "heading": STEP_HEADING,
         "header": STEP_HEADER,
         "keys": [0, 1, 2],
-        "rows": [(w, b, p) for w in ("1", "2") for b in ("8", "32")
-                 for p in POLICIES] + [("2", b, COLOCATED)
-                                       for b in ("8", "32")],
+        "rows": STEP_ROWS,
         "numbers": [3, 4, 5, 6, 7],
         "ratios": [],
     },
@@ -90,9 +92,7 @@ DOC_TABLES = [
         "heading": RATIO_HEADING,
         "header": RATIO_HEADER,
         "keys": [0, 1, 2],
-        "rows": [(w, b, p) for w in ("1", "2") for b in ("8", "32")
-                 for p in POLICIES] + [("2", b, COLOCATED)
-                                       for b in ("8", "32")],
+        "rows": STEP_ROWS,
         "numbers": [3, 4, 5],
         "ratios": [],
     },
