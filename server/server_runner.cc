@@ -15,7 +15,8 @@ namespace bnps::server {
 
 absl::StatusOr<std::unique_ptr<RunningServer>> RunningServer::Start(
     ShardOptions options, const std::string& address,
-    ServerSecurity security, ServerMonitoring monitoring) {
+    ServerSecurity security, ServerMonitoring monitoring,
+    ServerLatency latency) {
   if (!security.token.empty()) {
     if (absl::Status s = security::ValidateToken(security.token); !s.ok()) {
       return s;
@@ -30,8 +31,18 @@ absl::StatusOr<std::unique_ptr<RunningServer>> RunningServer::Start(
     rs->metrics_ =
         std::make_unique<ServerMetrics>(rs->registry_.get(), rs->shard_.get());
   }
+  if (latency.keep_awake < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("keep_awake must be >= 0");
+  }
+  if (latency.keep_awake > absl::ZeroDuration()) {
+    absl::StatusOr<std::unique_ptr<util::KeepAwake>> k =
+        util::KeepAwake::Start(latency.keep_awake);
+    if (!k.ok()) return k.status();
+    rs->keep_awake_ = *std::move(k);
+  }
   rs->service_ = std::make_unique<ShardService>(
-      rs->shard_.get(), std::move(security.token), rs->metrics_.get());
+      rs->shard_.get(), std::move(security.token), rs->metrics_.get(),
+      rs->keep_awake_.get());
   // Both are process-wide switches of gRPC, read when a builder is made;
   // turning them on again is harmless.
   grpc::EnableDefaultHealthCheckService(true);

@@ -21,12 +21,14 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server.h"
 #include "metrics/registry.h"
 #include "server/server_metrics.h"
 #include "server/shard.h"
 #include "server/shard_service.h"
+#include "util/keep_awake.h"
 
 namespace bnps::server {
 
@@ -46,6 +48,15 @@ struct ServerMonitoring {
   bool metrics = true;
 };
 
+// How the server trades CPU for latency.
+struct ServerLatency {
+  // Above zero: after each call and each BN message, keep the CPUs the
+  // process may run on out of idle for this long (util/keep_awake.h), so
+  // the next message is answered without waking a CPU. For servers with
+  // CPUs of their own. Zero: off.
+  absl::Duration keep_awake = absl::ZeroDuration();
+};
+
 class RunningServer {
  public:
   // Binds `address` ("127.0.0.1:0" picks a free port). INVALID_ARGUMENT for bad
@@ -54,7 +65,8 @@ class RunningServer {
   // SO_REUSEPORT would), so two servers cannot mix two jobs' traffic.
   static absl::StatusOr<std::unique_ptr<RunningServer>> Start(
       ShardOptions options, const std::string& address,
-      ServerSecurity security = {}, ServerMonitoring monitoring = {});
+      ServerSecurity security = {}, ServerMonitoring monitoring = {},
+      ServerLatency latency = {});
   ~RunningServer();  // Shutdown()
 
   int port() const { return port_; }
@@ -63,6 +75,8 @@ class RunningServer {
   // long as the server. metrics() is null when monitoring.metrics is false.
   metrics::Registry& registry() { return *registry_; }
   ServerMetrics* metrics() { return metrics_.get(); }
+  // The keeper of ServerLatency::keep_awake; null when it is off.
+  const util::KeepAwake* keep_awake() const { return keep_awake_.get(); }
 
   // The health status of the server and of its ParameterServer service:
   // true SERVING, false NOT_SERVING. For a server that is not ready to
@@ -81,6 +95,7 @@ class RunningServer {
   std::unique_ptr<metrics::Registry> registry_;
   std::unique_ptr<Shard> shard_;
   std::unique_ptr<ServerMetrics> metrics_;
+  std::unique_ptr<util::KeepAwake> keep_awake_;  // outlives service_
   std::unique_ptr<ShardService> service_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;

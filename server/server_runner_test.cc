@@ -211,5 +211,68 @@ TEST(RunningServerTest, MetricsCanBeTurnedOff) {
   EXPECT_EQ((*none)->registry().TextExposition(), "");
 }
 
+// Polls `pred` for at most 10 s (bounded, not timed).
+template <typename Pred>
+bool Eventually(Pred pred) {
+  const absl::Time end = absl::Now() + absl::Seconds(10);
+  while (absl::Now() < end) {
+    if (pred()) return true;
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  return pred();
+}
+
+TEST(RunningServerTest, KeepAwakeIsOffByDefaultAndRefusesANegativeHold) {
+  absl::StatusOr<std::unique_ptr<RunningServer>> plain =
+      RunningServer::Start(ShardOptions(), "127.0.0.1:0");
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ((*plain)->keep_awake(), nullptr);
+  ServerLatency negative;
+  negative.keep_awake = absl::Milliseconds(-1);
+  EXPECT_EQ(RunningServer::Start(ShardOptions(), "127.0.0.1:0", {}, {},
+                                 negative)
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// A call wakes the keeper, and so does each message of a BN stream: after
+// the stream's start has been held for and the keeper sleeps again, one
+// more message makes it busy again.
+TEST(RunningServerTest, CallsAndBnMessagesKeepTheCpusAwake) {
+  ServerLatency latency;
+  latency.keep_awake = absl::Milliseconds(20);
+  absl::StatusOr<std::unique_ptr<RunningServer>> server =
+      RunningServer::Start(ShardOptions(), "127.0.0.1:0", {}, {}, latency);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const util::KeepAwake* k = (*server)->keep_awake();
+  ASSERT_NE(k, nullptr);
+  const int n = static_cast<int>(k->cpus().size());
+  ASSERT_TRUE(Eventually([&] { return k->sleeping() == n; }));
+  EXPECT_EQ(k->busy(), absl::ZeroDuration());
+
+  auto channel = Connect((*server)->port());
+  grpc::internal::RpcMethod method("/bnps.proto.ParameterServer/BnSync",
+                                   grpc::internal::RpcMethod::BIDI_STREAMING);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  std::unique_ptr<grpc::ClientReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>>
+      stream(grpc::internal::ClientReaderWriterFactory<
+             grpc::ByteBuffer, grpc::ByteBuffer>::Create(channel.get(), method,
+                                                         &ctx));
+  ASSERT_TRUE(Eventually([&] { return k->busy() > absl::ZeroDuration(); }));
+  ASSERT_TRUE(Eventually([&] { return k->sleeping() == n; }));
+  const absl::Duration after_call = k->busy();
+
+  // Bytes that are no BnRequest: the server ends the stream, after the
+  // message has touched the keeper.
+  ASSERT_TRUE(stream->Write(Bytes(std::string("\xff\xff\xff", 3))));
+  EXPECT_TRUE(Eventually([&] { return k->busy() > after_call; }));
+  grpc::ByteBuffer resp;
+  while (stream->Read(&resp)) {
+  }
+  EXPECT_EQ(stream->Finish().error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+}
+
 }  // namespace
 }  // namespace bnps::server

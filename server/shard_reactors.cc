@@ -255,14 +255,19 @@ class PullReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
 class BnReactor
     : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
-  BnReactor(Shard* shard, ServerMetrics* metrics, int64_t generation)
-      : shard_(shard), metrics_(metrics), generation_(generation) {
+  BnReactor(Shard* shard, ServerMetrics* metrics, int64_t generation,
+            util::KeepAwake* keep_awake)
+      : shard_(shard),
+        metrics_(metrics),
+        generation_(generation),
+        keep_awake_(keep_awake) {
     StartRead(&req_);
   }
 
   void OnReadDone(bool ok) override {
     absl::Status malformed;
     if (ok) {
+      if (keep_awake_ != nullptr) keep_awake_->Touch();
       if (metrics_) metrics_->Received(M::kBnSync, req_.Length());
       malformed = ParseRequest(req_, &msg_);
       req_.Clear();  // for the next read
@@ -463,6 +468,7 @@ class BnReactor
   Shard* const shard_;
   ServerMetrics* const metrics_;  // may be null
   const int64_t generation_;  // the stream's
+  util::KeepAwake* const keep_awake_;  // may be null
   // Touched only by the read path.
   grpc::ByteBuffer req_;
   proto::BnRequest msg_;
@@ -493,8 +499,9 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* NewPullReactor(
 }
 
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* NewBnReactor(
-    Shard* shard, ServerMetrics* metrics, int64_t generation) {
-  return new BnReactor(shard, metrics, generation);
+    Shard* shard, ServerMetrics* metrics, int64_t generation,
+    util::KeepAwake* keep_awake) {
+  return new BnReactor(shard, metrics, generation, keep_awake);
 }
 
 }  // namespace bnps::server

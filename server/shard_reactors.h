@@ -12,6 +12,7 @@
 #include "server/scratch_pool.h"
 #include "server/server_metrics.h"
 #include "server/shard.h"
+#include "util/keep_awake.h"
 
 namespace bnps::server {
 
@@ -22,8 +23,10 @@ grpc::ServerReadReactor<grpc::ByteBuffer>* NewPushReactor(
 grpc::ServerWriteReactor<grpc::ByteBuffer>* NewPullReactor(
     Shard* shard, grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* raw,
     ServerMetrics* metrics);
+// `keep_awake` (may be null) is touched by every message of the stream.
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* NewBnReactor(
-    Shard* shard, ServerMetrics* metrics, int64_t generation);
+    Shard* shard, ServerMetrics* metrics, int64_t generation,
+    util::KeepAwake* keep_awake);
 
 }  // namespace bnps::server
 

@@ -19,6 +19,7 @@ using M = ServerMetrics;  // its enums; metrics_ may be null everywhere
 
 absl::Status ShardService::Authenticate(
     const grpc::CallbackServerContext& ctx) const {
+  if (keep_awake_ != nullptr) keep_awake_->Touch();
   if (token_.empty()) return absl::OkStatus();  // no metadata lookup
   return security::CheckToken(token_, CallToken(ctx));
 }
@@ -172,7 +173,7 @@ ShardService::BnSync(grpc::CallbackServerContext* ctx) {
     return new Refused<
         grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>>(s);
   }
-  return NewBnReactor(shard_, metrics_, CallGeneration(*ctx));
+  return NewBnReactor(shard_, metrics_, CallGeneration(*ctx), keep_awake_);
 }
 
 grpc::ServerUnaryReactor* ShardService::StartStep(

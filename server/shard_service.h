@@ -25,6 +25,7 @@
 #include "server/scratch_pool.h"
 #include "server/server_metrics.h"
 #include "server/shard.h"
+#include "util/keep_awake.h"
 
 namespace bnps::server {
 
@@ -53,9 +54,15 @@ class ShardService final : public ShardServiceBase {
   // `shard` is not owned. An empty `token` accepts calls without one.
   // `metrics` (not owned; null: none) counts and times the calls, and gives
   // GetStatus the per-worker steps and pushes and the BN layers' waits.
+  // `keep_awake` (not owned; null: none) is touched by every call and by
+  // every message of a BN stream (util/keep_awake.h).
   explicit ShardService(Shard* shard, std::string token = "",
-                        ServerMetrics* metrics = nullptr)
-      : shard_(shard), token_(std::move(token)), metrics_(metrics) {}
+                        ServerMetrics* metrics = nullptr,
+                        util::KeepAwake* keep_awake = nullptr)
+      : shard_(shard),
+        token_(std::move(token)),
+        metrics_(metrics),
+        keep_awake_(keep_awake) {}
 
   // Requests and responses are the messages of proto/bnps.proto, as bytes.
   grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* ctx,
@@ -111,6 +118,7 @@ class ShardService final : public ShardServiceBase {
   Shard* const shard_;
   const std::string token_;
   ServerMetrics* const metrics_;  // may be null
+  util::KeepAwake* const keep_awake_;  // may be null
   // Staging buffers of pushes, reused across calls.
   ScratchPool scratch_{size_t{256} << 20};
 };

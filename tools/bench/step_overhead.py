@@ -56,6 +56,10 @@ POLICIES = ["local", "sync", "async", "recal"]
 # with --replicas=W (one thread each, pinned to the W workers' cores), the BN
 # statistics combined in the process and sent once. Only for W >= 2.
 COLOCATED = "sync-colocated"
+# bnps_server --keep_awake_us where every process has a core of its own: longer
+# than the compute between two of a step's BN exchanges at batch 32 (about
+# 0.6 ms here), so the server's core stays awake through a step.
+KEEP_AWAKE_US = 2000
 LISTENING = re.compile(r"listening on ([0-9.]+):(\d+)")
 
 STEP_HEADING = "## Step time against local"
@@ -116,10 +120,13 @@ shard server and W worker processes (`bnps_server`, `bnps_worker`) for each
 policy in turn, each process pinned to a core of its own where the machine
 has enough (the last column says where they share), and each worker trains
 a warm-up that is left out, then the timed steps (synthetic 28x28 data, the
-default model, one model thread). Cells are milliseconds per step, the mean
-over the workers, split as the worker reports it: compute (data, forward,
-backward), BN sync (the blocking BN exchanges: 12 a step for this model)
-and grad sync (push, pull, clocks). The second table gives each ratio's
+default model, one model thread). Where every process has a core, the
+workers poll for BN answers 100 us before blocking (`--bn_spin_us=-1`) and
+the server keeps its core awake between messages (`--keep_awake_us=2000`,
+docs/server.md); the settings line says which. Cells are milliseconds per
+step, the mean over the workers, split as the worker reports it: compute
+(data, forward, backward), BN sync (the blocking BN exchanges: 12 a step
+for this model) and grad sync (push, pull, clocks). The second table gives each ratio's
 spread over the runs; the third puts `ps_benchmark`'s BN round trip
 (C = 256, W = 2: bnps against the bare gRPC barrier and the echo) beside
 it, measured in each run."""
@@ -207,12 +214,22 @@ def stop(procs):
             p.wait()
 
 
-def start_server(args, shard, policy, workers, core, out_dir):
+def server_flags(args, shared):
+    """The servers' flags: --server_flag as given; by default, where every
+    process has a core of its own, the server keeps its core awake while
+    messages come (bnps_server --keep_awake_us)."""
+    if args.server_flag:
+        return list(args.server_flag)
+    return [] if shared else ["--keep_awake_us={}".format(KEEP_AWAKE_US)]
+
+
+def start_server(args, shard, policy, workers, core, shared, out_dir):
     log = os.path.join(out_dir, "s{}.log".format(shard))
     cmd = [os.path.join(args.bin_dir, "server", "bnps_server"), "--port=0",
            "--host=127.0.0.1", "--shard={}".format(shard),
            "--num_shards={}".format(args.servers),
            "--num_workers={}".format(workers), "--policy=" + policy]
+    cmd += server_flags(args, shared)
     with open(log, "w") as f:
         p = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT,
                              preexec_fn=pinned(core))
@@ -242,7 +259,7 @@ def measure_policy(args, policy, workers, batch, out_dir):
         addresses = []
         for s in range(args.servers):
             p, address = start_server(args, s, policy, workers, s_cores[s],
-                                      out_dir)
+                                      shared, out_dir)
             procs.append(p)
             addresses.append(address)
         reports, logs, wprocs = [], [], []
@@ -349,11 +366,14 @@ def report(args, results, shared, rts, out):
       "{} run(s), the policies of a (W, batch) back to back in each; "
       "each process pinned to a core (sched_setaffinity; round-robin where "
       "there are too few, see 'cores'); worker flags: "
-      "{}; round trip: bnps workers poll {} us before blocking (the "
-      "workers' --bn_spin_us=-1 rule)\n\n".format(
+      "{}; server flags: {}; round trip: bnps workers poll {} us before "
+      "blocking (the workers' --bn_spin_us=-1 rule)\n\n".format(
           args.servers, args.steps, args.warmup, args.data, args.runs,
           " ".join(args.worker_flag) or "defaults (--bn_spin_us=-1: poll "
-          "100 us where every process has a core)", rt_spin_us(args)))
+          "100 us where every process has a core)",
+          " ".join(args.server_flag) or "--keep_awake_us={} where every "
+          "process has a core, else none".format(KEEP_AWAKE_US),
+          rt_spin_us(args)))
     w(STEP_HEADING + " (ms per step, mean over workers; median over runs)\n\n")
     w("| " + " | ".join(STEP_HEADER) + " |\n")
     w("|---:|---:|:---|---:|---:|---:|---:|---:|:---|\n")
@@ -464,6 +484,11 @@ def parse_args(argv):
     p.add_argument("--worker_flag", action="append", default=[],
                    help="passed to every worker as is (repeatable), e.g. "
                    "--worker_flag=--bn_spin_us=0")
+    p.add_argument("--server_flag", action="append", default=[],
+                   help="passed to every server as is (repeatable), instead "
+                   "of the default --keep_awake_us={} where every process "
+                   "has a core; e.g. --server_flag=--keep_awake_us=0".format(
+                       KEEP_AWAKE_US))
     p.add_argument("--timeout_s", type=float, default=600,
                    help="per policy and (W, batch)")
     args = p.parse_args(argv)

@@ -55,6 +55,21 @@ class StepOverheadTest(unittest.TestCase):
             self.assertLessEqual(float(mid), float(hi))
         self.assertIn("2 run(s)", r.stdout)
 
+    def test_server_flags_reach_the_servers(self):
+        # A negative hold is refused by bnps_server (exit status 2), which
+        # the tool reports with the server's log.
+        r = run(["--workers", "1", "--batches", "4", "--steps", "2",
+                 "--warmup", "0", "--policies", "local", "--round_trip",
+                 "off", "--server_flag=--keep_awake_us=-1"])
+        self.assertNotEqual(r.returncode, 0, r.stdout)
+        self.assertIn("--keep_awake_us must be >= 0", r.stdout + r.stderr)
+        r = run(["--workers", "1", "--batches", "4", "--steps", "2",
+                 "--warmup", "0", "--policies", "local,sync",
+                 "--round_trip", "off",
+                 "--server_flag=--keep_awake_us=500"])
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("server flags: --keep_awake_us=500", r.stdout)
+
     def test_bad_policy_is_usage_error(self):
         r = run(["--policies", "sync,bogus"])
         self.assertEqual(r.returncode, 2)
