@@ -22,7 +22,7 @@
 namespace bnps::bench {
 
 // What a latency row measures.
-enum class Peer : int { kBnps, kGloo, kEcho, kStar };
+enum class Peer : int { kBnps, kGloo, kEcho, kStar, kTcp };
 
 // One worker's part of a latency row. Plain data: it crosses a pipe.
 struct Job {
@@ -34,7 +34,7 @@ struct Job {
   int reps = 0;
   int min_reps = 0;
   int64_t row_time_ns = 0;  // see CallPlan
-  int port = 0;             // bnps, echo, star: their server on 127.0.0.1
+  int port = 0;             // bnps, echo, star, tcp: their server on 127.0.0.1
   int64_t deadline_ns = 0;  // steady clock: no call starts after it
   char dir[64] = {};        // gloo: the rendezvous directory
   int64_t bn_spin_ns = 0;   // bnps: the client's bn_spin

@@ -7,6 +7,7 @@
 #include "tools/bench/echo_peer.h"
 #include "tools/bench/echo_server.h"
 #include "tools/bench/gloo_peer.h"
+#include "tools/bench/tcp_star.h"
 
 namespace bnps::bench {
 
@@ -20,6 +21,8 @@ absl::StatusOr<std::vector<double>> RunLatencyJob(const Job& job,
     case Peer::kEcho:
     case Peer::kStar:
       return EchoWorker(job, control);
+    case Peer::kTcp:
+      return TcpStarWorker(job, control);
   }
   return absl::InvalidArgumentError("unknown peer");
 }
@@ -27,9 +30,11 @@ absl::StatusOr<std::vector<double>> RunLatencyJob(const Job& job,
 LatencyTable MeasureLatency(WorkerPool& pool, const Settings& s) {
   using Rounds =
       std::map<std::pair<int, int>, std::vector<absl::StatusOr<Latency>>>;
-  Rounds gloo, bnps, echo, star, bnps_off;
+  Rounds gloo, bnps, echo, star, tcp, bnps_off;
   absl::StatusOr<std::unique_ptr<EchoServer>> echo_server =
       s.echo || s.star ? EchoServer::Start() : Skipped();
+  absl::StatusOr<std::unique_ptr<TcpStarServer>> tcp_server =
+      s.tcp ? TcpStarServer::Start() : Skipped();
   for (int round = 0; round < s.rounds; ++round) {
     for (int c : s.channels) {
       for (int w : s.workers) {
@@ -54,10 +59,16 @@ LatencyTable MeasureLatency(WorkerPool& pool, const Settings& s) {
           }
           (gather ? star : echo)[key].push_back(std::move(l));
         }
+        tcp[key].push_back(
+            !s.tcp ? Skipped()
+            : tcp_server.ok()
+                ? TcpStarLatency(pool, **tcp_server, c, w, s)
+                : absl::StatusOr<Latency>(tcp_server.status()));
       }
     }
   }
   echo_server = absl::CancelledError("done");
+  tcp_server = absl::CancelledError("done");
   auto medians = [](const Rounds& rounds) {
     LatencyCells out;
     for (const auto& [key, r] : rounds) out.emplace(key, MedianOfRounds(r));
@@ -68,6 +79,7 @@ LatencyTable MeasureLatency(WorkerPool& pool, const Settings& s) {
   table.gloo = medians(gloo);
   table.echo = medians(echo);
   table.star = medians(star);
+  table.tcp = medians(tcp);
   table.bnps_no_metrics = medians(bnps_off);
   return table;
 }

@@ -1,5 +1,6 @@
 // The BN-sync latency table: the round trip of one BN layer's forward
-// exchange, C channels, W workers, for bnps and its peers (gloo, echo, star),
+// exchange, C channels, W workers, for bnps and its peers (gloo, echo, star,
+// tcp),
 // each row's systems measured one after another, in --rounds rounds. The
 // workers are the pool's processes; RunLatencyJob is what each of them runs.
 //
@@ -25,13 +26,13 @@ namespace bnps::bench {
 using LatencyCells = std::map<std::pair<int, int>, absl::StatusOr<Latency>>;
 
 struct LatencyTable {
-  LatencyCells bnps, gloo, echo, star;
+  LatencyCells bnps, gloo, echo, star, tcp;
   // bnps with the server's metrics off; only with Settings::metrics_ab.
   LatencyCells bnps_no_metrics;
 };
 
 // The JobRunner of the pool (worker_pool.h): runs `job` with the worker of
-// its peer (BnpsWorker, GlooWorker or EchoWorker).
+// its peer (BnpsWorker, GlooWorker, EchoWorker or TcpStarWorker).
 absl::StatusOr<std::vector<double>> RunLatencyJob(const Job& job,
                                                   RowControl* control);
 

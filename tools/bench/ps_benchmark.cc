@@ -23,6 +23,10 @@
 //            all W streams have sent theirs (the Gather method,
 //            star_barrier.h): the floor under any barrier served over gRPC,
 //            bnps's minus the work.
+//      tcp   the star barrier on raw loopback TCP, without gRPC: one
+//            connection per worker, one epoll thread answering a round once
+//            all W frames are in (tcp_star.h). The floor under any barrier
+//            over TCP on this machine.
 //    Every worker times each of its calls after a warm-up, for --row_seconds
 //    but at least --min_reps and at most --reps calls (CallPlan,
 //    latency_job.h); a cell is the largest over workers of the per-worker p50
@@ -47,7 +51,7 @@
 // Run: bazel build -c opt //tools/bench:ps_benchmark &&
 //      bazel-bin/tools/bench/ps_benchmark [--reps=1000] [--min_reps=100]
 //      [--row_seconds=0.5] [--quick]
-//      [--tables=bn,grad] [--systems=bnps,gloo,echo,star]
+//      [--tables=bn,grad] [--systems=bnps,gloo,echo,star,tcp]
 //      [--channels=64,256,1024]
 //      [--workers=1,2,4,8] [--bn_spin_us=0]
 
@@ -92,8 +96,8 @@ ABSL_FLAG(int, rounds, 3,
 ABSL_FLAG(bool, quick, false,
           "fewer reps: at most 50 BN calls per row, 1-3 push+pull reps");
 ABSL_FLAG(std::vector<std::string>, systems,
-          std::vector<std::string>({"bnps", "gloo", "echo", "star"}),
-          "which systems to measure: bnps, gloo, echo, star (the grad table "
+          std::vector<std::string>({"bnps", "gloo", "echo", "star", "tcp"}),
+          "which systems to measure: bnps, gloo, echo, star, tcp (the grad table "
           "has bnps and echo); fewer to profile one alone");
 ABSL_FLAG(bool, metrics_ab, false,
           "BN latency: also measure every bnps row with the server's metrics "
@@ -150,17 +154,18 @@ int Main() {
                     &s.channels)) {
     return 2;
   }
-  s.bnps = s.gloo = s.echo = s.star = false;
+  s.bnps = s.gloo = s.echo = s.star = s.tcp = false;
   for (const std::string& name : absl::GetFlag(FLAGS_systems)) {
     bool* on = name == "bnps"   ? &s.bnps
                : name == "gloo" ? &s.gloo
                : name == "echo" ? &s.echo
                : name == "star" ? &s.star
+               : name == "tcp"  ? &s.tcp
                                 : nullptr;
     if (on == nullptr) {
       absl::FPrintF(stderr,
-                    "ps_benchmark: --systems: '%s' is not bnps, gloo, echo or "
-                    "star\n",
+                    "ps_benchmark: --systems: '%s' is not bnps, gloo, echo, "
+                    "star or tcp\n",
                     name);
       return 2;
     }

@@ -55,10 +55,10 @@ void PrintLatencyTable(const LatencyTable& table, const Settings& s) {
       "\n## BN-sync round trip, one layer (us; max over workers of each "
       "worker's p50 / p99; median of %d rounds)\n\n"
       "| C | W | bnps p50 | bnps p99 | gloo p50 | gloo p99 | echo p50 | "
-      "echo p99 | star p50 | star p99 | bnps/gloo | bnps/echo | bnps/star | "
-      "star/gloo |\n"
+      "echo p99 | star p50 | star p99 | tcp p50 | tcp p99 | bnps/gloo | "
+      "bnps/echo | bnps/star | bnps/tcp | star/gloo | star/tcp |\n"
       "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
-      "\n",
+      "---:|---:|---:|---:|\n",
       s.rounds);
   bool short_rows = false;
   // p50 ratio a/b, "-" where either failed or b is a local copy (gloo, W = 1).
@@ -72,7 +72,7 @@ void PrintLatencyTable(const LatencyTable& table, const Settings& s) {
       const std::pair<int, int> key(c, w);
       std::vector<std::string> cells = {absl::StrCat(c), absl::StrCat(w)};
       for (const LatencyCells* m :
-           {&table.bnps, &table.gloo, &table.echo, &table.star}) {
+           {&table.bnps, &table.gloo, &table.echo, &table.star, &table.tcp}) {
         const absl::StatusOr<Latency>& l = m->at(key);
         if (!l.ok()) {
           cells.push_back(notes.Cell(l.status()));
@@ -88,7 +88,9 @@ void PrintLatencyTable(const LatencyTable& table, const Settings& s) {
       cells.push_back(ratio(b, table.gloo.at(key)));
       cells.push_back(ratio(b, table.echo.at(key)));
       cells.push_back(ratio(b, table.star.at(key)));
+      cells.push_back(ratio(b, table.tcp.at(key)));
       cells.push_back(ratio(table.star.at(key), table.gloo.at(key)));
+      cells.push_back(ratio(table.star.at(key), table.tcp.at(key)));
       absl::PrintF("| %s |\n", absl::StrJoin(cells, " | "));
     }
   }
@@ -96,7 +98,9 @@ void PrintLatencyTable(const LatencyTable& table, const Settings& s) {
       "\nRatios of p50s; < 1 means the first is faster. gloo with W = 1 is a "
       "local copy (no ratio). star: bare gRPC answering each round once all W "
       "are in, doing no work; bnps/star is the cost of bnps's work over that "
-      "floor, star/gloo the floor against gloo.\n");
+      "floor, star/gloo the floor against gloo. tcp: the same barrier on raw "
+      "loopback TCP (one epoll thread, no gRPC); star/tcp is what gRPC costs "
+      "over the kernel's loopback.\n");
   if (short_rows)
     absl::PrintF("\n* fewer than %d calls: the row ran out of time\n",
                  s.min_reps);

@@ -25,7 +25,7 @@ struct Settings {
   std::vector<int> workers;                       // W of the BN rows
   std::vector<int> shard_counts = {1, 2};
   // Which systems are measured (--systems); a skipped one's cells say so.
-  bool bnps = true, gloo = true, echo = true, star = true;
+  bool bnps = true, gloo = true, echo = true, star = true, tcp = true;
   // Also measure every bnps row with the server's metrics off, beside the
   // usual one (metrics on), alternating which goes first (--metrics_ab).
   bool metrics_ab = false;

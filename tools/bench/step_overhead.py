@@ -69,7 +69,8 @@ RATIO_HEADING = "## Ratio to local over runs"
 RATIO_HEADER = ["W", "batch", "policy", "min", "median", "max"]
 RT_HEADING = "## BN round trip beside it"
 RT_HEADER = ["C", "W", "bnps p50 us", "star p50 us", "echo p50 us",
-             "bnps/star", "bnps/echo", "bnps/star min", "bnps/star max"]
+             "tcp p50 us", "bnps/star", "bnps/echo", "bnps/tcp",
+             "bnps/star min", "bnps/star max"]
 
 
 # The (W, batch, policy) rows docs/performance.md expects of both step tables.
@@ -107,7 +108,7 @@ DOC_TABLES = [
         "header": RT_HEADER,
         "keys": [0, 1],
         "rows": [("256", "2")],
-        "numbers": list(range(2, 9)),
+        "numbers": list(range(2, 11)),
         "ratios": [],
     },
 ]
@@ -128,8 +129,8 @@ step, the mean over the workers, split as the worker reports it: compute
 (data, forward, backward), BN sync (the blocking BN exchanges: 12 a step
 for this model) and grad sync (push, pull, clocks). The second table gives each ratio's
 spread over the runs; the third puts `ps_benchmark`'s BN round trip
-(C = 256, W = 2: bnps against the bare gRPC barrier and the echo) beside
-it, measured in each run."""
+(C = 256, W = 2: bnps against the bare gRPC barrier, the echo and the same
+barrier on raw TCP) beside it, measured in each run."""
 
 DOC_READING = """\
 "ratio to local" is the policy's step time over local's in the same run
@@ -319,9 +320,9 @@ def rt_spin_us(args):
 
 
 def measure_round_trip(args):
-    """(bnps, star, echo) p50 microseconds from one ps_benchmark run."""
+    """(bnps, star, echo, tcp) p50 microseconds from one ps_benchmark run."""
     cmd = [os.path.join(args.bin_dir, "tools", "bench", "ps_benchmark"),
-           "--tables=bn", "--systems=bnps,star,echo",
+           "--tables=bn", "--systems=bnps,star,echo,tcp",
            "--channels={}".format(args.rt_channels),
            "--workers={}".format(args.rt_workers), "--rounds=1",
            "--bn_spin_us={}".format(rt_spin_us(args))]
@@ -344,7 +345,8 @@ def measure_round_trip(args):
         if header and len(row) == len(header) and row[0] == str(
                 args.rt_channels) and row[1] == str(args.rt_workers):
             return tuple(float(row[header.index(k)].rstrip("*"))
-                         for k in ("bnps p50", "star p50", "echo p50"))
+                         for k in ("bnps p50", "star p50", "echo p50",
+                                   "tcp p50"))
     raise Failure("ps_benchmark printed no C={} W={} row:\n{}".format(
         args.rt_channels, args.rt_workers, out[-3000:]))
 
@@ -355,7 +357,8 @@ def fmt_ms(seconds):
 
 def report(args, results, shared, rts, out):
     """Prints the tables. results[(W, b, policy)] = list of per-run
-    (total, compute, bn, grad); rts = list of per-run (bnps, star, echo)."""
+    (total, compute, bn, grad); rts = list of per-run (bnps, star, echo,
+    tcp)."""
     cores = len(args.cores)
     w = out.write
     w("# step_overhead\n\n")
@@ -414,15 +417,16 @@ def report(args, results, shared, rts, out):
         w("\n" + RT_HEADING + " (ps_benchmark, microseconds, median over "
           "runs)\n\n")
         w("| " + " | ".join(RT_HEADER) + " |\n")
-        w("|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+        w("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
         bs = [r[0] / r[1] for r in rts]
         be = [r[0] / r[2] for r in rts]
-        w("| {} | {} | {:.1f} | {:.1f} | {:.1f} | {:.2f} | {:.2f} | {:.2f} | "
-          "{:.2f} |\n".format(
+        bt = [r[0] / r[3] for r in rts]
+        w("| {} | {} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.2f} | {:.2f} | "
+          "{:.2f} | {:.2f} | {:.2f} |\n".format(
               args.rt_channels, args.rt_workers,
               median([r[0] for r in rts]), median([r[1] for r in rts]),
-              median([r[2] for r in rts]), median(bs), median(be), min(bs),
-              max(bs)))
+              median([r[2] for r in rts]), median([r[3] for r in rts]),
+              median(bs), median(be), median(bt), min(bs), max(bs)))
 
 
 def cpu_model():

@@ -114,12 +114,13 @@ TABLES = [
         "heading": "## BN-sync round trip, one layer",
         "header": ["C", "W", "bnps p50", "bnps p99", "gloo p50", "gloo p99",
                    "echo p50", "echo p99", "star p50", "star p99",
-                   "bnps/gloo", "bnps/echo", "bnps/star", "star/gloo"],
+                   "tcp p50", "tcp p99", "bnps/gloo", "bnps/echo",
+                   "bnps/star", "bnps/tcp", "star/gloo", "star/tcp"],
         "keys": [0, 1],
         "rows": [(c, w) for c in ("64", "256", "1024")
                  for w in ("1", "2", "4", "8")],
-        "numbers": list(range(2, 10)),
-        "ratios": [10, 11, 12, 13],
+        "numbers": list(range(2, 12)),
+        "ratios": list(range(12, 18)),
     },
     {
         "id": "grad",
@@ -199,7 +200,9 @@ doubles over TCP (what an allreduce-based SyncBN exchanges); **echo** is a
 bare gRPC bidi stream per worker whose server sends each message straight
 back (the transport, with no barrier); **star** is the same bare gRPC server
 answering a round only once all W streams have sent theirs (a barrier over
-gRPC that does no work). Cells are microseconds: for each worker the median
+gRPC that does no work); **tcp** is that barrier on raw loopback TCP, one
+connection per worker and one epoll thread, without gRPC (the floor under
+any barrier over TCP here). Cells are microseconds: for each worker the median
 (p50) and 99th percentile (p99) of its calls, the largest over the workers,
 then the median over the rounds.""",
     "grad": """\
@@ -233,7 +236,10 @@ the first is faster, above 1 slower. bnps/gloo compares bnps's barrier with
 gloo's allreduce; bnps/star is what bnps's own work (checking the request,
 the Chan merge in double precision, its bookkeeping) costs over a gRPC
 barrier that does none; star/gloo compares that bare barrier with gloo.
-bnps/echo sets the barrier against a transport that waits for nobody. With
+bnps/echo sets the barrier against a transport that waits for nobody.
+star/tcp is what gRPC itself (HTTP/2 framing, its threads and wake-ups)
+costs over the same barrier on raw loopback TCP; bnps/tcp is bnps's whole
+round trip against that floor. With
 W = 1 gloo's allreduce is a local copy, so it has no ratio. A `*` marks a row
 that ran out of time before its minimum number of calls. The p99 columns
 show the tail of the same calls; the ratios are of p50s only.""",
@@ -262,7 +268,8 @@ noise.""",
 
 # For each table, the ratio columns summarized under it.
 SUMMARY_COLUMNS = {
-    "bn_sync": ["bnps/gloo", "bnps/star", "star/gloo", "bnps/echo"],
+    "bn_sync": ["bnps/gloo", "bnps/star", "star/gloo", "bnps/echo",
+                "star/tcp"],
     "grad": ["bnps/echo"],
     "bn_kernels": ["ratio"],
     "optimizer": ["SGD/memcpy"],
@@ -422,7 +429,7 @@ def summary(spec, table, cpus):
     if cpus and crowded:
         text += (
             "\n\nThis machine has {} logical CPUs. A row runs W + 1 processes "
-            "for bnps, echo and star (the workers and the server) and W for "
+            "for bnps, echo, star and tcp (the workers and the server) and W for "
             "gloo; where they outnumber the CPUs (here from W = {}) they take "
             "turns on them, and the row times the scheduler as much as the "
             "exchange.".format(cpus, crowded[0]))
