@@ -62,5 +62,35 @@ class GradTableTest(unittest.TestCase):
             self.assertEqual(r.stdout, "")
 
 
+class BnTableTest(unittest.TestCase):
+    def test_tcp_and_star_rows_with_their_ratio(self):
+        # The raw-TCP barrier beside gRPC's, W = 1 and 2 (two processes that
+        # wait for each other every round: a barrier that never answered
+        # would hang the row, not pass).
+        r = run(["--tables=bn", "--quick", "--systems=star,tcp",
+                 "--channels=64", "--workers=1,2", "--rounds=1"])
+        self.assertEqual(r.returncode, 0, r.stderr)
+        lines = [l for l in r.stdout.splitlines() if l.startswith("| ")]
+        header = [c.strip() for c in lines[0].strip("|").split("|")]
+        rows = [[c.strip() for c in l.strip("|").split("|")]
+                for l in lines[1:]]
+        self.assertEqual([row[:2] for row in rows], [["64", "1"], ["64", "2"]])
+        col = header.index
+        for row in rows:
+            star = float(row[col("star p50")].rstrip("*"))
+            tcp = float(row[col("tcp p50")].rstrip("*"))
+            self.assertGreater(tcp, 0, r.stdout)
+            self.assertLessEqual(tcp, float(row[col("tcp p99")].rstrip("*")))
+            self.assertAlmostEqual(float(row[col("star/tcp")]), star / tcp,
+                                   delta=0.01 + star / tcp * 0.02)
+            self.assertEqual(row[col("bnps p50")], "skipped")
+            self.assertEqual(row[col("bnps/tcp")], "-")
+
+    def test_unknown_system_is_refused(self):
+        r = run(["--tables=bn", "--systems=udp"])
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("star or tcp", r.stderr)
+
+
 if __name__ == "__main__":
     unittest.main()
