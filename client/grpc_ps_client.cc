@@ -95,6 +95,8 @@ absl::StatusOr<std::unique_ptr<GrpcPsClient>> GrpcPsClient::Connect(
   if (absl::Status s = ValidateOptions(options); !s.ok()) return s;
   if (options.credentials == nullptr) {
     options.credentials = grpc::InsecureChannelCredentials();
+  } else {
+    options.bn_over_tcp = false;  // BN statistics stay encrypted
   }
   std::unique_ptr<GrpcPsClient> client =
       absl::WrapUnique(new GrpcPsClient(std::move(options)));

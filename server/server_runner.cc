@@ -40,9 +40,30 @@ absl::StatusOr<std::unique_ptr<RunningServer>> RunningServer::Start(
     if (!k.ok()) return k.status();
     rs->keep_awake_ = *std::move(k);
   }
+  if (latency.bn_port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("bn_port ", latency.bn_port, " is not a port"));
+  }
+  if (latency.bn_port >= 0) {
+    if (security.credentials != nullptr) {
+      return absl::InvalidArgumentError(
+          "the raw-TCP BN listener (bn_port) is plaintext: it cannot serve a "
+          "job that uses TLS");
+    }
+    BnSocketServer::Options bo;
+    bo.host = address.substr(0, address.rfind(':'));
+    bo.port = latency.bn_port;
+    bo.token = security.token;
+    absl::StatusOr<std::unique_ptr<BnSocketServer>> bn =
+        BnSocketServer::Start(rs->shard_.get(), rs->metrics_.get(),
+                              rs->keep_awake_.get(), std::move(bo));
+    if (!bn.ok()) return bn.status();
+    rs->bn_socket_ = *std::move(bn);
+  }
   rs->service_ = std::make_unique<ShardService>(
       rs->shard_.get(), std::move(security.token), rs->metrics_.get(),
-      rs->keep_awake_.get());
+      rs->keep_awake_.get(),
+      rs->bn_socket_ != nullptr ? rs->bn_socket_->port() : 0);
   // Both are process-wide switches of gRPC, read when a builder is made;
   // turning them on again is harmless.
   grpc::EnableDefaultHealthCheckService(true);
@@ -97,6 +118,9 @@ void RunningServer::Shutdown(absl::Duration grace) {
     if (shut_down_ || server_ == nullptr) return;
     shut_down_ = true;
   }
+  // BN over TCP stops first: its clients then see their connections end
+  // (and go on over gRPC while it drains).
+  if (bn_socket_ != nullptr) bn_socket_->Stop();
   // Calls still waiting on barriers must end for the server to stop: fail them
   // repeatedly while gRPC drains, since new ones may arrive meanwhile.
   absl::Notification stopped;

@@ -25,6 +25,7 @@
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server.h"
 #include "metrics/registry.h"
+#include "server/bn_socket_server.h"
 #include "server/server_metrics.h"
 #include "server/shard.h"
 #include "server/shard_service.h"
@@ -55,6 +56,10 @@ struct ServerLatency {
   // the next message is answered without waking a CPU. For servers with
   // CPUs of their own. Zero: off.
   absl::Duration keep_awake = absl::ZeroDuration();
+  // At least 0: also serve BN traffic over raw TCP on this port of the
+  // server's host (0: a free one), advertised to the workers when they
+  // register (server/bn_socket_server.h). Plaintext jobs only. -1: off.
+  int bn_port = -1;
 };
 
 class RunningServer {
@@ -75,6 +80,8 @@ class RunningServer {
   // long as the server. metrics() is null when monitoring.metrics is false.
   metrics::Registry& registry() { return *registry_; }
   ServerMetrics* metrics() { return metrics_.get(); }
+  // The raw-TCP BN listener (ServerLatency::bn_port); null when it is off.
+  const BnSocketServer* bn_socket_server() const { return bn_socket_.get(); }
   // The keeper of ServerLatency::keep_awake; null when it is off.
   const util::KeepAwake* keep_awake() const { return keep_awake_.get(); }
 
@@ -96,6 +103,7 @@ class RunningServer {
   std::unique_ptr<Shard> shard_;
   std::unique_ptr<ServerMetrics> metrics_;
   std::unique_ptr<util::KeepAwake> keep_awake_;  // outlives service_
+  std::unique_ptr<BnSocketServer> bn_socket_;
   std::unique_ptr<ShardService> service_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;

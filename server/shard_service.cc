@@ -68,6 +68,7 @@ grpc::ServerUnaryReactor* ShardService::Register(
     *resp.mutable_config() = ToJobConfig(o);
     resp.set_server_incarnation(shard_->server_incarnation());
     resp.set_generation(shard_->generation().generation);
+    resp.set_bn_port(bn_port_);
   }
   return Answer(M::kRegister, ctx, *raw, worker, s, &resp, out);
 }

@@ -158,6 +158,10 @@ ABSL_FLAG(double, connect_timeout_s, 30,
           "address.");
 ABSL_FLAG(double, rpc_timeout_s, 60,
           "Deadline of every call to the servers once connected, in seconds.");
+ABSL_FLAG(bool, bn_over_tcp, true,
+          "Send BN traffic over raw TCP to the servers that offer it "
+          "(bnps_server --bn_port), with the gRPC stream as the fallback; "
+          "never with TLS. false: always the gRPC stream.");
 ABSL_FLAG(int, bn_spin_us, -1,
           "How long a BN exchange polls for its answer before it sleeps, in "
           "microseconds: saves the wake-up (tens of microseconds an exchange) "
@@ -451,6 +455,7 @@ absl::Status Main() {
     spin_us = std::thread::hardware_concurrency() >= job_cores ? 100 : 0;
   }
   client_options.bn_spin = absl::Microseconds(spin_us);
+  client_options.bn_over_tcp = absl::GetFlag(FLAGS_bn_over_tcp);
   // Checked before the worker joins: a launch with flags that do not fit the
   // job stops here and leaves the servers as they were.
   client_options.check_config = CheckAgainstServers;

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "client/internal/bn_socket.h"
 #include "grpc/support/time.h"
 #include "grpcpp/completion_queue.h"
 #include "grpcpp/generic/generic_stub.h"
@@ -521,21 +522,39 @@ absl::StatusOr<proto::BnResponse> BnCalls::BnCall(proto::BnRequest request) {
   };
   const absl::Time deadline = absl::Now() + channels_->CallTimeout();
   for (int attempt = 0;; ++attempt) {
-    std::shared_ptr<BnStream> stream = GetStream(shard);
-    if (stream == nullptr) {
-      return absl::UnavailableError(
-          absl::StrCat(context(), ": the client is closed"));
+    // The first attempt over TCP where the shard offers it; a repeat on
+    // the stream.
+    absl::Status refused;
+    std::shared_ptr<BnSocket> socket =
+        attempt == 0 ? GetSocket(shard, &refused) : nullptr;
+    if (!refused.ok()) return Annotate(refused, context());
+    std::shared_ptr<BnStream> stream;
+    if (socket == nullptr) {
+      stream = GetStream(shard);
+      if (stream == nullptr) {
+        return absl::UnavailableError(
+            absl::StrCat(context(), ": the client is closed"));
+      }
     }
     const uint64_t id = next_bn_id_.fetch_add(1, std::memory_order_relaxed);
     request.set_id(id);
-    grpc::ByteBuffer message;
-    bool own_buffer;
-    if (grpc::Status s = grpc::SerializationTraits<proto::BnRequest>::Serialize(
-            request, &message, &own_buffer);
-        !s.ok()) {
-      return Annotate(proto::FromGrpcStatus(s), context());
+    BnStream::Outcome out;
+    if (socket != nullptr) {
+      BnSocket::Outcome o = socket->Call(request, deadline);
+      out.status = std::move(o.status);
+      out.retry = o.retry;
+      out.response = std::move(o.response);
+    } else {
+      grpc::ByteBuffer message;
+      bool own_buffer;
+      if (grpc::Status s =
+              grpc::SerializationTraits<proto::BnRequest>::Serialize(
+                  request, &message, &own_buffer);
+          !s.ok()) {
+        return Annotate(proto::FromGrpcStatus(s), context());
+      }
+      out = stream->Call(message, id, deadline);
     }
-    BnStream::Outcome out = stream->Call(message, id, deadline);
     if (!out.status.ok()) {
       if (out.retry && attempt == 0) {
         const absl::Duration wait =
@@ -564,16 +583,71 @@ absl::StatusOr<proto::BnResponse> BnCalls::BnCall(proto::BnRequest request) {
 }
 
 BnCalls::BnCalls(Channels* channels)
-    : channels_(channels), streams_(channels->num_shards()) {}
+    : channels_(channels),
+      streams_(channels->num_shards()),
+      sockets_(channels->num_shards()),
+      failed_port_(channels->num_shards(), 0) {}
+
+std::shared_ptr<BnSocket> BnCalls::GetSocket(int shard,
+                                             absl::Status* refused) {
+  const GrpcClientOptions& options = channels_->options();
+  const int port = channels_->bn_port(shard);
+  if (!options.bn_over_tcp || port <= 0) return nullptr;
+  const int64_t generation = channels_->generation();
+  std::shared_ptr<BnSocket> old;  // closed after unlocking
+  {
+    absl::MutexLock lock(&streams_mu_);
+    if (closed_ || failed_port_[shard] == port) return nullptr;
+    std::shared_ptr<BnSocket>& slot = sockets_[shard];
+    // A connection of an earlier generation is refused by the server.
+    if (slot != nullptr && !slot->broken() &&
+        slot->generation() == generation) {
+      return slot;
+    }
+    old = std::move(slot);
+  }
+  old.reset();
+  proto::BnHello hello;
+  hello.set_job(options.job);
+  hello.set_worker(options.worker);
+  hello.set_generation(generation);
+  hello.set_token(options.token);
+  absl::StatusOr<std::unique_ptr<BnSocket>> opened = BnSocket::Connect(
+      channels_->Host(shard), port, hello,
+      absl::Now() + std::min(options.rpc_timeout, absl::Seconds(5)),
+      options.bn_spin);
+  absl::MutexLock lock(&streams_mu_);
+  if (!opened.ok()) {
+    const absl::StatusCode code = opened.status().code();
+    if (code == absl::StatusCode::kUnavailable ||
+        code == absl::StatusCode::kDeadlineExceeded) {
+      failed_port_[shard] = port;  // the stream carries this shard's calls
+    } else {
+      *refused = opened.status();
+    }
+    return nullptr;
+  }
+  if (closed_) return nullptr;
+  std::shared_ptr<BnSocket>& slot = sockets_[shard];
+  if (slot == nullptr || slot->broken() || slot->generation() != generation) {
+    slot = std::shared_ptr<BnSocket>(*std::move(opened));
+  }
+  return slot;
+}
 
 BnCalls::~BnCalls() { Close(); }
 
 void BnCalls::Close() {
   std::vector<std::shared_ptr<BnStream>> streams;
+  std::vector<std::shared_ptr<BnSocket>> sockets;
   {
     absl::MutexLock lock(&streams_mu_);
     streams.swap(streams_);
+    sockets.swap(sockets_);
     closed_ = true;
+  }
+  for (const auto& socket : sockets) {
+    if (socket != nullptr) socket->Shut();
   }
   for (const auto& stream : streams) {
     if (stream != nullptr) stream->HalfClose();

@@ -4,6 +4,12 @@
 // its own: callers poll it (see BnStream in bn_stream.cc). Internal to
 // client/; the typed calls' contracts are PsClient's.
 //
+// Where the shard offers BN over raw TCP (RegisterResponse.bn_port) and
+// GrpcClientOptions::bn_over_tcp allows, a call's first attempt goes over
+// that connection instead (bn_socket.h); a connection that cannot be made
+// leaves the shard on the stream, and a hello the server refuses (a wrong
+// token) fails the call with the server's code.
+//
 // BnCall semantics: the request goes to the shard that owns the layer with a
 // fresh id; the call blocks until the answer with that id arrives or
 // CallTimeout() passes (DEADLINE_EXCEEDED). If the stream breaks while the
@@ -40,6 +46,7 @@
 namespace bnps::client::internal {
 
 class BnStream;  // one shard's stream (bn_stream.cc)
+class BnSocket;  // one shard's raw-TCP connection (bn_socket.h)
 
 class BnCalls {
  public:
@@ -78,6 +85,12 @@ class BnCalls {
   // null once closed.
   std::shared_ptr<BnStream> GetStream(int shard)
       ABSL_LOCKS_EXCLUDED(streams_mu_);
+  // The raw-TCP connection of `shard`, opened if there is none or it broke;
+  // null where the shard offers none, it cannot be reached (the stream
+  // then carries its calls) or the client is closed. A hello the server
+  // refused sets `*refused`.
+  std::shared_ptr<BnSocket> GetSocket(int shard, absl::Status* refused)
+      ABSL_LOCKS_EXCLUDED(streams_mu_);
   // One exchange as the file comment says. INVALID_ARGUMENT for an empty or
   // too long layer or a request larger than kMaxMessageBytes.
   // REQUIRES: request.phase() is set (the callers build it with BnHead).
@@ -95,6 +108,9 @@ class BnCalls {
 
   absl::Mutex streams_mu_;
   std::vector<std::shared_ptr<BnStream>> streams_ ABSL_GUARDED_BY(streams_mu_);
+  std::vector<std::shared_ptr<BnSocket>> sockets_ ABSL_GUARDED_BY(streams_mu_);
+  // Per shard, the BN port a connection to failed (not tried again).
+  std::vector<int> failed_port_ ABSL_GUARDED_BY(streams_mu_);
   bool closed_ ABSL_GUARDED_BY(streams_mu_) = false;
 };
 

@@ -56,8 +56,19 @@ absl::Status RunParallel(int n, const std::function<absl::Status(int)>& fn) {
   return absl::OkStatus();
 }
 
+std::string Channels::Host(int shard) const {
+  std::string address = shards_[shard].address;
+  if (const size_t scheme = address.find(":///"); scheme != std::string::npos) {
+    address = address.substr(scheme + 4);
+  }
+  return address.substr(0, address.rfind(':'));
+}
+
 Channels::Channels(GrpcClientOptions options)
-    : options_(std::move(options)), shards_(options_.servers.size()) {
+    : options_(std::move(options)),
+      shards_(options_.servers.size()),
+      bn_ports_(new std::atomic<int>[options_.servers.size()]) {
+  for (size_t i = 0; i < shards_.size(); ++i) bn_ports_[i].store(0);
   grpc::ChannelArguments args;
   args.SetMaxSendMessageSize(proto::kMaxMessageBytes);
   args.SetMaxReceiveMessageSize(proto::kMaxMessageBytes);

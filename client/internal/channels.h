@@ -74,6 +74,12 @@ class Channels {
   // generations"), sent with every call.
   int64_t generation() const { return generation_.load(); }
   void set_generation(int64_t g) { generation_.store(g); }
+  // The port of shard i's raw-TCP BN listener, as it said when this client
+  // registered (RegisterResponse.bn_port); 0: none.
+  int bn_port(int shard) const { return bn_ports_[shard].load(); }
+  void set_bn_port(int shard, int port) { bn_ports_[shard].store(port); }
+  // The host part of shard i's address ("dns:///h:7000" and "h:7000": "h").
+  std::string Host(int shard) const;
   // Sets a call's deadline, its generation and, if the job has one, its
   // token.
   void SetUp(grpc::ClientContext* context, absl::Time deadline) const;
@@ -104,6 +110,7 @@ class Channels {
   std::vector<Shard> shards_;
   proto::JobConfig config_;
   std::atomic<int64_t> generation_{0};
+  std::unique_ptr<std::atomic<int>[]> bn_ports_;
 
   absl::Mutex rng_mu_;
   absl::BitGen rng_ ABSL_GUARDED_BY(rng_mu_);

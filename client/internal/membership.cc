@@ -124,6 +124,7 @@ absl::Status Membership::RegisterAll(absl::Time deadline,
     if (!s.ok()) return s;
     (*configs)[i] = response.config();
     generation = std::max(generation, response.generation());
+    channels_->set_bn_port(i, response.bn_port());
   }
   registered_generation_ = generation;
   // A client that joins late joins the generation the job is in.

@@ -1,0 +1,225 @@
+#include "client/internal/bn_socket.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "util/socket_io.h"
+
+namespace bnps::client::internal {
+namespace {
+
+absl::Status Unavailable(const std::string& what) {
+  return absl::UnavailableError(absl::StrCat("BN over TCP: ", what));
+}
+
+// Reads whatever is there (non-blocking) into `reader`: OK with or without
+// bytes; UNAVAILABLE at the end of the connection or on an error.
+absl::Status Drain(int fd, proto::FrameReader* reader, bool* got) {
+  char buf[16 * 1024];
+  for (;;) {
+    const ssize_t k = recv(fd, buf, sizeof buf, 0);
+    if (k > 0) {
+      reader->Append(buf, static_cast<size_t>(k));
+      *got = true;
+      if (static_cast<size_t>(k) < sizeof buf) return absl::OkStatus();
+      continue;
+    }
+    if (k < 0 && errno == EINTR) continue;
+    if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      return absl::OkStatus();
+    }
+    return Unavailable(k == 0 ? "the server closed the connection"
+                              : absl::StrCat("read: ", strerror(errno)));
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<BnSocket>> BnSocket::Connect(
+    const std::string& host, int port, const proto::BnHello& hello,
+    absl::Time deadline, absl::Duration spin) {
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(host.c_str(), nullptr, &hints, &found) != 0 ||
+      found == nullptr) {
+    return Unavailable(absl::StrCat("cannot resolve '", host, "'"));
+  }
+  sockaddr_in addr = *reinterpret_cast<sockaddr_in*>(found->ai_addr);
+  freeaddrinfo(found);
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return Unavailable(absl::StrCat("socket: ", strerror(errno)));
+  std::unique_ptr<BnSocket> s(new BnSocket(fd, hello.generation(), spin));
+  if (absl::Status st = util::SetLowLatency(fd, "BN over TCP"); !st.ok()) {
+    return st;
+  }
+  const std::string where = absl::StrCat(host, ":", port);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    if (errno != EINPROGRESS) {
+      return Unavailable(absl::StrCat("connect ", where, ": ", strerror(errno)));
+    }
+    if (absl::Status st = util::FinishConnect(fd, deadline); !st.ok()) {
+      return Unavailable(absl::StrCat(where, ": ", st.message()));
+    }
+  }
+  std::string frame;
+  if (absl::Status st = proto::AppendFrame(hello, &frame); !st.ok()) return st;
+  if (absl::Status st = util::SendAll(fd, frame.data(), frame.size(), deadline);
+      !st.ok()) {
+    return Unavailable(absl::StrCat("hello to ", where, ": ", st.message()));
+  }
+  for (;;) {
+    absl::StatusOr<std::optional<absl::string_view>> f = s->reader_.Next();
+    if (!f.ok()) return Unavailable(std::string(f.status().message()));
+    if (f->has_value()) {
+      proto::BnHelloReply reply;
+      if (!reply.ParseFromArray((*f)->data(), static_cast<int>((*f)->size()))) {
+        return Unavailable(absl::StrCat(where, " answered no BnHelloReply"));
+      }
+      if (reply.code() != 0) {
+        const int code = reply.code();
+        if (code < 0 ||
+            code > static_cast<int>(absl::StatusCode::kUnauthenticated)) {
+          return absl::UnknownError(reply.message());
+        }
+        return absl::Status(static_cast<absl::StatusCode>(code),
+                            reply.message());
+      }
+      return s;
+    }
+    if (!util::WaitReadable(fd, deadline)) {
+      return Unavailable(absl::StrCat(where, " did not answer the hello"));
+    }
+    bool got = false;
+    if (absl::Status st = Drain(fd, &s->reader_, &got); !st.ok()) return st;
+  }
+}
+
+BnSocket::~BnSocket() { close(fd_); }
+
+bool BnSocket::broken() const {
+  absl::MutexLock lock(&mu_);
+  return broken_;
+}
+
+void BnSocket::Shut() {
+  absl::MutexLock lock(&mu_);
+  BreakLocked(Unavailable("the client closed the connection"));
+  shutdown(fd_, SHUT_RDWR);  // a reader blocked in poll wakes up
+}
+
+void BnSocket::BreakLocked(const absl::Status& why) {
+  broken_ = true;
+  for (auto& [id, call] : pending_) {
+    call->done = true;
+    call->status = why;
+    call->retry = true;
+  }
+  pending_.clear();
+}
+
+BnSocket::Outcome BnSocket::Call(const proto::BnRequest& request,
+                                 absl::Time deadline) {
+  std::string frame;
+  if (absl::Status s = proto::AppendFrame(request, &frame); !s.ok()) {
+    return {s, false, {}};
+  }
+  const uint64_t id = request.id();
+  Pending call;
+  {
+    absl::MutexLock lock(&mu_);
+    if (broken_) return {Unavailable("the connection broke"), true, {}};
+    pending_[id] = &call;
+  }
+  absl::Status sent;
+  {
+    absl::MutexLock lock(&write_mu_);
+    sent = util::SendAll(fd_, frame.data(), frame.size(), deadline);
+  }
+  absl::MutexLock lock(&mu_);
+  if (!sent.ok()) {
+    // Either way the connection cannot be trusted with the next frame: a
+    // partial one may be in it.
+    pending_.erase(id);
+    BreakLocked(sent);
+    if (sent.code() == absl::StatusCode::kDeadlineExceeded) {
+      return {absl::DeadlineExceededError(
+                  "no response before the deadline (a write was blocked)"),
+              false, {}};
+    }
+    return {sent, true, {}};
+  }
+  auto done_or_free = [this, &call]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return call.done || !reading_;
+  };
+  while (!call.done) {
+    if (reading_) {
+      if (!mu_.AwaitWithDeadline(absl::Condition(&done_or_free), deadline) &&
+          !call.done) {
+        pending_.erase(id);
+        return {absl::DeadlineExceededError("no response before the deadline"),
+                false, {}};
+      }
+      continue;
+    }
+    reading_ = true;
+    mu_.Unlock();
+    const absl::Status read = ReadSome(deadline);
+    mu_.Lock();
+    reading_ = false;
+    const absl::Status delivered = Deliver();
+    if (!read.ok() || !delivered.ok()) {
+      BreakLocked(!read.ok() ? read : delivered);
+    } else if (!call.done && absl::Now() >= deadline) {
+      pending_.erase(id);
+      return {absl::DeadlineExceededError("no response before the deadline"),
+              false, {}};
+    }
+  }
+  return {std::move(call.status), call.retry, std::move(call.response)};
+}
+
+absl::Status BnSocket::ReadSome(absl::Time deadline) {
+  bool got = false;
+  if (spin_ > absl::ZeroDuration()) {
+    const absl::Time spin_end = std::min(absl::Now() + spin_, deadline);
+    do {
+      if (absl::Status s = Drain(fd_, &reader_, &got); !s.ok()) return s;
+    } while (!got && absl::Now() < spin_end);
+  }
+  while (!got) {
+    if (!util::WaitReadable(fd_, deadline)) return absl::OkStatus();
+    if (absl::Status s = Drain(fd_, &reader_, &got); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status BnSocket::Deliver() {
+  for (;;) {
+    absl::StatusOr<std::optional<absl::string_view>> f = reader_.Next();
+    if (!f.ok()) return Unavailable(std::string(f.status().message()));
+    if (!f->has_value()) return absl::OkStatus();
+    proto::BnResponse response;
+    if (!response.ParseFromArray((*f)->data(), static_cast<int>((*f)->size()))) {
+      return Unavailable("the server sent bytes that are no BnResponse");
+    }
+    auto it = pending_.find(response.id());
+    if (it == pending_.end()) continue;  // its caller gave up
+    it->second->done = true;
+    it->second->response = std::move(response);
+    pending_.erase(it);
+  }
+}
+
+}  // namespace bnps::client::internal

@@ -1,0 +1,95 @@
+// One shard's BN traffic over raw TCP (bnps.proto, BnHello;
+// server/bn_socket_server.h): the same requests and answers as the BnSync
+// stream (bn_stream.h), framed by proto/bn_frame.h, on a connection that
+// BnCalls opens when the server advertises a BN port. Like the stream it has
+// no thread of its own: a caller waiting for its answer reads the socket
+// (polling without sleeping for `spin` first) and hands every answer it
+// reads to the call with its id; other callers sleep until theirs comes or
+// the reader is done. Internal to client/.
+//
+// A call's failure says whether repeating it is safe (`retry`): the
+// connection broke (the server deduplicates a repeat). A connection that
+// broke stays broken; BnCalls opens another or uses the stream.
+//
+// Thread-safety: thread-safe.
+
+#ifndef BNPS_CLIENT_INTERNAL_BN_SOCKET_H_
+#define BNPS_CLIENT_INTERNAL_BN_SOCKET_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "proto/bn_frame.h"
+#include "proto/bnps.pb.h"
+
+namespace bnps::client::internal {
+
+class BnSocket {
+ public:
+  struct Outcome {
+    absl::Status status;
+    bool retry = false;  // the connection broke under the call
+    proto::BnResponse response;
+  };
+
+  // Connects to host:port (IPv4), sends `hello` and waits for its reply
+  // until `deadline`. A hello the server refused: its code and message
+  // (UNAUTHENTICATED, FAILED_PRECONDITION, ...). Anything else that fails:
+  // UNAVAILABLE.
+  static absl::StatusOr<std::unique_ptr<BnSocket>> Connect(
+      const std::string& host, int port, const proto::BnHello& hello,
+      absl::Time deadline, absl::Duration spin);
+  ~BnSocket();
+
+  BnSocket(const BnSocket&) = delete;
+  BnSocket& operator=(const BnSocket&) = delete;
+
+  // Sends `request` (its id set, unique on this connection) and waits for
+  // the answer with that id until `deadline`.
+  Outcome Call(const proto::BnRequest& request, absl::Time deadline)
+      ABSL_LOCKS_EXCLUDED(mu_, write_mu_);
+
+  bool broken() const ABSL_LOCKS_EXCLUDED(mu_);
+  int64_t generation() const { return generation_; }
+  // Breaks the connection: calls waiting fail (retry true), later ones too.
+  void Shut() ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  struct Pending {
+    bool done = false;
+    absl::Status status;
+    bool retry = false;
+    proto::BnResponse response;
+  };
+
+  BnSocket(int fd, int64_t generation, absl::Duration spin)
+      : fd_(fd), generation_(generation), spin_(spin) {}
+  // Reads until at least one whole frame is buffered, `deadline`, or an
+  // error (the connection's end included). Called by the reader alone.
+  absl::Status ReadSome(absl::Time deadline);
+  // Hands the buffered answers to their calls. The reader, under mu_.
+  absl::Status Deliver() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void BreakLocked(const absl::Status& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const int fd_;
+  const int64_t generation_;
+  const absl::Duration spin_;
+  absl::Mutex write_mu_;  // one frame written at a time
+  mutable absl::Mutex mu_;
+  std::map<uint64_t, Pending*> pending_ ABSL_GUARDED_BY(mu_);
+  bool reading_ ABSL_GUARDED_BY(mu_) = false;  // a caller reads the socket
+  bool broken_ ABSL_GUARDED_BY(mu_) = false;
+  // The reader's (reading_ set) and, while delivering, mu_'s.
+  proto::FrameReader reader_;
+};
+
+}  // namespace bnps::client::internal
+
+#endif  // BNPS_CLIENT_INTERNAL_BN_SOCKET_H_

@@ -1,0 +1,223 @@
+// The raw-TCP BN listener, spoken to byte by byte as any client would: the
+// hello and its refusals, a sync barrier of two connections, and bytes that
+// are not ours.
+
+#include "server/bn_socket_server.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "gtest/gtest.h"
+#include "proto/bn_frame.h"
+#include "proto/bnps.pb.h"
+#include "proto/codec.h"
+
+namespace bnps::server {
+namespace {
+
+constexpr char kToken[] = "bnps-test-token-0123456789abcdef";
+
+// A blocking client connection with a 10 s receive timeout (bounded waits).
+class RawConn {
+ public:
+  explicit RawConn(int port) {
+    fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    EXPECT_EQ(connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+    const timeval ten{10, 0};
+    setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &ten, sizeof ten);
+  }
+  ~RawConn() { close(fd_); }
+
+  void SendBytes(const std::string& bytes) {
+    ASSERT_EQ(send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL),
+              static_cast<ssize_t>(bytes.size()));
+  }
+  void Send(const google::protobuf::MessageLite& m) {
+    std::string frame;
+    ASSERT_TRUE(proto::AppendFrame(m, &frame).ok());
+    SendBytes(frame);
+  }
+  // The next frame's payload; nullopt at the end of the connection.
+  std::optional<std::string> Receive() {
+    for (;;) {
+      absl::StatusOr<std::optional<absl::string_view>> f = reader_.Next();
+      EXPECT_TRUE(f.ok());
+      if (f.ok() && f->has_value()) return std::string(**f);
+      char buf[4096];
+      const ssize_t k = recv(fd_, buf, sizeof buf, 0);
+      if (k <= 0) return std::nullopt;
+      reader_.Append(buf, static_cast<size_t>(k));
+    }
+  }
+  proto::BnHelloReply Hello(const std::string& job, int worker,
+                            const std::string& token) {
+    proto::BnHello hello;
+    hello.set_job(job);
+    hello.set_worker(worker);
+    hello.set_token(token);
+    Send(hello);
+    proto::BnHelloReply reply;
+    std::optional<std::string> bytes = Receive();
+    EXPECT_TRUE(bytes.has_value());
+    if (bytes) {
+      EXPECT_TRUE(reply.ParseFromString(*bytes));
+    }
+    return reply;
+  }
+
+ private:
+  int fd_ = -1;
+  proto::FrameReader reader_;
+};
+
+class BnSocketServerTest : public ::testing::Test {
+ protected:
+  void Start(int workers) {
+    ShardOptions o;
+    o.num_workers = workers;
+    absl::StatusOr<std::unique_ptr<Shard>> shard = Shard::Create(o);
+    ASSERT_TRUE(shard.ok()) << shard.status();
+    shard_ = *std::move(shard);
+    BnSocketServer::Options so;
+    so.token = kToken;
+    absl::StatusOr<std::unique_ptr<BnSocketServer>> server =
+        BnSocketServer::Start(shard_.get(), nullptr, nullptr, so);
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = *std::move(server);
+  }
+
+  std::unique_ptr<Shard> shard_;
+  std::unique_ptr<BnSocketServer> server_;
+};
+
+proto::BnRequest Forward(int worker, uint64_t id, std::vector<double> mean) {
+  bn::Moments m;
+  m.count = 4;
+  m.mean = mean;
+  m.m2.assign(mean.size(), 1.0);
+  proto::BnRequest r;
+  r.set_id(id);
+  r.set_job("bnps");
+  r.set_worker(worker);
+  r.set_step(0);
+  r.set_layer("bn1");
+  r.set_phase(proto::BN_FORWARD);
+  proto::EncodeMoments(m, r.mutable_moments());
+  return r;
+}
+
+TEST_F(BnSocketServerTest, AWrongTokenOrJobIsAnsweredThenTheConnectionEnds) {
+  ASSERT_NO_FATAL_FAILURE(Start(1));
+  {
+    RawConn c(server_->port());
+    proto::BnHelloReply r = c.Hello("bnps", 0, "not-the-token-0123456789abcdefgh");
+    EXPECT_EQ(r.code(), static_cast<int>(absl::StatusCode::kUnauthenticated));
+    EXPECT_EQ(c.Receive(), std::nullopt);
+  }
+  {
+    RawConn c(server_->port());
+    proto::BnHelloReply r = c.Hello("another-job", 0, kToken);
+    EXPECT_EQ(r.code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+    EXPECT_NE(r.message().find("another-job"), std::string::npos);
+    EXPECT_EQ(c.Receive(), std::nullopt);
+  }
+  {
+    RawConn c(server_->port());
+    proto::BnHelloReply r = c.Hello("bnps", 5, kToken);  // outside [0, 1)
+    EXPECT_NE(r.code(), 0);
+    EXPECT_EQ(c.Receive(), std::nullopt);
+  }
+  EXPECT_EQ(server_->accepted(), 3);
+}
+
+TEST_F(BnSocketServerTest, TwoConnectionsMeetAtTheBarrier) {
+  ASSERT_NO_FATAL_FAILURE(Start(2));
+  RawConn a(server_->port()), b(server_->port());
+  ASSERT_EQ(a.Hello("bnps", 0, kToken).code(), 0);
+  ASSERT_EQ(b.Hello("bnps", 1, kToken).code(), 0);
+  a.Send(Forward(0, 7, {1.0, 2.0}));
+  // Worker 1's barrier partner has not come: nothing for `a` yet; then `b`
+  // completes it and both get the merge of both.
+  std::thread late([&] { b.Send(Forward(1, 9, {3.0, 4.0})); });
+  std::optional<std::string> got_a = a.Receive();
+  late.join();
+  std::optional<std::string> got_b = b.Receive();
+  ASSERT_TRUE(got_a && got_b);
+  proto::BnResponse ra, rb;
+  ASSERT_TRUE(ra.ParseFromString(*got_a));
+  ASSERT_TRUE(rb.ParseFromString(*got_b));
+  EXPECT_EQ(ra.id(), 7u);
+  EXPECT_EQ(rb.id(), 9u);
+  EXPECT_EQ(ra.code(), 0) << ra.message();
+  EXPECT_EQ(ra.contributors(), 2);
+  absl::StatusOr<bn::Moments> ma = proto::DecodeMoments(ra.moments(), 2);
+  absl::StatusOr<bn::Moments> mb = proto::DecodeMoments(rb.moments(), 2);
+  ASSERT_TRUE(ma.ok() && mb.ok());
+  EXPECT_EQ(ma->count, 8);
+  EXPECT_EQ(ma->mean, (std::vector<double>{2.0, 3.0}));
+  EXPECT_EQ(ma->mean, mb->mean);
+  EXPECT_EQ(ma->m2, mb->m2);
+
+  // The same request again is answered from the barrier's record, not
+  // merged twice (exactly once, as on the stream).
+  a.Send(Forward(0, 8, {1.0, 2.0}));
+  std::optional<std::string> again = a.Receive();
+  ASSERT_TRUE(again);
+  proto::BnResponse r2;
+  ASSERT_TRUE(r2.ParseFromString(*again));
+  EXPECT_EQ(r2.id(), 8u);
+  EXPECT_EQ(r2.code(), 0) << r2.message();
+  absl::StatusOr<bn::Moments> m2 = proto::DecodeMoments(r2.moments(), 2);
+  ASSERT_TRUE(m2.ok());
+  EXPECT_EQ(m2->mean, ma->mean);
+}
+
+TEST_F(BnSocketServerTest, BytesThatAreNotOursEndTheConnection) {
+  ASSERT_NO_FATAL_FAILURE(Start(1));
+  {
+    RawConn c(server_->port());
+    c.SendBytes(std::string("\xff\xff\xff\xff", 4));  // a 4 GiB frame
+    EXPECT_EQ(c.Receive(), std::nullopt);
+  }
+  {
+    RawConn c(server_->port());
+    ASSERT_EQ(c.Hello("bnps", 0, kToken).code(), 0);
+    std::string junk(4, '\0');
+    junk[0] = 3;
+    junk += "\xff\xff\xff";  // a 3-byte frame that is no BnRequest
+    c.SendBytes(junk);
+    EXPECT_EQ(c.Receive(), std::nullopt);
+  }
+  // The server still serves.
+  RawConn c(server_->port());
+  ASSERT_EQ(c.Hello("bnps", 0, kToken).code(), 0);
+  c.Send(Forward(0, 1, {5.0}));
+  std::optional<std::string> got = c.Receive();
+  ASSERT_TRUE(got);
+  proto::BnResponse r;
+  ASSERT_TRUE(r.ParseFromString(*got));
+  EXPECT_EQ(r.code(), 0) << r.message();
+}
+
+TEST_F(BnSocketServerTest, StopEndsEveryConnection) {
+  ASSERT_NO_FATAL_FAILURE(Start(2));
+  RawConn a(server_->port());
+  ASSERT_EQ(a.Hello("bnps", 0, kToken).code(), 0);
+  a.Send(Forward(0, 1, {1.0}));  // waits for worker 1, who never comes
+  server_->Stop();
+  EXPECT_EQ(a.Receive(), std::nullopt);
+  server_->Stop();  // idempotent
+}
+
+}  // namespace
+}  // namespace bnps::server

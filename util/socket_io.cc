@@ -1,0 +1,92 @@
+#include "util/socket_io.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+
+namespace bnps::util {
+namespace {
+
+// ppoll on one fd until `deadline`; the revents, 0 at the deadline.
+int PollUntil(int fd, short events, absl::Time deadline) {
+  for (;;) {
+    pollfd p{fd, events, 0};
+    const absl::Duration left =
+        std::max(absl::ZeroDuration(), deadline - absl::Now());
+    timespec ts = absl::ToTimespec(std::min(left, absl::Hours(24)));
+    const int r = ppoll(&p, 1, deadline == absl::InfiniteFuture() ? nullptr : &ts,
+                        nullptr);
+    if (r > 0) return p.revents;
+    if (r == 0) {
+      if (absl::Now() >= deadline) return 0;
+      continue;
+    }
+    if (errno != EINTR) return POLLERR;
+  }
+}
+
+}  // namespace
+
+absl::Status SendAll(int fd, const char* data, size_t n, absl::Time deadline) {
+  while (n > 0) {
+    const ssize_t k = send(fd, data, n, MSG_NOSIGNAL);
+    if (k > 0) {
+      data += k;
+      n -= static_cast<size_t>(k);
+      continue;
+    }
+    if (k < 0 && errno == EINTR) continue;
+    if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      if (PollUntil(fd, POLLOUT, deadline) == 0) {
+        return absl::DeadlineExceededError(
+            "the peer did not read in time (a write was blocked)");
+      }
+      continue;
+    }
+    return absl::UnavailableError(
+        absl::StrCat("the connection failed: ", strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status FinishConnect(int fd, absl::Time deadline) {
+  if (PollUntil(fd, POLLOUT, deadline) == 0) {
+    return absl::DeadlineExceededError("connect: no answer before the deadline");
+  }
+  int err = 0;
+  socklen_t len = sizeof err;
+  if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = errno;
+  if (err != 0) {
+    return absl::UnavailableError(absl::StrCat("connect: ", strerror(err)));
+  }
+  return absl::OkStatus();
+}
+
+bool WaitReadable(int fd, absl::Time deadline) {
+  return PollUntil(fd, POLLIN, deadline) != 0;
+}
+
+absl::Status SetLowLatency(int fd, const std::string& what) {
+  const int flags = fcntl(fd, F_GETFL, 0);
+  if (flags < 0 || fcntl(fd, F_SETFL, flags | O_NONBLOCK) != 0) {
+    return absl::UnavailableError(
+        absl::StrCat(what, ": O_NONBLOCK: ", strerror(errno)));
+  }
+  const int one = 1;
+  if (setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) != 0) {
+    return absl::UnavailableError(
+        absl::StrCat(what, ": TCP_NODELAY: ", strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace bnps::util

@@ -1,0 +1,39 @@
+// Whole-buffer writes on a non-blocking TCP socket, waiting for room with
+// poll(2) until a deadline, and the options a latency-bound connection
+// wants. For the raw-TCP BN connection (server/bn_socket_server.h,
+// client/internal/bn_socket.h).
+//
+// Thread-safety: plain functions; callers serialize writes to one socket.
+
+#ifndef BNPS_UTIL_SOCKET_IO_H_
+#define BNPS_UTIL_SOCKET_IO_H_
+
+#include <cstddef>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+
+namespace bnps::util {
+
+// Writes all `n` bytes of `data` to the non-blocking socket `fd`.
+// DEADLINE_EXCEEDED if the peer has not made room by `deadline`;
+// UNAVAILABLE if the connection failed (no SIGPIPE is raised).
+absl::Status SendAll(int fd, const char* data, size_t n, absl::Time deadline);
+
+// Waits for a non-blocking connect(2) that returned EINPROGRESS to end:
+// OK once connected; UNAVAILABLE with the reason if it failed;
+// DEADLINE_EXCEEDED at `deadline`.
+absl::Status FinishConnect(int fd, absl::Time deadline);
+
+// Waits until `fd` is readable or `deadline`: true if readable (or failed:
+// the next read says how), false at the deadline. Microsecond precision.
+bool WaitReadable(int fd, absl::Time deadline);
+
+// O_NONBLOCK and TCP_NODELAY on `fd`. UNAVAILABLE naming `what` if either
+// cannot be set.
+absl::Status SetLowLatency(int fd, const std::string& what);
+
+}  // namespace bnps::util
+
+#endif  // BNPS_UTIL_SOCKET_IO_H_
