@@ -82,6 +82,11 @@ class RunningServer {
   ServerMetrics* metrics() { return metrics_.get(); }
   // The raw-TCP BN listener (ServerLatency::bn_port); null when it is off.
   const BnSocketServer* bn_socket_server() const { return bn_socket_.get(); }
+  // Stops the raw-TCP BN listener, if any: its connections end, and the
+  // workers go on over the gRPC stream.
+  void StopBnSocketServer() {
+    if (bn_socket_ != nullptr) bn_socket_->Stop();
+  }
   // The keeper of ServerLatency::keep_awake; null when it is off.
   const util::KeepAwake* keep_awake() const { return keep_awake_.get(); }
 

@@ -44,7 +44,7 @@ std::vector<WorkerResult> Train(
     int64_t staleness = 0,
     std::optional<policy::Gradients> gradients = std::nullopt,
     const nn::ModelOptions& model_options = SmallModel(),
-    int64_t push_part_bytes = -1) {
+    int64_t push_part_bytes = -1, int bn_port = -1) {
   const int workers = static_cast<int>(datasets.size());
   server::ShardOptions base;
   base.num_shards = shards;
@@ -60,7 +60,9 @@ std::vector<WorkerResult> Train(
   std::vector<std::string> addresses;
   for (int s = 0; s < shards; ++s) {
     base.shard = s;
-    auto r = server::RunningServer::Start(base, "127.0.0.1:0");
+    server::ServerLatency latency;
+    latency.bn_port = bn_port;
+    auto r = server::RunningServer::Start(base, "127.0.0.1:0", {}, {}, latency);
     EXPECT_TRUE(r.ok()) << r.status();
     if (!r.ok()) return {};
     addresses.push_back("127.0.0.1:" + std::to_string((*r)->port()));
@@ -352,6 +354,39 @@ TEST(TrainingTest, CrossedPairsTrain) {
     }
     for (size_t l = 0; l < results[0].running.size(); ++l) {
       EXPECT_EQ(results[0].running[l].mean, results[1].running[l].mean);
+    }
+  }
+}
+
+// BN over raw TCP (bnps_server --bn_port) carries the same messages as the
+// gRPC stream: training ends on the same bits, sync and async.
+TEST(TrainingTest, BnOverTcpGivesTheBitsOfTheStream) {
+  const Dataset data = worker::MakeSyntheticDataset(48, 12, 12, 10, 13);
+  for (policy::Policy policy : {policy::Policy::kSync, policy::Policy::kAsync}) {
+    SCOPED_TRACE(policy::PolicyName(policy));
+    TrainerOptions options;
+    options.batch_size = 6;
+    options.shuffle = false;
+    options.max_steps = 3;
+    options.evaluate = false;
+    const int workers = policy == policy::Policy::kSync ? 2 : 1;
+    const std::vector<const Dataset*> datasets(workers, &data);
+    std::vector<WorkerResult> stream = Train(policy, 2, datasets, options);
+    std::vector<WorkerResult> tcp =
+        Train(policy, 2, datasets, options, 0, std::nullopt, SmallModel(), -1,
+              /*bn_port=*/0);
+    ASSERT_EQ(stream.size(), static_cast<size_t>(workers));
+    ASSERT_EQ(tcp.size(), static_cast<size_t>(workers));
+    for (int w = 0; w < workers; ++w) {
+      ASSERT_TRUE(stream[w].report.ok()) << stream[w].report.status();
+      ASSERT_TRUE(tcp[w].report.ok()) << tcp[w].report.status();
+      for (const auto& [name, t] : stream[w].params) {
+        EXPECT_EQ(tcp[w].params.at(name).values, t.values) << name;
+      }
+      for (size_t l = 0; l < stream[w].running.size(); ++l) {
+        EXPECT_EQ(tcp[w].running[l].mean, stream[w].running[l].mean);
+        EXPECT_EQ(tcp[w].running[l].var, stream[w].running[l].var);
+      }
     }
   }
 }

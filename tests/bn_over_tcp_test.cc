@@ -1,0 +1,194 @@
+// BN traffic over raw TCP (bnps_server --bn_port, GrpcClientOptions::
+// bn_over_tcp) on real servers on 127.0.0.1, against the gRPC stream: the
+// same answers bit for bit, the connection really used (the listener counts
+// its connections), and a listener that goes away leaves the calls on the
+// stream instead of failing them.
+
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "client/grpc_ps_client.h"
+#include "gtest/gtest.h"
+#include "server/server_runner.h"
+
+namespace bnps {
+namespace {
+
+using client::GrpcPsClient;
+
+class Job {
+ public:
+  // S shards of a sync job of `workers`; bn_port -1: no TCP listener.
+  Job(int shards, int workers, int bn_port) : workers_(workers) {
+    server::ShardOptions o;
+    o.num_shards = shards;
+    o.num_workers = workers;
+    server::ServerLatency latency;
+    latency.bn_port = bn_port;
+    for (int s = 0; s < shards; ++s) {
+      o.shard = s;
+      auto r = server::RunningServer::Start(o, "127.0.0.1:0", {}, {}, latency);
+      EXPECT_TRUE(r.ok()) << r.status();
+      if (!r.ok()) continue;
+      addresses_.push_back("127.0.0.1:" + std::to_string((*r)->port()));
+      servers_.push_back(*std::move(r));
+    }
+  }
+
+  std::unique_ptr<GrpcPsClient> Connect(int worker, bool over_tcp = true) {
+    client::GrpcClientOptions o;
+    o.servers = addresses_;
+    o.job = "bnps";
+    o.worker = worker;
+    o.num_workers = workers_;
+    o.rpc_timeout = absl::Seconds(20);
+    o.bn_over_tcp = over_tcp;
+    auto c = GrpcPsClient::Connect(o);
+    EXPECT_TRUE(c.ok()) << c.status();
+    return c.ok() ? *std::move(c) : nullptr;
+  }
+
+  server::RunningServer& server(int s) { return *servers_[s]; }
+  int shards() const { return static_cast<int>(servers_.size()); }
+  // Connections the shards' TCP listeners accepted, summed.
+  int64_t accepted() {
+    int64_t n = 0;
+    for (auto& s : servers_) {
+      if (s->bn_socket_server() != nullptr) n += s->bn_socket_server()->accepted();
+    }
+    return n;
+  }
+
+ private:
+  const int workers_;
+  std::vector<std::string> addresses_;
+  std::vector<std::unique_ptr<server::RunningServer>> servers_;
+};
+
+// Worker w's moments of `layer` at `step`: distinct per worker, step, layer.
+bn::Moments MomentsOf(int w, int64_t step, int layer) {
+  bn::Moments m;
+  m.count = 3 + w;
+  for (int c = 0; c < 5; ++c) {
+    m.mean.push_back(0.1 * (w + 1) * (c + 1) + 0.01 * step + 0.3 * layer);
+    m.m2.push_back(1.0 + 0.2 * w + 0.05 * c + 0.01 * step);
+  }
+  return m;
+}
+
+bn::BackwardSums SumsOf(int w, int64_t step, int layer) {
+  bn::BackwardSums s;
+  for (int c = 0; c < 5; ++c) {
+    s.sum_dy.push_back(0.5 * (w + 1) - 0.1 * c + 0.01 * step + 0.2 * layer);
+    s.sum_dy_xhat.push_back(-0.25 * w + 0.03 * c + 0.02 * step);
+  }
+  return s;
+}
+
+// Every double each worker got back over `steps` steps of forward and
+// backward exchanges of four layers (spread over the shards), W workers on
+// threads of their own.
+std::vector<std::vector<double>> Exchange(std::vector<GrpcPsClient*> clients,
+                                          int steps) {
+  const int workers = static_cast<int>(clients.size());
+  std::vector<std::vector<double>> got(workers);
+  std::vector<std::thread> threads;
+  for (int w = 0; w < workers; ++w) {
+    threads.emplace_back([&, w] {
+      for (int64_t step = 0; step < steps; ++step) {
+        for (int layer = 0; layer < 4; ++layer) {
+          const std::string name = "bn" + std::to_string(layer);
+          auto f = clients[w]->BnForward(name, step, MomentsOf(w, step, layer));
+          ASSERT_TRUE(f.ok()) << f.status();
+          EXPECT_EQ(f->contributors, workers);
+          got[w].push_back(static_cast<double>(f->merged.count));
+          got[w].insert(got[w].end(), f->merged.mean.begin(), f->merged.mean.end());
+          got[w].insert(got[w].end(), f->merged.m2.begin(), f->merged.m2.end());
+        }
+        for (int layer = 3; layer >= 0; --layer) {
+          const std::string name = "bn" + std::to_string(layer);
+          auto b = clients[w]->BnBackward(name, step, SumsOf(w, step, layer));
+          ASSERT_TRUE(b.ok()) << b.status();
+          got[w].insert(got[w].end(), b->sum_dy.begin(), b->sum_dy.end());
+          got[w].insert(got[w].end(), b->sum_dy_xhat.begin(), b->sum_dy_xhat.end());
+        }
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  return got;
+}
+
+TEST(BnOverTcpTest, TheSameBitsAsTheStream) {
+  std::vector<std::vector<double>> over_stream, over_tcp;
+  {
+    Job job(2, 2, /*bn_port=*/-1);
+    ASSERT_EQ(job.shards(), 2);
+    EXPECT_EQ(job.server(0).bn_socket_server(), nullptr);
+    auto a = job.Connect(0), b = job.Connect(1);
+    ASSERT_TRUE(a && b);
+    over_stream = Exchange({a.get(), b.get()}, 3);
+  }
+  {
+    Job job(2, 2, /*bn_port=*/0);
+    ASSERT_EQ(job.shards(), 2);
+    auto a = job.Connect(0), b = job.Connect(1);
+    ASSERT_TRUE(a && b);
+    over_tcp = Exchange({a.get(), b.get()}, 3);
+    // Each worker connected once to each shard that owns a layer.
+    EXPECT_EQ(job.accepted(), 2 * 2);
+  }
+  ASSERT_EQ(over_tcp.size(), over_stream.size());
+  for (size_t w = 0; w < over_tcp.size(); ++w) {
+    ASSERT_EQ(over_tcp[w].size(), over_stream[w].size());
+    EXPECT_EQ(std::memcmp(over_tcp[w].data(), over_stream[w].data(),
+                          over_tcp[w].size() * sizeof(double)),
+              0)
+        << "worker " << w;
+  }
+  EXPECT_EQ(over_tcp[0], over_tcp[1]);  // both got the global statistics
+}
+
+TEST(BnOverTcpTest, AClientMayKeepToTheStream) {
+  Job job(1, 1, /*bn_port=*/0);
+  auto c = job.Connect(0, /*over_tcp=*/false);
+  ASSERT_TRUE(c);
+  Exchange({c.get()}, 2);
+  EXPECT_EQ(job.accepted(), 0);
+}
+
+TEST(BnOverTcpTest, AListenerThatGoesAwayLeavesTheCallsOnTheStream) {
+  Job job(1, 2, /*bn_port=*/0);
+  auto a = job.Connect(0), b = job.Connect(1);
+  ASSERT_TRUE(a && b);
+  Exchange({a.get(), b.get()}, 1);
+  EXPECT_EQ(job.accepted(), 2);
+  // The listener stops (its connections end, mid-job); later exchanges go
+  // over the stream, and none fails or is merged twice.
+  job.server(0).StopBnSocketServer();
+  std::vector<std::vector<double>> after = Exchange({a.get(), b.get()}, 2);
+  EXPECT_EQ(after[0], after[1]);
+  EXPECT_EQ(job.accepted(), 2);
+}
+
+TEST(BnOverTcpTest, TheServerRefusesTlsAndPortsOutOfRange) {
+  server::ServerLatency latency;
+  latency.bn_port = 70000;
+  EXPECT_EQ(server::RunningServer::Start({}, "127.0.0.1:0", {}, {}, latency)
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  latency.bn_port = 0;
+  server::ServerSecurity tls;
+  tls.credentials = grpc::InsecureServerCredentials();  // stands for TLS here
+  EXPECT_EQ(server::RunningServer::Start({}, "127.0.0.1:0", tls, {}, latency)
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace bnps
