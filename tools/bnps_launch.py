@@ -7,7 +7,8 @@ Usage:
 
 What it does:
   1. (--build) runs `bazel build //server:bnps_server //worker:bnps_worker`.
-  2. Starts S servers on 127.0.0.1 with --port=0 and reads each one's
+  2. Starts S servers on 127.0.0.1 with --port=0 (and, without TLS,
+     --bn_port=0: BN traffic over raw TCP too) and reads each one's
      "listening on HOST:PORT" line to learn its port (--server_start_timeout_s).
   3. Starts W workers with --servers=<shard 0>,<shard 1>,... --worker=i
      --num_workers=W --report=<out_dir>/worker<i>.json --progress=plain.
@@ -264,6 +265,11 @@ def server_command(args, shard):
                                                       "shard%d" % shard))
     if args.checkpoint_every_steps is not None:
         cmd.append("--checkpoint_every_steps=%d" % args.checkpoint_every_steps)
+    if not args.server_tls_cert:
+        # Plaintext: BN traffic also over raw TCP (a free port; the workers
+        # learn it when they register and keep the gRPC stream as the
+        # fallback). A TLS job keeps it on the encrypted stream.
+        cmd.append("--bn_port=0")
     return cmd
 
 

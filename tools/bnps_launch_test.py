@@ -478,6 +478,9 @@ class UnitTest(unittest.TestCase):
                      "--tls_client_ca=/ca.pem"):
             self.assertIn(flag, server)
         self.assertNotIn("--tls_cert=/c.pem", server)
+        self.assertNotIn("--bn_port=0", server)  # BN stays on the TLS stream
+        plain, _ = self.m.parse_args([])
+        self.assertIn("--bn_port=0", self.m.server_command(plain, 0))
         worker = self.m.worker_command(args, extra, 0, ["127.0.0.1:1"], "/out")
         for flag in ("--token_file=/t", "--tls_ca=/ca.pem", "--tls_cert=/c.pem",
                      "--tls_key=/c.key"):
