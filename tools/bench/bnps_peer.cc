@@ -63,9 +63,11 @@ absl::StatusOr<Latency> BnpsLatency(WorkerPool& pool, int channels, int workers,
   options.num_workers = workers;
   options.policy = policy::Policy::kSync;
   options.barrier_timeout = absl::Seconds(5);
+  server::ServerLatency latency;
+  latency.bn_port = s.bn_over_tcp ? 0 : -1;
   absl::StatusOr<std::unique_ptr<server::RunningServer>> server =
       server::RunningServer::Start(options, "127.0.0.1:0", {},
-                                   server::ServerMonitoring{metrics});
+                                   server::ServerMonitoring{metrics}, latency);
   if (!server.ok()) return server.status();
   Job job = RowJob(Peer::kBnps, channels, workers, s);
   job.port = (*server)->port();

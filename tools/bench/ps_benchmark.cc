@@ -10,7 +10,8 @@
 //    a row run one after another. bnps (bnps_peer.h): one shard server (sync
 //    policy) in this process; each worker has its own PsClient and calls
 //    BnForward(layer, step, moments) back to back; each call returns after
-//    the barrier. Peers with the same bytes per worker (a forward exchange
+//    the barrier. Its BN traffic goes over raw TCP as the launcher runs it
+//    (--bn_over_tcp; false: the gRPC stream). Peers with the same bytes per worker (a forward exchange
 //    carries count + mean[C] + m2[C] = 16C + 8 bytes each way):
 //      gloo  ring allreduce of 2C doubles (the sum / sum of squares of an
 //            allreduce-based SyncBN) among the W processes, TCP transport
@@ -53,7 +54,7 @@
 //      [--row_seconds=0.5] [--quick]
 //      [--tables=bn,grad] [--systems=bnps,gloo,echo,star,tcp]
 //      [--channels=64,256,1024]
-//      [--workers=1,2,4,8] [--bn_spin_us=0]
+//      [--workers=1,2,4,8] [--bn_spin_us=0] [--bn_over_tcp=false]
 
 #include <algorithm>
 #include <cstdio>
@@ -103,6 +104,9 @@ ABSL_FLAG(bool, metrics_ab, false,
           "BN latency: also measure every bnps row with the server's metrics "
           "off, and print a table of the round trip with metrics on and off "
           "(implies bnps in --systems)");
+ABSL_FLAG(bool, bn_over_tcp, true,
+          "bnps's BN traffic over raw TCP (the server's --bn_port, as the "
+          "launcher runs it); false: over the gRPC stream");
 ABSL_FLAG(int, bn_spin_us, 0,
           "BN latency: how long each bnps worker polls for its answer before "
           "it blocks (GrpcClientOptions::bn_spin)");
@@ -175,6 +179,7 @@ int Main() {
   s.bn_spin = absl::Microseconds(std::clamp(absl::GetFlag(FLAGS_bn_spin_us), 0,
                                             1000000));
   if (s.metrics_ab) s.bnps = true;
+  s.bn_over_tcp = absl::GetFlag(FLAGS_bn_over_tcp);
   s.reps = std::max(1, absl::GetFlag(FLAGS_reps));
   s.min_reps = std::clamp(absl::GetFlag(FLAGS_min_reps), 1, s.reps);
   s.row_time = absl::Seconds(std::max(0.0, absl::GetFlag(FLAGS_row_seconds)));
@@ -194,7 +199,7 @@ int Main() {
       "row (timing stops after %s once it has %d; at most %s a row), median "
       "of %d rounds; push+pull reps %s per system and row, split over the "
       "rounds, each system's share of a round in a fresh process after %d "
-      "warm-up reps; S in {%s}; loopback "
+      "warm-up reps; S in {%s}; bnps's BN %s; loopback "
       "127.0.0.1\n",
       s.warmup, s.min_reps, s.reps, absl::FormatDuration(s.row_time),
       s.min_reps, absl::FormatDuration(s.row_budget), s.rounds,
@@ -202,7 +207,9 @@ int Main() {
                     [](std::string* out, const std::pair<const int, int>& p) {
                       absl::StrAppend(out, p.first, " MB: ", p.second);
                     }),
-      kGradWarmup, absl::StrJoin(s.shard_counts, ", "));
+      kGradWarmup, absl::StrJoin(s.shard_counts, ", "),
+      s.bn_over_tcp ? "over raw TCP (--bn_over_tcp)"
+                    : "over the gRPC stream (--bn_over_tcp=false)");
 
   const std::string tables = absl::GetFlag(FLAGS_tables);
   const bool bn_table = absl::StrContains(tables, "bn");

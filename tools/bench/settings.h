@@ -31,6 +31,9 @@ struct Settings {
   bool metrics_ab = false;
   // bnps workers' GrpcClientOptions::bn_spin (--bn_spin_us).
   absl::Duration bn_spin = absl::ZeroDuration();
+  // bnps's BN traffic over raw TCP (the server's bn_port), as the launcher
+  // runs it; false: over the gRPC stream (--bn_over_tcp).
+  bool bn_over_tcp = true;
   // By MB: about 2 s of each system per row. With a quarter of these (and
   // cells the median of so few reps) a row's ratio moved by 0.3 between runs.
   std::map<int, int> push_pull_reps = {{1, 160}, {16, 60}, {64, 36}};

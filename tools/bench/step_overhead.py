@@ -121,10 +121,11 @@ shard server and W worker processes (`bnps_server`, `bnps_worker`) for each
 policy in turn, each process pinned to a core of its own where the machine
 has enough (the last column says where they share), and each worker trains
 a warm-up that is left out, then the timed steps (synthetic 28x28 data, the
-default model, one model thread). Where every process has a core, the
-workers poll for BN answers 100 us before blocking (`--bn_spin_us=-1`) and
-the server keeps its core awake between messages (`--keep_awake_us=2000`,
-docs/server.md); the settings line says which. Cells are milliseconds per
+default model, one model thread). The servers serve BN over raw TCP as the
+launcher starts them (`--bn_port=0`, docs/server.md); where every process
+has a core, the workers poll for BN answers 100 us before blocking
+(`--bn_spin_us=-1`) and the server keeps its core awake between messages
+(`--keep_awake_us=2000`); the settings line says which. Cells are milliseconds per
 step, the mean over the workers, split as the worker reports it: compute
 (data, forward, backward), BN sync (the blocking BN exchanges: 12 a step
 for this model) and grad sync (push, pull, clocks). The second table gives each ratio's
@@ -216,12 +217,14 @@ def stop(procs):
 
 
 def server_flags(args, shared):
-    """The servers' flags: --server_flag as given; by default, where every
-    process has a core of its own, the server keeps its core awake while
-    messages come (bnps_server --keep_awake_us)."""
+    """The servers' flags: --server_flag as given; by default BN over raw
+    TCP (bnps_server --bn_port=0, as the launcher starts servers) and, where
+    every process has a core of its own, the server keeps its core awake
+    while messages come (--keep_awake_us)."""
     if args.server_flag:
         return list(args.server_flag)
-    return [] if shared else ["--keep_awake_us={}".format(KEEP_AWAKE_US)]
+    return ["--bn_port=0"] + (
+        [] if shared else ["--keep_awake_us={}".format(KEEP_AWAKE_US)])
 
 
 def start_server(args, shard, policy, workers, core, shared, out_dir):
@@ -374,8 +377,9 @@ def report(args, results, shared, rts, out):
           args.servers, args.steps, args.warmup, args.data, args.runs,
           " ".join(args.worker_flag) or "defaults (--bn_spin_us=-1: poll "
           "100 us where every process has a core)",
-          " ".join(args.server_flag) or "--keep_awake_us={} where every "
-          "process has a core, else none".format(KEEP_AWAKE_US),
+          " ".join(args.server_flag) or "--bn_port=0 (BN over TCP), and "
+          "--keep_awake_us={} where every process has a core".format(
+              KEEP_AWAKE_US),
           rt_spin_us(args)))
     w(STEP_HEADING + " (ms per step, mean over workers; median over runs)\n\n")
     w("| " + " | ".join(STEP_HEADER) + " |\n")
@@ -490,9 +494,10 @@ def parse_args(argv):
                    "--worker_flag=--bn_spin_us=0")
     p.add_argument("--server_flag", action="append", default=[],
                    help="passed to every server as is (repeatable), instead "
-                   "of the default --keep_awake_us={} where every process "
-                   "has a core; e.g. --server_flag=--keep_awake_us=0".format(
-                       KEEP_AWAKE_US))
+                   "of the defaults (--bn_port=0, and --keep_awake_us={} "
+                   "where every process has a core); e.g. "
+                   "--server_flag=--keep_awake_us=0 for BN over gRPC alone"
+                   .format(KEEP_AWAKE_US))
     p.add_argument("--timeout_s", type=float, default=600,
                    help="per policy and (W, batch)")
     args = p.parse_args(argv)

@@ -194,7 +194,8 @@ WHAT = {
 Each of W worker processes sends one BN layer's statistics (count, mean[C]
 and M2[C]: 16C + 8 bytes) and waits for the merge of all W, as the `sync`
 policy does for every BN layer in every step. **bnps**: one shard server;
-each worker calls `PsClient::BnForward` back to back on its own client.
+each worker calls `PsClient::BnForward` back to back on its own client,
+the BN traffic over raw TCP as the launcher runs it (`--bn_port`).
 The peers move the same bytes per worker: **gloo** is a ring allreduce of 2C
 doubles over TCP (what an allreduce-based SyncBN exchanges); **echo** is a
 bare gRPC bidi stream per worker whose server sends each message straight
@@ -233,13 +234,13 @@ READING = {
     "bn_sync": """\
 A ratio is the p50 of the first system over the p50 of the second: below 1
 the first is faster, above 1 slower. bnps/gloo compares bnps's barrier with
-gloo's allreduce; bnps/star is what bnps's own work (checking the request,
-the Chan merge in double precision, its bookkeeping) costs over a gRPC
+gloo's allreduce; bnps/star sets bnps (its work: checking the request,
+the Chan merge in double precision, its bookkeeping) against a gRPC
 barrier that does none; star/gloo compares that bare barrier with gloo.
 bnps/echo sets the barrier against a transport that waits for nobody.
 star/tcp is what gRPC itself (HTTP/2 framing, its threads and wake-ups)
-costs over the same barrier on raw loopback TCP; bnps/tcp is bnps's whole
-round trip against that floor. With
+costs over the same barrier on raw loopback TCP; bnps/tcp, both on raw TCP,
+is what bnps's own work costs over that floor. With
 W = 1 gloo's allreduce is a local copy, so it has no ratio. A `*` marks a row
 that ran out of time before its minimum number of calls. The p99 columns
 show the tail of the same calls; the ratios are of p50s only.""",
