@@ -1,0 +1,67 @@
+// Fuzzes what the raw-TCP BN listener reads from the network
+// (server/bn_socket_server.h): arbitrary bytes cut into frames
+// (proto/bn_frame.h), fed in pieces of a size taken from the input, the
+// first frame parsed as a BnHello and the rest as BnRequests whose
+// statistics go through the codec's decoders. A frame's payload must lie
+// inside the bytes given, and every frame re-framed must read back the
+// same.
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <optional>
+#include <string>
+
+#include "proto/bn_frame.h"
+#include "proto/bnps.pb.h"
+#include "proto/codec.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  if (size == 0) return 0;
+  const size_t piece = 1 + data[0] % 64;
+  const char* bytes = reinterpret_cast<const char*>(data + 1);
+  const size_t n = size - 1;
+  bnps::proto::FrameReader reader;
+  size_t fed = 0, taken = 0;
+  bool hello = true;
+  while (fed < n) {
+    const size_t k = std::min(piece, n - fed);
+    reader.Append(bytes + fed, k);
+    fed += k;
+    for (;;) {
+      absl::StatusOr<std::optional<absl::string_view>> f = reader.Next();
+      if (!f.ok()) return 0;  // not ours: the connection would close
+      if (!f->has_value()) break;
+      const absl::string_view payload = **f;
+      taken += bnps::proto::kFrameHeaderBytes + payload.size();
+      if (taken > fed) std::abort();  // a frame past the bytes given
+      if (hello) {
+        bnps::proto::BnHello h;
+        h.ParseFromArray(payload.data(), static_cast<int>(payload.size()));
+        hello = false;
+        continue;
+      }
+      bnps::proto::BnRequest r;
+      if (!r.ParseFromArray(payload.data(), static_cast<int>(payload.size()))) {
+        continue;
+      }
+      (void)bnps::proto::DecodeMoments(r.moments());
+      (void)bnps::proto::DecodeSums(r.sums());
+      (void)bnps::proto::DecodeRunning(r.running());
+      std::string again;
+      if (bnps::proto::AppendFrame(r, &again).ok()) {
+        bnps::proto::FrameReader back;
+        back.Append(again.data(), again.size());
+        absl::StatusOr<std::optional<absl::string_view>> g = back.Next();
+        if (!g.ok() || !g->has_value()) std::abort();
+        bnps::proto::BnRequest r2;
+        if (!r2.ParseFromArray((*g)->data(), static_cast<int>((*g)->size())) ||
+            r2.SerializeAsString() != r.SerializeAsString()) {
+          std::abort();
+        }
+      }
+    }
+  }
+  if (reader.buffered() != fed - taken) std::abort();
+  return 0;
+}
