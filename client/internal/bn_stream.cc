@@ -586,7 +586,7 @@ BnCalls::BnCalls(Channels* channels)
     : channels_(channels),
       streams_(channels->num_shards()),
       sockets_(channels->num_shards()),
-      failed_port_(channels->num_shards(), 0) {}
+      failed_(channels->num_shards(), {0, -1}) {}
 
 std::shared_ptr<BnSocket> BnCalls::GetSocket(int shard,
                                              absl::Status* refused) {
@@ -597,7 +597,9 @@ std::shared_ptr<BnSocket> BnCalls::GetSocket(int shard,
   std::shared_ptr<BnSocket> old;  // closed after unlocking
   {
     absl::MutexLock lock(&streams_mu_);
-    if (closed_ || failed_port_[shard] == port) return nullptr;
+    if (closed_ || failed_[shard] == std::make_pair(port, generation)) {
+      return nullptr;
+    }
     std::shared_ptr<BnSocket>& slot = sockets_[shard];
     // A connection of an earlier generation is refused by the server.
     if (slot != nullptr && !slot->broken() &&
@@ -621,7 +623,8 @@ std::shared_ptr<BnSocket> BnCalls::GetSocket(int shard,
     const absl::StatusCode code = opened.status().code();
     if (code == absl::StatusCode::kUnavailable ||
         code == absl::StatusCode::kDeadlineExceeded) {
-      failed_port_[shard] = port;  // the stream carries this shard's calls
+      // The stream carries this shard's calls.
+      failed_[shard] = std::make_pair(port, generation);
     } else {
       *refused = opened.status();
     }

@@ -109,8 +109,9 @@ class BnCalls {
   absl::Mutex streams_mu_;
   std::vector<std::shared_ptr<BnStream>> streams_ ABSL_GUARDED_BY(streams_mu_);
   std::vector<std::shared_ptr<BnSocket>> sockets_ ABSL_GUARDED_BY(streams_mu_);
-  // Per shard, the BN port a connection to failed (not tried again).
-  std::vector<int> failed_port_ ABSL_GUARDED_BY(streams_mu_);
+  // Per shard, the BN port a connection to failed and the job generation
+  // then: not tried again until either changes (a restarted server).
+  std::vector<std::pair<int, int64_t>> failed_ ABSL_GUARDED_BY(streams_mu_);
   bool closed_ ABSL_GUARDED_BY(streams_mu_) = false;
 };
 
