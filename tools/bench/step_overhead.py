@@ -5,23 +5,24 @@ merit).
 
 For every W (workers) and per-worker batch, the tool starts S shard servers
 (bnps_server --port=0) and W workers (bnps_worker) once per policy -- local,
-sync, async, recal, back to back -- each process pinned to a core of its own
+sync, async, recal, and sync with BN on the gRPC stream rather than raw TCP,
+back to back -- each process pinned to a core of its own
 (os.sched_setaffinity, as `taskset -c` does) where the cores allow; where
 they do not, processes share cores round-robin and the table says so. Each
 worker trains --warmup + --steps steps (synthetic data by default, one model
 thread) and reports the split of the timed steps (its --timing_warmup_steps
 leaves the warm-up out): compute, BN sync, gradient sync. Beside it, the
-BN round trip of ps_benchmark (bnps against the bare gRPC barrier "star" and
-the echo, C = 256, W = 2) measured in the same run.
+BN round trip of ps_benchmark (bnps against the bare gRPC barrier "star",
+the echo and the raw-TCP barrier, C = 256, W = 2) measured in the same run.
 
 Usage:
     python3 tools/bench/step_overhead.py --build --runs 3   # or, built:
     python3 tools/bench/step_overhead.py [--runs 3] [--workers 1,2]
         [--batches 8,32] [--steps 300] [--warmup 50] [--servers 1]
-        [--policies local,sync,async,recal,sync-colocated]
+        [--policies local,sync,async,recal,sync-stream,sync-colocated]
         [--data synthetic]
         [--bin_dir DIR] [--round_trip on|off] [--build]
-        [--worker_flag=--bn_spin_us=0 ...]
+        [--worker_flag=--bn_spin_us=0 ...] [--server_flag=--bn_port=0 ...]
 
 Output (Markdown, parsed by update_performance_md.py):
   ## Step time against local   one row per (W, batch, policy): ms per step
@@ -56,6 +57,10 @@ POLICIES = ["local", "sync", "async", "recal"]
 # with --replicas=W (one thread each, pinned to the W workers' cores), the BN
 # statistics combined in the process and sent once. Only for W >= 2.
 COLOCATED = "sync-colocated"
+# sync with the BN traffic on the gRPC stream (servers without --bn_port), as
+# a job with TLS runs it.
+STREAM = "sync-stream"
+VARIANTS = [STREAM, COLOCATED]
 # bnps_server --keep_awake_us where every process has a core of its own: longer
 # than the compute between two of a step's BN exchanges at batch 32 (about
 # 0.6 ms here), so the server's core stays awake through a step.
@@ -75,7 +80,8 @@ RT_HEADER = ["C", "W", "bnps p50 us", "star p50 us", "echo p50 us",
 
 # The (W, batch, policy) rows docs/performance.md expects of both step tables.
 STEP_ROWS = [(w, b, p) for w in ("1", "2") for b in ("8", "32")
-             for p in POLICIES] + [("2", b, COLOCATED) for b in ("8", "32")]
+             for p in POLICIES + [STREAM]] + [("2", b, COLOCATED)
+                                             for b in ("8", "32")]
 
 # For update_performance_md.py: the tables docs/performance.md takes from
 # this tool's output (its TABLES format), what they measure, how to read them.
@@ -143,7 +149,9 @@ slowest worker; recal exchanges none during training (its recalibration
 after training is not in the step). Where processes share cores, a worker
 waiting for a peer gives its core to a process that runs, so ratios can
 fall below 1 and the figures time the scheduler as much as bnps.
-`sync-colocated` (W >= 2) is sync with the W workers' batches in one
+`sync-stream` is sync with its BN traffic on the gRPC stream (servers
+without `--bn_port`), as a job with TLS runs it: against `sync`, what the
+raw-TCP BN connection saves. `sync-colocated` (W >= 2) is sync with the W workers' batches in one
 `bnps_worker --replicas=W` process (one thread per replica, on the same
 cores): the replicas combine their BN statistics and gradients in the
 process and cross to the server once per layer, so each barrier waits for
@@ -227,13 +235,15 @@ def server_flags(args, shared):
         [] if shared else ["--keep_awake_us={}".format(KEEP_AWAKE_US)])
 
 
-def start_server(args, shard, policy, workers, core, shared, out_dir):
+def start_server(args, shard, policy, workers, core, shared, out_dir,
+                 stream=False):
     log = os.path.join(out_dir, "s{}.log".format(shard))
     cmd = [os.path.join(args.bin_dir, "server", "bnps_server"), "--port=0",
            "--host=127.0.0.1", "--shard={}".format(shard),
            "--num_shards={}".format(args.servers),
            "--num_workers={}".format(workers), "--policy=" + policy]
-    cmd += server_flags(args, shared)
+    cmd += [f for f in server_flags(args, shared)
+            if not (stream and f.startswith("--bn_port"))]
     with open(log, "w") as f:
         p = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT,
                              preexec_fn=pinned(core))
@@ -258,12 +268,15 @@ def measure_policy(args, policy, workers, batch, out_dir):
     if replicas > 1:
         policy, batch, workers = "sync", batch * replicas, 1
         w_cores = [set(w_cores)]
+    stream = policy == STREAM
+    if stream:
+        policy = "sync"
     procs = []
     try:
         addresses = []
         for s in range(args.servers):
             p, address = start_server(args, s, policy, workers, s_cores[s],
-                                      shared, out_dir)
+                                      shared, out_dir, stream)
             procs.append(p)
             addresses.append(address)
         reports, logs, wprocs = [], [], []
@@ -468,8 +481,10 @@ def parse_args(argv):
     p.add_argument("--workers", type=int_list, default=[1, 2])
     p.add_argument("--batches", type=int_list, default=[8, 32],
                    help="per-worker batch sizes")
-    p.add_argument("--policies", default=",".join(POLICIES + [COLOCATED]),
-                   help="of local, sync, async, recal and " + COLOCATED +
+    p.add_argument("--policies", default=",".join(POLICIES + VARIANTS),
+                   help="of local, sync, async, recal, " + STREAM +
+                   " (sync with BN on the gRPC stream: no --bn_port) and " +
+                   COLOCATED +
                    " (W >= 2: the W workers as one process with --replicas=W)")
     p.add_argument("--servers", type=int, default=1, help="shard servers S")
     p.add_argument("--steps", type=int, default=300, help="timed steps")
@@ -502,9 +517,9 @@ def parse_args(argv):
                    help="per policy and (W, batch)")
     args = p.parse_args(argv)
     args.policies = [x for x in args.policies.split(",") if x]
-    bad = [x for x in args.policies if x not in POLICIES + [COLOCATED]]
+    bad = [x for x in args.policies if x not in POLICIES + VARIANTS]
     if bad or not args.policies:
-        p.error("--policies: {} not in {}".format(bad, POLICIES + [COLOCATED]))
+        p.error("--policies: {} not in {}".format(bad, POLICIES + VARIANTS))
     if args.runs < 1 or args.steps < 1 or args.warmup < 0 or args.servers < 1:
         p.error("--runs, --steps and --servers must be >= 1, --warmup >= 0")
     return args

@@ -14,10 +14,10 @@ import unittest
 HERE = os.path.join(os.getcwd(), "tools", "bench")
 TOOL = os.path.join(HERE, "step_overhead.py")
 NUM = r"\d+\.\d+"
-STEP_ROW = re.compile(r"^\| 1 \| 4 \| (local|sync|async|recal) \| ({0}) \| "
+STEP_ROW = re.compile(r"^\| 1 \| 4 \| (local|sync|async|recal|sync-stream) \| ({0}) \| "
                       r"({0}) \| ({0}) \| ({0}) \| ({0}) \| (.+) \|$"
                       .format(NUM))
-RATIO_ROW = re.compile(r"^\| 1 \| 4 \| (local|sync|async|recal) \| ({0}) \| "
+RATIO_ROW = re.compile(r"^\| 1 \| 4 \| (local|sync|async|recal|sync-stream) \| ({0}) \| "
                        r"({0}) \| ({0}) \|$".format(NUM))
 
 
@@ -35,7 +35,8 @@ class StepOverheadTest(unittest.TestCase):
         steps = [STEP_ROW.match(l) for l in r.stdout.splitlines()]
         steps = [m.groups() for m in steps if m]
         self.assertEqual([s[0] for s in steps],
-                         ["local", "sync", "async", "recal"], r.stdout)
+                         ["local", "sync", "async", "recal", "sync-stream"],
+                         r.stdout)
         for policy, total, compute, bn, grad, ratio, cores in steps:
             # The split adds up to the step (each cell rounded to 0.001).
             self.assertAlmostEqual(float(total),
@@ -49,7 +50,7 @@ class StepOverheadTest(unittest.TestCase):
         self.assertEqual(steps[0][5], "1.00")
         ratios = [RATIO_ROW.match(l) for l in r.stdout.splitlines()]
         ratios = [m.groups() for m in ratios if m]
-        self.assertEqual(len(ratios), 4, r.stdout)
+        self.assertEqual(len(ratios), 5, r.stdout)
         for _, lo, mid, hi in ratios:
             self.assertLessEqual(float(lo), float(mid))
             self.assertLessEqual(float(mid), float(hi))
