@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <string.h>
@@ -10,6 +11,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <map>
 #include <optional>
 #include <string>
@@ -21,6 +23,7 @@
 #include "absl/synchronization/mutex.h"
 #include "proto/bn_frame.h"
 #include "proto/bnps.pb.h"
+#include "proto/limits.h"
 #include "security/job_token.h"
 #include "server/bn_dispatch.h"
 #include "server/rpc_util.h"
@@ -31,6 +34,12 @@ namespace {
 
 using M = ServerMetrics;
 
+constexpr uint32_t kIn = EPOLLIN | EPOLLRDHUP;
+constexpr size_t kReadChunk = 64 * 1024;
+// Chunks read from one connection per readiness event, so that one fast
+// sender cannot keep the thread from the others.
+constexpr int kChunksPerEvent = 16;
+
 absl::Status Errno(const std::string& what) {
   return absl::UnavailableError(absl::StrCat(what, ": ", strerror(errno)));
 }
@@ -38,33 +47,92 @@ absl::Status Errno(const std::string& what) {
 }  // namespace
 
 // One client connection. The epoll thread owns the reading side; answers
-// are written under write_mu by whichever thread has them. The descriptor
-// is closed when the last reference goes (an answer still owed holds one),
-// so its number is never reused while anyone may write to it.
+// are queued under write_mu by whichever thread has them, written at once
+// as far as the socket takes them, and the rest flushed by the epoll thread
+// (EPOLLOUT). The descriptor is closed when the last reference goes (an
+// answer still owed holds one), so its number is never reused while anyone
+// may write to it.
 struct BnSocketServer::Conn {
-  explicit Conn(int fd) : fd(fd) {}
+  Conn(int fd, int epoll_fd, int64_t max_queued)
+      : fd(fd), epoll_fd(epoll_fd), max_queued(max_queued),
+        opened(absl::Now()) {}
   ~Conn() { close(fd); }
 
-  // Writes one frame, or nothing once the connection is shut.
-  void Write(const std::string& frame, absl::Duration timeout) {
+  void Write(const std::string& frame) {
     absl::MutexLock lock(&write_mu);
     if (shut) return;
-    if (!util::SendAll(fd, frame.data(), frame.size(), absl::Now() + timeout)
-             .ok()) {
-      shut = true;
-      shutdown(fd, SHUT_RDWR);  // the epoll thread sees the end
+    size_t sent = 0;
+    if (out.empty()) {
+      const ssize_t k = send(fd, frame.data(), frame.size(),
+                             MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+        ShutLocked();
+        return;
+      }
+      sent = k > 0 ? static_cast<size_t>(k) : 0;
+      if (sent == frame.size()) return;
+    }
+    out.append(frame, sent, std::string::npos);
+    if (static_cast<int64_t>(out.size()) > max_queued) {
+      std::fprintf(stderr,
+                   "bnps_server: a BN connection left %zu bytes of answers "
+                   "unread: cut off\n",
+                   out.size());
+      ShutLocked();
+      return;
+    }
+    if (!want_out) {
+      want_out = true;
+      epoll_event ev{};
+      ev.events = kIn | EPOLLOUT;
+      ev.data.fd = fd;
+      epoll_ctl(epoll_fd, EPOLL_CTL_MOD, fd, &ev);
     }
   }
 
+  // On EPOLLOUT: writes what the socket takes; false if the connection
+  // failed.
+  bool Flush() {
+    absl::MutexLock lock(&write_mu);
+    if (shut) return false;
+    while (!out.empty()) {
+      const ssize_t k =
+          send(fd, out.data(), out.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (k > 0) {
+        out.erase(0, static_cast<size_t>(k));
+        continue;
+      }
+      if (k < 0 && errno == EINTR) continue;
+      if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return true;
+      ShutLocked();
+      return false;
+    }
+    want_out = false;
+    epoll_event ev{};
+    ev.events = kIn;
+    ev.data.fd = fd;
+    epoll_ctl(epoll_fd, EPOLL_CTL_MOD, fd, &ev);
+    return true;
+  }
+
+  void ShutLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu) {
+    shut = true;
+    out.clear();
+    shutdown(fd, SHUT_RDWR);  // the epoll thread sees the end
+  }
   void Shut() {
     absl::MutexLock lock(&write_mu);
-    shut = true;
-    shutdown(fd, SHUT_RDWR);
+    ShutLocked();
   }
 
   const int fd;
+  const int epoll_fd;
+  const int64_t max_queued;
+  const absl::Time opened;
   absl::Mutex write_mu;
   bool shut ABSL_GUARDED_BY(write_mu) = false;
+  std::string out ABSL_GUARDED_BY(write_mu);  // answers the socket has not taken
+  bool want_out ABSL_GUARDED_BY(write_mu) = false;
   // The epoll thread's alone:
   proto::FrameReader reader;
   std::optional<BnDispatcher> dispatcher;  // after a good BnHello
@@ -85,53 +153,94 @@ absl::StatusOr<std::unique_ptr<BnSocketServer>> BnSocketServer::Start(
   if (getaddrinfo(s->options_.host.c_str(), nullptr, &hints, &found) != 0 ||
       found == nullptr) {
     return absl::UnavailableError(absl::StrCat(
-        "BN listener: cannot resolve '", s->options_.host,
-        "' to an IPv4 address"));
+        "BN over TCP: cannot resolve '", s->options_.host,
+        "' to an IPv4 address (the BN listener is IPv4 only)"));
   }
   sockaddr_in addr = *reinterpret_cast<sockaddr_in*>(found->ai_addr);
   freeaddrinfo(found);
   addr.sin_port = htons(static_cast<uint16_t>(s->options_.port));
   s->listen_fd_ =
       socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  if (s->listen_fd_ < 0) return Errno("BN listener: socket");
+  if (s->listen_fd_ < 0) return Errno("BN over TCP: socket");
+  // A restarted server may bind its port while the connections of the one
+  // before linger in TIME_WAIT (a second live listener is still refused).
+  const int one = 1;
+  setsockopt(s->listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
   if (bind(s->listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) !=
           0 ||
       listen(s->listen_fd_, 256) != 0) {
-    return Errno(absl::StrCat("BN listener: cannot listen on ", where));
+    return Errno(absl::StrCat("BN over TCP: cannot listen on ", where));
   }
   socklen_t len = sizeof addr;
   if (getsockname(s->listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len) !=
       0) {
-    return Errno("BN listener: getsockname");
+    return Errno("BN over TCP: getsockname");
   }
-  s->port_ = ntohs(addr.sin_port);
   s->epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
   s->stop_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-  if (s->epoll_fd_ < 0 || s->stop_fd_ < 0) return Errno("BN listener: epoll");
+  s->spare_fd_ = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  if (s->epoll_fd_ < 0 || s->stop_fd_ < 0) return Errno("BN over TCP: epoll");
   for (int fd : {s->listen_fd_, s->stop_fd_}) {
     epoll_event ev{};
     ev.events = EPOLLIN;
     ev.data.fd = fd;
     if (epoll_ctl(s->epoll_fd_, EPOLL_CTL_ADD, fd, &ev) != 0) {
-      return Errno("BN listener: epoll_ctl");
+      return Errno("BN over TCP: epoll_ctl");
     }
   }
+  s->port_.store(ntohs(addr.sin_port));
   s->thread_ = std::thread([p = s.get()] { p->Run(); });
   return s;
 }
 
 BnSocketServer::~BnSocketServer() {
   Stop();
-  for (int fd : {listen_fd_, epoll_fd_, stop_fd_}) {
+  // Run closed the listener if it ran.
+  for (int fd : {listen_fd_, epoll_fd_, stop_fd_, spare_fd_}) {
     if (fd >= 0) close(fd);
   }
 }
 
 void BnSocketServer::Stop() {
+  absl::MutexLock lock(&stop_mu_);
+  if (stopped_) return;
+  stopped_ = true;
+  port_.store(0);
   if (!thread_.joinable()) return;
   const uint64_t one = 1;
   (void)!write(stop_fd_, &one, sizeof one);
   thread_.join();
+}
+
+void BnSocketServer::Accept(std::map<int, std::shared_ptr<Conn>>* conns) {
+  for (;;) {
+    int c = accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (c < 0) {
+      if ((errno == EMFILE || errno == ENFILE) && spare_fd_ >= 0) {
+        // Out of descriptors: take the connection with the spare one and
+        // close it, so the listener does not stay readable for ever.
+        close(spare_fd_);
+        c = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+        if (c >= 0) close(c);
+        spare_fd_ = open("/dev/null", O_RDONLY | O_CLOEXEC);
+        accepted_.fetch_add(1);
+        continue;
+      }
+      return;
+    }
+    accepted_.fetch_add(1);
+    if (static_cast<int>(conns->size()) >= options_.max_connections ||
+        !util::SetLowLatency(c, "BN connection").ok()) {
+      close(c);
+      continue;
+    }
+    auto conn = std::make_shared<Conn>(c, epoll_fd_, options_.max_queued_bytes);
+    epoll_event ev{};
+    ev.events = kIn;
+    ev.data.fd = c;
+    if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, c, &ev) != 0) continue;  // closes c
+    conns->emplace(c, std::move(conn));
+  }
 }
 
 void BnSocketServer::Run() {
@@ -144,60 +253,76 @@ void BnSocketServer::Run() {
     conns.erase(it);  // closed once no answer holds it
   };
   epoll_event events[64];
-  char buf[64 * 1024];
+  absl::Time next_sweep = absl::Now() + absl::Seconds(1);
   for (;;) {
-    const int n = epoll_wait(epoll_fd_, events, 64, -1);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      break;
-    }
+    const int n = epoll_wait(epoll_fd_, events, 64, 1000);
+    if (n < 0 && errno != EINTR) break;
+    bool stop = false;
     for (int e = 0; e < n; ++e) {
       const int fd = events[e].data.fd;
       if (fd == stop_fd_) {
-        for (auto& [c, conn] : conns) conn->Shut();
-        return;
+        stop = true;
+        break;
       }
       if (fd == listen_fd_) {
-        for (;;) {
-          const int c = accept4(listen_fd_, nullptr, nullptr,
-                                SOCK_NONBLOCK | SOCK_CLOEXEC);
-          if (c < 0) break;
-          auto conn = std::make_shared<Conn>(c);
-          epoll_event ev{};
-          ev.events = EPOLLIN | EPOLLRDHUP;
-          ev.data.fd = c;
-          if (!util::SetLowLatency(c, "BN connection").ok() ||
-              epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, c, &ev) != 0) {
-            continue;  // conn closes the descriptor
-          }
-          conns.emplace(c, std::move(conn));
-          accepted_.fetch_add(1);
-        }
+        Accept(&conns);
         continue;
       }
       auto it = conns.find(fd);
-      if (it == conns.end()) continue;
+      if (it == conns.end()) continue;  // dropped earlier in this batch
       std::shared_ptr<Conn> conn = it->second;
-      bool open = true;
-      for (;;) {
-        const ssize_t k = recv(fd, buf, sizeof buf, 0);
-        if (k > 0) {
-          conn->reader.Append(buf, static_cast<size_t>(k));
-          if (static_cast<size_t>(k) < sizeof buf) break;
-          continue;
-        }
-        if (k < 0 && errno == EINTR) continue;
-        open = k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
-        break;
+      bool keep = true;
+      if (events[e].events & EPOLLOUT) keep = conn->Flush();
+      if (keep && (events[e].events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP |
+                                       EPOLLERR))) {
+        keep = Read(conn);
       }
-      // Frames that came before the end are still answered.
-      if (!HandleFrames(conn) || !open) drop(fd);
+      if (!keep) drop(fd);
+    }
+    if (stop) break;
+    // Connections that have not said hello in time are closed.
+    const absl::Time now = absl::Now();
+    if (now >= next_sweep) {
+      next_sweep = now + absl::Seconds(1);
+      std::vector<int> late;
+      for (const auto& [fd, conn] : conns) {
+        if (!conn->dispatcher.has_value() &&
+            now - conn->opened > options_.hello_timeout) {
+          late.push_back(fd);
+        }
+      }
+      for (int fd : late) drop(fd);
     }
   }
+  for (auto& [fd, conn] : conns) conn->Shut();
+  port_.store(0);
+  close(listen_fd_);
+  listen_fd_ = -1;
+}
+
+bool BnSocketServer::Read(const std::shared_ptr<Conn>& conn) {
+  char buf[kReadChunk];
+  for (int chunk = 0; chunk < kChunksPerEvent; ++chunk) {
+    const ssize_t k = recv(conn->fd, buf, sizeof buf, 0);
+    if (k > 0) {
+      conn->reader.Append(buf, static_cast<size_t>(k));
+      if (!HandleFrames(conn)) return false;
+      if (static_cast<size_t>(k) < sizeof buf) return true;
+      continue;
+    }
+    if (k < 0 && errno == EINTR) continue;
+    if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return true;
+    return false;  // the end of the connection, or an error
+  }
+  return true;  // more to read: epoll says so again
 }
 
 bool BnSocketServer::HandleFrames(const std::shared_ptr<Conn>& conn) {
   for (;;) {
+    if (!conn->dispatcher.has_value() &&
+        conn->reader.buffered() > kMaxHelloBytes + proto::kFrameHeaderBytes) {
+      return false;  // no hello is that long
+    }
     absl::StatusOr<std::optional<absl::string_view>> frame = conn->reader.Next();
     if (!frame.ok()) {
       LogRejected(*shard_, "BnSync (TCP)", -1, frame.status());
@@ -205,12 +330,14 @@ bool BnSocketServer::HandleFrames(const std::shared_ptr<Conn>& conn) {
     }
     if (!frame->has_value()) return true;
     const absl::string_view bytes = **frame;
-    if (keep_awake_ != nullptr) keep_awake_->Touch();
     if (!conn->dispatcher.has_value()) {
       if (!HandleHello(*conn, bytes)) return false;
       continue;
     }
-    if (metrics_) metrics_->Received(M::kBnSync, bytes.size() + 4);
+    if (keep_awake_ != nullptr) keep_awake_->Touch();
+    if (metrics_) {
+      metrics_->Received(M::kBnSync, bytes.size() + proto::kFrameHeaderBytes);
+    }
     proto::BnRequest& req = conn->request;
     if (!req.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
       LogRejected(*shard_, "BnSync (TCP)", -1,
@@ -218,16 +345,15 @@ bool BnSocketServer::HandleFrames(const std::shared_ptr<Conn>& conn) {
       return false;
     }
     ServerMetrics* metrics = metrics_;
-    const absl::Duration timeout = options_.write_timeout;
     conn->dispatcher->Dispatch(
-        req, [conn, metrics, timeout](const proto::BnResponse& resp) {
+        req, [conn, metrics](const proto::BnResponse& resp) {
           std::string out;
           if (!proto::AppendFrame(resp, &out).ok()) {
             conn->Shut();  // an answer over the limit: cannot be framed
             return;
           }
           if (metrics) metrics->Sent(M::kBnSync, out.size());
-          conn->Write(out, timeout);
+          conn->Write(out);
         });
   }
 }
@@ -246,14 +372,13 @@ bool BnSocketServer::HandleHello(Conn& conn, absl::string_view bytes) {
   reply.set_code(static_cast<int>(s.code()));
   reply.set_message(std::string(s.message()));
   std::string out;
-  if (proto::AppendFrame(reply, &out).ok()) {
-    conn.Write(out, options_.write_timeout);
-  }
+  if (proto::AppendFrame(reply, &out).ok()) conn.Write(out);
   if (!s.ok()) {
     const bool known = s.code() != absl::StatusCode::kUnauthenticated;
     LogRejected(*shard_, "BnSync (TCP)", known ? hello.worker() : -1, s);
     return false;
   }
+  if (keep_awake_ != nullptr) keep_awake_->Touch();
   conn.dispatcher.emplace(shard_, metrics_, hello.generation());
   return true;
 }

@@ -4,19 +4,28 @@
 // TCP round trip is several times faster than the same exchange through
 // gRPC (docs/performance.md, the "tcp" and "star" peers). The messages,
 // checks and answers are the stream's (server/bn_dispatch.h); only the
-// transport differs.
+// transport differs. IPv4 only.
 //
 // One thread waits on epoll for every connection, reads the frames, and
-// dispatches the requests; an answer is written by the thread that
+// dispatches the requests. An answer is written by the thread that
 // completes its barrier (for the last worker to arrive, this thread), so a
-// round costs no hand-off between threads. A connection starts with a
-// BnHello (job, worker, generation, job token), answered by a BnHelloReply;
-// a wrong token or job is answered and the connection closed. Bytes that are
-// not frames of these messages close the connection. A client that does not
-// read its answers for `write_timeout` is cut off.
+// round costs no hand-off between threads; writes never block: what the
+// socket does not take at once is queued and flushed by the epoll thread.
+// A connection starts with a BnHello (job, worker, generation, job token),
+// answered by a BnHelloReply; a wrong token or job is answered and the
+// connection closed. Until its hello a connection may send one small frame
+// (kMaxHelloBytes) and must send it within `hello_timeout`; at most
+// `max_connections` are open at once (more are closed on arrival). Bytes
+// that are not frames of these messages close the connection, and so does
+// a client that leaves more than `max_queued_bytes` of answers unread.
 //
 // Plaintext only: a job served over TLS must not carry its BN statistics
 // in the clear, so RunningServer refuses the listener with TLS.
+//
+// Lifetimes: an answer still owed after Stop holds its connection (and so
+// the shard and metrics it was dispatched with) until the barrier fails or
+// completes; RunningServer expires every barrier after Stop, before the
+// shard and metrics go.
 //
 // Thread-safety: thread-safe; answers may be sent from any thread.
 
@@ -25,11 +34,13 @@
 
 #include <atomic>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
 
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "server/server_metrics.h"
 #include "server/shard.h"
@@ -39,27 +50,36 @@ namespace bnps::server {
 
 class BnSocketServer {
  public:
+  // The largest frame a connection may send before its hello.
+  static constexpr size_t kMaxHelloBytes = 4096;
+
   struct Options {
     std::string host = "127.0.0.1";  // an IPv4 address, or a name of one
     int port = 0;                    // 0: a free one
     std::string token;               // the job token; empty: none
-    absl::Duration write_timeout = absl::Seconds(5);
+    absl::Duration hello_timeout = absl::Seconds(5);
+    int max_connections = 1024;
+    // Answers a client may leave unread before it is cut off.
+    int64_t max_queued_bytes = int64_t{64} << 20;
   };
 
   // `shard`, `metrics` and `keep_awake` (both may be null) are not owned and
-  // must outlive the server. UNAVAILABLE if the address cannot be bound.
+  // must outlive the server and every answer owed (see above). UNAVAILABLE
+  // if the address cannot be bound or is not IPv4.
   static absl::StatusOr<std::unique_ptr<BnSocketServer>> Start(
       Shard* shard, ServerMetrics* metrics, util::KeepAwake* keep_awake,
       Options options);
   ~BnSocketServer();  // Stop()
 
-  int port() const { return port_; }
-  // Connections accepted so far.
+  // The port it listens on; 0 once stopped (what registering workers are
+  // told).
+  int port() const { return port_.load(); }
+  // Connections accepted so far (those closed on arrival included).
   int64_t accepted() const { return accepted_.load(); }
 
   // Closes the listener and every connection; answers still owed are
   // dropped. Idempotent.
-  void Stop();
+  void Stop() ABSL_LOCKS_EXCLUDED(stop_mu_);
 
  private:
   struct Conn;
@@ -70,7 +90,10 @@ class BnSocketServer {
         keep_awake_(keep_awake),
         options_(std::move(options)) {}
   void Run();
-  // Handles the frames `conn` has received: false once it must close.
+  void Accept(std::map<int, std::shared_ptr<Conn>>* conns);
+  // Reads what `conn` has sent (a bounded amount per call) and handles its
+  // frames: false once it must close.
+  bool Read(const std::shared_ptr<Conn>& conn);
   bool HandleFrames(const std::shared_ptr<Conn>& conn);
   bool HandleHello(Conn& conn, absl::string_view frame);
 
@@ -81,9 +104,12 @@ class BnSocketServer {
   int listen_fd_ = -1;
   int epoll_fd_ = -1;
   int stop_fd_ = -1;
-  int port_ = 0;
+  int spare_fd_ = -1;  // closed to accept (and close) a connection at EMFILE
+  std::atomic<int> port_{0};
   std::atomic<int64_t> accepted_{0};
   std::thread thread_;
+  absl::Mutex stop_mu_;
+  bool stopped_ ABSL_GUARDED_BY(stop_mu_) = false;
 };
 
 }  // namespace bnps::server

@@ -26,8 +26,12 @@ constexpr char kToken[] = "bnps-test-token-0123456789abcdef";
 // A blocking client connection with a 10 s receive timeout (bounded waits).
 class RawConn {
  public:
-  explicit RawConn(int port) {
+  explicit RawConn(int port, int receive_buffer = 0) {
     fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    if (receive_buffer > 0) {
+      setsockopt(fd_, SOL_SOCKET, SO_RCVBUF, &receive_buffer,
+                 sizeof receive_buffer);
+    }
     sockaddr_in addr{};
     addr.sin_family = AF_INET;
     addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
@@ -41,6 +45,18 @@ class RawConn {
   void SendBytes(const std::string& bytes) {
     ASSERT_EQ(send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL),
               static_cast<ssize_t>(bytes.size()));
+  }
+  // Sends what the peer takes; stops at the first failure.
+  void SendAllowingFailure(const std::string& bytes) {
+    size_t at = 0;
+    const timeval ten{10, 0};
+    setsockopt(fd_, SOL_SOCKET, SO_SNDTIMEO, &ten, sizeof ten);
+    while (at < bytes.size()) {
+      const ssize_t k =
+          send(fd_, bytes.data() + at, bytes.size() - at, MSG_NOSIGNAL);
+      if (k <= 0) return;
+      at += static_cast<size_t>(k);
+    }
   }
   void Send(const google::protobuf::MessageLite& m) {
     std::string frame;
@@ -82,13 +98,12 @@ class RawConn {
 
 class BnSocketServerTest : public ::testing::Test {
  protected:
-  void Start(int workers) {
+  void Start(int workers, BnSocketServer::Options so = {}) {
     ShardOptions o;
     o.num_workers = workers;
     absl::StatusOr<std::unique_ptr<Shard>> shard = Shard::Create(o);
     ASSERT_TRUE(shard.ok()) << shard.status();
     shard_ = *std::move(shard);
-    BnSocketServer::Options so;
     so.token = kToken;
     absl::StatusOr<std::unique_ptr<BnSocketServer>> server =
         BnSocketServer::Start(shard_.get(), nullptr, nullptr, so);
@@ -207,6 +222,56 @@ TEST_F(BnSocketServerTest, BytesThatAreNotOursEndTheConnection) {
   proto::BnResponse r;
   ASSERT_TRUE(r.ParseFromString(*got));
   EXPECT_EQ(r.code(), 0) << r.message();
+}
+
+TEST_F(BnSocketServerTest, BeforeItsHelloAConnectionIsHeldShort) {
+  BnSocketServer::Options so;
+  so.hello_timeout = absl::Milliseconds(100);
+  so.max_connections = 2;
+  ASSERT_NO_FATAL_FAILURE(Start(1, so));
+  {
+    // A first frame longer than any hello.
+    RawConn c(server_->port());
+    std::string frame(4, '\0');
+    frame[1] = 0x20;  // 8 KiB
+    frame += std::string(8192, 'x');
+    c.SendBytes(frame);
+    EXPECT_EQ(c.Receive(), std::nullopt);
+  }
+  {
+    // Silent past the hello timeout.
+    RawConn c(server_->port());
+    EXPECT_EQ(c.Receive(), std::nullopt);
+  }
+  // At most two open: a third is closed on arrival.
+  RawConn a(server_->port()), b(server_->port());
+  ASSERT_EQ(a.Hello("bnps", 0, kToken).code(), 0);
+  ASSERT_EQ(b.Hello("bnps", 0, kToken).code(), 0);
+  RawConn third(server_->port());
+  EXPECT_EQ(third.Receive(), std::nullopt);
+}
+
+TEST_F(BnSocketServerTest, AClientThatDoesNotReadIsCutOff) {
+  BnSocketServer::Options so;
+  so.max_queued_bytes = 256 << 10;
+  ASSERT_NO_FATAL_FAILURE(Start(1, so));
+  RawConn c(server_->port(), /*receive_buffer=*/4096);
+  ASSERT_EQ(c.Hello("bnps", 0, kToken).code(), 0);
+  // Answers of 160 KB each, never read: the socket's buffers fill, then the
+  // server's queue passes its cap and the connection is cut. Sending stops
+  // at the first failure (the server closed).
+  const std::vector<double> wide(10000, 1.0);
+  std::string bytes;
+  for (int step = 0; step < 64; ++step) {
+    proto::BnRequest r = Forward(0, step + 1, wide);
+    r.set_step(step);
+    ASSERT_TRUE(proto::AppendFrame(r, &bytes).ok());
+  }
+  c.SendAllowingFailure(bytes);
+  // Whatever answers came before the cut, the connection then ends.
+  int answers = 0;
+  while (c.Receive().has_value()) ++answers;
+  EXPECT_LT(answers, 64);
 }
 
 TEST_F(BnSocketServerTest, StopEndsEveryConnection) {

@@ -62,8 +62,7 @@ absl::StatusOr<std::unique_ptr<RunningServer>> RunningServer::Start(
   }
   rs->service_ = std::make_unique<ShardService>(
       rs->shard_.get(), std::move(security.token), rs->metrics_.get(),
-      rs->keep_awake_.get(),
-      rs->bn_socket_ != nullptr ? rs->bn_socket_->port() : 0);
+      rs->keep_awake_.get(), rs->bn_socket_.get());
   // Both are process-wide switches of gRPC, read when a builder is made;
   // turning them on again is harmless.
   grpc::EnableDefaultHealthCheckService(true);

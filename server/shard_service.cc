@@ -19,9 +19,10 @@ using M = ServerMetrics;  // its enums; metrics_ may be null everywhere
 
 absl::Status ShardService::Authenticate(
     const grpc::CallbackServerContext& ctx) const {
-  if (keep_awake_ != nullptr) keep_awake_->Touch();
-  if (token_.empty()) return absl::OkStatus();  // no metadata lookup
-  return security::CheckToken(token_, CallToken(ctx));
+  absl::Status s;
+  if (!token_.empty()) s = security::CheckToken(token_, CallToken(ctx));
+  if (s.ok() && keep_awake_ != nullptr) keep_awake_->Touch();
+  return s;
 }
 
 template <typename Request>
@@ -68,7 +69,7 @@ grpc::ServerUnaryReactor* ShardService::Register(
     *resp.mutable_config() = ToJobConfig(o);
     resp.set_server_incarnation(shard_->server_incarnation());
     resp.set_generation(shard_->generation().generation);
-    resp.set_bn_port(bn_port_);
+    resp.set_bn_port(bn_socket_ != nullptr ? bn_socket_->port() : 0);
   }
   return Answer(M::kRegister, ctx, *raw, worker, s, &resp, out);
 }

@@ -24,6 +24,7 @@
 #include "proto/bnps.grpc.pb.h"
 #include "server/scratch_pool.h"
 #include "server/server_metrics.h"
+#include "server/bn_socket_server.h"
 #include "server/shard.h"
 #include "util/keep_awake.h"
 
@@ -55,17 +56,18 @@ class ShardService final : public ShardServiceBase {
   // `metrics` (not owned; null: none) counts and times the calls, and gives
   // GetStatus the per-worker steps and pushes and the BN layers' waits.
   // `keep_awake` (not owned; null: none) is touched by every call and by
-  // every message of a BN stream (util/keep_awake.h). `bn_port`, if not 0,
-  // is the raw-TCP BN listener's port, told to registering workers.
+  // every authenticated call and by every message of a BN stream
+  // (util/keep_awake.h). `bn_socket` (not owned; null: none) is the raw-TCP
+  // BN listener, whose port registering workers are told while it listens.
   explicit ShardService(Shard* shard, std::string token = "",
                         ServerMetrics* metrics = nullptr,
                         util::KeepAwake* keep_awake = nullptr,
-                        int bn_port = 0)
+                        const BnSocketServer* bn_socket = nullptr)
       : shard_(shard),
         token_(std::move(token)),
         metrics_(metrics),
         keep_awake_(keep_awake),
-        bn_port_(bn_port) {}
+        bn_socket_(bn_socket) {}
 
   // Requests and responses are the messages of proto/bnps.proto, as bytes.
   grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* ctx,
@@ -122,7 +124,7 @@ class ShardService final : public ShardServiceBase {
   const std::string token_;
   ServerMetrics* const metrics_;  // may be null
   util::KeepAwake* const keep_awake_;  // may be null
-  const int bn_port_;                  // 0: none
+  const BnSocketServer* const bn_socket_;  // may be null
   // Staging buffers of pushes, reused across calls.
   ScratchPool scratch_{size_t{256} << 20};
 };

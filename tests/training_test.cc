@@ -102,6 +102,14 @@ std::vector<WorkerResult> Train(
     });
   }
   for (std::thread& t : threads) t.join();
+  if (bn_port >= 0) {
+    // The BN traffic really went over TCP (else the stream carried it).
+    int64_t connections = 0;
+    for (const auto& s : servers) {
+      connections += s->bn_socket_server()->accepted();
+    }
+    EXPECT_GT(connections, 0);
+  }
   return results;
 }
 

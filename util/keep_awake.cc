@@ -8,6 +8,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <fstream>
+#include <string>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -36,13 +38,55 @@ absl::Status Errno(const std::string& what) {
   return absl::InternalError(absl::StrCat(what, ": ", strerror(errno)));
 }
 
+std::string ReadLine(const std::string& path) {
+  std::ifstream in(path);
+  std::string line;
+  std::getline(in, line);
+  return line;
+}
+
 }  // namespace
+
+std::string CpuQuota() {
+  std::ifstream cgroups("/proc/self/cgroup");
+  std::string line;
+  while (std::getline(cgroups, line)) {
+    // "0::/path" (cgroup v2) or "N:cpu,cpuacct:/path" (v1).
+    const size_t a = line.find(':');
+    const size_t b = line.find(':', a + 1);
+    if (a == std::string::npos || b == std::string::npos) continue;
+    const std::string controllers = line.substr(a + 1, b - a - 1);
+    const std::string path = line.substr(b + 1);
+    if (controllers.empty()) {
+      const std::string max = ReadLine("/sys/fs/cgroup" + path + "/cpu.max");
+      if (!max.empty() && max.rfind("max", 0) != 0) {
+        return "cpu.max " + max;
+      }
+      continue;
+    }
+    for (const std::string& dir : {controllers, std::string("cpu")}) {
+      const std::string quota =
+          ReadLine("/sys/fs/cgroup/" + dir + path + "/cpu.cfs_quota_us");
+      if (!quota.empty() && quota != "-1") {
+        return "cpu.cfs_quota_us " + quota;
+      }
+    }
+  }
+  return "";
+}
 
 absl::StatusOr<std::unique_ptr<KeepAwake>> KeepAwake::Start(
     absl::Duration hold, std::vector<int> cpus) {
   if (hold <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError(
         absl::StrCat("keep-awake hold must be > 0, not ", absl::FormatDuration(hold)));
+  }
+  hold = std::min(hold, absl::Hours(1));  // no overflow in Touch
+  if (const std::string quota = CpuQuota(); !quota.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "keep-awake: this process has a CPU quota (", quota,
+        "): spinning, even at idle priority, would use it up and get the "
+        "server throttled; give it whole CPUs (a cpuset) without a quota"));
   }
   cpu_set_t mask;
   CPU_ZERO(&mask);

@@ -16,7 +16,9 @@
 // Use it where the process has CPUs of its own (e.g. pinned with taskset or
 // a container's cpuset): on CPUs shared with other work it takes only what
 // they leave idle, but still draws power, and a busy hyperthread slows its
-// sibling a little.
+// sibling a little. Not under a CPU quota (a Kubernetes CPU limit without
+// the static CPU manager): the spinning counts against the quota, and the
+// whole process gets throttled; Start refuses then.
 //
 // Thread-safety: Touch may be called from any thread, concurrently; it takes
 // no lock unless the threads sleep.
@@ -27,6 +29,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -36,11 +39,18 @@
 
 namespace bnps::util {
 
+// The CPU quota of the process's cgroup (v2 cpu.max or v1
+// cpu.cfs_quota_us) as "<file> <value>", or "" if it has none (or it cannot
+// be read). Under a quota a spinning thread is throttled with the rest.
+std::string CpuQuota();
+
 class KeepAwake {
  public:
-  // Starts one thread per CPU of `cpus`, or of the process's CPU affinity
-  // mask if `cpus` is empty. INVALID_ARGUMENT for `hold` <= 0 or a CPU the
-  // process may not run on; INTERNAL if a thread cannot be pinned or given
+  // Starts one thread per CPU of `cpus`, or of the calling thread's CPU
+  // affinity mask (at start; later changes are not followed) if `cpus` is
+  // empty. `hold` is capped at an hour. INVALID_ARGUMENT for `hold` <= 0 or
+  // a CPU the caller may not run on; FAILED_PRECONDITION if the process has
+  // a CPU quota (CpuQuota); INTERNAL if a thread cannot be pinned or given
   // SCHED_IDLE.
   static absl::StatusOr<std::unique_ptr<KeepAwake>> Start(
       absl::Duration hold, std::vector<int> cpus = {});
@@ -57,7 +67,8 @@ class KeepAwake {
   absl::Duration hold() const { return absl::Nanoseconds(hold_ns_); }
   // The Linux thread ids of the threads (for their scheduling policy).
   std::vector<int> thread_ids() const;
-  // How long the threads have busy-waited, summed over them.
+  // How long the threads have spent in their busy-wait, summed over them
+  // (wall time: time they were preempted in it included).
   absl::Duration busy() const {
     return absl::Nanoseconds(busy_ns_.load(std::memory_order_relaxed));
   }

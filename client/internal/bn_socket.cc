@@ -91,7 +91,8 @@ absl::StatusOr<std::unique_ptr<BnSocket>> BnSocket::Connect(
         const int code = reply.code();
         if (code < 0 ||
             code > static_cast<int>(absl::StatusCode::kUnauthenticated)) {
-          return absl::UnknownError(reply.message());
+          return absl::UnknownError(
+              absl::StrCat("code ", code, ": ", reply.message()));
         }
         return absl::Status(static_cast<absl::StatusCode>(code),
                             reply.message());
@@ -116,10 +117,10 @@ bool BnSocket::broken() const {
 void BnSocket::Shut() {
   absl::MutexLock lock(&mu_);
   BreakLocked(Unavailable("the client closed the connection"));
-  shutdown(fd_, SHUT_RDWR);  // a reader blocked in poll wakes up
 }
 
 void BnSocket::BreakLocked(const absl::Status& why) {
+  if (!broken_) shutdown(fd_, SHUT_RDWR);  // a reader blocked in poll wakes
   broken_ = true;
   for (auto& [id, call] : pending_) {
     call->done = true;

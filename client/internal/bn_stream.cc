@@ -1,6 +1,7 @@
 #include "client/internal/bn_stream.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -524,10 +525,7 @@ absl::StatusOr<proto::BnResponse> BnCalls::BnCall(proto::BnRequest request) {
   for (int attempt = 0;; ++attempt) {
     // The first attempt over TCP where the shard offers it; a repeat on
     // the stream.
-    absl::Status refused;
-    std::shared_ptr<BnSocket> socket =
-        attempt == 0 ? GetSocket(shard, &refused) : nullptr;
-    if (!refused.ok()) return Annotate(refused, context());
+    std::shared_ptr<BnSocket> socket = attempt == 0 ? GetSocket(shard) : nullptr;
     std::shared_ptr<BnStream> stream;
     if (socket == nullptr) {
       stream = GetStream(shard);
@@ -586,10 +584,9 @@ BnCalls::BnCalls(Channels* channels)
     : channels_(channels),
       streams_(channels->num_shards()),
       sockets_(channels->num_shards()),
-      failed_(channels->num_shards(), {0, -1}) {}
+      socket_state_(channels->num_shards()) {}
 
-std::shared_ptr<BnSocket> BnCalls::GetSocket(int shard,
-                                             absl::Status* refused) {
+std::shared_ptr<BnSocket> BnCalls::GetSocket(int shard) {
   const GrpcClientOptions& options = channels_->options();
   const int port = channels_->bn_port(shard);
   if (!options.bn_over_tcp || port <= 0) return nullptr;
@@ -597,15 +594,16 @@ std::shared_ptr<BnSocket> BnCalls::GetSocket(int shard,
   std::shared_ptr<BnSocket> old;  // closed after unlocking
   {
     absl::MutexLock lock(&streams_mu_);
-    if (closed_ || failed_[shard] == std::make_pair(port, generation)) {
-      return nullptr;
-    }
+    if (closed_) return nullptr;
     std::shared_ptr<BnSocket>& slot = sockets_[shard];
     // A connection of an earlier generation is refused by the server.
     if (slot != nullptr && !slot->broken() &&
         slot->generation() == generation) {
       return slot;
     }
+    SocketState& state = socket_state_[shard];
+    if (state.connecting || absl::Now() < state.retry_at) return nullptr;
+    state.connecting = true;
     old = std::move(slot);
   }
   old.reset();
@@ -619,22 +617,24 @@ std::shared_ptr<BnSocket> BnCalls::GetSocket(int shard,
       absl::Now() + std::min(options.rpc_timeout, absl::Seconds(5)),
       options.bn_spin);
   absl::MutexLock lock(&streams_mu_);
+  SocketState& state = socket_state_[shard];
+  state.connecting = false;
   if (!opened.ok()) {
-    const absl::StatusCode code = opened.status().code();
-    if (code == absl::StatusCode::kUnavailable ||
-        code == absl::StatusCode::kDeadlineExceeded) {
-      // The stream carries this shard's calls.
-      failed_[shard] = std::make_pair(port, generation);
-    } else {
-      *refused = opened.status();
+    state.retry_at = absl::Now() + kBnSocketRetry;
+    const std::string why(opened.status().message());
+    if (why != state.said) {
+      state.said = why;
+      std::fprintf(stderr,
+                   "bnps worker %d: BN over TCP to %s: %s; its BN traffic "
+                   "takes the gRPC stream\n",
+                   options.worker, channels_->ShardName(shard).c_str(),
+                   why.c_str());
     }
     return nullptr;
   }
   if (closed_) return nullptr;
   std::shared_ptr<BnSocket>& slot = sockets_[shard];
-  if (slot == nullptr || slot->broken() || slot->generation() != generation) {
-    slot = std::shared_ptr<BnSocket>(*std::move(opened));
-  }
+  slot = std::shared_ptr<BnSocket>(*std::move(opened));
   return slot;
 }
 

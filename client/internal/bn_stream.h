@@ -6,9 +6,10 @@
 //
 // Where the shard offers BN over raw TCP (RegisterResponse.bn_port) and
 // GrpcClientOptions::bn_over_tcp allows, a call's first attempt goes over
-// that connection instead (bn_socket.h); a connection that cannot be made
-// leaves the shard on the stream, and a hello the server refuses (a wrong
-// token) fails the call with the server's code.
+// that connection instead (bn_socket.h). A connection that cannot be made
+// (or whose hello is refused: a port that now serves another job) leaves
+// the shard on the stream for kBnSocketRetry, said once on stderr; while one
+// thread connects, the others' calls take the stream.
 //
 // BnCall semantics: the request goes to the shard that owns the layer with a
 // fresh id; the call blocks until the answer with that id arrives or
@@ -48,6 +49,10 @@ namespace bnps::client::internal {
 class BnStream;  // one shard's stream (bn_stream.cc)
 class BnSocket;  // one shard's raw-TCP connection (bn_socket.h)
 
+// How long a shard whose BN connection failed stays on the stream before
+// the next try.
+inline constexpr absl::Duration kBnSocketRetry = absl::Seconds(30);
+
 class BnCalls {
  public:
   explicit BnCalls(Channels* channels);
@@ -86,10 +91,10 @@ class BnCalls {
   std::shared_ptr<BnStream> GetStream(int shard)
       ABSL_LOCKS_EXCLUDED(streams_mu_);
   // The raw-TCP connection of `shard`, opened if there is none or it broke;
-  // null where the shard offers none, it cannot be reached (the stream
-  // then carries its calls) or the client is closed. A hello the server
-  // refused sets `*refused`.
-  std::shared_ptr<BnSocket> GetSocket(int shard, absl::Status* refused)
+  // null where the shard offers none, cannot be reached now (the stream
+  // then carries its calls), another thread is connecting, or the client
+  // is closed.
+  std::shared_ptr<BnSocket> GetSocket(int shard)
       ABSL_LOCKS_EXCLUDED(streams_mu_);
   // One exchange as the file comment says. INVALID_ARGUMENT for an empty or
   // too long layer or a request larger than kMaxMessageBytes.
@@ -109,9 +114,14 @@ class BnCalls {
   absl::Mutex streams_mu_;
   std::vector<std::shared_ptr<BnStream>> streams_ ABSL_GUARDED_BY(streams_mu_);
   std::vector<std::shared_ptr<BnSocket>> sockets_ ABSL_GUARDED_BY(streams_mu_);
-  // Per shard, the BN port a connection to failed and the job generation
-  // then: not tried again until either changes (a restarted server).
-  std::vector<std::pair<int, int64_t>> failed_ ABSL_GUARDED_BY(streams_mu_);
+  // Per shard: a thread is connecting; no connection is tried before
+  // retry_at (after a failure); the last failure said on stderr.
+  struct SocketState {
+    bool connecting = false;
+    absl::Time retry_at = absl::InfinitePast();
+    std::string said;
+  };
+  std::vector<SocketState> socket_state_ ABSL_GUARDED_BY(streams_mu_);
   bool closed_ ABSL_GUARDED_BY(streams_mu_) = false;
 };
 

@@ -225,14 +225,18 @@ def stop(procs):
 
 
 def server_flags(args, shared):
-    """The servers' flags: --server_flag as given; by default BN over raw
-    TCP (bnps_server --bn_port=0, as the launcher starts servers) and, where
-    every process has a core of its own, the server keeps its core awake
-    while messages come (--keep_awake_us)."""
-    if args.server_flag:
-        return list(args.server_flag)
-    return ["--bn_port=0"] + (
-        [] if shared else ["--keep_awake_us={}".format(KEEP_AWAKE_US)])
+    """The servers' flags: by default BN over raw TCP (bnps_server
+    --bn_port=0, as the launcher starts servers) and, where every process
+    has a core of its own, the server keeps its core awake while messages
+    come (--keep_awake_us); a --server_flag replaces the default of its name
+    and adds the rest."""
+    flags = {"--bn_port": "0"}
+    if not shared:
+        flags["--keep_awake_us"] = str(KEEP_AWAKE_US)
+    for f in args.server_flag:
+        name, _, value = f.partition("=")
+        flags[name] = value
+    return [n + ("=" + v if v else "") for n, v in flags.items()]
 
 
 def start_server(args, shard, policy, workers, core, shared, out_dir,
@@ -390,9 +394,10 @@ def report(args, results, shared, rts, out):
           args.servers, args.steps, args.warmup, args.data, args.runs,
           " ".join(args.worker_flag) or "defaults (--bn_spin_us=-1: poll "
           "100 us where every process has a core)",
-          " ".join(args.server_flag) or "--bn_port=0 (BN over TCP), and "
-          "--keep_awake_us={} where every process has a core".format(
-              KEEP_AWAKE_US),
+          "--bn_port=0 (BN over TCP), and --keep_awake_us={} where every "
+          "process has a core{}".format(
+              KEEP_AWAKE_US, "; then " + " ".join(args.server_flag)
+              if args.server_flag else ""),
           rt_spin_us(args)))
     w(STEP_HEADING + " (ms per step, mean over workers; median over runs)\n\n")
     w("| " + " | ".join(STEP_HEADER) + " |\n")
@@ -508,10 +513,11 @@ def parse_args(argv):
                    help="passed to every worker as is (repeatable), e.g. "
                    "--worker_flag=--bn_spin_us=0")
     p.add_argument("--server_flag", action="append", default=[],
-                   help="passed to every server as is (repeatable), instead "
-                   "of the defaults (--bn_port=0, and --keep_awake_us={} "
-                   "where every process has a core); e.g. "
-                   "--server_flag=--keep_awake_us=0 for BN over gRPC alone"
+                   help="passed to every server (repeatable), replacing the "
+                   "default of the same name (--bn_port=0, and "
+                   "--keep_awake_us={} where every process has a core); "
+                   "e.g. --server_flag=--keep_awake_us=0, or "
+                   "--server_flag=--bn_port=-1 for BN on the gRPC stream"
                    .format(KEEP_AWAKE_US))
     p.add_argument("--timeout_s", type=float, default=600,
                    help="per policy and (W, batch)")

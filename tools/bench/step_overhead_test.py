@@ -69,7 +69,7 @@ class StepOverheadTest(unittest.TestCase):
                  "--round_trip", "off",
                  "--server_flag=--keep_awake_us=500"])
         self.assertEqual(r.returncode, 0, r.stderr)
-        self.assertIn("server flags: --keep_awake_us=500", r.stdout)
+        self.assertIn("then --keep_awake_us=500", r.stdout)
 
     def test_bad_policy_is_usage_error(self):
         r = run(["--policies", "sync,bogus"])

@@ -44,15 +44,17 @@ uint32_t LoadU32(const char* p) {
 
 void StoreU32(char* p, uint32_t v) { std::memcpy(p, &v, sizeof v); }
 
-// Writes all of `data`, waiting for room on a non-blocking socket. False if
-// the connection failed.
+// Writes all of `data`, waiting for room on a non-blocking socket for at
+// most 10 s in all. False if the connection failed or the peer did not read.
 bool SendAll(int fd, const char* data, size_t n) {
+  int waits = 0;
   while (n > 0) {
     const ssize_t k = send(fd, data, n, MSG_NOSIGNAL);
     if (k > 0) {
       data += k;
       n -= static_cast<size_t>(k);
     } else if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      if (++waits > 10) return false;
       pollfd p{fd, POLLOUT, 0};
       poll(&p, 1, 1000);
     } else if (k < 0 && errno == EINTR) {
@@ -198,12 +200,14 @@ void TcpStarServer::Run() {
         closed = k == 0 || (errno != EAGAIN && errno != EWOULDBLOCK);
         break;
       }
-      if (!closed && conn.frame.empty() && conn.in.size() >= kHeaderBytes) {
+      while (!closed && conn.frame.empty() && conn.in.size() >= kHeaderBytes) {
         const uint32_t payload = LoadU32(conn.in.data());
         const uint32_t group = LoadU32(conn.in.data() + 4);
         if (payload > kMaxPayload || group < 1 || group > kMaxGroup) {
           closed = true;  // not a frame of ours
-        } else if (conn.in.size() >= kHeaderBytes + payload) {
+        } else if (conn.in.size() < kHeaderBytes + payload) {
+          break;  // the rest of the frame is still on its way
+        } else {
           conn.frame = conn.in.substr(0, kHeaderBytes + payload);
           conn.in.erase(0, kHeaderBytes + payload);
           std::vector<int>& members = waiting[group];
@@ -257,14 +261,16 @@ absl::StatusOr<std::vector<double>> TcpStarWorker(const Job& job,
       control->stop.store(true);
       break;
     }
+    if (reply != frame) {
+      status = absl::DataLossError("tcp: the server answered other bytes");
+      control->stop.store(true);
+      break;
+    }
     if (i >= job.warmup) us.push_back(MicrosSince(t0));
     plan.Finished(i);
   }
   close(fd);
   if (!status.ok()) return status;
-  if (reply != frame) {
-    return absl::DataLossError("tcp: the server answered other bytes");
-  }
   return us;
 }
 
