@@ -206,8 +206,8 @@ int Main() {
                     }),
       kGradWarmup, absl::StrJoin(s.shard_counts, ", "),
       util::HeapKeepMbFlag() > 0
-          ? absl::StrFormat("every process keeps up to %d MB of freed heap "
-                            "for reuse, bnps and echo alike (--heap_keep_mb)",
+          ? absl::StrFormat("freed heap memory kept for reuse "
+                            "(--heap_keep_mb=%d), bnps and echo alike",
                             util::HeapKeepMbFlag())
           : std::string("glibc's default heap thresholds (--heap_keep_mb=0)"));
 

@@ -210,12 +210,12 @@ worker in a `sync` job the update is applied at once). **echo** moves the
 same bytes over bare gRPC in 1 MiB messages, up in a client-streaming call
 and down in a server-streaming one, to S servers in parallel. Each system's
 repetitions run in a fresh process. Both systems run with the same heap
-settings: each process keeps up to 256 MB of freed memory for reuse
-(`--heap_keep_mb`, the default of `bnps_server` and `bnps_worker` too), so
-that gRPC's read buffers, freed and taken again with every message, are not
-handed back to the kernel and faulted in again as fresh pages;
-`ps_benchmark --heap_keep_mb=0` measures both with glibc's defaults. MB/s is
-2 x payload over the median time of one push + pull (MB = 2^20 bytes).""",
+settings: each process keeps freed memory for reuse (`--heap_keep_mb=256`,
+the default of `bnps_server` and `bnps_worker` too), so that gRPC's read
+buffers, freed and taken again with every message, are not handed back to
+the kernel and faulted in again as fresh pages; `ps_benchmark
+--heap_keep_mb=0` measures both with glibc's defaults. MB/s is 2 x payload
+over the median time of one push + pull (MB = 2^20 bytes).""",
     "bn_kernels": """\
 The CPU BN kernels, one thread (`OMP_NUM_THREADS=1`), on two NCHW float
 shapes. GB/s counts the bytes a kernel must move (each input read once, each
