@@ -17,6 +17,7 @@
 #include "security/job_token.h"
 #include "server/server_runner.h"
 #include "util/command_line.h"
+#include "util/heap_flags.h"
 
 ABSL_FLAG(std::string, host, "127.0.0.1",
           "Address to listen on. 127.0.0.1 serves this machine only; 0.0.0.0 "
@@ -135,6 +136,9 @@ int main(int argc, char** argv) {
   // Debian builds Abseil with Mutex deadlock detection on, which records a
   // lock graph at every acquisition; the tests keep it, the binaries do not.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  if (absl::Status s = bnps::util::ApplyHeapFlag(); !s.ok()) {
+    return Fail(s), kBadFlags;
+  }
   // SIGINT/SIGTERM are blocked before any thread starts (threads inherit the
   // mask) and taken by one thread, which shuts the server down cleanly.
   sigset_t set;

@@ -1,5 +1,6 @@
 #include "server/shard.h"
 
+#include <memory>
 #include <optional>
 #include <string>
 
@@ -128,14 +129,17 @@ bn::Moments SomeMoments() {
   return m;
 }
 
-// Runs a BN forward and returns its answer, which must come at once.
+// Runs a BN forward and returns its answer, which must come at once. One
+// that waits is answered later (at the latest when the shard goes, after
+// this returned), so the callback owns where the answer goes.
 absl::StatusOr<BnAggregator::Reply> ForwardNow(Shard& shard, int worker,
                                                int64_t step) {
-  std::optional<absl::StatusOr<BnAggregator::Reply>> r;
+  auto r = std::make_shared<
+      std::optional<absl::StatusOr<BnAggregator::Reply>>>();
   shard.bn().Forward(worker, step, "bn", SomeMoments(), shard.Deadline(),
-                     [&](const auto& s) { r = s; });
-  if (!r.has_value()) return absl::UnknownError("no answer yet");
-  return *r;
+                     [r](const auto& s) { *r = s; });
+  if (!r->has_value()) return absl::UnknownError("no answer yet");
+  return **r;
 }
 
 // The BN policy and the gradient mode are independent: each half of a

@@ -38,6 +38,7 @@
 #include "policy/policy.h"
 #include "security/security_flags.h"
 #include "util/command_line.h"
+#include "util/heap_flags.h"
 #include "metrics/http_endpoint.h"
 #include "metrics/metrics_flags.h"
 #include "metrics/registry.h"
@@ -600,7 +601,8 @@ int main(int argc, char** argv) {
   // Debian builds Abseil with Mutex deadlock detection on, which records a
   // lock graph at every acquisition; the tests keep it, the binaries do not.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
-  absl::Status s = bnps::worker::Main();
+  absl::Status s = bnps::util::ApplyHeapFlag();
+  if (s.ok()) s = bnps::worker::Main();
   if (!s.ok()) {
     std::fprintf(stderr, "bnps_worker: %s\n", std::string(s.message()).c_str());
     return s.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;

@@ -30,6 +30,7 @@
 #include "tools/bench/pipe_io.h"
 #include "tools/bench/timing.h"
 #include "client/grpc_ps_client.h"
+#include "util/heap_flags.h"
 
 namespace bnps::bench {
 namespace {
@@ -151,8 +152,11 @@ absl::StatusOr<std::vector<double>> RunGradChild(const std::string& spec) {
     return absl::InternalError(absl::StrCat("pipe: ", strerror(errno)));
   }
   const std::string flag = absl::StrCat("--grad_child=", spec);
+  // The child's heap is set up as this process's.
+  const std::string heap = util::HeapFlagArgument();
   char exe[] = "/proc/self/exe";
-  char* argv[] = {exe, const_cast<char*>(flag.c_str()), nullptr};
+  char* argv[] = {exe, const_cast<char*>(flag.c_str()),
+                  const_cast<char*>(heap.c_str()), nullptr};
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_adddup2(&actions, out[1], STDOUT_FILENO);

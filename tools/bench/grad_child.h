@@ -47,10 +47,10 @@ absl::StatusOr<std::vector<double>> GradReps(bool bnps, int mb, int shards,
 // 0, or returns 2 with one line on stderr if `spec` is malformed.
 int GradChildMain(const std::string& spec);
 
-// Runs this binary (/proc/self/exe) with --grad_child=spec and returns the
-// rep times it printed, or the error it printed. The child is killed (by its
-// PID) if it outlives kGradChildBudget: DEADLINE_EXCEEDED. INTERNAL if it
-// printed neither.
+// Runs this binary (/proc/self/exe) with --grad_child=spec and this
+// process's --heap_keep_mb, and returns the rep times it printed, or the
+// error it printed. The child is killed (by its PID) if it outlives
+// kGradChildBudget: DEADLINE_EXCEEDED. INTERNAL if it printed neither.
 absl::StatusOr<std::vector<double>> RunGradChild(const std::string& spec);
 
 }  // namespace bnps::bench

@@ -45,7 +45,9 @@
 //    grad_child.h) holding its servers and client, so neither runs in the
 //    heap the other left; the rows are measured in --rounds rounds with the
 //    two systems back to back, the first alternating. Throughput is
-//    2 * bytes / (median time of a rep); MB = 2^20 bytes.
+//    2 * bytes / (median time of a rep); MB = 2^20 bytes. Both systems run
+//    with the same heap settings (--heap_keep_mb, util/heap_flags.h; 0 for
+//    glibc's defaults).
 //
 // The tables are printed as Markdown (report.h).
 //
@@ -55,6 +57,7 @@
 //      [--tables=bn,grad] [--systems=bnps,gloo,echo,star,tcp]
 //      [--channels=64,256,1024]
 //      [--workers=1,2,4,8] [--bn_spin_us=0] [--bn_over_tcp=false]
+//      [--heap_keep_mb=256]
 
 #include <algorithm>
 #include <cstdio>
@@ -81,6 +84,7 @@
 #include "tools/bench/settings.h"
 #include "tools/bench/throughput_table.h"
 #include "tools/bench/worker_pool.h"
+#include "util/heap_flags.h"
 
 ABSL_FLAG(int, reps, 1000,
           "BN latency: the most timed calls per worker and row (a row stops "
@@ -147,6 +151,10 @@ bool PositiveInts(const std::vector<std::string>& in, absl::string_view flag,
 }
 
 int Main() {
+  if (absl::Status s = util::ApplyHeapFlag(); !s.ok()) {
+    absl::FPrintF(stderr, "ps_benchmark: %s\n", s.message());
+    return 2;
+  }
   if (const std::string spec = absl::GetFlag(FLAGS_grad_child); !spec.empty()) {
     return GradChildMain(spec);
   }
@@ -199,7 +207,7 @@ int Main() {
       "row (timing stops after %s once it has %d; at most %s a row), median "
       "of %d rounds; push+pull reps %s per system and row, split over the "
       "rounds, each system's share of a round in a fresh process after %d "
-      "warm-up reps; S in {%s}; bnps's BN %s; loopback "
+      "warm-up reps; S in {%s}; bnps's BN %s; %s; loopback "
       "127.0.0.1\n",
       s.warmup, s.min_reps, s.reps, absl::FormatDuration(s.row_time),
       s.min_reps, absl::FormatDuration(s.row_budget), s.rounds,
@@ -209,7 +217,12 @@ int Main() {
                     }),
       kGradWarmup, absl::StrJoin(s.shard_counts, ", "),
       s.bn_over_tcp ? "over raw TCP (--bn_over_tcp)"
-                    : "over the gRPC stream (--bn_over_tcp=false)");
+                    : "over the gRPC stream (--bn_over_tcp=false)",
+      util::HeapKeepMbFlag() > 0
+          ? absl::StrFormat("freed heap memory kept for reuse "
+                            "(--heap_keep_mb=%d), bnps and echo alike",
+                            util::HeapKeepMbFlag())
+          : std::string("glibc's default heap thresholds (--heap_keep_mb=0)"));
 
   const std::string tables = absl::GetFlag(FLAGS_tables);
   const bool bn_table = absl::StrContains(tables, "bn");

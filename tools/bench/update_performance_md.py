@@ -213,8 +213,13 @@ updated parameters back (`PushGradients` then `PullParametersInto`; with one
 worker in a `sync` job the update is applied at once). **echo** moves the
 same bytes over bare gRPC in 1 MiB messages, up in a client-streaming call
 and down in a server-streaming one, to S servers in parallel. Each system's
-repetitions run in a fresh process. MB/s is 2 x payload over the median
-time of one push + pull (MB = 2^20 bytes).""",
+repetitions run in a fresh process. Both systems run with the same heap
+settings: each process keeps freed memory for reuse (`--heap_keep_mb=256`,
+the default of `bnps_server` and `bnps_worker` too), so that gRPC's read
+buffers, freed and taken again with every message, are not handed back to
+the kernel and faulted in again as fresh pages; `ps_benchmark
+--heap_keep_mb=0` measures both with glibc's defaults. MB/s is 2 x payload
+over the median time of one push + pull (MB = 2^20 bytes).""",
     "bn_kernels": """\
 The CPU BN kernels, one thread (`OMP_NUM_THREADS=1`), on two NCHW float
 shapes. GB/s counts the bytes a kernel must move (each input read once, each
@@ -249,7 +254,21 @@ bnps/echo above 1 means bnps moved the bytes faster than bare gRPC did;
 below 1, it is the fraction of the bare transport's rate that bnps reaches
 while also applying the update on the server. "keys per shard" shows how the
 parameters fall on the servers: a 1 MB gradient is a single parameter, so
-with S = 2 one server holds all of it.""",
+with S = 2 one server holds all of it.
+
+Where the time goes: bnps puts tensors into messages by reference (the
+caller's gradients on a push, the store's values on a pull), and the
+receiver copies each chunk once, from gRPC's buffers to where it belongs
+(the server's staging buffer, the caller's tensor), checking on the way that
+its values are finite; the server applies SGD to each tensor once it is
+complete. Profiled at 64 MB with S = 1, about half of the CPU time is the
+kernel's TCP over loopback (copying into and out of the sockets, and the
+stack around that), a seventh those receive-side copies, a tenth the
+optimizer and a tenth waking threads; gRPC's own work is about a twentieth.
+The echo makes the same kernel copies, and copies each message into and out
+of its protobuf message besides. With glibc's default heap settings freed
+buffers go back to the kernel: page faults then took about a fifth of
+bnps's CPU time and more of the echo's.""",
     "bn_kernels": """\
 A ratio of 1 means a kernel moves its bytes as fast as a plain copy of as
 many bytes on one thread of this machine; below 1, it is the fraction of the
