@@ -29,6 +29,7 @@ absl::StatusOr<ClientSecurity> SecurityFromFlags() {
       security::MakeChannelCredentials(files);
   if (!credentials.ok()) return credentials.status();
   out.credentials = *std::move(credentials);
+  out.tls = security::UsesTls(files);
   const std::string token_file = absl::GetFlag(FLAGS_token_file);
   if (!token_file.empty()) {
     absl::StatusOr<std::string> token = security::ReadTokenFile(token_file);

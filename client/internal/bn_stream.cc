@@ -633,6 +633,11 @@ std::shared_ptr<BnSocket> BnCalls::GetSocket(int shard) {
     return nullptr;
   }
   if (closed_) return nullptr;
+  if (state.said != "connected") {
+    state.said = "connected";
+    std::fprintf(stderr, "bnps worker %d: BN over TCP to %s, port %d\n",
+                 options.worker, channels_->ShardName(shard).c_str(), port);
+  }
   std::shared_ptr<BnSocket>& slot = sockets_[shard];
   slot = std::shared_ptr<BnSocket>(*std::move(opened));
   return slot;

@@ -8,8 +8,9 @@
 // GrpcClientOptions::bn_over_tcp allows, a call's first attempt goes over
 // that connection instead (bn_socket.h). A connection that cannot be made
 // (or whose hello is refused: a port that now serves another job) leaves
-// the shard on the stream for kBnSocketRetry, said once on stderr; while one
-// thread connects, the others' calls take the stream.
+// the shard on the stream for kBnSocketRetry; while one thread connects,
+// the others' calls take the stream. Each change (connected, or failed and
+// why) is said once on stderr.
 //
 // BnCall semantics: the request goes to the shard that owns the layer with a
 // fresh id; the call blocks until the answer with that id arrives or
@@ -115,7 +116,7 @@ class BnCalls {
   std::vector<std::shared_ptr<BnStream>> streams_ ABSL_GUARDED_BY(streams_mu_);
   std::vector<std::shared_ptr<BnSocket>> sockets_ ABSL_GUARDED_BY(streams_mu_);
   // Per shard: a thread is connecting; no connection is tried before
-  // retry_at (after a failure); the last failure said on stderr.
+  // retry_at (after a failure); what was last said on stderr.
   struct SocketState {
     bool connecting = false;
     absl::Time retry_at = absl::InfinitePast();
