@@ -12,6 +12,7 @@
 #include "client/internal/bulk_transfer.h"
 #include "client/internal/channels.h"
 #include "client/internal/membership.h"
+#include "client/internal/streaming_pull.h"
 #include "client/internal/streaming_push.h"
 #include "security/job_token.h"
 
@@ -184,6 +185,12 @@ absl::Status GrpcPsClient::PullParametersInto(int64_t min_version,
                                               Params* params) {
   if (absl::Status s = membership_->dropped(); !s.ok()) return s;
   return bulk_->PullParametersInto(min_version, params);
+}
+
+std::unique_ptr<ParameterPull> GrpcPsClient::StartPull(
+    int64_t min_version, const std::vector<std::string>& keys, Params* into) {
+  return std::make_unique<internal::StreamingPull>(
+      channels_.get(), min_version, keys, into, membership_->dropped());
 }
 
 absl::StatusOr<Params> GrpcPsClient::PullParameters(

@@ -102,6 +102,11 @@ class GrpcPsClient final : public PsClient {
                                           int64_t num_samples) override;
   absl::Status PullParametersInto(int64_t min_version,
                                   Params* params) override;
+  // One in_order call per shard, all at once, each key usable as soon as
+  // it is in (client/internal/streaming_pull.h).
+  std::unique_ptr<ParameterPull> StartPull(int64_t min_version,
+                                           const std::vector<std::string>& keys,
+                                           Params* into) override;
   using PsClient::PullParameters;
   // Only `keys` (duplicates allowed), from the shards that own them;
   // NOT_FOUND if a shard does not send a requested key. Empty `keys` gives

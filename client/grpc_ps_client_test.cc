@@ -1091,6 +1091,41 @@ TEST_F(GrpcPsClientTest, PullParametersReassemblesEveryShard) {
             absl::StatusCode::kNotFound);
 }
 
+// The fake servers answer as servers that predate in_order: the pull
+// still brings every key, into the caller's buffers (reused), each Wait
+// returning once its key is in.
+TEST_F(GrpcPsClientTest, StartPullFillsTheCallersEntries) {
+  std::map<std::string, Param> want;
+  want[KeyOnShard(1, "big")] = MakeParam({3, 1000, 1000}, 3);  // 3M floats
+  want[KeyOnShard(0, "a")] = MakeParam({2, 3}, 1);
+  want[KeyOnShard(1, "b")] = MakeParam({5}, 2);
+  for (const auto& [key, p] : want) {
+    fakes_[proto::ShardForKey(key, kShards)]->SetParam(key, p);
+  }
+  std::unique_ptr<GrpcPsClient> client = Connect(Options());
+  ASSERT_NE(client, nullptr);
+  const std::vector<std::string> order = {
+      KeyOnShard(1, "b"), KeyOnShard(0, "a"), KeyOnShard(1, "big")};
+  std::map<std::string, Param> into;
+  into[KeyOnShard(1, "big")] = MakeParam({3, 1000, 1000}, 9);
+  into["stale"] = MakeParam({1}, 9);  // not asked for: dropped
+  const float* big_buffer = into[KeyOnShard(1, "big")].values.data();
+  std::unique_ptr<ParameterPull> pull = client->StartPull(0, order, &into);
+  ASSERT_EQ(into.size(), 3u);
+  for (const std::string& key : order) {
+    ASSERT_TRUE(pull->Wait(key).ok()) << key;
+    EXPECT_TRUE(SameParam(into[key], want[key])) << key;
+  }
+  ASSERT_TRUE(pull->Finish().ok());
+  EXPECT_EQ(into[KeyOnShard(1, "big")].values.data(), big_buffer);
+
+  pull = client->StartPull(0, {KeyOnShard(0, "a"), KeyOnShard(0, "nope")},
+                           &into);
+  EXPECT_EQ(pull->Wait(KeyOnShard(0, "nope")).code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(pull->Finish().code(), absl::StatusCode::kNotFound);
+}
+
 TEST_F(GrpcPsClientTest, BnExchangesRoundTrip) {
   std::unique_ptr<GrpcPsClient> client = Connect(Options(/*worker=*/1));
   ASSERT_NE(client, nullptr);
