@@ -62,6 +62,7 @@ class BnCalls;
 class BulkTransfer;
 class Channels;
 class Membership;
+class TaskThreads;
 }  // namespace internal
 
 class GrpcPsClient final : public PsClient {
@@ -154,6 +155,8 @@ class GrpcPsClient final : public PsClient {
   const std::unique_ptr<internal::Membership> membership_;
   const std::unique_ptr<internal::BulkTransfer> bulk_;
   const std::unique_ptr<internal::BnCalls> bn_;
+  // One per shard, for StartPull's calls.
+  const std::unique_ptr<internal::TaskThreads> pull_threads_;
 
   absl::Mutex bg_mu_;
   bool stopping_ ABSL_GUARDED_BY(bg_mu_) = false;

@@ -13,7 +13,8 @@
 
 namespace bnps::client::internal {
 
-StreamingPull::StreamingPull(Channels* channels, int64_t min_version,
+StreamingPull::StreamingPull(Channels* channels, TaskThreads* threads,
+                             int64_t min_version,
                              const std::vector<std::string>& keys,
                              Params* into, absl::Status refused)
     : channels_(channels),
@@ -44,8 +45,20 @@ StreamingPull::StreamingPull(Channels* channels, int64_t min_version,
       shards_[shard].ended = true;
       continue;
     }
-    threads_.emplace_back([this, shard] { Run(shard); });
+    auto done = std::make_shared<absl::Notification>();
+    calls_done_.push_back(done);
+    threads->Run(shard, [this, shard, done] {
+      Run(shard);
+      done->Notify();  // the last touch of this pull
+    });
   }
+}
+
+void StreamingPull::AwaitCalls() {
+  for (const std::shared_ptr<absl::Notification>& done : calls_done_) {
+    done->WaitForNotification();
+  }
+  calls_done_.clear();
 }
 
 StreamingPull::~StreamingPull() {
@@ -56,7 +69,7 @@ StreamingPull::~StreamingPull() {
       if (c.context != nullptr) c.context->TryCancel();
     }
   }
-  for (std::thread& t : threads_) t.join();
+  AwaitCalls();
 }
 
 void StreamingPull::Run(int shard) {
@@ -193,11 +206,7 @@ absl::Status StreamingPull::Wait(const std::string& key) {
 
 absl::Status StreamingPull::Finish() {
   if (!refused_.ok()) return refused_;
-  if (!joined_) {
-    for (std::thread& t : threads_) t.join();
-    threads_.clear();
-    joined_ = true;
-  }
+  AwaitCalls();
   absl::MutexLock lock(&mu_);
   for (const std::string& key : order_) {
     if (absl::Status s = *KeyStatus(keys_.at(key)); !s.ok()) return s;

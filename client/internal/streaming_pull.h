@@ -1,6 +1,6 @@
 // The gRPC client's ParameterPull (client/ps_client.h): one in_order
 // PullParameters call per shard that owns some of the keys, all at once,
-// each on a thread of the pull's own. The server sends a shard's keys in the
+// each on that shard's long-lived thread (task_threads.h). The server sends a shard's keys in the
 // order asked, each as soon as it has the version; a tensor is read straight
 // into the caller's entry and its key marked in once its last chunk is
 // written. A failed call is retried as BulkTransfer's pulls are, asking
@@ -8,23 +8,26 @@
 // written again). A server that predates in_order sends the shard's keys
 // all at once; that works too, without the overlap. Internal to client/.
 //
-// Thread-safety: as ParameterPull's. The Channels must outlive the pull.
+// Thread-safety: as ParameterPull's. The Channels and the TaskThreads must
+// outlive the pull.
 
 #ifndef BNPS_CLIENT_INTERNAL_STREAMING_PULL_H_
 #define BNPS_CLIENT_INTERNAL_STREAMING_PULL_H_
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "client/internal/channels.h"
+#include "client/internal/task_threads.h"
 #include "client/ps_client.h"
 #include "grpcpp/client_context.h"
 
@@ -35,10 +38,11 @@ class StreamingPull final : public ParameterPull {
   // Starts pulling `keys` at `min_version` into `*into` (not owned; see
   // PsClient::StartPull). If `refused` is not OK nothing is sent and every
   // Wait and Finish return it.
-  StreamingPull(Channels* channels, int64_t min_version,
+  // `threads` (not owned) has a thread per shard.
+  StreamingPull(Channels* channels, TaskThreads* threads, int64_t min_version,
                 const std::vector<std::string>& keys, Params* into,
                 absl::Status refused = absl::OkStatus());
-  // Cancels the calls in flight and joins their threads.
+  // Cancels the calls in flight and waits for them.
   ~StreamingPull() override;
 
   absl::Status Wait(const std::string& key) override ABSL_LOCKS_EXCLUDED(mu_);
@@ -76,8 +80,11 @@ class StreamingPull final : public ParameterPull {
   std::map<std::string, Key> keys_;  // set up before the threads start
   std::vector<ShardCall> shards_;    // by shard id; same
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
-  std::vector<std::thread> threads_;
-  bool joined_ = false;
+  // One per call handed to a thread, notified once the call is over and no
+  // longer touches the pull.
+  std::vector<std::shared_ptr<absl::Notification>> calls_done_;
+  // Waits until every call is over.
+  void AwaitCalls();
 };
 
 }  // namespace bnps::client::internal
