@@ -143,7 +143,7 @@ ABSL_FLAG(bool, overlap, true,
           "Push each layer's gradients as soon as the backward pass has them, "
           "overlapping the push with the rest of the pass; false pushes them "
           "all after it (the results are the same bit for bit).");
-ABSL_FLAG(bool, layer_pull, true,
+ABSL_FLAG(bool, layer_pull, false,
           "sync, recal and local: pull each step's parameters layer by layer, "
           "the forward pass waiting for a layer's just before it runs, so it "
           "starts on the first layer while the rest are still on their way; "

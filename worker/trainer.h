@@ -4,9 +4,9 @@
 // A step (global step s, counted across epochs):
 //   async only   StartStep(s): wait while the bound would break
 //   pull         the parameters: bulk-synchronous policies wait for version s
-//                (the update of step s - 1), by default layer by layer
-//                during the forward pass (options.layer_pull); async takes
-//                the newest
+//                (the update of step s - 1), before the forward pass or
+//                layer by layer during it (options.layer_pull); async
+//                takes the newest
 //   forward      BN layers through a ServerBnExchange: sync merges every layer on the
 //                servers (a barrier), async merges with the others' recent
 //                moments (never waits), local and recal stay local
@@ -152,8 +152,12 @@ struct TrainerOptions {
   // just before the layer, so it starts on the first layer while the rest
   // are still on their way (and still being updated on the servers); false
   // pulls all of them before the pass. Async always pulls them all. The
-  // results are the same bit for bit. Default: true.
-  bool layer_pull = true;
+  // results are the same bit for bit. Default: false until measured on a
+  // machine with cores to spare: here (2 cores shared, 1 worker) the update
+  // is applied before the step starts, so there is nothing to wait for, and
+  // the hand-over to the pull's thread cost 0.03-0.15 ms a step (median of
+  // paired runs, docs/worker.md).
+  bool layer_pull = false;
   // Compute a convolution's weight gradient while the BN before it exchanges
   // its backward sums (nn::Model::SetBackwardOverlap; the exchange runs on a
   // thread of its own). The results are the same bit for bit. Default: false
