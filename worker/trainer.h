@@ -155,7 +155,7 @@ struct TrainerOptions {
   // results are the same bit for bit. Default: false until measured on a
   // machine with cores to spare: here (2 cores shared, 1 worker) the update
   // is applied before the step starts, so there is nothing to wait for, and
-  // the hand-over to the pull's thread cost 0.03-0.15 ms a step (median of
+  // the hand-over to the pull's thread cost 0.07-0.12 ms a step (median of
   // paired runs, docs/worker.md).
   bool layer_pull = false;
   // Compute a convolution's weight gradient while the BN before it exchanges
