@@ -153,10 +153,10 @@ struct TrainerOptions {
   // are still on their way (and still being updated on the servers); false
   // pulls all of them before the pass. Async always pulls them all. The
   // results are the same bit for bit. Default: false until measured on a
-  // machine with cores to spare: here (2 cores shared, 1 worker) the update
-  // is applied before the step starts, so there is nothing to wait for, and
-  // the hand-over to the pull's thread cost 0.07-0.12 ms a step (median of
-  // paired runs, docs/worker.md).
+  // machine with cores to spare: here (2 cores shared) it gained nothing at
+  // 1 worker, where the update is in before the step starts, and cost up to
+  // 0.8 ms a step at 2 workers, where waking the pull's thread waits for a
+  // core (docs/worker.md).
   bool layer_pull = false;
   // Compute a convolution's weight gradient while the BN before it exchanges
   // its backward sums (nn::Model::SetBackwardOverlap; the exchange runs on a
