@@ -12,7 +12,9 @@
 #include "client/internal/bulk_transfer.h"
 #include "client/internal/channels.h"
 #include "client/internal/membership.h"
+#include "client/internal/streaming_pull.h"
 #include "client/internal/streaming_push.h"
+#include "client/internal/task_threads.h"
 #include "security/job_token.h"
 
 namespace bnps::client {
@@ -113,7 +115,9 @@ GrpcPsClient::GrpcPsClient(GrpcClientOptions options)
     : channels_(std::make_unique<internal::Channels>(std::move(options))),
       membership_(std::make_unique<internal::Membership>(channels_.get())),
       bulk_(std::make_unique<internal::BulkTransfer>(channels_.get())),
-      bn_(std::make_unique<internal::BnCalls>(channels_.get())) {}
+      bn_(std::make_unique<internal::BnCalls>(channels_.get())),
+      pull_threads_(
+          std::make_unique<internal::TaskThreads>(channels_->num_shards())) {}
 
 GrpcPsClient::~GrpcPsClient() {
   {
@@ -186,6 +190,13 @@ absl::Status GrpcPsClient::PullParametersInto(int64_t min_version,
                                               Params* params) {
   if (absl::Status s = membership_->dropped(); !s.ok()) return s;
   return bulk_->PullParametersInto(min_version, params);
+}
+
+std::unique_ptr<ParameterPull> GrpcPsClient::StartPull(
+    int64_t min_version, const std::vector<std::string>& keys, Params* into) {
+  return std::make_unique<internal::StreamingPull>(
+      channels_.get(), pull_threads_.get(), min_version, keys, into,
+      membership_->dropped());
 }
 
 absl::StatusOr<Params> GrpcPsClient::PullParameters(

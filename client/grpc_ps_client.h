@@ -62,6 +62,7 @@ class BnCalls;
 class BulkTransfer;
 class Channels;
 class Membership;
+class TaskThreads;
 }  // namespace internal
 
 class GrpcPsClient final : public PsClient {
@@ -102,6 +103,11 @@ class GrpcPsClient final : public PsClient {
                                           int64_t num_samples) override;
   absl::Status PullParametersInto(int64_t min_version,
                                   Params* params) override;
+  // One in_order call per shard, all at once, each key usable as soon as
+  // it is in (client/internal/streaming_pull.h).
+  std::unique_ptr<ParameterPull> StartPull(int64_t min_version,
+                                           const std::vector<std::string>& keys,
+                                           Params* into) override;
   using PsClient::PullParameters;
   // Only `keys` (duplicates allowed), from the shards that own them;
   // NOT_FOUND if a shard does not send a requested key. Empty `keys` gives
@@ -149,6 +155,8 @@ class GrpcPsClient final : public PsClient {
   const std::unique_ptr<internal::Membership> membership_;
   const std::unique_ptr<internal::BulkTransfer> bulk_;
   const std::unique_ptr<internal::BnCalls> bn_;
+  // One per shard, for StartPull's calls.
+  const std::unique_ptr<internal::TaskThreads> pull_threads_;
 
   absl::Mutex bg_mu_;
   bool stopping_ ABSL_GUARDED_BY(bg_mu_) = false;

@@ -116,6 +116,15 @@ class FakeShard final : public proto::ParameterServer::Service {
     absl::MutexLock lock(&mu_);
     failing_pushes_ = n;
   }
+  // The next n pulls send their first key, then fail with UNAVAILABLE.
+  void set_failing_pulls(int n) {
+    absl::MutexLock lock(&mu_);
+    failing_pulls_ = n;
+  }
+  std::vector<proto::PullParametersRequest> pull_requests() {
+    absl::MutexLock lock(&mu_);
+    return pull_requests_;
+  }
   // A push with this key fails with INVALID_ARGUMENT (not retried).
   void set_failing_key(const std::string& key) {
     absl::MutexLock lock(&mu_);
@@ -308,6 +317,15 @@ class FakeShard final : public proto::ParameterServer::Service {
     std::map<std::string, Param> params = this->params();
     std::vector<std::string> keys(request->keys().begin(),
                                   request->keys().end());
+    bool fail_after_first = false;
+    {
+      absl::MutexLock lock(&mu_);
+      pull_requests_.push_back(*request);
+      if (failing_pulls_ > 0) {
+        --failing_pulls_;
+        fail_after_first = true;
+      }
+    }
     if (keys.empty()) {
       for (const auto& [key, p] : params) keys.push_back(key);
     }
@@ -327,6 +345,11 @@ class FakeShard final : public proto::ParameterServer::Service {
           writer->Write(response);
           response.clear_chunks();
         }
+      }
+      if (fail_after_first) {
+        // The first key went out whole; then the server "restarts".
+        if (response.chunks_size() > 0) writer->Write(response);
+        return grpc::Status(grpc::StatusCode::UNAVAILABLE, "going away");
       }
     }
     if (response.chunks_size() > 0) writer->Write(response);
@@ -487,6 +510,8 @@ class FakeShard final : public proto::ParameterServer::Service {
   BnMode bn_mode_ ABSL_GUARDED_BY(mu_) = BnMode::kEcho;
   int bn_batch_ ABSL_GUARDED_BY(mu_) = 1;
   int failing_pushes_ ABSL_GUARDED_BY(mu_) = 0;
+  int failing_pulls_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<proto::PullParametersRequest> pull_requests_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, Param> params_ ABSL_GUARDED_BY(mu_);
   std::vector<proto::RegisterRequest> registrations_ ABSL_GUARDED_BY(mu_);
   int heartbeats_ ABSL_GUARDED_BY(mu_) = 0;
@@ -1089,6 +1114,77 @@ TEST_F(GrpcPsClientTest, PullParametersReassemblesEveryShard) {
   into[KeyOnShard(0, "nope")];
   EXPECT_EQ(client->PullParametersInto(0, &into).code(),
             absl::StatusCode::kNotFound);
+}
+
+// The fake servers answer as servers that predate in_order: the pull
+// still brings every key, into the caller's buffers (reused), each Wait
+// returning once its key is in.
+TEST_F(GrpcPsClientTest, StartPullFillsTheCallersEntries) {
+  std::map<std::string, Param> want;
+  want[KeyOnShard(1, "big")] = MakeParam({3, 1000, 1000}, 3);  // 3M floats
+  want[KeyOnShard(0, "a")] = MakeParam({2, 3}, 1);
+  want[KeyOnShard(1, "b")] = MakeParam({5}, 2);
+  for (const auto& [key, p] : want) {
+    fakes_[proto::ShardForKey(key, kShards)]->SetParam(key, p);
+  }
+  std::unique_ptr<GrpcPsClient> client = Connect(Options());
+  ASSERT_NE(client, nullptr);
+  const std::vector<std::string> order = {
+      KeyOnShard(1, "b"), KeyOnShard(0, "a"), KeyOnShard(1, "big")};
+  std::map<std::string, Param> into;
+  into[KeyOnShard(1, "big")] = MakeParam({3, 1000, 1000}, 9);
+  into["stale"] = MakeParam({1}, 9);  // not asked for: dropped
+  const float* big_buffer = into[KeyOnShard(1, "big")].values.data();
+  std::unique_ptr<ParameterPull> pull = client->StartPull(0, order, &into);
+  ASSERT_EQ(into.size(), 3u);
+  for (const std::string& key : order) {
+    ASSERT_TRUE(pull->Wait(key).ok()) << key;
+    EXPECT_TRUE(SameParam(into[key], want[key])) << key;
+  }
+  ASSERT_TRUE(pull->Finish().ok());
+  EXPECT_EQ(into[KeyOnShard(1, "big")].values.data(), big_buffer);
+
+  pull = client->StartPull(0, {KeyOnShard(0, "a"), KeyOnShard(0, "nope")},
+                           &into);
+  EXPECT_EQ(pull->Wait(KeyOnShard(0, "nope")).code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(pull->Finish().code(), absl::StatusCode::kNotFound);
+}
+
+// A streaming pull whose call fails after its first key is retried for the
+// keys not yet in only: the entry a caller may already be reading is not
+// written again.
+TEST_F(GrpcPsClientTest, StartPullRetriesOnlyTheKeysNotYetIn) {
+  const std::string a = KeyOnShard(0, "a"), b = KeyOnShard(0, "b"),
+                    c = KeyOnShard(0, "c");
+  fakes_[0]->SetParam(a, MakeParam({4}, 1));
+  fakes_[0]->SetParam(b, MakeParam({5}, 2));
+  fakes_[0]->SetParam(c, MakeParam({6}, 3));
+  fakes_[0]->set_failing_pulls(1);
+  std::unique_ptr<GrpcPsClient> client = Connect(Options());
+  ASSERT_NE(client, nullptr);
+  std::map<std::string, Param> into;
+  std::unique_ptr<ParameterPull> pull = client->StartPull(3, {b, a, c}, &into);
+  ASSERT_TRUE(pull->Wait(b).ok());
+  const float* b_buffer = into[b].values.data();
+  ASSERT_TRUE(pull->Finish().ok());
+  EXPECT_TRUE(SameParam(into[a], MakeParam({4}, 1)));
+  EXPECT_TRUE(SameParam(into[b], MakeParam({5}, 2)));
+  EXPECT_TRUE(SameParam(into[c], MakeParam({6}, 3)));
+  EXPECT_EQ(into[b].values.data(), b_buffer);
+  const std::vector<proto::PullParametersRequest> calls =
+      fakes_[0]->pull_requests();
+  ASSERT_EQ(calls.size(), 2u);
+  for (const proto::PullParametersRequest& r : calls) {
+    EXPECT_TRUE(r.in_order());
+    EXPECT_EQ(r.min_version(), 3);
+  }
+  EXPECT_EQ(std::vector<std::string>(calls[0].keys().begin(),
+                                     calls[0].keys().end()),
+            (std::vector<std::string>{b, a, c}));
+  EXPECT_EQ(std::vector<std::string>(calls[1].keys().begin(),
+                                     calls[1].keys().end()),
+            (std::vector<std::string>{a, c}));
 }
 
 TEST_F(GrpcPsClientTest, BnExchangesRoundTrip) {

@@ -1,7 +1,12 @@
 #include "client/ps_client.h"
 
+#include <iterator>
+#include <set>
 #include <utility>
 #include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 
 namespace bnps::client {
 namespace {
@@ -44,7 +49,61 @@ class CollectedPush final : public GradientPush {
   bool finished_ = false;
 };
 
+// PsClient's default ParameterPull: every key, pulled at once in StartPull.
+class WholePull final : public ParameterPull {
+ public:
+  WholePull(absl::Status status, std::set<std::string> keys)
+      : status_(std::move(status)), keys_(std::move(keys)) {}
+
+  absl::Status Wait(const std::string& key) override {
+    if (!status_.ok()) return status_;
+    if (keys_.count(key) == 0) {
+      return absl::NotFoundError(
+          absl::StrCat("key '", key, "' is not part of this pull"));
+    }
+    return absl::OkStatus();
+  }
+  absl::Status Finish() override { return status_; }
+
+ private:
+  const absl::Status status_;
+  const std::set<std::string> keys_;
+};
+
 }  // namespace
+
+absl::Status CheckPullKeys(const std::vector<std::string>& keys) {
+  if (keys.empty()) {
+    return absl::InvalidArgumentError("StartPull: no keys");
+  }
+  std::set<absl::string_view> seen;
+  for (const std::string& key : keys) {
+    if (!seen.insert(key).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("StartPull: key '", key, "' is listed twice"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void KeepOnly(const std::vector<std::string>& keys, Params* into) {
+  const std::set<absl::string_view> want(keys.begin(), keys.end());
+  for (auto it = into->begin(); it != into->end();) {
+    it = want.count(it->first) ? std::next(it) : into->erase(it);
+  }
+  for (const std::string& key : keys) (*into)[key];
+}
+
+std::unique_ptr<ParameterPull> PsClient::StartPull(
+    int64_t min_version, const std::vector<std::string>& keys, Params* into) {
+  absl::Status s = CheckPullKeys(keys);
+  if (s.ok()) {
+    KeepOnly(keys, into);
+    s = PullParametersInto(min_version, into);
+  }
+  return std::make_unique<WholePull>(
+      std::move(s), std::set<std::string>(keys.begin(), keys.end()));
+}
 
 std::unique_ptr<GradientPush> PsClient::StartPush(int64_t step,
                                                   int64_t num_samples) {

@@ -5,6 +5,8 @@
 //
 // A worker of a bulk-synchronous job (sync, recal, local) runs, per step s:
 //   PullParametersInto(s, &params)       waits for the update of step s - 1
+//     or StartPull(s, keys, &params), then Wait(key) before each layer's
+//     forward pass, then Finish()
 //   BnForward(layer, s, moments) ...     sync: per BN layer, in model order
 //   BnBackward(layer, s, sums) ...       sync: per BN layer, in reverse order
 //   PushGradients(s, samples, grads)     summed over this worker's samples
@@ -95,6 +97,37 @@ class GradientPush {
   virtual void Abandon() = 0;
 };
 
+// One step's parameters, pulled key by key in an order the caller chose:
+// each key can be used as soon as it is in, so a forward pass starts on the
+// first layer's parameters while the rest still travel (and while the servers
+// still apply the last updates of the layers after it).
+//
+// Errors: Wait(key) returns the error that kept `key` from coming (the
+// servers' status for the call that was to bring it, as PullParametersInto
+// would give it: DEADLINE_EXCEEDED naming the workers, FAILED_PRECONDITION
+// for a lost worker, ABORTED when the job rolls back, ...), NOT_FOUND for a
+// key not part of the pull. Finish returns the first error of any key, in
+// the order asked, or OK once every key is in.
+//
+// Thread-safety: Wait may be called from several threads at once; Finish
+// and the destructor from one, not concurrently with Wait.
+class ParameterPull {
+ public:
+  // Stops what is still in flight and waits for it: once it returns,
+  // nothing writes into the caller's buffers.
+  virtual ~ParameterPull() = default;
+  // Blocks until `key`'s values are in its entry (OK), or will not come.
+  virtual absl::Status Wait(const std::string& key) = 0;
+  // Blocks until every key is in or failed; the first error, or OK.
+  virtual absl::Status Finish() = 0;
+};
+
+// For implementations of StartPull: INVALID_ARGUMENT for empty or repeated
+// keys; OK otherwise.
+absl::Status CheckPullKeys(const std::vector<std::string>& keys);
+// Makes `*into` hold exactly `keys`, keeping the entries it has of them.
+void KeepOnly(const std::vector<std::string>& keys, Params* into);
+
 class PsClient {
  public:
   virtual ~PsClient() = default;
@@ -131,6 +164,18 @@ class PsClient {
   // shard has.
   virtual absl::Status PullParametersInto(int64_t min_version,
                                           Params* params) = 0;
+  // PullParametersInto, key by key (ParameterPull): `keys` (distinct, at
+  // least one) in this order, each at min_version. `*into` is made to hold
+  // exactly `keys` before StartPull returns (entries already there keep
+  // their buffers, which are reused); the caller reads an entry once Wait
+  // for its key returned OK, and leaves `*into` alone otherwise until the
+  // pull is destroyed. INVALID_ARGUMENT (from Wait and Finish) for empty or
+  // repeated keys. The default pulls every key in StartPull, with one
+  // PullParametersInto; GrpcPsClient streams the keys of every shard at
+  // once, each as soon as its shard has it.
+  virtual std::unique_ptr<ParameterPull> StartPull(
+      int64_t min_version, const std::vector<std::string>& keys, Params* into);
+
   // Every parameter of the job, as above.
   absl::StatusOr<Params> PullParameters(int64_t min_version) {
     Params out;

@@ -3,10 +3,12 @@
 #include <algorithm>
 #include <atomic>
 #include <memory>
+#include <set>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/string_view.h"
 #include "staleness/clock_table.h"
 #include "util/cpu_clones.h"
 
@@ -294,14 +296,8 @@ std::optional<absl::StatusOr<ParameterStore::Snapshot>> ParameterStore::TryPull(
     }
     const Param& p = it->second;
     if (p.version < w.min_version) {
-      // The next step to apply waits for live workers that have not pushed.
-      auto step = p.pending.find(p.version);
-      for (int worker = 0; worker < options_.num_workers; ++worker) {
-        const bool pushed =
-            step != p.pending.end() && step->second.pushed[worker];
-        if (live_[worker] && !pushed && !failed_[worker].ok()) {
-          return absl::StatusOr<Snapshot>(failed_[worker]);
-        }
+      if (absl::Status s = FailedFor(p); !s.ok()) {
+        return absl::StatusOr<Snapshot>(s);
       }
       return std::nullopt;
     }
@@ -310,13 +306,30 @@ std::optional<absl::StatusOr<ParameterStore::Snapshot>> ParameterStore::TryPull(
   return absl::StatusOr<Snapshot>(std::move(snap));
 }
 
+absl::Status ParameterStore::FailedFor(const Param& p) const {
+  // The next step to apply waits for live workers that have not pushed.
+  auto step = p.pending.find(p.version);
+  for (int worker = 0; worker < options_.num_workers; ++worker) {
+    const bool pushed = step != p.pending.end() && step->second.pushed[worker];
+    if (live_[worker] && !pushed && !failed_[worker].ok()) {
+      return failed_[worker];
+    }
+  }
+  return absl::OkStatus();
+}
+
 std::string ParameterStore::MissingWorkers(const Waiter& w) const {
+  return MissingWorkers(w.keys, w.min_version);
+}
+
+std::string ParameterStore::MissingWorkers(absl::Span<const std::string> keys,
+                                           int64_t min_version) const {
   for (const auto& [key, p] : params_) {
-    if (!w.keys.empty() &&
-        std::find(w.keys.begin(), w.keys.end(), key) == w.keys.end()) {
+    if (!keys.empty() &&
+        std::find(keys.begin(), keys.end(), key) == keys.end()) {
       continue;
     }
-    if (p.version >= w.min_version) continue;
+    if (p.version >= min_version) continue;
     auto step = p.pending.find(p.version);
     std::vector<int> missing;
     for (int worker = 0; worker < options_.num_workers; ++worker) {
@@ -335,6 +348,109 @@ std::string ParameterStore::MissingWorkers(const Waiter& w) const {
 void ParameterStore::CollectReady(Ready* ready) {
   TakeAnswered(
       &waiters_, [this](const Waiter& w) { return TryPull(w); }, ready);
+  std::vector<StreamWaiter> still;
+  for (StreamWaiter& w : streams_) {
+    const size_t sent = w.sent;
+    const bool done = StepStream(w);
+    if (done || w.sent > sent) {
+      ready->push_back([out = w.out] { out->Drain(); });
+    }
+    if (!done) still.push_back(std::move(w));
+  }
+  streams_ = std::move(still);
+}
+
+void ParameterStore::PartQueue::Drain() {
+  absl::MutexLock lock(&mu);
+  if (draining) return;  // that thread hands this part on too
+  draining = true;
+  while (!parts.empty()) {
+    absl::StatusOr<PullPart> part = std::move(parts.front());
+    parts.pop_front();
+    mu.Unlock();
+    done(std::move(part));
+    mu.Lock();
+  }
+  draining = false;
+}
+
+bool ParameterStore::StepStream(StreamWaiter& w) {
+  PullPart part;
+  absl::Status error;
+  while (w.sent < w.keys.size()) {
+    const std::string& key = w.keys[w.sent];
+    auto it = params_.find(key);
+    if (it == params_.end()) {  // checked when it came; gone by an Import
+      error = absl::NotFoundError(
+          absl::StrCat("parameter '", key, "' is not on this shard"));
+      break;
+    }
+    const Param& p = it->second;
+    if (p.version < w.min_version) {
+      error = FailedFor(p);
+      break;
+    }
+    part.tensors.emplace_back(key, Tensor{p.shape, p.values, p.version});
+    ++w.sent;
+  }
+  const bool last = w.sent == w.keys.size();
+  part.last = last;
+  absl::MutexLock lock(&w.out->mu);
+  if (!part.tensors.empty() || last) w.out->parts.push_back(std::move(part));
+  if (!error.ok()) w.out->parts.push_back(error);
+  return last || !error.ok();
+}
+
+template <typename End>
+void ParameterStore::EndStreams(End end, Ready* ready) {
+  std::vector<StreamWaiter> still;
+  for (StreamWaiter& w : streams_) {
+    std::optional<absl::Status> why = end(w);
+    if (!why.has_value()) {
+      still.push_back(std::move(w));
+      continue;
+    }
+    {
+      absl::MutexLock lock(&w.out->mu);
+      w.out->parts.push_back(*std::move(why));
+    }
+    ready->push_back([out = w.out] { out->Drain(); });
+  }
+  streams_ = std::move(still);
+}
+
+void ParameterStore::PullInOrder(std::vector<std::string> keys,
+                                 int64_t min_version, absl::Time deadline,
+                                 PartDone part) {
+  StreamWaiter w{std::move(keys), 0, min_version, deadline,
+                 std::make_shared<PartQueue>(std::move(part))};
+  {
+    absl::MutexLock lock(&mu_);
+    absl::Status bad;
+    if (w.keys.empty()) {
+      for (const auto& [k, _] : params_) w.keys.push_back(k);
+    }
+    std::set<absl::string_view> seen;
+    for (const std::string& key : w.keys) {
+      if (!params_.count(key)) {
+        bad = absl::NotFoundError(
+            absl::StrCat("parameter '", key, "' is not on this shard"));
+        break;
+      }
+      if (!seen.insert(key).second) {
+        bad = absl::InvalidArgumentError(
+            absl::StrCat("parameter '", key, "' is asked for twice"));
+        break;
+      }
+    }
+    if (!bad.ok()) {
+      absl::MutexLock out(&w.out->mu);
+      w.out->parts.push_back(bad);
+    } else if (!StepStream(w)) {
+      streams_.push_back(w);  // keeps a reference to the queue
+    }
+  }
+  w.out->Drain();
 }
 
 void ParameterStore::Pull(std::vector<std::string> keys, int64_t min_version,
@@ -417,6 +533,16 @@ void ParameterStore::ExpireDeadlines(absl::Time now) {
                            " timed out: ", MissingWorkers(w)));
         },
         &ready);
+    EndStreams(
+        [&](const StreamWaiter& w) -> std::optional<absl::Status> {
+          if (w.deadline > now) return std::nullopt;
+          // The first key it waits for holds back the rest.
+          return absl::DeadlineExceededError(absl::StrCat(
+              "pull of version ", w.min_version, " timed out: ",
+              MissingWorkers(absl::MakeConstSpan(&w.keys[w.sent], 1),
+                             w.min_version)));
+        },
+        &ready);
   }
   for (auto& fn : ready) fn();
 }
@@ -491,6 +617,8 @@ absl::Status ParameterStore::Import(const StoreState& state,
           return absl::StatusOr<Snapshot>(why);
         },
         &ready);
+    EndStreams([&](const StreamWaiter&) { return std::optional(why); },
+               &ready);
   }
   for (auto& fn : ready) fn();
   return absl::OkStatus();

@@ -27,7 +27,8 @@
 //
 // A key's version is the number of updates applied to it. Pull waits until every
 // requested key reached a version, or fails at its deadline naming the workers
-// the oldest pending step still waits for. Pulled values are shared, not
+// the oldest pending step still waits for; PullInOrder hands the keys out one
+// run at a time, each as soon as it reached the version. Pulled values are shared, not
 // copied: an update writes a fresh buffer while a pull still holds the current
 // one, and works in place otherwise.
 //
@@ -48,11 +49,13 @@
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -113,6 +116,12 @@ class ParameterStore {
   };
   using Snapshot = std::map<std::string, Tensor>;
   using PullDone = std::function<void(absl::StatusOr<Snapshot>)>;
+  // The next keys of an in-order pull (PullInOrder), in request order.
+  struct PullPart {
+    std::vector<std::pair<std::string, Tensor>> tensors;
+    bool last = false;  // no call follows
+  };
+  using PartDone = std::function<void(absl::StatusOr<PullPart>)>;
 
   explicit ParameterStore(Options options);
 
@@ -153,6 +162,16 @@ class ParameterStore {
   // step it waits for needs a worker marked failed.
   void Pull(std::vector<std::string> keys, int64_t min_version,
             absl::Time deadline, PullDone done);
+  // Pull, key by key: calls `part` with each run of keys, in the order of
+  // `keys` (every key in key order if empty), as soon as they have
+  // min_version -- a key not ready holds back itself and the keys after it
+  // only. The calls never overlap and come in order; the last has `last` set
+  // (one call with no tensors if there are no keys), or is an error, which
+  // ends the pull after the keys before it: NOT_FOUND for an unknown key
+  // (before any key is sent), INVALID_ARGUMENT for a key listed twice,
+  // DEADLINE_EXCEEDED, the FailWorker status, or Import's `why`, as Pull.
+  void PullInOrder(std::vector<std::string> keys, int64_t min_version,
+                   absl::Time deadline, PartDone part);
 
   // The worker leaves the job: pending steps stop waiting for it (shrink).
   void RemoveWorker(int worker);
@@ -222,6 +241,23 @@ class ParameterStore {
     absl::Time deadline;
     PullDone done;
   };
+  // An in-order pull's parts, queued under mu_ (so in order) and handed to
+  // its callback by whichever thread drains the queue first.
+  struct PartQueue {
+    explicit PartQueue(PartDone d) : done(std::move(d)) {}
+    void Drain();
+    absl::Mutex mu;
+    std::deque<absl::StatusOr<PullPart>> parts ABSL_GUARDED_BY(mu);
+    bool draining ABSL_GUARDED_BY(mu) = false;
+    const PartDone done;
+  };
+  struct StreamWaiter {
+    std::vector<std::string> keys;
+    size_t sent = 0;  // keys[0, sent) went out
+    int64_t min_version;
+    absl::Time deadline;
+    std::shared_ptr<PartQueue> out;
+  };
   using Ready = ReadyCallbacks;
 
   absl::Status CheckArguments(int worker, int64_t step,
@@ -245,6 +281,21 @@ class ParameterStore {
   void CollectReady(Ready* ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string MissingWorkers(const Waiter& w) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The same for `keys` (every key if empty).
+  std::string MissingWorkers(absl::Span<const std::string> keys,
+                             int64_t min_version) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The status of a worker marked failed that `p`'s next step waits for;
+  // OK if none.
+  absl::Status FailedFor(const Param& p) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Queues the keys of `w` that are ready now (and an error if one never
+  // will be); true if `w` is done.
+  bool StepStream(StreamWaiter& w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends every in-order pull that `end` gives a status for, queueing it
+  // (nullopt: not this one); adds the drains to `ready`.
+  template <typename End>
+  void EndStreams(End end, Ready* ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   StoreState ExportLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Calls on_boundary if `p`'s update made a step boundary.
   void MaybeBoundary(const Param& p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -256,6 +307,7 @@ class ParameterStore {
   std::vector<bool> live_ ABSL_GUARDED_BY(mu_);
   std::vector<absl::Status> failed_ ABSL_GUARDED_BY(mu_);  // OK = not failed
   std::vector<Waiter> waiters_ ABSL_GUARDED_BY(mu_);
+  std::vector<StreamWaiter> streams_ ABSL_GUARDED_BY(mu_);
   int64_t applied_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t duplicates_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t newest_step_ ABSL_GUARDED_BY(mu_) = -1;  // of any accepted push

@@ -3,8 +3,13 @@
 #include <cmath>
 #include <optional>
 #include <random>
+#include <string>
+#include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
 
 namespace bnps::server {
@@ -361,6 +366,187 @@ TEST(ParameterStoreTest, UnknownKeyInPull) {
   auto snap = PullNow(store, 0, {"nope"});
   ASSERT_TRUE(snap.has_value());
   EXPECT_EQ(snap->status().code(), absl::StatusCode::kNotFound);
+}
+
+
+// What an in-order pull handed out so far: the keys in order, and how it
+// ended (nullopt while it goes on).
+struct InOrderLog {
+  std::vector<std::string> keys;
+  std::vector<int64_t> versions;
+  int parts = 0;
+  std::optional<absl::Status> end;
+};
+
+void PullInOrder(ParameterStore& store, std::vector<std::string> keys,
+                 int64_t min_version, absl::Time deadline, InOrderLog* log) {
+  store.PullInOrder(
+      std::move(keys), min_version, deadline,
+      [log](absl::StatusOr<ParameterStore::PullPart> part) {
+        ASSERT_FALSE(log->end.has_value()) << "a call after the last";
+        if (!part.ok()) {
+          log->end = part.status();
+          return;
+        }
+        ++log->parts;
+        for (const auto& [key, t] : part->tensors) {
+          log->keys.push_back(key);
+          log->versions.push_back(t.version);
+        }
+        if (part->last) log->end = absl::OkStatus();
+      });
+}
+
+// Three keys of one worker, pulled in an order that is not key order.
+TEST(ParameterStoreTest, InOrderPullSendsEachKeyWhenReady) {
+  ParameterStore store(Sync(1, {1.0, 0.0, 0.0}));
+  for (const char* k : {"a", "b", "c"}) ASSERT_TRUE(store.Init(k, {1}, {0}).ok());
+  InOrderLog log;
+  PullInOrder(store, {"c", "a", "b"}, 1, absl::InfiniteFuture(), &log);
+  EXPECT_TRUE(log.keys.empty());
+  // "a" is ready first, but "c" comes before it.
+  ASSERT_TRUE(store.Push(0, 0, "a", {1}, {1}, 1).ok());
+  EXPECT_TRUE(log.keys.empty());
+  ASSERT_TRUE(store.Push(0, 0, "c", {1}, {2}, 1).ok());
+  EXPECT_EQ(log.keys, (std::vector<std::string>{"c", "a"}));
+  EXPECT_EQ(log.parts, 1);  // both in one run
+  EXPECT_FALSE(log.end.has_value());
+  ASSERT_TRUE(store.Push(0, 0, "b", {1}, {3}, 1).ok());
+  EXPECT_EQ(log.keys, (std::vector<std::string>{"c", "a", "b"}));
+  EXPECT_EQ(log.versions, (std::vector<int64_t>{1, 1, 1}));
+  ASSERT_TRUE(log.end.has_value());
+  EXPECT_TRUE(log.end->ok()) << *log.end;
+}
+
+TEST(ParameterStoreTest, InOrderPullOfReadyKeysIsOneCall) {
+  ParameterStore store(Sync(1));
+  for (const char* k : {"a", "b"}) ASSERT_TRUE(store.Init(k, {1}, {0}).ok());
+  InOrderLog log;
+  PullInOrder(store, {}, 0, absl::InfiniteFuture(), &log);  // every key
+  EXPECT_EQ(log.keys, (std::vector<std::string>{"a", "b"}));
+  EXPECT_EQ(log.parts, 1);
+  ASSERT_TRUE(log.end.has_value() && log.end->ok());
+
+  ParameterStore empty(Sync(1));
+  InOrderLog none;
+  PullInOrder(empty, {}, 3, absl::InfiniteFuture(), &none);
+  EXPECT_EQ(none.parts, 1);
+  ASSERT_TRUE(none.end.has_value() && none.end->ok());
+}
+
+TEST(ParameterStoreTest, InOrderPullRefusesUnknownAndRepeatedKeys) {
+  ParameterStore store(Sync(1));
+  ASSERT_TRUE(store.Init("a", {1}, {0}).ok());
+  InOrderLog unknown;
+  PullInOrder(store, {"a", "nope"}, 0, absl::InfiniteFuture(), &unknown);
+  EXPECT_TRUE(unknown.keys.empty()) << "nothing before the refusal";
+  ASSERT_TRUE(unknown.end.has_value());
+  EXPECT_EQ(unknown.end->code(), absl::StatusCode::kNotFound);
+  InOrderLog twice;
+  PullInOrder(store, {"a", "a"}, 0, absl::InfiniteFuture(), &twice);
+  ASSERT_TRUE(twice.end.has_value());
+  EXPECT_EQ(twice.end->code(), absl::StatusCode::kInvalidArgument);
+}
+
+// The keys before the one that times out were sent; the error names the
+// workers that key waits for.
+TEST(ParameterStoreTest, InOrderPullTimesOutAfterTheReadyKeys) {
+  ParameterStore store(Sync(2));
+  for (const char* k : {"a", "b"}) ASSERT_TRUE(store.Init(k, {1}, {0}).ok());
+  for (int w : {0, 1}) ASSERT_TRUE(store.Push(w, 0, "a", {1}, {1}, 1).ok());
+  ASSERT_TRUE(store.Push(1, 0, "b", {1}, {1}, 1).ok());
+  const absl::Time t0 = absl::FromUnixSeconds(1000);
+  InOrderLog log;
+  PullInOrder(store, {"a", "b"}, 1, t0 + absl::Seconds(5), &log);
+  EXPECT_EQ(log.keys, (std::vector<std::string>{"a"}));
+  store.ExpireDeadlines(t0 + absl::Seconds(4));
+  EXPECT_FALSE(log.end.has_value());
+  store.ExpireDeadlines(t0 + absl::Seconds(5));
+  ASSERT_TRUE(log.end.has_value());
+  EXPECT_EQ(log.end->code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_NE(log.end->message().find("'b' still waits for workers [0]"),
+            std::string::npos)
+      << *log.end;
+  EXPECT_EQ(log.keys, (std::vector<std::string>{"a"}));
+}
+
+TEST(ParameterStoreTest, InOrderPullFailsForALostWorker) {
+  ParameterStore store(Sync(2));
+  for (const char* k : {"a", "b"}) ASSERT_TRUE(store.Init(k, {1}, {0}).ok());
+  for (int w : {0, 1}) ASSERT_TRUE(store.Push(w, 0, "a", {1}, {1}, 1).ok());
+  ASSERT_TRUE(store.Push(0, 0, "b", {1}, {1}, 1).ok());
+  InOrderLog log;
+  PullInOrder(store, {"a", "b"}, 1, absl::InfiniteFuture(), &log);
+  store.FailWorker(1, absl::FailedPreconditionError("worker 1 lost"));
+  ASSERT_TRUE(log.end.has_value());
+  EXPECT_EQ(log.end->code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(log.keys, (std::vector<std::string>{"a"}));
+  // A later in-order pull that would wait for it fails after "a" too.
+  InOrderLog later;
+  PullInOrder(store, {"a", "b"}, 1, absl::InfiniteFuture(), &later);
+  EXPECT_EQ(later.keys, (std::vector<std::string>{"a"}));
+  ASSERT_TRUE(later.end.has_value());
+  EXPECT_EQ(later.end->code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(ParameterStoreTest, InOrderPullEndsWithTheImportStatus) {
+  ParameterStore store(Sync(1));
+  for (const char* k : {"a", "b"}) ASSERT_TRUE(store.Init(k, {1}, {0}).ok());
+  const StoreState before = store.Export();
+  ASSERT_TRUE(store.Push(0, 0, "a", {1}, {1}, 1).ok());
+  InOrderLog log;
+  PullInOrder(store, {"a", "b"}, 1, absl::InfiniteFuture(), &log);
+  EXPECT_EQ(log.keys, (std::vector<std::string>{"a"}));
+  ASSERT_TRUE(store.Import(before, absl::AbortedError("rolls back")).ok());
+  ASSERT_TRUE(log.end.has_value());
+  EXPECT_EQ(log.end->code(), absl::StatusCode::kAborted);
+  // Nothing more once it ended.
+  ASSERT_TRUE(store.Push(0, 0, "b", {1}, {1}, 1).ok());
+  EXPECT_EQ(log.keys, (std::vector<std::string>{"a"}));
+}
+
+// Pushes from several threads make keys ready in any order; the pull still
+// hands them out in its order, one call at a time.
+TEST(ParameterStoreTest, InOrderPullKeepsItsOrderUnderConcurrentPushes) {
+  constexpr int kKeys = 16;
+  ParameterStore store(Sync(1));
+  std::vector<std::string> keys;
+  for (int i = 0; i < kKeys; ++i) {
+    keys.push_back(absl::StrCat("k", i));
+    ASSERT_TRUE(store.Init(keys.back(), {1}, {0}).ok());
+  }
+  std::vector<std::string> order(keys.rbegin(), keys.rend());
+  absl::Mutex mu;
+  std::vector<std::string> got;
+  int inside = 0;
+  bool overlapped = false;
+  absl::Notification done;
+  store.PullInOrder(order, 1, absl::InfiniteFuture(),
+                    [&](absl::StatusOr<ParameterStore::PullPart> part) {
+                      {
+                        absl::MutexLock lock(&mu);
+                        overlapped |= inside++ > 0;
+                        ASSERT_TRUE(part.ok()) << part.status();
+                        for (const auto& [k, t] : part->tensors) got.push_back(k);
+                      }
+                      absl::SleepFor(absl::Microseconds(50));
+                      absl::MutexLock lock(&mu);
+                      --inside;
+                      if (part->last) done.Notify();
+                    });
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = t; i < kKeys; i += 4) {
+        EXPECT_TRUE(store.Push(0, 0, keys[i], {1}, {1}, 1).ok());
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(60)));
+  absl::MutexLock lock(&mu);
+  EXPECT_EQ(got, order);
+  EXPECT_FALSE(overlapped);
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <deque>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -153,7 +154,10 @@ class PushReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
 };
 
 // Waits for the requested version, then streams the tensors in chunks that
-// reference the store's values (shared, not copied).
+// reference the store's values (shared, not copied). With in_order, each run
+// of keys the store hands out (ParameterStore::PullInOrder) is written as
+// soon as it is ready, and the call ends once the store's pull ended (so no
+// callback of it outlives the reactor).
 class PullReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   PullReactor(Shard* shard, grpc::CallbackServerContext* ctx,
@@ -179,6 +183,14 @@ class PullReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       Done(s);
       return;
     }
+    if (req.in_order()) {
+      shard->store().PullInOrder(
+          std::move(keys), req.min_version(), WaitDeadline(*shard, *ctx),
+          [this](absl::StatusOr<ParameterStore::PullPart> part) {
+            OnPart(std::move(part));
+          });
+      return;
+    }
     shard->store().Pull(std::move(keys), req.min_version(),
                         WaitDeadline(*shard, *ctx),
                         [this](absl::StatusOr<ParameterStore::Snapshot> snap) {
@@ -187,11 +199,25 @@ class PullReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   }
 
   void OnWriteDone(bool ok) override {
-    if (!ok) {
-      End(grpc::Status(grpc::StatusCode::CANCELLED, "client went away"));
-      return;
+    const grpc::ByteBuffer* next = nullptr;
+    {
+      absl::MutexLock lock(&mu_);
+      queue_.pop_front();
+      if (!ok) {
+        broken_ = true;
+        queue_.clear();
+      }
+      if (!queue_.empty()) {
+        next = &queue_.front();
+      } else {
+        writing_ = false;
+      }
     }
-    WriteNext();
+    if (next != nullptr) {
+      Write(next);
+    } else {
+      MaybeFinish();
+    }
   }
 
   void OnDone() override { delete this; }
@@ -210,24 +236,94 @@ class PullReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     proto::ChunkedMessageBuilder builder(
         head, proto::PullParametersResponse::kChunksFieldNumber,
         proto::kBulkMessageBytes);
-    const auto keep = [this](grpc::ByteBuffer m) {
-      messages_.push_back(std::move(m));
+    std::vector<grpc::ByteBuffer> messages;
+    const auto keep = [&messages](grpc::ByteBuffer m) {
+      messages.push_back(std::move(m));
       return true;
     };
     for (const auto& [key, t] : *snap) {
       builder.AddTensor(key, t.shape, *t.values, t.values, keep);
     }
-    messages_.push_back(builder.Build());
-    WriteNext();
+    messages.push_back(builder.Build());
+    Send(std::move(messages), absl::OkStatus());
   }
 
-  void WriteNext() {
-    if (next_ < messages_.size()) {
-      if (metrics_) metrics_->Sent(M::kPullParameters, messages_[next_].Length());
-      StartWrite(&messages_[next_++]);
-    } else {
-      End(grpc::Status::OK);
+  // The keys of one run, packed as OnSnapshot packs them; the run's
+  // messages carry its smallest version.
+  void OnPart(absl::StatusOr<ParameterStore::PullPart> part) {
+    if (!part.ok()) {
+      LogRejected(*shard_, "PullParameters", worker_, part.status());
+      Send({}, part.status());
+      return;
     }
+    std::vector<grpc::ByteBuffer> messages;
+    if (!part->tensors.empty()) {
+      int64_t version = INT64_MAX;
+      for (const auto& [key, t] : part->tensors) {
+        version = std::min(version, t.version);
+      }
+      proto::PullParametersResponse head;
+      head.set_version(version);
+      proto::ChunkedMessageBuilder builder(
+          head, proto::PullParametersResponse::kChunksFieldNumber,
+          proto::kBulkMessageBytes);
+      const auto keep = [&messages](grpc::ByteBuffer m) {
+        messages.push_back(std::move(m));
+        return true;
+      };
+      for (const auto& [key, t] : part->tensors) {
+        builder.AddTensor(key, t.shape, *t.values, t.values, keep);
+      }
+      messages.push_back(builder.Build());
+    }
+    Send(std::move(messages), part->last ? std::optional(absl::OkStatus())
+                                         : std::nullopt);
+  }
+
+  // Queues `messages` and starts writing if no write is in flight; `end`,
+  // if set, is how the call ends once they are written.
+  void Send(std::vector<grpc::ByteBuffer> messages,
+            std::optional<absl::Status> end) {
+    const grpc::ByteBuffer* start = nullptr;
+    {
+      absl::MutexLock lock(&mu_);
+      if (!broken_) {
+        for (grpc::ByteBuffer& m : messages) queue_.push_back(std::move(m));
+      }
+      if (end.has_value()) {
+        ended_ = true;
+        end_ = *std::move(end);
+      }
+      if (!writing_ && !queue_.empty()) {
+        writing_ = true;
+        start = &queue_.front();
+      }
+    }
+    if (start != nullptr) {
+      Write(start);
+    } else {
+      MaybeFinish();
+    }
+  }
+
+  void Write(const grpc::ByteBuffer* m) {
+    if (metrics_) metrics_->Sent(M::kPullParameters, m->Length());
+    StartWrite(m);
+  }
+
+  // Finishes once the store's answer is complete and written (or the client
+  // went away).
+  void MaybeFinish() {
+    grpc::Status end;
+    {
+      absl::MutexLock lock(&mu_);
+      if (!ended_ || writing_ || finished_) return;
+      finished_ = true;
+      end = broken_ ? grpc::Status(grpc::StatusCode::CANCELLED,
+                                   "client went away")
+                    : proto::ToGrpcStatus(end_);
+    }
+    End(end);
   }
 
   void Done(const absl::Status& s) {
@@ -243,8 +339,14 @@ class PullReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   Shard* const shard_;
   ServerMetrics* const metrics_;  // may be null
   int worker_ = -1;
-  std::vector<grpc::ByteBuffer> messages_;
-  size_t next_ = 0;
+
+  absl::Mutex mu_;
+  std::deque<grpc::ByteBuffer> queue_ ABSL_GUARDED_BY(mu_);  // front: writing
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool broken_ ABSL_GUARDED_BY(mu_) = false;  // a write failed
+  bool ended_ ABSL_GUARDED_BY(mu_) = false;   // the store will call no more
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status end_ ABSL_GUARDED_BY(mu_);
 };
 
 // One worker's long-lived BN stream. Requests are dispatched as they arrive;

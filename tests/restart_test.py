@@ -1,7 +1,8 @@
 """Kills and restarts on a real cluster (2 shards, 2 workers, sync, 127.0.0.1):
 a shard server killed with SIGKILL and restarted with the same command, or a
 worker killed and restarted (--on_worker_loss=wait), and the job ends with
-the same `bnps_status --digest` as an uninterrupted run of the same seed. A
+the same `bnps_status --digest` as an uninterrupted run of the same seed
+(also with the workers' --replicas=2 or --layer_pull=true). A
 corrupt newest checkpoint is detected and the previous one used.
 """
 
@@ -76,6 +77,24 @@ class RestartTest(unittest.TestCase):
                 self.assertIn("the job rolled back to step",
                               c.read_log("worker", w))
         self.assertEqual(digest, self.uninterrupted(**flags))
+
+    def test_server_killed_under_workers_pulling_layer_by_layer(self):
+        # --layer_pull: a rollback that lands while a step's pull streams is
+        # recovered like any other, and the job ends on the very digest of
+        # the uninterrupted run that pulls everything before each pass.
+        flags = {"extra_worker_flags": ("--layer_pull=true",)}
+
+        def kill_server_1(c):
+            self.assertTrue(c.wait_for_common_checkpoint(), c.logs())
+            c.kill("server", 1)
+            c.start_server(1)
+
+        with tempfile.TemporaryDirectory() as out:
+            c, digest = self.run_cluster(out, disrupt=kill_server_1, **flags)
+            for w in range(2):
+                self.assertIn("the job rolled back to step",
+                              c.read_log("worker", w))
+        self.assertEqual(digest, self.uninterrupted())
 
     def test_worker_killed_and_restarted(self):
         def kill_worker_1(c):

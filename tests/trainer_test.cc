@@ -46,6 +46,18 @@ class RecordingClient final : public client::PsClient {
     fail_ = std::move(why);
   }
   void ForwardParts() { forward_parts_ = true; }
+  // Records each ParameterPull::Wait as "wait <key>" (one model only: the
+  // record is not locked).
+  void RecordWaits() { record_waits_ = true; }
+
+  std::unique_ptr<client::ParameterPull> StartPull(
+      int64_t v, const std::vector<std::string>& keys,
+      client::Params* into) override {
+    std::unique_ptr<client::ParameterPull> pull =
+        PsClient::StartPull(v, keys, into);
+    if (!record_waits_) return pull;
+    return std::make_unique<RecordedPull>(this, std::move(pull));
+  }
   // With ForwardParts: part `index` (0-based) of `step`'s push is not
   // passed on, and the push fails with `why`.
   void FailPartAt(int64_t step, int index, absl::Status why) {
@@ -167,7 +179,24 @@ class RecordingClient final : public client::PsClient {
     bool failed_ = false;
   };
 
+  class RecordedPull final : public client::ParameterPull {
+   public:
+    RecordedPull(RecordingClient* c,
+                 std::unique_ptr<client::ParameterPull> inner)
+        : c_(c), inner_(std::move(inner)) {}
+    absl::Status Wait(const std::string& key) override {
+      c_->calls_.push_back(absl::StrCat("wait ", key));
+      return inner_->Wait(key);
+    }
+    absl::Status Finish() override { return inner_->Finish(); }
+
+   private:
+    RecordingClient* const c_;
+    const std::unique_ptr<client::ParameterPull> inner_;
+  };
+
   std::vector<std::string> calls_;
+  bool record_waits_ = false;
   int64_t fail_step_ = -1;
   int64_t fail_part_step_ = -1;
   int fail_part_ = -1;
@@ -536,6 +565,72 @@ TEST(TrainerTest, OverlappedPushGivesTheBitsOfThePushAfterTheBackwardPass) {
       if (c.policy == policy::Policy::kSync) {
         EXPECT_GT(bwd_after_first_part, 0);
       }
+    }
+  }
+}
+
+// Pulling each step's parameters layer by layer changes nothing: the same
+// parameters and running statistics, bit for bit, under sync and local with
+// 2 workers, and with 2 replicas per worker. Each key is waited for just
+// before its layer runs: the stem's before the step's first BN exchange, the
+// head's after the last.
+TEST(TrainerTest, LayerPullGivesTheBitsOfTheWholePull) {
+  const Dataset data = worker::MakeSyntheticDataset(48, 12, 12, 10, 6);
+  struct Case {
+    policy::Policy policy;
+    bool replicas;
+  };
+  for (const Case& c : {Case{policy::Policy::kSync, false},
+                        Case{policy::Policy::kLocal, false},
+                        Case{policy::Policy::kSync, true}}) {
+    SCOPED_TRACE(absl::StrCat(policy::PolicyName(c.policy),
+                              c.replicas ? " with replicas" : ""));
+    const std::vector<const Dataset*> datasets(2, &data);
+    TrainerOptions whole = ThreeSteps();
+    whole.layer_pull = false;
+    TrainerOptions layered = ThreeSteps();
+    layered.layer_pull = true;
+    const std::vector<nn::ModelOptions> replicas =
+        c.replicas ? std::vector<nn::ModelOptions>{test::SmallModel()}
+                   : std::vector<nn::ModelOptions>{};
+    auto job_whole = test::InProcessJob::Create(JobOptions(c.policy, 2), 2);
+    auto job_layered = test::InProcessJob::Create(JobOptions(c.policy, 2), 2);
+    ASSERT_TRUE(job_whole.ok() && job_layered.ok());
+    std::vector<WorkerRun> base =
+        Train(job_whole->get(), datasets, whole, nullptr, replicas);
+    std::vector<WorkerRun> runs = Train(
+        job_layered->get(), datasets, layered,
+        [&](int, RecordingClient* client) {
+          if (!c.replicas) client->RecordWaits();
+        },
+        replicas);
+    for (int w = 0; w < 2; ++w) {
+      ASSERT_TRUE(base[w].report.ok()) << base[w].report.status();
+      ASSERT_TRUE(runs[w].report.ok()) << runs[w].report.status();
+      ASSERT_EQ(base[w].params.size(), runs[w].params.size());
+      for (const auto& [name, t] : base[w].params) {
+        EXPECT_EQ(runs[w].params.at(name).values, t.values) << name;
+      }
+      ASSERT_EQ(base[w].running.size(), runs[w].running.size());
+      for (size_t l = 0; l < base[w].running.size(); ++l) {
+        EXPECT_EQ(runs[w].running[l].mean, base[w].running[l].mean);
+        EXPECT_EQ(runs[w].running[l].var, base[w].running[l].var);
+      }
+      EXPECT_EQ(runs[w].report->test_accuracy, base[w].report->test_accuracy);
+      if (c.policy != policy::Policy::kSync || c.replicas) continue;
+      const std::vector<std::string>& calls = runs[w].calls;
+      auto at = [&](const std::string& call) {
+        return std::find(calls.begin(), calls.end(), call) - calls.begin();
+      };
+      const auto end = static_cast<std::ptrdiff_t>(calls.size());
+      for (const char* call : {"wait head.fc.w", "wait stem.conv.w",
+                               "wait stage1.block0.conv1.w", "fwd stem.bn 0",
+                               "fwd stage2.block0.bn2 0"}) {
+        ASSERT_LT(at(call), end) << call;
+      }
+      EXPECT_LT(at("wait stem.conv.w"), at("fwd stem.bn 0"));
+      EXPECT_LT(at("fwd stem.bn 0"), at("wait stage1.block0.conv1.w"));
+      EXPECT_GT(at("wait head.fc.w"), at("fwd stage2.block0.bn2 0"));
     }
   }
 }

@@ -271,6 +271,41 @@ TEST(TrainingTest, LocalTwoWorkersDoNotFollowOneWorker) {
             1e-3);
 }
 
+// Pulling each step's parameters layer by layer (in_order streams from 2
+// shards) ends every worker on the very bits of the whole pull before the
+// pass, under sync and local with 2 workers.
+TEST(TrainingTest, LayerPullGivesTheBitsOfTheWholePull) {
+  const Dataset data = worker::MakeSyntheticDataset(48, 12, 12, 10, 9);
+  for (policy::Policy p : {policy::Policy::kSync, policy::Policy::kLocal}) {
+    SCOPED_TRACE(policy::PolicyName(p));
+    TrainerOptions whole;
+    whole.batch_size = 6;
+    whole.shuffle = false;
+    whole.max_steps = 3;
+    whole.evaluate = false;
+    whole.layer_pull = false;
+    TrainerOptions layered = whole;
+    layered.layer_pull = true;
+    const std::vector<const Dataset*> datasets(2, &data);
+    std::vector<WorkerResult> base = Train(p, 2, datasets, whole);
+    std::vector<WorkerResult> runs = Train(p, 2, datasets, layered);
+    ASSERT_EQ(base.size(), 2u);
+    ASSERT_EQ(runs.size(), 2u);
+    for (int w = 0; w < 2; ++w) {
+      ASSERT_TRUE(base[w].report.ok()) << base[w].report.status();
+      ASSERT_TRUE(runs[w].report.ok()) << runs[w].report.status();
+      ASSERT_EQ(base[w].params.size(), runs[w].params.size());
+      for (const auto& [name, t] : base[w].params) {
+        EXPECT_EQ(runs[w].params.at(name).values, t.values) << name;
+      }
+      for (size_t l = 0; l < base[w].running.size(); ++l) {
+        EXPECT_EQ(runs[w].running[l].mean, base[w].running[l].mean);
+        EXPECT_EQ(runs[w].running[l].var, base[w].running[l].var);
+      }
+    }
+  }
+}
+
 // Every policy trains end to end: the loss falls, the run settles its
 // running statistics, and the evaluation beats chance.
 TEST(TrainingTest, EveryPolicyTrains) {

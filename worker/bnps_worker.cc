@@ -144,6 +144,12 @@ ABSL_FLAG(bool, overlap, true,
           "Push each layer's gradients as soon as the backward pass has them, "
           "overlapping the push with the rest of the pass; false pushes them "
           "all after it (the results are the same bit for bit).");
+ABSL_FLAG(bool, layer_pull, false,
+          "sync, recal and local: pull each step's parameters layer by layer, "
+          "the forward pass waiting for a layer's just before it runs, so it "
+          "starts on the first layer while the rest are still on their way; "
+          "false pulls all of them before the pass (the results are the same "
+          "bit for bit). async always pulls them all.");
 ABSL_FLAG(bool, overlap_bn, false,
           "Compute a convolution's weight gradient while the BN before it "
           "exchanges its backward sums (on a thread of its own); the results "
@@ -509,6 +515,7 @@ absl::Status Main() {
   options.seed = absl::GetFlag(FLAGS_seed);
   options.overlap = absl::GetFlag(FLAGS_overlap);
   options.overlap_bn = absl::GetFlag(FLAGS_overlap_bn);
+  options.layer_pull = absl::GetFlag(FLAGS_layer_pull);
   options.train_examples = absl::GetFlag(FLAGS_train_examples);
   options.test_examples = absl::GetFlag(FLAGS_test_examples);
   options.recal_mode = *recal_mode;

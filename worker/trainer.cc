@@ -13,6 +13,7 @@
 #include "policy/policy.h"
 #include "proto/generation.h"
 #include "worker/host_bn_group.h"
+#include "worker/layer_pull.h"
 #include "worker/replica_threads.h"
 #include "worker/nn/bn_exchange.h"
 #include "worker/server_bn_exchange.h"
@@ -194,8 +195,14 @@ absl::StatusOr<TrainReport> Trainer::Run() {
       for (nn::Model* m : t->models_) m->SetBnExchange(nullptr);
       t->group_ = nullptr;
       t->replica_threads_ = nullptr;
+      t->layer_pull_ = nullptr;
     }
   } detach{this};
+  std::optional<LayerPull> layer_pull;
+  if (bulk_synchronous_ && options_.layer_pull) {
+    layer_pull.emplace(client_, *model_);
+    layer_pull_ = &*layer_pull;
+  }
   // The BN backward overlap needs the exchange's StartBackward, which the
   // host's group runs in place: with replicas it is off.
   model_->SetBackwardOverlap(options_.overlap_bn && models.size() == 1);
@@ -351,34 +358,34 @@ absl::Status Trainer::TrainStep(int64_t step, const Batch& batch,
     if (!min_clock.ok()) return Annotate(min_clock.status(), "step start");
     f->staleness = step - *min_clock;
   }
-  if (absl::Status s = PullInto(bulk_synchronous_ ? step : 0);
-      !s.ok()) {
-    return Annotate(s, absl::StrCat("step ", step, ": pulling parameters"));
+  const std::string pulling = absl::StrCat("step ", step, ": pulling parameters");
+  if (layer_pull_ != nullptr) {
+    layer_pull_->Start(step);
+  } else if (absl::Status s = PullInto(bulk_synchronous_ ? step : 0);
+             !s.ok()) {
+    return Annotate(s, pulling);
   }
   f->grad_time += absl::Now() - step_start;
   sync->set_step(step);
   sync->reset_elapsed();
-  if (!options_.replicas.empty()) {
-    // Replicas: their gradients are summed on the host, then pushed once.
-    absl::StatusOr<nn::HostTensors> grads = Compute(step, batch, f);
-    if (!grads.ok()) return grads.status();
-    if (absl::Status s = Push(step, batch.n, *std::move(grads), f); !s.ok()) {
-      return s;
+  absl::Duration pull_wait;
+  const absl::Status computed = ComputeAndPush(step, batch, f, &pull_wait);
+  f->grad_time += pull_wait;
+  if (layer_pull_ != nullptr) {
+    if (!computed.ok()) {
+      // A pass that stopped for want of parameters failed in the pull.
+      layer_pull_->Stop();
+      const absl::Status pull_error = layer_pull_->error();
+      return pull_error.ok() ? computed : Annotate(pull_error, pulling);
     }
-  } else {
-    if (absl::Status s = model_->Forward(batch.images.data(), batch.n);
-        !s.ok()) {
-      return Annotate(s, absl::StrCat("step ", step, ": forward"));
-    }
-    absl::StatusOr<nn::LossResult> loss = model_->Loss(batch.labels.data());
-    if (!loss.ok()) return Annotate(loss.status(), absl::StrCat("step ", step));
-    f->loss_sum = loss->loss_sum;
-    f->correct = loss->correct;
-    const absl::Status pushed =
-        options_.overlap ? BackwardAndPush(step, batch.n, f)
-                         : BackwardThenPush(step, batch.n, f);
-    if (!pushed.ok()) return pushed;
+    // Every key is in (the passes waited for each): this only collects the
+    // calls' ends.
+    const absl::Time finish_start = absl::Now();
+    const absl::Status pulled = layer_pull_->Finish();
+    f->grad_time += absl::Now() - finish_start;
+    if (!pulled.ok()) return Annotate(pulled, pulling);
   }
+  if (!computed.ok()) return computed;
   const absl::Time push_start = absl::Now();
   if (!bulk_synchronous_) {
     if (absl::Status s = client_->FinishStep(step + 1); !s.ok()) {
@@ -390,9 +397,38 @@ absl::Status Trainer::TrainStep(int64_t step, const Batch& batch,
   return absl::OkStatus();
 }
 
+absl::Status Trainer::ComputeAndPush(int64_t step, const Batch& batch,
+                                     StepFigures* f,
+                                     absl::Duration* pull_wait) {
+  if (!options_.replicas.empty()) {
+    // Replicas: their gradients are summed on the host, then pushed once.
+    absl::StatusOr<nn::HostTensors> grads = Compute(step, batch, f, pull_wait);
+    if (!grads.ok()) return grads.status();
+    return Push(step, batch.n, *std::move(grads), f);
+  }
+  if (absl::Status s = model_->Forward(batch.images.data(), batch.n,
+                                       PullHook(model_, pull_wait));
+      !s.ok()) {
+    return Annotate(s, absl::StrCat("step ", step, ": forward"));
+  }
+  absl::StatusOr<nn::LossResult> loss = model_->Loss(batch.labels.data());
+  if (!loss.ok()) return Annotate(loss.status(), absl::StrCat("step ", step));
+  f->loss_sum = loss->loss_sum;
+  f->correct = loss->correct;
+  return options_.overlap ? BackwardAndPush(step, batch.n, f)
+                          : BackwardThenPush(step, batch.n, f);
+}
+
+nn::Model::ParametersNeeded Trainer::PullHook(nn::Model* m,
+                                              absl::Duration* waited) {
+  if (layer_pull_ == nullptr) return nullptr;
+  return layer_pull_->Hook(m, waited);
+}
+
 absl::StatusOr<nn::HostTensors> Trainer::Compute(int64_t step,
                                                  const Batch& batch,
-                                                 StepFigures* f) {
+                                                 StepFigures* f,
+                                                 absl::Duration* pull_wait) {
   const std::vector<nn::Model*>& models = models_;
   const int k = static_cast<int>(models.size());
   const int64_t per_image = batch.channels * batch.height * batch.width;
@@ -407,7 +443,9 @@ absl::StatusOr<nn::HostTensors> Trainer::Compute(int64_t step,
     const int64_t lo = batch.n * i / k, hi = batch.n * (i + 1) / k;
     nn::Model* m = models[i];
     Part& p = parts[i];
-    p.status = m->Forward(batch.images.data() + lo * per_image, hi - lo);
+    // The first model runs on this thread: its waits are the step's.
+    p.status = m->Forward(batch.images.data() + lo * per_image, hi - lo,
+                          PullHook(m, i == 0 ? pull_wait : nullptr));
     if (!p.status.ok()) {
       p.status = Annotate(p.status, absl::StrCat("step ", step, ": forward"));
     } else if (absl::StatusOr<nn::LossResult> loss =

@@ -4,7 +4,9 @@
 // A step (global step s, counted across epochs):
 //   async only   StartStep(s): wait while the bound would break
 //   pull         the parameters: bulk-synchronous policies wait for version s
-//                (the update of step s - 1); async takes the newest
+//                (the update of step s - 1), before the forward pass or
+//                layer by layer during it (options.layer_pull); async
+//                takes the newest
 //   forward      BN layers through a ServerBnExchange: sync merges every layer on the
 //                servers (a barrier), async merges with the others' recent
 //                moments (never waits), local and recal stay local
@@ -78,6 +80,7 @@ namespace bnps::worker {
 class ServerBnExchange;  // worker/server_bn_exchange.h
 class HostBnGroup;       // worker/host_bn_group.h
 class ReplicaThreads;    // worker/replica_threads.h
+class LayerPull;         // worker/layer_pull.h
 
 enum class RecalMode {
   // One pass, all layers at once; upstream layers normalize with batch stats.
@@ -144,6 +147,17 @@ struct TrainerOptions {
   // pushes all of them after it (PushGradients). The results are the same
   // bit for bit. Default: true.
   bool overlap = true;
+  // Bulk-synchronous policies: pull each step's parameters layer by layer
+  // (worker/layer_pull.h): the forward pass waits for a layer's parameters
+  // just before the layer, so it starts on the first layer while the rest
+  // are still on their way (and still being updated on the servers); false
+  // pulls all of them before the pass. Async always pulls them all. The
+  // results are the same bit for bit. Default: false until measured on a
+  // machine with cores to spare: here (2 cores shared) it gained nothing at
+  // 1 worker, where the update is in before the step starts, and cost up to
+  // 0.8 ms a step at 2 workers, where waking the pull's thread waits for a
+  // core (docs/worker.md).
+  bool layer_pull = false;
   // Compute a convolution's weight gradient while the BN before it exchanges
   // its backward sums (nn::Model::SetBackwardOverlap; the exchange runs on a
   // thread of its own). The results are the same bit for bit. Default: false
@@ -240,7 +254,16 @@ class Trainer {
   // With replicas: forward, loss and backward of `batch` on every model (its
   // slice each); the gradients summed in replica order.
   absl::StatusOr<nn::HostTensors> Compute(int64_t step, const Batch& batch,
-                                          StepFigures* f);
+                                          StepFigures* f,
+                                          absl::Duration* pull_wait);
+  // Forward, loss, backward and push of `step` (the models' part of
+  // TrainStep); adds the first model's waits for the layer pull to
+  // *pull_wait.
+  absl::Status ComputeAndPush(int64_t step, const Batch& batch,
+                              StepFigures* f, absl::Duration* pull_wait);
+  // The hook that feeds model `m` its parameters layer by layer; empty
+  // without a layer pull.
+  nn::Model::ParametersNeeded PullHook(nn::Model* m, absl::Duration* waited);
   // The push of `step`'s gradients after the backward pass.
   absl::Status Push(int64_t step, int64_t n, nn::HostTensors grads,
                     StepFigures* f);
@@ -267,6 +290,9 @@ class Trainer {
   // that run replicas 1, 2, ... (created once per Run).
   HostBnGroup* group_ = nullptr;
   ReplicaThreads* replica_threads_ = nullptr;
+  // Bulk-synchronous with options.layer_pull, while Run trains: the step's
+  // layer-by-layer pull; null: the whole pull before the pass.
+  LayerPull* layer_pull_ = nullptr;
   // The servers' BN policy and gradient mode (sync if they report one it
   // does not know: Run then fails).
   const policy::JobPolicy job_policy_;

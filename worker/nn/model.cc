@@ -218,16 +218,23 @@ absl::Status Model::SetParameters(const HostTensors& values) {
       return absl::InvalidArgumentError(
           absl::StrCat("no value for parameter ", p->name));
     }
-    if (it->second.shape != p->dims) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "parameter ", p->name, " has shape [", absl::StrJoin(p->dims, ","),
-          "], got [", absl::StrJoin(it->second.shape, ","), "]"));
-    }
-    if (absl::Status s = p->SetValue(*backend_, it->second.values); !s.ok()) {
+    if (absl::Status s = SetParameter(p, it->second.shape, it->second.values);
+        !s.ok()) {
       return s;
     }
   }
   return absl::OkStatus();
+}
+
+absl::Status Model::SetParameter(Parameter* p,
+                                 absl::Span<const int64_t> shape,
+                                 const std::vector<float>& values) {
+  if (shape != absl::MakeConstSpan(p->dims)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "parameter ", p->name, " has shape [", absl::StrJoin(p->dims, ","),
+        "], got [", absl::StrJoin(shape, ","), "]"));
+  }
+  return p->SetValue(*backend_, values);
 }
 
 absl::StatusOr<HostTensors> Model::Gradients() const {
@@ -265,6 +272,11 @@ void Model::SetBnExchange(BnExchange* sync) {
 }
 
 absl::Status Model::Forward(const float* images, int64_t n) {
+  return Forward(images, n, nullptr);
+}
+
+absl::Status Model::Forward(const float* images, int64_t n,
+                            const ParametersNeeded& before) {
   if (n < 0 || (n > 0 && images == nullptr)) {
     return absl::InvalidArgumentError(
         absl::StrCat("bad batch of ", n, " images"));
@@ -278,8 +290,16 @@ absl::Status Model::Forward(const float* images, int64_t n) {
     return s;
   }
   const Tensor* t = &input_;
-  for (const auto& layer : layers_) {
-    absl::StatusOr<const Tensor*> next = layer->Forward(*t);
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    const size_t begin = layer_params_[i], end = layer_params_[i + 1];
+    if (before && end > begin) {
+      if (absl::Status s = before(absl::Span<Parameter* const>(
+              parameters_.data() + begin, end - begin));
+          !s.ok()) {
+        return s;
+      }
+    }
+    absl::StatusOr<const Tensor*> next = layers_[i]->Forward(*t);
     if (!next.ok()) return next.status();
     t = *next;
   }

@@ -37,7 +37,8 @@
 //
 // A step is Forward (training mode: BN through the BnExchange), Loss, Backward;
 // Gradients then holds d(sum of the batch's losses) / d parameter. Parameters
-// come from outside (the servers): SetParameters before Forward.
+// come from outside (the servers): SetParameters before Forward, or layer by
+// layer during it (Forward's ParametersNeeded).
 //
 // Errors: INVALID_ARGUMENT for bad options, images of the wrong size, missing
 // or misshapen parameters, bad labels; the layers' and backend's errors
@@ -142,10 +143,25 @@ class Model {
   // Not owned; must outlive the training-mode Forward/Backward calls.
   void SetBnExchange(BnExchange* sync);
 
+  // Sets one of the model's own parameters (SetParameters' checks), e.g.
+  // from a ParametersNeeded.
+  absl::Status SetParameter(Parameter* p, absl::Span<const int64_t> shape,
+                            const std::vector<float>& values);
+
   // Runs the layers on n images (host memory, NCHW, n * in_channels *
   // image_height * image_width floats; n >= 0). The logits are then in
   // logits() ([n, classes], host).
   absl::Status Forward(const float* images, int64_t n);
+  // Called during Forward just before a layer with parameters runs, with
+  // its parameters, so a caller can set their values (SetParameter) as they
+  // arrive: the first layers compute while the later ones' are still on
+  // their way. Every parameter comes exactly once, layers in model order;
+  // an error ends the pass with that status.
+  using ParametersNeeded =
+      std::function<absl::Status(absl::Span<Parameter* const>)>;
+  // As Forward, calling `before` (may be empty) as above.
+  absl::Status Forward(const float* images, int64_t n,
+                       const ParametersNeeded& before);
   const std::vector<float>& logits() const { return logits_; }
   // Softmax cross-entropy of the last Forward's logits against `labels` (n
   // of them); keeps d loss_sum / d logits for Backward.

@@ -450,6 +450,57 @@ class WatchingExchange : public LocalBnExchange {
 // With the backward overlap, a block's first BN starts its exchange, the
 // block's second convolution computes its weight gradient meanwhile, and the
 // BN then waits; every gradient is what the plain pass computes, bit for bit.
+// Parameters set layer by layer during Forward (as a layer-by-layer pull
+// does) give the logits of parameters set before it, bit for bit; each
+// comes once, in model order, just before its layer.
+TEST(ModelTest, ForwardAsksForEachLayersParametersBeforeTheLayer) {
+  std::unique_ptr<Backend> backend = NewCpuBackend();
+  absl::StatusOr<std::unique_ptr<Model>> model =
+      Model::Create(Tiny(), backend.get());
+  ASSERT_TRUE(model.ok());
+  Model& m = **model;
+  LocalBnExchange sync;
+  m.SetBnExchange(&sync);
+  const Batch batch = RandomBatch(Tiny(), 4, 6);
+  const HostTensors values = Perturbed(m, 5);
+  ASSERT_TRUE(m.SetParameters(values).ok());
+  ASSERT_TRUE(m.Forward(batch.images.data(), batch.n).ok());
+  const std::vector<float> want = m.logits();
+
+  ASSERT_TRUE(m.SetParameters(Perturbed(m, 9)).ok());  // other values
+  size_t next = 0;
+  ASSERT_TRUE(m.Forward(batch.images.data(), batch.n,
+                        [&](absl::Span<Parameter* const> params) {
+                          for (Parameter* p : params) {
+                            EXPECT_EQ(p, m.parameters()[next]) << next;
+                            ++next;
+                            const HostTensor& t = values.at(p->name);
+                            if (absl::Status s =
+                                    m.SetParameter(p, t.shape, t.values);
+                                !s.ok()) {
+                              return s;
+                            }
+                          }
+                          return absl::OkStatus();
+                        })
+                  .ok());
+  EXPECT_EQ(next, m.parameters().size());
+  EXPECT_EQ(m.logits(), want);
+
+  // A wrong shape is refused; an error from the callback ends the pass.
+  Parameter* first = m.parameters()[0];
+  EXPECT_EQ(m.SetParameter(first, {1}, {0.0f}).code(),
+            absl::StatusCode::kInvalidArgument);
+  int calls = 0;
+  const absl::Status s = m.Forward(
+      batch.images.data(), batch.n, [&](absl::Span<Parameter* const>) {
+        return ++calls == 2 ? absl::DeadlineExceededError("pull timed out")
+                            : absl::OkStatus();
+      });
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(calls, 2);
+}
+
 TEST(ModelTest, BackwardOverlapComputesTheNextWeightGradientDuringTheExchange) {
   std::unique_ptr<Backend> backend = NewCpuBackend();
   absl::StatusOr<std::unique_ptr<Model>> model =
