@@ -6,9 +6,11 @@
 // exchange that takes about 100 us that is a large share (docs/server.md).
 //
 // One thread per CPU it is given, pinned there, at SCHED_IDLE priority: any
-// ordinary thread that wakes on that CPU preempts it at once, and Linux
-// places a waking thread on a CPU that runs only SCHED_IDLE work as if that
-// CPU were idle. Each Touch() keeps the threads busy-waiting (with the pause
+// ordinary thread that wakes on that CPU preempts it at once, Linux places
+// a waking thread on a CPU that runs only SCHED_IDLE work as if that CPU
+// were idle, and the busy-wait calls sched_yield between short pauses, so
+// an ordinary thread that yields (a lock's or gRPC's spin loop) gets the CPU
+// back at once rather than at the next scheduler tick. Each Touch() keeps the threads busy-waiting (with the pause
 // instruction) for `hold` after it; once `hold` passes without a Touch they
 // sleep on a condition and cost nothing. So the CPUs are busy -- at idle
 // priority -- only while traffic flows and for `hold` after it.

@@ -163,13 +163,18 @@ def doc_summary(tables):
     ratio = tables["step_ratio"]
     parts = []
     for row in ratio.rows:
-        if row[2] == "sync":
-            parts.append("W = {}, batch {}: {}".format(row[0], row[1], row[4]))
-    rt = tables["step_round_trip"].rows[0]
+        if row[2] in ("sync", STREAM):
+            parts.append("W = {}, batch {}{}: {}".format(
+                row[0], row[1], ", BN on the gRPC stream" if row[2] == STREAM
+                else "", row[4]))
+    rt = dict(zip(RT_HEADER, tables["step_round_trip"].rows[0]))
     return ("In this run, sync / local (median over runs): {}. BN round "
-            "trip at C = {}, W = {}: bnps {} us against the bare gRPC barrier's "
-            "{} us (bnps/star {}).".format("; ".join(parts), rt[0], rt[1],
-                                           rt[2], rt[3], rt[5]))
+            "trip at C = {}, W = {}: bnps {} us against the bare gRPC "
+            "barrier's {} us (bnps/star {}) and the raw-TCP barrier's {} us "
+            "(bnps/tcp {}).".format(
+                "; ".join(parts), rt["C"], rt["W"], rt["bnps p50 us"],
+                rt["star p50 us"], rt["bnps/star"], rt["tcp p50 us"],
+                rt["bnps/tcp"]))
 
 
 class Failure(Exception):

@@ -82,7 +82,7 @@ class UpdatePerformanceMdTest(unittest.TestCase):
         self.assertEqual(doc.count("In this run"), 5)
         for w in ("1", "2"):
             for b in ("8", "32"):
-                for p in ("local", "sync", "async", "recal"):
+                for p in ("local", "sync", "async", "recal", "sync-stream"):
                     self.assertRegex(doc, r"(?m)^\| {} \| {} \| {} \| \d"
                                      .format(w, b, p))
         for b in ("8", "32"):  # co-located replicas, W = 2 only
@@ -90,7 +90,8 @@ class UpdatePerformanceMdTest(unittest.TestCase):
                              .format(b))
         self.assertRegex(doc, r"(?m)^\| 256 \| 2 \| \d+\.\d \| ")
         self.assertIn("python3 tools/bench/step_overhead.py --runs 3", doc)
-        self.assertRegex(doc, r"(?m)^\| 2 \| 0\.34 to 0\.64 \(median 0\.41\)")
+        # bnps/gloo at W = 2 in the canned log: 0.39, 0.35 and 0.56.
+        self.assertRegex(doc, r"(?m)^\| 2 \| 0\.35 to 0\.56 \(median 0\.39\)")
         self.assertIn("This machine has 2 logical CPUs", doc)
         self.assertNotIn("--quick", doc)
 
