@@ -190,6 +190,35 @@ absl::Status BulkTransfer::PushShard(int shard, int64_t step, int64_t num_sample
   return proto::FromGrpcStatus(writer->Finish());
 }
 
+absl::Status ReadPullStream(grpc::ClientReader<grpc::ByteBuffer>& reader,
+                            grpc::ClientContext& context,
+                            proto::TensorReader& tensors,
+                            const std::string& from) {
+  grpc::ByteBuffer message;
+  proto::PullParametersResponse head;
+  absl::Status bad;
+  while (bad.ok() && reader.Read(&message)) {
+    bad = tensors.Read(message,
+                       proto::PullParametersResponse::kChunksFieldNumber,
+                       &head);
+  }
+  if (!bad.ok()) {
+    context.TryCancel();
+    while (reader.Read(&message)) {
+    }
+    reader.Finish();
+    return Malformed(from, bad);
+  }
+  if (absl::Status s = proto::FromGrpcStatus(reader.Finish()); !s.ok()) {
+    return s;
+  }
+  if (tensors.pending()) {
+    return Malformed(from, absl::InvalidArgumentError(
+                               "the stream ended in the middle of a tensor"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<Params> BulkTransfer::PullParameters(
     const std::vector<std::string>& keys, int64_t min_version) {
   Params out;
@@ -293,27 +322,10 @@ absl::Status BulkTransfer::PullShard(int shard,
         return p->values.data();
       },
       [](const std::string&) { return absl::OkStatus(); });
-  grpc::ByteBuffer message;
-  proto::PullParametersResponse head;
-  absl::Status bad;
-  while (bad.ok() && reader->Read(&message)) {
-    bad = tensors.Read(message, proto::PullParametersResponse::kChunksFieldNumber,
-                       &head);
-  }
-  if (!bad.ok()) {
-    context.TryCancel();
-    while (reader->Read(&message)) {
-    }
-    reader->Finish();
-    return Malformed(channels_->ShardName(shard), bad);
-  }
-  if (absl::Status s = proto::FromGrpcStatus(reader->Finish()); !s.ok()) {
+  if (absl::Status s = ReadPullStream(*reader, context, tensors,
+                                      channels_->ShardName(shard));
+      !s.ok()) {
     return s;
-  }
-  if (tensors.pending()) {
-    return Malformed(channels_->ShardName(shard),
-                     absl::InvalidArgumentError(
-                         "the stream ended in the middle of a tensor"));
   }
   for (const std::string& key : keys) {
     if (received.count(key) == 0) {

@@ -22,8 +22,21 @@
 #include "absl/time/time.h"
 #include "client/internal/channels.h"
 #include "client/ps_client.h"
+#include "grpcpp/client_context.h"
+#include "grpcpp/support/byte_buffer.h"
+#include "grpcpp/support/sync_stream.h"
+#include "proto/tensor_wire.h"
 
 namespace bnps::client::internal {
+
+// Reads a PullParameters stream to its end into `tensors` and says how it
+// ended: bytes that are not a pull's (the call is then cancelled and
+// drained) as INVALID_ARGUMENT naming `from`; else the call's status; else
+// a tensor cut off at the end of the stream; else OK.
+absl::Status ReadPullStream(grpc::ClientReader<grpc::ByteBuffer>& reader,
+                            grpc::ClientContext& context,
+                            proto::TensorReader& tensors,
+                            const std::string& from);
 
 class BulkTransfer {
  public:

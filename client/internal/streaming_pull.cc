@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
+#include "client/internal/bulk_transfer.h"
 #include "grpcpp/impl/codegen/proto_utils.h"
 #include "grpcpp/support/sync_stream.h"
 #include "proto/codec.h"
@@ -148,28 +149,10 @@ absl::Status StreamingPull::Attempt(int shard, absl::Time deadline) {
         keys_.at(key).in = true;
         return absl::OkStatus();
       });
-  grpc::ByteBuffer message;
-  proto::PullParametersResponse head;
-  absl::Status bad;
-  while (bad.ok() && reader->Read(&message)) {
-    bad = tensors.Read(message,
-                       proto::PullParametersResponse::kChunksFieldNumber,
-                       &head);
-  }
-  if (!bad.ok()) {
-    context.TryCancel();
-    while (reader->Read(&message)) {
-    }
-    reader->Finish();
-    return Malformed(channels_->ShardName(shard), bad);
-  }
-  if (absl::Status s = proto::FromGrpcStatus(reader->Finish()); !s.ok()) {
+  if (absl::Status s = ReadPullStream(*reader, context, tensors,
+                                      channels_->ShardName(shard));
+      !s.ok()) {
     return s;
-  }
-  if (tensors.pending()) {
-    return Malformed(channels_->ShardName(shard),
-                     absl::InvalidArgumentError(
-                         "the stream ended in the middle of a tensor"));
   }
   for (const std::string& key : asked) {
     if (started.count(key) == 0) {
