@@ -90,7 +90,7 @@ struct GrpcClientOptions {
   absl::Duration bn_spin = absl::ZeroDuration();
   // Send BN traffic over raw TCP to the servers that offer it (bnps_server
   // --bn_port; bnps.proto, BnHello): the same messages and the same
-  // exactly-once, several times faster than the gRPC stream over loopback.
+  // exactly-once, faster per exchange than the gRPC stream.
   // A server that offers none, or a connection that cannot be made, leaves
   // that shard's BN traffic on the gRPC stream; a call whose connection
   // breaks is repeated on the stream. Only for plaintext jobs: with

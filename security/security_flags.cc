@@ -28,8 +28,7 @@ absl::StatusOr<ClientSecurity> SecurityFromFlags() {
   absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
       security::MakeChannelCredentials(files);
   if (!credentials.ok()) return credentials.status();
-  out.credentials = *std::move(credentials);
-  out.tls = security::UsesTls(files);
+  if (security::UsesTls(files)) out.credentials = *std::move(credentials);
   const std::string token_file = absl::GetFlag(FLAGS_token_file);
   if (!token_file.empty()) {
     absl::StatusOr<std::string> token = security::ReadTokenFile(token_file);

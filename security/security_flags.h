@@ -23,9 +23,8 @@ namespace bnps::security {
 
 struct ClientSecurity {
   // Plaintext unless --tls_ca or --tls_cert / --tls_key are given.
+  // Null for plaintext (as GrpcClientOptions::credentials takes it).
   std::shared_ptr<grpc::ChannelCredentials> credentials;
-  // Whether `credentials` are TLS (false: plaintext ones).
-  bool tls = false;
   // Empty unless --token_file is given.
   std::string token;
 };

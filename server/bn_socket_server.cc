@@ -3,7 +3,6 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <netdb.h>
 #include <netinet/in.h>
 #include <string.h>
 #include <sys/epoll.h>
@@ -72,6 +71,8 @@ struct BnSocketServer::Conn {
       sent = k > 0 ? static_cast<size_t>(k) : 0;
       if (sent == frame.size()) return;
     }
+    // The queue was empty: the epoll thread is not watching for room yet.
+    const bool watch = out.empty();
     out.append(frame, sent, std::string::npos);
     if (static_cast<int64_t>(out.size()) > max_queued) {
       std::fprintf(stderr,
@@ -81,8 +82,7 @@ struct BnSocketServer::Conn {
       ShutLocked();
       return;
     }
-    if (!want_out) {
-      want_out = true;
+    if (watch) {
       epoll_event ev{};
       ev.events = kIn | EPOLLOUT;
       ev.data.fd = fd;
@@ -107,8 +107,7 @@ struct BnSocketServer::Conn {
       ShutLocked();
       return false;
     }
-    want_out = false;
-    epoll_event ev{};
+    epoll_event ev{};  // all written: stop watching for room
     ev.events = kIn;
     ev.data.fd = fd;
     epoll_ctl(epoll_fd, EPOLL_CTL_MOD, fd, &ev);
@@ -131,8 +130,9 @@ struct BnSocketServer::Conn {
   const absl::Time opened;
   absl::Mutex write_mu;
   bool shut ABSL_GUARDED_BY(write_mu) = false;
-  std::string out ABSL_GUARDED_BY(write_mu);  // answers the socket has not taken
-  bool want_out ABSL_GUARDED_BY(write_mu) = false;
+  // Answers the socket has not taken; while not empty the epoll thread
+  // watches for room (EPOLLOUT).
+  std::string out ABSL_GUARDED_BY(write_mu);
   // The epoll thread's alone:
   proto::FrameReader reader;
   std::optional<BnDispatcher> dispatcher;  // after a good BnHello
@@ -146,19 +146,13 @@ absl::StatusOr<std::unique_ptr<BnSocketServer>> BnSocketServer::Start(
       new BnSocketServer(shard, metrics, keep_awake, std::move(options)));
   const std::string where =
       absl::StrCat(s->options_.host, ":", s->options_.port);
-  addrinfo hints{};
-  hints.ai_family = AF_INET;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* found = nullptr;
-  if (getaddrinfo(s->options_.host.c_str(), nullptr, &hints, &found) != 0 ||
-      found == nullptr) {
-    return absl::UnavailableError(absl::StrCat(
-        "BN over TCP: cannot resolve '", s->options_.host,
-        "' to an IPv4 address (the BN listener is IPv4 only)"));
+  absl::StatusOr<sockaddr_in> resolved =
+      util::ResolveIPv4(s->options_.host, s->options_.port);
+  if (!resolved.ok()) {
+    return absl::UnavailableError(
+        absl::StrCat("BN over TCP: ", resolved.status().message()));
   }
-  sockaddr_in addr = *reinterpret_cast<sockaddr_in*>(found->ai_addr);
-  freeaddrinfo(found);
-  addr.sin_port = htons(static_cast<uint16_t>(s->options_.port));
+  sockaddr_in addr = *resolved;
   s->listen_fd_ =
       socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (s->listen_fd_ < 0) return Errno("BN over TCP: socket");

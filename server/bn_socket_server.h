@@ -1,7 +1,7 @@
 // BnSocketServer: the shard's BN traffic over raw TCP (bnps.proto, BnHello),
 // beside the gRPC BnSync stream. A BN exchange is latency-bound -- a few
 // hundred bytes each way, a dozen times a step -- and over loopback a bare
-// TCP round trip is several times faster than the same exchange through
+// TCP round trip is 1.9-4.7 times faster than the same barrier through
 // gRPC (docs/performance.md, the "tcp" and "star" peers). The messages,
 // checks and answers are the stream's (server/bn_dispatch.h); only the
 // transport differs. IPv4 only.

@@ -7,6 +7,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <errno.h>
 #include <unistd.h>
 
 #include <optional>
@@ -63,7 +64,9 @@ class RawConn {
     ASSERT_TRUE(proto::AppendFrame(m, &frame).ok());
     SendBytes(frame);
   }
-  // The next frame's payload; nullopt at the end of the connection.
+  // The next frame's payload; nullopt once the server ended the connection
+  // (a close or a reset). Ten seconds with neither fail the test: a
+  // connection the server should have ended but kept would otherwise pass.
   std::optional<std::string> Receive() {
     for (;;) {
       absl::StatusOr<std::optional<absl::string_view>> f = reader_.Next();
@@ -71,6 +74,10 @@ class RawConn {
       if (f.ok() && f->has_value()) return std::string(**f);
       char buf[4096];
       const ssize_t k = recv(fd_, buf, sizeof buf, 0);
+      if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+        ADD_FAILURE() << "no frame and no end of the connection in 10 s";
+        return std::nullopt;
+      }
       if (k <= 0) return std::nullopt;
       reader_.Append(buf, static_cast<size_t>(k));
     }

@@ -102,8 +102,8 @@ ABSL_FLAG(int64_t, keep_awake_us, 0,
           "e.g. 2000. 0: off.");
 ABSL_FLAG(int, bn_port, -1,
           "Also serve BN traffic over raw TCP on this port of --host (0: a "
-          "free one), which registering workers are told: several times "
-          "faster than the gRPC stream per exchange. Plaintext jobs only "
+          "free one), which registering workers are told: faster per "
+          "exchange than the gRPC stream. Plaintext jobs only "
           "(not with --tls_cert). -1: off.");
 
 namespace {

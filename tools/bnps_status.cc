@@ -152,7 +152,9 @@ int main(int argc, char** argv) {
   std::vector<std::unique_ptr<bnps::proto::ParameterServer::Stub>> stubs;
   for (const std::string& server : servers) {
     stubs.push_back(bnps::proto::ParameterServer::NewStub(
-        grpc::CreateChannel(server, security->credentials)));
+        grpc::CreateChannel(server, security->credentials != nullptr
+                                        ? security->credentials
+                                        : grpc::InsecureChannelCredentials())));
   }
   if (absl::GetFlag(FLAGS_digest)) return PrintDigest(servers, stubs, *security);
   const auto all_answered = [](const std::vector<bnps::tools::ShardAnswer>& a) {

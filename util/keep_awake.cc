@@ -45,8 +45,9 @@ std::string ReadLine(const std::string& path) {
   return line;
 }
 
-}  // namespace
-
+// The CPU quota of the process's cgroup (v2 cpu.max or v1
+// cpu.cfs_quota_us) as "<file> <value>", or "" if it has none (or it cannot
+// be read). Under a quota a spinning thread is throttled with the rest.
 std::string CpuQuota() {
   std::ifstream cgroups("/proc/self/cgroup");
   std::string line;
@@ -74,6 +75,8 @@ std::string CpuQuota() {
   }
   return "";
 }
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<KeepAwake>> KeepAwake::Start(
     absl::Duration hold, std::vector<int> cpus) {

@@ -31,7 +31,6 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
-#include <string>
 #include <thread>
 #include <vector>
 
@@ -41,18 +40,13 @@
 
 namespace bnps::util {
 
-// The CPU quota of the process's cgroup (v2 cpu.max or v1
-// cpu.cfs_quota_us) as "<file> <value>", or "" if it has none (or it cannot
-// be read). Under a quota a spinning thread is throttled with the rest.
-std::string CpuQuota();
-
 class KeepAwake {
  public:
   // Starts one thread per CPU of `cpus`, or of the calling thread's CPU
   // affinity mask (at start; later changes are not followed) if `cpus` is
   // empty. `hold` is capped at an hour. INVALID_ARGUMENT for `hold` <= 0 or
   // a CPU the caller may not run on; FAILED_PRECONDITION if the process has
-  // a CPU quota (CpuQuota); INTERNAL if a thread cannot be pinned or given
+  // a CPU quota (cgroup v2 cpu.max or v1 cpu.cfs_quota_us); INTERNAL if a thread cannot be pinned or given
   // SCHED_IDLE.
   static absl::StatusOr<std::unique_ptr<KeepAwake>> Start(
       absl::Duration hold, std::vector<int> cpus = {});
@@ -66,7 +60,6 @@ class KeepAwake {
 
   // The CPUs kept, one thread each, in increasing order.
   const std::vector<int>& cpus() const { return cpus_; }
-  absl::Duration hold() const { return absl::Nanoseconds(hold_ns_); }
   // The Linux thread ids of the threads (for their scheduling policy).
   std::vector<int> thread_ids() const;
   // How long the threads have spent in their busy-wait, summed over them

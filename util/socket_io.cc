@@ -1,7 +1,9 @@
 #include "util/socket_io.h"
 
 #include <errno.h>
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -35,6 +37,22 @@ int PollUntil(int fd, short events, absl::Time deadline) {
 }
 
 }  // namespace
+
+absl::StatusOr<sockaddr_in> ResolveIPv4(const std::string& host, int port) {
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(host.c_str(), nullptr, &hints, &found) != 0 ||
+      found == nullptr) {
+    return absl::UnavailableError(absl::StrCat(
+        "cannot resolve '", host, "' to an IPv4 address (IPv4 only)"));
+  }
+  sockaddr_in addr = *reinterpret_cast<sockaddr_in*>(found->ai_addr);
+  freeaddrinfo(found);
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  return addr;
+}
 
 absl::Status SendAll(int fd, const char* data, size_t n, absl::Time deadline) {
   while (n > 0) {

@@ -11,10 +11,17 @@
 #include <cstddef>
 #include <string>
 
+#include <netinet/in.h>
+
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
 
 namespace bnps::util {
+
+// `host` (an IPv4 address or a name of one) and `port` as a socket address.
+// UNAVAILABLE if it does not resolve to an IPv4 address.
+absl::StatusOr<sockaddr_in> ResolveIPv4(const std::string& host, int port);
 
 // Writes all `n` bytes of `data` to the non-blocking socket `fd`.
 // DEADLINE_EXCEEDED if the peer has not made room by `deadline`;

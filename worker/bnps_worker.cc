@@ -446,11 +446,7 @@ absl::Status Main() {
 
   client::GrpcClientOptions client_options;
   client_options.servers = servers;
-  // Plaintext is left to the client (null credentials), which may then carry
-  // BN traffic over raw TCP (GrpcClientOptions::bn_over_tcp).
-  if (client_security->tls) {
-    client_options.credentials = client_security->credentials;
-  }
+  client_options.credentials = client_security->credentials;
   client_options.token = client_security->token;
   client_options.job = absl::GetFlag(FLAGS_job);
   client_options.worker = worker;

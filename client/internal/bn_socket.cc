@@ -2,7 +2,6 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
-#include <netdb.h>
 #include <netinet/in.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -47,17 +46,9 @@ absl::Status Drain(int fd, proto::FrameReader* reader, bool* got) {
 absl::StatusOr<std::unique_ptr<BnSocket>> BnSocket::Connect(
     const std::string& host, int port, const proto::BnHello& hello,
     absl::Time deadline, absl::Duration spin) {
-  addrinfo hints{};
-  hints.ai_family = AF_INET;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* found = nullptr;
-  if (getaddrinfo(host.c_str(), nullptr, &hints, &found) != 0 ||
-      found == nullptr) {
-    return Unavailable(absl::StrCat("cannot resolve '", host, "'"));
-  }
-  sockaddr_in addr = *reinterpret_cast<sockaddr_in*>(found->ai_addr);
-  freeaddrinfo(found);
-  addr.sin_port = htons(static_cast<uint16_t>(port));
+  absl::StatusOr<sockaddr_in> resolved = util::ResolveIPv4(host, port);
+  if (!resolved.ok()) return Unavailable(std::string(resolved.status().message()));
+  sockaddr_in addr = *resolved;
   const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return Unavailable(absl::StrCat("socket: ", strerror(errno)));
   std::unique_ptr<BnSocket> s(new BnSocket(fd, hello.generation(), spin));

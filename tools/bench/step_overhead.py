@@ -229,18 +229,20 @@ def stop(procs):
             p.wait()
 
 
-def server_flags(args, shared):
+def server_flags(args, shared, stream=False):
     """The servers' flags: by default BN over raw TCP (bnps_server
     --bn_port=0, as the launcher starts servers) and, where every process
     has a core of its own, the server keeps its core awake while messages
     come (--keep_awake_us); a --server_flag replaces the default of its name
-    and adds the rest."""
+    and adds the rest. `stream` (sync-stream) keeps BN on the gRPC stream."""
     flags = {"--bn_port": "0"}
     if not shared:
         flags["--keep_awake_us"] = str(KEEP_AWAKE_US)
     for f in args.server_flag:
         name, _, value = f.partition("=")
         flags[name] = value
+    if stream:
+        flags["--bn_port"] = "-1"
     return [n + ("=" + v if v else "") for n, v in flags.items()]
 
 
@@ -251,8 +253,7 @@ def start_server(args, shard, policy, workers, core, shared, out_dir,
            "--host=127.0.0.1", "--shard={}".format(shard),
            "--num_shards={}".format(args.servers),
            "--num_workers={}".format(workers), "--policy=" + policy]
-    cmd += [f for f in server_flags(args, shared)
-            if not (stream and f.startswith("--bn_port"))]
+    cmd += server_flags(args, shared, stream)
     with open(log, "w") as f:
         p = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT,
                              preexec_fn=pinned(core))

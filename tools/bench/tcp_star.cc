@@ -4,7 +4,6 @@
 #include <errno.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
-#include <poll.h>
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
@@ -19,6 +18,8 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "util/socket_io.h"
 
 namespace bnps::bench {
 namespace {
@@ -44,26 +45,10 @@ uint32_t LoadU32(const char* p) {
 
 void StoreU32(char* p, uint32_t v) { std::memcpy(p, &v, sizeof v); }
 
-// Writes all of `data`, waiting for room on a non-blocking socket for at
-// most 10 s in all. False if the connection failed or the peer did not read.
+// Writes all of `data` within 10 s (util/socket_io.h). False if the
+// connection failed or the peer did not read.
 bool SendAll(int fd, const char* data, size_t n) {
-  int waits = 0;
-  while (n > 0) {
-    const ssize_t k = send(fd, data, n, MSG_NOSIGNAL);
-    if (k > 0) {
-      data += k;
-      n -= static_cast<size_t>(k);
-    } else if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      if (++waits > 10) return false;
-      pollfd p{fd, POLLOUT, 0};
-      poll(&p, 1, 1000);
-    } else if (k < 0 && errno == EINTR) {
-      continue;
-    } else {
-      return false;
-    }
-  }
-  return true;
+  return util::SendAll(fd, data, n, absl::Now() + absl::Seconds(10)).ok();
 }
 
 bool RecvAll(int fd, char* data, size_t n) {
