@@ -198,6 +198,12 @@ class FakeShard final : public proto::ParameterServer::Service {
     absl::MutexLock lock(&mu_);
     return last_bn_stream_cancelled_;
   }
+  // Waits (up to 10 s) until some BN stream's handler has returned.
+  bool AwaitBnStreamEnded() {
+    absl::MutexLock lock(&mu_);
+    return mu_.AwaitWithTimeout(
+        absl::Condition(&bn_stream_ended_), absl::Seconds(10));
+  }
 
   grpc::Status Register(grpc::ServerContext*,
                         const proto::RegisterRequest* request,
@@ -412,6 +418,7 @@ class FakeShard final : public proto::ParameterServer::Service {
     if (mode == BnMode::kIgnoreHalfClose) WaitForCancel(context);
     absl::MutexLock lock(&mu_);
     last_bn_stream_cancelled_ = context->IsCancelled();
+    bn_stream_ended_ = true;
     return grpc::Status::OK;
   }
 
@@ -524,6 +531,7 @@ class FakeShard final : public proto::ParameterServer::Service {
   std::vector<proto::BnRequest> bn_requests_ ABSL_GUARDED_BY(mu_);
   int bn_streams_ ABSL_GUARDED_BY(mu_) = 0;
   bool last_bn_stream_cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  bool bn_stream_ended_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<int64_t> started_steps_ ABSL_GUARDED_BY(mu_);
   std::vector<int64_t> finished_clocks_ ABSL_GUARDED_BY(mu_);
 };
@@ -780,7 +788,7 @@ TEST_F(GrpcPsClientTest, ConnectToDeadPortFailsWithinConnectTimeout) {
       << client.status();
   EXPECT_THAT(client.status().message(), HasSubstr(address));
   EXPECT_THAT(client.status().message(), HasSubstr("connect_timeout"));
-  EXPECT_LT(took, absl::Seconds(2));
+  EXPECT_LT(took, absl::Seconds(5));
 }
 
 TEST_F(GrpcPsClientTest, ConnectRetriesUntilAShardComesUp) {
@@ -1399,7 +1407,7 @@ TEST_F(GrpcPsClientTest, BnSpinLongerThanTheDeadlineStillTimesOut) {
   const std::string layer = KeyOnShard(0, "bn");
   fakes_[0]->set_bn_mode(BnMode::kHold);
   GrpcClientOptions options = Options();
-  options.rpc_timeout = absl::Milliseconds(300);
+  options.rpc_timeout = absl::Milliseconds(100);
   options.bn_spin = absl::Seconds(1);
   std::unique_ptr<GrpcPsClient> client = Connect(options);
   ASSERT_NE(client, nullptr);
@@ -1408,7 +1416,7 @@ TEST_F(GrpcPsClientTest, BnSpinLongerThanTheDeadlineStillTimesOut) {
       client->BnForward(layer, 0, MakeMoments(2, {1}, {1}));
   EXPECT_EQ(fwd.status().code(), absl::StatusCode::kDeadlineExceeded)
       << fwd.status();
-  EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+  EXPECT_LT(absl::Now() - start, absl::Milliseconds(900));  // under the spin
 }
 
 TEST_F(GrpcPsClientTest, BnCallTimesOutWhenNoResponseComes) {
@@ -1423,7 +1431,7 @@ TEST_F(GrpcPsClientTest, BnCallTimesOutWhenNoResponseComes) {
       client->BnForward(layer, 0, MakeMoments(2, {1}, {1}));
   EXPECT_EQ(fwd.status().code(), absl::StatusCode::kDeadlineExceeded)
       << fwd.status();
-  EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
 }
 
 TEST_F(GrpcPsClientTest, BnCallersSharingAStreamEachTimeOutOnTime) {
@@ -1454,7 +1462,7 @@ TEST_F(GrpcPsClientTest, BnCallersSharingAStreamEachTimeOutOnTime) {
     EXPECT_EQ(status[t].code(), absl::StatusCode::kDeadlineExceeded)
         << "caller " << t << ": " << status[t];
     EXPECT_GE(took[t], absl::Milliseconds(390)) << "caller " << t;
-    EXPECT_LT(took[t], absl::Milliseconds(1500)) << "caller " << t;
+    EXPECT_LT(took[t], absl::Seconds(3)) << "caller " << t;
   }
   EXPECT_EQ(fakes_[0]->bn_streams(), 1);  // timeouts leave the stream usable
 }
@@ -1511,7 +1519,7 @@ TEST_F(GrpcPsClientTest, BnWriteStuckInFlowControlIsCancelled) {
   EXPECT_TRUE(fwd.status().code() == absl::StatusCode::kDeadlineExceeded ||
               fwd.status().code() == absl::StatusCode::kUnavailable)
       << fwd.status();
-  EXPECT_LT(absl::Now() - start, absl::Seconds(3));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(6));
 }
 
 TEST_F(GrpcPsClientTest, DestroyingAClientWithOpenStreamsIsPrompt) {
@@ -1525,9 +1533,10 @@ TEST_F(GrpcPsClientTest, DestroyingAClientWithOpenStreamsIsPrompt) {
   const absl::Time start = absl::Now();
   client.reset();
   const absl::Duration took = absl::Now() - start;
-  EXPECT_LT(took, absl::Seconds(2.5));
+  EXPECT_LT(took, absl::Seconds(5));
   // Shard 0 saw a clean close; shard 1 ignored it and was cancelled.
-  absl::SleepFor(absl::Milliseconds(50));
+  ASSERT_TRUE(fakes_[0]->AwaitBnStreamEnded());
+  ASSERT_TRUE(fakes_[1]->AwaitBnStreamEnded());
   EXPECT_FALSE(fakes_[0]->last_bn_stream_cancelled());
   EXPECT_TRUE(fakes_[1]->last_bn_stream_cancelled());
 }
@@ -1542,7 +1551,7 @@ TEST_F(GrpcPsClientTest, DestroyingAClientWithAHeldCallIsPrompt) {
       client->BnForward(KeyOnShard(0, "bn"), 0, MakeMoments(2, {1}, {1})).ok());
   const absl::Time start = absl::Now();
   client.reset();
-  EXPECT_LT(absl::Now() - start, absl::Seconds(1.5));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
 }
 
 TEST_F(GrpcPsClientTest, HeartbeatsReachEveryShard) {

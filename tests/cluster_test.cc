@@ -540,7 +540,7 @@ void LoseWorkerOne(policy::WorkerLoss loss) {
   server::ShardOptions o;
   o.num_workers = 2;
   o.barrier_timeout = absl::Seconds(60);  // the heartbeat must end it first
-  o.heartbeat_timeout = absl::Milliseconds(500);
+  o.heartbeat_timeout = absl::Seconds(2);
   o.worker_loss = loss;
   Cluster cluster(2, o);
   std::unique_ptr<GrpcPsClient> survivor = cluster.Connect(0);
@@ -597,7 +597,7 @@ TEST(ClusterTest, SameWorkerLaunchedTwiceIsRefusedWhileTheFirstIsLive) {
 TEST(ClusterTest, ABadLaunchJoinsNothingAndItsRelaunchIsWelcome) {
   server::ShardOptions o;
   o.num_workers = 2;
-  o.heartbeat_timeout = absl::Milliseconds(500);
+  o.heartbeat_timeout = absl::Seconds(2);
   o.barrier_timeout = absl::Seconds(20);
   Cluster cluster(3, o);
   std::unique_ptr<GrpcPsClient> other = cluster.Connect(0);
@@ -638,7 +638,7 @@ TEST(ClusterTest, ABadLaunchJoinsNothingAndItsRelaunchIsWelcome) {
 TEST(ClusterTest, LostWorkerThatNeverTookPartRejoins) {
   server::ShardOptions o;
   o.num_workers = 2;
-  o.heartbeat_timeout = absl::Milliseconds(500);
+  o.heartbeat_timeout = absl::Seconds(2);
   o.barrier_timeout = absl::Seconds(20);
   Cluster cluster(2, o);
   std::unique_ptr<GrpcPsClient> other = cluster.Connect(0);

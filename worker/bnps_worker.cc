@@ -1,8 +1,8 @@
 // bnps_worker: one worker of a bnps job. Trains the model on its shard of
 // Fashion-MNIST against the job's shard servers and prints the test accuracy.
 //
-//   bnps_worker --servers=127.0.0.1:7000,127.0.0.1:7001 --worker=0 \
-//       --num_workers=4 --epochs=1
+//   bnps_worker --servers=127.0.0.1:7000,127.0.0.1:7001 --worker=0
+//       --num_workers=4 --epochs=1   (one command line)
 //
 // Exit status: 0 on success, 2 for bad flags, 1 when training fails; errors
 // are one line on stderr.

@@ -137,12 +137,27 @@ def scenario_convert(worker):
     return out
 
 
+def meet_at(out_dir, worker, workers, timeout_s=120):
+    """Waits (bounded) until every worker has called this: each leaves a file
+    in out_dir and polls for the others'."""
+    open(os.path.join(out_dir, f"ready_w{worker}"), "w").close()
+    deadline = time.monotonic() + timeout_s
+    while not all(os.path.exists(os.path.join(out_dir, f"ready_w{w}"))
+                  for w in range(workers)):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"worker {worker}: the others never came")
+        time.sleep(0.01)
+
+
 def scenario_stop(worker):
     """Worker 1 stops calling after 2 steps (its process stays up and
     heartbeating); worker 0 goes on and must get an error, not hang."""
     bn = bnps.torch.SyncBatchNorm(3, name="stop").double()
     x = torch.randn(4, 3, 2, 2, dtype=torch.float64)
     out = {"completed": 0, "error": None}
+    # Both workers meet before step 0, so the job's short barrier timeout
+    # measures worker 1 stopping, not how long each took to import torch.
+    meet_at(sys.argv[2], worker, 2)
     steps = 2 if worker == 1 else 4
     start = time.monotonic()
     try:
