@@ -144,32 +144,15 @@ absl::StatusOr<std::unique_ptr<BnSocketServer>> BnSocketServer::Start(
     Options options) {
   std::unique_ptr<BnSocketServer> s(
       new BnSocketServer(shard, metrics, keep_awake, std::move(options)));
-  const std::string where =
-      absl::StrCat(s->options_.host, ":", s->options_.port);
-  absl::StatusOr<sockaddr_in> resolved =
+  absl::StatusOr<sockaddr_in> addr =
       util::ResolveIPv4(s->options_.host, s->options_.port);
-  if (!resolved.ok()) {
+  absl::StatusOr<util::Listener> listener =
+      addr.ok() ? util::ListenTcp(*addr, 256) : addr.status();
+  if (!listener.ok()) {
     return absl::UnavailableError(
-        absl::StrCat("BN over TCP: ", resolved.status().message()));
+        absl::StrCat("BN over TCP: ", listener.status().message()));
   }
-  sockaddr_in addr = *resolved;
-  s->listen_fd_ =
-      socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  if (s->listen_fd_ < 0) return Errno("BN over TCP: socket");
-  // A restarted server may bind its port while the connections of the one
-  // before linger in TIME_WAIT (a second live listener is still refused).
-  const int one = 1;
-  setsockopt(s->listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  if (bind(s->listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) !=
-          0 ||
-      listen(s->listen_fd_, 256) != 0) {
-    return Errno(absl::StrCat("BN over TCP: cannot listen on ", where));
-  }
-  socklen_t len = sizeof addr;
-  if (getsockname(s->listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len) !=
-      0) {
-    return Errno("BN over TCP: getsockname");
-  }
+  s->listen_fd_ = listener->fd;
   s->epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
   s->stop_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   s->spare_fd_ = open("/dev/null", O_RDONLY | O_CLOEXEC);
@@ -182,7 +165,7 @@ absl::StatusOr<std::unique_ptr<BnSocketServer>> BnSocketServer::Start(
       return Errno("BN over TCP: epoll_ctl");
     }
   }
-  s->port_.store(ntohs(addr.sin_port));
+  s->port_.store(listener->port);
   s->thread_ = std::thread([p = s.get()] { p->Run(); });
   return s;
 }

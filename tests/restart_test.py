@@ -60,41 +60,35 @@ class RestartTest(unittest.TestCase):
                 self.assertIn("the job rolled back to step", c.read_log("worker", w))
         self.assertEqual(digest, self.uninterrupted())
 
+    def assert_server_kill_recovered(self, server, flags, reference_flags):
+        """Kills `server` once every shard has a checkpoint and restarts it:
+        every worker rolls back, and the job ends on the digest of the
+        uninterrupted run with `reference_flags`."""
+        def kill(c):
+            self.assertTrue(c.wait_for_common_checkpoint(), c.logs())
+            c.kill("server", server)
+            c.start_server(server)
+
+        with tempfile.TemporaryDirectory() as out:
+            c, digest = self.run_cluster(out, disrupt=kill, **flags)
+            for w in range(2):
+                self.assertIn("the job rolled back to step",
+                              c.read_log("worker", w))
+        self.assertEqual(digest, self.uninterrupted(**reference_flags))
+
     def test_server_killed_under_workers_with_replicas(self):
         # Each worker drives 2 model replicas (co-located aggregation): the
         # failed step is recovered like any other, and the job ends on the
         # digest of its uninterrupted run.
         flags = {"extra_worker_flags": ("--replicas=2",)}
-
-        def kill_server_0(c):
-            self.assertTrue(c.wait_for_common_checkpoint(), c.logs())
-            c.kill("server", 0)
-            c.start_server(0)
-
-        with tempfile.TemporaryDirectory() as out:
-            c, digest = self.run_cluster(out, disrupt=kill_server_0, **flags)
-            for w in range(2):
-                self.assertIn("the job rolled back to step",
-                              c.read_log("worker", w))
-        self.assertEqual(digest, self.uninterrupted(**flags))
+        self.assert_server_kill_recovered(0, flags, reference_flags=flags)
 
     def test_server_killed_under_workers_pulling_layer_by_layer(self):
         # --layer_pull: a rollback that lands while a step's pull streams is
         # recovered like any other, and the job ends on the very digest of
         # the uninterrupted run that pulls everything before each pass.
         flags = {"extra_worker_flags": ("--layer_pull=true",)}
-
-        def kill_server_1(c):
-            self.assertTrue(c.wait_for_common_checkpoint(), c.logs())
-            c.kill("server", 1)
-            c.start_server(1)
-
-        with tempfile.TemporaryDirectory() as out:
-            c, digest = self.run_cluster(out, disrupt=kill_server_1, **flags)
-            for w in range(2):
-                self.assertIn("the job rolled back to step",
-                              c.read_log("worker", w))
-        self.assertEqual(digest, self.uninterrupted())
+        self.assert_server_kill_recovered(1, flags, reference_flags={})
 
     def test_worker_killed_and_restarted(self):
         def kill_worker_1(c):

@@ -10,6 +10,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <algorithm>
 
@@ -52,6 +53,29 @@ absl::StatusOr<sockaddr_in> ResolveIPv4(const std::string& host, int port) {
   freeaddrinfo(found);
   addr.sin_port = htons(static_cast<uint16_t>(port));
   return addr;
+}
+
+absl::StatusOr<Listener> ListenTcp(const sockaddr_in& addr, int backlog) {
+  char ip[INET_ADDRSTRLEN] = "?";
+  inet_ntop(AF_INET, &addr.sin_addr, ip, sizeof ip);
+  const std::string where = absl::StrCat(ip, ":", ntohs(addr.sin_port));
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    return absl::UnavailableError(absl::StrCat("socket: ", strerror(errno)));
+  }
+  const int one = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  sockaddr_in bound = addr;
+  socklen_t len = sizeof bound;
+  if (bind(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) != 0 ||
+      listen(fd, backlog) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &len) != 0) {
+    const int err = errno;
+    close(fd);
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on ", where, ": ", strerror(err)));
+  }
+  return Listener{fd, ntohs(bound.sin_port)};
 }
 
 absl::Status SendAll(int fd, const char* data, size_t n, absl::Time deadline) {

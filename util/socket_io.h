@@ -1,6 +1,6 @@
 // Whole-buffer writes on a non-blocking TCP socket, waiting for room with
-// poll(2) until a deadline, and the options a latency-bound connection
-// wants. For the raw-TCP BN connection (server/bn_socket_server.h,
+// poll(2) until a deadline, the options a latency-bound connection wants,
+// and a listening socket. For the raw-TCP BN connection (server/bn_socket_server.h,
 // client/internal/bn_socket.h).
 //
 // Thread-safety: plain functions; callers serialize writes to one socket.
@@ -22,6 +22,16 @@ namespace bnps::util {
 // `host` (an IPv4 address or a name of one) and `port` as a socket address.
 // UNAVAILABLE if it does not resolve to an IPv4 address.
 absl::StatusOr<sockaddr_in> ResolveIPv4(const std::string& host, int port);
+
+// A listening TCP socket on `addr` (non-blocking, close-on-exec, with
+// SO_REUSEADDR so that a restarted server may rebind a port whose old
+// connections linger in TIME_WAIT; a second live listener is still refused).
+struct Listener {
+  int fd;    // the caller's to close
+  int port;  // addr's port, or the kernel's pick where that was 0
+};
+// UNAVAILABLE naming the address and the reason if it cannot listen.
+absl::StatusOr<Listener> ListenTcp(const sockaddr_in& addr, int backlog);
 
 // Writes all `n` bytes of `data` to the non-blocking socket `fd`.
 // DEADLINE_EXCEEDED if the peer has not made room by `deadline`;

@@ -68,5 +68,28 @@ TEST(SocketIoTest, WaitReadableAndARefusedConnect) {
   close(idle);
 }
 
+TEST(SocketIoTest, ListenTcpTakesAFreePortAndRefusesATakenOne) {
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  absl::StatusOr<Listener> first = ListenTcp(addr, 4);
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_GT(first->port, 0);
+  EXPECT_NE(fcntl(first->fd, F_GETFL) & O_NONBLOCK, 0);
+  // It listens: a client connects to the port it says.
+  addr.sin_port = htons(static_cast<uint16_t>(first->port));
+  const int c = socket(AF_INET, SOCK_STREAM, 0);
+  EXPECT_EQ(connect(c, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  close(c);
+  // A second live listener on the same port is refused, naming it.
+  absl::StatusOr<Listener> second = ListenTcp(addr, 4);
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(second.status().message().find(
+                "cannot listen on 127.0.0.1:" + std::to_string(first->port)),
+            std::string::npos)
+      << second.status();
+  close(first->fd);
+}
+
 }  // namespace
 }  // namespace bnps::util

@@ -48,7 +48,99 @@ std::vector<int> ShardsWithKeys(const std::vector<std::vector<Key>>& by_shard) {
   return shards;
 }
 
+// Reads a PullParameters stream to its end into `tensors` and says how it
+// ended: bytes that are not a pull's (the call is then cancelled and
+// drained) as INVALID_ARGUMENT naming `from`; else the call's status; else
+// a tensor cut off at the end of the stream; else OK.
+absl::Status ReadPullStream(grpc::ClientReader<grpc::ByteBuffer>& reader,
+                            grpc::ClientContext& context,
+                            proto::TensorReader& tensors,
+                            const std::string& from) {
+  grpc::ByteBuffer message;
+  proto::PullParametersResponse head;
+  absl::Status bad;
+  while (bad.ok() && reader.Read(&message)) {
+    bad = tensors.Read(message,
+                       proto::PullParametersResponse::kChunksFieldNumber,
+                       &head);
+  }
+  if (!bad.ok()) {
+    context.TryCancel();
+    while (reader.Read(&message)) {
+    }
+    reader.Finish();
+    return Malformed(from, bad);
+  }
+  if (absl::Status s = proto::FromGrpcStatus(reader.Finish()); !s.ok()) {
+    return s;
+  }
+  if (tensors.pending()) {
+    return Malformed(from, absl::InvalidArgumentError(
+                               "the stream ended in the middle of a tensor"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
+
+absl::Status PullShardStream(
+    Channels& channels, int shard, const proto::PullParametersRequest& request,
+    grpc::ClientContext& context,
+    absl::FunctionRef<Param*(const std::string& key)> place,
+    absl::FunctionRef<void(const std::string& key)> arrived) {
+  grpc::ByteBuffer request_bytes;
+  bool own;
+  if (grpc::Status st =
+          grpc::SerializationTraits<proto::PullParametersRequest>::Serialize(
+              request, &request_bytes, &own);
+      !st.ok()) {
+    return proto::FromGrpcStatus(st);
+  }
+  std::unique_ptr<grpc::ClientReader<grpc::ByteBuffer>> reader(
+      grpc::internal::ClientReaderFactory<grpc::ByteBuffer>::Create(
+          channels.shard(shard).channel.get(),
+          *channels.shard(shard).pull_method, &context, request_bytes));
+
+  const std::set<std::string> asked(request.keys().begin(),
+                                    request.keys().end());
+  std::set<std::string> received;
+  proto::TensorReader tensors(
+      [&](const std::string& key, absl::Span<const int64_t> shape,
+          int64_t n) -> absl::StatusOr<float*> {
+        const int owner = proto::ShardForKey(key, channels.num_shards());
+        if (owner != shard) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("key '", key, "' belongs to shard ", owner));
+        }
+        Param* p = asked.empty() || asked.count(key) > 0 ? place(key) : nullptr;
+        if (p == nullptr) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("key '", key, "' was not requested"));
+        }
+        if (!received.insert(key).second) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("key '", key, "' was sent twice"));
+        }
+        p->shape.assign(shape.begin(), shape.end());
+        p->values.resize(n);
+        return p->values.data();
+      },
+      [&](const std::string& key) {
+        arrived(key);
+        return absl::OkStatus();
+      });
+  if (absl::Status s =
+          ReadPullStream(*reader, context, tensors, channels.ShardName(shard));
+      !s.ok()) {
+    return s;
+  }
+  for (const std::string& key : asked) {
+    if (received.count(key) == 0) {
+      return absl::NotFoundError(absl::StrCat("key '", key, "' was not sent"));
+    }
+  }
+  return absl::OkStatus();
+}
 
 absl::Status BulkTransfer::InitParameters(
     const Params& params) {
@@ -190,35 +282,6 @@ absl::Status BulkTransfer::PushShard(int shard, int64_t step, int64_t num_sample
   return proto::FromGrpcStatus(writer->Finish());
 }
 
-absl::Status ReadPullStream(grpc::ClientReader<grpc::ByteBuffer>& reader,
-                            grpc::ClientContext& context,
-                            proto::TensorReader& tensors,
-                            const std::string& from) {
-  grpc::ByteBuffer message;
-  proto::PullParametersResponse head;
-  absl::Status bad;
-  while (bad.ok() && reader.Read(&message)) {
-    bad = tensors.Read(message,
-                       proto::PullParametersResponse::kChunksFieldNumber,
-                       &head);
-  }
-  if (!bad.ok()) {
-    context.TryCancel();
-    while (reader.Read(&message)) {
-    }
-    reader.Finish();
-    return Malformed(from, bad);
-  }
-  if (absl::Status s = proto::FromGrpcStatus(reader.Finish()); !s.ok()) {
-    return s;
-  }
-  if (tensors.pending()) {
-    return Malformed(from, absl::InvalidArgumentError(
-                               "the stream ended in the middle of a tensor"));
-  }
-  return absl::OkStatus();
-}
-
 absl::StatusOr<Params> BulkTransfer::PullParameters(
     const std::vector<std::string>& keys, int64_t min_version) {
   Params out;
@@ -286,53 +349,10 @@ absl::Status BulkTransfer::PullShard(int shard,
   request.set_worker(channels_->options().worker);
   for (const std::string& key : keys) request.add_keys(key);
   request.set_min_version(min_version);
-  grpc::ByteBuffer request_bytes;
-  bool own;
-  if (grpc::Status st =
-          grpc::SerializationTraits<proto::PullParametersRequest>::Serialize(
-              request, &request_bytes, &own);
-      !st.ok()) {
-    return proto::FromGrpcStatus(st);
-  }
-  std::unique_ptr<grpc::ClientReader<grpc::ByteBuffer>> reader(
-      grpc::internal::ClientReaderFactory<grpc::ByteBuffer>::Create(
-          channels_->shard(shard).channel.get(), *channels_->shard(shard).pull_method, &context,
-          request_bytes));
-
-  std::set<std::string> received;
-  proto::TensorReader tensors(
-      [&](const std::string& key, absl::Span<const int64_t> shape,
-          int64_t n) -> absl::StatusOr<float*> {
-        const int owner = proto::ShardForKey(key, channels_->num_shards());
-        if (owner != shard) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("key '", key, "' belongs to shard ", owner));
-        }
-        if (!received.insert(key).second) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("key '", key, "' was sent twice"));
-        }
-        Param* p = slot(shard, key);
-        if (p == nullptr) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("key '", key, "' was not requested"));
-        }
-        p->shape.assign(shape.begin(), shape.end());
-        p->values.resize(n);
-        return p->values.data();
-      },
-      [](const std::string&) { return absl::OkStatus(); });
-  if (absl::Status s = ReadPullStream(*reader, context, tensors,
-                                      channels_->ShardName(shard));
-      !s.ok()) {
-    return s;
-  }
-  for (const std::string& key : keys) {
-    if (received.count(key) == 0) {
-      return absl::NotFoundError(absl::StrCat("key '", key, "' was not sent"));
-    }
-  }
-  return absl::OkStatus();
+  return PullShardStream(
+      *channels_, shard, request, context,
+      [&](const std::string& key) { return slot(shard, key); },
+      [](const std::string&) {});
 }
 
 }  // namespace bnps::client::internal

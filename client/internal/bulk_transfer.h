@@ -17,26 +17,31 @@
 #include <string>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "client/internal/channels.h"
 #include "client/ps_client.h"
 #include "grpcpp/client_context.h"
-#include "grpcpp/support/byte_buffer.h"
-#include "grpcpp/support/sync_stream.h"
-#include "proto/tensor_wire.h"
+#include "proto/bnps.pb.h"
 
 namespace bnps::client::internal {
 
-// Reads a PullParameters stream to its end into `tensors` and says how it
-// ended: bytes that are not a pull's (the call is then cancelled and
-// drained) as INVALID_ARGUMENT naming `from`; else the call's status; else
-// a tensor cut off at the end of the stream; else OK.
-absl::Status ReadPullStream(grpc::ClientReader<grpc::ByteBuffer>& reader,
-                            grpc::ClientContext& context,
-                            proto::TensorReader& tensors,
-                            const std::string& from);
+// Calls PullParameters on `shard` with `request`, on `context` (which the
+// caller has set up), and reads the answer to its end: each key's values go
+// to `place(key)` (its shape and size are set here) and `arrived(key)` runs
+// once that key is whole. A request with no keys asks for every key of the
+// shard. Says how it ended: a key of another shard, one not asked for or one
+// sent twice, or bytes that are not a pull's (the call is then cancelled and
+// drained) as INVALID_ARGUMENT naming the shard; else the call's status;
+// else a tensor cut off at the end of the stream; else NOT_FOUND for a key
+// asked for and not sent; else OK.
+absl::Status PullShardStream(
+    Channels& channels, int shard, const proto::PullParametersRequest& request,
+    grpc::ClientContext& context,
+    absl::FunctionRef<Param*(const std::string& key)> place,
+    absl::FunctionRef<void(const std::string& key)> arrived);
 
 class BulkTransfer {
  public:

@@ -1,16 +1,10 @@
 #include "client/internal/streaming_pull.h"
 
-#include <set>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "absl/types/span.h"
 #include "client/internal/bulk_transfer.h"
-#include "grpcpp/impl/codegen/proto_utils.h"
-#include "grpcpp/support/sync_stream.h"
-#include "proto/codec.h"
 #include "proto/sharding.h"
-#include "proto/tensor_wire.h"
 
 namespace bnps::client::internal {
 
@@ -110,56 +104,15 @@ absl::Status StreamingPull::Attempt(int shard, absl::Time deadline) {
     }
   } unregister{this, shard};
 
-  grpc::ByteBuffer request_bytes;
-  bool own;
-  if (grpc::Status st =
-          grpc::SerializationTraits<proto::PullParametersRequest>::Serialize(
-              request, &request_bytes, &own);
-      !st.ok()) {
-    return proto::FromGrpcStatus(st);
-  }
-  std::unique_ptr<grpc::ClientReader<grpc::ByteBuffer>> reader(
-      grpc::internal::ClientReaderFactory<grpc::ByteBuffer>::Create(
-          channels_->shard(shard).channel.get(),
-          *channels_->shard(shard).pull_method, &context, request_bytes));
-
-  const std::set<std::string> asked(request.keys().begin(),
-                                    request.keys().end());
-  std::set<std::string> started;
-  proto::TensorReader tensors(
-      [&](const std::string& key, absl::Span<const int64_t> shape,
-          int64_t n) -> absl::StatusOr<float*> {
-        if (asked.count(key) == 0) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("key '", key, "' was not requested"));
-        }
-        if (!started.insert(key).second) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("key '", key, "' was sent twice"));
-        }
-        // Only this thread writes the entry, and no one reads it before
-        // it is marked in.
-        Param* p = keys_.at(key).param;
-        p->shape.assign(shape.begin(), shape.end());
-        p->values.resize(n);
-        return p->values.data();
-      },
+  return PullShardStream(
+      *channels_, shard, request, context,
+      // Only this thread writes the entry, and no one reads it before it is
+      // marked in.
+      [&](const std::string& key) { return keys_.at(key).param; },
       [&](const std::string& key) {
         absl::MutexLock lock(&mu_);
         keys_.at(key).in = true;
-        return absl::OkStatus();
       });
-  if (absl::Status s = ReadPullStream(*reader, context, tensors,
-                                      channels_->ShardName(shard));
-      !s.ok()) {
-    return s;
-  }
-  for (const std::string& key : asked) {
-    if (started.count(key) == 0) {
-      return absl::NotFoundError(absl::StrCat("key '", key, "' was not sent"));
-    }
-  }
-  return absl::OkStatus();
 }
 
 std::optional<absl::Status> StreamingPull::KeyStatus(const Key& k) const {

@@ -76,21 +76,13 @@ struct Conn {
 
 absl::StatusOr<std::unique_ptr<TcpStarServer>> TcpStarServer::Start() {
   std::unique_ptr<TcpStarServer> s(new TcpStarServer());
-  s->listen_fd_ = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  if (s->listen_fd_ < 0) return Errno("socket");
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  if (bind(s->listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
-    return Errno("bind 127.0.0.1:0");
-  }
-  if (listen(s->listen_fd_, 128) != 0) return Errno("listen");
-  socklen_t len = sizeof addr;
-  if (getsockname(s->listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    return Errno("getsockname");
-  }
-  s->port_ = ntohs(addr.sin_port);
+  absl::StatusOr<util::Listener> listener = util::ListenTcp(addr, 128);
+  if (!listener.ok()) return listener.status();
+  s->listen_fd_ = listener->fd;
+  s->port_ = listener->port;
   s->epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
   if (s->epoll_fd_ < 0) return Errno("epoll_create1");
   s->stop_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
