@@ -16,6 +16,7 @@
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "gtest/gtest.h"
+#include "util/eventually.h"
 
 namespace bnps::server {
 namespace {
@@ -211,17 +212,6 @@ TEST(RunningServerTest, MetricsCanBeTurnedOff) {
   EXPECT_EQ((*none)->registry().TextExposition(), "");
 }
 
-// Polls `pred` for at most 10 s (bounded, not timed).
-template <typename Pred>
-bool Eventually(Pred pred) {
-  const absl::Time end = absl::Now() + absl::Seconds(10);
-  while (absl::Now() < end) {
-    if (pred()) return true;
-    absl::SleepFor(absl::Milliseconds(1));
-  }
-  return pred();
-}
-
 TEST(RunningServerTest, KeepAwakeIsOffByDefaultAndRefusesANegativeHold) {
   absl::StatusOr<std::unique_ptr<RunningServer>> plain =
       RunningServer::Start(ShardOptions(), "127.0.0.1:0");
@@ -248,7 +238,7 @@ TEST(RunningServerTest, CallsAndBnMessagesKeepTheCpusAwake) {
   const util::KeepAwake* k = (*server)->keep_awake();
   ASSERT_NE(k, nullptr);
   const int n = static_cast<int>(k->cpus().size());
-  ASSERT_TRUE(Eventually([&] { return k->sleeping() == n; }));
+  ASSERT_TRUE(util::Eventually([&] { return k->sleeping() == n; }));
   EXPECT_EQ(k->busy(), absl::ZeroDuration());
 
   auto channel = Connect((*server)->port());
@@ -260,14 +250,14 @@ TEST(RunningServerTest, CallsAndBnMessagesKeepTheCpusAwake) {
       stream(grpc::internal::ClientReaderWriterFactory<
              grpc::ByteBuffer, grpc::ByteBuffer>::Create(channel.get(), method,
                                                          &ctx));
-  ASSERT_TRUE(Eventually([&] { return k->busy() > absl::ZeroDuration(); }));
-  ASSERT_TRUE(Eventually([&] { return k->sleeping() == n; }));
+  ASSERT_TRUE(util::Eventually([&] { return k->busy() > absl::ZeroDuration(); }));
+  ASSERT_TRUE(util::Eventually([&] { return k->sleeping() == n; }));
   const absl::Duration after_call = k->busy();
 
   // Bytes that are no BnRequest: the server ends the stream, after the
   // message has touched the keeper.
   ASSERT_TRUE(stream->Write(Bytes(std::string("\xff\xff\xff", 3))));
-  EXPECT_TRUE(Eventually([&] { return k->busy() > after_call; }));
+  EXPECT_TRUE(util::Eventually([&] { return k->busy() > after_call; }));
   grpc::ByteBuffer resp;
   while (stream->Read(&resp)) {
   }

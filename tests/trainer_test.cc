@@ -539,14 +539,7 @@ TEST(TrainerTest, OverlappedPushGivesTheBitsOfThePushAfterTheBackwardPass) {
     for (int w = 0; w < c.workers; ++w) {
       ASSERT_TRUE(base[w].report.ok()) << base[w].report.status();
       ASSERT_TRUE(overlapped[w].report.ok()) << overlapped[w].report.status();
-      ASSERT_EQ(base[w].params.size(), overlapped[w].params.size());
-      for (const auto& [name, t] : base[w].params) {
-        EXPECT_EQ(overlapped[w].params.at(name).values, t.values) << name;
-      }
-      for (size_t l = 0; l < base[w].running.size(); ++l) {
-        EXPECT_EQ(overlapped[w].running[l].mean, base[w].running[l].mean);
-        EXPECT_EQ(overlapped[w].running[l].var, base[w].running[l].var);
-      }
+      test::ExpectSameEnd(overlapped[w], base[w]);
       EXPECT_EQ(overlapped[w].report->test_accuracy,
                 base[w].report->test_accuracy);
       // The parts went out one layer at a time, the head's first, and under
@@ -607,15 +600,7 @@ TEST(TrainerTest, LayerPullGivesTheBitsOfTheWholePull) {
     for (int w = 0; w < 2; ++w) {
       ASSERT_TRUE(base[w].report.ok()) << base[w].report.status();
       ASSERT_TRUE(runs[w].report.ok()) << runs[w].report.status();
-      ASSERT_EQ(base[w].params.size(), runs[w].params.size());
-      for (const auto& [name, t] : base[w].params) {
-        EXPECT_EQ(runs[w].params.at(name).values, t.values) << name;
-      }
-      ASSERT_EQ(base[w].running.size(), runs[w].running.size());
-      for (size_t l = 0; l < base[w].running.size(); ++l) {
-        EXPECT_EQ(runs[w].running[l].mean, base[w].running[l].mean);
-        EXPECT_EQ(runs[w].running[l].var, base[w].running[l].var);
-      }
+      test::ExpectSameEnd(runs[w], base[w]);
       EXPECT_EQ(runs[w].report->test_accuracy, base[w].report->test_accuracy);
       if (c.policy != policy::Policy::kSync || c.replicas) continue;
       const std::vector<std::string>& calls = runs[w].calls;

@@ -238,14 +238,7 @@ TEST(TrainingTest, OverlappedPushGivesTheBitsOfThePushAfterTheBackwardPass) {
     for (int w = 0; w < c.workers; ++w) {
       ASSERT_TRUE(base[w].report.ok()) << base[w].report.status();
       ASSERT_TRUE(overlapped[w].report.ok()) << overlapped[w].report.status();
-      ASSERT_EQ(base[w].params.size(), overlapped[w].params.size());
-      for (const auto& [name, t] : base[w].params) {
-        EXPECT_EQ(overlapped[w].params.at(name).values, t.values) << name;
-      }
-      for (size_t l = 0; l < base[w].running.size(); ++l) {
-        EXPECT_EQ(overlapped[w].running[l].mean, base[w].running[l].mean);
-        EXPECT_EQ(overlapped[w].running[l].var, base[w].running[l].var);
-      }
+      test::ExpectSameEnd(overlapped[w], base[w]);
     }
   }
 }
@@ -294,14 +287,7 @@ TEST(TrainingTest, LayerPullGivesTheBitsOfTheWholePull) {
     for (int w = 0; w < 2; ++w) {
       ASSERT_TRUE(base[w].report.ok()) << base[w].report.status();
       ASSERT_TRUE(runs[w].report.ok()) << runs[w].report.status();
-      ASSERT_EQ(base[w].params.size(), runs[w].params.size());
-      for (const auto& [name, t] : base[w].params) {
-        EXPECT_EQ(runs[w].params.at(name).values, t.values) << name;
-      }
-      for (size_t l = 0; l < base[w].running.size(); ++l) {
-        EXPECT_EQ(runs[w].running[l].mean, base[w].running[l].mean);
-        EXPECT_EQ(runs[w].running[l].var, base[w].running[l].var);
-      }
+      test::ExpectSameEnd(runs[w], base[w]);
     }
   }
 }
@@ -423,13 +409,7 @@ TEST(TrainingTest, BnOverTcpGivesTheBitsOfTheStream) {
     for (int w = 0; w < workers; ++w) {
       ASSERT_TRUE(stream[w].report.ok()) << stream[w].report.status();
       ASSERT_TRUE(tcp[w].report.ok()) << tcp[w].report.status();
-      for (const auto& [name, t] : stream[w].params) {
-        EXPECT_EQ(tcp[w].params.at(name).values, t.values) << name;
-      }
-      for (size_t l = 0; l < stream[w].running.size(); ++l) {
-        EXPECT_EQ(tcp[w].running[l].mean, stream[w].running[l].mean);
-        EXPECT_EQ(tcp[w].running[l].var, stream[w].running[l].var);
-      }
+      test::ExpectSameEnd(tcp[w], stream[w]);
     }
   }
 }

@@ -1,7 +1,8 @@
 // What the training-loop tests share (tests/training_test.cc over real
 // servers, tests/trainer_test.cc over the in-process client): a small model,
 // and the data and the measure of the sync invariant (W workers of batch b
-// follow one worker of batch W b).
+// follow one worker of batch W b), and the check that two runs ended on the
+// same bits.
 
 #ifndef BNPS_TESTS_TRAINING_TESTING_H_
 #define BNPS_TESTS_TRAINING_TESTING_H_
@@ -11,6 +12,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "gtest/gtest.h"
 #include "worker/data/dataset.h"
 #include "worker/nn/model.h"
 
@@ -54,6 +56,22 @@ inline worker::Dataset Interleaved(const worker::Dataset& all, int64_t b,
     }
   }
   return single;
+}
+
+// Expects a worker's two runs to end on the same bits: every parameter and
+// every layer's running statistics. Run: a struct with `params`
+// (nn::HostTensors) and `running` (std::vector<bn::RunningStats>).
+template <typename Run>
+void ExpectSameEnd(const Run& got, const Run& want) {
+  ASSERT_EQ(got.params.size(), want.params.size());
+  for (const auto& [name, t] : want.params) {
+    EXPECT_EQ(got.params.at(name).values, t.values) << name;
+  }
+  ASSERT_EQ(got.running.size(), want.running.size());
+  for (size_t l = 0; l < want.running.size(); ++l) {
+    EXPECT_EQ(got.running[l].mean, want.running[l].mean) << "layer " << l;
+    EXPECT_EQ(got.running[l].var, want.running[l].var) << "layer " << l;
+  }
 }
 
 }  // namespace bnps::test

@@ -6,22 +6,12 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "util/eventually.h"
 
 namespace bnps::util {
 namespace {
 
 using ::testing::HasSubstr;
-
-// Polls `pred` for at most 10 s; the waits are bounded, never timed.
-template <typename Pred>
-bool Eventually(Pred pred) {
-  const absl::Time end = absl::Now() + absl::Seconds(10);
-  while (absl::Now() < end) {
-    if (pred()) return true;
-    absl::SleepFor(absl::Milliseconds(1));
-  }
-  return pred();
-}
 
 int FirstAllowedCpu() {
   cpu_set_t mask;
