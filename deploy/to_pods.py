@@ -12,7 +12,8 @@ What it does as the controllers and the kubelet would:
     subdomain serviceName, a fresh volume per volumeClaimTemplate.
   Indexed Job NAME, completions C -> Pods NAME-0 .. NAME-(C-1).
   JobSet JS, replicatedJob RJ (replicas R, an Indexed Job of C completions)
-    -> Pods JS-RJ-j-i (j < R, i < C), hostname the same, subdomain
+    -> Pods JS-RJ-j-i (j < R, i < C), hostname the same (a cluster adds a
+    random suffix to a Job's Pod names, not to their host names), subdomain
     network.subdomain or JS; the labels and annotations the JobSet controller
     puts on them (jobset.sigs.k8s.io/jobset-name, replicatedjob-name,
     job-index, ...); one directory per volumeClaimPolicies template, shared
