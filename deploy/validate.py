@@ -7,15 +7,14 @@ Every object of every YAML stream given (files, or "-" for stdin) must pass:
   - a built-in kind: Kubernetes' own OpenAPI schema, as JSON schema, from the
     pinned kubernetes-validate package, in strict mode (an unknown field is an
     error, so a misspelt one is found);
-  - a JobSet (jobset.x-k8s.io/v1alpha2) or a Kubeflow Trainer
-    ClusterTrainingRuntime (trainer.kubeflow.org/v1alpha1): our structural
-    schema of its API (deploy/schemas/*.json, written from the API's Go types:
-    the fields we use and the required ones), then each Job template inside it
-    against Kubernetes' batch/v1 Job schema and each claim template against
-    the PersistentVolumeClaim schema, then the rules the controller's webhook
-    would enforce on names (successPolicy and failurePolicy targets, dependsOn
-    and the coordinator name replicated jobs that exist; replicated job names
-    unique).
+  - a JobSet (jobset.x-k8s.io/v1alpha2): our structural schema of its API
+    (deploy/schemas/jobset-v1alpha2.json, written from the API's Go types:
+    every spec field's type, enums and bounds, the required ones), then each
+    Job template inside it against Kubernetes' batch/v1 Job schema and each
+    claim template against the PersistentVolumeClaim schema, then the rules
+    the controller's webhook would enforce on names (successPolicy and
+    failurePolicy targets, dependsOn and the coordinator name replicated jobs
+    that exist; replicated job names unique).
 Anything else is invalid: there is no schema to say it is right.
 
 One line per object; the last line counts them. Exit status 0 when all are
@@ -40,8 +39,6 @@ _SCHEMA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "schemas"
 # apiVersion, kind -> our schema file (deploy/schemas/).
 CUSTOM_SCHEMAS = {
     ("jobset.x-k8s.io/v1alpha2", "JobSet"): "jobset-v1alpha2.json",
-    ("trainer.kubeflow.org/v1alpha1", "ClusterTrainingRuntime"):
-        "trainer-clustertrainingruntime-v1alpha1.json",
 }
 
 
@@ -89,9 +86,7 @@ class Validator:
         found = [_where(e) for e in sorted(validator.iter_errors(doc), key=str)]
         if found:
             return found  # the embedded objects may not even be where we look
-        if key[1] == "JobSet":
-            return self._job_set_problems(doc["spec"], "spec.")
-        return self._job_set_problems(doc["spec"]["template"]["spec"], "spec.template.spec.")
+        return self._job_set_problems(doc["spec"], "spec.")
 
     def _job_set_problems(self, spec, at):
         """A JobSet spec's embedded objects and cross-references."""
