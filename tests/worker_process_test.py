@@ -193,6 +193,9 @@ class BadInputTest(OneLineErrors, unittest.TestCase):
              "--train_examples=64"],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
+            # The first line says where it trains, the second what it
+            # connects to, both before any wait.
+            device = worker.stdout.readline()
             first = worker.stdout.readline()
             said = time.monotonic() - start
             still_trying = worker.poll() is None
@@ -202,6 +205,7 @@ class BadInputTest(OneLineErrors, unittest.TestCase):
                 worker.kill()
                 worker.wait()
         took = time.monotonic() - start
+        self.assertRegex(device, r"^bnps_worker 0/1: device (cpu|cuda:\d+.*): --device=")
         self.assertIn("connecting to job 'bnps' at 127.0.0.1:1 (up to 3s)", first)
         self.assertTrue(still_trying, first + out + err)
         self.assertOneLine(subprocess.CompletedProcess(worker.args,

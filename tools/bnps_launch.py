@@ -57,6 +57,13 @@ through to the workers like any other worker flag. An option left out is not
 passed, so each binary uses its own default (--policy is always passed; default
 sync).
 
+GPUs: each worker gets LOCAL_RANK=<its index> (it takes GPU LOCAL_RANK
+modulo the visible ones unless --gpu says otherwise). When the workers would
+share GPUs (more workers than GPUs, workers not on --device=cpu), --mps=auto
+(default) uses NVIDIA MPS: a control daemon that already runs, or one started
+for the job and stopped at its end; --mps=on fails the launch when MPS cannot
+be had, --mps=off never uses it (tools/bnps_launch_mps.py, docs/gpu.md).
+
 Metrics (docs/observability.md): --metrics_port_base=P gives server s
 --metrics_port=P+s and worker i --metrics_port=P+S+i, all on 127.0.0.1 (each
 prints its address); without it nothing serves metrics.
@@ -78,6 +85,7 @@ import time
 # this file is imported too, and from a Bazel runfiles tree.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import bnps_launch_mps  # noqa: E402  (needs the path above)
 from bnps_launch_procs import (  # noqa: E402  (needs the path above)
     POLL_S, Console, Failure, Interrupt, Proc, check_deadline, check_interrupt,
     describe_exit, finish_output, say, start, stop_all)
@@ -156,6 +164,9 @@ def parse_args(argv):
                    help="limit on the whole run after any --build (default 3600)")
     p.add_argument("--server_start_timeout_s", type=float, default=30.0,
                    help="how long a server may take to print its port (default 30)")
+    p.add_argument("--mps", choices=["auto", "on", "off"], default="auto",
+                   help="NVIDIA MPS when workers share a GPU (default auto: use or "
+                   "start a daemon, else say why not)")
     p.add_argument("--kill_grace_s", type=float, default=5.0,
                    help="SIGTERM to SIGKILL grace when stopping (default 5)")
     args, extra = p.parse_known_args(argv)
@@ -331,7 +342,8 @@ def start_servers(args, out_dir, procs, console, interrupt, deadline):
     return servers, addresses
 
 
-def start_workers(args, extra, addresses, out_dir, procs, console):
+def start_workers(args, extra, addresses, out_dir, procs, console, env=None):
+    """Starts the workers; each gets `env` and LOCAL_RANK=<its index>."""
     workers = []
     for i in range(args.workers):
         name = "w%d" % i
@@ -339,7 +351,8 @@ def start_workers(args, extra, addresses, out_dir, procs, console):
         if os.path.exists(path):
             os.remove(path)  # Never read a report left by an earlier run.
         proc = Proc(name, worker_command(args, extra, i, addresses, out_dir),
-                    os.path.join(out_dir, name + ".log"))
+                    os.path.join(out_dir, name + ".log"),
+                    env=dict(env or {}, LOCAL_RANK=str(i)))
         procs.append(proc)
         workers.append(proc)
         start(proc, console)
@@ -545,11 +558,19 @@ def run_cluster(args, extra, argv, out_dir, console, interrupt):
     t0 = time.monotonic()
     deadline = t0 + args.timeout_s
     addresses = []
+    mps = None
     try:
+        mps, worker_env = bnps_launch_mps.setup(
+            args.mps, bnps_launch_mps.worker_device(extra), args.workers,
+            bnps_launch_mps.System(), lambda line: say(console, line))
         servers, addresses = start_servers(args, out_dir, procs, console, interrupt, deadline)
-        workers = start_workers(args, extra, addresses, out_dir, procs, console)
+        workers = start_workers(args, extra, addresses, out_dir, procs, console,
+                                worker_env)
         wait_for_workers(args, servers, workers, procs, interrupt, deadline,
                          console)
+    except bnps_launch_mps.MpsError as e:
+        say(console, "error: %s" % e)
+        return 2
     except Failure as failure:
         console.end_status()
         exited = [p for p in procs if p.returncode() not in (None, 0)]
@@ -561,6 +582,12 @@ def run_cluster(args, extra, argv, out_dir, console, interrupt):
     except BaseException:
         stop_all(procs, args.kill_grace_s, console, interrupt)
         raise
+    finally:
+        if mps is not None:
+            # The workers are gone (finished or stopped): the daemon may go.
+            problem = mps.stop()
+            if problem:
+                say(console, "gpu: " + problem)
     wall_s = time.monotonic() - t0
     stop_servers(servers, args.kill_grace_s, console, interrupt)
     finish_output(procs, console)

@@ -127,6 +127,7 @@ report = {
     "images_per_second": 1234.5,
     "seconds": {"total": 1.5, "compute": 1.0, "bn_sync": 0.3, "grad_sync": 0.2},
     "argv": sys.argv[1:],
+    "local_rank": os.environ.get("LOCAL_RANK"),
 }
 with open(flags["report"], "w") as f:
     json.dump(report, f)
@@ -255,6 +256,8 @@ class LauncherTest(unittest.TestCase):
         with open(os.path.join(self.out_dir, "summary.json")) as f:
             summary = json.load(f)
         self.assertEqual([rep["worker"] for rep in summary["reports"]], [0, 1, 2])
+        # Each worker's local rank is its index (it picks its GPU by it).
+        self.assertEqual([rep["local_rank"] for rep in summary["reports"]], ["0", "1", "2"])
         self.assertEqual(summary["policy"], "recal")
         self.assertEqual(summary["test_accuracy"], 0.87)
         self.assertGreater(summary["wall_s"], 0)
