@@ -197,6 +197,13 @@ case "$cmd" in
     demo "$@"
     ;;
   all)
+    # The device tool brings back at most 8 files: everything goes to a
+    # folder of its own, packed at the end into gpu-run.tar.gz beside
+    # summary.md and gpu_results.json (and all.log, if the caller tees it).
+    final=$RESULTS
+    RESULTS=$(mktemp -d /tmp/bnps-gpu-run.XXXXXX)/gpu-run
+    mkdir -p "$RESULTS"
+    export OUT=$RESULTS
     : > "$RESULTS/times.txt"
     date -u +%Y-%m-%d > "$RESULTS/date.txt"
     cut -c1-40 "$DIR/COMMIT" > "$RESULTS/commit.txt"
@@ -232,6 +239,9 @@ case "$cmd" in
     echo
     "${PY:-python3}" "$REPO/tools/gpu/summarize.py" "$RESULTS" \
       --json "$RESULTS/gpu_results.json" | tee "$RESULTS/summary.md"
+    tar -C "$(dirname "$RESULTS")" -czf "$final/gpu-run.tar.gz" gpu-run
+    cp "$RESULTS/summary.md" "$RESULTS/gpu_results.json" "$final/"
+    echo "run.sh: everything in $final/gpu-run.tar.gz ($(du -h "$final/gpu-run.tar.gz" | cut -f1))"
     ;;
   exec)
     [[ $# -ge 1 ]] || die "exec needs a path under bazel-bin, e.g. worker/bnps_worker"

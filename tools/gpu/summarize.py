@@ -304,6 +304,16 @@ def replace_between(text, begin, end, new, where):
     return text.rstrip("\n") + "\n\n" + new + "\n"
 
 
+def keep_gpu_section(path, new_text):
+    """`new_text` with the GPU section that the document at `path` holds now
+    (for tools/bench/update_performance_md.py, which rewrites the rest)."""
+    old = read(path) or ""
+    if BEGIN not in old or END not in old:
+        return new_text
+    section = BEGIN + old.split(BEGIN, 1)[1].split(END, 1)[0] + END
+    return replace_between(new_text, BEGIN, END, section, "end")
+
+
 def update_docs(f, repo):
     perf = os.path.join(repo, "docs", "performance.md")
     text = read(perf)
