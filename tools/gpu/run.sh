@@ -14,6 +14,13 @@
 #                                        #   the figures (gpu_results.json)
 #                                        #   for tools/gpu/summarize.py
 #                                        #   --update_docs
+#   tools/gpu/run.sh torch               # bnps.torch from the wheel (dist/
+#                                        #   bnps-*.whl, carried beside the
+#                                        #   tree) on this machine's torch:
+#                                        #   CUDA parity (fp32, fp16, bf16,
+#                                        #   channels_last) and the ResNet-18
+#                                        #   benchmark against plain BN and
+#                                        #   torch's SyncBatchNorm (gloo)
 #   tools/gpu/run.sh demo [launcher flags]  # tools/bnps_launch.py --device=gpu
 #   tools/gpu/run.sh exec PATH [args]    # one packed binary, e.g.
 #                                        #   exec worker/bnps_worker --help
@@ -193,6 +200,24 @@ case "$cmd" in
   demo)
     demo demo "$@"
     ;;
+  torch)
+    [[ -n $PY ]] || die "no python with torch here"
+    wheel=${BNPS_WHEEL:-$(ls "$REPO"/dist/bnps-*.whl 2>/dev/null | head -1)}
+    [[ -f $wheel ]] || die "no wheel: build one (docs/pytorch.md) and carry dist/"
+    venv=/tmp/bnps-torch-venv
+    rm -rf "$venv"
+    # This machine's torch and numpy, the wheel on top (nothing to fetch).
+    "$PY" -m venv --system-site-packages "$venv"
+    "$venv/bin/python" -m pip install -q --no-index --no-deps "$wheel"
+    echo "installed $(basename "$wheel") into $("$venv/bin/python" --version)"
+    part torch_import 60 "$venv/bin/python" -c 'import torch, bnps.torch, bnps; print("bnps", bnps.__file__, "torch", torch.__version__, "cuda", torch.cuda.is_available())'
+    part torch_server 30 "$venv/bin/bnps-server" --help
+    (cd /tmp && BNPS_PARITY_DEVICE=cuda part torch_parity 240 "$venv/bin/python" \
+      "$REPO/tests/pytorch/pytorch_parity_test.py" -k float32 -k half -k bfloat16 -k channels_last)
+    part torch_bench 300 "$venv/bin/python" "$REPO/tools/bench/pytorch_gpu_benchmark.py" \
+      --procs 2,4 --batches 8,32 --runs "${BNPS_TORCH_RUNS:-2}"
+    cp "$RESULTS/torch_bench.log" "$RESULTS/pytorch_gpu.md"
+    ;;
   demo_to)  # demo_to OUT_SUBDIR [launcher flags]: the demo into $RESULTS/OUT_SUBDIR
     demo "$@"
     ;;
@@ -248,5 +273,5 @@ case "$cmd" in
     rel=$1; shift
     exec "$W/$rel" "$@"
     ;;
-  *) die "unknown command $cmd (info, tests, bench, demo, all, exec)" ;;
+  *) die "unknown command $cmd (info, tests, bench, demo, all, torch, exec)" ;;
 esac

@@ -104,11 +104,13 @@ def kernel_bench(out):
     over ours: above 1 is faster than cuDNN)."""
     text = read(os.path.join(out, "cuda_bn_benchmark.txt")) or ""
     rows = []
+    line_re = re.compile(r"^([a-z][a-z ]*?)\s+(\[[\d, ]+\])\s+([\d.]+)\s+[\d.]+\s+"
+                         r"[\d.]+\s+[\d.]+\s+([\d.]+|-)\s+[\d.]+\s*$")
     for line in text.splitlines():
-        parts = line.split()
-        if len(parts) == 8 and parts[0] != "kernel" and num(parts[2]) is not None:
-            rows.append({"kernel": parts[0], "shape": parts[1], "us": num(parts[2]),
-                         "vs_cudnn": num(parts[6])})
+        m = line_re.match(line)
+        if m:
+            rows.append({"kernel": m.group(1), "shape": m.group(2).replace(" ", ""),
+                         "us": num(m.group(3)), "vs_cudnn": num(m.group(4))})
     first = text.splitlines()[0] if text.strip() else None
     return {"device_line": first, "rows": rows}
 
@@ -212,7 +214,7 @@ def rows(f):
             out.append((t, "%d passed, %d failed, %d skipped" % (
                 c["passed"], c["failed"], c["skipped"]), "all pass, none skipped",
                 "met" if ok else "missed"))
-    for r in f["kernels"]["rows"]:
+    for r in (r for r in f["kernels"]["rows"] if r["vs_cudnn"] is not None):
         out.append(("kernel %s %s" % (r["kernel"], r["shape"]),
                     "%s us, cuDNN's time / ours %s" % (fmt(r["us"], ".1f"), fmt(r["vs_cudnn"])),
                     "(figure)", ""))
