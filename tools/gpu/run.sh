@@ -212,7 +212,7 @@ case "$cmd" in
     echo "installed $(basename "$wheel") into $("$venv/bin/python" --version)"
     part torch_import 60 "$venv/bin/python" -c 'import torch, bnps.torch, bnps; print("bnps", bnps.__file__, "torch", torch.__version__, "cuda", torch.cuda.is_available())'
     part torch_server 30 "$venv/bin/bnps-server" --help
-    (cd /tmp && BNPS_PARITY_DEVICE=cuda part torch_parity 240 "$venv/bin/python" \
+    (cd /tmp && export BNPS_PARITY_DEVICE=cuda && part torch_parity 240 "$venv/bin/python" \
       "$REPO/tests/pytorch/pytorch_parity_test.py" -k float32 -k half -k bfloat16 -k channels_last)
     part torch_bench 300 "$venv/bin/python" "$REPO/tools/bench/pytorch_gpu_benchmark.py" \
       --procs 2,4 --batches 8,32 --runs "${BNPS_TORCH_RUNS:-2}"
