@@ -8,7 +8,7 @@
 #include "absl/memory/memory.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "client/internal/bn_stream.h"
+#include "client/internal/bn_calls.h"
 #include "client/internal/bulk_transfer.h"
 #include "client/internal/channels.h"
 #include "client/internal/membership.h"
