@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "bn/cuda_kernels_internal.h"
+#include "bn/cuda_status.h"
 #include "bn/staging_buffer.h"
 
 namespace bnps::bn {
@@ -21,12 +22,6 @@ using cuda_internal::MomentsPartial;
 using cuda_internal::NormalizeParams;
 using cuda_internal::SplitMean;
 using cuda_internal::SumsPartial;
-
-absl::Status CudaStatus(cudaError_t err, absl::string_view what) {
-  if (err == cudaSuccess) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorName(err),
-                                          ": ", cudaGetErrorString(err)));
-}
 
 Dims ToDims(const Shape& shape) { return {shape.n, shape.c, shape.Spatial()}; }
 
