@@ -204,17 +204,18 @@ case "$cmd" in
     [[ -n $PY ]] || die "no python with torch here"
     wheel=${BNPS_WHEEL:-$(ls "$REPO"/dist/bnps-*.whl 2>/dev/null | head -1)}
     [[ -f $wheel ]] || die "no wheel: build one (docs/pytorch.md) and carry dist/"
-    venv=/tmp/bnps-torch-venv
-    rm -rf "$venv"
-    # This machine's torch and numpy, the wheel on top (nothing to fetch).
-    "$PY" -m venv --system-site-packages "$venv"
-    "$venv/bin/python" -m pip install -q --no-index --no-deps "$wheel"
-    echo "installed $(basename "$wheel") into $("$venv/bin/python" --version)"
-    part torch_import 60 "$venv/bin/python" -c 'import torch, bnps.torch, bnps; print("bnps", bnps.__file__, "torch", torch.__version__, "cuda", torch.cuda.is_available())'
-    part torch_server 30 "$venv/bin/bnps-server" --help
-    (cd /tmp && export BNPS_PARITY_DEVICE=cuda && part torch_parity 240 "$venv/bin/python" \
-      "$REPO/tests/pytorch/pytorch_parity_test.py" -k float32 -k half -k bfloat16 -k channels_last)
-    part torch_bench 300 "$venv/bin/python" "$REPO/tools/bench/pytorch_gpu_benchmark.py" \
+    # Into this machine's Python, beside its torch, as a user would (the
+    # machine is a throwaway one; nothing is fetched: --no-deps).
+    "$PY" -m pip install -q --no-index --no-deps --force-reinstall "$wheel"
+    bin=$(dirname "$(command -v "$PY")")
+    echo "installed $(basename "$wheel") for $("$PY" --version)"
+    part torch_import 60 "$PY" -c 'import importlib.util as u, torch, bnps, bnps.torch; g = __import__("grpc") if u.find_spec("grpc") else None; print("bnps", bnps.__file__, "torch", torch.__version__, "cuda", torch.cuda.is_available(), "grpcio", g.__version__ if g else "not installed here")'
+    part torch_server 30 "$bin/bnps-server" --help
+    # The twelve sync cases (fp64, fp32 channels_last, fp16, bf16, uneven,
+    # empty, 2-D to 5-D, ...) with the layers on the GPU, 3 workers.
+    (cd /tmp && export BNPS_PARITY_DEVICE=cuda && part torch_parity 240 "$PY" \
+      "$REPO/tests/pytorch/pytorch_parity_test.py" -v SyncParityTest)
+    part torch_bench 300 "$PY" "$REPO/tools/bench/pytorch_gpu_benchmark.py" \
       --procs 2,4 --batches 8,32 --runs "${BNPS_TORCH_RUNS:-2}"
     cp "$RESULTS/torch_bench.log" "$RESULTS/pytorch_gpu.md"
     ;;
