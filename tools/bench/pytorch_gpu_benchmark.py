@@ -9,10 +9,12 @@ ways, measured in the same run:
   torch   torch.nn.SyncBatchNorm over a gloo process group (the peer)
 
 For each P (--procs) and per-process batch (--batches) it starts P processes
-of each kind in turn (--runs rounds: plain, bnps, torch, plain, ...); each
-times --steps steps of forward + backward + SGD after --warmup, with
-torch.cuda.synchronize() per step; a configuration's time is the median over
-its processes of their per-step medians. MPS: as tools/bnps_launch.py --mps
+once; each holds a model of every kind and trains them in alternating
+segments (--runs rounds: plain, bnps, torch, plain, ...), each segment
+--steps steps of forward + backward + SGD (after --warmup steps per kind),
+with torch.cuda.synchronize() per step. A segment's time is the median over
+the processes of their per-step medians; a ratio is bnps (or torch) over
+plain within one round, given as min / median / max over the rounds. MPS: as tools/bnps_launch.py --mps
 (a running daemon, or one of this run's own, stopped at the end).
 
     python3 tools/bench/pytorch_gpu_benchmark.py [--procs 2,4] [--batches 8,32]
@@ -74,38 +76,54 @@ def resnet18(classes=10):
 
 
 def child(args):
+    """One process: a model of each kind, trained in alternating segments of
+    --steps steps (after --warmup steps each), --runs segments per kind; one
+    line "<kind> <run> <median ms>" per segment."""
     import torch
     import torch.nn.functional as F
     rank = int(os.environ.get("LOCAL_RANK", "0"))
-    torch.manual_seed(0)
-    model = resnet18()
-    if args.kind == "bnps":
-        import bnps.torch
-        bnps.torch.init()
-        model = bnps.torch.convert_sync_batchnorm(model)
-    elif args.kind == "torch":
-        import torch.distributed as dist
-        dist.init_process_group("gloo", rank=rank,
-                                world_size=int(os.environ["WORLD_SIZE"]))
-        model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    kinds = args.kinds.split(",")
     dev = torch.device(args.device)
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
-    model = model.to(dev)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    models = {}
+    for kind in kinds:
+        torch.manual_seed(0)
+        model = resnet18()
+        if kind == "bnps":
+            import bnps.torch
+            bnps.torch.init()
+            model = bnps.torch.convert_sync_batchnorm(model)
+        elif kind == "torch":
+            import torch.distributed as dist
+            dist.init_process_group("gloo", rank=rank,
+                                    world_size=int(os.environ["WORLD_SIZE"]))
+            model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
+        model = model.to(dev)
+        models[kind] = (model, torch.optim.SGD(model.parameters(), lr=0.01,
+                                               momentum=0.9))
     g = torch.Generator().manual_seed(1 + rank)
     x = torch.randn(args.batch, 3, 64, 64, generator=g).to(dev)
     y = torch.randint(0, 10, (args.batch,), generator=g).to(dev)
-    times = []
-    for i in range(args.warmup + args.steps):
-        sync()
-        start = time.perf_counter()
-        opt.zero_grad()
-        F.cross_entropy(model(x), y).backward()
-        opt.step()
-        sync()
-        if i >= args.warmup:
+
+    def train(kind, steps):
+        model, opt = models[kind]
+        times = []
+        for _ in range(steps):
+            sync()
+            start = time.perf_counter()
+            opt.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+            sync()
             times.append(time.perf_counter() - start)
-    print("median_ms=%.3f" % (1000 * statistics.median(times)), flush=True)
+        return times
+
+    for kind in kinds:
+        train(kind, args.warmup)
+    for run in range(args.runs):
+        for kind in kinds:
+            ms = 1000 * statistics.median(train(kind, args.steps))
+            print("%s %d %.3f" % (kind, run, ms), flush=True)
     return 0
 
 
@@ -115,38 +133,46 @@ def free_port():
         return s.getsockname()[1]
 
 
-def measure(args, kind, procs, batch, base_env):
-    cmd = [sys.executable, os.path.abspath(__file__), "--child", kind,
+def measure(args, kinds, procs, batch, base_env):
+    """{kind: [per run: median over the processes of their median ms]}."""
+    cmd = [sys.executable, os.path.abspath(__file__), "--child",
+           "--kinds=" + ",".join(kinds), "--runs=%d" % args.runs,
            "--batch=%d" % batch, "--steps=%d" % args.steps,
            "--warmup=%d" % args.warmup, "--device=" + args.device]
     cluster = None
-    if kind == "bnps":
+    if "bnps" in kinds:
         from bnps.cluster import LocalCluster
         options = dict(num_servers=1, num_workers=procs, policy="sync")
         if args.bin_dir:
             options["server_bin"] = os.path.join(args.bin_dir, "server", "bnps_server")
         cluster = LocalCluster(**options).start()
     port = free_port()
+    running = []
     try:
-        running = []
         for rank in range(procs):
-            env = dict(cluster.worker_env(rank) if cluster else base_env)
-            env.update(base_env)
+            env = dict(base_env)
+            if cluster:
+                env.update(cluster.worker_env(rank, base=base_env))
             env.update(LOCAL_RANK=str(rank), RANK=str(rank), WORLD_SIZE=str(procs),
                        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                        OMP_NUM_THREADS="1")
             running.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
                                             stderr=subprocess.PIPE, text=True))
-        medians = []
+        per_proc = []
         for p in running:
             out, err = p.communicate(timeout=args.timeout_s)
             if p.returncode != 0:
-                raise RuntimeError("%s P=%d batch=%d failed:\n%s"
-                                   % (kind, procs, batch, err[-3000:]))
-            medians.append(float(out.strip().splitlines()[-1].split("=")[1]))
-        return statistics.median(medians)
+                raise RuntimeError("P=%d batch=%d: a process failed:\n%s"
+                                   % (procs, batch, err[-3000:]))
+            got = {}
+            for line in out.splitlines():
+                kind, run, ms = line.split()
+                got.setdefault(kind, {})[int(run)] = float(ms)
+            per_proc.append(got)
+        return {k: [statistics.median(p[k][r] for p in per_proc)
+                    for r in range(args.runs)] for k in kinds}
     finally:
-        for p in locals().get("running", []):
+        for p in running:
             if p.poll() is None:
                 p.kill()
         if cluster:
@@ -174,10 +200,10 @@ def main(argv):
     p.add_argument("--device", default="cuda",
                    help="cuda; cpu only to try the script where there is no "
                    "GPU (torch's SyncBatchNorm needs CUDA)")
-    p.add_argument("--child", choices=KINDS, dest="kind")
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--batch", type=int, default=32)
     args = p.parse_args(argv)
-    if args.kind:
+    if args.child:
         return child(args)
     import torch
     kinds = [k for k in args.kinds.split(",") if k]
@@ -203,10 +229,8 @@ def main(argv):
         print("|---|---|---|---|---|---|---|")
         for procs in procs_list:
             for batch in [int(v) for v in args.batches.split(",") if v]:
-                t = {k: [] for k in KINDS}
-                for _ in range(args.runs):
-                    for kind in kinds:
-                        t[kind].append(measure(args, kind, procs, batch, base_env))
+                t = dict({k: [] for k in KINDS},
+                         **measure(args, kinds, procs, batch, base_env))
 
                 def cell(kind):
                     return "%.2f" % statistics.median(t[kind]) if t[kind] else "n/a"

@@ -216,7 +216,7 @@ case "$cmd" in
     (cd /tmp && export BNPS_PARITY_DEVICE=cuda && part torch_parity 240 "$PY" \
       "$REPO/tests/pytorch/pytorch_parity_test.py" -v SyncParityTest)
     part torch_bench 300 "$PY" "$REPO/tools/bench/pytorch_gpu_benchmark.py" \
-      --procs 2,4 --batches 8,32 --runs "${BNPS_TORCH_RUNS:-2}"
+      --procs 2,4 --batches 8,32 --runs "${BNPS_TORCH_RUNS:-3}"
     cp "$RESULTS/torch_bench.log" "$RESULTS/pytorch_gpu.md"
     ;;
   demo_to)  # demo_to OUT_SUBDIR [launcher flags]: the demo into $RESULTS/OUT_SUBDIR
