@@ -265,6 +265,10 @@ def server_command(args, shard):
                                                       "shard%d" % shard))
     if args.checkpoint_every_steps is not None:
         cmd.append("--checkpoint_every_steps=%d" % args.checkpoint_every_steps)
+    # The launcher stops the servers itself, after its end-of-run reads
+    # (--export); a server that left on its own as the job completed would
+    # look like one that died before the workers' exits were seen.
+    cmd.append("--keep_serving")
     if not args.server_tls_cert:
         # Plaintext: BN traffic also over raw TCP (a free port; the workers
         # learn it when they register and keep the gRPC stream as the

@@ -576,6 +576,15 @@ absl::Status Main() {
                 RecalModeName(*recal_mode).c_str());
   }
   std::fflush(stdout);
+  // The worker's last call: once every worker has left, the job is
+  // complete and the servers write their final checkpoints. Training
+  // succeeded either way, so a failure here is only said.
+  if (absl::Status s = (*client)->Leave(); !s.ok()) {
+    std::fprintf(stderr,
+                 "bnps_worker %d/%d: warning: could not tell every server "
+                 "that this worker finished: %s\n",
+                 worker, num_workers, std::string(s.message()).c_str());
+  }
   if (!report_path.empty()) {
     std::ofstream out(report_path);
     out << ReportJson(*report) << "\n";
