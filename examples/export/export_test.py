@@ -1,5 +1,5 @@
 """The export end to end, small: a sync job of 2 bnps_worker processes and 2
-shards on 127.0.0.1 (servers with --keep_serving) trains the built-in CNN on
+shards on 127.0.0.1 (LocalCluster: servers with --keep_serving) trains the built-in CNN on
 real Fashion-MNIST; then bnps.export.export (Python, through the C++ client)
 writes the same bytes as `bnps_status --export`, examples/export/evaluate.py
 loads them into the equivalent torch.nn module with strict=True, and its
@@ -43,8 +43,7 @@ STEPS = 2 * 4096 // 2 // 32  # 2 epochs of 4096 examples, 2 workers
 class ExportTest(unittest.TestCase):
     def test_the_export_evaluates_to_the_workers_accuracy(self):
         with tempfile.TemporaryDirectory() as out, \
-                LocalCluster(num_servers=2, num_workers=2, policy="sync",
-                             server_flags=["--keep_serving"]) as c:
+                LocalCluster(num_servers=2, num_workers=2, policy="sync") as c:
             workers = [subprocess.Popen(
                 [WORKER, "--servers=" + c.servers, f"--worker={w}",
                  "--num_workers=2", "--policy=sync", "--device=cpu",
