@@ -248,7 +248,8 @@ absl::Status Shard::Register(int worker, uint64_t incarnation) {
     // A restarted process takes the place of the one it replaces, live or
     // lost; its first Rollback brings the job back to where it can join.
     const Membership::WorkerInfo info = membership_.Snapshot()[worker];
-    if (info.registered && info.incarnation != incarnation) {
+    // A worker that finished the job does not come back (Register says so).
+    if (info.registered && !info.finished && info.incarnation != incarnation) {
       std::fprintf(stderr,
                    "bnps_server[%d]: worker %d registered from another "
                    "process: it takes the place of the old one "

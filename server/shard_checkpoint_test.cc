@@ -269,6 +269,10 @@ TEST_F(ShardCheckpointTest, UnderWaitARestartedWorkerTakesThePlace) {
   auto strict = *Shard::Create(Options(2, policy::WorkerLoss::kFail));
   ASSERT_TRUE(strict->Register(1, 21).ok());
   EXPECT_EQ(strict->Register(1, 22).code(), absl::StatusCode::kFailedPrecondition);
+  // A worker that finished does not come back, not even under wait.
+  ASSERT_TRUE(shard->Leave(0, 11).ok());
+  EXPECT_EQ(shard->Register(0, 12).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(shard->membership().Snapshot()[0].finished);
 }
 
 // The end of the job: once every worker left, the shard writes a final
