@@ -1,6 +1,7 @@
 #include "server/membership.h"
 
 #include "absl/strings/str_cat.h"
+#include "proto/generation.h"
 
 namespace bnps::server {
 
@@ -33,7 +34,8 @@ absl::Status Membership::Register(int worker, uint64_t incarnation,
   WorkerInfo& info = workers_[worker];
   if (info.finished) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "worker ", worker, " finished the job already; it cannot join again"));
+        "worker ", worker, " ", proto::kFinishedText,
+        " already; it cannot join again"));
   }
   if (info.registered && info.incarnation != incarnation) {
     return absl::FailedPreconditionError(

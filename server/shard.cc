@@ -238,9 +238,10 @@ absl::Status Shard::Register(int worker, uint64_t incarnation) {
   absl::MutexLock lock(&join_mu_);
   if (job_complete()) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "job '", options_.job, "' is complete: every worker finished it. "
-        "Its final state is served for reads (bnps_status --export); a new "
-        "job needs servers with another --checkpoint_dir"));
+        "job '", options_.job, "' is complete: every worker ",
+        proto::kFinishedText, ". Its final state is served for reads "
+        "(bnps_status --export); a new job needs servers with another "
+        "--checkpoint_dir"));
   }
   const absl::Time now = options_.now();
   if (options_.worker_loss == policy::WorkerLoss::kWait && incarnation != 0 &&

@@ -1,7 +1,8 @@
 """The end of a job on a real cluster (2 shards, 2 workers, sync, 127.0.0.1):
 every shard writes a final checkpoint when the last worker leaves, so a
 shard SIGKILLed after the job and restarted with the same command serves the
-finished run's `bnps_status --digest` and says the job is complete; and,
+finished run's `bnps_status --digest` and says the job is complete (a
+worker started again then has nothing to do and exits 0); and,
 without --keep_serving, the servers exit 0 on their own once the job is
 complete, and one started again on it keeps serving reads.
 """
@@ -44,6 +45,13 @@ class JobEndTest(unittest.TestCase):
                                               "finished"), 2, status)
                 self.assertEqual(len(re.findall(r"worker \d: finished", status)),
                                  4, status)
+                # A worker started again on the complete job (a supervisor's
+                # restart of a process killed on its way out) has nothing to
+                # do: it exits 0, saying so.
+                c.start_worker(1)
+                self.assertEqual(c.wait_workers(), [0, 0], c.logs())
+                self.assertIn("bnps_worker 1/2: nothing to do", c.read_log("worker", 1))
+                self.assertIn("is complete", c.read_log("worker", 1))
             finally:
                 c.stop()
 

@@ -133,7 +133,7 @@ class CommandLineTest(OneLineErrors, unittest.TestCase):
                  "--heap_keep_mb", "--policy", "--token_file", "--tls_cert",
                  "--tls_key", "--tls_client_ca", "--metrics_port",
                  "--metrics_address", "--checkpoint_dir",
-                 "--checkpoint_every_steps", "--on_worker_loss"],
+                 "--checkpoint_every_steps", "--on_worker_loss", "--keep_serving"],
         WORKER: ["--servers", "--connect_timeout_s", "--rpc_timeout_s",
                  "--bn_over_tcp",
                  "--token_file", "--tls_ca",
@@ -141,7 +141,7 @@ class CommandLineTest(OneLineErrors, unittest.TestCase):
                  "--metrics_address", "--metrics_linger_s"],
         STATUS: ["--servers", "--timeout_ms", "--token_file", "--tls_ca",
                  "--tls_cert", "--tls_key", "--json", "--watch",
-                 "--interval_s", "--count", "--digest"],
+                 "--interval_s", "--count", "--digest", "--export", "--job"],
     }
 
     def test_help_lists_every_flag_and_exits_0(self):

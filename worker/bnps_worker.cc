@@ -36,6 +36,7 @@
 #include "worker/nn/model.h"
 #include "client/grpc_ps_client.h"
 #include "policy/policy.h"
+#include "proto/generation.h"
 #include "security/security_flags.h"
 #include "util/command_line.h"
 #include "util/heap_flags.h"
@@ -484,6 +485,13 @@ absl::Status Main() {
         absl::StrCat(client.status().message(),
                      " (check --servers; raise --connect_timeout_s if the "
                      "servers are still starting)"));
+  }
+  if (proto::IsFinished(client.status())) {
+    // This worker id finished the job already (a restart of a process
+    // killed on its way out, say): there is nothing left to do.
+    std::printf("bnps_worker %d/%d: nothing to do: %s\n", worker, num_workers,
+                std::string(client.status().message()).c_str());
+    return absl::OkStatus();
   }
   if (!client.ok()) return client.status();
   // The layers' running stats follow the servers' momentum: under sync the
