@@ -74,7 +74,7 @@ absl::StatusOr<proto::StatusResponse> JobReader::GetStatus(int shard) const {
   proto::StatusResponse resp;
   absl::Status s = proto::FromGrpcStatus(
       stubs_[shard]->GetStatus(&context, proto::StatusRequest(), &resp));
-  if (!s.ok()) return Context(s, absl::StrCat("GetStatus of ", ShardName(shard)));
+  if (!s.ok()) return s;  // as the shard's call gave it (callers name it)
   return resp;
 }
 

@@ -81,7 +81,8 @@ class JobReader {
   const JobReaderOptions& options() const { return options_; }
 
   // What shard `shard` knows (GetStatus). INVALID_ARGUMENT for a shard out
-  // of range.
+  // of range; a failed call's status as it is, not prefixed (the caller
+  // names the shard, as bnps_status's view does).
   absl::StatusOr<proto::StatusResponse> GetStatus(int shard) const;
   // The digest of every shard (GetDigest), as bnps_status --digest prints.
   absl::StatusOr<JobDigest> GetDigest() const;
