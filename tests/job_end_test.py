@@ -7,6 +7,7 @@ without --keep_serving, the servers exit 0 on their own once the job is
 complete, and one started again on it keeps serving reads.
 """
 
+import os
 import re
 import tempfile
 import unittest
@@ -72,6 +73,12 @@ class JobEndTest(unittest.TestCase):
                 code, digest = c.status("--digest")
                 self.assertEqual(code, 0, c.logs())
                 self.assertRegex(digest, r"^params sha256 [0-9a-f]{64} step 10$")
+                # An export of the final state is still possible.
+                path = os.path.join(out, "model.safetensors")
+                code, said = c.status("--export=" + path)
+                self.assertEqual(code, 0, said)
+                self.assertIn("of step 10 (the job is complete)", said)
+                self.assertGreater(os.path.getsize(path), 1000)
                 # Reads do not end it: it serves until stopped.
                 self.assertEqual(c.status("--digest"), (0, digest))
                 self.assertEqual([s.poll() for s in c.servers], [None, None])
