@@ -273,6 +273,8 @@ absl::StatusOr<int64_t> GrpcPsClient::Recover(bool restarted) {
 
 bool GrpcPsClient::rejoining() const { return membership_->rejoining(); }
 
+absl::Status GrpcPsClient::Leave() { return membership_->Leave(); }
+
 absl::StatusOr<proto::StatusResponse> GrpcPsClient::GetStatus(int shard) {
   return membership_->GetStatus(shard);
 }

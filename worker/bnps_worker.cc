@@ -37,6 +37,7 @@
 #include "worker/nn/model.h"
 #include "client/grpc_ps_client.h"
 #include "policy/policy.h"
+#include "proto/generation.h"
 #include "security/security_flags.h"
 #include "util/command_line.h"
 #include "util/heap_flags.h"
@@ -506,6 +507,13 @@ absl::Status Main() {
                      " (check --servers; raise --connect_timeout_s if the "
                      "servers are still starting)"));
   }
+  if (proto::IsFinished(client.status())) {
+    // This worker id finished the job already (a restart of a process
+    // killed on its way out, say): there is nothing left to do.
+    std::printf("bnps_worker %d/%d: nothing to do: %s\n", worker, num_workers,
+                std::string(client.status().message()).c_str());
+    return absl::OkStatus();
+  }
   if (!client.ok()) return client.status();
   // The layers' running stats follow the servers' momentum: under sync the
   // worker's own copy is then the servers' bit for bit.
@@ -597,6 +605,15 @@ absl::Status Main() {
                 RecalModeName(*recal_mode).c_str());
   }
   std::fflush(stdout);
+  // The worker's last call: once every worker has left, the job is
+  // complete and the servers write their final checkpoints. Training
+  // succeeded either way, so a failure here is only said.
+  if (absl::Status s = (*client)->Leave(); !s.ok()) {
+    std::fprintf(stderr,
+                 "bnps_worker %d/%d: warning: could not tell every server "
+                 "that this worker finished: %s\n",
+                 worker, num_workers, std::string(s.message()).c_str());
+  }
   if (!report_path.empty()) {
     std::ofstream out(report_path);
     out << ReportJson(*report) << "\n";
