@@ -10,6 +10,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "bn/cuda_kernels_internal.h"
+#include "bn/cuda_status.h"
+#include "bn/staging_buffer.h"
 
 namespace bnps::bn {
 namespace {
@@ -21,12 +23,6 @@ using cuda_internal::NormalizeParams;
 using cuda_internal::SplitMean;
 using cuda_internal::SumsPartial;
 
-absl::Status CudaStatus(cudaError_t err, absl::string_view what) {
-  if (err == cudaSuccess) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorName(err),
-                                          ": ", cudaGetErrorString(err)));
-}
-
 Dims ToDims(const Shape& shape) { return {shape.n, shape.c, shape.Spatial()}; }
 
 SplitMean Split(double mean) {
@@ -37,6 +33,15 @@ SplitMean Split(double mean) {
 double InvStd(const Normalization& norm, size_t c) {
   return 1.0 / std::sqrt(norm.var[c] + norm.eps);
 }
+
+// Page-locked host memory: the per-channel copies of every BN exchange go
+// through it, asynchronously on the kernels' stream.
+absl::Status PinnedAllocate(size_t bytes, void** out) {
+  return CudaStatus(cudaMallocHost(out, bytes),
+                    absl::StrCat("cudaMallocHost of ", bytes, " bytes"));
+}
+void PinnedRelease(void* data) { cudaFreeHost(data); }
+constexpr StagingAllocator kPinned{PinnedAllocate, PinnedRelease};
 
 class CudaBnKernels final : public BnKernels {
  public:
@@ -71,12 +76,13 @@ class CudaBnKernels final : public BnKernels {
       return s;
     }
     auto* results = static_cast<MomentsPartial*>(results_.data());
-    std::vector<MomentsPartial> host(c);
+    MomentsPartial* host = nullptr;
+    if (absl::Status s = to_host_.Reserve(c, &host); !s.ok()) return s;
     cudaError_t err = cuda_internal::LaunchMoments(
         x, dims, static_cast<MomentsPartial*>(partials_.data()), results,
         stream_);
     if (err == cudaSuccess) {
-      err = cudaMemcpyAsync(host.data(), results, c * sizeof(MomentsPartial),
+      err = cudaMemcpyAsync(host, results, c * sizeof(MomentsPartial),
                             cudaMemcpyDeviceToHost, stream_);
     }
     if (absl::Status s = Finish(err, "moments"); !s.ok()) return s;
@@ -98,15 +104,21 @@ class CudaBnKernels final : public BnKernels {
     if (absl::Status s = ValidateNormalizeArgs(x, shape, norm, y); !s.ok()) return s;
     if (shape.Elements() == 0) return absl::OkStatus();
     const size_t c = static_cast<size_t>(shape.c);
-    std::vector<NormalizeParams> params(c);
-    for (size_t i = 0; i < c; ++i) {
-      const SplitMean m = Split(norm.mean[i]);
-      params[i] = {m.hi, m.lo,
-                   static_cast<float>(norm.gamma[i] * InvStd(norm, i)),
-                   norm.beta[i]};
-    }
     if (absl::Status s = Activate(); !s.ok()) return s;
-    if (absl::Status s = Upload(params, &params_); !s.ok()) return s;
+    if (absl::Status s = Upload<NormalizeParams>(
+            c,
+            [&](NormalizeParams* params) {
+              for (size_t i = 0; i < c; ++i) {
+                const SplitMean m = Split(norm.mean[i]);
+                params[i] = {m.hi, m.lo,
+                             static_cast<float>(norm.gamma[i] * InvStd(norm, i)),
+                             norm.beta[i]};
+              }
+            },
+            &params_);
+        !s.ok()) {
+      return s;
+    }
     const cudaError_t err = cuda_internal::LaunchNormalize(
         x, ToDims(shape), static_cast<const NormalizeParams*>(params_.data()),
         y, stream_);
@@ -123,10 +135,16 @@ class CudaBnKernels final : public BnKernels {
     const size_t c = static_cast<size_t>(shape.c);
     const size_t splits =
         static_cast<size_t>(cuda_internal::ReductionSplits(dims));
-    std::vector<SplitMean> mean(c);
-    for (size_t i = 0; i < c; ++i) mean[i] = Split(norm.mean[i]);
     if (absl::Status s = Activate(); !s.ok()) return s;
-    if (absl::Status s = Upload(mean, &params_); !s.ok()) return s;
+    if (absl::Status s = Upload<SplitMean>(
+            c,
+            [&](SplitMean* mean) {
+              for (size_t i = 0; i < c; ++i) mean[i] = Split(norm.mean[i]);
+            },
+            &params_);
+        !s.ok()) {
+      return s;
+    }
     if (absl::Status s = Reserve(&partials_, c * splits * sizeof(SumsPartial));
         !s.ok()) {
       return s;
@@ -135,12 +153,13 @@ class CudaBnKernels final : public BnKernels {
       return s;
     }
     auto* results = static_cast<SumsPartial*>(results_.data());
-    std::vector<SumsPartial> host(c);
+    SumsPartial* host = nullptr;
+    if (absl::Status s = to_host_.Reserve(c, &host); !s.ok()) return s;
     cudaError_t err = cuda_internal::LaunchBackwardReduce(
         dy, x, dims, static_cast<const SplitMean*>(params_.data()),
         static_cast<SumsPartial*>(partials_.data()), results, stream_);
     if (err == cudaSuccess) {
-      err = cudaMemcpyAsync(host.data(), results, c * sizeof(SumsPartial),
+      err = cudaMemcpyAsync(host, results, c * sizeof(SumsPartial),
                             cudaMemcpyDeviceToHost, stream_);
     }
     if (absl::Status s = Finish(err, "backward reduce"); !s.ok()) return s;
@@ -164,17 +183,24 @@ class CudaBnKernels final : public BnKernels {
     // dx = gamma*inv * (dy - sum_dy/n - x_hat * sum_dy_xhat/n), x_hat = d*inv.
     const size_t c = static_cast<size_t>(shape.c);
     const double inv_n = 1.0 / static_cast<double>(count);
-    std::vector<BackwardInputParams> params(c);
-    for (size_t i = 0; i < c; ++i) {
-      const SplitMean m = Split(norm.mean[i]);
-      const double inv = InvStd(norm, i);
-      const double gi = norm.gamma[i] * inv;
-      params[i] = {m.hi, m.lo, static_cast<float>(gi),
-                   static_cast<float>(-gi * inv * sums.sum_dy_xhat[i] * inv_n),
-                   static_cast<float>(-gi * sums.sum_dy[i] * inv_n)};
-    }
     if (absl::Status s = Activate(); !s.ok()) return s;
-    if (absl::Status s = Upload(params, &params_); !s.ok()) return s;
+    if (absl::Status s = Upload<BackwardInputParams>(
+            c,
+            [&](BackwardInputParams* params) {
+              for (size_t i = 0; i < c; ++i) {
+                const SplitMean m = Split(norm.mean[i]);
+                const double inv = InvStd(norm, i);
+                const double gi = norm.gamma[i] * inv;
+                params[i] = {
+                    m.hi, m.lo, static_cast<float>(gi),
+                    static_cast<float>(-gi * inv * sums.sum_dy_xhat[i] * inv_n),
+                    static_cast<float>(-gi * sums.sum_dy[i] * inv_n)};
+              }
+            },
+            &params_);
+        !s.ok()) {
+      return s;
+    }
     const cudaError_t err = cuda_internal::LaunchBackwardInput(
         dy, x, ToDims(shape),
         static_cast<const BackwardInputParams*>(params_.data()), dx, stream_);
@@ -196,12 +222,17 @@ class CudaBnKernels final : public BnKernels {
     return absl::OkStatus();
   }
 
-  // Enqueues a copy of `host` to *buf; `host` must live until Finish.
-  template <typename T>
-  absl::Status Upload(const std::vector<T>& host, DeviceBuffer* buf) {
-    const size_t bytes = host.size() * sizeof(T);
+  // Has `fill` write `count` values of T into pinned memory and enqueues
+  // their copy to *buf (asynchronous: the pinned buffer is not touched again
+  // before Finish).
+  template <typename T, typename Fill>
+  absl::Status Upload(size_t count, Fill fill, DeviceBuffer* buf) {
+    const size_t bytes = count * sizeof(T);
     if (absl::Status s = Reserve(buf, bytes); !s.ok()) return s;
-    return CudaStatus(cudaMemcpyAsync(buf->data(), host.data(), bytes,
+    T* host = nullptr;
+    if (absl::Status s = to_device_.Reserve(count, &host); !s.ok()) return s;
+    fill(host);
+    return CudaStatus(cudaMemcpyAsync(buf->data(), host, bytes,
                                       cudaMemcpyHostToDevice, stream_),
                       "cudaMemcpyAsync to device");
   }
@@ -219,6 +250,10 @@ class CudaBnKernels final : public BnKernels {
   DeviceBuffer params_;    // per-channel parameters, uploaded per call
   DeviceBuffer partials_;  // per-block partial results of the reductions
   DeviceBuffer results_;   // per-channel results of the reductions
+  // Pinned host memory for the per-channel copies, both ways; grown, never
+  // shrunk: after the first step an exchange allocates nothing.
+  StagingBuffer to_device_{kPinned};
+  StagingBuffer to_host_{kPinned};
 };
 
 }  // namespace

@@ -8,7 +8,11 @@
 // (y, dx) are complete when a method returns and the caller may reuse or free
 // its buffers right away. The stream is a blocking one: work the caller queued
 // on the legacy default stream is finished before the kernels read their
-// inputs; work on other streams the caller must synchronize first. Reductions
+// inputs; work on other streams the caller must synchronize first. The
+// waits are for that stream alone, never the whole device; the per-channel
+// values cross through pinned host memory the object keeps (bn/
+// staging_buffer.h) with asynchronous copies, so after the first call of a
+// size nothing is allocated per call. Reductions
 // accumulate in double and are deterministic: the same inputs and shape give
 // bitwise the same results on every call (fixed-order merges, no
 // floating-point atomics), whatever the alignment of the pointers.
@@ -17,7 +21,7 @@
 // kernels); INTERNAL with the CUDA error text when a CUDA call fails;
 // FAILED_PRECONDITION from NewCudaBnKernels when there is no such device.
 //
-// Ownership: the kernels object owns its stream and scratch memory; tensors
+// Ownership: the kernels object owns its stream, scratch and pinned memory; tensors
 // stay the caller's. DeviceBuffer owns its allocation.
 //
 // Thread-safety: the kernels object is thread-compatible (one per thread, or

@@ -8,7 +8,7 @@
 #include "absl/memory/memory.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "client/internal/bn_stream.h"
+#include "client/internal/bn_calls.h"
 #include "client/internal/bulk_transfer.h"
 #include "client/internal/channels.h"
 #include "client/internal/membership.h"
@@ -272,6 +272,8 @@ absl::StatusOr<int64_t> GrpcPsClient::Recover(bool restarted) {
 }
 
 bool GrpcPsClient::rejoining() const { return membership_->rejoining(); }
+
+absl::Status GrpcPsClient::Leave() { return membership_->Leave(); }
 
 absl::StatusOr<proto::StatusResponse> GrpcPsClient::GetStatus(int shard) {
   return membership_->GetStatus(shard);

@@ -139,6 +139,9 @@ class GrpcPsClient final : public PsClient {
   // shards that are down (restarting). Not concurrently with other calls.
   absl::StatusOr<int64_t> Recover(bool restarted) override;
   bool rejoining() const override;
+  // As PsClient's; tells every shard at once (retrying UNAVAILABLE), then
+  // stops heartbeating. Not concurrently with other calls.
+  absl::Status Leave() override;
 
   // What shard `shard` knows. INVALID_ARGUMENT for a shard out of range.
   absl::StatusOr<proto::StatusResponse> GetStatus(int shard);

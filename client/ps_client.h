@@ -237,6 +237,14 @@ class PsClient {
   // True if this process runs a worker id that had taken part in the job
   // before it connected: a restart, which must Recover(true) first.
   virtual bool rejoining() const { return false; }
+
+  // This worker finished the job: its last call, after training and after
+  // the running statistics are settled. Once every worker of the job has
+  // left, the job is complete: the servers write their final checkpoints
+  // and (bnps_server without --keep_serving) exit. The servers' errors,
+  // e.g. FAILED_PRECONDITION for a worker the job dropped; the default
+  // (implementations without servers to tell) does nothing.
+  virtual absl::Status Leave() { return absl::OkStatus(); }
 };
 
 }  // namespace bnps::client

@@ -225,4 +225,19 @@ absl::Status FromGrpcStatus(const grpc::Status& s) {
                       s.error_message());
 }
 
+int WireCode(const absl::Status& s) { return static_cast<int>(s.code()); }
+
+absl::Status StatusFromWire(int code, absl::string_view message,
+                            absl::string_view context) {
+  if (code == 0) return absl::OkStatus();
+  const std::string lead =
+      context.empty() ? std::string() : absl::StrCat(context, ": ");
+  if (code < 0 || code > static_cast<int>(absl::StatusCode::kUnauthenticated)) {
+    return absl::UnknownError(
+        absl::StrCat(lead, "code ", code, ": ", message));
+  }
+  return absl::Status(static_cast<absl::StatusCode>(code),
+                      absl::StrCat(lead, message));
+}
+
 }  // namespace bnps::proto

@@ -17,6 +17,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "bn/kernels.h"
 #include "bn/moments.h"
@@ -65,6 +66,14 @@ void AppendChunks(const std::string& key, absl::Span<const int64_t> shape,
 // The one place statuses cross between Abseil and gRPC.
 grpc::Status ToGrpcStatus(const absl::Status& s);
 absl::Status FromGrpcStatus(const grpc::Status& s);
+
+// The one place statuses cross the BN messages' `code` and `message` fields
+// (BnResponse, BnHelloReply): the code is absl::StatusCode's number, 0 for
+// OK. A code outside Abseil's range (a peer of another version) is UNKNOWN,
+// naming the number; `context` (if not empty) leads the message.
+int WireCode(const absl::Status& s);
+absl::Status StatusFromWire(int code, absl::string_view message,
+                            absl::string_view context = "");
 
 }  // namespace bnps::proto
 

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "gmock/gmock.h"
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
 namespace bnps::proto {
@@ -139,6 +140,21 @@ TEST(CodecTest, StatusConversionKeepsCodeAndMessage) {
   EXPECT_EQ(g.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
   EXPECT_EQ(FromGrpcStatus(g), s);
   EXPECT_TRUE(ToGrpcStatus(absl::OkStatus()).ok());
+}
+
+TEST(CodecTest, WireCodesRoundTripAndStrangeOnesAreUnknown) {
+  const absl::Status s = absl::PermissionDeniedError("worker 1 is not you");
+  EXPECT_EQ(WireCode(s), 7);
+  EXPECT_EQ(StatusFromWire(WireCode(s), s.message()), s);
+  EXPECT_EQ(WireCode(absl::OkStatus()), 0);
+  EXPECT_TRUE(StatusFromWire(0, "ignored").ok());
+  EXPECT_EQ(StatusFromWire(9, "stale", "BN_FORWARD of layer 'bn1'"),
+            absl::FailedPreconditionError("BN_FORWARD of layer 'bn1': stale"));
+  for (int code : {-1, 17, 1000}) {
+    const absl::Status u = StatusFromWire(code, "what", "ctx");
+    EXPECT_EQ(u.code(), absl::StatusCode::kUnknown) << code;
+    EXPECT_EQ(u.message(), absl::StrCat("ctx: code ", code, ": what"));
+  }
 }
 
 }  // namespace

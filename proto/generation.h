@@ -19,6 +19,18 @@ inline bool IsRollback(const absl::Status& s) {
   return absl::IsAborted(s) && absl::StrContains(s.message(), kRollsBackText);
 }
 
+// The end of a job (proto/bnps.proto, Leave): a registration refused
+// because the job is complete, or because this worker id finished it
+// already, is FAILED_PRECONDITION containing this. A worker restarted after
+// its id finished (say, killed on its way out) has nothing left to do.
+inline constexpr char kFinishedText[] = "finished the job";
+
+// FAILED_PRECONDITION, containing kFinishedText.
+inline bool IsFinished(const absl::Status& s) {
+  return absl::IsFailedPrecondition(s) &&
+         absl::StrContains(s.message(), kFinishedText);
+}
+
 }  // namespace bnps::proto
 
 #endif  // BNPS_PROTO_GENERATION_H_

@@ -68,6 +68,9 @@ class FakeClient:
         self.calls.append(("recal_finish", layer))
         return np.full(3, 0.5), np.full(3, 2.0)
 
+    def leave(self):
+        self.calls.append(("leave",))
+
     def close(self):
         self.closed = True
 
@@ -156,6 +159,14 @@ class LayerTest(unittest.TestCase):
         s = bnps_connection.Connection(FakeClient(policy))
         self.addCleanup(s.close)
         return s
+
+    def test_finish_leaves_the_job_and_close_does_not(self):
+        s = self.connection("sync")
+        s.close()
+        self.assertEqual(s.client.calls, [])
+        s = self.connection("sync")
+        s.finish()
+        self.assertEqual(s.client.calls, [("leave",)])
 
     def check_against_torch(self, policy, momentum, steps=3):
         s = self.connection(policy)

@@ -2,6 +2,9 @@
 //
 //   bnps_server --port=7000 --shard=0 --num_shards=2 --num_workers=4 --policy=sync
 
+#include <pthread.h>
+
+#include <atomic>
 #include <csignal>
 #include <cstdio>
 #include <string>
@@ -100,6 +103,14 @@ ABSL_FLAG(int64_t, keep_awake_us, 0,
           "waking a CPU from idle (tens of microseconds on a VM). For a "
           "server with CPUs of its own (taskset, a container's cpuset): "
           "e.g. 2000. 0: off.");
+ABSL_FLAG(bool, keep_serving, false,
+          "Keep serving after the job is complete (every worker finished "
+          "and left). Default false: the server then writes its final "
+          "checkpoint (with --checkpoint_dir), says so, and exits 0. With "
+          "it, the server goes on answering reads (bnps_status, --digest, "
+          "--export) until SIGTERM. A server started on a complete job (from "
+          "its final checkpoint) always keeps serving reads: that is how an "
+          "export stays possible after the job.");
 ABSL_FLAG(int, bn_port, -1,
           "Also serve BN traffic over raw TCP on this port of --host (0: a "
           "free one), which registering workers are told: faster per "
@@ -129,9 +140,13 @@ int main(int argc, char** argv) {
       "optimizer, and merges BN statistics under --policy.\n"
       "  bnps_server --port=7000 --shard=0 --num_shards=2 --num_workers=4 "
       "--policy=sync\n"
-      "Exit status: 0 after a clean shutdown (SIGINT, SIGTERM) or --help; 2 "
-      "for a flag it cannot use; 1 for options that do not fit together or "
-      "an address it cannot bind (a port in use).",
+      "The server exits 0 once every worker of the job finished and its "
+      "final checkpoint is written, unless --keep_serving; restarted on a "
+      "complete job, it serves the final state for reads until stopped.\n"
+      "Exit status: 0 after the job completed or a clean shutdown (SIGINT, "
+      "SIGTERM) or --help; 2 for a flag it cannot use; 1 for options that "
+      "do not fit together, an address it cannot bind (a port in use), or a "
+      "final checkpoint that could not be written.",
       env);
   // Debian builds Abseil with Mutex deadlock detection on, which records a
   // lock graph at every acquisition; the tests keep it, the binaries do not.
@@ -145,6 +160,8 @@ int main(int argc, char** argv) {
   sigemptyset(&set);
   sigaddset(&set, SIGINT);
   sigaddset(&set, SIGTERM);
+  // SIGUSR1 is how the end of the job wakes the signal thread (below).
+  sigaddset(&set, SIGUSR1);
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
 
   bnps::server::ShardOptions o;
@@ -171,6 +188,30 @@ int main(int argc, char** argv) {
   o.heartbeat_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_timeout_ms));
   o.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
   o.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every_steps);
+  // The end of the job: 0 while it runs, 1 complete, 2 its final
+  // checkpoint failed. Without --keep_serving the signal thread then
+  // shuts the server down (not this callback: it runs on a call's thread,
+  // which Shutdown would wait for).
+  std::atomic<int> ended{0};
+  std::atomic<pthread_t> signal_thread{};
+  std::atomic<bool> signal_thread_set{false};
+  std::atomic<bool> woken{false};  // SIGUSR1 sent once, by whoever is last
+  const auto wake = [&] {
+    if (signal_thread_set.load() && !woken.exchange(true)) {
+      pthread_kill(signal_thread.load(), SIGUSR1);
+    }
+  };
+  const bool keep_serving = absl::GetFlag(FLAGS_keep_serving);
+  o.on_job_complete = [&](const absl::Status& final_checkpoint) {
+    ended.store(final_checkpoint.ok() ? 1 : 2);
+    if (keep_serving) {
+      std::fprintf(stderr,
+                   "bnps_server: the job is complete; serving its final "
+                   "state for reads (--keep_serving) until stopped\n");
+      return;
+    }
+    wake();
+  };
   // After a restart, stale-synchronous workers resume each at its own step,
   // which sync BN's per-step barriers cannot pair up: not supported yet.
   if (!o.checkpoint_dir.empty() && o.policy == bnps::policy::Policy::kSync &&
@@ -253,9 +294,22 @@ int main(int argc, char** argv) {
   }
   std::fflush(stdout);
 
-  std::thread signals([&set, &server] {
+  std::thread signals([&set, &server, &ended] {
     int sig = 0;
-    sigwait(&set, &sig);
+    // A SIGUSR1 from outside, before the job ended, is not ours.
+    while (sigwait(&set, &sig) == 0 && sig == SIGUSR1 && ended.load() == 0) {
+    }
+    if (sig == SIGUSR1) {
+      std::fprintf(stderr,
+                   ended.load() == 1
+                       ? "bnps_server: every worker finished and the final "
+                         "checkpoint is written (if any): exiting "
+                         "(--keep_serving would keep serving reads)\n"
+                       : "bnps_server: every worker finished but the final "
+                         "checkpoint failed: exiting with status 1\n");
+      (*server)->Shutdown();
+      return;
+    }
     std::fprintf(stderr, "bnps_server: signal %d, shutting down\n", sig);
     if (sig == SIGTERM && !(*server)->shard().options().checkpoint_dir.empty()) {
       // Under sync the checkpoints taken at step boundaries are flushed (a
@@ -267,8 +321,12 @@ int main(int argc, char** argv) {
     }
     (*server)->Shutdown();
   });
+  signal_thread.store(signals.native_handle());
+  signal_thread_set.store(true);
+  // The job may have completed before the thread was known.
+  if (ended.load() != 0 && !keep_serving) wake();
   (*server)->Wait();
   signals.join();
   if (*metrics != nullptr) (*metrics)->Stop();
-  return 0;
+  return ended.load() == 2 && !keep_serving ? 1 : 0;
 }

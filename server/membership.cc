@@ -1,6 +1,7 @@
 #include "server/membership.h"
 
 #include "absl/strings/str_cat.h"
+#include "proto/generation.h"
 
 namespace bnps::server {
 
@@ -31,6 +32,11 @@ absl::Status Membership::Register(int worker, uint64_t incarnation,
   absl::MutexLock lock(&mu_);
   if (absl::Status s = Check(worker, incarnation); !s.ok()) return s;
   WorkerInfo& info = workers_[worker];
+  if (info.finished) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "worker ", worker, " ", proto::kFinishedText,
+        " already; it cannot join again"));
+  }
   if (info.registered && info.incarnation != incarnation) {
     return absl::FailedPreconditionError(
         absl::StrCat("worker ", worker,
@@ -60,9 +66,23 @@ absl::Status Membership::Replace(int worker, uint64_t incarnation,
   WorkerInfo& info = workers_[worker];
   info.registered = true;
   info.lost = false;
+  info.finished = false;
   info.incarnation = incarnation;
   info.last_seen = now;
   restored_[worker] = false;
+  return absl::OkStatus();
+}
+
+absl::Status Membership::Finish(int worker, uint64_t incarnation) {
+  absl::MutexLock lock(&mu_);
+  if (absl::Status s = Check(worker, incarnation); !s.ok()) return s;
+  WorkerInfo& info = workers_[worker];
+  if (!info.registered || info.incarnation != incarnation) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "worker ", worker, " said it finished from a process that does not "
+        "run it (not registered, or another process registered)"));
+  }
+  info.finished = true;
   return absl::OkStatus();
 }
 
@@ -130,7 +150,8 @@ std::vector<int> Membership::CheckTimeouts(absl::Time now) {
   std::vector<int> lost;
   for (size_t w = 0; w < workers_.size(); ++w) {
     WorkerInfo& info = workers_[w];
-    if (info.registered && !info.lost && now - info.last_seen > timeout_) {
+    if (info.registered && !info.lost && !info.finished &&
+        now - info.last_seen > timeout_) {
       info.lost = true;
       lost.push_back(static_cast<int>(w));
     }
@@ -147,7 +168,9 @@ std::vector<int> Membership::LiveWorkers() const {
   absl::MutexLock lock(&mu_);
   std::vector<int> live;
   for (size_t w = 0; w < workers_.size(); ++w) {
-    if (workers_[w].registered && !workers_[w].lost) live.push_back(w);
+    if (workers_[w].registered && !workers_[w].lost && !workers_[w].finished) {
+      live.push_back(w);
+    }
   }
   return live;
 }

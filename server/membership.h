@@ -14,6 +14,11 @@
 // registered are not lost; barriers that wait for them fail at their
 // deadlines instead.
 //
+// A worker that finished the job (Finish: its process is done with every
+// call) is never lost: it heartbeats no more. A finished worker may not
+// register again (FAILED_PRECONDITION); its own process's late heartbeats
+// are OK.
+//
 // Errors: INVALID_ARGUMENT for a worker id outside the job or incarnation 0;
 // FAILED_PRECONDITION for a registration with another incarnation while the
 // worker is live, a heartbeat from another incarnation or before
@@ -52,6 +57,11 @@ class Membership {
   // is a checkpoint's (Restore) and the process not registered since.
   absl::Status Heartbeat(int worker, uint64_t incarnation, absl::Time now);
 
+  // `worker`, run by `incarnation`, finished the job. OK again for a retry;
+  // FAILED_PRECONDITION for a lost worker, one not registered, or another
+  // incarnation.
+  absl::Status Finish(int worker, uint64_t incarnation);
+
   // Workers that became lost since the last call.
   std::vector<int> CheckTimeouts(absl::Time now);
 
@@ -59,6 +69,7 @@ class Membership {
     bool registered = false;
     bool lost = false;
     uint64_t incarnation = 0;  // of the latest registration; 0 before any
+    bool finished = false;     // finished the job (Finish)
     absl::Time last_seen = absl::InfinitePast();
   };
   std::vector<WorkerInfo> Snapshot() const;
@@ -66,7 +77,8 @@ class Membership {
   // ignored), as last seen `now`: the registered workers get a full
   // heartbeat_timeout to be heard from. Ignored unless of the job's size.
   void Restore(const std::vector<WorkerInfo>& workers, absl::Time now);
-  std::vector<int> LiveWorkers() const;  // registered and not lost
+  // Registered, not lost and not finished.
+  std::vector<int> LiveWorkers() const;
   // False for an id outside the job.
   bool IsLost(int worker) const;
   // "worker N was lost (no heartbeat for T)": how every refusal and log line

@@ -64,6 +64,28 @@ TEST(MembershipTest, LostIsFinalButForRejoin) {
             absl::StatusCode::kFailedPrecondition);
 }
 
+TEST(MembershipTest, AFinishedWorkerIsNeverLostAndCannotJoinAgain) {
+  Membership m(2, kTimeout);
+  ASSERT_TRUE(m.Register(0, 5, kT0).ok());
+  EXPECT_EQ(m.Finish(0, 6).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(m.Finish(1, 5).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(m.Finish(2, 5).code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(m.Finish(0, 5).ok());
+  EXPECT_TRUE(m.Finish(0, 5).ok());  // a retried call
+  EXPECT_TRUE(m.Snapshot()[0].finished);
+  EXPECT_TRUE(m.LiveWorkers().empty());
+  EXPECT_TRUE(m.CheckTimeouts(kT0 + 10 * kTimeout).empty());
+  EXPECT_FALSE(m.IsLost(0));
+  EXPECT_TRUE(m.Heartbeat(0, 5, kT0).ok());  // a late one of its process
+  for (uint64_t incarnation : {5, 6}) {
+    const absl::Status s = m.Register(0, incarnation, kT0);
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_NE(s.message().find("worker 0 finished the job already"),
+              std::string::npos)
+        << s;
+  }
+}
+
 // A server restarted from a checkpoint knows the registrations of then: a
 // worker restarted after the checkpoint heartbeats with another incarnation
 // before it registers again (in its rollback), which must not stop it.

@@ -48,7 +48,7 @@ class ServerMetrics {
   enum Method {
     kRegister, kHeartbeat, kInitParameters, kPushGradients, kPullParameters,
     kBnSync, kStartStep, kFinishStep, kGetStatus, kRollback, kGetDigest,
-    kNumMethods
+    kLeave, kReadState, kNumMethods
   };
   // The phases of proto::BnPhase, in its order.
   enum BnPhase {

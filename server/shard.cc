@@ -1,5 +1,6 @@
 #include "server/shard.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <utility>
 
@@ -101,7 +102,15 @@ absl::StatusOr<std::unique_ptr<Shard>> Shard::Create(ShardOptions options) {
                    SetAside(file->path).c_str());
       file = LoadNewestCheckpoint(o.checkpoint_dir, prefix);
     }
-    if (file.ok()) {
+    if (file.ok() && shard->job_complete()) {
+      std::fprintf(stderr,
+                   "bnps_server[%d]: resumed from the final checkpoint of "
+                   "step %lld (%s): the job is complete (every worker "
+                   "finished); serving its final state for reads "
+                   "(bnps_status, --digest, --export); no worker may join\n",
+                   o.shard, static_cast<long long>(file->step),
+                   file->path.c_str());
+    } else if (file.ok()) {
       absl::MutexLock lock(&shard->gen_mu_);
       shard->gen_.needs_rollback = true;
       std::fprintf(stderr,
@@ -227,13 +236,21 @@ bool Shard::TookPart(int worker) const {
 
 absl::Status Shard::Register(int worker, uint64_t incarnation) {
   absl::MutexLock lock(&join_mu_);
+  if (job_complete()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job '", options_.job, "' is complete: every worker ",
+        proto::kFinishedText, ". Its final state is served for reads "
+        "(bnps_status --export); a new job needs servers with another "
+        "--checkpoint_dir"));
+  }
   const absl::Time now = options_.now();
   if (options_.worker_loss == policy::WorkerLoss::kWait && incarnation != 0 &&
       worker >= 0 && worker < options_.num_workers) {
     // A restarted process takes the place of the one it replaces, live or
     // lost; its first Rollback brings the job back to where it can join.
     const Membership::WorkerInfo info = membership_.Snapshot()[worker];
-    if (info.registered && info.incarnation != incarnation) {
+    // A worker that finished the job does not come back (Register says so).
+    if (info.registered && !info.finished && info.incarnation != incarnation) {
       std::fprintf(stderr,
                    "bnps_server[%d]: worker %d registered from another "
                    "process: it takes the place of the old one "
@@ -264,11 +281,68 @@ absl::Status Shard::Register(int worker, uint64_t incarnation) {
   return absl::OkStatus();
 }
 
+absl::Status Shard::Leave(int worker, uint64_t incarnation) {
+  {
+    absl::MutexLock lock(&join_mu_);
+    if (absl::Status s = membership_.Finish(worker, incarnation); !s.ok()) {
+      return s;
+    }
+    if (!MarkCompleteIfDone()) return absl::OkStatus();
+  }
+  return FinishJob();
+}
+
+bool Shard::MarkCompleteIfDone() {
+  const bool shrink = options_.worker_loss == policy::WorkerLoss::kShrink;
+  bool any = false;
+  for (const Membership::WorkerInfo& w : membership_.Snapshot()) {
+    if (w.finished) {
+      any = true;
+    } else if (!(shrink && w.lost)) {
+      return false;
+    }
+  }
+  absl::MutexLock lock(&gen_mu_);
+  if (!any || complete_) return false;
+  complete_ = true;
+  return true;
+}
+
+absl::Status Shard::FinishJob() {
+  absl::Status s;
+  std::string said = "no --checkpoint_dir, so no final checkpoint";
+  if (!options_.checkpoint_dir.empty()) {
+    // No call changes the state any more: it is the final step's.
+    StoreState state = store_.Export();
+    int64_t step = 0;
+    for (const StoreState::Key& k : state.keys) step = std::max(step, k.version);
+    OnBoundary(step, std::move(state));
+    s = FlushCheckpoints();
+    said = s.ok() ? absl::StrCat("final checkpoint of step ", step,
+                                 " written to ", options_.checkpoint_dir)
+                  : absl::StrCat("the final checkpoint of step ", step,
+                                 " failed: ", s.message());
+  }
+  std::fprintf(stderr,
+               "bnps_server[%d]: every worker finished the job: it is "
+               "complete; %s\n",
+               options_.shard, said.c_str());
+  if (options_.on_job_complete) options_.on_job_complete(s);
+  return s;
+}
+
 void Shard::Tick(absl::Time now) {
+  bool completed = false;
   {
     absl::MutexLock lock(&join_mu_);
     HandleLosses(now);
+    // Under shrink, the last unfinished worker may be dropped after the
+    // others finished.
+    if (options_.worker_loss == policy::WorkerLoss::kShrink) {
+      completed = MarkCompleteIfDone();
+    }
   }
+  if (completed) FinishJob().IgnoreError();
   store_.ExpireDeadlines(now);
   bn_.ExpireDeadlines(now);
   if (clocks_) clocks_->ExpireDeadlines(now);

@@ -28,6 +28,14 @@
 // then needs a rollback: every generation-checked call is refused until a
 // worker rolls the job back (Rollback). Job generations: proto/bnps.proto.
 //
+// The end of a job: a worker that is done with it calls Leave. Once every
+// worker has left (under shrink, or was dropped), the job is complete: the
+// shard writes a final checkpoint of the final state (with a
+// checkpoint_dir), calls ShardOptions::on_job_complete, and refuses new
+// registrations. Created from such a final checkpoint, the shard is
+// complete at once (no rollback to wait for) and serves that state to
+// readers (GetStatus, GetDigest, ReadState).
+//
 // Thread-safety: thread-safe.
 
 #ifndef BNPS_SERVER_SHARD_H_
@@ -85,6 +93,13 @@ struct ShardOptions {
   int64_t checkpoint_every = 0;
   // This server process, as the wire names it; 0: a random one. Default: 0.
   uint64_t server_incarnation = 0;
+  // Called once when this process sees the job complete (not when it
+  // starts from a final checkpoint), after the final checkpoint was written
+  // (with a checkpoint_dir), with that write's status (OK without a
+  // checkpoint_dir); on the thread of the last Leave (or the ticker's),
+  // without the shard's locks. It must not wait for the server to shut
+  // down. Default: none.
+  std::function<void(const absl::Status& final_checkpoint)> on_job_complete;
 };
 
 class Shard {
@@ -96,7 +111,9 @@ class Shard {
 
   const ShardOptions& options() const { return options_; }
   ParameterStore& store() { return store_; }
+  const ParameterStore& store() const { return store_; }
   BnAggregator& bn() { return bn_; }
+  const BnAggregator& bn() const { return bn_; }
   Membership& membership() { return membership_; }
   // Non-null on shard 0 under async gradients.
   StepClocks* clocks() { return clocks_.get(); }
@@ -118,6 +135,17 @@ class Shard {
   // (a restarted process; it then rolls the job back). Errors for the id and
   // the incarnation as Membership's.
   absl::Status Register(int worker, uint64_t incarnation);
+
+  // `worker`, run by `incarnation`, finished the job (Membership::Finish's
+  // errors). The Leave that completes the job returns once the final
+  // checkpoint is written, with that write's error if it failed.
+  absl::Status Leave(int worker, uint64_t incarnation);
+  // Every worker finished the job (above), in this process or before the
+  // final checkpoint it started from.
+  bool job_complete() const {
+    absl::MutexLock lock(&gen_mu_);
+    return complete_;
+  }
 
   // Whether `worker` took part in the job here (as Register's rule above).
   bool TookPart(int worker) const;
@@ -206,6 +234,11 @@ class Shard {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(join_mu_);
   // Fails or drops the workers lost as of `now`.
   void HandleLosses(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(join_mu_);
+  // Marks the job complete if every worker finished (under shrink, or was
+  // dropped) and at least one finished; true if this call did.
+  bool MarkCompleteIfDone() ABSL_EXCLUSIVE_LOCKS_REQUIRED(join_mu_);
+  // The final checkpoint and on_job_complete, once MarkCompleteIfDone said so.
+  absl::Status FinishJob();
 
   // A checkpoint's worth of state, taken at a boundary, written later.
   struct Taken {
@@ -215,6 +248,7 @@ class Shard {
     BnState bn;
     std::vector<Membership::WorkerInfo> workers;
     std::vector<int64_t> clocks;
+    bool job_complete = false;
   };
   // Called by the store at a step boundary, with its lock held.
   void OnBoundary(int64_t step, StoreState store);
@@ -242,6 +276,7 @@ class Shard {
   mutable absl::Mutex rollback_mu_;
   mutable absl::Mutex gen_mu_;
   GenerationInfo gen_ ABSL_GUARDED_BY(gen_mu_);
+  bool complete_ ABSL_GUARDED_BY(gen_mu_) = false;
 
   mutable absl::Mutex writer_mu_;
   std::deque<std::unique_ptr<Taken>> to_write_ ABSL_GUARDED_BY(writer_mu_);

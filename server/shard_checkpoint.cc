@@ -67,6 +67,7 @@ void Shard::OnBoundary(int64_t step, StoreState store) {
   {
     absl::MutexLock lock(&gen_mu_);
     taken->generation = gen_.generation;
+    taken->job_complete = complete_;
   }
   absl::MutexLock lock(&writer_mu_);
   // The previous boundary must be on disk before this one is taken (the
@@ -127,7 +128,9 @@ void Shard::WriterLoop() {
       ws->set_lost(t->workers[w].lost);
       ws->set_incarnation(t->workers[w].incarnation);
       ws->set_clock(w < t->clocks.size() ? t->clocks[w] : 0);
+      ws->set_finished(t->workers[w].finished);
     }
+    c.set_job_complete(t->job_complete);
     c.set_pushes_applied(t->store.applied);
     c.set_pushes_duplicate(t->store.duplicates);
     c.set_newest_push_step(t->store.newest_step);
@@ -290,10 +293,12 @@ absl::Status Shard::Restore(const std::string& payload, const std::string& from,
       info.registered = w.registered();
       info.lost = w.lost();
       info.incarnation = w.incarnation();
+      info.finished = w.finished();
       infos.push_back(info);
     }
     membership_.Restore(infos, options_.now());
     gen_.generation = c.generation();
+    complete_ = c.job_complete();
   }
   gen_.restored_step = c.step();
   return absl::OkStatus();

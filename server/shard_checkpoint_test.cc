@@ -269,6 +269,73 @@ TEST_F(ShardCheckpointTest, UnderWaitARestartedWorkerTakesThePlace) {
   auto strict = *Shard::Create(Options(2, policy::WorkerLoss::kFail));
   ASSERT_TRUE(strict->Register(1, 21).ok());
   EXPECT_EQ(strict->Register(1, 22).code(), absl::StatusCode::kFailedPrecondition);
+  // A worker that finished does not come back, not even under wait.
+  ASSERT_TRUE(shard->Leave(0, 11).ok());
+  EXPECT_EQ(shard->Register(0, 12).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(shard->membership().Snapshot()[0].finished);
+}
+
+// The end of the job: once every worker left, the shard writes a final
+// checkpoint of the final step (here 5, between the boundaries 4 and 6),
+// calls on_job_complete once, and refuses registrations; a shard started
+// from it is complete at once, needs no rollback, and holds the final bits.
+TEST_F(ShardCheckpointTest, TheLastLeaveWritesAFinalCheckpoint) {
+  std::vector<float> final_values;
+  int completions = 0;
+  absl::Status said = absl::UnknownError("not called");
+  {
+    ShardOptions o = Options(2);
+    o.on_job_complete = [&](const absl::Status& s) {
+      ++completions;
+      said = s;
+    };
+    auto shard = *Shard::Create(o);
+    ASSERT_TRUE(shard->Register(0, 7).ok());
+    ASSERT_TRUE(shard->Register(1, 8).ok());
+    ASSERT_TRUE(*shard->store().Init("w", {2}, {1.0f, 2.0f}));
+    for (int64_t s = 0; s < 5; ++s) Step(*shard, s, 0.5f * (s + 1));
+    final_values = Values(*shard);
+    ASSERT_TRUE(shard->Leave(0, 7).ok());
+    EXPECT_FALSE(shard->job_complete());
+    EXPECT_EQ(completions, 0);
+    EXPECT_EQ(shard->Leave(1, 9).code(), absl::StatusCode::kFailedPrecondition);
+    ASSERT_TRUE(shard->Leave(1, 8).ok());
+    EXPECT_TRUE(shard->job_complete());
+    EXPECT_EQ(completions, 1);
+    EXPECT_TRUE(said.ok()) << said;
+    ASSERT_TRUE(shard->Leave(1, 8).ok());  // a retry completes nothing again
+    EXPECT_EQ(completions, 1);
+    EXPECT_EQ(*ListCheckpoints(dir_), (std::vector<int64_t>{5, 4, 2}));
+    EXPECT_EQ(shard->Register(1, 10).code(),
+              absl::StatusCode::kFailedPrecondition);
+  }
+  auto restarted = *Shard::Create(Options(2));
+  EXPECT_TRUE(restarted->job_complete());
+  const Shard::GenerationInfo g = restarted->generation();
+  EXPECT_FALSE(g.needs_rollback);
+  EXPECT_EQ(g.restored_step, 5);
+  EXPECT_EQ(Values(*restarted), final_values);
+  EXPECT_TRUE(restarted->membership().Snapshot()[1].finished);
+  const absl::Status join = restarted->Register(0, 11);
+  EXPECT_EQ(join.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(join.message().find("is complete"), std::string::npos) << join;
+}
+
+// Under shrink, a job whose other workers finished completes when the last
+// one is dropped.
+TEST_F(ShardCheckpointTest, UnderShrinkADroppedWorkerDoesNotHoldTheEndBack) {
+  ShardOptions o = Options(2, policy::WorkerLoss::kShrink);
+  o.heartbeat_timeout = absl::Seconds(1);
+  const absl::Time t0 = absl::FromUnixSeconds(1'000'000);
+  o.now = [t0] { return t0; };
+  auto shard = *Shard::Create(o);
+  ASSERT_TRUE(shard->Register(0, 7).ok());
+  ASSERT_TRUE(shard->Register(1, 8).ok());
+  ASSERT_TRUE(shard->Leave(0, 7).ok());
+  shard->Tick(t0 + absl::Milliseconds(500));
+  EXPECT_FALSE(shard->job_complete());
+  shard->Tick(t0 + absl::Seconds(2));  // worker 1 is dropped
+  EXPECT_TRUE(shard->job_complete());
 }
 
 }  // namespace

@@ -488,7 +488,53 @@ class BnReactor
   grpc::Status end_ ABSL_GUARDED_BY(mu_);  // how the stream ends
 };
 
+// A read-only stream of messages built before the call started.
+class ReadStateReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
+ public:
+  ReadStateReactor(std::vector<grpc::ByteBuffer> messages,
+                   ServerMetrics* metrics)
+      : messages_(std::move(messages)), metrics_(metrics) {
+    Next();
+  }
+  void OnWriteDone(bool ok) override {
+    if (!ok) {  // the client went away
+      End(grpc::Status(grpc::StatusCode::CANCELLED, "ReadState cancelled"));
+      return;
+    }
+    Next();
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  void Next() {
+    if (next_ == messages_.size()) {
+      End(grpc::Status::OK);
+      return;
+    }
+    if (metrics_) {
+      metrics_->Sent(ServerMetrics::kReadState, messages_[next_].Length());
+    }
+    StartWrite(&messages_[next_++]);
+  }
+  void End(const grpc::Status& s) {
+    if (metrics_) {
+      metrics_->Request(ServerMetrics::kReadState,
+                        static_cast<absl::StatusCode>(s.error_code()));
+    }
+    Finish(s);
+  }
+
+  std::vector<grpc::ByteBuffer> messages_;
+  size_t next_ = 0;
+  ServerMetrics* const metrics_;
+};
+
 }  // namespace
+
+grpc::ServerWriteReactor<grpc::ByteBuffer>* NewReadStateReactor(
+    std::vector<grpc::ByteBuffer> messages, ServerMetrics* metrics) {
+  return new ReadStateReactor(std::move(messages), metrics);
+}
 
 grpc::ServerReadReactor<grpc::ByteBuffer>* NewPushReactor(
     Shard* shard, ScratchPool* scratch, grpc::ByteBuffer* resp,

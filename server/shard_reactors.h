@@ -1,12 +1,13 @@
 // The streaming calls of ShardService, as gRPC callback reactors: pushes
-// (client stream of chunks), pulls (server stream of chunks) and the BN
-// stream (bidirectional). The service creates one per call, after it has
+// (client stream of chunks), pulls (server stream of chunks), the BN
+// stream (bidirectional) and the read-only ReadState (server stream). The service creates one per call, after it has
 // authenticated the call; each deletes itself when the call is done.
 
 #ifndef BNPS_SERVER_SHARD_REACTORS_H_
 #define BNPS_SERVER_SHARD_REACTORS_H_
 
 #include <cstdint>
+#include <vector>
 
 #include "grpcpp/grpcpp.h"
 #include "server/scratch_pool.h"
@@ -23,6 +24,9 @@ grpc::ServerReadReactor<grpc::ByteBuffer>* NewPushReactor(
 grpc::ServerWriteReactor<grpc::ByteBuffer>* NewPullReactor(
     Shard* shard, grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* raw,
     ServerMetrics* metrics);
+// Writes `messages` (serialized ReadStateResponses), then finishes OK.
+grpc::ServerWriteReactor<grpc::ByteBuffer>* NewReadStateReactor(
+    std::vector<grpc::ByteBuffer> messages, ServerMetrics* metrics);
 // `keep_awake` (may be null) is touched by every message of the stream.
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* NewBnReactor(
     Shard* shard, ServerMetrics* metrics, int64_t generation,

@@ -8,6 +8,7 @@
 #include "security/job_token.h"
 #include "proto/limits.h"
 #include "server/checkpoint.h"
+#include "server/read_state.h"
 #include "server/rpc_util.h"
 #include "server/shard_reactors.h"
 
@@ -247,13 +248,16 @@ grpc::ServerUnaryReactor* ShardService::GetStatus(
     proto::WorkerStatus* ws = resp.add_workers();
     ws->set_worker(static_cast<int>(w));
     ws->set_registered(workers[w].registered);
-    ws->set_live(workers[w].registered && !workers[w].lost);
+    ws->set_live(workers[w].registered && !workers[w].lost &&
+                 !workers[w].finished);
     ws->set_clock(shard_->clocks() ? shard_->clocks()->clock(w) : -1);
     ws->set_ms_since_heartbeat(
         workers[w].registered ? absl::ToInt64Milliseconds(now - workers[w].last_seen)
                               : -1);
     ws->set_took_part(shard_->TookPart(static_cast<int>(w)));
+    ws->set_finished(workers[w].finished);
   }
+  resp.set_job_complete(shard_->job_complete());
   const Shard::GenerationInfo g = shard_->generation();
   resp.set_server_incarnation(shard_->server_incarnation());
   resp.set_generation(g.generation);
@@ -315,6 +319,43 @@ grpc::ServerUnaryReactor* ShardService::GetDigest(
   resp.set_step(digest.step);
   return Answer(M::kGetDigest, ctx, *raw, -1, absl::OkStatus(), &resp,
                 out);
+}
+
+grpc::ServerUnaryReactor* ShardService::Leave(grpc::CallbackServerContext* ctx,
+                                              const grpc::ByteBuffer* raw,
+                                              grpc::ByteBuffer* out) {
+  proto::LeaveRequest req;
+  proto::LeaveResponse resp;
+  absl::Status s = Admit(*ctx, *raw, &req);
+  const int worker = s.ok() ? req.worker() : -1;
+  if (s.ok()) s = shard_->CheckCaller(req.job(), req.worker());
+  if (s.ok()) s = shard_->Leave(req.worker(), req.incarnation());
+  resp.set_job_complete(shard_->job_complete());
+  return Answer(M::kLeave, ctx, *raw, worker, s, &resp, out);
+}
+
+grpc::ServerWriteReactor<grpc::ByteBuffer>* ShardService::ReadState(
+    grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* raw) {
+  proto::ReadStateRequest req;
+  absl::Status s = Admit(*ctx, *raw, &req);
+  if (s.ok() && req.job() != shard_->options().job) {
+    s = absl::InvalidArgumentError(
+        absl::StrCat("request for job '", req.job(),
+                     "' reached a server of job '", shard_->options().job, "'"));
+  }
+  if (metrics_) metrics_->Received(M::kReadState, raw->Length());
+  if (!s.ok()) {
+    LogRejected(*shard_, "ReadState", -1, s);
+    if (metrics_) metrics_->Request(M::kReadState, s.code());
+    return new Refused<grpc::ServerWriteReactor<grpc::ByteBuffer>>(s);
+  }
+  std::vector<grpc::ByteBuffer> messages;
+  for (const proto::ReadStateResponse& m :
+       ReadStateMessages(*shard_, proto::kChunkBytes)) {
+    messages.emplace_back();
+    SerializeTo(m, &messages.back());
+  }
+  return NewReadStateReactor(std::move(messages), metrics_);
 }
 
 }  // namespace bnps::server

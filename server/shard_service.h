@@ -48,7 +48,9 @@ using ShardServiceBase = proto::ParameterServer::WithRawCallbackMethod_Register<
     proto::ParameterServer::WithRawCallbackMethod_GetStatus<
     proto::ParameterServer::WithRawCallbackMethod_Rollback<
     proto::ParameterServer::WithRawCallbackMethod_GetDigest<
-    proto::ParameterServer::Service>>>>>>>>>>>;  // NOLINT: one per method
+    proto::ParameterServer::WithRawCallbackMethod_Leave<
+    proto::ParameterServer::WithRawCallbackMethod_ReadState<
+    proto::ParameterServer::Service>>>>>>>>>>>>>;  // NOLINT: one per method
 
 class ShardService final : public ShardServiceBase {
  public:
@@ -100,6 +102,14 @@ class ShardService final : public ShardServiceBase {
   grpc::ServerUnaryReactor* GetDigest(grpc::CallbackServerContext* ctx,
                                       const grpc::ByteBuffer* req,
                                       grpc::ByteBuffer* resp) override;
+  // Answers once the shard took the Leave (Shard::Leave); the one that
+  // completes the job, after the final checkpoint is written.
+  grpc::ServerUnaryReactor* Leave(grpc::CallbackServerContext* ctx,
+                                  const grpc::ByteBuffer* req,
+                                  grpc::ByteBuffer* resp) override;
+  // Read-only (server/read_state.h); not generation-checked.
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* ReadState(
+      grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req) override;
 
   // The staging buffers of pushes, for tests.
   const ScratchPool& scratch() const { return scratch_; }

@@ -3,8 +3,10 @@
 Servers get fixed free ports (a restarted server comes back on its port) and
 one checkpoint directory each; workers train on synthetic data with a fixed
 seed, so two runs of the same cluster end bit-identical, which
-`bnps_status --digest` shows. Every process is started here and killed only
-by its PID.
+`bnps_status --digest` shows. Servers run with --keep_serving unless asked
+not to, so that the digest can be read after the workers finished (without
+it a server exits once the job is complete). Every process is started here
+and killed only by its PID.
 """
 
 import os
@@ -33,7 +35,7 @@ def free_ports(n):
 class Cluster:
     def __init__(self, out_dir, servers=2, workers=2, policy="sync",
                  steps=600, checkpoint_every=3, worker_loss="fail",
-                 staleness=0, extra_worker_flags=()):
+                 staleness=0, extra_worker_flags=(), keep_serving=True):
         self.out = out_dir
         self.num_servers = servers
         self.num_workers = workers
@@ -44,6 +46,8 @@ class Cluster:
             f"--policy={policy}", f"--checkpoint_every_steps={checkpoint_every}",
             "--heartbeat_timeout_ms=3000", "--barrier_timeout_ms=30000",
             f"--on_worker_loss={worker_loss}", f"--staleness={staleness}"]
+        if keep_serving:
+            self.server_flags.append("--keep_serving")
         self.worker_flags = [
             f"--servers={self.addresses}", f"--num_workers={workers}",
             "--data=synthetic", "--train_examples=1024", "--batch_size=16",
@@ -126,6 +130,28 @@ class Cluster:
         r = subprocess.run([STATUS, f"--servers={self.addresses}", "--digest"],
                            capture_output=True, text=True, timeout=30)
         return r.stdout.strip() if r.returncode == 0 else "error: " + r.stderr
+
+    def status(self, *flags, timeout=30):
+        """bnps_status's (exit code, stdout), retried while a server is not
+        up yet (a restart), up to `timeout` seconds."""
+        deadline = time.time() + timeout
+        while True:
+            r = subprocess.run([STATUS, f"--servers={self.addresses}", *flags],
+                               capture_output=True, text=True, timeout=30)
+            if r.returncode == 0 or time.time() >= deadline:
+                return r.returncode, r.stdout + r.stderr
+            time.sleep(0.1)
+
+    def wait_servers(self, timeout=60):
+        """The servers' exit codes (None for one still running at timeout)."""
+        deadline = time.time() + timeout
+        codes = []
+        for p in self.servers:
+            try:
+                codes.append(p.wait(timeout=max(0.1, deadline - time.time())))
+            except subprocess.TimeoutExpired:
+                codes.append(None)
+        return codes
 
     def pushes(self):
         """(parameters, pushes applied, smallest parameter version) over the

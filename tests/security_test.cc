@@ -19,6 +19,7 @@
 #include "security/job_token.h"
 #include "server/server_runner.h"
 #include "client/grpc_ps_client.h"
+#include "client/job_reader.h"
 
 namespace bnps {
 namespace {
@@ -224,6 +225,26 @@ class EveryMethod {
       out["GetDigest"] =
           stub_->GetDigest(&ctx, proto::DigestRequest(), &resp).error_code();
     }
+    {
+      grpc::ClientContext ctx;
+      Prepare(&ctx);
+      proto::ReadStateRequest req;
+      req.set_job("bnps");
+      auto reader = stub_->ReadState(&ctx, req);
+      proto::ReadStateResponse resp;
+      while (reader->Read(&resp)) {
+      }
+      out["ReadState"] = reader->Finish().error_code();
+    }
+    {  // last: with the token, it ends the job of one worker
+      grpc::ClientContext ctx;
+      Prepare(&ctx);
+      proto::LeaveRequest req;
+      req.set_job("bnps");
+      req.set_incarnation(1);
+      proto::LeaveResponse resp;
+      out["Leave"] = stub_->Leave(&ctx, req, &resp).error_code();
+    }
     return out;
   }
 
@@ -291,6 +312,40 @@ TEST(SecurityTest, TokenGuardsEveryMethod) {
   EXPECT_EQ(got.at("Register"), StatusCode::OK);
   EXPECT_EQ(got.at("InitParameters"), StatusCode::OK);
   EXPECT_EQ(got.at("GetStatus"), StatusCode::OK);
+  EXPECT_EQ(got.at("ReadState"), StatusCode::OK);
+  EXPECT_EQ(got.at("Leave"), StatusCode::OK);
+}
+
+// The read-only client needs the token like every call, and reads without
+// joining: no worker registered, the parameters as the shard holds them.
+TEST(SecurityTest, JobReaderNeedsTheTokenAndJoinsNothing) {
+  std::unique_ptr<server::RunningServer> server =
+      StartServer({nullptr, kToken});
+  ASSERT_NE(server, nullptr);
+  ASSERT_TRUE(*server->shard().store().Init("w", {2}, {1.5f, -2.0f}));
+  client::JobReaderOptions o;
+  o.servers = {absl::StrCat("127.0.0.1:", server->port())};
+  o.timeout = absl::Seconds(5);
+  auto without = *client::JobReader::Create(o);
+  EXPECT_EQ(without->ReadState().status().code(),
+            absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ(without->GetDigest().status().code(),
+            absl::StatusCode::kUnauthenticated);
+  o.token = kToken;
+  o.job = "other";
+  EXPECT_EQ((*client::JobReader::Create(o))->ReadState().status().code(),
+            absl::StatusCode::kInvalidArgument);
+  o.job = "bnps";
+  auto reader = *client::JobReader::Create(o);
+  absl::StatusOr<client::JobState> state = reader->ReadState();
+  ASSERT_TRUE(state.ok()) << state.status();
+  EXPECT_EQ(state->params.at("w").values, (std::vector<float>{1.5f, -2.0f}));
+  EXPECT_EQ(state->params.at("w").shape, (std::vector<int64_t>{2}));
+  EXPECT_FALSE(state->job_complete);
+  absl::StatusOr<proto::StatusResponse> status = reader->GetStatus(0);
+  ASSERT_TRUE(status.ok()) << status.status();
+  EXPECT_FALSE(status->workers(0).registered());
+  EXPECT_TRUE(reader->GetDigest().ok());
 }
 
 TEST(SecurityTest, ClientWithTheTokenTrainsAndWithoutItIsRefusedAtOnce) {

@@ -43,10 +43,22 @@ class EndToEndTest(unittest.TestCase):
             r = run([sys.executable, LAUNCHER, "--servers", "2", "--workers", "2",
                      "--policy", "sync", "--bin_dir", RUNFILES, "--out_dir", out,
                      "--timeout_s", "240", "--batch_size=32", "--epochs=2",
-                     "--train_examples=2048", "--test_examples=1000"],
+                     "--train_examples=2048", "--test_examples=1000",
+                     "--export", os.path.join(out, "model.safetensors")],
                     timeout=300)
             self.assertEqual(r.returncode, 0, r.stdout[-3000:] + r.stderr[-3000:])
             self.assertIn("result: policy=sync workers=2 servers=2", r.stdout)
+            # --export read the servers at the end: the final step, the job
+            # complete (every worker left), as safetensors.
+            self.assertIn("BN layers' running statistics of step 64 (the job "
+                          "is complete) to " + os.path.join(out, "model.safetensors"),
+                          r.stdout)
+            with open(os.path.join(out, "model.safetensors"), "rb") as f:
+                size = int.from_bytes(f.read(8), "little")
+                header = json.loads(f.read(size))
+            self.assertEqual(header["__metadata__"]["bnps_step"], "64")
+            self.assertEqual(header["stem.conv.weight"]["dtype"], "F32")
+            self.assertEqual(header["stem.bn.num_batches_tracked"]["shape"], [])
             reports = [json.load(open(os.path.join(out, f"worker{w}.json")))
                        for w in range(2)]
             for report in reports:
@@ -121,7 +133,7 @@ class CommandLineTest(OneLineErrors, unittest.TestCase):
                  "--heap_keep_mb", "--policy", "--token_file", "--tls_cert",
                  "--tls_key", "--tls_client_ca", "--metrics_port",
                  "--metrics_address", "--checkpoint_dir",
-                 "--checkpoint_every_steps", "--on_worker_loss"],
+                 "--checkpoint_every_steps", "--on_worker_loss", "--keep_serving"],
         WORKER: ["--servers", "--connect_timeout_s", "--rpc_timeout_s",
                  "--bn_over_tcp",
                  "--token_file", "--tls_ca",
@@ -129,7 +141,7 @@ class CommandLineTest(OneLineErrors, unittest.TestCase):
                  "--metrics_address", "--metrics_linger_s"],
         STATUS: ["--servers", "--timeout_ms", "--token_file", "--tls_ca",
                  "--tls_cert", "--tls_key", "--json", "--watch",
-                 "--interval_s", "--count", "--digest"],
+                 "--interval_s", "--count", "--digest", "--export", "--job"],
     }
 
     def test_help_lists_every_flag_and_exits_0(self):
@@ -193,6 +205,9 @@ class BadInputTest(OneLineErrors, unittest.TestCase):
              "--train_examples=64"],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
+            # The first line says where it trains, the second what it
+            # connects to, both before any wait.
+            device = worker.stdout.readline()
             first = worker.stdout.readline()
             said = time.monotonic() - start
             still_trying = worker.poll() is None
@@ -202,6 +217,7 @@ class BadInputTest(OneLineErrors, unittest.TestCase):
                 worker.kill()
                 worker.wait()
         took = time.monotonic() - start
+        self.assertRegex(device, r"^bnps_worker 0/1: device (cpu|cuda:\d+.*): --device=")
         self.assertIn("connecting to job 'bnps' at 127.0.0.1:1 (up to 3s)", first)
         self.assertTrue(still_trying, first + out + err)
         self.assertOneLine(subprocess.CompletedProcess(worker.args,

@@ -57,6 +57,13 @@ through to the workers like any other worker flag. An option left out is not
 passed, so each binary uses its own default (--policy is always passed; default
 sync).
 
+GPUs: each worker gets LOCAL_RANK=<its index> (it takes GPU LOCAL_RANK
+modulo the visible ones unless --gpu says otherwise). When the workers would
+share GPUs (more workers than GPUs, workers not on --device=cpu), --mps=auto
+(default) uses NVIDIA MPS: a control daemon that already runs, or one started
+for the job and stopped at its end; --mps=on fails the launch when MPS cannot
+be had, --mps=off never uses it (tools/bnps_launch_mps.py, docs/gpu.md).
+
 Metrics (docs/observability.md): --metrics_port_base=P gives server s
 --metrics_port=P+s and worker i --metrics_port=P+S+i, all on 127.0.0.1 (each
 prints its address); without it nothing serves metrics.
@@ -78,12 +85,13 @@ import time
 # this file is imported too, and from a Bazel runfiles tree.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import bnps_launch_mps  # noqa: E402  (needs the path above)
 from bnps_launch_procs import (  # noqa: E402  (needs the path above)
     POLL_S, Console, Failure, Interrupt, Proc, check_deadline, check_interrupt,
     describe_exit, finish_output, say, start, stop_all)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BUILD_TARGETS = ["//server:bnps_server", "//worker:bnps_worker"]
+BUILD_TARGETS = ["//server:bnps_server", "//worker:bnps_worker", "//tools:bnps_status"]
 
 # Options shared by servers and workers / given to servers only. Each entry is
 # (option name, type); a value left at None is not passed on.
@@ -143,6 +151,10 @@ def parse_args(argv):
                    "--restart: <out_dir>/checkpoints)")
     p.add_argument("--checkpoint_every_steps", type=int,
                    help="to servers (default with --restart: 10)")
+    p.add_argument("--export",
+                   help="after the workers finished, write the servers' parameters and "
+                   "BN running statistics to this safetensors file (bnps_status "
+                   "--export; needs <bin_dir>/tools/bnps_status)")
     p.add_argument("--metrics_port_base", type=int,
                    help="serve Prometheus metrics: server s on port P+s, worker i "
                    "on P+S+i (default: none)")
@@ -156,6 +168,9 @@ def parse_args(argv):
                    help="limit on the whole run after any --build (default 3600)")
     p.add_argument("--server_start_timeout_s", type=float, default=30.0,
                    help="how long a server may take to print its port (default 30)")
+    p.add_argument("--mps", choices=["auto", "on", "off"], default="auto",
+                   help="NVIDIA MPS when workers share a GPU (default auto: use or "
+                   "start a daemon, else say why not)")
     p.add_argument("--kill_grace_s", type=float, default=5.0,
                    help="SIGTERM to SIGKILL grace when stopping (default 5)")
     args, extra = p.parse_known_args(argv)
@@ -231,8 +246,12 @@ def binary_paths(bin_dir):
             os.path.join(bin_dir, "worker", "bnps_worker"))
 
 
-def check_binaries(bin_dir):
-    for path in binary_paths(bin_dir):
+def status_path(bin_dir):
+    return os.path.join(bin_dir, "tools", "bnps_status")
+
+
+def check_binaries(bin_dir, export=False):
+    for path in binary_paths(bin_dir) + ((status_path(bin_dir),) if export else ()):
         if not (os.path.isfile(path) and os.access(path, os.X_OK)):
             raise UsageError(
                 "%s not found (or not executable): run with --build, or run "
@@ -265,6 +284,10 @@ def server_command(args, shard):
                                                       "shard%d" % shard))
     if args.checkpoint_every_steps is not None:
         cmd.append("--checkpoint_every_steps=%d" % args.checkpoint_every_steps)
+    # The launcher stops the servers itself, after its end-of-run reads
+    # (--export); a server that left on its own as the job completed would
+    # look like one that died before the workers' exits were seen.
+    cmd.append("--keep_serving")
     if not args.server_tls_cert:
         # Plaintext: BN traffic also over raw TCP (a free port; the workers
         # learn it when they register and keep the gRPC stream as the
@@ -283,6 +306,38 @@ def worker_command(args, extra, index, addresses, out_dir):
         cmd.append("--metrics_port=%d"
                    % (args.metrics_port_base + args.servers + index))
     return cmd + list(extra)
+
+
+# The workers' own security flags, which bnps_status reads as they do.
+CLIENT_SECURITY_FLAGS = ("--tls_ca", "--tls_cert", "--tls_key")
+
+
+def export_command(args, extra, addresses):
+    """bnps_status --export of the job's servers, with the workers' token and
+    TLS files."""
+    cmd = [status_path(args.bin_dir), "--servers=" + ",".join(addresses),
+           "--job=" + args.job, "--export=" + os.path.abspath(args.export),
+           "--timeout_ms=60000"]
+    if args.token_file:
+        cmd.append("--token_file=" + args.token_file)
+    cmd += [f for f in extra if f.split("=", 1)[0] in CLIENT_SECURITY_FLAGS]
+    return cmd
+
+
+def run_export(args, extra, addresses, console):
+    """Runs the export while the servers still serve (they run with
+    --keep_serving); returns a problem message, or None."""
+    cmd = export_command(args, extra, addresses)
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return "the export failed: %s" % e
+    for line in (r.stdout + r.stderr).splitlines():
+        console.line(line)
+    if r.returncode != 0:
+        return "the export to %s failed (bnps_status exit status %d)" % (
+            args.export, r.returncode)
+    return None
 
 
 def report_path(out_dir, index):
@@ -331,7 +386,8 @@ def start_servers(args, out_dir, procs, console, interrupt, deadline):
     return servers, addresses
 
 
-def start_workers(args, extra, addresses, out_dir, procs, console):
+def start_workers(args, extra, addresses, out_dir, procs, console, env=None):
+    """Starts the workers; each gets `env` and LOCAL_RANK=<its index>."""
     workers = []
     for i in range(args.workers):
         name = "w%d" % i
@@ -339,7 +395,8 @@ def start_workers(args, extra, addresses, out_dir, procs, console):
         if os.path.exists(path):
             os.remove(path)  # Never read a report left by an earlier run.
         proc = Proc(name, worker_command(args, extra, i, addresses, out_dir),
-                    os.path.join(out_dir, name + ".log"))
+                    os.path.join(out_dir, name + ".log"),
+                    env=dict(env or {}, LOCAL_RANK=str(i)))
         procs.append(proc)
         workers.append(proc)
         start(proc, console)
@@ -545,11 +602,19 @@ def run_cluster(args, extra, argv, out_dir, console, interrupt):
     t0 = time.monotonic()
     deadline = t0 + args.timeout_s
     addresses = []
+    mps = None
     try:
+        mps, worker_env = bnps_launch_mps.setup(
+            args.mps, bnps_launch_mps.worker_device(extra), args.workers,
+            bnps_launch_mps.System(), lambda line: say(console, line))
         servers, addresses = start_servers(args, out_dir, procs, console, interrupt, deadline)
-        workers = start_workers(args, extra, addresses, out_dir, procs, console)
+        workers = start_workers(args, extra, addresses, out_dir, procs, console,
+                                worker_env)
         wait_for_workers(args, servers, workers, procs, interrupt, deadline,
                          console)
+    except bnps_launch_mps.MpsError as e:
+        say(console, "error: %s" % e)
+        return 2
     except Failure as failure:
         console.end_status()
         exited = [p for p in procs if p.returncode() not in (None, 0)]
@@ -561,7 +626,14 @@ def run_cluster(args, extra, argv, out_dir, console, interrupt):
     except BaseException:
         stop_all(procs, args.kill_grace_s, console, interrupt)
         raise
+    finally:
+        if mps is not None:
+            # The workers are gone (finished or stopped): the daemon may go.
+            problem = mps.stop()
+            if problem:
+                say(console, "gpu: " + problem)
     wall_s = time.monotonic() - t0
+    export_problem = run_export(args, extra, addresses, console) if args.export else None
     stop_servers(servers, args.kill_grace_s, console, interrupt)
     finish_output(procs, console)
     reports, problems = load_reports(workers, out_dir)
@@ -570,6 +642,8 @@ def run_cluster(args, extra, argv, out_dir, console, interrupt):
     path = write_summary(args, extra, argv, out_dir, addresses, reports, wall_s)
     console.line(result_line(args, reports, wall_s))
     say(console, "summary in " + path)
+    if export_problem:
+        problems.append(export_problem)
     for problem in problems:
         say(console, "FAILED: " + problem)
     return 1 if problems else 0
@@ -582,7 +656,7 @@ def main(argv=None):
         if args.build and run_build() != 0:
             print("bnps_launch: error: the bazel build failed", file=sys.stderr)
             return 1
-        check_binaries(args.bin_dir)
+        check_binaries(args.bin_dir, export=bool(args.export))
         out_dir = make_out_dir(args)
         if args.restart == "on-failure":
             # A restarted server resumes from its checkpoints.

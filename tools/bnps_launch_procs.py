@@ -8,6 +8,7 @@ launcher's main loop polls. Standard library only.
 
 import collections
 import re
+import os
 import shlex
 import shutil
 import signal
@@ -86,10 +87,11 @@ class Proc:
     """One started process: its Popen, log file, reader threads, stderr tail,
     and (servers) the port it printed."""
 
-    def __init__(self, name, cmd, log_path):
+    def __init__(self, name, cmd, log_path, env=None):
         self.name = name
         self.cmd = cmd
         self.log_path = log_path
+        self.env = dict(env or {})  # variables added to the launcher's own
         self.popen = None
         self.log = None
         self.log_lock = threading.Lock()
@@ -128,6 +130,7 @@ def start(proc, console):
     # which then stops the children in order.
     try:
         proc.popen = subprocess.Popen(proc.cmd, stdin=subprocess.DEVNULL,
+                                      env=dict(os.environ, **proc.env) if proc.env else None,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                       start_new_session=True,
                                       preexec_fn=die_with_parent)

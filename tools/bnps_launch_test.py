@@ -75,6 +75,24 @@ for i in range(600):  # At most 60 s.
 sys.exit(5)
 '''
 
+# Writes its argv and how many fake servers still run to --export's file.
+FAKE_STATUS = r'''
+import os, sys
+path = [a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--export=")][0]
+piddir = os.environ["FAKE_PID_DIR"]
+alive = 0
+for name in os.listdir(piddir):
+    if name.startswith("s") and name.endswith(".pid"):
+        try:
+            os.kill(int(open(os.path.join(piddir, name)).read()), 0)
+            alive += 1
+        except ProcessLookupError:
+            pass
+with open(path, "w") as f:
+    f.write("\n".join(sys.argv[1:] + ["servers alive: %d" % alive]))
+print("bnps_status: exported 2 parameters")
+'''
+
 FAKE_WORKER = r'''
 import json, os, signal, sys, time
 
@@ -127,6 +145,7 @@ report = {
     "images_per_second": 1234.5,
     "seconds": {"total": 1.5, "compute": 1.0, "bn_sync": 0.3, "grad_sync": 0.2},
     "argv": sys.argv[1:],
+    "local_rank": os.environ.get("LOCAL_RANK"),
 }
 with open(flags["report"], "w") as f:
     json.dump(report, f)
@@ -255,6 +274,8 @@ class LauncherTest(unittest.TestCase):
         with open(os.path.join(self.out_dir, "summary.json")) as f:
             summary = json.load(f)
         self.assertEqual([rep["worker"] for rep in summary["reports"]], [0, 1, 2])
+        # Each worker's local rank is its index (it picks its GPU by it).
+        self.assertEqual([rep["local_rank"] for rep in summary["reports"]], ["0", "1", "2"])
         self.assertEqual(summary["policy"], "recal")
         self.assertEqual(summary["test_accuracy"], 0.87)
         self.assertGreater(summary["wall_s"], 0)
@@ -274,7 +295,7 @@ class LauncherTest(unittest.TestCase):
             server_argv = f.read().split("\n")
         for flag in ("--port=0", "--host=127.0.0.1", "--shard=1", "--num_shards=2",
                      "--num_workers=3", "--policy=recal", "--learning_rate=0.05",
-                     "--bn_momentum=0.2"):
+                     "--bn_momentum=0.2", "--keep_serving"):
             self.assertIn(flag, server_argv)
         self.assertNotIn("--epochs=2", server_argv)
 
@@ -290,6 +311,35 @@ class LauncherTest(unittest.TestCase):
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
         self.assertIn("result: policy=sync workers=1 servers=1 test_accuracy=0.8700", r.stdout)
         self.assertNotIn("test_accuracy_recal", r.stdout)
+
+    def test_export_reads_the_servers_before_they_stop(self):
+        write_script(os.path.join(self.bin_dir, "tools", "bnps_status"), FAKE_STATUS)
+        path = os.path.join(self.tmp, "model.safetensors")
+        r = self.launch("--export=" + path, "--token_file=/t", "--tls_ca=/ca.pem",
+                        servers=2, workers=1)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn("bnps_status: exported", r.stdout)
+        with open(path) as f:
+            argv = f.read().split("\n")
+        for flag in ("--servers=127.0.0.1:40000,127.0.0.1:40001", "--job=bnps",
+                     "--export=" + path, "--token_file=/t", "--tls_ca=/ca.pem"):
+            self.assertIn(flag, argv)
+        # The servers were still up (the fake checks their pids).
+        self.assertIn("servers alive: 2", argv)
+
+    def test_a_failed_export_fails_the_run(self):
+        write_script(os.path.join(self.bin_dir, "tools", "bnps_status"),
+                     "import sys\nprint('bnps_status: no export: denied', file=sys.stderr)\n"
+                     "sys.exit(1)\n")
+        r = self.launch("--export=" + os.path.join(self.tmp, "m"), servers=1, workers=1)
+        self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+        self.assertIn("bnps_status: no export: denied", r.stdout)
+        self.assertIn("FAILED: the export to", r.stdout)
+
+    def test_export_needs_bnps_status(self):
+        r = self.launch("--export=/tmp/x", servers=1, workers=1)
+        self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+        self.assertIn("bnps_status not found", r.stderr)
 
     # -- failures -----------------------------------------------------------
 

@@ -4,6 +4,10 @@
 //   bnps_status --servers=127.0.0.1:7000,127.0.0.1:7001
 //   bnps_status --servers=... --watch --interval_s=2
 //   bnps_status --servers=... --json
+//   bnps_status --servers=... --digest
+//   bnps_status --servers=... --export=model.safetensors
+//
+// It reads through client::JobReader: it never joins the job.
 
 #include <unistd.h>
 
@@ -16,17 +20,19 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
-#include "grpcpp/grpcpp.h"
-#include "proto/bnps.grpc.pb.h"
-#include "security/job_token.h"
+#include "client/job_reader.h"
+#include "client/state_export.h"
+#include "proto/bnps.pb.h"
 #include "security/security_flags.h"
 #include "tools/status_view.h"
 #include "util/command_line.h"
-#include "util/sha256.h"
 
 ABSL_FLAG(std::string, servers, "127.0.0.1:7000",
           "Comma-separated host:port of the shard servers, shard 0 first.");
-ABSL_FLAG(int, timeout_ms, 3000, "Deadline of each status call.");
+ABSL_FLAG(std::string, job, "bnps",
+          "Job name (--export: the servers refuse another job's).");
+ABSL_FLAG(int, timeout_ms, 3000,
+          "Deadline of each call.");
 ABSL_FLAG(bool, json, false,
           "Print one JSON document: {\"servers\": [{\"address\", \"status\" "
           "(the StatusResponse of proto/bnps.proto, field names as there) or "
@@ -38,6 +44,13 @@ ABSL_FLAG(bool, watch, false,
 ABSL_FLAG(double, interval_s, 2, "Seconds between refreshes of --watch.");
 ABSL_FLAG(int, count, 0,
           "With --watch: stop after this many refreshes (0: until Ctrl-C).");
+ABSL_FLAG(std::string, export, "",
+          "Write every shard's parameters and BN running statistics to this "
+          "file as safetensors, with the names a PyTorch module loads "
+          "(docs/server.md, 'The end of a job'), and exit. Reads without "
+          "joining the job, so it works during the job, after it (servers "
+          "with --keep_serving) and from servers restarted on its final "
+          "checkpoints.");
 ABSL_FLAG(bool, digest, false,
           "Print only one line, `params sha256 <hex> step <n>`: a SHA-256 over "
           "every shard's parameters and BN running statistics in key order "
@@ -46,67 +59,51 @@ ABSL_FLAG(bool, digest, false,
 
 namespace {
 
-// A context with the job token and --timeout_ms's deadline.
-void Prepare(const bnps::security::ClientSecurity& security,
-             grpc::ClientContext* ctx) {
-  if (!security.token.empty()) {
-    ctx->AddMetadata(std::string(bnps::security::kTokenMetadataKey),
-                     security.token);
-  }
-  ctx->set_deadline(std::chrono::system_clock::now() +
-                    std::chrono::milliseconds(absl::GetFlag(FLAGS_timeout_ms)));
-}
-
 std::vector<bnps::tools::ShardAnswer> Query(
-    const std::vector<std::string>& servers,
-    const std::vector<std::unique_ptr<bnps::proto::ParameterServer::Stub>>& stubs,
-    const bnps::security::ClientSecurity& security) {
-  std::vector<bnps::tools::ShardAnswer> answers(servers.size());
-  for (size_t i = 0; i < servers.size(); ++i) {
-    answers[i].address = servers[i];
-    grpc::ClientContext ctx;
-    Prepare(security, &ctx);
-    bnps::proto::StatusRequest req;
-    bnps::proto::StatusResponse resp;
-    const grpc::Status s = stubs[i]->GetStatus(&ctx, req, &resp);
+    const bnps::client::JobReader& reader) {
+  std::vector<bnps::tools::ShardAnswer> answers(reader.num_shards());
+  for (int i = 0; i < reader.num_shards(); ++i) {
+    answers[i].address = reader.options().servers[i];
+    absl::StatusOr<bnps::proto::StatusResponse> s = reader.GetStatus(i);
     if (s.ok()) {
-      answers[i].status = std::move(resp);
+      answers[i].status = *std::move(s);
     } else {
-      answers[i].error = s.error_message();
+      answers[i].error = std::string(s.status().message());
     }
   }
   return answers;
 }
 
 // Prints the --digest line; 1 if a server did not answer.
-int PrintDigest(
-    const std::vector<std::string>& servers,
-    const std::vector<std::unique_ptr<bnps::proto::ParameterServer::Stub>>& stubs,
-    const bnps::security::ClientSecurity& security) {
-  std::map<std::string, std::string> entries;  // key -> its SHA-256
-  int64_t step = INT64_MAX;
-  for (size_t i = 0; i < servers.size(); ++i) {
-    grpc::ClientContext ctx;
-    Prepare(security, &ctx);
-    bnps::proto::DigestResponse resp;
-    const grpc::Status s =
-        stubs[i]->GetDigest(&ctx, bnps::proto::DigestRequest(), &resp);
-    if (!s.ok()) {
-      std::fprintf(stderr, "bnps_status: %s: no digest (%s)\n",
-                   servers[i].c_str(), s.error_message().c_str());
-      return 1;
-    }
-    for (const auto& e : resp.entries()) entries[e.key()] = e.sha256();
-    step = std::min<int64_t>(step, resp.step());
+int PrintDigest(const bnps::client::JobReader& reader) {
+  absl::StatusOr<bnps::client::JobDigest> d = reader.GetDigest();
+  if (!d.ok()) {
+    std::fprintf(stderr, "bnps_status: no digest: %s\n",
+                 std::string(d.status().message()).c_str());
+    return 1;
   }
-  bnps::util::Sha256 h;
-  for (const auto& [key, hash] : entries) {
-    h.Update(key);
-    h.Update(absl::string_view("\0", 1));
-    h.Update(hash);
+  std::printf("params sha256 %s step %lld\n", d->sha256_hex.c_str(),
+              static_cast<long long>(d->step));
+  return 0;
+}
+
+// --export: reads every shard and writes the safetensors file; 1 on failure.
+int Export(const bnps::client::JobReader& reader, const std::string& path) {
+  absl::StatusOr<bnps::client::JobState> state = reader.ReadState();
+  absl::Status s = state.status();
+  if (s.ok()) s = bnps::client::WriteExport(*state, path);
+  if (!s.ok()) {
+    std::fprintf(stderr, "bnps_status: no export: %s\n",
+                 std::string(s.message()).c_str());
+    return 1;
   }
-  std::printf("params sha256 %s step %lld\n", bnps::util::Hex(h.Final()).c_str(),
-              static_cast<long long>(step == INT64_MAX ? 0 : step));
+  std::printf("bnps_status: exported %zu parameters and %zu BN layers' "
+              "running statistics of step %lld%s to %s\n",
+              state->params.size(), state->running.size(),
+              static_cast<long long>(state->step),
+              state->job_complete ? " (the job is complete)"
+                                  : " (the job is still running)",
+              path.c_str());
   return 0;
 }
 
@@ -121,8 +118,11 @@ int main(int argc, char** argv) {
       "Shows the job configuration, the workers' liveness, steps and clocks, "
       "the parameter versions and the BN layers' barrier waits of every "
       "shard server: once, as JSON (--json), or refreshed in place "
-      "(--watch).\n"
+      "(--watch); a digest of their state (--digest); or an export of the "
+      "parameters and BN running statistics as safetensors (--export). It "
+      "reads without joining the job.\n"
       "  bnps_status --servers=127.0.0.1:7000,127.0.0.1:7001 [--watch]\n"
+      "  bnps_status --servers=... --export=model.safetensors\n"
       "Exit status: 0 when every server answered (--watch: the last time) or "
       "after --help; 1 when one did not; 2 for bad flags.",
       env);
@@ -149,14 +149,24 @@ int main(int argc, char** argv) {
                  std::string(security.status().message()).c_str());
     return bnps::util::kBadFlagsExitCode;
   }
-  std::vector<std::unique_ptr<bnps::proto::ParameterServer::Stub>> stubs;
-  for (const std::string& server : servers) {
-    stubs.push_back(bnps::proto::ParameterServer::NewStub(
-        grpc::CreateChannel(server, security->credentials != nullptr
-                                        ? security->credentials
-                                        : grpc::InsecureChannelCredentials())));
+  bnps::client::JobReaderOptions reader_options;
+  reader_options.servers = servers;
+  reader_options.job = absl::GetFlag(FLAGS_job);
+  reader_options.credentials = security->credentials;
+  reader_options.token = security->token;
+  reader_options.timeout = absl::Milliseconds(absl::GetFlag(FLAGS_timeout_ms));
+  absl::StatusOr<std::unique_ptr<bnps::client::JobReader>> made =
+      bnps::client::JobReader::Create(reader_options);
+  if (!made.ok()) {
+    std::fprintf(stderr, "bnps_status: %s\n",
+                 std::string(made.status().message()).c_str());
+    return bnps::util::kBadFlagsExitCode;
   }
-  if (absl::GetFlag(FLAGS_digest)) return PrintDigest(servers, stubs, *security);
+  const bnps::client::JobReader& reader = **made;
+  if (!absl::GetFlag(FLAGS_export).empty()) {
+    return Export(reader, absl::GetFlag(FLAGS_export));
+  }
+  if (absl::GetFlag(FLAGS_digest)) return PrintDigest(reader);
   const auto all_answered = [](const std::vector<bnps::tools::ShardAnswer>& a) {
     for (const auto& x : a) {
       if (!x.status.has_value()) return false;
@@ -165,7 +175,7 @@ int main(int argc, char** argv) {
   };
   if (!absl::GetFlag(FLAGS_watch)) {
     const std::vector<bnps::tools::ShardAnswer> answers =
-        Query(servers, stubs, *security);
+        Query(reader);
     const std::string out = absl::GetFlag(FLAGS_json)
                                 ? bnps::tools::FormatJson(answers)
                                 : bnps::tools::FormatText(answers);
@@ -179,7 +189,7 @@ int main(int argc, char** argv) {
        ++n) {
     if (n > 0) absl::SleepFor(absl::Seconds(interval));
     const std::vector<bnps::tools::ShardAnswer> answers =
-        Query(servers, stubs, *security);
+        Query(reader);
     ok = all_answered(answers);
     std::string frame = tty ? "\x1b[H\x1b[2J" : "";
     frame += absl::FormatTime("bnps_status %H:%M:%S", absl::Now(),

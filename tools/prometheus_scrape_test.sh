@@ -56,7 +56,8 @@ worker0_metrics=$(free_port)
 worker1_metrics=$(free_port)
 prom_port=$(free_port)
 
-"$server" --port=0 --num_workers=2 --metrics_port="$server_metrics" \
+# --keep_serving: scraped after the workers finished, as they are.
+"$server" --port=0 --num_workers=2 --metrics_port="$server_metrics" --keep_serving \
   >"$tmp/server.log" 2>&1 &
 pids+=($!)
 port=""

@@ -89,6 +89,11 @@ void FormatShard(const ShardAnswer& a, const ViewOptions& options,
                       Short(proto::WorkerLossAction_Name(c.worker_loss()),
                             "WORKER_LOSS_"),
                       r.pushes_applied(), r.pushes_duplicate()));
+  if (r.job_complete()) {
+    absl::StrAppend(out,
+                    "  job complete: every worker finished; the final state "
+                    "is served for reads\n");
+  }
   if (!r.checkpoint_dir().empty() || r.generation() > 0) {
     absl::StrAppend(
         out,
@@ -105,12 +110,14 @@ void FormatShard(const ShardAnswer& a, const ViewOptions& options,
   for (const proto::WorkerStatus& w : r.workers()) {
     std::string line = absl::StrCat("  worker ", w.worker(), ": ",
                                     !w.registered() ? "not registered"
+                                    : w.finished()  ? "finished"
                                     : w.live()      ? "live"
                                                     : "LOST");
     if (w.step() >= 0) absl::StrAppend(&line, ", step ", w.step());
-    if (w.registered()) {
-      absl::StrAppend(&line, ", pushes ", w.pushes(), ", last heard ",
-                      Millis(w.ms_since_heartbeat()), " ago");
+    if (w.registered()) absl::StrAppend(&line, ", pushes ", w.pushes());
+    if (w.registered() && !w.finished()) {
+      absl::StrAppend(&line, ", last heard ", Millis(w.ms_since_heartbeat()),
+                      " ago");
     }
     if (w.clock() >= 0) absl::StrAppend(&line, ", clock ", w.clock());
     absl::StrAppend(out, Fit(line, 80), "\n");

@@ -75,6 +75,17 @@ TEST(StatusViewTest, TextFitsEightyColumnsAndShowsTheSlowestLayersFirst) {
   EXPECT_THAT(text, HasSubstr("127.0.0.1:7001: unreachable (connection refused)"));
 }
 
+TEST(StatusViewTest, CompleteJobSaysSoAndShowsFinishedWorkers) {
+  ShardAnswer a = Answer();
+  a.status->set_job_complete(true);
+  a.status->mutable_workers(0)->set_finished(true);
+  a.status->mutable_workers(0)->set_live(false);
+  const std::string text = FormatText({a});
+  EXPECT_THAT(text, HasSubstr("  job complete: every worker finished"));
+  EXPECT_THAT(text, HasSubstr("  worker 0: finished, step 12, pushes 20\n"));
+  EXPECT_THAT(FormatText({Answer()}), Not(HasSubstr("job complete")));
+}
+
 TEST(StatusViewTest, JsonHasEveryServer) {
   ShardAnswer down;
   down.address = "host\"x";

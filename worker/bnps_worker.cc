@@ -12,6 +12,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <memory>
 #include <string>
@@ -36,12 +37,14 @@
 #include "worker/nn/model.h"
 #include "client/grpc_ps_client.h"
 #include "policy/policy.h"
+#include "proto/generation.h"
 #include "security/security_flags.h"
 #include "util/command_line.h"
 #include "util/heap_flags.h"
 #include "metrics/http_endpoint.h"
 #include "metrics/metrics_flags.h"
 #include "metrics/registry.h"
+#include "worker/device_choice.h"
 #include "worker/worker_metrics.h"
 #include "worker/trainer.h"
 
@@ -84,7 +87,10 @@ ABSL_FLAG(uint64_t, seed, 1,
           "worker.");
 ABSL_FLAG(std::string, device, "auto",
           "auto (a GPU when there is one, else the CPU) | cpu | gpu.");
-ABSL_FLAG(int, gpu, 0, "Which CUDA device, for --device=gpu or auto.");
+ABSL_FLAG(int, gpu, -1,
+          "Which CUDA device (after CUDA_VISIBLE_DEVICES), for --device=gpu or "
+          "auto; -1: LOCAL_RANK modulo the visible devices when LOCAL_RANK is "
+          "set (torchrun, tools/bnps_launch.py), else device 0.");
 ABSL_FLAG(int, threads, 1,
           "CPU threads for the model (oneDNN and the loops; OpenMP). Several "
           "workers on one machine should share its cores.");
@@ -93,8 +99,9 @@ ABSL_FLAG(int, replicas, 1,
           "step's batch (--batch_size) is split among them, they combine "
           "their BN statistics and gradients in this process and cross to "
           "the servers once, as one worker. On GPUs one replica per device "
-          "(--gpu, --gpu + 1, ...); on the CPU one thread each, with "
-          "--threads threads.");
+          "(--gpu, --gpu + 1, ...), sharing devices (each replica on its own "
+          "stream) when there are fewer GPUs than replicas; on the CPU one "
+          "thread each, with --threads threads.");
 ABSL_FLAG(std::string, data, "fashion-mnist",
           "fashion-mnist (IDX files in --data_dir) | synthetic (generated, "
           "for tests).");
@@ -239,22 +246,31 @@ absl::Status CheckAgainstServers(const proto::JobConfig& c) {
   return absl::OkStatus();
 }
 
-// The backend of replica `replica` (GPU replicas take consecutive devices).
-absl::StatusOr<std::unique_ptr<nn::Backend>> MakeBackend(int replica) {
-  const std::string device = absl::GetFlag(FLAGS_device);
-  const int gpu = absl::GetFlag(FLAGS_gpu) + replica;
-  if (device == "cpu") return nn::NewCpuBackend();
-  if (device != "gpu" && device != "auto") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--device=", device, " is not one of auto, cpu, gpu"));
+// Where the replicas train (worker/device_choice.h), from the flags, the
+// environment and CUDA's device count.
+absl::StatusOr<DeviceChoice> ChooseWorkerDevices() {
+  DeviceRequest request;
+  request.device = absl::GetFlag(FLAGS_device);
+  request.gpu = absl::GetFlag(FLAGS_gpu);
+  request.replicas = absl::GetFlag(FLAGS_replicas);
+  if (const char* v = std::getenv("LOCAL_RANK"); v != nullptr) {
+    request.local_rank = v;
+  }
+  if (const char* v = std::getenv("CUDA_VISIBLE_DEVICES"); v != nullptr) {
+    request.cuda_visible_devices = v;
   }
   std::string why;
-  if (bn::CudaDeviceCount(&why) == 0) {
-    if (device == "auto") return nn::NewCpuBackend();
-    return absl::FailedPreconditionError(
-        absl::StrCat("--device=gpu but there is no usable GPU: ", why));
-  }
-  return nn::NewCudaBackend(gpu);
+  // No CUDA call at all for --device=cpu.
+  const int count =
+      request.device == "cpu" ? 0 : bn::CudaDeviceCount(&why);
+  return ChooseDevices(request, count, why);
+}
+
+// The backend of replica `replica` on the device chosen for it.
+absl::StatusOr<std::unique_ptr<nn::Backend>> MakeBackend(
+    const DeviceChoice& choice, int replica) {
+  if (choice.cpu()) return nn::NewCpuBackend();
+  return nn::NewCudaBackend(choice.gpus[replica]);
 }
 
 struct Data {
@@ -404,6 +420,12 @@ absl::Status Main() {
     return absl::InvalidArgumentError(
         "--metrics_linger_s must be >= 0 and finite");
   }
+  // The first line: where this worker trains, and why.
+  absl::StatusOr<DeviceChoice> devices = ChooseWorkerDevices();
+  if (!devices.ok()) return devices.status();
+  std::printf("bnps_worker %d/%d: device %s: %s\n", worker, num_workers,
+              devices->Describe().c_str(), devices->reason.c_str());
+  std::fflush(stdout);
   // Measured always (it costs a few atomic adds per step and BN call);
   // served only with --metrics_port.
   metrics::Registry registry;
@@ -435,7 +457,7 @@ absl::Status Main() {
   const int replicas = absl::GetFlag(FLAGS_replicas);
   std::vector<std::unique_ptr<nn::Backend>> backends;
   for (int i = 0; i < replicas; ++i) {
-    absl::StatusOr<std::unique_ptr<nn::Backend>> b = MakeBackend(i);
+    absl::StatusOr<std::unique_ptr<nn::Backend>> b = MakeBackend(*devices, i);
     if (!b.ok()) {
       if (i == 0) return b.status();
       return absl::Status(b.status().code(),
@@ -484,6 +506,13 @@ absl::Status Main() {
         absl::StrCat(client.status().message(),
                      " (check --servers; raise --connect_timeout_s if the "
                      "servers are still starting)"));
+  }
+  if (proto::IsFinished(client.status())) {
+    // This worker id finished the job already (a restart of a process
+    // killed on its way out, say): there is nothing left to do.
+    std::printf("bnps_worker %d/%d: nothing to do: %s\n", worker, num_workers,
+                std::string(client.status().message()).c_str());
+    return absl::OkStatus();
   }
   if (!client.ok()) return client.status();
   // The layers' running stats follow the servers' momentum: under sync the
@@ -576,6 +605,15 @@ absl::Status Main() {
                 RecalModeName(*recal_mode).c_str());
   }
   std::fflush(stdout);
+  // The worker's last call: once every worker has left, the job is
+  // complete and the servers write their final checkpoints. Training
+  // succeeded either way, so a failure here is only said.
+  if (absl::Status s = (*client)->Leave(); !s.ok()) {
+    std::fprintf(stderr,
+                 "bnps_worker %d/%d: warning: could not tell every server "
+                 "that this worker finished: %s\n",
+                 worker, num_workers, std::string(s.message()).c_str());
+  }
   if (!report_path.empty()) {
     std::ofstream out(report_path);
     out << ReportJson(*report) << "\n";

@@ -1,17 +1,29 @@
-// BnCalls' typed calls: each builds its request, sends it through BnCall
-// (bn_stream.cc: the streams) and checks the answer before it decodes it.
+// BnCalls: the typed calls (each builds its request, sends it through
+// BnCall and checks the answer before it decodes it), then the routing of a
+// call to a shard's BnTransport.
 
+#include "client/internal/bn_calls.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "client/internal/bn_socket.h"
 #include "client/internal/bn_stream.h"
 #include "proto/codec.h"
+#include "proto/limits.h"
 #include "proto/sharding.h"
 
 namespace bnps::client::internal {
 namespace {
+
+// Close waits at most this long for servers to end the BN streams.
+constexpr absl::Duration kCloseGrace = absl::Seconds(1);
 
 // The head of a BN request; BnCall adds the job, the worker and the id.
 proto::BnRequest BnHead(const std::string& layer, proto::BnPhase phase,
@@ -126,6 +138,175 @@ absl::StatusOr<bn::RunningStats> BnCalls::BnCallForRunning(
       proto::DecodeRunning(answer->running(), channels);
   if (!running.ok()) return MalformedBn(layer, running.status());
   return running;
+}
+
+std::shared_ptr<BnTransport> BnCalls::GetStream(int shard) {
+  std::shared_ptr<BnTransport> old;  // destroyed (drained) after unlocking
+  absl::MutexLock lock(&streams_mu_);
+  if (closed_) return nullptr;
+  std::shared_ptr<BnTransport>& slot = streams_[shard];
+  // A stream opened in an earlier generation is refused by the server.
+  if (slot == nullptr || slot->broken() ||
+      slot->generation() != channels_->generation()) {
+    old = std::move(slot);
+    slot = OpenBnStream(channels_->shard(shard).channel,
+                        channels_->options().token, channels_->generation(),
+                        channels_->options().bn_spin);
+  }
+  return slot;
+}
+
+absl::StatusOr<proto::BnResponse> BnCalls::BnCall(proto::BnRequest request) {
+  if (absl::Status s = CheckKey(request.layer(), "BN layer"); !s.ok()) {
+    return s;
+  }
+  request.set_job(channels_->options().job);
+  request.set_worker(channels_->options().worker);
+  request.clear_id();  // each attempt sets its own
+  // The id, set per attempt, adds at most a 1-byte tag and a 10-byte varint.
+  constexpr size_t kMaxIdBytes = 11;
+  const size_t bytes = request.ByteSizeLong() + kMaxIdBytes;
+  if (bytes > static_cast<size_t>(proto::kMaxMessageBytes)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("BN request for layer '", request.layer(), "' has ",
+                     bytes, " bytes, more than ", proto::kMaxMessageBytes));
+  }
+  const int shard =
+      proto::ShardForKey(request.layer(), channels_->num_shards());
+  // Only a failed call names itself: not formatted on every call.
+  auto context = [&] {
+    return absl::StrCat(proto::BnPhase_Name(request.phase()), " of layer '",
+                        request.layer(), "' at step ", request.step(), " on ",
+                        channels_->ShardName(shard));
+  };
+  const absl::Time deadline = absl::Now() + channels_->CallTimeout();
+  for (int attempt = 0;; ++attempt) {
+    // The first attempt over TCP where the shard offers it; a repeat on
+    // the stream.
+    std::shared_ptr<BnTransport> transport =
+        attempt == 0 ? GetSocket(shard) : nullptr;
+    if (transport == nullptr) transport = GetStream(shard);
+    if (transport == nullptr) {
+      return absl::UnavailableError(
+          absl::StrCat(context(), ": the client is closed"));
+    }
+    request.set_id(next_bn_id_.fetch_add(1, std::memory_order_relaxed));
+    BnTransport::Outcome out = transport->Call(request, deadline);
+    if (!out.status.ok()) {
+      if (out.retry && attempt == 0) {
+        const absl::Duration wait =
+            std::min(channels_->options().initial_backoff, deadline - absl::Now());
+        if (wait >= absl::ZeroDuration()) {
+          if (channels_->options().on_retry) {
+            channels_->options().on_retry(out.status.code());
+          }
+          absl::SleepFor(wait);
+          continue;
+        }
+      }
+      return Annotate(out.status, context());
+    }
+    proto::BnResponse& answer = out.response;
+    if (answer.code() == 0) return std::move(answer);
+    return proto::StatusFromWire(answer.code(), answer.message(), context());
+  }
+}
+
+BnCalls::BnCalls(Channels* channels)
+    : channels_(channels),
+      streams_(channels->num_shards()),
+      sockets_(channels->num_shards()),
+      socket_state_(channels->num_shards()) {}
+
+std::shared_ptr<BnTransport> BnCalls::GetSocket(int shard) {
+  const GrpcClientOptions& options = channels_->options();
+  const int port = channels_->bn_port(shard);
+  if (!options.bn_over_tcp || port <= 0) return nullptr;
+  const int64_t generation = channels_->generation();
+  std::shared_ptr<BnTransport> old;  // closed after unlocking
+  {
+    absl::MutexLock lock(&streams_mu_);
+    if (closed_) return nullptr;
+    std::shared_ptr<BnTransport>& slot = sockets_[shard];
+    // A connection of an earlier generation is refused by the server.
+    if (slot != nullptr && !slot->broken() &&
+        slot->generation() == generation) {
+      return slot;
+    }
+    SocketState& state = socket_state_[shard];
+    if (state.connecting || absl::Now() < state.retry_at) return nullptr;
+    state.connecting = true;
+    old = std::move(slot);
+  }
+  old.reset();
+  proto::BnHello hello;
+  hello.set_job(options.job);
+  hello.set_worker(options.worker);
+  hello.set_generation(generation);
+  hello.set_token(options.token);
+  absl::StatusOr<std::unique_ptr<BnSocket>> opened = BnSocket::Connect(
+      channels_->Host(shard), port, hello,
+      absl::Now() + std::min(options.rpc_timeout, absl::Seconds(5)),
+      options.bn_spin);
+  absl::MutexLock lock(&streams_mu_);
+  SocketState& state = socket_state_[shard];
+  state.connecting = false;
+  if (!opened.ok()) {
+    state.retry_at = absl::Now() + kBnSocketRetry;
+    const std::string why(opened.status().message());
+    if (why != state.said) {
+      state.said = why;
+      std::fprintf(stderr,
+                   "bnps worker %d: BN over TCP to %s: %s; its BN traffic "
+                   "takes the gRPC stream\n",
+                   options.worker, channels_->ShardName(shard).c_str(),
+                   why.c_str());
+    }
+    return nullptr;
+  }
+  if (closed_) return nullptr;
+  if (state.said != "connected") {
+    state.said = "connected";
+    std::fprintf(stderr, "bnps worker %d: BN over TCP to %s, port %d\n",
+                 options.worker, channels_->ShardName(shard).c_str(), port);
+  }
+  std::shared_ptr<BnTransport>& slot = sockets_[shard];
+  slot = std::shared_ptr<BnTransport>(*std::move(opened));
+  return slot;
+}
+
+BnCalls::~BnCalls() { Close(); }
+
+void BnCalls::Close() {
+  std::vector<std::shared_ptr<BnTransport>> all;
+  {
+    absl::MutexLock lock(&streams_mu_);
+    for (auto* list : {&sockets_, &streams_}) {
+      for (auto& t : *list) {
+        if (t != nullptr) all.push_back(std::move(t));
+      }
+      list->clear();
+    }
+    closed_ = true;
+  }
+  for (const auto& t : all) t->StartClose();
+  const absl::Time deadline =
+      absl::Now() + std::min(channels_->options().rpc_timeout, kCloseGrace);
+  for (const auto& t : all) t->WaitClosed(deadline);
+  for (const auto& t : all) t->Abort("the client was destroyed");
+  all.clear();  // each drains its call, which ends promptly once aborted
+}
+
+void BnCalls::CancelStuckWrites(absl::Time now) {
+  std::vector<std::shared_ptr<BnTransport>> all;
+  {
+    absl::MutexLock lock(&streams_mu_);
+    all = streams_;
+    all.insert(all.end(), sockets_.begin(), sockets_.end());
+  }
+  for (const auto& t : all) {
+    if (t != nullptr) t->CancelIfWriteStuck(now);
+  }
 }
 
 }  // namespace bnps::client::internal

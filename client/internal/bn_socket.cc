@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "proto/codec.h"
 #include "util/socket_io.h"
 
 namespace bnps::client::internal {
@@ -79,14 +80,7 @@ absl::StatusOr<std::unique_ptr<BnSocket>> BnSocket::Connect(
         return Unavailable(absl::StrCat(where, " answered no BnHelloReply"));
       }
       if (reply.code() != 0) {
-        const int code = reply.code();
-        if (code < 0 ||
-            code > static_cast<int>(absl::StatusCode::kUnauthenticated)) {
-          return absl::UnknownError(
-              absl::StrCat("code ", code, ": ", reply.message()));
-        }
-        return absl::Status(static_cast<absl::StatusCode>(code),
-                            reply.message());
+        return proto::StatusFromWire(reply.code(), reply.message());
       }
       return s;
     }
@@ -105,9 +99,9 @@ bool BnSocket::broken() const {
   return broken_;
 }
 
-void BnSocket::Shut() {
+void BnSocket::Shut(absl::string_view why) {
   absl::MutexLock lock(&mu_);
-  BreakLocked(Unavailable("the client closed the connection"));
+  BreakLocked(Unavailable(std::string(why)));
 }
 
 void BnSocket::BreakLocked(const absl::Status& why) {
@@ -121,7 +115,7 @@ void BnSocket::BreakLocked(const absl::Status& why) {
   pending_.clear();
 }
 
-BnSocket::Outcome BnSocket::Call(const proto::BnRequest& request,
+BnTransport::Outcome BnSocket::Call(const proto::BnRequest& request,
                                  absl::Time deadline) {
   std::string frame;
   if (absl::Status s = proto::AppendFrame(request, &frame); !s.ok()) {

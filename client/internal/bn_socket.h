@@ -5,11 +5,13 @@
 // no thread of its own: a caller waiting for its answer reads the socket
 // (polling without sleeping for `spin` first) and hands every answer it
 // reads to the call with its id; other callers sleep until theirs comes or
-// the reader is done. Internal to client/.
+// the reader is done. Internal to client/; one BnTransport (bn_transport.h).
 //
 // A call's failure says whether repeating it is safe (`retry`): the
 // connection broke (the server deduplicates a repeat). A connection that
-// broke stays broken; BnCalls opens another or uses the stream.
+// broke stays broken; BnCalls opens another or uses the stream. Closing it
+// (StartClose, Abort) shuts the socket at once; writes never wait past their
+// call's deadline, so CancelIfWriteStuck has nothing to do.
 //
 // Thread-safety: thread-safe.
 
@@ -24,21 +26,17 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "client/internal/bn_transport.h"
 #include "proto/bn_frame.h"
 #include "proto/bnps.pb.h"
 
 namespace bnps::client::internal {
 
-class BnSocket {
+class BnSocket final : public BnTransport {
  public:
-  struct Outcome {
-    absl::Status status;
-    bool retry = false;  // the connection broke under the call
-    proto::BnResponse response;
-  };
-
   // Connects to host:port (IPv4), sends `hello` and waits for its reply
   // until `deadline`. A hello the server refused: its code and message
   // (UNAUTHENTICATED, FAILED_PRECONDITION, ...). Anything else that fails:
@@ -46,20 +44,24 @@ class BnSocket {
   static absl::StatusOr<std::unique_ptr<BnSocket>> Connect(
       const std::string& host, int port, const proto::BnHello& hello,
       absl::Time deadline, absl::Duration spin);
-  ~BnSocket();
+  ~BnSocket() override;
 
   BnSocket(const BnSocket&) = delete;
   BnSocket& operator=(const BnSocket&) = delete;
 
-  // Sends `request` (its id set, unique on this connection) and waits for
-  // the answer with that id until `deadline`.
-  Outcome Call(const proto::BnRequest& request, absl::Time deadline)
+  // BnTransport.
+  Outcome Call(const proto::BnRequest& request, absl::Time deadline) override
       ABSL_LOCKS_EXCLUDED(mu_, write_mu_);
+  bool broken() const override ABSL_LOCKS_EXCLUDED(mu_);
+  int64_t generation() const override { return generation_; }
+  void CancelIfWriteStuck(absl::Time) override {}
+  void StartClose() override { Shut("the client closed the connection"); }
+  bool WaitClosed(absl::Time) override { return true; }
+  void Abort(absl::string_view why) override { Shut(why); }
 
-  bool broken() const ABSL_LOCKS_EXCLUDED(mu_);
-  int64_t generation() const { return generation_; }
-  // Breaks the connection: calls waiting fail (retry true), later ones too.
-  void Shut() ABSL_LOCKS_EXCLUDED(mu_);
+  // Breaks the connection: calls waiting fail (retry true) with `why`, later
+  // ones too.
+  void Shut(absl::string_view why) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   struct Pending {

@@ -1,15 +1,15 @@
 #include "client/internal/bn_stream.h"
 
 #include <algorithm>
-#include <cstdio>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
-#include "client/internal/bn_socket.h"
+#include "absl/synchronization/mutex.h"
 #include "grpc/support/time.h"
 #include "grpcpp/completion_queue.h"
 #include "grpcpp/generic/generic_stub.h"
@@ -17,16 +17,12 @@
 #include "grpcpp/support/async_stream.h"
 #include "proto/codec.h"
 #include "proto/generation.h"
-#include "proto/limits.h"
-#include "proto/sharding.h"
 #include "security/job_token.h"
 
 namespace bnps::client::internal {
 namespace {
 
 constexpr char kBnMethod[] = "/bnps.proto.ParameterServer/BnSync";
-// The destructor waits at most this long for servers to end the BN streams.
-constexpr absl::Duration kCloseGrace = absl::Seconds(1);
 
 // A deadline for gRPC's completion queue. (gRPC reads a system_clock time
 // before the epoch, such as absl::ToChronoTime(absl::InfinitePast()), as
@@ -41,8 +37,6 @@ gpr_timespec ToGprTime(absl::Time t) {
   out.clock_type = GPR_CLOCK_REALTIME;
   return out;
 }
-
-}  // namespace
 
 // One BnSync stream to one shard, driven through gRPC's completion-queue API
 // by the callers themselves: the stream has no thread of its own.
@@ -59,7 +53,7 @@ gpr_timespec ToGprTime(absl::Time t) {
 //
 // One thread at a time polls: the holder of the poller token (`polling_`). A
 // thread that must wait -- a caller for its answer or for the write ahead of
-// its own, WaitFinished and the destructor for the end of the stream -- takes
+// its own, WaitClosed and the destructor for the end of the stream -- takes
 // the token if it is free and polls with its own deadline; otherwise it sleeps
 // on mu_ until what it waits for has happened or the token is free again. The
 // poller handles every event it takes: it hands an answer to the call with the
@@ -75,14 +69,8 @@ gpr_timespec ToGprTime(absl::Time t) {
 // in flight). Once the stream has ended, or a write failed, it is `broken` and
 // BnCalls opens a new one for later calls. An answer whose caller gave up at
 // its deadline is dropped.
-class BnStream {
+class BnStream final : public BnTransport {
  public:
-  struct Outcome {
-    absl::Status status;
-    // The stream broke under the call: repeating it on a fresh stream is safe.
-    bool retry = false;
-    proto::BnResponse response;  // parsed by protobuf's generated class
-  };
 
   BnStream(const std::shared_ptr<grpc::Channel>& channel,
            const std::string& token, int64_t generation, absl::Duration spin)
@@ -108,8 +96,8 @@ class BnStream {
   // Cancels the call and polls until every operation started on it has
   // completed (promptly, once cancelled), then shuts the queue down.
   // REQUIRES: no other thread uses the stream.
-  ~BnStream() {
-    Cancel("the client closed the stream");
+  ~BnStream() override {
+    Abort("the client closed the stream");
     {
       absl::MutexLock lock(&mu_);
       ArmRead();  // its failure starts Finish
@@ -122,9 +110,76 @@ class BnStream {
     }
   }
 
-  // Writes `request` (a serialized BnRequest whose id is `id`) and waits until its
-  // response arrives or `deadline`.
-  Outcome Call(const grpc::ByteBuffer& request, uint64_t id,
+  // BnTransport. Writes `request` and waits until its response arrives or
+  // `deadline`.
+  Outcome Call(const proto::BnRequest& request, absl::Time deadline) override
+      ABSL_LOCKS_EXCLUDED(mu_) {
+    grpc::ByteBuffer message;
+    bool own_buffer;
+    if (grpc::Status s = grpc::SerializationTraits<proto::BnRequest>::Serialize(
+            request, &message, &own_buffer);
+        !s.ok()) {
+      return {proto::FromGrpcStatus(s), false};
+    }
+    return Send(message, request.id(), deadline);
+  }
+
+  int64_t generation() const override { return generation_; }
+
+  bool broken() const override ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    return broken_;
+  }
+
+  // Cancels the stream if a write has been blocked past its caller's deadline
+  // (a server that stopped reading: flow control holds the write forever).
+  void CancelIfWriteStuck(absl::Time now) override ABSL_LOCKS_EXCLUDED(mu_) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (!writing_ || now <= write_deadline_ || finished_) return;
+      if (cancel_reason_.empty()) {
+        cancel_reason_ = "a write was blocked past its deadline";
+      }
+    }
+    context_.TryCancel();
+  }
+
+  // Starts a half-close (WritesDone) unless the stream is broken or a write is
+  // in flight; a well-behaved server then ends the stream. Does not wait.
+  void StartClose() override ABSL_LOCKS_EXCLUDED(mu_) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (broken_ || writing_) return;
+      broken_ = true;
+      writing_ = true;
+      write_deadline_ = absl::InfiniteFuture();
+      ArmRead();  // to see the server end the stream
+    }
+    stream_->WritesDone(TagOf(Tag::kWritesDone));
+  }
+
+  // Polls (or waits for the thread that does) until the end of the stream has
+  // been seen or `deadline`; true if it has.
+  bool WaitClosed(absl::Time deadline) override ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    return Drive(absl::Condition(&finished_), deadline);
+  }
+
+  // Cancels the call unless it has ended; `why` becomes the error of the
+  // calls still waiting. Does not wait.
+  void Abort(absl::string_view why) override ABSL_LOCKS_EXCLUDED(mu_) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (finished_) return;
+      if (cancel_reason_.empty()) cancel_reason_ = std::string(why);
+    }
+    context_.TryCancel();
+  }
+
+ private:
+  // Writes `request` (a serialized BnRequest whose id is `id`) and waits
+  // until its response arrives or `deadline`.
+  Outcome Send(const grpc::ByteBuffer& request, uint64_t id,
                absl::Time deadline) ABSL_LOCKS_EXCLUDED(mu_) {
     PendingCall call;
     absl::MutexLock lock(&mu_);
@@ -172,59 +227,6 @@ class BnStream {
     return {std::move(call.status), call.retry, std::move(call.response)};
   }
 
-  int64_t generation() const { return generation_; }
-
-  bool broken() const ABSL_LOCKS_EXCLUDED(mu_) {
-    absl::MutexLock lock(&mu_);
-    return broken_;
-  }
-
-  // Cancels the stream if a write has been blocked past its caller's deadline
-  // (a server that stopped reading: flow control holds the write forever).
-  void CancelIfWriteStuck(absl::Time now) ABSL_LOCKS_EXCLUDED(mu_) {
-    {
-      absl::MutexLock lock(&mu_);
-      if (!writing_ || now <= write_deadline_ || finished_) return;
-      if (cancel_reason_.empty()) {
-        cancel_reason_ = "a write was blocked past its deadline";
-      }
-    }
-    context_.TryCancel();
-  }
-
-  // Starts a half-close (WritesDone) unless the stream is broken or a write is
-  // in flight; a well-behaved server then ends the stream. Does not wait.
-  void HalfClose() ABSL_LOCKS_EXCLUDED(mu_) {
-    {
-      absl::MutexLock lock(&mu_);
-      if (broken_ || writing_) return;
-      broken_ = true;
-      writing_ = true;
-      write_deadline_ = absl::InfiniteFuture();
-      ArmRead();  // to see the server end the stream
-    }
-    stream_->WritesDone(TagOf(Tag::kWritesDone));
-  }
-
-  // Polls (or waits for the thread that does) until the end of the stream has
-  // been seen or `deadline`; true if it has.
-  bool WaitFinished(absl::Time deadline) ABSL_LOCKS_EXCLUDED(mu_) {
-    absl::MutexLock lock(&mu_);
-    return Drive(absl::Condition(&finished_), deadline);
-  }
-
-  // Cancels the call unless it has ended; `why` becomes the error of the
-  // calls still waiting. Does not wait.
-  void Cancel(absl::string_view why) ABSL_LOCKS_EXCLUDED(mu_) {
-    {
-      absl::MutexLock lock(&mu_);
-      if (finished_) return;
-      if (cancel_reason_.empty()) cancel_reason_ = std::string(why);
-    }
-    context_.TryCancel();
-  }
-
- private:
   // The operations started on the call, as completion-queue tags.
   enum class Tag : intptr_t { kStart = 1, kRead, kWrite, kWritesDone, kFinish };
 
@@ -346,7 +348,7 @@ class BnStream {
         } else {
           // Not a BnResponse: nothing more on this stream can be trusted.
           // Handled as a failed read; the cancel reason ends the calls.
-          Cancel(
+          Abort(
               "the server sent a malformed BN response (protobuf could not "
               "parse it as a BnResponse)");
           event->ok = false;
@@ -481,205 +483,12 @@ class BnStream {
   std::map<uint64_t, PendingCall*> pending_ ABSL_GUARDED_BY(mu_);
 };
 
-std::shared_ptr<BnStream> BnCalls::GetStream(int shard) {
-  std::shared_ptr<BnStream> old;  // destroyed (drained) after unlocking
-  absl::MutexLock lock(&streams_mu_);
-  if (closed_) return nullptr;
-  std::shared_ptr<BnStream>& slot = streams_[shard];
-  // A stream opened in an earlier generation is refused by the server.
-  if (slot == nullptr || slot->broken() ||
-      slot->generation() != channels_->generation()) {
-    old = std::move(slot);
-    slot = std::make_shared<BnStream>(channels_->shard(shard).channel,
-                                     channels_->options().token,
-                                     channels_->generation(),
-                                     channels_->options().bn_spin);
-  }
-  return slot;
-}
+}  // namespace
 
-absl::StatusOr<proto::BnResponse> BnCalls::BnCall(proto::BnRequest request) {
-  if (absl::Status s = CheckKey(request.layer(), "BN layer"); !s.ok()) {
-    return s;
-  }
-  request.set_job(channels_->options().job);
-  request.set_worker(channels_->options().worker);
-  request.clear_id();  // each attempt sets its own
-  // The id, set per attempt, adds at most a 1-byte tag and a 10-byte varint.
-  constexpr size_t kMaxIdBytes = 11;
-  const size_t bytes = request.ByteSizeLong() + kMaxIdBytes;
-  if (bytes > static_cast<size_t>(proto::kMaxMessageBytes)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("BN request for layer '", request.layer(), "' has ",
-                     bytes, " bytes, more than ", proto::kMaxMessageBytes));
-  }
-  const int shard =
-      proto::ShardForKey(request.layer(), channels_->num_shards());
-  // Only a failed call names itself: not formatted on every call.
-  auto context = [&] {
-    return absl::StrCat(proto::BnPhase_Name(request.phase()), " of layer '",
-                        request.layer(), "' at step ", request.step(), " on ",
-                        channels_->ShardName(shard));
-  };
-  const absl::Time deadline = absl::Now() + channels_->CallTimeout();
-  for (int attempt = 0;; ++attempt) {
-    // The first attempt over TCP where the shard offers it; a repeat on
-    // the stream.
-    std::shared_ptr<BnSocket> socket = attempt == 0 ? GetSocket(shard) : nullptr;
-    std::shared_ptr<BnStream> stream;
-    if (socket == nullptr) {
-      stream = GetStream(shard);
-      if (stream == nullptr) {
-        return absl::UnavailableError(
-            absl::StrCat(context(), ": the client is closed"));
-      }
-    }
-    const uint64_t id = next_bn_id_.fetch_add(1, std::memory_order_relaxed);
-    request.set_id(id);
-    BnStream::Outcome out;
-    if (socket != nullptr) {
-      BnSocket::Outcome o = socket->Call(request, deadline);
-      out.status = std::move(o.status);
-      out.retry = o.retry;
-      out.response = std::move(o.response);
-    } else {
-      grpc::ByteBuffer message;
-      bool own_buffer;
-      if (grpc::Status s =
-              grpc::SerializationTraits<proto::BnRequest>::Serialize(
-                  request, &message, &own_buffer);
-          !s.ok()) {
-        return Annotate(proto::FromGrpcStatus(s), context());
-      }
-      out = stream->Call(message, id, deadline);
-    }
-    if (!out.status.ok()) {
-      if (out.retry && attempt == 0) {
-        const absl::Duration wait =
-            std::min(channels_->options().initial_backoff, deadline - absl::Now());
-        if (wait >= absl::ZeroDuration()) {
-          if (channels_->options().on_retry) {
-            channels_->options().on_retry(out.status.code());
-          }
-          absl::SleepFor(wait);
-          continue;
-        }
-      }
-      return Annotate(out.status, context());
-    }
-    proto::BnResponse& answer = out.response;
-    const int code = answer.code();
-    if (code == 0) return std::move(answer);
-    if (code < 0 ||
-        code > static_cast<int>(absl::StatusCode::kUnauthenticated)) {
-      return absl::UnknownError(absl::StrCat(context(), ": code ", code, ": ",
-                                             answer.message()));
-    }
-    return absl::Status(static_cast<absl::StatusCode>(code),
-                        absl::StrCat(context(), ": ", answer.message()));
-  }
-}
-
-BnCalls::BnCalls(Channels* channels)
-    : channels_(channels),
-      streams_(channels->num_shards()),
-      sockets_(channels->num_shards()),
-      socket_state_(channels->num_shards()) {}
-
-std::shared_ptr<BnSocket> BnCalls::GetSocket(int shard) {
-  const GrpcClientOptions& options = channels_->options();
-  const int port = channels_->bn_port(shard);
-  if (!options.bn_over_tcp || port <= 0) return nullptr;
-  const int64_t generation = channels_->generation();
-  std::shared_ptr<BnSocket> old;  // closed after unlocking
-  {
-    absl::MutexLock lock(&streams_mu_);
-    if (closed_) return nullptr;
-    std::shared_ptr<BnSocket>& slot = sockets_[shard];
-    // A connection of an earlier generation is refused by the server.
-    if (slot != nullptr && !slot->broken() &&
-        slot->generation() == generation) {
-      return slot;
-    }
-    SocketState& state = socket_state_[shard];
-    if (state.connecting || absl::Now() < state.retry_at) return nullptr;
-    state.connecting = true;
-    old = std::move(slot);
-  }
-  old.reset();
-  proto::BnHello hello;
-  hello.set_job(options.job);
-  hello.set_worker(options.worker);
-  hello.set_generation(generation);
-  hello.set_token(options.token);
-  absl::StatusOr<std::unique_ptr<BnSocket>> opened = BnSocket::Connect(
-      channels_->Host(shard), port, hello,
-      absl::Now() + std::min(options.rpc_timeout, absl::Seconds(5)),
-      options.bn_spin);
-  absl::MutexLock lock(&streams_mu_);
-  SocketState& state = socket_state_[shard];
-  state.connecting = false;
-  if (!opened.ok()) {
-    state.retry_at = absl::Now() + kBnSocketRetry;
-    const std::string why(opened.status().message());
-    if (why != state.said) {
-      state.said = why;
-      std::fprintf(stderr,
-                   "bnps worker %d: BN over TCP to %s: %s; its BN traffic "
-                   "takes the gRPC stream\n",
-                   options.worker, channels_->ShardName(shard).c_str(),
-                   why.c_str());
-    }
-    return nullptr;
-  }
-  if (closed_) return nullptr;
-  if (state.said != "connected") {
-    state.said = "connected";
-    std::fprintf(stderr, "bnps worker %d: BN over TCP to %s, port %d\n",
-                 options.worker, channels_->ShardName(shard).c_str(), port);
-  }
-  std::shared_ptr<BnSocket>& slot = sockets_[shard];
-  slot = std::shared_ptr<BnSocket>(*std::move(opened));
-  return slot;
-}
-
-BnCalls::~BnCalls() { Close(); }
-
-void BnCalls::Close() {
-  std::vector<std::shared_ptr<BnStream>> streams;
-  std::vector<std::shared_ptr<BnSocket>> sockets;
-  {
-    absl::MutexLock lock(&streams_mu_);
-    streams.swap(streams_);
-    sockets.swap(sockets_);
-    closed_ = true;
-  }
-  for (const auto& socket : sockets) {
-    if (socket != nullptr) socket->Shut();
-  }
-  for (const auto& stream : streams) {
-    if (stream != nullptr) stream->HalfClose();
-  }
-  const absl::Time deadline =
-      absl::Now() + std::min(channels_->options().rpc_timeout, kCloseGrace);
-  for (const auto& stream : streams) {
-    if (stream != nullptr) stream->WaitFinished(deadline);
-  }
-  for (const auto& stream : streams) {
-    if (stream != nullptr) stream->Cancel("the client was destroyed");
-  }
-  streams.clear();  // each drains its call, which ends promptly once cancelled
-}
-
-void BnCalls::CancelStuckWrites(absl::Time now) {
-  std::vector<std::shared_ptr<BnStream>> streams;
-  {
-    absl::MutexLock lock(&streams_mu_);
-    streams = streams_;
-  }
-  for (const auto& stream : streams) {
-    if (stream != nullptr) stream->CancelIfWriteStuck(now);
-  }
+std::unique_ptr<BnTransport> OpenBnStream(
+    const std::shared_ptr<grpc::Channel>& channel, const std::string& token,
+    int64_t generation, absl::Duration spin) {
+  return std::make_unique<BnStream>(channel, token, generation, spin);
 }
 
 }  // namespace bnps::client::internal

@@ -380,6 +380,29 @@ absl::StatusOr<proto::StatusResponse> Membership::GetStatus(int shard) {
   return response;
 }
 
+absl::Status Membership::Leave() {
+  const GrpcClientOptions& options = channels_->options();
+  proto::LeaveRequest request;
+  request.set_job(options.job);
+  request.set_worker(options.worker);
+  request.set_incarnation(incarnation_);
+  const absl::Status s =
+      RunParallel(channels_->num_shards(), [&](int i) {
+        absl::Status r = channels_->WithRetries([&](absl::Time deadline) {
+          grpc::ClientContext context;
+          channels_->SetUp(&context, deadline);
+          proto::LeaveResponse response;
+          return proto::FromGrpcStatus(
+              channels_->shard(i).stub->Leave(&context, request, &response));
+        });
+        return Annotate(r, absl::StrCat("Leave of ", channels_->ShardName(i)));
+      });
+  // Done with the job either way: a shard that did not take the Leave sees
+  // the worker go silent instead.
+  Stop();
+  return s;
+}
+
 void Membership::SendHeartbeats() {
   const GrpcClientOptions& options = channels_->options();
   // Short deadlines: a dead shard must not delay the others' heartbeats much.

@@ -83,6 +83,10 @@ class Membership {
   // What shard `shard` knows. INVALID_ARGUMENT for a shard out of range.
   absl::StatusOr<proto::StatusResponse> GetStatus(int shard);
 
+  // Tells every shard that this worker finished the job (proto's Leave),
+  // then stops the heartbeats. The first error of a shard, naming it.
+  absl::Status Leave();
+
  private:
   // Calls call(shard, deadline) until it answers something other than
   // UNAVAILABLE or DEADLINE_EXCEEDED, or `deadline` passes; `rpc` names it.

@@ -162,6 +162,7 @@ def work(args):
               f"train_s={train_s:.1f} " +
               " ".join(f"{k}={v:.4f}" for k, v in accuracies.items()),
               flush=True)
+    connection.finish()  # the job ends once every worker finished
     connection.close()
     return 0
 

@@ -127,6 +127,13 @@ class Client:
     def live_workers(self):
         return self._native.live_workers()
 
+    @_translated
+    def leave(self):
+        """This worker finished the job (its last call). Once every worker
+        has left, the servers write their final checkpoints and, unless
+        started with --keep_serving, exit."""
+        return self._native.leave()
+
 
 @_translated
 def merge_moments(count_a, mean_a, m2_a, count_b, mean_b, m2_b):

@@ -13,6 +13,10 @@ that started them (Linux's parent-death signal, as tools/bnps_launch.py's
 children), so a test or script killed before stop() leaves none behind. A
 server that exits or prints no port within start_timeout_s raises
 RuntimeError with the tail of its output.
+
+The servers run with --keep_serving unless keep_serving=False: they serve
+reads (bnps.export, bnps_status) after the workers finished, until stop().
+Without it, each exits 0 once every worker finished (Connection.finish).
 """
 
 import os
@@ -61,12 +65,12 @@ def find_server_binary(explicit=None):
 class LocalCluster:
     def __init__(self, num_servers=1, num_workers=2, policy="sync",
                  job="bnps", server_flags=(), server_bin=None,
-                 start_timeout_s=30.0):
+                 start_timeout_s=30.0, keep_serving=True):
         self.num_servers = num_servers
         self.num_workers = num_workers
         self.policy = policy
         self.job = job
-        self._flags = list(server_flags)
+        self._flags = list(server_flags) + (["--keep_serving"] if keep_serving else [])
         self._bin = find_server_binary(server_bin)
         self._timeout = start_timeout_s
         self._procs = []

@@ -27,6 +27,8 @@
 #include "bn/kernels.h"
 #include "bn/moments.h"
 #include "client/grpc_ps_client.h"
+#include "client/job_reader.h"
+#include "client/state_export.h"
 #include "policy/policy.h"
 #include "pybind11/numpy.h"
 #include "pybind11/pybind11.h"
@@ -274,6 +276,11 @@ class Client {
     Check(s);
   }
 
+  // This worker finished the job (PsClient::Leave).
+  void Leave() {
+    Check(Call([](client::GrpcPsClient& c) { return c.Leave(); }));
+  }
+
   void InitParameters(const py::dict& params) {
     client::Params p = ToParams(params);
     absl::Status s = Call([&](client::GrpcPsClient& c) {
@@ -328,6 +335,42 @@ py::tuple MergeMoments(int64_t count_a, const Array& mean_a, const Array& m2_a,
   return py::make_tuple(acc.count, ToArray(acc.mean), ToArray(acc.m2));
 }
 
+// Reads every shard without joining the job (client::JobReader) and writes
+// the safetensors export (client/state_export.h) to `path`, as bnps_status
+// --export does. Returns {"step", "job_complete", "parameters",
+// "bn_layers"}.
+py::dict Export(std::vector<std::string> servers, std::string path,
+                std::string job, std::string token_file, std::string tls_ca,
+                std::string tls_cert, std::string tls_key, double timeout_s) {
+  client::JobReaderOptions o;
+  o.servers = std::move(servers);
+  o.job = std::move(job);
+  o.timeout = absl::Seconds(timeout_s);
+  if (!token_file.empty()) o.token = Value(security::ReadTokenFile(token_file));
+  security::TlsFiles tls{std::move(tls_cert), std::move(tls_key),
+                         std::move(tls_ca)};
+  if (security::UsesTls(tls)) {
+    o.credentials = Value(security::MakeChannelCredentials(tls));
+  }
+  std::unique_ptr<client::JobReader> reader =
+      Value(client::JobReader::Create(std::move(o)));
+  absl::StatusOr<client::JobState> state;
+  absl::Status written;
+  {
+    py::gil_scoped_release release;
+    state = reader->ReadState();
+    if (state.ok()) written = client::WriteExport(*state, path);
+  }
+  Check(state.status());
+  Check(written);
+  py::dict d;
+  d["step"] = state->step;
+  d["job_complete"] = state->job_complete;
+  d["parameters"] = state->params.size();
+  d["bn_layers"] = state->running.size();
+  return d;
+}
+
 }  // namespace
 }  // namespace bnps::python
 
@@ -338,6 +381,10 @@ PYBIND11_MODULE(_bnps_native, m) {
                                                  PyExc_RuntimeError);
   bnps::python::g_error_type = error.ptr();
 
+  m.def("export", &bnps::python::Export, py::arg("servers"), py::arg("path"),
+        py::arg("job") = "bnps", py::arg("token_file") = "",
+        py::arg("tls_ca") = "", py::arg("tls_cert") = "",
+        py::arg("tls_key") = "", py::arg("timeout_s") = 30.0);
   m.def("merge_moments", &bnps::python::MergeMoments, py::arg("count_a"),
         py::arg("mean_a"), py::arg("m2_a"), py::arg("count_b"),
         py::arg("mean_b"), py::arg("m2_b"));
@@ -375,5 +422,6 @@ PYBIND11_MODULE(_bnps_native, m) {
       .def("pull_parameters", &Client::PullParameters, py::arg("min_version"),
            py::arg("keys") = std::vector<std::string>{})
       .def("start_step", &Client::StartStep, py::arg("step"))
-      .def("finish_step", &Client::FinishStep, py::arg("completed"));
+      .def("finish_step", &Client::FinishStep, py::arg("completed"))
+      .def("leave", &Client::Leave);
 }

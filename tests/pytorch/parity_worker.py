@@ -19,6 +19,11 @@ import bnps  # noqa: E402
 import bnps.torch  # noqa: E402
 
 
+# BNPS_PARITY_DEVICE=cuda runs the layer on the GPU (tools/gpu/run.sh torch);
+# what is saved comes back to the CPU, where the test compares it.
+DEVICE = torch.device(os.environ.get("BNPS_PARITY_DEVICE", "cpu"))
+
+
 def run_case(case, worker, eval_extra=0):
     """Trains a standalone layer on the worker's slice for case.steps steps;
     returns per-step outputs and gradients and the final state."""
@@ -26,7 +31,7 @@ def run_case(case, worker, eval_extra=0):
                                   track_running_stats=case.track,
                                   name=case.name)
     param_dtype = torch.float64 if case.dtype == torch.float64 else torch.float32
-    bn = bn.to(param_dtype)
+    bn = bn.to(device=DEVICE, dtype=param_dtype)
     if case.affine:
         w, b = case.init_params()
         with torch.no_grad():
@@ -36,30 +41,30 @@ def run_case(case, worker, eval_extra=0):
     out = {"y": [], "dx": [], "dw": [], "db": [], "channels_last": []}
     for step in range(case.steps):
         x, dy = case.global_data(step)
-        x = x[rows].to(case.dtype)
+        x = x[rows].to(device=DEVICE, dtype=case.dtype)
         if case.channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
         x.requires_grad_(True)
         y = bn(x)
-        (y.to(torch.float64) * dy[rows]).sum().backward()
-        out["y"].append(y.detach().to(torch.float64))
-        out["dx"].append(x.grad.detach().to(torch.float64))
+        (y.to(torch.float64) * dy[rows].to(DEVICE)).sum().backward()
+        out["y"].append(y.detach().to(torch.float64).cpu())
+        out["dx"].append(x.grad.detach().to(torch.float64).cpu())
         out["channels_last"].append(
             y.is_contiguous(memory_format=torch.channels_last))
         if case.affine:
-            out["dw"].append(bn.weight.grad.detach().to(torch.float64).clone())
-            out["db"].append(bn.bias.grad.detach().to(torch.float64).clone())
+            out["dw"].append(bn.weight.grad.detach().to(torch.float64).cpu().clone())
+            out["db"].append(bn.bias.grad.detach().to(torch.float64).cpu().clone())
             bn.weight.grad = None
             bn.bias.grad = None
         out["dtype"] = str(y.dtype)
     if case.track:
-        out["running_mean"] = bn.running_mean.detach().to(torch.float64).clone()
-        out["running_var"] = bn.running_var.detach().to(torch.float64).clone()
+        out["running_mean"] = bn.running_mean.detach().to(torch.float64).cpu().clone()
+        out["running_var"] = bn.running_var.detach().to(torch.float64).cpu().clone()
         out["num_batches_tracked"] = int(bn.num_batches_tracked)
     bn.eval()
-    xe = parity_cases.eval_data(case)[rows].to(case.dtype)
+    xe = parity_cases.eval_data(case)[rows].to(device=DEVICE, dtype=case.dtype)
     with torch.no_grad():
-        out["y_eval"] = bn(xe).to(torch.float64)
+        out["y_eval"] = bn(xe).to(torch.float64).cpu()
         for _ in range(eval_extra):  # only some workers: eval never syncs
             bn(xe)
     return out

@@ -22,6 +22,7 @@ Usage:
         [--policies local,sync,async,recal,sync-stream,sync-colocated]
         [--data synthetic]
         [--bin_dir DIR] [--round_trip on|off] [--build]
+        [--device cpu|gpu] [--mps auto|on|off]
         [--worker_flag=--bn_spin_us=0 ...] [--server_flag=--bn_port=0 ...]
 
 Output (Markdown, parsed by update_performance_md.py):
@@ -32,6 +33,11 @@ Output (Markdown, parsed by update_performance_md.py):
   ## Ratio to local over runs   min / median / max of each ratio
   ## BN round trip beside it     ps_benchmark's row (medians over the runs)
                                  and its ratios' min / median / max
+
+--device: where the workers train (default cpu, also on a machine with a
+GPU); with --device=gpu the workers share the machine's GPUs (LOCAL_RANK =
+their index) and, where they would share one, NVIDIA MPS as the launcher
+uses it (--mps, tools/bnps_launch_mps.py).
 
 A cell is the mean over the W workers of seconds / timed steps. Standard
 library only; runs under any python3 (3.5+). Exit status: 0, 1 when a
@@ -52,6 +58,10 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
+# tools/bnps_launch_mps.py: MPS for workers that share a GPU.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))))
+import bnps_launch_mps  # noqa: E402  (needs the path above)
 POLICIES = ["local", "sync", "async", "recal"]
 # Co-located aggregation: the W workers' batches in ONE bnps_worker process
 # with --replicas=W (one thread each, pinned to the W workers' cores), the BN
@@ -303,10 +313,12 @@ def measure_policy(args, policy, workers, batch, out_dir):
                    "--timing_warmup_steps={}".format(args.warmup),
                    "--epochs=1000000", "--data=" + args.data, "--threads=1",
                    "--eval=none", "--progress=none", "--report=" + report,
-                   "--replicas={}".format(replicas)] + args.worker_flag
+                   "--replicas={}".format(replicas),
+                   "--device=" + args.device] + args.worker_flag
+            env = dict(os.environ, LOCAL_RANK=str(w), **args.worker_env)
             with open(log, "w") as f:
                 p = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT,
-                                     preexec_fn=pinned(w_cores[w]))
+                                     env=env, preexec_fn=pinned(w_cores[w]))
             procs.append(p)
             wprocs.append(p)
             reports.append(report)
@@ -391,13 +403,15 @@ def report(args, results, shared, rts, out):
     w("machine: {} usable cores, {}; load average {}\n".format(
         cores, cpu_model(), load_average()))
     w("settings: S = {} shard server(s); {} timed steps after {} warm-up "
-      "steps per worker; --data={}, model depth 1 width 16, 1 model thread; "
+      "steps per worker; --data={}, --device={}, model depth 1 width 16, 1 model thread; "
       "{} run(s), the policies of a (W, batch) back to back in each; "
       "each process pinned to a core (sched_setaffinity; round-robin where "
       "there are too few, see 'cores'); worker flags: "
       "{}; server flags: {}; round trip: bnps workers poll {} us before "
       "blocking (the workers' --bn_spin_us=-1 rule)\n\n".format(
-          args.servers, args.steps, args.warmup, args.data, args.runs,
+          args.servers, args.steps, args.warmup, args.data,
+          args.device + (" ({})".format(args.mps_note) if args.mps_note else ""),
+          args.runs,
           " ".join(args.worker_flag) or "defaults (--bn_spin_us=-1: poll "
           "100 us where every process has a core)",
           "--bn_port=0 (BN over TCP), and --keep_awake_us={} where every "
@@ -527,6 +541,12 @@ def parse_args(argv):
                    .format(KEEP_AWAKE_US))
     p.add_argument("--timeout_s", type=float, default=600,
                    help="per policy and (W, batch)")
+    p.add_argument("--device", choices=["cpu", "gpu"], default="cpu",
+                   help="the workers' --device (default cpu, whatever the "
+                   "machine has)")
+    p.add_argument("--mps", choices=["auto", "on", "off"], default="auto",
+                   help="with --device=gpu: NVIDIA MPS where workers share a "
+                   "GPU, as tools/bnps_launch.py --mps")
     args = p.parse_args(argv)
     args.policies = [x for x in args.policies.split(",") if x]
     bad = [x for x in args.policies if x not in POLICIES + VARIANTS]
@@ -555,6 +575,23 @@ def main(argv):
     results = {}
     shared = {}
     rts = []
+    # Workers sharing a GPU: MPS for the whole run, as the launcher does.
+    daemon, args.worker_env, args.mps_note = None, {}, None
+    if args.device == "gpu":
+        notes = []
+        try:
+            daemon, args.worker_env = bnps_launch_mps.setup(
+                args.mps, "gpu", max(args.workers), bnps_launch_mps.System(),
+                notes.append)
+        except bnps_launch_mps.MpsError as e:
+            print("step_overhead: error: {}".format(e), file=sys.stderr)
+            return 2
+        for line in notes:
+            print("step_overhead: " + line, file=sys.stderr)
+        args.mps_note = ("MPS: a daemon of this run" if daemon else
+                         "MPS: " + ("the daemon that runs" if any(
+                             "using the MPS daemon" in n for n in notes)
+                             else "none"))
     tmp = tempfile.mkdtemp(prefix="bnps_step_overhead_")
     for name in ("server/bnps_server", "worker/bnps_worker") + (
             ("tools/bench/ps_benchmark",) if args.round_trip == "on" else ()):
@@ -582,6 +619,10 @@ def main(argv):
         return 1
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+        if daemon is not None:
+            problem = daemon.stop()
+            if problem:
+                print("step_overhead: " + problem, file=sys.stderr)
     report(args, results, shared, rts, sys.stdout)
     return 0
 

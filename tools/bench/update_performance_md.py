@@ -40,6 +40,9 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import performance_text  # noqa: E402  (needs the path above)
 import step_overhead  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))), "gpu"))
+import summarize as gpu_summary  # noqa: E402  (tools/gpu/summarize.py)
 
 REGENERATE = "python3 tools/bench/update_performance_md.py"
 TARGETS = [
@@ -598,6 +601,9 @@ def main(argv):
     finally:
         if tmp:
             shutil.rmtree(tmp, ignore_errors=True)
+    # The GPU section comes from a GPU run (tools/gpu/summarize.py), not from
+    # this one: the document keeps it as it was.
+    text = gpu_summary.keep_gpu_section(args.output, text)
     with open(args.output + ".tmp", "w") as f:
         f.write(text)
     os.rename(args.output + ".tmp", args.output)

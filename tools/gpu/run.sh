@@ -8,6 +8,19 @@
 #   tools/gpu/run.sh bench               # cuda_bn_benchmark (ours against
 #                                        #   cuDNN) and the model step against
 #                                        #   PyTorch on the same GPU
+#   tools/gpu/run.sh all                 # everything below in one call
+#                                        #   (under 8 minutes), then one
+#                                        #   summary table (summary.md) and
+#                                        #   the figures (gpu_results.json)
+#                                        #   for tools/gpu/summarize.py
+#                                        #   --update_docs
+#   tools/gpu/run.sh torch               # bnps.torch from the wheel (dist/
+#                                        #   bnps-*.whl, carried beside the
+#                                        #   tree) on this machine's torch:
+#                                        #   CUDA parity (fp32, fp16, bf16,
+#                                        #   channels_last) and the ResNet-18
+#                                        #   benchmark against plain BN and
+#                                        #   torch's SyncBatchNorm (gloo)
 #   tools/gpu/run.sh demo [launcher flags]  # tools/bnps_launch.py --device=gpu
 #   tools/gpu/run.sh exec PATH [args]    # one packed binary, e.g.
 #                                        #   exec worker/bnps_worker --help
@@ -126,6 +139,45 @@ W=$DIR/wrap
 PY=$(find_python || true)
 cmd=${1:-info}; shift || true
 
+run_tests() {
+  local rc=0 t log
+  for t in bn/cuda_kernels_test worker/nn/cuda_backend_test worker/nn/model_cuda_test; do
+    log="$RESULTS/$(basename "$t").log"
+    if "$W/$t" --gtest_output="xml:$RESULTS/$(basename "$t").xml" > "$log" 2>&1; then
+      echo "$t: ok"
+    else
+      echo "$t: FAILED"; rc=1
+    fi
+    grep -E '^\[ +(PASSED|FAILED|SKIPPED) +\] [0-9]+ tests?' "$log" | sed 's/^/  /' || true
+    # On a GPU machine nothing may skip: a skip means no device was found.
+    if grep -qE '^\[ +SKIPPED +\] [0-9]+ tests?' "$log" && nvidia-smi -L >/dev/null 2>&1; then
+      echo "  tests skipped although this machine has a GPU"; rc=1
+    fi
+  done
+  return $rc
+}
+
+demo() {  # demo OUT_SUBDIR [launcher flags]
+  local sub=$1; shift
+  "${PY:-python3}" "$REPO/tools/bnps_launch.py" --bin_dir "$W" --servers 2 --workers 4 \
+    --policy sync --epochs=3 --device=gpu --data_dir="$DIR/data/fashion-mnist" \
+    --out_dir "$RESULTS/$sub" "$@"
+}
+
+# One part of `all`: its output in $RESULTS/<name>.log, its wall time and
+# exit status in times.txt; a failed or overtime part does not stop the rest.
+part() {  # part NAME SECONDS COMMAND...
+  local name=$1 limit=$2 t0 rc; shift 2
+  t0=$(date +%s)
+  echo "== $name (at most ${limit}s)"
+  set +e
+  timeout --kill-after=10 "$limit" "$@" > "$RESULTS/$name.log" 2>&1
+  rc=$?
+  set -e
+  tail -n 3 "$RESULTS/$name.log" | sed 's/^/  /'
+  echo "$name $(( $(date +%s) - t0 ))s exit $rc" | tee -a "$RESULTS/times.txt"
+}
+
 case "$cmd" in
   info)
     echo "bundle: commit $(cut -c1-12 "$DIR/COMMIT"), $(cat "$DIR/MODE")"
@@ -136,21 +188,7 @@ case "$cmd" in
     "$W/worker/bnps_worker" --help >/dev/null && echo "bnps_worker starts"
     ;;
   tests)
-    rc=0
-    for t in bn/cuda_kernels_test worker/nn/cuda_backend_test worker/nn/model_cuda_test; do
-      log="$RESULTS/$(basename "$t").log"
-      if "$W/$t" --gtest_output="xml:$RESULTS/$(basename "$t").xml" > "$log" 2>&1; then
-        echo "$t: ok"
-      else
-        echo "$t: FAILED"; rc=1
-      fi
-      grep -E '^\[ +(PASSED|FAILED|SKIPPED) +\] [0-9]+ tests?' "$log" | sed 's/^/  /' || true
-      # On a GPU machine nothing may skip: a skip means no device was found.
-      if grep -qE '^\[ +SKIPPED +\] [0-9]+ tests?' "$log" && nvidia-smi -L >/dev/null 2>&1; then
-        echo "  tests skipped although this machine has a GPU"; rc=1
-      fi
-    done
-    exit $rc
+    run_tests
     ;;
   bench)
     "$W/bn/cuda_bn_benchmark" "$@" 2>&1 | tee "$RESULTS/cuda_bn_benchmark.txt"
@@ -160,14 +198,81 @@ case "$cmd" in
     fi
     ;;
   demo)
-    "${PY:-python3}" "$REPO/tools/bnps_launch.py" --bin_dir "$W" --servers 2 --workers 4 \
-      --policy sync --epochs=3 --device=gpu --data_dir="$DIR/data/fashion-mnist" \
-      --out_dir "$RESULTS/demo" "$@"
+    demo demo "$@"
+    ;;
+  torch)
+    [[ -n $PY ]] || die "no python with torch here"
+    wheel=${BNPS_WHEEL:-$(ls "$REPO"/dist/bnps-*.whl 2>/dev/null | head -1)}
+    [[ -f $wheel ]] || die "no wheel: build one (docs/pytorch.md) and carry dist/"
+    # Into this machine's Python, beside its torch, as a user would (the
+    # machine is a throwaway one; nothing is fetched: --no-deps).
+    "$PY" -m pip install -q --no-index --no-deps --force-reinstall "$wheel"
+    bin=$(dirname "$(command -v "$PY")")
+    echo "installed $(basename "$wheel") for $("$PY" --version)"
+    part torch_import 60 "$PY" -c 'import importlib.util as u, torch, bnps, bnps.torch; g = __import__("grpc") if u.find_spec("grpc") else None; print("bnps", bnps.__file__, "torch", torch.__version__, "cuda", torch.cuda.is_available(), "grpcio", g.__version__ if g else "not installed here")'
+    part torch_server 30 "$bin/bnps-server" --help
+    # The twelve sync cases (fp64, fp32 channels_last, fp16, bf16, uneven,
+    # empty, 2-D to 5-D, ...) with the layers on the GPU, 3 workers.
+    (cd /tmp && export BNPS_PARITY_DEVICE=cuda && part torch_parity 240 "$PY" \
+      "$REPO/tests/pytorch/pytorch_parity_test.py" -v SyncParityTest)
+    part torch_bench 300 "$PY" "$REPO/tools/bench/pytorch_gpu_benchmark.py" \
+      --procs 2,4 --batches 8,32 --runs "${BNPS_TORCH_RUNS:-3}"
+    cp "$RESULTS/torch_bench.log" "$RESULTS/pytorch_gpu.md"
+    ;;
+  demo_to)  # demo_to OUT_SUBDIR [launcher flags]: the demo into $RESULTS/OUT_SUBDIR
+    demo "$@"
+    ;;
+  all)
+    # The device tool brings back at most 8 files: everything goes to a
+    # folder of its own, packed at the end into gpu-run.tar.gz beside
+    # summary.md and gpu_results.json (and all.log, if the caller tees it).
+    final=$RESULTS
+    RESULTS=$(mktemp -d /tmp/bnps-gpu-run.XXXXXX)/gpu-run
+    mkdir -p "$RESULTS"
+    export OUT=$RESULTS
+    : > "$RESULTS/times.txt"
+    date -u +%Y-%m-%d > "$RESULTS/date.txt"
+    cut -c1-40 "$DIR/COMMIT" > "$RESULTS/commit.txt"
+    "$0" info > "$RESULTS/info.txt" 2>&1 || true
+    cat "$RESULTS/info.txt"
+    part tests 120 "$0" tests
+    part kernels 90 "$W/bn/cuda_bn_benchmark"
+    cp "$RESULTS/kernels.log" "$RESULTS/cuda_bn_benchmark.txt"
+    if [[ -n $PY ]]; then
+      part model_step 150 "$PY" "$REPO/tools/bench/model_step_compare.py" --device=gpu \
+        --binary "$W/tools/bench/model_step_benchmark" --python "$PY" --threads=1 \
+        --rounds=3 --iters=50
+      grep -v '^#' "$RESULTS/model_step.log" > "$RESULTS/model_step_gpu.md" || true
+    fi
+    # The step against local on the GPU (MPS where workers share it), and
+    # W = 1 on the CPU beside it for the cost of one BN exchange.
+    part step_overhead_gpu 200 "${PY:-python3}" "$REPO/tools/bench/step_overhead.py" \
+      --bin_dir "$W" --device=gpu --workers 1,2,4 --batches 32 --policies local,sync \
+      --runs 3 --steps 200 --warmup 30 --round_trip off
+    grep -v '^step_overhead: ' "$RESULTS/step_overhead_gpu.log" > "$RESULTS/step_overhead_gpu.txt" || true
+    part step_overhead_cpu 90 "${PY:-python3}" "$REPO/tools/bench/step_overhead.py" \
+      --bin_dir "$W" --device=cpu --workers 1 --batches 32 --policies local,sync \
+      --runs 3 --steps 200 --warmup 30 --round_trip off
+    grep -v '^step_overhead: ' "$RESULTS/step_overhead_cpu.log" > "$RESULTS/step_overhead_cpu.txt" || true
+    # The demo: 4 workers on the one GPU, MPS started by the launcher; then
+    # a short run of the same without MPS for the images/s beside it; then
+    # two replicas of one worker sharing the GPU.
+    part demo 120 "$0" demo_to demo
+    part demo_nomps 90 "$0" demo_to demo_nomps --mps=off --max_steps=40
+    part replicas 90 "${PY:-python3}" "$REPO/tools/bnps_launch.py" --bin_dir "$W" \
+      --servers 1 --workers 1 --policy sync --device=gpu --replicas=2 --max_steps=60 \
+      --data_dir="$DIR/data/fashion-mnist" --out_dir "$RESULTS/replicas"
+    echo
+    "${PY:-python3}" "$REPO/tools/gpu/summarize.py" "$RESULTS" \
+      --json "$RESULTS/gpu_results.json" | tee "$RESULTS/summary.md"
+    tar -C "$(dirname "$RESULTS")" -czf "$final/gpu-run.tar.gz" gpu-run
+    cp "$RESULTS/summary.md" "$RESULTS/gpu_results.json" "$final/"
+    echo "run.sh: everything in $final/gpu-run.tar.gz ($(du -h "$final/gpu-run.tar.gz" | cut -f1))"
     ;;
   exec)
     [[ $# -ge 1 ]] || die "exec needs a path under bazel-bin, e.g. worker/bnps_worker"
     rel=$1; shift
     exec "$W/$rel" "$@"
     ;;
-  *) die "unknown command $cmd (info, tests, bench, demo, exec)" ;;
+  *) die "unknown command $cmd (info, tests, bench, demo, all, torch, exec)" ;;
 esac

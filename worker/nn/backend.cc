@@ -4,6 +4,7 @@
 #include <initializer_list>
 #include <limits>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 
@@ -116,6 +117,31 @@ absl::Status Backend::CopyToHost(const float* src, int64_t n, float* host) {
   }
   if (n == 0) return absl::OkStatus();
   return DoCopyToHost(src, n, host);
+}
+
+absl::Status Backend::CopyManyToHost(absl::Span<const HostCopy> copies) {
+  std::vector<HostCopy> work;
+  work.reserve(copies.size());
+  for (const HostCopy& c : copies) {
+    if (absl::Status s = ValidateCount(c.n, "CopyManyToHost"); !s.ok()) {
+      return s;
+    }
+    if (absl::Status s = ValidateTensors(
+            {{c.src, c.n, "source"}, {c.host, c.n, "destination"}});
+        !s.ok()) {
+      return s;
+    }
+    if (c.n > 0) work.push_back(c);
+  }
+  if (work.empty()) return absl::OkStatus();
+  return DoCopyManyToHost(work);
+}
+
+absl::Status Backend::DoCopyManyToHost(absl::Span<const HostCopy> copies) {
+  for (const HostCopy& c : copies) {
+    if (absl::Status s = DoCopyToHost(c.src, c.n, c.host); !s.ok()) return s;
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Backend::Zero(float* dst, int64_t n) {

@@ -40,6 +40,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "bn/kernels.h"
 
 namespace bnps::nn {
@@ -145,6 +146,16 @@ class Backend {
   absl::StatusOr<Buffer> Allocate(int64_t n);
   absl::Status CopyToDevice(const float* host, int64_t n, float* dst);
   absl::Status CopyToHost(const float* src, int64_t n, float* host);
+  // Several CopyToHost at once (a model's gradients): the same checks per
+  // copy, one wait at the end where the backend can queue them (the GPU
+  // copies through pinned memory on its stream). On error the destinations
+  // may hold some of the values.
+  struct HostCopy {
+    const float* src;
+    int64_t n;
+    float* host;
+  };
+  absl::Status CopyManyToHost(absl::Span<const HostCopy> copies);
   absl::Status Zero(float* dst, int64_t n);
 
   // The BN kernels working on this backend's memory; owned by the backend.
@@ -203,6 +214,8 @@ class Backend {
                                       float* dst) = 0;
   virtual absl::Status DoCopyToHost(const float* src, int64_t n,
                                     float* host) = 0;
+  // Copies with n > 0 only. Default: DoCopyToHost one after another.
+  virtual absl::Status DoCopyManyToHost(absl::Span<const HostCopy> copies);
   virtual absl::Status DoZero(float* dst, int64_t n) = 0;
   virtual absl::Status DoConvForward(const ConvGeometry& g, const float* x,
                                      const float* w, float* y) = 0;

@@ -639,6 +639,23 @@ TEST_F(BackendTest, Allocate) {
 // ---- Results
 // ------------------------------------------------------------------
 
+TEST_F(BackendTest, CopyManyToHostChecksEveryCopyBeforeAny) {
+  // The null source of the second copy stops all of them.
+  ExpectRefused(backend_,
+                backend_.CopyManyToHost({{T(0), 2, T(1)}, {nullptr, 2, T(3)}}),
+                "source is null for a tensor of 2 values");
+  // Empty copies are skipped; the others go in order (the default: one
+  // DoCopyToHost each).
+  EXPECT_TRUE(backend_.CopyManyToHost({{T(0), 2, T(1)}, {nullptr, 0, nullptr},
+                                       {T(4), 3, T(8)}})
+                  .ok());
+  EXPECT_EQ(backend_.calls,
+            (std::vector<Call>{{"CopyToHost", {2}, {T(0), T(1)}},
+                               {"CopyToHost", {3}, {T(4), T(8)}}}));
+  backend_.calls.clear();
+  ExpectNoOp(backend_, backend_.CopyManyToHost({}));
+}
+
 TEST_F(BackendTest, TheBackendsStatusIsReturned) {
   backend_.result = absl::InternalError("fake: the library failed");
   EXPECT_EQ(backend_.ConvForward(ConvGeometry{1, 1, 4, 4, 1, 3, 1, 1}, T(0),

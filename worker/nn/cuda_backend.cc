@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <string>
@@ -16,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "bn/cuda_kernels.h"
 #include "bn/kernels.h"
+#include "bn/staging_buffer.h"
 #include "worker/nn/backend.h"
 #include "worker/nn/cuda_backend_internal.h"
 #include "worker/nn/cuda_common.h"
@@ -104,6 +106,37 @@ class CudaBackend final : public Backend {
 
   absl::Status DoCopyToHost(const float* src, int64_t n, float* host) override {
     return Copy(src, n, host, cudaMemcpyDeviceToHost, "CopyToHost");
+  }
+
+  // All copies queued into pinned memory, one wait, then out to the callers'
+  // buffers (a model's gradients: one stream synchronization, not one each).
+  absl::Status DoCopyManyToHost(absl::Span<const HostCopy> copies) override {
+    int64_t total = 0;
+    for (const HostCopy& c : copies) total += c.n;
+    if (absl::Status s = Activate(); !s.ok()) return s;
+    float* staged = nullptr;
+    if (absl::Status s = download_.Reserve(static_cast<size_t>(total), &staged);
+        !s.ok()) {
+      return s;
+    }
+    absl::Status enqueued;
+    int64_t at = 0;
+    for (const HostCopy& c : copies) {
+      enqueued = CudaStatus(
+          cudaMemcpyAsync(staged + at, c.src,
+                          static_cast<size_t>(c.n) * sizeof(float),
+                          cudaMemcpyDeviceToHost, stream()),
+          "CopyManyToHost: cudaMemcpyAsync");
+      if (!enqueued.ok()) break;
+      at += c.n;
+    }
+    if (absl::Status s = Finish(enqueued); !s.ok()) return s;
+    at = 0;
+    for (const HostCopy& c : copies) {
+      std::memcpy(c.host, staged + at, static_cast<size_t>(c.n) * sizeof(float));
+      at += c.n;
+    }
+    return absl::OkStatus();
   }
 
   absl::Status DoZero(float* dst, int64_t n) override {
@@ -365,6 +398,13 @@ class CudaBackend final : public Backend {
   CublasHandle cublas_;
   std::unique_ptr<bn::BnKernels> bn_;
   std::map<ConvKey, ConvPlan> plans_;
+  // Pinned host memory for CopyManyToHost; grown, never shrunk.
+  bn::StagingBuffer download_{bn::StagingAllocator{
+      [](size_t bytes, void** out) {
+        return CudaStatus(cudaMallocHost(out, bytes),
+                          absl::StrCat("cudaMallocHost of ", bytes, " bytes"));
+      },
+      [](void* data) { cudaFreeHost(data); }}};
   // cuDNN workspace and max-pool argmax indices; grown, never shrunk.
   DeviceMemory scratch_;
   size_t scratch_bytes_ = 0;

@@ -14,19 +14,6 @@
 
 namespace bnps::nn::cuda_internal {
 
-absl::Status CudaStatus(cudaError_t err, absl::string_view what) {
-  if (err == cudaSuccess) return absl::OkStatus();
-  // Clear the thread's last error so a later launch check does not report it
-  // again (sticky errors stay, and fail every later call anyway).
-  (void)cudaGetLastError();
-  std::string message = absl::StrCat(what, ": ", cudaGetErrorName(err), ": ",
-                                     cudaGetErrorString(err));
-  if (err == cudaErrorMemoryAllocation) {
-    return absl::ResourceExhaustedError(std::move(message));
-  }
-  return absl::InternalError(std::move(message));
-}
-
 absl::Status CudnnStatus(cudnnStatus_t status, absl::string_view what) {
   if (status == CUDNN_STATUS_SUCCESS) return absl::OkStatus();
   // cuDNN 9 keeps a more specific message per thread than the status string.

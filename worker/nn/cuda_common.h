@@ -20,12 +20,12 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "bn/cuda_status.h"
 
 namespace bnps::nn::cuda_internal {
 
-// OK for cudaSuccess, else the error as "<what>: <name>: <text>". Clears the
-// thread's last CUDA error so a later launch check does not report it again.
-absl::Status CudaStatus(cudaError_t err, absl::string_view what);
+// bn/cuda_status.h: CUDA errors as Status, shared with the BN kernels.
+using bn::CudaStatus;
 
 // OK for CUDNN_STATUS_SUCCESS, else the error with cuDNN's last message.
 absl::Status CudnnStatus(cudnnStatus_t status, absl::string_view what);

@@ -245,17 +245,18 @@ absl::StatusOr<HostTensors> Model::Gradients() const {
 absl::StatusOr<HostTensors> Model::Gradients(
     absl::Span<const Parameter* const> params) const {
   HostTensors out;
+  std::vector<Backend::HostCopy> copies;
+  copies.reserve(params.size());
   for (const Parameter* p : params) {
-    HostTensor t;
+    auto [it, inserted] = out.try_emplace(p->name);
+    if (!inserted) continue;  // as before: the first of a name
+    HostTensor& t = it->second;
     t.shape = p->dims;
     t.values.resize(p->elements());
-    if (absl::Status s = backend_->CopyToHost(p->grad.data(), p->elements(),
-                                              t.values.data());
-        !s.ok()) {
-      return s;
-    }
-    out.emplace(p->name, std::move(t));
+    copies.push_back({p->grad.data(), p->elements(), t.values.data()});
   }
+  // One wait for all of them (the GPU queues the copies on its stream).
+  if (absl::Status s = backend_->CopyManyToHost(copies); !s.ok()) return s;
   return out;
 }
 

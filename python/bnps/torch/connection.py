@@ -5,6 +5,7 @@ the job's shard servers, which SyncBatchNorm layers use.
     connection = bnps.torch.init(servers="127.0.0.1:7000,127.0.0.1:7001",
                               worker=rank, num_workers=world, job="resnet")
     ...
+    connection.finish()                     # the end of this worker's job
     connection.close()                      # or `with bnps.torch.init(...):`
 
 Every argument left as None comes from the environment, like the binaries'
@@ -47,6 +48,16 @@ class Connection:
     @property
     def closed(self):
         return self.client.closed
+
+    def finish(self):
+        """This worker finished the job: its last call to the servers, after
+        training and after the running statistics are settled
+        (sync_running_stats, recalibrate). Once every worker of the job has
+        finished, each server writes its final checkpoint and, unless started
+        with --keep_serving, exits; its state can then be exported
+        (bnps.export). Not called by close(), which a failed worker also
+        calls."""
+        self.client.leave()
 
     def close(self):
         """Disconnects (idempotent); layers using it fail afterwards."""

@@ -1,0 +1,169 @@
+#!/usr/bin/env python3
+"""Tests of tools/gpu/summarize.py on a canned `run.sh all` from a GPU machine
+(tools/gpu/testdata/run: the unpacked gpu-run.tar.gz of the run the docs quote).
+
+Run: python3 tools/gpu/summarize_test.py  or  bazel test //tools/gpu:summarize_test
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import summarize  # noqa: E402
+
+CANNED = os.path.join(HERE, "testdata", "run")
+
+
+def mean_images_per_second(sub):
+    with open(os.path.join(CANNED, sub, "summary.json")) as f:
+        reports = json.load(f)["reports"]
+    values = [r["images_per_second"] for r in reports]
+    return sum(values) / len(values)
+
+
+class SummaryOfTheCannedRunTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.f = summarize.collect(CANNED)
+        cls.rows = {r[0]: r for r in summarize.rows(cls.f)}
+
+    def test_names_the_device_and_date(self):
+        self.assertIn("H100", self.f["device"])
+        self.assertRegex(self.f["date"], r"^\d{4}-\d\d-\d\d$")
+
+    def test_every_cuda_test_passed_and_none_skipped(self):
+        for t in summarize.TESTS:
+            counts = self.f["tests"][t]
+            self.assertIsNotNone(counts, t)
+            self.assertGreater(counts["passed"], 0, t)
+            self.assertEqual(counts["failed"] + counts["skipped"], 0, t)
+            self.assertEqual(self.rows[t][3], "met")
+
+    def test_demo_speedup_is_computed_from_the_two_runs(self):
+        want = mean_images_per_second("demo") / mean_images_per_second("demo_nomps")
+        row = self.rows["demo, 4 workers on one GPU: images/s per worker, MPS / none"]
+        self.assertIn("= %.1fx" % want, row[1])
+        self.assertEqual(row[3], "met" if want >= summarize.DEMO_SPEEDUP_TARGET else "missed")
+
+    def test_step_ratios_come_from_the_ratio_table(self):
+        for w in (1, 2, 4):
+            r = self.f["step_gpu"][(w, 32, "sync")]
+            self.assertLessEqual(r["min"], r["median"])
+            self.assertLessEqual(r["median"], r["max"])
+            row = self.rows["sync / local step, GPU, W=%d, batch 32" % w]
+            self.assertTrue(row[1].startswith("%.2f" % r["median"]), row)
+            self.assertEqual(row[3], "met" if r["median"] <= 1.10 else "missed")
+            self.assertEqual(self.f["step_gpu"][(w, 32, "local")]["median"], 1.0)
+
+    def test_model_step_and_kernels_are_read(self):
+        self.assertIn((32, 1), self.f["model_step"])
+        self.assertIn((128, 1), self.f["model_step"])
+        for r in self.f["model_step"].values():
+            self.assertAlmostEqual(r["ratio"], r["bnps_ms"] / r["torch_ms"], delta=0.02)
+        kernels = {(r["kernel"], r["shape"]): r for r in self.f["kernels"]["rows"]}
+        self.assertEqual(len(kernels), 12)
+        backward = kernels[("backward", "[32,64,28,28]")]
+        self.assertGreater(backward["us"], 0)
+        self.assertGreater(backward["vs_cudnn"], 0)  # cuDNN's time / ours
+        self.assertIsNone(kernels[("moments", "[32,64,28,28]")]["vs_cudnn"])
+
+    def test_exchange_cost_on_both_devices(self):
+        gpu = summarize.per_exchange_us(self.f["step_gpu"], 1)
+        cpu = summarize.per_exchange_us(self.f["step_cpu"], 1)
+        self.assertGreater(gpu, 0)
+        self.assertGreater(cpu, 0)
+
+    def test_the_command_line_prints_the_table_and_writes_json(self):
+        out = tempfile.mkdtemp()
+        try:
+            path = os.path.join(out, "r.json")
+            p = subprocess.run([sys.executable, os.path.join(HERE, "summarize.py"),
+                                CANNED, "--json", path],
+                               capture_output=True, text=True, timeout=60)
+            self.assertEqual(p.returncode, 0, p.stderr)
+            self.assertIn("| check | figure | target |", p.stdout)
+            self.assertIn("cuda_kernels_test", p.stdout)
+            with open(path) as f:
+                data = json.load(f)
+            self.assertIn("(1, 32, 'sync')", data["step_gpu"])
+        finally:
+            shutil.rmtree(out)
+
+
+class PartialRunTest(unittest.TestCase):
+    def test_missing_parts_are_said_not_fatal(self):
+        tmp = tempfile.mkdtemp()
+        try:
+            run = os.path.join(tmp, "run")
+            shutil.copytree(CANNED, run)
+            for name in ("demo_nomps", "replicas"):
+                shutil.rmtree(os.path.join(run, name))
+            for name in ("model_cuda_test.log", "step_overhead_gpu.txt"):
+                os.remove(os.path.join(run, name))
+            rows = {r[0]: r for r in summarize.rows(summarize.collect(run))}
+            self.assertEqual(rows["model_cuda_test"][1:], ("no log", "all pass, none skipped", "not run"))
+            self.assertEqual(rows["sync / local step, GPU, W=2, batch 32"][3], "not measured")
+            self.assertEqual(rows["--replicas=2 on one GPU"][3], "missed")
+            demo = rows["demo, 4 workers on one GPU: images/s per worker, MPS / none"]
+            self.assertEqual(demo[3], "not measured")
+        finally:
+            shutil.rmtree(tmp)
+
+
+class DocsTest(unittest.TestCase):
+    def setUp(self):
+        self.repo = tempfile.mkdtemp()
+        os.makedirs(os.path.join(self.repo, "docs"))
+        self.perf = os.path.join(self.repo, "docs", "performance.md")
+        self.readme = os.path.join(self.repo, "README.md")
+        with open(self.perf, "w") as f:
+            f.write("# Performance\n\nCPU tables.\n")
+        with open(self.readme, "w") as f:
+            f.write("| part | state |\n|---|---|\n%s\nold row\n%s\n| next | row |\n"
+                    % (summarize.README_BEGIN, summarize.README_END))
+
+    def tearDown(self):
+        shutil.rmtree(self.repo)
+
+    def read(self, path):
+        with open(path) as f:
+            return f.read()
+
+    def test_update_docs_writes_the_section_once(self):
+        f = summarize.collect(CANNED)
+        summarize.update_docs(f, self.repo)
+        first = self.read(self.perf)
+        self.assertTrue(first.startswith("# Performance\n\nCPU tables.\n"))
+        self.assertEqual(first.count(summarize.BEGIN), 1)
+        self.assertIn("## On a GPU: " + f["device"], first)
+        self.assertIn("| cuda_kernels_test |", first)
+        summarize.update_docs(f, self.repo)
+        self.assertEqual(self.read(self.perf), first)  # idempotent
+        readme = self.read(self.readme)
+        self.assertNotIn("old row", readme)
+        self.assertIn("| GPU (CUDA, cuDNN) | ran on " + f["device"], readme)
+        self.assertTrue(readme.endswith("| next | row |\n"))
+
+    def test_readme_without_markers_is_an_error(self):
+        with open(self.readme, "w") as f:
+            f.write("no markers\n")
+        with self.assertRaises(ValueError):
+            summarize.update_docs(summarize.collect(CANNED), self.repo)
+
+    def test_keep_gpu_section_survives_a_cpu_rewrite(self):
+        summarize.update_docs(summarize.collect(CANNED), self.repo)
+        section = self.read(self.perf).split(summarize.BEGIN, 1)[1]
+        rewritten = summarize.keep_gpu_section(self.perf, "# Performance\n\nnew CPU tables\n")
+        self.assertIn("new CPU tables", rewritten)
+        self.assertIn(summarize.BEGIN + section, rewritten)
+        self.assertEqual(summarize.keep_gpu_section(self.readme, "x\n"), "x\n")
+
+
+if __name__ == "__main__":
+    unittest.main()
