@@ -202,6 +202,26 @@ class ManifestsTest(unittest.TestCase):
                     self.assertIn(v["secret"]["secretName"], names)
                     self.assertNotEqual(v["secret"]["secretName"], v["name"])
 
+    def test_jobset_pods_match_base(self):
+        # The same probes, security settings, resources and scrape
+        # annotations as deploy/base's StatefulSet and Job (TLS: deploy/tls's).
+        for jobset_overlay, base_overlay in (("jobset", "base"), ("jobset-tls", "tls")):
+            base = {d["kind"]: d for d in yaml.safe_load_all(self.rendered[base_overlay]) if d}
+            jobset = _jobset_doc(self.rendered[jobset_overlay])
+            for rjob, kind in (("servers", "StatefulSet"), ("workers", "Job")):
+                with self.subTest(overlay=jobset_overlay, pods=rjob):
+                    ours = _rjob(jobset, rjob)["template"]["spec"]["template"]
+                    theirs = base[kind]["spec"]["template"]
+                    self.assertEqual(ours["metadata"]["annotations"],
+                                     theirs["metadata"]["annotations"])
+                    for key in ("securityContext", "enableServiceLinks",
+                                "terminationGracePeriodSeconds"):
+                        self.assertEqual(ours["spec"].get(key), theirs["spec"].get(key), key)
+                    mine, base_c = ours["spec"]["containers"][0], theirs["spec"]["containers"][0]
+                    for key in ("readinessProbe", "livenessProbe", "securityContext",
+                                "resources", "ports", "image", "imagePullPolicy"):
+                        self.assertEqual(mine.get(key), base_c.get(key), key)
+
     def test_jobset_tls_matches_base_tls(self):
         # The same TLS variables and probes as deploy/tls, on the JobSet.
         jobset = _jobset_doc(self.rendered["jobset-tls"])
