@@ -5,7 +5,7 @@ Sync policy, synthetic data, a fixed seed: every job that completes must end
 on the digest of the same job on 127.0.0.1.
 
 - with 200 us round trips the job completes on the loopback bits (and prints
-  what a step costs, beside loopback);
+  what a step costs, beside loopback), also with jitter and loss;
 - a worker's links cut (blackhole): the other worker fails with an error
   naming the lost worker and its host's address (--on_worker_loss=fail), or,
   under --on_worker_loss=wait, both go on when the links heal;
@@ -92,6 +92,11 @@ class MultihostTest(unittest.TestCase):
     def test_200us_links_end_on_the_loopback_bits(self):
         c, digest = self.run_job(rtt_us=200)
         self.assertEqual(digest, self.reference)
+        # The BN traffic took the raw-TCP port the server advertised, over
+        # the link (at the host of the gRPC address the worker was given).
+        for w in range(2):
+            self.assertIn("BN over TCP to shard 1 (10.77.1.2:7001), port 7101",
+                          c.read_log("worker", w))
         bed, loop = seconds(c, 0), self.loopback_seconds
         print(f"\nper step, {STEPS} steps, 2 workers, 2 shards (worker 0):")
         print("| network | step ms | BN sync ms | gradient sync ms |")
@@ -100,6 +105,16 @@ class MultihostTest(unittest.TestCase):
             print(f"| {name} | {1e3 * s['total'] / STEPS:.2f} | "
                   f"{1e3 * s['bn_sync'] / STEPS:.2f} | "
                   f"{1e3 * s['grad_sync'] / STEPS:.2f} |", flush=True)
+
+    def test_jitter_and_loss_end_on_the_loopback_bits(self):
+        # 200 us +- 100 us, and 1% of the chunks wait 20 ms more (what a
+        # retransmission costs); the byte streams keep their order.
+        def jitter_and_loss(c, links):
+            links.delay(200, jitter_us=100)
+            links.loss(0.01, penalty_us=20000)
+
+        _, digest = self.run_job(jitter_and_loss, rtt_us=200)
+        self.assertEqual(digest, self.reference)
 
     def test_worker_cut_off_fails_the_others_naming_it(self):
         def cut_worker_1(c, links):
