@@ -11,7 +11,8 @@ on the digest of the same job on 127.0.0.1.
   under --on_worker_loss=wait, both go on when the links heal;
 - a shard's links cut (RST, or blackhole) and healed: the job resumes (after
   a rollback to its last common checkpoint where a call gave up) and ends on
-  the loopback bits;
+  the loopback bits; so it does under wait when the cut outlasts the
+  heartbeat timeout;
 - an asymmetric partition (worker 1 reaches shard 1 but not shard 0): each
   worker fails naming what it lost, within its deadline; healed under wait,
   the job ends on the loopback bits.
@@ -149,6 +150,20 @@ class MultihostTest(unittest.TestCase):
                 if mode == "rst":  # the pushes gave up: a rollback
                     self.assertIn("the job rolled back to step",
                                   c.read_log("worker", 0))
+
+    def test_shard_cut_off_past_the_heartbeat_timeout_goes_on_under_wait(self):
+        # Shard 1 counts both workers lost; they are live again on their
+        # first heartbeat after the heal.
+        def cut_and_heal_shard_1(c, links):
+            links.cut(server=1, mode="blackhole")
+            time.sleep(LONG_CUT_S)
+            links.heal(server=1)
+
+        c, digest = self.run_job(cut_and_heal_shard_1, worker_loss="wait")
+        log = c.read_log("server", 1)
+        for w in range(2):
+            self.assertIn(f"worker {w} is heard from again", log)
+        self.assertEqual(digest, self.reference)
 
     def test_asymmetric_partition(self):
         # Worker 1 reaches shard 1 but not shard 0.
