@@ -226,10 +226,13 @@ class PsClient {
   // because a server is down, may be followed by Recover: it rolls the job
   // back to a step every server has a checkpoint of (all workers agree on
   // it) and returns that step, from which the worker trains again (the
-  // servers hold that step's parameters). With `restarted`, this process is
-  // a restart of a worker that took part in the job (rejoining()), and the
-  // job rolls back for it. FAILED_PRECONDITION when there is nothing to
-  // roll back (or to); implementations without restarts: UNIMPLEMENTED.
+  // servers hold that step's parameters). With `restarted`, the job rolls
+  // back even if no server restarted: this process is a restart of a worker
+  // that took part in the job (rejoining()), or it could not reach a server
+  // within its retries while that server ran on (a network partition), so
+  // the step it failed cannot be finished. FAILED_PRECONDITION when there is
+  // nothing to roll back (or to); implementations without restarts:
+  // UNIMPLEMENTED.
   virtual absl::StatusOr<int64_t> Recover(bool restarted) {
     (void)restarted;
     return absl::UnimplementedError("this client cannot roll a job back");

@@ -8,7 +8,8 @@ namespace bnps::server {
 Membership::Membership(int num_workers, absl::Duration heartbeat_timeout)
     : timeout_(heartbeat_timeout),
       workers_(num_workers),
-      restored_(num_workers, false) {}
+      restored_(num_workers, false),
+      addresses_(num_workers) {}
 
 absl::Status Membership::Check(int worker, uint64_t incarnation) const {
   if (worker < 0 || worker >= static_cast<int>(workers_.size())) {
@@ -22,7 +23,7 @@ absl::Status Membership::Check(int worker, uint64_t incarnation) const {
   }
   if (workers_[worker].lost) {
     return absl::FailedPreconditionError(
-        absl::StrCat(LostText(worker), ": the job dropped it"));
+        absl::StrCat(LostTextLocked(worker), ": the job dropped it"));
   }
   return absl::OkStatus();
 }
@@ -186,8 +187,24 @@ bool Membership::IsLostLocked(int worker) const {
 }
 
 std::string Membership::LostText(int worker) const {
+  absl::MutexLock lock(&mu_);
+  return LostTextLocked(worker);
+}
+
+std::string Membership::LostTextLocked(int worker) const {
+  const bool known = worker >= 0 &&
+                     worker < static_cast<int>(addresses_.size()) &&
+                     !addresses_[worker].empty();
   return absl::StrCat("worker ", worker, " was lost (no heartbeat for ",
-                      absl::FormatDuration(timeout_), ")");
+                      absl::FormatDuration(timeout_),
+                      known ? "; last heard from " : "",
+                      known ? addresses_[worker] : "", ")");
+}
+
+void Membership::SetAddress(int worker, std::string address) {
+  absl::MutexLock lock(&mu_);
+  if (worker < 0 || worker >= static_cast<int>(addresses_.size())) return;
+  addresses_[worker] = std::move(address);
 }
 
 }  // namespace bnps::server

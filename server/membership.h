@@ -81,9 +81,14 @@ class Membership {
   std::vector<int> LiveWorkers() const;
   // False for an id outside the job.
   bool IsLost(int worker) const;
-  // "worker N was lost (no heartbeat for T)": how every refusal and log line
-  // names a lost worker.
+  // "worker N was lost (no heartbeat for T; last heard from ADDRESS)": how
+  // every refusal and log line names a lost worker (without the address
+  // until one is known).
   std::string LostText(int worker) const;
+  // Where `worker`'s calls come from (its host, e.g. "10.0.0.4"), for
+  // LostText; the gRPC adapter sets it on each registration and heartbeat.
+  // Ignored for an id outside the job.
+  void SetAddress(int worker, std::string address);
 
  private:
   // INVALID_ARGUMENT for a bad id or incarnation; FAILED_PRECONDITION,
@@ -91,6 +96,8 @@ class Membership {
   absl::Status Check(int worker, uint64_t incarnation) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool IsLostLocked(int worker) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::string LostTextLocked(int worker) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const absl::Duration timeout_;
   mutable absl::Mutex mu_;
@@ -100,6 +107,7 @@ class Membership {
   // incarnation is then ABORTED, not final (FAILED_PRECONDITION): the worker
   // may have been restarted after the checkpoint was taken.
   std::vector<bool> restored_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> addresses_ ABSL_GUARDED_BY(mu_);  // by worker
 };
 
 }  // namespace bnps::server

@@ -86,6 +86,24 @@ TEST(MembershipTest, AFinishedWorkerIsNeverLostAndCannotJoinAgain) {
   }
 }
 
+// A lost worker is named with the host its calls came from, once known
+// (on another host, the address says which machine to look at).
+TEST(MembershipTest, LostTextNamesWhereTheWorkerWasLastHeardFrom) {
+  Membership m(2, kTimeout);
+  ASSERT_TRUE(m.Register(0, 5, kT0).ok());
+  ASSERT_TRUE(m.Register(1, 5, kT0).ok());
+  m.SetAddress(1, "10.77.0.4");
+  m.SetAddress(7, "10.77.0.9");  // outside the job: ignored
+  EXPECT_EQ(m.CheckTimeouts(kT0 + absl::Seconds(4)), (std::vector<int>{0, 1}));
+  EXPECT_EQ(m.LostText(0), "worker 0 was lost (no heartbeat for 3s)");
+  EXPECT_EQ(m.LostText(1),
+            "worker 1 was lost (no heartbeat for 3s; last heard from "
+            "10.77.0.4)");
+  EXPECT_EQ(m.Heartbeat(1, 5, kT0 + absl::Seconds(4)).message(),
+            "worker 1 was lost (no heartbeat for 3s; last heard from "
+            "10.77.0.4): the job dropped it");
+}
+
 // A server restarted from a checkpoint knows the registrations of then: a
 // worker restarted after the checkpoint heartbeats with another incarnation
 // before it registers again (in its rollback), which must not stop it.

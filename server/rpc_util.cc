@@ -1,6 +1,8 @@
 #include "server/rpc_util.h"
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/strip.h"
 #include "proto/generation.h"
 
 #include <algorithm>
@@ -17,6 +19,22 @@ void LogRejected(const Shard& shard, const char* method, int worker,
   std::fprintf(stderr, "bnps_server[%d]: %s from worker %d rejected: %s\n",
                shard.options().shard, method, worker,
                util::EscapeForLog(s.ToString()).c_str());
+}
+
+std::string PeerHost(absl::string_view peer) {
+  std::string text(peer);
+  for (const char* scheme : {"ipv4:", "ipv6:"}) {
+    if (!absl::ConsumePrefix(&peer, scheme)) continue;
+    const size_t colon = peer.rfind(':');
+    if (colon == absl::string_view::npos || colon == 0) break;
+    std::string host(peer.substr(0, colon));
+    if (absl::StartsWith(host, "%5B") && absl::EndsWith(host, "%5D")) {
+      host = absl::StrCat("[", host.substr(3, host.size() - 6), "]");
+    }
+    text = host;
+    break;
+  }
+  return util::EscapeForLog(text);
 }
 
 void SerializeTo(const google::protobuf::MessageLite& m,

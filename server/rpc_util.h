@@ -34,6 +34,12 @@ namespace bnps::server {
 void LogRejected(const Shard& shard, const char* method, int worker,
                  const absl::Status& s);
 
+// The host of a gRPC peer (ServerContext::peer()), for naming where a
+// worker's calls come from: "ipv4:10.0.0.4:41234" gives "10.0.0.4",
+// "ipv6:[::1]:41234" gives "[::1]" (also with the brackets %-encoded); any
+// other form is returned escaped for a log line.
+std::string PeerHost(absl::string_view peer);
+
 // Serializes a message protobuf built (which cannot fail) into `out`.
 void SerializeTo(const google::protobuf::MessageLite& m,
                  grpc::ByteBuffer* out);

@@ -331,6 +331,28 @@ absl::Status Shard::FinishJob() {
   return s;
 }
 
+absl::Status Shard::Heartbeat(int worker, uint64_t incarnation) {
+  const absl::Time now = options_.now();
+  if (options_.worker_loss == policy::WorkerLoss::kWait && incarnation != 0 &&
+      membership_.IsLost(worker)) {
+    absl::MutexLock lock(&join_mu_);
+    const Membership::WorkerInfo info = membership_.Snapshot()[worker];
+    if (info.lost && info.incarnation == incarnation) {
+      // Under wait nothing of it was dropped: it goes on where it was.
+      absl::Status s = membership_.Rejoin(worker, incarnation, now);
+      if (s.ok()) {
+        std::fprintf(stderr,
+                     "bnps_server[%d]: worker %d is heard from again by the "
+                     "same process (its network came back); the steps that "
+                     "waited for it go on (--on_worker_loss=wait)\n",
+                     options_.shard, worker);
+      }
+      return s;
+    }
+  }
+  return membership_.Heartbeat(worker, incarnation, now);
+}
+
 void Shard::Tick(absl::Time now) {
   bool completed = false;
   {

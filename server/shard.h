@@ -146,6 +146,11 @@ class Shard {
     absl::MutexLock lock(&gen_mu_);
     return complete_;
   }
+  // A heartbeat of `worker` from the process `incarnation`, as
+  // Membership::Heartbeat; but under --on_worker_loss=wait a lost worker
+  // heard from again by the same process (a network partition healed) is
+  // live again, and the steps that waited for it go on.
+  absl::Status Heartbeat(int worker, uint64_t incarnation);
 
   // Whether `worker` took part in the job here (as Register's rule above).
   bool TookPart(int worker) const;

@@ -28,9 +28,14 @@ absl::Status ShardService::Authenticate(
 
 template <typename Request>
 absl::Status ShardService::Admit(const grpc::CallbackServerContext& ctx,
-                                 const grpc::ByteBuffer& raw,
-                                 Request* req) const {
+                                 const grpc::ByteBuffer& raw, Request* req,
+                                 bool names_worker) const {
   if (absl::Status s = Authenticate(ctx); !s.ok()) return s;
+  if (names_worker && raw.Length() == 0) {
+    return absl::InvalidArgumentError(
+        "empty request: it names no job and no worker (a call cancelled on "
+        "its way, e.g. held up past its deadline, arrives so)");
+  }
   return ParseRequest(raw, req);
 }
 
@@ -67,6 +72,7 @@ grpc::ServerUnaryReactor* ShardService::Register(
   }
   if (s.ok()) s = shard_->Register(req.worker(), req.incarnation());
   if (s.ok()) {
+    shard_->membership().SetAddress(req.worker(), PeerHost(ctx->peer()));
     *resp.mutable_config() = ToJobConfig(o);
     resp.set_server_incarnation(shard_->server_incarnation());
     resp.set_generation(shard_->generation().generation);
@@ -84,10 +90,10 @@ grpc::ServerUnaryReactor* ShardService::Heartbeat(
   const int worker = s.ok() ? req.worker() : -1;
   if (s.ok()) s = shard_->CheckCaller(req.job(), req.worker());
   if (s.ok()) {
-    s = shard_->membership().Heartbeat(req.worker(), req.incarnation(),
-                                       shard_->options().now());
+    s = shard_->Heartbeat(req.worker(), req.incarnation());
   }
   if (s.ok()) {
+    shard_->membership().SetAddress(req.worker(), PeerHost(ctx->peer()));
     for (int w : shard_->membership().LiveWorkers()) resp.add_live_workers(w);
     const Shard::GenerationInfo g = shard_->generation();
     resp.set_server_incarnation(shard_->server_incarnation());
@@ -236,7 +242,8 @@ grpc::ServerUnaryReactor* ShardService::GetStatus(
     grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* raw,
     grpc::ByteBuffer* out) {
   proto::StatusRequest req;
-  if (absl::Status s = Admit(*ctx, *raw, &req); !s.ok()) {
+  if (absl::Status s = Admit(*ctx, *raw, &req, /*names_worker=*/false);
+      !s.ok()) {
     return Answer(M::kGetStatus, ctx, *raw, -1, s);
   }
   proto::StatusResponse resp;
@@ -306,7 +313,8 @@ grpc::ServerUnaryReactor* ShardService::GetDigest(
     grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* raw,
     grpc::ByteBuffer* out) {
   proto::DigestRequest req;
-  if (absl::Status s = Admit(*ctx, *raw, &req); !s.ok()) {
+  if (absl::Status s = Admit(*ctx, *raw, &req, /*names_worker=*/false);
+      !s.ok()) {
     return Answer(M::kGetDigest, ctx, *raw, -1, s);
   }
   proto::DigestResponse resp;

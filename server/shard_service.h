@@ -118,10 +118,14 @@ class ShardService final : public ShardServiceBase {
   // OK if the call carries the job's token (or the job has none).
   absl::Status Authenticate(const grpc::CallbackServerContext& ctx) const;
   // Authenticates the call, then parses its request: UNAUTHENTICATED, or
-  // INVALID_ARGUMENT for bytes that are not a `Request`.
+  // INVALID_ARGUMENT for bytes that are not a `Request`, and for no bytes at
+  // all where the request must name a worker (`names_worker`): a call
+  // cancelled on its way (held up past its deadline by a partition) reaches
+  // its handler empty, and would read as one from worker 0 of job ''.
   template <typename Request>
   absl::Status Admit(const grpc::CallbackServerContext& ctx,
-                     const grpc::ByteBuffer& raw, Request* req) const;
+                     const grpc::ByteBuffer& raw, Request* req,
+                     bool names_worker = true) const;
 
   // Respond (rpc_util.h), counting the call in the metrics.
   grpc::ServerUnaryReactor* Answer(

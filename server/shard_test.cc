@@ -93,6 +93,41 @@ TEST(ShardTest, LostWorkerFailsWaitersUnderFail) {
             absl::StatusCode::kFailedPrecondition);
 }
 
+// Under wait, a worker lost to a network partition (the same process, heard
+// from again) is live again and the pull that waited for it completes; under
+// fail its heartbeat stays refused; another process's heartbeat is refused.
+TEST(ShardTest, LostWorkerHeardFromAgainGoesOnUnderWait) {
+  for (policy::WorkerLoss loss :
+       {policy::WorkerLoss::kWait, policy::WorkerLoss::kFail}) {
+    FakeClock clock;
+    auto shard = *Shard::Create(Options(&clock, 2, policy::Policy::kSync, loss));
+    ASSERT_TRUE(shard->Register(0, kFirst).ok());
+    ASSERT_TRUE(shard->Register(1, kFirst).ok());
+    ASSERT_TRUE(shard->store().Init("w", {1}, {0}).ok());
+    ASSERT_TRUE(shard->store().Push(0, 0, "w", {1}, {1}, 1).ok());
+    std::optional<absl::StatusOr<ParameterStore::Snapshot>> pulled;
+    shard->store().Pull({}, 1, shard->Deadline(),
+                        [&](auto s) { pulled = std::move(s); });
+    clock.now += absl::Seconds(4);  // worker 1 silent for 4 s > 3 s
+    ASSERT_TRUE(shard->Heartbeat(0, kFirst).ok());
+    shard->Tick(clock.now);
+    ASSERT_TRUE(shard->membership().IsLost(1));
+    EXPECT_EQ(shard->Heartbeat(1, kRelaunch).code(),
+              absl::StatusCode::kFailedPrecondition);
+    const absl::Status again = shard->Heartbeat(1, kFirst);
+    if (loss == policy::WorkerLoss::kFail) {
+      EXPECT_EQ(again.code(), absl::StatusCode::kFailedPrecondition);
+      continue;
+    }
+    ASSERT_TRUE(again.ok()) << again;
+    EXPECT_FALSE(shard->membership().IsLost(1));
+    EXPECT_FALSE(pulled.has_value());  // it waited, and waits for the push
+    ASSERT_TRUE(shard->store().Push(1, 0, "w", {1}, {1}, 1).ok());
+    ASSERT_TRUE(pulled.has_value());
+    EXPECT_TRUE(pulled->ok()) << pulled->status();
+  }
+}
+
 TEST(ShardTest, LostWorkerIsDroppedUnderShrink) {
   FakeClock clock;
   auto shard = *Shard::Create(Options(&clock, 2, policy::Policy::kSync, policy::WorkerLoss::kShrink));

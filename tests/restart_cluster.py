@@ -71,7 +71,17 @@ class Cluster:
     def _spawn(self, kind, i, args):
         self.starts[(kind, i)] = self.starts.get((kind, i), 0) + 1
         with open(self.log(kind, i), "a") as log:  # the child keeps its own fd
-            return subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+            return self.popen(kind, i, args, stdout=log,
+                              stderr=subprocess.STDOUT)
+
+    def popen(self, kind, i, args, **kwargs):
+        """Starts server or worker i (a subclass may start it elsewhere)."""
+        return subprocess.Popen(args, **kwargs)
+
+    def run_status(self, args):
+        """bnps_status with `args` (a subclass may run it elsewhere)."""
+        return subprocess.run([STATUS, f"--servers={self.addresses}", *args],
+                              capture_output=True, text=True, timeout=30)
 
     def start_server(self, i):
         self.servers[i] = self._spawn("server", i, [
@@ -127,8 +137,7 @@ class Cluster:
         return codes
 
     def digest(self):
-        r = subprocess.run([STATUS, f"--servers={self.addresses}", "--digest"],
-                           capture_output=True, text=True, timeout=30)
+        r = self.run_status(["--digest"])
         return r.stdout.strip() if r.returncode == 0 else "error: " + r.stderr
 
     def status(self, *flags, timeout=30):
@@ -156,8 +165,7 @@ class Cluster:
     def pushes(self):
         """(parameters, pushes applied, smallest parameter version) over the
         shards, from bnps_status."""
-        r = subprocess.run([STATUS, f"--servers={self.addresses}"],
-                           capture_output=True, text=True, timeout=30)
+        r = self.run_status([])
         params = applied = 0
         versions = []
         for m in re.finditer(r"parameters (\d+) \(min version (\d+)\).*?"

@@ -566,6 +566,25 @@ TEST_F(BadInputTest, UnparseableRequestsGetInvalidArgument) {
   ExpectAlive();
 }
 
+// No bytes at all (how a call cancelled on its way, e.g. held up past its
+// deadline by a partition, reaches a handler) are refused as empty, not read
+// as a call of worker 0 of job ''; an empty status request is still fine.
+TEST_F(BadInputTest, EmptyWorkerRequestsAreRefusedAsEmpty) {
+  ::testing::internal::CaptureStderr();
+  for (const char* method : {"Register", "Heartbeat", "StartStep", "FinishStep"}) {
+    const grpc::Status s = CallWithBytes(channel_, method, "");
+    EXPECT_EQ(s.error_code(), StatusCode::INVALID_ARGUMENT) << method;
+    EXPECT_NE(s.error_message().find("empty request"), std::string::npos)
+        << method << ": " << s.error_message();
+  }
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(log.find("Heartbeat from worker -1 rejected"), std::string::npos)
+      << log;
+  EXPECT_EQ(log.find("job ''"), std::string::npos) << log;
+  EXPECT_TRUE(CallWithBytes(channel_, "GetStatus", "").ok());
+  ExpectAlive();
+}
+
 // A push or BN call of a step far beyond what the job's clocks allow is
 // refused and changes nothing: the worker's real step afterwards works (it
 // was silently dropped as a duplicate, or its BN layer was "from the past").

@@ -232,9 +232,12 @@ absl::StatusOr<TrainReport> Trainer::Run() {
     if (absl::Status s = TrainStep(step, batch, &sync, &f); !s.ok()) {
       // A server restarted (or a worker, under --on_worker_loss=wait): the
       // job rolls back to a checkpoint and this worker goes on from there.
+      // A server out of reach past the retries (restarting, or behind a
+      // partition) leaves this step unfinishable: the job rolls back too.
       if ((proto::IsRollback(s) || absl::IsUnavailable(s)) &&
           recoveries < kMaxRecoveries) {
-        absl::StatusOr<int64_t> k = client_->Recover(/*restarted=*/false);
+        absl::StatusOr<int64_t> k = client_->Recover(
+            /*restarted=*/absl::IsUnavailable(s) && !proto::IsRollback(s));
         if (k.ok()) {
           ++recoveries;
           step = std::min(*k, total);

@@ -1,0 +1,135 @@
+"""A scale model of bnps's per-step BN and gradient cost (docs/scaling.md),
+fitted to BN-exchange measurements on the test bed (bn_scaling.py).
+
+One BN exchange (a layer's forward or backward merge, one shard, W
+contributions) is modelled as
+
+    T(W, R) = a + b * W + d * R
+
+a: the fixed cost of a call (client, server, wake-ups), b: the server's cost
+per contribution (it merges them one by one), R: the link's round trip, d:
+what a round trip of the link costs the exchange (1 on a real link; on the
+bed the relay adds its own processing). a and b are fitted to the rows
+without delay, d to the rows with delay and W <= 2 (the median of their
+(T - a - b W) / R); the rows with delay and W > 2 check the model.
+
+Per step, at scale (predictions; nothing here was run at these sizes):
+- BN, flat (what bnps does today): 2 L exchanges in a row (forward and
+  backward of each of L BN layers), each with all W contributions at a shard:
+  2 L T(W, R).
+- BN, aggregated per host (not built: issue 37's second item): the k workers
+  of a host combine on the host first, the same way (a + b k, no link), then
+  one contribution per host crosses: 2 L (a + b k + a + b H + R).
+- Gradients: each worker pushes and pulls 4P bytes (float32); one shard
+  server per host holds P / H of them. Flat, a host's link carries 8 P k
+  bytes each way (its k workers' and its shard's) and its shard processes
+  8 P k bytes: max(8 P k / B, 8 P k / C) + 2 R. Aggregated, the host sums its
+  workers' gradients in memory (4 P k / M) and sends one push:
+  max(8 P / B, 8 P / C) + 4 P k / M + 2 R.
+- NCCL beside them: a small all-reduce between 2 nodes over InfiniBand costs
+  about 20 us (published; NVIDIA/nccl#1259, #583); with its tree across H
+  hosts, 20 log2(H) us an exchange, 2 L of them per step.
+"""
+
+import collections
+import math
+
+Measured = collections.namedtuple("Measured", "rtt_us hosts per_host p50_us p90_us")
+Fit = collections.namedtuple("Fit", "a_us b_us d")
+Shape = collections.namedtuple("Shape", "name bn_layers params")
+
+CNN = Shape("built-in CNN (depth 1, width 16)", 6, 28410)
+RESNET50 = Shape("ResNet-50 shape", 53, 25_600_000)
+
+LINK_RTT_US = 200.0
+LINK_BYTES_PER_S = 12.5e9  # 100 Gb/s Ethernet
+# A shard's push + pull processing: ps_benchmark's 64 MB rows, about 2100 MB/s
+# of push + pull bytes on 127.0.0.1 (docs/performance.md).
+SERVER_BYTES_PER_S = 2.1 * 2**30
+MEMORY_BYTES_PER_S = 10e9  # summing on the host
+NCCL_TWO_NODES_US = 20.0
+FIT_W = 2  # d is fitted to the delayed rows up to this W, checked above it
+
+
+def fit(rows):
+    """a and b by least squares over the rows without delay; d from the
+    rows with delay and W <= 2 (1 if there are none)."""
+    base = [(m.hosts * m.per_host, m.p50_us) for m in rows if m.rtt_us == 0]
+    if len(base) < 2 or len({w for w, _ in base}) < 2:
+        raise ValueError("need rows without delay at two or more W")
+    n = len(base)
+    mw = sum(w for w, _ in base) / n
+    mt = sum(t for _, t in base) / n
+    b = (sum((w - mw) * (t - mt) for w, t in base) /
+         sum((w - mw) ** 2 for w, _ in base))
+    a = mt - b * mw
+    ds = sorted((m.p50_us - a - b * m.hosts * m.per_host) / m.rtt_us
+                for m in rows if m.rtt_us > 0 and m.hosts * m.per_host <= FIT_W)
+    d = 1.0
+    if ds:
+        d = (ds[(len(ds) - 1) // 2] + ds[len(ds) // 2]) / 2  # the median
+    return Fit(a, b, d)
+
+
+def exchange_us(f, workers, rtt_us):
+    return f.a_us + f.b_us * workers + f.d * rtt_us
+
+
+def check(rows, f):
+    """(row, predicted us, error as a fraction of the measurement) for the
+    rows with delay that the fit did not use."""
+    out = []
+    for m in rows:
+        w = m.hosts * m.per_host
+        if m.rtt_us == 0 or w <= FIT_W:
+            continue
+        p = exchange_us(f, w, m.rtt_us)
+        out.append((m, p, (p - m.p50_us) / m.p50_us))
+    return out
+
+
+def step_costs(f, shape, workers, hosts, rtt_us=LINK_RTT_US):
+    """Predicted per-step costs in ms at `workers` on `hosts` (a real link:
+    d = 1): BN flat, BN aggregated, gradients flat, gradients aggregated,
+    NCCL's BN."""
+    k = workers / hosts
+    exchanges = 2 * shape.bn_layers
+    bn_flat = exchanges * (f.a_us + f.b_us * workers + rtt_us)
+    bn_agg = exchanges * (2 * f.a_us + f.b_us * (k + hosts) + rtt_us)
+    grad_bytes = 8 * shape.params  # push + pull of float32
+    rate = min(LINK_BYTES_PER_S, SERVER_BYTES_PER_S)
+    grad_flat = grad_bytes * k / rate * 1e6 + 2 * rtt_us
+    grad_agg = (grad_bytes / rate + grad_bytes / 2 * k / MEMORY_BYTES_PER_S) * 1e6 + 2 * rtt_us
+    nccl = exchanges * NCCL_TWO_NODES_US * max(1.0, math.log2(hosts))
+    return tuple(x / 1e3 for x in (bn_flat, bn_agg, grad_flat, grad_agg, nccl))
+
+
+def report(rows, layouts=((64, 8), (64, 32), (256, 8), (256, 32), (256, 128),
+                          (1024, 8), (1024, 32), (1024, 128))):
+    f = fit(rows)
+    lines = [f"Model fit: a = {f.a_us:.0f} us, b = {f.b_us:.1f} us per "
+             f"contribution, d = {f.d:.2f} (the bed's round trip over the "
+             f"link's)", ""]
+    checked = check(rows, f)
+    if checked:
+        lines += ["| link RTT us | hosts | workers/host | W | measured p50 us | "
+                  "model us | error |", "|---:|---:|---:|---:|---:|---:|---:|"]
+        for m, p, e in checked:
+            lines.append(f"| {m.rtt_us:g} | {m.hosts} | {m.per_host} | "
+                         f"{m.hosts * m.per_host} | {m.p50_us:.0f} | {p:.0f} | "
+                         f"{100 * e:+.0f}% |")
+        lines.append("")
+    for shape in (CNN, RESNET50):
+        lines += [f"Predicted per step, {shape.name} ({shape.bn_layers} BN "
+                  f"layers, {shape.params:,} parameters), {LINK_RTT_US:g} us "
+                  f"links, 100 Gb/s, one shard per host (ms)", "",
+                  "| W | hosts | workers/host | BN flat | BN per-host "
+                  "aggregation | gradients flat | gradients aggregated | "
+                  "NCCL BN (published latency) |",
+                  "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for w, h in layouts:
+            c = step_costs(f, shape, w, h)
+            lines.append(f"| {w} | {h} | {w // h} | " +
+                         " | ".join(f"{x:.1f}" for x in c) + " |")
+        lines.append("")
+    return "\n".join(lines)

@@ -1,0 +1,61 @@
+"""The scale model: the fit recovers known costs, the check measures what
+the fit did not use, and the predictions behave as the model says."""
+
+import unittest
+
+from tools.testbed import scale_model as sm
+
+
+def rows(a, b, d, rtt=200):
+    out = []
+    for h, k in ((1, 1), (1, 2), (1, 4), (2, 2), (4, 2)):
+        w = h * k
+        out.append(sm.Measured(0, h, k, a + b * w, 2 * (a + b * w)))
+        out.append(sm.Measured(rtt, h, k, a + b * w + d * rtt, 0))
+    return out
+
+
+class ScaleModelTest(unittest.TestCase):
+    def test_fit_recovers_the_costs(self):
+        f = sm.fit(rows(60, 12, 1.3))
+        self.assertAlmostEqual(f.a_us, 60)
+        self.assertAlmostEqual(f.b_us, 12)
+        self.assertAlmostEqual(f.d, 1.3)
+        checked = sm.check(rows(60, 12, 1.3), f)
+        self.assertEqual(len(checked), 3)  # the delayed rows with W > 2
+        for _, _, error in checked:
+            self.assertAlmostEqual(error, 0)
+
+    def test_check_reports_a_miss(self):
+        data = rows(60, 12, 1.0)
+        data[-1] = data[-1]._replace(p50_us=data[-1].p50_us * 2)
+        errors = [e for _, _, e in sm.check(data, sm.fit(data))]
+        self.assertAlmostEqual(errors[-1], -0.5)
+
+    def test_fit_needs_two_sizes(self):
+        with self.assertRaises(ValueError):
+            sm.fit([sm.Measured(0, 1, 1, 50, 60)])
+
+    def test_predictions(self):
+        f = sm.Fit(60, 12, 1.0)
+        bn_flat, bn_agg, grad_flat, grad_agg, nccl = sm.step_costs(
+            f, sm.RESNET50, 1024, 128)
+        # 106 exchanges of 60 + 12 * 1024 + 200 us.
+        self.assertAlmostEqual(bn_flat, 106 * (60 + 12 * 1024 + 200) / 1e3)
+        self.assertAlmostEqual(bn_agg, 106 * (120 + 12 * (8 + 128) + 200) / 1e3)
+        self.assertLess(bn_agg, bn_flat)
+        self.assertLess(grad_agg, grad_flat)
+        self.assertAlmostEqual(nccl, 106 * 20 * 7 / 1e3)
+        # One worker per host: aggregation only adds a hop.
+        flat1, agg1, *_ = sm.step_costs(f, sm.CNN, 8, 8)
+        self.assertGreater(agg1, flat1)
+
+    def test_report_prints_the_tables(self):
+        text = sm.report(rows(60, 12, 1.2))
+        self.assertIn("a = 60 us, b = 12.0 us", text)
+        self.assertIn("| 1024 | 128 | 8 |", text)
+        self.assertIn("ResNet-50 shape (53 BN layers, 25,600,000 parameters)", text)
+
+
+if __name__ == "__main__":
+    unittest.main()
