@@ -10,6 +10,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <map>
 #include <optional>
@@ -26,6 +27,7 @@
 #include "security/job_token.h"
 #include "server/bn_dispatch.h"
 #include "server/rpc_util.h"
+#include "util/fd_limit.h"
 #include "util/socket_io.h"
 
 namespace bnps::server {
@@ -38,6 +40,11 @@ constexpr size_t kReadChunk = 64 * 1024;
 // Chunks read from one connection per readiness event, so that one fast
 // sender cannot keep the thread from the others.
 constexpr int kChunksPerEvent = 16;
+// Connections accepted per readiness of the listener.
+constexpr int kAcceptsPerEvent = 64;
+// How long the listener rests when the process is out of descriptors.
+constexpr absl::Duration kMinBackoff = absl::Milliseconds(10);
+constexpr absl::Duration kMaxBackoff = absl::Seconds(1);
 
 absl::Status Errno(const std::string& what) {
   return absl::UnavailableError(absl::StrCat(what, ": ", strerror(errno)));
@@ -165,6 +172,9 @@ absl::StatusOr<std::unique_ptr<BnSocketServer>> BnSocketServer::Start(
       return Errno("BN over TCP: epoll_ctl");
     }
   }
+  s->max_connections_ = s->options_.max_connections > 0
+                            ? s->options_.max_connections
+                            : ConnectionCap(util::OpenFileLimit());
   s->port_.store(listener->port);
   s->thread_ = std::thread([p = s.get()] { p->Run(); });
   return s;
@@ -189,26 +199,47 @@ void BnSocketServer::Stop() {
   thread_.join();
 }
 
-void BnSocketServer::Accept(std::map<int, std::shared_ptr<Conn>>* conns) {
-  for (;;) {
+int BnSocketServer::ConnectionCap(int64_t open_file_limit) {
+  // A base for the process's own descriptors (stdio, epoll, gRPC's
+  // internals, a checkpoint being written, the metrics listener), then half
+  // of the rest for BN connections and half kept for gRPC's connections.
+  constexpr int64_t kBase = 64;
+  constexpr int64_t kMost = 65536;
+  const int64_t cap = (open_file_limit - kBase) / 2;
+  return static_cast<int>(std::clamp<int64_t>(cap, 0, kMost));
+}
+
+bool BnSocketServer::Accept(std::map<int, std::shared_ptr<Conn>>* conns) {
+  // Bounded, so that the thread returns to its other connections, the
+  // sweep and Stop however fast connections arrive.
+  for (int i = 0; i < kAcceptsPerEvent; ++i) {
     int c = accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (c < 0) {
-      if ((errno == EMFILE || errno == ENFILE) && spare_fd_ >= 0) {
-        // Out of descriptors: take the connection with the spare one and
-        // close it, so the listener does not stay readable for ever.
-        close(spare_fd_);
-        c = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-        if (c >= 0) close(c);
+      if (errno == EINTR || errno == ECONNABORTED) continue;
+      if (errno != EMFILE && errno != ENFILE) return true;  // EAGAIN: done
+      // Out of descriptors: take one connection with the spare descriptor
+      // and close it, so that it does not wait in the backlog. The table
+      // stays full (someone else holds the rest): the caller backs off
+      // instead of trying again at once, which spun (issue 34, D2).
+      if (spare_fd_ < 0) {
         spare_fd_ = open("/dev/null", O_RDONLY | O_CLOEXEC);
-        accepted_.fetch_add(1);
-        continue;
+        return false;
       }
-      return;
+      close(spare_fd_);
+      c = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+      if (c >= 0) {
+        close(c);
+        accepted_.fetch_add(1);
+        refused_.fetch_add(1);
+      }
+      spare_fd_ = open("/dev/null", O_RDONLY | O_CLOEXEC);
+      return false;
     }
     accepted_.fetch_add(1);
-    if (static_cast<int>(conns->size()) >= options_.max_connections ||
+    if (static_cast<int>(conns->size()) >= max_connections_ ||
         !util::SetLowLatency(c, "BN connection").ok()) {
-      close(c);
+      close(c);  // refused before the descriptor table fills (D1)
+      refused_.fetch_add(1);
       continue;
     }
     auto conn = std::make_shared<Conn>(c, epoll_fd_, options_.max_queued_bytes);
@@ -218,6 +249,7 @@ void BnSocketServer::Accept(std::map<int, std::shared_ptr<Conn>>* conns) {
     if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, c, &ev) != 0) continue;  // closes c
     conns->emplace(c, std::move(conn));
   }
+  return true;
 }
 
 void BnSocketServer::Run() {
@@ -229,10 +261,25 @@ void BnSocketServer::Run() {
     it->second->Shut();
     conns.erase(it);  // closed once no answer holds it
   };
+  // Out of descriptors, the listener is taken off the epoll set until
+  // `resume_listening` (backing off from kMinBackoff to kMaxBackoff): a
+  // listener that stays readable while accept fails would wake the loop
+  // at once, for ever.
+  absl::Duration backoff = kMinBackoff;
+  absl::Time resume_listening = absl::InfiniteFuture();
+  auto arm_listener = [&](uint32_t events) {
+    epoll_event ev{};
+    ev.events = events;
+    ev.data.fd = listen_fd_;
+    epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, listen_fd_, &ev);
+  };
   epoll_event events[64];
   absl::Time next_sweep = absl::Now() + absl::Seconds(1);
   for (;;) {
-    const int n = epoll_wait(epoll_fd_, events, 64, 1000);
+    const absl::Time wake = std::min(next_sweep, resume_listening);
+    const int timeout_ms = static_cast<int>(std::clamp<int64_t>(
+        absl::ToInt64Milliseconds(wake - absl::Now()) + 1, 0, 1000));
+    const int n = epoll_wait(epoll_fd_, events, 64, timeout_ms);
     if (n < 0 && errno != EINTR) break;
     bool stop = false;
     for (int e = 0; e < n; ++e) {
@@ -242,7 +289,19 @@ void BnSocketServer::Run() {
         break;
       }
       if (fd == listen_fd_) {
-        Accept(&conns);
+        if (Accept(&conns)) {
+          backoff = kMinBackoff;
+        } else {
+          if (backoff == kMinBackoff) {
+            std::fprintf(stderr,
+                         "bnps_server: BN over TCP: out of descriptors (%zu "
+                         "BN connections open): not accepting for a while\n",
+                         conns.size());
+          }
+          arm_listener(0);
+          resume_listening = absl::Now() + backoff;
+          backoff = std::min(backoff * 2, kMaxBackoff);
+        }
         continue;
       }
       auto it = conns.find(fd);
@@ -257,8 +316,12 @@ void BnSocketServer::Run() {
       if (!keep) drop(fd);
     }
     if (stop) break;
-    // Connections that have not said hello in time are closed.
     const absl::Time now = absl::Now();
+    if (now >= resume_listening) {
+      resume_listening = absl::InfiniteFuture();
+      arm_listener(EPOLLIN);
+    }
+    // Connections that have not said hello in time are closed.
     if (now >= next_sweep) {
       next_sweep = now + absl::Seconds(1);
       std::vector<int> late;

@@ -15,7 +15,11 @@
 // answered by a BnHelloReply; a wrong token or job is answered and the
 // connection closed. Until its hello a connection may send one small frame
 // (kMaxHelloBytes) and must send it within `hello_timeout`; at most
-// `max_connections` are open at once (more are closed on arrival). Bytes
+// `max_connections` are open at once (more are closed on arrival: by
+// default a cap derived from the descriptor limit, so that a flood is
+// refused while descriptors remain for the gRPC listener and its
+// connections). Out of descriptors all the same (EMFILE), the listener
+// rests, backing off from 10 ms to 1 s, instead of retrying at once. Bytes
 // that are not frames of these messages close the connection, and so does
 // a client that leaves more than `max_queued_bytes` of answers unread.
 //
@@ -58,7 +62,9 @@ class BnSocketServer {
     int port = 0;                    // 0: a free one
     std::string token;               // the job token; empty: none
     absl::Duration hello_timeout = absl::Seconds(5);
-    int max_connections = 1024;
+    // Most BN connections open at once; 0: ConnectionCap(the soft
+    // RLIMIT_NOFILE when the server starts).
+    int max_connections = 0;
     // Answers a client may leave unread before it is cut off.
     int64_t max_queued_bytes = int64_t{64} << 20;
   };
@@ -76,6 +82,16 @@ class BnSocketServer {
   int port() const { return port_.load(); }
   // Connections accepted so far (those closed on arrival included).
   int64_t accepted() const { return accepted_.load(); }
+  // Of those, the ones closed on arrival (over the cap, or taken with the
+  // spare descriptor when out of descriptors).
+  int64_t refused() const { return refused_.load(); }
+  // The connection cap in force.
+  int max_connections() const { return max_connections_; }
+
+  // The BN connections a process with `open_file_limit` descriptors may
+  // hold: half of what remains after 64 kept for the process itself, the
+  // other half kept for gRPC's connections; at most 65,536.
+  static int ConnectionCap(int64_t open_file_limit);
 
   // Closes the listener and every connection; answers still owed are
   // dropped. Idempotent.
@@ -90,7 +106,9 @@ class BnSocketServer {
         keep_awake_(keep_awake),
         options_(std::move(options)) {}
   void Run();
-  void Accept(std::map<int, std::shared_ptr<Conn>>* conns);
+  // Accepts what is pending (a bounded number); false when out of
+  // descriptors, so that the caller rests the listener.
+  bool Accept(std::map<int, std::shared_ptr<Conn>>* conns);
   // Reads what `conn` has sent (a bounded amount per call) and handles its
   // frames: false once it must close.
   bool Read(const std::shared_ptr<Conn>& conn);
@@ -105,8 +123,10 @@ class BnSocketServer {
   int epoll_fd_ = -1;
   int stop_fd_ = -1;
   int spare_fd_ = -1;  // closed to accept (and close) a connection at EMFILE
+  int max_connections_ = 0;  // constant after Start
   std::atomic<int> port_{0};
   std::atomic<int64_t> accepted_{0};
+  std::atomic<int64_t> refused_{0};
   std::thread thread_;
   absl::Mutex stop_mu_;
   bool stopped_ ABSL_GUARDED_BY(stop_mu_) = false;

@@ -10,9 +10,11 @@
 #include <errno.h>
 #include <unistd.h>
 
+#include <memory>
 #include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "proto/bn_frame.h"
@@ -289,6 +291,49 @@ TEST_F(BnSocketServerTest, StopEndsEveryConnection) {
   server_->Stop();
   EXPECT_EQ(a.Receive(), std::nullopt);
   server_->Stop();  // idempotent
+}
+
+// D1 (issue 34): the BN connections may never take the descriptors the
+// gRPC listener and its connections need.
+TEST(BnSocketServerCapTest, TheCapKeepsDescriptorsForTheRest) {
+  EXPECT_EQ(BnSocketServer::ConnectionCap(1024), 480);
+  EXPECT_EQ(BnSocketServer::ConnectionCap(256), 96);
+  EXPECT_EQ(BnSocketServer::ConnectionCap(64), 0);
+  EXPECT_EQ(BnSocketServer::ConnectionCap(10), 0);
+  EXPECT_EQ(BnSocketServer::ConnectionCap(int64_t{1} << 40), 65536);
+  for (int64_t limit : {100, 256, 1024, 4096, 1 << 20}) {
+    const int cap = BnSocketServer::ConnectionCap(limit);
+    EXPECT_LE(2 * cap + 64, limit) << limit;
+  }
+}
+
+TEST_F(BnSocketServerTest, ConnectionsOverTheCapAreRefusedAndCounted) {
+  BnSocketServer::Options so;
+  so.max_connections = 3;
+  ASSERT_NO_FATAL_FAILURE(Start(1, so));
+  EXPECT_EQ(server_->max_connections(), 3);
+  std::vector<std::unique_ptr<RawConn>> held;
+  for (int i = 0; i < 3; ++i) {
+    held.push_back(std::make_unique<RawConn>(server_->port()));
+  }
+  ASSERT_EQ(held[0]->Hello("bnps", 0, kToken).code(), 0);  // all 3 are in
+  for (int i = 0; i < 5; ++i) {
+    RawConn over(server_->port());
+    EXPECT_EQ(over.Receive(), std::nullopt);
+  }
+  EXPECT_EQ(server_->refused(), 5);
+  EXPECT_EQ(server_->accepted(), 8);
+  held.clear();  // room again, once the server has seen them close
+  bool served = false;
+  for (int tries = 0; tries < 100 && !served; ++tries) {
+    RawConn c(server_->port());
+    proto::BnHello hello;
+    hello.set_job("bnps");
+    hello.set_token(kToken);
+    c.Send(hello);
+    served = c.Receive().has_value();
+  }
+  EXPECT_TRUE(served);
 }
 
 }  // namespace

@@ -17,6 +17,7 @@
 #include "security/job_token.h"
 #include "server/server_runner.h"
 #include "util/command_line.h"
+#include "util/fd_limit.h"
 #include "util/heap_flags.h"
 
 ABSL_FLAG(std::string, host, "127.0.0.1",
@@ -105,6 +106,12 @@ ABSL_FLAG(int, bn_port, -1,
           "free one), which registering workers are told: faster per "
           "exchange than the gRPC stream. Plaintext jobs only "
           "(not with --tls_cert). -1: off.");
+ABSL_FLAG(int, bn_max_connections, 0,
+          "With --bn_port: most BN connections open at once; more are "
+          "closed on arrival (their workers use the gRPC stream). 0: half "
+          "of the descriptors left after 64 for the server itself, the "
+          "other half kept for gRPC's connections (the server raises its "
+          "soft descriptor limit to the hard one at start).");
 
 namespace {
 
@@ -138,6 +145,14 @@ int main(int argc, char** argv) {
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   if (absl::Status s = bnps::util::ApplyHeapFlag(); !s.ok()) {
     return Fail(s), kBadFlags;
+  }
+  // The soft descriptor limit (often 1,024) up to the hard one, before
+  // any thread opens descriptors; the BN connection cap is derived from it.
+  absl::StatusOr<int64_t> open_files = bnps::util::RaiseOpenFileLimit();
+  if (!open_files.ok()) {
+    std::fprintf(stderr, "bnps_server: %s (going on with %lld)\n",
+                 std::string(open_files.status().message()).c_str(),
+                 static_cast<long long>(bnps::util::OpenFileLimit()));
   }
   // SIGINT/SIGTERM are blocked before any thread starts (threads inherit the
   // mask) and taken by one thread, which shuts the server down cleanly.
@@ -226,9 +241,18 @@ int main(int argc, char** argv) {
                "with --tls_cert")),
            kBadFlags;
   }
+  bnps::server::ServerLimits limits;
+  limits.bn_max_connections = absl::GetFlag(FLAGS_bn_max_connections);
+  if (limits.bn_max_connections < 0) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+               "--bn_max_connections must be >= 0, not ",
+               limits.bn_max_connections))),
+           kBadFlags;
+  }
   const std::string address = absl::StrCat(absl::GetFlag(FLAGS_host), ":", port);
   absl::StatusOr<std::unique_ptr<bnps::server::RunningServer>> server =
-      bnps::server::RunningServer::Start(o, address, security, {}, latency);
+      bnps::server::RunningServer::Start(o, address, security, {}, latency,
+                                         limits);
   if (!server.ok()) return Fail(server.status()), 1;
   absl::StatusOr<std::unique_ptr<bnps::metrics::HttpEndpoint>> metrics =
       bnps::metrics::StartEndpointFromFlags(&(*server)->registry());
@@ -244,8 +268,11 @@ int main(int argc, char** argv) {
               security.token.empty() ? "" : " with a job token",
               absl::GetFlag(FLAGS_host).c_str(), (*server)->port());
   if (const auto* bn = (*server)->bn_socket_server(); bn != nullptr) {
-    std::printf("bnps_server: BN over TCP at %s:%d\n",
-                absl::GetFlag(FLAGS_host).c_str(), bn->port());
+    std::printf("bnps_server: BN over TCP at %s:%d (at most %d connections, "
+                "of %lld descriptors)\n",
+                absl::GetFlag(FLAGS_host).c_str(), bn->port(),
+                bn->max_connections(),
+                static_cast<long long>(bnps::util::OpenFileLimit()));
   }
   if (*metrics != nullptr) {
     std::printf("bnps_server: metrics at http://%s:%d/metrics\n",

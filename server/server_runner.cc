@@ -16,7 +16,7 @@ namespace bnps::server {
 absl::StatusOr<std::unique_ptr<RunningServer>> RunningServer::Start(
     ShardOptions options, const std::string& address,
     ServerSecurity security, ServerMonitoring monitoring,
-    ServerLatency latency) {
+    ServerLatency latency, ServerLimits limits) {
   if (!security.token.empty()) {
     if (absl::Status s = security::ValidateToken(security.token); !s.ok()) {
       return s;
@@ -54,6 +54,10 @@ absl::StatusOr<std::unique_ptr<RunningServer>> RunningServer::Start(
     bo.host = address.substr(0, address.rfind(':'));
     bo.port = latency.bn_port;
     bo.token = security.token;
+    if (limits.bn_max_connections < 0) {
+      return absl::InvalidArgumentError("bn_max_connections must be >= 0");
+    }
+    bo.max_connections = limits.bn_max_connections;
     absl::StatusOr<std::unique_ptr<BnSocketServer>> bn =
         BnSocketServer::Start(rs->shard_.get(), rs->metrics_.get(),
                               rs->keep_awake_.get(), std::move(bo));

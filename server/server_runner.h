@@ -62,6 +62,14 @@ struct ServerLatency {
   int bn_port = -1;
 };
 
+// What the server lets clients hold (issue 34: a flood is refused or shed).
+struct ServerLimits {
+  // Most raw-TCP BN connections open at once; 0: derived from the soft
+  // RLIMIT_NOFILE (BnSocketServer::ConnectionCap), which bnps_server raises
+  // to the hard limit first.
+  int bn_max_connections = 0;
+};
+
 class RunningServer {
  public:
   // Binds `address` ("127.0.0.1:0" picks a free port). INVALID_ARGUMENT for bad
@@ -71,7 +79,7 @@ class RunningServer {
   static absl::StatusOr<std::unique_ptr<RunningServer>> Start(
       ShardOptions options, const std::string& address,
       ServerSecurity security = {}, ServerMonitoring monitoring = {},
-      ServerLatency latency = {});
+      ServerLatency latency = {}, ServerLimits limits = {});
   ~RunningServer();  // Shutdown()
 
   int port() const { return port_; }
