@@ -59,9 +59,10 @@ absl::Status Errno(const std::string& what) {
 // answer still owed holds one), so its number is never reused while anyone
 // may write to it.
 struct BnSocketServer::Conn {
-  Conn(int fd, int epoll_fd, int64_t max_queued)
+  Conn(int fd, int epoll_fd, int64_t max_queued,
+       std::shared_ptr<util::ByteBudget> budget)
       : fd(fd), epoll_fd(epoll_fd), max_queued(max_queued),
-        opened(absl::Now()) {}
+        budget(std::move(budget)), opened(absl::Now()) {}
   ~Conn() { close(fd); }
 
   void Write(const std::string& frame) {
@@ -78,23 +79,48 @@ struct BnSocketServer::Conn {
       sent = k > 0 ? static_cast<size_t>(k) : 0;
       if (sent == frame.size()) return;
     }
-    // The queue was empty: the epoll thread is not watching for room yet.
-    const bool watch = out.empty();
-    out.append(frame, sent, std::string::npos);
-    if (static_cast<int64_t>(out.size()) > max_queued) {
+    // Answers the client has not read yet: held within its cap and the
+    // server's budget, or the connection is cut off.
+    const int64_t rest = static_cast<int64_t>(frame.size() - sent);
+    const int64_t queued = static_cast<int64_t>(out.size()) + rest;
+    if (queued > max_queued || !budget->TryCharge(rest)) {
       std::fprintf(stderr,
-                   "bnps_server: a BN connection left %zu bytes of answers "
-                   "unread: cut off\n",
-                   out.size());
+                   "bnps_server: a BN connection left %lld bytes of answers "
+                   "unread (%s): cut off\n",
+                   static_cast<long long>(queued),
+                   queued > max_queued ? "over its cap"
+                                       : "the server's BN memory budget is "
+                                         "spent");
       ShutLocked();
       return;
     }
+    // The queue was empty: the epoll thread is not watching for room yet.
+    const bool watch = out.empty();
+    out.append(frame, sent, std::string::npos);
     if (watch) {
       epoll_event ev{};
       ev.events = kIn | EPOLLOUT;
       ev.data.fd = fd;
       epoll_ctl(epoll_fd, EPOLL_CTL_MOD, fd, &ev);
     }
+  }
+
+  // Whether an answer of `bytes` could be held (BnDispatcher::Admit): not
+  // if it alone passes the connection's cap or what is left of the
+  // server's budget. (A reader that falls behind is cut off by Write.)
+  absl::Status Admit(int64_t bytes) const {
+    if (bytes > max_queued) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "the answer (about ", bytes, " bytes) is larger than the ",
+          max_queued, " bytes a BN connection may leave unread (its cap)"));
+    }
+    if (bytes > budget->left()) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "the answer (about ", bytes, " bytes) does not fit the server's "
+          "BN memory budget (", budget->left(), " of ", budget->limit(),
+          " bytes left)"));
+    }
+    return absl::OkStatus();
   }
 
   // On EPOLLOUT: writes what the socket takes; false if the connection
@@ -107,6 +133,7 @@ struct BnSocketServer::Conn {
           send(fd, out.data(), out.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
       if (k > 0) {
         out.erase(0, static_cast<size_t>(k));
+        budget->Release(k);
         continue;
       }
       if (k < 0 && errno == EINTR) continue;
@@ -123,7 +150,9 @@ struct BnSocketServer::Conn {
 
   void ShutLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu) {
     shut = true;
+    budget->Release(static_cast<int64_t>(out.size()));
     out.clear();
+    out.shrink_to_fit();
     shutdown(fd, SHUT_RDWR);  // the epoll thread sees the end
   }
   void Shut() {
@@ -134,6 +163,7 @@ struct BnSocketServer::Conn {
   const int fd;
   const int epoll_fd;
   const int64_t max_queued;
+  const std::shared_ptr<util::ByteBudget> budget;
   const absl::Time opened;
   absl::Mutex write_mu;
   bool shut ABSL_GUARDED_BY(write_mu) = false;
@@ -142,6 +172,9 @@ struct BnSocketServer::Conn {
   std::string out ABSL_GUARDED_BY(write_mu);
   // The epoll thread's alone:
   proto::FrameReader reader;
+  int64_t charged_in = 0;  // reader.buffered(), charged to the budget
+  // When the frame now partly read began (InfiniteFuture: none is).
+  absl::Time frame_started = absl::InfiniteFuture();
   std::optional<BnDispatcher> dispatcher;  // after a good BnHello
   proto::BnRequest request;                // reused for every frame
 };
@@ -175,6 +208,10 @@ absl::StatusOr<std::unique_ptr<BnSocketServer>> BnSocketServer::Start(
   s->max_connections_ = s->options_.max_connections > 0
                             ? s->options_.max_connections
                             : ConnectionCap(util::OpenFileLimit());
+  if (s->options_.memory_budget_bytes <= 0) {
+    return absl::InvalidArgumentError("BN over TCP: a memory budget <= 0");
+  }
+  s->budget_ = std::make_shared<util::ByteBudget>(s->options_.memory_budget_bytes);
   s->port_.store(listener->port);
   s->thread_ = std::thread([p = s.get()] { p->Run(); });
   return s;
@@ -242,7 +279,8 @@ bool BnSocketServer::Accept(std::map<int, std::shared_ptr<Conn>>* conns) {
       refused_.fetch_add(1);
       continue;
     }
-    auto conn = std::make_shared<Conn>(c, epoll_fd_, options_.max_queued_bytes);
+    auto conn = std::make_shared<Conn>(c, epoll_fd_, options_.max_queued_bytes,
+                                       budget_);
     epoll_event ev{};
     ev.events = kIn;
     ev.data.fd = c;
@@ -258,7 +296,7 @@ void BnSocketServer::Run() {
     auto it = conns.find(fd);
     if (it == conns.end()) return;
     epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);
-    it->second->Shut();
+    Release(*it->second);
     conns.erase(it);  // closed once no answer holds it
   };
   // Out of descriptors, the listener is taken off the epoll set until
@@ -321,7 +359,8 @@ void BnSocketServer::Run() {
       resume_listening = absl::InfiniteFuture();
       arm_listener(EPOLLIN);
     }
-    // Connections that have not said hello in time are closed.
+    // Connections that have not said hello in time, or that began a frame
+    // long ago and have not finished it, are closed.
     if (now >= next_sweep) {
       next_sweep = now + absl::Seconds(1);
       std::vector<int> late;
@@ -329,25 +368,65 @@ void BnSocketServer::Run() {
         if (!conn->dispatcher.has_value() &&
             now - conn->opened > options_.hello_timeout) {
           late.push_back(fd);
+        } else if (now - conn->frame_started > options_.frame_timeout) {
+          std::fprintf(stderr,
+                       "bnps_server: a BN connection began a frame %.1f s "
+                       "ago and has sent %lld bytes of it: closed\n",
+                       absl::ToDoubleSeconds(now - conn->frame_started),
+                       static_cast<long long>(conn->reader.buffered()));
+          late.push_back(fd);
         }
       }
       for (int fd : late) drop(fd);
     }
   }
-  for (auto& [fd, conn] : conns) conn->Shut();
+  for (auto& [fd, conn] : conns) Release(*conn);
   port_.store(0);
   close(listen_fd_);
   listen_fd_ = -1;
 }
 
+void BnSocketServer::Release(Conn& conn) {
+  conn.Shut();
+  budget_->Release(conn.charged_in);
+  conn.charged_in = 0;
+  conn.reader = proto::FrameReader();  // an answer owed may keep conn alive
+  conn.frame_started = absl::InfiniteFuture();
+}
+
 bool BnSocketServer::Read(const std::shared_ptr<Conn>& conn) {
   char buf[kReadChunk];
   for (int chunk = 0; chunk < kChunksPerEvent; ++chunk) {
-    const ssize_t k = recv(conn->fd, buf, sizeof buf, 0);
+    // What is read is held (until its frame is whole) within the server's
+    // budget: charged before the read, the rest given back after.
+    const int64_t room = budget_->ChargeUpTo(kReadChunk);
+    if (room == 0) {
+      std::fprintf(stderr,
+                   "bnps_server: the server's BN memory budget (%lld bytes) "
+                   "is spent: a BN connection holding %lld bytes of a frame "
+                   "shed\n",
+                   static_cast<long long>(budget_->limit()),
+                   static_cast<long long>(conn->reader.buffered()));
+      return false;
+    }
+    const ssize_t k = recv(conn->fd, buf, static_cast<size_t>(room), 0);
+    const int64_t got = k > 0 ? k : 0;
+    budget_->Release(room - got);
     if (k > 0) {
       conn->reader.Append(buf, static_cast<size_t>(k));
-      if (!HandleFrames(conn)) return false;
-      if (static_cast<size_t>(k) < sizeof buf) return true;
+      conn->charged_in += got;
+      int frames = 0;
+      const bool keep = HandleFrames(conn, &frames);
+      // Whole frames were handled: their bytes go back to the budget.
+      const int64_t held = static_cast<int64_t>(conn->reader.buffered());
+      budget_->Release(conn->charged_in - held);
+      conn->charged_in = held;
+      if (held == 0 || frames > 0) conn->frame_started = absl::InfiniteFuture();
+      if (held > 0 && conn->frame_started == absl::InfiniteFuture()) {
+        conn->frame_started = absl::Now();
+      }
+      if (!keep) return false;
+      if (got < room) return true;
       continue;
     }
     if (k < 0 && errno == EINTR) continue;
@@ -357,7 +436,8 @@ bool BnSocketServer::Read(const std::shared_ptr<Conn>& conn) {
   return true;  // more to read: epoll says so again
 }
 
-bool BnSocketServer::HandleFrames(const std::shared_ptr<Conn>& conn) {
+bool BnSocketServer::HandleFrames(const std::shared_ptr<Conn>& conn,
+                                  int* frames) {
   for (;;) {
     if (!conn->dispatcher.has_value() &&
         conn->reader.buffered() > kMaxHelloBytes + proto::kFrameHeaderBytes) {
@@ -369,9 +449,10 @@ bool BnSocketServer::HandleFrames(const std::shared_ptr<Conn>& conn) {
       return false;
     }
     if (!frame->has_value()) return true;
+    ++*frames;
     const absl::string_view bytes = **frame;
     if (!conn->dispatcher.has_value()) {
-      if (!HandleHello(*conn, bytes)) return false;
+      if (!HandleHello(conn, bytes)) return false;
       continue;
     }
     if (keep_awake_ != nullptr) keep_awake_->Touch();
@@ -387,9 +468,10 @@ bool BnSocketServer::HandleFrames(const std::shared_ptr<Conn>& conn) {
     ServerMetrics* metrics = metrics_;
     conn->dispatcher->Dispatch(
         req, [conn, metrics](const proto::BnResponse& resp) {
+          // BnDispatcher answers within the message limit.
           std::string out;
           if (!proto::AppendFrame(resp, &out).ok()) {
-            conn->Shut();  // an answer over the limit: cannot be framed
+            conn->Shut();
             return;
           }
           if (metrics) metrics->Sent(M::kBnSync, out.size());
@@ -398,7 +480,9 @@ bool BnSocketServer::HandleFrames(const std::shared_ptr<Conn>& conn) {
   }
 }
 
-bool BnSocketServer::HandleHello(Conn& conn, absl::string_view bytes) {
+bool BnSocketServer::HandleHello(const std::shared_ptr<Conn>& c,
+                                 absl::string_view bytes) {
+  Conn& conn = *c;
   proto::BnHello hello;
   absl::Status s;
   if (!hello.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
@@ -419,7 +503,9 @@ bool BnSocketServer::HandleHello(Conn& conn, absl::string_view bytes) {
     return false;
   }
   if (keep_awake_ != nullptr) keep_awake_->Touch();
-  conn.dispatcher.emplace(shard_, metrics_, hello.generation());
+  Conn* raw = c.get();  // the dispatcher is conn's: it never outlives it
+  conn.dispatcher.emplace(shard_, metrics_, hello.generation(),
+                          [raw](int64_t bytes) { return raw->Admit(bytes); });
   return true;
 }
 

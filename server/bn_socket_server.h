@@ -22,6 +22,9 @@
 // rests, backing off from 10 ms to 1 s, instead of retrying at once. Bytes
 // that are not frames of these messages close the connection, and so does
 // a client that leaves more than `max_queued_bytes` of answers unread.
+// Together the connections hold at most `memory_budget_bytes` (unread
+// answers and partial frames; see Options), and a frame begun must be whole
+// within `frame_timeout`.
 //
 // Plaintext only: a job served over TLS must not carry its BN statistics
 // in the clear, so RunningServer refuses the listener with TLS.
@@ -48,6 +51,7 @@
 #include "absl/time/time.h"
 #include "server/server_metrics.h"
 #include "server/shard.h"
+#include "util/byte_budget.h"
 #include "util/keep_awake.h"
 
 namespace bnps::server {
@@ -67,6 +71,14 @@ class BnSocketServer {
     int max_connections = 0;
     // Answers a client may leave unread before it is cut off.
     int64_t max_queued_bytes = int64_t{64} << 20;
+    // What all BN connections together may hold: answers not read yet and
+    // frames partly received. Past it, an answer that would be queued cuts
+    // its connection off, a connection with bytes to read is shed, and a
+    // request whose answer would not fit is refused (RESOURCE_EXHAUSTED).
+    int64_t memory_budget_bytes = int64_t{256} << 20;
+    // A frame begun must be whole within this, or the connection is
+    // closed (a sender that stops mid-frame holds its bytes otherwise).
+    absl::Duration frame_timeout = absl::Seconds(10);
   };
 
   // `shard`, `metrics` and `keep_awake` (both may be null) are not owned and
@@ -87,6 +99,10 @@ class BnSocketServer {
   int64_t refused() const { return refused_.load(); }
   // The connection cap in force.
   int max_connections() const { return max_connections_; }
+  // What the connections hold now (unread answers, partial frames), always
+  // at most Options::memory_budget_bytes; shared, so that it may be read
+  // (a metrics gauge) after the server is gone.
+  std::shared_ptr<const util::ByteBudget> memory() const { return budget_; }
 
   // The BN connections a process with `open_file_limit` descriptors may
   // hold: half of what remains after 64 kept for the process itself, the
@@ -112,8 +128,11 @@ class BnSocketServer {
   // Reads what `conn` has sent (a bounded amount per call) and handles its
   // frames: false once it must close.
   bool Read(const std::shared_ptr<Conn>& conn);
-  bool HandleFrames(const std::shared_ptr<Conn>& conn);
-  bool HandleHello(Conn& conn, absl::string_view frame);
+  // Handles the whole frames read, counting them in `frames`.
+  bool HandleFrames(const std::shared_ptr<Conn>& conn, int* frames);
+  bool HandleHello(const std::shared_ptr<Conn>& conn, absl::string_view frame);
+  // Shuts `conn` and gives back what its reading side held.
+  void Release(Conn& conn);
 
   Shard* const shard_;
   ServerMetrics* const metrics_;
@@ -124,6 +143,7 @@ class BnSocketServer {
   int stop_fd_ = -1;
   int spare_fd_ = -1;  // closed to accept (and close) a connection at EMFILE
   int max_connections_ = 0;  // constant after Start
+  std::shared_ptr<util::ByteBudget> budget_;  // constant after Start
   std::atomic<int> port_{0};
   std::atomic<int64_t> accepted_{0};
   std::atomic<int64_t> refused_{0};

@@ -10,6 +10,7 @@
 #include <errno.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <memory>
 #include <optional>
 #include <string>
@@ -291,6 +292,131 @@ TEST_F(BnSocketServerTest, StopEndsEveryConnection) {
   server_->Stop();
   EXPECT_EQ(a.Receive(), std::nullopt);
   server_->Stop();  // idempotent
+}
+
+proto::BnResponse ParseResponse(const std::optional<std::string>& bytes) {
+  proto::BnResponse r;
+  EXPECT_TRUE(bytes.has_value());
+  if (bytes) {
+    EXPECT_TRUE(r.ParseFromString(*bytes));
+  }
+  return r;
+}
+
+// D4 (issue 34): slow readers are bounded by the server's budget, not only
+// each by its own cap: past it, they are cut off, and what the server holds
+// never exceeds the budget.
+TEST_F(BnSocketServerTest, SlowReadersAreCutOffWithinTheServerBudget) {
+  BnSocketServer::Options so;
+  so.memory_budget_bytes = 1 << 20;  // far below 4 x the 64 MiB per-conn cap
+  ASSERT_NO_FATAL_FAILURE(Start(1, so));
+  const std::vector<double> wide(10000, 1.0);  // 160 KB answers
+  std::vector<std::unique_ptr<RawConn>> readers;
+  for (int c = 0; c < 4; ++c) {
+    readers.push_back(std::make_unique<RawConn>(server_->port(), 4096));
+    ASSERT_EQ(readers.back()->Hello("bnps", 0, kToken).code(), 0);
+  }
+  // All send the same steps: after the first, answers come from the
+  // barrier's record (the same size).
+  std::string bytes;
+  for (int step = 0; step < 40; ++step) {
+    proto::BnRequest r = Forward(0, step + 1, wide);
+    r.set_step(step);
+    ASSERT_TRUE(proto::AppendFrame(r, &bytes).ok());
+  }
+  int64_t peak = 0;
+  for (auto& r : readers) {
+    r->SendAllowingFailure(bytes);
+    peak = std::max(peak, server_->memory()->used());
+  }
+  // No reader gets all its answers: it is cut off (the connection ends
+  // after what the socket took), or, the budget spent, its requests are
+  // refused.
+  for (auto& r : readers) {
+    int merged = 0;
+    for (std::optional<std::string> a = r->Receive(); a.has_value();
+         a = r->Receive()) {
+      proto::BnResponse resp;
+      ASSERT_TRUE(resp.ParseFromString(*a));
+      // Refused: RESOURCE_EXHAUSTED, and the steps after a refused one
+      // FAILED_PRECONDITION (from the future).
+      if (resp.code() == 0) ++merged;
+      peak = std::max(peak, server_->memory()->used());
+      if (resp.id() == 40) break;  // the last answer: not cut off
+    }
+    EXPECT_LT(merged, 40);
+  }
+  EXPECT_LE(peak, so.memory_budget_bytes);
+  EXPECT_EQ(server_->memory()->limit(), so.memory_budget_bytes);
+}
+
+// D4: frames begun and never finished are held within the budget (those
+// past it are shed) and closed at the frame timeout.
+TEST_F(BnSocketServerTest, PartialFramesAreShedAndTimedOut) {
+  BnSocketServer::Options so;
+  so.memory_budget_bytes = 256 << 10;
+  so.frame_timeout = absl::Milliseconds(300);
+  ASSERT_NO_FATAL_FAILURE(Start(1, so));
+  std::vector<std::unique_ptr<RawConn>> senders;
+  for (int c = 0; c < 8; ++c) {
+    senders.push_back(std::make_unique<RawConn>(server_->port()));
+    ASSERT_EQ(senders.back()->Hello("bnps", 0, kToken).code(), 0);
+    // A 100 KiB frame of which 60 KiB arrive.
+    std::string partial(4, '\0');
+    partial[2] = 0x01;
+    partial[1] = static_cast<char>(0x90);  // 0x019000 = 100 KiB + ...
+    partial += std::string(60 << 10, 'x');
+    senders.back()->SendAllowingFailure(partial);
+  }
+  int64_t peak = 0;
+  const absl::Time until = absl::Now() + absl::Milliseconds(200);
+  while (absl::Now() < until) {
+    peak = std::max(peak, server_->memory()->used());
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  EXPECT_LE(peak, so.memory_budget_bytes);
+  EXPECT_GT(peak, 0);
+  // All end: shed at once, or closed at the frame timeout.
+  for (auto& c : senders) EXPECT_EQ(c->Receive(), std::nullopt);
+  EXPECT_EQ(server_->memory()->used(), 0);
+  // The server serves on.
+  RawConn c(server_->port());
+  ASSERT_EQ(c.Hello("bnps", 0, kToken).code(), 0);
+  c.Send(Forward(0, 1, {5.0}));
+  EXPECT_EQ(ParseResponse(c.Receive()).code(), 0);
+}
+
+// D5 and D4: an answer that cannot be framed, or that the connection could
+// not hold, is refused before the work with an error the worker reads; the
+// connection stays.
+TEST_F(BnSocketServerTest, AnAnswerTooLargeIsAnErrorNotAClose) {
+  BnSocketServer::Options so;
+  so.max_queued_bytes = 200 << 10;
+  ASSERT_NO_FATAL_FAILURE(Start(1, so));
+  RawConn c(server_->port());
+  ASSERT_EQ(c.Hello("bnps", 0, kToken).code(), 0);
+  // 300,000 channels with want_running: the request (4.8 MB) fits a frame,
+  // its answer (9.6 MB) does not.
+  proto::BnRequest big = Forward(0, 1, std::vector<double>(300000, 1.0));
+  big.set_want_running(true);
+  c.Send(big);
+  proto::BnResponse r = ParseResponse(c.Receive());
+  EXPECT_EQ(r.id(), 1u);
+  EXPECT_EQ(r.code(), static_cast<int>(absl::StatusCode::kResourceExhausted));
+  EXPECT_NE(r.message().find("more than a message may"), std::string::npos)
+      << r.message();
+  // 20,000 channels with want_running (640 KB): over this connection's cap.
+  proto::BnRequest wide = Forward(0, 2, std::vector<double>(20000, 1.0));
+  wide.set_want_running(true);
+  c.Send(wide);
+  r = ParseResponse(c.Receive());
+  EXPECT_EQ(r.code(), static_cast<int>(absl::StatusCode::kResourceExhausted));
+  EXPECT_NE(r.message().find("cap"), std::string::npos) << r.message();
+  // Nothing was merged: the same step still works, and the connection too.
+  c.Send(Forward(0, 3, {5.0}));
+  r = ParseResponse(c.Receive());
+  EXPECT_EQ(r.id(), 3u);
+  EXPECT_EQ(r.code(), 0) << r.message();
 }
 
 // D1 (issue 34): the BN connections may never take the descriptors the

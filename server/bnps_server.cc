@@ -112,6 +112,15 @@ ABSL_FLAG(int, bn_max_connections, 0,
           "of the descriptors left after 64 for the server itself, the "
           "other half kept for gRPC's connections (the server raises its "
           "soft descriptor limit to the hard one at start).");
+ABSL_FLAG(int64_t, bn_memory_budget_mb, 256,
+          "With --bn_port: MiB that all BN connections together may hold in "
+          "answers their clients have not read and frames partly received. "
+          "Past it a connection is cut off or shed (its worker goes on over "
+          "the gRPC stream), and a request whose answer would not fit is "
+          "answered with RESOURCE_EXHAUSTED.");
+ABSL_FLAG(int64_t, bn_frame_timeout_ms, 10000,
+          "With --bn_port: a BN frame begun must be whole within this, or "
+          "its connection is closed.");
 
 namespace {
 
@@ -249,6 +258,18 @@ int main(int argc, char** argv) {
                limits.bn_max_connections))),
            kBadFlags;
   }
+  const int64_t budget_mb = absl::GetFlag(FLAGS_bn_memory_budget_mb);
+  const int64_t frame_timeout_ms = absl::GetFlag(FLAGS_bn_frame_timeout_ms);
+  if (budget_mb <= 0 || budget_mb > (int64_t{1} << 30) ||
+      frame_timeout_ms <= 0) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+               "--bn_memory_budget_mb (", budget_mb,
+               ") and --bn_frame_timeout_ms (", frame_timeout_ms,
+               ") must be > 0"))),
+           kBadFlags;
+  }
+  limits.bn_memory_budget_bytes = budget_mb << 20;
+  limits.bn_frame_timeout = absl::Milliseconds(frame_timeout_ms);
   const std::string address = absl::StrCat(absl::GetFlag(FLAGS_host), ":", port);
   absl::StatusOr<std::unique_ptr<bnps::server::RunningServer>> server =
       bnps::server::RunningServer::Start(o, address, security, {}, latency,

@@ -58,11 +58,31 @@ absl::StatusOr<std::unique_ptr<RunningServer>> RunningServer::Start(
       return absl::InvalidArgumentError("bn_max_connections must be >= 0");
     }
     bo.max_connections = limits.bn_max_connections;
+    if (limits.bn_memory_budget_bytes <= 0 ||
+        limits.bn_frame_timeout <= absl::ZeroDuration()) {
+      return absl::InvalidArgumentError(
+          "bn_memory_budget_bytes and bn_frame_timeout must be > 0");
+    }
+    bo.memory_budget_bytes = limits.bn_memory_budget_bytes;
+    bo.frame_timeout = limits.bn_frame_timeout;
     absl::StatusOr<std::unique_ptr<BnSocketServer>> bn =
         BnSocketServer::Start(rs->shard_.get(), rs->metrics_.get(),
                               rs->keep_awake_.get(), std::move(bo));
     if (!bn.ok()) return bn.status();
     rs->bn_socket_ = *std::move(bn);
+    if (rs->metrics_ != nullptr) {
+      metrics::Gauge* held =
+          rs->registry_
+              ->AddGauge("bnps_server_bn_buffered_bytes",
+                         "Bytes the raw-TCP BN connections hold: answers not "
+                         "read yet and frames partly received; at most "
+                         "--bn_memory_budget_mb.")
+              ->WithLabels({});
+      rs->registry_->AddCollector(
+          [held, memory = rs->bn_socket_->memory()] {
+            held->Set(static_cast<double>(memory->used()));
+          });
+    }
   }
   rs->service_ = std::make_unique<ShardService>(
       rs->shard_.get(), std::move(security.token), rs->metrics_.get(),

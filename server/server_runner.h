@@ -68,6 +68,11 @@ struct ServerLimits {
   // RLIMIT_NOFILE (BnSocketServer::ConnectionCap), which bnps_server raises
   // to the hard limit first.
   int bn_max_connections = 0;
+  // What all raw-TCP BN connections together may hold in unread answers and
+  // partial frames (BnSocketServer::Options::memory_budget_bytes).
+  int64_t bn_memory_budget_bytes = int64_t{256} << 20;
+  // A BN frame begun must be whole within this.
+  absl::Duration bn_frame_timeout = absl::Seconds(10);
 };
 
 class RunningServer {
