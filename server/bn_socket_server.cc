@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <limits>
 #include <map>
 #include <optional>
 #include <string>
@@ -212,6 +213,7 @@ absl::StatusOr<std::unique_ptr<BnSocketServer>> BnSocketServer::Start(
     return absl::InvalidArgumentError("BN over TCP: a memory budget <= 0");
   }
   s->budget_ = std::make_shared<util::ByteBudget>(s->options_.memory_budget_bytes);
+  s->max_hello_bytes_ = MaxHelloBytes(shard->options().job);
   s->port_.store(listener->port);
   s->thread_ = std::thread([p = s.get()] { p->Run(); });
   return s;
@@ -234,6 +236,15 @@ void BnSocketServer::Stop() {
   const uint64_t one = 1;
   (void)!write(stop_fd_, &one, sizeof one);
   thread_.join();
+}
+
+size_t BnSocketServer::MaxHelloBytes(const std::string& job) {
+  proto::BnHello largest;
+  largest.set_job(job);
+  largest.set_worker(std::numeric_limits<int32_t>::min());  // 10 bytes
+  largest.set_generation(std::numeric_limits<int64_t>::min());
+  largest.set_token(std::string(security::kMaxTokenBytes, '~'));
+  return largest.ByteSizeLong();
 }
 
 int BnSocketServer::ConnectionCap(int64_t open_file_limit) {
@@ -440,8 +451,12 @@ bool BnSocketServer::HandleFrames(const std::shared_ptr<Conn>& conn,
                                   int* frames) {
   for (;;) {
     if (!conn->dispatcher.has_value() &&
-        conn->reader.buffered() > kMaxHelloBytes + proto::kFrameHeaderBytes) {
-      return false;  // no hello is that long
+        conn->reader.buffered() > max_hello_bytes_ + proto::kFrameHeaderBytes) {
+      LogRejected(*shard_, "BnSync (TCP)", -1,
+                  absl::InvalidArgumentError(absl::StrCat(
+                      "a first frame of more than ", max_hello_bytes_,
+                      " bytes, longer than any hello: connection closed")));
+      return false;
     }
     absl::StatusOr<std::optional<absl::string_view>> frame = conn->reader.Next();
     if (!frame.ok()) {

@@ -14,7 +14,7 @@
 // A connection starts with a BnHello (job, worker, generation, job token),
 // answered by a BnHelloReply; a wrong token or job is answered and the
 // connection closed. Until its hello a connection may send one small frame
-// (kMaxHelloBytes) and must send it within `hello_timeout`; at most
+// (MaxHelloBytes) and must send it within `hello_timeout`; at most
 // `max_connections` are open at once (more are closed on arrival: by
 // default a cap derived from the descriptor limit, so that a flood is
 // refused while descriptors remain for the gRPC listener and its
@@ -58,8 +58,12 @@ namespace bnps::server {
 
 class BnSocketServer {
  public:
-  // The largest frame a connection may send before its hello.
-  static constexpr size_t kMaxHelloBytes = 4096;
+  // The largest frame a connection may send before its hello: the size of
+  // the largest valid BnHello for `job` (a token of the most characters
+  // security/job_token.h allows, the longest encodings of worker and
+  // generation), computed, not guessed (issue 34, D3: a 4 KiB bound
+  // refused valid tokens of 4,088 characters and more).
+  static size_t MaxHelloBytes(const std::string& job);
 
   struct Options {
     std::string host = "127.0.0.1";  // an IPv4 address, or a name of one
@@ -143,6 +147,7 @@ class BnSocketServer {
   int stop_fd_ = -1;
   int spare_fd_ = -1;  // closed to accept (and close) a connection at EMFILE
   int max_connections_ = 0;  // constant after Start
+  size_t max_hello_bytes_ = 0;  // constant after Start
   std::shared_ptr<util::ByteBudget> budget_;  // constant after Start
   std::atomic<int> port_{0};
   std::atomic<int64_t> accepted_{0};

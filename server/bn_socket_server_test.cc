@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -21,6 +22,7 @@
 #include "proto/bn_frame.h"
 #include "proto/bnps.pb.h"
 #include "proto/codec.h"
+#include "security/job_token.h"
 
 namespace bnps::server {
 namespace {
@@ -108,13 +110,14 @@ class RawConn {
 
 class BnSocketServerTest : public ::testing::Test {
  protected:
-  void Start(int workers, BnSocketServer::Options so = {}) {
+  void Start(int workers, BnSocketServer::Options so = {},
+             const std::string& token = kToken) {
     ShardOptions o;
     o.num_workers = workers;
     absl::StatusOr<std::unique_ptr<Shard>> shard = Shard::Create(o);
     ASSERT_TRUE(shard.ok()) << shard.status();
     shard_ = *std::move(shard);
-    so.token = kToken;
+    so.token = token;
     absl::StatusOr<std::unique_ptr<BnSocketServer>> server =
         BnSocketServer::Start(shard_.get(), nullptr, nullptr, so);
     ASSERT_TRUE(server.ok()) << server.status();
@@ -417,6 +420,39 @@ TEST_F(BnSocketServerTest, AnAnswerTooLargeIsAnErrorNotAClose) {
   r = ParseResponse(c.Receive());
   EXPECT_EQ(r.id(), 3u);
   EXPECT_EQ(r.code(), 0) << r.message();
+}
+
+// D3 (issue 34): the longest token the docs allow (4,096 characters) makes
+// a valid hello, which the pre-hello limit must admit; a byte more than the
+// largest valid hello is refused.
+TEST_F(BnSocketServerTest, TheLongestValidHelloIsAdmitted) {
+  const std::string longest(security::kMaxTokenBytes, 'k');
+  ASSERT_TRUE(security::ValidateToken(longest).ok());
+  ASSERT_NO_FATAL_FAILURE(Start(1, {}, longest));
+  proto::BnHello hello;
+  hello.set_job("bnps");
+  hello.set_worker(0);
+  hello.set_generation(std::numeric_limits<int64_t>::max());
+  hello.set_token(longest);
+  EXPECT_GT(hello.ByteSizeLong(), 4096u);  // over the old guess
+  EXPECT_LE(hello.ByteSizeLong(), BnSocketServer::MaxHelloBytes("bnps"));
+  {
+    RawConn c(server_->port());
+    EXPECT_EQ(c.Hello("bnps", 0, longest).code(), 0);
+  }
+  // One byte more than any valid hello: closed without a reply.
+  RawConn c(server_->port());
+  const size_t over = BnSocketServer::MaxHelloBytes("bnps") + 1;
+  std::string frame(4, '\0');
+  for (int i = 0; i < 4; ++i) frame[i] = static_cast<char>((over >> (8 * i)) & 0xff);
+  frame += std::string(over, 'x');
+  c.SendAllowingFailure(frame);
+  EXPECT_EQ(c.Receive(), std::nullopt);
+  // The bound grows with the job's name, the only field without a limit
+  // of its own that a valid hello must match.
+  // (999 more characters, and a length of 2 bytes instead of 1.)
+  EXPECT_EQ(BnSocketServer::MaxHelloBytes(std::string(1000, 'j')),
+            BnSocketServer::MaxHelloBytes("j") + 999 + 1);
 }
 
 // D1 (issue 34): the BN connections may never take the descriptors the

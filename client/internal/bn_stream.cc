@@ -20,6 +20,7 @@
 #include "proto/limits.h"
 #include "proto/sharding.h"
 #include "security/job_token.h"
+#include "util/log_escape.h"
 
 namespace bnps::client::internal {
 namespace {
@@ -628,7 +629,7 @@ std::shared_ptr<BnSocket> BnCalls::GetSocket(int shard) {
                    "bnps worker %d: BN over TCP to %s: %s; its BN traffic "
                    "takes the gRPC stream\n",
                    options.worker, channels_->ShardName(shard).c_str(),
-                   why.c_str());
+                   util::EscapeForLog(why).c_str());  // the server's words
     }
     return nullptr;
   }
