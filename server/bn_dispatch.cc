@@ -23,10 +23,11 @@ int64_t Channels(const proto::Tensor& t) {
 }  // namespace
 
 BnDispatcher::BnDispatcher(Shard* shard, ServerMetrics* metrics,
-                           int64_t generation, Admit admit)
+                           int64_t generation, int caller, Admit admit)
     : shard_(shard),
       metrics_(metrics),
       generation_(generation),
+      caller_(caller),
       admit_(std::move(admit)),
       layer_cache_(metrics) {}
 
@@ -104,7 +105,12 @@ void BnDispatcher::Dispatch(const proto::BnRequest& req, Send send) {
     }
     send(resp);
   };
-  absl::Status s = shard_->CheckCaller(req.job(), worker);
+  absl::Status s = shard_->CheckCaller(req.job(), worker, caller_);
+  // Taking part before registering would mark the id as having taken
+  // part, and the real worker could not join (issue 34).
+  if (s.ok() && req.phase() != proto::BN_RUNNING) {
+    s = shard_->CheckRegistered(worker);
+  }
   if (s.ok()) s = shard_->CheckOwned(req.layer());
   // BN_RUNNING only reads; the rest must be of the job's generation.
   Shard::GenerationGuard guard(shard_, generation_);

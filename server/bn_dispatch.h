@@ -2,7 +2,9 @@
 // BnRequest (the caller, the layer's shard, the connection's job
 // generation), runs it on the shard's BnAggregator under the job's policy,
 // and answers with a BnResponse -- at once, or once the barrier it waits on
-// completes. Both BN transports use it: the gRPC BnSync stream
+// completes. A request of a worker that never registered with the shard is
+// refused (FAILED_PRECONDITION), except BN_RUNNING, which only reads.
+// Both BN transports use it: the gRPC BnSync stream
 // (shard_reactors.h) and the raw-TCP BN listener (bn_socket_server.h).
 //
 // Answers are sized before the work (issue 34, D4/D5): a request whose
@@ -37,10 +39,12 @@ class BnDispatcher {
   using Admit = std::function<absl::Status(int64_t bytes)>;
 
   // `shard` and `metrics` (may be null) are not owned and must outlive every
-  // answer; `generation` is the connection's job generation; `admit` (may be
-  // null: the message limit only) is called on Dispatch's thread.
+  // answer; `generation` is the connection's job generation; `caller` is the
+  // worker the connection may act as (Shard::CheckCaller; kAnyWorker: any);
+  // `admit` (may be null: the message limit only) is called on Dispatch's
+  // thread.
   BnDispatcher(Shard* shard, ServerMetrics* metrics, int64_t generation,
-               Admit admit = nullptr);
+               int caller = Shard::kAnyWorker, Admit admit = nullptr);
 
   // An upper bound of the serialized size of an answer that carries
   // `arrays` float64 arrays of `channels` each (and a status message).
@@ -58,6 +62,7 @@ class BnDispatcher {
   Shard* const shard_;
   ServerMetrics* const metrics_;
   const int64_t generation_;
+  const int caller_;
   const Admit admit_;
   ServerMetrics::LayerCache layer_cache_;  // the layers' metric series
 };

@@ -177,6 +177,7 @@ struct BnSocketServer::Conn {
   // When the frame now partly read began (InfiniteFuture: none is).
   absl::Time frame_started = absl::InfiniteFuture();
   std::optional<BnDispatcher> dispatcher;  // after a good BnHello
+  int claimed = -1;  // the worker whose claim this connection holds
   proto::BnRequest request;                // reused for every frame
 };
 
@@ -214,6 +215,9 @@ absl::StatusOr<std::unique_ptr<BnSocketServer>> BnSocketServer::Start(
   }
   s->budget_ = std::make_shared<util::ByteBudget>(s->options_.memory_budget_bytes);
   s->max_hello_bytes_ = MaxHelloBytes(shard->options().job);
+  s->auth_ = std::make_unique<security::TokenAuthenticator>(
+      s->options_.token, s->options_.per_worker_tokens,
+      shard->options().num_workers);
   s->port_.store(listener->port);
   s->thread_ = std::thread([p = s.get()] { p->Run(); });
   return s;
@@ -276,9 +280,9 @@ bool BnSocketServer::Accept(std::map<int, std::shared_ptr<Conn>>* conns) {
       close(spare_fd_);
       c = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
       if (c >= 0) {
-        close(c);
         accepted_.fetch_add(1);
         refused_.fetch_add(1);
+        close(c);
       }
       spare_fd_ = open("/dev/null", O_RDONLY | O_CLOEXEC);
       return false;
@@ -286,8 +290,8 @@ bool BnSocketServer::Accept(std::map<int, std::shared_ptr<Conn>>* conns) {
     accepted_.fetch_add(1);
     if (static_cast<int>(conns->size()) >= max_connections_ ||
         !util::SetLowLatency(c, "BN connection").ok()) {
+      refused_.fetch_add(1);  // counted before the client sees the close
       close(c);  // refused before the descriptor table fills (D1)
-      refused_.fetch_add(1);
       continue;
     }
     auto conn = std::make_shared<Conn>(c, epoll_fd_, options_.max_queued_bytes,
@@ -399,6 +403,8 @@ void BnSocketServer::Run() {
 
 void BnSocketServer::Release(Conn& conn) {
   conn.Shut();
+  if (conn.claimed >= 0) claims_.Release(conn.claimed);
+  conn.claimed = -1;
   budget_->Release(conn.charged_in);
   conn.charged_in = 0;
   conn.reader = proto::FrameReader();  // an answer owed may keep conn alive
@@ -503,10 +509,22 @@ bool BnSocketServer::HandleHello(const std::shared_ptr<Conn>& c,
   if (!hello.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
     s = absl::InvalidArgumentError("the first frame is no BnHello");
   }
-  if (s.ok() && !options_.token.empty()) {
-    s = security::CheckToken(options_.token, hello.token());
+  int caller = Shard::kAnyWorker;
+  if (s.ok()) {
+    absl::StatusOr<int> who = auth_->Authenticate(hello.token());
+    s = who.status();
+    if (who.ok()) caller = *who;
   }
-  if (s.ok()) s = shard_->CheckCaller(hello.job(), hello.worker());
+  if (s.ok()) s = shard_->CheckCaller(hello.job(), hello.worker(), caller);
+  if (s.ok() && caller != Shard::kAnyWorker) {
+    if (claims_.Claim(caller)) {
+      conn.claimed = caller;
+    } else {
+      s = absl::FailedPreconditionError(absl::StrCat(
+          "worker ", caller, " already has a live BN connection to shard ",
+          shard_->options().shard, " (per-worker tokens)"));
+    }
+  }
   proto::BnHelloReply reply;
   reply.set_code(static_cast<int>(s.code()));
   reply.set_message(std::string(s.message()));
@@ -519,7 +537,8 @@ bool BnSocketServer::HandleHello(const std::shared_ptr<Conn>& c,
   }
   if (keep_awake_ != nullptr) keep_awake_->Touch();
   Conn* raw = c.get();  // the dispatcher is conn's: it never outlives it
-  conn.dispatcher.emplace(shard_, metrics_, hello.generation(),
+  // The connection acts as the worker its hello named, whatever its token.
+  conn.dispatcher.emplace(shard_, metrics_, hello.generation(), hello.worker(),
                           [raw](int64_t bytes) { return raw->Admit(bytes); });
   return true;
 }

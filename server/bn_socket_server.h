@@ -13,7 +13,8 @@
 // socket does not take at once is queued and flushed by the epoll thread.
 // A connection starts with a BnHello (job, worker, generation, job token),
 // answered by a BnHelloReply; a wrong token or job is answered and the
-// connection closed. Until its hello a connection may send one small frame
+// connection closed. A connection acts as the worker its hello named:
+// requests that name another are refused (PERMISSION_DENIED). Until its hello a connection may send one small frame
 // (MaxHelloBytes) and must send it within `hello_timeout`; at most
 // `max_connections` are open at once (more are closed on arrival: by
 // default a cap derived from the descriptor limit, so that a flood is
@@ -50,7 +51,9 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "server/server_metrics.h"
+#include "security/worker_token.h"
 #include "server/shard.h"
+#include "server/worker_claims.h"
 #include "util/byte_budget.h"
 #include "util/keep_awake.h"
 
@@ -69,6 +72,10 @@ class BnSocketServer {
     std::string host = "127.0.0.1";  // an IPv4 address, or a name of one
     int port = 0;                    // 0: a free one
     std::string token;               // the job token; empty: none
+    // With `token`: each worker may use its own token (security/
+    // worker_token.h), which acts as that worker only, and a worker has at
+    // most one live connection (a second hello is refused).
+    bool per_worker_tokens = false;
     absl::Duration hello_timeout = absl::Seconds(5);
     // Most BN connections open at once; 0: ConnectionCap(the soft
     // RLIMIT_NOFILE when the server starts).
@@ -149,6 +156,8 @@ class BnSocketServer {
   int max_connections_ = 0;  // constant after Start
   size_t max_hello_bytes_ = 0;  // constant after Start
   std::shared_ptr<util::ByteBudget> budget_;  // constant after Start
+  std::unique_ptr<security::TokenAuthenticator> auth_;  // constant after Start
+  WorkerClaims claims_;  // per-worker tokens: one connection per worker
   std::atomic<int> port_{0};
   std::atomic<int64_t> accepted_{0};
   std::atomic<int64_t> refused_{0};

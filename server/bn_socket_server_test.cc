@@ -22,91 +22,15 @@
 #include "proto/bn_frame.h"
 #include "proto/bnps.pb.h"
 #include "proto/codec.h"
+#include "server/raw_bn_conn_testing.h"
 #include "security/job_token.h"
 
 namespace bnps::server {
 namespace {
 
+using bn_testing::RawConn;
+
 constexpr char kToken[] = "bnps-test-token-0123456789abcdef";
-
-// A blocking client connection with a 10 s receive timeout (bounded waits).
-class RawConn {
- public:
-  explicit RawConn(int port, int receive_buffer = 0) {
-    fd_ = socket(AF_INET, SOCK_STREAM, 0);
-    if (receive_buffer > 0) {
-      setsockopt(fd_, SOL_SOCKET, SO_RCVBUF, &receive_buffer,
-                 sizeof receive_buffer);
-    }
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    addr.sin_port = htons(static_cast<uint16_t>(port));
-    EXPECT_EQ(connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
-    const timeval ten{10, 0};
-    setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &ten, sizeof ten);
-  }
-  ~RawConn() { close(fd_); }
-
-  void SendBytes(const std::string& bytes) {
-    ASSERT_EQ(send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL),
-              static_cast<ssize_t>(bytes.size()));
-  }
-  // Sends what the peer takes; stops at the first failure.
-  void SendAllowingFailure(const std::string& bytes) {
-    size_t at = 0;
-    const timeval ten{10, 0};
-    setsockopt(fd_, SOL_SOCKET, SO_SNDTIMEO, &ten, sizeof ten);
-    while (at < bytes.size()) {
-      const ssize_t k =
-          send(fd_, bytes.data() + at, bytes.size() - at, MSG_NOSIGNAL);
-      if (k <= 0) return;
-      at += static_cast<size_t>(k);
-    }
-  }
-  void Send(const google::protobuf::MessageLite& m) {
-    std::string frame;
-    ASSERT_TRUE(proto::AppendFrame(m, &frame).ok());
-    SendBytes(frame);
-  }
-  // The next frame's payload; nullopt once the server ended the connection
-  // (a close or a reset). Ten seconds with neither fail the test: a
-  // connection the server should have ended but kept would otherwise pass.
-  std::optional<std::string> Receive() {
-    for (;;) {
-      absl::StatusOr<std::optional<absl::string_view>> f = reader_.Next();
-      EXPECT_TRUE(f.ok());
-      if (f.ok() && f->has_value()) return std::string(**f);
-      char buf[4096];
-      const ssize_t k = recv(fd_, buf, sizeof buf, 0);
-      if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-        ADD_FAILURE() << "no frame and no end of the connection in 10 s";
-        return std::nullopt;
-      }
-      if (k <= 0) return std::nullopt;
-      reader_.Append(buf, static_cast<size_t>(k));
-    }
-  }
-  proto::BnHelloReply Hello(const std::string& job, int worker,
-                            const std::string& token) {
-    proto::BnHello hello;
-    hello.set_job(job);
-    hello.set_worker(worker);
-    hello.set_token(token);
-    Send(hello);
-    proto::BnHelloReply reply;
-    std::optional<std::string> bytes = Receive();
-    EXPECT_TRUE(bytes.has_value());
-    if (bytes) {
-      EXPECT_TRUE(reply.ParseFromString(*bytes));
-    }
-    return reply;
-  }
-
- private:
-  int fd_ = -1;
-  proto::FrameReader reader_;
-};
 
 class BnSocketServerTest : public ::testing::Test {
  protected:
@@ -117,6 +41,10 @@ class BnSocketServerTest : public ::testing::Test {
     absl::StatusOr<std::unique_ptr<Shard>> shard = Shard::Create(o);
     ASSERT_TRUE(shard.ok()) << shard.status();
     shard_ = *std::move(shard);
+    // BN calls come from registered workers only.
+    for (int w = 0; w < workers; ++w) {
+      ASSERT_TRUE(shard_->Register(w, /*incarnation=*/100 + w).ok());
+    }
     so.token = token;
     absl::StatusOr<std::unique_ptr<BnSocketServer>> server =
         BnSocketServer::Start(shard_.get(), nullptr, nullptr, so);

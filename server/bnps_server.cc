@@ -87,6 +87,13 @@ ABSL_FLAG(std::string, token_file, "",
           "spaces; e.g. `openssl rand -hex 32 > token`). Every call must carry "
           "it (workers: --token_file) or is refused with UNAUTHENTICATED. Use "
           "with TLS outside a trusted network: plaintext calls show it.");
+ABSL_FLAG(bool, per_worker_tokens, false,
+          "With --token_file: each worker may carry a token of its own, "
+          "derived from the job token (bnps_worker_token --token_file=JOB "
+          "--worker=N), which acts as that worker alone, over gRPC and the "
+          "raw-TCP BN connection, with one live BN connection per worker. "
+          "The job token itself still acts as any worker: keep it with the "
+          "servers and the operator, and give each worker only its own.");
 ABSL_FLAG(std::string, tls_cert, "",
           "PEM certificate chain to serve TLS with (needs --tls_key). Without "
           "it, calls are plaintext.");
@@ -227,6 +234,13 @@ int main(int argc, char** argv) {
     if (!token.ok()) return Fail(token.status()), kBadFlags;
     security.token = *std::move(token);
   }
+  security.per_worker_tokens = absl::GetFlag(FLAGS_per_worker_tokens);
+  if (security.per_worker_tokens && security.token.empty()) {
+    return Fail(absl::InvalidArgumentError(
+               "--per_worker_tokens derives the workers' tokens from the job "
+               "token: give --token_file")),
+           kBadFlags;
+  }
   if (absl::Status m = bnps::metrics::CheckMetricsFlags(); !m.ok()) {
     return Fail(m), kBadFlags;
   }
@@ -286,7 +300,9 @@ int main(int argc, char** argv) {
               !bnps::security::UsesTls(tls) ? "plaintext"
               : tls.ca.empty()           ? "TLS"
                                          : "mutual TLS",
-              security.token.empty() ? "" : " with a job token",
+              security.token.empty()       ? ""
+              : security.per_worker_tokens ? " with per-worker tokens"
+                                           : " with a job token",
               absl::GetFlag(FLAGS_host).c_str(), (*server)->port());
   if (const auto* bn = (*server)->bn_socket_server(); bn != nullptr) {
     std::printf("bnps_server: BN over TCP at %s:%d (at most %d connections, "

@@ -69,6 +69,9 @@ class Membership {
   std::vector<int> LiveWorkers() const;  // registered and not lost
   // False for an id outside the job.
   bool IsLost(int worker) const;
+  // Whether `worker` ever registered (lost or not; a checkpoint's record
+  // counts). False for an id outside the job.
+  bool IsRegistered(int worker) const;
   // "worker N was lost (no heartbeat for T)": how every refusal and log line
   // names a lost worker.
   std::string LostText(int worker) const;

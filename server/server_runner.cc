@@ -22,6 +22,10 @@ absl::StatusOr<std::unique_ptr<RunningServer>> RunningServer::Start(
       return s;
     }
   }
+  if (security.per_worker_tokens && security.token.empty()) {
+    return absl::InvalidArgumentError(
+        "per-worker tokens are derived from the job token: give one");
+  }
   absl::StatusOr<std::unique_ptr<Shard>> shard = Shard::Create(std::move(options));
   if (!shard.ok()) return shard.status();
   std::unique_ptr<RunningServer> rs(new RunningServer());
@@ -54,6 +58,7 @@ absl::StatusOr<std::unique_ptr<RunningServer>> RunningServer::Start(
     bo.host = address.substr(0, address.rfind(':'));
     bo.port = latency.bn_port;
     bo.token = security.token;
+    bo.per_worker_tokens = security.per_worker_tokens;
     if (limits.bn_max_connections < 0) {
       return absl::InvalidArgumentError("bn_max_connections must be >= 0");
     }
@@ -86,7 +91,7 @@ absl::StatusOr<std::unique_ptr<RunningServer>> RunningServer::Start(
   }
   rs->service_ = std::make_unique<ShardService>(
       rs->shard_.get(), std::move(security.token), rs->metrics_.get(),
-      rs->keep_awake_.get(), rs->bn_socket_.get());
+      rs->keep_awake_.get(), rs->bn_socket_.get(), security.per_worker_tokens);
   // Both are process-wide switches of gRPC, read when a builder is made;
   // turning them on again is harmless.
   grpc::EnableDefaultHealthCheckService(true);

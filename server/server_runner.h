@@ -39,6 +39,12 @@ struct ServerSecurity {
   std::shared_ptr<grpc::ServerCredentials> credentials;
   // The job token every call must carry (security/job_token.h); empty: none.
   std::string token;
+  // With `token`: each worker may carry its own token instead
+  // (security/worker_token.h), which acts as that worker alone, on gRPC and
+  // on the raw-TCP BN connection, with one live BN connection per worker
+  // and transport. The job token still acts as any worker (operators,
+  // tools). Default: false.
+  bool per_worker_tokens = false;
 };
 
 // What the server measures.

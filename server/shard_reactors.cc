@@ -27,9 +27,10 @@ using M = ServerMetrics;  // its enums; metrics_ may be null everywhere
 class PushReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
  public:
   PushReactor(Shard* shard, ScratchPool* scratch, grpc::ByteBuffer* resp,
-              ServerMetrics* metrics, int64_t generation)
+              ServerMetrics* metrics, int64_t generation, int caller)
       : shard_(shard),
         generation_(generation),
+        caller_(caller),
         scratch_(scratch),
         metrics_(metrics),
         resp_(resp),
@@ -89,7 +90,8 @@ class PushReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
 
   absl::Status CheckHead(const proto::PushGradientsRequest& head) {
     if (!started_) {
-      if (absl::Status s = shard_->CheckCaller(head.job(), head.worker());
+      if (absl::Status s =
+              shard_->CheckCaller(head.job(), head.worker(), caller_);
           !s.ok()) {
         return s;
       }
@@ -139,6 +141,7 @@ class PushReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
 
   Shard* const shard_;
   const int64_t generation_;  // the call's
+  const int caller_;           // who the call's token proved it is
   ScratchPool* const scratch_;
   ServerMetrics* const metrics_;  // may be null
   grpc::ByteBuffer* const resp_;
@@ -161,14 +164,14 @@ class PushReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
 class PullReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   PullReactor(Shard* shard, grpc::CallbackServerContext* ctx,
-              const grpc::ByteBuffer* raw, ServerMetrics* metrics)
+              const grpc::ByteBuffer* raw, ServerMetrics* metrics, int caller)
       : shard_(shard), metrics_(metrics) {
     if (metrics_) metrics_->Received(M::kPullParameters, raw->Length());
     proto::PullParametersRequest req;
     absl::Status s = ParseRequest(*raw, &req);
     if (s.ok()) {
       worker_ = req.worker();
-      s = shard->CheckCaller(req.job(), req.worker());
+      s = shard->CheckCaller(req.job(), req.worker(), caller);
     }
     if (s.ok() && req.min_version() < 0) {
       s = absl::InvalidArgumentError("negative min_version");
@@ -359,11 +362,14 @@ class BnReactor
     : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   BnReactor(Shard* shard, ServerMetrics* metrics, int64_t generation,
-            util::KeepAwake* keep_awake)
+            util::KeepAwake* keep_awake, int caller, WorkerClaims* claims)
       : shard_(shard),
         metrics_(metrics),
         generation_(generation),
-        keep_awake_(keep_awake) {
+        keep_awake_(keep_awake),
+        caller_(caller),
+        claims_(claims),
+        dispatcher_(shard, metrics, generation, caller) {
     StartRead(&req_);
   }
 
@@ -423,7 +429,10 @@ class BnReactor
     }
   }
 
-  void OnDone() override { delete this; }
+  void OnDone() override {
+    if (claims_ != nullptr) claims_->Release(caller_);
+    delete this;
+  }
 
  private:
   void Dispatch(const proto::BnRequest& req) {
@@ -473,10 +482,12 @@ class BnReactor
   ServerMetrics* const metrics_;  // may be null
   const int64_t generation_;  // the stream's
   util::KeepAwake* const keep_awake_;  // may be null
+  const int caller_;              // who the stream's token proved it is
+  WorkerClaims* const claims_;    // may be null: holds caller_'s claim
   // Touched only by the read path.
   grpc::ByteBuffer req_;
   proto::BnRequest msg_;
-  BnDispatcher dispatcher_{shard_, metrics_, generation_};
+  BnDispatcher dispatcher_;
 
   absl::Mutex mu_;
   std::deque<grpc::ByteBuffer> queue_ ABSL_GUARDED_BY(mu_);
@@ -492,20 +503,20 @@ class BnReactor
 
 grpc::ServerReadReactor<grpc::ByteBuffer>* NewPushReactor(
     Shard* shard, ScratchPool* scratch, grpc::ByteBuffer* resp,
-    ServerMetrics* metrics, int64_t generation) {
-  return new PushReactor(shard, scratch, resp, metrics, generation);
+    ServerMetrics* metrics, int64_t generation, int caller) {
+  return new PushReactor(shard, scratch, resp, metrics, generation, caller);
 }
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* NewPullReactor(
     Shard* shard, grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* raw,
-    ServerMetrics* metrics) {
-  return new PullReactor(shard, ctx, raw, metrics);
+    ServerMetrics* metrics, int caller) {
+  return new PullReactor(shard, ctx, raw, metrics, caller);
 }
 
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* NewBnReactor(
     Shard* shard, ServerMetrics* metrics, int64_t generation,
-    util::KeepAwake* keep_awake) {
-  return new BnReactor(shard, metrics, generation, keep_awake);
+    util::KeepAwake* keep_awake, int caller, WorkerClaims* claims) {
+  return new BnReactor(shard, metrics, generation, keep_awake, caller, claims);
 }
 
 }  // namespace bnps::server

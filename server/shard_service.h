@@ -25,7 +25,9 @@
 #include "server/scratch_pool.h"
 #include "server/server_metrics.h"
 #include "server/bn_socket_server.h"
+#include "security/worker_token.h"
 #include "server/shard.h"
+#include "server/worker_claims.h"
 #include "util/keep_awake.h"
 
 namespace bnps::server {
@@ -59,12 +61,17 @@ class ShardService final : public ShardServiceBase {
   // every authenticated call and by every message of a BN stream
   // (util/keep_awake.h). `bn_socket` (not owned; null: none) is the raw-TCP
   // BN listener, whose port registering workers are told while it listens.
+  // With `per_worker_tokens` (and a token), each worker's own token
+  // (security/worker_token.h) is accepted for that worker alone, and a
+  // worker has at most one live BnSync stream.
   explicit ShardService(Shard* shard, std::string token = "",
                         ServerMetrics* metrics = nullptr,
                         util::KeepAwake* keep_awake = nullptr,
-                        const BnSocketServer* bn_socket = nullptr)
+                        const BnSocketServer* bn_socket = nullptr,
+                        bool per_worker_tokens = false)
       : shard_(shard),
-        token_(std::move(token)),
+        auth_(std::move(token), per_worker_tokens,
+              shard->options().num_workers),
         metrics_(metrics),
         keep_awake_(keep_awake),
         bn_socket_(bn_socket) {}
@@ -105,13 +112,17 @@ class ShardService final : public ShardServiceBase {
   const ScratchPool& scratch() const { return scratch_; }
 
  private:
-  // OK if the call carries the job's token (or the job has none).
-  absl::Status Authenticate(const grpc::CallbackServerContext& ctx) const;
-  // Authenticates the call, then parses its request: UNAUTHENTICATED, or
-  // INVALID_ARGUMENT for bytes that are not a `Request`.
+  // Who the call's token proves the caller is (a worker with its own
+  // token, or Shard::kAnyWorker); UNAUTHENTICATED for a missing or wrong
+  // token.
+  absl::StatusOr<int> Authenticate(const grpc::CallbackServerContext& ctx) const;
+  // Authenticates the call (the caller into `caller`), then parses its
+  // request: UNAUTHENTICATED, or INVALID_ARGUMENT for bytes that are not a
+  // `Request`.
   template <typename Request>
   absl::Status Admit(const grpc::CallbackServerContext& ctx,
-                     const grpc::ByteBuffer& raw, Request* req) const;
+                     const grpc::ByteBuffer& raw, Request* req,
+                     int* caller) const;
 
   // Respond (rpc_util.h), counting the call in the metrics.
   grpc::ServerUnaryReactor* Answer(
@@ -121,7 +132,8 @@ class ShardService final : public ShardServiceBase {
       grpc::ByteBuffer* out = nullptr);
 
   Shard* const shard_;
-  const std::string token_;
+  const security::TokenAuthenticator auth_;
+  WorkerClaims bn_streams_;  // per-worker tokens: one BnSync per worker
   ServerMetrics* const metrics_;  // may be null
   util::KeepAwake* const keep_awake_;  // may be null
   const BnSocketServer* const bn_socket_;  // may be null
