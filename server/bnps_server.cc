@@ -304,6 +304,19 @@ int main(int argc, char** argv) {
               : security.per_worker_tokens ? " with per-worker tokens"
                                            : " with a job token",
               absl::GetFlag(FLAGS_host).c_str(), (*server)->port());
+  if (const auto* bn = (*server)->bn_socket_server();
+      bn != nullptr && bn->max_connections() >
+          bnps::server::BnSocketServer::ConnectionCap(
+              bnps::util::OpenFileLimit())) {
+    std::fprintf(stderr,
+                 "bnps_server: warning: --bn_max_connections=%d is more than "
+                 "the descriptor limit leaves room for (%d): a flood of BN "
+                 "connections can use every descriptor, and gRPC's listener "
+                 "does not accept again after that\n",
+                 bn->max_connections(),
+                 bnps::server::BnSocketServer::ConnectionCap(
+                     bnps::util::OpenFileLimit()));
+  }
   if (const auto* bn = (*server)->bn_socket_server(); bn != nullptr) {
     std::printf("bnps_server: BN over TCP at %s:%d (at most %d connections, "
                 "of %lld descriptors)\n",
