@@ -22,6 +22,22 @@ int64_t Channels(const proto::Tensor& t) {
 
 }  // namespace
 
+absl::Status CheckAnswerFits(int64_t bytes, int64_t cap,
+                             const util::ByteBudget& budget) {
+  if (bytes > cap) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the answer (about ", bytes, " bytes) is larger than the ", cap,
+        " bytes a BN connection may leave unread (its cap)"));
+  }
+  if (bytes > budget.left()) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the answer (about ", bytes, " bytes) does not fit the server's "
+        "BN memory budget (", budget.left(), " of ", budget.limit(),
+        " bytes left)"));
+  }
+  return absl::OkStatus();
+}
+
 BnDispatcher::BnDispatcher(Shard* shard, ServerMetrics* metrics,
                            int64_t generation, int caller, Admit admit)
     : shard_(shard),

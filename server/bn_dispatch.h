@@ -29,8 +29,20 @@
 #include "proto/bnps.pb.h"
 #include "server/server_metrics.h"
 #include "server/shard.h"
+#include "util/byte_budget.h"
 
 namespace bnps::server {
+
+// Answers one BN connection (a raw-TCP connection or a BnSync stream) may
+// leave unread before it is cut off; all of them together are held within
+// the server's BN memory budget (ServerLimits::bn_memory_budget_bytes).
+inline constexpr int64_t kMaxUnreadAnswerBytes = int64_t{64} << 20;
+
+// Whether a connection that may leave `cap` bytes unread can hold an answer
+// of `bytes` within `budget` now: RESOURCE_EXHAUSTED saying which is passed
+// (BnDispatcher::Admit of both transports).
+absl::Status CheckAnswerFits(int64_t bytes, int64_t cap,
+                             const util::ByteBudget& budget);
 
 class BnDispatcher {
  public:

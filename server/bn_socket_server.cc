@@ -110,18 +110,7 @@ struct BnSocketServer::Conn {
   // if it alone passes the connection's cap or what is left of the
   // server's budget. (A reader that falls behind is cut off by Write.)
   absl::Status Admit(int64_t bytes) const {
-    if (bytes > max_queued) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "the answer (about ", bytes, " bytes) is larger than the ",
-          max_queued, " bytes a BN connection may leave unread (its cap)"));
-    }
-    if (bytes > budget->left()) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "the answer (about ", bytes, " bytes) does not fit the server's "
-          "BN memory budget (", budget->left(), " of ", budget->limit(),
-          " bytes left)"));
-    }
-    return absl::OkStatus();
+    return CheckAnswerFits(bytes, max_queued, *budget);
   }
 
   // On EPOLLOUT: writes what the socket takes; false if the connection
@@ -210,10 +199,14 @@ absl::StatusOr<std::unique_ptr<BnSocketServer>> BnSocketServer::Start(
   s->max_connections_ = s->options_.max_connections > 0
                             ? s->options_.max_connections
                             : ConnectionCap(util::OpenFileLimit());
-  if (s->options_.memory_budget_bytes <= 0) {
+  if (s->options_.budget != nullptr) {
+    s->budget_ = s->options_.budget;
+  } else if (s->options_.memory_budget_bytes <= 0) {
     return absl::InvalidArgumentError("BN over TCP: a memory budget <= 0");
+  } else {
+    s->budget_ =
+        std::make_shared<util::ByteBudget>(s->options_.memory_budget_bytes);
   }
-  s->budget_ = std::make_shared<util::ByteBudget>(s->options_.memory_budget_bytes);
   s->max_hello_bytes_ = MaxHelloBytes(shard->options().job);
   s->auth_ = std::make_unique<security::TokenAuthenticator>(
       s->options_.token, s->options_.per_worker_tokens,

@@ -50,6 +50,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "server/bn_dispatch.h"
 #include "server/server_metrics.h"
 #include "security/worker_token.h"
 #include "server/shard.h"
@@ -81,12 +82,15 @@ class BnSocketServer {
     // RLIMIT_NOFILE when the server starts).
     int max_connections = 0;
     // Answers a client may leave unread before it is cut off.
-    int64_t max_queued_bytes = int64_t{64} << 20;
+    int64_t max_queued_bytes = kMaxUnreadAnswerBytes;
     // What all BN connections together may hold: answers not read yet and
     // frames partly received. Past it, an answer that would be queued cuts
     // its connection off, a connection with bytes to read is shed, and a
     // request whose answer would not fit is refused (RESOURCE_EXHAUSTED).
     int64_t memory_budget_bytes = int64_t{256} << 20;
+    // The budget itself, when shared with the gRPC BnSync streams (then
+    // memory_budget_bytes is ignored); null: one of memory_budget_bytes.
+    std::shared_ptr<util::ByteBudget> budget;
     // A frame begun must be whole within this, or the connection is
     // closed (a sender that stops mid-frame holds its bytes otherwise).
     absl::Duration frame_timeout = absl::Seconds(10);

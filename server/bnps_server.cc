@@ -120,11 +120,11 @@ ABSL_FLAG(int, bn_max_connections, 0,
           "other half kept for gRPC's connections (the server raises its "
           "soft descriptor limit to the hard one at start).");
 ABSL_FLAG(int64_t, bn_memory_budget_mb, 256,
-          "With --bn_port: MiB that all BN connections together may hold in "
-          "answers their clients have not read and frames partly received. "
-          "Past it a connection is cut off or shed (its worker goes on over "
-          "the gRPC stream), and a request whose answer would not fit is "
-          "answered with RESOURCE_EXHAUSTED.");
+          "MiB that all BN connections together (raw TCP and gRPC BnSync "
+          "streams) may hold in answers their clients have not read and "
+          "frames partly received. Past it a connection is cut off or shed, "
+          "and a request whose answer would not fit is answered with "
+          "RESOURCE_EXHAUSTED.");
 ABSL_FLAG(int64_t, bn_frame_timeout_ms, 10000,
           "With --bn_port: a BN frame begun must be whole within this, or "
           "its connection is closed.");

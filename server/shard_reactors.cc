@@ -362,14 +362,20 @@ class BnReactor
     : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   BnReactor(Shard* shard, ServerMetrics* metrics, int64_t generation,
-            util::KeepAwake* keep_awake, int caller, WorkerClaims* claims)
+            util::KeepAwake* keep_awake, int caller, WorkerClaims* claims,
+            std::shared_ptr<util::ByteBudget> budget)
       : shard_(shard),
         metrics_(metrics),
         generation_(generation),
         keep_awake_(keep_awake),
         caller_(caller),
         claims_(claims),
-        dispatcher_(shard, metrics, generation, caller) {
+        budget_(std::move(budget)),
+        dispatcher_(shard, metrics, generation, caller,
+                    [this](int64_t bytes) {
+                      return CheckAnswerFits(bytes, kMaxUnreadAnswerBytes,
+                                             *budget_);
+                    }) {
     StartRead(&req_);
   }
 
@@ -411,10 +417,12 @@ class BnReactor
     const grpc::ByteBuffer* next = nullptr;
     {
       absl::MutexLock lock(&mu_);
+      Unqueue(queue_.front().Length());
       queue_.pop_front();
       if (!ok) {
         broken_ = true;
-        queue_.clear();
+        writing_ = false;  // none is in flight: drop them all
+        DropQueuedLocked();
       }
       if (!queue_.empty()) {
         next = &queue_.front();
@@ -431,6 +439,11 @@ class BnReactor
 
   void OnDone() override {
     if (claims_ != nullptr) claims_->Release(caller_);
+    {
+      absl::MutexLock lock(&mu_);
+      budget_->Release(queued_);  // nothing is written any more
+      queued_ = 0;
+    }
     delete this;
   }
 
@@ -444,24 +457,55 @@ class BnReactor
     });
   }
 
-  // Queues an answer; starts writing if no write is in flight.
+  // Queues an answer; starts writing if no write is in flight. Past the
+  // stream's cap of unread answers or the server's budget, the stream is
+  // cut off: it answers no more and gives back what it held.
   void Send(grpc::ByteBuffer resp) {
     const grpc::ByteBuffer* start = nullptr;
+    int64_t cut_at = -1;
     {
       absl::MutexLock lock(&mu_);
       --outstanding_;
       if (!broken_) {
-        queue_.push_back(std::move(resp));
-        if (!writing_) {
-          writing_ = true;
-          start = &queue_.front();
+        const int64_t n = static_cast<int64_t>(resp.Length());
+        if (queued_ + n > kMaxUnreadAnswerBytes || !budget_->TryCharge(n)) {
+          cut_at = queued_ + n;
+          broken_ = true;
+          DropQueuedLocked();
+        } else {
+          queued_ += n;
+          queue_.push_back(std::move(resp));
+          if (!writing_) {
+            writing_ = true;
+            start = &queue_.front();
+          }
         }
       }
+    }
+    if (cut_at >= 0) {
+      std::fprintf(stderr,
+                   "bnps_server: a BnSync stream left %lld bytes of answers "
+                   "unread (over its cap, or the server's BN memory budget "
+                   "is spent): it answers no more\n",
+                   static_cast<long long>(cut_at));
     }
     if (start != nullptr) {
       StartWrite(start);
     } else {
       MaybeFinish();
+    }
+  }
+
+  void Unqueue(size_t n) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    queued_ -= static_cast<int64_t>(n);
+    budget_->Release(static_cast<int64_t>(n));
+  }
+  // Drops every queued answer but the one being written (which gRPC holds
+  // until its write is done).
+  void DropQueuedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    while (queue_.size() > (writing_ ? 1u : 0u)) {
+      Unqueue(queue_.back().Length());
+      queue_.pop_back();
     }
   }
 
@@ -484,6 +528,7 @@ class BnReactor
   util::KeepAwake* const keep_awake_;  // may be null
   const int caller_;              // who the stream's token proved it is
   WorkerClaims* const claims_;    // may be null: holds caller_'s claim
+  const std::shared_ptr<util::ByteBudget> budget_;
   // Touched only by the read path.
   grpc::ByteBuffer req_;
   proto::BnRequest msg_;
@@ -491,6 +536,7 @@ class BnReactor
 
   absl::Mutex mu_;
   std::deque<grpc::ByteBuffer> queue_ ABSL_GUARDED_BY(mu_);
+  int64_t queued_ ABSL_GUARDED_BY(mu_) = 0;  // bytes in queue_, charged
   int outstanding_ ABSL_GUARDED_BY(mu_) = 0;
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
@@ -515,8 +561,10 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* NewPullReactor(
 
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* NewBnReactor(
     Shard* shard, ServerMetrics* metrics, int64_t generation,
-    util::KeepAwake* keep_awake, int caller, WorkerClaims* claims) {
-  return new BnReactor(shard, metrics, generation, keep_awake, caller, claims);
+    util::KeepAwake* keep_awake, int caller, WorkerClaims* claims,
+    std::shared_ptr<util::ByteBudget> budget) {
+  return new BnReactor(shard, metrics, generation, keep_awake, caller, claims,
+                       std::move(budget));
 }
 
 }  // namespace bnps::server

@@ -7,12 +7,14 @@
 #define BNPS_SERVER_SHARD_REACTORS_H_
 
 #include <cstdint>
+#include <memory>
 
 #include "grpcpp/grpcpp.h"
 #include "server/scratch_pool.h"
 #include "server/server_metrics.h"
 #include "server/shard.h"
 #include "server/worker_claims.h"
+#include "util/byte_budget.h"
 #include "util/keep_awake.h"
 
 namespace bnps::server {
@@ -28,10 +30,14 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* NewPullReactor(
     ServerMetrics* metrics, int caller);
 // `keep_awake` (may be null) is touched by every message of the stream.
 // `claims` (may be null; not owned, must outlive the stream): the stream
-// holds `caller`'s claim there and releases it when done.
+// holds `caller`'s claim there and releases it when done. Answers the
+// client has not read are held within `budget` and kMaxUnreadAnswerBytes:
+// past either, the stream answers no more (its client's calls time out) and
+// gives back what it held.
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* NewBnReactor(
     Shard* shard, ServerMetrics* metrics, int64_t generation,
-    util::KeepAwake* keep_awake, int caller, WorkerClaims* claims);
+    util::KeepAwake* keep_awake, int caller, WorkerClaims* claims,
+    std::shared_ptr<util::ByteBudget> budget);
 
 }  // namespace bnps::server
 

@@ -193,7 +193,8 @@ ShardService::BnSync(grpc::CallbackServerContext* ctx) {
   }
   return NewBnReactor(shard_, metrics_, CallGeneration(*ctx), keep_awake_,
                       *caller,
-                      *caller != Shard::kAnyWorker ? &bn_streams_ : nullptr);
+                      *caller != Shard::kAnyWorker ? &bn_streams_ : nullptr,
+                      bn_budget_);
 }
 
 grpc::ServerUnaryReactor* ShardService::StartStep(

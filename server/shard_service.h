@@ -28,6 +28,7 @@
 #include "security/worker_token.h"
 #include "server/shard.h"
 #include "server/worker_claims.h"
+#include "util/byte_budget.h"
 #include "util/keep_awake.h"
 
 namespace bnps::server {
@@ -61,20 +62,26 @@ class ShardService final : public ShardServiceBase {
   // every authenticated call and by every message of a BN stream
   // (util/keep_awake.h). `bn_socket` (not owned; null: none) is the raw-TCP
   // BN listener, whose port registering workers are told while it listens.
-  // With `per_worker_tokens` (and a token), each worker's own token
+  // `bn_budget` (null: 256 MiB of its own) bounds what the BnSync streams
+  // hold in answers their clients have not read, shared with the raw-TCP
+  // BN connections. With `per_worker_tokens` (and a token), each worker's own token
   // (security/worker_token.h) is accepted for that worker alone, and a
   // worker has at most one live BnSync stream.
   explicit ShardService(Shard* shard, std::string token = "",
                         ServerMetrics* metrics = nullptr,
                         util::KeepAwake* keep_awake = nullptr,
                         const BnSocketServer* bn_socket = nullptr,
-                        bool per_worker_tokens = false)
+                        bool per_worker_tokens = false,
+                        std::shared_ptr<util::ByteBudget> bn_budget = nullptr)
       : shard_(shard),
         auth_(std::move(token), per_worker_tokens,
               shard->options().num_workers),
         metrics_(metrics),
         keep_awake_(keep_awake),
-        bn_socket_(bn_socket) {}
+        bn_socket_(bn_socket),
+        bn_budget_(bn_budget != nullptr
+                       ? std::move(bn_budget)
+                       : std::make_shared<util::ByteBudget>(int64_t{256} << 20)) {}
 
   // Requests and responses are the messages of proto/bnps.proto, as bytes.
   grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* ctx,
@@ -137,6 +144,7 @@ class ShardService final : public ShardServiceBase {
   ServerMetrics* const metrics_;  // may be null
   util::KeepAwake* const keep_awake_;  // may be null
   const BnSocketServer* const bn_socket_;  // may be null
+  const std::shared_ptr<util::ByteBudget> bn_budget_;
   // Staging buffers of pushes, reused across calls.
   ScratchPool scratch_{size_t{256} << 20};
 };
