@@ -7,6 +7,7 @@ reads the servers with the job token.
 
 import os
 import subprocess
+import sys
 import tempfile
 import unittest
 
@@ -15,6 +16,7 @@ SERVER = os.path.join(RUNFILES, "server", "bnps_server")
 WORKER = os.path.join(RUNFILES, "worker", "bnps_worker")
 STATUS = os.path.join(RUNFILES, "tools", "bnps_status")
 TOKEN_TOOL = os.path.join(RUNFILES, "tools", "bnps_worker_token")
+LAUNCHER = os.path.join(RUNFILES, "tools", "bnps_launch.py")
 JOB_TOKEN = "identity-process-test-token-0123456789"
 
 
@@ -78,6 +80,28 @@ class PerWorkerTokensTest(unittest.TestCase):
                 server.terminate()
                 server.wait(timeout=10)
                 server.stdout.close()
+
+    def test_the_launcher_hands_each_worker_its_own(self):
+        with tempfile.TemporaryDirectory() as d:
+            job = os.path.join(d, "job.token")
+            with open(job, "w") as f:
+                f.write(JOB_TOKEN + "\n")
+            out = os.path.join(d, "out")
+            r = run([sys.executable, LAUNCHER, "--servers", "1", "--workers", "2",
+                     "--bin_dir", RUNFILES, "--out_dir", out, "--timeout_s", "120",
+                     "--token_file", job, "--per_worker_tokens",
+                     "--data=synthetic", "--max_steps=2", "--eval=none"],
+                    timeout=180)
+            self.assertEqual(r.returncode, 0, r.stdout[-3000:] + r.stderr[-3000:])
+            for w in range(2):
+                with open(os.path.join(out, "worker%d.token" % w)) as f:
+                    mine = f.read().strip()
+                self.assertEqual(len(mine), 64)
+                self.assertNotIn(JOB_TOKEN, open(os.path.join(
+                    out, "w%d.log" % w)).read())
+                expected = run([TOKEN_TOOL, "--job_token_file=" + job,
+                                "--worker=%d" % w]).stdout.strip()
+                self.assertEqual(mine, expected)
 
 
 if __name__ == "__main__":
