@@ -75,6 +75,20 @@ def flood(port, count, hold_s):
     return len(held)
 
 
+def open_descriptors(pid):
+    return len(os.listdir("/proc/%d/fd" % pid))
+
+
+def settles(pred, limit_s=10.0):
+    """Polls pred every 50 ms for at most limit_s; whether it came true."""
+    end = time.monotonic() + limit_s
+    while time.monotonic() < end:
+        if pred():
+            return True
+        time.sleep(0.05)
+    return pred()
+
+
 def status(address):
     return subprocess.run([STATUS, "--servers=" + address], capture_output=True,
                           text=True, timeout=30)
@@ -120,6 +134,8 @@ class FloodTest(unittest.TestCase):
             after = status(address)
             self.assertEqual(after.returncode, 0, after.stderr)
             self.assertIn("worker 0: not registered", after.stdout)
+            self.assertTrue(settles(lambda: open_descriptors(server.pid) < 64),
+                            open_descriptors(server.pid))
             # A new worker joins and runs BN over TCP.
             w = subprocess.run(
                 [WORKER, "--servers=" + address, "--device=cpu",
@@ -149,6 +165,9 @@ class FloodTest(unittest.TestCase):
             wall = time.monotonic() - wall0
             self.assertGreater(opened, LIMIT - 64)
             self.assertLess(cpu, 0.3 * wall, "cpu %.2f s in %.2f s" % (cpu, wall))
+            # The closed connections are swept: the descriptors come back.
+            self.assertTrue(settles(lambda: open_descriptors(server.pid) < 64),
+                            open_descriptors(server.pid))
             # Once the flood is gone the listener serves again: the gRPC
             # side was not touched while the table was full.
             after = status(address)
