@@ -113,7 +113,9 @@ proto::BnRequest Forward(int worker, uint64_t id) {
 proto::BnResponse Parse(const std::optional<std::string>& bytes) {
   proto::BnResponse r;
   EXPECT_TRUE(bytes.has_value());
-  if (bytes) EXPECT_TRUE(r.ParseFromString(*bytes));
+  if (bytes) {
+    EXPECT_TRUE(r.ParseFromString(*bytes));
+  }
   return r;
 }
 
