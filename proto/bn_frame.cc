@@ -9,6 +9,8 @@
 namespace bnps::proto {
 namespace {
 
+constexpr size_t kKeptCapacity = 256 * 1024;
+
 void StoreLength(uint32_t n, char* p) {
   for (int i = 0; i < 4; ++i) p[i] = static_cast<char>((n >> (8 * i)) & 0xff);
 }
@@ -45,6 +47,11 @@ absl::StatusOr<std::optional<absl::string_view>> FrameReader::Next() {
   if (consumed_ > 0 && consumed_ * 2 >= buffer_.size()) {
     buffer_.erase(0, consumed_);
     consumed_ = 0;
+    // Nor keep the room of a large frame once it is gone: a server holds
+    // many readers (issue 34, D4).
+    if (buffer_.empty() && buffer_.capacity() > kKeptCapacity) {
+      buffer_.shrink_to_fit();
+    }
   }
   if (buffer_.size() - consumed_ < kFrameHeaderBytes) return std::nullopt;
   const uint32_t n = LoadLength(buffer_.data() + consumed_);

@@ -5,18 +5,55 @@
 
 #include "absl/strings/str_cat.h"
 #include "proto/codec.h"
+#include "proto/limits.h"
 #include "server/rpc_util.h"
 
 namespace bnps::server {
 
 using M = ServerMetrics;  // its enums; metrics_ may be null
 
+namespace {
+
+// The channels of a float64 tensor as it arrived (its bytes, not its
+// claimed shape, which the decoder checks later).
+int64_t Channels(const proto::Tensor& t) {
+  return static_cast<int64_t>(t.data().size()) / 8;
+}
+
+}  // namespace
+
+absl::Status CheckAnswerFits(int64_t bytes, int64_t cap,
+                             const util::ByteBudget& budget) {
+  if (bytes > cap) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the answer (about ", bytes, " bytes) is larger than the ", cap,
+        " bytes a BN connection may leave unread (its cap)"));
+  }
+  if (bytes > budget.left()) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the answer (about ", bytes, " bytes) does not fit the server's "
+        "BN memory budget (", budget.left(), " of ", budget.limit(),
+        " bytes left)"));
+  }
+  return absl::OkStatus();
+}
+
 BnDispatcher::BnDispatcher(Shard* shard, ServerMetrics* metrics,
-                           int64_t generation)
+                           int64_t generation, int caller, Admit admit)
     : shard_(shard),
       metrics_(metrics),
       generation_(generation),
+      caller_(caller),
+      admit_(std::move(admit)),
       layer_cache_(metrics) {}
+
+int64_t BnDispatcher::AnswerBytes(int arrays, int64_t channels) {
+  // Per array: the bytes, and its Tensor's dtype, shape and tags (< 64);
+  // the response's id, code, contributors, a count and a status message
+  // (< 1 KiB; long messages are cut in the log, not here, but an error
+  // answer carries no arrays).
+  return arrays * (8 * channels + 64) + 1024;
+}
 
 void BnDispatcher::Dispatch(const proto::BnRequest& req, Send send) {
   const uint64_t id = req.id();
@@ -39,7 +76,7 @@ void BnDispatcher::Dispatch(const proto::BnRequest& req, Send send) {
     }
   }
   auto reply = [this, id, worker, send_running, layer_metrics, arrived, phase,
-                step, send = std::move(send)](
+                step, layer = req.layer(), send = std::move(send)](
                    const absl::StatusOr<BnAggregator::Reply>& r) {
     if (layer_metrics != nullptr) {
       if (r.ok()) {
@@ -67,14 +104,64 @@ void BnDispatcher::Dispatch(const proto::BnRequest& req, Send send) {
       if (send_running && r->running.has_value()) {
         proto::EncodeRunning(*r->running, resp.mutable_running());
       }
+      // Sized before the work where the request says how large; should an
+      // answer still not fit a message, the worker hears why (D5).
+      if (const size_t bytes = resp.ByteSizeLong();
+          bytes > static_cast<size_t>(proto::kMaxMessageBytes)) {
+        const absl::Status too_big = absl::ResourceExhaustedError(absl::StrCat(
+            "the answer to this BN request (layer '", layer, "') took ",
+            bytes, " bytes, more than a message may (",
+            proto::kMaxMessageBytes, ")"));
+        LogRejected(*shard_, "BnSync", worker, too_big);
+        resp.Clear();
+        resp.set_id(id);
+        resp.set_code(static_cast<int>(too_big.code()));
+        resp.set_message(std::string(too_big.message()));
+      }
     }
     send(resp);
   };
-  absl::Status s = shard_->CheckCaller(req.job(), worker);
+  absl::Status s = shard_->CheckCaller(req.job(), worker, caller_);
+  // Taking part before registering would mark the id as having taken
+  // part, and the real worker could not join (issue 34).
+  if (s.ok() && req.phase() != proto::BN_RUNNING) {
+    s = shard_->CheckRegistered(worker);
+  }
   if (s.ok()) s = shard_->CheckOwned(req.layer());
   // BN_RUNNING only reads; the rest must be of the job's generation.
   Shard::GenerationGuard guard(shard_, generation_);
   if (s.ok() && req.phase() != proto::BN_RUNNING) s = guard.status();
+  if (!s.ok()) {
+    reply(s);
+    return;
+  }
+  // The answer's size before the work: refused if it could not be sent.
+  auto admit = [&](int arrays, int64_t channels) -> absl::Status {
+    const int64_t bytes = AnswerBytes(arrays, channels);
+    if (bytes > proto::kMaxMessageBytes) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "the answer to this BN request (layer '", req.layer(), "', ",
+          channels, " channels", req.want_running() ? ", want_running" : "",
+          ") would take about ", bytes, " bytes, more than a message may (",
+          proto::kMaxMessageBytes, ")",
+          req.want_running() ? "; read the running stats with BN_RUNNING"
+                             : ""));
+    }
+    return admit_ ? admit_(bytes) : absl::OkStatus();
+  };
+  switch (req.phase()) {
+    case proto::BN_FORWARD:
+      s = admit(req.want_running() ? 4 : 2, Channels(req.moments().mean()));
+      break;
+    case proto::BN_BACKWARD:
+      s = admit(2, Channels(req.sums().sum_dy()));
+      break;
+    case proto::BN_LOCAL_RUNNING:
+      s = admit(2, Channels(req.running().mean()));
+      break;
+    default:  // small answers, or sized below (BN_RUNNING)
+      break;
+  }
   if (!s.ok()) {
     reply(s);
     return;
@@ -115,6 +202,11 @@ void BnDispatcher::Dispatch(const proto::BnRequest& req, Send send) {
         return reply(absl::NotFoundError(absl::StrCat(
             "layer '", req.layer(), "' has no running stats on shard ",
             shard_->options().shard, " yet")));
+      }
+      if (absl::Status a = admit(
+              2, static_cast<int64_t>(out.running->mean.size()));
+          !a.ok()) {
+        return reply(a);
       }
       return reply(std::move(out));
     }

@@ -10,7 +10,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <limits>
 #include <map>
 #include <optional>
 #include <string>
@@ -26,6 +28,7 @@
 #include "security/job_token.h"
 #include "server/bn_dispatch.h"
 #include "server/rpc_util.h"
+#include "util/fd_limit.h"
 #include "util/socket_io.h"
 
 namespace bnps::server {
@@ -38,6 +41,11 @@ constexpr size_t kReadChunk = 64 * 1024;
 // Chunks read from one connection per readiness event, so that one fast
 // sender cannot keep the thread from the others.
 constexpr int kChunksPerEvent = 16;
+// Connections accepted per readiness of the listener.
+constexpr int kAcceptsPerEvent = 64;
+// How long the listener rests when the process is out of descriptors.
+constexpr absl::Duration kMinBackoff = absl::Milliseconds(10);
+constexpr absl::Duration kMaxBackoff = absl::Seconds(1);
 
 absl::Status Errno(const std::string& what) {
   return absl::UnavailableError(absl::StrCat(what, ": ", strerror(errno)));
@@ -52,9 +60,10 @@ absl::Status Errno(const std::string& what) {
 // answer still owed holds one), so its number is never reused while anyone
 // may write to it.
 struct BnSocketServer::Conn {
-  Conn(int fd, int epoll_fd, int64_t max_queued)
+  Conn(int fd, int epoll_fd, int64_t max_queued,
+       std::shared_ptr<util::ByteBudget> budget)
       : fd(fd), epoll_fd(epoll_fd), max_queued(max_queued),
-        opened(absl::Now()) {}
+        budget(std::move(budget)), opened(absl::Now()) {}
   ~Conn() { close(fd); }
 
   void Write(const std::string& frame) {
@@ -71,23 +80,37 @@ struct BnSocketServer::Conn {
       sent = k > 0 ? static_cast<size_t>(k) : 0;
       if (sent == frame.size()) return;
     }
-    // The queue was empty: the epoll thread is not watching for room yet.
-    const bool watch = out.empty();
-    out.append(frame, sent, std::string::npos);
-    if (static_cast<int64_t>(out.size()) > max_queued) {
+    // Answers the client has not read yet: held within its cap and the
+    // server's budget, or the connection is cut off.
+    const int64_t rest = static_cast<int64_t>(frame.size() - sent);
+    const int64_t queued = static_cast<int64_t>(out.size()) + rest;
+    if (queued > max_queued || !budget->TryCharge(rest)) {
       std::fprintf(stderr,
-                   "bnps_server: a BN connection left %zu bytes of answers "
-                   "unread: cut off\n",
-                   out.size());
+                   "bnps_server: a BN connection left %lld bytes of answers "
+                   "unread (%s): cut off\n",
+                   static_cast<long long>(queued),
+                   queued > max_queued ? "over its cap"
+                                       : "the server's BN memory budget is "
+                                         "spent");
       ShutLocked();
       return;
     }
+    // The queue was empty: the epoll thread is not watching for room yet.
+    const bool watch = out.empty();
+    out.append(frame, sent, std::string::npos);
     if (watch) {
       epoll_event ev{};
       ev.events = kIn | EPOLLOUT;
       ev.data.fd = fd;
       epoll_ctl(epoll_fd, EPOLL_CTL_MOD, fd, &ev);
     }
+  }
+
+  // Whether an answer of `bytes` could be held (BnDispatcher::Admit): not
+  // if it alone passes the connection's cap or what is left of the
+  // server's budget. (A reader that falls behind is cut off by Write.)
+  absl::Status Admit(int64_t bytes) const {
+    return CheckAnswerFits(bytes, max_queued, *budget);
   }
 
   // On EPOLLOUT: writes what the socket takes; false if the connection
@@ -100,6 +123,7 @@ struct BnSocketServer::Conn {
           send(fd, out.data(), out.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
       if (k > 0) {
         out.erase(0, static_cast<size_t>(k));
+        budget->Release(k);
         continue;
       }
       if (k < 0 && errno == EINTR) continue;
@@ -116,7 +140,9 @@ struct BnSocketServer::Conn {
 
   void ShutLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu) {
     shut = true;
+    budget->Release(static_cast<int64_t>(out.size()));
     out.clear();
+    out.shrink_to_fit();
     shutdown(fd, SHUT_RDWR);  // the epoll thread sees the end
   }
   void Shut() {
@@ -127,6 +153,7 @@ struct BnSocketServer::Conn {
   const int fd;
   const int epoll_fd;
   const int64_t max_queued;
+  const std::shared_ptr<util::ByteBudget> budget;
   const absl::Time opened;
   absl::Mutex write_mu;
   bool shut ABSL_GUARDED_BY(write_mu) = false;
@@ -135,7 +162,11 @@ struct BnSocketServer::Conn {
   std::string out ABSL_GUARDED_BY(write_mu);
   // The epoll thread's alone:
   proto::FrameReader reader;
+  int64_t charged_in = 0;  // reader.buffered(), charged to the budget
+  // When the frame now partly read began (InfiniteFuture: none is).
+  absl::Time frame_started = absl::InfiniteFuture();
   std::optional<BnDispatcher> dispatcher;  // after a good BnHello
+  int claimed = -1;  // the worker whose claim this connection holds
   proto::BnRequest request;                // reused for every frame
 };
 
@@ -165,6 +196,21 @@ absl::StatusOr<std::unique_ptr<BnSocketServer>> BnSocketServer::Start(
       return Errno("BN over TCP: epoll_ctl");
     }
   }
+  s->max_connections_ = s->options_.max_connections > 0
+                            ? s->options_.max_connections
+                            : ConnectionCap(util::OpenFileLimit());
+  if (s->options_.budget != nullptr) {
+    s->budget_ = s->options_.budget;
+  } else if (s->options_.memory_budget_bytes <= 0) {
+    return absl::InvalidArgumentError("BN over TCP: a memory budget <= 0");
+  } else {
+    s->budget_ =
+        std::make_shared<util::ByteBudget>(s->options_.memory_budget_bytes);
+  }
+  s->max_hello_bytes_ = MaxHelloBytes(shard->options().job);
+  s->auth_ = std::make_unique<security::TokenAuthenticator>(
+      s->options_.token, s->options_.per_worker_tokens,
+      shard->options().num_workers);
   s->port_.store(listener->port);
   s->thread_ = std::thread([p = s.get()] { p->Run(); });
   return s;
@@ -189,35 +235,67 @@ void BnSocketServer::Stop() {
   thread_.join();
 }
 
-void BnSocketServer::Accept(std::map<int, std::shared_ptr<Conn>>* conns) {
-  for (;;) {
+size_t BnSocketServer::MaxHelloBytes(const std::string& job) {
+  proto::BnHello largest;
+  largest.set_job(job);
+  largest.set_worker(std::numeric_limits<int32_t>::min());  // 10 bytes
+  largest.set_generation(std::numeric_limits<int64_t>::min());
+  largest.set_token(std::string(security::kMaxTokenBytes, '~'));
+  return largest.ByteSizeLong();
+}
+
+int BnSocketServer::ConnectionCap(int64_t open_file_limit) {
+  // A base for the process's own descriptors (stdio, epoll, gRPC's
+  // internals, a checkpoint being written, the metrics listener), then half
+  // of the rest for BN connections and half kept for gRPC's connections.
+  constexpr int64_t kBase = 64;
+  constexpr int64_t kMost = 65536;
+  const int64_t cap = (open_file_limit - kBase) / 2;
+  return static_cast<int>(std::clamp<int64_t>(cap, 0, kMost));
+}
+
+bool BnSocketServer::Accept(std::map<int, std::shared_ptr<Conn>>* conns) {
+  // Bounded, so that the thread returns to its other connections, the
+  // sweep and Stop however fast connections arrive.
+  for (int i = 0; i < kAcceptsPerEvent; ++i) {
     int c = accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (c < 0) {
-      if ((errno == EMFILE || errno == ENFILE) && spare_fd_ >= 0) {
-        // Out of descriptors: take the connection with the spare one and
-        // close it, so the listener does not stay readable for ever.
-        close(spare_fd_);
-        c = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-        if (c >= 0) close(c);
+      if (errno == EINTR || errno == ECONNABORTED) continue;
+      if (errno != EMFILE && errno != ENFILE) return true;  // EAGAIN: done
+      // Out of descriptors: take one connection with the spare descriptor
+      // and close it, so that it does not wait in the backlog. The table
+      // stays full (someone else holds the rest): the caller backs off
+      // instead of trying again at once, which spun (issue 34, D2).
+      if (spare_fd_ < 0) {
         spare_fd_ = open("/dev/null", O_RDONLY | O_CLOEXEC);
-        accepted_.fetch_add(1);
-        continue;
+        return false;
       }
-      return;
+      close(spare_fd_);
+      c = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+      if (c >= 0) {
+        accepted_.fetch_add(1);
+        refused_.fetch_add(1);
+        close(c);
+      }
+      spare_fd_ = open("/dev/null", O_RDONLY | O_CLOEXEC);
+      return false;
     }
     accepted_.fetch_add(1);
-    if (static_cast<int>(conns->size()) >= options_.max_connections ||
+    if (static_cast<int>(conns->size()) >= max_connections_ ||
         !util::SetLowLatency(c, "BN connection").ok()) {
-      close(c);
+      refused_.fetch_add(1);  // counted before the client sees the close
+      close(c);  // refused before the descriptor table fills (D1)
       continue;
     }
-    auto conn = std::make_shared<Conn>(c, epoll_fd_, options_.max_queued_bytes);
+    auto conn = std::make_shared<Conn>(c, epoll_fd_, options_.max_queued_bytes,
+                                       budget_);
     epoll_event ev{};
     ev.events = kIn;
     ev.data.fd = c;
     if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, c, &ev) != 0) continue;  // closes c
     conns->emplace(c, std::move(conn));
   }
+  return true;
 }
 
 void BnSocketServer::Run() {
@@ -226,13 +304,28 @@ void BnSocketServer::Run() {
     auto it = conns.find(fd);
     if (it == conns.end()) return;
     epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);
-    it->second->Shut();
+    Release(*it->second);
     conns.erase(it);  // closed once no answer holds it
+  };
+  // Out of descriptors, the listener is taken off the epoll set until
+  // `resume_listening` (backing off from kMinBackoff to kMaxBackoff): a
+  // listener that stays readable while accept fails would wake the loop
+  // at once, for ever.
+  absl::Duration backoff = kMinBackoff;
+  absl::Time resume_listening = absl::InfiniteFuture();
+  auto arm_listener = [&](uint32_t events) {
+    epoll_event ev{};
+    ev.events = events;
+    ev.data.fd = listen_fd_;
+    epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, listen_fd_, &ev);
   };
   epoll_event events[64];
   absl::Time next_sweep = absl::Now() + absl::Seconds(1);
   for (;;) {
-    const int n = epoll_wait(epoll_fd_, events, 64, 1000);
+    const absl::Time wake = std::min(next_sweep, resume_listening);
+    const int timeout_ms = static_cast<int>(std::clamp<int64_t>(
+        absl::ToInt64Milliseconds(wake - absl::Now()) + 1, 0, 1000));
+    const int n = epoll_wait(epoll_fd_, events, 64, timeout_ms);
     if (n < 0 && errno != EINTR) break;
     bool stop = false;
     for (int e = 0; e < n; ++e) {
@@ -242,7 +335,19 @@ void BnSocketServer::Run() {
         break;
       }
       if (fd == listen_fd_) {
-        Accept(&conns);
+        if (Accept(&conns)) {
+          backoff = kMinBackoff;
+        } else {
+          if (backoff == kMinBackoff) {
+            std::fprintf(stderr,
+                         "bnps_server: BN over TCP: out of descriptors (%zu "
+                         "BN connections open): not accepting for a while\n",
+                         conns.size());
+          }
+          arm_listener(0);
+          resume_listening = absl::Now() + backoff;
+          backoff = std::min(backoff * 2, kMaxBackoff);
+        }
         continue;
       }
       auto it = conns.find(fd);
@@ -257,8 +362,13 @@ void BnSocketServer::Run() {
       if (!keep) drop(fd);
     }
     if (stop) break;
-    // Connections that have not said hello in time are closed.
     const absl::Time now = absl::Now();
+    if (now >= resume_listening) {
+      resume_listening = absl::InfiniteFuture();
+      arm_listener(EPOLLIN);
+    }
+    // Connections that have not said hello in time, or that began a frame
+    // long ago and have not finished it, are closed.
     if (now >= next_sweep) {
       next_sweep = now + absl::Seconds(1);
       std::vector<int> late;
@@ -266,25 +376,67 @@ void BnSocketServer::Run() {
         if (!conn->dispatcher.has_value() &&
             now - conn->opened > options_.hello_timeout) {
           late.push_back(fd);
+        } else if (now - conn->frame_started > options_.frame_timeout) {
+          std::fprintf(stderr,
+                       "bnps_server: a BN connection began a frame %.1f s "
+                       "ago and has sent %lld bytes of it: closed\n",
+                       absl::ToDoubleSeconds(now - conn->frame_started),
+                       static_cast<long long>(conn->reader.buffered()));
+          late.push_back(fd);
         }
       }
       for (int fd : late) drop(fd);
     }
   }
-  for (auto& [fd, conn] : conns) conn->Shut();
+  for (auto& [fd, conn] : conns) Release(*conn);
   port_.store(0);
   close(listen_fd_);
   listen_fd_ = -1;
 }
 
+void BnSocketServer::Release(Conn& conn) {
+  conn.Shut();
+  if (conn.claimed >= 0) claims_.Release(conn.claimed);
+  conn.claimed = -1;
+  budget_->Release(conn.charged_in);
+  conn.charged_in = 0;
+  conn.reader = proto::FrameReader();  // an answer owed may keep conn alive
+  conn.frame_started = absl::InfiniteFuture();
+}
+
 bool BnSocketServer::Read(const std::shared_ptr<Conn>& conn) {
   char buf[kReadChunk];
   for (int chunk = 0; chunk < kChunksPerEvent; ++chunk) {
-    const ssize_t k = recv(conn->fd, buf, sizeof buf, 0);
+    // What is read is held (until its frame is whole) within the server's
+    // budget: charged before the read, the rest given back after.
+    const int64_t room = budget_->ChargeUpTo(kReadChunk);
+    if (room == 0) {
+      std::fprintf(stderr,
+                   "bnps_server: the server's BN memory budget (%lld bytes) "
+                   "is spent: a BN connection holding %lld bytes of a frame "
+                   "shed\n",
+                   static_cast<long long>(budget_->limit()),
+                   static_cast<long long>(conn->reader.buffered()));
+      return false;
+    }
+    const ssize_t k = recv(conn->fd, buf, static_cast<size_t>(room), 0);
+    const int64_t got = k > 0 ? k : 0;
+    budget_->Release(room - got);
     if (k > 0) {
       conn->reader.Append(buf, static_cast<size_t>(k));
-      if (!HandleFrames(conn)) return false;
-      if (static_cast<size_t>(k) < sizeof buf) return true;
+      conn->charged_in += got;
+      int frames = 0;
+      const bool keep = HandleFrames(conn, &frames);
+      // Whole frames were handled: their bytes go back to the budget.
+      const int64_t held = static_cast<int64_t>(conn->reader.buffered());
+      budget_->Release(conn->charged_in - held);
+      conn->charged_in = held;
+      if (held == 0 || frames > 0) conn->frame_started = absl::InfiniteFuture();
+      if (held > 0 && conn->frame_started == absl::InfiniteFuture()) {
+        conn->frame_started = absl::Now();
+      }
+      if (!keep) return false;
+      if (got < room) return true;
       continue;
     }
     if (k < 0 && errno == EINTR) continue;
@@ -294,11 +446,16 @@ bool BnSocketServer::Read(const std::shared_ptr<Conn>& conn) {
   return true;  // more to read: epoll says so again
 }
 
-bool BnSocketServer::HandleFrames(const std::shared_ptr<Conn>& conn) {
+bool BnSocketServer::HandleFrames(const std::shared_ptr<Conn>& conn,
+                                  int* frames) {
   for (;;) {
     if (!conn->dispatcher.has_value() &&
-        conn->reader.buffered() > kMaxHelloBytes + proto::kFrameHeaderBytes) {
-      return false;  // no hello is that long
+        conn->reader.buffered() > max_hello_bytes_ + proto::kFrameHeaderBytes) {
+      LogRejected(*shard_, "BnSync (TCP)", -1,
+                  absl::InvalidArgumentError(absl::StrCat(
+                      "a first frame of more than ", max_hello_bytes_,
+                      " bytes, longer than any hello: connection closed")));
+      return false;
     }
     absl::StatusOr<std::optional<absl::string_view>> frame = conn->reader.Next();
     if (!frame.ok()) {
@@ -306,9 +463,10 @@ bool BnSocketServer::HandleFrames(const std::shared_ptr<Conn>& conn) {
       return false;
     }
     if (!frame->has_value()) return true;
+    ++*frames;
     const absl::string_view bytes = **frame;
     if (!conn->dispatcher.has_value()) {
-      if (!HandleHello(*conn, bytes)) return false;
+      if (!HandleHello(conn, bytes)) return false;
       continue;
     }
     if (keep_awake_ != nullptr) keep_awake_->Touch();
@@ -324,9 +482,10 @@ bool BnSocketServer::HandleFrames(const std::shared_ptr<Conn>& conn) {
     ServerMetrics* metrics = metrics_;
     conn->dispatcher->Dispatch(
         req, [conn, metrics](const proto::BnResponse& resp) {
+          // BnDispatcher answers within the message limit.
           std::string out;
           if (!proto::AppendFrame(resp, &out).ok()) {
-            conn->Shut();  // an answer over the limit: cannot be framed
+            conn->Shut();
             return;
           }
           if (metrics) metrics->Sent(M::kBnSync, out.size());
@@ -335,16 +494,30 @@ bool BnSocketServer::HandleFrames(const std::shared_ptr<Conn>& conn) {
   }
 }
 
-bool BnSocketServer::HandleHello(Conn& conn, absl::string_view bytes) {
+bool BnSocketServer::HandleHello(const std::shared_ptr<Conn>& c,
+                                 absl::string_view bytes) {
+  Conn& conn = *c;
   proto::BnHello hello;
   absl::Status s;
   if (!hello.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
     s = absl::InvalidArgumentError("the first frame is no BnHello");
   }
-  if (s.ok() && !options_.token.empty()) {
-    s = security::CheckToken(options_.token, hello.token());
+  int caller = Shard::kAnyWorker;
+  if (s.ok()) {
+    absl::StatusOr<int> who = auth_->Authenticate(hello.token());
+    s = who.status();
+    if (who.ok()) caller = *who;
   }
-  if (s.ok()) s = shard_->CheckCaller(hello.job(), hello.worker());
+  if (s.ok()) s = shard_->CheckCaller(hello.job(), hello.worker(), caller);
+  if (s.ok() && caller != Shard::kAnyWorker) {
+    if (claims_.Claim(caller)) {
+      conn.claimed = caller;
+    } else {
+      s = absl::FailedPreconditionError(absl::StrCat(
+          "worker ", caller, " already has a live BN connection to shard ",
+          shard_->options().shard, " (per-worker tokens)"));
+    }
+  }
   proto::BnHelloReply reply;
   reply.set_code(static_cast<int>(s.code()));
   reply.set_message(std::string(s.message()));
@@ -356,7 +529,10 @@ bool BnSocketServer::HandleHello(Conn& conn, absl::string_view bytes) {
     return false;
   }
   if (keep_awake_ != nullptr) keep_awake_->Touch();
-  conn.dispatcher.emplace(shard_, metrics_, hello.generation());
+  Conn* raw = c.get();  // the dispatcher is conn's: it never outlives it
+  // The connection acts as the worker its hello named, whatever its token.
+  conn.dispatcher.emplace(shard_, metrics_, hello.generation(), hello.worker(),
+                          [raw](int64_t bytes) { return raw->Admit(bytes); });
   return true;
 }
 

@@ -13,11 +13,19 @@
 // socket does not take at once is queued and flushed by the epoll thread.
 // A connection starts with a BnHello (job, worker, generation, job token),
 // answered by a BnHelloReply; a wrong token or job is answered and the
-// connection closed. Until its hello a connection may send one small frame
-// (kMaxHelloBytes) and must send it within `hello_timeout`; at most
-// `max_connections` are open at once (more are closed on arrival). Bytes
+// connection closed. A connection acts as the worker its hello named:
+// requests that name another are refused (PERMISSION_DENIED). Until its hello a connection may send one small frame
+// (MaxHelloBytes) and must send it within `hello_timeout`; at most
+// `max_connections` are open at once (more are closed on arrival: by
+// default a cap derived from the descriptor limit, so that a flood is
+// refused while descriptors remain for the gRPC listener and its
+// connections). Out of descriptors all the same (EMFILE), the listener
+// rests, backing off from 10 ms to 1 s, instead of retrying at once. Bytes
 // that are not frames of these messages close the connection, and so does
 // a client that leaves more than `max_queued_bytes` of answers unread.
+// Together the connections hold at most `memory_budget_bytes` (unread
+// answers and partial frames; see Options), and a frame begun must be whole
+// within `frame_timeout`.
 //
 // Plaintext only: a job served over TLS must not carry its BN statistics
 // in the clear, so RunningServer refuses the listener with TLS.
@@ -42,25 +50,50 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "server/bn_dispatch.h"
 #include "server/server_metrics.h"
+#include "security/worker_token.h"
 #include "server/shard.h"
+#include "server/worker_claims.h"
+#include "util/byte_budget.h"
 #include "util/keep_awake.h"
 
 namespace bnps::server {
 
 class BnSocketServer {
  public:
-  // The largest frame a connection may send before its hello.
-  static constexpr size_t kMaxHelloBytes = 4096;
+  // The largest frame a connection may send before its hello: the size of
+  // the largest valid BnHello for `job` (a token of the most characters
+  // security/job_token.h allows, the longest encodings of worker and
+  // generation), computed, not guessed (issue 34, D3: a 4 KiB bound
+  // refused valid tokens of 4,088 characters and more).
+  static size_t MaxHelloBytes(const std::string& job);
 
   struct Options {
     std::string host = "127.0.0.1";  // an IPv4 address, or a name of one
     int port = 0;                    // 0: a free one
     std::string token;               // the job token; empty: none
+    // With `token`: each worker may use its own token (security/
+    // worker_token.h), which acts as that worker only, and a worker has at
+    // most one live connection (a second hello is refused).
+    bool per_worker_tokens = false;
     absl::Duration hello_timeout = absl::Seconds(5);
-    int max_connections = 1024;
+    // Most BN connections open at once; 0: ConnectionCap(the soft
+    // RLIMIT_NOFILE when the server starts).
+    int max_connections = 0;
     // Answers a client may leave unread before it is cut off.
-    int64_t max_queued_bytes = int64_t{64} << 20;
+    int64_t max_queued_bytes = kMaxUnreadAnswerBytes;
+    // What all BN connections together may hold: answers not read yet and
+    // frames partly received. Past it, an answer that would be queued cuts
+    // its connection off, a connection with bytes to read is shed, and a
+    // request whose answer would not fit is refused (RESOURCE_EXHAUSTED).
+    int64_t memory_budget_bytes = int64_t{256} << 20;
+    // The budget itself, when shared with the gRPC BnSync streams (then
+    // memory_budget_bytes is ignored); null: one of memory_budget_bytes.
+    std::shared_ptr<util::ByteBudget> budget;
+    // A frame begun must be whole within this, or the connection is
+    // closed (a sender that stops mid-frame holds its bytes otherwise).
+    absl::Duration frame_timeout = absl::Seconds(10);
   };
 
   // `shard`, `metrics` and `keep_awake` (both may be null) are not owned and
@@ -76,6 +109,20 @@ class BnSocketServer {
   int port() const { return port_.load(); }
   // Connections accepted so far (those closed on arrival included).
   int64_t accepted() const { return accepted_.load(); }
+  // Of those, the ones closed on arrival (over the cap, or taken with the
+  // spare descriptor when out of descriptors).
+  int64_t refused() const { return refused_.load(); }
+  // The connection cap in force.
+  int max_connections() const { return max_connections_; }
+  // What the connections hold now (unread answers, partial frames), always
+  // at most Options::memory_budget_bytes; shared, so that it may be read
+  // (a metrics gauge) after the server is gone.
+  std::shared_ptr<const util::ByteBudget> memory() const { return budget_; }
+
+  // The BN connections a process with `open_file_limit` descriptors may
+  // hold: half of what remains after 64 kept for the process itself, the
+  // other half kept for gRPC's connections; at most 65,536.
+  static int ConnectionCap(int64_t open_file_limit);
 
   // Closes the listener and every connection; answers still owed are
   // dropped. Idempotent.
@@ -90,12 +137,17 @@ class BnSocketServer {
         keep_awake_(keep_awake),
         options_(std::move(options)) {}
   void Run();
-  void Accept(std::map<int, std::shared_ptr<Conn>>* conns);
+  // Accepts what is pending (a bounded number); false when out of
+  // descriptors, so that the caller rests the listener.
+  bool Accept(std::map<int, std::shared_ptr<Conn>>* conns);
   // Reads what `conn` has sent (a bounded amount per call) and handles its
   // frames: false once it must close.
   bool Read(const std::shared_ptr<Conn>& conn);
-  bool HandleFrames(const std::shared_ptr<Conn>& conn);
-  bool HandleHello(Conn& conn, absl::string_view frame);
+  // Handles the whole frames read, counting them in `frames`.
+  bool HandleFrames(const std::shared_ptr<Conn>& conn, int* frames);
+  bool HandleHello(const std::shared_ptr<Conn>& conn, absl::string_view frame);
+  // Shuts `conn` and gives back what its reading side held.
+  void Release(Conn& conn);
 
   Shard* const shard_;
   ServerMetrics* const metrics_;
@@ -105,8 +157,14 @@ class BnSocketServer {
   int epoll_fd_ = -1;
   int stop_fd_ = -1;
   int spare_fd_ = -1;  // closed to accept (and close) a connection at EMFILE
+  int max_connections_ = 0;  // constant after Start
+  size_t max_hello_bytes_ = 0;  // constant after Start
+  std::shared_ptr<util::ByteBudget> budget_;  // constant after Start
+  std::unique_ptr<security::TokenAuthenticator> auth_;  // constant after Start
+  WorkerClaims claims_;  // per-worker tokens: one connection per worker
   std::atomic<int> port_{0};
   std::atomic<int64_t> accepted_{0};
+  std::atomic<int64_t> refused_{0};
   std::thread thread_;
   absl::Mutex stop_mu_;
   bool stopped_ ABSL_GUARDED_BY(stop_mu_) = false;

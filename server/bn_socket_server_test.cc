@@ -10,108 +10,42 @@
 #include <errno.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <limits>
+#include <memory>
 #include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "proto/bn_frame.h"
 #include "proto/bnps.pb.h"
 #include "proto/codec.h"
+#include "server/raw_bn_conn_testing.h"
+#include "security/job_token.h"
 
 namespace bnps::server {
 namespace {
 
+using bn_testing::RawConn;
+
 constexpr char kToken[] = "bnps-test-token-0123456789abcdef";
-
-// A blocking client connection with a 10 s receive timeout (bounded waits).
-class RawConn {
- public:
-  explicit RawConn(int port, int receive_buffer = 0) {
-    fd_ = socket(AF_INET, SOCK_STREAM, 0);
-    if (receive_buffer > 0) {
-      setsockopt(fd_, SOL_SOCKET, SO_RCVBUF, &receive_buffer,
-                 sizeof receive_buffer);
-    }
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    addr.sin_port = htons(static_cast<uint16_t>(port));
-    EXPECT_EQ(connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
-    const timeval ten{10, 0};
-    setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &ten, sizeof ten);
-  }
-  ~RawConn() { close(fd_); }
-
-  void SendBytes(const std::string& bytes) {
-    ASSERT_EQ(send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL),
-              static_cast<ssize_t>(bytes.size()));
-  }
-  // Sends what the peer takes; stops at the first failure.
-  void SendAllowingFailure(const std::string& bytes) {
-    size_t at = 0;
-    const timeval ten{10, 0};
-    setsockopt(fd_, SOL_SOCKET, SO_SNDTIMEO, &ten, sizeof ten);
-    while (at < bytes.size()) {
-      const ssize_t k =
-          send(fd_, bytes.data() + at, bytes.size() - at, MSG_NOSIGNAL);
-      if (k <= 0) return;
-      at += static_cast<size_t>(k);
-    }
-  }
-  void Send(const google::protobuf::MessageLite& m) {
-    std::string frame;
-    ASSERT_TRUE(proto::AppendFrame(m, &frame).ok());
-    SendBytes(frame);
-  }
-  // The next frame's payload; nullopt once the server ended the connection
-  // (a close or a reset). Ten seconds with neither fail the test: a
-  // connection the server should have ended but kept would otherwise pass.
-  std::optional<std::string> Receive() {
-    for (;;) {
-      absl::StatusOr<std::optional<absl::string_view>> f = reader_.Next();
-      EXPECT_TRUE(f.ok());
-      if (f.ok() && f->has_value()) return std::string(**f);
-      char buf[4096];
-      const ssize_t k = recv(fd_, buf, sizeof buf, 0);
-      if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-        ADD_FAILURE() << "no frame and no end of the connection in 10 s";
-        return std::nullopt;
-      }
-      if (k <= 0) return std::nullopt;
-      reader_.Append(buf, static_cast<size_t>(k));
-    }
-  }
-  proto::BnHelloReply Hello(const std::string& job, int worker,
-                            const std::string& token) {
-    proto::BnHello hello;
-    hello.set_job(job);
-    hello.set_worker(worker);
-    hello.set_token(token);
-    Send(hello);
-    proto::BnHelloReply reply;
-    std::optional<std::string> bytes = Receive();
-    EXPECT_TRUE(bytes.has_value());
-    if (bytes) {
-      EXPECT_TRUE(reply.ParseFromString(*bytes));
-    }
-    return reply;
-  }
-
- private:
-  int fd_ = -1;
-  proto::FrameReader reader_;
-};
 
 class BnSocketServerTest : public ::testing::Test {
  protected:
-  void Start(int workers, BnSocketServer::Options so = {}) {
+  void Start(int workers, BnSocketServer::Options so = {},
+             const std::string& token = kToken) {
     ShardOptions o;
     o.num_workers = workers;
     absl::StatusOr<std::unique_ptr<Shard>> shard = Shard::Create(o);
     ASSERT_TRUE(shard.ok()) << shard.status();
     shard_ = *std::move(shard);
-    so.token = kToken;
+    // BN calls come from registered workers only.
+    for (int w = 0; w < workers; ++w) {
+      ASSERT_TRUE(shard_->Register(w, /*incarnation=*/100 + w).ok());
+    }
+    so.token = token;
     absl::StatusOr<std::unique_ptr<BnSocketServer>> server =
         BnSocketServer::Start(shard_.get(), nullptr, nullptr, so);
     ASSERT_TRUE(server.ok()) << server.status();
@@ -289,6 +223,207 @@ TEST_F(BnSocketServerTest, StopEndsEveryConnection) {
   server_->Stop();
   EXPECT_EQ(a.Receive(), std::nullopt);
   server_->Stop();  // idempotent
+}
+
+proto::BnResponse ParseResponse(const std::optional<std::string>& bytes) {
+  proto::BnResponse r;
+  EXPECT_TRUE(bytes.has_value());
+  if (bytes) {
+    EXPECT_TRUE(r.ParseFromString(*bytes));
+  }
+  return r;
+}
+
+// D4 (issue 34): slow readers are bounded by the server's budget, not only
+// each by its own cap: past it, they are cut off, and what the server holds
+// never exceeds the budget.
+TEST_F(BnSocketServerTest, SlowReadersAreCutOffWithinTheServerBudget) {
+  BnSocketServer::Options so;
+  so.memory_budget_bytes = 1 << 20;  // far below 4 x the 64 MiB per-conn cap
+  ASSERT_NO_FATAL_FAILURE(Start(1, so));
+  const std::vector<double> wide(10000, 1.0);  // 160 KB answers
+  std::vector<std::unique_ptr<RawConn>> readers;
+  for (int c = 0; c < 4; ++c) {
+    readers.push_back(std::make_unique<RawConn>(server_->port(), 4096));
+    ASSERT_EQ(readers.back()->Hello("bnps", 0, kToken).code(), 0);
+  }
+  // All send the same steps: after the first, answers come from the
+  // barrier's record (the same size).
+  std::string bytes;
+  for (int step = 0; step < 40; ++step) {
+    proto::BnRequest r = Forward(0, step + 1, wide);
+    r.set_step(step);
+    ASSERT_TRUE(proto::AppendFrame(r, &bytes).ok());
+  }
+  int64_t peak = 0;
+  for (auto& r : readers) {
+    r->SendAllowingFailure(bytes);
+    peak = std::max(peak, server_->memory()->used());
+  }
+  // No reader gets all its answers: it is cut off (the connection ends
+  // after what the socket took), or, the budget spent, its requests are
+  // refused.
+  for (auto& r : readers) {
+    int merged = 0;
+    for (std::optional<std::string> a = r->Receive(); a.has_value();
+         a = r->Receive()) {
+      proto::BnResponse resp;
+      ASSERT_TRUE(resp.ParseFromString(*a));
+      // Refused: RESOURCE_EXHAUSTED, and the steps after a refused one
+      // FAILED_PRECONDITION (from the future).
+      if (resp.code() == 0) ++merged;
+      peak = std::max(peak, server_->memory()->used());
+      if (resp.id() == 40) break;  // the last answer: not cut off
+    }
+    EXPECT_LT(merged, 40);
+  }
+  EXPECT_LE(peak, so.memory_budget_bytes);
+  EXPECT_EQ(server_->memory()->limit(), so.memory_budget_bytes);
+}
+
+// D4: frames begun and never finished are held within the budget (those
+// past it are shed) and closed at the frame timeout.
+TEST_F(BnSocketServerTest, PartialFramesAreShedAndTimedOut) {
+  BnSocketServer::Options so;
+  so.memory_budget_bytes = 256 << 10;
+  so.frame_timeout = absl::Milliseconds(300);
+  ASSERT_NO_FATAL_FAILURE(Start(1, so));
+  std::vector<std::unique_ptr<RawConn>> senders;
+  for (int c = 0; c < 8; ++c) {
+    senders.push_back(std::make_unique<RawConn>(server_->port()));
+    ASSERT_EQ(senders.back()->Hello("bnps", 0, kToken).code(), 0);
+    // A 100 KiB frame of which 60 KiB arrive.
+    std::string partial(4, '\0');
+    partial[2] = 0x01;
+    partial[1] = static_cast<char>(0x90);  // 0x019000 = 100 KiB + ...
+    partial += std::string(60 << 10, 'x');
+    senders.back()->SendAllowingFailure(partial);
+  }
+  int64_t peak = 0;
+  const absl::Time until = absl::Now() + absl::Milliseconds(200);
+  while (absl::Now() < until) {
+    peak = std::max(peak, server_->memory()->used());
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  EXPECT_LE(peak, so.memory_budget_bytes);
+  EXPECT_GT(peak, 0);
+  // All end: shed at once, or closed at the frame timeout.
+  for (auto& c : senders) EXPECT_EQ(c->Receive(), std::nullopt);
+  EXPECT_EQ(server_->memory()->used(), 0);
+  // The server serves on.
+  RawConn c(server_->port());
+  ASSERT_EQ(c.Hello("bnps", 0, kToken).code(), 0);
+  c.Send(Forward(0, 1, {5.0}));
+  EXPECT_EQ(ParseResponse(c.Receive()).code(), 0);
+}
+
+// D5 and D4: an answer that cannot be framed, or that the connection could
+// not hold, is refused before the work with an error the worker reads; the
+// connection stays.
+TEST_F(BnSocketServerTest, AnAnswerTooLargeIsAnErrorNotAClose) {
+  BnSocketServer::Options so;
+  so.max_queued_bytes = 200 << 10;
+  ASSERT_NO_FATAL_FAILURE(Start(1, so));
+  RawConn c(server_->port());
+  ASSERT_EQ(c.Hello("bnps", 0, kToken).code(), 0);
+  // 300,000 channels with want_running: the request (4.8 MB) fits a frame,
+  // its answer (9.6 MB) does not.
+  proto::BnRequest big = Forward(0, 1, std::vector<double>(300000, 1.0));
+  big.set_want_running(true);
+  c.Send(big);
+  proto::BnResponse r = ParseResponse(c.Receive());
+  EXPECT_EQ(r.id(), 1u);
+  EXPECT_EQ(r.code(), static_cast<int>(absl::StatusCode::kResourceExhausted));
+  EXPECT_NE(r.message().find("more than a message may"), std::string::npos)
+      << r.message();
+  // 20,000 channels with want_running (640 KB): over this connection's cap.
+  proto::BnRequest wide = Forward(0, 2, std::vector<double>(20000, 1.0));
+  wide.set_want_running(true);
+  c.Send(wide);
+  r = ParseResponse(c.Receive());
+  EXPECT_EQ(r.code(), static_cast<int>(absl::StatusCode::kResourceExhausted));
+  EXPECT_NE(r.message().find("cap"), std::string::npos) << r.message();
+  // Nothing was merged: the same step still works, and the connection too.
+  c.Send(Forward(0, 3, {5.0}));
+  r = ParseResponse(c.Receive());
+  EXPECT_EQ(r.id(), 3u);
+  EXPECT_EQ(r.code(), 0) << r.message();
+}
+
+// D3 (issue 34): the longest token the docs allow (4,096 characters) makes
+// a valid hello, which the pre-hello limit must admit; a byte more than the
+// largest valid hello is refused.
+TEST_F(BnSocketServerTest, TheLongestValidHelloIsAdmitted) {
+  const std::string longest(security::kMaxTokenBytes, 'k');
+  ASSERT_TRUE(security::ValidateToken(longest).ok());
+  ASSERT_NO_FATAL_FAILURE(Start(1, {}, longest));
+  proto::BnHello hello;
+  hello.set_job("bnps");
+  hello.set_worker(0);
+  hello.set_generation(std::numeric_limits<int64_t>::max());
+  hello.set_token(longest);
+  EXPECT_GT(hello.ByteSizeLong(), 4096u);  // over the old guess
+  EXPECT_LE(hello.ByteSizeLong(), BnSocketServer::MaxHelloBytes("bnps"));
+  {
+    RawConn c(server_->port());
+    EXPECT_EQ(c.Hello("bnps", 0, longest).code(), 0);
+  }
+  // One byte more than any valid hello: closed without a reply.
+  RawConn c(server_->port());
+  const size_t over = BnSocketServer::MaxHelloBytes("bnps") + 1;
+  std::string frame(4, '\0');
+  for (int i = 0; i < 4; ++i) frame[i] = static_cast<char>((over >> (8 * i)) & 0xff);
+  frame += std::string(over, 'x');
+  c.SendAllowingFailure(frame);
+  EXPECT_EQ(c.Receive(), std::nullopt);
+  // The bound grows with the job's name, the only field without a limit
+  // of its own that a valid hello must match.
+  // (999 more characters, and a length of 2 bytes instead of 1.)
+  EXPECT_EQ(BnSocketServer::MaxHelloBytes(std::string(1000, 'j')),
+            BnSocketServer::MaxHelloBytes("j") + 999 + 1);
+}
+
+// D1 (issue 34): the BN connections may never take the descriptors the
+// gRPC listener and its connections need.
+TEST(BnSocketServerCapTest, TheCapKeepsDescriptorsForTheRest) {
+  EXPECT_EQ(BnSocketServer::ConnectionCap(1024), 480);
+  EXPECT_EQ(BnSocketServer::ConnectionCap(256), 96);
+  EXPECT_EQ(BnSocketServer::ConnectionCap(64), 0);
+  EXPECT_EQ(BnSocketServer::ConnectionCap(10), 0);
+  EXPECT_EQ(BnSocketServer::ConnectionCap(int64_t{1} << 40), 65536);
+  for (int64_t limit : {100, 256, 1024, 4096, 1 << 20}) {
+    const int cap = BnSocketServer::ConnectionCap(limit);
+    EXPECT_LE(2 * cap + 64, limit) << limit;
+  }
+}
+
+TEST_F(BnSocketServerTest, ConnectionsOverTheCapAreRefusedAndCounted) {
+  BnSocketServer::Options so;
+  so.max_connections = 3;
+  ASSERT_NO_FATAL_FAILURE(Start(1, so));
+  EXPECT_EQ(server_->max_connections(), 3);
+  std::vector<std::unique_ptr<RawConn>> held;
+  for (int i = 0; i < 3; ++i) {
+    held.push_back(std::make_unique<RawConn>(server_->port()));
+  }
+  ASSERT_EQ(held[0]->Hello("bnps", 0, kToken).code(), 0);  // all 3 are in
+  for (int i = 0; i < 5; ++i) {
+    RawConn over(server_->port());
+    EXPECT_EQ(over.Receive(), std::nullopt);
+  }
+  EXPECT_EQ(server_->refused(), 5);
+  EXPECT_EQ(server_->accepted(), 8);
+  held.clear();  // room again, once the server has seen them close
+  bool served = false;
+  for (int tries = 0; tries < 100 && !served; ++tries) {
+    RawConn c(server_->port());
+    proto::BnHello hello;
+    hello.set_job("bnps");
+    hello.set_token(kToken);
+    c.Send(hello);
+    served = c.Receive().has_value();
+  }
+  EXPECT_TRUE(served);
 }
 
 }  // namespace

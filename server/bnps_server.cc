@@ -20,6 +20,7 @@
 #include "security/job_token.h"
 #include "server/server_runner.h"
 #include "util/command_line.h"
+#include "util/fd_limit.h"
 #include "util/heap_flags.h"
 
 ABSL_FLAG(std::string, host, "127.0.0.1",
@@ -89,6 +90,13 @@ ABSL_FLAG(std::string, token_file, "",
           "spaces; e.g. `openssl rand -hex 32 > token`). Every call must carry "
           "it (workers: --token_file) or is refused with UNAUTHENTICATED. Use "
           "with TLS outside a trusted network: plaintext calls show it.");
+ABSL_FLAG(bool, per_worker_tokens, false,
+          "With --token_file: each worker may carry a token of its own, "
+          "derived from the job token (bnps_worker_token --token_file=JOB "
+          "--worker=N), which acts as that worker alone, over gRPC and the "
+          "raw-TCP BN connection, with one live BN connection per worker. "
+          "The job token itself still acts as any worker: keep it with the "
+          "servers and the operator, and give each worker only its own.");
 ABSL_FLAG(std::string, tls_cert, "",
           "PEM certificate chain to serve TLS with (needs --tls_key). Without "
           "it, calls are plaintext.");
@@ -116,6 +124,21 @@ ABSL_FLAG(int, bn_port, -1,
           "free one), which registering workers are told: faster per "
           "exchange than the gRPC stream. Plaintext jobs only "
           "(not with --tls_cert). -1: off.");
+ABSL_FLAG(int, bn_max_connections, 0,
+          "With --bn_port: most BN connections open at once; more are "
+          "closed on arrival (their workers use the gRPC stream). 0: half "
+          "of the descriptors left after 64 for the server itself, the "
+          "other half kept for gRPC's connections (the server raises its "
+          "soft descriptor limit to the hard one at start).");
+ABSL_FLAG(int64_t, bn_memory_budget_mb, 256,
+          "MiB that all BN connections together (raw TCP and gRPC BnSync "
+          "streams) may hold in answers their clients have not read and "
+          "frames partly received. Past it a connection is cut off or shed, "
+          "and a request whose answer would not fit is answered with "
+          "RESOURCE_EXHAUSTED.");
+ABSL_FLAG(int64_t, bn_frame_timeout_ms, 10000,
+          "With --bn_port: a BN frame begun must be whole within this, or "
+          "its connection is closed.");
 
 namespace {
 
@@ -153,6 +176,14 @@ int main(int argc, char** argv) {
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   if (absl::Status s = bnps::util::ApplyHeapFlag(); !s.ok()) {
     return Fail(s), kBadFlags;
+  }
+  // The soft descriptor limit (often 1,024) up to the hard one, before
+  // any thread opens descriptors; the BN connection cap is derived from it.
+  absl::StatusOr<int64_t> open_files = bnps::util::RaiseOpenFileLimit();
+  if (!open_files.ok()) {
+    std::fprintf(stderr, "bnps_server: %s (going on with %lld)\n",
+                 std::string(open_files.status().message()).c_str(),
+                 static_cast<long long>(bnps::util::OpenFileLimit()));
   }
   // SIGINT/SIGTERM are blocked before any thread starts (threads inherit the
   // mask) and taken by one thread, which shuts the server down cleanly.
@@ -244,6 +275,13 @@ int main(int argc, char** argv) {
     if (!token.ok()) return Fail(token.status()), kBadFlags;
     security.token = *std::move(token);
   }
+  security.per_worker_tokens = absl::GetFlag(FLAGS_per_worker_tokens);
+  if (security.per_worker_tokens && security.token.empty()) {
+    return Fail(absl::InvalidArgumentError(
+               "--per_worker_tokens derives the workers' tokens from the job "
+               "token: give --token_file")),
+           kBadFlags;
+  }
   if (absl::Status m = bnps::metrics::CheckMetricsFlags(); !m.ok()) {
     return Fail(m), kBadFlags;
   }
@@ -267,9 +305,30 @@ int main(int argc, char** argv) {
                "with --tls_cert")),
            kBadFlags;
   }
+  bnps::server::ServerLimits limits;
+  limits.bn_max_connections = absl::GetFlag(FLAGS_bn_max_connections);
+  if (limits.bn_max_connections < 0) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+               "--bn_max_connections must be >= 0, not ",
+               limits.bn_max_connections))),
+           kBadFlags;
+  }
+  const int64_t budget_mb = absl::GetFlag(FLAGS_bn_memory_budget_mb);
+  const int64_t frame_timeout_ms = absl::GetFlag(FLAGS_bn_frame_timeout_ms);
+  if (budget_mb <= 0 || budget_mb > (int64_t{1} << 30) ||
+      frame_timeout_ms <= 0) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+               "--bn_memory_budget_mb (", budget_mb,
+               ") and --bn_frame_timeout_ms (", frame_timeout_ms,
+               ") must be > 0"))),
+           kBadFlags;
+  }
+  limits.bn_memory_budget_bytes = budget_mb << 20;
+  limits.bn_frame_timeout = absl::Milliseconds(frame_timeout_ms);
   const std::string address = absl::StrCat(absl::GetFlag(FLAGS_host), ":", port);
   absl::StatusOr<std::unique_ptr<bnps::server::RunningServer>> server =
-      bnps::server::RunningServer::Start(o, address, security, {}, latency);
+      bnps::server::RunningServer::Start(o, address, security, {}, latency,
+                                         limits);
   if (!server.ok()) return Fail(server.status()), 1;
   absl::StatusOr<std::unique_ptr<bnps::metrics::HttpEndpoint>> metrics =
       bnps::metrics::StartEndpointFromFlags(&(*server)->registry());
@@ -282,11 +341,29 @@ int main(int argc, char** argv) {
               !bnps::security::UsesTls(tls) ? "plaintext"
               : tls.ca.empty()           ? "TLS"
                                          : "mutual TLS",
-              security.token.empty() ? "" : " with a job token",
+              security.token.empty()       ? ""
+              : security.per_worker_tokens ? " with per-worker tokens"
+                                           : " with a job token",
               absl::GetFlag(FLAGS_host).c_str(), (*server)->port());
+  if (const auto* bn = (*server)->bn_socket_server();
+      bn != nullptr && bn->max_connections() >
+          bnps::server::BnSocketServer::ConnectionCap(
+              bnps::util::OpenFileLimit())) {
+    std::fprintf(stderr,
+                 "bnps_server: warning: --bn_max_connections=%d is more than "
+                 "the descriptor limit leaves room for (%d): a flood of BN "
+                 "connections can use every descriptor, and gRPC's listener "
+                 "does not accept again after that\n",
+                 bn->max_connections(),
+                 bnps::server::BnSocketServer::ConnectionCap(
+                     bnps::util::OpenFileLimit()));
+  }
   if (const auto* bn = (*server)->bn_socket_server(); bn != nullptr) {
-    std::printf("bnps_server: BN over TCP at %s:%d\n",
-                absl::GetFlag(FLAGS_host).c_str(), bn->port());
+    std::printf("bnps_server: BN over TCP at %s:%d (at most %d connections, "
+                "of %lld descriptors)\n",
+                absl::GetFlag(FLAGS_host).c_str(), bn->port(),
+                bn->max_connections(),
+                static_cast<long long>(bnps::util::OpenFileLimit()));
   }
   if (*metrics != nullptr) {
     std::printf("bnps_server: metrics at http://%s:%d/metrics\n",

@@ -181,6 +181,12 @@ bool Membership::IsLost(int worker) const {
   return IsLostLocked(worker);
 }
 
+bool Membership::IsRegistered(int worker) const {
+  absl::MutexLock lock(&mu_);
+  return worker >= 0 && worker < static_cast<int>(workers_.size()) &&
+         workers_[worker].registered;
+}
+
 bool Membership::IsLostLocked(int worker) const {
   return worker >= 0 && worker < static_cast<int>(workers_.size()) &&
          workers_[worker].lost;

@@ -81,6 +81,9 @@ class Membership {
   std::vector<int> LiveWorkers() const;
   // False for an id outside the job.
   bool IsLost(int worker) const;
+  // Whether `worker` ever registered (lost or not; a checkpoint's record
+  // counts). False for an id outside the job.
+  bool IsRegistered(int worker) const;
   // "worker N was lost (no heartbeat for T; last heard from ADDRESS)": how
   // every refusal and log line names a lost worker (without the address
   // until one is known).

@@ -16,11 +16,15 @@ namespace bnps::server {
 absl::StatusOr<std::unique_ptr<RunningServer>> RunningServer::Start(
     ShardOptions options, const std::string& address,
     ServerSecurity security, ServerMonitoring monitoring,
-    ServerLatency latency) {
+    ServerLatency latency, ServerLimits limits) {
   if (!security.token.empty()) {
     if (absl::Status s = security::ValidateToken(security.token); !s.ok()) {
       return s;
     }
+  }
+  if (security.per_worker_tokens && security.token.empty()) {
+    return absl::InvalidArgumentError(
+        "per-worker tokens are derived from the job token: give one");
   }
   absl::StatusOr<std::unique_ptr<Shard>> shard = Shard::Create(std::move(options));
   if (!shard.ok()) return shard.status();
@@ -44,6 +48,28 @@ absl::StatusOr<std::unique_ptr<RunningServer>> RunningServer::Start(
     return absl::InvalidArgumentError(
         absl::StrCat("bn_port ", latency.bn_port, " is not a port"));
   }
+  if (limits.bn_max_connections < 0 || limits.bn_memory_budget_bytes <= 0 ||
+      limits.bn_frame_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        "bn_max_connections must be >= 0, bn_memory_budget_bytes and "
+        "bn_frame_timeout > 0");
+  }
+  // One budget for the BN answers and frames of both transports.
+  auto bn_budget =
+      std::make_shared<util::ByteBudget>(limits.bn_memory_budget_bytes);
+  rs->bn_budget_ = bn_budget;
+  if (rs->metrics_ != nullptr) {
+    metrics::Gauge* held =
+        rs->registry_
+            ->AddGauge("bnps_server_bn_buffered_bytes",
+                       "Bytes the BN connections (raw TCP and BnSync "
+                       "streams) hold: answers not read yet and frames partly "
+                       "received; at most --bn_memory_budget_mb.")
+            ->WithLabels({});
+    rs->registry_->AddCollector([held, bn_budget] {
+      held->Set(static_cast<double>(bn_budget->used()));
+    });
+  }
   if (latency.bn_port >= 0) {
     if (security.credentials != nullptr) {
       return absl::InvalidArgumentError(
@@ -54,6 +80,10 @@ absl::StatusOr<std::unique_ptr<RunningServer>> RunningServer::Start(
     bo.host = address.substr(0, address.rfind(':'));
     bo.port = latency.bn_port;
     bo.token = security.token;
+    bo.per_worker_tokens = security.per_worker_tokens;
+    bo.max_connections = limits.bn_max_connections;
+    bo.budget = bn_budget;
+    bo.frame_timeout = limits.bn_frame_timeout;
     absl::StatusOr<std::unique_ptr<BnSocketServer>> bn =
         BnSocketServer::Start(rs->shard_.get(), rs->metrics_.get(),
                               rs->keep_awake_.get(), std::move(bo));
@@ -62,7 +92,8 @@ absl::StatusOr<std::unique_ptr<RunningServer>> RunningServer::Start(
   }
   rs->service_ = std::make_unique<ShardService>(
       rs->shard_.get(), std::move(security.token), rs->metrics_.get(),
-      rs->keep_awake_.get(), rs->bn_socket_.get());
+      rs->keep_awake_.get(), rs->bn_socket_.get(), security.per_worker_tokens,
+      bn_budget);
   // Both are process-wide switches of gRPC, read when a builder is made;
   // turning them on again is harmless.
   grpc::EnableDefaultHealthCheckService(true);

@@ -29,6 +29,7 @@
 #include "server/server_metrics.h"
 #include "server/shard.h"
 #include "server/shard_service.h"
+#include "util/byte_budget.h"
 #include "util/keep_awake.h"
 
 namespace bnps::server {
@@ -39,6 +40,12 @@ struct ServerSecurity {
   std::shared_ptr<grpc::ServerCredentials> credentials;
   // The job token every call must carry (security/job_token.h); empty: none.
   std::string token;
+  // With `token`: each worker may carry its own token instead
+  // (security/worker_token.h), which acts as that worker alone, on gRPC and
+  // on the raw-TCP BN connection, with one live BN connection per worker
+  // and transport. The job token still acts as any worker (operators,
+  // tools). Default: false.
+  bool per_worker_tokens = false;
 };
 
 // What the server measures.
@@ -62,6 +69,19 @@ struct ServerLatency {
   int bn_port = -1;
 };
 
+// What the server lets clients hold (issue 34: a flood is refused or shed).
+struct ServerLimits {
+  // Most raw-TCP BN connections open at once; 0: derived from the soft
+  // RLIMIT_NOFILE (BnSocketServer::ConnectionCap), which bnps_server raises
+  // to the hard limit first.
+  int bn_max_connections = 0;
+  // What all BN connections together (raw TCP and BnSync streams) may hold
+  // in unread answers and partial frames; gauge bnps_server_bn_buffered_bytes.
+  int64_t bn_memory_budget_bytes = int64_t{256} << 20;
+  // A BN frame begun must be whole within this.
+  absl::Duration bn_frame_timeout = absl::Seconds(10);
+};
+
 class RunningServer {
  public:
   // Binds `address` ("127.0.0.1:0" picks a free port). INVALID_ARGUMENT for bad
@@ -71,7 +91,7 @@ class RunningServer {
   static absl::StatusOr<std::unique_ptr<RunningServer>> Start(
       ShardOptions options, const std::string& address,
       ServerSecurity security = {}, ServerMonitoring monitoring = {},
-      ServerLatency latency = {});
+      ServerLatency latency = {}, ServerLimits limits = {});
   ~RunningServer();  // Shutdown()
 
   int port() const { return port_; }
@@ -80,6 +100,9 @@ class RunningServer {
   // long as the server. metrics() is null when monitoring.metrics is false.
   metrics::Registry& registry() { return *registry_; }
   ServerMetrics* metrics() { return metrics_.get(); }
+  // What the BN connections of both transports hold (ServerLimits::
+  // bn_memory_budget_bytes).
+  const util::ByteBudget& bn_memory() const { return *bn_budget_; }
   // The raw-TCP BN listener (ServerLatency::bn_port); null when it is off.
   const BnSocketServer* bn_socket_server() const { return bn_socket_.get(); }
   // Stops the raw-TCP BN listener, if any: its connections end, and the
@@ -108,6 +131,7 @@ class RunningServer {
   std::unique_ptr<Shard> shard_;
   std::unique_ptr<ServerMetrics> metrics_;
   std::unique_ptr<util::KeepAwake> keep_awake_;  // outlives service_
+  std::shared_ptr<util::ByteBudget> bn_budget_;
   std::unique_ptr<BnSocketServer> bn_socket_;
   std::unique_ptr<ShardService> service_;
   std::unique_ptr<grpc::Server> server_;

@@ -212,6 +212,30 @@ TEST(RunningServerTest, MetricsCanBeTurnedOff) {
   EXPECT_EQ((*none)->registry().TextExposition(), "");
 }
 
+// D4 (issue 34): what the BN connections hold is a gauge, bounded by the
+// budget the limits set.
+TEST(RunningServerTest, TheBnBudgetIsSetAndExposed) {
+  ServerLatency latency;
+  latency.bn_port = 0;
+  ServerLimits limits;
+  limits.bn_memory_budget_bytes = 3 << 20;
+  limits.bn_max_connections = 7;
+  absl::StatusOr<std::unique_ptr<RunningServer>> s = RunningServer::Start(
+      ShardOptions(), "127.0.0.1:0", {}, {}, latency, limits);
+  ASSERT_TRUE(s.ok()) << s.status();
+  ASSERT_NE((*s)->bn_socket_server(), nullptr);
+  EXPECT_EQ((*s)->bn_socket_server()->memory()->limit(), 3 << 20);
+  EXPECT_EQ((*s)->bn_socket_server()->max_connections(), 7);
+  EXPECT_THAT((*s)->registry().TextExposition(),
+              HasSubstr("bnps_server_bn_buffered_bytes 0"));
+  limits.bn_memory_budget_bytes = 0;
+  EXPECT_EQ(RunningServer::Start(ShardOptions(), "127.0.0.1:0", {}, {},
+                                 latency, limits)
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(RunningServerTest, KeepAwakeIsOffByDefaultAndRefusesANegativeHold) {
   absl::StatusOr<std::unique_ptr<RunningServer>> plain =
       RunningServer::Start(ShardOptions(), "127.0.0.1:0");

@@ -176,7 +176,8 @@ void Shard::ExpireAllWaits() {
   if (clocks_) clocks_->ExpireDeadlines(absl::InfiniteFuture());
 }
 
-absl::Status Shard::CheckCaller(const std::string& job, int worker) const {
+absl::Status Shard::CheckCaller(const std::string& job, int worker,
+                                int caller) const {
   if (job != options_.job) {
     return absl::InvalidArgumentError(absl::StrCat(
         "request for job '", job, "' reached a server of job '", options_.job, "'"));
@@ -185,7 +186,19 @@ absl::Status Shard::CheckCaller(const std::string& job, int worker) const {
     return absl::InvalidArgumentError(absl::StrCat(
         "worker ", worker, " outside the job's [0, ", options_.num_workers, ")"));
   }
+  if (caller != kAnyWorker && caller != worker) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "the call's token is worker ", caller, "'s: it may not act as worker ",
+        worker, " (per-worker tokens)"));
+  }
   return absl::OkStatus();
+}
+
+absl::Status Shard::CheckRegistered(int worker) const {
+  if (membership_.IsRegistered(worker)) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "worker ", worker, " has not registered with shard ", options_.shard,
+      ": it may not take part in BN before it registers"));
 }
 
 absl::Status Shard::CheckOwned(const std::string& key) const {

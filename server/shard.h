@@ -118,8 +118,20 @@ class Shard {
   // Non-null on shard 0 under async gradients.
   StepClocks* clocks() { return clocks_.get(); }
 
-  // OK if the request belongs to this job and names a worker of it.
-  absl::Status CheckCaller(const std::string& job, int worker) const;
+  // What a caller that may act as any worker is (the job token, or a job
+  // without one): security::TokenAuthenticator::kAnyWorker.
+  static constexpr int kAnyWorker = -1;
+
+  // OK if the request belongs to this job and names a worker of it that
+  // `caller` (who the call's token proved it is: a worker id, or
+  // kAnyWorker) may act as: PERMISSION_DENIED for a worker's token used as
+  // another worker (per-worker tokens).
+  absl::Status CheckCaller(const std::string& job, int worker,
+                           int caller = kAnyWorker) const;
+  // OK if `worker` registered with this shard; FAILED_PRECONDITION if not
+  // (BN calls of an id that never registered are refused: they would mark
+  // it as having taken part, and the real worker could not join).
+  absl::Status CheckRegistered(int worker) const;
 
   // Registers `worker`, run by the process `incarnation` (nonzero), as
   // Membership::Register does: a retry of the same incarnation is OK, another

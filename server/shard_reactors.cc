@@ -27,9 +27,10 @@ using M = ServerMetrics;  // its enums; metrics_ may be null everywhere
 class PushReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
  public:
   PushReactor(Shard* shard, ScratchPool* scratch, grpc::ByteBuffer* resp,
-              ServerMetrics* metrics, int64_t generation)
+              ServerMetrics* metrics, int64_t generation, int caller)
       : shard_(shard),
         generation_(generation),
+        caller_(caller),
         scratch_(scratch),
         metrics_(metrics),
         resp_(resp),
@@ -89,7 +90,8 @@ class PushReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
 
   absl::Status CheckHead(const proto::PushGradientsRequest& head) {
     if (!started_) {
-      if (absl::Status s = shard_->CheckCaller(head.job(), head.worker());
+      if (absl::Status s =
+              shard_->CheckCaller(head.job(), head.worker(), caller_);
           !s.ok()) {
         return s;
       }
@@ -139,6 +141,7 @@ class PushReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
 
   Shard* const shard_;
   const int64_t generation_;  // the call's
+  const int caller_;           // who the call's token proved it is
   ScratchPool* const scratch_;
   ServerMetrics* const metrics_;  // may be null
   grpc::ByteBuffer* const resp_;
@@ -161,14 +164,14 @@ class PushReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
 class PullReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   PullReactor(Shard* shard, grpc::CallbackServerContext* ctx,
-              const grpc::ByteBuffer* raw, ServerMetrics* metrics)
+              const grpc::ByteBuffer* raw, ServerMetrics* metrics, int caller)
       : shard_(shard), metrics_(metrics) {
     if (metrics_) metrics_->Received(M::kPullParameters, raw->Length());
     proto::PullParametersRequest req;
     absl::Status s = ParseRequest(*raw, &req);
     if (s.ok()) {
       worker_ = req.worker();
-      s = shard->CheckCaller(req.job(), req.worker());
+      s = shard->CheckCaller(req.job(), req.worker(), caller);
     }
     if (s.ok() && req.min_version() < 0) {
       s = absl::InvalidArgumentError("negative min_version");
@@ -359,11 +362,20 @@ class BnReactor
     : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   BnReactor(Shard* shard, ServerMetrics* metrics, int64_t generation,
-            util::KeepAwake* keep_awake)
+            util::KeepAwake* keep_awake, int caller, WorkerClaims* claims,
+            std::shared_ptr<util::ByteBudget> budget)
       : shard_(shard),
         metrics_(metrics),
         generation_(generation),
-        keep_awake_(keep_awake) {
+        keep_awake_(keep_awake),
+        caller_(caller),
+        claims_(claims),
+        budget_(std::move(budget)),
+        dispatcher_(shard, metrics, generation, caller,
+                    [this](int64_t bytes) {
+                      return CheckAnswerFits(bytes, kMaxUnreadAnswerBytes,
+                                             *budget_);
+                    }) {
     StartRead(&req_);
   }
 
@@ -405,10 +417,12 @@ class BnReactor
     const grpc::ByteBuffer* next = nullptr;
     {
       absl::MutexLock lock(&mu_);
+      Unqueue(queue_.front().Length());
       queue_.pop_front();
       if (!ok) {
         broken_ = true;
-        queue_.clear();
+        writing_ = false;  // none is in flight: drop them all
+        DropQueuedLocked();
       }
       if (!queue_.empty()) {
         next = &queue_.front();
@@ -423,7 +437,15 @@ class BnReactor
     }
   }
 
-  void OnDone() override { delete this; }
+  void OnDone() override {
+    if (claims_ != nullptr) claims_->Release(caller_);
+    {
+      absl::MutexLock lock(&mu_);
+      budget_->Release(queued_);  // nothing is written any more
+      queued_ = 0;
+    }
+    delete this;
+  }
 
  private:
   void Dispatch(const proto::BnRequest& req) {
@@ -435,24 +457,55 @@ class BnReactor
     });
   }
 
-  // Queues an answer; starts writing if no write is in flight.
+  // Queues an answer; starts writing if no write is in flight. Past the
+  // stream's cap of unread answers or the server's budget, the stream is
+  // cut off: it answers no more and gives back what it held.
   void Send(grpc::ByteBuffer resp) {
     const grpc::ByteBuffer* start = nullptr;
+    int64_t cut_at = -1;
     {
       absl::MutexLock lock(&mu_);
       --outstanding_;
       if (!broken_) {
-        queue_.push_back(std::move(resp));
-        if (!writing_) {
-          writing_ = true;
-          start = &queue_.front();
+        const int64_t n = static_cast<int64_t>(resp.Length());
+        if (queued_ + n > kMaxUnreadAnswerBytes || !budget_->TryCharge(n)) {
+          cut_at = queued_ + n;
+          broken_ = true;
+          DropQueuedLocked();
+        } else {
+          queued_ += n;
+          queue_.push_back(std::move(resp));
+          if (!writing_) {
+            writing_ = true;
+            start = &queue_.front();
+          }
         }
       }
+    }
+    if (cut_at >= 0) {
+      std::fprintf(stderr,
+                   "bnps_server: a BnSync stream left %lld bytes of answers "
+                   "unread (over its cap, or the server's BN memory budget "
+                   "is spent): it answers no more\n",
+                   static_cast<long long>(cut_at));
     }
     if (start != nullptr) {
       StartWrite(start);
     } else {
       MaybeFinish();
+    }
+  }
+
+  void Unqueue(size_t n) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    queued_ -= static_cast<int64_t>(n);
+    budget_->Release(static_cast<int64_t>(n));
+  }
+  // Drops every queued answer but the one being written (which gRPC holds
+  // until its write is done).
+  void DropQueuedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    while (queue_.size() > (writing_ ? 1u : 0u)) {
+      Unqueue(queue_.back().Length());
+      queue_.pop_back();
     }
   }
 
@@ -473,13 +526,17 @@ class BnReactor
   ServerMetrics* const metrics_;  // may be null
   const int64_t generation_;  // the stream's
   util::KeepAwake* const keep_awake_;  // may be null
+  const int caller_;              // who the stream's token proved it is
+  WorkerClaims* const claims_;    // may be null: holds caller_'s claim
+  const std::shared_ptr<util::ByteBudget> budget_;
   // Touched only by the read path.
   grpc::ByteBuffer req_;
   proto::BnRequest msg_;
-  BnDispatcher dispatcher_{shard_, metrics_, generation_};
+  BnDispatcher dispatcher_;
 
   absl::Mutex mu_;
   std::deque<grpc::ByteBuffer> queue_ ABSL_GUARDED_BY(mu_);
+  int64_t queued_ ABSL_GUARDED_BY(mu_) = 0;  // bytes in queue_, charged
   int outstanding_ ABSL_GUARDED_BY(mu_) = 0;
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
@@ -538,20 +595,22 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* NewReadStateReactor(
 
 grpc::ServerReadReactor<grpc::ByteBuffer>* NewPushReactor(
     Shard* shard, ScratchPool* scratch, grpc::ByteBuffer* resp,
-    ServerMetrics* metrics, int64_t generation) {
-  return new PushReactor(shard, scratch, resp, metrics, generation);
+    ServerMetrics* metrics, int64_t generation, int caller) {
+  return new PushReactor(shard, scratch, resp, metrics, generation, caller);
 }
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* NewPullReactor(
     Shard* shard, grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* raw,
-    ServerMetrics* metrics) {
-  return new PullReactor(shard, ctx, raw, metrics);
+    ServerMetrics* metrics, int caller) {
+  return new PullReactor(shard, ctx, raw, metrics, caller);
 }
 
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* NewBnReactor(
     Shard* shard, ServerMetrics* metrics, int64_t generation,
-    util::KeepAwake* keep_awake) {
-  return new BnReactor(shard, metrics, generation, keep_awake);
+    util::KeepAwake* keep_awake, int caller, WorkerClaims* claims,
+    std::shared_ptr<util::ByteBudget> budget) {
+  return new BnReactor(shard, metrics, generation, keep_awake, caller, claims,
+                       std::move(budget));
 }
 
 }  // namespace bnps::server

@@ -18,19 +18,20 @@ namespace {
 using M = ServerMetrics;  // its enums; metrics_ may be null everywhere
 }  // namespace
 
-absl::Status ShardService::Authenticate(
+absl::StatusOr<int> ShardService::Authenticate(
     const grpc::CallbackServerContext& ctx) const {
-  absl::Status s;
-  if (!token_.empty()) s = security::CheckToken(token_, CallToken(ctx));
-  if (s.ok() && keep_awake_ != nullptr) keep_awake_->Touch();
-  return s;
+  absl::StatusOr<int> caller = auth_.Authenticate(CallToken(ctx));
+  if (caller.ok() && keep_awake_ != nullptr) keep_awake_->Touch();
+  return caller;
 }
 
 template <typename Request>
 absl::Status ShardService::Admit(const grpc::CallbackServerContext& ctx,
                                  const grpc::ByteBuffer& raw, Request* req,
-                                 bool names_worker) const {
-  if (absl::Status s = Authenticate(ctx); !s.ok()) return s;
+                                 int* caller, bool names_worker) const {
+  absl::StatusOr<int> who = Authenticate(ctx);
+  if (!who.ok()) return who.status();
+  *caller = *who;
   if (names_worker && raw.Length() == 0) {
     return absl::InvalidArgumentError(
         "empty request: it names no job and no worker (a call cancelled on "
@@ -60,9 +61,10 @@ grpc::ServerUnaryReactor* ShardService::Register(
   const ShardOptions& o = shard_->options();
   proto::RegisterRequest req;
   proto::RegisterResponse resp;
-  absl::Status s = Admit(*ctx, *raw, &req);
+  int caller = Shard::kAnyWorker;
+  absl::Status s = Admit(*ctx, *raw, &req, &caller);
   const int worker = s.ok() ? req.worker() : -1;
-  if (s.ok()) s = shard_->CheckCaller(req.job(), req.worker());
+  if (s.ok()) s = shard_->CheckCaller(req.job(), req.worker(), caller);
   if (s.ok() && (req.num_workers() != o.num_workers ||
                  req.num_shards() != o.num_shards)) {
     s = absl::FailedPreconditionError(absl::StrCat(
@@ -86,9 +88,10 @@ grpc::ServerUnaryReactor* ShardService::Heartbeat(
     grpc::ByteBuffer* out) {
   proto::HeartbeatRequest req;
   proto::HeartbeatResponse resp;
-  absl::Status s = Admit(*ctx, *raw, &req);
+  int caller = Shard::kAnyWorker;
+  absl::Status s = Admit(*ctx, *raw, &req, &caller);
   const int worker = s.ok() ? req.worker() : -1;
-  if (s.ok()) s = shard_->CheckCaller(req.job(), req.worker());
+  if (s.ok()) s = shard_->CheckCaller(req.job(), req.worker(), caller);
   if (s.ok()) {
     s = shard_->Heartbeat(req.worker(), req.incarnation());
   }
@@ -108,9 +111,10 @@ grpc::ServerUnaryReactor* ShardService::InitParameters(
     grpc::ByteBuffer* out) {
   proto::InitParametersRequest req;
   proto::InitParametersResponse resp;
-  absl::Status s = Admit(*ctx, *raw, &req);
+  int caller = Shard::kAnyWorker;
+  absl::Status s = Admit(*ctx, *raw, &req, &caller);
   const int worker = s.ok() ? req.worker() : -1;
-  if (s.ok()) s = shard_->CheckCaller(req.job(), req.worker());
+  if (s.ok()) s = shard_->CheckCaller(req.job(), req.worker(), caller);
   Shard::GenerationGuard guard(shard_, CallGeneration(*ctx));
   if (s.ok()) s = guard.status();
   for (const proto::NamedTensor& p : req.parameters()) {
@@ -145,7 +149,9 @@ grpc::ServerUnaryReactor* ShardService::InitParameters(
 
 grpc::ServerReadReactor<grpc::ByteBuffer>* ShardService::PushGradients(
     grpc::CallbackServerContext* ctx, grpc::ByteBuffer* resp) {
-  if (absl::Status s = Authenticate(*ctx); !s.ok()) {
+  absl::StatusOr<int> caller = Authenticate(*ctx);
+  if (!caller.ok()) {
+    const absl::Status& s = caller.status();
     LogRejected(*shard_, "PushGradients", -1, s);
     if (metrics_) metrics_->Request(M::kPushGradients, s.code());
     return new Refused<grpc::ServerReadReactor<grpc::ByteBuffer>>(s);
@@ -156,12 +162,14 @@ grpc::ServerReadReactor<grpc::ByteBuffer>* ShardService::PushGradients(
     return new Refused<grpc::ServerReadReactor<grpc::ByteBuffer>>(s);
   }
   return NewPushReactor(shard_, &scratch_, resp, metrics_,
-                         CallGeneration(*ctx));
+                         CallGeneration(*ctx), *caller);
 }
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* ShardService::PullParameters(
     grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req) {
-  if (absl::Status s = Authenticate(*ctx); !s.ok()) {
+  absl::StatusOr<int> caller = Authenticate(*ctx);
+  if (!caller.ok()) {
+    const absl::Status& s = caller.status();
     LogRejected(*shard_, "PullParameters", -1, s);
     if (metrics_) metrics_->Request(M::kPullParameters, s.code());
     return new Refused<grpc::ServerWriteReactor<grpc::ByteBuffer>>(s);
@@ -171,27 +179,39 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* ShardService::PullParameters(
     if (metrics_) metrics_->Request(M::kPullParameters, s.code());
     return new Refused<grpc::ServerWriteReactor<grpc::ByteBuffer>>(s);
   }
-  return NewPullReactor(shard_, ctx, req, metrics_);
+  return NewPullReactor(shard_, ctx, req, metrics_, *caller);
 }
 
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>*
 ShardService::BnSync(grpc::CallbackServerContext* ctx) {
-  if (absl::Status s = Authenticate(*ctx); !s.ok()) {
-    LogRejected(*shard_, "BnSync", -1, s);
+  absl::StatusOr<int> caller = Authenticate(*ctx);
+  absl::Status s = caller.status();
+  // A worker with its own token has one live stream: a second is refused.
+  if (s.ok() && *caller != Shard::kAnyWorker && !bn_streams_.Claim(*caller)) {
+    s = absl::FailedPreconditionError(absl::StrCat(
+        "worker ", *caller, " already has a live BN stream to shard ",
+        shard_->options().shard, " (per-worker tokens)"));
+  }
+  if (!s.ok()) {
+    LogRejected(*shard_, "BnSync", caller.ok() ? *caller : -1, s);
     if (metrics_) metrics_->Request(M::kBnSync, s.code());
     return new Refused<
         grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>>(s);
   }
-  return NewBnReactor(shard_, metrics_, CallGeneration(*ctx), keep_awake_);
+  return NewBnReactor(shard_, metrics_, CallGeneration(*ctx), keep_awake_,
+                      *caller,
+                      *caller != Shard::kAnyWorker ? &bn_streams_ : nullptr,
+                      bn_budget_);
 }
 
 grpc::ServerUnaryReactor* ShardService::StartStep(
     grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* raw,
     grpc::ByteBuffer* out) {
   proto::StartStepRequest req;
-  absl::Status s = Admit(*ctx, *raw, &req);
+  int caller = Shard::kAnyWorker;
+  absl::Status s = Admit(*ctx, *raw, &req, &caller);
   const int worker = s.ok() ? req.worker() : -1;
-  if (s.ok()) s = shard_->CheckCaller(req.job(), req.worker());
+  if (s.ok()) s = shard_->CheckCaller(req.job(), req.worker(), caller);
   Shard::GenerationGuard guard(shard_, CallGeneration(*ctx));
   if (s.ok()) s = guard.status();
   if (s.ok() && shard_->clocks() == nullptr) {
@@ -224,9 +244,10 @@ grpc::ServerUnaryReactor* ShardService::FinishStep(
     grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* raw,
     grpc::ByteBuffer* out) {
   proto::FinishStepRequest req;
-  absl::Status s = Admit(*ctx, *raw, &req);
+  int caller = Shard::kAnyWorker;
+  absl::Status s = Admit(*ctx, *raw, &req, &caller);
   const int worker = s.ok() ? req.worker() : -1;
-  if (s.ok()) s = shard_->CheckCaller(req.job(), req.worker());
+  if (s.ok()) s = shard_->CheckCaller(req.job(), req.worker(), caller);
   Shard::GenerationGuard guard(shard_, CallGeneration(*ctx));
   if (s.ok()) s = guard.status();
   if (s.ok() && shard_->clocks() == nullptr) {
@@ -242,7 +263,8 @@ grpc::ServerUnaryReactor* ShardService::GetStatus(
     grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* raw,
     grpc::ByteBuffer* out) {
   proto::StatusRequest req;
-  if (absl::Status s = Admit(*ctx, *raw, &req, /*names_worker=*/false);
+  int caller = Shard::kAnyWorker;  // status and digest name no worker
+  if (absl::Status s = Admit(*ctx, *raw, &req, &caller, /*names_worker=*/false);
       !s.ok()) {
     return Answer(M::kGetStatus, ctx, *raw, -1, s);
   }
@@ -294,9 +316,10 @@ grpc::ServerUnaryReactor* ShardService::Rollback(
     grpc::ByteBuffer* out) {
   proto::RollbackRequest req;
   proto::RollbackResponse resp;
-  absl::Status s = Admit(*ctx, *raw, &req);
+  int caller = Shard::kAnyWorker;
+  absl::Status s = Admit(*ctx, *raw, &req, &caller);
   const int worker = s.ok() ? req.worker() : -1;
-  if (s.ok()) s = shard_->CheckCaller(req.job(), req.worker());
+  if (s.ok()) s = shard_->CheckCaller(req.job(), req.worker(), caller);
   if (s.ok()) {
     absl::StatusOr<int64_t> step = shard_->Rollback(req.generation(), req.step());
     s = step.status();
@@ -313,7 +336,8 @@ grpc::ServerUnaryReactor* ShardService::GetDigest(
     grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* raw,
     grpc::ByteBuffer* out) {
   proto::DigestRequest req;
-  if (absl::Status s = Admit(*ctx, *raw, &req, /*names_worker=*/false);
+  int caller = Shard::kAnyWorker;  // status and digest name no worker
+  if (absl::Status s = Admit(*ctx, *raw, &req, &caller, /*names_worker=*/false);
       !s.ok()) {
     return Answer(M::kGetDigest, ctx, *raw, -1, s);
   }
@@ -334,9 +358,10 @@ grpc::ServerUnaryReactor* ShardService::Leave(grpc::CallbackServerContext* ctx,
                                               grpc::ByteBuffer* out) {
   proto::LeaveRequest req;
   proto::LeaveResponse resp;
-  absl::Status s = Admit(*ctx, *raw, &req);
+  int caller = Shard::kAnyWorker;
+  absl::Status s = Admit(*ctx, *raw, &req, &caller);
   const int worker = s.ok() ? req.worker() : -1;
-  if (s.ok()) s = shard_->CheckCaller(req.job(), req.worker());
+  if (s.ok()) s = shard_->CheckCaller(req.job(), req.worker(), caller);
   if (s.ok()) s = shard_->Leave(req.worker(), req.incarnation());
   resp.set_job_complete(shard_->job_complete());
   return Answer(M::kLeave, ctx, *raw, worker, s, &resp, out);
@@ -345,7 +370,8 @@ grpc::ServerUnaryReactor* ShardService::Leave(grpc::CallbackServerContext* ctx,
 grpc::ServerWriteReactor<grpc::ByteBuffer>* ShardService::ReadState(
     grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* raw) {
   proto::ReadStateRequest req;
-  absl::Status s = Admit(*ctx, *raw, &req);
+  int caller = Shard::kAnyWorker;  // a read: any holder of a token
+  absl::Status s = Admit(*ctx, *raw, &req, &caller);
   if (s.ok() && req.job() != shard_->options().job) {
     s = absl::InvalidArgumentError(
         absl::StrCat("request for job '", req.job(),

@@ -25,7 +25,10 @@
 #include "server/scratch_pool.h"
 #include "server/server_metrics.h"
 #include "server/bn_socket_server.h"
+#include "security/worker_token.h"
 #include "server/shard.h"
+#include "server/worker_claims.h"
+#include "util/byte_budget.h"
 #include "util/keep_awake.h"
 
 namespace bnps::server {
@@ -61,15 +64,26 @@ class ShardService final : public ShardServiceBase {
   // every authenticated call and by every message of a BN stream
   // (util/keep_awake.h). `bn_socket` (not owned; null: none) is the raw-TCP
   // BN listener, whose port registering workers are told while it listens.
+  // `bn_budget` (null: 256 MiB of its own) bounds what the BnSync streams
+  // hold in answers their clients have not read, shared with the raw-TCP
+  // BN connections. With `per_worker_tokens` (and a token), each worker's own token
+  // (security/worker_token.h) is accepted for that worker alone, and a
+  // worker has at most one live BnSync stream.
   explicit ShardService(Shard* shard, std::string token = "",
                         ServerMetrics* metrics = nullptr,
                         util::KeepAwake* keep_awake = nullptr,
-                        const BnSocketServer* bn_socket = nullptr)
+                        const BnSocketServer* bn_socket = nullptr,
+                        bool per_worker_tokens = false,
+                        std::shared_ptr<util::ByteBudget> bn_budget = nullptr)
       : shard_(shard),
-        token_(std::move(token)),
+        auth_(std::move(token), per_worker_tokens,
+              shard->options().num_workers),
         metrics_(metrics),
         keep_awake_(keep_awake),
-        bn_socket_(bn_socket) {}
+        bn_socket_(bn_socket),
+        bn_budget_(bn_budget != nullptr
+                       ? std::move(bn_budget)
+                       : std::make_shared<util::ByteBudget>(int64_t{256} << 20)) {}
 
   // Requests and responses are the messages of proto/bnps.proto, as bytes.
   grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* ctx,
@@ -115,16 +129,19 @@ class ShardService final : public ShardServiceBase {
   const ScratchPool& scratch() const { return scratch_; }
 
  private:
-  // OK if the call carries the job's token (or the job has none).
-  absl::Status Authenticate(const grpc::CallbackServerContext& ctx) const;
-  // Authenticates the call, then parses its request: UNAUTHENTICATED, or
-  // INVALID_ARGUMENT for bytes that are not a `Request`, and for no bytes at
-  // all where the request must name a worker (`names_worker`): a call
-  // cancelled on its way (held up past its deadline by a partition) reaches
-  // its handler empty, and would read as one from worker 0 of job ''.
+  // Who the call's token proves the caller is (a worker with its own
+  // token, or Shard::kAnyWorker); UNAUTHENTICATED for a missing or wrong
+  // token.
+  absl::StatusOr<int> Authenticate(const grpc::CallbackServerContext& ctx) const;
+  // Authenticates the call (the caller into `caller`), then parses its
+  // request: UNAUTHENTICATED, or INVALID_ARGUMENT for bytes that are not a
+  // `Request`, and for no bytes at all where the request must name a worker
+  // (`names_worker`): a call cancelled on its way (held up past its deadline
+  // by a partition) reaches its handler empty, and would read as one from
+  // worker 0 of job ''.
   template <typename Request>
   absl::Status Admit(const grpc::CallbackServerContext& ctx,
-                     const grpc::ByteBuffer& raw, Request* req,
+                     const grpc::ByteBuffer& raw, Request* req, int* caller,
                      bool names_worker = true) const;
 
   // Respond (rpc_util.h), counting the call in the metrics.
@@ -135,10 +152,12 @@ class ShardService final : public ShardServiceBase {
       grpc::ByteBuffer* out = nullptr);
 
   Shard* const shard_;
-  const std::string token_;
+  const security::TokenAuthenticator auth_;
+  WorkerClaims bn_streams_;  // per-worker tokens: one BnSync per worker
   ServerMetrics* const metrics_;  // may be null
   util::KeepAwake* const keep_awake_;  // may be null
   const BnSocketServer* const bn_socket_;  // may be null
+  const std::shared_ptr<util::ByteBudget> bn_budget_;
   // Staging buffers of pushes, reused across calls.
   ScratchPool scratch_{size_t{256} << 20};
 };

@@ -174,6 +174,31 @@ TEST(BnOverTcpTest, AListenerThatGoesAwayLeavesTheCallsOnTheStream) {
   EXPECT_EQ(job.accepted(), 2);
 }
 
+// D5 (issue 34): an answer over the 8 MiB message limit (a forward with
+// want_running at 300,000 channels) is an error the worker's call returns,
+// naming the reason, on either transport; the connection stays usable.
+TEST(BnOverTcpTest, AnAnswerTooLargeIsAnErrorTheWorkerSees) {
+  for (bool over_tcp : {true, false}) {
+    Job job(1, 1, /*bn_port=*/0);
+    auto c = job.Connect(0, over_tcp);
+    ASSERT_TRUE(c);
+    bn::Moments wide;
+    wide.count = 4;
+    wide.mean.assign(300000, 1.0);
+    wide.m2.assign(300000, 1.0);
+    absl::StatusOr<client::BnForwardResult> r =
+        c->BnForward("bn1", 0, wide, /*want_running=*/true);
+    ASSERT_FALSE(r.ok()) << "over_tcp " << over_tcp;
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted)
+        << r.status();
+    EXPECT_NE(r.status().message().find("more than a message may"),
+              std::string::npos)
+        << r.status();
+    Exchange({c.get()}, 1);  // the next exchanges are served
+    EXPECT_EQ(job.accepted(), over_tcp ? 1 : 0);
+  }
+}
+
 TEST(BnOverTcpTest, TheServerRefusesTlsAndPortsOutOfRange) {
   server::ServerLatency latency;
   latency.bn_port = 70000;

@@ -54,6 +54,8 @@ class BadInputTest : public ::testing::Test {
       (proto::ShardForKey(key, 2) == 0 ? owned_ : foreign_) = key;
     }
     ASSERT_EQ(Init(owned_, {1, 2, 3}, {3}).error_code(), StatusCode::OK);
+    // Worker 0 registered (BN calls need it); worker 1 not.
+    ASSERT_TRUE(server_->shard().Register(0, /*incarnation=*/100).ok());
   }
 
   grpc::Status Init(const std::string& key, const std::vector<float>& v,
@@ -200,6 +202,25 @@ TEST_F(BadInputTest, BnSync) {
   req.set_layer(layer);
   req.set_phase(proto::BN_FORWARD);
   proto::EncodeMoments(m, req.mutable_moments());
+
+  // Issue 34: a worker id that never registered takes no part in BN (it
+  // would be marked as having taken part, and the real worker could not
+  // join); BN_RUNNING, a read, is the exception.
+  {
+    proto::BnRequest one = req;
+    one.set_worker(1);
+    proto::BnResponse unregistered = Bn(one);
+    EXPECT_EQ(unregistered.code(),
+              static_cast<int>(StatusCode::FAILED_PRECONDITION));
+    EXPECT_NE(unregistered.message().find("has not registered"),
+              std::string::npos)
+        << unregistered.message();
+    proto::BnRequest read = one;
+    read.clear_moments();
+    read.set_phase(proto::BN_RUNNING);
+    EXPECT_EQ(Bn(read).code(), static_cast<int>(StatusCode::NOT_FOUND));
+  }
+  ASSERT_TRUE(server_->shard().Register(1, /*incarnation=*/101).ok());
 
   proto::BnRequest nan = req;
   bn::Moments bad = m;
@@ -368,7 +389,7 @@ TEST_F(BadInputTest, RegisterAdmitsOneProcessPerWorker) {
 TEST_F(BadInputTest, RegisterChecksTheJobShape) {
   proto::RegisterRequest req;
   req.set_job("bnps");
-  req.set_worker(0);
+  req.set_worker(1);  // worker 0 is registered by another incarnation
   req.set_num_workers(3);  // the server runs 2
   req.set_num_shards(2);
   req.set_incarnation(7);
@@ -598,6 +619,7 @@ TEST_P(FutureStepTest, IsRefusedAndChangesNothing) {
   o.barrier_timeout = absl::Seconds(5);
   auto server = server::RunningServer::Start(o, "127.0.0.1:0");
   ASSERT_TRUE(server.ok()) << server.status();
+  ASSERT_TRUE((*server)->shard().Register(0, /*incarnation=*/100).ok());
   auto stub = proto::ParameterServer::NewStub(grpc::CreateChannel(
       "127.0.0.1:" + std::to_string((*server)->port()),
       grpc::InsecureChannelCredentials()));

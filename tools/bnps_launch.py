@@ -49,7 +49,9 @@ the binaries as --policy, any other as --bn_policy and --gradients.
 
 Options given to both servers and workers: --policy, --job, --staleness,
 --learning_rate, --momentum, --weight_decay (the worker checks they match the
-servers), --token_file (the job token). Servers only: --bn_momentum,
+servers), --token_file (the job token; with --per_worker_tokens the servers
+accept each worker's own token, and each worker gets only its own, written to
+<out_dir>/worker<i>.token by tools/bnps_worker_token). Servers only: --bn_momentum,
 --barrier_timeout_ms, --heartbeat_timeout_ms, --on_worker_loss, and TLS:
 --server_tls_cert and --server_tls_key (passed as the servers' --tls_cert and
 --tls_key), --tls_client_ca. The workers' --tls_ca, --tls_cert and --tls_key go
@@ -91,7 +93,8 @@ from bnps_launch_procs import (  # noqa: E402  (needs the path above)
     describe_exit, finish_output, say, start, stop_all)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BUILD_TARGETS = ["//server:bnps_server", "//worker:bnps_worker", "//tools:bnps_status"]
+BUILD_TARGETS = ["//server:bnps_server", "//worker:bnps_worker", "//tools:bnps_status",
+                 "//tools:bnps_worker_token"]
 
 # Options shared by servers and workers / given to servers only. Each entry is
 # (option name, type); a value left at None is not passed on.
@@ -142,6 +145,10 @@ def parse_args(argv):
         p.add_argument("--" + name, help="to servers as --" + server_name)
     p.add_argument("--on_worker_loss", choices=["fail", "shrink", "wait"],
                    help="to servers")
+    p.add_argument("--per_worker_tokens", action="store_true",
+                   help="with --token_file: the servers accept each worker's own "
+                   "token, and each worker gets only its own "
+                   "(<out_dir>/worker<i>.token, made by tools/bnps_worker_token)")
     p.add_argument("--restart", choices=["no", "on-failure"], default="no",
                    help="start a process that died again (default no)")
     p.add_argument("--max_restarts", type=int, default=3,
@@ -227,6 +234,9 @@ def check_args(args, extra):
                          % (args.servers + args.workers))
     if args.max_restarts < 0:
         raise UsageError("--max_restarts must be >= 0")
+    if args.per_worker_tokens and not args.token_file:
+        raise UsageError("--per_worker_tokens derives the workers' tokens from "
+                         "the job token: give --token_file")
     if args.checkpoint_every_steps is not None and args.checkpoint_every_steps < 0:
         raise UsageError("--checkpoint_every_steps must be >= 0")
     for flag in extra:
@@ -277,6 +287,8 @@ def server_command(args, shard):
             cmd.append("--%s=%s" % (server_name, getattr(args, name)))
     if args.on_worker_loss:
         cmd.append("--on_worker_loss=" + args.on_worker_loss)
+    if args.per_worker_tokens:
+        cmd.append("--per_worker_tokens")
     if args.metrics_port_base is not None:
         cmd.append("--metrics_port=%d" % (args.metrics_port_base + shard))
     if args.checkpoint_dir:
@@ -301,6 +313,9 @@ def worker_command(args, extra, index, addresses, out_dir):
            "--job=" + args.job, "--worker=%d" % index, "--num_workers=%d" % args.workers]
     cmd += policy_flags(args)
     cmd += optional_flags(args, SHARED_OPTIONS)
+    if args.per_worker_tokens:  # its own token, not the job's
+        cmd = [f for f in cmd if not f.startswith("--token_file=")]
+        cmd.append("--token_file=" + worker_token_path(out_dir, index))
     cmd += ["--report=" + report_path(out_dir, index), "--progress=plain"]
     if args.metrics_port_base is not None:
         cmd.append("--metrics_port=%d"
@@ -338,6 +353,30 @@ def run_export(args, extra, addresses, console):
         return "the export to %s failed (bnps_status exit status %d)" % (
             args.export, r.returncode)
     return None
+
+
+def worker_token_path(out_dir, index):
+    return os.path.join(out_dir, "worker%d.token" % index)
+
+
+def make_worker_tokens(args, out_dir):
+    """Writes each worker's own token (--per_worker_tokens), derived from the
+    job token by tools/bnps_worker_token (the one place the rule lives)."""
+    tool = os.path.join(args.bin_dir, "tools", "bnps_worker_token")
+    for i in range(args.workers):
+        try:
+            r = subprocess.run([tool, "--job_token_file=" + args.token_file,
+                                "--worker=%d" % i],
+                               capture_output=True, text=True, timeout=30)
+        except OSError as e:
+            raise UsageError("%s: %s (run with --build, or pass --bin_dir)"
+                             % (tool, e.strerror))
+        if r.returncode != 0:
+            raise UsageError(r.stderr.strip() or "%s failed" % tool)
+        path = worker_token_path(out_dir, i)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(r.stdout)
 
 
 def report_path(out_dir, index):
@@ -658,6 +697,8 @@ def main(argv=None):
             return 1
         check_binaries(args.bin_dir, export=bool(args.export))
         out_dir = make_out_dir(args)
+        if args.per_worker_tokens:
+            make_worker_tokens(args, out_dir)
         if args.restart == "on-failure":
             # A restarted server resumes from its checkpoints.
             if not args.checkpoint_dir:

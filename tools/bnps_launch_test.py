@@ -538,6 +538,21 @@ class UnitTest(unittest.TestCase):
         for flag in ("--tls_cert=/s.pem", "--tls_client_ca=/ca.pem"):
             self.assertNotIn(flag, worker)
 
+    def test_per_worker_tokens_give_each_worker_only_its_own(self):
+        args, extra = self.m.parse_args(["--token_file=/t", "--per_worker_tokens"])
+        self.assertIn("--per_worker_tokens", self.m.server_command(args, 0))
+        self.assertIn("--token_file=/t", self.m.server_command(args, 0))
+        worker = self.m.worker_command(args, extra, 1, ["127.0.0.1:1"], "/out")
+        self.assertIn("--token_file=/out/worker1.token", worker)
+        self.assertNotIn("--token_file=/t", worker)
+        with self.assertRaises(SystemExit):  # it needs the job token
+            with open(os.devnull, "w") as devnull:
+                saved, sys.stderr = sys.stderr, devnull
+                try:
+                    self.m.parse_args(["--per_worker_tokens"])
+                finally:
+                    sys.stderr = saved
+
     def test_live_console_keeps_progress_on_one_line(self):
         out = io.StringIO()
         c = self.m.Console(out, live=True)

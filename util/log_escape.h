@@ -11,6 +11,11 @@
 // the same but also escape quotes, which the log's quoted keys read worse
 // with.)
 //
+// The result is also bounded: past `max_bytes` of output the text is cut
+// and "...[N more bytes]" (N bytes of the input left out) ends it, so a
+// client cannot write a line of megabytes (a 1 MiB layer name wrote a
+// 4 MiB line; issue 34).
+//
 // Example:
 //   std::fprintf(stderr, "rejected: %s\n", EscapeForLog(s.ToString()).c_str());
 //
@@ -19,13 +24,19 @@
 #ifndef BNPS_UTIL_LOG_ESCAPE_H_
 #define BNPS_UTIL_LOG_ESCAPE_H_
 
+#include <cstddef>
 #include <string>
 
 #include "absl/strings/string_view.h"
 
 namespace bnps::util {
 
-std::string EscapeForLog(absl::string_view text);
+// The longest escaped text EscapeForLog returns by default, before its
+// marker.
+inline constexpr size_t kMaxLogTextBytes = 2048;
+
+std::string EscapeForLog(absl::string_view text,
+                         size_t max_bytes = kMaxLogTextBytes);
 
 }  // namespace bnps::util
 

@@ -44,5 +44,19 @@ TEST(EscapeForLogTest, EveryByteGivesPrintableAscii) {
   }
 }
 
+// Issue 34: a 1 MiB name from a client wrote a 4 MiB log line.
+TEST(EscapeForLogTest, LongTextIsCutWithAMarker) {
+  const std::string huge(1 << 20, '\x01');  // 4 bytes each, escaped
+  const std::string out = EscapeForLog(huge);
+  EXPECT_LE(out.size(), kMaxLogTextBytes + 32);
+  EXPECT_EQ(out.substr(0, 8), "\\x01\\x01");
+  // 2048 bytes of output are 512 input bytes: the rest is counted.
+  EXPECT_EQ(out.substr(kMaxLogTextBytes),
+            "...[" + std::to_string((1 << 20) - 512) + " more bytes]");
+  EXPECT_EQ(EscapeForLog("abcdef", 3), "abc...[3 more bytes]");
+  EXPECT_EQ(EscapeForLog("abc", 3), "abc");  // exactly the bound: not cut
+  EXPECT_EQ(EscapeForLog(std::string(100, 'x')), std::string(100, 'x'));
+}
+
 }  // namespace
 }  // namespace bnps::util

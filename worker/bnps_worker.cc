@@ -41,6 +41,7 @@
 #include "security/security_flags.h"
 #include "util/command_line.h"
 #include "util/heap_flags.h"
+#include "util/log_escape.h"
 #include "metrics/http_endpoint.h"
 #include "metrics/metrics_flags.h"
 #include "metrics/registry.h"
@@ -649,7 +650,9 @@ int main(int argc, char** argv) {
   absl::Status s = bnps::util::ApplyHeapFlag();
   if (s.ok()) s = bnps::worker::Main();
   if (!s.ok()) {
-    std::fprintf(stderr, "bnps_worker: %s\n", std::string(s.message()).c_str());
+    // The message may quote a server's (a peer's) words.
+    std::fprintf(stderr, "bnps_worker: %s\n",
+                 bnps::util::EscapeForLog(s.message()).c_str());
     return s.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
   }
   return 0;

@@ -18,6 +18,7 @@
 #include "proto/codec.h"
 #include "proto/limits.h"
 #include "proto/sharding.h"
+#include "util/log_escape.h"
 
 namespace bnps::client::internal {
 namespace {
@@ -260,7 +261,7 @@ std::shared_ptr<BnTransport> BnCalls::GetSocket(int shard) {
                    "bnps worker %d: BN over TCP to %s: %s; its BN traffic "
                    "takes the gRPC stream\n",
                    options.worker, channels_->ShardName(shard).c_str(),
-                   why.c_str());
+                   util::EscapeForLog(why).c_str());  // the server's words
     }
     return nullptr;
   }

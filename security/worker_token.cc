@@ -1,0 +1,53 @@
+#include "security/worker_token.h"
+
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "security/job_token.h"
+#include "util/sha256.h"
+
+namespace bnps::security {
+
+std::string WorkerToken(absl::string_view job_token, int worker) {
+  const std::string message = absl::StrCat("worker:", worker);
+  unsigned char mac[EVP_MAX_MD_SIZE];
+  unsigned int n = 0;
+  HMAC(EVP_sha256(), job_token.data(), static_cast<int>(job_token.size()),
+       reinterpret_cast<const unsigned char*>(message.data()), message.size(),
+       mac, &n);
+  return util::Hex(absl::string_view(reinterpret_cast<const char*>(mac), n));
+}
+
+TokenAuthenticator::TokenAuthenticator(std::string job_token, bool per_worker,
+                                       int num_workers)
+    : job_token_(std::move(job_token)),
+      per_worker_(per_worker && !job_token_.empty()) {
+  if (!per_worker_) return;
+  for (int w = 0; w < num_workers; ++w) {
+    workers_.emplace(util::Sha256Of(WorkerToken(job_token_, w)), w);
+  }
+}
+
+absl::StatusOr<int> TokenAuthenticator::Authenticate(
+    std::optional<absl::string_view> token) const {
+  if (job_token_.empty()) return kAnyWorker;
+  absl::Status job = CheckToken(job_token_, token);
+  if (job.ok()) return kAnyWorker;
+  if (per_worker_ && token.has_value()) {
+    auto it = workers_.find(util::Sha256Of(*token));
+    if (it != workers_.end()) return it->second;
+  }
+  if (!per_worker_) return job;
+  return absl::UnauthenticatedError(
+      token.has_value()
+          ? "the call's token is neither the job token nor a worker's "
+            "(per-worker tokens: bnps_worker_token derives them)"
+          : "the call carries no token; this job requires one (each worker "
+            "its own)");
+}
+
+}  // namespace bnps::security

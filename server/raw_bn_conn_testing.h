@@ -1,0 +1,103 @@
+// RawConn: a client of the raw-TCP BN listener (server/bn_socket_server.h)
+// spoken to byte by byte, for tests: blocking, with a 10 s receive timeout
+// so that every wait is bounded. Test-only.
+
+#ifndef BNPS_SERVER_RAW_BN_CONN_TESTING_H_
+#define BNPS_SERVER_RAW_BN_CONN_TESTING_H_
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <optional>
+#include <string>
+
+#include "gtest/gtest.h"
+#include "proto/bn_frame.h"
+#include "proto/bnps.pb.h"
+
+namespace bnps::server::bn_testing {
+
+class RawConn {
+ public:
+  explicit RawConn(int port, int receive_buffer = 0) {
+    fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    if (receive_buffer > 0) {
+      setsockopt(fd_, SOL_SOCKET, SO_RCVBUF, &receive_buffer,
+                 sizeof receive_buffer);
+    }
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    EXPECT_EQ(connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+    const timeval ten{10, 0};
+    setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &ten, sizeof ten);
+  }
+  ~RawConn() { close(fd_); }
+
+  void SendBytes(const std::string& bytes) {
+    ASSERT_EQ(send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL),
+              static_cast<ssize_t>(bytes.size()));
+  }
+  // Sends what the peer takes; stops at the first failure.
+  void SendAllowingFailure(const std::string& bytes) {
+    size_t at = 0;
+    const timeval ten{10, 0};
+    setsockopt(fd_, SOL_SOCKET, SO_SNDTIMEO, &ten, sizeof ten);
+    while (at < bytes.size()) {
+      const ssize_t k =
+          send(fd_, bytes.data() + at, bytes.size() - at, MSG_NOSIGNAL);
+      if (k <= 0) return;
+      at += static_cast<size_t>(k);
+    }
+  }
+  void Send(const google::protobuf::MessageLite& m) {
+    std::string frame;
+    ASSERT_TRUE(proto::AppendFrame(m, &frame).ok());
+    SendBytes(frame);
+  }
+  // The next frame's payload; nullopt once the server ended the connection
+  // (a close or a reset). Ten seconds with neither fail the test: a
+  // connection the server should have ended but kept would otherwise pass.
+  std::optional<std::string> Receive() {
+    for (;;) {
+      absl::StatusOr<std::optional<absl::string_view>> f = reader_.Next();
+      EXPECT_TRUE(f.ok());
+      if (f.ok() && f->has_value()) return std::string(**f);
+      char buf[4096];
+      const ssize_t k = recv(fd_, buf, sizeof buf, 0);
+      if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+        ADD_FAILURE() << "no frame and no end of the connection in 10 s";
+        return std::nullopt;
+      }
+      if (k <= 0) return std::nullopt;
+      reader_.Append(buf, static_cast<size_t>(k));
+    }
+  }
+  proto::BnHelloReply Hello(const std::string& job, int worker,
+                            const std::string& token) {
+    proto::BnHello hello;
+    hello.set_job(job);
+    hello.set_worker(worker);
+    hello.set_token(token);
+    Send(hello);
+    proto::BnHelloReply reply;
+    std::optional<std::string> bytes = Receive();
+    EXPECT_TRUE(bytes.has_value());
+    if (bytes) {
+      EXPECT_TRUE(reply.ParseFromString(*bytes));
+    }
+    return reply;
+  }
+
+ private:
+  int fd_ = -1;
+  proto::FrameReader reader_;
+};
+
+}  // namespace bnps::server::bn_testing
+
+#endif  // BNPS_SERVER_RAW_BN_CONN_TESTING_H_
