@@ -42,7 +42,8 @@ class PerWorkerTokensTest(unittest.TestCase):
                 tokens.append(path)
             server = subprocess.Popen(
                 [SERVER, "--port=0", "--bn_port=0", "--num_workers=2",
-                 "--token_file=" + job, "--per_worker_tokens"],
+                 "--token_file=" + job, "--per_worker_tokens",
+                 "--keep_serving"],  # bnps_status reads after the job
                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
             try:
                 first = server.stdout.readline()
