@@ -32,13 +32,13 @@ packages=(
   dataset-fashion-mnist    # /usr/share/datasets/fashion-mnist
   libgloo-dev              # peer of the BN-sync benchmark (//tools/bench)
   clang libclang-rt-14-dev # libFuzzer and the sanitizers (tools/fuzz.sh)
-  # bnps.torch (python/, docs/pytorch.md): the pybind11 extension is built
-  # against these; its parity tests (//tests/pytorch) and the PyTorch
-  # benchmark peer need python3-torch (Debian's 1.13, CPU). With numpy and
-  # their dependencies about 570 MiB installed: the tests run in
-  # `bazel test //...`, so they are part of the default set.
-  pybind11-dev python3-dev
-  python3-torch python3-numpy
+  # bnps.torch (python/, docs/pytorch.md): its parity tests (//tests/pytorch)
+  # and the PyTorch benchmark peer need python3-torch (Debian's 1.13, CPU).
+  # With numpy and their dependencies about 570 MiB installed: the tests run
+  # in `bazel test //...`, so they are part of the default set. The native
+  # library is a plain C ABI (no Python headers); python3-venv makes the
+  # venvs of the wheel's tools and its CI (tools/wheel_ci.sh).
+  python3-torch python3-numpy python3-venv
   libcpp-httplib-dev       # HTTP server of the /metrics endpoints (//metrics)
   prometheus curl          # promtool and the scrape test (tools/prometheus_scrape_test.sh)
   python3-grpcio           # tools/grpc_health_check.py
