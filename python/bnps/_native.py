@@ -17,6 +17,7 @@ import ctypes
 import json
 import os
 import sys
+import threading
 
 import numpy as np
 
@@ -27,7 +28,10 @@ _ERR_LEN = 4096
 
 c_int, c_int64, c_double = ctypes.c_int, ctypes.c_int64, ctypes.c_double
 c_char_p, c_void_p, c_size_t = ctypes.c_char_p, ctypes.c_void_p, ctypes.c_size_t
-_D = ctypes.POINTER(c_double)
+# Float arrays cross as plain addresses (an ndarray's .ctypes.data): 0.8 us
+# each against 4.7 us for .ctypes.data_as(POINTER(c_double)), on a path
+# that runs per layer and step.
+_D = c_void_p
 _I64 = ctypes.POINTER(c_int64)
 _INT = ctypes.POINTER(c_int)
 
@@ -128,9 +132,14 @@ def _load():
 _lib = _load()
 
 
+_tls = threading.local()
+
+
 def _call(fn, *args):
     """fn(*args, err, len); raises unless it returns 0."""
-    err = ctypes.create_string_buffer(_ERR_LEN)
+    err = getattr(_tls, "err", None)
+    if err is None:  # one message buffer per thread, reused
+        err = _tls.err = ctypes.create_string_buffer(_ERR_LEN)
     code = fn(*args, err, _ERR_LEN)
     if code != 0:
         raise errors.from_native(Error(
@@ -150,7 +159,8 @@ def _f64(a, what="array"):
 
 
 def _ptr(v):
-    return v.ctypes.data_as(_D)
+    """The address of a contiguous array; the caller keeps `v` alive."""
+    return v.ctypes.data
 
 
 def _out(channels):
@@ -174,7 +184,7 @@ def _arrays(handle):
             dtype = np.float32 if _lib.bnps_arrays_itemsize(handle, i) == 4 \
                 else np.float64
             a = np.empty(tuple(shape[:ndim]), dtype=dtype)
-            _lib.bnps_arrays_copy(handle, i, a.ctypes.data_as(c_void_p))
+            _lib.bnps_arrays_copy(handle, i, a.ctypes.data)
             out[_lib.bnps_arrays_name(handle, i).decode()] = a
         return out
     finally:
@@ -217,7 +227,7 @@ class Client:
 
     def __del__(self):
         h, self._h = getattr(self, "_h", None), None
-        if h:
+        if h and _lib is not None:
             _lib.bnps_client_free(h)
 
     def close(self):
@@ -334,7 +344,7 @@ class WorkerBn:
 
     def __del__(self):
         h, self._h = getattr(self, "_h", None), None
-        if h:
+        if h and _lib is not None:
             _lib.bnps_worker_bn_free(h)
 
     def check_layer(self, layer, tracks_running, momentum):
