@@ -79,15 +79,30 @@ installed_checks() {
   }
   check console_scripts consoles
   if "$py" -c 'import grpc' 2>/dev/null; then
-    check beside_torch_and_grpc "$py" - <<'PY'
-import grpc          # grpcio's own gRPC, first in the process
+    check beside_torch_and_grpc "$py" -c "$beside_py" grpc-first
+    check bnps_before_torch_and_grpc "$py" -c "$beside_py" bnps-first
+  else
+    skip beside_torch_and_grpc "no grpcio in this environment"
+  fi
+  for t in $(python_tests "$run"); do
+    check "$(basename "$t" .py)" "$py" "$t"
+  done
+}
+
+# bnps in one process with grpcio and torch (argv[1]: which loads first):
+# a real job against the wheel's server, a SyncBatchNorm step against torch,
+# and a grpcio channel to the same server.
+beside_py="$(cat <<'PY'
+import sys
+if sys.argv[1] == "bnps-first":
+    import bnps._native  # libbnps.so and its vendored gRPC, first
+import grpc          # grpcio's own gRPC
 import torch
 import bnps.torch
-from bnps.cluster import LocalCluster
+from bnps.cluster import LocalCluster, find_server_binary
 from bnps._console import packaged_binary
-import sys
+assert find_server_binary() == packaged_binary("bnps_server")
 with LocalCluster(num_servers=1, num_workers=1) as c:
-    assert c._bin == packaged_binary("bnps_server"), c._bin
     with bnps.torch.init(servers=c.servers, worker=0, num_workers=1) as conn:
         bn = bnps.torch.SyncBatchNorm(3, name="bn", connection=conn)
         x = torch.randn(4, 3, 5, requires_grad=True)
@@ -100,10 +115,4 @@ with LocalCluster(num_servers=1, num_workers=1) as c:
 print("torch", torch.__version__, "grpcio", grpc.__version__, "python",
       sys.version.split()[0], "ok")
 PY
-  else
-    skip beside_torch_and_grpc "no grpcio in this environment"
-  fi
-  for t in $(python_tests "$run"); do
-    check "$(basename "$t" .py)" "$py" "$t"
-  done
-}
+)"

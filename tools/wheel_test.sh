@@ -93,7 +93,7 @@ else
   torchrun_example() {
     (cd "$work/run" && BNPS_SERVERS="$servers" BNPS_JOB=pytorch-example \
       OMP_NUM_THREADS=1 "$venv/bin/torchrun" --nproc_per_node=4 \
-      examples/pytorch/train.py --train_examples=2048 --test_examples=1000) |
+      examples/pytorch/train.py --train_examples=4096 --test_examples=1000) |
       tee "$work/torchrun.out" && grep -q "test_accuracy=" "$work/torchrun.out"
   }
   check torchrun_example torchrun_example
