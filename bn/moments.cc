@@ -72,12 +72,21 @@ void MergeInto(const Moments& part, Moments* acc) {
   acc->count += part.count;
 }
 
+Moments MergeInOrder(absl::Span<const Moments* const> parts, int64_t channels) {
+  Moments acc = Moments::Empty(channels);
+  for (const Moments* part : parts) {
+    if (part != nullptr) MergeInto(*part, &acc);
+  }
+  return acc;
+}
+
 absl::StatusOr<Moments> MergeMoments(absl::Span<const Moments> parts) {
   if (parts.empty()) {
     return absl::InvalidArgumentError("moments: nothing to merge");
   }
   const int64_t channels = parts[0].channels();
-  Moments acc = Moments::Empty(channels);
+  std::vector<const Moments*> ordered;
+  ordered.reserve(parts.size());
   for (size_t i = 0; i < parts.size(); ++i) {
     if (absl::Status s = ValidateMoments(parts[i]); !s.ok()) {
       return absl::InvalidArgumentError(
@@ -88,9 +97,9 @@ absl::StatusOr<Moments> MergeMoments(absl::Span<const Moments> parts) {
           absl::StrCat("part ", i, " has ", parts[i].channels(),
                        " channels, part 0 has ", channels));
     }
-    MergeInto(parts[i], &acc);
+    ordered.push_back(&parts[i]);
   }
-  return acc;
+  return MergeInOrder(ordered, channels);
 }
 
 std::vector<double> BiasedVariance(const Moments& m) {
@@ -137,11 +146,12 @@ bool OrderedMerger::Has(int slot) const {
 }
 
 Moments OrderedMerger::Merge() const {
-  Moments acc = Moments::Empty(channels_);
+  std::vector<const Moments*> parts;
+  parts.reserve(slots_.size());
   for (const auto& slot : slots_) {
-    if (slot.has_value()) MergeInto(*slot, &acc);
+    parts.push_back(slot.has_value() ? &*slot : nullptr);
   }
-  return acc;
+  return MergeInOrder(parts, channels_);
 }
 
 RunningStats RunningStats::Initial(int64_t channels) {

@@ -59,6 +59,14 @@ absl::Status ValidateMoments(const Moments& m);
 // channels when both counts are positive.
 void MergeInto(const Moments& part, Moments* acc);
 
+// Merges `parts` in the order given, skipping null entries: the one ordered
+// merge, which the server's barriers (worker order), a host's replicas
+// (replica order), OrderedMerger and MergeMoments all use, so that equal
+// inputs in equal order give equal bits everywhere. Moments::Empty(channels)
+// if no part has a positive count. REQUIRES: every non-null part valid,
+// with `channels` channels (a caller that received them validated them).
+Moments MergeInOrder(absl::Span<const Moments* const> parts, int64_t channels);
+
 // Merges `parts` in the order given. INVALID_ARGUMENT if `parts` is empty, a part
 // is invalid, or the parts disagree on the number of channels.
 absl::StatusOr<Moments> MergeMoments(absl::Span<const Moments> parts);

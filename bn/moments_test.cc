@@ -140,6 +140,30 @@ TEST(MomentsTest, OrderedMergerIsIndependentOfArrivalOrder) {
   EXPECT_TRUE(saw_difference_without_order);
 }
 
+TEST(MomentsTest, MergeInOrderSkipsNullsAndIsTheOrderedMergersMerge) {
+  const Shape shape{12, 4, 2, 2};
+  const std::vector<float> x = RandomTensor(shape, 1.0, 2.0, 11, 1.0);
+  const std::vector<Moments> parts = PartsOf(x, shape, {3, 4, 5});
+  OrderedMerger merger(4, shape.c);
+  ASSERT_TRUE(merger.Add(2, parts[1]).ok());
+  ASSERT_TRUE(merger.Add(0, parts[0]).ok());
+  ASSERT_TRUE(merger.Add(3, parts[2]).ok());
+  const Moments got =
+      MergeInOrder({&parts[0], nullptr, &parts[1], &parts[2]}, shape.c);
+  const Moments want = merger.Merge();
+  EXPECT_EQ(got.count, want.count);
+  EXPECT_EQ(got.mean, want.mean);  // bitwise
+  EXPECT_EQ(got.m2, want.m2);
+  absl::StatusOr<Moments> listed = MergeMoments(parts);
+  ASSERT_TRUE(listed.ok());
+  EXPECT_EQ(listed->mean, got.mean);
+  // Nothing with a positive count: the empty moments of those channels.
+  const Moments zero = Moments::Empty(shape.c);
+  const Moments none = MergeInOrder({nullptr, &zero}, shape.c);
+  EXPECT_EQ(none.count, 0);
+  EXPECT_EQ(none.channels(), shape.c);
+}
+
 TEST(MomentsTest, OrderedMergerRejectsBadInput) {
   OrderedMerger merger(2, 3);
   Moments good = Moments::Empty(3);

@@ -6,6 +6,8 @@ no connection at all, convert_sync_batchnorm's names and state.
 Needs torch (tools/setup.sh installs python3-torch); fails without it."""
 
 import os
+import shutil
+import subprocess
 import sys
 import unittest
 
@@ -24,8 +26,8 @@ sys.path.insert(0, os.path.join(os.getcwd(), "python"))  # Bazel runfiles
 import numpy as np  # noqa: E402
 from torch import nn  # noqa: E402
 
-import _bnps_native  # noqa: E402
 import bnps  # noqa: E402
+from bnps import _native  # noqa: E402
 import bnps.torch  # noqa: E402
 from bnps import client as bnps_client  # noqa: E402
 from bnps import errors  # noqa: E402
@@ -77,14 +79,35 @@ class FakeClient:
 
 class ErrorsTest(unittest.TestCase):
     def test_native_errors_become_the_package_classes(self):
-        e = errors.from_native(_bnps_native.Error(4, "DEADLINE_EXCEEDED",
+        e = errors.from_native(_native.Error(4, "DEADLINE_EXCEEDED",
                                                   "workers 1 missing"))
         self.assertIsInstance(e, bnps.DeadlineExceeded)
         self.assertIsInstance(e, TimeoutError)
         self.assertEqual(e.code, 4)
         self.assertIn("workers 1 missing", str(e))
         self.assertIs(type(errors.from_native(
-            _bnps_native.Error(13, "INTERNAL", "x"))), bnps.BnpsError)
+            _native.Error(13, "INTERNAL", "x"))), bnps.BnpsError)
+
+
+class NativeTest(unittest.TestCase):
+    def test_the_library_exports_only_its_c_abi(self):
+        # The version script keeps gRPC, protobuf and Abseil private, so the
+        # library loads beside grpcio and torch.
+        nm = shutil.which("nm")
+        if nm is None:
+            self.skipTest("no nm")
+        out = subprocess.run([nm, "-D", "--defined-only", _native._lib._name],
+                             capture_output=True, text=True, check=True)
+        names = [line.split()[-1] for line in out.stdout.splitlines()]
+        self.assertGreater(len(names), 20)
+        self.assertEqual([n for n in names
+                          if not n.startswith(("bnps_", "BNPS_"))], [])
+
+    def test_bad_arguments_are_value_errors(self):
+        with self.assertRaisesRegex(ValueError, "policy"):
+            _native.WorkerBn("fast", 0.1)
+        with self.assertRaises(ValueError):
+            _native.merge_moments(1, [0.0], [0.0], 1, [0.0, 1.0], [0.0, 0.0])
 
 
 class InitTest(unittest.TestCase):
@@ -201,6 +224,22 @@ class LayerTest(unittest.TestCase):
     def test_local_is_torch_batchnorm_with_a_cumulative_average(self):
         s = self.check_against_torch("local", None)
         self.assertEqual(s.client.calls, [])  # no traffic
+
+    def test_async_needs_the_jobs_momentum(self):
+        # The C++ client's rule (client/worker_bn.h), as a ValueError.
+        s = self.connection("async")
+        bn = bnps.torch.SyncBatchNorm(3, momentum=0.5, name="l", connection=s)
+        with self.assertRaisesRegex(ValueError, "bn_momentum=0.5"):
+            bn(torch.randn(4, 3))
+        self.assertEqual(s.client.calls, [])  # refused before sending
+
+    def test_recal_settles_by_recalibrating(self):
+        s = self.connection("recal")
+        model = bnps.torch.SyncBatchNorm(3, name="l", connection=s)
+        with self.assertRaisesRegex(RuntimeError, "recalibrate"):
+            bnps.torch.sync_running_stats(model, connection=s)
+        self.assertEqual(bnps.torch.sync_running_stats(
+            model, connection=self.connection("sync")), 0)
 
     def test_training_without_a_name_or_a_connection_is_refused(self):
         s = self.connection("sync")

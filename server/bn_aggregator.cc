@@ -304,14 +304,12 @@ absl::StatusOr<BnAggregator::Reply> BnAggregator::Finish(const BarrierKey& key,
   for (const auto& c : b.by_worker) reply.contributors += c.has_value();
   switch (phase) {
     case Phase::kForward: {
-      // Merged into nothing, the first part is copied (Empty's zeros would be
-      // overwritten); Empty only if every part was.
-      for (const auto& c : b.by_worker) {  // worker order: deterministic
-        if (c.has_value()) bn::MergeInto(c->moments, &reply.moments);
+      std::vector<const bn::Moments*> parts;  // worker order: deterministic
+      parts.reserve(b.by_worker.size());
+      for (const auto& c : b.by_worker) {
+        parts.push_back(c.has_value() ? &c->moments : nullptr);
       }
-      if (reply.moments.count == 0) {
-        reply.moments = bn::Moments::Empty(layer.channels);
-      }
+      reply.moments = bn::MergeInOrder(parts, layer.channels);
       if (!layer.running.has_value()) {
         layer.running = bn::RunningStats::Initial(layer.channels);
       }
@@ -337,10 +335,11 @@ absl::StatusOr<BnAggregator::Reply> BnAggregator::Finish(const BarrierKey& key,
         return absl::FailedPreconditionError(absl::StrCat(
             "recalibration of BN layer '", layer_name, "' received no batches"));
       }
-      reply.moments = bn::Moments::Empty(layer.channels);
-      for (const auto& [id, m] : layer.recal) {  // (worker, batch) order
-        if (live_[id.first]) bn::MergeInto(m, &reply.moments);
+      std::vector<const bn::Moments*> parts;  // (worker, batch) order
+      for (const auto& [id, m] : layer.recal) {
+        if (live_[id.first]) parts.push_back(&m);
       }
+      reply.moments = bn::MergeInOrder(parts, layer.channels);
       absl::StatusOr<std::vector<double>> var = bn::UnbiasedVariance(reply.moments);
       if (!var.ok()) {
         return absl::FailedPreconditionError(absl::StrCat(

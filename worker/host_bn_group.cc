@@ -62,18 +62,19 @@ std::vector<std::optional<bn::BackwardSums>>& Slots<bn::BackwardSums>(
 // The host's contribution: the replicas' parts in replica order.
 absl::StatusOr<bn::Moments> Combine(
     const std::vector<std::optional<bn::Moments>>& parts) {
-  bn::Moments acc;
+  const int64_t channels = parts.front()->channels();
+  std::vector<const bn::Moments*> ordered;
+  ordered.reserve(parts.size());
   for (const std::optional<bn::Moments>& part : parts) {
     if (absl::Status s = bn::ValidateMoments(*part); !s.ok()) return s;
-    if (acc.count > 0 && part->count > 0 && acc.channels() != part->channels()) {
+    if (part->channels() != channels) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "replicas disagree on the channels: ", acc.channels(), " and ",
+          "replicas disagree on the channels: ", channels, " and ",
           part->channels()));
     }
-    bn::MergeInto(*part, &acc);
+    ordered.push_back(&*part);
   }
-  if (acc.count == 0) acc = bn::Moments::Empty(parts.front()->channels());
-  return acc;
+  return bn::MergeInOrder(ordered, channels);
 }
 
 absl::StatusOr<bn::BackwardSums> Combine(

@@ -6,29 +6,28 @@
 #include <utility>
 
 #include "absl/time/clock.h"
-#include "policy/async_bn.h"
 
 namespace bnps::worker {
 
 absl::StatusOr<bn::Moments> ServerBnExchange::Forward(
     const std::string& layer, const bn::Moments& local) {
   const absl::Time start = absl::Now();
-  absl::StatusOr<client::BnForwardResult> r =
-      client_->BnForward(layer, step_, local);
+  // The layer keeps its own running statistics (nn::BatchNorm): none are
+  // asked for.
+  absl::StatusOr<client::BnForwardOutcome> r =
+      rule_.Forward(client_, layer, step_, local, /*tracks_running=*/false);
   const absl::Duration took = absl::Now() - start;
   elapsed_ += took;
   if (metrics_ != nullptr) {
     metrics_->BnRoundTrip(layer, WorkerMetrics::kForward, took);
   }
   if (!r.ok()) return r.status();
-  if (policy_ == policy::Policy::kSync) return std::move(r->merged);
-  // async: the servers sent the others' admissible moments.
-  return policy::NormalizingMoments(local, r->merged);
+  return std::move(r->normalize);
 }
 
 absl::StatusOr<bn::BackwardSums> ServerBnExchange::Backward(
     const std::string& layer, const bn::BackwardSums& local) {
-  if (!policy::GlobalBnBackward(policy_)) return local;
+  if (!rule_.GlobalBackward()) return local;
   const absl::Time start = absl::Now();
   absl::StatusOr<bn::BackwardSums> r = client_->BnBackward(layer, step_, local);
   const absl::Duration took = absl::Now() - start;
@@ -82,7 +81,7 @@ class ThreadedBackward final : public nn::PendingBackward {
 
 std::unique_ptr<nn::PendingBackward> ServerBnExchange::StartBackward(
     const std::string& layer, const bn::BackwardSums& local) {
-  if (!policy::GlobalBnBackward(policy_)) {
+  if (!rule_.GlobalBackward()) {
     return std::make_unique<nn::DoneBackward>(local);
   }
   return std::make_unique<ThreadedBackward>(client_, layer, step_, local,

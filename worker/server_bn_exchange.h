@@ -1,9 +1,10 @@
 // The BN layers' exchange (worker/nn/bn_exchange.h) backed by the shard
 // servers through a PsClient, for the policies with BN traffic while
-// training: sync normalizes with the global batch's moments and gets the
-// global backward sums; async normalizes with merge(own, the others'
-// admissible moments) (policy/async_bn.h) and keeps its backward local.
-// Counts the time spent in BN calls, for the trainer's report.
+// training. What each policy normalizes with and whether its backward pass
+// exchanges are client::WorkerBn's rules (client/worker_bn.h), the same
+// bnps.torch follows: sync normalizes with the global batch's moments and
+// gets the global backward sums; async normalizes with merge(own, the
+// others' admissible moments) and keeps its backward local. Counts the time spent in BN calls, for the trainer's report.
 //
 // Thread-safety: used from one thread (the model's); StartBackward's call
 // runs on a thread of its own.
@@ -19,6 +20,7 @@
 #include "bn/kernels.h"
 #include "bn/moments.h"
 #include "client/ps_client.h"
+#include "client/worker_bn.h"
 #include "policy/policy.h"
 #include "worker/nn/bn_exchange.h"
 #include "worker/worker_metrics.h"
@@ -33,7 +35,8 @@ class ServerBnExchange : public nn::BnExchange {
   // `metrics` (not owned; null: none) gets each call's round trip.
   ServerBnExchange(client::PsClient* client, policy::Policy policy,
                    WorkerMetrics* metrics = nullptr)
-      : client_(client), policy_(policy), metrics_(metrics) {}
+      : client_(client), rule_(policy, /*job_bn_momentum=*/0.0),
+        metrics_(metrics) {}
 
   // The step the next exchanges belong to.
   void set_step(int64_t step) { step_ = step; }
@@ -53,7 +56,7 @@ class ServerBnExchange : public nn::BnExchange {
 
  private:
   client::PsClient* const client_;
-  const policy::Policy policy_;
+  const client::WorkerBn rule_;
   WorkerMetrics* const metrics_;
   int64_t step_ = 0;
   absl::Duration elapsed_;

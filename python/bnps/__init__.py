@@ -5,9 +5,9 @@ holds bnps.Client (the client library's calls, float64 NumPy vectors in and
 out), bnps.errors (the exceptions every call raises) and bnps.cluster (a local
 cluster of shard servers, for tests, examples and benchmarks).
 
-The compiled part is the module _bnps_native (built by
-`bazel build //python:_bnps_native.so`); tools/bnps_python puts it and this
-package on the path. See docs/pytorch.md.
+The compiled part is libbnps.so, a plain C ABI (python/native/bnps_c.h)
+that bnps._native loads with ctypes: inside the wheel, or built by `bazel
+build //python:libbnps.so` for tools/bnps_python. See docs/pytorch.md.
 """
 
 from bnps.errors import (BnpsError, DeadlineExceeded, FailedPrecondition,
@@ -15,7 +15,7 @@ from bnps.errors import (BnpsError, DeadlineExceeded, FailedPrecondition,
 
 
 def __getattr__(name):
-    # bnps.Client loads the compiled module on first use, so that the pure
+    # bnps.Client loads the native library on first use, so that the pure
     # parts (bnps.errors, bnps.cluster) import without it.
     if name == "Client":
         from bnps.client import Client

@@ -1,7 +1,7 @@
 """bnps.Client: one worker's connection to a job's shard servers.
 
-A thin wrapper of the client library (client/ps_client.h, through the
-extension _bnps_native): the BN exchanges, recalibration, running statistics
+A thin wrapper of the client library (client/ps_client.h, through its C
+ABI, bnps._native): the BN exchanges, recalibration, running statistics
 and the async policy's step clocks. Per-channel vectors are float64 NumPy
 arrays (or anything NumPy turns into one). Every failed call raises a
 bnps.errors.BnpsError subclass. Thread-safe; the GIL is released while a call
@@ -14,17 +14,8 @@ applied at most once per worker.
 
 import functools
 
+from bnps import _native
 from bnps import errors
-
-try:
-    import _bnps_native
-except ImportError as e:  # pragma: no cover - depends on the set-up
-    raise ImportError(
-        "bnps: cannot import the compiled module _bnps_native (" + str(e) +
-        "). Build it with `bazel build //python:_bnps_native.so` and put "
-        "bazel-bin/python on PYTHONPATH, or run your script with "
-        "tools/bnps_python (docs/pytorch.md). It needs Debian's python3 "
-        "(3.11).") from e
 
 
 def _translated(fn):
@@ -32,7 +23,7 @@ def _translated(fn):
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
-        except _bnps_native.Error as e:
+        except _native.Error as e:
             raise errors.from_native(e) from None
     return wrapper
 
@@ -48,7 +39,7 @@ class Client:
                  connect_timeout_s=30.0, rpc_timeout_s=30.0):
         if isinstance(servers, str):
             servers = [s for s in servers.split(",") if s]
-        self._native = _bnps_native.Client(
+        self._native = _native.Client(
             list(servers), job, int(worker), int(num_workers), token_file or "",
             tls_ca or "", tls_cert or "", tls_key or "",
             float(connect_timeout_s), float(rpc_timeout_s))
@@ -138,5 +129,5 @@ class Client:
 @_translated
 def merge_moments(count_a, mean_a, m2_a, count_b, mean_b, m2_b):
     """Chan's merge of two moments, a first, in float64 (bn/moments.h)."""
-    return _bnps_native.merge_moments(count_a, mean_a, m2_a, count_b, mean_b,
-                                      m2_b)
+    return _native.merge_moments(count_a, mean_a, m2_a, count_b, mean_b,
+                                 m2_b)

@@ -47,9 +47,12 @@ def _parent_death_signal():
 
 
 def find_server_binary(explicit=None):
-    """bnps_server: `explicit`, $BNPS_SERVER_BIN, the Bazel runfiles tree the
-    caller runs in, or bazel-bin of the repository holding this package."""
+    """bnps_server: `explicit`, $BNPS_SERVER_BIN, the one the installed wheel
+    carries (bnps-server's), the Bazel runfiles tree the caller runs in, or
+    bazel-bin of the repository holding this package."""
+    from bnps._console import packaged_binary
     candidates = [explicit, os.environ.get("BNPS_SERVER_BIN"),
+                  packaged_binary("bnps_server"),
                   os.path.join(os.getcwd(), "server", "bnps_server")]
     here = os.path.dirname(os.path.abspath(__file__))
     repo = os.path.dirname(os.path.dirname(here))  # python/bnps -> repo
@@ -58,8 +61,8 @@ def find_server_binary(explicit=None):
         if c and os.path.isfile(c) and os.access(c, os.X_OK):
             return c
     raise FileNotFoundError(
-        "bnps: no bnps_server binary; build it with `bazel build "
-        "//:bnps_server` or set BNPS_SERVER_BIN")
+        "bnps: no bnps_server binary; install the bnps wheel, build it "
+        "with `bazel build //:bnps_server`, or set BNPS_SERVER_BIN")
 
 
 class LocalCluster:

@@ -52,6 +52,6 @@ _BY_NAME = {
 
 
 def from_native(error):
-    """The BnpsError for a _bnps_native.Error (args: code, name, message)."""
+    """The BnpsError for a bnps._native.Error (args: code, name, message)."""
     code, name, message = error.args
     return _BY_NAME.get(name, BnpsError)(code, name, message)

@@ -33,16 +33,13 @@ def export(path, servers, job="bnps", token_file="", tls_ca="", tls_cert="",
     """Writes the job's state to `path`; returns {"step", "job_complete",
     "parameters", "bn_layers"}. Raises bnps.errors.BnpsError subclasses
     (Unavailable for a server that cannot be reached, ...)."""
-    import _bnps_native  # the compiled part (tools/bnps_python finds it)
+    from bnps import _native  # the C library (libbnps.so)
     if isinstance(servers, str):
         servers = [s for s in servers.split(",") if s]
-    try:
-        return _bnps_native.export(list(servers), str(path), job,
-                                   token_file or "", tls_ca or "",
-                                   tls_cert or "", tls_key or "",
-                                   float(timeout_s))
-    except _bnps_native.Error as e:
-        raise errors.from_native(e) from None
+    # _native raises the package's own errors (bnps.errors).
+    return _native.export(list(servers), str(path), job, token_file or "",
+                          tls_ca or "", tls_cert or "", tls_key or "",
+                          float(timeout_s))
 
 
 _DTYPES = {"F32": ("float32", 4), "F64": ("float64", 8), "I64": ("int64", 8)}

@@ -36,7 +36,7 @@ except ImportError:
 
 RUNFILES = os.getcwd()
 HERE = os.path.dirname(os.path.abspath(__file__))
-PYDIR = os.path.join(RUNFILES, "python")  # bnps/ and _bnps_native.so
+PYDIR = os.path.join(RUNFILES, "python")  # bnps/ and libbnps.so
 sys.path.insert(0, PYDIR)
 sys.path.insert(0, HERE)
 

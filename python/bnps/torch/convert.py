@@ -5,8 +5,9 @@ sync_running_stats (every policy but recal) and recalibrate (any policy)."""
 import torch
 from torch import nn
 
+from bnps import _native
 from bnps.torch import connection as _connection
-from bnps.torch.sync_batchnorm import SyncBatchNorm, local_moments, _np
+from bnps.torch.sync_batchnorm import SyncBatchNorm, _np, worker_bn
 
 
 def name_layers(module, prefix=""):
@@ -83,18 +84,18 @@ def sync_running_stats(model, connection=None):
     under async the servers' latest (training copies them in each step);
     under local the average over the workers (a barrier per layer: every
     worker must call it; each call is a round of its own). Under recal use
-    recalibrate. Returns the number of layers settled."""
+    recalibrate (bnps.FailedPrecondition, a RuntimeError). Which applies is
+    the C++ client's rule (client/worker_bn.h). Returns the number of layers
+    settled."""
     s = connection or _connection.default_connection()
-    if s.policy == "recal":
-        raise RuntimeError("bnps: policy recal settles the running statistics "
-                           "with bnps.torch.recalibrate(model, loader)")
-    if s.policy == "sync":
+    settle = worker_bn(s).settle()
+    if settle == _native.SETTLE_NOTHING:
         return 0
     n = 0
     for name, m in _layers(model):
         if m.running_mean is None:
             continue
-        if s.policy == "local":
+        if settle == _native.SETTLE_WORKERS_AVERAGE:
             mean, var = s.client.bn_local_running(
                 _round_key(m, "local"),
                 _np(m.running_mean.to(torch.float64).cpu()),

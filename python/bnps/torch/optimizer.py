@@ -41,8 +41,7 @@ class ParameterServerOptimizer:
             raise ValueError("ParameterServerOptimizer: no parameters")
         self.loss_reduction = loss_reduction
         self.step_count = 0
-        self._bulk = getattr(self.connection, "gradients",
-                             "async" if self.connection.policy == "async" else "sync") != "async"
+        self._bulk = self.connection.gradients != "async"
         self.connection.client.init_parameters(
             {n: p.detach().float().cpu().numpy()
              for n, p in self.params.items()})

@@ -42,10 +42,8 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 from torch.nn import functional as F
 
-from bnps import client as _client
+from bnps import _native
 from bnps.torch import connection as _connection
-
-_LOCAL_POLICIES = ("local", "recal")
 
 
 def _acc_dtype(dtype):
@@ -249,49 +247,37 @@ class SyncBatchNorm(nn.modules.batchnorm._BatchNorm):
                                   _np(mean), _np(m2))
                 self._recal_batch += 1
             return _Stats(count, mean, _biased(count, m2))
-        s = self._connection()
-        if s.policy in _LOCAL_POLICIES:
-            self._update_running(count, mean, m2)
-            return _Stats(count, mean, _biased(count, m2))
-        return self._exchange_with_servers(s, count, mean, m2)
+        return self._exchange_with_servers(self._connection(), count, mean,
+                                           m2)
 
     def _exchange_with_servers(self, s, count, mean, m2):
-        name = self._name()
+        # The policy's rules are the C++ client's (client/worker_bn.h):
+        # whether to send, what to normalize with, whether the backward
+        # pass exchanges, how the running statistics follow. This moves
+        # tensors.
+        rule = worker_bn(s)
         track = self.running_mean is not None
-        want_running = track and s.policy == "async"
-        if want_running:
-            job_momentum = s.config["bn_momentum"]
-            if self.momentum is None or \
-                    abs(self.momentum - job_momentum) > 1e-12:
-                raise ValueError(
-                    f"bnps SyncBatchNorm '{name}': momentum {self.momentum} "
-                    f"differs from the job's bn_momentum {job_momentum}, which "
-                    f"the servers' running statistics use under policy "
-                    f"async; set the layer's momentum to {job_momentum} or "
-                    f"start the servers with --bn_momentum={self.momentum}")
-        step = self._bnps_step
-        r = s.client.bn_forward(name, step, count, _np(mean), _np(m2),
-                                want_running=want_running)
-        self._bnps_step += 1
-        got_count, got_mean, got_m2, run_mean, run_var, _ = r
-        if s.policy == "sync":
-            g_mean = torch.from_numpy(got_mean)
-            g_m2 = torch.from_numpy(got_m2)
-            # The global moments are bitwise the same on every worker, so
-            # are the running statistics updated with them.
-            self._update_running(got_count, g_mean, g_m2)
-            return _Stats(got_count, g_mean, _biased(got_count, g_m2),
-                          layer=name, step=step)
-        if want_running and run_mean is not None:
+        rule.check_layer(self.bnps_name or "", track, self.momentum)
+        exchange, want_running = rule.plan_forward(track)
+        answer, name, step = None, None, None
+        if exchange:
+            name, step = self._name(), self._bnps_step
+            answer = s.client.bn_forward(name, step, count, _np(mean),
+                                         _np(m2), want_running=want_running)
+            self._bnps_step += 1
+        n, mu, mm2, global_backward, running = rule.resolve(
+            count, _np(mean), _np(m2), answer)
+        mu, mm2 = torch.from_numpy(mu), torch.from_numpy(mm2)
+        if running == _native.RUNNING_FROM_BATCH:
+            self._update_running(n, mu, mm2)
+        elif running == _native.RUNNING_FROM_SERVERS:
             with torch.no_grad():
-                self.running_mean.copy_(torch.from_numpy(run_mean))
-                self.running_var.copy_(torch.from_numpy(run_var))
+                self.running_mean.copy_(torch.from_numpy(answer[3]))
+                self.running_var.copy_(torch.from_numpy(answer[4]))
                 self.num_batches_tracked.add_(1)
-        # async: normalize with merge(own, the others'); backward stays local
-        n, mu, mm2 = _client.merge_moments(count, _np(mean), _np(m2),
-                                           got_count, got_mean, got_m2)
-        return _Stats(n, torch.from_numpy(mu),
-                      _biased(n, torch.from_numpy(mm2)))
+        if not global_backward:
+            name = step = None
+        return _Stats(n, mu, _biased(n, mm2), layer=name, step=step)
 
     def _exchange_backward(self, stats, sum_dy, sum_dy_xhat):
         # Backward passes have their own count, in the order autograd runs
@@ -309,24 +295,29 @@ class SyncBatchNorm(nn.modules.batchnorm._BatchNorm):
 
     def _update_running(self, count, mean, m2):
         """running = (1 - m) running + m batch (unbiased variance), in
-        float64, as torch does; momentum None: the cumulative average."""
-        if self.running_mean is None or count == 0:
+        float64, as torch does (client::UpdateRunning); momentum None: the
+        cumulative average."""
+        if self.running_mean is None:
             return
-        if count == 1:
-            raise ValueError("bnps SyncBatchNorm: expected more than 1 value "
-                             "per channel when training (the batch it "
-                             "normalizes with has one)")
+        tracked, rm, rv = _native.update_running(
+            count, _np(mean), _np(m2), self.momentum,
+            int(self.num_batches_tracked),
+            _np(self.running_mean.to(torch.float64).cpu()),
+            _np(self.running_var.to(torch.float64).cpu()))
         with torch.no_grad():
-            self.num_batches_tracked.add_(1)
-            m = self.momentum
-            if m is None:
-                m = 1.0 / float(self.num_batches_tracked)
-            rm = self.running_mean.to(torch.float64).cpu()
-            rv = self.running_var.to(torch.float64).cpu()
-            rm = (1 - m) * rm + m * mean
-            rv = (1 - m) * rv + m * (m2 / (count - 1))
-            self.running_mean.copy_(rm)
-            self.running_var.copy_(rv)
+            self.num_batches_tracked.fill_(tracked)
+            self.running_mean.copy_(torch.from_numpy(rm))
+            self.running_var.copy_(torch.from_numpy(rv))
+
+
+def worker_bn(connection):
+    """The connection's policy rules (bnps._native.WorkerBn), made once."""
+    rule = getattr(connection, "_bnps_worker_bn", None)
+    if rule is None:
+        rule = _native.WorkerBn(connection.config["policy"],
+                                connection.config.get("bn_momentum", 0.1))
+        connection._bnps_worker_bn = rule
+    return rule
 
 
 def _biased(count, m2):

@@ -1,0 +1,436 @@
+"""The native part of bnps: libbnps.so (python/native/bnps_c.h), a plain C
+ABI loaded with ctypes, so one build serves every CPython >= 3.9 and no
+torch or Python headers are linked. Internal: the package's modules use it;
+users import bnps.
+
+Where the library is looked for: $BNPS_NATIVE_LIB, beside this file (the
+wheel), then libbnps.so in each entry of sys.path (tools/bnps_python puts
+bazel-bin/python there; Bazel tests have it in their runfiles).
+
+Every failed call raises the bnps.errors class of its status code
+(InvalidArgument, DeadlineExceeded, ...), made from an Error(code,
+code_name, message). Vectors cross as float64 NumPy arrays,
+parameters as float32 arrays, copied into buffers this module owns.
+"""
+
+import ctypes
+import json
+import os
+import sys
+import threading
+
+import numpy as np
+
+from bnps import errors
+
+_LIB_NAME = "libbnps.so"
+_ERR_LEN = 4096
+
+c_int, c_int64, c_double = ctypes.c_int, ctypes.c_int64, ctypes.c_double
+c_char_p, c_void_p, c_size_t = ctypes.c_char_p, ctypes.c_void_p, ctypes.c_size_t
+# Float arrays cross as plain addresses (an ndarray's .ctypes.data): 0.8 us
+# each against 4.7 us for .ctypes.data_as(POINTER(c_double)), on a path
+# that runs per layer and step.
+_D = c_void_p
+_I64 = ctypes.POINTER(c_int64)
+_INT = ctypes.POINTER(c_int)
+
+
+class Error(RuntimeError):
+    """A failed call: args (code: int, code_name: str, message: str)."""
+
+
+def _find_library():
+    candidates = [os.environ.get("BNPS_NATIVE_LIB"),
+                  os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                               _LIB_NAME)]
+    candidates += [os.path.join(p or os.getcwd(), _LIB_NAME) for p in sys.path]
+    for c in candidates:
+        if c and os.path.isfile(c):
+            return c
+    raise ImportError(
+        "bnps: no " + _LIB_NAME + " (the native client library). Install "
+        "the wheel (pip install dist/bnps-*.whl), or build it with `bazel "
+        "build //python:libbnps.so` and run with tools/bnps_python "
+        "(docs/pytorch.md).")
+
+
+def _load():
+    path = _find_library()
+    lib = ctypes.CDLL(path)  # RTLD_LOCAL: its dependencies stay private
+    if lib.bnps_api_version() != 1:
+        raise ImportError(f"bnps: {path} has C ABI version "
+                          f"{lib.bnps_api_version()}, this package needs 1")
+    err = [c_char_p, c_size_t]
+    sig = {
+        "bnps_status_name": (c_char_p, [c_int]),
+        "bnps_arrays_size": (c_int64, [c_void_p]),
+        "bnps_arrays_name": (c_char_p, [c_void_p, c_int64]),
+        "bnps_arrays_itemsize": (c_int, [c_void_p, c_int64]),
+        "bnps_arrays_ndim": (c_int, [c_void_p, c_int64]),
+        "bnps_arrays_shape": (None, [c_void_p, c_int64, _I64]),
+        "bnps_arrays_copy": (None, [c_void_p, c_int64, c_void_p]),
+        "bnps_arrays_free": (None, [c_void_p]),
+        "bnps_client_connect": (c_int, [c_char_p, c_char_p, c_int, c_int,
+                                        c_char_p, c_char_p, c_char_p, c_char_p,
+                                        c_double, c_double,
+                                        ctypes.POINTER(c_void_p)] + err),
+        "bnps_client_close": (None, [c_void_p]),
+        "bnps_client_closed": (c_int, [c_void_p]),
+        "bnps_client_free": (None, [c_void_p]),
+        "bnps_client_config_json": (c_int, [c_void_p, c_char_p, c_size_t] +
+                                    err),
+        "bnps_client_live_workers": (c_int, [c_void_p, _INT, c_int, _INT] +
+                                     err),
+        "bnps_client_bn_forward": (c_int, [c_void_p, c_char_p, c_int64,
+                                           c_int64, _D, _D, c_int64, c_int,
+                                           _I64, _D, _D, _INT, _D, _D, _INT] +
+                                   err),
+        "bnps_client_bn_backward": (c_int, [c_void_p, c_char_p, c_int64, _D,
+                                            _D, c_int64, _D, _D] + err),
+        "bnps_client_bn_recal": (c_int, [c_void_p, c_char_p, c_int64, c_int64,
+                                         _D, _D, c_int64] + err),
+        "bnps_client_bn_recal_finish": (c_int, [c_void_p, c_char_p,
+                                                ctypes.POINTER(c_void_p)] +
+                                        err),
+        "bnps_client_bn_local_running": (c_int, [c_void_p, c_char_p, _D, _D,
+                                                 c_int64, _D, _D] + err),
+        "bnps_client_bn_running": (c_int, [c_void_p, c_char_p, c_int64, _D,
+                                           _D] + err),
+        "bnps_client_start_step": (c_int, [c_void_p, c_int64, _I64] + err),
+        "bnps_client_finish_step": (c_int, [c_void_p, c_int64] + err),
+        "bnps_client_leave": (c_int, [c_void_p] + err),
+        "bnps_export": (c_int, [c_char_p] * 7 + [c_double, c_char_p,
+                                                  c_size_t] + err),
+        "bnps_client_init_parameters": (c_int, [c_void_p, c_int, c_void_p,
+                                                c_void_p, c_void_p, c_void_p] +
+                                        err),
+        "bnps_client_push_gradients": (c_int, [c_void_p, c_int64, c_int64,
+                                               c_int, c_void_p, c_void_p,
+                                               c_void_p, c_void_p] + err),
+        "bnps_client_pull": (c_int, [c_void_p, c_int64, c_int, c_void_p,
+                                     ctypes.POINTER(c_void_p)] + err),
+        "bnps_worker_bn_new": (c_int, [c_char_p, c_double,
+                                       ctypes.POINTER(c_void_p)] + err),
+        "bnps_worker_bn_free": (None, [c_void_p]),
+        "bnps_worker_bn_check_layer": (c_int, [c_void_p, c_char_p, c_int,
+                                               c_int, c_double] + err),
+        "bnps_worker_bn_plan_forward": (None, [c_void_p, c_int, _INT, _INT]),
+        "bnps_worker_bn_resolve": (c_int, [c_void_p, c_int64, _D, _D, c_int64,
+                                           c_int, c_int64, _D, _D, c_int,
+                                           _I64, _D, _D, _INT, _INT] + err),
+        "bnps_worker_bn_settle": (c_int, [c_void_p, _INT] + err),
+        "bnps_update_running": (c_int, [c_int64, _D, _D, c_int64, c_int,
+                                        c_double, _I64, _D, _D] + err),
+        "bnps_merge_moments": (c_int, [c_int64, _D, _D, c_int64, _D, _D,
+                                       c_int64, _I64, _D, _D] + err),
+    }
+    for name, (restype, argtypes) in sig.items():
+        fn = getattr(lib, name)
+        fn.restype = restype
+        fn.argtypes = argtypes
+    return lib
+
+
+_lib = _load()
+
+
+_tls = threading.local()
+
+
+def _call(fn, *args):
+    """fn(*args, err, len); raises unless it returns 0."""
+    err = getattr(_tls, "err", None)
+    if err is None:  # one message buffer per thread, reused
+        err = _tls.err = ctypes.create_string_buffer(_ERR_LEN)
+    code = fn(*args, err, _ERR_LEN)
+    if code != 0:
+        raise errors.from_native(Error(
+            code, _lib.bnps_status_name(code).decode(),
+            err.value.decode("utf-8", "replace")))
+
+
+def _invalid(message):
+    return errors.from_native(Error(3, "INVALID_ARGUMENT", message))
+
+
+def _f64(a, what="array"):
+    v = np.ascontiguousarray(a, dtype=np.float64)
+    if v.ndim != 1:
+        raise _invalid(f"{what} must be 1-D, not {v.ndim}-D")
+    return v
+
+
+def _ptr(v):
+    """The address of a contiguous array; the caller keeps `v` alive."""
+    return v.ctypes.data
+
+
+def _out(channels):
+    return np.empty(channels, dtype=np.float64)
+
+
+def _same_size(channels, *arrays):
+    for a in arrays:
+        if a.size != channels:
+            raise _invalid(f"vectors of {a.size} and {channels} elements")
+
+
+def _arrays(handle):
+    """{name: array} of a bnps_arrays handle, which it frees."""
+    try:
+        out = {}
+        for i in range(_lib.bnps_arrays_size(handle)):
+            ndim = _lib.bnps_arrays_ndim(handle, i)
+            shape = (c_int64 * max(ndim, 1))()
+            _lib.bnps_arrays_shape(handle, i, shape)
+            dtype = np.float32 if _lib.bnps_arrays_itemsize(handle, i) == 4 \
+                else np.float64
+            a = np.empty(tuple(shape[:ndim]), dtype=dtype)
+            _lib.bnps_arrays_copy(handle, i, a.ctypes.data)
+            out[_lib.bnps_arrays_name(handle, i).decode()] = a
+        return out
+    finally:
+        _lib.bnps_arrays_free(handle)
+
+
+class _Params:
+    """{name: float32 array} as the C ABI's parallel arrays; keeps the
+    buffers alive as long as it lives."""
+
+    def __init__(self, params):
+        self.arrays = [np.ascontiguousarray(v, dtype=np.float32)
+                       for v in params.values()]
+        self.n = len(self.arrays)
+        self.names = (c_char_p * max(self.n, 1))(
+            *[str(k).encode() for k in params.keys()])
+        self.ndims = (c_int * max(self.n, 1))(*[a.ndim for a in self.arrays])
+        dims = [d for a in self.arrays for d in a.shape]
+        self.shapes = (c_int64 * max(len(dims), 1))(*dims)
+        self.data = (c_void_p * max(self.n, 1))(
+            *[a.ctypes.data for a in self.arrays])
+
+    def args(self):
+        return (self.n, self.names, self.ndims, self.shapes, self.data)
+
+
+class Client:
+    """One worker's connection (bnps_client), which bnps.client wraps."""
+
+    def __init__(self, servers, job, worker, num_workers, token_file="",
+                 tls_ca="", tls_cert="", tls_key="", connect_timeout_s=30.0,
+                 rpc_timeout_s=30.0):
+        h = c_void_p()
+        _call(_lib.bnps_client_connect, ",".join(servers).encode(),
+              job.encode(), int(worker), int(num_workers),
+              token_file.encode(), tls_ca.encode(), tls_cert.encode(),
+              tls_key.encode(), float(connect_timeout_s), float(rpc_timeout_s),
+              ctypes.byref(h))
+        self._h = h
+
+    def __del__(self):
+        h, self._h = getattr(self, "_h", None), None
+        if h and _lib is not None:
+            _lib.bnps_client_free(h)
+
+    def close(self):
+        _lib.bnps_client_close(self._h)
+
+    @property
+    def closed(self):
+        return bool(_lib.bnps_client_closed(self._h))
+
+    def config(self):
+        buf = ctypes.create_string_buffer(8192)
+        _call(_lib.bnps_client_config_json, self._h, buf, len(buf))
+        return json.loads(buf.value.decode())
+
+    def live_workers(self):
+        cap = 4096
+        ids, n = (c_int * cap)(), c_int()
+        _call(_lib.bnps_client_live_workers, self._h, ids, cap,
+              ctypes.byref(n))
+        return list(ids[:min(n.value, cap)])
+
+    def bn_forward(self, layer, step, count, mean, m2, want_running=False):
+        mean, m2 = _f64(mean, "mean"), _f64(m2, "m2")
+        c = mean.size
+        _same_size(c, m2)
+        n, contributors, has_running = c_int64(), c_int(), c_int()
+        g_mean, g_m2, r_mean, r_var = _out(c), _out(c), _out(c), _out(c)
+        _call(_lib.bnps_client_bn_forward, self._h, layer.encode(), int(step),
+              int(count), _ptr(mean), _ptr(m2), c, int(bool(want_running)),
+              ctypes.byref(n), _ptr(g_mean), _ptr(g_m2),
+              ctypes.byref(has_running), _ptr(r_mean), _ptr(r_var),
+              ctypes.byref(contributors))
+        if not has_running.value:
+            r_mean = r_var = None
+        return n.value, g_mean, g_m2, r_mean, r_var, contributors.value
+
+    def bn_backward(self, layer, step, sum_dy, sum_dy_xhat):
+        a, b = _f64(sum_dy, "sum_dy"), _f64(sum_dy_xhat, "sum_dy_xhat")
+        _same_size(a.size, b)
+        oa, ob = _out(a.size), _out(a.size)
+        _call(_lib.bnps_client_bn_backward, self._h, layer.encode(), int(step),
+              _ptr(a), _ptr(b), a.size, _ptr(oa), _ptr(ob))
+        return oa, ob
+
+    def bn_recal(self, layer, batch, count, mean, m2):
+        mean, m2 = _f64(mean, "mean"), _f64(m2, "m2")
+        _same_size(mean.size, m2)
+        _call(_lib.bnps_client_bn_recal, self._h, layer.encode(), int(batch),
+              int(count), _ptr(mean), _ptr(m2), mean.size)
+
+    def bn_recal_finish(self, layer):
+        h = c_void_p()
+        _call(_lib.bnps_client_bn_recal_finish, self._h, layer.encode(),
+              ctypes.byref(h))
+        a = _arrays(h)
+        return a["mean"], a["var"]
+
+    def bn_local_running(self, layer, mean, var):
+        mean, var = _f64(mean, "mean"), _f64(var, "var")
+        _same_size(mean.size, var)
+        om, ov = _out(mean.size), _out(mean.size)
+        _call(_lib.bnps_client_bn_local_running, self._h, layer.encode(),
+              _ptr(mean), _ptr(var), mean.size, _ptr(om), _ptr(ov))
+        return om, ov
+
+    def bn_running(self, layer, channels):
+        om, ov = _out(int(channels)), _out(int(channels))
+        _call(_lib.bnps_client_bn_running, self._h, layer.encode(),
+              int(channels), _ptr(om), _ptr(ov))
+        return om, ov
+
+    def init_parameters(self, params):
+        p = _Params(params)
+        _call(_lib.bnps_client_init_parameters, self._h, *p.args())
+
+    def push_gradients(self, step, num_samples, grads):
+        p = _Params(grads)
+        _call(_lib.bnps_client_push_gradients, self._h, int(step),
+              int(num_samples), *p.args())
+
+    def pull_parameters(self, min_version, keys=()):
+        keys = [str(k).encode() for k in keys]
+        arr = (c_char_p * max(len(keys), 1))(*keys)
+        h = c_void_p()
+        _call(_lib.bnps_client_pull, self._h, int(min_version), len(keys),
+              arr, ctypes.byref(h))
+        return _arrays(h)
+
+    def start_step(self, step):
+        out = c_int64()
+        _call(_lib.bnps_client_start_step, self._h, int(step),
+              ctypes.byref(out))
+        return out.value
+
+    def finish_step(self, completed):
+        _call(_lib.bnps_client_finish_step, self._h, int(completed))
+
+    def leave(self):
+        _call(_lib.bnps_client_leave, self._h)
+
+
+def export(servers, path, job="bnps", token_file="", tls_ca="", tls_cert="",
+           tls_key="", timeout_s=30.0):
+    """bnps_export: the job's state to `path` (safetensors); its summary."""
+    buf = ctypes.create_string_buffer(1024)
+    _call(_lib.bnps_export, ",".join(servers).encode(), str(path).encode(),
+          job.encode(), token_file.encode(), tls_ca.encode(), tls_cert.encode(),
+          tls_key.encode(), float(timeout_s), buf, len(buf))
+    return json.loads(buf.value.decode())
+
+
+# What a layer does with its running statistics after a forward pass
+# (WorkerBn.resolve) and how they are settled after training (settle).
+RUNNING_NONE, RUNNING_FROM_BATCH, RUNNING_FROM_SERVERS = 0, 1, 2
+SETTLE_NOTHING, SETTLE_WORKERS_AVERAGE, SETTLE_SERVERS = 0, 1, 2
+
+
+class WorkerBn:
+    """The worker side of the job's BN policy (client/worker_bn.h): the C++
+    worker's rules, which bnps.torch follows."""
+
+    def __init__(self, policy, job_bn_momentum):
+        h = c_void_p()
+        _call(_lib.bnps_worker_bn_new, str(policy).encode(),
+              float(job_bn_momentum), ctypes.byref(h))
+        self._h = h
+
+    def __del__(self):
+        h, self._h = getattr(self, "_h", None), None
+        if h and _lib is not None:
+            _lib.bnps_worker_bn_free(h)
+
+    def check_layer(self, layer, tracks_running, momentum):
+        _call(_lib.bnps_worker_bn_check_layer, self._h, str(layer).encode(),
+              int(bool(tracks_running)), int(momentum is not None),
+              0.0 if momentum is None else float(momentum))
+
+    def plan_forward(self, tracks_running):
+        """(exchange, want_running): whether to call bn_forward, and with
+        want_running."""
+        exchange, want = c_int(), c_int()
+        _lib.bnps_worker_bn_plan_forward(self._h, int(bool(tracks_running)),
+                                         ctypes.byref(exchange),
+                                         ctypes.byref(want))
+        return bool(exchange.value), bool(want.value)
+
+    def resolve(self, count, mean, m2, answer=None):
+        """(count, mean, m2) to normalize with, whether the backward pass
+        exchanges, and RUNNING_*; `answer` is bn_forward's tuple, or None."""
+        mean, m2 = _f64(mean, "mean"), _f64(m2, "m2")
+        c = mean.size
+        _same_size(c, m2)
+        if answer is None:
+            a_count, a_mean, a_m2, a_running = 0, _out(c), _out(c), 0
+        else:
+            a_count = answer[0]
+            a_mean, a_m2 = _f64(answer[1], "mean"), _f64(answer[2], "m2")
+            _same_size(c, a_mean, a_m2)
+            a_running = int(answer[3] is not None)
+        n, backward, running = c_int64(), c_int(), c_int()
+        o_mean, o_m2 = _out(c), _out(c)
+        _call(_lib.bnps_worker_bn_resolve, self._h, int(count), _ptr(mean),
+              _ptr(m2), c, int(answer is not None), int(a_count),
+              _ptr(a_mean), _ptr(a_m2), a_running, ctypes.byref(n),
+              _ptr(o_mean), _ptr(o_m2), ctypes.byref(backward),
+              ctypes.byref(running))
+        return n.value, o_mean, o_m2, bool(backward.value), running.value
+
+    def settle(self):
+        out = c_int()
+        _call(_lib.bnps_worker_bn_settle, self._h, ctypes.byref(out))
+        return out.value
+
+
+def update_running(count, mean, m2, momentum, batches_tracked, running_mean,
+                   running_var):
+    """client::UpdateRunning: returns (batches_tracked, running_mean,
+    running_var) after the update (float64 arrays)."""
+    mean, m2 = _f64(mean, "mean"), _f64(m2, "m2")
+    rm = np.array(running_mean, dtype=np.float64)
+    rv = np.array(running_var, dtype=np.float64)
+    _same_size(mean.size, m2, rm, rv)
+    tracked = c_int64(int(batches_tracked))
+    _call(_lib.bnps_update_running, int(count), _ptr(mean), _ptr(m2),
+          mean.size, int(momentum is not None),
+          0.0 if momentum is None else float(momentum), ctypes.byref(tracked),
+          _ptr(rm), _ptr(rv))
+    return tracked.value, rm, rv
+
+
+def merge_moments(count_a, mean_a, m2_a, count_b, mean_b, m2_b):
+    """merge(a, b), a first (bn::MergeInto): (count, mean, m2)."""
+    ma, m2a = _f64(mean_a, "mean"), _f64(m2_a, "m2")
+    mb, m2b = _f64(mean_b, "mean"), _f64(m2_b, "m2")
+    if not (ma.size == m2a.size and mb.size == m2b.size):
+        raise _invalid("mean and m2 of different sizes")
+    if ma.size != mb.size:
+        raise _invalid("moments of different channel counts")
+    n, om, om2 = c_int64(), _out(ma.size), _out(ma.size)
+    _call(_lib.bnps_merge_moments, int(count_a), _ptr(ma), _ptr(m2a),
+          int(count_b), _ptr(mb), _ptr(m2b), ma.size, ctypes.byref(n),
+          _ptr(om), _ptr(om2))
+    return n.value, om, om2

@@ -1,0 +1,212 @@
+/* libbnps: the bnps client library (client/grpc_ps_client.h) and the worker
+ * side of the BN policies (client/worker_bn.h) behind a plain C ABI, so one
+ * build serves every Python (bnps/_native.py loads it with ctypes) and any
+ * other language with a C FFI. Only the bnps_* symbols below are exported
+ * (a version script, bnps_c.lds); gRPC, protobuf and Abseil stay private.
+ *
+ * Conventions.
+ *  - Opaque handles, created by a *_new / *_connect call and released by the
+ *    matching *_free; a handle may be freed once, by its creator.
+ *  - Calls that can fail return a status code: 0 OK, otherwise an
+ *    absl::StatusCode (3 INVALID_ARGUMENT, 4 DEADLINE_EXCEEDED, 5 NOT_FOUND,
+ *    9 FAILED_PRECONDITION, 14 UNAVAILABLE, ...), and write the message,
+ *    NUL-terminated and truncated to fit, into `err` (`err_len` bytes; `err`
+ *    may be NULL). bnps_status_name names a code.
+ *  - Arrays are the caller's: per-channel vectors are float64 arrays of
+ *    `channels` elements, parameters float32 row-major; nothing keeps a
+ *    pointer to them after the call returns. Results of a size the caller
+ *    cannot know (bnps_client_bn_recal_finish, bnps_client_pull) come as a
+ *    bnps_arrays handle to copy out of and free.
+ *  - Thread-safety: a bnps_client may be used from several threads at once;
+ *    bnps_client_close may run while calls are in flight (they finish or
+ *    time out as if it had not come; later calls fail with
+ *    FAILED_PRECONDITION). bnps_worker_bn is immutable. Calls that talk to
+ *    the servers block; ctypes releases the GIL around them. */
+
+#ifndef BNPS_PYTHON_NATIVE_BNPS_C_H_
+#define BNPS_PYTHON_NATIVE_BNPS_C_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define BNPS_EXPORT __attribute__((visibility("default")))
+
+/* The ABI's version; a new version only adds functions. */
+#define BNPS_C_API_VERSION 1
+BNPS_EXPORT int bnps_api_version(void);
+/* "OK", "INVALID_ARGUMENT", ...; a static string. */
+BNPS_EXPORT const char* bnps_status_name(int code);
+
+/* --- named arrays that a call returns --- */
+typedef struct bnps_arrays bnps_arrays;
+BNPS_EXPORT int64_t bnps_arrays_size(const bnps_arrays* a);
+/* Entry i (0 <= i < size): its name (valid until the handle is freed), its
+ * element type (4: float32, 8: float64), rank, shape and elements. */
+BNPS_EXPORT const char* bnps_arrays_name(const bnps_arrays* a, int64_t i);
+BNPS_EXPORT int bnps_arrays_itemsize(const bnps_arrays* a, int64_t i);
+BNPS_EXPORT int bnps_arrays_ndim(const bnps_arrays* a, int64_t i);
+BNPS_EXPORT void bnps_arrays_shape(const bnps_arrays* a, int64_t i,
+                                   int64_t* shape);
+BNPS_EXPORT int64_t bnps_arrays_numel(const bnps_arrays* a, int64_t i);
+/* Copies entry i's numel * itemsize bytes to `dst`. */
+BNPS_EXPORT void bnps_arrays_copy(const bnps_arrays* a, int64_t i, void* dst);
+BNPS_EXPORT void bnps_arrays_free(bnps_arrays* a);
+
+/* --- one worker's connection to a job's shard servers --- */
+typedef struct bnps_client bnps_client;
+
+/* Connects to every server of `servers` (comma-separated, shard order) as
+ * worker `worker` of `num_workers`; empty strings leave the token and TLS
+ * off. UNAVAILABLE when a server cannot be reached within
+ * connect_timeout_s, FAILED_PRECONDITION when the servers run another job. */
+BNPS_EXPORT int bnps_client_connect(
+    const char* servers, const char* job, int worker, int num_workers,
+    const char* token_file, const char* tls_ca, const char* tls_cert,
+    const char* tls_key, double connect_timeout_s, double rpc_timeout_s,
+    bnps_client** out, char* err, size_t err_len);
+/* Stops heartbeating and drops the connection (idempotent). */
+BNPS_EXPORT void bnps_client_close(bnps_client* c);
+BNPS_EXPORT int bnps_client_closed(bnps_client* c);
+/* Closes and releases the handle. REQUIRES: no call in flight on it. */
+BNPS_EXPORT void bnps_client_free(bnps_client* c);
+
+/* The job as a JSON object: job, num_workers, num_shards, policy (the BN
+ * policy), gradients, staleness, learning_rate, momentum, weight_decay,
+ * bn_momentum, barrier_timeout_ms, heartbeat_timeout_ms. RESOURCE_EXHAUSTED
+ * if it does not fit in `len` bytes. */
+BNPS_EXPORT int bnps_client_config_json(bnps_client* c, char* buf, size_t len,
+                                        char* err, size_t err_len);
+/* The live workers' ids into `ids` (up to `cap`), their number in *n. */
+BNPS_EXPORT int bnps_client_live_workers(bnps_client* c, int* ids, int cap,
+                                         int* n, char* err, size_t err_len);
+
+/* PsClient::BnForward. The answer's moments into out_* (`channels` each);
+ * with want_running, *has_running says whether run_mean/run_var were
+ * written. */
+BNPS_EXPORT int bnps_client_bn_forward(
+    bnps_client* c, const char* layer, int64_t step, int64_t count,
+    const double* mean, const double* m2, int64_t channels, int want_running,
+    int64_t* out_count, double* out_mean, double* out_m2, int* has_running,
+    double* run_mean, double* run_var, int* contributors, char* err,
+    size_t err_len);
+BNPS_EXPORT int bnps_client_bn_backward(
+    bnps_client* c, const char* layer, int64_t step, const double* sum_dy,
+    const double* sum_dy_xhat, int64_t channels, double* out_sum_dy,
+    double* out_sum_dy_xhat, char* err, size_t err_len);
+BNPS_EXPORT int bnps_client_bn_recal(bnps_client* c, const char* layer,
+                                     int64_t batch, int64_t count,
+                                     const double* mean, const double* m2,
+                                     int64_t channels, char* err,
+                                     size_t err_len);
+/* Population statistics as arrays "mean" and "var" (float64). */
+BNPS_EXPORT int bnps_client_bn_recal_finish(bnps_client* c, const char* layer,
+                                            bnps_arrays** out, char* err,
+                                            size_t err_len);
+/* The workers' average (local) / the servers' (running) statistics into
+ * out_mean and out_var. */
+BNPS_EXPORT int bnps_client_bn_local_running(
+    bnps_client* c, const char* layer, const double* mean, const double* var,
+    int64_t channels, double* out_mean, double* out_var, char* err,
+    size_t err_len);
+BNPS_EXPORT int bnps_client_bn_running(bnps_client* c, const char* layer,
+                                       int64_t channels, double* out_mean,
+                                       double* out_var, char* err,
+                                       size_t err_len);
+BNPS_EXPORT int bnps_client_start_step(bnps_client* c, int64_t step,
+                                       int64_t* out, char* err,
+                                       size_t err_len);
+/* This worker finished the job (PsClient::Leave): its last call. The call
+ * that completes the job returns once every shard wrote its final
+ * checkpoint. */
+BNPS_EXPORT int bnps_client_leave(bnps_client* c, char* err, size_t err_len);
+BNPS_EXPORT int bnps_client_finish_step(bnps_client* c, int64_t completed,
+                                        char* err, size_t err_len);
+
+/* Parameters in: `n` tensors, tensor i named names[i] with ndims[i]
+ * dimensions (its shape the next ndims[i] entries of `shapes`, all
+ * concatenated) and float32 elements data[i]. */
+BNPS_EXPORT int bnps_client_init_parameters(
+    bnps_client* c, int n, const char* const* names, const int* ndims,
+    const int64_t* shapes, const float* const* data, char* err,
+    size_t err_len);
+BNPS_EXPORT int bnps_client_push_gradients(
+    bnps_client* c, int64_t step, int64_t num_samples, int n,
+    const char* const* names, const int* ndims, const int64_t* shapes,
+    const float* const* data, char* err, size_t err_len);
+/* The named keys (every key of the job when n_keys is 0) once each has had
+ * min_version updates applied, as float32 arrays. */
+BNPS_EXPORT int bnps_client_pull(bnps_client* c, int64_t min_version,
+                                 int n_keys, const char* const* keys,
+                                 bnps_arrays** out, char* err, size_t err_len);
+
+/* --- the worker side of the BN policy (client/worker_bn.h) --- */
+typedef struct bnps_worker_bn bnps_worker_bn;
+
+/* `policy`: "sync", "async", "local" or "recal" (INVALID_ARGUMENT else). */
+BNPS_EXPORT int bnps_worker_bn_new(const char* policy, double job_bn_momentum,
+                                   bnps_worker_bn** out, char* err,
+                                   size_t err_len);
+BNPS_EXPORT void bnps_worker_bn_free(bnps_worker_bn* r);
+/* WorkerBn::CheckLayer; has_momentum 0: torch's momentum None. */
+BNPS_EXPORT int bnps_worker_bn_check_layer(const bnps_worker_bn* r,
+                                           const char* layer,
+                                           int tracks_running,
+                                           int has_momentum, double momentum,
+                                           char* err, size_t err_len);
+BNPS_EXPORT void bnps_worker_bn_plan_forward(const bnps_worker_bn* r,
+                                             int tracks_running, int* exchange,
+                                             int* want_running);
+/* WorkerBn::Resolve: has_answer with the BnForward answer's moments and
+ * whether it carried running statistics. What to normalize with into
+ * out_*; *running_update: 0 none, 1 from the batch (bnps_update_running
+ * with out_*), 2 copy the answer's running statistics. */
+BNPS_EXPORT int bnps_worker_bn_resolve(
+    const bnps_worker_bn* r, int64_t count, const double* mean,
+    const double* m2, int64_t channels, int has_answer, int64_t answer_count,
+    const double* answer_mean, const double* answer_m2,
+    int answer_has_running, int64_t* out_count, double* out_mean,
+    double* out_m2, int* global_backward, int* running_update, char* err,
+    size_t err_len);
+/* *settle: 0 nothing, 1 the workers' average (bn_local_running), 2 the
+ * servers' (bn_running); FAILED_PRECONDITION under recal. */
+BNPS_EXPORT int bnps_worker_bn_settle(const bnps_worker_bn* r, int* settle,
+                                      char* err, size_t err_len);
+
+/* client::UpdateRunning on the caller's running_mean/running_var and
+ * *batches_tracked; has_momentum 0: the cumulative average. */
+BNPS_EXPORT int bnps_update_running(int64_t count, const double* mean,
+                                    const double* m2, int64_t channels,
+                                    int has_momentum, double momentum,
+                                    int64_t* batches_tracked,
+                                    double* running_mean, double* running_var,
+                                    char* err, size_t err_len);
+/* merge(a, b), a first (bn::MergeInto) into out_*. */
+BNPS_EXPORT int bnps_merge_moments(int64_t count_a, const double* mean_a,
+                                   const double* m2_a, int64_t count_b,
+                                   const double* mean_b, const double* m2_b,
+                                   int64_t channels, int64_t* out_count,
+                                   double* out_mean, double* out_m2, char* err,
+                                   size_t err_len);
+
+/* --- the export (client/job_reader.h, client/state_export.h) --- */
+
+/* Reads every shard of `servers` (comma-separated, shard order) without
+ * joining the job and writes the parameters and BN running statistics as
+ * safetensors to `path`, as bnps_status --export does. Writes a JSON object
+ * {"step", "job_complete", "parameters", "bn_layers"} into `json` (`len`
+ * bytes). Empty strings leave the token and TLS off. */
+BNPS_EXPORT int bnps_export(const char* servers, const char* path,
+                            const char* job, const char* token_file,
+                            const char* tls_ca, const char* tls_cert,
+                            const char* tls_key, double timeout_s, char* json,
+                            size_t len, char* err, size_t err_len);
+
+#ifdef __cplusplus
+}  /* extern "C" */
+#endif
+
+#endif  /* BNPS_PYTHON_NATIVE_BNPS_C_H_ */

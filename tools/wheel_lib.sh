@@ -1,0 +1,118 @@
+# Shared by tools/wheel_ci.sh and tools/wheel_test.sh (sourced, not run):
+# building the wheel, the checks of an installed one, and their report.
+# The caller sets `repo` and `work` (a scratch directory) first.
+
+passed=0; failed=0; skipped=0; results=()
+
+# check NAME COMMAND...: runs it with its output in $work/NAME.log; one line.
+check() {
+  local name="$1"; shift
+  local start=$SECONDS
+  if "$@" >"$work/$name.log" 2>&1; then
+    results+=("PASS  $name ($((SECONDS - start)) s)"); passed=$((passed + 1))
+    echo "wheel: PASS $name ($((SECONDS - start)) s)"
+  else
+    results+=("FAIL  $name ($((SECONDS - start)) s)"); failed=$((failed + 1))
+    echo "wheel: FAIL $name ($((SECONDS - start)) s); the end of its log:"
+    tail -40 "$work/$name.log" | sed 's/^/    /'
+  fi
+}
+
+skip() {  # skip NAME WHY
+  results+=("SKIP  $1: $2"); skipped=$((skipped + 1))
+  echo "wheel: SKIP $1: $2"
+}
+
+summary() {  # summary TITLE; exit status 0 iff nothing failed
+  echo
+  echo "wheel: $1"
+  printf '  %s\n' "${results[@]}"
+  echo "wheel: $passed passed, $failed failed, $skipped skipped"
+  [ "$failed" = 0 ]
+}
+
+# build_wheel DIR: python -m build --wheel from the repository into DIR,
+# with the wheel tools' venv (tools/setup.sh).
+build_wheel() {
+  local tools="${BNPS_WHEEL_TOOLS:-$HOME/.cache/bnps/wheel-tools}"
+  if [ ! -x "$tools/bin/python" ]; then
+    echo "no wheel tools at $tools; run tools/setup.sh"; return 2
+  fi
+  (cd "$repo" && "$tools/bin/python" -m build --wheel --outdir "$1" .)
+}
+
+# A run directory outside the source tree with the tests' own files only
+# (the Python tests, their workers, the example, TLS test data), laid out as
+# in Bazel's runfiles: each test finds its files under the working directory
+# and `import bnps` finds the installed package.
+make_run_dir() {  # make_run_dir DIR
+  local run="$1" d
+  mkdir -p "$run/python"
+  cp "$repo"/python/*_test.py "$run/python/"
+  for d in tests/pytorch tests/testdata/tls examples/pytorch; do
+    mkdir -p "$run/$(dirname "$d")"
+    cp -r "$repo/$d" "$run/$d"
+  done
+}
+
+# The Python tests of the run directory (python/, tests/pytorch/,
+# examples/pytorch/), relative paths, one per line.
+python_tests() {
+  (cd "$1" && ls python/*_test.py tests/pytorch/*_test.py \
+    examples/pytorch/*_test.py 2>/dev/null)
+}
+
+# Checks of the wheel installed in venv $1, run from the run directory $2.
+installed_checks() {
+  local venv="$1" run="$2" t
+  local py="$venv/bin/python"
+  cd "$run" || return 1
+  installed() {
+    local where
+    where="$("$py" -c 'import bnps, bnps._native as n; print(bnps.__file__, n._lib._name)')" &&
+      echo "$where" && [[ "$where" == "$venv/"*" $venv/"* ]]
+  }
+  check imports_the_installed_package installed
+  consoles() {
+    "$venv/bin/bnps-server" --help >/dev/null &&
+      "$venv/bin/bnps-status" --help >/dev/null
+  }
+  check console_scripts consoles
+  if "$py" -c 'import grpc' 2>/dev/null; then
+    check beside_torch_and_grpc "$py" -c "$beside_py" grpc-first
+    check bnps_before_torch_and_grpc "$py" -c "$beside_py" bnps-first
+  else
+    skip beside_torch_and_grpc "no grpcio in this environment"
+  fi
+  for t in $(python_tests "$run"); do
+    check "$(basename "$t" .py)" "$py" "$t"
+  done
+}
+
+# bnps in one process with grpcio and torch (argv[1]: which loads first):
+# a real job against the wheel's server, a SyncBatchNorm step against torch,
+# and a grpcio channel to the same server.
+beside_py="$(cat <<'PY'
+import sys
+if sys.argv[1] == "bnps-first":
+    import bnps._native  # libbnps.so and its vendored gRPC, first
+import grpc          # grpcio's own gRPC
+import torch
+import bnps.torch
+from bnps.cluster import LocalCluster, find_server_binary
+from bnps._console import packaged_binary
+assert find_server_binary() == packaged_binary("bnps_server")
+with LocalCluster(num_servers=1, num_workers=1) as c:
+    with bnps.torch.init(servers=c.servers, worker=0, num_workers=1) as conn:
+        bn = bnps.torch.SyncBatchNorm(3, name="bn", connection=conn)
+        x = torch.randn(4, 3, 5, requires_grad=True)
+        bn(x).sum().backward()
+        ref = torch.nn.BatchNorm1d(3)
+        torch.testing.assert_close(bn(x.detach()), ref(x.detach()))
+    ch = grpc.insecure_channel(c.servers)
+    grpc.channel_ready_future(ch).result(timeout=10)
+    ch.close()
+print("torch", torch.__version__, "grpcio", grpc.__version__, "python",
+      sys.version.split()[0], "ok")
+PY
+)"
