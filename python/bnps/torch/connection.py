@@ -11,6 +11,9 @@ Every argument left as None comes from the environment, like the binaries'
 flags: BNPS_SERVERS (comma-separated, shard order), BNPS_WORKER,
 BNPS_NUM_WORKERS, BNPS_JOB (default "bnps"), BNPS_TOKEN_FILE, BNPS_TLS_CA,
 BNPS_TLS_CERT, BNPS_TLS_KEY, BNPS_RPC_TIMEOUT_S, BNPS_CONNECT_TIMEOUT_S.
+Without BNPS_WORKER / BNPS_NUM_WORKERS the worker id and count come from the
+launcher's variables (torchrun, Kubeflow Trainer, Slurm: bnps.launch), which
+must agree with each other.
 
 The first connection opened becomes the default one, which layers without their
 own `connection=` use (as torch.distributed's default process group); closing it
@@ -23,6 +26,7 @@ import contextlib
 import os
 import threading
 
+from bnps import launch as _launch
 from bnps.client import Client
 
 _default_lock = threading.Lock()
@@ -32,8 +36,11 @@ POLICIES = ("sync", "async", "local", "recal")
 
 
 class Connection:
-    def __init__(self, client):
+    def __init__(self, client, placement=None):
         self.client = client
+        # Where this process sits (bnps.launch.Placement): local_rank,
+        # local_world_size and num_nodes are None where no launcher said.
+        self.placement = placement
         self.config = dict(client.config)
         self.policy = self.config["policy"]  # the BN policy
         # "sync" (bulk-synchronous) or "async" (stale-synchronous): the
@@ -109,14 +116,10 @@ def init(servers=None, worker=None, num_workers=None, job=None,
     if not servers:
         raise ValueError("bnps.torch.init: no servers (pass servers= or set "
                          "BNPS_SERVERS=host:port,host:port)")
-    worker = _env("BNPS_WORKER", worker, int)
-    num_workers = _env("BNPS_NUM_WORKERS", num_workers, int)
-    if worker is None or num_workers is None:
-        raise ValueError("bnps.torch.init: pass worker= and num_workers= (or "
-                         "set BNPS_WORKER and BNPS_NUM_WORKERS)")
+    placement = _launch.placement(worker=worker, num_workers=num_workers)
     client = Client(
-        servers, job=_env("BNPS_JOB", job, default="bnps"), worker=worker,
-        num_workers=num_workers,
+        servers, job=_env("BNPS_JOB", job, default="bnps"),
+        worker=placement.worker, num_workers=placement.num_workers,
         token_file=_env("BNPS_TOKEN_FILE", token_file, default=""),
         tls_ca=_env("BNPS_TLS_CA", tls_ca, default=""),
         tls_cert=_env("BNPS_TLS_CERT", tls_cert, default=""),
@@ -124,7 +127,7 @@ def init(servers=None, worker=None, num_workers=None, job=None,
         connect_timeout_s=_env("BNPS_CONNECT_TIMEOUT_S", connect_timeout_s,
                                float, 30.0),
         rpc_timeout_s=_env("BNPS_RPC_TIMEOUT_S", rpc_timeout_s, float, 30.0))
-    connection = Connection(client)
+    connection = Connection(client, placement)
     if set_default:
         with _default_lock:
             if _default is None:
