@@ -36,6 +36,11 @@ except ImportError:
 RUNFILES = os.getcwd()
 TRAIN = os.path.join(RUNFILES, "examples", "pytorch", "train.py")
 PYDIR = os.path.join(RUNFILES, "python")
+# The package, then whatever the caller's path has (the extension, when
+# run from the source tree: docs/pytorch.md).
+PYTHONPATH = os.pathsep.join(
+    [PYDIR] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+               if p])
 sys.path.insert(0, PYDIR)
 
 from bnps.cluster import LocalCluster  # noqa: E402
@@ -56,7 +61,7 @@ def torchrun(*flags):
 def env(**extra):
     e = {k: v for k, v in os.environ.items()
          if not k.startswith(("BNPS_WORKER", "BNPS_NUM_WORKERS", "RANK"))}
-    e.update(PYTHONPATH=PYDIR, OMP_NUM_THREADS="1", **extra)
+    e.update(PYTHONPATH=PYTHONPATH, OMP_NUM_THREADS="1", **extra)
     return e
 
 

@@ -34,6 +34,11 @@ except ImportError:
 RUNFILES = os.getcwd()
 HERE = os.path.dirname(os.path.abspath(__file__))
 PYDIR = os.path.join(RUNFILES, "python")
+# The package, then whatever the caller's path has (the extension, when
+# run from the source tree: docs/pytorch.md).
+PYTHONPATH = os.pathsep.join(
+    [PYDIR] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+               if p])
 sys.path.insert(0, PYDIR)
 sys.path.insert(0, HERE)
 
@@ -60,8 +65,8 @@ def run(scenario, policy, flags=()):
         for rank in range(ddp_cases.WORKERS):
             env = cluster.worker_env(rank)
             del env["BNPS_WORKER"], env["BNPS_NUM_WORKERS"]
-            env.update(PYTHONPATH=PYDIR, OMP_NUM_THREADS="1", RANK=str(rank),
-                       LOCAL_RANK=str(rank),
+            env.update(PYTHONPATH=PYTHONPATH, OMP_NUM_THREADS="1",
+                       RANK=str(rank), LOCAL_RANK=str(rank),
                        WORLD_SIZE=str(ddp_cases.WORKERS),
                        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
             procs.append(subprocess.Popen(
@@ -115,8 +120,9 @@ class DdpSyncTest(unittest.TestCase):
         for rank, g in enumerate(got):
             rows = ddp_cases.rows(rank)
             for step in range(ddp_cases.STEPS):
-                torch.testing.assert_close(g["y"][step], outputs[step][rows],
-                                           **F64, msg=f"step {step} rank {rank}")
+                torch.testing.assert_close(
+                    g["y"][step], outputs[step][rows], **F64,
+                    msg=f"step {step} rank {rank}")
             for key, value in model.state_dict().items():
                 torch.testing.assert_close(g["state"][key], value, **F64,
                                            msg=f"{key} rank {rank}")
@@ -140,8 +146,9 @@ class DdpOtherPoliciesTest(unittest.TestCase):
         for rank, g in enumerate(got):
             rows = ddp_cases.rows(rank)
             for step in range(ddp_cases.STEPS):
-                torch.testing.assert_close(g["y"][step], outputs[step][rows],
-                                           **F64, msg=f"step {step} rank {rank}")
+                torch.testing.assert_close(
+                    g["y"][step], outputs[step][rows], **F64,
+                    msg=f"step {step} rank {rank}")
             for key, value in model.state_dict().items():
                 if not key.endswith(RUNNING):
                     torch.testing.assert_close(g["state"][key], value, **F64,

@@ -51,7 +51,8 @@ def main():
             model, [ddp_cases.data(s)[0][rows] for s in range(2)])
     elif connection.policy in ("local", "async"):
         out["settled"] = bnps.torch.sync_running_stats(model)
-    out["state"] = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    out["state"] = {k: v.detach().clone()
+                    for k, v in model.state_dict().items()}
     connection.close()
     dist.destroy_process_group()
     torch.save(out, os.path.join(out_dir, f"{scenario}_w{rank}.pt"))

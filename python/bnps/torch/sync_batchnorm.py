@@ -96,8 +96,8 @@ def _forward(bn, x, weight, bias, eps):
     """y = (x - mean) / sqrt(var + eps) * weight + bias with the statistics
     the layer's exchange gives; returns (y, stats, invstd), invstd float64
     on the CPU. Per-element work is torch's fused kernel (batch_norm in
-    inference form). Shared by the autograd Function (eager) and the custom
-    op (torch.compile: bnps/torch/custom_ops.py), so both give the same bits."""
+    inference form). Shared by the autograd Function (eager) and the
+    custom op (torch.compile: bnps/torch/custom_ops.py): the same bits."""
     stats = bn._exchange_forward(x)
     acc = _acc_dtype(x.dtype)
     xa = x.to(acc)
