@@ -130,6 +130,35 @@ class InitTest(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, "BNPS_WORKER"):
             bnps.torch.init(num_workers=1)
 
+    def test_a_local_server_needs_a_process_group_and_no_servers(self):
+        with self.assertRaisesRegex(ValueError, "both given"):
+            bnps.torch.init(servers="127.0.0.1:1", worker=0, num_workers=1,
+                            start_local_server=True)
+        with self.assertRaisesRegex(ValueError, "no local rank"):
+            bnps.torch.init(worker=0, num_workers=1, start_local_server=True)
+        os.environ["LOCAL_RANK"] = "0"
+        try:
+            with self.assertRaisesRegex(RuntimeError, "init_process_group"):
+                bnps.torch.init(worker=0, num_workers=1,
+                                start_local_server=True)
+        finally:
+            del os.environ["LOCAL_RANK"]
+
+    def test_the_worker_id_from_torchruns_variables_is_checked(self):
+        # init() takes the id from RANK (no BNPS_WORKER), and checks it
+        # against the count before connecting.
+        saved = {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE")}
+        os.environ.update(RANK="1", WORLD_SIZE="2")
+        try:
+            with self.assertRaisesRegex(ValueError, "RANK=1"):
+                bnps.torch.init(servers="127.0.0.1:1", num_workers=1)
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k)
+                else:
+                    os.environ[k] = v
+
     def test_unreachable_server_is_unavailable_naming_it(self):
         os.environ["BNPS_CONNECT_TIMEOUT_S"] = "0.3"
         with self.assertRaises(bnps.Unavailable) as cm:

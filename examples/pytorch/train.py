@@ -10,10 +10,19 @@ processes against a local bnps cluster: bnps SyncBatchNorm for the BN layers
     tools/bnps_python examples/pytorch/train.py --policy recal
     tools/bnps_python examples/pytorch/train.py --train_examples 60000 --epochs 3
 
-Without BNPS_WORKER in the environment it starts the cluster (bnps.cluster:
---servers shard servers on 127.0.0.1) and W copies of itself as workers,
-prefixing their output with [wN]; each worker trains on every W-th of the
-first --train_examples images. After training the running statistics are
+    # under torchrun, servers in their own processes (or pods):
+    BNPS_SERVERS=host:port,host:port torchrun --nproc_per_node=4 train.py
+    # under torchrun, one server per node started by its local rank 0:
+    torchrun --nproc_per_node=4 train.py
+
+Run by hand (no BNPS_WORKER or RANK in the environment) it starts the
+cluster (bnps.cluster: --servers shard servers on 127.0.0.1) and W copies of
+itself as workers, prefixing their output with [wN]. Under a launcher
+(torchrun's RANK, or BNPS_WORKER) it is one worker: with BNPS_SERVERS it
+connects to those servers, without them it joins a gloo process group and
+each node's local rank 0 starts a server with the flags below
+(bnps.torch.init(start_local_server=True)). Each worker trains on every W-th
+of the first --train_examples images. After training the running statistics are
 settled as the policy says (sync: already identical; async: the servers';
 local: averaged over workers; recal: recalibrated over every worker's data),
 and worker 0 evaluates on --test_examples test images in eval mode.
@@ -57,11 +66,15 @@ def parse_args():
     return p.parse_args()
 
 
+def server_flags(args):
+    return [f"--learning_rate={args.learning_rate}",
+            f"--momentum={args.momentum}", f"--staleness={args.staleness}"
+            if args.policy == "async" else "--staleness=0"]
+
+
 def launch(args):
     from bnps.cluster import LocalCluster
-    flags = [f"--learning_rate={args.learning_rate}",
-             f"--momentum={args.momentum}", f"--staleness={args.staleness}"
-             if args.policy == "async" else "--staleness=0"]
+    flags = server_flags(args)
     start = time.monotonic()
     with LocalCluster(num_servers=args.servers, num_workers=args.workers,
                       policy=args.policy, job="pytorch-example",
@@ -107,8 +120,18 @@ def launch(args):
 def work(args):
     import bnps.torch
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    connection = bnps.torch.init()
+    if os.environ.get("BNPS_SERVERS"):
+        connection = bnps.torch.init()
+    else:  # torchrun without servers: one per node, from its local rank 0
+        import torch.distributed as dist
+        dist.init_process_group("gloo")
+        connection = bnps.torch.init(start_local_server=True,
+                                     policy=args.policy, job="pytorch-example",
+                                     server_flags=server_flags(args))
     w, nw = connection.worker, connection.num_workers
+    if connection.node_server is not None and w == 0:
+        print(f"servers (one per node): {connection.node_server.servers}",
+              flush=True)
     x, y = resnet.fashion_mnist("train", args.train_examples)
     x, y = x[w::nw], y[w::nw]
     torch.manual_seed(args.seed)  # the same initial model everywhere
@@ -163,7 +186,7 @@ def work(args):
               " ".join(f"{k}={v:.4f}" for k, v in accuracies.items()),
               flush=True)
     connection.finish()  # the job ends once every worker finished
-    connection.close()
+    connection.close()  # with start_local_server: a barrier, then it stops
     return 0
 
 
@@ -181,7 +204,8 @@ def evaluate(model, args):
 
 def main():
     args = parse_args()
-    if os.environ.get("BNPS_WORKER") is None:
+    if os.environ.get("BNPS_WORKER") is None and \
+            os.environ.get("RANK") is None:
         return launch(args)
     return work(args)
 

@@ -2,8 +2,9 @@
 
 Most users want bnps.torch (SyncBatchNorm backed by bnps). This package also
 holds bnps.Client (the client library's calls, float64 NumPy vectors in and
-out), bnps.errors (the exceptions every call raises) and bnps.cluster (a local
-cluster of shard servers, for tests, examples and benchmarks).
+out), bnps.errors (the exceptions every call raises), bnps.launch (the worker id
+and count from torchrun's, Kubeflow's or Slurm's variables) and bnps.cluster
+(shard servers started from Python, for tests, examples and benchmarks).
 
 The compiled part is libbnps.so, a plain C ABI (python/native/bnps_c.h)
 that bnps._native loads with ctypes: inside the wheel, or built by `bazel

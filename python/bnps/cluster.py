@@ -6,7 +6,9 @@ bnps_worker binaries; this starts only the servers, for Python workers).
         env = c.worker_env(worker=0)   # BNPS_SERVERS, BNPS_WORKER, ...
         ...
 
-Each server runs with --port=0 and prints the port it took; the servers run
+Each server runs with --port=0 and prints the port it took, and with
+--bn_port=0 (BN over raw TCP, as tools/bnps_launch.py starts them; not with
+TLS flags or an explicit --bn_port in server_flags); the servers run
 in their own session and are stopped (SIGTERM, then SIGKILL after 5 s) by PID
 when the context ends, or when start() fails. They also die with the thread
 that started them (Linux's parent-death signal, as tools/bnps_launch.py's
@@ -65,6 +67,110 @@ def find_server_binary(explicit=None):
         "with `bazel build //:bnps_server`, or set BNPS_SERVER_BIN")
 
 
+class ServerProcess:
+    """One bnps_server process: `args` are its flags (without the binary).
+    start() launches it (in its own session, dying with the thread that
+    started it) and returns once it printed its address, or raises
+    RuntimeError with the tail of its output; stop() ends it (SIGTERM, then
+    SIGKILL after `grace_s`) and is idempotent. Not thread-safe."""
+
+    def __init__(self, args, server_bin=None, start_timeout_s=30.0):
+        self.args = list(args)
+        self._bin = find_server_binary(server_bin)
+        self._timeout = start_timeout_s
+        self.proc = None
+        self._log = None
+        self.address = None  # "host:port" once started
+
+    def launch(self):
+        """Starts the process without waiting for its address."""
+        self._log = tempfile.TemporaryFile(mode="w+")
+        self.proc = subprocess.Popen(
+            [self._bin] + self.args, stdout=subprocess.PIPE, stderr=self._log,
+            stdin=subprocess.DEVNULL, text=True, start_new_session=True,
+            preexec_fn=_parent_death_signal())
+        return self
+
+    def wait_address(self, what="bnps_server"):
+        """The address the server printed; RuntimeError if none came within
+        start_timeout_s. A failure leaves the process to stop()."""
+        proc = self.proc
+        deadline = time.monotonic() + self._timeout
+        seen = []
+        while True:
+            left = deadline - time.monotonic()
+            # The server prints (and flushes) one whole line: once the pipe
+            # is readable, readline() does not block for long.
+            if left <= 0 or not select.select([proc.stdout], [], [], left)[0]:
+                break
+            line = proc.stdout.readline()
+            if not line:
+                break
+            seen.append(line)
+            m = _LISTENING.search(line)
+            if m:
+                self.address = f"{m.group(1)}:{m.group(2)}"
+                return self.address
+        raise RuntimeError(
+            f"{what} gave no port (exit status {proc.poll()}): "
+            f"{''.join(seen)[-1000:]}{self.log()[-2000:]}")
+
+    def start(self):
+        try:
+            self.launch().wait_address()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def log(self):
+        """What the server wrote on stderr so far."""
+        if self._log is None:
+            return ""
+        self._log.seek(0)
+        return self._log.read()
+
+    def signal(self, sig=signal.SIGTERM):
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+
+    def stop(self, grace_s=5.0):
+        self.signal()
+        self.reap(time.monotonic() + grace_s)
+
+    def reap(self, deadline):
+        """Waits for the process until `deadline` (time.monotonic), then
+        kills it; closes its pipes."""
+        p = self.proc
+        if p is not None:
+            try:
+                p.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+            if p.stdout:
+                p.stdout.close()
+        self.proc = None
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+
+def server_args(shard, num_shards, num_workers, policy="sync", job="bnps",
+                host="127.0.0.1", port=0, flags=()):
+    """bnps_server's flags for one shard of a job. BN traffic also goes over
+    raw TCP (--bn_port=0, a free port the workers learn when they register),
+    as tools/bnps_launch.py starts servers, unless `flags` set --bn_port or
+    TLS (a TLS job keeps BN on its encrypted gRPC stream)."""
+    flags = list(flags)
+    args = [f"--host={host}", f"--port={port}", f"--shard={shard}",
+            f"--num_shards={num_shards}", f"--num_workers={num_workers}",
+            f"--policy={policy}", f"--job={job}"]
+    if not any(f.startswith(("--bn_port", "--tls_cert")) for f in flags):
+        args.append("--bn_port=0")
+    return args + flags
+
+
 class LocalCluster:
     def __init__(self, num_servers=1, num_workers=2, policy="sync",
                  job="bnps", server_flags=(), server_bin=None,
@@ -76,9 +182,12 @@ class LocalCluster:
         self._flags = list(server_flags) + (["--keep_serving"] if keep_serving else [])
         self._bin = find_server_binary(server_bin)
         self._timeout = start_timeout_s
-        self._procs = []
-        self._logs = []
+        self._servers = []
         self.addresses = []
+
+    @property
+    def _procs(self):
+        return [s.proc for s in self._servers if s.proc is not None]
 
     def __enter__(self):
         self.start()
@@ -97,43 +206,15 @@ class LocalCluster:
             raise
 
     def _start(self):
-        preexec = _parent_death_signal()
         for shard in range(self.num_servers):
-            log = tempfile.TemporaryFile(mode="w+")
-            self._logs.append(log)
-            args = [self._bin, "--host=127.0.0.1", "--port=0",
-                    f"--shard={shard}", f"--num_shards={self.num_servers}",
-                    f"--num_workers={self.num_workers}",
-                    f"--policy={self.policy}", f"--job={self.job}"]
-            self._procs.append(subprocess.Popen(
-                args + self._flags, stdout=subprocess.PIPE, stderr=log,
-                stdin=subprocess.DEVNULL, text=True, start_new_session=True,
-                preexec_fn=preexec))
-        for shard, proc in enumerate(self._procs):
-            self.addresses.append(self._read_address(shard, proc))
+            self._servers.append(ServerProcess(
+                server_args(shard, self.num_servers, self.num_workers,
+                            self.policy, self.job, flags=self._flags),
+                self._bin, self._timeout).launch())
+        for shard, server in enumerate(self._servers):
+            self.addresses.append(
+                server.wait_address(f"bnps_server shard {shard}"))
         return self
-
-    def _read_address(self, shard, proc):
-        deadline = time.monotonic() + self._timeout
-        seen = []
-        while True:
-            left = deadline - time.monotonic()
-            # The server prints (and flushes) one whole line: once the pipe
-            # is readable, readline() does not block for long.
-            if left <= 0 or not select.select([proc.stdout], [], [], left)[0]:
-                break
-            line = proc.stdout.readline()
-            if not line:
-                break
-            seen.append(line)
-            m = _LISTENING.search(line)
-            if m:
-                return f"{m.group(1)}:{m.group(2)}"
-        self._logs[shard].seek(0)
-        raise RuntimeError(
-            f"bnps_server shard {shard} gave no port (exit status "
-            f"{proc.poll()}): {''.join(seen)[-1000:]}"
-            f"{self._logs[shard].read()[-2000:]}")
 
     @property
     def servers(self):
@@ -149,23 +230,12 @@ class LocalCluster:
         return env
 
     def server_log(self, shard):
-        self._logs[shard].seek(0)
-        return self._logs[shard].read()
+        return self._servers[shard].log()
 
     def stop(self):
-        for p in self._procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
+        for server in self._servers:
+            server.signal()
         deadline = time.monotonic() + 5
-        for p in self._procs:
-            try:
-                p.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-            if p.stdout:
-                p.stdout.close()
-        self._procs = []
-        for log in self._logs:
-            log.close()
-        self._logs = []
+        for server in self._servers:
+            server.reap(deadline)
+        self._servers = []

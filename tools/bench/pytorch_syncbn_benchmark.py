@@ -14,9 +14,17 @@ table gives each run's step times and the ratio bnps / plain as
 min / median / max over the runs. (On a GPU machine the issue also asks for
 torch.nn.SyncBatchNorm over gloo as a peer: not measured here, no GPU.)
 
+--interleave: each of the W processes holds both models and alternates a
+plain step and a bnps step, so both see the same load from the rest of the
+machine (on a shared, busy machine the separate runs' step times swing by
+several times from run to run, and so do their ratios).
+
     tools/bnps_python tools/bench/pytorch_syncbn_benchmark.py
     tools/bnps_python tools/bench/pytorch_syncbn_benchmark.py --workers=2 \\
         --batch=64 --width=32 --runs=5
+    tools/bnps_python tools/bench/pytorch_syncbn_benchmark.py \\
+        --server_flag=--bn_port=-1        # BN on the gRPC stream
+    tools/bnps_python tools/bench/pytorch_syncbn_benchmark.py --interleave
 
 A benchmark, not a test: it prints a table and exits 0 (1 if a process
 fails).
@@ -38,37 +46,46 @@ def child(args):
     import torch.nn.functional as F
     import resnet
     torch.set_num_threads(1)
-    torch.manual_seed(0)
-    model = resnet.SmallResNet(width=args.width)
-    if args.kind == "bnps":
-        import bnps.torch
-        bnps.torch.init()
-        model = bnps.torch.convert_sync_batchnorm(model)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    kinds = ["plain", "bnps"] if args.kind == "both" else [args.kind]
+    runs = {}
+    for kind in kinds:
+        torch.manual_seed(0)
+        model = resnet.SmallResNet(width=args.width)
+        if kind == "bnps":
+            import bnps.torch
+            bnps.torch.init()
+            model = bnps.torch.convert_sync_batchnorm(model)
+        runs[kind] = (model, torch.optim.SGD(model.parameters(), lr=0.01,
+                                             momentum=0.9), [])
     g = torch.Generator().manual_seed(1)
     x = torch.randn(args.batch, 1, 28, 28, generator=g)
     y = torch.randint(0, 10, (args.batch,), generator=g)
-    times = []
     for i in range(args.warmup + args.steps):
-        start = time.perf_counter()
-        opt.zero_grad()
-        F.cross_entropy(model(x), y).backward()
-        opt.step()
-        if i >= args.warmup:
-            times.append(time.perf_counter() - start)
-    print(f"median_ms={1000 * statistics.median(times):.3f}", flush=True)
+        for kind in kinds:  # plain, then bnps, when interleaved
+            model, opt, times = runs[kind]
+            start = time.perf_counter()
+            opt.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+            if i >= args.warmup:
+                times.append(time.perf_counter() - start)
+    print("median_ms=" + ",".join(
+        f"{1000 * statistics.median(runs[k][2]):.3f}" for k in kinds),
+        flush=True)
 
 
 def measure(args, kind, workers):
-    """Median over workers of their median step time (ms)."""
+    """Median over workers of their median step time (ms); kind "both":
+    (plain, bnps)."""
     from bnps.cluster import LocalCluster
     cmd = [sys.executable, os.path.abspath(__file__), "--child", kind,
            f"--batch={args.batch}", f"--width={args.width}",
            f"--steps={args.steps}", f"--warmup={args.warmup}"]
     cluster = None
-    if kind == "bnps":
+    if kind in ("bnps", "both"):
         cluster = LocalCluster(num_servers=args.servers, num_workers=workers,
-                               policy="sync").start()
+                               policy="sync",
+                               server_flags=args.server_flag).start()
     try:
         procs = []
         for w in range(workers):
@@ -81,8 +98,10 @@ def measure(args, kind, workers):
             out, err = p.communicate(timeout=600)
             if p.returncode != 0:
                 raise RuntimeError(f"{kind} worker failed:\n{err[-3000:]}")
-            medians.append(float(out.strip().split("=")[1]))
-        return statistics.median(medians)
+            medians.append([float(v) for v in
+                            out.strip().split("=")[1].split(",")])
+        per_kind = [statistics.median(m) for m in zip(*medians)]
+        return per_kind[0] if len(per_kind) == 1 else tuple(per_kind)
     finally:
         if cluster:
             cluster.stop()
@@ -97,7 +116,13 @@ def main():
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--runs", type=int, default=3)
-    p.add_argument("--child", choices=["plain", "bnps"], dest="kind")
+    p.add_argument("--server_flag", action="append", default=[],
+                   help="an extra bnps_server flag (repeatable), e.g. "
+                        "--server_flag=--bn_port=-1 for BN on the gRPC "
+                        "stream instead of raw TCP")
+    p.add_argument("--interleave", action="store_true",
+                   help="each process alternates a plain and a bnps step")
+    p.add_argument("--child", choices=["plain", "bnps", "both"], dest="kind")
     args = p.parse_args()
     if args.kind:
         return child(args)
@@ -105,13 +130,21 @@ def main():
     print(f"small ResNet width {args.width}, batch {args.batch} per worker, "
           f"{args.steps} timed steps, 1 thread per process, torch "
           f"{torch.__version__}, {os.cpu_count()} CPUs, {args.servers} "
-          f"shard(s)\n")
+          f"shard(s), server flags {' '.join(args.server_flag) or 'none'} "
+          f"(BN over raw TCP unless --bn_port=-1), "
+          f"{'interleaved' if args.interleave else 'separate'} runs, load "
+          f"average {os.getloadavg()[0]:.1f}\n")
     print("| workers | plain BN ms/step (runs) | bnps SyncBN ms/step (runs) "
           "| ratio bnps/plain min / median / max |")
     print("|---|---|---|---|")
     for workers in [int(w) for w in args.workers.split(",")]:
         plain, sync = [], []
         for _ in range(args.runs):
+            if args.interleave:
+                p_ms, s_ms = measure(args, "both", workers)
+                plain.append(p_ms)
+                sync.append(s_ms)
+                continue
             plain.append(measure(args, "plain", workers))
             sync.append(measure(args, "bnps", workers))
         ratios = sorted(s / q for s, q in zip(sync, plain))

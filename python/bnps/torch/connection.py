@@ -12,6 +12,9 @@ Every argument left as None comes from the environment, like the binaries'
 flags: BNPS_SERVERS (comma-separated, shard order), BNPS_WORKER,
 BNPS_NUM_WORKERS, BNPS_JOB (default "bnps"), BNPS_TOKEN_FILE, BNPS_TLS_CA,
 BNPS_TLS_CERT, BNPS_TLS_KEY, BNPS_RPC_TIMEOUT_S, BNPS_CONNECT_TIMEOUT_S.
+Without BNPS_WORKER / BNPS_NUM_WORKERS the worker id and count come from the
+launcher's variables (torchrun, Kubeflow Trainer, Slurm: bnps.launch), which
+must agree with each other.
 
 The first connection opened becomes the default one, which layers without their
 own `connection=` use (as torch.distributed's default process group); closing it
@@ -24,6 +27,7 @@ import contextlib
 import os
 import threading
 
+from bnps import launch as _launch
 from bnps.client import Client
 
 _default_lock = threading.Lock()
@@ -33,8 +37,13 @@ POLICIES = ("sync", "async", "local", "recal")
 
 
 class Connection:
-    def __init__(self, client):
+    def __init__(self, client, placement=None, node_server=None):
         self.client = client
+        # init(start_local_server=True): the job's servers, one per node.
+        self.node_server = node_server
+        # Where this process sits (bnps.launch.Placement): local_rank,
+        # local_world_size and num_nodes are None where no launcher said.
+        self.placement = placement
         self.config = dict(client.config)
         self.policy = self.config["policy"]  # the BN policy
         # "sync" (bulk-synchronous) or "async" (stale-synchronous): the
@@ -60,12 +69,17 @@ class Connection:
         self.client.leave()
 
     def close(self):
-        """Disconnects (idempotent); layers using it fail afterwards."""
+        """Disconnects (idempotent); layers using it fail afterwards. With
+        init(start_local_server=True) a collective: a barrier of every
+        process, then the node's server stops."""
         global _default
         with _default_lock:
             if _default is self:
                 _default = None
         self.client.close()
+        if self.node_server is not None:
+            self.node_server.stop()
+            self.node_server = None
 
     def __enter__(self):
         return self
@@ -110,24 +124,57 @@ def _env(name, value, convert=str, default=None):
 
 def init(servers=None, worker=None, num_workers=None, job=None,
          token_file=None, tls_ca=None, tls_cert=None, tls_key=None,
-         connect_timeout_s=None, rpc_timeout_s=None, set_default=True):
+         connect_timeout_s=None, rpc_timeout_s=None, set_default=True,
+         start_local_server=False, policy="sync", server_flags=(),
+         server_host=None):
     """Connects this process to the job as worker `worker` of `num_workers`
     and returns a Connection. Raises ValueError for missing or bad arguments,
     bnps.Unavailable when a server cannot be reached, bnps.FailedPrecondition
-    when the servers run another job or the worker id is taken."""
+    when the servers run another job or the worker id is taken.
+
+    start_local_server=True (instead of servers=): every node's local rank 0
+    starts a bnps_server (--policy=`policy`, `server_flags`, bound to
+    `server_host`) and all processes connect to all of them
+    (bnps.torch.node_server; a collective over torch.distributed, which must
+    be initialized). close() is then a collective too."""
     global _default
     servers = _env("BNPS_SERVERS", servers)
-    if not servers:
-        raise ValueError("bnps.torch.init: no servers (pass servers= or set "
-                         "BNPS_SERVERS=host:port,host:port)")
-    worker = _env("BNPS_WORKER", worker, int)
-    num_workers = _env("BNPS_NUM_WORKERS", num_workers, int)
-    if worker is None or num_workers is None:
-        raise ValueError("bnps.torch.init: pass worker= and num_workers= (or "
-                         "set BNPS_WORKER and BNPS_NUM_WORKERS)")
-    client = Client(
-        servers, job=_env("BNPS_JOB", job, default="bnps"), worker=worker,
-        num_workers=num_workers,
+    if bool(servers) == bool(start_local_server):
+        raise ValueError(
+            "bnps.torch.init: " + ("start_local_server=True and servers (or "
+                                   "BNPS_SERVERS) both given" if servers else
+                                   "no servers (pass servers= or set "
+                                   "BNPS_SERVERS=host:port,host:port, or "
+                                   "start_local_server=True)"))
+    placement = _launch.placement(worker=worker, num_workers=num_workers)
+    job = _env("BNPS_JOB", job, default="bnps")
+    node_server = None
+    if start_local_server:
+        from bnps.torch import node_server as _node_server
+        node_server = _node_server.start(
+            placement, policy=policy, job=job, flags=server_flags,
+            host=_env("BNPS_SERVER_HOST", server_host))
+        servers = node_server.servers
+    try:
+        client = _connect(servers, job, placement, token_file, tls_ca,
+                          tls_cert, tls_key, connect_timeout_s, rpc_timeout_s)
+    except BaseException:
+        if node_server is not None and node_server.process is not None:
+            node_server.process.stop()
+        raise
+    connection = Connection(client, placement, node_server)
+    if set_default:
+        with _default_lock:
+            if _default is None:
+                _default = connection
+    return connection
+
+
+def _connect(servers, job, placement, token_file, tls_ca, tls_cert, tls_key,
+             connect_timeout_s, rpc_timeout_s):
+    return Client(
+        servers, job=job,
+        worker=placement.worker, num_workers=placement.num_workers,
         token_file=_env("BNPS_TOKEN_FILE", token_file, default=""),
         tls_ca=_env("BNPS_TLS_CA", tls_ca, default=""),
         tls_cert=_env("BNPS_TLS_CERT", tls_cert, default=""),
@@ -135,12 +182,6 @@ def init(servers=None, worker=None, num_workers=None, job=None,
         connect_timeout_s=_env("BNPS_CONNECT_TIMEOUT_S", connect_timeout_s,
                                float, 30.0),
         rpc_timeout_s=_env("BNPS_RPC_TIMEOUT_S", rpc_timeout_s, float, 30.0))
-    connection = Connection(client)
-    if set_default:
-        with _default_lock:
-            if _default is None:
-                _default = connection
-    return connection
 
 
 def default_connection():

@@ -43,6 +43,7 @@ from torch.autograd.function import once_differentiable
 from torch.nn import functional as F
 
 from bnps import _native
+from bnps.torch import custom_ops as _ops
 from bnps.torch import connection as _connection
 
 
@@ -89,86 +90,102 @@ class _Stats:
         self.step = step
 
 
-class _SyncBatchNormFunction(torch.autograd.Function):
+def _forward(bn, x, weight, bias, eps):
     """y = (x - mean) / sqrt(var + eps) * weight + bias with the statistics
-    the layer's exchange gives; dx with the sums its backward exchange gives
-    (bn/kernels.h explains the variants). Per-element work is torch's fused
-    CPU/CUDA kernels: batch_norm in inference form for y, the backward
-    kernel's reduction for the two sums, and two fused multiply-adds for dx.
-    """
+    the layer's exchange gives; returns (y, stats, invstd), invstd float64
+    on the CPU. Per-element work is torch's fused kernel (batch_norm in
+    inference form). Shared by the autograd Function (eager) and the
+    custom op (torch.compile: bnps/torch/custom_ops.py): the same bits."""
+    stats = bn._exchange_forward(x)
+    acc = _acc_dtype(x.dtype)
+    xa = x.to(acc)
+    mean = stats.mean.to(device=x.device, dtype=acc)
+    var = stats.var.to(device=x.device, dtype=acc)
+    w = None if weight is None else weight.to(acc)
+    b = None if bias is None else bias.to(acc)
+    y = F.batch_norm(xa, mean, var, w, b, False, 0.0, eps)
+    invstd = torch.rsqrt(stats.var + eps)  # float64, CPU
+    return y.to(x.dtype), stats, invstd
+
+
+def _backward(bn, x, weight, dy, stats, invstd, eps, need_dx):
+    """(dx, dweight, dbias) of _forward: dx with the sums the layer's
+    backward exchange gives (bn/kernels.h explains the variants), from
+    torch's fused reduction for the two sums and two fused multiply-adds;
+    dx None unless need_dx, dweight and dbias None without a weight."""
+    acc = _acc_dtype(x.dtype)
+    channels = x.shape[1]
+    f64 = dict(dtype=torch.float64)
+    if x.numel() > 0:
+        xa, dya = x.to(acc), dy.to(acc)
+        # A weight of ones, not None: CUDA's reduction allocates
+        # grad_weight with the weight's options ("tensor does not have a
+        # device" for None). Its values do not enter the two sums.
+        ones = torch.ones(channels, dtype=acc, device=x.device)
+        _, sum_dy_xhat, sum_dy = torch.ops.aten.native_batch_norm_backward(
+            dya, xa, ones, None, None,
+            stats.mean.to(device=x.device, dtype=acc),
+            invstd.to(device=x.device, dtype=acc), True, eps,
+            [False, True, True])
+    else:
+        sum_dy = torch.zeros(channels, dtype=acc, device=x.device)
+        sum_dy_xhat = torch.zeros_like(sum_dy)
+    l_dy = sum_dy.to(**f64).cpu()
+    l_dy_xhat = sum_dy_xhat.to(**f64).cpu()
+    if stats.layer is not None:  # sync: the global sums
+        g_dy, g_dy_xhat = bn._exchange_backward(
+            stats, _np(l_dy), _np(l_dy_xhat))
+        g_dy = torch.from_numpy(g_dy)
+        g_dy_xhat = torch.from_numpy(g_dy_xhat)
+    else:
+        g_dy, g_dy_xhat = l_dy, l_dy_xhat
+    dx = None
+    if need_dx:
+        if x.numel() == 0:
+            dx = torch.zeros_like(x)
+        else:
+            # dx = k1 dy + k2 x + k3 per channel (float64 coefficients):
+            # k1 dy - k1 sum_dy / n - k1 x_hat sum_dy_xhat / n.
+            n = stats.count
+            k1 = invstd if weight is None else \
+                invstd * weight.detach().to(**f64).cpu()
+            k2 = -k1 * invstd * g_dy_xhat / n
+            k3 = -k1 * g_dy / n - k2 * stats.mean
+            shape = _channel_shape(x)
+
+            def dev(t):
+                return t.to(device=x.device, dtype=acc).view(shape)
+            dx = torch.addcmul(dev(k3), xa, dev(k2))
+            dx.addcmul_(dya, dev(k1))
+            dx = dx.to(x.dtype)
+    dweight = dbias = None
+    if weight is not None:
+        dweight = sum_dy_xhat.to(weight.dtype)
+        dbias = sum_dy.to(weight.dtype)
+    return dx, dweight, dbias
+
+
+class _SyncBatchNormFunction(torch.autograd.Function):
+    """The layer's training-mode forward and backward in eager mode (and on
+    torch < 2.4 always): _forward and _backward."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, bn, eps):
-        stats = bn._exchange_forward(x)
-        acc = _acc_dtype(x.dtype)
-        xa = x.to(acc)
-        mean = stats.mean.to(device=x.device, dtype=acc)
-        var = stats.var.to(device=x.device, dtype=acc)
-        w = None if weight is None else weight.to(acc)
-        b = None if bias is None else bias.to(acc)
-        y = F.batch_norm(xa, mean, var, w, b, False, 0.0, eps)
-        invstd = torch.rsqrt(stats.var + eps)  # float64, CPU
+        y, stats, invstd = _forward(bn, x, weight, bias, eps)
         ctx.save_for_backward(x, weight)
         ctx.stats = stats
         ctx.invstd = invstd
         ctx.bn = bn
         ctx.eps = eps
-        return y.to(x.dtype)
+        return y
 
     @staticmethod
     @once_differentiable  # the exchanged statistics are constants here: a
     def backward(ctx, dy):  # second derivative would be silently wrong
         x, weight = ctx.saved_tensors
-        stats, invstd = ctx.stats, ctx.invstd
-        acc = _acc_dtype(x.dtype)
-        channels = x.shape[1]
-        f64 = dict(dtype=torch.float64)
-        if x.numel() > 0:
-            xa, dya = x.to(acc), dy.to(acc)
-            # A weight of ones, not None: CUDA's reduction allocates
-            # grad_weight with the weight's options ("tensor does not have a
-            # device" for None). Its values do not enter the two sums.
-            ones = torch.ones(channels, dtype=acc, device=x.device)
-            _, sum_dy_xhat, sum_dy = torch.ops.aten.native_batch_norm_backward(
-                dya, xa, ones, None, None,
-                stats.mean.to(device=x.device, dtype=acc),
-                invstd.to(device=x.device, dtype=acc), True, ctx.eps,
-                [False, True, True])
-        else:
-            sum_dy = torch.zeros(channels, dtype=acc, device=x.device)
-            sum_dy_xhat = torch.zeros_like(sum_dy)
-        l_dy = sum_dy.to(**f64).cpu()
-        l_dy_xhat = sum_dy_xhat.to(**f64).cpu()
-        if stats.layer is not None:  # sync: the global sums
-            g_dy, g_dy_xhat = ctx.bn._exchange_backward(
-                stats, _np(l_dy), _np(l_dy_xhat))
-            g_dy = torch.from_numpy(g_dy)
-            g_dy_xhat = torch.from_numpy(g_dy_xhat)
-        else:
-            g_dy, g_dy_xhat = l_dy, l_dy_xhat
-        dx = None
-        if ctx.needs_input_grad[0]:
-            if x.numel() == 0:
-                dx = torch.zeros_like(x)
-            else:
-                # dx = k1 dy + k2 x + k3 per channel (float64 coefficients):
-                # k1 dy - k1 sum_dy / n - k1 x_hat sum_dy_xhat / n.
-                n = stats.count
-                k1 = invstd if weight is None else \
-                    invstd * weight.detach().to(**f64).cpu()
-                k2 = -k1 * invstd * g_dy_xhat / n
-                k3 = -k1 * g_dy / n - k2 * stats.mean
-                shape = _channel_shape(x)
-
-                def dev(t):
-                    return t.to(device=x.device, dtype=acc).view(shape)
-                dx = torch.addcmul(dev(k3), xa, dev(k2))
-                dx.addcmul_(dya, dev(k1))
-                dx = dx.to(x.dtype)
-        dweight = dbias = None
-        if weight is not None:
-            dweight = sum_dy_xhat.to(weight.dtype)
-            dbias = sum_dy.to(weight.dtype)
+        dx, dweight, dbias = _backward(ctx.bn, x, weight, dy, ctx.stats,
+                                       ctx.invstd, ctx.eps,
+                                       ctx.needs_input_grad[0])
         return dx, dweight, dbias, None, None
 
 
@@ -190,6 +207,13 @@ class SyncBatchNorm(nn.modules.batchnorm._BatchNorm):
         self._recal_batch = None  # not None: the next recalibration batch
         self._recal_key = None    # the servers' key of this recalibration
         self._bnps_rounds = {}    # settling rounds so far (convert.py)
+        self._bnps_op_id = _ops.register(self)  # for torch.compile
+
+    def __setstate__(self, state):
+        # A copy (copy.deepcopy, pickle) is a layer of its own for the
+        # compiled ops.
+        super().__setstate__(state)
+        self._bnps_op_id = _ops.register(self)
 
     def _check_input_dim(self, x):
         if x.dim() < 2 or x.dim() > 5:
@@ -219,6 +243,9 @@ class SyncBatchNorm(nn.modules.batchnorm._BatchNorm):
         self._check_input_dim(x)
         if not self.training and self.running_mean is not None:
             return self._eval_forward(x)
+        if _ops.compiling():  # torch >= 2.4 under torch.compile
+            return _ops.batch_norm(x, self.weight, self.bias,
+                                       self._bnps_op_id, self.eps)[0]
         return _SyncBatchNormFunction.apply(x, self.weight, self.bias, self,
                                             self.eps)
 

@@ -1,0 +1,140 @@
+"""SyncBatchNorm under torch.compile: on torch >= 2.4 the layer's training
+forward and backward are the custom ops bnps::batch_norm and
+bnps::batch_norm_backward (torch.library.custom_op, with fake
+implementations and the autograd registration), so that Dynamo puts them in
+the graph as opaque calls instead of breaking it at the exchange with the
+servers, and `torch.compile(model, fullgraph=True)` works. The ops run the
+same code as the eager autograd Function (sync_batchnorm._forward and
+_backward), so compiled and eager give the same bits.
+
+Eager mode (not compiling) keeps the autograd Function: a custom op's
+dispatch costs more per call. On torch < 2.4 nothing is registered and the
+layer always runs the Function (torch.compile breaks the graph there).
+
+The ops name their layer by an integer id: a custom op takes tensors and
+scalars, not modules. Each SyncBatchNorm registers itself here when made (or
+copied, or unpickled); the registry holds it weakly. That table is this
+package's one piece of process-wide state, and only this module touches it.
+
+Side effects the ops do not declare to torch: the exchanges with the
+servers, the layer's step counters and its running statistics (updated in
+place, as in eager mode). The compiled graph never reads those buffers in
+training mode, and in eval mode they are graph inputs, read when it runs.
+"""
+
+import itertools
+import threading
+import weakref
+from typing import Optional, Tuple
+
+import torch
+
+_lock = threading.Lock()
+_layers = weakref.WeakValueDictionary()  # id -> SyncBatchNorm
+_ids = itertools.count()
+
+
+def _version_at_least(major, minor):
+    try:
+        parts = torch.__version__.split("+")[0].split(".")
+        return (int(parts[0]), int(parts[1])) >= (major, minor)
+    except (ValueError, IndexError):
+        return False
+
+
+# torch.library.custom_op and register_autograd arrived in torch 2.4.
+SUPPORTED = _version_at_least(2, 4) and hasattr(torch.library, "custom_op")
+
+
+def register(layer):
+    """A new id for `layer` (held weakly); its ops name it by that id."""
+    with _lock:
+        i = next(_ids)
+        _layers[i] = layer
+    return i
+
+
+def compiling():
+    """Whether Dynamo is tracing now and the ops exist (a constant for
+    Dynamo, so the branch costs nothing in the graph)."""
+    return SUPPORTED and torch.compiler.is_compiling()
+
+
+def _layer(i):
+    layer = _layers.get(i)
+    if layer is None:
+        raise RuntimeError(f"bnps: no SyncBatchNorm with id {i} (the layer "
+                           f"was freed)")
+    return layer
+
+
+if SUPPORTED:
+    @torch.library.custom_op("bnps::batch_norm", mutates_args=())
+    def batch_norm(x: torch.Tensor, weight: Optional[torch.Tensor],
+                   bias: Optional[torch.Tensor], layer: int, eps: float
+                   ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                              torch.Tensor]:
+        """(y, mean, invstd, info): the output; the mean and 1/std it
+        normalized with (float64, CPU); info = [count, synced] (int64,
+        CPU; synced: the backward pass merges across workers)."""
+        from bnps.torch import sync_batchnorm as sbn
+        y, stats, invstd = sbn._forward(_layer(layer), x, weight, bias, eps)
+        info = torch.tensor([stats.count, int(stats.layer is not None)],
+                            dtype=torch.int64)
+        return y, stats.mean.clone(), invstd, info
+
+    @batch_norm.register_fake
+    def _(x, weight, bias, layer, eps):
+        c = x.shape[1]
+        cpu64 = dict(dtype=torch.float64, device="cpu")
+        return (torch.empty_like(x), torch.empty(c, **cpu64),
+                torch.empty(c, **cpu64),
+                torch.empty(2, dtype=torch.int64, device="cpu"))
+
+    @torch.library.custom_op("bnps::batch_norm_backward", mutates_args=())
+    def batch_norm_backward(
+            dy: torch.Tensor, x: torch.Tensor, weight: Optional[torch.Tensor],
+            mean: torch.Tensor, invstd: torch.Tensor, info: torch.Tensor,
+            layer: int, eps: float, need_dx: bool
+    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(dx, dweight, dbias); dx empty unless need_dx, dweight and dbias
+        empty without a weight."""
+        from bnps.torch import sync_batchnorm as sbn
+        bn = _layer(layer)
+        count, synced = info.tolist()
+        stats = sbn._Stats(count, mean, None,
+                           layer=bn._name() if synced else None)
+        dx, dweight, dbias = sbn._backward(bn, x, weight, dy, stats, invstd,
+                                           eps, need_dx)
+        def none():  # a fresh one each: a custom op's outputs never alias
+            return torch.empty(0, dtype=x.dtype, device=x.device)
+        return (none() if dx is None else dx,
+                none() if dweight is None else dweight,
+                none() if dbias is None else dbias)
+
+    @batch_norm_backward.register_fake
+    def _(dy, x, weight, mean, invstd, info, layer, eps, need_dx):
+        return (torch.empty_like(x) if need_dx else x.new_empty(0),
+                x.new_empty(0) if weight is None else torch.empty_like(weight),
+                x.new_empty(0) if weight is None else torch.empty_like(weight))
+
+    def _setup_context(ctx, inputs, output):
+        x, weight, _, layer, eps = inputs
+        _, mean, invstd, info = output
+        ctx.save_for_backward(x, weight, mean, invstd, info)
+        ctx.mark_non_differentiable(mean, invstd, info)
+        ctx.layer, ctx.eps = layer, eps
+
+    def _autograd_backward(ctx, dy, _mean, _invstd, _info):
+        x, weight, mean, invstd, info = ctx.saved_tensors
+        dx, dweight, dbias = batch_norm_backward(
+            dy, x, weight, mean, invstd, info, ctx.layer, ctx.eps,
+            ctx.needs_input_grad[0])
+        if not ctx.needs_input_grad[0]:
+            dx = None
+        if weight is None:
+            dweight = dbias = None
+        return dx, dweight, dbias, None, None
+
+    batch_norm.register_autograd(_autograd_backward,
+                                 setup_context=_setup_context)

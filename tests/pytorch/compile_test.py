@@ -1,0 +1,124 @@
+"""bnps.torch.SyncBatchNorm under torch.compile (torch >= 2.4): the exchange
+with the servers is the custom op bnps::batch_norm (and its backward), so
+`torch.compile(model, fullgraph=True)` traces the whole model with no graph
+break (one graph, with the three layers' ops in it), and the compiled model
+(backend aot_eager) gives the same bits as the eager one: outputs, every
+parameter's gradient, the running statistics over 3 training steps, and eval
+mode; with Inductor the same to float32 rounding. A 1-worker sync job on a
+real bnps_server (the compiled copy's layers have names of their own, so
+both run in one job). Under torch < 2.4 (Debian's
+1.13) it skips: the ops are not registered there and the layer runs eagerly.
+
+Run it with a torch 2.x interpreter (docs/pytorch.md):
+
+    bazel build //python:_bnps_native.so //:bnps_server
+    PYTHONPATH=python:bazel-bin/python \\
+    BNPS_SERVER_BIN=bazel-bin/server/bnps_server \\
+        /work/venvs/torch2/bin/python tests/pytorch/compile_test.py
+"""
+
+import os
+import sys
+import unittest
+
+DEBIAN_PYTHON = "/usr/bin/python3"
+try:
+    import torch
+except ImportError:
+    if os.path.realpath(sys.executable) != os.path.realpath(DEBIAN_PYTHON) \
+            and os.path.exists(DEBIAN_PYTHON):
+        os.execv(DEBIAN_PYTHON, [DEBIAN_PYTHON] + sys.argv)
+    sys.exit("FAIL: torch cannot be imported by " + sys.executable +
+             "; tools/setup.sh installs python3-torch")
+
+sys.path.insert(0, os.path.join(os.getcwd(), "python"))  # Bazel runfiles
+
+import bnps.torch  # noqa: E402
+from bnps.cluster import LocalCluster  # noqa: E402
+from bnps.torch import custom_ops  # noqa: E402
+
+STEPS = 3
+
+
+def make(prefix):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.BatchNorm2d(4),
+        torch.nn.ReLU(), torch.nn.Conv2d(4, 4, 3),
+        torch.nn.BatchNorm2d(4, affine=False), torch.nn.Flatten(),
+        torch.nn.Linear(4 * 4 * 4, 5), torch.nn.BatchNorm1d(5))
+    return bnps.torch.convert_sync_batchnorm(model, prefix=prefix)
+
+
+@unittest.skipUnless(custom_ops.SUPPORTED,
+                     f"torch {torch.__version__} < 2.4: no "
+                     "torch.library.custom_op; SyncBatchNorm runs eagerly")
+class CompileTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        torch.set_num_threads(1)
+        cls.cluster = LocalCluster(num_servers=1, num_workers=1).start()
+        cls.connection = bnps.torch.init(servers=cls.cluster.servers,
+                                         worker=0, num_workers=1)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.connection.close()
+        cls.cluster.stop()
+
+    def same(self, a, b, exact, msg):
+        if exact:
+            self.assertTrue(torch.equal(a, b), msg)
+        else:
+            torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5, msg=msg)
+
+    def compare(self, backend, tag, exact=True):
+        torch._dynamo.reset()
+        graphs = []
+
+        def capture(gm, inputs):  # Dynamo's graph, then the real backend
+            graphs.append(gm.code)
+            return torch._dynamo.lookup_backend(backend)(gm, inputs)
+
+        eager, compiled = make(f"{tag}.eager."), make(f"{tag}.compiled.")
+        run = torch.compile(compiled, fullgraph=True, backend=capture)
+        g = torch.Generator().manual_seed(1)
+        for step in range(STEPS):
+            x = torch.randn(8, 3, 6, 6, generator=g) * 3 + 1
+            ye, yc = eager(x), run(x)
+            self.same(ye, yc, exact, f"{backend} step {step}")
+            ye.square().sum().backward()
+            yc.square().sum().backward()
+            for (name, p), (_, q) in zip(eager.named_parameters(),
+                                         compiled.named_parameters()):
+                self.same(p.grad, q.grad, exact,
+                          f"{backend} step {step} grad {name}")
+                p.grad = q.grad = None
+        for (name, b), (_, c) in zip(eager.named_buffers(),
+                                     compiled.named_buffers()):
+            self.same(b.double(), c.double(), exact,
+                      f"{backend} buffer {name}")
+        self.assertEqual(int(compiled[1].num_batches_tracked), STEPS)
+        # One graph (fullgraph=True raises on a break), holding the ops.
+        self.assertEqual(len(graphs), 1, graphs)
+        self.assertEqual(graphs[0].count("bnps.batch_norm"), 3, graphs[0])
+        # Eval mode: the running statistics, read when the graph runs.
+        eager.eval()
+        compiled.eval()
+        x = torch.randn(8, 3, 6, 6, generator=g)
+        self.same(eager(x), run(x), exact, f"{backend} eval")
+
+    def test_aot_eager_is_bit_equal(self):
+        # The traced graph (forward and AOT autograd's backward, through
+        # the ops' fake implementations) run op by op: the same bits.
+        self.compare("aot_eager", "aot")
+
+    def test_inductor(self):
+        # Inductor's own kernels for the other operations (the ReLU's
+        # backward, eval mode's normalization) round differently from
+        # eager, as for any model; the bnps ops run the same code.
+        self.compare("inductor", "inductor", exact=False)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,75 @@
+"""bnps.torch.init(start_local_server=True) in one process (a gloo group of
+one, as on a one-process node): it starts the node's bnps_server, connects,
+trains a layer through it, and close() stops the server; a server that
+fails to start is a RuntimeError carrying its output. The multi-node
+layout runs in //examples/pytorch:torchrun_test."""
+
+import os
+import sys
+import tempfile
+import unittest
+
+DEBIAN_PYTHON = "/usr/bin/python3"
+try:
+    import torch
+except ImportError:
+    if os.path.realpath(sys.executable) != os.path.realpath(DEBIAN_PYTHON) \
+            and os.path.exists(DEBIAN_PYTHON):
+        os.execv(DEBIAN_PYTHON, [DEBIAN_PYTHON] + sys.argv)
+    sys.exit("FAIL: torch cannot be imported by " + sys.executable +
+             "; tools/setup.sh installs python3-torch")
+
+sys.path.insert(0, os.path.join(os.getcwd(), "python"))  # Bazel runfiles
+
+import torch.distributed as dist  # noqa: E402
+
+import bnps.torch  # noqa: E402
+
+ENV = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}
+
+
+class NodeServerTest(unittest.TestCase):
+    def setUp(self):
+        self.saved = {k: os.environ.get(k) for k in ENV}
+        os.environ.update(ENV)
+        self.store_dir = tempfile.TemporaryDirectory()
+        dist.init_process_group(
+            "gloo", init_method="file://" + os.path.join(
+                self.store_dir.name, "store"), rank=0, world_size=1)
+
+    def tearDown(self):
+        dist.destroy_process_group()
+        self.store_dir.cleanup()
+        for k, v in self.saved.items():
+            if v is None:
+                os.environ.pop(k)
+            else:
+                os.environ[k] = v
+
+    def test_starts_uses_and_stops_the_nodes_server(self):
+        connection = bnps.torch.init(start_local_server=True, policy="sync",
+                                     job="node-test")
+        server = connection.node_server.process
+        self.assertEqual(connection.node_server.servers, server.address)
+        self.assertTrue(server.address.startswith("127.0.0.1:"))
+        self.assertEqual((connection.worker, connection.num_workers), (0, 1))
+        self.assertEqual(connection.placement.sources["worker"], "RANK=0")
+        self.assertEqual(connection.config["policy"], "sync")
+        bn = bnps.torch.SyncBatchNorm(3, name="bn", connection=connection)
+        x = torch.randn(4, 3, 2, 2, requires_grad=True)
+        bn(x).sum().backward()  # a forward and a backward exchange
+        self.assertEqual(int(bn.num_batches_tracked), 1)
+        proc = server.proc
+        connection.close()
+        self.assertIsNotNone(proc.poll(), "the server outlived close()")
+        self.assertIsNone(connection.node_server)
+
+    def test_a_server_that_fails_to_start_is_an_error(self):
+        with self.assertRaisesRegex(RuntimeError,
+                                    "did not start.*worker 0.*no port"):
+            bnps.torch.init(start_local_server=True,
+                            server_flags=["--no_such_flag_for_this_test"])
+
+
+if __name__ == "__main__":
+    unittest.main()
