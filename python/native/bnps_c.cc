@@ -180,6 +180,27 @@ std::string ConfigJson(const bnps::proto::JobConfig& c) {
       ", \"heartbeat_timeout_ms\": ", c.heartbeat_timeout_ms(), "}");
 }
 
+// The job token (from `token_file`) and TLS credentials (from the three
+// files) a caller asked for; empty strings leave each off.
+absl::Status ReadSecurity(const char* token_file, const char* tls_ca,
+                          const char* tls_cert, const char* tls_key,
+                          std::string* token,
+                          std::shared_ptr<grpc::ChannelCredentials>* creds) {
+  if (!Str(token_file).empty()) {
+    absl::StatusOr<std::string> t =
+        bnps::security::ReadTokenFile(Str(token_file));
+    if (!t.ok()) return t.status();
+    *token = *std::move(t);
+  }
+  bnps::security::TlsFiles tls{Str(tls_cert), Str(tls_key), Str(tls_ca)};
+  if (bnps::security::UsesTls(tls)) {
+    auto c = bnps::security::MakeChannelCredentials(tls);
+    if (!c.ok()) return c.status();
+    *creds = *std::move(c);
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 extern "C" {
@@ -241,18 +262,8 @@ int bnps_client_connect(const char* servers, const char* job, int worker,
   o.num_workers = num_workers;
   o.connect_timeout = absl::Seconds(connect_timeout_s);
   o.rpc_timeout = absl::Seconds(rpc_timeout_s);
-  if (!Str(token_file).empty()) {
-    absl::StatusOr<std::string> token =
-        bnps::security::ReadTokenFile(Str(token_file));
-    BNPS_RETURN_IF_ERROR(token.status());
-    o.token = *std::move(token);
-  }
-  bnps::security::TlsFiles tls{Str(tls_cert), Str(tls_key), Str(tls_ca)};
-  if (bnps::security::UsesTls(tls)) {
-    auto creds = bnps::security::MakeChannelCredentials(tls);
-    BNPS_RETURN_IF_ERROR(creds.status());
-    o.credentials = *std::move(creds);
-  }
+  BNPS_RETURN_IF_ERROR(ReadSecurity(token_file, tls_ca, tls_cert, tls_key,
+                                    &o.token, &o.credentials));
   absl::StatusOr<std::unique_ptr<bnps::client::GrpcPsClient>> c =
       bnps::client::GrpcPsClient::Connect(std::move(o));
   BNPS_RETURN_IF_ERROR(c.status());
@@ -442,18 +453,8 @@ int bnps_export(const char* servers, const char* path, const char* job,
   o.servers = absl::StrSplit(Str(servers), ',', absl::SkipEmpty());
   o.job = Str(job);
   o.timeout = absl::Seconds(timeout_s);
-  if (!Str(token_file).empty()) {
-    absl::StatusOr<std::string> token =
-        bnps::security::ReadTokenFile(Str(token_file));
-    BNPS_RETURN_IF_ERROR(token.status());
-    o.token = *std::move(token);
-  }
-  bnps::security::TlsFiles tls{Str(tls_cert), Str(tls_key), Str(tls_ca)};
-  if (bnps::security::UsesTls(tls)) {
-    auto creds = bnps::security::MakeChannelCredentials(tls);
-    BNPS_RETURN_IF_ERROR(creds.status());
-    o.credentials = *std::move(creds);
-  }
+  BNPS_RETURN_IF_ERROR(ReadSecurity(token_file, tls_ca, tls_cert, tls_key,
+                                    &o.token, &o.credentials));
   absl::StatusOr<std::unique_ptr<bnps::client::JobReader>> reader =
       bnps::client::JobReader::Create(std::move(o));
   BNPS_RETURN_IF_ERROR(reader.status());
