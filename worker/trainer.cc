@@ -18,32 +18,15 @@
 #include "worker/nn/bn_exchange.h"
 #include "worker/server_bn_exchange.h"
 #include "worker/nn/layers.h"
+#include "worker/trainer_internal.h"
 
 namespace bnps::worker {
 namespace {
 
-double Seconds(absl::Time since) { return absl::ToDoubleSeconds(absl::Now() - since); }
-
-absl::Status Annotate(const absl::Status& s, const std::string& where) {
-  if (s.ok()) return s;
-  return absl::Status(s.code(), absl::StrCat(where, ": ", s.message()));
-}
-
-nn::HostTensors ToHost(client::Params params) {
-  nn::HostTensors out;
-  for (auto& [name, p] : params) {
-    out.emplace(name, nn::HostTensor{std::move(p.shape), std::move(p.values)});
-  }
-  return out;
-}
-
-client::Params ToParams(nn::HostTensors tensors) {
-  client::Params out;
-  for (auto& [name, t] : tensors) {
-    out.emplace(name, client::Param{std::move(t.shape), std::move(t.values)});
-  }
-  return out;
-}
+using trainer_internal::Annotate;
+using trainer_internal::Seconds;
+using trainer_internal::ToHost;
+using trainer_internal::ToParams;
 
 // The first model, then the replicas.
 std::vector<nn::Model*> AllModels(nn::Model* first,
@@ -92,44 +75,7 @@ absl::Status Trainer::PullInto(int64_t min_version) {
 }
 
 absl::StatusOr<TrainReport> Trainer::Run() {
-  if (options_.batch_size < 1 || options_.epochs < 1 || options_.max_steps < 0 ||
-      options_.train_examples < 0 || options_.test_examples < 0 ||
-      options_.recal_examples < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "bad training options: batch_size ", options_.batch_size, ", epochs ",
-        options_.epochs, ", max_steps ", options_.max_steps));
-  }
-  for (size_t r = 0; r < options_.replicas.size(); ++r) {
-    const nn::Model* replica = options_.replicas[r];
-    if (replica == nullptr || replica == model_ ||
-        std::count(options_.replicas.begin(), options_.replicas.end(),
-                   replica) > 1) {
-      return absl::InvalidArgumentError(
-          "a replica is null, the first model itself or listed twice");
-    }
-    // The same layers in the same order, or the host's BN rounds would pair
-    // different layers.
-    const std::vector<nn::Parameter*>& want = model_->parameters();
-    const std::vector<nn::Parameter*>& got = replica->parameters();
-    bool same = want.size() == got.size();
-    for (size_t i = 0; same && i < want.size(); ++i) {
-      same = want[i]->name == got[i]->name && want[i]->dims == got[i]->dims;
-    }
-    if (!same) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "replica ", r + 1, " is not the same model as the first (",
-          got.size(), " parameters against ", want.size(),
-          "): build every replica with the same options"));
-    }
-  }
-  if (options_.evaluate && test_ == nullptr) {
-    return absl::InvalidArgumentError("evaluation needs a test set");
-  }
-  if (absl::StatusOr<policy::JobPolicy> p =
-          policy::FromConfig(client_->config());
-      !p.ok()) {
-    return Annotate(p.status(), "the job's config");
-  }
+  if (absl::Status s = CheckOptions(); !s.ok()) return s;
   BatcherOptions bo = ShardOptions();
   absl::StatusOr<Batcher> batcher = Batcher::Create(train_, bo);
   if (!batcher.ok()) return batcher.status();
@@ -138,34 +84,13 @@ absl::StatusOr<TrainReport> Trainer::Run() {
   report.policy = policy::JobPolicyName(job_policy_);
   report.worker = bo.worker;
   report.num_workers = bo.num_workers;
-  const int64_t per_epoch = batcher->batches_per_epoch();
-  int64_t total = per_epoch * options_.epochs;
-  if (options_.max_steps > 0) total = std::min(total, options_.max_steps);
-  report.steps = total;
-  const int64_t history_every = std::max<int64_t>(1, total / 50);
+  RunState run;
+  run.per_epoch = batcher->batches_per_epoch();
+  run.total = run.per_epoch * options_.epochs;
+  if (options_.max_steps > 0) run.total = std::min(run.total, options_.max_steps);
+  report.steps = run.total;
+  if (absl::Status s = JoinJob(&run); !s.ok()) return s;
 
-  // The first initialization of a key wins, so every worker may offer its
-  // (identical) initial values. A restarted worker brings the job back to a
-  // checkpoint it can join at; so does a worker that finds a server
-  // restarted.
-  int64_t step = 0;
-  int64_t recoveries = 0;
-  bool rejoin = client_->rejoining();
-  for (;;) {
-    absl::Status s = client_->InitParameters(
-        ToParams(model_->InitialParameters(options_.seed)));
-    if (s.ok() && rejoin) s = absl::AbortedError(proto::kRollsBackText);
-    if (s.ok()) break;
-    if (!(proto::IsRollback(s) || absl::IsUnavailable(s)) ||
-        recoveries >= kMaxRecoveries) {
-      return Annotate(s, "initializing the parameters");
-    }
-    absl::StatusOr<int64_t> k = client_->Recover(rejoin);
-    if (!k.ok()) return Annotate(k.status(), "joining the job");
-    ++recoveries;
-    rejoin = false;
-    step = std::min(*k, total);
-  }
   ServerBnExchange sync(client_, policy_, options_.metrics);
   nn::LocalBnExchange local_sync;
   nn::BnExchange* const exchange = policy::BnTrafficWhileTraining(policy_)
@@ -207,7 +132,85 @@ absl::StatusOr<TrainReport> Trainer::Run() {
   // host's group runs in place: with replicas it is off.
   model_->SetBackwardOverlap(options_.overlap_bn && models.size() == 1);
 
-  const absl::Time start = absl::Now();
+  run.start = absl::Now();
+  if (absl::Status s = TrainSteps(&*batcher, &sync, &run, &report); !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = FinishRun(run, &report); !s.ok()) return s;
+  model_->SetBnExchange(nullptr);
+  return report;
+}
+
+absl::Status Trainer::CheckOptions() const {
+  if (options_.batch_size < 1 || options_.epochs < 1 || options_.max_steps < 0 ||
+      options_.train_examples < 0 || options_.test_examples < 0 ||
+      options_.recal_examples < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "bad training options: batch_size ", options_.batch_size, ", epochs ",
+        options_.epochs, ", max_steps ", options_.max_steps));
+  }
+  for (size_t r = 0; r < options_.replicas.size(); ++r) {
+    const nn::Model* replica = options_.replicas[r];
+    if (replica == nullptr || replica == model_ ||
+        std::count(options_.replicas.begin(), options_.replicas.end(),
+                   replica) > 1) {
+      return absl::InvalidArgumentError(
+          "a replica is null, the first model itself or listed twice");
+    }
+    // The same layers in the same order, or the host's BN rounds would pair
+    // different layers.
+    const std::vector<nn::Parameter*>& want = model_->parameters();
+    const std::vector<nn::Parameter*>& got = replica->parameters();
+    bool same = want.size() == got.size();
+    for (size_t i = 0; same && i < want.size(); ++i) {
+      same = want[i]->name == got[i]->name && want[i]->dims == got[i]->dims;
+    }
+    if (!same) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "replica ", r + 1, " is not the same model as the first (",
+          got.size(), " parameters against ", want.size(),
+          "): build every replica with the same options"));
+    }
+  }
+  if (options_.evaluate && test_ == nullptr) {
+    return absl::InvalidArgumentError("evaluation needs a test set");
+  }
+  if (absl::StatusOr<policy::JobPolicy> p =
+          policy::FromConfig(client_->config());
+      !p.ok()) {
+    return Annotate(p.status(), "the job's config");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::JoinJob(RunState* run) {
+  // The first initialization of a key wins, so every worker may offer its
+  // (identical) initial values. A restarted worker brings the job back to a
+  // checkpoint it can join at; so does a worker that finds a server
+  // restarted.
+  bool rejoin = client_->rejoining();
+  for (;;) {
+    absl::Status s = client_->InitParameters(
+        ToParams(model_->InitialParameters(options_.seed)));
+    if (s.ok() && rejoin) s = absl::AbortedError(proto::kRollsBackText);
+    if (s.ok()) break;
+    if (!(proto::IsRollback(s) || absl::IsUnavailable(s)) ||
+        run->recoveries >= kMaxRecoveries) {
+      return Annotate(s, "initializing the parameters");
+    }
+    absl::StatusOr<int64_t> k = client_->Recover(rejoin);
+    if (!k.ok()) return Annotate(k.status(), "joining the job");
+    ++run->recoveries;
+    rejoin = false;
+    run->step = std::min(*k, run->total);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::TrainSteps(Batcher* batcher, ServerBnExchange* sync,
+                                 RunState* run, TrainReport* report) {
+  const absl::Time start = run->start;
+  const int64_t history_every = std::max<int64_t>(1, run->total / 50);
   absl::Time last_progress = start;
   // Figures since the last history point / progress report.
   double hist_loss = 0, prog_loss = 0;
@@ -216,31 +219,33 @@ absl::StatusOr<TrainReport> Trainer::Run() {
   double prog_start = 0;
   Batch batch;
   int64_t positioned = -1;  // the step the batcher's next batch is of
-  while (step < total) {
-    const int64_t epoch = per_epoch > 0 ? step / per_epoch : 0;
-    if (positioned != step || batcher->step() == per_epoch) {
+  while (run->step < run->total) {
+    const int64_t epoch = run->per_epoch > 0 ? run->step / run->per_epoch : 0;
+    if (positioned != run->step || batcher->step() == run->per_epoch) {
       // The sampler is deterministic in (seed, epoch, step): a resumed step
       // sees the batch it saw before.
       batcher->StartEpoch(epoch);
-      for (int64_t i = epoch * per_epoch; i < step; ++i) batcher->Next(&batch);
-      positioned = step;
+      for (int64_t i = epoch * run->per_epoch; i < run->step; ++i) {
+        batcher->Next(&batch);
+      }
+      positioned = run->step;
     }
     if (!batcher->Next(&batch)) break;
     ++positioned;
     StepFigures f;
     const absl::Time step_start = absl::Now();
-    if (absl::Status s = TrainStep(step, batch, &sync, &f); !s.ok()) {
+    if (absl::Status s = TrainStep(run->step, batch, sync, &f); !s.ok()) {
       // A server restarted (or a worker, under --on_worker_loss=wait): the
       // job rolls back to a checkpoint and this worker goes on from there.
       // A server out of reach past the retries (restarting, or behind a
       // partition) leaves this step unfinishable: the job rolls back too.
       if ((proto::IsRollback(s) || absl::IsUnavailable(s)) &&
-          recoveries < kMaxRecoveries) {
+          run->recoveries < kMaxRecoveries) {
         absl::StatusOr<int64_t> k = client_->Recover(
             /*restarted=*/absl::IsUnavailable(s) && !proto::IsRollback(s));
         if (k.ok()) {
-          ++recoveries;
-          step = std::min(*k, total);
+          ++run->recoveries;
+          run->step = std::min(*k, run->total);
           positioned = -1;
           continue;
         }
@@ -253,15 +258,15 @@ absl::StatusOr<TrainReport> Trainer::Run() {
       return s;
     }
     staleness = f.staleness;
-    report.max_staleness = std::max(report.max_staleness, staleness);
+    report->max_staleness = std::max(report->max_staleness, staleness);
     const absl::Time step_end = absl::Now();
     const double step_seconds = absl::ToDoubleSeconds(step_end - step_start);
-    if (step >= options_.timing_warmup_steps) {
-      report.seconds_total += step_seconds;
-      report.seconds_bn_sync += absl::ToDoubleSeconds(f.bn_time);
-      report.seconds_grad_sync += absl::ToDoubleSeconds(f.grad_time);
-      report.timed_examples += batch.n;
-      ++report.timed_steps;
+    if (run->step >= options_.timing_warmup_steps) {
+      report->seconds_total += step_seconds;
+      report->seconds_bn_sync += absl::ToDoubleSeconds(f.bn_time);
+      report->seconds_grad_sync += absl::ToDoubleSeconds(f.grad_time);
+      report->timed_examples += batch.n;
+      ++report->timed_steps;
     }
     if (options_.metrics != nullptr) {
       options_.metrics->StepDone(
@@ -269,31 +274,31 @@ absl::StatusOr<TrainReport> Trainer::Run() {
                    step_end - step_start - f.bn_time - f.grad_time),
           f.bn_time, f.grad_time, batch.n);
     }
-    report.examples += batch.n;
+    report->examples += batch.n;
     hist_loss += f.loss_sum;
     prog_loss += f.loss_sum;
     hist_correct += f.correct;
     prog_correct += f.correct;
     hist_n += batch.n;
     prog_n += batch.n;
-    ++step;
+    ++run->step;
 
-    if (step % history_every == 0 || step == total) {
+    if (run->step % history_every == 0 || run->step == run->total) {
       if (hist_n > 0) {
-        report.history.push_back(HistoryPoint{
-            step, Seconds(start), hist_loss / hist_n,
+        report->history.push_back(HistoryPoint{
+            run->step, Seconds(start), hist_loss / hist_n,
             static_cast<double>(hist_correct) / hist_n});
       }
       hist_loss = 0;
       hist_correct = hist_n = 0;
     }
-    const bool epoch_end = batcher->step() == per_epoch || step == total;
+    const bool epoch_end = batcher->step() == run->per_epoch || run->step == run->total;
     if (options_.on_progress &&
         (epoch_end || step_end - last_progress >= options_.progress_interval)) {
       const double now = Seconds(start);
       Progress p;
-      p.step = step;
-      p.total_steps = total;
+      p.step = run->step;
+      p.total_steps = run->total;
       p.epoch = epoch;
       p.loss = prog_n > 0 ? prog_loss / prog_n : 0;
       p.accuracy = prog_n > 0 ? static_cast<double>(prog_correct) / prog_n : 0;
@@ -306,50 +311,19 @@ absl::StatusOr<TrainReport> Trainer::Run() {
       prog_loss = 0;
       prog_correct = prog_n = 0;
     }
-    if (batcher->step() == per_epoch && options_.evaluate &&
+    if (batcher->step() == run->per_epoch && options_.evaluate &&
         options_.eval_every_epoch && epoch + 1 < options_.epochs &&
-        step < total) {
+        run->step < run->total) {
       // Parameters as of this worker's last pull; sync and async take the
       // servers' running stats as they are now. A progress figure, not the
       // final result.
-      if (absl::Status s = PullRunningStats(step); !s.ok()) return s;
+      if (absl::Status s = PullRunningStats(run->step); !s.ok()) return s;
       absl::StatusOr<double> acc = Evaluate();
       if (!acc.ok()) return acc.status();
-      report.evals.push_back(EvalPoint{epoch + 1, Seconds(start), *acc});
+      report->evals.push_back(EvalPoint{epoch + 1, Seconds(start), *acc});
     }
   }
-  report.epochs = per_epoch > 0 ? (step + per_epoch - 1) / per_epoch : 0;
-  report.seconds_compute = std::max(
-      0.0, report.seconds_total - report.seconds_bn_sync - report.seconds_grad_sync);
-  report.images_per_second = report.seconds_total > 0
-                                 ? report.timed_examples / report.seconds_total
-                                 : 0;
-  if (!report.history.empty()) {
-    report.train_loss_first = report.history.front().loss;
-    report.train_loss_last = report.history.back().loss;
-  }
-
-  const absl::Time finish_start = absl::Now();
-  if (absl::Status s = SettleRunningStats(step); !s.ok()) return s;
-  if (options_.evaluate) {
-    absl::StatusOr<double> acc = Evaluate();
-    if (!acc.ok()) return acc.status();
-    report.test_accuracy = *acc;
-    report.evals.push_back(EvalPoint{report.epochs, Seconds(start), *acc});
-  }
-  if (options_.recalibrate && policy_ != policy::Policy::kRecal) {
-    if (absl::Status s = Recalibrate(); !s.ok()) return s;
-    if (options_.evaluate) {
-      absl::StatusOr<double> acc = Evaluate();
-      if (!acc.ok()) return acc.status();
-      report.test_accuracy_recal = *acc;
-    }
-  } else if (policy_ == policy::Policy::kRecal) {
-    report.test_accuracy_recal = report.test_accuracy;
-  }
-  report.seconds_finish = Seconds(finish_start);
-  model_->SetBnExchange(nullptr);
-  return report;
+  return absl::OkStatus();
 }
 
 absl::Status Trainer::TrainStep(int64_t step, const Batch& batch,
@@ -535,159 +509,6 @@ absl::Status Trainer::BackwardAndPush(int64_t step, int64_t n,
   absl::Status pushed = push->Finish();
   f->grad_time += absl::Now() - wait_start;
   return Annotate(pushed, absl::StrCat("step ", step, ": pushing gradients"));
-}
-
-absl::Status Trainer::SettleRunningStats(int64_t steps) {
-  // The final parameters: every update of the run applied.
-  if (bulk_synchronous_) {
-    if (absl::Status s = PullInto(steps); !s.ok()) {
-      return Annotate(s, "pulling the final parameters");
-    }
-  } else {
-    // Wait until every worker finished (their clocks reach `steps`), so all
-    // pushes are in, then take the newest parameters.
-    const int64_t s_bound = client_->config().staleness();
-    if (absl::StatusOr<int64_t> c = client_->StartStep(steps + s_bound);
-        !c.ok()) {
-      return Annotate(c.status(), "waiting for the other workers to finish");
-    }
-    if (absl::Status s = PullInto(0); !s.ok()) {
-      return Annotate(s, "pulling the final parameters");
-    }
-  }
-  switch (policy_) {
-    case policy::Policy::kLocal:
-      for (nn::BatchNorm* layer : model_->batch_norms()) {
-        absl::StatusOr<bn::RunningStats> avg =
-            client_->BnLocalRunning(layer->name(), layer->running());
-        if (!avg.ok()) {
-          return Annotate(avg.status(),
-                          absl::StrCat("averaging running stats of ", layer->name()));
-        }
-        if (absl::Status s = layer->set_running(*std::move(avg)); !s.ok()) {
-          return s;
-        }
-      }
-      return absl::OkStatus();
-    case policy::Policy::kRecal:
-      return Recalibrate();
-    default:  // sync, async: the servers' are final now.
-      return PullRunningStats(steps);
-  }
-}
-
-absl::Status Trainer::PullRunningStats(int64_t steps) {
-  if (!policy::BnTrafficWhileTraining(policy_)) {
-    return absl::OkStatus();
-  }
-  for (nn::BatchNorm* layer : model_->batch_norms()) {
-    absl::StatusOr<bn::RunningStats> running =
-        client_->BnRunning(layer->name(), layer->channels());
-    if (steps == 0 && absl::IsNotFound(running.status())) continue;
-    if (!running.ok()) {
-      return Annotate(running.status(),
-                      absl::StrCat("reading the servers' running stats of ",
-                                   layer->name()));
-    }
-    if (absl::Status s = layer->set_running(*std::move(running)); !s.ok()) {
-      return s;
-    }
-  }
-  return absl::OkStatus();
-}
-
-absl::Status Trainer::Recalibrate() {
-  BatcherOptions bo = ShardOptions();
-  bo.shuffle = false;
-  bo.limit = options_.recal_examples > 0 ? options_.recal_examples
-                                         : options_.train_examples;
-  absl::StatusOr<Batcher> batcher = Batcher::Create(train_, bo);
-  if (!batcher.ok()) return batcher.status();
-  const std::vector<nn::BatchNorm*>& layers = model_->batch_norms();
-
-  // One pass over the shard: runs the model and files, for each layer in
-  // `collect`, the moments of every non-empty batch.
-  auto pass = [&](const std::vector<nn::BatchNorm*>& collect) -> absl::Status {
-    batcher->StartEpoch(0);
-    Batch batch;
-    int64_t index = 0;
-    while (batcher->Next(&batch)) {
-      if (batch.n == 0) continue;
-      if (absl::Status s = model_->Forward(batch.images.data(), batch.n);
-          !s.ok()) {
-        return Annotate(s, "recalibration forward");
-      }
-      for (nn::BatchNorm* layer : collect) {
-        if (absl::Status s =
-                client_->BnRecal(layer->name(), index, layer->collected());
-            !s.ok()) {
-          return Annotate(s, absl::StrCat("recalibrating ", layer->name()));
-        }
-      }
-      ++index;
-    }
-    return absl::OkStatus();
-  };
-  auto finish = [&](nn::BatchNorm* layer) -> absl::Status {
-    absl::StatusOr<bn::RunningStats> population =
-        client_->BnRecalFinish(layer->name());
-    if (!population.ok()) {
-      return Annotate(population.status(),
-                      absl::StrCat("recalibrating ", layer->name()));
-    }
-    return layer->set_running(*std::move(population));
-  };
-
-  absl::Status result = absl::OkStatus();
-  if (options_.recal_mode == RecalMode::kPrecise) {
-    model_->SetBnMode(nn::BnMode::kCollect);
-    result = pass(layers);
-    for (size_t i = 0; result.ok() && i < layers.size(); ++i) {
-      result = finish(layers[i]);
-    }
-  } else {
-    // Layer by layer: those before `i` already normalize with their new
-    // population statistics.
-    for (size_t i = 0; result.ok() && i < layers.size(); ++i) {
-      for (size_t j = 0; j < layers.size(); ++j) {
-        layers[j]->set_mode(j == i ? nn::BnMode::kCollect
-                                   : nn::BnMode::kInference);
-      }
-      result = pass({layers[i]});
-      if (result.ok()) result = finish(layers[i]);
-    }
-  }
-  model_->SetBnMode(nn::BnMode::kTrain);
-  return result;
-}
-
-absl::StatusOr<double> Trainer::Evaluate() {
-  BatcherOptions bo;
-  bo.batch_size = 500;
-  bo.shuffle = false;
-  bo.limit = options_.test_examples;
-  absl::StatusOr<Batcher> batcher = Batcher::Create(test_, bo);
-  if (!batcher.ok()) return batcher.status();
-  model_->SetBnMode(nn::BnMode::kInference);
-  batcher->StartEpoch(0);
-  Batch batch;
-  int64_t correct = 0, n = 0;
-  absl::Status result = absl::OkStatus();
-  while (result.ok() && batcher->Next(&batch)) {
-    result = model_->Forward(batch.images.data(), batch.n);
-    if (!result.ok()) break;
-    absl::StatusOr<nn::LossResult> r = model_->Loss(batch.labels.data());
-    if (!r.ok()) {
-      result = r.status();
-      break;
-    }
-    correct += r->correct;
-    n += r->n;
-  }
-  model_->SetBnMode(nn::BnMode::kTrain);
-  if (!result.ok()) return Annotate(result, "evaluating");
-  if (n == 0) return absl::FailedPreconditionError("the test set is empty");
-  return static_cast<double>(correct) / n;
 }
 
 }  // namespace bnps::worker

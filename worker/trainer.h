@@ -249,6 +249,26 @@ class Trainer {
     absl::Duration bn_time;
   };
   // One training step (the file comment's list).
+  // Where a run is: its steps per epoch and in all, the next step to train,
+  // the rollbacks so far, when training began.
+  struct RunState {
+    int64_t per_epoch = 0;
+    int64_t total = 0;
+    int64_t step = 0;
+    int64_t recoveries = 0;
+    absl::Time start;
+  };
+  // Run's parts: the options' checks; joining the job (initial parameters,
+  // or a rollback for a worker that rejoins or finds a server restarted);
+  // the steps, each retried from a checkpoint the job rolls back to; the
+  // report's totals, the settled running statistics, evaluation and
+  // recalibration.
+  absl::Status CheckOptions() const;
+  absl::Status JoinJob(RunState* run);
+  absl::Status TrainSteps(Batcher* batcher, ServerBnExchange* sync,
+                          RunState* run, TrainReport* report);
+  absl::Status FinishRun(const RunState& run, TrainReport* report);
+
   absl::Status TrainStep(int64_t step, const Batch& batch,
                          ServerBnExchange* sync, StepFigures* f);
   // With replicas: forward, loss and backward of `batch` on every model (its
