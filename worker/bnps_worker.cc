@@ -333,9 +333,9 @@ class ProgressPrinter {
   bool printed_ = false;
 };
 
-absl::Status Main() {
-  const std::vector<std::string> servers =
-      absl::StrSplit(absl::GetFlag(FLAGS_servers), ',', absl::SkipEmpty());
+// The flags' own checks (INVALID_ARGUMENT naming the flag), before anything
+// is loaded or connected.
+absl::Status CheckFlags(const std::vector<std::string>& servers) {
   const int worker = absl::GetFlag(FLAGS_worker);
   const int num_workers = absl::GetFlag(FLAGS_num_workers);
   const int threads = absl::GetFlag(FLAGS_threads);
@@ -385,6 +385,114 @@ absl::Status Main() {
        }) {
     if (absl::Status s = Check(ok, message); !s.ok()) return s;
   }
+  return absl::OkStatus();
+}
+
+// The client's options from the flags; `security` from SecurityFromFlags,
+// `metrics` counts the retries.
+client::GrpcClientOptions ClientOptionsFromFlags(
+    const std::vector<std::string>& servers,
+    const security::ClientSecurity& security, WorkerMetrics* worker_metrics) {
+  const int worker = absl::GetFlag(FLAGS_worker);
+  const int num_workers = absl::GetFlag(FLAGS_num_workers);
+  const int threads = absl::GetFlag(FLAGS_threads);
+  const int replicas = absl::GetFlag(FLAGS_replicas);
+  client::GrpcClientOptions client_options;
+  client_options.servers = servers;
+  client_options.credentials = security.credentials;
+  client_options.token = security.token;
+  client_options.job = absl::GetFlag(FLAGS_job);
+  client_options.worker = worker;
+  client_options.num_workers = num_workers;
+  client_options.connect_timeout = absl::Seconds(absl::GetFlag(FLAGS_connect_timeout_s));
+  client_options.rpc_timeout = absl::Seconds(absl::GetFlag(FLAGS_rpc_timeout_s));
+  client_options.push_part_bytes = absl::GetFlag(FLAGS_push_part_bytes);
+  int spin_us = absl::GetFlag(FLAGS_bn_spin_us);
+  if (spin_us < 0) {
+    const int64_t job_cores = static_cast<int64_t>(num_workers) * threads *
+                                  replicas +
+                              static_cast<int64_t>(servers.size());
+    spin_us = std::thread::hardware_concurrency() >= job_cores ? 100 : 0;
+  }
+  client_options.bn_spin = absl::Microseconds(spin_us);
+  client_options.bn_over_tcp = absl::GetFlag(FLAGS_bn_over_tcp);
+  // Checked before the worker joins: a launch with flags that do not fit the
+  // job stops here and leaves the servers as they were.
+  client_options.check_config = CheckAgainstServers;
+  client_options.on_retry = [worker_metrics](absl::StatusCode code) {
+    worker_metrics->Retry(code);
+  };
+  return client_options;
+}
+
+// The trainer's options from the flags (the replicas, progress and metrics
+// are the caller's to add).
+TrainerOptions TrainerOptionsFromFlags(RecalMode recal_mode) {
+  const int threads = absl::GetFlag(FLAGS_threads);
+  const std::string eval = absl::GetFlag(FLAGS_eval);
+  TrainerOptions options;
+  // OpenMP's thread count is per thread: each replica's thread sets its own.
+  options.on_replica_thread = [threads](int) { omp_set_num_threads(threads); };
+  options.batch_size = absl::GetFlag(FLAGS_batch_size);
+  options.epochs = absl::GetFlag(FLAGS_epochs);
+  options.max_steps = absl::GetFlag(FLAGS_max_steps);
+  options.timing_warmup_steps = absl::GetFlag(FLAGS_timing_warmup_steps);
+  options.seed = absl::GetFlag(FLAGS_seed);
+  options.overlap = absl::GetFlag(FLAGS_overlap);
+  options.overlap_bn = absl::GetFlag(FLAGS_overlap_bn);
+  options.layer_pull = absl::GetFlag(FLAGS_layer_pull);
+  options.train_examples = absl::GetFlag(FLAGS_train_examples);
+  options.test_examples = absl::GetFlag(FLAGS_test_examples);
+  options.recal_mode = recal_mode;
+  options.recalibrate = absl::GetFlag(FLAGS_recalibrate);
+  options.recal_examples = absl::GetFlag(FLAGS_recal_examples);
+  options.evaluate = eval == "all" || (eval == "first" && absl::GetFlag(FLAGS_worker) == 0);
+  options.eval_every_epoch = absl::GetFlag(FLAGS_eval_every_epoch);
+  options.progress_interval = absl::Seconds(absl::GetFlag(FLAGS_progress_interval_s));
+  return options;
+}
+
+// The run's last lines: steps, loss, speed and where the time went; the
+// test accuracy (and after recalibration).
+void PrintResult(const TrainReport& report, const proto::JobConfig& config,
+                 RecalMode recal_mode) {
+  std::printf(
+      "done: %lld steps%s, loss %.4f -> %.4f, %.0f img/s; time %.1fs: compute "
+      "%.1fs, BN sync %.1fs, gradient sync %.1fs\n",
+      static_cast<long long>(report.steps),
+      report.timed_steps == report.steps
+          ? ""
+          : absl::StrCat(" (", report.timed_steps, " timed)").c_str(),
+      report.train_loss_first,
+      report.train_loss_last, report.images_per_second, report.seconds_total,
+      report.seconds_compute, report.seconds_bn_sync,
+      report.seconds_grad_sync);
+  const absl::StatusOr<policy::JobPolicy> job =
+      policy::FromConfig(config);
+  const bool recal_policy = job.ok() && job->bn == policy::Policy::kRecal;
+  if (report.test_accuracy.has_value()) {
+    std::printf("test accuracy %.4f (running stats%s)\n", *report.test_accuracy,
+                recal_policy
+                    ? absl::StrCat(", recalibrated ",
+                                   RecalModeName(recal_mode))
+                          .c_str()
+                    : "");
+  }
+  if (report.test_accuracy_recal.has_value() && !recal_policy) {
+    std::printf("test accuracy %.4f after recalibration (%s)\n",
+                *report.test_accuracy_recal,
+                RecalModeName(recal_mode).c_str());
+  }
+}
+
+absl::Status Main() {
+  const std::vector<std::string> servers =
+      absl::StrSplit(absl::GetFlag(FLAGS_servers), ',', absl::SkipEmpty());
+  const int worker = absl::GetFlag(FLAGS_worker);
+  const int num_workers = absl::GetFlag(FLAGS_num_workers);
+  const int threads = absl::GetFlag(FLAGS_threads);
+  const std::string progress = absl::GetFlag(FLAGS_progress);
+  if (absl::Status s = CheckFlags(servers); !s.ok()) return s;
   absl::StatusOr<RecalMode> recal_mode =
       ParseRecalMode(absl::GetFlag(FLAGS_recal_mode));
   if (!recal_mode.ok()) return recal_mode.status();
@@ -467,31 +575,8 @@ absl::Status Main() {
     backends.push_back(*std::move(b));
   }
 
-  client::GrpcClientOptions client_options;
-  client_options.servers = servers;
-  client_options.credentials = client_security->credentials;
-  client_options.token = client_security->token;
-  client_options.job = absl::GetFlag(FLAGS_job);
-  client_options.worker = worker;
-  client_options.num_workers = num_workers;
-  client_options.connect_timeout = absl::Seconds(connect_timeout);
-  client_options.rpc_timeout = absl::Seconds(rpc_timeout);
-  client_options.push_part_bytes = absl::GetFlag(FLAGS_push_part_bytes);
-  int spin_us = absl::GetFlag(FLAGS_bn_spin_us);
-  if (spin_us < 0) {
-    const int64_t job_cores = static_cast<int64_t>(num_workers) * threads *
-                                  replicas +
-                              static_cast<int64_t>(servers.size());
-    spin_us = std::thread::hardware_concurrency() >= job_cores ? 100 : 0;
-  }
-  client_options.bn_spin = absl::Microseconds(spin_us);
-  client_options.bn_over_tcp = absl::GetFlag(FLAGS_bn_over_tcp);
-  // Checked before the worker joins: a launch with flags that do not fit the
-  // job stops here and leaves the servers as they were.
-  client_options.check_config = CheckAgainstServers;
-  client_options.on_retry = [&worker_metrics](absl::StatusCode code) {
-    worker_metrics.Retry(code);
-  };
+  const client::GrpcClientOptions client_options =
+      ClientOptionsFromFlags(servers, *client_security, &worker_metrics);
   // Said before the wait, so a wrong address shows at once.
   std::printf("bnps_worker %d/%d: connecting to job '%s' at %s (up to %s)\n",
               worker, num_workers, client_options.job.c_str(),
@@ -528,28 +613,10 @@ absl::Status Main() {
   }
   nn::Model& model = *models[0];
 
-  TrainerOptions options;
+  TrainerOptions options = TrainerOptionsFromFlags(*recal_mode);
   for (size_t i = 1; i < models.size(); ++i) {
     options.replicas.push_back(models[i].get());
   }
-  // OpenMP's thread count is per thread: each replica's thread sets its own.
-  options.on_replica_thread = [threads](int) { omp_set_num_threads(threads); };
-  options.batch_size = absl::GetFlag(FLAGS_batch_size);
-  options.epochs = absl::GetFlag(FLAGS_epochs);
-  options.max_steps = absl::GetFlag(FLAGS_max_steps);
-  options.timing_warmup_steps = absl::GetFlag(FLAGS_timing_warmup_steps);
-  options.seed = absl::GetFlag(FLAGS_seed);
-  options.overlap = absl::GetFlag(FLAGS_overlap);
-  options.overlap_bn = absl::GetFlag(FLAGS_overlap_bn);
-  options.layer_pull = absl::GetFlag(FLAGS_layer_pull);
-  options.train_examples = absl::GetFlag(FLAGS_train_examples);
-  options.test_examples = absl::GetFlag(FLAGS_test_examples);
-  options.recal_mode = *recal_mode;
-  options.recalibrate = absl::GetFlag(FLAGS_recalibrate);
-  options.recal_examples = absl::GetFlag(FLAGS_recal_examples);
-  options.evaluate = eval == "all" || (eval == "first" && worker == 0);
-  options.eval_every_epoch = absl::GetFlag(FLAGS_eval_every_epoch);
-  options.progress_interval = absl::Seconds(progress_interval);
   options.metrics = &worker_metrics;
   const bool refresh =
       progress == "line" || (progress == "auto" && isatty(STDOUT_FILENO));
@@ -578,33 +645,7 @@ absl::Status Main() {
   absl::StatusOr<TrainReport> report = trainer.Run();
   printer->Finish();
   if (!report.ok()) return report.status();
-  std::printf(
-      "done: %lld steps%s, loss %.4f -> %.4f, %.0f img/s; time %.1fs: compute "
-      "%.1fs, BN sync %.1fs, gradient sync %.1fs\n",
-      static_cast<long long>(report->steps),
-      report->timed_steps == report->steps
-          ? ""
-          : absl::StrCat(" (", report->timed_steps, " timed)").c_str(),
-      report->train_loss_first,
-      report->train_loss_last, report->images_per_second, report->seconds_total,
-      report->seconds_compute, report->seconds_bn_sync,
-      report->seconds_grad_sync);
-  const absl::StatusOr<policy::JobPolicy> job =
-      policy::FromConfig((*client)->config());
-  const bool recal_policy = job.ok() && job->bn == policy::Policy::kRecal;
-  if (report->test_accuracy.has_value()) {
-    std::printf("test accuracy %.4f (running stats%s)\n", *report->test_accuracy,
-                recal_policy
-                    ? absl::StrCat(", recalibrated ",
-                                   RecalModeName(*recal_mode))
-                          .c_str()
-                    : "");
-  }
-  if (report->test_accuracy_recal.has_value() && !recal_policy) {
-    std::printf("test accuracy %.4f after recalibration (%s)\n",
-                *report->test_accuracy_recal,
-                RecalModeName(*recal_mode).c_str());
-  }
+  PrintResult(*report, (*client)->config(), *recal_mode);
   std::fflush(stdout);
   // The worker's last call: once every worker has left, the job is
   // complete and the servers write their final checkpoints. Training
