@@ -16,6 +16,7 @@
 #include "absl/synchronization/notification.h"
 #include "metrics/http_endpoint.h"
 #include "metrics/metrics_flags.h"
+#include "policy/job_flags.h"
 #include "security/credentials.h"
 #include "security/job_token.h"
 #include "server/server_runner.h"
@@ -27,35 +28,8 @@ ABSL_FLAG(std::string, host, "127.0.0.1",
           "Address to listen on. 127.0.0.1 serves this machine only; 0.0.0.0 "
           "serves every interface (in a container or a cluster).");
 ABSL_FLAG(int, port, 7000, "Port to listen on; 0 picks a free one (printed).");
-ABSL_FLAG(std::string, job, "bnps",
-          "Job name. Workers and servers of one job must agree; a request for "
-          "another job is rejected.");
 ABSL_FLAG(int, shard, 0, "This server's shard id, in [0, num_shards).");
 ABSL_FLAG(int, num_shards, 1, "Number of shard servers in the job.");
-ABSL_FLAG(int, num_workers, 1, "Number of workers in the job.");
-ABSL_FLAG(std::string, policy, "",
-          "Shorthand for a BN policy and a gradient mode (default sync): sync "
-          "(exact cross-worker BN every step, bulk-synchronous SGD), async "
-          "(bounded staleness: BN statistics merged from a window of "
-          "--staleness steps, stale-synchronous SGD), recal (local BN while "
-          "training, population statistics over all workers' data afterwards; "
-          "synchronous SGD), local (local BN; running statistics averaged at "
-          "the end; synchronous SGD). --bn_policy and --gradients choose the "
-          "two halves independently.");
-ABSL_FLAG(std::string, bn_policy, "",
-          "The BN policy alone: sync | async | recal | local (default: what "
-          "--policy says, else sync). Contradicting --policy is an error.");
-ABSL_FLAG(std::string, gradients, "",
-          "The gradient mode alone: sync (bulk-synchronous) | async (stale-"
-          "synchronous within --staleness) (default: what --policy says, else "
-          "sync). Contradicting --policy is an error.");
-ABSL_FLAG(int64_t, staleness, 0,
-          "Async gradients: a worker may begin step c only when every live "
-          "worker has completed c - staleness steps. Async BN: statistics "
-          "older than c - staleness are not merged.");
-ABSL_FLAG(double, learning_rate, 0.1, "SGD learning rate (applied on the server).");
-ABSL_FLAG(double, momentum, 0.9, "SGD momentum.");
-ABSL_FLAG(double, weight_decay, 0.0, "SGD weight decay (L2).");
 ABSL_FLAG(double, bn_momentum, 0.1,
           "Momentum of the BN running statistics (as PyTorch's); workers "
           "take it from the servers for their own copies.");
@@ -210,10 +184,14 @@ int main(int argc, char** argv) {
       bnps::policy::ParseWorkerLoss(absl::GetFlag(FLAGS_on_worker_loss));
   if (!loss.ok()) return Fail(loss.status()), kBadFlags;
   o.worker_loss = *loss;
-  o.staleness = absl::GetFlag(FLAGS_staleness);
-  o.optimizer.learning_rate = absl::GetFlag(FLAGS_learning_rate);
-  o.optimizer.momentum = absl::GetFlag(FLAGS_momentum);
-  o.optimizer.weight_decay = absl::GetFlag(FLAGS_weight_decay);
+  o.staleness =
+      absl::GetFlag(FLAGS_staleness).value_or(bnps::policy::kDefaultStaleness);
+  o.optimizer.learning_rate = absl::GetFlag(FLAGS_learning_rate)
+                                  .value_or(bnps::policy::kDefaultLearningRate);
+  o.optimizer.momentum =
+      absl::GetFlag(FLAGS_momentum).value_or(bnps::policy::kDefaultMomentum);
+  o.optimizer.weight_decay = absl::GetFlag(FLAGS_weight_decay)
+                                 .value_or(bnps::policy::kDefaultWeightDecay);
   o.bn_momentum = absl::GetFlag(FLAGS_bn_momentum);
   o.barrier_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_barrier_timeout_ms));
   o.heartbeat_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_timeout_ms));

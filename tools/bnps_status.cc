@@ -25,12 +25,11 @@
 #include "proto/bnps.pb.h"
 #include "security/security_flags.h"
 #include "tools/status_view.h"
+#include "policy/job_flags.h"
 #include "util/command_line.h"
 
 ABSL_FLAG(std::string, servers, "127.0.0.1:7000",
           "Comma-separated host:port of the shard servers, shard 0 first.");
-ABSL_FLAG(std::string, job, "bnps",
-          "Job name (--export: the servers refuse another job's).");
 ABSL_FLAG(int, timeout_ms, 3000,
           "Deadline of each call.");
 ABSL_FLAG(bool, json, false,

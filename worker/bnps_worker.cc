@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -36,6 +37,7 @@
 #include "worker/nn/cuda_backend.h"
 #include "worker/nn/model.h"
 #include "client/grpc_ps_client.h"
+#include "policy/job_flags.h"
 #include "policy/policy.h"
 #include "proto/generation.h"
 #include "security/security_flags.h"
@@ -52,28 +54,7 @@
 ABSL_FLAG(std::string, servers, "",
           "The job's shard servers as host:port, comma-separated, in shard "
           "order (required).");
-ABSL_FLAG(std::string, job, "bnps", "The job's name; must match the servers'.");
 ABSL_FLAG(int, worker, 0, "This worker's id, in [0, num_workers).");
-ABSL_FLAG(int, num_workers, 1, "Workers in the job; must match the servers'.");
-ABSL_FLAG(std::string, policy, "",
-          "sync | async | recal | local. The servers decide the policy; when "
-          "given, this must match theirs (a check against launching the wrong "
-          "job): the BN policy and gradient mode the shorthand stands for. "
-          "Empty: whatever the servers run.");
-ABSL_FLAG(std::string, bn_policy, "",
-          "sync | async | recal | local: when given, must match the servers' "
-          "BN policy.");
-ABSL_FLAG(std::string, gradients, "",
-          "sync | async: when given, must match the servers' gradient mode.");
-ABSL_FLAG(int64_t, staleness, -1,
-          "async: the staleness bound; when >= 0, must match the servers'.");
-ABSL_FLAG(double, learning_rate, -1,
-          "SGD learning rate, applied by the servers; when >= 0, must match "
-          "theirs.");
-ABSL_FLAG(double, momentum, -1,
-          "SGD momentum (servers'); when >= 0, must match theirs.");
-ABSL_FLAG(double, weight_decay, -1,
-          "SGD weight decay (servers'); when >= 0, must match theirs.");
 ABSL_FLAG(int64_t, batch_size, 32, "Examples per step on this worker.");
 ABSL_FLAG(int64_t, epochs, 1, "Passes over the training data.");
 ABSL_FLAG(int64_t, max_steps, 0,
@@ -226,22 +207,24 @@ absl::Status CheckAgainstServers(const proto::JobConfig& c) {
     return mismatch("gradients", gradients,
                     policy::GradientsName(servers->gradients));
   }
-  const int64_t staleness = absl::GetFlag(FLAGS_staleness);
-  if (staleness >= 0 && staleness != c.staleness()) {
-    return mismatch("staleness", absl::StrCat(staleness),
+  const std::optional<int64_t> staleness = absl::GetFlag(FLAGS_staleness);
+  if (staleness.has_value() && *staleness != c.staleness()) {
+    return mismatch("staleness", absl::StrCat(*staleness),
                     absl::StrCat(c.staleness()));
   }
   const struct {
     const char* name;
-    double mine, servers;
+    std::optional<double> mine;
+    double servers;
   } numbers[] = {
       {"learning_rate", absl::GetFlag(FLAGS_learning_rate), c.learning_rate()},
       {"momentum", absl::GetFlag(FLAGS_momentum), c.momentum()},
       {"weight_decay", absl::GetFlag(FLAGS_weight_decay), c.weight_decay()},
   };
   for (const auto& n : numbers) {
-    if (n.mine >= 0 && std::abs(n.mine - n.servers) > 1e-12 * std::abs(n.servers)) {
-      return mismatch(n.name, absl::StrCat(n.mine), absl::StrCat(n.servers));
+    if (n.mine.has_value() &&
+        std::abs(*n.mine - n.servers) > 1e-12 * std::abs(n.servers)) {
+      return mismatch(n.name, absl::StrCat(*n.mine), absl::StrCat(n.servers));
     }
   }
   return absl::OkStatus();
