@@ -5,7 +5,7 @@
 #   tools/wheel_test.sh [WHEEL]
 #
 # Uses (or makes) a venv from the bare `python3` on PATH (pyenv's CPython,
-# no Debian packages) at $BNPS_TORCH_VENV (default /work/venvs/torch2,
+# no Debian packages) at $BNPS_TORCH_VENV (default ~/.cache/bnps/torch2-venv,
 # outside the repository and shared: an existing one is reused as it is),
 # with torch==$BNPS_TORCH_VERSION (default 2.15.0) and grpcio from PyPI;
 # pip installs WHEEL (default: builds dist/bnps-*.whl first) into it, then,
@@ -21,7 +21,7 @@
 # One line per check, then a summary; exit status 1 if any failed.
 set -uo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-venv="${BNPS_TORCH_VENV:-/work/venvs/torch2}"
+venv="${BNPS_TORCH_VENV:-$HOME/.cache/bnps/torch2-venv}"
 torch_version="${BNPS_TORCH_VERSION:-2.15.0}"
 grpcio_version="${BNPS_GRPCIO_VERSION:-1.85.3}"
 work="$(mktemp -d /tmp/bnps_wheel_test.XXXXXX)"

@@ -11,10 +11,10 @@ both run in one job). Under torch < 2.4 (Debian's
 
 Run it with a torch 2.x interpreter (docs/pytorch.md):
 
-    bazel build //python:_bnps_native.so //:bnps_server
-    PYTHONPATH=python:bazel-bin/python \\
+    bazel build //python:libbnps.so //:bnps_server
+    PYTHONPATH=python BNPS_NATIVE_LIB=bazel-bin/python/libbnps.so \\
     BNPS_SERVER_BIN=bazel-bin/server/bnps_server \\
-        /work/venvs/torch2/bin/python tests/pytorch/compile_test.py
+        ~/.cache/bnps/torch2-venv/bin/python tests/pytorch/compile_test.py
 """
 
 import os
