@@ -8,6 +8,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
 #include "google/protobuf/util/json_util.h"
+#include "util/json_string.h"
 
 namespace bnps::tools {
 namespace {
@@ -37,20 +38,7 @@ std::string Short(const std::string& name, absl::string_view prefix) {
   return out;
 }
 
-std::string JsonString(const std::string& s) {
-  std::string out = "\"";
-  for (unsigned char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += static_cast<char>(c);
-    } else if (c < 0x20) {
-      out += absl::StrFormat("\\u%04x", c);
-    } else {
-      out += static_cast<char>(c);
-    }
-  }
-  return out + "\"";
-}
+using ::bnps::util::JsonString;
 
 void FormatShard(const ShardAnswer& a, const ViewOptions& options,
                  std::string* out) {

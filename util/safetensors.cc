@@ -10,26 +10,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "util/json_string.h"
 
 namespace bnps::util {
 namespace {
-
-// A JSON string literal of `s` (bytes above 0x7f pass through: keys are
-// UTF-8 or opaque, and readers take them as they are).
-std::string JsonString(const std::string& s) {
-  std::string out = "\"";
-  for (unsigned char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += static_cast<char>(c);
-    } else if (c < 0x20) {
-      out += absl::StrFormat("\\u%04x", c);
-    } else {
-      out += static_cast<char>(c);
-    }
-  }
-  return out + "\"";
-}
 
 int64_t ElementBytes(const std::string& dtype) {
   if (dtype == "F32") return 4;

@@ -29,6 +29,7 @@
 #include "policy/policy.h"
 #include "security/credentials.h"
 #include "security/job_token.h"
+#include "util/json_string.h"
 
 struct bnps_arrays {
   struct Entry {
@@ -145,20 +146,7 @@ bnps::client::Params ToParams(int n, const char* const* names,
   return params;
 }
 
-std::string JsonString(const std::string& s) {
-  std::string out = "\"";
-  for (unsigned char ch : s) {
-    if (ch == '"' || ch == '\\') {
-      out += '\\';
-      out += static_cast<char>(ch);
-    } else if (ch < 0x20) {
-      out += absl::StrFormat("\\u%04x", ch);
-    } else {
-      out += static_cast<char>(ch);
-    }
-  }
-  return out + "\"";
-}
+using ::bnps::util::JsonString;
 
 std::string ConfigJson(const bnps::proto::JobConfig& c) {
   absl::StatusOr<bnps::policy::JobPolicy> jp = bnps::policy::FromConfig(c);
