@@ -34,15 +34,6 @@ double InvStd(const Normalization& norm, size_t c) {
   return 1.0 / std::sqrt(norm.var[c] + norm.eps);
 }
 
-// Page-locked host memory: the per-channel copies of every BN exchange go
-// through it, asynchronously on the kernels' stream.
-absl::Status PinnedAllocate(size_t bytes, void** out) {
-  return CudaStatus(cudaMallocHost(out, bytes),
-                    absl::StrCat("cudaMallocHost of ", bytes, " bytes"));
-}
-void PinnedRelease(void* data) { cudaFreeHost(data); }
-constexpr StagingAllocator kPinned{PinnedAllocate, PinnedRelease};
-
 class CudaBnKernels final : public BnKernels {
  public:
   CudaBnKernels(int device, cudaStream_t stream)
@@ -252,8 +243,8 @@ class CudaBnKernels final : public BnKernels {
   DeviceBuffer results_;   // per-channel results of the reductions
   // Pinned host memory for the per-channel copies, both ways; grown, never
   // shrunk: after the first step an exchange allocates nothing.
-  StagingBuffer to_device_{kPinned};
-  StagingBuffer to_host_{kPinned};
+  StagingBuffer to_device_{PinnedHostMemory()};
+  StagingBuffer to_host_{PinnedHostMemory()};
 };
 
 }  // namespace

@@ -18,4 +18,19 @@ absl::Status CudaStatus(cudaError_t err, absl::string_view what) {
   return absl::InternalError(std::move(message));
 }
 
+namespace {
+
+absl::Status PinnedAllocate(size_t bytes, void** out) {
+  return CudaStatus(cudaMallocHost(out, bytes),
+                    absl::StrCat("cudaMallocHost of ", bytes, " bytes"));
+}
+
+void PinnedRelease(void* data) { cudaFreeHost(data); }
+
+}  // namespace
+
+StagingAllocator PinnedHostMemory() {
+  return StagingAllocator{PinnedAllocate, PinnedRelease};
+}
+
 }  // namespace bnps::bn

@@ -1,6 +1,7 @@
-// CUDA runtime errors as absl::Status: the one conversion that the BN
-// kernels (bn/cuda_kernels) and the worker's CUDA backend (worker/nn) share.
-// Only in builds with the CUDA toolkit (not under --config=cpu).
+// What the BN kernels (bn/cuda_kernels) and the worker's CUDA backend
+// (worker/nn) share of the CUDA runtime: its errors as absl::Status, and
+// page-locked host memory for their StagingBuffers. Only in builds with the
+// CUDA toolkit (not under --config=cpu).
 
 #ifndef BNPS_BN_CUDA_STATUS_H_
 #define BNPS_BN_CUDA_STATUS_H_
@@ -9,6 +10,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "bn/staging_buffer.h"
 
 namespace bnps::bn {
 
@@ -17,6 +19,10 @@ namespace bnps::bn {
 // CUDA error so a later launch check does not report it again (sticky
 // errors stay, and fail every later call anyway). Thread-safe.
 absl::Status CudaStatus(cudaError_t err, absl::string_view what);
+
+// cudaMallocHost / cudaFreeHost: host memory the device copies into and out
+// of asynchronously. A failed allocation is RESOURCE_EXHAUSTED.
+StagingAllocator PinnedHostMemory();
 
 }  // namespace bnps::bn
 

@@ -399,12 +399,7 @@ class CudaBackend final : public Backend {
   std::unique_ptr<bn::BnKernels> bn_;
   std::map<ConvKey, ConvPlan> plans_;
   // Pinned host memory for CopyManyToHost; grown, never shrunk.
-  bn::StagingBuffer download_{bn::StagingAllocator{
-      [](size_t bytes, void** out) {
-        return CudaStatus(cudaMallocHost(out, bytes),
-                          absl::StrCat("cudaMallocHost of ", bytes, " bytes"));
-      },
-      [](void* data) { cudaFreeHost(data); }}};
+  bn::StagingBuffer download_{bn::PinnedHostMemory()};
   // cuDNN workspace and max-pool argmax indices; grown, never shrunk.
   DeviceMemory scratch_;
   size_t scratch_bytes_ = 0;
