@@ -588,10 +588,8 @@ def main(argv):
             return 2
         for line in notes:
             print("step_overhead: " + line, file=sys.stderr)
-        args.mps_note = ("MPS: a daemon of this run" if daemon else
-                         "MPS: " + ("the daemon that runs" if any(
-                             "using the MPS daemon" in n for n in notes)
-                             else "none"))
+        # What the launcher's rule decided, as it said it.
+        args.mps_note = "; ".join(notes) or "MPS: not needed"
     tmp = tempfile.mkdtemp(prefix="bnps_step_overhead_")
     for name in ("server/bnps_server", "worker/bnps_worker") + (
             ("tools/bench/ps_benchmark",) if args.round_trip == "on" else ()):
