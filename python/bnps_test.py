@@ -40,8 +40,11 @@ class FakeClient:
     """One worker's view of a job of one worker: the merge is its own."""
 
     def __init__(self, policy):
-        self.config = {"policy": policy, "bn_momentum": 0.1,
-                       "barrier_timeout_ms": 1000}
+        # As the C++ client reports a job: the BN policy and the gradient
+        # mode its shorthand implies.
+        self.config = {"policy": policy,
+                       "gradients": "async" if policy == "async" else "sync",
+                       "bn_momentum": 0.1, "barrier_timeout_ms": 1000}
         self.worker, self.num_workers = 0, 1
         self.calls = []
         self.answers = {}

@@ -553,7 +553,7 @@ def run_cluster(args, extra, argv, out_dir, console, interrupt):
         wait_for_workers(args, servers, workers, procs, interrupt, deadline,
                          console)
     except bnps_launch_mps.MpsError as e:
-        say(console, "error: %s" % e)
+        print("bnps_launch: error: %s" % e, file=sys.stderr)
         return 2
     except Failure as failure:
         console.end_status()

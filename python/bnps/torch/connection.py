@@ -47,9 +47,8 @@ class Connection:
         self.config = dict(client.config)
         self.policy = self.config["policy"]  # the BN policy
         # "sync" (bulk-synchronous) or "async" (stale-synchronous): the
-        # servers' --gradients, which --policy=async implies.
-        self.gradients = self.config.get(
-            "gradients", "async" if self.policy == "async" else "sync")
+        # servers' gradient mode, as the C++ client resolved it.
+        self.gradients = self.config["gradients"]
         self.worker = client.worker
         self.num_workers = client.num_workers
         self._step = 0
