@@ -142,7 +142,7 @@ def plot(rows, path):
             pred = [(k, scale_model.exchange_agg_us(fa, f, hosts, k, rtt))
                     for k in ks]
         else:
-            pred = [(k, scale_model.exchange_us(f, hosts * k, rtt)) for k in ks]
+            pred = [(k, scale_model.exchange_us(f, hosts, k, rtt)) for k in ks]
         series.append(svg_plot.Series(f"{name}, model", pred, color,
                                       dashed=True))
     svg = svg_plot.line_chart(
