@@ -11,9 +11,9 @@
 #include <string>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "hostbn/aggregator.h"
 #include "security/job_token.h"
+#include "util/command_line.h"
 
 ABSL_FLAG(std::string, host, "127.0.0.1",
           "The address to listen on (IPv4): the host's, or 127.0.0.1 when "
@@ -33,7 +33,12 @@ ABSL_FLAG(bool, per_worker_tokens, false,
 ABSL_FLAG(int, num_workers, 0, "The job's workers (for --per_worker_tokens).");
 
 int main(int argc, char** argv) {
-  absl::ParseCommandLine(argc, argv);
+  bnps::util::ParseCommandLine(
+      argc, argv,
+      "A host's BN aggregator: the BN traffic of the host's workers "
+      "(bnps_worker --bn_host_aggregator) crosses to each shard as one frame "
+      "per layer, phase and step.\n  usage: bnps_host_bn --host=ADDRESS "
+      "--port=PORT --workers=K [--token_file=FILE]");
   bnps::hostbn::Aggregator::Options o;
   o.host = absl::GetFlag(FLAGS_host);
   o.port = absl::GetFlag(FLAGS_port);

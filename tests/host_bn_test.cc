@@ -78,6 +78,16 @@ proto::BnResponse ReceiveAnswer(RawConn& c) {
   return resp;
 }
 
+proto::BnHelloReply SendHello(RawConn& c, const proto::BnHello& hello) {
+  c.Send(hello);
+  proto::BnHelloReply reply;
+  std::optional<std::string> bytes = c.Receive();
+  EXPECT_TRUE(bytes.has_value());
+  if (bytes) EXPECT_TRUE(reply.ParseFromString(*bytes));
+  return reply;
+}
+
+// A worker's hello to its host's aggregator.
 proto::BnHelloReply HelloVia(RawConn& c, int worker, const std::string& upstream,
                              const std::string& token = kToken) {
   proto::BnHello hello;
@@ -85,12 +95,7 @@ proto::BnHelloReply HelloVia(RawConn& c, int worker, const std::string& upstream
   hello.set_worker(worker);
   hello.set_token(token);
   hello.set_upstream(upstream);
-  c.Send(hello);
-  proto::BnHelloReply reply;
-  std::optional<std::string> bytes = c.Receive();
-  EXPECT_TRUE(bytes.has_value());
-  if (bytes) EXPECT_TRUE(reply.ParseFromString(*bytes));
-  return reply;
+  return SendHello(c, hello);
 }
 
 // The merged moments each worker got for steps 0..2, as raw bytes.
@@ -213,12 +218,7 @@ proto::BnHelloReply HelloFor(RawConn& c, const std::vector<int>& workers,
   hello.set_worker(workers[0]);
   for (int w : workers) hello.add_workers(w);
   hello.set_token(token);
-  c.Send(hello);
-  proto::BnHelloReply reply;
-  std::optional<std::string> bytes = c.Receive();
-  EXPECT_TRUE(bytes.has_value());
-  if (bytes) EXPECT_TRUE(reply.ParseFromString(*bytes));
-  return reply;
+  return SendHello(c, hello);
 }
 
 TEST(HostBnTest, AShardTakesBatchesOnlyOfTheWorkersTheHelloNamed) {
