@@ -19,6 +19,7 @@
 #include "server/bn_socket_server.h"
 #include "server/raw_bn_conn_testing.h"
 #include "server/shard.h"
+#include "util/eventually.h"
 
 namespace bnps {
 namespace {
@@ -177,6 +178,27 @@ TEST(HostBnTest, AWorkerThatLeavesFailsItsPeersRoundNamingIt) {
   EXPECT_EQ(r.id(), 1u);
   EXPECT_EQ(r.code(), static_cast<int>(absl::StatusCode::kUnavailable));
   EXPECT_NE(r.message().find("worker 1"), std::string::npos) << r.message();
+}
+
+TEST(HostBnTest, AShardThatGoesAwayFailsTheRequestsWaitingOnItNamingIt) {
+  ShardUnderTest shard;
+  hostbn::Aggregator::Options o;
+  o.token = kToken;
+  auto a = hostbn::Aggregator::Start(o);
+  ASSERT_TRUE(a.ok()) << a.status();
+  RawConn w0((*a)->port());
+  ASSERT_EQ(HelloVia(w0, 0, shard.address()).code(), 0);
+  w0.Send(Forward(0, 3, 0));  // waits at the shard for workers 1-3
+  ASSERT_TRUE(util::Eventually([&] { return shard.shard->bn().Contributed(0); }));
+  shard.bn->Stop();
+  proto::BnResponse r = ReceiveAnswer(w0);
+  EXPECT_EQ(r.id(), 3u);
+  EXPECT_EQ(r.code(), static_cast<int>(absl::StatusCode::kUnavailable));
+  EXPECT_NE(r.message().find("shard at " + std::string("127.0.0.1:")),
+            std::string::npos)
+      << r.message();
+  // Then the worker's connection ends: it reconnects, as after any break.
+  EXPECT_FALSE(w0.Receive().has_value());
 }
 
 TEST(HostBnTest, TheAggregatorChecksWorkersTokens) {
