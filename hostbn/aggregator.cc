@@ -8,6 +8,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <cstdio>
 #include <optional>
 #include <thread>
 #include <utility>
@@ -24,6 +26,10 @@
 
 namespace bnps::hostbn {
 namespace {
+
+// More than any hello (a token of at most 4,096 characters, a job name, a
+// shard's address) before the hello is whole: not a worker; closed.
+constexpr size_t kMaxHelloBytes = 64 * 1024;
 
 absl::Status Errno(const std::string& what) {
   return absl::UnavailableError(absl::StrCat(what, ": ", strerror(errno)));
@@ -54,11 +60,15 @@ struct Aggregator::Conn {
 
   // The next frame's payload; UNAVAILABLE at the end of the connection,
   // DEADLINE_EXCEEDED at `deadline`.
-  absl::StatusOr<std::string> ReadFrame(absl::Time deadline) {
+  absl::StatusOr<std::string> ReadFrame(absl::Time deadline,
+                                        size_t max_bytes = SIZE_MAX) {
     for (;;) {
       absl::StatusOr<std::optional<absl::string_view>> f = reader.Next();
       if (!f.ok()) return f.status();
       if (f->has_value()) return std::string(**f);
+      if (reader.buffered() > max_bytes) {
+        return absl::InvalidArgumentError("a frame too long");
+      }
       if (!util::WaitReadable(fd, deadline)) {
         return absl::DeadlineExceededError("no whole frame in time");
       }
@@ -207,7 +217,7 @@ void Aggregator::Serve(std::shared_ptr<Conn> conn) {
   proto::BnHello hello;
   absl::Status s;
   absl::StatusOr<std::string> first =
-      conn->ReadFrame(absl::Now() + options_.timeout);
+      conn->ReadFrame(absl::Now() + options_.timeout, kMaxHelloBytes);
   if (!first.ok()) return;
   if (!hello.ParseFromString(*first)) {
     s = absl::InvalidArgumentError("the first frame is no BnHello");

@@ -66,6 +66,15 @@ Batcher::Out Batcher::Submit(int worker, proto::BnRequest req) {
       return out;
     }
   }
+  if (held == held_.end() &&
+      static_cast<int>(held_.size()) >= kMaxHeldRounds) {
+    out.answers.emplace_back(
+        worker, Error(req.id(), absl::ResourceExhaustedError(absl::StrCat(
+                                    "this host's BN aggregator holds ",
+                                    kMaxHeldRounds,
+                                    " rounds waiting for workers already"))));
+    return out;
+  }
   std::map<int, proto::BnRequest>& round = held_[key];
   round.emplace(worker, std::move(req));
   if (static_cast<int>(round.size()) < workers_) return out;

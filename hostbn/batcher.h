@@ -12,7 +12,8 @@
 // order however they arrive (server/bn_aggregator.h), so a batch gives the
 // bits the k requests sent one by one give; the host merges nothing.
 //
-// Errors: a worker whose connection closed (Leave) fails every held round
+// Errors: past kMaxHeldRounds a new round is refused; a worker whose
+// connection closed (Leave) fails every held round
 // it has not contributed to, and every later one until it says hello again
 // (Join), with UNAVAILABLE naming it; Fail answers every held and
 // outstanding request with its status (the shard's connection broke).
@@ -38,6 +39,11 @@ namespace bnps::hostbn {
 
 class Batcher {
  public:
+  // Rounds held at most: a request that would open one more is refused
+  // (RESOURCE_EXHAUSTED), so that a worker cannot fill the host's memory
+  // with rounds its peers never join.
+  static constexpr int kMaxHeldRounds = 1024;
+
   // What a call gives the aggregator to do.
   struct Out {
     std::vector<proto::BnRequest> upstream;  // frames for the shard

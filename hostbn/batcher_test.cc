@@ -111,6 +111,20 @@ TEST(BatcherTest, AWorkerThatLeftFailsTheRoundsItHeldUpNamingIt) {
   EXPECT_EQ(b.held(), 1);
 }
 
+TEST(BatcherTest, RoundsHeldAreBounded) {
+  Batcher b(2);
+  for (int step = 0; step < Batcher::kMaxHeldRounds; ++step) {
+    ASSERT_TRUE(b.Submit(0, Req(0, step, proto::BN_FORWARD, step)).answers.empty());
+  }
+  Batcher::Out out =
+      b.Submit(0, Req(0, 99999, proto::BN_FORWARD, Batcher::kMaxHeldRounds));
+  ASSERT_EQ(out.answers.size(), 1u);
+  EXPECT_EQ(out.answers[0].second.code(),
+            static_cast<int>(absl::StatusCode::kResourceExhausted));
+  // A round already held still completes.
+  EXPECT_EQ(b.Submit(1, Req(1, 7, proto::BN_FORWARD, 0)).upstream.size(), 1u);
+}
+
 TEST(BatcherTest, AFailedBatchOrABrokenShardAnswersEveryEntry) {
   Batcher b(2);
   ASSERT_TRUE(b.Submit(0, Req(0, 1, proto::BN_FORWARD)).upstream.empty());
