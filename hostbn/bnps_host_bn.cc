@@ -68,8 +68,8 @@ int main(int argc, char** argv) {
                ? 2
                : 1;
   }
-  std::printf("bnps_host_bn: listening on %s:%d for %d workers\n",
-              o.host.c_str(), (*aggregator)->port(), o.workers);
+  std::printf("bnps_host_bn: for %d workers, listening on %s:%d\n",
+              o.workers, o.host.c_str(), (*aggregator)->port());
   std::fflush(stdout);
   int sig = 0;
   sigwait(&stop, &sig);
