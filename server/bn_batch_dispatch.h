@@ -1,6 +1,6 @@
 // BnBatchDispatcher: the requests of one raw-TCP BN connection that speaks
-// for one worker or, from a host's BN aggregator (server/host_bn_aggregator.h),
-// for several workers of one host. A plain request goes to the BnDispatcher
+// for one worker or, from a host's BN aggregator (hostbn/aggregator.h), for
+// several workers of one host. A plain request goes to the BnDispatcher
 // of the worker it names; a batch (BnRequest.batch: one request of each of
 // several workers) is handed out entry by entry, each to its worker's
 // BnDispatcher exactly as if that worker had sent it on its own connection,

@@ -15,11 +15,11 @@
 // answered by a BnHelloReply; a wrong token or job is answered and the
 // connection closed. A connection acts as the worker its hello named:
 // requests that name another are refused (PERMISSION_DENIED). A host's BN
-// aggregator (server/host_bn_aggregator.h) names several workers in its
-// hello (with the job token) and sends batches, one frame per layer, phase
-// and step for all of them (server/bn_batch_dispatch.h). Until its hello a connection may send one small frame
-// (MaxHelloBytes) and must send it within `hello_timeout`; at most
-// `max_connections` are open at once (more are closed on arrival: by
+// aggregator (hostbn/aggregator.h) names several workers in its hello (with
+// the job token) and sends batches, one frame per layer, phase and step for
+// all of them (server/bn_batch_dispatch.h). Until its hello a connection
+// may send one small frame (MaxHelloBytes) and must send it within
+// `hello_timeout`; at most `max_connections` are open at once (more are closed on arrival: by
 // default a cap derived from the descriptor limit, so that a flood is
 // refused while descriptors remain for the gRPC listener and its
 // connections). Out of descriptors all the same (EMFILE), the listener
@@ -69,8 +69,8 @@ class BnSocketServer {
   // the largest valid BnHello for `job` (a token of the most characters
   // security/job_token.h allows, the longest encodings of worker and
   // generation, every one of `num_workers` worker ids a host's aggregator
-  // may name), computed, not guessed (issue 34, D3: a 4 KiB bound refused
-  // valid tokens of 4,088 characters and more).
+  // may name), computed, not guessed (a 4 KiB bound would refuse valid
+  // tokens of 4,088 characters and more).
   static size_t MaxHelloBytes(const std::string& job, int num_workers = 1);
 
   struct Options {
