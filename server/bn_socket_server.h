@@ -20,9 +20,9 @@
 // all of them (server/bn_batch_dispatch.h). Until its hello a connection
 // may send one small frame (MaxHelloBytes) and must send it within
 // `hello_timeout`; at most `max_connections` are open at once (more are
-// closed on arrival: by default a cap derived from the descriptor limit, so that a flood is
-// refused while descriptors remain for the gRPC listener and its
-// connections). Out of descriptors all the same (EMFILE), the listener
+// closed on arrival: by default a cap derived from the descriptor limit,
+// so that a flood is refused while descriptors remain for the gRPC
+// listener and its connections). Out of descriptors all the same (EMFILE), the listener
 // rests, backing off from 10 ms to 1 s, instead of retrying at once. Bytes
 // that are not frames of these messages close the connection, and so does
 // a client that leaves more than `max_queued_bytes` of answers unread.
