@@ -14,15 +14,12 @@
 // A connection starts with a BnHello (job, worker, generation, job token),
 // answered by a BnHelloReply; a wrong token or job is answered and the
 // connection closed. A connection acts as the worker its hello named:
-// requests that name another are refused (PERMISSION_DENIED). A host's BN
-// aggregator (hostbn/aggregator.h) names several workers in its hello (with
-// the job token) and sends batches, one frame per layer, phase and step for
-// all of them (server/bn_batch_dispatch.h). Until its hello a connection
-// may send one small frame (MaxHelloBytes) and must send it within
-// `hello_timeout`; at most `max_connections` are open at once (more are
-// closed on arrival: by default a cap derived from the descriptor limit,
-// so that a flood is refused while descriptors remain for the gRPC
-// listener and its connections). Out of descriptors all the same (EMFILE), the listener
+// requests that name another are refused (PERMISSION_DENIED). Until its hello a connection may send one small frame
+// (MaxHelloBytes) and must send it within `hello_timeout`; at most
+// `max_connections` are open at once (more are closed on arrival: by
+// default a cap derived from the descriptor limit, so that a flood is
+// refused while descriptors remain for the gRPC listener and its
+// connections). Out of descriptors all the same (EMFILE), the listener
 // rests, backing off from 10 ms to 1 s, instead of retrying at once. Bytes
 // that are not frames of these messages close the connection, and so does
 // a client that leaves more than `max_queued_bytes` of answers unread.
@@ -37,6 +34,10 @@
 // the shard and metrics it was dispatched with) until the barrier fails or
 // completes; RunningServer expires every barrier after Stop, before the
 // shard and metrics go.
+//
+// A host's BN aggregator (hostbn/aggregator.h) names several workers in its
+// hello (with the job token) and sends batches, one frame per layer, phase
+// and step for all of them (server/bn_batch_dispatch.h).
 //
 // Thread-safety: thread-safe; answers may be sent from any thread.
 
