@@ -53,6 +53,27 @@ absl::Status Errno(const std::string& what) {
   return absl::UnavailableError(absl::StrCat(what, ": ", strerror(errno)));
 }
 
+// The workers a hello's connection speaks for: several for a host's
+// aggregator (hostbn/aggregator.h), each checked, and only with the job
+// token (`caller` any worker); else `*workers` stays the hello's one.
+absl::Status HelloWorkers(Shard& shard, const proto::BnHello& hello,
+                          int caller, std::vector<int>* workers) {
+  if (hello.workers_size() == 0) return absl::OkStatus();
+  if (caller != Shard::kAnyWorker) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "a BN connection speaking for several workers (a host's "
+        "aggregator) needs the job token; worker ", caller,
+        "'s own token acts as that worker alone"));
+  }
+  workers->assign(hello.workers().begin(), hello.workers().end());
+  for (int w : *workers) {
+    if (absl::Status s = shard.CheckCaller(hello.job(), w, caller); !s.ok()) {
+      return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 // One client connection. The epoll thread owns the reading side; answers
@@ -516,21 +537,6 @@ bool BnSocketServer::HandleHello(const std::shared_ptr<Conn>& c,
     if (who.ok()) caller = *who;
   }
   if (s.ok()) s = shard_->CheckCaller(hello.job(), hello.worker(), caller);
-  // A host's aggregator: every worker it names is checked, and only the
-  // job token may speak for several.
-  std::vector<int> workers = {hello.worker()};
-  if (s.ok() && hello.workers_size() > 0) {
-    workers.assign(hello.workers().begin(), hello.workers().end());
-    if (caller != Shard::kAnyWorker) {
-      s = absl::PermissionDeniedError(absl::StrCat(
-          "a BN connection speaking for several workers (a host's "
-          "aggregator) needs the job token; worker ", caller,
-          "'s own token acts as that worker alone"));
-    }
-    for (int w : workers) {
-      if (s.ok()) s = shard_->CheckCaller(hello.job(), w, caller);
-    }
-  }
   if (s.ok() && caller != Shard::kAnyWorker) {
     if (claims_.Claim(caller)) {
       conn.claimed = caller;
@@ -541,6 +547,8 @@ bool BnSocketServer::HandleHello(const std::shared_ptr<Conn>& c,
     }
   }
   proto::BnHelloReply reply;
+  std::vector<int> workers = {hello.worker()};
+  if (s.ok()) s = HelloWorkers(*shard_, hello, caller, &workers);
   reply.set_code(static_cast<int>(s.code()));
   reply.set_message(std::string(s.message()));
   std::string out;
