@@ -18,9 +18,10 @@
 // hello must carry the job token or, with per_worker_tokens, that worker's
 // own token (security/worker_token.h), checked here; the shard sees the job
 // token. Errors: a refused hello is answered and the connection closed; a
-// worker whose connection closes fails the rounds it held up for its peers
-// (UNAVAILABLE naming it); a shard connection that breaks or refuses the
-// hello fails every request waiting on it and closes its group's workers'
+// worker whose connection closes holds up no round of its peers (the shard
+// waits for it or fails the barrier naming it, hostbn/batcher.h); a shard
+// connection that breaks or refuses the hello fails every request waiting
+// on it with UNAVAILABLE naming the shard and closes its group's workers'
 // connections (they reconnect, and a new group opens a new one).
 //
 // Thread-safety: thread-safe. A thread per connection (workers and shards).

@@ -26,10 +26,24 @@ proto::BnResponse Batcher::Error(uint64_t id, const absl::Status& s) {
   return resp;
 }
 
-absl::Status Batcher::Gone(int worker) const {
-  return absl::UnavailableError(absl::StrCat(
-      "worker ", worker, "'s BN connection to this host's BN aggregator "
-      "closed: the rounds it has not contributed to cannot complete"));
+bool Batcher::Complete(const std::map<int, proto::BnRequest>& round) const {
+  // Every worker that has not gone contributed (those gone may have too).
+  int present = 0;
+  for (const auto& [w, r] : round) present += gone_.count(w) == 0 ? 1 : 0;
+  return present >= workers_ - static_cast<int>(gone_.size());
+}
+
+proto::BnRequest Batcher::Send(const Key& key,
+                               std::map<int, proto::BnRequest> round) {
+  std::vector<std::pair<int, proto::BnRequest>> all;
+  for (auto& [w, r] : round) all.emplace_back(w, std::move(r));  // in order
+  sent_.insert(key);
+  sent_order_.push_back(key);
+  if (sent_order_.size() > kSentMemory) {
+    sent_.erase(sent_order_.front());
+    sent_order_.pop_front();
+  }
+  return Frame(std::move(all));
 }
 
 proto::BnRequest Batcher::Frame(
@@ -60,12 +74,6 @@ Batcher::Out Batcher::Submit(int worker, proto::BnRequest req) {
     out.upstream.push_back(Frame(std::move(one)));
     return out;
   }
-  for (int g : gone_) {
-    if (g != worker) {
-      out.answers.emplace_back(worker, Error(req.id(), Gone(g)));
-      return out;
-    }
-  }
   if (held == held_.end() &&
       static_cast<int>(held_.size()) >= kMaxHeldRounds) {
     out.answers.emplace_back(
@@ -77,31 +85,25 @@ Batcher::Out Batcher::Submit(int worker, proto::BnRequest req) {
   }
   std::map<int, proto::BnRequest>& round = held_[key];
   round.emplace(worker, std::move(req));
-  if (static_cast<int>(round.size()) < workers_) return out;
-  std::vector<std::pair<int, proto::BnRequest>> all;
-  for (auto& [w, r] : round) all.emplace_back(w, std::move(r));  // in order
+  if (!Complete(round)) return out;
+  std::map<int, proto::BnRequest> done = std::move(round);
   held_.erase(key);
-  sent_.insert(key);
-  sent_order_.push_back(key);
-  if (sent_order_.size() > kSentMemory) {
-    sent_.erase(sent_order_.front());
-    sent_order_.pop_front();
-  }
-  out.upstream.push_back(Frame(std::move(all)));
+  out.upstream.push_back(Send(key, std::move(done)));
   return out;
 }
 
 Batcher::Out Batcher::Leave(int worker) {
   Out out;
   gone_.insert(worker);
+  // The rounds only it held up leave without it: the shard waits for its
+  // contribution (it may repeat it on another connection) or fails the
+  // barrier naming it, as when each worker sends its own.
   for (auto it = held_.begin(); it != held_.end();) {
-    if (it->second.count(worker) > 0) {
+    if (!Complete(it->second)) {
       ++it;
       continue;
     }
-    for (const auto& [w, r] : it->second) {
-      out.answers.emplace_back(w, Error(r.id(), Gone(worker)));
-    }
+    out.upstream.push_back(Send(it->first, std::move(it->second)));
     it = held_.erase(it);
   }
   return out;

@@ -12,11 +12,15 @@
 // order however they arrive (server/bn_aggregator.h), so a batch gives the
 // bits the k requests sent one by one give; the host merges nothing.
 //
-// Errors: past kMaxHeldRounds a new round is refused; a worker whose
-// connection closed (Leave) fails every held round
-// it has not contributed to, and every later one until it says hello again
-// (Join), with UNAVAILABLE naming it; Fail answers every held and
-// outstanding request with its status (the shard's connection broke).
+// A worker whose connection closed (Leave) holds up no round until it says
+// hello again (Join): the rounds that waited only for it leave without it,
+// and so do later ones. The shard then waits for its contribution (which it
+// may repeat on another connection, e.g. the gRPC stream) or fails the
+// barrier naming it, exactly as when every worker sends its own.
+//
+// Errors: past kMaxHeldRounds a new round is refused (RESOURCE_EXHAUSTED);
+// Fail answers every held and outstanding request with its status (the
+// shard's connection broke).
 //
 // Thread-safety: not thread-safe; the aggregator serializes calls.
 
@@ -79,7 +83,10 @@ class Batcher {
 
   proto::BnRequest Frame(std::vector<std::pair<int, proto::BnRequest>> reqs);
   static proto::BnResponse Error(uint64_t id, const absl::Status& s);
-  absl::Status Gone(int worker) const;
+  // Whether every worker that has not gone contributed to `round`.
+  bool Complete(const std::map<int, proto::BnRequest>& round) const;
+  // `round`'s frame, remembering `key` as sent.
+  proto::BnRequest Send(const Key& key, std::map<int, proto::BnRequest> round);
 
   const int workers_;
   uint64_t next_id_ = 1;
@@ -88,7 +95,7 @@ class Batcher {
   // Rounds sent, the newest last (a bounded memory), for repeats.
   std::set<Key> sent_;
   std::deque<Key> sent_order_;
-  std::set<int> gone_;
+  std::set<int> gone_;  // connections closed, no hello since
 };
 
 }  // namespace bnps::hostbn

@@ -84,31 +84,36 @@ TEST(BatcherTest, RequestsThatAnswerAtOnceAndRepeatsLeaveAlone) {
   EXPECT_EQ(out.upstream[0].batch_size(), 1);
 }
 
-TEST(BatcherTest, AWorkerThatLeftFailsTheRoundsItHeldUpNamingIt) {
+TEST(BatcherTest, AWorkerThatLeftHoldsUpNoRoundUntilItComesBack) {
   Batcher b(3);
   for (int w : {0, 1, 2}) b.Join(w);
   ASSERT_TRUE(b.Submit(0, Req(0, 1, proto::BN_FORWARD)).upstream.empty());
   ASSERT_TRUE(b.Submit(1, Req(1, 2, proto::BN_FORWARD)).upstream.empty());
-  // Worker 1 leaves: the round it is in still waits (it may come back).
+  // Worker 1 leaves after contributing: the round still waits for 2.
   Batcher::Out out = b.Leave(1);
+  EXPECT_TRUE(out.upstream.empty());
   EXPECT_TRUE(out.answers.empty());
-  // Worker 2 leaves without contributing: the round fails for 0 and 1.
+  // Worker 2 leaves without contributing: the round leaves without it (the
+  // shard waits for it or fails the barrier naming it).
   out = b.Leave(2);
-  ASSERT_EQ(out.answers.size(), 2u);
-  for (const auto& [w, resp] : out.answers) {
-    EXPECT_EQ(resp.code(), static_cast<int>(absl::StatusCode::kUnavailable));
-    EXPECT_NE(resp.message().find("worker 2"), std::string::npos)
-        << resp.message();
-  }
+  EXPECT_TRUE(out.answers.empty());
+  ASSERT_EQ(out.upstream.size(), 1u);
+  ASSERT_EQ(out.upstream[0].batch_size(), 2);
+  EXPECT_EQ(out.upstream[0].batch(0).worker(), 0);
+  EXPECT_EQ(out.upstream[0].batch(1).worker(), 1);
   EXPECT_EQ(b.held(), 0);
-  // Later rounds fail at once until the missing ones say hello again.
+  // Later rounds wait for those present alone.
   out = b.Submit(0, Req(0, 3, proto::BN_FORWARD, 1));
-  ASSERT_EQ(out.answers.size(), 1u);
-  EXPECT_EQ(out.answers[0].second.id(), 3u);
-  b.Join(1);
+  ASSERT_EQ(out.upstream.size(), 1u);
+  EXPECT_EQ(out.upstream[0].batch_size(), 1);
+  // Worker 2 comes back and repeats the first round's request: it goes
+  // alone (the others' left already); new rounds wait for it again.
   b.Join(2);
-  EXPECT_TRUE(b.Submit(0, Req(0, 4, proto::BN_FORWARD, 2)).answers.empty());
-  EXPECT_EQ(b.held(), 1);
+  out = b.Submit(2, Req(2, 5, proto::BN_FORWARD));
+  ASSERT_EQ(out.upstream.size(), 1u);
+  EXPECT_EQ(out.upstream[0].batch_size(), 1);
+  EXPECT_TRUE(b.Submit(0, Req(0, 6, proto::BN_FORWARD, 2)).upstream.empty());
+  EXPECT_EQ(b.Submit(2, Req(2, 7, proto::BN_FORWARD, 2)).upstream.size(), 1u);
 }
 
 TEST(BatcherTest, RoundsHeldAreBounded) {
