@@ -22,7 +22,8 @@
 // waits for it or fails the barrier naming it, hostbn/batcher.h); a shard
 // connection that breaks or refuses the hello fails every request waiting
 // on it with UNAVAILABLE naming the shard and closes its group's workers'
-// connections (they reconnect, and a new group opens a new one).
+// connections (they reconnect, and a new group opens a new one). A peer
+// that takes no frame for `timeout` is cut off.
 //
 // Thread-safety: thread-safe. A thread per connection (workers and shards).
 
