@@ -75,7 +75,9 @@ proto::BnResponse ReceiveAnswer(RawConn& c) {
   proto::BnResponse resp;
   std::optional<std::string> bytes = c.Receive();
   EXPECT_TRUE(bytes.has_value());
-  if (bytes) EXPECT_TRUE(resp.ParseFromString(*bytes));
+  if (bytes) {
+    EXPECT_TRUE(resp.ParseFromString(*bytes));
+  }
   return resp;
 }
 
@@ -84,7 +86,9 @@ proto::BnHelloReply SendHello(RawConn& c, const proto::BnHello& hello) {
   proto::BnHelloReply reply;
   std::optional<std::string> bytes = c.Receive();
   EXPECT_TRUE(bytes.has_value());
-  if (bytes) EXPECT_TRUE(reply.ParseFromString(*bytes));
+  if (bytes) {
+    EXPECT_TRUE(reply.ParseFromString(*bytes));
+  }
   return reply;
 }
 
