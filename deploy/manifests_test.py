@@ -144,9 +144,14 @@ class ManifestsTest(unittest.TestCase):
             # A kind nobody has a schema for.
             (jobset.replace("kind: JobSet", "kind: JobSets"), "no schema for"),
         ]
+        self.assert_invalid(cases, lambda message: jobset if "JobSet" in message else base)
+
+    def assert_invalid(self, cases, original):
+        """Each (text, message): the validator fails the text, saying message;
+        original(message) is the text it was made from."""
         for text, message in cases:
             with self.subTest(message=message):
-                self.assertNotEqual(text, jobset if "JobSet" in message else base)
+                self.assertNotEqual(text, original(message))
                 run = self.validate(text)
                 self.assertEqual(run.returncode, 1, run.stdout)
                 self.assertIn(message, run.stdout)
@@ -176,12 +181,7 @@ class ManifestsTest(unittest.TestCase):
             (kubeflow.replace("\n                  name: node\n", "\n                  name: main\n"),
              "no container named node"),
         ]
-        for text, message in cases:
-            with self.subTest(message=message):
-                self.assertNotEqual(text, kubeflow)
-                run = self.validate(text)
-                self.assertEqual(run.returncode, 1, run.stdout)
-                self.assertIn(message, run.stdout)
+        self.assert_invalid(cases, lambda message: kubeflow)
 
     def test_kubeflow_runtime_pods_match_jobset(self):
         # The same security settings and scrape annotations as the JobSet's

@@ -13,10 +13,12 @@ import yaml
 
 sys.path.insert(0, os.path.join(os.getcwd(), "python"))  # Bazel runfiles
 
-from bnps.launch import placement, starts_node_server, trainer_servers  # noqa: E402
+from bnps.launch import (placement, starts_node_server,  # noqa: E402
+                         trainer_servers)
 
 KUBEFLOW = os.path.join(os.getcwd(), "deploy", "kubeflow")
 TRAINER_PORT = 29400  # Trainer's PET_MASTER_PORT
+ANCESTOR = "trainer.kubeflow.org/trainjob-ancestor-step"
 
 
 def load(name):
@@ -25,12 +27,13 @@ def load(name):
 
 
 def trainer_node(runtime):
-    """The runtime's trainer replicated job and its container "node"."""
+    """The runtime's trainer replicated job's name and its container
+    "node", where Trainer looks for them."""
     for rjob in runtime["spec"]["template"]["spec"]["replicatedJobs"]:
-        labels = rjob["template"]["metadata"]["labels"]
-        if labels.get("trainer.kubeflow.org/trainjob-ancestor-step") == "trainer":
+        if rjob["template"]["metadata"]["labels"].get(ANCESTOR) == "trainer":
             pod = rjob["template"]["spec"]["template"]["spec"]
-            return rjob["name"], [c for c in pod["containers"] if c["name"] == "node"][0]
+            return rjob["name"], [c for c in pod["containers"]
+                                  if c["name"] == "node"][0]
     raise AssertionError("no trainer replicated job")
 
 
@@ -41,28 +44,31 @@ def processes(trainjob, runtime, group_rank=lambda node: node):
     name, spec = trainjob["metadata"]["name"], trainjob["spec"]["trainer"]
     job, container = trainer_node(runtime)
     nodes, per_node = spec["numNodes"], spec["numProcPerNode"]
-    base = {e["name"]: e["value"] for e in container.get("env", []) + spec.get("env", [])}
+    base = {e["name"]: e["value"]
+            for e in container.get("env", []) + spec.get("env", [])}
     out = []
     for node in range(nodes):
         # JobSet: pod host name <jobset>-<replicated job>-<job index>-<pod
-        # index>, under the subdomain <jobset>; the JobSet is the TrainJob's name.
+        # index>, under the subdomain <jobset>, the TrainJob's name.
         host = f"{name}-{job}-0-{node}"
-        pod = dict(base, PET_NNODES=str(nodes), PET_NPROC_PER_NODE=str(per_node),
-                   PET_NODE_RANK=str(node), PET_MASTER_ADDR=f"{name}-node-0-0.{name}",
+        pod = dict(base, PET_NNODES=str(nodes),
+                   PET_NPROC_PER_NODE=str(per_node), PET_NODE_RANK=str(node),
+                   PET_MASTER_ADDR=f"{name}-node-0-0.{name}",
                    PET_MASTER_PORT=str(TRAINER_PORT))
         group = group_rank(node)
         for local in range(per_node):
             out.append((host, dict(
-                pod, RANK=str(group * per_node + local), LOCAL_RANK=str(local),
-                WORLD_SIZE=str(nodes * per_node), LOCAL_WORLD_SIZE=str(per_node),
-                GROUP_RANK=str(group), GROUP_WORLD_SIZE=str(nodes),
-                TORCHELASTIC_RUN_ID="none")))
+                pod, RANK=str(group * per_node + local),
+                LOCAL_RANK=str(local), WORLD_SIZE=str(nodes * per_node),
+                LOCAL_WORLD_SIZE=str(per_node), GROUP_RANK=str(group),
+                GROUP_WORLD_SIZE=str(nodes), TORCHELASTIC_RUN_ID="none")))
     return out
 
 
 class TrainerWiringTest(unittest.TestCase):
     def setUp(self):
-        self.trainjob, self.runtime = load("trainjob.yaml"), load("runtime.yaml")
+        self.trainjob = load("trainjob.yaml")
+        self.runtime = load("runtime.yaml")
         self.assertEqual(self.trainjob["spec"]["runtimeRef"]["name"],
                          self.runtime["metadata"]["name"])
 
@@ -71,16 +77,18 @@ class TrainerWiringTest(unittest.TestCase):
         name = self.trainjob["metadata"]["name"]
         _, container = trainer_node(self.runtime)
         probe_port = container["readinessProbe"]["grpc"]["port"]
+        everyone = ",".join(f"{name}-node-0-{n}.{name}:{probe_port}"
+                            for n in range(spec["numNodes"]))
         workers, started = [], {}
         for host, env in processes(self.trainjob, self.runtime, group_rank):
             p = placement(env)
-            self.assertEqual(p.num_workers, spec["numNodes"] * spec["numProcPerNode"])
+            self.assertEqual(p.num_workers,
+                             spec["numNodes"] * spec["numProcPerNode"])
             workers.append(p.worker)
             known = trainer_servers(env)
-            self.assertEqual(known.servers, ",".join(
-                f"{name}-node-0-{n}.{name}:{probe_port}" for n in range(spec["numNodes"])))
+            self.assertEqual(known.servers, everyone)
             if starts_node_server(p):
-                # Each node's server is the shard whose address is its own pod.
+                # Each node's server is the shard whose address is its pod.
                 self.assertNotIn(known.shard, started)
                 started[known.shard] = host
                 self.assertEqual(known.servers.split(",")[known.shard],
@@ -89,8 +97,8 @@ class TrainerWiringTest(unittest.TestCase):
         self.assertEqual(sorted(started), list(range(spec["numNodes"])))
 
     def test_example_trainjob(self):
-        self.assertEqual((self.trainjob["spec"]["trainer"]["numNodes"],
-                          self.trainjob["spec"]["trainer"]["numProcPerNode"]), (2, 2))
+        spec = self.trainjob["spec"]["trainer"]
+        self.assertEqual((spec["numNodes"], spec["numProcPerNode"]), (2, 2))
         self.check()
 
     def test_rendezvous_order_is_not_the_node_order(self):

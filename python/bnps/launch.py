@@ -226,8 +226,9 @@ class NodeServers:
 
 # JobSet's pod host name <jobset>-<replicated job>-<job index>-<pod index>;
 # Trainer's trainer nodes are replicated job "node", one Job, pod index N.
-_TRAINER_NODE_0 = re.compile(r"^(?P<prefix>[a-z0-9]([-a-z0-9]*[a-z0-9])?-node-0)-0"
-                             r"(?P<domain>\.[a-z0-9]([-.a-z0-9]*[a-z0-9])?)$")
+_TRAINER_NODE_0 = re.compile(
+    r"^(?P<prefix>[a-z0-9]([-a-z0-9]*[a-z0-9])?-node-0)-0"
+    r"(?P<domain>\.[a-z0-9]([-.a-z0-9]*[a-z0-9])?)$")
 
 
 def trainer_servers(env=None, port=None):

@@ -79,13 +79,16 @@ class NodeServerTest(unittest.TestCase):
         with socket.socket() as s:  # a port free now, for the fixed port
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        env = {"PET_NNODES": "1", "PET_NPROC_PER_NODE": "1", "PET_NODE_RANK": "0",
+        env = {"PET_NNODES": "1", "PET_NPROC_PER_NODE": "1",
+               "PET_NODE_RANK": "0",
                "PET_MASTER_ADDR": "fashion-node-0-0.fashion",
                "BNPS_NODE_SERVER_PORT": str(port)}
         p = launch.placement(dict(env, **ENV))
-        started = node_server.start(p, job="node-test", host="127.0.0.1", env=env)
+        started = node_server.start(p, job="node-test", host="127.0.0.1",
+                                    env=env)
         try:
-            self.assertEqual(started.servers, "fashion-node-0-0.fashion:%d" % port)
+            self.assertEqual(started.servers,
+                             "fashion-node-0-0.fashion:%d" % port)
             self.assertEqual(started.process.address, "127.0.0.1:%d" % port)
         finally:
             started.stop()
