@@ -201,9 +201,6 @@ class ManifestsTest(unittest.TestCase):
         self.assertEqual(mine["readinessProbe"],
                          servers["spec"]["containers"][0]["readinessProbe"])
         self.assertEqual(mine["ports"], servers["spec"]["containers"][0]["ports"])
-        # The server port the probe checks is the one bnps derives addresses with.
-        port = [e["value"] for e in mine["env"] if e["name"] == "BNPS_NODE_SERVER_PORT"]
-        self.assertEqual(port, [str(mine["readinessProbe"]["grpc"]["port"])])
 
     def test_jobset_sizes_written_once(self):
         # Change the two sizes in sizes.yaml only: everything follows.

@@ -76,6 +76,7 @@ class TrainerWiringTest(unittest.TestCase):
         spec = self.trainjob["spec"]["trainer"]
         name = self.trainjob["metadata"]["name"]
         _, container = trainer_node(self.runtime)
+        # The port the probe checks is the one the addresses name.
         probe_port = container["readinessProbe"]["grpc"]["port"]
         everyone = ",".join(f"{name}-node-0-{n}.{name}:{probe_port}"
                             for n in range(spec["numNodes"]))
