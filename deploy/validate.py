@@ -18,7 +18,7 @@ Every object of every YAML stream given (files, or "-" for stdin) must pass:
   - a Kubeflow Trainer TrainJob, ClusterTrainingRuntime or TrainingRuntime
     (trainer.kubeflow.org/v1alpha1): Trainer's own CRD schemas, made strict
     (deploy/schemas/trainer-v1alpha1-*.json); a runtime's JobSet template
-    then as a JobSet above, and, with a torch or MPI policy, the replicated
+    then as a JobSet above, and, with a torch policy, the replicated
     job "node" whose pods carry the label
     trainer.kubeflow.org/trainjob-ancestor-step=trainer and a container
     "node" (where Trainer puts a TrainJob's trainer settings and PET_*).
@@ -120,7 +120,7 @@ class Validator:
             return found
         found = self._job_set_problems(jobset["spec"], at)
         policy = spec.get("mlPolicy") or {}
-        if "torch" not in policy and "mpi" not in policy:
+        if "torch" not in policy:
             return found
         nodes = [r for r in jobset["spec"]["replicatedJobs"] if r["name"] == _TRAINER_JOB]
         if not nodes:
