@@ -63,7 +63,7 @@ ABSL_FLAG(int64_t, max_steps, 0,
 ABSL_FLAG(int64_t, timing_warmup_steps, 0,
           "Leave steps numbered below this out of the report's time split "
           "(seconds: total, compute, bn_sync, grad_sync) and images/s; they "
-          "still train. For benchmarks (tools/bench/step_overhead.py).");
+          "still train. For benchmarks (bench/step_overhead.py).");
 ABSL_FLAG(uint64_t, seed, 1,
           "Seed of the initial parameters and the shuffle; the same on every "
           "worker.");

@@ -39,8 +39,8 @@ TARGETS=(
   //server:bnps_server
   //worker:bnps_worker
   //tools:bnps_status
-  //tools/bench:model_step_benchmark
-  //tools/bench:ps_benchmark
+  //bench:model_step_benchmark
+  //bench:ps_benchmark
   //tools/testbed:bn_exchange
   //tools/testbed:bnps_relay
   //hostbn:bnps_host_bn
