@@ -9,12 +9,12 @@ import math
 import os
 import sys
 
-TOOLS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-REPO = os.path.dirname(TOOLS_DIR)
-LAUNCHER = os.path.join(TOOLS_DIR, "bnps_launch.py")
+EXPERIMENTS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(EXPERIMENTS_DIR)
+LAUNCHER = os.path.join(REPO, "tools", "bnps_launch.py")
 # The command's entry point (the plots may be drawn by running it again under
 # another interpreter).
-ENTRY = os.path.join(TOOLS_DIR, "compare_policies.py")
+ENTRY = os.path.join(EXPERIMENTS_DIR, "compare_policies.py")
 BUDGET_MINUTES = 45
 
 # Row name -> (BN policy, gradient mode, staleness, recal mode, description).
@@ -167,12 +167,12 @@ def run_command(config, run, run_dir, inject):
 
 # ----------------------------------------------------------------------------
 # Estimate (calibrated on the 2-core machine; see the docstring of
-# tools/compare_policies.py)
+# experiments/compare_policies.py)
 
 # Milliseconds per training step at per-worker batch 2, 8 and 32 (the
 # reference: 1 worker with batch workers x b), interpolated in log2(b),
 # measured with the tool on the 2-core machine (4 workers, 2 servers, load
-# ~5 from another benchmark); see the docstring of tools/compare_policies.py.
+# ~5 from another benchmark); see the docstring of experiments/compare_policies.py.
 STEP_MS = {"reference": (10.5, 23.6, 84.0), "sync": (18.0, 26.5, 64.0),
            "async": (12.7, 23.0, 57.0), "local": (9.8, 22.3, 57.0),
            "recal": (8.0, 21.5, 60.0)}

@@ -1,6 +1,6 @@
 """The command: run the matrix (or only print it), re-render the report from
 results.json, or draw the plots only; exit statuses as documented in
-tools/compare_policies.py.
+experiments/compare_policies.py.
 """
 
 import datetime
@@ -37,7 +37,7 @@ def run_matrix(args, argv):
     config = make_config(args)
     runs = plan_runs(config)
     estimate = sum(estimate_seconds(config, r) for r in runs)
-    command_line = shlex.join(["python3", "tools/compare_policies.py"] + list(argv))
+    command_line = shlex.join(["python3", "experiments/compare_policies.py"] + list(argv))
     if args.dry_run:
         config["out_dir"] = args.out_dir or "<out_dir>"
         for r in runs:
@@ -61,7 +61,7 @@ def run_matrix(args, argv):
     results_md = os.path.abspath(args.results)
     json_path = os.path.abspath(args.results_json)
     os.makedirs(os.path.dirname(results_md), exist_ok=True)
-    data = {"tool": "tools/compare_policies.py", "command_line": command_line,
+    data = {"tool": "experiments/compare_policies.py", "command_line": command_line,
             "argv": list(argv), "config": config, "machine": machine_info(),
             "started": datetime.datetime.now().isoformat(timespec="seconds"),
             "finished": None, "estimate_s": estimate, "total_wall_s": None,

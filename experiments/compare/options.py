@@ -60,7 +60,7 @@ def parse_args(argv):
                    "full: a larger one (more batch sizes, rows and seeds, 3x the data; "
                    "hours on 2 cores); smoke: a tiny regime matrix for tests; grid: "
                    "--policies x --batch_sizes on --model (the first comparison). The "
-                   "cells are listed in tools/compare/matrix.py (MATRICES)"
+                   "cells are listed in experiments/compare/matrix.py (MATRICES)"
                    % (", ".join("%s %d" % kv for kv in sorted(POSITIONS.items())),
                       ", ".join(ROWS_SWEEP)))
     g.add_argument("--policies", default=",".join(GRID_ROWS),

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Tests of tools/compare_policies.py and its package tools/compare/.
+"""Tests of experiments/compare_policies.py and its package experiments/compare/.
 
 SmokeTest runs the real thing once (--matrix=grid --smoke: every row at
 per-worker batch 2 and 8 on 256 training and 200 test examples, real
@@ -13,12 +13,12 @@ keeping the hand-written block. 20-40 s on 2 cores. RegimeSmokeTest runs
 --matrix=smoke (fc_bn at one example per worker; the crossed BN policy x
 gradient mode rows on the CNN), each row a real cluster: ~20 s.
 
-The other tests exercise the pure parts of tools/compare/ (reason lines,
+The other tests exercise the pure parts of experiments/compare/ (reason lines,
 aggregation over seeds, noise calls, rendering) without processes.
 
-Run: bazel test //tools:compare_policies_test   or, after
+Run: bazel test //experiments:compare_policies_test   or, after
 `bazel build //server:bnps_server //worker:bnps_worker`,
-python3 tools/compare_policies_test.py
+python3 experiments/compare_policies_test.py
 """
 
 import importlib.util
@@ -40,7 +40,7 @@ else:
 SMOKE_LIMIT_S = 300  # The whole smoke run; it takes ~40 s.
 INJECTED = ("async-s4", 2)
 
-sys.path.insert(0, HERE)  # The package tools/compare/, as the tool finds it.
+sys.path.insert(0, HERE)  # The package experiments/compare/, as the tool finds it.
 from compare import matrix, plots, report, runner, stats  # noqa: E402
 
 

@@ -5,14 +5,14 @@ same data and seeds under the BN policies, and writes a report
 
 Usage:
     bazel build //server:bnps_server //worker:bnps_worker
-    python3 tools/compare_policies.py                  # the default matrix
-    python3 tools/compare_policies.py --matrix=full    # the larger one
-    python3 tools/compare_policies.py --matrix=grid    # policies x batch sizes
-    python3 tools/compare_policies.py --matrix=smoke --smoke --results=/tmp/r/results.md
-    python3 tools/compare_policies.py --report_only    # re-render from JSON
-    python3 tools/compare_policies.py --dry_run        # commands + estimate
+    python3 experiments/compare_policies.py                  # the default matrix
+    python3 experiments/compare_policies.py --matrix=full    # the larger one
+    python3 experiments/compare_policies.py --matrix=grid    # policies x batch sizes
+    python3 experiments/compare_policies.py --matrix=smoke --smoke --results=/tmp/r/results.md
+    python3 experiments/compare_policies.py --report_only    # re-render from JSON
+    python3 experiments/compare_policies.py --dry_run        # commands + estimate
 
-The matrices (tools/compare/matrix.py, MATRICES):
+The matrices (experiments/compare/matrix.py, MATRICES):
     regime (default)  where synchronizing BN matters. A BN layer's statistics
                       are over batch x height x width of its input, so the
                       question is samples per channel per worker = per-worker

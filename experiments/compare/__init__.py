@@ -1,4 +1,4 @@
-"""The policy comparison behind tools/compare_policies.py (its docstring says
+"""The policy comparison behind experiments/compare_policies.py (its docstring says
 what the experiment is and how to run it), one module per concern:
 
     options  the command line, its defaults and checks, the config dict
@@ -13,5 +13,5 @@ what the experiment is and how to run it), one module per concern:
 
 Standard library only, except plots (matplotlib). The modules import each
 other relatively, so the package works as `compare` (the entry script puts
-tools/ on sys.path) and as `tools.compare`.
+experiments/ on sys.path) and as `experiments.compare`.
 """
