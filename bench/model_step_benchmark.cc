@@ -1,5 +1,5 @@
 // model_step_benchmark: the time of one training step (Forward + Loss +
-// Backward + Gradients download) of the worker's model (worker/nn/model.h) on
+// Backward + Gradients download) of the worker's model (nn/model.h) on
 // the CPU backend or the CUDA backend, with local BN (nn::LocalBnExchange) and no
 // parameter server. The PyTorch twin is bench/torch_model_step.py; the
 // driver that runs both alternately and prints the comparison table is
@@ -36,11 +36,11 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "bn/cuda_kernels.h"
-#include "worker/nn/backend.h"
-#include "worker/nn/bn_exchange.h"
-#include "worker/nn/cpu_backend.h"
-#include "worker/nn/cuda_backend.h"
-#include "worker/nn/model.h"
+#include "nn/backend.h"
+#include "nn/bn_exchange.h"
+#include "nn/cpu_backend.h"
+#include "nn/cuda_backend.h"
+#include "nn/model.h"
 
 ABSL_FLAG(int64_t, depth, 1, "residual blocks per stage");
 ABSL_FLAG(int64_t, width, 16, "channels of the stem and stage 1");

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""The worker's model (worker/nn/model.h) in PyTorch, timed like
+"""The worker's model (nn/model.h) in PyTorch, timed like
 bench/model_step_benchmark.cc: forward + loss + backward per step.
 
-Architecture (as worker/nn/model.cc builds it):
+Architecture (as nn/model.cc builds it):
   stem     conv3x3(in -> w, pad 1, no bias) - BN - ReLU - maxpool 2x2
   stage 1  `depth` blocks: conv3x3 - BN - ReLU - conv3x3 - BN, + x, ReLU (w)
   down     conv3x3 stride 2 pad 1 (w -> 2w, no bias) - BN - ReLU

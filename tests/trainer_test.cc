@@ -20,8 +20,8 @@
 #include "tests/in_process_client.h"
 #include "tests/training_testing.h"
 #include "worker/data/synthetic.h"
-#include "worker/nn/cpu_backend.h"
-#include "worker/nn/model.h"
+#include "nn/cpu_backend.h"
+#include "nn/model.h"
 
 namespace bnps {
 namespace {

@@ -14,7 +14,7 @@
 
 #include "gtest/gtest.h"
 #include "worker/data/dataset.h"
-#include "worker/nn/model.h"
+#include "nn/model.h"
 
 namespace bnps::test {
 

@@ -34,8 +34,8 @@ done
 TARGETS=(
   //bn:cuda_kernels_test
   //bn:cuda_bn_benchmark
-  //worker/nn:cuda_backend_test
-  //worker/nn:model_cuda_test
+  //nn:cuda_backend_test
+  //nn:model_cuda_test
   //server:bnps_server
   //worker:bnps_worker
   //tools:bnps_status

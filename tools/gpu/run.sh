@@ -147,7 +147,7 @@ cmd=${1:-info}; shift || true
 
 run_tests() {
   local rc=0 t log
-  for t in bn/cuda_kernels_test worker/nn/cuda_backend_test worker/nn/model_cuda_test; do
+  for t in bn/cuda_kernels_test nn/cuda_backend_test nn/model_cuda_test; do
     log="$RESULTS/$(basename "$t").log"
     if "$W/$t" --gtest_output="xml:$RESULTS/$(basename "$t").xml" > "$log" 2>&1; then
       echo "$t: ok"

@@ -1,4 +1,4 @@
-#include "worker/nn/loss.h"
+#include "nn/loss.h"
 
 #include <cmath>
 

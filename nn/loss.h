@@ -1,8 +1,8 @@
 // Softmax cross-entropy on the host: the last step of the model's forward pass
 // and the first of its backward pass.
 
-#ifndef BNPS_WORKER_NN_LOSS_H_
-#define BNPS_WORKER_NN_LOSS_H_
+#ifndef BNPS_NN_LOSS_H_
+#define BNPS_NN_LOSS_H_
 
 #include <cstdint>
 
@@ -28,4 +28,4 @@ absl::StatusOr<LossResult> SoftmaxCrossEntropy(const float* logits, int64_t n,
 
 }  // namespace bnps::nn
 
-#endif  // BNPS_WORKER_NN_LOSS_H_
+#endif  // BNPS_NN_LOSS_H_

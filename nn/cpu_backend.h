@@ -10,12 +10,12 @@
 // Thread-safety: thread-compatible (it caches oneDNN primitives per geometry);
 // use one per thread.
 
-#ifndef BNPS_WORKER_NN_CPU_BACKEND_H_
-#define BNPS_WORKER_NN_CPU_BACKEND_H_
+#ifndef BNPS_NN_CPU_BACKEND_H_
+#define BNPS_NN_CPU_BACKEND_H_
 
 #include <memory>
 
-#include "worker/nn/backend.h"
+#include "nn/backend.h"
 
 namespace bnps::nn {
 
@@ -23,4 +23,4 @@ std::unique_ptr<Backend> NewCpuBackend();
 
 }  // namespace bnps::nn
 
-#endif  // BNPS_WORKER_NN_CPU_BACKEND_H_
+#endif  // BNPS_NN_CPU_BACKEND_H_

@@ -1,8 +1,8 @@
-// worker/nn/cuda_backend.h in a build without CUDA (--config=cpu, e.g. the
+// nn/cuda_backend.h in a build without CUDA (--config=cpu, e.g. the
 // CPU container image): no device, so the worker takes the CPU backend.
 
 #include "absl/status/status.h"
-#include "worker/nn/cuda_backend.h"
+#include "nn/cuda_backend.h"
 
 namespace bnps::nn {
 

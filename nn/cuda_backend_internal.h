@@ -1,6 +1,6 @@
 // Plain C++ launchers of the CUDA backend's own kernels (the layers cuDNN and
 // cuBLAS do not cover, or cover with different rules), the part of the backend
-// that nvcc compiles. worker/nn/cuda_backend.cc wraps them; nothing else should
+// that nvcc compiles. nn/cuda_backend.cc wraps them; nothing else should
 // call them. This header may include only CUDA and standard headers: nvcc never
 // sees Abseil.
 //
@@ -13,8 +13,8 @@
 //
 // Thread-safety: stateless functions.
 
-#ifndef BNPS_WORKER_NN_CUDA_BACKEND_INTERNAL_H_
-#define BNPS_WORKER_NN_CUDA_BACKEND_INTERNAL_H_
+#ifndef BNPS_NN_CUDA_BACKEND_INTERNAL_H_
+#define BNPS_NN_CUDA_BACKEND_INTERNAL_H_
 
 #include <cuda_runtime.h>
 
@@ -85,4 +85,4 @@ cudaError_t LaunchGlobalAvgPoolBackward(int64_t planes, int64_t hw,
 
 }  // namespace bnps::nn::cuda_internal
 
-#endif  // BNPS_WORKER_NN_CUDA_BACKEND_INTERNAL_H_
+#endif  // BNPS_NN_CUDA_BACKEND_INTERNAL_H_

@@ -1,7 +1,7 @@
-// The GPU implementation of worker/nn/backend.h: convolutions with cuDNN,
+// The GPU implementation of nn/backend.h: convolutions with cuDNN,
 // linear layers with cuBLAS, BN with the bn/ CUDA kernels, and the rest
 // (ReLU, max pooling, global average pooling, Add, bias) with the backend's own
-// kernels (worker/nn/cuda_backend.cu).
+// kernels (nn/cuda_backend.cu).
 //
 // Numerics. Everything runs in float32 without tensor cores or TF32 (cuDNN
 // FMA math, cuBLAS default math), so convolutions and matrix products differ
@@ -38,13 +38,13 @@
 //   absl::StatusOr<std::unique_ptr<Backend>> gpu = NewCudaBackend(0);
 //   absl::StatusOr<Buffer> x = (*gpu)->Allocate(g.input_elements());
 
-#ifndef BNPS_WORKER_NN_CUDA_BACKEND_H_
-#define BNPS_WORKER_NN_CUDA_BACKEND_H_
+#ifndef BNPS_NN_CUDA_BACKEND_H_
+#define BNPS_NN_CUDA_BACKEND_H_
 
 #include <memory>
 
 #include "absl/status/statusor.h"
-#include "worker/nn/backend.h"
+#include "nn/backend.h"
 
 namespace bnps::nn {
 
@@ -55,4 +55,4 @@ absl::StatusOr<std::unique_ptr<Backend>> NewCudaBackend(int device_ordinal);
 
 }  // namespace bnps::nn
 
-#endif  // BNPS_WORKER_NN_CUDA_BACKEND_H_
+#endif  // BNPS_NN_CUDA_BACKEND_H_

@@ -10,7 +10,7 @@
 // are exact whatever the order. Global average pooling and the bias gradient
 // sum in double on both sides, in different orders: 1e-6.
 
-#include "worker/nn/cuda_backend.h"
+#include "nn/cuda_backend.h"
 
 #include <algorithm>
 #include <cmath>
@@ -29,8 +29,8 @@
 #include "bn/moments.h"
 #include "bn/shape.h"
 #include "gtest/gtest.h"
-#include "worker/nn/backend.h"
-#include "worker/nn/cpu_backend.h"
+#include "nn/backend.h"
+#include "nn/cpu_backend.h"
 
 namespace bnps::nn {
 namespace {

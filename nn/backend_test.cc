@@ -3,7 +3,7 @@
 // shared message and never reaches the backend, an empty batch is OK without
 // reaching it, and a good call reaches it exactly once with its arguments.
 
-#include "worker/nn/backend.h"
+#include "nn/backend.h"
 
 #include <cstdint>
 #include <cstdlib>

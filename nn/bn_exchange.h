@@ -18,8 +18,8 @@
 //
 // Thread-safety: implementations say; a model uses one from one thread.
 
-#ifndef BNPS_WORKER_NN_BN_EXCHANGE_H_
-#define BNPS_WORKER_NN_BN_EXCHANGE_H_
+#ifndef BNPS_NN_BN_EXCHANGE_H_
+#define BNPS_NN_BN_EXCHANGE_H_
 
 #include <memory>
 #include <string>
@@ -87,4 +87,4 @@ class LocalBnExchange : public BnExchange {
 
 }  // namespace bnps::nn
 
-#endif  // BNPS_WORKER_NN_BN_EXCHANGE_H_
+#endif  // BNPS_NN_BN_EXCHANGE_H_

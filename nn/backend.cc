@@ -1,4 +1,4 @@
-#include "worker/nn/backend.h"
+#include "nn/backend.h"
 
 #include <cstdint>
 #include <initializer_list>

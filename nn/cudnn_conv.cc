@@ -1,4 +1,4 @@
-#include "worker/nn/cudnn_conv.h"
+#include "nn/cudnn_conv.h"
 
 #include <cudnn.h>
 
@@ -12,8 +12,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
-#include "worker/nn/backend.h"
-#include "worker/nn/cuda_common.h"
+#include "nn/backend.h"
+#include "nn/cuda_common.h"
 
 namespace bnps::nn::cuda_internal {
 namespace {

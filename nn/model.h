@@ -46,8 +46,8 @@
 //
 // Thread-safety: thread-compatible; one thread drives a model.
 
-#ifndef BNPS_WORKER_NN_MODEL_H_
-#define BNPS_WORKER_NN_MODEL_H_
+#ifndef BNPS_NN_MODEL_H_
+#define BNPS_NN_MODEL_H_
 
 #include <cstdint>
 #include <functional>
@@ -59,10 +59,10 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "worker/nn/backend.h"
-#include "worker/nn/bn_exchange.h"
-#include "worker/nn/layers.h"
-#include "worker/nn/loss.h"
+#include "nn/backend.h"
+#include "nn/bn_exchange.h"
+#include "nn/layers.h"
+#include "nn/loss.h"
 
 namespace bnps::nn {
 
@@ -202,4 +202,4 @@ class Model {
 
 }  // namespace bnps::nn
 
-#endif  // BNPS_WORKER_NN_MODEL_H_
+#endif  // BNPS_NN_MODEL_H_

@@ -1,11 +1,11 @@
-// The CUDA backend's own kernels; see worker/nn/cuda_backend_internal.h.
+// The CUDA backend's own kernels; see nn/cuda_backend_internal.h.
 //
 // Elementwise kernels are grid-stride loops over int64 indices. Reductions
 // (column sums, plane means) accumulate in double and merge in a fixed order,
 // and max-pool backward gathers per input element instead of scattering with
 // atomics, so every kernel gives the same bits on every run.
 
-#include "worker/nn/cuda_backend_internal.h"
+#include "nn/cuda_backend_internal.h"
 
 #include <cstdint>
 
@@ -141,7 +141,7 @@ __global__ void __launch_bounds__(kThreads)
 
 // The maximum of the window at (h0, w0) of `plane` and its plane-local index:
 // the first maximum in row-major window order (later values must be strictly
-// greater to win), the tie rule of worker/nn/backend.h.
+// greater to win), the tie rule of nn/backend.h.
 __device__ __forceinline__ void WindowMax(const float* __restrict__ plane,
                                           const PoolDims& d, int64_t h0,
                                           int64_t w0, float* best,

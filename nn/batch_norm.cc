@@ -4,7 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "worker/nn/layers.h"
+#include "nn/layers.h"
 
 namespace bnps::nn {
 namespace {

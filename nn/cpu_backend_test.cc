@@ -1,7 +1,7 @@
 // The CPU backend against direct double-precision loops: it is the reference
 // of the GPU backend, so it is checked from first principles here.
 
-#include "worker/nn/cpu_backend.h"
+#include "nn/cpu_backend.h"
 
 #include <cmath>
 #include <cstdint>
@@ -10,7 +10,7 @@
 
 #include "absl/status/status.h"
 #include "gtest/gtest.h"
-#include "worker/nn/backend.h"
+#include "nn/backend.h"
 
 namespace bnps::nn {
 namespace {

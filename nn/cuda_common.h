@@ -1,4 +1,4 @@
-// What the parts of the CUDA backend (worker/nn/cuda_backend.h) share: CUDA,
+// What the parts of the CUDA backend (nn/cuda_backend.h) share: CUDA,
 // cuDNN and cuBLAS errors turned into absl::Status, and owning wrappers of
 // their handles. Private to the backend's target.
 //
@@ -8,8 +8,8 @@
 // Thread-safety: the functions are thread-safe; each reads or clears only the
 // calling thread's last CUDA or cuDNN error.
 
-#ifndef BNPS_WORKER_NN_CUDA_COMMON_H_
-#define BNPS_WORKER_NN_CUDA_COMMON_H_
+#ifndef BNPS_NN_CUDA_COMMON_H_
+#define BNPS_NN_CUDA_COMMON_H_
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -69,4 +69,4 @@ using DeviceMemory = std::unique_ptr<void, DeviceFree>;
 
 }  // namespace bnps::nn::cuda_internal
 
-#endif  // BNPS_WORKER_NN_CUDA_COMMON_H_
+#endif  // BNPS_NN_CUDA_COMMON_H_

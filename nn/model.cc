@@ -1,4 +1,4 @@
-#include "worker/nn/model.h"
+#include "nn/model.h"
 
 #include <cmath>
 #include <random>

@@ -12,10 +12,10 @@
 
 #include "bn/cuda_kernels.h"
 #include "gtest/gtest.h"
-#include "worker/nn/bn_exchange.h"
-#include "worker/nn/cpu_backend.h"
-#include "worker/nn/cuda_backend.h"
-#include "worker/nn/model.h"
+#include "nn/bn_exchange.h"
+#include "nn/cpu_backend.h"
+#include "nn/cuda_backend.h"
+#include "nn/model.h"
 
 namespace bnps::nn {
 namespace {

@@ -20,8 +20,8 @@
 //
 // Thread-safety: thread-compatible; a model runs on one thread.
 
-#ifndef BNPS_WORKER_NN_LAYERS_H_
-#define BNPS_WORKER_NN_LAYERS_H_
+#ifndef BNPS_NN_LAYERS_H_
+#define BNPS_NN_LAYERS_H_
 
 #include <cstdint>
 #include <functional>
@@ -34,8 +34,8 @@
 #include "bn/kernels.h"
 #include "bn/moments.h"
 #include "bn/shape.h"
-#include "worker/nn/backend.h"
-#include "worker/nn/bn_exchange.h"
+#include "nn/backend.h"
+#include "nn/bn_exchange.h"
 
 namespace bnps::nn {
 
@@ -210,4 +210,4 @@ class BatchNorm : public Layer {
 
 }  // namespace bnps::nn
 
-#endif  // BNPS_WORKER_NN_LAYERS_H_
+#endif  // BNPS_NN_LAYERS_H_

@@ -1,4 +1,4 @@
-#include "worker/nn/cuda_common.h"
+#include "nn/cuda_common.h"
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>

@@ -1,7 +1,7 @@
 // The whole model against finite differences, under local BN and under the
 // async variant (others' moments constant), plus its bookkeeping.
 
-#include "worker/nn/model.h"
+#include "nn/model.h"
 
 #include <algorithm>
 #include <cmath>
@@ -15,8 +15,8 @@
 #include "absl/status/status.h"
 #include "bn/moments.h"
 #include "gtest/gtest.h"
-#include "worker/nn/bn_exchange.h"
-#include "worker/nn/cpu_backend.h"
+#include "nn/bn_exchange.h"
+#include "nn/cpu_backend.h"
 
 namespace bnps::nn {
 namespace {

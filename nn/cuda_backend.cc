@@ -1,4 +1,4 @@
-#include "worker/nn/cuda_backend.h"
+#include "nn/cuda_backend.h"
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -18,10 +18,10 @@
 #include "bn/cuda_kernels.h"
 #include "bn/kernels.h"
 #include "bn/staging_buffer.h"
-#include "worker/nn/backend.h"
-#include "worker/nn/cuda_backend_internal.h"
-#include "worker/nn/cuda_common.h"
-#include "worker/nn/cudnn_conv.h"
+#include "nn/backend.h"
+#include "nn/cuda_backend_internal.h"
+#include "nn/cuda_common.h"
+#include "nn/cudnn_conv.h"
 
 namespace bnps::nn {
 namespace {

@@ -1,4 +1,4 @@
-#include "worker/nn/layers.h"
+#include "nn/layers.h"
 
 #include <cmath>
 #include <utility>

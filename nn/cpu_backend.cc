@@ -1,4 +1,4 @@
-#include "worker/nn/cpu_backend.h"
+#include "nn/cpu_backend.h"
 
 #include <algorithm>
 #include <cstdint>

@@ -32,8 +32,8 @@
 //
 // Thread-safety: a backend is thread-compatible: one per worker thread.
 
-#ifndef BNPS_WORKER_NN_BACKEND_H_
-#define BNPS_WORKER_NN_BACKEND_H_
+#ifndef BNPS_NN_BACKEND_H_
+#define BNPS_NN_BACKEND_H_
 
 #include <cstdint>
 #include <string>
@@ -249,4 +249,4 @@ class Backend {
 
 }  // namespace bnps::nn
 
-#endif  // BNPS_WORKER_NN_BACKEND_H_
+#endif  // BNPS_NN_BACKEND_H_

@@ -1,4 +1,4 @@
-// cuDNN convolutions for the CUDA backend (worker/nn/cuda_backend.h): the
+// cuDNN convolutions for the CUDA backend (nn/cuda_backend.h): the
 // descriptors of one geometry (a plan) and, per direction, the deterministic
 // algorithm chosen for it. Private to the backend's target.
 //
@@ -13,8 +13,8 @@
 // Thread-safety: a ConvPlan is thread-compatible; a cuDNN handle must be used
 // by one thread at a time.
 
-#ifndef BNPS_WORKER_NN_CUDNN_CONV_H_
-#define BNPS_WORKER_NN_CUDNN_CONV_H_
+#ifndef BNPS_NN_CUDNN_CONV_H_
+#define BNPS_NN_CUDNN_CONV_H_
 
 #include <cudnn.h>
 
@@ -25,8 +25,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "worker/nn/backend.h"
-#include "worker/nn/cuda_common.h"
+#include "nn/backend.h"
+#include "nn/cuda_common.h"
 
 namespace bnps::nn::cuda_internal {
 
@@ -75,4 +75,4 @@ absl::StatusOr<Chosen<cudnnConvolutionBwdFilterAlgo_t>> BackwardFilterAlgorithm(
 
 }  // namespace bnps::nn::cuda_internal
 
-#endif  // BNPS_WORKER_NN_CUDNN_CONV_H_
+#endif  // BNPS_NN_CUDNN_CONV_H_
