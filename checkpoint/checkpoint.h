@@ -20,8 +20,8 @@
 // Thread-safety: the functions are thread-safe; two writers of one directory
 // must not write the same step at once.
 
-#ifndef BNPS_SERVER_CHECKPOINT_H_
-#define BNPS_SERVER_CHECKPOINT_H_
+#ifndef BNPS_CHECKPOINT_CHECKPOINT_H_
+#define BNPS_CHECKPOINT_CHECKPOINT_H_
 
 #include <cstdint>
 #include <string>
@@ -30,7 +30,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 
-namespace bnps::server {
+namespace bnps::checkpoint {
 
 inline constexpr int kKeepCheckpoints = 3;  // files kept by Write
 
@@ -72,6 +72,6 @@ std::string SetAside(const std::string& path);
 absl::StatusOr<CheckpointFile> LoadNewestCheckpoint(
     const std::string& dir, const std::string& log_prefix = "bnps");
 
-}  // namespace bnps::server
+}  // namespace bnps::checkpoint
 
-#endif  // BNPS_SERVER_CHECKPOINT_H_
+#endif  // BNPS_CHECKPOINT_CHECKPOINT_H_

@@ -1,4 +1,4 @@
-#include "server/checkpoint.h"
+#include "checkpoint/checkpoint.h"
 
 #include <signal.h>
 #include <stdlib.h>
@@ -11,7 +11,7 @@
 
 #include "gtest/gtest.h"
 
-namespace bnps::server {
+namespace bnps::checkpoint {
 namespace {
 
 class CheckpointTest : public ::testing::Test {
@@ -157,4 +157,4 @@ TEST_F(CheckpointTest, BadArguments) {
 }
 
 }  // namespace
-}  // namespace bnps::server
+}  // namespace bnps::checkpoint

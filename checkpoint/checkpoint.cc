@@ -1,4 +1,4 @@
-#include "server/checkpoint.h"
+#include "checkpoint/checkpoint.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -17,7 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 
-namespace bnps::server {
+namespace bnps::checkpoint {
 namespace {
 
 constexpr char kMagic[8] = {'B', 'N', 'P', 'S', 'C', 'K', 'P', 'T'};
@@ -236,4 +236,4 @@ absl::StatusOr<CheckpointFile> LoadNewestCheckpoint(
       absl::StrCat("no good checkpoint in '", dir, "'"));
 }
 
-}  // namespace bnps::server
+}  // namespace bnps::checkpoint
