@@ -17,7 +17,7 @@
 #include "nn/cpu_backend.h"
 #include "nn/model.h"
 #include "client/grpc_ps_client.h"
-#include "tests/training_testing.h"
+#include "worker/training_testing.h"
 #include "worker/trainer.h"
 
 namespace bnps {

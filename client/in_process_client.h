@@ -12,8 +12,8 @@
 // Thread-safety: InProcessJob and InProcessPsClient are thread-safe; one
 // client per worker thread is the intended use.
 
-#ifndef BNPS_TESTS_IN_PROCESS_CLIENT_H_
-#define BNPS_TESTS_IN_PROCESS_CLIENT_H_
+#ifndef BNPS_CLIENT_IN_PROCESS_CLIENT_H_
+#define BNPS_CLIENT_IN_PROCESS_CLIENT_H_
 
 #include <atomic>
 #include <cstdint>
@@ -113,4 +113,4 @@ class InProcessPsClient final : public client::PsClient {
 
 }  // namespace bnps::test
 
-#endif  // BNPS_TESTS_IN_PROCESS_CLIENT_H_
+#endif  // BNPS_CLIENT_IN_PROCESS_CLIENT_H_

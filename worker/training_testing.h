@@ -1,11 +1,11 @@
 // What the training-loop tests share (tests/training_test.cc over real
-// servers, tests/trainer_test.cc over the in-process client): a small model,
+// servers, worker/trainer_test.cc over the in-process client): a small model,
 // and the data and the measure of the sync invariant (W workers of batch b
 // follow one worker of batch W b), and the check that two runs ended on the
 // same bits.
 
-#ifndef BNPS_TESTS_TRAINING_TESTING_H_
-#define BNPS_TESTS_TRAINING_TESTING_H_
+#ifndef BNPS_WORKER_TRAINING_TESTING_H_
+#define BNPS_WORKER_TRAINING_TESTING_H_
 
 #include <algorithm>
 #include <cmath>
@@ -76,4 +76,4 @@ void ExpectSameEnd(const Run& got, const Run& want) {
 
 }  // namespace bnps::test
 
-#endif  // BNPS_TESTS_TRAINING_TESTING_H_
+#endif  // BNPS_WORKER_TRAINING_TESTING_H_

@@ -1,4 +1,4 @@
-#include "tests/in_process_client.h"
+#include "client/in_process_client.h"
 
 #include <functional>
 #include <memory>
