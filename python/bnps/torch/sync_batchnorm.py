@@ -2,10 +2,12 @@
 across the workers of a bnps job by its shard servers.
 
 In training mode a layer computes its input's per-channel moments (count,
-mean, M2) on the input's own device with torch operations (accumulating in
-float32 for float16/bfloat16 inputs, in the input's precision otherwise),
-sends them in float64 through the client, and normalizes with what the
-servers' policy gives back:
+mean, M2), sends them in float64 through the client, and normalizes with
+what the servers' policy gives back. Contiguous float32 input on the CPU
+takes one native call per pass (bnps._native.layer_forward and
+layer_backward: the C++ worker's CPU kernels around the exchange); other
+input runs torch operations on its own device (accumulating in float32
+for float16/bfloat16 input, in the input's precision otherwise).
 
     sync    the global batch's moments (a barrier of every worker, per layer
             and step); the backward pass merges sum(dy) and sum(dy * x_hat)
