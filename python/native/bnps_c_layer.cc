@@ -54,16 +54,6 @@ std::vector<float> Vector(const float* p, int64_t channels, float fill) {
                       : std::vector<float>(p, p + channels);
 }
 
-// The biased variance of `m`, channel by channel (0 for count 0).
-std::vector<double> BiasedVar(const bnps::bn::Moments& m) {
-  std::vector<double> var(m.m2.size(), 0.0);
-  if (m.count == 0) return var;
-  for (size_t i = 0; i < var.size(); ++i) {
-    var[i] = m.m2[i] / static_cast<double>(m.count);
-  }
-  return var;
-}
-
 }  // namespace
 
 extern "C" {
@@ -118,7 +108,7 @@ int bnps_layer_forward(const bnps_worker_bn* r, bnps_client* c,
     }
   }
 
-  const std::vector<double> var = BiasedVar(out->normalize);
+  const std::vector<double> var = bnps::bn::BiasedVariance(out->normalize);
   const std::vector<float> gamma = Vector(weight, channels, 1.0f);
   const std::vector<float> beta = Vector(bias, channels, 0.0f);
   const bnps::bn::Normalization norm{out->normalize.mean, var, gamma, beta,
