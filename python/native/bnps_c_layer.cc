@@ -71,6 +71,10 @@ int bnps_layer_forward(const bnps_worker_bn* r, bnps_client* c,
   BNPS_RETURN_IF_ERROR(shape.status());
   SetThreads(num_threads);
   const bool tracks = running_mean != nullptr && running_var != nullptr;
+  if (tracks && batches_tracked == nullptr) {
+    BNPS_RETURN_IF_ERROR(absl::InvalidArgumentError(
+        "running statistics without a count of the batches they tracked"));
+  }
   std::optional<double> m;
   if (has_momentum) m = momentum;
   BNPS_RETURN_IF_ERROR(r->rule.CheckLayer(Str(layer), tracks, m));

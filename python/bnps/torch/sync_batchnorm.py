@@ -332,7 +332,8 @@ class SyncBatchNorm(nn.modules.batchnorm._BatchNorm):
             return None
         rm, rv = self.running_mean, self.running_var
         shape = _native_shape(x, weight, bias, rm, rv)
-        if shape is None:
+        if shape is None or (rm is not None and
+                             self.num_batches_tracked is None):
             return None
         s = self._connection()
         rule = worker_bn(s)
