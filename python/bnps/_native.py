@@ -24,6 +24,7 @@ import numpy as np
 from bnps import errors
 
 _LIB_NAME = "libbnps.so"
+_API_VERSION = 2  # python/native/bnps_c.h's BNPS_C_API_VERSION it needs
 _ERR_LEN = 4096
 
 c_int, c_int64, c_double = ctypes.c_int, ctypes.c_int64, ctypes.c_double
@@ -58,9 +59,10 @@ def _find_library():
 def _load():
     path = _find_library()
     lib = ctypes.CDLL(path)  # RTLD_LOCAL: its dependencies stay private
-    if lib.bnps_api_version() != 1:
+    if lib.bnps_api_version() < _API_VERSION:
         raise ImportError(f"bnps: {path} has C ABI version "
-                          f"{lib.bnps_api_version()}, this package needs 1")
+                          f"{lib.bnps_api_version()}, this package needs "
+                          f"{_API_VERSION} or later")
     err = [c_char_p, c_size_t]
     sig = {
         "bnps_status_name": (c_char_p, [c_int]),

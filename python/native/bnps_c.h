@@ -35,8 +35,9 @@ extern "C" {
 
 #define BNPS_EXPORT __attribute__((visibility("default")))
 
-/* The ABI's version; a new version only adds functions. */
-#define BNPS_C_API_VERSION 1
+/* The ABI's version; a new version only adds functions (2: the layer steps,
+ * bnps_layer_forward and bnps_layer_backward). */
+#define BNPS_C_API_VERSION 2
 BNPS_EXPORT int bnps_api_version(void);
 /* "OK", "INVALID_ARGUMENT", ...; a static string. */
 BNPS_EXPORT const char* bnps_status_name(int code);
