@@ -1,6 +1,6 @@
 """SyncBatchNorm under torch.compile: on torch >= 2.4 the layer's training
-forward and backward are the custom ops bnps::batch_norm and
-bnps::batch_norm_backward (torch.library.custom_op, with fake
+forward and backward are the custom ops bnps::batch_norm_v2 and
+bnps::batch_norm_backward_v2 (torch.library.custom_op, with fake
 implementations and the autograd registration), so that Dynamo puts them in
 the graph as opaque calls instead of breaking it at the exchange with the
 servers, and `torch.compile(model, fullgraph=True)` works. The ops run the
@@ -69,7 +69,11 @@ def _layer(i):
 
 
 if SUPPORTED:
-    @torch.library.custom_op("bnps::batch_norm", mutates_args=())
+    # The ops' names carry the version of their signature: torch.compile's
+    # on-disk caches (Inductor's FX graph cache) key a compiled graph by the
+    # ops it calls, so a changed signature under an old name would reuse a
+    # graph compiled for the old one after an upgrade of bnps.
+    @torch.library.custom_op("bnps::batch_norm_v2", mutates_args=())
     def batch_norm(x: torch.Tensor, weight: Optional[torch.Tensor],
                    bias: Optional[torch.Tensor], layer: int, eps: float
                    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -89,7 +93,7 @@ if SUPPORTED:
                 torch.empty(2, c, dtype=torch.float64, device="cpu"),
                 torch.empty(2, dtype=torch.int64, device="cpu"))
 
-    @torch.library.custom_op("bnps::batch_norm_backward", mutates_args=())
+    @torch.library.custom_op("bnps::batch_norm_backward_v2", mutates_args=())
     def batch_norm_backward(
             dy: torch.Tensor, x: torch.Tensor, weight: Optional[torch.Tensor],
             moments: torch.Tensor, info: torch.Tensor, layer: int, eps: float,
