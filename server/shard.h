@@ -28,8 +28,16 @@
 // then needs a rollback: every generation-checked call is refused until a
 // worker rolls the job back (Rollback). Job generations: proto/bnps.proto.
 //
+// A job resized while it runs (ShardOptions::membership): the barriers of
+// step s wait for workers 0..W(s)-1 only. A checkpoint carries the history in
+// its config; a restart from it may continue with another history (say,
+// another count from the checkpoint's step on) as long as both give the
+// steps before the checkpoint the same counts, which is what makes a resize
+// at step N and a restart at N the same run.
+//
 // The end of a job: a worker that is done with it calls Leave. Once every
-// worker has left (under shrink, or was dropped), the job is complete: the
+// worker has left (under shrink, or was dropped), the job is complete
+// (worker ids above the last step's count that never registered aside): the
 // shard writes a final checkpoint of the final state (with a
 // checkpoint_dir), calls ShardOptions::on_job_complete, and refuses new
 // registrations. Created from such a final checkpoint, the shard is
@@ -60,6 +68,7 @@
 #include "server/parameter_store.h"
 #include "policy/policy.h"
 #include "proto/bnps.pb.h"
+#include "proto/membership_history.h"
 
 namespace bnps::server {
 
@@ -72,7 +81,12 @@ struct ShardOptions {
   std::string job = "bnps";                  // Default: "bnps"
   int shard = 0;                             // Default: 0
   int num_shards = 1;                        // Default: 1
-  int num_workers = 1;                       // Default: 1
+  // The job's worker ids, [0, num_workers). Default: 1.
+  int num_workers = 1;
+  // How many of them train at each step (proto/membership_history.h): a
+  // sync job resized while it runs. Its counts are at most num_workers.
+  // Default: unset (num_workers at every step).
+  std::optional<proto::MembershipHistory> membership;
   policy::Policy policy = policy::Policy::kSync;  // BN policy. Default: sync
   // The gradient mode; unset: the one `policy` implies (async for async,
   // else sync; policy/policy.h). Default: unset.
@@ -105,7 +119,9 @@ struct ShardOptions {
 class Shard {
  public:
   // INVALID_ARGUMENT for inconsistent options (counts < 1, shard out of range,
-  // negative staleness or timeouts, learning rate <= 0, ...).
+  // negative staleness or timeouts, learning rate <= 0, a membership with
+  // more workers than num_workers, ...); FAILED_PRECONDITION for a
+  // membership of more than one count under a policy other than sync.
   static absl::StatusOr<std::unique_ptr<Shard>> Create(ShardOptions options);
   ~Shard();  // stops the ticker; fails what still waits
 
@@ -115,6 +131,8 @@ class Shard {
   BnAggregator& bn() { return bn_; }
   const BnAggregator& bn() const { return bn_; }
   Membership& membership() { return membership_; }
+  // Which workers train at each step (ShardOptions::membership).
+  const proto::MembershipHistory& history() const { return history_; }
   // Non-null on shard 0 under async gradients.
   StepClocks* clocks() { return clocks_.get(); }
 
@@ -278,6 +296,7 @@ class Shard {
                        const absl::Status& why, bool* changed = nullptr);
 
   const ShardOptions options_;
+  const proto::MembershipHistory history_;
   ParameterStore store_;
   BnAggregator bn_;
   Membership membership_;

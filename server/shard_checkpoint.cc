@@ -188,13 +188,32 @@ absl::Status Shard::Restore(const std::string& payload, const std::string& from,
   if (!c.ParseFromString(payload)) {
     return absl::DataLossError(absl::StrCat(from, ": not a shard checkpoint"));
   }
-  const proto::JobConfig mine = ToJobConfig(options_);
-  if (c.config().SerializeAsString() != mine.SerializeAsString()) {
+  // The membership may go on differently after the checkpoint's step (a
+  // restart with another count), never before it.
+  proto::JobConfig mine = ToJobConfig(options_);
+  proto::JobConfig theirs = c.config();
+  absl::StatusOr<proto::MembershipHistory> their_history =
+      proto::MembershipHistory::FromConfig(theirs);
+  mine.clear_membership();
+  theirs.clear_membership();
+  if (theirs.SerializeAsString() != mine.SerializeAsString()) {
     return absl::InvalidArgumentError(absl::StrCat(
         from, " is a checkpoint of another job configuration (",
         c.config().ShortDebugString(), "); this server runs ",
-        mine.ShortDebugString(),
+        ToJobConfig(options_).ShortDebugString(),
         ": start it with the job's flags, or another --checkpoint_dir"));
+  }
+  if (!their_history.ok()) {
+    return absl::DataLossError(
+        absl::StrCat(from, ": ", their_history.status().message()));
+  }
+  if (!their_history->SameBefore(history_, c.step())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        from, " is a checkpoint of step ", c.step(), " of a job whose "
+        "membership was ", their_history->ToString(), "; this server runs ",
+        history_.ToString(), ", which gives those steps other counts: "
+        "start it with a --membership that agrees up to step ", c.step(),
+        " (a new count may start there)"));
   }
   const size_t workers = static_cast<size_t>(options_.num_workers);
   auto bad = [&](const std::string& what) {

@@ -11,16 +11,20 @@
 // the new count.
 //
 // Text form (flags, logs, bnps_status): "0:2,10:4,20:2", segments in step
-// order, "FROM_STEP:W" each.
+// order, "FROM_STEP:W" each. On the wire, JobConfig.membership (empty for a
+// job of one segment: its num_workers throughout).
+//
+// Servers and workers read the same history: the servers' barriers and the
+// workers' data rule (worker/data/elastic_shard.h) both call WorkersAt.
 //
 // Errors: INVALID_ARGUMENT for a malformed history (no segments, the first
 // not from step 0, steps not increasing, W < 1 or above kMaxWorkers);
 // FAILED_PRECONDITION for a resize the job cannot take (a step before one
-// it already fixed, a policy other than sync).
+// it already fixed).
 // Thread-safety: a value type; not thread-safe (its owner locks).
 
-#ifndef BNPS_SERVER_MEMBERSHIP_HISTORY_H_
-#define BNPS_SERVER_MEMBERSHIP_HISTORY_H_
+#ifndef BNPS_PROTO_MEMBERSHIP_HISTORY_H_
+#define BNPS_PROTO_MEMBERSHIP_HISTORY_H_
 
 #include <cstdint>
 #include <string>
@@ -29,9 +33,9 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "policy/policy.h"
+#include "proto/bnps.pb.h"
 
-namespace bnps::server {
+namespace bnps::proto {
 
 class MembershipHistory {
  public:
@@ -80,6 +84,16 @@ class MembershipHistory {
   // "0:2,10:4,20:2".
   std::string ToString() const;
 
+  // The history `config` carries: its membership, or num_workers from step
+  // 0 when it has none. INVALID_ARGUMENT for a malformed one, or a count
+  // above config.num_workers (the job's ids).
+  static absl::StatusOr<MembershipHistory> FromConfig(const JobConfig& config);
+  // Writes the history into config->membership; nothing for one segment.
+  void ToConfig(JobConfig* config) const;
+
+  // Whether both histories give every step before `step` the same count.
+  bool SameBefore(const MembershipHistory& o, int64_t step) const;
+
   bool operator==(const MembershipHistory& o) const {
     return segments_ == o.segments_;
   }
@@ -89,12 +103,6 @@ class MembershipHistory {
   std::vector<Segment> segments_;
 };
 
-// OK if a job of `policy` may change its worker count while it runs;
-// FAILED_PRECONDITION ("resizing needs --policy=sync") otherwise: the
-// bounded-staleness clocks and the other policies' per-worker state are not
-// defined across a change of W.
-absl::Status CheckResizable(const policy::JobPolicy& policy);
+}  // namespace bnps::proto
 
-}  // namespace bnps::server
-
-#endif  // BNPS_SERVER_MEMBERSHIP_HISTORY_H_
+#endif  // BNPS_PROTO_MEMBERSHIP_HISTORY_H_

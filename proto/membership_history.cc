@@ -1,4 +1,4 @@
-#include "server/membership_history.h"
+#include "proto/membership_history.h"
 
 #include <algorithm>
 #include <utility>
@@ -8,7 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 
-namespace bnps::server {
+namespace bnps::proto {
 
 MembershipHistory::MembershipHistory(int num_workers)
     : segments_({Segment{0, num_workers}}) {}
@@ -116,14 +116,52 @@ std::string MembershipHistory::ToString() const {
   });
 }
 
-absl::Status CheckResizable(const policy::JobPolicy& policy) {
-  if (policy.bn == policy::Policy::kSync &&
-      policy.gradients == policy::Gradients::kSync) {
-    return absl::OkStatus();
+absl::StatusOr<MembershipHistory> MembershipHistory::FromConfig(
+    const JobConfig& config) {
+  if (config.membership().empty()) {
+    if (config.num_workers() < 1 || config.num_workers() > kMaxWorkers) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the job's config has ", config.num_workers(), " workers"));
+    }
+    return MembershipHistory(config.num_workers());
   }
-  return absl::FailedPreconditionError(absl::StrCat(
-      "resizing needs --policy=sync (this job runs ",
-      policy::JobPolicyName(policy), ")"));
+  std::vector<Segment> segments;
+  for (const MembershipSegment& m : config.membership()) {
+    segments.push_back(Segment{m.from_step(), m.num_workers()});
+  }
+  absl::StatusOr<MembershipHistory> h = Create(std::move(segments));
+  if (h.ok() && h->max_workers() > config.num_workers()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the job's membership ", h->ToString(), " has more workers than its ",
+        config.num_workers(), " ids"));
+  }
+  return h;
 }
 
-}  // namespace bnps::server
+void MembershipHistory::ToConfig(JobConfig* config) const {
+  config->clear_membership();
+  if (segments_.size() == 1 &&
+      segments_.front().num_workers == config->num_workers()) {
+    return;
+  }
+  for (const Segment& s : segments_) {
+    MembershipSegment* m = config->add_membership();
+    m->set_from_step(s.from_step);
+    m->set_num_workers(s.num_workers);
+  }
+}
+
+bool MembershipHistory::SameBefore(const MembershipHistory& o,
+                                   int64_t step) const {
+  // The counts change only at segment starts: compare there and at 0.
+  for (const MembershipHistory* h : {this, &o}) {
+    for (const Segment& s : h->segments_) {
+      if (s.from_step < step && WorkersAt(s.from_step) != o.WorkersAt(s.from_step)) {
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
+}  // namespace bnps::proto

@@ -1,8 +1,8 @@
-#include "server/membership_history.h"
+#include "proto/membership_history.h"
 
 #include "gtest/gtest.h"
 
-namespace bnps::server {
+namespace bnps::proto {
 namespace {
 
 using Segment = MembershipHistory::Segment;
@@ -88,20 +88,44 @@ TEST(MembershipHistoryTest, RestartEqualsResize) {
   EXPECT_EQ(older->ToString(), "0:2,4:4,6:3");
 }
 
-TEST(MembershipHistoryTest, OnlySyncJobsResize) {
-  EXPECT_TRUE(CheckResizable({policy::Policy::kSync, policy::Gradients::kSync}).ok());
-  for (policy::JobPolicy p :
-       {policy::JobPolicy{policy::Policy::kAsync, policy::Gradients::kAsync},
-        policy::JobPolicy{policy::Policy::kRecal, policy::Gradients::kSync},
-        policy::JobPolicy{policy::Policy::kLocal, policy::Gradients::kSync},
-        policy::JobPolicy{policy::Policy::kSync, policy::Gradients::kAsync}}) {
-    const absl::Status s = CheckResizable(p);
-    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
-    EXPECT_NE(s.message().find("resizing needs --policy=sync"),
-              std::string::npos)
-        << s;
-  }
+TEST(MembershipHistoryTest, ConfigRoundTrip) {
+  JobConfig c;
+  c.set_num_workers(4);
+  absl::StatusOr<MembershipHistory> one = MembershipHistory::FromConfig(c);
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_EQ(one->ToString(), "0:4");
+  one->ToConfig(&c);
+  EXPECT_EQ(c.membership_size(), 0);  // a fixed job's config is unchanged
+
+  absl::StatusOr<MembershipHistory> h = MembershipHistory::Parse("0:2,4:4,8:2");
+  ASSERT_TRUE(h.ok());
+  h->ToConfig(&c);
+  EXPECT_EQ(c.membership_size(), 3);
+  absl::StatusOr<MembershipHistory> back = MembershipHistory::FromConfig(c);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(*back, *h);
+
+  c.set_num_workers(3);  // fewer ids than the history's largest count
+  EXPECT_EQ(MembershipHistory::FromConfig(c).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  c.set_num_workers(0);
+  c.clear_membership();
+  EXPECT_EQ(MembershipHistory::FromConfig(c).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(MembershipHistoryTest, SameBefore) {
+  const MembershipHistory a = *MembershipHistory::Parse("0:2,4:4,8:2");
+  const MembershipHistory b = *MembershipHistory::Parse("0:2,4:4");
+  const MembershipHistory c = *MembershipHistory::Parse("0:2");
+  EXPECT_TRUE(a.SameBefore(b, 8));
+  EXPECT_FALSE(a.SameBefore(b, 9));
+  EXPECT_TRUE(a.SameBefore(c, 4));
+  EXPECT_FALSE(a.SameBefore(c, 5));
+  EXPECT_TRUE(c.SameBefore(a, 4));
+  EXPECT_FALSE(c.SameBefore(a, 5));
+  EXPECT_TRUE(a.SameBefore(a, 1000));
 }
 
 }  // namespace
-}  // namespace bnps::server
+}  // namespace bnps::proto

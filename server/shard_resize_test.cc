@@ -1,0 +1,177 @@
+// A shard of a job resized while it runs (ShardOptions::membership): its
+// barriers wait for each step's workers, its checkpoints carry the history,
+// and a restart may continue with another count from the checkpoint's step.
+
+#include <stdlib.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "server/shard.h"
+
+namespace bnps::server {
+namespace {
+
+proto::MembershipHistory History(const char* text) {
+  absl::StatusOr<proto::MembershipHistory> h = proto::MembershipHistory::Parse(text);
+  EXPECT_TRUE(h.ok()) << h.status();
+  return *h;
+}
+
+class ShardResizeTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/shard_resize_test_XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+  }
+  void TearDown() override { std::system(("rm -rf " + dir_).c_str()); }
+
+  ShardOptions Options(const char* membership, bool checkpoints = false) {
+    ShardOptions o;
+    o.num_workers = 4;
+    o.membership = History(membership);
+    o.policy = policy::Policy::kSync;
+    o.start_ticker = false;
+    o.optimizer.momentum = 0;
+    if (checkpoints) {
+      o.checkpoint_dir = dir_;
+      o.checkpoint_every = 2;
+    }
+    return o;
+  }
+
+  // One step: every worker of `step` pushes gradient g (1 sample each).
+  static void Step(Shard& shard, int64_t step, float g) {
+    for (int w = 0; w < shard.history().WorkersAt(step); ++w) {
+      absl::StatusOr<ParameterStore::PushResult> r =
+          shard.store().Push(w, step, "w", {2}, std::vector<float>{g, -g}, 1);
+      ASSERT_TRUE(r.ok()) << r.status();
+    }
+  }
+
+  static int64_t Version(Shard& shard) { return shard.store().GetStats().min_version; }
+
+  static std::vector<float> Values(Shard& shard) {
+    std::vector<float> out;
+    shard.store().Pull({"w"}, 0, absl::InfiniteFuture(),
+                       [&](absl::StatusOr<ParameterStore::Snapshot> s) {
+                         ASSERT_TRUE(s.ok()) << s.status();
+                         out = *s->at("w").values;
+                       });
+    return out;
+  }
+
+  std::string dir_;
+};
+
+TEST_F(ShardResizeTest, StepsWaitForTheirOwnWorkers) {
+  auto shard = *Shard::Create(Options("0:2,2:4,3:1"));
+  ASSERT_TRUE(*shard->store().Init("w", {2}, {0, 0}));
+  // Step 0 completes with workers 0 and 1; worker 2 is not one of them.
+  const absl::StatusOr<ParameterStore::PushResult> early =
+      shard->store().Push(2, 0, "w", {2}, std::vector<float>{1, 1}, 1);
+  EXPECT_EQ(early.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(early.status().message().find("not one of the 2 workers of step 0"),
+            std::string::npos)
+      << early.status();
+  Step(*shard, 0, 1);
+  Step(*shard, 1, 1);
+  EXPECT_EQ(Version(*shard), 2);
+  // Step 2 needs four workers: three are not enough.
+  for (int w = 0; w < 3; ++w) {
+    ASSERT_TRUE(shard->store().Push(w, 2, "w", {2}, std::vector<float>{1, 1}, 1).ok());
+  }
+  EXPECT_EQ(Version(*shard), 2);
+  ASSERT_TRUE(shard->store().Push(3, 2, "w", {2}, std::vector<float>{1, 1}, 1).ok());
+  EXPECT_EQ(Version(*shard), 3);
+  Step(*shard, 3, 1);  // worker 0 alone
+  EXPECT_EQ(Version(*shard), 4);
+
+  // The BN barriers follow the same counts.
+  std::optional<absl::StatusOr<BnAggregator::Reply>> r0, r3;
+  auto into = [](std::optional<absl::StatusOr<BnAggregator::Reply>>* out) {
+    return [out](const absl::StatusOr<BnAggregator::Reply>& r) { *out = r; };
+  };
+  bn::Moments m = bn::Moments::Empty(1);
+  shard->bn().Forward(3, 4, "bn", m, absl::InfiniteFuture(), into(&r3));
+  ASSERT_TRUE(r3.has_value());
+  EXPECT_EQ(r3->status().code(), absl::StatusCode::kFailedPrecondition)
+      << r3->status();
+  shard->bn().Forward(0, 4, "bn", m, absl::InfiniteFuture(), into(&r0));
+  ASSERT_TRUE(r0.has_value()) << "step 4 has one worker: no wait";
+  ASSERT_TRUE(r0->ok()) << r0->status();
+  EXPECT_EQ((*r0)->contributors, 1);
+}
+
+TEST_F(ShardResizeTest, OptionsAreChecked) {
+  ShardOptions o = Options("0:2,5:5");  // more workers than the job's ids
+  EXPECT_EQ(Shard::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
+  o = Options("0:2,5:4");
+  o.policy = policy::Policy::kAsync;
+  const absl::Status async = Shard::Create(o).status();
+  EXPECT_EQ(async.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(async.message().find("resizing needs --policy=sync"),
+            std::string::npos);
+  o.membership = History("0:4");  // one count, the job's: nothing resizes
+  EXPECT_TRUE(Shard::Create(o).ok());
+  auto shard = *Shard::Create(Options("0:2,5:4"));
+  EXPECT_EQ(shard->history().ToString(), "0:2,5:4");
+  const proto::JobConfig c = ToJobConfig(shard->options());
+  EXPECT_EQ(c.num_workers(), 4);
+  ASSERT_EQ(c.membership_size(), 2);
+  EXPECT_EQ(c.membership(1).from_step(), 5);
+}
+
+// A job resized at step 2 and one that stopped at its checkpoint of step 2
+// and restarted with the new count end on the same bits; a restart whose
+// history rewrites the steps before the checkpoint is refused.
+TEST_F(ShardResizeTest, RestartWithANewCountEqualsTheResize) {
+  std::vector<float> elastic;
+  {
+    auto shard = *Shard::Create(Options("0:2,2:3"));
+    ASSERT_TRUE(*shard->store().Init("w", {2}, {1, 2}));
+    for (int64_t s = 0; s < 4; ++s) Step(*shard, s, 0.25f * (s + 1));
+    elastic = Values(*shard);
+  }
+  {
+    auto first = *Shard::Create(Options("0:2", /*checkpoints=*/true));
+    ASSERT_TRUE(*first->store().Init("w", {2}, {1, 2}));
+    for (int64_t s = 0; s < 2; ++s) Step(*first, s, 0.25f * (s + 1));
+    ASSERT_TRUE(first->FlushCheckpoints().ok());
+  }
+  // Another count before the checkpoint's step: refused.
+  const absl::Status wrong = Shard::Create(Options("0:2,1:3", true)).status();
+  EXPECT_EQ(wrong.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(wrong.message().find("agrees up to step 2"), std::string::npos)
+      << wrong;
+  auto second = *Shard::Create(Options("0:2,2:3", true));
+  EXPECT_EQ(second->generation().restored_step, 2);
+  ASSERT_TRUE(second->Rollback(1, 2).ok());
+  for (int64_t s = 2; s < 4; ++s) Step(*second, s, 0.25f * (s + 1));
+  EXPECT_EQ(Values(*second), elastic);
+}
+
+// The job is complete when the workers of its last step finished; ids it
+// no longer trains with count only if they came.
+TEST_F(ShardResizeTest, CompleteWithoutIdsThatNeverCame) {
+  auto shard = *Shard::Create(Options("0:2,2:4,4:2"));
+  ASSERT_TRUE(shard->Register(0, 10).ok());
+  ASSERT_TRUE(shard->Register(1, 11).ok());
+  ASSERT_TRUE(shard->Leave(0, 10).ok());
+  ASSERT_TRUE(shard->Leave(1, 11).ok());
+  EXPECT_TRUE(shard->job_complete());
+
+  auto grown = *Shard::Create(Options("0:2,2:4,4:2"));
+  for (int w = 0; w < 3; ++w) ASSERT_TRUE(grown->Register(w, 10 + w).ok());
+  for (int w = 0; w < 2; ++w) ASSERT_TRUE(grown->Leave(w, 10 + w).ok());
+  EXPECT_FALSE(grown->job_complete()) << "worker 2 came and has not finished";
+  ASSERT_TRUE(grown->Leave(2, 12).ok());
+  EXPECT_TRUE(grown->job_complete());
+}
+
+}  // namespace
+}  // namespace bnps::server
