@@ -52,10 +52,12 @@ Trainer::Trainer(client::PsClient* client, nn::Model* model,
       policy_(job_policy_.bn),
       bulk_synchronous_(policy::BulkSynchronous(job_policy_.gradients)) {}
 
-BatcherOptions Trainer::ShardOptions() const {
+BatcherOptions Trainer::ShardOptions(
+    const proto::MembershipHistory& members) const {
   BatcherOptions bo;
   bo.worker = client_->worker();
   bo.num_workers = client_->num_workers();
+  bo.epoch_workers = members.base_workers();
   bo.batch_size = options_.batch_size;
   bo.seed = options_.seed;
   bo.shuffle = options_.shuffle;
@@ -76,7 +78,12 @@ absl::Status Trainer::PullInto(int64_t min_version) {
 
 absl::StatusOr<TrainReport> Trainer::Run() {
   if (absl::Status s = CheckOptions(); !s.ok()) return s;
-  BatcherOptions bo = ShardOptions();
+  RunState run;
+  absl::StatusOr<proto::MembershipHistory> members =
+      proto::MembershipHistory::FromConfig(client_->config());
+  if (!members.ok()) return Annotate(members.status(), "the job's config");
+  run.members = *std::move(members);
+  BatcherOptions bo = ShardOptions(run.members);
   absl::StatusOr<Batcher> batcher = Batcher::Create(train_, bo);
   if (!batcher.ok()) return batcher.status();
 
@@ -84,7 +91,6 @@ absl::StatusOr<TrainReport> Trainer::Run() {
   report.policy = policy::JobPolicyName(job_policy_);
   report.worker = bo.worker;
   report.num_workers = bo.num_workers;
-  RunState run;
   run.per_epoch = batcher->batches_per_epoch();
   run.total = run.per_epoch * options_.epochs;
   if (options_.max_steps > 0) run.total = std::min(run.total, options_.max_steps);
@@ -230,6 +236,13 @@ absl::Status Trainer::TrainSteps(Batcher* batcher, ServerBnExchange* sync,
       }
       positioned = run->step;
     }
+    const int members = run->members.WorkersAt(run->step);
+    if (batcher->options().worker >= members) {
+      // Not one of this step's workers (a resized job): the others train it.
+      ++run->step;
+      continue;
+    }
+    if (absl::Status s = batcher->SetNumWorkers(members); !s.ok()) return s;
     if (!batcher->Next(&batch)) break;
     ++positioned;
     StepFigures f;

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <utility>
 #include <vector>
 
@@ -115,7 +116,15 @@ absl::Status Trainer::PullRunningStats(int64_t steps) {
 }
 
 absl::Status Trainer::Recalibrate() {
-  BatcherOptions bo = ShardOptions();
+  // The job's last workers recalibrate over the whole training set (a
+  // resized job's others have left).
+  absl::StatusOr<proto::MembershipHistory> members =
+      proto::MembershipHistory::FromConfig(client_->config());
+  if (!members.ok()) return Annotate(members.status(), "the job's config");
+  const int last = members->WorkersAt(std::numeric_limits<int64_t>::max());
+  if (client_->worker() >= last) return absl::OkStatus();
+  BatcherOptions bo = ShardOptions(proto::MembershipHistory(last));
+  bo.num_workers = last;
   bo.shuffle = false;
   bo.limit = options_.recal_examples > 0 ? options_.recal_examples
                                          : options_.train_examples;
