@@ -129,10 +129,10 @@ TEST(ElasticTest, ResizeEqualsStopAndRestartBitForBit) {
   const RunResult elastic =
       RunJob("0:2,4:4,8:2", {0, 1, 2, 3}, kSteps, data);
   ASSERT_EQ(elastic.workers.size(), 4u);
-  // Workers 2 and 3 trained steps 4..7 only; every worker saw the final
-  // parameters (the last pull of the run).
-  test::ExpectSameEnd(elastic.workers[2], elastic.workers[0]);
+  // Workers 2 and 3 trained steps 4..7 and ended there; the job's last
+  // workers end on the final parameters (the last pull of the run).
   test::ExpectSameEnd(elastic.workers[1], elastic.workers[0]);
+  test::ExpectSameEnd(elastic.workers[3], elastic.workers[2]);
 
   char tmpl[] = "/tmp/elastic_test_XXXXXX";
   ASSERT_NE(mkdtemp(tmpl), nullptr);

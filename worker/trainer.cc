@@ -225,7 +225,27 @@ absl::Status Trainer::TrainSteps(Batcher* batcher, ServerBnExchange* sync,
   double prog_start = 0;
   Batch batch;
   int64_t positioned = -1;  // the step the batcher's next batch is of
+  bool skipped = false;
   while (run->step < run->total) {
+    const int members = run->members.WorkersAt(run->step);
+    if (batcher->options().worker >= members) {
+      // Not one of this step's workers (a resized job): the others train it.
+      ++run->step;
+      skipped = true;
+      continue;
+    }
+    if (skipped) {
+      // A worker that joins the job later waits for its first step as long
+      // as the others take to reach it, not one barrier's deadline.
+      skipped = false;
+      absl::Status s;
+      while (absl::IsDeadlineExceeded(s = PullInto(run->step))) {
+      }
+      if (!s.ok() && !proto::IsRollback(s) && !absl::IsUnavailable(s)) {
+        return Annotate(s, absl::StrCat("waiting for step ", run->step,
+                                        ", this worker's first"));
+      }
+    }
     const int64_t epoch = run->per_epoch > 0 ? run->step / run->per_epoch : 0;
     if (positioned != run->step || batcher->step() == run->per_epoch) {
       // The sampler is deterministic in (seed, epoch, step): a resumed step
@@ -235,12 +255,6 @@ absl::Status Trainer::TrainSteps(Batcher* batcher, ServerBnExchange* sync,
         batcher->Next(&batch);
       }
       positioned = run->step;
-    }
-    const int members = run->members.WorkersAt(run->step);
-    if (batcher->options().worker >= members) {
-      // Not one of this step's workers (a resized job): the others train it.
-      ++run->step;
-      continue;
     }
     if (absl::Status s = batcher->SetNumWorkers(members); !s.ok()) return s;
     if (!batcher->Next(&batch)) break;

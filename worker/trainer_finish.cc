@@ -35,6 +35,13 @@ absl::Status Trainer::FinishRun(const RunState& run, TrainReport* report) {
   }
 
   const absl::Time finish_start = absl::Now();
+  if (client_->worker() >=
+      run.members.WorkersAt(std::max<int64_t>(run.total - 1, 0))) {
+    // A resized job left this worker behind before its end: its part of the
+    // run is done, and the end belongs to the job's last workers.
+    report->seconds_finish = Seconds(finish_start);
+    return absl::OkStatus();
+  }
   if (absl::Status s = SettleRunningStats(run.step); !s.ok()) return s;
   if (options_.evaluate) {
     absl::StatusOr<double> acc = Evaluate();
