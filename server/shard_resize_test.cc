@@ -11,9 +11,13 @@
 
 #include "gtest/gtest.h"
 #include "server/shard.h"
+#include "server/shard_testing.h"
 
 namespace bnps::server {
 namespace {
+
+using shard_testing::Step;
+using shard_testing::Values;
 
 proto::MembershipHistory History(const char* text) {
   absl::StatusOr<proto::MembershipHistory> h = proto::MembershipHistory::Parse(text);
@@ -44,26 +48,7 @@ class ShardResizeTest : public ::testing::Test {
     return o;
   }
 
-  // One step: every worker of `step` pushes gradient g (1 sample each).
-  static void Step(Shard& shard, int64_t step, float g) {
-    for (int w = 0; w < shard.history().WorkersAt(step); ++w) {
-      absl::StatusOr<ParameterStore::PushResult> r =
-          shard.store().Push(w, step, "w", {2}, std::vector<float>{g, -g}, 1);
-      ASSERT_TRUE(r.ok()) << r.status();
-    }
-  }
-
   static int64_t Version(Shard& shard) { return shard.store().GetStats().min_version; }
-
-  static std::vector<float> Values(Shard& shard) {
-    std::vector<float> out;
-    shard.store().Pull({"w"}, 0, absl::InfiniteFuture(),
-                       [&](absl::StatusOr<ParameterStore::Snapshot> s) {
-                         ASSERT_TRUE(s.ok()) << s.status();
-                         out = *s->at("w").values;
-                       });
-    return out;
-  }
 
   std::string dir_;
 };
