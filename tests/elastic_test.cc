@@ -28,7 +28,7 @@ namespace {
 
 constexpr int kIds = 4;      // the job's worker ids
 constexpr int kShards = 2;
-constexpr int64_t kGrowAt = 4, kShrinkAt = 8, kSteps = 12;
+constexpr int64_t kSteps = 12;
 
 struct WorkerResult {
   absl::StatusOr<worker::TrainReport> report = absl::UnknownError("not run");
@@ -42,12 +42,14 @@ struct RunResult {
 };
 
 // Servers with `membership` (and checkpoints under `checkpoint_dir` every
-// kGrowAt steps, if not empty); trainers for `ids`, each stopping after
-// `max_steps`. A restarted job's workers roll it back to its newest
-// checkpoint first (Trainer::Run).
-RunResult RunJob(const char* membership, const std::vector<int>& ids,
-              int64_t max_steps, const worker::Dataset& data,
-              const std::string& checkpoint_dir = "") {
+// `checkpoint_every` steps, if not empty); trainers for `ids` with
+// `options`, each stopping after `max_steps`. A restarted job's workers roll
+// it back to its newest checkpoint first (Trainer::Run).
+RunResult RunJob(const std::string& membership, const std::vector<int>& ids,
+                 worker::TrainerOptions options, int64_t max_steps,
+                 const worker::Dataset& data,
+                 const std::string& checkpoint_dir = "",
+                 int64_t checkpoint_every = 0) {
   RunResult out;
   server::ShardOptions base;
   base.num_shards = kShards;
@@ -61,7 +63,7 @@ RunResult RunJob(const char* membership, const std::vector<int>& ids,
   // A restarted job's new worker processes take the old ones' places.
   base.worker_loss = policy::WorkerLoss::kWait;
   base.checkpoint_dir = checkpoint_dir;
-  base.checkpoint_every = checkpoint_dir.empty() ? 0 : kGrowAt;
+  base.checkpoint_every = checkpoint_every;
   std::vector<std::unique_ptr<server::RunningServer>> servers;
   std::vector<std::string> addresses;
   for (int s = 0; s < kShards; ++s) {
@@ -75,11 +77,7 @@ RunResult RunJob(const char* membership, const std::vector<int>& ids,
     addresses.push_back("127.0.0.1:" + std::to_string((*r)->port()));
     servers.push_back(*std::move(r));
   }
-  worker::TrainerOptions options;
-  options.batch_size = 4;
-  options.epochs = 3;
   options.max_steps = max_steps;
-  options.evaluate = false;
   out.workers.resize(ids.size());
   std::vector<std::thread> threads;
   for (size_t i = 0; i < ids.size(); ++i) {
@@ -122,42 +120,87 @@ RunResult RunJob(const char* membership, const std::vector<int>& ids,
   return out;
 }
 
-TEST(ElasticTest, ResizeEqualsStopAndRestartBitForBit) {
+std::vector<int> Ids(int n) {
+  std::vector<int> ids(n);
+  for (int i = 0; i < n; ++i) ids[i] = i;
+  return ids;
+}
+
+worker::TrainerOptions Options() {
+  worker::TrainerOptions o;
+  o.batch_size = 4;
+  o.epochs = 3;
+  o.evaluate = false;
+  return o;
+}
+
+// A resize at each of `steps` (to `counts`) against stopping there and
+// restarting from the checkpoint of that step with the new count.
+void ExpectResizeEqualsRestarts(int base, const std::vector<int64_t>& steps,
+                                const std::vector<int>& counts,
+                                const worker::TrainerOptions& options,
+                                int64_t checkpoint_every) {
   // 2 base workers of batch 4 over 72 examples: 9 steps an epoch, so the
   // run crosses an epoch (and the last short batches) while resized.
   const worker::Dataset data = worker::MakeSyntheticDataset(72, 12, 12, 10, 7);
-  const RunResult elastic =
-      RunJob("0:2,4:4,8:2", {0, 1, 2, 3}, kSteps, data);
-  ASSERT_EQ(elastic.workers.size(), 4u);
-  // Workers 2 and 3 trained steps 4..7 and ended there; the job's last
-  // workers end on the final parameters (the last pull of the run).
-  test::ExpectSameEnd(elastic.workers[1], elastic.workers[0]);
-  test::ExpectSameEnd(elastic.workers[3], elastic.workers[2]);
+  std::string membership = "0:" + std::to_string(base);
+  for (size_t i = 0; i < steps.size(); ++i) {
+    membership += "," + std::to_string(steps[i]) + ":" + std::to_string(counts[i]);
+  }
+  SCOPED_TRACE(membership);
+  const RunResult elastic = RunJob(membership, Ids(kIds), options, kSteps, data);
+  ASSERT_EQ(elastic.workers.size(), static_cast<size_t>(kIds));
+  // The job's last workers end on the final parameters (the last pull of
+  // the run); the others ended at their last step.
+  for (int w = 1; w < counts.back(); ++w) {
+    test::ExpectSameEnd(elastic.workers[w], elastic.workers[0]);
+  }
 
   char tmpl[] = "/tmp/elastic_test_XXXXXX";
   ASSERT_NE(mkdtemp(tmpl), nullptr);
   const std::string dir = tmpl;
-  RunJob("0:2", {0, 1}, kGrowAt, data, dir);
-  RunJob("0:2,4:4", {0, 1, 2, 3}, kShrinkAt, data, dir);
-  const RunResult restarted = RunJob("0:2,4:4,8:2", {0, 1}, kSteps, data, dir);
-  std::system(("rm -rf " + dir).c_str());
-
-  ASSERT_EQ(restarted.workers.size(), 2u);
-  test::ExpectSameEnd(restarted.workers[0], elastic.workers[0]);
-  ASSERT_EQ(restarted.digests.size(), elastic.digests.size());
-  for (size_t s = 0; s < elastic.digests.size(); ++s) {
-    EXPECT_EQ(restarted.digests[s].step, kSteps);
-    EXPECT_EQ(elastic.digests[s].step, kSteps);
-    EXPECT_EQ(restarted.digests[s].entries, elastic.digests[s].entries)
-        << "shard " << s;
+  std::string history = "0:" + std::to_string(base);
+  int workers = base;
+  for (size_t i = 0; i <= steps.size(); ++i) {
+    const int64_t stop = i < steps.size() ? steps[i] : kSteps;
+    const RunResult part = RunJob(history, Ids(workers), options, stop, data,
+                                  dir, checkpoint_every);
+    if (i == steps.size()) {
+      std::system(("rm -rf " + dir).c_str());
+      ASSERT_EQ(part.workers.size(), static_cast<size_t>(workers));
+      test::ExpectSameEnd(part.workers[0], elastic.workers[0]);
+      ASSERT_EQ(part.digests.size(), elastic.digests.size());
+      for (size_t s = 0; s < elastic.digests.size(); ++s) {
+        EXPECT_EQ(part.digests[s].step, kSteps);
+        EXPECT_EQ(elastic.digests[s].step, kSteps);
+        EXPECT_EQ(part.digests[s].entries, elastic.digests[s].entries)
+            << "shard " << s;
+      }
+      break;
+    }
+    workers = counts[i];
+    history += "," + std::to_string(steps[i]) + ":" + std::to_string(workers);
   }
+}
+
+TEST(ElasticTest, ResizeEqualsStopAndRestartBitForBit) {
+  ExpectResizeEqualsRestarts(2, {4, 8}, {4, 2}, Options(), 4);
+}
+
+// Uneven slices (8 examples over 3 workers), a count below the base, and
+// the parameters pulled layer by layer.
+TEST(ElasticTest, UnevenCountsAndLayerPull) {
+  worker::TrainerOptions o = Options();
+  o.layer_pull = true;
+  ExpectResizeEqualsRestarts(2, {3, 6, 9}, {3, 1, 4}, o, 3);
 }
 
 // The same job without the resize ends elsewhere: the test can fail.
 TEST(ElasticTest, TheResizeChangesTheRun) {
   const worker::Dataset data = worker::MakeSyntheticDataset(72, 12, 12, 10, 7);
-  const RunResult elastic = RunJob("0:2,4:4,8:2", {0, 1, 2, 3}, kSteps, data);
-  const RunResult fixed = RunJob("0:2", {0, 1}, kSteps, data);
+  const RunResult elastic =
+      RunJob("0:2,4:4,8:2", Ids(4), Options(), kSteps, data);
+  const RunResult fixed = RunJob("0:2", Ids(2), Options(), kSteps, data);
   ASSERT_EQ(elastic.digests.size(), fixed.digests.size());
   bool differ = false;
   for (size_t s = 0; s < fixed.digests.size(); ++s) {
