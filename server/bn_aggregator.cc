@@ -221,9 +221,9 @@ void BnAggregator::LocalRunning(int worker, const std::string& layer,
 void BnAggregator::Contribute(int worker, BarrierKey key, Contribution c,
                               absl::Time deadline, Done done, Ready* ready) {
   const auto& [layer_name, phase, step] = key;
-  if (worker >= Members(key)) {
+  if (const int members = Members(key); worker >= members) {
     absl::Status outside = absl::FailedPreconditionError(absl::StrCat(
-        "worker ", worker, " is not one of the ", Members(key),
+        "worker ", worker, " is not one of the ", members,
         " workers of step ", step, " (the job was resized)"));
     ready->push_back([done = std::move(done), outside] { done(outside); });
     return;
@@ -278,7 +278,8 @@ int BnAggregator::Members(const BarrierKey& key) const {
 std::string BnAggregator::Missing(const BarrierKey& key,
                                   const Barrier& b) const {
   std::vector<int> missing;
-  for (int w = 0; w < Members(key); ++w) {
+  const int members = Members(key);
+  for (int w = 0; w < members; ++w) {
     if (live_[w] && !b.by_worker[w].has_value()) missing.push_back(w);
   }
   return absl::StrJoin(missing, ", ");
@@ -286,7 +287,8 @@ std::string BnAggregator::Missing(const BarrierKey& key,
 
 void BnAggregator::Evaluate(const BarrierKey& key, Barrier& b, Ready* ready) {
   if (b.result != nullptr) return;
-  for (int w = 0; w < Members(key); ++w) {
+  const int members = Members(key);
+  for (int w = 0; w < members; ++w) {
     if (!live_[w] || b.by_worker[w].has_value()) continue;
     if (!failed_[w].ok()) {
       Resolve(key, b,

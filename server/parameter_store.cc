@@ -123,9 +123,9 @@ absl::Status ParameterStore::Admit(const Param& p, int worker, int64_t step,
   *duplicate = step <= p.last_pushed[worker];
   if (*duplicate) return absl::OkStatus();
   if (options_.bulk_synchronous) {
-    if (worker >= WorkersAt(step)) {
+    if (const int workers = WorkersAt(step); worker >= workers) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "worker ", worker, " is not one of the ", WorkersAt(step),
+          "worker ", worker, " is not one of the ", workers,
           " workers of step ", step, " (the job was resized)"));
     }
     if (step < p.version) {
@@ -274,7 +274,8 @@ int ParameterStore::WorkersAt(int64_t step) const {
 }
 
 bool ParameterStore::Complete(int64_t step, const PendingStep& s) const {
-  for (int w = 0; w < WorkersAt(step); ++w) {
+  const int workers = WorkersAt(step);
+  for (int w = 0; w < workers; ++w) {
     if (live_[w] && !s.pushed[w]) return false;
   }
   return true;
@@ -320,7 +321,8 @@ std::optional<absl::StatusOr<ParameterStore::Snapshot>> ParameterStore::TryPull(
 absl::Status ParameterStore::FailedFor(const Param& p) const {
   // The next step to apply waits for live workers that have not pushed.
   auto step = p.pending.find(p.version);
-  for (int worker = 0; worker < WorkersAt(p.version); ++worker) {
+  const int workers = WorkersAt(p.version);
+  for (int worker = 0; worker < workers; ++worker) {
     const bool pushed = step != p.pending.end() && step->second.pushed[worker];
     if (live_[worker] && !pushed && !failed_[worker].ok()) {
       return failed_[worker];
@@ -343,7 +345,8 @@ std::string ParameterStore::MissingWorkers(absl::Span<const std::string> keys,
     if (p.version >= min_version) continue;
     auto step = p.pending.find(p.version);
     std::vector<int> missing;
-    for (int worker = 0; worker < WorkersAt(p.version); ++worker) {
+    const int workers = WorkersAt(p.version);
+    for (int worker = 0; worker < workers; ++worker) {
       if (live_[worker] &&
           (step == p.pending.end() || !step->second.pushed[worker])) {
         missing.push_back(worker);
