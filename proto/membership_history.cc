@@ -118,22 +118,28 @@ std::string MembershipHistory::ToString() const {
 
 absl::StatusOr<MembershipHistory> MembershipHistory::FromConfig(
     const JobConfig& config) {
-  if (config.membership().empty()) {
-    if (config.num_workers() < 1 || config.num_workers() > kMaxWorkers) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "the job's config has ", config.num_workers(), " workers"));
+  return FromSegments(config.num_workers(), config.membership());
+}
+
+absl::StatusOr<MembershipHistory> MembershipHistory::FromSegments(
+    int num_workers,
+    const google::protobuf::RepeatedPtrField<MembershipSegment>& segments) {
+  if (segments.empty()) {
+    if (num_workers < 1 || num_workers > kMaxWorkers) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the job's config has ", num_workers, " workers"));
     }
-    return MembershipHistory(config.num_workers());
+    return MembershipHistory(num_workers);
   }
-  std::vector<Segment> segments;
-  for (const MembershipSegment& m : config.membership()) {
-    segments.push_back(Segment{m.from_step(), m.num_workers()});
+  std::vector<Segment> out;
+  for (const MembershipSegment& m : segments) {
+    out.push_back(Segment{m.from_step(), m.num_workers()});
   }
-  absl::StatusOr<MembershipHistory> h = Create(std::move(segments));
-  if (h.ok() && h->max_workers() > config.num_workers()) {
+  absl::StatusOr<MembershipHistory> h = Create(std::move(out));
+  if (h.ok() && h->max_workers() > num_workers) {
     return absl::InvalidArgumentError(absl::StrCat(
         "the job's membership ", h->ToString(), " has more workers than its ",
-        config.num_workers(), " ids"));
+        num_workers, " ids"));
   }
   return h;
 }
@@ -144,8 +150,14 @@ void MembershipHistory::ToConfig(JobConfig* config) const {
       segments_.front().num_workers == config->num_workers()) {
     return;
   }
+  ToSegments(config->mutable_membership());
+}
+
+void MembershipHistory::ToSegments(
+    google::protobuf::RepeatedPtrField<MembershipSegment>* segments) const {
+  segments->Clear();
   for (const Segment& s : segments_) {
-    MembershipSegment* m = config->add_membership();
+    MembershipSegment* m = segments->Add();
     m->set_from_step(s.from_step);
     m->set_num_workers(s.num_workers);
   }

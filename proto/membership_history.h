@@ -88,8 +88,16 @@ class MembershipHistory {
   // 0 when it has none. INVALID_ARGUMENT for a malformed one, or a count
   // above config.num_workers (the job's ids).
   static absl::StatusOr<MembershipHistory> FromConfig(const JobConfig& config);
+  // The history `segments` give a job of `num_workers` ids (num_workers
+  // from step 0 when empty); errors as FromConfig.
+  static absl::StatusOr<MembershipHistory> FromSegments(
+      int num_workers,
+      const google::protobuf::RepeatedPtrField<MembershipSegment>& segments);
   // Writes the history into config->membership; nothing for one segment.
   void ToConfig(JobConfig* config) const;
+  // Every segment, even one.
+  void ToSegments(
+      google::protobuf::RepeatedPtrField<MembershipSegment>* segments) const;
 
   // Whether both histories give every step before `step` the same count.
   bool SameBefore(const MembershipHistory& o, int64_t step) const;

@@ -31,6 +31,12 @@ proto::JobConfig ToJobConfig(const ShardOptions& o) {
   return c;
 }
 
+proto::JobConfig Shard::config() const {
+  proto::JobConfig c = ToJobConfig(options_);
+  history().ToConfig(&c);
+  return c;
+}
+
 policy::JobPolicy JobPolicyOf(const ShardOptions& o) {
   return {o.policy, o.gradients.value_or(policy::ShorthandGradients(o.policy))};
 }
@@ -167,7 +173,7 @@ Shard::Shard(ShardOptions options)
               [this](int64_t step, StoreState state) {
                 OnBoundary(step, std::move(state));
               },
-              [this](int64_t step) { return history_.WorkersAt(step); }}),
+              [this](int64_t step) { return WorkersAt(step); }}),
       bn_({options_.policy, options_.num_workers, options_.staleness,
            options_.bn_momentum,
            // The version rule of sync BN's steps needs bulk-synchronous
@@ -176,7 +182,7 @@ Shard::Shard(ShardOptions options)
                ? std::function<int64_t()>(
                      [this] { return store_.newest_version(); })
                : std::function<int64_t()>(),
-           [this](int64_t step) { return history_.WorkersAt(step); }}),
+           [this](int64_t step) { return WorkersAt(step); }}),
       membership_(options_.num_workers, options_.heartbeat_timeout) {}
 
 Shard::~Shard() {
@@ -328,7 +334,7 @@ absl::Status Shard::Leave(int worker, uint64_t incarnation) {
 bool Shard::MarkCompleteIfDone() {
   const bool shrink = options_.worker_loss == policy::WorkerLoss::kShrink;
   bool any = false;
-  const int last = history_.WorkersAt(INT64_MAX);
+  const int last = WorkersAt(INT64_MAX);
   const std::vector<Membership::WorkerInfo> workers = membership_.Snapshot();
   for (size_t id = 0; id < workers.size(); ++id) {
     const Membership::WorkerInfo& w = workers[id];

@@ -131,8 +131,14 @@ class Shard {
   BnAggregator& bn() { return bn_; }
   const BnAggregator& bn() const { return bn_; }
   Membership& membership() { return membership_; }
-  // Which workers train at each step (ShardOptions::membership).
-  const proto::MembershipHistory& history() const { return history_; }
+  // The job as the wire describes it: ToJobConfig with the membership now.
+  proto::JobConfig config() const;
+  // Which workers train at each step (ShardOptions::membership, as
+  // rollbacks changed it).
+  proto::MembershipHistory history() const {
+    absl::MutexLock lock(&history_mu_);
+    return history_;
+  }
   // Non-null on shard 0 under async gradients.
   StepClocks* clocks() { return clocks_.get(); }
 
@@ -216,7 +222,22 @@ class Shard {
   // ABORTED (kRollsBackText). FAILED_PRECONDITION for an older generation
   // or without a checkpoint_dir; NOT_FOUND or DATA_LOSS for a checkpoint
   // that is not there or bad.
-  absl::StatusOr<int64_t> Rollback(int64_t generation, int64_t step);
+  //
+  // A rollback may change the job's membership from the decided step on:
+  // `change.resize_to` (shard 0: a worker asks to join; resizing needs
+  // sync, FAILED_PRECONDITION otherwise) or `change.adopt` (the other
+  // shards: the membership shard 0 decided; FAILED_PRECONDITION unless it
+  // agrees with this shard's before the step). INVALID_ARGUMENT for more
+  // workers than the job's ids. Checked before anything changes.
+  struct MembershipChange {
+    int resize_to = 0;  // 0: none
+    std::optional<proto::MembershipHistory> adopt;
+  };
+  absl::StatusOr<int64_t> Rollback(int64_t generation, int64_t step,
+                                   const MembershipChange& change);
+  absl::StatusOr<int64_t> Rollback(int64_t generation, int64_t step) {
+    return Rollback(generation, step, MembershipChange());
+  }
   // Where `worker` resumes after a rollback, as far as this shard knows: the
   // lowest step of it not applied here (under async also its clock on shard
   // 0); the restored step if the shard holds no parameters.
@@ -284,6 +305,7 @@ class Shard {
     std::vector<Membership::WorkerInfo> workers;
     std::vector<int64_t> clocks;
     bool job_complete = false;
+    proto::MembershipHistory history{1};
   };
   // Called by the store at a step boundary, with its lock held.
   void OnBoundary(int64_t step, StoreState store);
@@ -295,8 +317,20 @@ class Shard {
   absl::Status Restore(const std::string& payload, const std::string& from,
                        const absl::Status& why, bool* changed = nullptr);
 
+  // The workers of `step` (history_).
+  int WorkersAt(int64_t step) const {
+    absl::MutexLock lock(&history_mu_);
+    return history_.WorkersAt(step);
+  }
+  // The membership `change` makes from `step` on; nullopt for none.
+  absl::StatusOr<std::optional<proto::MembershipHistory>> ChangedMembership(
+      const MembershipChange& change, int64_t step) const;
+
   const ShardOptions options_;
-  const proto::MembershipHistory history_;
+  // A leaf: held for reads and for a rollback's change, never while calling
+  // out.
+  mutable absl::Mutex history_mu_;
+  proto::MembershipHistory history_ ABSL_GUARDED_BY(history_mu_);
   ParameterStore store_;
   BnAggregator bn_;
   Membership membership_;

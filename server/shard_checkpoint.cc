@@ -61,6 +61,7 @@ void Shard::OnBoundary(int64_t step, StoreState store) {
   taken->store = std::move(store);
   taken->bn = bn_.Export();
   taken->workers = membership_.Snapshot();
+  taken->history = history();
   for (int w = 0; clocks_ != nullptr && w < options_.num_workers; ++w) {
     taken->clocks.push_back(clocks_->clock(w));
   }
@@ -99,6 +100,7 @@ void Shard::WriterLoop() {
     }
     proto::ShardCheckpoint c;
     *c.mutable_config() = ToJobConfig(options_);
+    t->history.ToConfig(c.mutable_config());
     c.set_step(t->step);
     c.set_generation(t->generation);
     for (const StoreState::Key& k : t->store.keys) {
@@ -207,11 +209,12 @@ absl::Status Shard::Restore(const std::string& payload, const std::string& from,
     return absl::DataLossError(
         absl::StrCat(from, ": ", their_history.status().message()));
   }
-  if (!their_history->SameBefore(history_, c.step())) {
+  const proto::MembershipHistory history = this->history();
+  if (!their_history->SameBefore(history, c.step())) {
     return absl::InvalidArgumentError(absl::StrCat(
         from, " is a checkpoint of step ", c.step(), " of a job whose "
         "membership was ", their_history->ToString(), "; this server runs ",
-        history_.ToString(), ", which gives those steps other counts: "
+        history.ToString(), ", which gives those steps other counts: "
         "start it with a --membership that agrees up to step ", c.step(),
         " (a new count may start there)"));
   }
@@ -323,7 +326,43 @@ absl::Status Shard::Restore(const std::string& payload, const std::string& from,
   return absl::OkStatus();
 }
 
-absl::StatusOr<int64_t> Shard::Rollback(int64_t generation, int64_t step) {
+absl::StatusOr<std::optional<proto::MembershipHistory>>
+Shard::ChangedMembership(const MembershipChange& change, int64_t step) const {
+  const proto::MembershipHistory now = history();
+  if (change.resize_to > 0) {
+    if (absl::Status s = policy::CheckResizable(JobPolicyOf(options_));
+        !s.ok()) {
+      return s;
+    }
+    if (change.resize_to > options_.num_workers) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "a job of ", options_.num_workers, " worker ids cannot grow to ",
+          change.resize_to, " workers"));
+    }
+    absl::StatusOr<proto::MembershipHistory> next =
+        now.RestartedAt(step, change.resize_to);
+    if (!next.ok()) return next.status();
+    return std::optional<proto::MembershipHistory>(*std::move(next));
+  }
+  if (!change.adopt.has_value() || *change.adopt == now) {
+    return std::optional<proto::MembershipHistory>();
+  }
+  if (change.adopt->max_workers() > options_.num_workers) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "membership ", change.adopt->ToString(), " has more workers than the "
+        "job's ", options_.num_workers, " ids"));
+  }
+  if (!change.adopt->SameBefore(now, step)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "shard 0's membership ", change.adopt->ToString(), " and shard ",
+        options_.shard, "'s ", now.ToString(),
+        " give the steps before ", step, " other counts"));
+  }
+  return change.adopt;
+}
+
+absl::StatusOr<int64_t> Shard::Rollback(int64_t generation, int64_t step,
+                                        const MembershipChange& change) {
   if (options_.checkpoint_dir.empty()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "shard ", options_.shard,
@@ -361,6 +400,9 @@ absl::StatusOr<int64_t> Shard::Rollback(int64_t generation, int64_t step) {
                  SetAside(path).c_str());
   }
   if (!file.ok()) return file.status();
+  absl::StatusOr<std::optional<proto::MembershipHistory>> membership =
+      ChangedMembership(change, step);
+  if (!membership.ok()) return membership.status();
   const absl::Status why = absl::AbortedError(absl::StrCat(
       "shard ", options_.shard, " rolled back to step ", step, " (generation ",
       generation, "): ", proto::kRollsBackText));
@@ -398,10 +440,16 @@ absl::StatusOr<int64_t> Shard::Rollback(int64_t generation, int64_t step) {
     if (changed) gen_.needs_rollback = true;
     return s;
   }
+  std::string resized;
+  if (membership->has_value()) {
+    absl::MutexLock lock(&history_mu_);
+    history_ = **membership;
+    resized = absl::StrCat("; membership ", history_.ToString());
+  }
   std::fprintf(stderr,
-               "bnps_server[%d]: rolled back to step %lld (generation %lld)\n",
+               "bnps_server[%d]: rolled back to step %lld (generation %lld)%s\n",
                options_.shard, static_cast<long long>(step),
-               static_cast<long long>(generation));
+               static_cast<long long>(generation), resized.c_str());
   return step;
 }
 

@@ -140,6 +140,50 @@ TEST_F(ShardResizeTest, RestartWithANewCountEqualsTheResize) {
   EXPECT_EQ(Values(*second), elastic);
 }
 
+// A rollback may resize the job from its step: shard 0 decides (resize_to),
+// the others take shard 0's membership (adopt) if it agrees with theirs
+// before the step.
+TEST_F(ShardResizeTest, RollbackResizesFromItsStep) {
+  {
+    auto shard = *Shard::Create(Options("0:2", /*checkpoints=*/true));
+    ASSERT_TRUE(*shard->store().Init("w", {2}, {1, 2}));
+    for (int64_t s = 0; s < 4; ++s) Step(*shard, s, 0.25f);
+    ASSERT_TRUE(shard->FlushCheckpoints().ok());
+  }
+  {
+    auto shard = *Shard::Create(Options("0:2", true));
+    Shard::MembershipChange too_many;
+    too_many.resize_to = 5;
+    EXPECT_EQ(shard->Rollback(1, 2, too_many).status().code(),
+              absl::StatusCode::kInvalidArgument);
+    EXPECT_TRUE(shard->generation().needs_rollback);  // nothing changed
+    Shard::MembershipChange disagree;
+    disagree.adopt = History("0:2,1:3");
+    EXPECT_EQ(shard->Rollback(1, 2, disagree).status().code(),
+              absl::StatusCode::kFailedPrecondition);
+    Shard::MembershipChange adopt;
+    adopt.adopt = History("0:2,2:3");
+    ASSERT_EQ(*shard->Rollback(1, 2, adopt), 2);
+    EXPECT_EQ(shard->history().ToString(), "0:2,2:3");
+  }
+  auto shard = *Shard::Create(Options("0:2", true));
+  Shard::MembershipChange grow;
+  grow.resize_to = 4;
+  ASSERT_EQ(*shard->Rollback(1, 4, grow), 4);
+  EXPECT_EQ(shard->history().ToString(), "0:2,4:4");
+  EXPECT_EQ(shard->config().membership_size(), 2);
+  // Step 4 waits for four workers now.
+  for (int w = 0; w < 3; ++w) {
+    ASSERT_TRUE(shard->store().Push(w, 4, "w", {2}, std::vector<float>{1, 1}, 1).ok());
+  }
+  EXPECT_EQ(Version(*shard), 4);
+  ASSERT_TRUE(shard->store().Push(3, 4, "w", {2}, std::vector<float>{1, 1}, 1).ok());
+  EXPECT_EQ(Version(*shard), 5);
+  // The same generation again (another worker's call) changes nothing more.
+  ASSERT_EQ(*shard->Rollback(1, 4, grow), 4);
+  EXPECT_EQ(shard->history().ToString(), "0:2,4:4");
+}
+
 // The job is complete when the workers of its last step finished; ids it
 // no longer trains with count only if they came.
 TEST_F(ShardResizeTest, CompleteWithoutIdsThatNeverCame) {
