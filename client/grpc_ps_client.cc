@@ -273,6 +273,28 @@ absl::StatusOr<int64_t> GrpcPsClient::Recover(bool restarted) {
 
 bool GrpcPsClient::rejoining() const { return membership_->rejoining(); }
 
+google::protobuf::RepeatedPtrField<proto::MembershipSegment>
+GrpcPsClient::membership() const {
+  return membership_->job_membership();
+}
+
+absl::StatusOr<int64_t> GrpcPsClient::Join() {
+  if (absl::Status s = membership_->dropped(); !s.ok()) return s;
+  const absl::Time deadline =
+      absl::Now() + channels_->options().connect_timeout + channels_->CallTimeout();
+  absl::StatusOr<int64_t> step = membership_->Recover(
+      /*restarted=*/false, deadline,
+      /*resize_to=*/channels_->options().worker + 1);
+  if (step.ok()) {
+    std::fprintf(stderr,
+                 "bnps worker %d: joined the job at step %lld (generation "
+                 "%lld)\n",
+                 channels_->options().worker, static_cast<long long>(*step),
+                 static_cast<long long>(channels_->generation()));
+  }
+  return step;
+}
+
 absl::Status GrpcPsClient::Leave() { return membership_->Leave(); }
 
 absl::StatusOr<proto::StatusResponse> GrpcPsClient::GetStatus(int shard) {

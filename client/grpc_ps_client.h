@@ -139,6 +139,10 @@ class GrpcPsClient final : public PsClient {
   // shards that are down (restarting). Not concurrently with other calls.
   absl::StatusOr<int64_t> Recover(bool restarted) override;
   bool rejoining() const override;
+  google::protobuf::RepeatedPtrField<proto::MembershipSegment> membership()
+      const override;
+  // As PsClient's; not concurrently with other calls.
+  absl::StatusOr<int64_t> Join() override;
   // As PsClient's; tells every shard at once (retrying UNAVAILABLE), then
   // stops heartbeating. Not concurrently with other calls.
   absl::Status Leave() override;

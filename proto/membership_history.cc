@@ -73,6 +73,14 @@ int MembershipHistory::max_workers() const {
   return m;
 }
 
+int MembershipHistory::MaxWorkersFrom(int64_t step) const {
+  int m = WorkersAt(step);
+  for (const Segment& s : segments_) {
+    if (s.from_step > step) m = std::max(m, s.num_workers);
+  }
+  return m;
+}
+
 absl::Status MembershipHistory::ResizeAt(int64_t from_step, int num_workers) {
   if (num_workers < 1 || num_workers > kMaxWorkers) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -64,6 +64,8 @@ class MembershipHistory {
   int base_workers() const { return segments_.front().num_workers; }
   // The largest count of any segment: the ids the job ever has.
   int max_workers() const;
+  // The largest count of the steps from `step` on.
+  int MaxWorkersFrom(int64_t step) const;
   const std::vector<Segment>& segments() const { return segments_; }
 
   // Resizes the job to `num_workers` from step `from_step` on. A resize at

@@ -19,6 +19,9 @@ TEST(MembershipHistoryTest, WorkersAtFollowsTheSegments) {
   EXPECT_EQ(h->WorkersAt(1'000'000), 2);
   EXPECT_EQ(h->base_workers(), 2);
   EXPECT_EQ(h->max_workers(), 4);
+  EXPECT_EQ(h->MaxWorkersFrom(0), 4);
+  EXPECT_EQ(h->MaxWorkersFrom(15), 4);
+  EXPECT_EQ(h->MaxWorkersFrom(20), 2);
   EXPECT_EQ(h->ToString(), "0:2,10:4,20:2");
 }
 

@@ -224,8 +224,9 @@ class Shard {
   // that is not there or bad.
   //
   // A rollback may change the job's membership from the decided step on:
-  // `change.resize_to` (shard 0: a worker asks to join; resizing needs
-  // sync, FAILED_PRECONDITION otherwise) or `change.adopt` (the other
+  // `change.resize_to` (shard 0: a worker asks to join: at least that many
+  // workers from the step on; resizing needs sync, FAILED_PRECONDITION
+  // otherwise) or `change.adopt` (the other
   // shards: the membership shard 0 decided; FAILED_PRECONDITION unless it
   // agrees with this shard's before the step). INVALID_ARGUMENT for more
   // workers than the job's ids. Checked before anything changes.

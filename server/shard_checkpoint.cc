@@ -3,6 +3,7 @@
 // by Rollback), and the hashes of bnps_status --digest. The rest of the class
 // is in shard.cc.
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <utility>
@@ -339,8 +340,9 @@ Shard::ChangedMembership(const MembershipChange& change, int64_t step) const {
           "a job of ", options_.num_workers, " worker ids cannot grow to ",
           change.resize_to, " workers"));
     }
-    absl::StatusOr<proto::MembershipHistory> next =
-        now.RestartedAt(step, change.resize_to);
+    // A join never shrinks the job: another worker may have grown it more.
+    absl::StatusOr<proto::MembershipHistory> next = now.RestartedAt(
+        step, std::max(change.resize_to, now.WorkersAt(step)));
     if (!next.ok()) return next.status();
     return std::optional<proto::MembershipHistory>(*std::move(next));
   }
@@ -414,6 +416,16 @@ absl::StatusOr<int64_t> Shard::Rollback(int64_t generation, int64_t step,
   }
   // The generation is published before the waiting calls fail, so that a
   // worker they wake finds the rollback under way (GetStatus) and joins it.
+  // The membership changes before the generation is published: a worker
+  // that registers meanwhile may pair the old generation with the new
+  // membership (its calls are then refused, and it recovers), never the new
+  // generation with the old one.
+  std::optional<proto::MembershipHistory> old_history;
+  if (membership->has_value()) {
+    absl::MutexLock lock(&history_mu_);
+    old_history = history_;
+    history_ = **membership;
+  }
   GenerationInfo before;
   {
     absl::MutexLock lock(&gen_mu_);
@@ -435,17 +447,19 @@ absl::StatusOr<int64_t> Shard::Rollback(int64_t generation, int64_t step,
                    options_.shard, std::string(s.message()).c_str(),
                    SetAside(file->path).c_str());
     }
+    if (old_history.has_value()) {
+      absl::MutexLock lock(&history_mu_);
+      history_ = *old_history;
+    }
     absl::MutexLock lock(&gen_mu_);
     gen_ = before;
     if (changed) gen_.needs_rollback = true;
     return s;
   }
-  std::string resized;
-  if (membership->has_value()) {
-    absl::MutexLock lock(&history_mu_);
-    history_ = **membership;
-    resized = absl::StrCat("; membership ", history_.ToString());
-  }
+  const std::string resized =
+      membership->has_value()
+          ? absl::StrCat("; membership ", (*membership)->ToString())
+          : "";
   std::fprintf(stderr,
                "bnps_server[%d]: rolled back to step %lld (generation %lld)%s\n",
                options_.shard, static_cast<long long>(step),

@@ -75,9 +75,12 @@ grpc::ServerUnaryReactor* ShardService::Register(
   if (s.ok()) s = shard_->Register(req.worker(), req.incarnation());
   if (s.ok()) {
     shard_->membership().SetAddress(req.worker(), PeerHost(ctx->peer()));
+    // The generation before the config: a rollback changes the membership
+    // before it publishes its generation (Shard::Rollback), so the answer
+    // never pairs a generation with an older membership.
+    resp.set_generation(shard_->generation().generation);
     *resp.mutable_config() = shard_->config();
     resp.set_server_incarnation(shard_->server_incarnation());
-    resp.set_generation(shard_->generation().generation);
     resp.set_bn_port(bn_socket_ != nullptr ? bn_socket_->port() : 0);
   }
   return Answer(M::kRegister, ctx, *raw, worker, s, &resp, out);

@@ -6,6 +6,7 @@
 
 #include <stdlib.h>
 
+#include <cstdio>
 #include <memory>
 #include <string>
 #include <thread>
@@ -39,17 +40,22 @@ struct WorkerResult {
 struct RunResult {
   std::vector<WorkerResult> workers;
   std::vector<server::Shard::Digest> digests;  // by shard
+  std::string membership;                      // shard 0's at the end
 };
 
 // Servers with `membership` (and checkpoints under `checkpoint_dir` every
 // `checkpoint_every` steps, if not empty); trainers for `ids` with
-// `options`, each stopping after `max_steps`. A restarted job's workers roll
-// it back to its newest checkpoint first (Trainer::Run).
+// `options`, each stopping after `max_steps`; the trainers of `late_ids`
+// start once shard 0 reached version `late_after` (and ask to join). A
+// restarted job's workers roll it back to its newest checkpoint first
+// (Trainer::Run).
 RunResult RunJob(const std::string& membership, const std::vector<int>& ids,
                  worker::TrainerOptions options, int64_t max_steps,
                  const worker::Dataset& data,
                  const std::string& checkpoint_dir = "",
-                 int64_t checkpoint_every = 0) {
+                 int64_t checkpoint_every = 0,
+                 const std::vector<int>& late_ids = {},
+                 int64_t late_after = 0) {
   RunResult out;
   server::ShardOptions base;
   base.num_shards = kShards;
@@ -78,15 +84,22 @@ RunResult RunJob(const std::string& membership, const std::vector<int>& ids,
     servers.push_back(*std::move(r));
   }
   options.max_steps = max_steps;
-  out.workers.resize(ids.size());
+  std::vector<int> all = ids;
+  all.insert(all.end(), late_ids.begin(), late_ids.end());
+  out.workers.resize(all.size());
   std::vector<std::thread> threads;
-  for (size_t i = 0; i < ids.size(); ++i) {
+  for (size_t i = 0; i < all.size(); ++i) {
+    if (i == ids.size()) {
+      while (servers[0]->shard().store().GetStats().min_version < late_after) {
+        absl::SleepFor(absl::Milliseconds(2));
+      }
+    }
     threads.emplace_back([&, i] {
       WorkerResult& result = out.workers[i];
       client::GrpcClientOptions o;
       o.servers = addresses;
       o.job = "bnps";
-      o.worker = ids[i];
+      o.worker = all[i];
       o.num_workers = kIds;
       o.rpc_timeout = absl::Seconds(30);
       auto client = client::GrpcPsClient::Connect(o);
@@ -112,11 +125,12 @@ RunResult RunJob(const std::string& membership, const std::vector<int>& ids,
     });
   }
   for (std::thread& t : threads) t.join();
-  for (size_t i = 0; i < ids.size(); ++i) {
+  for (size_t i = 0; i < all.size(); ++i) {
     EXPECT_TRUE(out.workers[i].report.ok())
-        << "worker " << ids[i] << ": " << out.workers[i].report.status();
+        << "worker " << all[i] << ": " << out.workers[i].report.status();
   }
   for (auto& s : servers) out.digests.push_back(s->shard().ComputeDigest());
+  out.membership = servers[0]->shard().history().ToString();
   return out;
 }
 
@@ -134,57 +148,65 @@ worker::TrainerOptions Options() {
   return o;
 }
 
-// A resize at each of `steps` (to `counts`) against stopping there and
-// restarting from the checkpoint of that step with the new count.
-void ExpectResizeEqualsRestarts(int base, const std::vector<int64_t>& steps,
-                                const std::vector<int>& counts,
-                                const worker::TrainerOptions& options,
-                                int64_t checkpoint_every) {
-  // 2 base workers of batch 4 over 72 examples: 9 steps an epoch, so the
-  // run crosses an epoch (and the last short batches) while resized.
-  const worker::Dataset data = worker::MakeSyntheticDataset(72, 12, 12, 10, 7);
-  std::string membership = "0:" + std::to_string(base);
-  for (size_t i = 0; i < steps.size(); ++i) {
-    membership += "," + std::to_string(steps[i]) + ":" + std::to_string(counts[i]);
-  }
+// 2 base workers of batch 4 over 72 examples: 9 steps an epoch, so a run
+// crosses an epoch (and the last short batches) while resized.
+worker::Dataset Data() { return worker::MakeSyntheticDataset(72, 12, 12, 10, 7); }
+
+// The job stopped at each step where `membership` changes the count and
+// restarted from its checkpoint of that step with the new count, against
+// `elastic`, the job resized while it ran: the same bits.
+void ExpectRestartsEqual(const std::string& membership,
+                         const RunResult& elastic,
+                         const worker::TrainerOptions& options,
+                         int64_t checkpoint_every, int64_t steps) {
   SCOPED_TRACE(membership);
-  const RunResult elastic = RunJob(membership, Ids(kIds), options, kSteps, data);
-  ASSERT_EQ(elastic.workers.size(), static_cast<size_t>(kIds));
+  const proto::MembershipHistory history =
+      *proto::MembershipHistory::Parse(membership);
+  const std::vector<proto::MembershipHistory::Segment>& seg = history.segments();
   // The job's last workers end on the final parameters (the last pull of
   // the run); the others ended at their last step.
-  for (int w = 1; w < counts.back(); ++w) {
+  for (int w = 1; w < seg.back().num_workers; ++w) {
+    SCOPED_TRACE(testing::Message() << "worker " << w);
     test::ExpectSameEnd(elastic.workers[w], elastic.workers[0]);
   }
-
+  const worker::Dataset data = Data();
   char tmpl[] = "/tmp/elastic_test_XXXXXX";
   ASSERT_NE(mkdtemp(tmpl), nullptr);
   const std::string dir = tmpl;
-  std::string history = "0:" + std::to_string(base);
-  int workers = base;
-  for (size_t i = 0; i <= steps.size(); ++i) {
-    const int64_t stop = i < steps.size() ? steps[i] : kSteps;
-    const RunResult part = RunJob(history, Ids(workers), options, stop, data,
-                                  dir, checkpoint_every);
-    if (i == steps.size()) {
-      std::system(("rm -rf " + dir).c_str());
-      ASSERT_EQ(part.workers.size(), static_cast<size_t>(workers));
-      test::ExpectSameEnd(part.workers[0], elastic.workers[0]);
-      ASSERT_EQ(part.digests.size(), elastic.digests.size());
-      for (size_t s = 0; s < elastic.digests.size(); ++s) {
-        EXPECT_EQ(part.digests[s].step, kSteps);
-        EXPECT_EQ(elastic.digests[s].step, kSteps);
-        EXPECT_EQ(part.digests[s].entries, elastic.digests[s].entries)
-            << "shard " << s;
-      }
-      break;
-    }
-    workers = counts[i];
-    history += "," + std::to_string(steps[i]) + ":" + std::to_string(workers);
+  std::string so_far;
+  RunResult last;
+  for (size_t i = 0; i < seg.size(); ++i) {
+    so_far += (i > 0 ? "," : "") + std::to_string(seg[i].from_step) + ":" +
+              std::to_string(seg[i].num_workers);
+    const int64_t stop = i + 1 < seg.size() ? seg[i + 1].from_step : steps;
+    last = RunJob(so_far, Ids(seg[i].num_workers), options, stop, data, dir,
+                  checkpoint_every);
+  }
+  std::system(("rm -rf " + dir).c_str());
+  ASSERT_FALSE(last.workers.empty());
+  test::ExpectSameEnd(last.workers[0], elastic.workers[0]);
+  ASSERT_EQ(last.digests.size(), elastic.digests.size());
+  for (size_t s = 0; s < elastic.digests.size(); ++s) {
+    EXPECT_EQ(last.digests[s].step, steps);
+    EXPECT_EQ(elastic.digests[s].step, steps);
+    EXPECT_EQ(last.digests[s].entries, elastic.digests[s].entries)
+        << "shard " << s;
   }
 }
 
+// A membership given at the start against its stop-and-restart run.
+void ExpectResizeEqualsRestarts(const std::string& membership,
+                                const worker::TrainerOptions& options,
+                                int64_t checkpoint_every) {
+  const RunResult elastic =
+      RunJob(membership, Ids(kIds), options, kSteps, Data());
+  ASSERT_EQ(elastic.workers.size(), static_cast<size_t>(kIds));
+  EXPECT_EQ(elastic.membership, membership);
+  ExpectRestartsEqual(membership, elastic, options, checkpoint_every, kSteps);
+}
+
 TEST(ElasticTest, ResizeEqualsStopAndRestartBitForBit) {
-  ExpectResizeEqualsRestarts(2, {4, 8}, {4, 2}, Options(), 4);
+  ExpectResizeEqualsRestarts("0:2,4:4,8:2", Options(), 4);
 }
 
 // Uneven slices (8 examples over 3 workers), a count below the base, and
@@ -192,15 +214,39 @@ TEST(ElasticTest, ResizeEqualsStopAndRestartBitForBit) {
 TEST(ElasticTest, UnevenCountsAndLayerPull) {
   worker::TrainerOptions o = Options();
   o.layer_pull = true;
-  ExpectResizeEqualsRestarts(2, {3, 6, 9}, {3, 1, 4}, o, 3);
+  ExpectResizeEqualsRestarts("0:2,3:3,6:1,9:4", o, 3);
+}
+
+// Workers 2 and 3 start while a job of 2 runs and ask to join: the job
+// rolls back to a checkpoint every server has and goes on with them from
+// there. The servers chose that step; the job stopped there and restarted
+// with the new count ends on the same bits.
+TEST(ElasticTest, AWorkerJoinsARunningJob) {
+  constexpr int64_t kLong = 24, kEvery = 4;
+  char tmpl[] = "/tmp/elastic_join_XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  const RunResult elastic = RunJob("0:2", Ids(2), Options(), kLong, Data(),
+                                   dir, kEvery, /*late_ids=*/{2, 3},
+                                   /*late_after=*/6);
+  std::system(("rm -rf " + dir).c_str());
+  ASSERT_EQ(elastic.workers.size(), 4u);
+  const proto::MembershipHistory history =
+      *proto::MembershipHistory::Parse(elastic.membership);
+  EXPECT_EQ(history.WorkersAt(kLong - 1), 4) << elastic.membership;
+  for (const proto::MembershipHistory::Segment& s : history.segments()) {
+    EXPECT_EQ(s.from_step % kEvery, 0) << elastic.membership;  // checkpoints
+  }
+  std::printf("the job took workers 2 and 3: membership %s\n",
+              elastic.membership.c_str());
+  ExpectRestartsEqual(elastic.membership, elastic, Options(), kEvery, kLong);
 }
 
 // The same job without the resize ends elsewhere: the test can fail.
 TEST(ElasticTest, TheResizeChangesTheRun) {
-  const worker::Dataset data = worker::MakeSyntheticDataset(72, 12, 12, 10, 7);
   const RunResult elastic =
-      RunJob("0:2,4:4,8:2", Ids(4), Options(), kSteps, data);
-  const RunResult fixed = RunJob("0:2", Ids(2), Options(), kSteps, data);
+      RunJob("0:2,4:4,8:2", Ids(4), Options(), kSteps, Data());
+  const RunResult fixed = RunJob("0:2", Ids(2), Options(), kSteps, Data());
   ASSERT_EQ(elastic.digests.size(), fixed.digests.size());
   bool differ = false;
   for (size_t s = 0; s < fixed.digests.size(); ++s) {

@@ -79,10 +79,7 @@ absl::Status Trainer::PullInto(int64_t min_version) {
 absl::StatusOr<TrainReport> Trainer::Run() {
   if (absl::Status s = CheckOptions(); !s.ok()) return s;
   RunState run;
-  absl::StatusOr<proto::MembershipHistory> members =
-      proto::MembershipHistory::FromConfig(client_->config());
-  if (!members.ok()) return Annotate(members.status(), "the job's config");
-  run.members = *std::move(members);
+  if (absl::Status s = RefreshMembers(&run); !s.ok()) return s;
   BatcherOptions bo = ShardOptions(run.members);
   absl::StatusOr<Batcher> batcher = Batcher::Create(train_, bo);
   if (!batcher.ok()) return batcher.status();
@@ -210,6 +207,36 @@ absl::Status Trainer::JoinJob(RunState* run) {
     rejoin = false;
     run->step = std::min(*k, run->total);
   }
+  if (absl::Status s = RefreshMembers(run); !s.ok()) return s;
+  // No step to come counts this worker: it asks the job to take it (a sync
+  // job grows from a step every server has a checkpoint of). Workers that
+  // ask at once may find the rollback decided by another's request: ask
+  // again.
+  constexpr int kJoinAttempts = 10;
+  for (int attempt = 0;
+       client_->worker() >= run->members.MaxWorkersFrom(run->step);
+       ++attempt) {
+    if (attempt == kJoinAttempts) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the job did not take worker ", client_->worker(), " after ",
+          kJoinAttempts, " requests (membership ", run->members.ToString(),
+          ")"));
+    }
+    absl::StatusOr<int64_t> k = client_->Join();
+    if (!k.ok()) return Annotate(k.status(), "joining the job");
+    ++run->recoveries;
+    run->step = std::min(*k, run->total);
+    if (absl::Status s = RefreshMembers(run); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::RefreshMembers(RunState* run) const {
+  absl::StatusOr<proto::MembershipHistory> members =
+      proto::MembershipHistory::FromSegments(client_->config().num_workers(),
+                                             client_->membership());
+  if (!members.ok()) return Annotate(members.status(), "the job's membership");
+  run->members = *std::move(members);
   return absl::OkStatus();
 }
 
@@ -274,6 +301,8 @@ absl::Status Trainer::TrainSteps(Batcher* batcher, ServerBnExchange* sync,
           ++run->recoveries;
           run->step = std::min(*k, run->total);
           positioned = -1;
+          // A rollback may have resized the job (a worker joined).
+          if (absl::Status m = RefreshMembers(run); !m.ok()) return m;
           continue;
         }
         if (!absl::IsUnimplemented(k.status())) {

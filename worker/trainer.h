@@ -272,6 +272,9 @@ class Trainer {
   // recalibration.
   absl::Status CheckOptions() const;
   absl::Status JoinJob(RunState* run);
+  // run->members from the client's membership (which a Recover or Join may
+  // have changed).
+  absl::Status RefreshMembers(RunState* run) const;
   absl::Status TrainSteps(Batcher* batcher, ServerBnExchange* sync,
                           RunState* run, TrainReport* report);
   absl::Status FinishRun(const RunState& run, TrainReport* report);
