@@ -20,7 +20,10 @@
 // (JobConfig.membership), a worker runs the steps it is one of (ids
 // 0..W(s)-1), and each step's batch follows the elastic data rule
 // (worker/data/elastic_shard.h), so a resize at step N trains as a restart at
-// N with the new count does.
+// N with the new count does. A worker whose id no step to come counts asks
+// the job to take it (client->Join: the job rolls back to a checkpoint step
+// and grows from there); every worker re-reads the membership after a
+// rollback.
 //
 // While training, each BN layer updates its own running statistics from the
 // moments it normalized with; under sync that is exactly what the servers do
@@ -262,7 +265,7 @@ class Trainer {
     int64_t step = 0;
     int64_t recoveries = 0;
     absl::Time start;
-    // Which workers train at each step (the job's config).
+    // Which workers train at each step (client->membership()).
     proto::MembershipHistory members{1};
   };
   // Run's parts: the options' checks; joining the job (initial parameters,

@@ -126,8 +126,9 @@ absl::Status Trainer::Recalibrate() {
   // The job's last workers recalibrate over the whole training set (a
   // resized job's others have left).
   absl::StatusOr<proto::MembershipHistory> members =
-      proto::MembershipHistory::FromConfig(client_->config());
-  if (!members.ok()) return Annotate(members.status(), "the job's config");
+      proto::MembershipHistory::FromSegments(client_->config().num_workers(),
+                                             client_->membership());
+  if (!members.ok()) return Annotate(members.status(), "the job's membership");
   const int last = members->WorkersAt(std::numeric_limits<int64_t>::max());
   if (client_->worker() >= last) return absl::OkStatus();
   BatcherOptions bo = ShardOptions(proto::MembershipHistory(last));
