@@ -33,7 +33,9 @@
 // its config; a restart from it may continue with another history (say,
 // another count from the checkpoint's step on) as long as both give the
 // steps before the checkpoint the same counts, which is what makes a resize
-// at step N and a restart at N the same run.
+// at step N and a restart at N the same run; otherwise the checkpoint's
+// membership stands (a server restarted with its first flags after workers
+// joined). A rollback may also grow the job (Rollback's MembershipChange).
 //
 // The end of a job: a worker that is done with it calls Leave. Once every
 // worker has left (under shrink, or was dropped), the job is complete

@@ -210,14 +210,25 @@ absl::Status Shard::Restore(const std::string& payload, const std::string& from,
     return absl::DataLossError(
         absl::StrCat(from, ": ", their_history.status().message()));
   }
-  const proto::MembershipHistory history = this->history();
-  if (!their_history->SameBefore(history, c.step())) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        from, " is a checkpoint of step ", c.step(), " of a job whose "
-        "membership was ", their_history->ToString(), "; this server runs ",
-        history.ToString(), ", which gives those steps other counts: "
-        "start it with a --membership that agrees up to step ", c.step(),
-        " (a new count may start there)"));
+  if (their_history->max_workers() > options_.num_workers) {
+    return absl::DataLossError(absl::StrCat(
+        from, ": its membership ", their_history->ToString(),
+        " has more workers than the job's ", options_.num_workers, " ids"));
+  }
+  // The job's past is the checkpoint's: a membership that gives the steps
+  // before it other counts (the servers' flags, after the job grew while it
+  // ran) yields to the checkpoint's, which also says what comes next.
+  bool adopt_theirs = false;
+  if (!their_history->SameBefore(this->history(), c.step())) {
+    adopt_theirs = true;
+    std::fprintf(stderr,
+                 "bnps_server[%d]: %s is of a job whose membership was %s, "
+                 "which gives the steps before %lld other counts than %s: "
+                 "the checkpoint's membership stands\n",
+                 options_.shard, from.c_str(),
+                 their_history->ToString().c_str(),
+                 static_cast<long long>(c.step()),
+                 this->history().ToString().c_str());
   }
   const size_t workers = static_cast<size_t>(options_.num_workers);
   auto bad = [&](const std::string& what) {
@@ -308,6 +319,10 @@ absl::Status Shard::Restore(const std::string& payload, const std::string& from,
   if (absl::Status s = store_.Import(store, why); !s.ok()) return bad(std::string(s.message()));
   if (changed != nullptr) *changed = true;
   if (absl::Status s = bn_.Import(bn, why); !s.ok()) return bad(std::string(s.message()));
+  if (adopt_theirs) {
+    absl::MutexLock lock(&history_mu_);
+    history_ = *their_history;
+  }
   absl::MutexLock lock(&gen_mu_);
   if (why.ok()) {  // at start: the registrations, as of the checkpoint
     std::vector<Membership::WorkerInfo> infos;

@@ -113,7 +113,7 @@ TEST_F(ShardResizeTest, OptionsAreChecked) {
 
 // A job resized at step 2 and one that stopped at its checkpoint of step 2
 // and restarted with the new count end on the same bits; a restart whose
-// history rewrites the steps before the checkpoint is refused.
+// history rewrites the steps before the checkpoint takes the checkpoint's.
 TEST_F(ShardResizeTest, RestartWithANewCountEqualsTheResize) {
   std::vector<float> elastic;
   {
@@ -128,11 +128,12 @@ TEST_F(ShardResizeTest, RestartWithANewCountEqualsTheResize) {
     for (int64_t s = 0; s < 2; ++s) Step(*first, s, 0.25f * (s + 1));
     ASSERT_TRUE(first->FlushCheckpoints().ok());
   }
-  // Another count before the checkpoint's step: refused.
-  const absl::Status wrong = Shard::Create(Options("0:2,1:3", true)).status();
-  EXPECT_EQ(wrong.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(wrong.message().find("agrees up to step 2"), std::string::npos)
-      << wrong;
+  {
+    // Another count before the checkpoint's step: the checkpoint's
+    // membership stands (the job's past is the checkpoint's).
+    auto other = *Shard::Create(Options("0:2,1:3", true));
+    EXPECT_EQ(other->history().ToString(), "0:2");
+  }
   auto second = *Shard::Create(Options("0:2,2:3", true));
   EXPECT_EQ(second->generation().restored_step, 2);
   ASSERT_TRUE(second->Rollback(1, 2).ok());
@@ -182,6 +183,28 @@ TEST_F(ShardResizeTest, RollbackResizesFromItsStep) {
   // The same generation again (another worker's call) changes nothing more.
   ASSERT_EQ(*shard->Rollback(1, 4, grow), 4);
   EXPECT_EQ(shard->history().ToString(), "0:2,4:4");
+}
+
+// A server restarted with its first flags after the job grew while it ran
+// (a join: the membership is the checkpoints') goes on with the grown job.
+TEST_F(ShardResizeTest, RestartAfterAJoinKeepsTheJoinedMembership) {
+  {
+    auto shard = *Shard::Create(Options("0:2", true));
+    ASSERT_TRUE(*shard->store().Init("w", {2}, {1, 2}));
+    for (int64_t s = 0; s < 2; ++s) Step(*shard, s, 0.25f);
+    ASSERT_TRUE(shard->FlushCheckpoints().ok());
+  }
+  {
+    auto shard = *Shard::Create(Options("0:2", true));
+    Shard::MembershipChange grow;
+    grow.resize_to = 3;
+    ASSERT_EQ(*shard->Rollback(1, 2, grow), 2);
+    for (int64_t s = 2; s < 4; ++s) Step(*shard, s, 0.25f);
+    ASSERT_TRUE(shard->FlushCheckpoints().ok());
+  }
+  auto restarted = *Shard::Create(Options("0:2", true));
+  EXPECT_EQ(restarted->generation().restored_step, 4);
+  EXPECT_EQ(restarted->history().ToString(), "0:2,2:3");
 }
 
 // The job is complete when the workers of its last step finished; ids it
