@@ -15,6 +15,7 @@
 #include "client/internal/streaming_pull.h"
 #include "client/internal/streaming_push.h"
 #include "client/internal/task_threads.h"
+#include "proto/membership_history.h"
 #include "security/job_token.h"
 
 namespace bnps::client {
@@ -286,11 +287,16 @@ absl::StatusOr<int64_t> GrpcPsClient::Join() {
       /*restarted=*/false, deadline,
       /*resize_to=*/channels_->options().worker + 1);
   if (step.ok()) {
+    absl::StatusOr<proto::MembershipHistory> h =
+        proto::MembershipHistory::FromSegments(channels_->options().num_workers,
+                                               membership_->job_membership());
     std::fprintf(stderr,
-                 "bnps worker %d: joined the job at step %lld (generation "
-                 "%lld)\n",
-                 channels_->options().worker, static_cast<long long>(*step),
-                 static_cast<long long>(channels_->generation()));
+                 "bnps worker %d: asked to join: the job rolled back "
+                 "(generation %lld); membership %s\n",
+                 channels_->options().worker,
+                 static_cast<long long>(channels_->generation()),
+                 h.ok() ? h->ToString().c_str()
+                        : std::string(h.status().message()).c_str());
   }
   return step;
 }
