@@ -280,20 +280,28 @@ GrpcPsClient::membership() const {
 }
 
 absl::StatusOr<int64_t> GrpcPsClient::Join() {
+  return Resize(/*grow=*/true);
+}
+
+absl::StatusOr<int64_t> GrpcPsClient::LeaveEarly() {
+  return Resize(/*grow=*/false);
+}
+
+absl::StatusOr<int64_t> GrpcPsClient::Resize(bool grow) {
   if (absl::Status s = membership_->dropped(); !s.ok()) return s;
   const absl::Time deadline =
       absl::Now() + channels_->options().connect_timeout + channels_->CallTimeout();
+  const int worker = channels_->options().worker;
   absl::StatusOr<int64_t> step = membership_->Recover(
-      /*restarted=*/false, deadline,
-      /*resize_to=*/channels_->options().worker + 1);
+      /*restarted=*/false, deadline, grow ? worker + 1 : 0, grow ? 0 : worker);
   if (step.ok()) {
     absl::StatusOr<proto::MembershipHistory> h =
         proto::MembershipHistory::FromSegments(channels_->options().num_workers,
                                                membership_->job_membership());
     std::fprintf(stderr,
-                 "bnps worker %d: asked to join: the job rolled back "
+                 "bnps worker %d: asked to %s: the job rolled back "
                  "(generation %lld); membership %s\n",
-                 channels_->options().worker,
+                 worker, grow ? "join" : "leave early",
                  static_cast<long long>(channels_->generation()),
                  h.ok() ? h->ToString().c_str()
                         : std::string(h.status().message()).c_str());

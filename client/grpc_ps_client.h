@@ -143,6 +143,7 @@ class GrpcPsClient final : public PsClient {
       const override;
   // As PsClient's; not concurrently with other calls.
   absl::StatusOr<int64_t> Join() override;
+  absl::StatusOr<int64_t> LeaveEarly() override;
   // As PsClient's; tells every shard at once (retrying UNAVAILABLE), then
   // stops heartbeating. Not concurrently with other calls.
   absl::Status Leave() override;
@@ -154,6 +155,8 @@ class GrpcPsClient final : public PsClient {
   int num_shards() const;
 
  private:
+  // Join (grow) or LeaveEarly.
+  absl::StatusOr<int64_t> Resize(bool grow);
   explicit GrpcPsClient(GrpcClientOptions options);
   // Heartbeats, and cancels BN writes stuck past their deadline.
   void BackgroundLoop() ABSL_LOCKS_EXCLUDED(bg_mu_);

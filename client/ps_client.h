@@ -258,6 +258,15 @@ class PsClient {
   virtual absl::StatusOr<int64_t> Join() {
     return absl::UnimplementedError("this client cannot resize a job");
   }
+  // Asks a sync job to go on without this worker, the highest of the job's
+  // count: rolls the job back as Recover does, to a step every server has a
+  // checkpoint of, from which the job has worker() workers, and returns
+  // that step (this worker trains no step from there). Recover's errors;
+  // the servers' FAILED_PRECONDITION for another worker or policy. Default:
+  // UNIMPLEMENTED.
+  virtual absl::StatusOr<int64_t> LeaveEarly() {
+    return absl::UnimplementedError("this client cannot resize a job");
+  }
 
   // This worker finished the job: its last call, after training and after
   // the running statistics are settled. Once every worker of the job has

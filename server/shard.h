@@ -232,8 +232,13 @@ class Shard {
   // shards: the membership shard 0 decided; FAILED_PRECONDITION unless it
   // agrees with this shard's before the step). INVALID_ARGUMENT for more
   // workers than the job's ids. Checked before anything changes.
+  // `change.shrink_to` (shard 0: the job's highest worker, `leaver`, leaves
+  // early: at most that many workers from the step on; FAILED_PRECONDITION
+  // for another worker, ids staying dense).
   struct MembershipChange {
     int resize_to = 0;  // 0: none
+    int shrink_to = 0;  // 0: none
+    int leaver = -1;    // who asks to shrink
     std::optional<proto::MembershipHistory> adopt;
   };
   absl::StatusOr<int64_t> Rollback(int64_t generation, int64_t step,

@@ -361,6 +361,23 @@ Shard::ChangedMembership(const MembershipChange& change, int64_t step) const {
     if (!next.ok()) return next.status();
     return std::optional<proto::MembershipHistory>(*std::move(next));
   }
+  if (change.shrink_to > 0) {
+    if (absl::Status s = policy::CheckResizable(JobPolicyOf(options_));
+        !s.ok()) {
+      return s;
+    }
+    const int count = now.WorkersAt(step);
+    if (change.leaver != count - 1 || change.shrink_to != change.leaver) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "worker ", change.leaver, " may not leave the job early: only its "
+          "highest worker may (", count, " workers from step ", step,
+          "; ids stay 0..W-1)"));
+    }
+    absl::StatusOr<proto::MembershipHistory> next =
+        now.RestartedAt(step, std::max(change.shrink_to, 1));
+    if (!next.ok()) return next.status();
+    return std::optional<proto::MembershipHistory>(*std::move(next));
+  }
   if (!change.adopt.has_value() || *change.adopt == now) {
     return std::optional<proto::MembershipHistory>();
   }

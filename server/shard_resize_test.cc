@@ -185,6 +185,33 @@ TEST_F(ShardResizeTest, RollbackResizesFromItsStep) {
   EXPECT_EQ(shard->history().ToString(), "0:2,4:4");
 }
 
+// Only the job's highest worker may leave early; the job then goes on with
+// its id as the count from the rollback's step.
+TEST_F(ShardResizeTest, RollbackLetsTheHighestWorkerLeave) {
+  {
+    auto shard = *Shard::Create(Options("0:3", true));
+    ASSERT_TRUE(*shard->store().Init("w", {2}, {1, 2}));
+    for (int64_t s = 0; s < 2; ++s) Step(*shard, s, 0.25f);
+    ASSERT_TRUE(shard->FlushCheckpoints().ok());
+  }
+  auto shard = *Shard::Create(Options("0:3", true));
+  Shard::MembershipChange middle;
+  middle.shrink_to = 1;
+  middle.leaver = 1;
+  const absl::Status refused = shard->Rollback(1, 2, middle).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(refused.message().find("only its highest worker may"),
+            std::string::npos)
+      << refused;
+  Shard::MembershipChange top;
+  top.shrink_to = 2;
+  top.leaver = 2;
+  ASSERT_EQ(*shard->Rollback(1, 2, top), 2);
+  EXPECT_EQ(shard->history().ToString(), "0:3,2:2");
+  Step(*shard, 2, 0.25f);  // two workers complete step 2
+  EXPECT_EQ(Version(*shard), 3);
+}
+
 // A server restarted with its first flags after the job grew while it ran
 // (a join: the membership is the checkpoints') goes on with the grown job.
 TEST_F(ShardResizeTest, RestartAfterAJoinKeepsTheJoinedMembership) {

@@ -326,6 +326,8 @@ grpc::ServerUnaryReactor* ShardService::Rollback(
   if (s.ok()) {
     Shard::MembershipChange change;
     change.resize_to = req.resize_to();
+    change.shrink_to = req.shrink_to();
+    change.leaver = req.worker();
     if (req.membership_size() > 0) {
       absl::StatusOr<proto::MembershipHistory> h =
           proto::MembershipHistory::FromSegments(

@@ -46,7 +46,8 @@ struct RunResult {
 // Servers with `membership` (and checkpoints under `checkpoint_dir` every
 // `checkpoint_every` steps, if not empty); trainers for `ids` with
 // `options`, each stopping after `max_steps`; the trainers of `late_ids`
-// start once shard 0 reached version `late_after` (and ask to join). A
+// start once shard 0 reached version `late_after` (and ask to join); worker
+// `leaver` leaves early at step `leave_at`. A
 // restarted job's workers roll it back to its newest checkpoint first
 // (Trainer::Run).
 RunResult RunJob(const std::string& membership, const std::vector<int>& ids,
@@ -55,7 +56,8 @@ RunResult RunJob(const std::string& membership, const std::vector<int>& ids,
                  const std::string& checkpoint_dir = "",
                  int64_t checkpoint_every = 0,
                  const std::vector<int>& late_ids = {},
-                 int64_t late_after = 0) {
+                 int64_t late_after = 0, int leaver = -1,
+                 int64_t leave_at = 0) {
   RunResult out;
   server::ShardOptions base;
   base.num_shards = kShards;
@@ -113,8 +115,10 @@ RunResult RunJob(const std::string& membership, const std::vector<int>& ids,
         result.report = model.status();
         return;
       }
+      worker::TrainerOptions mine = options;
+      if (all[i] == leaver) mine.leave_at_step = leave_at;
       worker::Trainer trainer(client->get(), model->get(), &data, &data,
-                              options);
+                              mine);
       result.report = trainer.Run();
       for (const nn::Parameter* p : (*model)->parameters()) {
         result.params[p->name] = nn::HostTensor{p->dims, p->host};
@@ -240,6 +244,31 @@ TEST(ElasticTest, AWorkerJoinsARunningJob) {
   std::printf("the job took workers 2 and 3: membership %s\n",
               elastic.membership.c_str());
   ExpectRestartsEqual(elastic.membership, elastic, Options(), kEvery, kLong);
+}
+
+// Worker 3 of a running job of 4 leaves at step 10: the job goes on with 3
+// from a checkpoint step, and ends on the bits of the job stopped there and
+// restarted with 3.
+TEST(ElasticTest, AWorkerLeavesARunningJob) {
+  constexpr int64_t kLong = 24, kEvery = 4;
+  char tmpl[] = "/tmp/elastic_leave_XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  worker::TrainerOptions options = Options();
+  options.epochs = 6;  // 4 base workers: 5 steps an epoch
+  const RunResult elastic =
+      RunJob("0:4", Ids(4), options, kLong, Data(), dir, kEvery, {}, 0,
+             /*leaver=*/3, /*leave_at=*/10);
+  std::system(("rm -rf " + dir).c_str());
+  ASSERT_EQ(elastic.workers.size(), 4u);
+  const proto::MembershipHistory history =
+      *proto::MembershipHistory::Parse(elastic.membership);
+  ASSERT_EQ(history.segments().size(), 2u) << elastic.membership;
+  EXPECT_EQ(history.segments()[1].num_workers, 3);
+  EXPECT_LE(history.segments()[1].from_step, 10);
+  EXPECT_EQ(history.segments()[1].from_step % kEvery, 0);
+  std::printf("worker 3 left: membership %s\n", elastic.membership.c_str());
+  ExpectRestartsEqual(elastic.membership, elastic, options, kEvery, kLong);
 }
 
 // The same job without the resize ends elsewhere: the test can fail.

@@ -252,9 +252,23 @@ absl::Status Trainer::TrainSteps(Batcher* batcher, ServerBnExchange* sync,
   double prog_start = 0;
   Batch batch;
   int64_t positioned = -1;  // the step the batcher's next batch is of
-  bool skipped = false;
+  bool skipped = false, left = false;
   while (run->step < run->total) {
     const int members = run->members.WorkersAt(run->step);
+    if (options_.leave_at_step > 0 && !left &&
+        run->step >= options_.leave_at_step &&
+        batcher->options().worker < members) {
+      // A planned leave: the job goes on without this worker from a
+      // checkpoint step, which this worker then skips to the end.
+      left = true;
+      absl::StatusOr<int64_t> k = client_->LeaveEarly();
+      if (!k.ok()) return Annotate(k.status(), "leaving the job early");
+      ++run->recoveries;
+      run->step = std::min(*k, run->total);
+      positioned = -1;
+      if (absl::Status s = RefreshMembers(run); !s.ok()) return s;
+      continue;
+    }
     if (batcher->options().worker >= members) {
       // Not one of this step's workers (a resized job): the others train it.
       ++run->step;

@@ -110,6 +110,10 @@ struct TrainerOptions {
   // Stop after this many steps in all (0: run every epoch); for tests and
   // short runs. Must be the same on every worker. Default: 0.
   int64_t max_steps = 0;
+  // A sync job's highest worker leaves it early once it reached this step
+  // (client->LeaveEarly: the job goes on without it from a checkpoint step
+  // at or before this one); 0: never. Default: 0.
+  int64_t leave_at_step = 0;
   // Steps numbered below this are left out of the report's seconds_* split
   // and images_per_second (a warm-up: first touches of the model,
   // connections, caches); they still train. Default: 0.

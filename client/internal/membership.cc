@@ -150,7 +150,7 @@ Membership::job_membership() const {
 
 absl::StatusOr<int64_t> Membership::Recover(bool restarted,
                                             absl::Time deadline,
-                                            int resize_to) {
+                                            int resize_to, int shrink_to) {
   const GrpcClientOptions& options = channels_->options();
   const int shards = channels_->num_shards();
   constexpr int kRounds = 20;
@@ -192,7 +192,8 @@ absl::StatusOr<int64_t> Membership::Recover(bool restarted,
       behind = behind || r.generation() < newest;
     }
     const bool force =
-        (restarted && newest <= registered_generation_) || resize_to > 0;
+        (restarted && newest <= registered_generation_) || resize_to > 0 ||
+        shrink_to > 0;
     int64_t generation = newest, step = st[0].restored_step();
     // Async gradients: the shards' checkpoints are not of one moment.
     const absl::StatusOr<policy::JobPolicy> job =
@@ -248,6 +249,7 @@ absl::StatusOr<int64_t> Membership::Recover(bool restarted,
       request.set_step(step);
       if (i == 0) {
         request.set_resize_to(resize_to);
+        request.set_shrink_to(shrink_to);
       } else {
         *request.mutable_membership() = decided;
       }

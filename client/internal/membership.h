@@ -65,8 +65,11 @@ class Membership {
   // it; RollbackRequest.resize_to). Every rollback hands shard 0's
   // membership to the other shards.
   // Not concurrently with Register or another Recover.
+  // With `shrink_to` > 0 (this worker's id: it is the job's highest), a
+  // new generation too, and the job goes on without this worker from the
+  // decided step on (RollbackRequest.shrink_to).
   absl::StatusOr<int64_t> Recover(bool restarted, absl::Time deadline,
-                                  int resize_to = 0);
+                                  int resize_to = 0, int shrink_to = 0);
 
   // The job's membership as the shards said at Register or the latest
   // Recover (JobConfig.membership).
