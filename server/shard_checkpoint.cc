@@ -345,36 +345,31 @@ absl::Status Shard::Restore(const std::string& payload, const std::string& from,
 absl::StatusOr<std::optional<proto::MembershipHistory>>
 Shard::ChangedMembership(const MembershipChange& change, int64_t step) const {
   const proto::MembershipHistory now = history();
-  if (change.resize_to > 0) {
+  if (change.resize_to > 0 || change.shrink_to > 0) {
     if (absl::Status s = policy::CheckResizable(JobPolicyOf(options_));
         !s.ok()) {
       return s;
     }
-    if (change.resize_to > options_.num_workers) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "a job of ", options_.num_workers, " worker ids cannot grow to ",
-          change.resize_to, " workers"));
-    }
-    // A join never shrinks the job: another worker may have grown it more.
-    absl::StatusOr<proto::MembershipHistory> next = now.RestartedAt(
-        step, std::max(change.resize_to, now.WorkersAt(step)));
-    if (!next.ok()) return next.status();
-    return std::optional<proto::MembershipHistory>(*std::move(next));
-  }
-  if (change.shrink_to > 0) {
-    if (absl::Status s = policy::CheckResizable(JobPolicyOf(options_));
-        !s.ok()) {
-      return s;
-    }
-    const int count = now.WorkersAt(step);
-    if (change.leaver != count - 1 || change.shrink_to != change.leaver) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "worker ", change.leaver, " may not leave the job early: only its "
-          "highest worker may (", count, " workers from step ", step,
-          "; ids stay 0..W-1)"));
+    int count = now.WorkersAt(step);
+    if (change.resize_to > 0) {
+      if (change.resize_to > options_.num_workers) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "a job of ", options_.num_workers, " worker ids cannot grow to ",
+            change.resize_to, " workers"));
+      }
+      // A join never shrinks the job: another worker may have grown it more.
+      count = std::max(change.resize_to, count);
+    } else {
+      if (change.leaver != count - 1 || change.shrink_to != change.leaver) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "worker ", change.leaver, " may not leave the job early: only "
+            "its highest worker may (", count, " workers from step ", step,
+            "; ids stay 0..W-1)"));
+      }
+      count = std::max(change.shrink_to, 1);
     }
     absl::StatusOr<proto::MembershipHistory> next =
-        now.RestartedAt(step, std::max(change.shrink_to, 1));
+        now.RestartedAt(step, count);
     if (!next.ok()) return next.status();
     return std::optional<proto::MembershipHistory>(*std::move(next));
   }
