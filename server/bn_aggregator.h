@@ -95,6 +95,7 @@ class BnAggregator {
  public:
   struct Options {
     policy::Policy policy = policy::Policy::kSync;
+    // The worker ids the aggregator keeps records for, [0, num_workers).
     int num_workers = 1;
     int64_t staleness = 0;
     double momentum = 0.1;  // running-stats momentum, as PyTorch's
@@ -102,6 +103,13 @@ class BnAggregator {
     // shard, for the admissible steps (above); none under async gradients.
     // Called without the aggregator's lock. Default: none (0).
     std::function<int64_t()> parameter_version;
+    // How many workers (ids 0..n-1) the barriers of training step s wait
+    // for, at most num_workers (a job resized while it runs,
+    // proto/membership_history.h); the end-of-job barriers (recal-finish,
+    // local-running) wait for the last step's. A contribution of a worker
+    // outside them is refused. Must not call the aggregator. Default: none
+    // (num_workers).
+    std::function<int(int64_t)> workers_at;
   };
 
   struct Reply {
@@ -209,7 +217,10 @@ class BnAggregator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Resolve(const BarrierKey& key, Barrier& b, absl::StatusOr<Reply> result,
                Ready* ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  std::string Missing(const Barrier& b) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::string Missing(const BarrierKey& key, const Barrier& b) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The workers barrier `key` waits for (Options::workers_at).
+  int Members(const BarrierKey& key) const;
   void AsyncForward(int worker, int64_t step, Layer& layer, bn::Moments local,
                     Done done, Ready* ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int NumLive() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -27,6 +27,13 @@ proto::JobConfig ToJobConfig(const ShardOptions& o) {
   c.set_barrier_timeout_ms(absl::ToInt64Milliseconds(o.barrier_timeout));
   c.set_heartbeat_timeout_ms(absl::ToInt64Milliseconds(o.heartbeat_timeout));
   c.set_worker_loss(policy::ToProto(o.worker_loss));
+  if (o.membership) o.membership->ToConfig(&c);
+  return c;
+}
+
+proto::JobConfig Shard::config() const {
+  proto::JobConfig c = ToJobConfig(options_);
+  history().ToConfig(&c);
   return c;
 }
 
@@ -58,6 +65,21 @@ absl::StatusOr<std::unique_ptr<Shard>> Shard::Create(ShardOptions options) {
       options.heartbeat_timeout <= absl::ZeroDuration() ||
       options.tick <= absl::ZeroDuration()) {
     return bad("timeouts and the tick must be positive");
+  }
+  if (options.membership) {
+    if (options.membership->max_workers() > options.num_workers) {
+      return bad(absl::StrCat("membership ", options.membership->ToString(),
+                              " has more workers than num_workers (",
+                              options.num_workers, ")"));
+    }
+    const std::vector<proto::MembershipHistory::Segment>& seg =
+        options.membership->segments();
+    if (seg.size() > 1 || seg.front().num_workers != options.num_workers) {
+      if (absl::Status s = policy::CheckResizable(JobPolicyOf(options));
+          !s.ok()) {
+        return s;
+      }
+    }
   }
   if (options.checkpoint_every < 0) return bad("checkpoint_every must be >= 0");
   if (options.checkpoint_every > 0 && options.checkpoint_dir.empty()) {
@@ -142,13 +164,16 @@ absl::StatusOr<std::unique_ptr<Shard>> Shard::Create(ShardOptions options) {
 
 Shard::Shard(ShardOptions options)
     : options_(std::move(options)),
+      history_(options_.membership.value_or(
+          proto::MembershipHistory(options_.num_workers))),
       store_({options_.num_workers,
               policy::BulkSynchronous(JobPolicyOf(options_).gradients),
               options_.optimizer, options_.staleness,
               options_.checkpoint_dir.empty() ? 0 : options_.checkpoint_every,
               [this](int64_t step, StoreState state) {
                 OnBoundary(step, std::move(state));
-              }}),
+              },
+              [this](int64_t step) { return WorkersAt(step); }}),
       bn_({options_.policy, options_.num_workers, options_.staleness,
            options_.bn_momentum,
            // The version rule of sync BN's steps needs bulk-synchronous
@@ -156,7 +181,8 @@ Shard::Shard(ShardOptions options)
            policy::BulkSynchronous(JobPolicyOf(options_).gradients)
                ? std::function<int64_t()>(
                      [this] { return store_.newest_version(); })
-               : std::function<int64_t()>()}),
+               : std::function<int64_t()>(),
+           [this](int64_t step) { return WorkersAt(step); }}),
       membership_(options_.num_workers, options_.heartbeat_timeout) {}
 
 Shard::~Shard() {
@@ -308,7 +334,12 @@ absl::Status Shard::Leave(int worker, uint64_t incarnation) {
 bool Shard::MarkCompleteIfDone() {
   const bool shrink = options_.worker_loss == policy::WorkerLoss::kShrink;
   bool any = false;
-  for (const Membership::WorkerInfo& w : membership_.Snapshot()) {
+  const int last = WorkersAt(INT64_MAX);
+  const std::vector<Membership::WorkerInfo> workers = membership_.Snapshot();
+  for (size_t id = 0; id < workers.size(); ++id) {
+    const Membership::WorkerInfo& w = workers[id];
+    // An id the job no longer trains with that never came.
+    if (!w.registered && static_cast<int>(id) >= last) continue;
     if (w.finished) {
       any = true;
     } else if (!(shrink && w.lost)) {

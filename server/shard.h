@@ -28,8 +28,18 @@
 // then needs a rollback: every generation-checked call is refused until a
 // worker rolls the job back (Rollback). Job generations: proto/bnps.proto.
 //
+// A job resized while it runs (ShardOptions::membership): the barriers of
+// step s wait for workers 0..W(s)-1 only. A checkpoint carries the history in
+// its config; a restart from it may continue with another history (say,
+// another count from the checkpoint's step on) as long as both give the
+// steps before the checkpoint the same counts, which is what makes a resize
+// at step N and a restart at N the same run; otherwise the checkpoint's
+// membership stands (a server restarted with its first flags after workers
+// joined). A rollback may also grow the job (Rollback's MembershipChange).
+//
 // The end of a job: a worker that is done with it calls Leave. Once every
-// worker has left (under shrink, or was dropped), the job is complete: the
+// worker has left (under shrink, or was dropped), the job is complete
+// (worker ids above the last step's count that never registered aside): the
 // shard writes a final checkpoint of the final state (with a
 // checkpoint_dir), calls ShardOptions::on_job_complete, and refuses new
 // registrations. Created from such a final checkpoint, the shard is
@@ -60,6 +70,7 @@
 #include "server/parameter_store.h"
 #include "policy/policy.h"
 #include "proto/bnps.pb.h"
+#include "proto/membership_history.h"
 
 namespace bnps::server {
 
@@ -72,7 +83,12 @@ struct ShardOptions {
   std::string job = "bnps";                  // Default: "bnps"
   int shard = 0;                             // Default: 0
   int num_shards = 1;                        // Default: 1
-  int num_workers = 1;                       // Default: 1
+  // The job's worker ids, [0, num_workers). Default: 1.
+  int num_workers = 1;
+  // How many of them train at each step (proto/membership_history.h): a
+  // sync job resized while it runs. Its counts are at most num_workers.
+  // Default: unset (num_workers at every step).
+  std::optional<proto::MembershipHistory> membership;
   policy::Policy policy = policy::Policy::kSync;  // BN policy. Default: sync
   // The gradient mode; unset: the one `policy` implies (async for async,
   // else sync; policy/policy.h). Default: unset.
@@ -105,7 +121,9 @@ struct ShardOptions {
 class Shard {
  public:
   // INVALID_ARGUMENT for inconsistent options (counts < 1, shard out of range,
-  // negative staleness or timeouts, learning rate <= 0, ...).
+  // negative staleness or timeouts, learning rate <= 0, a membership with
+  // more workers than num_workers, ...); FAILED_PRECONDITION for a
+  // membership of more than one count under a policy other than sync.
   static absl::StatusOr<std::unique_ptr<Shard>> Create(ShardOptions options);
   ~Shard();  // stops the ticker; fails what still waits
 
@@ -115,6 +133,14 @@ class Shard {
   BnAggregator& bn() { return bn_; }
   const BnAggregator& bn() const { return bn_; }
   Membership& membership() { return membership_; }
+  // The job as the wire describes it: ToJobConfig with the membership now.
+  proto::JobConfig config() const;
+  // Which workers train at each step (ShardOptions::membership, as
+  // rollbacks changed it).
+  proto::MembershipHistory history() const {
+    absl::MutexLock lock(&history_mu_);
+    return history_;
+  }
   // Non-null on shard 0 under async gradients.
   StepClocks* clocks() { return clocks_.get(); }
 
@@ -198,7 +224,28 @@ class Shard {
   // ABORTED (kRollsBackText). FAILED_PRECONDITION for an older generation
   // or without a checkpoint_dir; NOT_FOUND or DATA_LOSS for a checkpoint
   // that is not there or bad.
-  absl::StatusOr<int64_t> Rollback(int64_t generation, int64_t step);
+  //
+  // A rollback may change the job's membership from the decided step on:
+  // `change.resize_to` (shard 0: a worker asks to join: at least that many
+  // workers from the step on; resizing needs sync, FAILED_PRECONDITION
+  // otherwise) or `change.adopt` (the other
+  // shards: the membership shard 0 decided; FAILED_PRECONDITION unless it
+  // agrees with this shard's before the step). INVALID_ARGUMENT for more
+  // workers than the job's ids. Checked before anything changes.
+  // `change.shrink_to` (shard 0: the job's highest worker, `leaver`, leaves
+  // early: at most that many workers from the step on; FAILED_PRECONDITION
+  // for another worker, ids staying dense).
+  struct MembershipChange {
+    int resize_to = 0;  // 0: none
+    int shrink_to = 0;  // 0: none
+    int leaver = -1;    // who asks to shrink
+    std::optional<proto::MembershipHistory> adopt;
+  };
+  absl::StatusOr<int64_t> Rollback(int64_t generation, int64_t step,
+                                   const MembershipChange& change);
+  absl::StatusOr<int64_t> Rollback(int64_t generation, int64_t step) {
+    return Rollback(generation, step, MembershipChange());
+  }
   // Where `worker` resumes after a rollback, as far as this shard knows: the
   // lowest step of it not applied here (under async also its clock on shard
   // 0); the restored step if the shard holds no parameters.
@@ -266,6 +313,7 @@ class Shard {
     std::vector<Membership::WorkerInfo> workers;
     std::vector<int64_t> clocks;
     bool job_complete = false;
+    proto::MembershipHistory history{1};
   };
   // Called by the store at a step boundary, with its lock held.
   void OnBoundary(int64_t step, StoreState store);
@@ -277,7 +325,20 @@ class Shard {
   absl::Status Restore(const std::string& payload, const std::string& from,
                        const absl::Status& why, bool* changed = nullptr);
 
+  // The workers of `step` (history_).
+  int WorkersAt(int64_t step) const {
+    absl::MutexLock lock(&history_mu_);
+    return history_.WorkersAt(step);
+  }
+  // The membership `change` makes from `step` on; nullopt for none.
+  absl::StatusOr<std::optional<proto::MembershipHistory>> ChangedMembership(
+      const MembershipChange& change, int64_t step) const;
+
   const ShardOptions options_;
+  // A leaf: held for reads and for a rollback's change, never while calling
+  // out.
+  mutable absl::Mutex history_mu_;
+  proto::MembershipHistory history_ ABSL_GUARDED_BY(history_mu_);
   ParameterStore store_;
   BnAggregator bn_;
   Membership membership_;

@@ -75,9 +75,12 @@ grpc::ServerUnaryReactor* ShardService::Register(
   if (s.ok()) s = shard_->Register(req.worker(), req.incarnation());
   if (s.ok()) {
     shard_->membership().SetAddress(req.worker(), PeerHost(ctx->peer()));
-    *resp.mutable_config() = ToJobConfig(o);
-    resp.set_server_incarnation(shard_->server_incarnation());
+    // The generation before the config: a rollback changes the membership
+    // before it publishes its generation (Shard::Rollback), so the answer
+    // never pairs a generation with an older membership.
     resp.set_generation(shard_->generation().generation);
+    *resp.mutable_config() = shard_->config();
+    resp.set_server_incarnation(shard_->server_incarnation());
     resp.set_bn_port(bn_socket_ != nullptr ? bn_socket_->port() : 0);
   }
   return Answer(M::kRegister, ctx, *raw, worker, s, &resp, out);
@@ -269,7 +272,7 @@ grpc::ServerUnaryReactor* ShardService::GetStatus(
     return Answer(M::kGetStatus, ctx, *raw, -1, s);
   }
   proto::StatusResponse resp;
-  *resp.mutable_config() = ToJobConfig(shard_->options());
+  *resp.mutable_config() = shard_->config();
   const absl::Time now = shard_->options().now();
   const std::vector<Membership::WorkerInfo> workers =
       shard_->membership().Snapshot();
@@ -321,12 +324,26 @@ grpc::ServerUnaryReactor* ShardService::Rollback(
   const int worker = s.ok() ? req.worker() : -1;
   if (s.ok()) s = shard_->CheckCaller(req.job(), req.worker(), caller);
   if (s.ok()) {
-    absl::StatusOr<int64_t> step = shard_->Rollback(req.generation(), req.step());
+    Shard::MembershipChange change;
+    change.resize_to = req.resize_to();
+    change.shrink_to = req.shrink_to();
+    change.leaver = req.worker();
+    if (req.membership_size() > 0) {
+      absl::StatusOr<proto::MembershipHistory> h =
+          proto::MembershipHistory::FromSegments(
+              shard_->options().num_workers, req.membership());
+      s = h.status();
+      if (h.ok()) change.adopt = *std::move(h);
+    }
+    absl::StatusOr<int64_t> step =
+        s.ok() ? shard_->Rollback(req.generation(), req.step(), change)
+               : absl::StatusOr<int64_t>(s);
     s = step.status();
     if (s.ok()) {
       resp.set_generation(req.generation());
       resp.set_step(*step);
       resp.set_resume_step(shard_->ResumeStep(req.worker()));
+      shard_->history().ToSegments(resp.mutable_membership());
     }
   }
   return Answer(M::kRollback, ctx, *raw, worker, s, &resp, out);
