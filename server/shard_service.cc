@@ -15,7 +15,16 @@
 namespace bnps::server {
 
 namespace {
+
 using M = ServerMetrics;  // its enums; metrics_ may be null everywhere
+
+// StartStep and FinishStep need the shard's step clocks.
+absl::Status HasClocks(Shard& shard) {
+  if (shard.clocks() != nullptr) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      "step clocks are kept by shard 0 under the async policy only");
+}
+
 }  // namespace
 
 absl::StatusOr<int> ShardService::Authenticate(
@@ -219,10 +228,7 @@ grpc::ServerUnaryReactor* ShardService::StartStep(
   const absl::StatusOr<Admission> admitted =
       AdmitWorkerCall(*ctx, *raw, &req, &worker, /*generation_checked=*/true);
   absl::Status s = admitted.status();
-  if (s.ok() && shard_->clocks() == nullptr) {
-    s = absl::FailedPreconditionError(
-        "step clocks are kept by shard 0 under the async policy only");
-  }
+  if (s.ok()) s = HasClocks(*shard_);
   if (!s.ok()) return Answer(M::kStartStep, ctx, *raw, worker, s);
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   Shard* shard = shard_;
@@ -253,10 +259,7 @@ grpc::ServerUnaryReactor* ShardService::FinishStep(
   const absl::StatusOr<Admission> admitted =
       AdmitWorkerCall(*ctx, *raw, &req, &worker, /*generation_checked=*/true);
   absl::Status s = admitted.status();
-  if (s.ok() && shard_->clocks() == nullptr) {
-    s = absl::FailedPreconditionError(
-        "step clocks are kept by shard 0 under the async policy only");
-  }
+  if (s.ok()) s = HasClocks(*shard_);
   if (s.ok()) s = shard_->clocks()->FinishStep(req.worker(), req.completed());
   const proto::FinishStepResponse resp;
   return Answer(M::kFinishStep, ctx, *raw, worker, s, &resp, out);
