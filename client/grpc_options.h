@@ -97,6 +97,13 @@ struct GrpcClientOptions {
   // `credentials` set, BN traffic always stays on the (encrypted) stream.
   // Default: true.
   bool bn_over_tcp = true;
+  // With bn_over_tcp: "host:port" of this host's BN aggregator
+  // (bnps_host_bn, hostbn/aggregator.h), which carries the BN traffic of
+  // the host's workers to each shard as one frame per layer, phase and
+  // step, with the same results. The raw-TCP connection of every shard goes
+  // there, its hello naming the shard's BN address; the fallbacks are as
+  // above. Default: empty (each shard directly).
+  std::string bn_host_aggregator;
 };
 
 // Counters of GrpcPsClient's background heartbeat.

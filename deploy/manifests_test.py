@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Tests of the Kubernetes manifests (deploy/base, gpu, tls, jobset, jobset-tls)
+"""Tests of the Kubernetes manifests (deploy/base, gpu, tls, jobset, jobset-tls,
+kubeflow)
 and of their offline validator, deploy/validate.py.
 
 The JobSet workers' entrypoint (BNPS_SERVERS from NUM_SERVERS and the JobSet's
@@ -32,7 +33,7 @@ HAVE_VENV = os.access(KUBECTL, os.X_OK) and subprocess.run(
     [VENV_PYTHON, "-c", "import kubernetes_validate"], capture_output=True).returncode == 0 \
     if os.access(VENV_PYTHON, os.X_OK) else False
 NO_VENV = "no validator and kubectl in %s (tools/setup.sh --containers installs them)" % VENV
-OVERLAYS = ["base", "gpu", "tls", "jobset", "jobset-tls"]
+OVERLAYS = ["base", "gpu", "tls", "jobset", "jobset-tls", "kubeflow"]
 
 
 def _jobset_doc(text):
@@ -143,12 +144,63 @@ class ManifestsTest(unittest.TestCase):
             # A kind nobody has a schema for.
             (jobset.replace("kind: JobSet", "kind: JobSets"), "no schema for"),
         ]
+        self.assert_invalid(cases, lambda message: jobset if "JobSet" in message else base)
+
+    def assert_invalid(self, cases, original):
+        """Each (text, message): the validator fails the text, saying message;
+        original(message) is the text it was made from."""
         for text, message in cases:
             with self.subTest(message=message):
-                self.assertNotEqual(text, jobset if "JobSet" in message else base)
+                self.assertNotEqual(text, original(message))
                 run = self.validate(text)
                 self.assertEqual(run.returncode, 1, run.stdout)
                 self.assertIn(message, run.stdout)
+
+    def test_invalid_trainer_objects_fail(self):
+        kubeflow = self.rendered["kubeflow"]
+        cases = [
+            # Trainer's CRD schemas, made strict.
+            (kubeflow.replace("numProcPerNode: 2", 'numProcPerNode: "two"'),
+             "TrainJob/bnps-fashion: spec.trainer.numProcPerNode: 'two'"),
+            (kubeflow.replace("numNodes: 2", "numNode: 2"),
+             "spec.trainer: Additional properties are not allowed ('numNode'"),
+            (kubeflow.replace("runtimeRef:", "runtime:"),
+             "'runtimeRef' is a required property"),
+            (kubeflow.replace("torch: {}", "pytorch: {}"),
+             "spec.mlPolicy: Additional properties are not allowed ('pytorch'"),
+            # The runtime's JobSet template: our JobSet schema, then the Job.
+            (kubeflow.replace("enableDNSHostnames", "enableDnsHostnames"),
+             "spec.template.spec.network: Additional properties"),
+            (kubeflow.replace("readOnlyRootFilesystem", "readOnlyRootFileSystem"),
+             "replicatedJobs.0.template (a Job): "),
+            # Where Trainer looks for the trainer nodes.
+            (kubeflow.replace("- name: node\n", "- name: nodes\n", 1),
+             "no replicated job named node"),
+            (kubeflow.replace("trainjob-ancestor-step: trainer", "trainjob-ancestor-step: x"),
+             "no trainer.kubeflow.org/trainjob-ancestor-step: trainer"),
+            (kubeflow.replace("\n                  name: node\n", "\n                  name: main\n"),
+             "no container named node"),
+        ]
+        self.assert_invalid(cases, lambda message: kubeflow)
+
+    def test_kubeflow_runtime_pods_match_jobset(self):
+        # The same security settings and scrape annotations as the JobSet's
+        # workers, and the servers' readiness probe and ports.
+        docs = {d["kind"]: d for d in yaml.safe_load_all(self.rendered["kubeflow"]) if d}
+        jobset = _jobset_doc(self.rendered["jobset"])
+        ours = _rjob(docs["ClusterTrainingRuntime"]["spec"]["template"], "node")[
+            "template"]["spec"]["template"]
+        workers = _rjob(jobset, "workers")["template"]["spec"]["template"]
+        servers = _rjob(jobset, "servers")["template"]["spec"]["template"]
+        self.assertEqual(ours["metadata"]["annotations"], workers["metadata"]["annotations"])
+        for key in ("securityContext", "enableServiceLinks"):
+            self.assertEqual(ours["spec"][key], workers["spec"][key], key)
+        mine = ours["spec"]["containers"][0]
+        self.assertEqual(mine["securityContext"],
+                         workers["spec"]["containers"][0]["securityContext"])
+        self.assertEqual(mine["readinessProbe"],
+                         servers["spec"]["containers"][0]["readinessProbe"])
+        self.assertEqual(mine["ports"], servers["spec"]["containers"][0]["ports"])
 
     def test_jobset_sizes_written_once(self):
         # Change the two sizes in sizes.yaml only: everything follows.

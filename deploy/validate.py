@@ -14,7 +14,14 @@ Every object of every YAML stream given (files, or "-" for stdin) must pass:
     claim template against the PersistentVolumeClaim schema, then the rules
     the controller's webhook would enforce on names (successPolicy and
     failurePolicy targets, dependsOn and the coordinator name replicated jobs
-    that exist; replicated job names unique).
+    that exist; replicated job names unique);
+  - a Kubeflow Trainer TrainJob, ClusterTrainingRuntime or TrainingRuntime
+    (trainer.kubeflow.org/v1alpha1): Trainer's own CRD schemas, made strict
+    (deploy/schemas/trainer-v1alpha1-*.json); a runtime's JobSet template
+    then as a JobSet above, and, with a torch policy, the replicated
+    job "node" whose pods carry the label
+    trainer.kubeflow.org/trainjob-ancestor-step=trainer and a container
+    "node" (where Trainer puts a TrainJob's trainer settings and PET_*).
 Anything else is invalid: there is no schema to say it is right.
 
 One line per object; the last line counts them. Exit status 0 when all are
@@ -39,7 +46,14 @@ _SCHEMA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "schemas"
 # apiVersion, kind -> our schema file (deploy/schemas/).
 CUSTOM_SCHEMAS = {
     ("jobset.x-k8s.io/v1alpha2", "JobSet"): "jobset-v1alpha2.json",
+    ("trainer.kubeflow.org/v1alpha1", "TrainJob"): "trainer-v1alpha1-trainjob.json",
+    ("trainer.kubeflow.org/v1alpha1", "ClusterTrainingRuntime"): "trainer-v1alpha1-runtime.json",
+    ("trainer.kubeflow.org/v1alpha1", "TrainingRuntime"): "trainer-v1alpha1-runtime.json",
 }
+_JOBSET = ("jobset.x-k8s.io/v1alpha2", "JobSet")
+# Where Trainer finds the trainer's pods and container (its constants.go).
+_TRAINER_JOB = _TRAINER_CONTAINER = "node"
+_ANCESTOR = "trainer.kubeflow.org/trainjob-ancestor-step"
 
 
 def _where(error):
@@ -86,7 +100,43 @@ class Validator:
         found = [_where(e) for e in sorted(validator.iter_errors(doc), key=str)]
         if found:
             return found  # the embedded objects may not even be where we look
-        return self._job_set_problems(doc["spec"], "spec.")
+        if key == _JOBSET:
+            return self._job_set_problems(doc["spec"], "spec.")
+        if key[1].endswith("TrainingRuntime"):
+            return self._runtime_problems(doc["spec"])
+        return []
+
+    def _runtime_problems(self, spec):
+        """A Trainer runtime's JobSet template, and its trainer node."""
+        template = spec.get("template") or {}
+        jobset = {"apiVersion": _JOBSET[0], "kind": _JOBSET[1],
+                  "metadata": dict(template.get("metadata") or {}, name="runtime"),
+                  "spec": template.get("spec") or {}}
+        at = "spec.template.spec."
+        found = ["spec.template.%s" % e for e in (
+            _where(e) for e in sorted(self._schema(CUSTOM_SCHEMAS[_JOBSET]).iter_errors(
+                jobset), key=str))]
+        if found:
+            return found
+        found = self._job_set_problems(jobset["spec"], at)
+        policy = spec.get("mlPolicy") or {}
+        if "torch" not in policy:
+            return found
+        nodes = [r for r in jobset["spec"]["replicatedJobs"] if r["name"] == _TRAINER_JOB]
+        if not nodes:
+            return found + ["%sreplicatedJobs: no replicated job named %s (Trainer's "
+                            "trainer nodes)" % (at, _TRAINER_JOB)]
+        job = nodes[0]["template"]
+        if ((job.get("metadata") or {}).get("labels") or {}).get(_ANCESTOR) != "trainer":
+            found.append("%sreplicatedJobs[name=%s].template.metadata.labels: no %s: trainer "
+                         "(Trainer would not find the trainer nodes)"
+                         % (at, _TRAINER_JOB, _ANCESTOR))
+        pod = ((job.get("spec") or {}).get("template") or {}).get("spec") or {}
+        if _TRAINER_CONTAINER not in [c.get("name") for c in pod.get("containers") or []]:
+            found.append("%sreplicatedJobs[name=%s]: no container named %s (where Trainer "
+                         "puts the TrainJob's trainer settings and PET_* variables)"
+                         % (at, _TRAINER_JOB, _TRAINER_CONTAINER))
+        return found
 
     def _job_set_problems(self, spec, at):
         """A JobSet spec's embedded objects and cross-references."""

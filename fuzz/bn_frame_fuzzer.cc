@@ -2,7 +2,7 @@
 // (server/bn_socket_server.h): arbitrary bytes cut into frames
 // (proto/bn_frame.h), fed in pieces of a size taken from the input, the
 // first frame parsed as a BnHello and the rest as BnRequests whose
-// statistics go through the codec's decoders. A frame's payload must lie
+// statistics (a batch's entries' too) go through the codec's decoders. A frame's payload must lie
 // inside the bytes given, and every frame re-framed must read back the
 // same.
 
@@ -48,6 +48,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       (void)bnps::proto::DecodeMoments(r.moments());
       (void)bnps::proto::DecodeSums(r.sums());
       (void)bnps::proto::DecodeRunning(r.running());
+      for (const bnps::proto::BnRequest& e : r.batch()) {  // a host's batch
+        (void)bnps::proto::DecodeMoments(e.moments());
+        (void)bnps::proto::DecodeSums(e.sums());
+        (void)bnps::proto::DecodeRunning(e.running());
+      }
       std::string again;
       if (bnps::proto::AppendFrame(r, &again).ok()) {
         bnps::proto::FrameReader back;

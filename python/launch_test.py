@@ -8,7 +8,8 @@ import unittest
 
 sys.path.insert(0, os.path.join(os.getcwd(), "python"))  # Bazel runfiles
 
-from bnps.launch import placement  # noqa: E402
+from bnps.launch import (placement, starts_node_server,  # noqa: E402
+                         trainer_servers)
 
 # torchrun --nnodes=2 --nproc_per_node=4, the process of global rank 6.
 TORCHRUN = {"RANK": "6", "WORLD_SIZE": "8", "LOCAL_RANK": "2",
@@ -144,6 +145,65 @@ class ConflictTest(unittest.TestCase):
                "PET_NPROC_PER_NODE": "1", "SLURM_PROCID": "0",
                "SLURM_NTASKS": "2"}
         self.conflict(env, "PET_NODE_RANK=1", "SLURM_PROCID=0")
+
+
+class NodeServerTest(unittest.TestCase):
+    # Kubeflow Trainer, TrainJob "fashion", node 2 of 3.
+    TRAINER = {"PET_NNODES": "3", "PET_NPROC_PER_NODE": "2",
+               "PET_NODE_RANK": "2", "PET_MASTER_PORT": "29400",
+               "PET_MASTER_ADDR": "fashion-node-0-0.fashion"}
+
+    def servers(self, **env):
+        return trainer_servers(dict(self.TRAINER, **env))
+
+    def test_trainer_servers_are_the_nodes_dns_names(self):
+        known = self.servers()
+        self.assertEqual(known.servers, ",".join(
+            f"fashion-node-0-{n}.fashion:7000" for n in range(3)))
+        self.assertEqual((known.shard, known.num_shards, known.port),
+                         (2, 3, 7000))
+
+    def test_trainer_servers_port(self):
+        self.assertEqual(
+            self.servers(BNPS_NODE_SERVER_PORT="7100").servers.split(",")[0],
+            "fashion-node-0-0.fashion:7100")
+        self.assertEqual(trainer_servers(self.TRAINER, port=8000).port, 8000)
+
+    def test_trainer_servers_keep_a_longer_domain(self):
+        known = self.servers(
+            PET_MASTER_ADDR="a-node-0-b-node-0-0.a-node-0-b.ns.svc")
+        self.assertEqual(known.servers.split(",")[1],
+                         "a-node-0-b-node-0-1.a-node-0-b.ns.svc:7000")
+
+    def test_not_under_trainer(self):
+        for drop in ("PET_MASTER_ADDR", "PET_NNODES", "PET_NODE_RANK"):
+            with self.subTest(unset=drop):
+                env = {k: v for k, v in self.TRAINER.items() if k != drop}
+                self.assertIsNone(trainer_servers(env))
+        self.assertIsNone(trainer_servers(TORCHRUN))
+        # torchrun's elastic form of the node count, or a master that is not
+        # Trainer's node 0: the addresses travel over the process group.
+        self.assertIsNone(self.servers(PET_NNODES="1:4"))
+        for addr in ("10.0.0.7", "fashion-node-0-1.fashion",
+                     "fashion-0-0.fashion"):
+            with self.subTest(addr=addr):
+                self.assertIsNone(self.servers(PET_MASTER_ADDR=addr))
+
+    def test_trainer_node_outside_the_job(self):
+        with self.assertRaisesRegex(
+                ValueError, r"PET_NODE_RANK=3 is not in \[0, PET_NNODES=3\)"):
+            self.servers(PET_NODE_RANK="3")
+        with self.assertRaisesRegex(ValueError,
+                                    "BNPS_NODE_SERVER_PORT='x'"):
+            self.servers(BNPS_NODE_SERVER_PORT="x")
+
+    def test_local_rank_0_starts_the_node_server(self):
+        self.assertFalse(starts_node_server(placement(TORCHRUN)))
+        self.assertTrue(starts_node_server(
+            placement(dict(TORCHRUN, RANK="4", LOCAL_RANK="0"))))
+        with self.assertRaisesRegex(ValueError, "no local rank"):
+            starts_node_server(
+                placement({"BNPS_WORKER": "0", "BNPS_NUM_WORKERS": "2"}))
 
 
 class BadValueTest(unittest.TestCase):

@@ -17,6 +17,7 @@
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -26,6 +27,7 @@
 #include "proto/bnps.pb.h"
 #include "proto/limits.h"
 #include "security/job_token.h"
+#include "server/bn_batch_dispatch.h"
 #include "server/bn_dispatch.h"
 #include "server/rpc_util.h"
 #include "util/fd_limit.h"
@@ -49,6 +51,29 @@ constexpr absl::Duration kMaxBackoff = absl::Seconds(1);
 
 absl::Status Errno(const std::string& what) {
   return absl::UnavailableError(absl::StrCat(what, ": ", strerror(errno)));
+}
+
+// The workers a hello's connection speaks for: several for a host's
+// aggregator (hostbn/aggregator.h), each checked, and only with the job
+// token (`caller` any worker); else `*workers` stays the hello's one.
+absl::Status HelloWorkers(Shard& shard, const proto::BnHello& hello,
+                          int caller, std::vector<int>* workers) {
+  if (hello.workers_size() == 0) return absl::OkStatus();
+  if (caller != Shard::kAnyWorker) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "a BN connection speaking for several workers (a host's "
+        "aggregator) needs the job token; worker ", caller,
+        "'s own token acts as that worker alone"));
+  }
+  workers->assign(hello.workers().begin(), hello.workers().end());
+  for (int w : *workers) {
+    AdmissionRequest a;
+    a.caller = caller;
+    a.job = hello.job();
+    a.worker = w;
+    if (absl::Status s = shard.Admit(a).status(); !s.ok()) return s;
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -165,7 +190,7 @@ struct BnSocketServer::Conn {
   int64_t charged_in = 0;  // reader.buffered(), charged to the budget
   // When the frame now partly read began (InfiniteFuture: none is).
   absl::Time frame_started = absl::InfiniteFuture();
-  std::optional<BnDispatcher> dispatcher;  // after a good BnHello
+  std::optional<BnBatchDispatcher> dispatcher;  // after a good BnHello
   Admission admission;  // after a good BnHello: holds its worker's claim
   proto::BnRequest request;                // reused for every frame
 };
@@ -207,7 +232,8 @@ absl::StatusOr<std::unique_ptr<BnSocketServer>> BnSocketServer::Start(
     s->budget_ =
         std::make_shared<util::ByteBudget>(s->options_.memory_budget_bytes);
   }
-  s->max_hello_bytes_ = MaxHelloBytes(shard->options().job);
+  s->max_hello_bytes_ =
+      MaxHelloBytes(shard->options().job, shard->options().num_workers);
   s->auth_ = std::make_unique<security::TokenAuthenticator>(
       s->options_.token, s->options_.per_worker_tokens,
       shard->options().num_workers);
@@ -235,8 +261,12 @@ void BnSocketServer::Stop() {
   thread_.join();
 }
 
-size_t BnSocketServer::MaxHelloBytes(const std::string& job) {
+size_t BnSocketServer::MaxHelloBytes(const std::string& job, int num_workers) {
   proto::BnHello largest;
+  // A host's aggregator names every worker it speaks for (at most all).
+  for (int i = 0; i < num_workers; ++i) {
+    largest.add_workers(std::numeric_limits<int32_t>::min());
+  }
   largest.set_job(job);
   largest.set_worker(std::numeric_limits<int32_t>::min());  // 10 bytes
   largest.set_generation(std::numeric_limits<int64_t>::min());
@@ -518,6 +548,8 @@ bool BnSocketServer::HandleHello(const std::shared_ptr<Conn>& c,
     if (s.ok()) conn.admission = *std::move(admitted);
   }
   proto::BnHelloReply reply;
+  std::vector<int> workers = {hello.worker()};
+  if (s.ok()) s = HelloWorkers(*shard_, hello, caller, &workers);
   reply.set_code(static_cast<int>(s.code()));
   reply.set_message(std::string(s.message()));
   std::string out;
@@ -530,7 +562,7 @@ bool BnSocketServer::HandleHello(const std::shared_ptr<Conn>& c,
   if (keep_awake_ != nullptr) keep_awake_->Touch();
   Conn* raw = c.get();  // the dispatcher is conn's: it never outlives it
   // The connection acts as the worker its hello named, whatever its token.
-  conn.dispatcher.emplace(shard_, metrics_, hello.generation(), hello.worker(),
+  conn.dispatcher.emplace(shard_, metrics_, hello.generation(), workers,
                           [raw](int64_t bytes) { return raw->Admit(bytes); });
   return true;
 }

@@ -35,6 +35,10 @@
 // completes; RunningServer expires every barrier after Stop, before the
 // shard and metrics go.
 //
+// A host's BN aggregator (hostbn/aggregator.h) names several workers in its
+// hello (with the job token) and sends batches, one frame per layer, phase
+// and step for all of them (server/bn_batch_dispatch.h).
+//
 // Thread-safety: thread-safe; answers may be sent from any thread.
 
 #ifndef BNPS_SERVER_BN_SOCKET_SERVER_H_
@@ -64,9 +68,10 @@ class BnSocketServer {
   // The largest frame a connection may send before its hello: the size of
   // the largest valid BnHello for `job` (a token of the most characters
   // security/job_token.h allows, the longest encodings of worker and
-  // generation), computed, not guessed (issue 34, D3: a 4 KiB bound
-  // refused valid tokens of 4,088 characters and more).
-  static size_t MaxHelloBytes(const std::string& job);
+  // generation, every one of `num_workers` worker ids a host's aggregator
+  // may name), computed, not guessed (a 4 KiB bound would refuse valid
+  // tokens of 4,088 characters and more).
+  static size_t MaxHelloBytes(const std::string& job, int num_workers = 1);
 
   struct Options {
     std::string host = "127.0.0.1";  // an IPv4 address, or a name of one

@@ -32,6 +32,13 @@ exits non-zero: 1 for a failed process, 124 on timeout, 128+N on signal N
 (130 for Ctrl-C), 2 for bad usage. Children also get SIGTERM from the kernel
 if the launcher itself dies (PR_SET_PDEATHSIG), so none outlives it.
 
+--bn_host_aggregator also starts one bnps_host_bn ("h0", on 127.0.0.1, a
+free port, with --token_file and --per_worker_tokens as the servers have
+them) and gives every worker --bn_host_aggregator=<its address>: the
+workers' BN traffic crosses to each shard as one frame per layer, phase and
+step, with the same results (docs/scaling.md). It is watched, restarted and
+stopped as the servers are. Plaintext jobs only.
+
 Restarts (--restart=on-failure): a worker that exits non-zero, or a server
 that exits before the workers are done, is started again with the same
 command (a server on the port it had, from its checkpoints in
@@ -95,7 +102,7 @@ from bnps_launch_procs import (  # noqa: E402  (needs the path above)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUILD_TARGETS = ["//server:bnps_server", "//worker:bnps_worker", "//tools:bnps_status",
-                 "//tools:bnps_worker_token"]
+                 "//tools:bnps_worker_token", "//hostbn:bnps_host_bn"]
 
 # Options shared by servers and workers / given to servers only. Each entry is
 # (option name, type); a value left at None is not passed on.
@@ -146,6 +153,10 @@ def parse_args(argv):
         p.add_argument("--" + name, help="to servers as --" + server_name)
     p.add_argument("--on_worker_loss", choices=["fail", "shrink", "wait"],
                    help="to servers")
+    p.add_argument("--bn_host_aggregator", action="store_true",
+                   help="start one bnps_host_bn for the workers (all on this "
+                   "host): their BN traffic crosses to each shard as one frame "
+                   "per layer, phase and step (plaintext jobs)")
     p.add_argument("--per_worker_tokens", action="store_true",
                    help="with --token_file: the servers accept each worker's own "
                    "token, and each worker gets only its own "
@@ -238,6 +249,9 @@ def check_args(args, extra):
     if args.per_worker_tokens and not args.token_file:
         raise UsageError("--per_worker_tokens derives the workers' tokens from "
                          "the job token: give --token_file")
+    if args.bn_host_aggregator and args.server_tls_cert:
+        raise UsageError("--bn_host_aggregator carries BN over raw TCP, which a "
+                         "TLS job does not use")
     if args.checkpoint_every_steps is not None and args.checkpoint_every_steps < 0:
         raise UsageError("--checkpoint_every_steps must be >= 0")
     for flag in extra:
@@ -261,8 +275,13 @@ def status_path(bin_dir):
     return os.path.join(bin_dir, "tools", "bnps_status")
 
 
-def check_binaries(bin_dir, export=False):
-    for path in binary_paths(bin_dir) + ((status_path(bin_dir),) if export else ()):
+def host_bn_path(bin_dir):
+    return os.path.join(bin_dir, "hostbn", "bnps_host_bn")
+
+
+def check_binaries(bin_dir, export=False, host_bn=False):
+    for path in (binary_paths(bin_dir) + ((status_path(bin_dir),) if export else ())
+                 + ((host_bn_path(bin_dir),) if host_bn else ())):
         if not (os.path.isfile(path) and os.access(path, os.X_OK)):
             raise UsageError(
                 "%s not found (or not executable): run with --build, or run "
@@ -309,6 +328,17 @@ def server_command(args, shard):
     return cmd
 
 
+def host_bn_command(args):
+    """The host's BN aggregator for all the workers (--bn_host_aggregator)."""
+    cmd = [host_bn_path(args.bin_dir), "--host=127.0.0.1", "--port=0",
+           "--workers=%d" % args.workers]
+    if args.token_file:
+        cmd.append("--token_file=" + args.token_file)
+    if args.per_worker_tokens:
+        cmd += ["--per_worker_tokens", "--num_workers=%d" % args.workers]
+    return cmd
+
+
 def worker_command(args, extra, index, addresses, out_dir):
     cmd = [binary_paths(args.bin_dir)[1], "--servers=" + ",".join(addresses),
            "--job=" + args.job, "--worker=%d" % index, "--num_workers=%d" % args.workers]
@@ -317,6 +347,8 @@ def worker_command(args, extra, index, addresses, out_dir):
     if args.per_worker_tokens:  # its own token, not the job's
         cmd = [f for f in cmd if not f.startswith("--token_file=")]
         cmd.append("--token_file=" + worker_token_path(out_dir, index))
+    if getattr(args, "host_bn_address", None):
+        cmd.append("--bn_host_aggregator=" + args.host_bn_address)
     cmd += ["--report=" + report_path(out_dir, index), "--progress=plain"]
     if args.metrics_port_base is not None:
         cmd.append("--metrics_port=%d"
@@ -397,11 +429,16 @@ def run_build():
 
 
 def start_servers(args, out_dir, procs, console, interrupt, deadline):
-    """Starts the servers and returns their addresses in shard order."""
+    """Starts the servers (and, with --bn_host_aggregator, the host's BN
+    aggregator "h0", watched and stopped as they are) and returns them and
+    the shards' addresses in shard order."""
     servers = []
-    for shard in range(args.servers):
-        name = "s%d" % shard
-        proc = Proc(name, server_command(args, shard), os.path.join(out_dir, name + ".log"))
+    commands = [("s%d" % shard, server_command(args, shard))
+                for shard in range(args.servers)]
+    if args.bn_host_aggregator:
+        commands.append(("h0", host_bn_command(args)))
+    for name, cmd in commands:
+        proc = Proc(name, cmd, os.path.join(out_dir, name + ".log"))
         procs.append(proc)
         servers.append(proc)
         start(proc, console)
@@ -417,8 +454,11 @@ def start_servers(args, out_dir, procs, console, interrupt, deadline):
                     check_deadline(deadline, args.timeout_s, procs)
                 raise Failure("server %s did not print 'listening on HOST:PORT' within "
                               "%gs" % (proc.name, args.server_start_timeout_s), proc=proc)
-    addresses = [p.address for p in servers]
+    addresses = [p.address for p in servers[:args.servers]]
     say(console, "servers: " + ",".join(addresses))
+    if args.bn_host_aggregator:
+        args.host_bn_address = servers[-1].address
+        say(console, "host BN aggregator: " + args.host_bn_address)
     return servers, addresses
 
 
@@ -596,7 +636,8 @@ def main(argv=None):
         if args.build and run_build() != 0:
             print("bnps_launch: error: the bazel build failed", file=sys.stderr)
             return 1
-        check_binaries(args.bin_dir, export=bool(args.export))
+        check_binaries(args.bin_dir, export=bool(args.export),
+                       host_bn=args.bn_host_aggregator)
         out_dir = make_out_dir(args)
         if args.per_worker_tokens:
             make_worker_tokens(args, out_dir)

@@ -152,6 +152,26 @@ with open(flags["report"], "w") as f:
 '''
 
 
+FAKE_HOST_BN = r'''
+import os, signal, sys, time
+
+piddir = os.environ.get("FAKE_PID_DIR")
+if piddir:
+    with open(os.path.join(piddir, "h0.pid"), "w") as f:
+        f.write(str(os.getpid()))
+
+def on_term(signum, frame):
+    print("bnps_host_bn: shutting down", file=sys.stderr, flush=True)
+    sys.exit(0)
+
+signal.signal(signal.SIGTERM, on_term)
+print("bnps_host_bn: for 2 workers, listening on 127.0.0.1:7200", flush=True)
+for i in range(600):  # At most 60 s.
+    time.sleep(0.1)
+sys.exit(5)
+'''
+
+
 def load_launcher_module():
     spec = importlib.util.spec_from_file_location("bnps_launch", LAUNCHER)
     module = importlib.util.module_from_spec(spec)
@@ -305,6 +325,19 @@ class LauncherTest(unittest.TestCase):
         with open(os.path.join(self.out_dir, "s0.log")) as f:
             self.assertIn("shutting down", f.read())  # stderr saved too
         self.assert_all_gone(self.all_names())
+
+    def test_the_host_bn_aggregator_starts_before_the_workers_and_stops(self):
+        write_script(os.path.join(self.bin_dir, "hostbn", "bnps_host_bn"),
+                     FAKE_HOST_BN)
+        r = self.launch("--bn_host_aggregator", servers=1, workers=2)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn("host BN aggregator: 127.0.0.1:7200", r.stdout)
+        with open(os.path.join(self.out_dir, "worker1.json")) as f:
+            self.assertIn("--bn_host_aggregator=127.0.0.1:7200",
+                          json.load(f)["argv"])
+        with open(os.path.join(self.out_dir, "h0.log")) as f:
+            self.assertIn("shutting down", f.read())  # SIGTERM, as the servers
+        self.assert_all_gone(self.all_names(servers=1, workers=2) + ["h0"])
 
     def test_one_server_one_worker(self):
         r = self.launch(servers=1, workers=1)
@@ -552,6 +585,28 @@ class UnitTest(unittest.TestCase):
                     self.m.parse_args(["--per_worker_tokens"])
                 finally:
                     sys.stderr = saved
+
+    def test_a_host_bn_aggregator_serves_every_worker(self):
+        args, extra = self.m.parse_args(["--workers=3", "--bn_host_aggregator",
+                                         "--token_file=/t", "--per_worker_tokens"])
+        cmd = self.m.host_bn_command(args)
+        self.assertTrue(cmd[0].endswith("hostbn/bnps_host_bn"))
+        for flag in ("--host=127.0.0.1", "--port=0", "--workers=3",
+                     "--token_file=/t", "--per_worker_tokens", "--num_workers=3"):
+            self.assertIn(flag, cmd)
+        args.host_bn_address = "127.0.0.1:7200"
+        worker = self.m.worker_command(args, extra, 1, ["127.0.0.1:1"], "/out")
+        self.assertIn("--bn_host_aggregator=127.0.0.1:7200", worker)
+        plain, plain_extra = self.m.parse_args([])
+        self.assertFalse(any(f.startswith("--bn_host_aggregator")
+                             for f in self.m.worker_command(
+                                 plain, plain_extra, 0, ["127.0.0.1:1"], "/out")))
+        tls, _ = self.m.parse_args(["--server_tls_cert=/s.pem",
+                                    "--server_tls_key=/s.key"])
+        tls.bn_host_aggregator = True
+        with self.assertRaises(self.m.UsageError) as e:
+            self.m.check_args(tls, [])
+        self.assertIn("TLS", str(e.exception))
 
     def test_live_console_keeps_progress_on_one_line(self):
         out = io.StringIO()

@@ -5,9 +5,10 @@
 #   3. compose.yaml run to completion, plaintext with a token and again with
 #      compose.tls.yaml (mutual TLS): every worker prints a test accuracy, then
 #      every server exits 0,
-#   4. the Kubernetes manifests (deploy/base, gpu, tls, jobset, jobset-tls)
-#      rendered with kubectl kustomize and every object validated offline
-#      (deploy/validate.py: Kubernetes' schemas, and ours of JobSet),
+#   4. the Kubernetes manifests (deploy/base, gpu, tls, jobset, jobset-tls,
+#      kubeflow) rendered with kubectl kustomize and every object validated
+#      offline (deploy/validate.py: Kubernetes' schemas, ours of JobSet,
+#      Kubeflow Trainer's made strict),
 #   5. the servers and workers of deploy/jobset, jobset-tls, base and tls run
 #      as Pods with podman kube play (deploy/to_pods.py renders the JobSet, the
 #      StatefulSet and the Indexed Job as the Pods a cluster would create) to
@@ -219,7 +220,7 @@ cp "$work/deploy/base/secrets/token" "$work/deploy/jobset/secrets/token"
 deploy/make_tls.sh "$work/deploy/tls/secrets" > /dev/null
 deploy/make_tls.sh "$work/deploy/jobset-tls/secrets" \
   bnps-servers-0-0.bnps bnps-servers-0-1.bnps '*.bnps.default.svc' > /dev/null
-for overlay in base gpu tls jobset jobset-tls; do
+for overlay in base gpu tls jobset jobset-tls kubeflow; do
   "$kubectl" kustomize "$work/deploy/$overlay" > "$work/$overlay.yaml" ||
     die "kubectl kustomize deploy/$overlay"
   "${validate[@]}" "$work/$overlay.yaml" > "$work/validate-$overlay.txt" ||
@@ -227,12 +228,16 @@ for overlay in base gpu tls jobset jobset-tls; do
   echo "   deploy/$overlay: $(tail -1 "$work/validate-$overlay.txt")"
 done
 # The validator must be able to fail: a count that is not a number, in a
-# StatefulSet (Kubernetes' schema) and in a JobSet (ours).
+# StatefulSet (Kubernetes' schema), in a JobSet (ours) and in a TrainJob
+# (Trainer's).
 if sed 's/replicas: 2/replicas: "two"/' "$work/base.yaml" | "${validate[@]}" - > /dev/null; then
   die "validate.py accepted a StatefulSet with replicas: \"two\""
 fi
 if sed 's/replicas: 1/replicas: "one"/' "$work/jobset.yaml" | "${validate[@]}" - > /dev/null; then
   die "validate.py accepted a JobSet with replicas: \"one\""
+fi
+if sed 's/numNodes: 2/numNodes: "two"/' "$work/kubeflow.yaml" | "${validate[@]}" - > /dev/null; then
+  die "validate.py accepted a TrainJob with numNodes: \"two\""
 fi
 
 # --- 5. The manifests' containers as Pods --------------------------------------

@@ -42,14 +42,15 @@ build_wheel() {
 }
 
 # A run directory outside the source tree with the tests' own files only
-# (the Python tests, their workers, the example, TLS test data), laid out as
+# (the Python tests, their workers, the example, TLS test data, the Kubeflow
+# manifests python/kubeflow_test.py reads), laid out as
 # in Bazel's runfiles: each test finds its files under the working directory
 # and `import bnps` finds the installed package.
 make_run_dir() {  # make_run_dir DIR
   local run="$1" d
   mkdir -p "$run/python"
   cp "$repo"/python/*_test.py "$run/python/"
-  for d in tests/pytorch tests/testdata/tls examples/pytorch; do
+  for d in tests/pytorch tests/testdata/tls examples/pytorch deploy/kubeflow; do
     mkdir -p "$run/$(dirname "$d")"
     cp -r "$repo/$d" "$run/$d"
   done

@@ -158,6 +158,11 @@ ABSL_FLAG(bool, bn_over_tcp, true,
           "Send BN traffic over raw TCP to the servers that offer it "
           "(bnps_server --bn_port), with the gRPC stream as the fallback; "
           "never with TLS. false: always the gRPC stream.");
+ABSL_FLAG(std::string, bn_host_aggregator, "",
+          "HOST:PORT of this host's BN aggregator (bnps_host_bn): the BN "
+          "traffic of the host's workers crosses to each shard as one frame "
+          "per layer, phase and step, with the same results. Empty: each "
+          "shard directly.");
 ABSL_FLAG(int, bn_spin_us, -1,
           "How long a BN exchange polls for its answer before it sleeps, in "
           "microseconds: saves the wake-up (tens of microseconds an exchange) "
@@ -399,6 +404,7 @@ client::GrpcClientOptions ClientOptionsFromFlags(
   }
   client_options.bn_spin = absl::Microseconds(spin_us);
   client_options.bn_over_tcp = absl::GetFlag(FLAGS_bn_over_tcp);
+  client_options.bn_host_aggregator = absl::GetFlag(FLAGS_bn_host_aggregator);
   // Checked before the worker joins: a launch with flags that do not fit the
   // job stops here and leaves the servers as they were.
   client_options.check_config = CheckAgainstServers;

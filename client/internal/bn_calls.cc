@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "client/internal/bn_socket.h"
@@ -245,8 +246,21 @@ std::shared_ptr<BnTransport> BnCalls::GetSocket(int shard) {
   hello.set_worker(options.worker);
   hello.set_generation(generation);
   hello.set_token(options.token);
+  std::string host = channels_->Host(shard);
+  int connect_port = port;
+  if (!options.bn_host_aggregator.empty()) {
+    // The host's aggregator, told which shard the requests are for.
+    hello.set_upstream(absl::StrCat(host, ":", port));
+    const size_t colon = options.bn_host_aggregator.rfind(':');
+    host = options.bn_host_aggregator.substr(0, colon);
+    if (colon == std::string::npos ||
+        !absl::SimpleAtoi(options.bn_host_aggregator.substr(colon + 1),
+                          &connect_port)) {
+      connect_port = 0;  // refused by Connect, reported below
+    }
+  }
   absl::StatusOr<std::unique_ptr<BnSocket>> opened = BnSocket::Connect(
-      channels_->Host(shard), port, hello,
+      host, connect_port, hello,
       absl::Now() + std::min(options.rpc_timeout, absl::Seconds(5)),
       options.bn_spin);
   absl::MutexLock lock(&streams_mu_);
@@ -268,8 +282,10 @@ std::shared_ptr<BnTransport> BnCalls::GetSocket(int shard) {
   if (closed_) return nullptr;
   if (state.said != "connected") {
     state.said = "connected";
-    std::fprintf(stderr, "bnps worker %d: BN over TCP to %s, port %d\n",
-                 options.worker, channels_->ShardName(shard).c_str(), port);
+    std::fprintf(stderr, "bnps worker %d: BN over TCP to %s, port %d%s%s\n",
+                 options.worker, channels_->ShardName(shard).c_str(), port,
+                 options.bn_host_aggregator.empty() ? "" : " through ",
+                 options.bn_host_aggregator.c_str());
   }
   std::shared_ptr<BnTransport>& slot = sockets_[shard];
   slot = std::shared_ptr<BnTransport>(*std::move(opened));

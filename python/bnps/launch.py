@@ -31,10 +31,22 @@ Each quantity comes from the first of these that gives it:
 Errors are ValueError: a variable that is not a non-negative integer (named
 with its value, only when it is used), disagreeing launchers, a worker id
 outside [0, num_workers).
+
+A job with a server per node (init(start_local_server=True)) starts it in
+each node's local rank 0 (starts_node_server). Under Kubeflow Trainer the
+servers' addresses are known before any starts (trainer_servers): node N is
+the JobSet pod <trainjob>-node-0-N under the TrainJob's subdomain, the name
+Trainer gives node 0 in PET_MASTER_ADDR, so node N's server is shard N of
+PET_NNODES, at that name and a fixed port. Elsewhere they travel over the
+process group (bnps.torch.node_server).
 """
 
 import dataclasses
 import os
+import re
+
+# The port of a node's server when its address is derived (trainer_servers).
+DEFAULT_NODE_SERVER_PORT = 7000
 
 _WHAT = {"worker": "the worker id", "num_workers": "the number of workers",
          "local_rank": "the local rank",
@@ -188,3 +200,59 @@ def placement(env=None, worker=None, num_workers=None):
             f"[0, {found['num_workers']}) ({sources['num_workers']})")
     return Placement(sources={k: v for k, v in sources.items() if v},
                      **found)
+
+
+def starts_node_server(p):
+    """Whether this process starts its node's server in a job with a server
+    per node: it is its node's local rank 0. Raises ValueError when no
+    variable gives the local rank."""
+    if p.local_rank is None:
+        raise ValueError(
+            "bnps.torch.init(start_local_server=True): no local rank (set "
+            "LOCAL_RANK, as torchrun does, or SLURM_LOCALID)")
+    return p.local_rank == 0
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeServers:
+    """The servers of a job with a server per node, known from the
+    launcher: `servers` ("host:port,..." in shard order), this node's
+    `shard` of `num_shards`, and the `port` its server binds."""
+    servers: str
+    shard: int
+    num_shards: int
+    port: int
+
+
+# JobSet's pod host name <jobset>-<replicated job>-<job index>-<pod index>;
+# Trainer's trainer nodes are replicated job "node", one Job, pod index N.
+_TRAINER_NODE_0 = re.compile(
+    r"^(?P<prefix>[a-z0-9]([-a-z0-9]*[a-z0-9])?-node-0)-0"
+    r"(?P<domain>\.[a-z0-9]([-.a-z0-9]*[a-z0-9])?)$")
+
+
+def trainer_servers(env=None, port=None):
+    """The NodeServers of a Kubeflow Trainer job (torch runtime): one per
+    trainer node, shard N at the JobSet DNS name of node N (derived from
+    PET_MASTER_ADDR, node 0's), port `port` (default BNPS_NODE_SERVER_PORT,
+    else DEFAULT_NODE_SERVER_PORT); this node's shard is PET_NODE_RANK.
+    None when the job is not one: PET_MASTER_ADDR, PET_NNODES (a number) or
+    PET_NODE_RANK unset, or PET_MASTER_ADDR not Trainer's form
+    <trainjob>-node-0-0.<subdomain>. Raises ValueError for a bad number."""
+    e = _Env(os.environ if env is None else env)
+    match = _TRAINER_NODE_0.match(e.env.get("PET_MASTER_ADDR", "").strip())
+    nodes, _ = e.int("PET_NNODES", lenient=True)
+    if match is None or not nodes:
+        return None
+    node, _ = e.int("PET_NODE_RANK")
+    if node is None:
+        return None
+    if node >= nodes:
+        raise ValueError(f"bnps: PET_NODE_RANK={node} is not in [0, "
+                         f"PET_NNODES={nodes})")
+    if port is None:
+        port, _ = e.int("BNPS_NODE_SERVER_PORT")
+        port = DEFAULT_NODE_SERVER_PORT if port is None else port
+    servers = ",".join(f"{match['prefix']}-{n}{match['domain']}:{port}"
+                       for n in range(nodes))
+    return NodeServers(servers, node, nodes, port)

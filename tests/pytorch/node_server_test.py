@@ -1,10 +1,13 @@
 """bnps.torch.init(start_local_server=True) in one process (a gloo group of
 one, as on a one-process node): it starts the node's bnps_server, connects,
 trains a layer through it, and close() stops the server; a server that
-fails to start is a RuntimeError carrying its output. The multi-node
-layout runs in //examples/pytorch:torchrun_test."""
+fails to start is a RuntimeError carrying its output; under Kubeflow
+Trainer's variables the server is the node's shard at the fixed port and the
+servers are the nodes' derived names. The multi-node layout runs in
+//examples/pytorch:torchrun_test."""
 
 import os
+import socket
 import sys
 import tempfile
 import unittest
@@ -24,6 +27,8 @@ sys.path.insert(0, os.path.join(os.getcwd(), "python"))  # Bazel runfiles
 import torch.distributed as dist  # noqa: E402
 
 import bnps.torch  # noqa: E402
+from bnps import launch  # noqa: E402
+from bnps.torch import node_server  # noqa: E402
 
 ENV = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}
 
@@ -69,6 +74,25 @@ class NodeServerTest(unittest.TestCase):
                                     "did not start.*worker 0.*no port"):
             bnps.torch.init(start_local_server=True,
                             server_flags=["--no_such_flag_for_this_test"])
+
+    def test_under_kubeflow_trainer_the_nodes_names(self):
+        with socket.socket() as s:  # a port free now, for the fixed port
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        env = {"PET_NNODES": "1", "PET_NPROC_PER_NODE": "1",
+               "PET_NODE_RANK": "0",
+               "PET_MASTER_ADDR": "fashion-node-0-0.fashion",
+               "BNPS_NODE_SERVER_PORT": str(port)}
+        p = launch.placement(dict(env, **ENV))
+        started = node_server.start(p, job="node-test", host="127.0.0.1",
+                                    env=env)
+        try:
+            self.assertEqual(started.servers,
+                             "fashion-node-0-0.fashion:%d" % port)
+            self.assertEqual(started.process.address, "127.0.0.1:%d" % port)
+        finally:
+            started.stop()
+        self.assertIsNone(started.process)
 
 
 if __name__ == "__main__":

@@ -41,6 +41,9 @@ TARGETS=(
   //tools:bnps_status
   //tools/bench:model_step_benchmark
   //tools/bench:ps_benchmark
+  //tools/testbed:bn_exchange
+  //tools/testbed:bnps_relay
+  //hostbn:bnps_host_bn
 )
 LIMIT_BYTES=$((64 * 1024 * 1024 - 4 * 1024 * 1024))  # room for the tree itself
 

@@ -21,6 +21,12 @@
 #                                        #   channels_last) and the ResNet-18
 #                                        #   benchmark against plain BN and
 #                                        #   torch's SyncBatchNorm (gloo)
+#   tools/gpu/run.sh scaling             # the BN exchange on the multi-host
+#                                        #   test bed (as root; network
+#                                        #   namespaces), 4 hosts x 1 and x 4
+#                                        #   workers, flat and through per-host
+#                                        #   aggregators, 200 us links, with
+#                                        #   a core per process
 #   tools/gpu/run.sh demo [launcher flags]  # tools/bnps_launch.py --device=gpu
 #   tools/gpu/run.sh exec PATH [args]    # one packed binary, e.g.
 #                                        #   exec worker/bnps_worker --help
@@ -219,6 +225,10 @@ case "$cmd" in
       --procs 2,4 --batches 8,32 --runs "${BNPS_TORCH_RUNS:-3}"
     cp "$RESULTS/torch_bench.log" "$RESULTS/pytorch_gpu.md"
     ;;
+  scaling)
+    "${PY:-python3}" "$REPO/tools/testbed/bn_scaling.py" --bin_dir "$W" --aggregate \
+      --rtt_us=0,200 --layouts=4x1,4x4 --rounds=3 --save "$RESULTS/scaling.json" "$@"
+    ;;
   demo_to)  # demo_to OUT_SUBDIR [launcher flags]: the demo into $RESULTS/OUT_SUBDIR
     demo "$@"
     ;;
@@ -262,6 +272,9 @@ case "$cmd" in
     part replicas 90 "${PY:-python3}" "$REPO/tools/bnps_launch.py" --bin_dir "$W" \
       --servers 1 --workers 1 --policy sync --device=gpu --replicas=2 --max_steps=60 \
       --data_dir="$DIR/data/fashion-mnist" --out_dir "$RESULTS/replicas"
+    # The multi-host bed's BN exchange with a core per process (skips,
+    # saying why, where network namespaces cannot be made).
+    part scaling 120 "$0" scaling
     echo
     "${PY:-python3}" "$REPO/tools/gpu/summarize.py" "$RESULTS" \
       --json "$RESULTS/gpu_results.json" | tee "$RESULTS/summary.md"
@@ -274,5 +287,5 @@ case "$cmd" in
     rel=$1; shift
     exec "$W/$rel" "$@"
     ;;
-  *) die "unknown command $cmd (info, tests, bench, demo, all, torch, exec)" ;;
+  *) die "unknown command $cmd (info, tests, bench, demo, scaling, all, torch, exec)" ;;
 esac

@@ -37,6 +37,7 @@ README_END = "<!-- gpu-status end -->"
 DEMO_SPEEDUP_TARGET = 8.0     # MPS demo images/s over the no-MPS demo's
 SYNC_LOCAL_TARGET = 1.10      # sync step / local step, one GPU, batch 32
 MODEL_STEP_TARGET = 1.10      # bnps step / PyTorch step
+HOST_BN_TARGET = 1.30         # 4 workers/host / 1 worker/host, aggregated
 
 
 def read(path):
@@ -160,6 +161,20 @@ def launch(out, sub):
             "workers": len(s.get("reports", []))}
 
 
+def scaling(out):
+    """The bed's BN exchange (scaling.json of tools/testbed/bn_scaling.py):
+    {(aggregated, rtt_us, hosts, per_host): p50_us}, empty when not run."""
+    text = read(os.path.join(out, "scaling.json"))
+    if text is None:
+        return {}
+    try:
+        saved = json.loads(text)
+    except ValueError:
+        return {}
+    return {(bool(r["aggregated"]), float(r["rtt_us"]), int(r["hosts"]),
+             int(r["per_host"])): float(r["p50_us"]) for r in saved.get("rows", [])}
+
+
 def device_name(out):
     info = read(os.path.join(out, "info.txt")) or ""
     for line in info.splitlines():
@@ -181,6 +196,7 @@ def collect(out):
         "demo": launch(out, "demo"),
         "demo_nomps": launch(out, "demo_nomps"),
         "replicas": launch(out, "replicas"),
+        "scaling": scaling(out),
     }
 
 
@@ -249,6 +265,15 @@ def rows(f):
     rep = f["replicas"]
     out.append(("--replicas=2 on one GPU", "ran, test accuracy %s" % fmt(rep["test_accuracy"], ".4f")
                 if rep else "no summary", "runs", "met" if rep else "missed"))
+    for agg in (True, False):
+        one = f["scaling"].get((agg, 200.0, 4, 1))
+        four = f["scaling"].get((agg, 200.0, 4, 4))
+        ratio = four / one if one and four else None
+        out.append(("BN exchange on the bed, 4 hosts, 200 us links, %s: "
+                    "4 workers/host / 1" % ("per-host aggregation" if agg else "flat"),
+                    "%s (%s us / %s us)" % (fmt(ratio), fmt(four, ".0f"), fmt(one, ".0f")),
+                    "<= %.2f" % HOST_BN_TARGET if agg else "(figure)",
+                    verdict(ratio, HOST_BN_TARGET) if agg else ""))
     return out
 
 

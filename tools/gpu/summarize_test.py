@@ -27,6 +27,32 @@ def mean_images_per_second(sub):
     return sum(values) / len(values)
 
 
+class ScalingRowsTest(unittest.TestCase):
+    def test_ratio_of_the_aggregated_layouts_against_the_target(self):
+        rows = [{"rtt_us": 200.0, "hosts": 4, "per_host": k, "p50_us": us,
+                 "aggregated": agg, "p90_us": us}
+                for agg, k, us in ((True, 1, 500.0), (True, 4, 600.0),
+                                   (False, 1, 480.0), (False, 4, 1200.0))]
+        with tempfile.TemporaryDirectory() as d:
+            with open(os.path.join(d, "scaling.json"), "w") as f:
+                json.dump({"rows": rows}, f)
+            got = {r[0]: r for r in summarize.rows(summarize.collect(d))}
+        agg = got["BN exchange on the bed, 4 hosts, 200 us links, per-host "
+                  "aggregation: 4 workers/host / 1"]
+        self.assertEqual(agg[1], "1.20 (600 us / 500 us)")
+        self.assertEqual(agg[3], "met")
+        flat = got["BN exchange on the bed, 4 hosts, 200 us links, flat: "
+                   "4 workers/host / 1"]
+        self.assertEqual(flat[1], "2.50 (1200 us / 480 us)")
+
+    def test_a_run_without_the_bed_says_not_measured(self):
+        with tempfile.TemporaryDirectory() as d:
+            got = {r[0]: r for r in summarize.rows(summarize.collect(d))}
+        row = got["BN exchange on the bed, 4 hosts, 200 us links, per-host "
+                  "aggregation: 4 workers/host / 1"]
+        self.assertEqual(row[3], "not measured")
+
+
 class SummaryOfTheCannedRunTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):

@@ -24,6 +24,8 @@ ABSL_FLAG(int, channels, 64, "Channels of the BN layer.");
 ABSL_FLAG(int, reps, 300, "Exchanges timed.");
 ABSL_FLAG(int, warmup, 30, "Exchanges before the timed ones.");
 ABSL_FLAG(int, bn_spin_us, 0, "As bnps_worker --bn_spin_us.");
+ABSL_FLAG(std::string, bn_host_aggregator, "",
+          "As bnps_worker --bn_host_aggregator.");
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
@@ -34,6 +36,7 @@ int main(int argc, char** argv) {
   o.num_workers = absl::GetFlag(FLAGS_num_workers);
   o.rpc_timeout = absl::Seconds(60);
   o.bn_spin = absl::Microseconds(absl::GetFlag(FLAGS_bn_spin_us));
+  o.bn_host_aggregator = absl::GetFlag(FLAGS_bn_host_aggregator);
   auto client = bnps::client::GrpcPsClient::Connect(std::move(o));
   if (!client.ok()) {
     std::fprintf(stderr, "bn_exchange: %s\n",

@@ -16,6 +16,11 @@ for the purpose when the default one is not gloo):
 3. every process gets the list, in shard order, or RuntimeError naming the
    node whose server failed (on every process, so none waits forever).
 
+Under Kubeflow Trainer (bnps.launch.trainer_servers) the shards and the
+addresses are the trainer nodes' stable DNS names instead: node N's local
+rank 0 starts shard N on `host` (default 0.0.0.0) at the fixed port, and
+step 3 only reports failures.
+
 The server lives as long as the process that started it (it dies with it,
 and NodeServer.stop() ends it); Connection.close() of such a job is a
 collective (a barrier first), so that no node's server stops while another
@@ -27,6 +32,7 @@ import socket
 import torch.distributed as dist
 
 from bnps import cluster as _cluster
+from bnps import launch as _launch
 
 
 class NodeServer:
@@ -63,16 +69,14 @@ def _group():
 
 
 def start(placement, policy="sync", job="bnps", host=None, flags=(),
-          server_bin=None, start_timeout_s=60.0):
+          server_bin=None, start_timeout_s=60.0, env=None):
     """Starts this node's server if this process is its local rank 0, and
     returns the job's NodeServer; see the module. `placement` is a
-    bnps.launch.Placement whose local_rank is known. Raises ValueError
+    bnps.launch.Placement whose local_rank is known; `env` (default
+    os.environ) the launcher's variables. Raises ValueError
     without a local rank or when the process group's size or rank differ
     from the placement's, RuntimeError when a server fails to start."""
-    if placement.local_rank is None:
-        raise ValueError(
-            "bnps.torch.init(start_local_server=True): no local rank (set "
-            "LOCAL_RANK, as torchrun does, or SLURM_LOCALID)")
+    leader = _launch.starts_node_server(placement)
     group = _group()
     if dist.get_world_size(group) != placement.num_workers or \
             dist.get_rank(group) != placement.worker:
@@ -80,18 +84,25 @@ def start(placement, policy="sync", job="bnps", host=None, flags=(),
             f"bnps: the process group has rank {dist.get_rank(group)} of "
             f"{dist.get_world_size(group)}, but bnps worker "
             f"{placement.worker} of {placement.num_workers}")
-    leaders = [None] * placement.num_workers
-    dist.all_gather_object(leaders, placement.local_rank == 0, group=group)
-    num_shards = sum(1 for lead in leaders if lead)
-    shard = sum(1 for lead in leaders[:placement.worker] if lead)
-    process, mine = None, (None, None)
-    if placement.local_rank == 0:
+    known = _launch.trainer_servers(env)
+    if known is not None:
+        shard, num_shards, port = known.shard, known.num_shards, known.port
+        bind = host or "0.0.0.0"
+    else:
+        leaders = [None] * placement.num_workers
+        dist.all_gather_object(leaders, leader, group=group)
+        num_shards = sum(1 for lead in leaders if lead)
+        shard = sum(1 for lead in leaders[:placement.worker] if lead)
+        port = 0
         bind = host or ("127.0.0.1" if num_shards == 1 else
                         socket.gethostbyname(socket.gethostname()))
+    process, mine = None, (None, None)
+    if leader:
         try:
             process = _cluster.ServerProcess(
                 _cluster.server_args(shard, num_shards, placement.num_workers,
-                                     policy, job, host=bind, flags=flags),
+                                     policy, job, host=bind, port=port,
+                                     flags=flags),
                 server_bin, start_timeout_s).start()
             mine = (process.address, None)
         except (OSError, RuntimeError) as e:
@@ -104,5 +115,6 @@ def start(placement, policy="sync", job="bnps", host=None, flags=(),
             process.stop()
         raise RuntimeError("bnps: a node's server did not start: " +
                            "; ".join(failed))
-    servers = ",".join(addr for addr, _ in got if addr)
+    servers = known.servers if known is not None else \
+        ",".join(addr for addr, _ in got if addr)
     return NodeServer(servers, process, group)

@@ -1,0 +1,420 @@
+#include "hostbn/aggregator.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <optional>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "hostbn/batcher.h"
+#include "proto/bn_frame.h"
+#include "proto/bnps.pb.h"
+#include "util/socket_io.h"
+
+namespace bnps::hostbn {
+namespace {
+
+// More than any hello (a token of at most 4,096 characters, a job name, a
+// shard's address) before the hello is whole: not a worker; closed.
+constexpr size_t kMaxHelloBytes = 64 * 1024;
+
+absl::Status Errno(const std::string& what) {
+  return absl::UnavailableError(absl::StrCat(what, ": ", strerror(errno)));
+}
+
+}  // namespace
+
+// One connection, a worker's or a shard's. The thread that serves it owns
+// the reading side; frames are written whole under write_mu by whoever has
+// them. The descriptor closes with the last reference.
+struct Aggregator::Conn {
+  Conn(int fd, absl::Duration timeout) : fd(fd), timeout(timeout) {}
+  ~Conn() { close(fd); }
+
+  void Write(const google::protobuf::MessageLite& m) {
+    std::string frame;
+    if (!proto::AppendFrame(m, &frame).ok()) {
+      Shut();
+      return;
+    }
+    absl::MutexLock lock(&write_mu);
+    if (!util::SendAll(fd, frame.data(), frame.size(), absl::Now() + timeout)
+             .ok()) {
+      shutdown(fd, SHUT_RDWR);
+    }
+  }
+  void Shut() { shutdown(fd, SHUT_RDWR); }
+
+  // The next frame's payload; UNAVAILABLE at the end of the connection,
+  // DEADLINE_EXCEEDED at `deadline`.
+  absl::StatusOr<std::string> ReadFrame(absl::Time deadline,
+                                        size_t max_bytes = SIZE_MAX) {
+    for (;;) {
+      absl::StatusOr<std::optional<absl::string_view>> f = reader.Next();
+      if (!f.ok()) return f.status();
+      if (f->has_value()) return std::string(**f);
+      if (reader.buffered() > max_bytes) {
+        return absl::InvalidArgumentError("a frame too long");
+      }
+      if (!util::WaitReadable(fd, deadline)) {
+        return absl::DeadlineExceededError("no whole frame in time");
+      }
+      char buf[16 * 1024];
+      const ssize_t k = recv(fd, buf, sizeof buf, 0);
+      if (k > 0) {
+        reader.Append(buf, static_cast<size_t>(k));
+      } else if (k == 0) {
+        return absl::UnavailableError("the connection closed");
+      } else if (errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK) {
+        return Errno("read");
+      }
+    }
+  }
+
+  const int fd;
+  const absl::Duration timeout;
+  absl::Mutex write_mu;
+  proto::FrameReader reader;
+};
+
+// The workers of one (shard, job, generation) and their shard connection.
+struct Aggregator::Group {
+  Group(GroupKey key, int workers) : key(std::move(key)), batcher(workers) {}
+
+  // Sends what `out` says (frames to the shard, answers to workers).
+  void Deliver(Batcher::Out out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    for (proto::BnRequest& frame : out.upstream) {
+      if (upstream != nullptr) {
+        upstream->Write(frame);
+      } else {
+        queued.push_back(std::move(frame));
+      }
+    }
+    Answer(out.answers);
+  }
+  void Answer(const std::vector<std::pair<int, proto::BnResponse>>& answers)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    for (const auto& [worker, resp] : answers) {
+      auto it = conns.find(worker);
+      if (it != conns.end()) it->second->Write(resp);
+    }
+  }
+  const std::string& address() const { return std::get<0>(key); }
+
+  const GroupKey key;  // upstream address, job, generation
+  absl::Mutex mu;
+  Batcher batcher ABSL_GUARDED_BY(mu);
+  std::map<int, std::shared_ptr<Conn>> conns ABSL_GUARDED_BY(mu);
+  std::set<int> joined ABSL_GUARDED_BY(mu);  // said hello, in id order
+  std::shared_ptr<Conn> upstream ABSL_GUARDED_BY(mu);
+  bool opening ABSL_GUARDED_BY(mu) = false;
+  // Frames for the shard before its connection is open.
+  std::vector<proto::BnRequest> queued ABSL_GUARDED_BY(mu);
+  absl::Status broken ABSL_GUARDED_BY(mu);
+};
+
+Aggregator::Aggregator(Options options) : options_(std::move(options)) {}
+
+absl::StatusOr<std::unique_ptr<Aggregator>> Aggregator::Start(
+    Options options) {
+  if (options.workers < 1) {
+    return absl::InvalidArgumentError("a host's BN aggregator needs workers >= 1");
+  }
+  if (options.per_worker_tokens &&
+      (options.token.empty() || options.num_workers < 1)) {
+    return absl::InvalidArgumentError(
+        "per-worker tokens need the job token and the job's worker count");
+  }
+  std::unique_ptr<Aggregator> a(new Aggregator(std::move(options)));
+  a->auth_ = std::make_unique<security::TokenAuthenticator>(
+      a->options_.token, a->options_.per_worker_tokens,
+      a->options_.num_workers);
+  absl::StatusOr<sockaddr_in> addr =
+      util::ResolveIPv4(a->options_.host, a->options_.port);
+  absl::StatusOr<util::Listener> listener =
+      addr.ok() ? util::ListenTcp(*addr, 256) : addr.status();
+  if (!listener.ok()) {
+    return absl::UnavailableError(absl::StrCat(
+        "host BN aggregator: ", listener.status().message()));
+  }
+  a->listen_fd_ = listener->fd;
+  a->port_ = listener->port;
+  a->Spawn([p = a.get()] { p->AcceptLoop(); });
+  return a;
+}
+
+Aggregator::~Aggregator() {
+  Stop();
+  if (listen_fd_ >= 0) close(listen_fd_);
+}
+
+void Aggregator::Spawn(std::function<void()> body) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return;
+    ++threads_;
+  }
+  std::thread([this, body = std::move(body)] {
+    body();
+    absl::MutexLock lock(&mu_);
+    --threads_;
+  }).detach();
+}
+
+void Aggregator::Stop() {
+  absl::MutexLock lock(&mu_);
+  if (!stopping_) {
+    stopping_ = true;
+    shutdown(listen_fd_, SHUT_RDWR);  // wakes the accepting thread
+    for (const auto& c : conns_) c->Shut();
+  }
+  mu_.Await(absl::Condition(
+      +[](int* n) { return *n == 0; }, &threads_));
+}
+
+void Aggregator::AcceptLoop() {
+  for (;;) {
+    if (!util::WaitReadable(listen_fd_, absl::InfiniteFuture())) continue;
+    const int fd =
+        accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno == EAGAIN || errno == EINTR || errno == ECONNABORTED) continue;
+      if (errno == EMFILE || errno == ENFILE) {
+        absl::SleepFor(absl::Milliseconds(100));
+        continue;
+      }
+      return;  // shut by Stop (EINVAL)
+    }
+    auto conn = std::make_shared<Conn>(fd, options_.timeout);
+    if (!util::SetLowLatency(fd, "host BN aggregator").ok()) continue;
+    {
+      absl::MutexLock lock(&mu_);
+      if (stopping_) return;
+      conns_.insert(conn);
+    }
+    Spawn([this, conn] {
+      Serve(conn);
+      absl::MutexLock lock(&mu_);
+      conns_.erase(conn);
+    });
+  }
+}
+
+void Aggregator::Serve(std::shared_ptr<Conn> conn) {
+  proto::BnHello hello;
+  absl::Status s;
+  absl::StatusOr<std::string> first =
+      conn->ReadFrame(absl::Now() + options_.timeout, kMaxHelloBytes);
+  if (!first.ok()) return;
+  if (!hello.ParseFromString(*first)) {
+    s = absl::InvalidArgumentError("the first frame is no BnHello");
+  }
+  const int worker = hello.worker();
+  if (s.ok()) {
+    absl::StatusOr<int> who = auth_->Authenticate(hello.token());
+    s = who.status();
+    if (who.ok() && *who != security::TokenAuthenticator::kAnyWorker &&
+        *who != worker) {
+      s = absl::PermissionDeniedError(absl::StrCat(
+          "worker ", *who, "'s token said hello as worker ", worker));
+    }
+  }
+  if (s.ok() && (hello.upstream().empty() || hello.workers_size() > 0)) {
+    s = absl::InvalidArgumentError(
+        "a host's BN aggregator needs a hello of one worker naming its "
+        "shard's BN address (upstream)");
+  }
+  std::shared_ptr<Group> g;
+  if (s.ok()) {
+    absl::MutexLock lock(&mu_);
+    GroupKey key{hello.upstream(), hello.job(), hello.generation()};
+    std::shared_ptr<Group>& slot = groups_[key];
+    if (slot == nullptr) slot = std::make_shared<Group>(key, options_.workers);
+    g = slot;
+  }
+  bool open = false;
+  if (s.ok()) {
+    absl::MutexLock lock(&g->mu);
+    if (!g->broken.ok()) {
+      s = g->broken;
+    } else if (g->joined.count(worker) == 0 &&
+               static_cast<int>(g->joined.size()) >= options_.workers) {
+      s = absl::FailedPreconditionError(absl::StrCat(
+          "this host's BN aggregator serves ", options_.workers,
+          " workers for the shard at ", g->address(), " (workers ",
+          absl::StrJoin(g->joined, ", "), "), not worker ", worker));
+    } else {
+      auto& slot = g->conns[worker];
+      if (slot != nullptr) slot->Shut();  // its reconnection replaces it
+      slot = conn;
+      g->batcher.Join(worker);
+      g->joined.insert(worker);
+      open = static_cast<int>(g->joined.size()) == options_.workers &&
+             g->upstream == nullptr && !g->opening;
+      if (open) g->opening = true;
+    }
+  }
+  proto::BnHelloReply reply;
+  reply.set_code(static_cast<int>(s.code()));
+  reply.set_message(std::string(s.message()));
+  conn->Write(reply);
+  if (!s.ok()) {
+    std::fprintf(stderr, "bnps_host_bn: refused worker %d: %s\n", worker,
+                 std::string(s.message()).c_str());
+    return;
+  }
+  if (open) OpenUpstream(g);
+  for (;;) {
+    absl::StatusOr<std::string> frame = conn->ReadFrame(absl::InfiniteFuture());
+    if (!frame.ok()) break;
+    proto::BnRequest req;
+    if (!req.ParseFromString(*frame)) break;  // not ours: closed
+    absl::MutexLock lock(&g->mu);
+    absl::Status refused = g->broken;
+    if (refused.ok() && (req.worker() != worker || req.batch_size() > 0)) {
+      refused = absl::PermissionDeniedError(absl::StrCat(
+          "this BN connection acts as worker ", worker,
+          " alone (a request of worker ", req.worker(),
+          req.batch_size() > 0 ? ", a batch" : "", ")"));
+    }
+    if (!refused.ok()) {
+      proto::BnResponse resp;
+      resp.set_id(req.id());
+      resp.set_code(static_cast<int>(refused.code()));
+      resp.set_message(std::string(refused.message()));
+      conn->Write(resp);
+      continue;
+    }
+    g->Deliver(g->batcher.Submit(worker, std::move(req)));
+  }
+  absl::MutexLock lock(&g->mu);
+  auto it = g->conns.find(worker);
+  if (it != g->conns.end() && it->second == conn) {
+    g->conns.erase(it);
+    g->Deliver(g->batcher.Leave(worker));
+  }
+}
+
+void Aggregator::OpenUpstream(const std::shared_ptr<Group>& g) {
+  const std::string& where = g->address();
+  proto::BnHello hello;
+  hello.set_job(std::get<1>(g->key));
+  hello.set_generation(std::get<2>(g->key));
+  hello.set_token(options_.token);
+  {
+    absl::MutexLock lock(&g->mu);
+    hello.set_worker(*g->joined.begin());
+    for (int w : g->joined) hello.add_workers(w);
+  }
+  const absl::Time deadline = absl::Now() + options_.timeout;
+  auto fail = [&](const absl::Status& st) {
+    Break(g, absl::UnavailableError(absl::StrCat(
+                 "the shard's BN listener at ", where, ": ", st.message())));
+  };
+  const size_t colon = where.rfind(':');
+  int port = 0;
+  if (colon == std::string::npos ||
+      !absl::SimpleAtoi(where.substr(colon + 1), &port)) {
+    return fail(absl::InvalidArgumentError("not a host:port"));
+  }
+  absl::StatusOr<sockaddr_in> addr =
+      util::ResolveIPv4(where.substr(0, colon), port);
+  if (!addr.ok()) return fail(addr.status());
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return fail(Errno("socket"));
+  auto up = std::make_shared<Conn>(fd, options_.timeout);
+  if (absl::Status st = util::SetLowLatency(fd, "BN upstream"); !st.ok()) {
+    return fail(st);
+  }
+  if (connect(fd, reinterpret_cast<sockaddr*>(&*addr), sizeof *addr) != 0) {
+    if (errno != EINPROGRESS) return fail(Errno("connect"));
+    if (absl::Status st = util::FinishConnect(fd, deadline); !st.ok()) {
+      return fail(st);
+    }
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return fail(absl::CancelledError("stopping"));
+    conns_.insert(up);
+  }
+  up->Write(hello);
+  absl::StatusOr<std::string> bytes = up->ReadFrame(deadline);
+  proto::BnHelloReply reply;
+  if (!bytes.ok()) return fail(bytes.status());
+  if (!reply.ParseFromString(*bytes)) {
+    return fail(absl::InvalidArgumentError("no BnHelloReply"));
+  }
+  if (reply.code() != 0) {
+    return fail(absl::Status(static_cast<absl::StatusCode>(reply.code()),
+                             reply.message()));
+  }
+  {
+    absl::MutexLock lock(&g->mu);
+    if (!g->broken.ok()) return;
+    g->upstream = up;
+    g->opening = false;
+    for (const proto::BnRequest& frame : g->queued) up->Write(frame);
+    g->queued.clear();
+  }
+  Spawn([this, g] { ReadUpstream(g); });
+}
+
+void Aggregator::ReadUpstream(std::shared_ptr<Group> g) {
+  std::shared_ptr<Conn> up;
+  {
+    absl::MutexLock lock(&g->mu);
+    up = g->upstream;
+  }
+  absl::Status why;
+  for (;;) {
+    absl::StatusOr<std::string> frame = up->ReadFrame(absl::InfiniteFuture());
+    if (!frame.ok()) {
+      why = frame.status();
+      break;
+    }
+    proto::BnResponse resp;
+    if (!resp.ParseFromString(*frame)) {
+      why = absl::InvalidArgumentError("bytes that are no BnResponse");
+      break;
+    }
+    absl::MutexLock lock(&g->mu);
+    g->Answer(g->batcher.Answer(resp));
+  }
+  Break(g, absl::UnavailableError(absl::StrCat(
+               "the BN connection to the shard at ", g->address(),
+               " broke: ", why.message())));
+  absl::MutexLock lock(&mu_);
+  conns_.erase(up);
+}
+
+void Aggregator::Break(const std::shared_ptr<Group>& g,
+                       const absl::Status& why) {
+  {
+    absl::MutexLock lock(&g->mu);
+    if (!g->broken.ok()) return;
+    g->broken = why;
+    g->Deliver(g->batcher.Fail(why));
+    g->queued.clear();  // their entries were answered by Fail
+    for (auto& [w, c] : g->conns) c->Shut();
+    if (g->upstream != nullptr) g->upstream->Shut();
+  }
+  std::fprintf(stderr, "bnps_host_bn: %s\n", std::string(why.message()).c_str());
+  absl::MutexLock lock(&mu_);
+  auto it = groups_.find(g->key);
+  if (it != groups_.end() && it->second == g) groups_.erase(it);
+}
+
+}  // namespace bnps::hostbn

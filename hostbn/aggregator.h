@@ -1,0 +1,101 @@
+// Aggregator: a host's BN aggregator. The workers of one host point their
+// BN traffic at it (GrpcClientOptions::bn_host_aggregator, bnps_worker
+// --bn_host_aggregator) instead of at the shards; it speaks the shards'
+// raw-TCP BN protocol (bnps.proto, BnHello) to them and to the shards, and
+// for each shard sends ONE frame per (layer, phase, step) carrying the
+// requests of all its workers (a batch, hostbn/batcher.h), then hands each
+// worker its answer from the shard's one reply. The shard merges the
+// contributions in worker order exactly as when each worker sends its own
+// (server/bn_batch_dispatch.h), so results are bitwise the same.
+//
+// A worker's hello names, in `upstream`, the shard's BN address its
+// requests are for; the workers of one (upstream, job, generation) form a
+// group, and once `workers` of them have said hello the aggregator opens
+// one connection to that shard with a hello naming them all (with the job
+// token). Until then their requests wait.
+//
+// Tokens: the aggregator holds the job token, as the servers do. A worker's
+// hello must carry the job token or, with per_worker_tokens, that worker's
+// own token (security/worker_token.h), checked here; the shard sees the job
+// token. Errors: a refused hello is answered and the connection closed; a
+// worker whose connection closes holds up no round of its peers (the shard
+// waits for it or fails the barrier naming it, hostbn/batcher.h); a shard
+// connection that breaks or refuses the hello fails every request waiting
+// on it with UNAVAILABLE naming the shard and closes its group's workers'
+// connections (they reconnect, and a new group opens a new one). A peer
+// that takes no frame for `timeout` is cut off.
+//
+// Thread-safety: thread-safe. A thread per connection (workers and shards).
+
+#ifndef BNPS_HOSTBN_AGGREGATOR_H_
+#define BNPS_HOSTBN_AGGREGATOR_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <tuple>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "security/worker_token.h"
+
+namespace bnps::hostbn {
+
+class Aggregator {
+ public:
+  struct Options {
+    std::string host = "127.0.0.1";  // an IPv4 address, or a name of one
+    int port = 0;                    // 0: a free one
+    int workers = 1;  // the host's workers (each shard's group waits for all)
+    std::string token;               // the job token; empty: none
+    bool per_worker_tokens = false;  // workers may use their own tokens
+    int num_workers = 0;  // the job's workers (per_worker_tokens needs it)
+    absl::Duration timeout = absl::Seconds(5);  // hellos, connects, writes
+  };
+
+  // UNAVAILABLE if the address cannot be bound; INVALID_ARGUMENT for
+  // options that do not fit (workers < 1, per_worker_tokens without a
+  // token or num_workers).
+  static absl::StatusOr<std::unique_ptr<Aggregator>> Start(Options options);
+  ~Aggregator();  // Stop()
+
+  int port() const { return port_; }
+
+  // Closes the listener and every connection and waits for their threads.
+  // Idempotent.
+  void Stop() ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  struct Conn;
+  struct Group;
+  using GroupKey = std::tuple<std::string, std::string, int64_t>;
+
+  explicit Aggregator(Options options);
+  void AcceptLoop();
+  void Serve(std::shared_ptr<Conn> conn);
+  // Opens `g`'s shard connection (called by the hello that completed it).
+  void OpenUpstream(const std::shared_ptr<Group>& g);
+  void ReadUpstream(std::shared_ptr<Group> g);
+  // Fails `g` with `why` and forgets it.
+  void Break(const std::shared_ptr<Group>& g, const absl::Status& why);
+  void Spawn(std::function<void()> body) ABSL_LOCKS_EXCLUDED(mu_);
+
+  const Options options_;
+  std::unique_ptr<security::TokenAuthenticator> auth_;
+  int listen_fd_ = -1;
+  int port_ = 0;
+  absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  int threads_ ABSL_GUARDED_BY(mu_) = 0;  // running
+  std::map<GroupKey, std::shared_ptr<Group>> groups_ ABSL_GUARDED_BY(mu_);
+  std::set<std::shared_ptr<Conn>> conns_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace bnps::hostbn
+
+#endif  // BNPS_HOSTBN_AGGREGATOR_H_

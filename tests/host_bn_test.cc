@@ -1,0 +1,288 @@
+// A host's BN aggregator (hostbn/aggregator.h) against the flat path on
+// 127.0.0.1: two hosts of two workers each, every worker's request through
+// its host's aggregator, give the bits of four workers sent one by one; the
+// shard's batch frame refuses what its connection may not send; a worker
+// that leaves fails its peers' round at the shard, naming it.
+
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "hostbn/aggregator.h"
+#include "proto/bn_frame.h"
+#include "proto/bnps.pb.h"
+#include "proto/codec.h"
+#include "security/worker_token.h"
+#include "server/bn_socket_server.h"
+#include "server/raw_bn_conn_testing.h"
+#include "server/shard.h"
+#include "util/eventually.h"
+
+namespace bnps {
+namespace {
+
+using server::bn_testing::RawConn;
+
+constexpr char kToken[] = "bnps-test-token-0123456789abcdef";
+constexpr int kWorkers = 4;
+
+struct ShardUnderTest {
+  explicit ShardUnderTest(bool per_worker_tokens = false) {
+    server::ShardOptions o;
+    o.num_workers = kWorkers;
+    auto s = server::Shard::Create(o);
+    EXPECT_TRUE(s.ok()) << s.status();
+    shard = *std::move(s);
+    for (int w = 0; w < kWorkers; ++w) {
+      EXPECT_TRUE(shard->Register(w, /*incarnation=*/100 + w).ok());
+    }
+    server::BnSocketServer::Options so;
+    so.token = kToken;
+    so.per_worker_tokens = per_worker_tokens;
+    auto srv = server::BnSocketServer::Start(shard.get(), nullptr, nullptr, so);
+    EXPECT_TRUE(srv.ok()) << srv.status();
+    bn = *std::move(srv);
+  }
+  std::string address() const { return "127.0.0.1:" + std::to_string(bn->port()); }
+
+  std::unique_ptr<server::Shard> shard;
+  std::unique_ptr<server::BnSocketServer> bn;
+};
+
+// Moments whose merge depends on its order: large means, unequal counts.
+proto::BnRequest Forward(int worker, uint64_t id, int64_t step) {
+  bn::Moments m;
+  m.count = 3 + 2 * worker + step;
+  for (int c = 0; c < 5; ++c) {
+    m.mean.push_back(1e8 + 0.1 * worker + 1e-3 * c + 0.37 * step);
+    m.m2.push_back(1.0 / 3 + worker * 7.1 + c);
+  }
+  proto::BnRequest r;
+  r.set_id(id);
+  r.set_job("bnps");
+  r.set_worker(worker);
+  r.set_step(step);
+  r.set_layer("bn1");
+  r.set_phase(proto::BN_FORWARD);
+  proto::EncodeMoments(m, r.mutable_moments());
+  return r;
+}
+
+proto::BnResponse ReceiveAnswer(RawConn& c) {
+  proto::BnResponse resp;
+  std::optional<std::string> bytes = c.Receive();
+  EXPECT_TRUE(bytes.has_value());
+  if (bytes) {
+    EXPECT_TRUE(resp.ParseFromString(*bytes));
+  }
+  return resp;
+}
+
+proto::BnHelloReply SendHello(RawConn& c, const proto::BnHello& hello) {
+  c.Send(hello);
+  proto::BnHelloReply reply;
+  std::optional<std::string> bytes = c.Receive();
+  EXPECT_TRUE(bytes.has_value());
+  if (bytes) {
+    EXPECT_TRUE(reply.ParseFromString(*bytes));
+  }
+  return reply;
+}
+
+// A worker's hello to its host's aggregator.
+proto::BnHelloReply HelloVia(RawConn& c, int worker, const std::string& upstream,
+                             const std::string& token = kToken) {
+  proto::BnHello hello;
+  hello.set_job("bnps");
+  hello.set_worker(worker);
+  hello.set_token(token);
+  hello.set_upstream(upstream);
+  return SendHello(c, hello);
+}
+
+// The merged moments each worker got for steps 0..2, as raw bytes.
+using Answers = std::vector<std::vector<std::string>>;  // [step][worker]
+
+std::string Bits(const proto::BnResponse& r) {
+  EXPECT_EQ(r.code(), 0) << r.message();
+  EXPECT_EQ(r.contributors(), kWorkers);
+  return r.moments().SerializeAsString();
+}
+
+Answers RunSteps(std::vector<std::unique_ptr<RawConn>>& conns) {
+  Answers out;
+  for (int64_t step = 0; step < 3; ++step) {
+    // Sent in reverse worker order: arrival order must not matter.
+    for (int w = kWorkers - 1; w >= 0; --w) {
+      conns[w]->Send(Forward(w, 10 * step + w, step));
+    }
+    std::vector<std::string> got;
+    for (int w = 0; w < kWorkers; ++w) {
+      proto::BnResponse r = ReceiveAnswer(*conns[w]);
+      EXPECT_EQ(r.id(), static_cast<uint64_t>(10 * step + w));
+      got.push_back(Bits(r));
+    }
+    out.push_back(got);
+  }
+  return out;
+}
+
+TEST(HostBnTest, TwoHostsThroughAggregatorsGiveTheFlatPathsBits) {
+  ShardUnderTest flat;
+  std::vector<std::unique_ptr<RawConn>> direct;
+  for (int w = 0; w < kWorkers; ++w) {
+    direct.push_back(std::make_unique<RawConn>(flat.bn->port()));
+    ASSERT_EQ(direct.back()->Hello("bnps", w, kToken).code(), 0);
+  }
+  const Answers want = RunSteps(direct);
+
+  ShardUnderTest shard;
+  std::vector<std::unique_ptr<hostbn::Aggregator>> hosts;
+  for (int h = 0; h < 2; ++h) {
+    hostbn::Aggregator::Options o;
+    o.workers = 2;
+    o.token = kToken;
+    auto a = hostbn::Aggregator::Start(o);
+    ASSERT_TRUE(a.ok()) << a.status();
+    hosts.push_back(*std::move(a));
+  }
+  std::vector<std::unique_ptr<RawConn>> via;
+  for (int w = 0; w < kWorkers; ++w) {
+    via.push_back(std::make_unique<RawConn>(hosts[w / 2]->port()));
+    ASSERT_EQ(HelloVia(*via.back(), w, shard.address()).code(), 0);
+  }
+  const Answers got = RunSteps(via);
+  // One connection per host reached the shard.
+  EXPECT_EQ(shard.bn->accepted(), 2);
+  EXPECT_EQ(got, want);
+  // Every worker got the same merge.
+  for (const auto& step : got) {
+    for (const std::string& bits : step) EXPECT_EQ(bits, step[0]);
+  }
+}
+
+TEST(HostBnTest, AWorkerThatLeavesFailsItsPeersRoundAtTheShardNamingIt) {
+  ShardUnderTest shard;
+  hostbn::Aggregator::Options o;
+  o.workers = 2;
+  o.token = kToken;
+  auto a = hostbn::Aggregator::Start(o);
+  ASSERT_TRUE(a.ok()) << a.status();
+  RawConn w0((*a)->port());
+  ASSERT_EQ(HelloVia(w0, 0, shard.address()).code(), 0);
+  {
+    RawConn w1((*a)->port());
+    ASSERT_EQ(HelloVia(w1, 1, shard.address()).code(), 0);
+    w0.Send(Forward(0, 1, 0));
+  }  // worker 1 leaves without its contribution
+  // The round leaves without it, and the shard's barrier fails at its
+  // deadline naming the workers it lacks, as on the flat path.
+  ASSERT_TRUE(util::Eventually([&] { return shard.shard->bn().Contributed(0); }));
+  shard.shard->bn().ExpireDeadlines(absl::InfiniteFuture());
+  proto::BnResponse r = ReceiveAnswer(w0);
+  EXPECT_EQ(r.id(), 1u);
+  EXPECT_EQ(r.code(), static_cast<int>(absl::StatusCode::kDeadlineExceeded));
+  EXPECT_NE(r.message().find("waiting for workers [1, 2, 3]"),
+            std::string::npos)
+      << r.message();
+}
+
+TEST(HostBnTest, AShardThatGoesAwayFailsTheRequestsWaitingOnItNamingIt) {
+  ShardUnderTest shard;
+  hostbn::Aggregator::Options o;
+  o.token = kToken;
+  auto a = hostbn::Aggregator::Start(o);
+  ASSERT_TRUE(a.ok()) << a.status();
+  RawConn w0((*a)->port());
+  ASSERT_EQ(HelloVia(w0, 0, shard.address()).code(), 0);
+  w0.Send(Forward(0, 3, 0));  // waits at the shard for workers 1-3
+  ASSERT_TRUE(util::Eventually([&] { return shard.shard->bn().Contributed(0); }));
+  shard.bn->Stop();
+  proto::BnResponse r = ReceiveAnswer(w0);
+  EXPECT_EQ(r.id(), 3u);
+  EXPECT_EQ(r.code(), static_cast<int>(absl::StatusCode::kUnavailable));
+  EXPECT_NE(r.message().find("shard at " + std::string("127.0.0.1:")),
+            std::string::npos)
+      << r.message();
+  // Then the worker's connection ends: it reconnects, as after any break.
+  EXPECT_FALSE(w0.Receive().has_value());
+}
+
+TEST(HostBnTest, TheAggregatorChecksWorkersTokens) {
+  ShardUnderTest shard(/*per_worker_tokens=*/true);
+  hostbn::Aggregator::Options o;
+  o.workers = 1;
+  o.token = kToken;
+  o.per_worker_tokens = true;
+  o.num_workers = kWorkers;
+  auto a = hostbn::Aggregator::Start(o);
+  ASSERT_TRUE(a.ok()) << a.status();
+  {
+    RawConn c((*a)->port());
+    proto::BnHelloReply r =
+        HelloVia(c, 1, shard.address(), security::WorkerToken(kToken, 0));
+    EXPECT_EQ(r.code(), static_cast<int>(absl::StatusCode::kPermissionDenied));
+  }
+  RawConn c((*a)->port());
+  ASSERT_EQ(HelloVia(c, 0, shard.address(), security::WorkerToken(kToken, 0))
+                .code(),
+            0);
+  // Its own token reached the aggregator; the shard saw the job token.
+  proto::BnRequest r = Forward(0, 7, 0);
+  r.set_phase(proto::BN_RUNNING);
+  c.Send(r);
+  proto::BnResponse resp = ReceiveAnswer(c);
+  EXPECT_EQ(resp.id(), 7u);
+  EXPECT_NE(resp.code(), static_cast<int>(absl::StatusCode::kPermissionDenied))
+      << resp.message();
+  EXPECT_NE(resp.code(), static_cast<int>(absl::StatusCode::kUnauthenticated))
+      << resp.message();
+}
+
+// The shard's side: a hello naming several workers, and batches.
+proto::BnHelloReply HelloFor(RawConn& c, const std::vector<int>& workers,
+                             const std::string& token) {
+  proto::BnHello hello;
+  hello.set_job("bnps");
+  hello.set_worker(workers[0]);
+  for (int w : workers) hello.add_workers(w);
+  hello.set_token(token);
+  return SendHello(c, hello);
+}
+
+TEST(HostBnTest, AShardTakesAHelloOfSeveralWorkersWithTheJobTokenOnly) {
+  ShardUnderTest shard(/*per_worker_tokens=*/true);
+  {
+    RawConn c(shard.bn->port());
+    proto::BnHelloReply r =
+        HelloFor(c, {0, 1}, security::WorkerToken(kToken, 0));
+    EXPECT_EQ(r.code(), static_cast<int>(absl::StatusCode::kPermissionDenied));
+    EXPECT_NE(r.message().find("job token"), std::string::npos) << r.message();
+  }
+  {
+    RawConn c(shard.bn->port());
+    EXPECT_EQ(HelloFor(c, {0, 9}, kToken).code(),
+              static_cast<int>(absl::StatusCode::kInvalidArgument));
+  }
+  // A batch over it reaches the batch dispatcher, which refuses more
+  // entries than workers (its other checks: server/bn_batch_dispatch_test).
+  RawConn c(shard.bn->port());
+  ASSERT_EQ(HelloFor(c, {0, 1}, kToken).code(), 0);
+  proto::BnRequest batch;
+  batch.set_id(1);
+  for (int w : {0, 1}) *batch.add_batch() = Forward(w, 10 + w, 0);
+  proto::BnRequest* other = batch.add_batch();
+  *other = Forward(1, 12, 0);
+  other->set_phase(proto::BN_RUNNING);
+  c.Send(batch);
+  proto::BnResponse resp = ReceiveAnswer(c);
+  EXPECT_EQ(resp.id(), 1u);
+  EXPECT_EQ(resp.code(), static_cast<int>(absl::StatusCode::kInvalidArgument))
+      << "three entries on a connection of two workers";
+}
+
+}  // namespace
+}  // namespace bnps
