@@ -22,7 +22,10 @@
 // admission holds its worker's claim on the transport.
 //
 // Thread-safety: an Admission belongs to one owner at a time; it may be
-// moved. Destroying it releases what it holds.
+// moved. Destroying it releases what it holds. A generation-checked one
+// holds a reader lock: it is released on the thread that was admitted, and
+// lives no longer than the synchronous part of a call (a stream admits each
+// request that reaches the shard's components anew).
 
 #ifndef BNPS_SERVER_ADMISSION_H_
 #define BNPS_SERVER_ADMISSION_H_
