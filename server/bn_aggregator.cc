@@ -334,9 +334,8 @@ absl::StatusOr<BnAggregator::Reply> BnAggregator::Finish(const BarrierKey& key,
         layer.running = bn::RunningStats::Initial(layer.channels);
       }
       if (reply.moments.count >= 2) {
-        absl::Status s = bn::UpdateRunningStats(reply.moments, options_.momentum,
-                                                &*layer.running);
-        if (!s.ok()) return s;
+        bn::MixIntoRunningStats(reply.moments, options_.momentum,
+                                &*layer.running);
       }
       reply.running = layer.running;
       return reply;
@@ -345,8 +344,7 @@ absl::StatusOr<BnAggregator::Reply> BnAggregator::Finish(const BarrierKey& key,
       reply.sums = bn::BackwardSums::Zero(layer.channels);
       for (const auto& c : b.by_worker) {
         if (!c.has_value()) continue;
-        absl::Status s = bn::AddSums(c->sums, &reply.sums);
-        if (!s.ok()) return s;
+        bn::AccumulateSums(c->sums, &reply.sums);
       }
       return reply;
     }
@@ -415,11 +413,7 @@ void BnAggregator::AsyncForward(int worker, int64_t step, Layer& layer,
   if (all.count >= 2) {
     const double m =
         1.0 - std::pow(1.0 - options_.momentum, 1.0 / std::max(1, NumLive()));
-    absl::Status s = bn::UpdateRunningStats(all, m, &*layer.running);
-    if (!s.ok()) {
-      ready->push_back([done = std::move(done), s] { done(s); });
-      return;
-    }
+    bn::MixIntoRunningStats(all, m, &*layer.running);
   }
   reply.running = layer.running;
   ready->push_back([done = std::move(done), r = std::move(reply)]() mutable {

@@ -43,6 +43,15 @@
 // do: one that skips the shard's layers entirely for a step, on a shard
 // without parameters, is refused.) Recalibration batches are not steps.
 //
+// Validated input: the statistics handed in must be well formed, as the
+// decodes at the trust boundary make them (proto::DecodeMoments,
+// DecodeSums, DecodeRunning: the BN transports decode before they call in).
+// REQUIRES: Forward's and Recal's moments pass bn::ValidateMoments;
+// Backward's sums are finite, sum_dy and sum_dy_xhat of one size;
+// LocalRunning's stats are finite with var >= 0. The aggregator checks only
+// how they relate to the layer (channel counts) and merges without scanning
+// the values again.
+//
 // Errors: INVALID_ARGUMENT for a worker outside the job, a negative step or a
 // channel count that differs from the layer's; FAILED_PRECONDITION for a phase
 // the policy does not use, a removed or failed worker, or a step from the past
@@ -98,7 +107,8 @@ class BnAggregator {
     // The worker ids the aggregator keeps records for, [0, num_workers).
     int num_workers = 1;
     int64_t staleness = 0;
-    double momentum = 0.1;  // running-stats momentum, as PyTorch's
+    // Running-stats momentum, as PyTorch's. REQUIRES: in [0, 1].
+    double momentum = 0.1;
     // sync BN with sync gradients: the newest parameter version on the
     // shard, for the admissible steps (above); none under async gradients.
     // Called without the aggregator's lock. Default: none (0).

@@ -202,31 +202,6 @@ void Shard::ExpireAllWaits() {
   if (clocks_) clocks_->ExpireDeadlines(absl::InfiniteFuture());
 }
 
-absl::Status Shard::CheckCaller(const std::string& job, int worker,
-                                int caller) const {
-  if (job != options_.job) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "request for job '", job, "' reached a server of job '", options_.job, "'"));
-  }
-  if (worker < 0 || worker >= options_.num_workers) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "worker ", worker, " outside the job's [0, ", options_.num_workers, ")"));
-  }
-  if (caller != kAnyWorker && caller != worker) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        "the call's token is worker ", caller, "'s: it may not act as worker ",
-        worker, " (per-worker tokens)"));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status Shard::CheckRegistered(int worker) const {
-  if (membership_.IsRegistered(worker)) return absl::OkStatus();
-  return absl::FailedPreconditionError(absl::StrCat(
-      "worker ", worker, " has not registered with shard ", options_.shard,
-      ": it may not take part in BN before it registers"));
-}
-
 absl::Status Shard::CheckOwned(const std::string& key) const {
   const int owner = proto::ShardForKey(key, options_.num_shards);
   if (owner != options_.shard) {
@@ -440,23 +415,6 @@ void Shard::HandleLosses(absl::Time now) {
       if (clocks_) clocks_->FailWorker(w, why);
     }
   }
-}
-
-absl::Status Shard::CheckGeneration(int64_t generation) const {
-  absl::MutexLock lock(&gen_mu_);
-  if (gen_.needs_rollback) {
-    return absl::AbortedError(absl::StrCat(
-        "shard ", options_.shard, " restarted from its checkpoint of step ",
-        gen_.restored_step, ": ", proto::kRollsBackText,
-        " to a step every server has"));
-  }
-  if (generation != gen_.generation) {
-    return absl::AbortedError(absl::StrCat(
-        "a call of job generation ", generation, " reached shard ",
-        options_.shard, " in generation ", gen_.generation, ": ",
-        proto::kRollsBackText, " (to step ", gen_.restored_step, ")"));
-  }
-  return absl::OkStatus();
 }
 
 int64_t Shard::ResumeStep(int worker) const {

@@ -64,6 +64,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "server/admission.h"
 #include "server/bn_aggregator.h"
 #include "server/step_clocks.h"
 #include "server/membership.h"
@@ -148,16 +149,16 @@ class Shard {
   // without one): security::TokenAuthenticator::kAnyWorker.
   static constexpr int kAnyWorker = -1;
 
-  // OK if the request belongs to this job and names a worker of it that
-  // `caller` (who the call's token proved it is: a worker id, or
-  // kAnyWorker) may act as: PERMISSION_DENIED for a worker's token used as
-  // another worker (per-worker tokens).
-  absl::Status CheckCaller(const std::string& job, int worker,
+  // Admits a call as its adapter decoded it (server/admission.h lists the
+  // checks, their order and their errors): the guard the adapter holds
+  // while the call acts, or the error to answer the call with.
+  absl::StatusOr<Admission> Admit(const AdmissionRequest& request);
+
+  // Admit's check of the job and the worker: OK if the request belongs to
+  // this job and names a worker of it that `caller` (who the call's token
+  // proved it is: a worker id, or kAnyWorker) may act as.
+  absl::Status CheckCaller(absl::string_view job, int worker,
                            int caller = kAnyWorker) const;
-  // OK if `worker` registered with this shard; FAILED_PRECONDITION if not
-  // (BN calls of an id that never registered are refused: they would mark
-  // it as having taken part, and the real worker could not join).
-  absl::Status CheckRegistered(int worker) const;
 
   // Registers `worker`, run by the process `incarnation` (nonzero), as
   // Membership::Register does: a retry of the same incarnation is OK, another
@@ -193,30 +194,10 @@ class Shard {
   // Whether `worker` took part in the job here (as Register's rule above).
   bool TookPart(int worker) const;
 
-  // Job generations (proto/bnps.proto). OK if a call of `generation` may
-  // proceed; ABORTED containing proto::kRollsBackText otherwise.
+  // Admit's check of the generation (proto/bnps.proto, "Job generations"):
+  // OK if a call of `generation` may proceed; ABORTED containing
+  // proto::kRollsBackText otherwise.
   absl::Status CheckGeneration(int64_t generation) const;
-  // CheckGeneration, holding off any rollback while the guard lives: a call
-  // checked under a guard reaches the store, the BN aggregator or the clocks
-  // before a rollback or after it, never across. What a guarded section
-  // calls must not wait (the components answer through callbacks).
-  class GenerationGuard {
-   public:
-    GenerationGuard(const Shard* shard, int64_t generation)
-        ABSL_SHARED_LOCK_FUNCTION(shard->rollback_mu_)
-        : mu_(&shard->rollback_mu_) {
-      mu_->ReaderLock();
-      status_ = shard->CheckGeneration(generation);
-    }
-    ~GenerationGuard() ABSL_UNLOCK_FUNCTION() { mu_->ReaderUnlock(); }
-    GenerationGuard(const GenerationGuard&) = delete;
-    GenerationGuard& operator=(const GenerationGuard&) = delete;
-    const absl::Status& status() const { return status_; }
-
-   private:
-    absl::Mutex* const mu_;
-    absl::Status status_;
-  };
   // Restores checkpoint `step` (its newest good one for a negative step:
   // under async, where the shards' checkpoints are not of one moment) as
   // `generation` (proto::RollbackRequest):
@@ -349,7 +330,11 @@ class Shard {
 
   uint64_t incarnation_ = 0;
 
-  // Shared by generation-checked calls (GenerationGuard), exclusive for a
+  // Per-worker tokens: the workers holding a live BN connection, per
+  // BnTransport.
+  WorkerClaims bn_claims_[2];
+
+  // Shared by generation-checked calls (their Admission), exclusive for a
   // rollback.
   mutable absl::Mutex rollback_mu_;
   mutable absl::Mutex gen_mu_;

@@ -15,7 +15,16 @@
 namespace bnps::server {
 
 namespace {
+
 using M = ServerMetrics;  // its enums; metrics_ may be null everywhere
+
+// StartStep and FinishStep need the shard's step clocks.
+absl::Status HasClocks(Shard& shard) {
+  if (shard.clocks() != nullptr) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      "step clocks are kept by shard 0 under the async policy only");
+}
+
 }  // namespace
 
 absl::StatusOr<int> ShardService::Authenticate(
@@ -26,9 +35,9 @@ absl::StatusOr<int> ShardService::Authenticate(
 }
 
 template <typename Request>
-absl::Status ShardService::Admit(const grpc::CallbackServerContext& ctx,
-                                 const grpc::ByteBuffer& raw, Request* req,
-                                 int* caller, bool names_worker) const {
+absl::Status ShardService::Decode(const grpc::CallbackServerContext& ctx,
+                                  const grpc::ByteBuffer& raw, Request* req,
+                                  int* caller, bool names_worker) const {
   absl::StatusOr<int> who = Authenticate(ctx);
   if (!who.ok()) return who.status();
   *caller = *who;
@@ -38,6 +47,19 @@ absl::Status ShardService::Admit(const grpc::CallbackServerContext& ctx,
         "its way, e.g. held up past its deadline, arrives so)");
   }
   return ParseRequest(raw, req);
+}
+
+template <typename Request>
+absl::StatusOr<Admission> ShardService::AdmitWorkerCall(
+    const grpc::CallbackServerContext& ctx, const grpc::ByteBuffer& raw,
+    Request* req, int* worker, bool generation_checked) {
+  AdmissionRequest a;
+  if (absl::Status s = Decode(ctx, raw, req, &a.caller); !s.ok()) return s;
+  *worker = req->worker();
+  a.job = req->job();
+  a.worker = req->worker();
+  if (generation_checked) a.generation = CallGeneration(ctx);
+  return shard_->Admit(a);
 }
 
 grpc::ServerUnaryReactor* ShardService::Answer(
@@ -61,10 +83,10 @@ grpc::ServerUnaryReactor* ShardService::Register(
   const ShardOptions& o = shard_->options();
   proto::RegisterRequest req;
   proto::RegisterResponse resp;
-  int caller = Shard::kAnyWorker;
-  absl::Status s = Admit(*ctx, *raw, &req, &caller);
-  const int worker = s.ok() ? req.worker() : -1;
-  if (s.ok()) s = shard_->CheckCaller(req.job(), req.worker(), caller);
+  int worker = -1;
+  const absl::StatusOr<Admission> admitted =
+      AdmitWorkerCall(*ctx, *raw, &req, &worker, /*generation_checked=*/false);
+  absl::Status s = admitted.status();
   if (s.ok() && (req.num_workers() != o.num_workers ||
                  req.num_shards() != o.num_shards)) {
     s = absl::FailedPreconditionError(absl::StrCat(
@@ -91,10 +113,10 @@ grpc::ServerUnaryReactor* ShardService::Heartbeat(
     grpc::ByteBuffer* out) {
   proto::HeartbeatRequest req;
   proto::HeartbeatResponse resp;
-  int caller = Shard::kAnyWorker;
-  absl::Status s = Admit(*ctx, *raw, &req, &caller);
-  const int worker = s.ok() ? req.worker() : -1;
-  if (s.ok()) s = shard_->CheckCaller(req.job(), req.worker(), caller);
+  int worker = -1;
+  const absl::StatusOr<Admission> admitted =
+      AdmitWorkerCall(*ctx, *raw, &req, &worker, /*generation_checked=*/false);
+  absl::Status s = admitted.status();
   if (s.ok()) {
     s = shard_->Heartbeat(req.worker(), req.incarnation());
   }
@@ -114,12 +136,10 @@ grpc::ServerUnaryReactor* ShardService::InitParameters(
     grpc::ByteBuffer* out) {
   proto::InitParametersRequest req;
   proto::InitParametersResponse resp;
-  int caller = Shard::kAnyWorker;
-  absl::Status s = Admit(*ctx, *raw, &req, &caller);
-  const int worker = s.ok() ? req.worker() : -1;
-  if (s.ok()) s = shard_->CheckCaller(req.job(), req.worker(), caller);
-  Shard::GenerationGuard guard(shard_, CallGeneration(*ctx));
-  if (s.ok()) s = guard.status();
+  int worker = -1;
+  const absl::StatusOr<Admission> admitted =
+      AdmitWorkerCall(*ctx, *raw, &req, &worker, /*generation_checked=*/true);
+  absl::Status s = admitted.status();
   for (const proto::NamedTensor& p : req.parameters()) {
     if (!s.ok()) break;
     if (p.key().empty() || p.key().size() > proto::kMaxKeyBytes) {
@@ -159,7 +179,12 @@ grpc::ServerReadReactor<grpc::ByteBuffer>* ShardService::PushGradients(
     if (metrics_) metrics_->Request(M::kPushGradients, s.code());
     return new Refused<grpc::ServerReadReactor<grpc::ByteBuffer>>(s);
   }
-  if (absl::Status s = shard_->CheckGeneration(CallGeneration(*ctx)); !s.ok()) {
+  // Refused before any chunk is read; each tensor is admitted again as it
+  // reaches the store.
+  AdmissionRequest a;
+  a.caller = *caller;
+  a.generation = CallGeneration(*ctx);
+  if (absl::Status s = shard_->Admit(a).status(); !s.ok()) {
     LogRejected(*shard_, "PushGradients", -1, s);
     if (metrics_) metrics_->Request(M::kPushGradients, s.code());
     return new Refused<grpc::ServerReadReactor<grpc::ByteBuffer>>(s);
@@ -177,50 +202,36 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* ShardService::PullParameters(
     if (metrics_) metrics_->Request(M::kPullParameters, s.code());
     return new Refused<grpc::ServerWriteReactor<grpc::ByteBuffer>>(s);
   }
-  if (absl::Status s = shard_->CheckGeneration(CallGeneration(*ctx)); !s.ok()) {
-    LogRejected(*shard_, "PullParameters", -1, s);
-    if (metrics_) metrics_->Request(M::kPullParameters, s.code());
-    return new Refused<grpc::ServerWriteReactor<grpc::ByteBuffer>>(s);
-  }
   return NewPullReactor(shard_, ctx, req, metrics_, *caller);
 }
 
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>*
 ShardService::BnSync(grpc::CallbackServerContext* ctx) {
   absl::StatusOr<int> caller = Authenticate(*ctx);
-  absl::Status s = caller.status();
-  // A worker with its own token has one live stream: a second is refused.
-  if (s.ok() && *caller != Shard::kAnyWorker && !bn_streams_.Claim(*caller)) {
-    s = absl::FailedPreconditionError(absl::StrCat(
-        "worker ", *caller, " already has a live BN stream to shard ",
-        shard_->options().shard, " (per-worker tokens)"));
-  }
-  if (!s.ok()) {
+  AdmissionRequest a;
+  a.caller = caller.ok() ? *caller : Shard::kAnyWorker;
+  a.connection = BnTransport::kStream;
+  absl::StatusOr<Admission> stream =
+      caller.ok() ? shard_->Admit(a) : caller.status();
+  if (const absl::Status& s = stream.status(); !s.ok()) {
     LogRejected(*shard_, "BnSync", caller.ok() ? *caller : -1, s);
     if (metrics_) metrics_->Request(M::kBnSync, s.code());
     return new Refused<
         grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>>(s);
   }
   return NewBnReactor(shard_, metrics_, CallGeneration(*ctx), keep_awake_,
-                      *caller,
-                      *caller != Shard::kAnyWorker ? &bn_streams_ : nullptr,
-                      bn_budget_);
+                      *caller, *std::move(stream), bn_budget_);
 }
 
 grpc::ServerUnaryReactor* ShardService::StartStep(
     grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* raw,
     grpc::ByteBuffer* out) {
   proto::StartStepRequest req;
-  int caller = Shard::kAnyWorker;
-  absl::Status s = Admit(*ctx, *raw, &req, &caller);
-  const int worker = s.ok() ? req.worker() : -1;
-  if (s.ok()) s = shard_->CheckCaller(req.job(), req.worker(), caller);
-  Shard::GenerationGuard guard(shard_, CallGeneration(*ctx));
-  if (s.ok()) s = guard.status();
-  if (s.ok() && shard_->clocks() == nullptr) {
-    s = absl::FailedPreconditionError(
-        "step clocks are kept by shard 0 under the async policy only");
-  }
+  int worker = -1;
+  const absl::StatusOr<Admission> admitted =
+      AdmitWorkerCall(*ctx, *raw, &req, &worker, /*generation_checked=*/true);
+  absl::Status s = admitted.status();
+  if (s.ok()) s = HasClocks(*shard_);
   if (!s.ok()) return Answer(M::kStartStep, ctx, *raw, worker, s);
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   Shard* shard = shard_;
@@ -247,16 +258,11 @@ grpc::ServerUnaryReactor* ShardService::FinishStep(
     grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* raw,
     grpc::ByteBuffer* out) {
   proto::FinishStepRequest req;
-  int caller = Shard::kAnyWorker;
-  absl::Status s = Admit(*ctx, *raw, &req, &caller);
-  const int worker = s.ok() ? req.worker() : -1;
-  if (s.ok()) s = shard_->CheckCaller(req.job(), req.worker(), caller);
-  Shard::GenerationGuard guard(shard_, CallGeneration(*ctx));
-  if (s.ok()) s = guard.status();
-  if (s.ok() && shard_->clocks() == nullptr) {
-    s = absl::FailedPreconditionError(
-        "step clocks are kept by shard 0 under the async policy only");
-  }
+  int worker = -1;
+  const absl::StatusOr<Admission> admitted =
+      AdmitWorkerCall(*ctx, *raw, &req, &worker, /*generation_checked=*/true);
+  absl::Status s = admitted.status();
+  if (s.ok()) s = HasClocks(*shard_);
   if (s.ok()) s = shard_->clocks()->FinishStep(req.worker(), req.completed());
   const proto::FinishStepResponse resp;
   return Answer(M::kFinishStep, ctx, *raw, worker, s, &resp, out);
@@ -267,7 +273,7 @@ grpc::ServerUnaryReactor* ShardService::GetStatus(
     grpc::ByteBuffer* out) {
   proto::StatusRequest req;
   int caller = Shard::kAnyWorker;  // status and digest name no worker
-  if (absl::Status s = Admit(*ctx, *raw, &req, &caller, /*names_worker=*/false);
+  if (absl::Status s = Decode(*ctx, *raw, &req, &caller, /*names_worker=*/false);
       !s.ok()) {
     return Answer(M::kGetStatus, ctx, *raw, -1, s);
   }
@@ -319,10 +325,10 @@ grpc::ServerUnaryReactor* ShardService::Rollback(
     grpc::ByteBuffer* out) {
   proto::RollbackRequest req;
   proto::RollbackResponse resp;
-  int caller = Shard::kAnyWorker;
-  absl::Status s = Admit(*ctx, *raw, &req, &caller);
-  const int worker = s.ok() ? req.worker() : -1;
-  if (s.ok()) s = shard_->CheckCaller(req.job(), req.worker(), caller);
+  int worker = -1;
+  const absl::StatusOr<Admission> admitted =
+      AdmitWorkerCall(*ctx, *raw, &req, &worker, /*generation_checked=*/false);
+  absl::Status s = admitted.status();
   if (s.ok()) {
     Shard::MembershipChange change;
     change.resize_to = req.resize_to();
@@ -354,7 +360,7 @@ grpc::ServerUnaryReactor* ShardService::GetDigest(
     grpc::ByteBuffer* out) {
   proto::DigestRequest req;
   int caller = Shard::kAnyWorker;  // status and digest name no worker
-  if (absl::Status s = Admit(*ctx, *raw, &req, &caller, /*names_worker=*/false);
+  if (absl::Status s = Decode(*ctx, *raw, &req, &caller, /*names_worker=*/false);
       !s.ok()) {
     return Answer(M::kGetDigest, ctx, *raw, -1, s);
   }
@@ -375,10 +381,10 @@ grpc::ServerUnaryReactor* ShardService::Leave(grpc::CallbackServerContext* ctx,
                                               grpc::ByteBuffer* out) {
   proto::LeaveRequest req;
   proto::LeaveResponse resp;
-  int caller = Shard::kAnyWorker;
-  absl::Status s = Admit(*ctx, *raw, &req, &caller);
-  const int worker = s.ok() ? req.worker() : -1;
-  if (s.ok()) s = shard_->CheckCaller(req.job(), req.worker(), caller);
+  int worker = -1;
+  const absl::StatusOr<Admission> admitted =
+      AdmitWorkerCall(*ctx, *raw, &req, &worker, /*generation_checked=*/false);
+  absl::Status s = admitted.status();
   if (s.ok()) s = shard_->Leave(req.worker(), req.incarnation());
   resp.set_job_complete(shard_->job_complete());
   return Answer(M::kLeave, ctx, *raw, worker, s, &resp, out);
@@ -387,12 +393,11 @@ grpc::ServerUnaryReactor* ShardService::Leave(grpc::CallbackServerContext* ctx,
 grpc::ServerWriteReactor<grpc::ByteBuffer>* ShardService::ReadState(
     grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* raw) {
   proto::ReadStateRequest req;
-  int caller = Shard::kAnyWorker;  // a read: any holder of a token
-  absl::Status s = Admit(*ctx, *raw, &req, &caller);
-  if (s.ok() && req.job() != shard_->options().job) {
-    s = absl::InvalidArgumentError(
-        absl::StrCat("request for job '", req.job(),
-                     "' reached a server of job '", shard_->options().job, "'"));
+  AdmissionRequest a;  // a read: any holder of a token, of the job
+  absl::Status s = Decode(*ctx, *raw, &req, &a.caller);
+  if (s.ok()) {
+    a.job = req.job();
+    s = shard_->Admit(a).status();
   }
   if (metrics_) metrics_->Received(M::kReadState, raw->Length());
   if (!s.ok()) {
