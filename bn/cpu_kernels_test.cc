@@ -258,5 +258,18 @@ TEST(AddSumsTest, AddsAndRejectsMismatch) {
   EXPECT_EQ(acc.sum_dy, (std::vector<double>{2, 4}));  // unchanged on error
 }
 
+TEST(AddSumsTest, AccumulateSumsAddsAsAddSums) {
+  BackwardSums checked = BackwardSums::Zero(2);
+  BackwardSums accumulated = BackwardSums::Zero(2);
+  const BackwardSums part{{0.5, -2}, {3, 1e-3}};
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(AddSums(part, &checked).ok());
+    AccumulateSums(part, &accumulated);
+  }
+  EXPECT_EQ(accumulated.sum_dy, checked.sum_dy);
+  EXPECT_EQ(accumulated.sum_dy_xhat, checked.sum_dy_xhat);
+  EXPECT_EQ(accumulated.sum_dy, (std::vector<double>{1.5, -6}));
+}
+
 }  // namespace
 }  // namespace bnps::bn

@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "absl/base/macros.h"
 #include "absl/strings/str_cat.h"
 
 namespace bnps::bn {
@@ -28,11 +29,18 @@ absl::Status AddSums(const BackwardSums& part, BackwardSums* acc) {
           absl::StrCat("backward sums: channel ", c, " is not finite"));
     }
   }
+  AccumulateSums(part, acc);
+  return absl::OkStatus();
+}
+
+void AccumulateSums(const BackwardSums& part, BackwardSums* acc) {
+  ABSL_ASSERT(part.sum_dy.size() == acc->sum_dy.size() &&
+              part.sum_dy_xhat.size() == acc->sum_dy_xhat.size() &&
+              part.sum_dy.size() == part.sum_dy_xhat.size());
   for (size_t c = 0; c < part.sum_dy.size(); ++c) {
     acc->sum_dy[c] += part.sum_dy[c];
     acc->sum_dy_xhat[c] += part.sum_dy_xhat[c];
   }
-  return absl::OkStatus();
 }
 
 absl::Status ValidateNormalization(const Shape& shape, const Normalization& norm,

@@ -75,6 +75,11 @@ struct BackwardSums {
 // acc += part, channel by channel. INVALID_ARGUMENT if the sizes differ or a
 // value of `part` is not finite.
 absl::Status AddSums(const BackwardSums& part, BackwardSums* acc);
+// AddSums for a part already known good: sums decoded by proto::DecodeSums
+// (which checks that every value is finite) or computed by a kernel. It
+// checks nothing. REQUIRES: `part` finite, with acc's channel count in both
+// arrays.
+void AccumulateSums(const BackwardSums& part, BackwardSums* acc);
 
 // The pieces of those checks.
 // OK if `norm` fits a tensor of `shape` (sizes, eps > 0, finite var >= 0);

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <utility>
 
+#include "absl/base/macros.h"
 #include "absl/strings/str_cat.h"
 #include "util/finite.h"
 
@@ -176,6 +177,15 @@ absl::Status UpdateRunningStats(const Moments& batch, double momentum,
   }
   if (batch.count == 0) return absl::OkStatus();
   if (batch.count < 2) return UnbiasedVariance(batch).status();
+  MixIntoRunningStats(batch, momentum, stats);
+  return absl::OkStatus();
+}
+
+void MixIntoRunningStats(const Moments& batch, double momentum,
+                         RunningStats* stats) {
+  ABSL_ASSERT(batch.count >= 2 && batch.m2.size() == batch.mean.size() &&
+              stats->mean.size() == batch.mean.size() &&
+              stats->var.size() == batch.mean.size());
   // The unbiased variance channel by channel, as UnbiasedVariance computes
   // it (the same bits), without a vector of it.
   const double n1 = static_cast<double>(batch.count - 1);
@@ -184,7 +194,6 @@ absl::Status UpdateRunningStats(const Moments& batch, double momentum,
     stats->var[c] =
         (1.0 - momentum) * stats->var[c] + momentum * (batch.m2[c] / n1);
   }
-  return absl::OkStatus();
 }
 
 }  // namespace bnps::bn

@@ -119,6 +119,14 @@ struct RunningStats {
 absl::Status UpdateRunningStats(const Moments& batch, double momentum,
                                 RunningStats* stats);
 
+// UpdateRunningStats for a batch already known good: moments decoded by
+// proto::DecodeMoments (which validates them), computed by a kernel, or
+// merged from such moments. It checks nothing.
+// REQUIRES: ValidateMoments(batch).ok(), batch.count >= 2, momentum in
+// [0, 1], and `*stats` of batch's channel count.
+void MixIntoRunningStats(const Moments& batch, double momentum,
+                         RunningStats* stats);
+
 }  // namespace bnps::bn
 
 #endif  // BNPS_BN_MOMENTS_H_

@@ -297,5 +297,19 @@ TEST(MomentsTest, RunningStatsEdgeCases) {
   EXPECT_EQ(stats.mean, before.mean);
 }
 
+TEST(MomentsTest, MixIntoRunningStatsIsUpdateRunningStatsWithoutChecks) {
+  Moments batch;
+  batch.count = 5;
+  batch.mean = {1.5, -2};
+  batch.m2 = {4, 0.5};
+  RunningStats checked = RunningStats::Initial(2);
+  RunningStats mixed = checked;
+  ASSERT_TRUE(UpdateRunningStats(batch, 0.25, &checked).ok());
+  MixIntoRunningStats(batch, 0.25, &mixed);
+  EXPECT_EQ(mixed.mean, checked.mean);  // the same bits
+  EXPECT_EQ(mixed.var, checked.var);
+  EXPECT_NE(mixed.mean, RunningStats::Initial(2).mean);
+}
+
 }  // namespace
 }  // namespace bnps::bn

@@ -15,6 +15,7 @@
 #include "client/internal/streaming_pull.h"
 #include "client/internal/streaming_push.h"
 #include "client/internal/task_threads.h"
+#include "proto/membership_history.h"
 #include "security/job_token.h"
 
 namespace bnps::client {
@@ -272,6 +273,41 @@ absl::StatusOr<int64_t> GrpcPsClient::Recover(bool restarted) {
 }
 
 bool GrpcPsClient::rejoining() const { return membership_->rejoining(); }
+
+google::protobuf::RepeatedPtrField<proto::MembershipSegment>
+GrpcPsClient::membership() const {
+  return membership_->job_membership();
+}
+
+absl::StatusOr<int64_t> GrpcPsClient::Join() {
+  return Resize(/*grow=*/true);
+}
+
+absl::StatusOr<int64_t> GrpcPsClient::LeaveEarly() {
+  return Resize(/*grow=*/false);
+}
+
+absl::StatusOr<int64_t> GrpcPsClient::Resize(bool grow) {
+  if (absl::Status s = membership_->dropped(); !s.ok()) return s;
+  const absl::Time deadline =
+      absl::Now() + channels_->options().connect_timeout + channels_->CallTimeout();
+  const int worker = channels_->options().worker;
+  absl::StatusOr<int64_t> step = membership_->Recover(
+      /*restarted=*/false, deadline, grow ? worker + 1 : 0, grow ? 0 : worker);
+  if (step.ok()) {
+    absl::StatusOr<proto::MembershipHistory> h =
+        proto::MembershipHistory::FromSegments(channels_->options().num_workers,
+                                               membership_->job_membership());
+    std::fprintf(stderr,
+                 "bnps worker %d: asked to %s: the job rolled back "
+                 "(generation %lld); membership %s\n",
+                 worker, grow ? "join" : "leave early",
+                 static_cast<long long>(channels_->generation()),
+                 h.ok() ? h->ToString().c_str()
+                        : std::string(h.status().message()).c_str());
+  }
+  return step;
+}
 
 absl::Status GrpcPsClient::Leave() { return membership_->Leave(); }
 

@@ -139,6 +139,11 @@ class GrpcPsClient final : public PsClient {
   // shards that are down (restarting). Not concurrently with other calls.
   absl::StatusOr<int64_t> Recover(bool restarted) override;
   bool rejoining() const override;
+  google::protobuf::RepeatedPtrField<proto::MembershipSegment> membership()
+      const override;
+  // As PsClient's; not concurrently with other calls.
+  absl::StatusOr<int64_t> Join() override;
+  absl::StatusOr<int64_t> LeaveEarly() override;
   // As PsClient's; tells every shard at once (retrying UNAVAILABLE), then
   // stops heartbeating. Not concurrently with other calls.
   absl::Status Leave() override;
@@ -150,6 +155,8 @@ class GrpcPsClient final : public PsClient {
   int num_shards() const;
 
  private:
+  // Join (grow) or LeaveEarly.
+  absl::StatusOr<int64_t> Resize(bool grow);
   explicit GrpcPsClient(GrpcClientOptions options);
   // Heartbeats, and cancels BN writes stuck past their deadline.
   void BackgroundLoop() ABSL_LOCKS_EXCLUDED(bg_mu_);

@@ -59,7 +59,7 @@ absl::StatusOr<std::unique_ptr<InProcessPsClient>> InProcessPsClient::Connect(
     if (!s.ok()) return s;
   }
   return std::unique_ptr<InProcessPsClient>(new InProcessPsClient(
-      job, worker, incarnation, server::ToJobConfig(job->shard(0).options())));
+      job, worker, incarnation, job->shard(0).config()));
 }
 
 server::Shard& InProcessPsClient::ShardOf(const std::string& key) {

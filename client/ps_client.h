@@ -241,6 +241,33 @@ class PsClient {
   // before it connected: a restart, which must Recover(true) first.
   virtual bool rejoining() const { return false; }
 
+  // Elastic workers (proto/membership_history.h). The job's membership
+  // (JobConfig.membership: which workers train from which step) as the
+  // servers last said: at connection, then after each Recover or Join,
+  // which may change it. Default: the config's.
+  virtual google::protobuf::RepeatedPtrField<proto::MembershipSegment>
+  membership() const {
+    return config().membership();
+  }
+  // Asks a sync job to take this worker, whose id is at or above the job's
+  // last count: rolls the job back as Recover does, to a step every server
+  // has a checkpoint of, from which the job has at least worker() + 1
+  // workers, and returns that step. Recover's errors; the servers'
+  // FAILED_PRECONDITION ("resizing needs --policy=sync") under another
+  // policy. Default (implementations without servers): UNIMPLEMENTED.
+  virtual absl::StatusOr<int64_t> Join() {
+    return absl::UnimplementedError("this client cannot resize a job");
+  }
+  // Asks a sync job to go on without this worker, the highest of the job's
+  // count: rolls the job back as Recover does, to a step every server has a
+  // checkpoint of, from which the job has worker() workers, and returns
+  // that step (this worker trains no step from there). Recover's errors;
+  // the servers' FAILED_PRECONDITION for another worker or policy. Default:
+  // UNIMPLEMENTED.
+  virtual absl::StatusOr<int64_t> LeaveEarly() {
+    return absl::UnimplementedError("this client cannot resize a job");
+  }
+
   // This worker finished the job: its last call, after training and after
   // the running statistics are settled. Once every worker of the job has
   // left, the job is complete: the servers write their final checkpoints

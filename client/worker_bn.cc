@@ -126,4 +126,31 @@ absl::Status UpdateRunning(const bn::Moments& batch,
   return s;
 }
 
+absl::Status ApplyRunning(const BnForwardOutcome& outcome,
+                          std::optional<double> momentum,
+                          int64_t* batches_tracked, bn::RunningStats* running) {
+  switch (outcome.running) {
+    case RunningUpdate::kNone:
+      return absl::OkStatus();
+    case RunningUpdate::kFromBatch:
+      return UpdateRunning(outcome.normalize, momentum, batches_tracked,
+                           running);
+    case RunningUpdate::kFromServers:
+      break;
+  }
+  const std::optional<bn::RunningStats>& servers = outcome.servers_running;
+  if (!servers.has_value() || servers->mean.size() != running->mean.size() ||
+      servers->var.size() != running->var.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the servers' running statistics are ",
+        servers.has_value() ? absl::StrCat("of ", servers->mean.size(),
+                                           " channels")
+                            : std::string("missing"),
+        ", the layer has ", running->mean.size()));
+  }
+  *running = *servers;
+  ++*batches_tracked;
+  return absl::OkStatus();
+}
+
 }  // namespace bnps::client

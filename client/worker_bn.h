@@ -128,6 +128,16 @@ absl::Status UpdateRunning(const bn::Moments& batch,
                            std::optional<double> momentum,
                            int64_t* batches_tracked, bn::RunningStats* running);
 
+// A layer's running statistics after a forward pass with `outcome`, as its
+// RunningUpdate says: kFromBatch is UpdateRunning with outcome.normalize,
+// kFromServers copies outcome.servers_running and increments
+// *batches_tracked (as torch counts a step), kNone changes nothing. Errors
+// of UpdateRunning; INVALID_ARGUMENT if the servers' statistics are missing
+// or have another channel count than `running`.
+absl::Status ApplyRunning(const BnForwardOutcome& outcome,
+                          std::optional<double> momentum,
+                          int64_t* batches_tracked, bn::RunningStats* running);
+
 }  // namespace bnps::client
 
 #endif  // BNPS_CLIENT_WORKER_BN_H_

@@ -160,5 +160,30 @@ TEST(WorkerBnTest, UpdateRunningIsTorchsRule) {
   EXPECT_EQ(tracked, 2);
 }
 
+TEST(WorkerBnTest, ApplyRunningFollowsTheOutcome) {
+  BnForwardOutcome out;
+  out.normalize = M(5, {2.0}, {8.0});
+  bn::RunningStats running = bn::RunningStats::Initial(1);
+  int64_t tracked = 0;
+  ASSERT_TRUE(ApplyRunning(out, 0.5, &tracked, &running).ok());  // kNone
+  EXPECT_EQ(tracked, 0);
+  EXPECT_EQ(running.mean[0], 0.0);
+  out.running = RunningUpdate::kFromBatch;
+  ASSERT_TRUE(ApplyRunning(out, 0.5, &tracked, &running).ok());
+  EXPECT_EQ(tracked, 1);
+  EXPECT_DOUBLE_EQ(running.var[0], 1.5);
+  out.running = RunningUpdate::kFromServers;
+  EXPECT_EQ(ApplyRunning(out, 0.5, &tracked, &running).code(),
+            absl::StatusCode::kInvalidArgument);  // no statistics came
+  out.servers_running = bn::RunningStats{{0.25, 0.5}, {2.0, 3.0}};
+  EXPECT_EQ(ApplyRunning(out, 0.5, &tracked, &running).code(),
+            absl::StatusCode::kInvalidArgument);  // two channels for one
+  out.servers_running = bn::RunningStats{{0.25}, {2.0}};
+  ASSERT_TRUE(ApplyRunning(out, 0.5, &tracked, &running).ok());
+  EXPECT_EQ(tracked, 2);
+  EXPECT_EQ(running.mean[0], 0.25);
+  EXPECT_EQ(running.var[0], 2.0);
+}
+
 }  // namespace
 }  // namespace bnps::client

@@ -148,4 +148,13 @@ void ToConfig(const JobPolicy& p, proto::JobConfig* c) {
   }
 }
 
+absl::Status CheckResizable(const JobPolicy& policy) {
+  if (policy.bn == Policy::kSync && policy.gradients == Gradients::kSync) {
+    return absl::OkStatus();
+  }
+  return absl::FailedPreconditionError(
+      absl::StrCat("resizing needs --policy=sync (this job runs ",
+                   JobPolicyName(policy), ")"));
+}
+
 }  // namespace bnps::policy

@@ -94,6 +94,12 @@ inline bool BnTrafficWhileTraining(Policy p) {
   return p == Policy::kSync || p == Policy::kAsync;
 }
 
+// OK if a job of `policy` may change its worker count while it runs
+// (proto/membership_history.h); FAILED_PRECONDITION ("resizing needs
+// --policy=sync") otherwise: the bounded-staleness clocks and the other
+// policies' per-worker state are not defined across a change of count.
+absl::Status CheckResizable(const JobPolicy& policy);
+
 // Whether the backward pass needs the two global BN sums (sync only: under
 // async the others' statistics are constants).
 inline bool GlobalBnBackward(Policy p) { return p == Policy::kSync; }

@@ -115,5 +115,19 @@ TEST(PolicyTest, NamesAndConfigRoundTrip) {
             absl::StatusCode::kInvalidArgument);
 }
 
+TEST(PolicyTest, OnlySyncJobsResize) {
+  EXPECT_TRUE(CheckResizable({Policy::kSync, Gradients::kSync}).ok());
+  for (JobPolicy p : {JobPolicy{Policy::kAsync, Gradients::kAsync},
+                      JobPolicy{Policy::kRecal, Gradients::kSync},
+                      JobPolicy{Policy::kLocal, Gradients::kSync},
+                      JobPolicy{Policy::kSync, Gradients::kAsync}}) {
+    const absl::Status s = CheckResizable(p);
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_NE(s.message().find("resizing needs --policy=sync"),
+              std::string::npos)
+        << s;
+  }
+}
+
 }  // namespace
 }  // namespace bnps::policy

@@ -6,7 +6,10 @@
 //
 // Decoding validates everything that arrives over the network and returns
 // INVALID_ARGUMENT naming what is wrong: dtype, shape, byte size, non-finite
-// values, limits. Thread-safety: functions are pure.
+// values, limits. These decodes are the trust boundary of the BN statistics:
+// what they return goes on to functions that REQUIRE validated input and do
+// not check it again (server/bn_aggregator.h, bn::MixIntoRunningStats,
+// bn::AccumulateSums). Thread-safety: functions are pure.
 
 #ifndef BNPS_PROTO_CODEC_H_
 #define BNPS_PROTO_CODEC_H_

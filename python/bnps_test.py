@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import unittest
+from unittest import mock
 
 DEBIAN_PYTHON = "/usr/bin/python3"
 try:
@@ -363,6 +364,69 @@ class LayerTest(unittest.TestCase):
         self.assertFalse(model[0].training)
         self.assertTrue(model[1].training)
         torch.testing.assert_close(model[0].running_mean, torch.full((3,), 0.5))
+
+    def test_float32_on_the_cpu_takes_the_native_step(self):
+        # Contiguous float32 CPU input runs the C++ worker's kernels, one
+        # native call per pass; local needs no exchange, so the stand-in
+        # client serves. Other input runs torch's operations.
+        s = self.connection("local")
+        calls = []
+
+        def counted(name):
+            real = getattr(_native, name)
+
+            def call(*args):
+                calls.append(name)
+                return real(*args)
+            return mock.patch.object(_native, name, side_effect=call)
+
+        tol = dict(rtol=1e-4, atol=1e-4)
+        with counted("layer_forward"), counted("layer_backward"):
+            for shape, affine, momentum in (((6, 3, 5, 4), True, 0.1),
+                                            ((7, 3), False, None),
+                                            ((0, 3, 2), True, 0.1)):
+                ours = bnps.torch.SyncBatchNorm(3, affine=affine,
+                                                momentum=momentum, name="l",
+                                                connection=s)
+                ref = nn.BatchNorm1d(3, affine=affine, momentum=momentum)
+                if affine:
+                    with torch.no_grad():
+                        for m in (ours, ref):
+                            m.weight.copy_(torch.tensor([0.5, 1.5, 2.0]))
+                            m.bias.copy_(torch.tensor([0.1, -0.2, 0.3]))
+                for _ in range(2):
+                    x = torch.randn(*shape) * 3 + 50
+                    dy = torch.randn_like(x)
+                    xa = x.clone().requires_grad_()
+                    xb = x.clone().requires_grad_()
+                    ya = ours(xa)
+                    ya.backward(dy)
+                    if x.numel() == 0:
+                        self.assertEqual(ya.shape, x.shape)
+                        self.assertEqual(xa.grad.shape, x.shape)
+                        continue
+                    yb = ref(xb.flatten(2) if x.dim() > 3 else xb)
+                    yb.view(x.shape).backward(dy)
+                    torch.testing.assert_close(ya, yb.view(x.shape), **tol)
+                    torch.testing.assert_close(xa.grad, xb.grad, **tol)
+                    if affine:
+                        torch.testing.assert_close(ours.weight.grad,
+                                                   ref.weight.grad, **tol)
+                        torch.testing.assert_close(ours.bias.grad,
+                                                   ref.bias.grad, **tol)
+                for key, value in ref.state_dict().items():
+                    torch.testing.assert_close(ours.state_dict()[key], value,
+                                               **tol)
+            self.assertEqual(calls, ["layer_forward", "layer_backward"] * 6)
+            del calls[:]
+            bn = bnps.torch.SyncBatchNorm(3, name="l", connection=s)
+            x = torch.randn(4, 3, 2, 2)
+            for other in (x.double(), x.to(memory_format=torch.channels_last),
+                          x.half()):
+                bn.to(torch.float64 if other.dtype == torch.float64 else
+                      torch.float32)
+                bn(other.requires_grad_()).sum().backward()
+            self.assertEqual(calls, [])
 
     @unittest.skipUnless(torch.cuda.is_available(),
                          "no CUDA device (or a CPU-only torch)")

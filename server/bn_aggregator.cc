@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -220,6 +221,13 @@ void BnAggregator::LocalRunning(int worker, const std::string& layer,
 void BnAggregator::Contribute(int worker, BarrierKey key, Contribution c,
                               absl::Time deadline, Done done, Ready* ready) {
   const auto& [layer_name, phase, step] = key;
+  if (const int members = Members(key); worker >= members) {
+    absl::Status outside = absl::FailedPreconditionError(absl::StrCat(
+        "worker ", worker, " is not one of the ", members,
+        " workers of step ", step, " (the job was resized)"));
+    ready->push_back([done = std::move(done), outside] { done(outside); });
+    return;
+  }
   Layer& layer = layers_[layer_name];
   auto it = barriers_.find(key);
   if (it == barriers_.end()) {
@@ -258,9 +266,20 @@ void BnAggregator::Contribute(int worker, BarrierKey key, Contribution c,
   }
 }
 
-std::string BnAggregator::Missing(const Barrier& b) const {
+int BnAggregator::Members(const BarrierKey& key) const {
+  if (!options_.workers_at) return options_.num_workers;
+  const Phase phase = std::get<1>(key);
+  const int64_t step = phase == Phase::kForward || phase == Phase::kBackward
+                           ? std::get<2>(key)
+                           : std::numeric_limits<int64_t>::max();
+  return std::min(options_.workers_at(step), options_.num_workers);
+}
+
+std::string BnAggregator::Missing(const BarrierKey& key,
+                                  const Barrier& b) const {
   std::vector<int> missing;
-  for (int w = 0; w < options_.num_workers; ++w) {
+  const int members = Members(key);
+  for (int w = 0; w < members; ++w) {
     if (live_[w] && !b.by_worker[w].has_value()) missing.push_back(w);
   }
   return absl::StrJoin(missing, ", ");
@@ -268,7 +287,8 @@ std::string BnAggregator::Missing(const Barrier& b) const {
 
 void BnAggregator::Evaluate(const BarrierKey& key, Barrier& b, Ready* ready) {
   if (b.result != nullptr) return;
-  for (int w = 0; w < options_.num_workers; ++w) {
+  const int members = Members(key);
+  for (int w = 0; w < members; ++w) {
     if (!live_[w] || b.by_worker[w].has_value()) continue;
     if (!failed_[w].ok()) {
       Resolve(key, b,
@@ -314,9 +334,8 @@ absl::StatusOr<BnAggregator::Reply> BnAggregator::Finish(const BarrierKey& key,
         layer.running = bn::RunningStats::Initial(layer.channels);
       }
       if (reply.moments.count >= 2) {
-        absl::Status s = bn::UpdateRunningStats(reply.moments, options_.momentum,
-                                                &*layer.running);
-        if (!s.ok()) return s;
+        bn::MixIntoRunningStats(reply.moments, options_.momentum,
+                                &*layer.running);
       }
       reply.running = layer.running;
       return reply;
@@ -325,8 +344,7 @@ absl::StatusOr<BnAggregator::Reply> BnAggregator::Finish(const BarrierKey& key,
       reply.sums = bn::BackwardSums::Zero(layer.channels);
       for (const auto& c : b.by_worker) {
         if (!c.has_value()) continue;
-        absl::Status s = bn::AddSums(c->sums, &reply.sums);
-        if (!s.ok()) return s;
+        bn::AccumulateSums(c->sums, &reply.sums);
       }
       return reply;
     }
@@ -395,11 +413,7 @@ void BnAggregator::AsyncForward(int worker, int64_t step, Layer& layer,
   if (all.count >= 2) {
     const double m =
         1.0 - std::pow(1.0 - options_.momentum, 1.0 / std::max(1, NumLive()));
-    absl::Status s = bn::UpdateRunningStats(all, m, &*layer.running);
-    if (!s.ok()) {
-      ready->push_back([done = std::move(done), s] { done(s); });
-      return;
-    }
+    bn::MixIntoRunningStats(all, m, &*layer.running);
   }
   reply.running = layer.running;
   ready->push_back([done = std::move(done), r = std::move(reply)]() mutable {
@@ -459,7 +473,7 @@ void BnAggregator::ExpireDeadlines(absl::Time now) {
               absl::DeadlineExceededError(absl::StrCat(
                   "BN ", PhaseName(static_cast<int>(std::get<1>(key))),
                   " of layer '", std::get<0>(key), "' step ", std::get<2>(key),
-                  " timed out waiting for workers [", Missing(b), "]")),
+                  " timed out waiting for workers [", Missing(key, b), "]")),
               &ready);
     }
   }

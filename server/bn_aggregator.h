@@ -43,6 +43,15 @@
 // do: one that skips the shard's layers entirely for a step, on a shard
 // without parameters, is refused.) Recalibration batches are not steps.
 //
+// Validated input: the statistics handed in must be well formed, as the
+// decodes at the trust boundary make them (proto::DecodeMoments,
+// DecodeSums, DecodeRunning: the BN transports decode before they call in).
+// REQUIRES: Forward's and Recal's moments pass bn::ValidateMoments;
+// Backward's sums are finite, sum_dy and sum_dy_xhat of one size;
+// LocalRunning's stats are finite with var >= 0. The aggregator checks only
+// how they relate to the layer (channel counts) and merges without scanning
+// the values again.
+//
 // Errors: INVALID_ARGUMENT for a worker outside the job, a negative step or a
 // channel count that differs from the layer's; FAILED_PRECONDITION for a phase
 // the policy does not use, a removed or failed worker, or a step from the past
@@ -95,13 +104,22 @@ class BnAggregator {
  public:
   struct Options {
     policy::Policy policy = policy::Policy::kSync;
+    // The worker ids the aggregator keeps records for, [0, num_workers).
     int num_workers = 1;
     int64_t staleness = 0;
-    double momentum = 0.1;  // running-stats momentum, as PyTorch's
+    // Running-stats momentum, as PyTorch's. REQUIRES: in [0, 1].
+    double momentum = 0.1;
     // sync BN with sync gradients: the newest parameter version on the
     // shard, for the admissible steps (above); none under async gradients.
     // Called without the aggregator's lock. Default: none (0).
     std::function<int64_t()> parameter_version;
+    // How many workers (ids 0..n-1) the barriers of training step s wait
+    // for, at most num_workers (a job resized while it runs,
+    // proto/membership_history.h); the end-of-job barriers (recal-finish,
+    // local-running) wait for the last step's. A contribution of a worker
+    // outside them is refused. Must not call the aggregator. Default: none
+    // (num_workers).
+    std::function<int(int64_t)> workers_at;
   };
 
   struct Reply {
@@ -209,7 +227,10 @@ class BnAggregator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Resolve(const BarrierKey& key, Barrier& b, absl::StatusOr<Reply> result,
                Ready* ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  std::string Missing(const Barrier& b) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::string Missing(const BarrierKey& key, const Barrier& b) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The workers barrier `key` waits for (Options::workers_at).
+  int Members(const BarrierKey& key) const;
   void AsyncForward(int worker, int64_t step, Layer& layer, bn::Moments local,
                     Done done, Ready* ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int NumLive() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -121,20 +121,21 @@ void BnDispatcher::Dispatch(const proto::BnRequest& req, Send send) {
     }
     send(resp);
   };
-  absl::Status s = shard_->CheckCaller(req.job(), worker, caller_);
-  // Taking part before registering would mark the id as having taken
-  // part, and the real worker could not join (issue 34).
-  if (s.ok() && req.phase() != proto::BN_RUNNING) {
-    s = shard_->CheckRegistered(worker);
-  }
-  if (s.ok()) s = shard_->CheckOwned(req.layer());
-  // BN_RUNNING only reads; the rest must be of the job's generation.
-  Shard::GenerationGuard guard(shard_, generation_);
-  if (s.ok() && req.phase() != proto::BN_RUNNING) s = guard.status();
-  if (!s.ok()) {
-    reply(s);
+  // BN_RUNNING only reads; the rest take part, of the job's generation.
+  const bool takes_part = req.phase() != proto::BN_RUNNING;
+  AdmissionRequest a;
+  a.caller = caller_;
+  a.job = req.job();
+  a.worker = worker;
+  a.registered = takes_part;
+  a.keys = absl::MakeConstSpan(&req.layer(), 1);
+  if (takes_part) a.generation = generation_;
+  const absl::StatusOr<Admission> admitted = shard_->Admit(a);
+  if (!admitted.ok()) {
+    reply(admitted.status());
     return;
   }
+  absl::Status s;
   // The answer's size before the work: refused if it could not be sent.
   auto admit = [&](int arrays, int64_t channels) -> absl::Status {
     const int64_t bytes = AnswerBytes(arrays, channels);

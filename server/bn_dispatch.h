@@ -1,6 +1,6 @@
-// One BN connection's requests, handed to the shard: BnDispatcher checks a
-// BnRequest (the caller, the layer's shard, the connection's job
-// generation), runs it on the shard's BnAggregator under the job's policy,
+// One BN connection's requests, handed to the shard: BnDispatcher admits a
+// BnRequest (Shard::Admit: the caller, the layer's shard, the connection's
+// job generation), runs it on the shard's BnAggregator under the job's policy,
 // and answers with a BnResponse -- at once, or once the barrier it waits on
 // completes. A request of a worker that never registered with the shard is
 // refused (FAILED_PRECONDITION), except BN_RUNNING, which only reads.
@@ -52,7 +52,7 @@ class BnDispatcher {
 
   // `shard` and `metrics` (may be null) are not owned and must outlive every
   // answer; `generation` is the connection's job generation; `caller` is the
-  // worker the connection may act as (Shard::CheckCaller; kAnyWorker: any);
+  // worker the connection may act as (Shard::Admit; kAnyWorker: any);
   // `admit` (may be null: the message limit only) is called on Dispatch's
   // thread.
   BnDispatcher(Shard* shard, ServerMetrics* metrics, int64_t generation,

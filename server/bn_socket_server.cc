@@ -67,9 +67,11 @@ absl::Status HelloWorkers(Shard& shard, const proto::BnHello& hello,
   }
   workers->assign(hello.workers().begin(), hello.workers().end());
   for (int w : *workers) {
-    if (absl::Status s = shard.CheckCaller(hello.job(), w, caller); !s.ok()) {
-      return s;
-    }
+    AdmissionRequest a;
+    a.caller = caller;
+    a.job = hello.job();
+    a.worker = w;
+    if (absl::Status s = shard.Admit(a).status(); !s.ok()) return s;
   }
   return absl::OkStatus();
 }
@@ -189,7 +191,7 @@ struct BnSocketServer::Conn {
   // When the frame now partly read began (InfiniteFuture: none is).
   absl::Time frame_started = absl::InfiniteFuture();
   std::optional<BnBatchDispatcher> dispatcher;  // after a good BnHello
-  int claimed = -1;  // the worker whose claim this connection holds
+  Admission admission;  // after a good BnHello: holds its worker's claim
   proto::BnRequest request;                // reused for every frame
 };
 
@@ -424,8 +426,7 @@ void BnSocketServer::Run() {
 
 void BnSocketServer::Release(Conn& conn) {
   conn.Shut();
-  if (conn.claimed >= 0) claims_.Release(conn.claimed);
-  conn.claimed = -1;
+  conn.admission.Release();
   budget_->Release(conn.charged_in);
   conn.charged_in = 0;
   conn.reader = proto::FrameReader();  // an answer owed may keep conn alive
@@ -536,15 +537,15 @@ bool BnSocketServer::HandleHello(const std::shared_ptr<Conn>& c,
     s = who.status();
     if (who.ok()) caller = *who;
   }
-  if (s.ok()) s = shard_->CheckCaller(hello.job(), hello.worker(), caller);
-  if (s.ok() && caller != Shard::kAnyWorker) {
-    if (claims_.Claim(caller)) {
-      conn.claimed = caller;
-    } else {
-      s = absl::FailedPreconditionError(absl::StrCat(
-          "worker ", caller, " already has a live BN connection to shard ",
-          shard_->options().shard, " (per-worker tokens)"));
-    }
+  if (s.ok()) {
+    AdmissionRequest a;
+    a.caller = caller;
+    a.job = hello.job();
+    a.worker = hello.worker();
+    a.connection = BnTransport::kTcp;
+    absl::StatusOr<Admission> admitted = shard_->Admit(a);
+    s = admitted.status();
+    if (s.ok()) conn.admission = *std::move(admitted);
   }
   proto::BnHelloReply reply;
   std::vector<int> workers = {hello.worker()};

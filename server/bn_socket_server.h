@@ -58,7 +58,6 @@
 #include "server/server_metrics.h"
 #include "security/worker_token.h"
 #include "server/shard.h"
-#include "server/worker_claims.h"
 #include "util/byte_budget.h"
 #include "util/keep_awake.h"
 
@@ -166,7 +165,6 @@ class BnSocketServer {
   size_t max_hello_bytes_ = 0;  // constant after Start
   std::shared_ptr<util::ByteBudget> budget_;  // constant after Start
   std::unique_ptr<security::TokenAuthenticator> auth_;  // constant after Start
-  WorkerClaims claims_;  // per-worker tokens: one connection per worker
   std::atomic<int> port_{0};
   std::atomic<int64_t> accepted_{0};
   std::atomic<int64_t> refused_{0};

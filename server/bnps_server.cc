@@ -17,6 +17,7 @@
 #include "metrics/http_endpoint.h"
 #include "metrics/metrics_flags.h"
 #include "policy/job_flags.h"
+#include "proto/membership_history.h"
 #include "security/credentials.h"
 #include "security/job_token.h"
 #include "server/server_runner.h"
@@ -47,6 +48,14 @@ ABSL_FLAG(std::string, on_worker_loss, "fail",
           "with its id takes its place and the job rolls back to the last "
           "checkpoint, see --checkpoint_dir). Default fail: without a "
           "supervisor that restarts workers, waiting only delays the error.");
+ABSL_FLAG(std::string, membership, "",
+          "A sync job resized while it runs: how many workers train from "
+          "which step on, as FROM_STEP:W segments, e.g. 0:2,100:4,200:2 (the "
+          "workers of step s are ids 0..W-1; --num_workers is the job's ids, "
+          "at least the largest W). Every server and worker of the job gets "
+          "the same value. Restarted from a checkpoint of step N, the servers "
+          "take a --membership that agrees with the checkpoint's before N and "
+          "may start a new count at N. Empty: --num_workers at every step.");
 ABSL_FLAG(std::string, checkpoint_dir, "",
           "Directory of this server's checkpoints (one per shard; created if "
           "absent). Started with one that holds a checkpoint, the server "
@@ -174,6 +183,14 @@ int main(int argc, char** argv) {
   o.shard = absl::GetFlag(FLAGS_shard);
   o.num_shards = absl::GetFlag(FLAGS_num_shards);
   o.num_workers = absl::GetFlag(FLAGS_num_workers);
+  if (const std::string m = absl::GetFlag(FLAGS_membership); !m.empty()) {
+    absl::StatusOr<bnps::proto::MembershipHistory> h =
+        bnps::proto::MembershipHistory::Parse(m);
+    if (!h.ok()) return Fail(h.status()), kBadFlags;
+    o.membership = *std::move(h);
+    std::fprintf(stderr, "bnps_server: membership %s (FROM_STEP:WORKERS)\n",
+                 o.membership->ToString().c_str());
+  }
   absl::StatusOr<bnps::policy::JobPolicy> policy = bnps::policy::ResolvePolicy(
       absl::GetFlag(FLAGS_policy), absl::GetFlag(FLAGS_bn_policy),
       absl::GetFlag(FLAGS_gradients));

@@ -123,6 +123,11 @@ absl::Status ParameterStore::Admit(const Param& p, int worker, int64_t step,
   *duplicate = step <= p.last_pushed[worker];
   if (*duplicate) return absl::OkStatus();
   if (options_.bulk_synchronous) {
+    if (const int workers = WorkersAt(step); worker >= workers) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "worker ", worker, " is not one of the ", workers,
+          " workers of step ", step, " (the job was resized)"));
+    }
     if (step < p.version) {
       return absl::FailedPreconditionError(absl::StrCat(
           "step ", step, " of '", key, "' is from the past: it was applied ",
@@ -196,7 +201,7 @@ absl::StatusOr<ParameterStore::PushResult> ParameterStore::Push(
       s.pushed[worker] = true;
       s.samples += num_samples;
       p.last_pushed[worker] = step;
-      if (step == version && Complete(s)) {
+      if (step == version && Complete(step, s)) {
         // The last push of the step: added inside the optimizer step.
         Apply(p, s.sum.empty() ? nullptr : s.sum.data(), grad.data(),
               s.samples);
@@ -262,8 +267,15 @@ void ParameterStore::Apply(Param& p, const double* sum, const float* grad,
   }
 }
 
-bool ParameterStore::Complete(const PendingStep& s) const {
-  for (int w = 0; w < options_.num_workers; ++w) {
+int ParameterStore::WorkersAt(int64_t step) const {
+  return options_.workers_at
+             ? std::min(options_.workers_at(step), options_.num_workers)
+             : options_.num_workers;
+}
+
+bool ParameterStore::Complete(int64_t step, const PendingStep& s) const {
+  const int workers = WorkersAt(step);
+  for (int w = 0; w < workers; ++w) {
     if (live_[w] && !s.pushed[w]) return false;
   }
   return true;
@@ -271,7 +283,7 @@ bool ParameterStore::Complete(const PendingStep& s) const {
 
 void ParameterStore::ApplyReady(Param& p) {
   for (auto it = p.pending.find(p.version);
-       it != p.pending.end() && Complete(it->second);
+       it != p.pending.end() && Complete(it->first, it->second);
        it = p.pending.find(p.version)) {
     PendingStep& s = it->second;
     Apply(p, s.sum.empty() ? nullptr : s.sum.data(), nullptr, s.samples);
@@ -309,7 +321,8 @@ std::optional<absl::StatusOr<ParameterStore::Snapshot>> ParameterStore::TryPull(
 absl::Status ParameterStore::FailedFor(const Param& p) const {
   // The next step to apply waits for live workers that have not pushed.
   auto step = p.pending.find(p.version);
-  for (int worker = 0; worker < options_.num_workers; ++worker) {
+  const int workers = WorkersAt(p.version);
+  for (int worker = 0; worker < workers; ++worker) {
     const bool pushed = step != p.pending.end() && step->second.pushed[worker];
     if (live_[worker] && !pushed && !failed_[worker].ok()) {
       return failed_[worker];
@@ -332,7 +345,8 @@ std::string ParameterStore::MissingWorkers(absl::Span<const std::string> keys,
     if (p.version >= min_version) continue;
     auto step = p.pending.find(p.version);
     std::vector<int> missing;
-    for (int worker = 0; worker < options_.num_workers; ++worker) {
+    const int workers = WorkersAt(p.version);
+    for (int worker = 0; worker < workers; ++worker) {
       if (live_[worker] &&
           (step == p.pending.end() || !step->second.pushed[worker])) {
         missing.push_back(worker);

@@ -93,7 +93,9 @@ struct StoreState {
 class ParameterStore {
  public:
   struct Options {
-    int num_workers = 1;           // Default: 1
+    // The worker ids the store keeps records for, [0, num_workers): every
+    // step's workers are among them. Default: 1.
+    int num_workers = 1;
     bool bulk_synchronous = true;  // Default: true
     OptimizerOptions optimizer;
     int64_t staleness = 0;  // stale-synchronous: the bound s. Default: 0
@@ -106,6 +108,11 @@ class ParameterStore {
     // and must not call the store. Default: none.
     int64_t boundary_every = 0;
     std::function<void(int64_t, struct StoreState)> on_boundary;
+    // Bulk-synchronous: how many workers step s waits for (ids 0..n-1; a
+    // job resized while it runs, proto/membership_history.h), at most
+    // num_workers; a push of a worker outside them is refused. Must not call
+    // the store. Default: none (num_workers every step).
+    std::function<int(int64_t)> workers_at;
   };
 
   struct Tensor {
@@ -141,9 +148,10 @@ class ParameterStore {
   // `step`. NOT_FOUND for a key never initialized; INVALID_ARGUMENT for a
   // worker outside the job, a negative step, num_samples < 0 or a shape
   // mismatch; FAILED_PRECONDITION for a step already applied without this
-  // worker, a step that is not admissible (above), or a worker that was
-  // removed or failed (the job dropped it: its pushes change nothing). An
-  // error changes nothing.
+  // worker, a step the worker is not one of (Options::workers_at), a step
+  // that is not admissible (above), or a worker that was removed or failed
+  // (the job dropped it: its pushes change nothing). An error changes
+  // nothing.
   absl::StatusOr<PushResult> Push(int worker, int64_t step,
                                   const std::string& key,
                                   absl::Span<const int64_t> shape,
@@ -272,7 +280,11 @@ class ParameterStore {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Applies every complete pending step of `p`, in order.
   void ApplyReady(Param& p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  bool Complete(const PendingStep& s) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether every live worker of `step` pushed `s`.
+  bool Complete(int64_t step, const PendingStep& s) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The workers of `step` (Options::workers_at).
+  int WorkersAt(int64_t step) const;
   // OK if `keys` are ready, an error if they never will be,
   // nullopt if they may become ready later.
   std::optional<absl::StatusOr<Snapshot>> TryPull(const Waiter& w) const

@@ -27,6 +27,13 @@ proto::JobConfig ToJobConfig(const ShardOptions& o) {
   c.set_barrier_timeout_ms(absl::ToInt64Milliseconds(o.barrier_timeout));
   c.set_heartbeat_timeout_ms(absl::ToInt64Milliseconds(o.heartbeat_timeout));
   c.set_worker_loss(policy::ToProto(o.worker_loss));
+  if (o.membership) o.membership->ToConfig(&c);
+  return c;
+}
+
+proto::JobConfig Shard::config() const {
+  proto::JobConfig c = ToJobConfig(options_);
+  history().ToConfig(&c);
   return c;
 }
 
@@ -58,6 +65,21 @@ absl::StatusOr<std::unique_ptr<Shard>> Shard::Create(ShardOptions options) {
       options.heartbeat_timeout <= absl::ZeroDuration() ||
       options.tick <= absl::ZeroDuration()) {
     return bad("timeouts and the tick must be positive");
+  }
+  if (options.membership) {
+    if (options.membership->max_workers() > options.num_workers) {
+      return bad(absl::StrCat("membership ", options.membership->ToString(),
+                              " has more workers than num_workers (",
+                              options.num_workers, ")"));
+    }
+    const std::vector<proto::MembershipHistory::Segment>& seg =
+        options.membership->segments();
+    if (seg.size() > 1 || seg.front().num_workers != options.num_workers) {
+      if (absl::Status s = policy::CheckResizable(JobPolicyOf(options));
+          !s.ok()) {
+        return s;
+      }
+    }
   }
   if (options.checkpoint_every < 0) return bad("checkpoint_every must be >= 0");
   if (options.checkpoint_every > 0 && options.checkpoint_dir.empty()) {
@@ -142,13 +164,16 @@ absl::StatusOr<std::unique_ptr<Shard>> Shard::Create(ShardOptions options) {
 
 Shard::Shard(ShardOptions options)
     : options_(std::move(options)),
+      history_(options_.membership.value_or(
+          proto::MembershipHistory(options_.num_workers))),
       store_({options_.num_workers,
               policy::BulkSynchronous(JobPolicyOf(options_).gradients),
               options_.optimizer, options_.staleness,
               options_.checkpoint_dir.empty() ? 0 : options_.checkpoint_every,
               [this](int64_t step, StoreState state) {
                 OnBoundary(step, std::move(state));
-              }}),
+              },
+              [this](int64_t step) { return WorkersAt(step); }}),
       bn_({options_.policy, options_.num_workers, options_.staleness,
            options_.bn_momentum,
            // The version rule of sync BN's steps needs bulk-synchronous
@@ -156,7 +181,8 @@ Shard::Shard(ShardOptions options)
            policy::BulkSynchronous(JobPolicyOf(options_).gradients)
                ? std::function<int64_t()>(
                      [this] { return store_.newest_version(); })
-               : std::function<int64_t()>()}),
+               : std::function<int64_t()>(),
+           [this](int64_t step) { return WorkersAt(step); }}),
       membership_(options_.num_workers, options_.heartbeat_timeout) {}
 
 Shard::~Shard() {
@@ -174,31 +200,6 @@ void Shard::ExpireAllWaits() {
   store_.ExpireDeadlines(absl::InfiniteFuture());
   bn_.ExpireDeadlines(absl::InfiniteFuture());
   if (clocks_) clocks_->ExpireDeadlines(absl::InfiniteFuture());
-}
-
-absl::Status Shard::CheckCaller(const std::string& job, int worker,
-                                int caller) const {
-  if (job != options_.job) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "request for job '", job, "' reached a server of job '", options_.job, "'"));
-  }
-  if (worker < 0 || worker >= options_.num_workers) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "worker ", worker, " outside the job's [0, ", options_.num_workers, ")"));
-  }
-  if (caller != kAnyWorker && caller != worker) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        "the call's token is worker ", caller, "'s: it may not act as worker ",
-        worker, " (per-worker tokens)"));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status Shard::CheckRegistered(int worker) const {
-  if (membership_.IsRegistered(worker)) return absl::OkStatus();
-  return absl::FailedPreconditionError(absl::StrCat(
-      "worker ", worker, " has not registered with shard ", options_.shard,
-      ": it may not take part in BN before it registers"));
 }
 
 absl::Status Shard::CheckOwned(const std::string& key) const {
@@ -308,7 +309,12 @@ absl::Status Shard::Leave(int worker, uint64_t incarnation) {
 bool Shard::MarkCompleteIfDone() {
   const bool shrink = options_.worker_loss == policy::WorkerLoss::kShrink;
   bool any = false;
-  for (const Membership::WorkerInfo& w : membership_.Snapshot()) {
+  const int last = WorkersAt(INT64_MAX);
+  const std::vector<Membership::WorkerInfo> workers = membership_.Snapshot();
+  for (size_t id = 0; id < workers.size(); ++id) {
+    const Membership::WorkerInfo& w = workers[id];
+    // An id the job no longer trains with that never came.
+    if (!w.registered && static_cast<int>(id) >= last) continue;
     if (w.finished) {
       any = true;
     } else if (!(shrink && w.lost)) {
@@ -409,23 +415,6 @@ void Shard::HandleLosses(absl::Time now) {
       if (clocks_) clocks_->FailWorker(w, why);
     }
   }
-}
-
-absl::Status Shard::CheckGeneration(int64_t generation) const {
-  absl::MutexLock lock(&gen_mu_);
-  if (gen_.needs_rollback) {
-    return absl::AbortedError(absl::StrCat(
-        "shard ", options_.shard, " restarted from its checkpoint of step ",
-        gen_.restored_step, ": ", proto::kRollsBackText,
-        " to a step every server has"));
-  }
-  if (generation != gen_.generation) {
-    return absl::AbortedError(absl::StrCat(
-        "a call of job generation ", generation, " reached shard ",
-        options_.shard, " in generation ", gen_.generation, ": ",
-        proto::kRollsBackText, " (to step ", gen_.restored_step, ")"));
-  }
-  return absl::OkStatus();
 }
 
 int64_t Shard::ResumeStep(int worker) const {

@@ -28,8 +28,18 @@
 // then needs a rollback: every generation-checked call is refused until a
 // worker rolls the job back (Rollback). Job generations: proto/bnps.proto.
 //
+// A job resized while it runs (ShardOptions::membership): the barriers of
+// step s wait for workers 0..W(s)-1 only. A checkpoint carries the history in
+// its config; a restart from it may continue with another history (say,
+// another count from the checkpoint's step on) as long as both give the
+// steps before the checkpoint the same counts, which is what makes a resize
+// at step N and a restart at N the same run; otherwise the checkpoint's
+// membership stands (a server restarted with its first flags after workers
+// joined). A rollback may also grow the job (Rollback's MembershipChange).
+//
 // The end of a job: a worker that is done with it calls Leave. Once every
-// worker has left (under shrink, or was dropped), the job is complete: the
+// worker has left (under shrink, or was dropped), the job is complete
+// (worker ids above the last step's count that never registered aside): the
 // shard writes a final checkpoint of the final state (with a
 // checkpoint_dir), calls ShardOptions::on_job_complete, and refuses new
 // registrations. Created from such a final checkpoint, the shard is
@@ -54,12 +64,14 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "server/admission.h"
 #include "server/bn_aggregator.h"
 #include "server/step_clocks.h"
 #include "server/membership.h"
 #include "server/parameter_store.h"
 #include "policy/policy.h"
 #include "proto/bnps.pb.h"
+#include "proto/membership_history.h"
 
 namespace bnps::server {
 
@@ -72,7 +84,12 @@ struct ShardOptions {
   std::string job = "bnps";                  // Default: "bnps"
   int shard = 0;                             // Default: 0
   int num_shards = 1;                        // Default: 1
-  int num_workers = 1;                       // Default: 1
+  // The job's worker ids, [0, num_workers). Default: 1.
+  int num_workers = 1;
+  // How many of them train at each step (proto/membership_history.h): a
+  // sync job resized while it runs. Its counts are at most num_workers.
+  // Default: unset (num_workers at every step).
+  std::optional<proto::MembershipHistory> membership;
   policy::Policy policy = policy::Policy::kSync;  // BN policy. Default: sync
   // The gradient mode; unset: the one `policy` implies (async for async,
   // else sync; policy/policy.h). Default: unset.
@@ -105,7 +122,9 @@ struct ShardOptions {
 class Shard {
  public:
   // INVALID_ARGUMENT for inconsistent options (counts < 1, shard out of range,
-  // negative staleness or timeouts, learning rate <= 0, ...).
+  // negative staleness or timeouts, learning rate <= 0, a membership with
+  // more workers than num_workers, ...); FAILED_PRECONDITION for a
+  // membership of more than one count under a policy other than sync.
   static absl::StatusOr<std::unique_ptr<Shard>> Create(ShardOptions options);
   ~Shard();  // stops the ticker; fails what still waits
 
@@ -115,6 +134,14 @@ class Shard {
   BnAggregator& bn() { return bn_; }
   const BnAggregator& bn() const { return bn_; }
   Membership& membership() { return membership_; }
+  // The job as the wire describes it: ToJobConfig with the membership now.
+  proto::JobConfig config() const;
+  // Which workers train at each step (ShardOptions::membership, as
+  // rollbacks changed it).
+  proto::MembershipHistory history() const {
+    absl::MutexLock lock(&history_mu_);
+    return history_;
+  }
   // Non-null on shard 0 under async gradients.
   StepClocks* clocks() { return clocks_.get(); }
 
@@ -122,16 +149,16 @@ class Shard {
   // without one): security::TokenAuthenticator::kAnyWorker.
   static constexpr int kAnyWorker = -1;
 
-  // OK if the request belongs to this job and names a worker of it that
-  // `caller` (who the call's token proved it is: a worker id, or
-  // kAnyWorker) may act as: PERMISSION_DENIED for a worker's token used as
-  // another worker (per-worker tokens).
-  absl::Status CheckCaller(const std::string& job, int worker,
+  // Admits a call as its adapter decoded it (server/admission.h lists the
+  // checks, their order and their errors): the guard the adapter holds
+  // while the call acts, or the error to answer the call with.
+  absl::StatusOr<Admission> Admit(const AdmissionRequest& request);
+
+  // Admit's check of the job and the worker: OK if the request belongs to
+  // this job and names a worker of it that `caller` (who the call's token
+  // proved it is: a worker id, or kAnyWorker) may act as.
+  absl::Status CheckCaller(absl::string_view job, int worker,
                            int caller = kAnyWorker) const;
-  // OK if `worker` registered with this shard; FAILED_PRECONDITION if not
-  // (BN calls of an id that never registered are refused: they would mark
-  // it as having taken part, and the real worker could not join).
-  absl::Status CheckRegistered(int worker) const;
 
   // Registers `worker`, run by the process `incarnation` (nonzero), as
   // Membership::Register does: a retry of the same incarnation is OK, another
@@ -167,30 +194,10 @@ class Shard {
   // Whether `worker` took part in the job here (as Register's rule above).
   bool TookPart(int worker) const;
 
-  // Job generations (proto/bnps.proto). OK if a call of `generation` may
-  // proceed; ABORTED containing proto::kRollsBackText otherwise.
+  // Admit's check of the generation (proto/bnps.proto, "Job generations"):
+  // OK if a call of `generation` may proceed; ABORTED containing
+  // proto::kRollsBackText otherwise.
   absl::Status CheckGeneration(int64_t generation) const;
-  // CheckGeneration, holding off any rollback while the guard lives: a call
-  // checked under a guard reaches the store, the BN aggregator or the clocks
-  // before a rollback or after it, never across. What a guarded section
-  // calls must not wait (the components answer through callbacks).
-  class GenerationGuard {
-   public:
-    GenerationGuard(const Shard* shard, int64_t generation)
-        ABSL_SHARED_LOCK_FUNCTION(shard->rollback_mu_)
-        : mu_(&shard->rollback_mu_) {
-      mu_->ReaderLock();
-      status_ = shard->CheckGeneration(generation);
-    }
-    ~GenerationGuard() ABSL_UNLOCK_FUNCTION() { mu_->ReaderUnlock(); }
-    GenerationGuard(const GenerationGuard&) = delete;
-    GenerationGuard& operator=(const GenerationGuard&) = delete;
-    const absl::Status& status() const { return status_; }
-
-   private:
-    absl::Mutex* const mu_;
-    absl::Status status_;
-  };
   // Restores checkpoint `step` (its newest good one for a negative step:
   // under async, where the shards' checkpoints are not of one moment) as
   // `generation` (proto::RollbackRequest):
@@ -198,7 +205,28 @@ class Shard {
   // ABORTED (kRollsBackText). FAILED_PRECONDITION for an older generation
   // or without a checkpoint_dir; NOT_FOUND or DATA_LOSS for a checkpoint
   // that is not there or bad.
-  absl::StatusOr<int64_t> Rollback(int64_t generation, int64_t step);
+  //
+  // A rollback may change the job's membership from the decided step on:
+  // `change.resize_to` (shard 0: a worker asks to join: at least that many
+  // workers from the step on; resizing needs sync, FAILED_PRECONDITION
+  // otherwise) or `change.adopt` (the other
+  // shards: the membership shard 0 decided; FAILED_PRECONDITION unless it
+  // agrees with this shard's before the step). INVALID_ARGUMENT for more
+  // workers than the job's ids. Checked before anything changes.
+  // `change.shrink_to` (shard 0: the job's highest worker, `leaver`, leaves
+  // early: at most that many workers from the step on; FAILED_PRECONDITION
+  // for another worker, ids staying dense).
+  struct MembershipChange {
+    int resize_to = 0;  // 0: none
+    int shrink_to = 0;  // 0: none
+    int leaver = -1;    // who asks to shrink
+    std::optional<proto::MembershipHistory> adopt;
+  };
+  absl::StatusOr<int64_t> Rollback(int64_t generation, int64_t step,
+                                   const MembershipChange& change);
+  absl::StatusOr<int64_t> Rollback(int64_t generation, int64_t step) {
+    return Rollback(generation, step, MembershipChange());
+  }
   // Where `worker` resumes after a rollback, as far as this shard knows: the
   // lowest step of it not applied here (under async also its clock on shard
   // 0); the restored step if the shard holds no parameters.
@@ -266,6 +294,7 @@ class Shard {
     std::vector<Membership::WorkerInfo> workers;
     std::vector<int64_t> clocks;
     bool job_complete = false;
+    proto::MembershipHistory history{1};
   };
   // Called by the store at a step boundary, with its lock held.
   void OnBoundary(int64_t step, StoreState store);
@@ -277,7 +306,20 @@ class Shard {
   absl::Status Restore(const std::string& payload, const std::string& from,
                        const absl::Status& why, bool* changed = nullptr);
 
+  // The workers of `step` (history_).
+  int WorkersAt(int64_t step) const {
+    absl::MutexLock lock(&history_mu_);
+    return history_.WorkersAt(step);
+  }
+  // The membership `change` makes from `step` on; nullopt for none.
+  absl::StatusOr<std::optional<proto::MembershipHistory>> ChangedMembership(
+      const MembershipChange& change, int64_t step) const;
+
   const ShardOptions options_;
+  // A leaf: held for reads and for a rollback's change, never while calling
+  // out.
+  mutable absl::Mutex history_mu_;
+  proto::MembershipHistory history_ ABSL_GUARDED_BY(history_mu_);
   ParameterStore store_;
   BnAggregator bn_;
   Membership membership_;
@@ -288,7 +330,11 @@ class Shard {
 
   uint64_t incarnation_ = 0;
 
-  // Shared by generation-checked calls (GenerationGuard), exclusive for a
+  // Per-worker tokens: the workers holding a live BN connection, per
+  // BnTransport.
+  WorkerClaims bn_claims_[2];
+
+  // Shared by generation-checked calls (their Admission), exclusive for a
   // rollback.
   mutable absl::Mutex rollback_mu_;
   mutable absl::Mutex gen_mu_;

@@ -3,6 +3,7 @@
 // by Rollback), and the hashes of bnps_status --digest. The rest of the class
 // is in shard.cc.
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <utility>
@@ -61,6 +62,7 @@ void Shard::OnBoundary(int64_t step, StoreState store) {
   taken->store = std::move(store);
   taken->bn = bn_.Export();
   taken->workers = membership_.Snapshot();
+  taken->history = history();
   for (int w = 0; clocks_ != nullptr && w < options_.num_workers; ++w) {
     taken->clocks.push_back(clocks_->clock(w));
   }
@@ -99,6 +101,7 @@ void Shard::WriterLoop() {
     }
     proto::ShardCheckpoint c;
     *c.mutable_config() = ToJobConfig(options_);
+    t->history.ToConfig(c.mutable_config());
     c.set_step(t->step);
     c.set_generation(t->generation);
     for (const StoreState::Key& k : t->store.keys) {
@@ -188,13 +191,44 @@ absl::Status Shard::Restore(const std::string& payload, const std::string& from,
   if (!c.ParseFromString(payload)) {
     return absl::DataLossError(absl::StrCat(from, ": not a shard checkpoint"));
   }
-  const proto::JobConfig mine = ToJobConfig(options_);
-  if (c.config().SerializeAsString() != mine.SerializeAsString()) {
+  // The membership may go on differently after the checkpoint's step (a
+  // restart with another count), never before it.
+  proto::JobConfig mine = ToJobConfig(options_);
+  proto::JobConfig theirs = c.config();
+  absl::StatusOr<proto::MembershipHistory> their_history =
+      proto::MembershipHistory::FromConfig(theirs);
+  mine.clear_membership();
+  theirs.clear_membership();
+  if (theirs.SerializeAsString() != mine.SerializeAsString()) {
     return absl::InvalidArgumentError(absl::StrCat(
         from, " is a checkpoint of another job configuration (",
         c.config().ShortDebugString(), "); this server runs ",
-        mine.ShortDebugString(),
+        ToJobConfig(options_).ShortDebugString(),
         ": start it with the job's flags, or another --checkpoint_dir"));
+  }
+  if (!their_history.ok()) {
+    return absl::DataLossError(
+        absl::StrCat(from, ": ", their_history.status().message()));
+  }
+  if (their_history->max_workers() > options_.num_workers) {
+    return absl::DataLossError(absl::StrCat(
+        from, ": its membership ", their_history->ToString(),
+        " has more workers than the job's ", options_.num_workers, " ids"));
+  }
+  // The job's past is the checkpoint's: a membership that gives the steps
+  // before it other counts (the servers' flags, after the job grew while it
+  // ran) yields to the checkpoint's, which also says what comes next.
+  bool adopt_theirs = false;
+  if (!their_history->SameBefore(this->history(), c.step())) {
+    adopt_theirs = true;
+    std::fprintf(stderr,
+                 "bnps_server[%d]: %s is of a job whose membership was %s, "
+                 "which gives the steps before %lld other counts than %s: "
+                 "the checkpoint's membership stands\n",
+                 options_.shard, from.c_str(),
+                 their_history->ToString().c_str(),
+                 static_cast<long long>(c.step()),
+                 this->history().ToString().c_str());
   }
   const size_t workers = static_cast<size_t>(options_.num_workers);
   auto bad = [&](const std::string& what) {
@@ -285,6 +319,10 @@ absl::Status Shard::Restore(const std::string& payload, const std::string& from,
   if (absl::Status s = store_.Import(store, why); !s.ok()) return bad(std::string(s.message()));
   if (changed != nullptr) *changed = true;
   if (absl::Status s = bn_.Import(bn, why); !s.ok()) return bad(std::string(s.message()));
+  if (adopt_theirs) {
+    absl::MutexLock lock(&history_mu_);
+    history_ = *their_history;
+  }
   absl::MutexLock lock(&gen_mu_);
   if (why.ok()) {  // at start: the registrations, as of the checkpoint
     std::vector<Membership::WorkerInfo> infos;
@@ -304,7 +342,56 @@ absl::Status Shard::Restore(const std::string& payload, const std::string& from,
   return absl::OkStatus();
 }
 
-absl::StatusOr<int64_t> Shard::Rollback(int64_t generation, int64_t step) {
+absl::StatusOr<std::optional<proto::MembershipHistory>>
+Shard::ChangedMembership(const MembershipChange& change, int64_t step) const {
+  const proto::MembershipHistory now = history();
+  if (change.resize_to > 0 || change.shrink_to > 0) {
+    if (absl::Status s = policy::CheckResizable(JobPolicyOf(options_));
+        !s.ok()) {
+      return s;
+    }
+    int count = now.WorkersAt(step);
+    if (change.resize_to > 0) {
+      if (change.resize_to > options_.num_workers) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "a job of ", options_.num_workers, " worker ids cannot grow to ",
+            change.resize_to, " workers"));
+      }
+      // A join never shrinks the job: another worker may have grown it more.
+      count = std::max(change.resize_to, count);
+    } else {
+      if (change.leaver != count - 1 || change.shrink_to != change.leaver) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "worker ", change.leaver, " may not leave the job early: only "
+            "its highest worker may (", count, " workers from step ", step,
+            "; ids stay 0..W-1)"));
+      }
+      count = std::max(change.shrink_to, 1);
+    }
+    absl::StatusOr<proto::MembershipHistory> next =
+        now.RestartedAt(step, count);
+    if (!next.ok()) return next.status();
+    return std::optional<proto::MembershipHistory>(*std::move(next));
+  }
+  if (!change.adopt.has_value() || *change.adopt == now) {
+    return std::optional<proto::MembershipHistory>();
+  }
+  if (change.adopt->max_workers() > options_.num_workers) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "membership ", change.adopt->ToString(), " has more workers than the "
+        "job's ", options_.num_workers, " ids"));
+  }
+  if (!change.adopt->SameBefore(now, step)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "shard 0's membership ", change.adopt->ToString(), " and shard ",
+        options_.shard, "'s ", now.ToString(),
+        " give the steps before ", step, " other counts"));
+  }
+  return change.adopt;
+}
+
+absl::StatusOr<int64_t> Shard::Rollback(int64_t generation, int64_t step,
+                                        const MembershipChange& change) {
   if (options_.checkpoint_dir.empty()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "shard ", options_.shard,
@@ -342,6 +429,9 @@ absl::StatusOr<int64_t> Shard::Rollback(int64_t generation, int64_t step) {
                  checkpoint::SetAside(path).c_str());
   }
   if (!file.ok()) return file.status();
+  absl::StatusOr<std::optional<proto::MembershipHistory>> membership =
+      ChangedMembership(change, step);
+  if (!membership.ok()) return membership.status();
   const absl::Status why = absl::AbortedError(absl::StrCat(
       "shard ", options_.shard, " rolled back to step ", step, " (generation ",
       generation, "): ", proto::kRollsBackText));
@@ -353,6 +443,16 @@ absl::StatusOr<int64_t> Shard::Rollback(int64_t generation, int64_t step) {
   }
   // The generation is published before the waiting calls fail, so that a
   // worker they wake finds the rollback under way (GetStatus) and joins it.
+  // The membership changes before the generation is published: a worker
+  // that registers meanwhile may pair the old generation with the new
+  // membership (its calls are then refused, and it recovers), never the new
+  // generation with the old one.
+  std::optional<proto::MembershipHistory> old_history;
+  if (membership->has_value()) {
+    absl::MutexLock lock(&history_mu_);
+    old_history = history_;
+    history_ = **membership;
+  }
   GenerationInfo before;
   {
     absl::MutexLock lock(&gen_mu_);
@@ -374,15 +474,23 @@ absl::StatusOr<int64_t> Shard::Rollback(int64_t generation, int64_t step) {
                    options_.shard, std::string(s.message()).c_str(),
                    checkpoint::SetAside(file->path).c_str());
     }
+    if (old_history.has_value()) {
+      absl::MutexLock lock(&history_mu_);
+      history_ = *old_history;
+    }
     absl::MutexLock lock(&gen_mu_);
     gen_ = before;
     if (changed) gen_.needs_rollback = true;
     return s;
   }
+  const std::string resized =
+      membership->has_value()
+          ? absl::StrCat("; membership ", (*membership)->ToString())
+          : "";
   std::fprintf(stderr,
-               "bnps_server[%d]: rolled back to step %lld (generation %lld)\n",
+               "bnps_server[%d]: rolled back to step %lld (generation %lld)%s\n",
                options_.shard, static_cast<long long>(step),
-               static_cast<long long>(generation));
+               static_cast<long long>(generation), resized.c_str());
   return step;
 }
 

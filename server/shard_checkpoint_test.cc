@@ -13,9 +13,13 @@
 #include "proto/generation.h"
 #include "checkpoint/checkpoint.h"
 #include "server/shard.h"
+#include "server/shard_testing.h"
 
 namespace bnps::server {
 namespace {
+
+using shard_testing::Step;
+using shard_testing::Values;
 
 class ShardCheckpointTest : public ::testing::Test {
  protected:
@@ -36,25 +40,6 @@ class ShardCheckpointTest : public ::testing::Test {
     o.checkpoint_dir = dir_;
     o.checkpoint_every = 2;
     return o;
-  }
-
-  // One SGD step of `shard` with gradient `g` from every worker.
-  void Step(Shard& shard, int64_t step, float g) {
-    for (int w = 0; w < shard.options().num_workers; ++w) {
-      absl::StatusOr<ParameterStore::PushResult> r =
-          shard.store().Push(w, step, "w", {2}, std::vector<float>{g, -g}, 1);
-      ASSERT_TRUE(r.ok()) << r.status();
-    }
-  }
-
-  std::vector<float> Values(Shard& shard) {
-    std::vector<float> out;
-    shard.store().Pull({"w"}, 0, absl::InfiniteFuture(),
-                       [&](absl::StatusOr<ParameterStore::Snapshot> s) {
-                         ASSERT_TRUE(s.ok()) << s.status();
-                         out = *s->at("w").values;
-                       });
-    return out;
   }
 
   std::string dir_;

@@ -1,7 +1,6 @@
 #include "server/shard_reactors.h"
 
 #include <algorithm>
-#include <deque>
 #include <optional>
 #include <string>
 #include <utility>
@@ -16,6 +15,7 @@
 #include "proto/limits.h"
 #include "proto/tensor_wire.h"
 #include "server/rpc_util.h"
+#include "server/write_queue.h"
 
 namespace bnps::server {
 namespace {
@@ -90,11 +90,11 @@ class PushReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
 
   absl::Status CheckHead(const proto::PushGradientsRequest& head) {
     if (!started_) {
-      if (absl::Status s =
-              shard_->CheckCaller(head.job(), head.worker(), caller_);
-          !s.ok()) {
-        return s;
-      }
+      AdmissionRequest a;
+      a.caller = caller_;
+      a.job = head.job();
+      a.worker = head.worker();
+      if (absl::Status s = shard_->Admit(a).status(); !s.ok()) return s;
       started_ = true;
       worker_ = head.worker();
       step_ = head.step();
@@ -109,8 +109,11 @@ class PushReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   }
 
   absl::Status PushTensor(const std::string& key) {
-    Shard::GenerationGuard guard(shard_, generation_);
-    if (!guard.status().ok()) return guard.status();
+    AdmissionRequest a;
+    a.caller = caller_;
+    a.generation = generation_;
+    const absl::StatusOr<Admission> admitted = shard_->Admit(a);
+    if (!admitted.ok()) return admitted.status();
     absl::StatusOr<ParameterStore::PushResult> r = shard_->store().Push(
         worker_, step_, key, reader_.shape(),
         absl::MakeConstSpan(staging_.data(), staged_), samples_);
@@ -169,19 +172,22 @@ class PullReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     if (metrics_) metrics_->Received(M::kPullParameters, raw->Length());
     proto::PullParametersRequest req;
     absl::Status s = ParseRequest(*raw, &req);
+    std::vector<std::string> keys(req.keys().begin(), req.keys().end());
+    absl::StatusOr<Admission> admitted = Admission();
     if (s.ok()) {
       worker_ = req.worker();
-      s = shard->CheckCaller(req.job(), req.worker(), caller);
+      AdmissionRequest a;
+      a.caller = caller;
+      a.job = req.job();
+      a.worker = req.worker();
+      a.keys = keys;
+      a.generation = CallGeneration(*ctx);
+      admitted = shard->Admit(a);
+      s = admitted.status();
     }
     if (s.ok() && req.min_version() < 0) {
       s = absl::InvalidArgumentError("negative min_version");
     }
-    std::vector<std::string> keys(req.keys().begin(), req.keys().end());
-    for (const std::string& key : keys) {
-      if (s.ok()) s = shard->CheckOwned(key);
-    }
-    Shard::GenerationGuard guard(shard, CallGeneration(*ctx));
-    if (s.ok()) s = guard.status();
     if (!s.ok()) {
       Done(s);
       return;
@@ -205,16 +211,7 @@ class PullReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     const grpc::ByteBuffer* next = nullptr;
     {
       absl::MutexLock lock(&mu_);
-      queue_.pop_front();
-      if (!ok) {
-        broken_ = true;
-        queue_.clear();
-      }
-      if (!queue_.empty()) {
-        next = &queue_.front();
-      } else {
-        writing_ = false;
-      }
+      next = queue_.WriteDone(ok);
     }
     if (next != nullptr) {
       Write(next);
@@ -290,16 +287,12 @@ class PullReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     const grpc::ByteBuffer* start = nullptr;
     {
       absl::MutexLock lock(&mu_);
-      if (!broken_) {
-        for (grpc::ByteBuffer& m : messages) queue_.push_back(std::move(m));
+      for (grpc::ByteBuffer& m : messages) {
+        if (const grpc::ByteBuffer* w = queue_.Push(std::move(m))) start = w;
       }
       if (end.has_value()) {
         ended_ = true;
         end_ = *std::move(end);
-      }
-      if (!writing_ && !queue_.empty()) {
-        writing_ = true;
-        start = &queue_.front();
       }
     }
     if (start != nullptr) {
@@ -320,9 +313,9 @@ class PullReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     grpc::Status end;
     {
       absl::MutexLock lock(&mu_);
-      if (!ended_ || writing_ || finished_) return;
+      if (!ended_ || queue_.writing() || finished_) return;
       finished_ = true;
-      end = broken_ ? grpc::Status(grpc::StatusCode::CANCELLED,
+      end = queue_.broken() ? grpc::Status(grpc::StatusCode::CANCELLED,
                                    "client went away")
                     : proto::ToGrpcStatus(end_);
     }
@@ -344,9 +337,7 @@ class PullReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   int worker_ = -1;
 
   absl::Mutex mu_;
-  std::deque<grpc::ByteBuffer> queue_ ABSL_GUARDED_BY(mu_);  // front: writing
-  bool writing_ ABSL_GUARDED_BY(mu_) = false;
-  bool broken_ ABSL_GUARDED_BY(mu_) = false;  // a write failed
+  WriteQueue queue_ ABSL_GUARDED_BY(mu_);
   bool ended_ ABSL_GUARDED_BY(mu_) = false;   // the store will call no more
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status end_ ABSL_GUARDED_BY(mu_);
@@ -362,15 +353,14 @@ class BnReactor
     : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   BnReactor(Shard* shard, ServerMetrics* metrics, int64_t generation,
-            util::KeepAwake* keep_awake, int caller, WorkerClaims* claims,
+            util::KeepAwake* keep_awake, int caller, Admission stream,
             std::shared_ptr<util::ByteBudget> budget)
       : shard_(shard),
         metrics_(metrics),
         generation_(generation),
         keep_awake_(keep_awake),
-        caller_(caller),
-        claims_(claims),
-        budget_(std::move(budget)),
+        stream_(std::move(stream)),
+        budget_(budget),
         dispatcher_(shard, metrics, generation, caller,
                     [this](int64_t bytes) {
                       return CheckAnswerFits(bytes, kMaxUnreadAnswerBytes,
@@ -417,18 +407,7 @@ class BnReactor
     const grpc::ByteBuffer* next = nullptr;
     {
       absl::MutexLock lock(&mu_);
-      Unqueue(queue_.front().Length());
-      queue_.pop_front();
-      if (!ok) {
-        broken_ = true;
-        writing_ = false;  // none is in flight: drop them all
-        DropQueuedLocked();
-      }
-      if (!queue_.empty()) {
-        next = &queue_.front();
-      } else {
-        writing_ = false;
-      }
+      next = queue_.WriteDone(ok);
     }
     if (next != nullptr) {
       StartWrite(next);
@@ -438,11 +417,10 @@ class BnReactor
   }
 
   void OnDone() override {
-    if (claims_ != nullptr) claims_->Release(caller_);
+    stream_.Release();
     {
       absl::MutexLock lock(&mu_);
-      budget_->Release(queued_);  // nothing is written any more
-      queued_ = 0;
+      queue_.Close();  // nothing is written any more
     }
     delete this;
   }
@@ -466,21 +444,7 @@ class BnReactor
     {
       absl::MutexLock lock(&mu_);
       --outstanding_;
-      if (!broken_) {
-        const int64_t n = static_cast<int64_t>(resp.Length());
-        if (queued_ + n > kMaxUnreadAnswerBytes || !budget_->TryCharge(n)) {
-          cut_at = queued_ + n;
-          broken_ = true;
-          DropQueuedLocked();
-        } else {
-          queued_ += n;
-          queue_.push_back(std::move(resp));
-          if (!writing_) {
-            writing_ = true;
-            start = &queue_.front();
-          }
-        }
-      }
+      start = queue_.Push(std::move(resp), &cut_at);
     }
     if (cut_at >= 0) {
       std::fprintf(stderr,
@@ -496,25 +460,14 @@ class BnReactor
     }
   }
 
-  void Unqueue(size_t n) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    queued_ -= static_cast<int64_t>(n);
-    budget_->Release(static_cast<int64_t>(n));
-  }
-  // Drops every queued answer but the one being written (which gRPC holds
-  // until its write is done).
-  void DropQueuedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    while (queue_.size() > (writing_ ? 1u : 0u)) {
-      Unqueue(queue_.back().Length());
-      queue_.pop_back();
-    }
-  }
-
   // Finishes once the client stopped sending and every answer went out.
   void MaybeFinish() {
     grpc::Status end;
     {
       absl::MutexLock lock(&mu_);
-      if (!reads_done_ || outstanding_ > 0 || writing_ || finished_) return;
+      if (!reads_done_ || outstanding_ > 0 || queue_.writing() || finished_) {
+        return;
+      }
       finished_ = true;
       end = end_;
     }
@@ -526,8 +479,7 @@ class BnReactor
   ServerMetrics* const metrics_;  // may be null
   const int64_t generation_;  // the stream's
   util::KeepAwake* const keep_awake_;  // may be null
-  const int caller_;              // who the stream's token proved it is
-  WorkerClaims* const claims_;    // may be null: holds caller_'s claim
+  Admission stream_;  // the stream's: holds its worker's claim
   const std::shared_ptr<util::ByteBudget> budget_;
   // Touched only by the read path.
   grpc::ByteBuffer req_;
@@ -535,12 +487,10 @@ class BnReactor
   BnDispatcher dispatcher_;
 
   absl::Mutex mu_;
-  std::deque<grpc::ByteBuffer> queue_ ABSL_GUARDED_BY(mu_);
-  int64_t queued_ ABSL_GUARDED_BY(mu_) = 0;  // bytes in queue_, charged
+  // Answers not yet written, within kMaxUnreadAnswerBytes and budget_.
+  WriteQueue queue_ ABSL_GUARDED_BY(mu_){kMaxUnreadAnswerBytes, budget_};
   int outstanding_ ABSL_GUARDED_BY(mu_) = 0;
-  bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
-  bool broken_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   grpc::Status end_ ABSL_GUARDED_BY(mu_);  // how the stream ends
 };
@@ -607,10 +557,10 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* NewPullReactor(
 
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* NewBnReactor(
     Shard* shard, ServerMetrics* metrics, int64_t generation,
-    util::KeepAwake* keep_awake, int caller, WorkerClaims* claims,
+    util::KeepAwake* keep_awake, int caller, Admission stream,
     std::shared_ptr<util::ByteBudget> budget) {
-  return new BnReactor(shard, metrics, generation, keep_awake, caller, claims,
-                       std::move(budget));
+  return new BnReactor(shard, metrics, generation, keep_awake, caller,
+                       std::move(stream), std::move(budget));
 }
 
 }  // namespace bnps::server

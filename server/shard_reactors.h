@@ -14,14 +14,13 @@
 #include "server/scratch_pool.h"
 #include "server/server_metrics.h"
 #include "server/shard.h"
-#include "server/worker_claims.h"
 #include "util/byte_budget.h"
 #include "util/keep_awake.h"
 
 namespace bnps::server {
 
 // `metrics` may be null. `generation` is the job generation the call carries.
-// `caller` is who the call's token proved the caller is (Shard::CheckCaller):
+// `caller` is who the call's token proved the caller is (Shard::Admit):
 // a worker's own token acts as that worker only.
 grpc::ServerReadReactor<grpc::ByteBuffer>* NewPushReactor(
     Shard* shard, ScratchPool* scratch, grpc::ByteBuffer* resp,
@@ -33,14 +32,15 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* NewPullReactor(
 grpc::ServerWriteReactor<grpc::ByteBuffer>* NewReadStateReactor(
     std::vector<grpc::ByteBuffer> messages, ServerMetrics* metrics);
 // `keep_awake` (may be null) is touched by every message of the stream.
-// `claims` (may be null; not owned, must outlive the stream): the stream
-// holds `caller`'s claim there and releases it when done. Answers the
+// `stream` is the stream's admission (Shard::Admit with
+// BnTransport::kStream): the reactor holds it until the stream is done;
+// each request is admitted again as `caller`. Answers the
 // client has not read are held within `budget` and kMaxUnreadAnswerBytes:
 // past either, the stream answers no more (its client's calls time out) and
 // gives back what it held.
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* NewBnReactor(
     Shard* shard, ServerMetrics* metrics, int64_t generation,
-    util::KeepAwake* keep_awake, int caller, WorkerClaims* claims,
+    util::KeepAwake* keep_awake, int caller, Admission stream,
     std::shared_ptr<util::ByteBudget> budget);
 
 }  // namespace bnps::server

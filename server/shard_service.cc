@@ -15,7 +15,16 @@
 namespace bnps::server {
 
 namespace {
+
 using M = ServerMetrics;  // its enums; metrics_ may be null everywhere
+
+// StartStep and FinishStep need the shard's step clocks.
+absl::Status HasClocks(Shard& shard) {
+  if (shard.clocks() != nullptr) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      "step clocks are kept by shard 0 under the async policy only");
+}
+
 }  // namespace
 
 absl::StatusOr<int> ShardService::Authenticate(
@@ -26,9 +35,9 @@ absl::StatusOr<int> ShardService::Authenticate(
 }
 
 template <typename Request>
-absl::Status ShardService::Admit(const grpc::CallbackServerContext& ctx,
-                                 const grpc::ByteBuffer& raw, Request* req,
-                                 int* caller, bool names_worker) const {
+absl::Status ShardService::Decode(const grpc::CallbackServerContext& ctx,
+                                  const grpc::ByteBuffer& raw, Request* req,
+                                  int* caller, bool names_worker) const {
   absl::StatusOr<int> who = Authenticate(ctx);
   if (!who.ok()) return who.status();
   *caller = *who;
@@ -38,6 +47,19 @@ absl::Status ShardService::Admit(const grpc::CallbackServerContext& ctx,
         "its way, e.g. held up past its deadline, arrives so)");
   }
   return ParseRequest(raw, req);
+}
+
+template <typename Request>
+absl::StatusOr<Admission> ShardService::AdmitWorkerCall(
+    const grpc::CallbackServerContext& ctx, const grpc::ByteBuffer& raw,
+    Request* req, int* worker, bool generation_checked) {
+  AdmissionRequest a;
+  if (absl::Status s = Decode(ctx, raw, req, &a.caller); !s.ok()) return s;
+  *worker = req->worker();
+  a.job = req->job();
+  a.worker = req->worker();
+  if (generation_checked) a.generation = CallGeneration(ctx);
+  return shard_->Admit(a);
 }
 
 grpc::ServerUnaryReactor* ShardService::Answer(
@@ -61,10 +83,10 @@ grpc::ServerUnaryReactor* ShardService::Register(
   const ShardOptions& o = shard_->options();
   proto::RegisterRequest req;
   proto::RegisterResponse resp;
-  int caller = Shard::kAnyWorker;
-  absl::Status s = Admit(*ctx, *raw, &req, &caller);
-  const int worker = s.ok() ? req.worker() : -1;
-  if (s.ok()) s = shard_->CheckCaller(req.job(), req.worker(), caller);
+  int worker = -1;
+  const absl::StatusOr<Admission> admitted =
+      AdmitWorkerCall(*ctx, *raw, &req, &worker, /*generation_checked=*/false);
+  absl::Status s = admitted.status();
   if (s.ok() && (req.num_workers() != o.num_workers ||
                  req.num_shards() != o.num_shards)) {
     s = absl::FailedPreconditionError(absl::StrCat(
@@ -75,9 +97,12 @@ grpc::ServerUnaryReactor* ShardService::Register(
   if (s.ok()) s = shard_->Register(req.worker(), req.incarnation());
   if (s.ok()) {
     shard_->membership().SetAddress(req.worker(), PeerHost(ctx->peer()));
-    *resp.mutable_config() = ToJobConfig(o);
-    resp.set_server_incarnation(shard_->server_incarnation());
+    // The generation before the config: a rollback changes the membership
+    // before it publishes its generation (Shard::Rollback), so the answer
+    // never pairs a generation with an older membership.
     resp.set_generation(shard_->generation().generation);
+    *resp.mutable_config() = shard_->config();
+    resp.set_server_incarnation(shard_->server_incarnation());
     resp.set_bn_port(bn_socket_ != nullptr ? bn_socket_->port() : 0);
   }
   return Answer(M::kRegister, ctx, *raw, worker, s, &resp, out);
@@ -88,10 +113,10 @@ grpc::ServerUnaryReactor* ShardService::Heartbeat(
     grpc::ByteBuffer* out) {
   proto::HeartbeatRequest req;
   proto::HeartbeatResponse resp;
-  int caller = Shard::kAnyWorker;
-  absl::Status s = Admit(*ctx, *raw, &req, &caller);
-  const int worker = s.ok() ? req.worker() : -1;
-  if (s.ok()) s = shard_->CheckCaller(req.job(), req.worker(), caller);
+  int worker = -1;
+  const absl::StatusOr<Admission> admitted =
+      AdmitWorkerCall(*ctx, *raw, &req, &worker, /*generation_checked=*/false);
+  absl::Status s = admitted.status();
   if (s.ok()) {
     s = shard_->Heartbeat(req.worker(), req.incarnation());
   }
@@ -111,12 +136,10 @@ grpc::ServerUnaryReactor* ShardService::InitParameters(
     grpc::ByteBuffer* out) {
   proto::InitParametersRequest req;
   proto::InitParametersResponse resp;
-  int caller = Shard::kAnyWorker;
-  absl::Status s = Admit(*ctx, *raw, &req, &caller);
-  const int worker = s.ok() ? req.worker() : -1;
-  if (s.ok()) s = shard_->CheckCaller(req.job(), req.worker(), caller);
-  Shard::GenerationGuard guard(shard_, CallGeneration(*ctx));
-  if (s.ok()) s = guard.status();
+  int worker = -1;
+  const absl::StatusOr<Admission> admitted =
+      AdmitWorkerCall(*ctx, *raw, &req, &worker, /*generation_checked=*/true);
+  absl::Status s = admitted.status();
   for (const proto::NamedTensor& p : req.parameters()) {
     if (!s.ok()) break;
     if (p.key().empty() || p.key().size() > proto::kMaxKeyBytes) {
@@ -156,7 +179,12 @@ grpc::ServerReadReactor<grpc::ByteBuffer>* ShardService::PushGradients(
     if (metrics_) metrics_->Request(M::kPushGradients, s.code());
     return new Refused<grpc::ServerReadReactor<grpc::ByteBuffer>>(s);
   }
-  if (absl::Status s = shard_->CheckGeneration(CallGeneration(*ctx)); !s.ok()) {
+  // Refused before any chunk is read; each tensor is admitted again as it
+  // reaches the store.
+  AdmissionRequest a;
+  a.caller = *caller;
+  a.generation = CallGeneration(*ctx);
+  if (absl::Status s = shard_->Admit(a).status(); !s.ok()) {
     LogRejected(*shard_, "PushGradients", -1, s);
     if (metrics_) metrics_->Request(M::kPushGradients, s.code());
     return new Refused<grpc::ServerReadReactor<grpc::ByteBuffer>>(s);
@@ -174,50 +202,36 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* ShardService::PullParameters(
     if (metrics_) metrics_->Request(M::kPullParameters, s.code());
     return new Refused<grpc::ServerWriteReactor<grpc::ByteBuffer>>(s);
   }
-  if (absl::Status s = shard_->CheckGeneration(CallGeneration(*ctx)); !s.ok()) {
-    LogRejected(*shard_, "PullParameters", -1, s);
-    if (metrics_) metrics_->Request(M::kPullParameters, s.code());
-    return new Refused<grpc::ServerWriteReactor<grpc::ByteBuffer>>(s);
-  }
   return NewPullReactor(shard_, ctx, req, metrics_, *caller);
 }
 
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>*
 ShardService::BnSync(grpc::CallbackServerContext* ctx) {
   absl::StatusOr<int> caller = Authenticate(*ctx);
-  absl::Status s = caller.status();
-  // A worker with its own token has one live stream: a second is refused.
-  if (s.ok() && *caller != Shard::kAnyWorker && !bn_streams_.Claim(*caller)) {
-    s = absl::FailedPreconditionError(absl::StrCat(
-        "worker ", *caller, " already has a live BN stream to shard ",
-        shard_->options().shard, " (per-worker tokens)"));
-  }
-  if (!s.ok()) {
+  AdmissionRequest a;
+  a.caller = caller.ok() ? *caller : Shard::kAnyWorker;
+  a.connection = BnTransport::kStream;
+  absl::StatusOr<Admission> stream =
+      caller.ok() ? shard_->Admit(a) : caller.status();
+  if (const absl::Status& s = stream.status(); !s.ok()) {
     LogRejected(*shard_, "BnSync", caller.ok() ? *caller : -1, s);
     if (metrics_) metrics_->Request(M::kBnSync, s.code());
     return new Refused<
         grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>>(s);
   }
   return NewBnReactor(shard_, metrics_, CallGeneration(*ctx), keep_awake_,
-                      *caller,
-                      *caller != Shard::kAnyWorker ? &bn_streams_ : nullptr,
-                      bn_budget_);
+                      *caller, *std::move(stream), bn_budget_);
 }
 
 grpc::ServerUnaryReactor* ShardService::StartStep(
     grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* raw,
     grpc::ByteBuffer* out) {
   proto::StartStepRequest req;
-  int caller = Shard::kAnyWorker;
-  absl::Status s = Admit(*ctx, *raw, &req, &caller);
-  const int worker = s.ok() ? req.worker() : -1;
-  if (s.ok()) s = shard_->CheckCaller(req.job(), req.worker(), caller);
-  Shard::GenerationGuard guard(shard_, CallGeneration(*ctx));
-  if (s.ok()) s = guard.status();
-  if (s.ok() && shard_->clocks() == nullptr) {
-    s = absl::FailedPreconditionError(
-        "step clocks are kept by shard 0 under the async policy only");
-  }
+  int worker = -1;
+  const absl::StatusOr<Admission> admitted =
+      AdmitWorkerCall(*ctx, *raw, &req, &worker, /*generation_checked=*/true);
+  absl::Status s = admitted.status();
+  if (s.ok()) s = HasClocks(*shard_);
   if (!s.ok()) return Answer(M::kStartStep, ctx, *raw, worker, s);
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   Shard* shard = shard_;
@@ -244,16 +258,11 @@ grpc::ServerUnaryReactor* ShardService::FinishStep(
     grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* raw,
     grpc::ByteBuffer* out) {
   proto::FinishStepRequest req;
-  int caller = Shard::kAnyWorker;
-  absl::Status s = Admit(*ctx, *raw, &req, &caller);
-  const int worker = s.ok() ? req.worker() : -1;
-  if (s.ok()) s = shard_->CheckCaller(req.job(), req.worker(), caller);
-  Shard::GenerationGuard guard(shard_, CallGeneration(*ctx));
-  if (s.ok()) s = guard.status();
-  if (s.ok() && shard_->clocks() == nullptr) {
-    s = absl::FailedPreconditionError(
-        "step clocks are kept by shard 0 under the async policy only");
-  }
+  int worker = -1;
+  const absl::StatusOr<Admission> admitted =
+      AdmitWorkerCall(*ctx, *raw, &req, &worker, /*generation_checked=*/true);
+  absl::Status s = admitted.status();
+  if (s.ok()) s = HasClocks(*shard_);
   if (s.ok()) s = shard_->clocks()->FinishStep(req.worker(), req.completed());
   const proto::FinishStepResponse resp;
   return Answer(M::kFinishStep, ctx, *raw, worker, s, &resp, out);
@@ -264,12 +273,12 @@ grpc::ServerUnaryReactor* ShardService::GetStatus(
     grpc::ByteBuffer* out) {
   proto::StatusRequest req;
   int caller = Shard::kAnyWorker;  // status and digest name no worker
-  if (absl::Status s = Admit(*ctx, *raw, &req, &caller, /*names_worker=*/false);
+  if (absl::Status s = Decode(*ctx, *raw, &req, &caller, /*names_worker=*/false);
       !s.ok()) {
     return Answer(M::kGetStatus, ctx, *raw, -1, s);
   }
   proto::StatusResponse resp;
-  *resp.mutable_config() = ToJobConfig(shard_->options());
+  *resp.mutable_config() = shard_->config();
   const absl::Time now = shard_->options().now();
   const std::vector<Membership::WorkerInfo> workers =
       shard_->membership().Snapshot();
@@ -316,17 +325,31 @@ grpc::ServerUnaryReactor* ShardService::Rollback(
     grpc::ByteBuffer* out) {
   proto::RollbackRequest req;
   proto::RollbackResponse resp;
-  int caller = Shard::kAnyWorker;
-  absl::Status s = Admit(*ctx, *raw, &req, &caller);
-  const int worker = s.ok() ? req.worker() : -1;
-  if (s.ok()) s = shard_->CheckCaller(req.job(), req.worker(), caller);
+  int worker = -1;
+  const absl::StatusOr<Admission> admitted =
+      AdmitWorkerCall(*ctx, *raw, &req, &worker, /*generation_checked=*/false);
+  absl::Status s = admitted.status();
   if (s.ok()) {
-    absl::StatusOr<int64_t> step = shard_->Rollback(req.generation(), req.step());
+    Shard::MembershipChange change;
+    change.resize_to = req.resize_to();
+    change.shrink_to = req.shrink_to();
+    change.leaver = req.worker();
+    if (req.membership_size() > 0) {
+      absl::StatusOr<proto::MembershipHistory> h =
+          proto::MembershipHistory::FromSegments(
+              shard_->options().num_workers, req.membership());
+      s = h.status();
+      if (h.ok()) change.adopt = *std::move(h);
+    }
+    absl::StatusOr<int64_t> step =
+        s.ok() ? shard_->Rollback(req.generation(), req.step(), change)
+               : absl::StatusOr<int64_t>(s);
     s = step.status();
     if (s.ok()) {
       resp.set_generation(req.generation());
       resp.set_step(*step);
       resp.set_resume_step(shard_->ResumeStep(req.worker()));
+      shard_->history().ToSegments(resp.mutable_membership());
     }
   }
   return Answer(M::kRollback, ctx, *raw, worker, s, &resp, out);
@@ -337,7 +360,7 @@ grpc::ServerUnaryReactor* ShardService::GetDigest(
     grpc::ByteBuffer* out) {
   proto::DigestRequest req;
   int caller = Shard::kAnyWorker;  // status and digest name no worker
-  if (absl::Status s = Admit(*ctx, *raw, &req, &caller, /*names_worker=*/false);
+  if (absl::Status s = Decode(*ctx, *raw, &req, &caller, /*names_worker=*/false);
       !s.ok()) {
     return Answer(M::kGetDigest, ctx, *raw, -1, s);
   }
@@ -358,10 +381,10 @@ grpc::ServerUnaryReactor* ShardService::Leave(grpc::CallbackServerContext* ctx,
                                               grpc::ByteBuffer* out) {
   proto::LeaveRequest req;
   proto::LeaveResponse resp;
-  int caller = Shard::kAnyWorker;
-  absl::Status s = Admit(*ctx, *raw, &req, &caller);
-  const int worker = s.ok() ? req.worker() : -1;
-  if (s.ok()) s = shard_->CheckCaller(req.job(), req.worker(), caller);
+  int worker = -1;
+  const absl::StatusOr<Admission> admitted =
+      AdmitWorkerCall(*ctx, *raw, &req, &worker, /*generation_checked=*/false);
+  absl::Status s = admitted.status();
   if (s.ok()) s = shard_->Leave(req.worker(), req.incarnation());
   resp.set_job_complete(shard_->job_complete());
   return Answer(M::kLeave, ctx, *raw, worker, s, &resp, out);
@@ -370,12 +393,11 @@ grpc::ServerUnaryReactor* ShardService::Leave(grpc::CallbackServerContext* ctx,
 grpc::ServerWriteReactor<grpc::ByteBuffer>* ShardService::ReadState(
     grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* raw) {
   proto::ReadStateRequest req;
-  int caller = Shard::kAnyWorker;  // a read: any holder of a token
-  absl::Status s = Admit(*ctx, *raw, &req, &caller);
-  if (s.ok() && req.job() != shard_->options().job) {
-    s = absl::InvalidArgumentError(
-        absl::StrCat("request for job '", req.job(),
-                     "' reached a server of job '", shard_->options().job, "'"));
+  AdmissionRequest a;  // a read: any holder of a token, of the job
+  absl::Status s = Decode(*ctx, *raw, &req, &a.caller);
+  if (s.ok()) {
+    a.job = req.job();
+    s = shard_->Admit(a).status();
   }
   if (metrics_) metrics_->Received(M::kReadState, raw->Length());
   if (!s.ok()) {

@@ -12,7 +12,7 @@
 // (InitParameters, PushGradients, PullParameters, BnSync but BN_RUNNING,
 // StartStep, FinishStep) must be of the shard's job generation
 // (proto/bnps.proto, "Job generations"), or get ABORTED "... the job rolls
-// back ..."; each runs under a Shard::GenerationGuard.
+// back ..."; each acts under its Admission (server/admission.h).
 // Thread-safety: thread-safe. The Shard must outlive the service.
 
 #ifndef BNPS_SERVER_SHARD_SERVICE_H_
@@ -27,7 +27,6 @@
 #include "server/bn_socket_server.h"
 #include "security/worker_token.h"
 #include "server/shard.h"
-#include "server/worker_claims.h"
 #include "util/byte_budget.h"
 #include "util/keep_awake.h"
 
@@ -140,9 +139,17 @@ class ShardService final : public ShardServiceBase {
   // by a partition) reaches its handler empty, and would read as one from
   // worker 0 of job ''.
   template <typename Request>
-  absl::Status Admit(const grpc::CallbackServerContext& ctx,
-                     const grpc::ByteBuffer& raw, Request* req, int* caller,
-                     bool names_worker = true) const;
+  absl::Status Decode(const grpc::CallbackServerContext& ctx,
+                      const grpc::ByteBuffer& raw, Request* req, int* caller,
+                      bool names_worker = true) const;
+  // Decode, then Shard::Admit as the job and worker the request names (and
+  // of the call's generation if `generation_checked`): the guard the
+  // handler holds while it acts. `*worker`: the worker the request names
+  // once decoded, for the log; -1 before.
+  template <typename Request>
+  absl::StatusOr<Admission> AdmitWorkerCall(
+      const grpc::CallbackServerContext& ctx, const grpc::ByteBuffer& raw,
+      Request* req, int* worker, bool generation_checked);
 
   // Respond (rpc_util.h), counting the call in the metrics.
   grpc::ServerUnaryReactor* Answer(
@@ -153,7 +160,6 @@ class ShardService final : public ShardServiceBase {
 
   Shard* const shard_;
   const security::TokenAuthenticator auth_;
-  WorkerClaims bn_streams_;  // per-worker tokens: one BnSync per worker
   ServerMetrics* const metrics_;  // may be null
   util::KeepAwake* const keep_awake_;  // may be null
   const BnSocketServer* const bn_socket_;  // may be null

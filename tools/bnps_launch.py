@@ -136,6 +136,11 @@ def parse_args(argv):
         allow_abbrev=False)
     p.add_argument("--servers", type=int, default=2, help="shard servers S (default 2)")
     p.add_argument("--workers", type=int, default=4, help="workers W (default 4)")
+    p.add_argument("--resize", metavar="STEP:W[,STEP:W...]",
+                   help="sync only: from step STEP on, the job trains with W "
+                   "workers (ids 0..W-1), without a restart; e.g. 100:8,200:4. "
+                   "Every worker id the job ever has is started at once; a "
+                   "worker waits for its first step and ends after its last")
     p.add_argument("--policy", choices=POLICIES,
                    help="shorthand for a BN policy and a gradient mode, to servers and "
                    "workers (default sync): async = async BN + async gradients, the "
@@ -252,6 +257,22 @@ def check_args(args, extra):
     if args.bn_host_aggregator and args.server_tls_cert:
         raise UsageError("--bn_host_aggregator carries BN over raw TCP, which a "
                          "TLS job does not use")
+    if args.resize and args.bn_host_aggregator:
+        raise UsageError("--resize changes the workers a step counts, and "
+                         "bnps_host_bn waits for a fixed set of workers: "
+                         "give one of --resize and --bn_host_aggregator")
+    args.membership = None
+    if args.resize:
+        # The servers check the history (proto/membership_history.h); here
+        # only the most workers it ever has, to start that many.
+        counts = [args.workers]
+        for part in args.resize.split(","):
+            fields = part.split(":")
+            if len(fields) != 2 or not all(f.strip().isdigit() for f in fields):
+                raise UsageError("--resize takes STEP:W[,STEP:W...]; got %r" % part)
+            counts.append(int(fields[1]))
+        args.membership = "0:%d,%s" % (args.workers, args.resize)
+        args.workers = max(counts)
     if args.checkpoint_every_steps is not None and args.checkpoint_every_steps < 0:
         raise UsageError("--checkpoint_every_steps must be >= 0")
     for flag in extra:
@@ -307,6 +328,8 @@ def server_command(args, shard):
             cmd.append("--%s=%s" % (server_name, getattr(args, name)))
     if args.on_worker_loss:
         cmd.append("--on_worker_loss=" + args.on_worker_loss)
+    if args.membership:
+        cmd.append("--membership=" + args.membership)
     if args.per_worker_tokens:
         cmd.append("--per_worker_tokens")
     if args.metrics_port_base is not None:

@@ -541,6 +541,25 @@ class UnitTest(unittest.TestCase):
                        ("--policy", "--bn_policy", "--gradients")]
                 self.assertEqual(got, want, argv)
 
+    def test_resize_starts_every_id_and_gives_the_servers_the_history(self):
+        args, extra = self.m.parse_args(["--workers=2", "--resize=4:4,8:2"])
+        self.assertEqual(args.workers, 4)
+        server = self.m.server_command(args, 0)
+        self.assertIn("--membership=0:2,4:4,8:2", server)
+        self.assertIn("--num_workers=4", server)
+        worker = self.m.worker_command(args, extra, 3, ["127.0.0.1:1"], "/out")
+        self.assertIn("--num_workers=4", worker)
+        self.assertFalse(any(f.startswith("--membership") for f in worker))
+        plain, _ = self.m.parse_args([])
+        self.assertFalse(any(f.startswith("--membership")
+                             for f in self.m.server_command(plain, 0)))
+        for bad in ("4", "4:x", "4:4:4", "-1:2"):
+            with self.assertRaises(SystemExit):
+                self.m.parse_args(["--resize=" + bad])
+        # The host's aggregator waits for a fixed set of workers.
+        with self.assertRaises(SystemExit):
+            self.m.parse_args(["--resize=4:4", "--bn_host_aggregator"])
+
     def test_metrics_ports_follow_the_base(self):
         args, extra = self.m.parse_args(["--servers=2", "--workers=3",
                                          "--metrics_port_base=9400"])

@@ -8,6 +8,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
 #include "google/protobuf/util/json_util.h"
+#include "proto/membership_history.h"
 #include "util/json_string.h"
 
 namespace bnps::tools {
@@ -77,6 +78,20 @@ void FormatShard(const ShardAnswer& a, const ViewOptions& options,
                       Short(proto::WorkerLossAction_Name(c.worker_loss()),
                             "WORKER_LOSS_"),
                       r.pushes_applied(), r.pushes_duplicate()));
+  if (c.membership_size() > 0) {
+    // A job resized while it runs: which workers train from which step.
+    absl::StatusOr<proto::MembershipHistory> h =
+        proto::MembershipHistory::FromConfig(c);
+    absl::StrAppend(
+        out,
+        Fit(absl::StrCat("  membership ",
+                         h.ok() ? absl::StrCat(h->ToString(),
+                                               " (FROM_STEP:WORKERS)")
+                                : absl::StrCat("malformed: ",
+                                               h.status().message())),
+            80),
+        "\n");
+  }
   if (r.job_complete()) {
     absl::StrAppend(out,
                     "  job complete: every worker finished; the final state "

@@ -52,6 +52,21 @@ TEST(StatusViewTest, CrossedPairShowsBothHalves) {
               HasSubstr("policy bn sync/grad async (staleness 2)"));
 }
 
+// A resized job shows its membership history; a fixed one has no such line.
+TEST(StatusViewTest, ResizedJobShowsItsMembership) {
+  EXPECT_THAT(FormatText({Answer()}), Not(HasSubstr("membership")));
+  ShardAnswer a = Answer();
+  a.status->mutable_config()->set_num_workers(4);
+  for (auto [from, w] : {std::pair<int64_t, int>{0, 2}, {4, 4}, {8, 2}}) {
+    proto::MembershipSegment* m = a.status->mutable_config()->add_membership();
+    m->set_from_step(from);
+    m->set_num_workers(w);
+  }
+  EXPECT_THAT(FormatText({a}),
+              HasSubstr("  membership 0:2,4:4,8:2 (FROM_STEP:WORKERS)\n"));
+  EXPECT_THAT(FormatJson({a}), HasSubstr("\"membership\""));
+}
+
 TEST(StatusViewTest, TextFitsEightyColumnsAndShowsTheSlowestLayersFirst) {
   ShardAnswer down;
   down.address = "127.0.0.1:7001";

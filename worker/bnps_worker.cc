@@ -60,6 +60,10 @@ ABSL_FLAG(int64_t, epochs, 1, "Passes over the training data.");
 ABSL_FLAG(int64_t, max_steps, 0,
           "Stop after this many steps (0: run all epochs); the same on every "
           "worker.");
+ABSL_FLAG(int64_t, leave_at_step, 0,
+          "sync: this worker, the job's highest, leaves the job once it reached "
+          "this step; the job goes on without it from the newest checkpoint "
+          "every server has (docs/reliability.md). 0: never.");
 ABSL_FLAG(int64_t, timing_warmup_steps, 0,
           "Leave steps numbered below this out of the report's time split "
           "(seconds: total, compute, bn_sync, grad_sync) and images/s; they "
@@ -352,6 +356,8 @@ absl::Status CheckFlags(const std::vector<std::string>& servers) {
            {absl::GetFlag(FLAGS_batch_size) >= 1, "--batch_size must be >= 1"},
            {absl::GetFlag(FLAGS_epochs) >= 1, "--epochs must be >= 1"},
            {absl::GetFlag(FLAGS_max_steps) >= 0, "--max_steps must be >= 0"},
+           {absl::GetFlag(FLAGS_leave_at_step) >= 0,
+            "--leave_at_step must be >= 0"},
            {absl::GetFlag(FLAGS_timing_warmup_steps) >= 0,
             "--timing_warmup_steps must be >= 0"},
            {absl::GetFlag(FLAGS_train_examples) >= 0,
@@ -425,6 +431,7 @@ TrainerOptions TrainerOptionsFromFlags(RecalMode recal_mode) {
   options.batch_size = absl::GetFlag(FLAGS_batch_size);
   options.epochs = absl::GetFlag(FLAGS_epochs);
   options.max_steps = absl::GetFlag(FLAGS_max_steps);
+  options.leave_at_step = absl::GetFlag(FLAGS_leave_at_step);
   options.timing_warmup_steps = absl::GetFlag(FLAGS_timing_warmup_steps);
   options.seed = absl::GetFlag(FLAGS_seed);
   options.overlap = absl::GetFlag(FLAGS_overlap);

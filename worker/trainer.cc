@@ -52,10 +52,12 @@ Trainer::Trainer(client::PsClient* client, nn::Model* model,
       policy_(job_policy_.bn),
       bulk_synchronous_(policy::BulkSynchronous(job_policy_.gradients)) {}
 
-BatcherOptions Trainer::ShardOptions() const {
+BatcherOptions Trainer::ShardOptions(
+    const proto::MembershipHistory& members) const {
   BatcherOptions bo;
   bo.worker = client_->worker();
   bo.num_workers = client_->num_workers();
+  bo.epoch_workers = members.base_workers();
   bo.batch_size = options_.batch_size;
   bo.seed = options_.seed;
   bo.shuffle = options_.shuffle;
@@ -76,7 +78,9 @@ absl::Status Trainer::PullInto(int64_t min_version) {
 
 absl::StatusOr<TrainReport> Trainer::Run() {
   if (absl::Status s = CheckOptions(); !s.ok()) return s;
-  BatcherOptions bo = ShardOptions();
+  RunState run;
+  if (absl::Status s = RefreshMembers(&run); !s.ok()) return s;
+  BatcherOptions bo = ShardOptions(run.members);
   absl::StatusOr<Batcher> batcher = Batcher::Create(train_, bo);
   if (!batcher.ok()) return batcher.status();
 
@@ -84,7 +88,6 @@ absl::StatusOr<TrainReport> Trainer::Run() {
   report.policy = policy::JobPolicyName(job_policy_);
   report.worker = bo.worker;
   report.num_workers = bo.num_workers;
-  RunState run;
   run.per_epoch = batcher->batches_per_epoch();
   run.total = run.per_epoch * options_.epochs;
   if (options_.max_steps > 0) run.total = std::min(run.total, options_.max_steps);
@@ -204,6 +207,36 @@ absl::Status Trainer::JoinJob(RunState* run) {
     rejoin = false;
     run->step = std::min(*k, run->total);
   }
+  if (absl::Status s = RefreshMembers(run); !s.ok()) return s;
+  // No step to come counts this worker: it asks the job to take it (a sync
+  // job grows from a step every server has a checkpoint of). Workers that
+  // ask at once may find the rollback decided by another's request: ask
+  // again.
+  constexpr int kJoinAttempts = 10;
+  for (int attempt = 0;
+       client_->worker() >= run->members.MaxWorkersFrom(run->step);
+       ++attempt) {
+    if (attempt == kJoinAttempts) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the job did not take worker ", client_->worker(), " after ",
+          kJoinAttempts, " requests (membership ", run->members.ToString(),
+          ")"));
+    }
+    absl::StatusOr<int64_t> k = client_->Join();
+    if (!k.ok()) return Annotate(k.status(), "joining the job");
+    ++run->recoveries;
+    run->step = std::min(*k, run->total);
+    if (absl::Status s = RefreshMembers(run); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::RefreshMembers(RunState* run) const {
+  absl::StatusOr<proto::MembershipHistory> members =
+      proto::MembershipHistory::FromSegments(client_->config().num_workers(),
+                                             client_->membership());
+  if (!members.ok()) return Annotate(members.status(), "the job's membership");
+  run->members = *std::move(members);
   return absl::OkStatus();
 }
 
@@ -219,7 +252,41 @@ absl::Status Trainer::TrainSteps(Batcher* batcher, ServerBnExchange* sync,
   double prog_start = 0;
   Batch batch;
   int64_t positioned = -1;  // the step the batcher's next batch is of
+  bool skipped = false, left = false;
   while (run->step < run->total) {
+    const int members = run->members.WorkersAt(run->step);
+    if (options_.leave_at_step > 0 && !left &&
+        run->step >= options_.leave_at_step &&
+        batcher->options().worker < members) {
+      // A planned leave: the job goes on without this worker from a
+      // checkpoint step, which this worker then skips to the end.
+      left = true;
+      absl::StatusOr<int64_t> k = client_->LeaveEarly();
+      if (!k.ok()) return Annotate(k.status(), "leaving the job early");
+      ++run->recoveries;
+      run->step = std::min(*k, run->total);
+      positioned = -1;
+      if (absl::Status s = RefreshMembers(run); !s.ok()) return s;
+      continue;
+    }
+    if (batcher->options().worker >= members) {
+      // Not one of this step's workers (a resized job): the others train it.
+      ++run->step;
+      skipped = true;
+      continue;
+    }
+    if (skipped) {
+      // A worker that joins the job later waits for its first step as long
+      // as the others take to reach it, not one barrier's deadline.
+      skipped = false;
+      absl::Status s;
+      while (absl::IsDeadlineExceeded(s = PullInto(run->step))) {
+      }
+      if (!s.ok() && !proto::IsRollback(s) && !absl::IsUnavailable(s)) {
+        return Annotate(s, absl::StrCat("waiting for step ", run->step,
+                                        ", this worker's first"));
+      }
+    }
     const int64_t epoch = run->per_epoch > 0 ? run->step / run->per_epoch : 0;
     if (positioned != run->step || batcher->step() == run->per_epoch) {
       // The sampler is deterministic in (seed, epoch, step): a resumed step
@@ -230,6 +297,7 @@ absl::Status Trainer::TrainSteps(Batcher* batcher, ServerBnExchange* sync,
       }
       positioned = run->step;
     }
+    if (absl::Status s = batcher->SetNumWorkers(members); !s.ok()) return s;
     if (!batcher->Next(&batch)) break;
     ++positioned;
     StepFigures f;
@@ -247,6 +315,8 @@ absl::Status Trainer::TrainSteps(Batcher* batcher, ServerBnExchange* sync,
           ++run->recoveries;
           run->step = std::min(*k, run->total);
           positioned = -1;
+          // A rollback may have resized the job (a worker joined).
+          if (absl::Status m = RefreshMembers(run); !m.ok()) return m;
           continue;
         }
         if (!absl::IsUnimplemented(k.status())) {

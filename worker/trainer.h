@@ -16,7 +16,14 @@
 //                overlapping the rest of the pass (options.overlap)
 //   async only   FinishStep(s + 1)
 // Every worker runs the same number of steps (empty batches included), which
-// the bulk-synchronous barriers need.
+// the bulk-synchronous barriers need; in a sync job resized while it runs
+// (JobConfig.membership), a worker runs the steps it is one of (ids
+// 0..W(s)-1), and each step's batch follows the elastic data rule
+// (worker/data/elastic_shard.h), so a resize at step N trains as a restart at
+// N with the new count does. A worker whose id no step to come counts asks
+// the job to take it (client->Join: the job rolls back to a checkpoint step
+// and grows from there); every worker re-reads the membership after a
+// rollback.
 //
 // While training, each BN layer updates its own running statistics from the
 // moments it normalized with; under sync that is exactly what the servers do
@@ -73,6 +80,7 @@
 #include "worker/worker_metrics.h"
 #include "client/ps_client.h"
 #include "policy/policy.h"
+#include "proto/membership_history.h"
 #include "proto/bnps.pb.h"
 
 namespace bnps::worker {
@@ -102,6 +110,10 @@ struct TrainerOptions {
   // Stop after this many steps in all (0: run every epoch); for tests and
   // short runs. Must be the same on every worker. Default: 0.
   int64_t max_steps = 0;
+  // A sync job's highest worker leaves it early once it reached this step
+  // (client->LeaveEarly: the job goes on without it from a checkpoint step
+  // at or before this one); 0: never. Default: 0.
+  int64_t leave_at_step = 0;
   // Steps numbered below this are left out of the report's seconds_* split
   // and images_per_second (a warm-up: first touches of the model,
   // connections, caches); they still train. Default: 0.
@@ -257,6 +269,8 @@ class Trainer {
     int64_t step = 0;
     int64_t recoveries = 0;
     absl::Time start;
+    // Which workers train at each step (client->membership()).
+    proto::MembershipHistory members{1};
   };
   // Run's parts: the options' checks; joining the job (initial parameters,
   // or a rollback for a worker that rejoins or finds a server restarted);
@@ -265,6 +279,9 @@ class Trainer {
   // recalibration.
   absl::Status CheckOptions() const;
   absl::Status JoinJob(RunState* run);
+  // run->members from the client's membership (which a Recover or Join may
+  // have changed).
+  absl::Status RefreshMembers(RunState* run) const;
   absl::Status TrainSteps(Batcher* batcher, ServerBnExchange* sync,
                           RunState* run, TrainReport* report);
   absl::Status FinishRun(const RunState& run, TrainReport* report);
@@ -291,8 +308,9 @@ class Trainer {
   // the pass, or each layer's as the pass finishes it (options_.overlap).
   absl::Status BackwardThenPush(int64_t step, int64_t n, StepFigures* f);
   absl::Status BackwardAndPush(int64_t step, int64_t n, StepFigures* f);
-  // This worker's shard of the training data.
-  BatcherOptions ShardOptions() const;
+  // This worker's shard of the training data, its epochs cut for the
+  // membership's first count.
+  BatcherOptions ShardOptions(const proto::MembershipHistory& members) const;
   absl::Status PullInto(int64_t min_version);
   absl::Status SettleRunningStats(int64_t steps);
   // Sync and async: every BN layer takes the servers' running stats. After

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <utility>
 #include <vector>
 
@@ -34,6 +35,13 @@ absl::Status Trainer::FinishRun(const RunState& run, TrainReport* report) {
   }
 
   const absl::Time finish_start = absl::Now();
+  if (client_->worker() >=
+      run.members.WorkersAt(std::max<int64_t>(run.total - 1, 0))) {
+    // A resized job left this worker behind before its end: its part of the
+    // run is done, and the end belongs to the job's last workers.
+    report->seconds_finish = Seconds(finish_start);
+    return absl::OkStatus();
+  }
   if (absl::Status s = SettleRunningStats(run.step); !s.ok()) return s;
   if (options_.evaluate) {
     absl::StatusOr<double> acc = Evaluate();
@@ -115,7 +123,16 @@ absl::Status Trainer::PullRunningStats(int64_t steps) {
 }
 
 absl::Status Trainer::Recalibrate() {
-  BatcherOptions bo = ShardOptions();
+  // The job's last workers recalibrate over the whole training set (a
+  // resized job's others have left).
+  absl::StatusOr<proto::MembershipHistory> members =
+      proto::MembershipHistory::FromSegments(client_->config().num_workers(),
+                                             client_->membership());
+  if (!members.ok()) return Annotate(members.status(), "the job's membership");
+  const int last = members->WorkersAt(std::numeric_limits<int64_t>::max());
+  if (client_->worker() >= last) return absl::OkStatus();
+  BatcherOptions bo = ShardOptions(proto::MembershipHistory(last));
+  bo.num_workers = last;
   bo.shuffle = false;
   bo.limit = options_.recal_examples > 0 ? options_.recal_examples
                                          : options_.train_examples;

@@ -105,7 +105,7 @@ absl::Status Membership::RegisterAll(absl::Time deadline,
                                      std::vector<proto::JobConfig>* configs) {
   const GrpcClientOptions& options = channels_->options();
   const int shards = channels_->num_shards();
-  int64_t generation = 0;
+  int64_t generation = 0, shard0_generation = 0;
   proto::RegisterRequest request;
   request.set_job(options.job);
   request.set_worker(options.worker);
@@ -124,16 +124,33 @@ absl::Status Membership::RegisterAll(absl::Time deadline,
     if (!s.ok()) return s;
     (*configs)[i] = response.config();
     generation = std::max(generation, response.generation());
+    if (i == 0) shard0_generation = response.generation();
     channels_->set_bn_port(i, response.bn_port());
   }
   registered_generation_ = generation;
-  // A client that joins late joins the generation the job is in.
-  if (channels_->generation() < generation) channels_->set_generation(generation);
+  // A client that joins late joins the generation the job is in: shard 0's,
+  // with shard 0's membership, which a rollback of that generation decided.
+  // A shard already in a later one (a rollback under way) refuses this
+  // client's calls until it recovers into that one.
+  if (channels_->generation() < shard0_generation) {
+    channels_->set_generation(shard0_generation);
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    job_membership_ = (*configs)[0].membership();
+  }
   return absl::OkStatus();
 }
 
+google::protobuf::RepeatedPtrField<proto::MembershipSegment>
+Membership::job_membership() const {
+  absl::MutexLock lock(&mu_);
+  return job_membership_;
+}
+
 absl::StatusOr<int64_t> Membership::Recover(bool restarted,
-                                            absl::Time deadline) {
+                                            absl::Time deadline,
+                                            int resize_to, int shrink_to) {
   const GrpcClientOptions& options = channels_->options();
   const int shards = channels_->num_shards();
   constexpr int kRounds = 20;
@@ -174,7 +191,9 @@ absl::StatusOr<int64_t> Membership::Recover(bool restarted,
     for (const proto::StatusResponse& r : st) {
       behind = behind || r.generation() < newest;
     }
-    const bool force = restarted && newest <= registered_generation_;
+    const bool force =
+        (restarted && newest <= registered_generation_) || resize_to > 0 ||
+        shrink_to > 0;
     int64_t generation = newest, step = st[0].restored_step();
     // Async gradients: the shards' checkpoints are not of one moment.
     const absl::StatusOr<policy::JobPolicy> job =
@@ -220,12 +239,20 @@ absl::StatusOr<int64_t> Membership::Recover(bool restarted,
     // Shard 0 decides; the others follow its step.
     absl::Status s;
     int64_t resume = INT64_MAX;
+    // Shard 0 decides the membership too; the others take it.
+    google::protobuf::RepeatedPtrField<proto::MembershipSegment> decided;
     for (int i = 0; i < shards && s.ok(); ++i) {
       proto::RollbackRequest request;
       request.set_job(options.job);
       request.set_worker(options.worker);
       request.set_generation(generation);
       request.set_step(step);
+      if (i == 0) {
+        request.set_resize_to(resize_to);
+        request.set_shrink_to(shrink_to);
+      } else {
+        *request.mutable_membership() = decided;
+      }
       proto::RollbackResponse response;
       s = UntilReached(i, deadline, "Rollback", [&](absl::Time call_deadline) {
         grpc::ClientContext context;
@@ -235,6 +262,7 @@ absl::StatusOr<int64_t> Membership::Recover(bool restarted,
       });
       if (s.ok()) {
         if (!async) step = response.step();
+        if (i == 0) decided = response.membership();
         resume = std::min(resume, response.resume_step());
       }
     }
@@ -296,6 +324,10 @@ absl::Status Membership::CheckConfigs(
       proto::JobConfig b = c;
       a.clear_shard();
       b.clear_shard();
+      // Shard 0's membership is the job's: the others take it at the
+      // rollback under way when they differ (a worker joining).
+      a.clear_membership();
+      b.clear_membership();
       std::string report;
       google::protobuf::util::MessageDifferencer differencer;
       differencer.ReportDifferencesToString(&report);

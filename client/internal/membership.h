@@ -60,8 +60,21 @@ class Membership {
   // FAILED_PRECONDITION if there is nothing to roll back to (no checkpoint
   // common to every shard) or nothing to roll back (every shard in this
   // client's generation, none restarted); the shards' errors otherwise.
+  // With `resize_to` > 0, a new generation in any case, and the job grows
+  // to at least that many workers from the decided step on (shard 0 decides
+  // it; RollbackRequest.resize_to). Every rollback hands shard 0's
+  // membership to the other shards.
   // Not concurrently with Register or another Recover.
-  absl::StatusOr<int64_t> Recover(bool restarted, absl::Time deadline);
+  // With `shrink_to` > 0 (this worker's id: it is the job's highest), a
+  // new generation too, and the job goes on without this worker from the
+  // decided step on (RollbackRequest.shrink_to).
+  absl::StatusOr<int64_t> Recover(bool restarted, absl::Time deadline,
+                                  int resize_to = 0, int shrink_to = 0);
+
+  // The job's membership as the shards said at Register or the latest
+  // Recover (JobConfig.membership).
+  google::protobuf::RepeatedPtrField<proto::MembershipSegment> job_membership()
+      const ABSL_LOCKS_EXCLUDED(mu_);
 
   // One heartbeat to every shard, each with a short deadline; failures are
   // counted, not returned. A FAILED_PRECONDITION answer means the shard no
@@ -106,6 +119,8 @@ class Membership {
   int64_t registered_generation_ = 0;  // the newest generation at Register
 
   mutable absl::Mutex mu_;
+  google::protobuf::RepeatedPtrField<proto::MembershipSegment> job_membership_
+      ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   grpc::ClientContext* heartbeat_context_ ABSL_GUARDED_BY(mu_) = nullptr;
   HeartbeatStats stats_ ABSL_GUARDED_BY(mu_);

@@ -24,6 +24,7 @@ import numpy as np
 from bnps import errors
 
 _LIB_NAME = "libbnps.so"
+_API_VERSION = 2  # python/native/bnps_c.h's BNPS_C_API_VERSION it needs
 _ERR_LEN = 4096
 
 c_int, c_int64, c_double = ctypes.c_int, ctypes.c_int64, ctypes.c_double
@@ -58,9 +59,10 @@ def _find_library():
 def _load():
     path = _find_library()
     lib = ctypes.CDLL(path)  # RTLD_LOCAL: its dependencies stay private
-    if lib.bnps_api_version() != 1:
+    if lib.bnps_api_version() < _API_VERSION:
         raise ImportError(f"bnps: {path} has C ABI version "
-                          f"{lib.bnps_api_version()}, this package needs 1")
+                          f"{lib.bnps_api_version()}, this package needs "
+                          f"{_API_VERSION} or later")
     err = [c_char_p, c_size_t]
     sig = {
         "bnps_status_name": (c_char_p, [c_int]),
@@ -124,6 +126,14 @@ def _load():
                                         c_double, _I64, _D, _D] + err),
         "bnps_merge_moments": (c_int, [c_int64, _D, _D, c_int64, _D, _D,
                                        c_int64, _I64, _D, _D] + err),
+        "bnps_layer_forward": (c_int, [c_void_p, c_void_p, c_char_p, c_int64,
+                                       _D, c_int64, c_int64, c_int64, _D, _D,
+                                       c_double, c_int, c_double, _D, _D, _D,
+                                       c_int, _D, _D, _D] + err),
+        "bnps_layer_backward": (c_int, [c_void_p, c_char_p, c_int64, _D, _D,
+                                        c_int64, c_int64, c_int64, _D,
+                                        c_int64, _D, c_double, c_int, _D, _D,
+                                        _D] + err),
     }
     for name, (restype, argtypes) in sig.items():
         fn = getattr(lib, name)
@@ -357,6 +367,7 @@ class WorkerBn:
         _call(_lib.bnps_worker_bn_new, str(policy).encode(),
               float(job_bn_momentum), ctypes.byref(h))
         self._h = h
+        self._plans = {}  # the rule is immutable: plan_forward's answers
 
     def __del__(self):
         h, self._h = getattr(self, "_h", None), None
@@ -371,11 +382,16 @@ class WorkerBn:
     def plan_forward(self, tracks_running):
         """(exchange, want_running): whether to call bn_forward, and with
         want_running."""
-        exchange, want = c_int(), c_int()
-        _lib.bnps_worker_bn_plan_forward(self._h, int(bool(tracks_running)),
-                                         ctypes.byref(exchange),
-                                         ctypes.byref(want))
-        return bool(exchange.value), bool(want.value)
+        tracks_running = bool(tracks_running)
+        plan = self._plans.get(tracks_running)
+        if plan is None:
+            exchange, want = c_int(), c_int()
+            _lib.bnps_worker_bn_plan_forward(self._h, int(tracks_running),
+                                             ctypes.byref(exchange),
+                                             ctypes.byref(want))
+            plan = self._plans[tracks_running] = (bool(exchange.value),
+                                                  bool(want.value))
+        return plan
 
     def resolve(self, count, mean, m2, answer=None):
         """(count, mean, m2) to normalize with, whether the backward pass
@@ -434,3 +450,26 @@ def merge_moments(count_a, mean_a, m2_a, count_b, mean_b, m2_b):
           int(count_b), _ptr(mb), _ptr(m2b), ma.size, ctypes.byref(n),
           _ptr(om), _ptr(om2))
     return n.value, om, om2
+
+
+def layer_forward(rule, client, layer, step, x, n, channels, spatial, weight,
+                  bias, eps, momentum, running_mean, running_var,
+                  batches_tracked, num_threads, y, stats, info):
+    """bnps_layer_forward on the caller's float32 memory: x, weight, bias,
+    running_mean, running_var, batches_tracked (int64), y, stats (float64,
+    2 x channels) and info (int64, 3) are addresses (None: NULL) the caller
+    keeps valid; `rule` a WorkerBn, `client` a Client or None."""
+    _call(_lib.bnps_layer_forward, rule._h,
+          None if client is None else client._h, layer.encode(), step, x, n,
+          channels, spatial, weight, bias, eps, momentum is not None,
+          0.0 if momentum is None else momentum, running_mean, running_var,
+          batches_tracked, num_threads, y, stats, info)
+
+
+def layer_backward(client, layer, step, dy, x, n, channels, spatial, weight,
+                   count, stats, eps, num_threads, dx, dweight, dbias):
+    """bnps_layer_backward, addresses as layer_forward's; `layer` empty: the
+    local sums only (no client needed)."""
+    _call(_lib.bnps_layer_backward, None if client is None else client._h,
+          layer.encode(), step, dy, x, n, channels, spatial, weight, count,
+          stats, eps, num_threads, dx, dweight, dbias)

@@ -44,6 +44,9 @@ class Client:
             tls_ca or "", tls_cert or "", tls_key or "",
             float(connect_timeout_s), float(rpc_timeout_s))
         self.config = self._native.config()
+        # bnps.torch's layers pass it to bnps._native.layer_forward and
+        # layer_backward: one crossing per pass.
+        self.native = self._native
         self.worker = int(worker)
         self.num_workers = int(num_workers)
 

@@ -12,7 +12,6 @@
 #include <utility>
 #include <vector>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
@@ -27,6 +26,7 @@
 #include "client/state_export.h"
 #include "client/worker_bn.h"
 #include "policy/policy.h"
+#include "python/native/bnps_c_internal.h"
 #include "security/credentials.h"
 #include "security/job_token.h"
 #include "util/json_string.h"
@@ -42,39 +42,13 @@ struct bnps_arrays {
   std::vector<Entry> entries;
 };
 
-struct bnps_client {
-  absl::Mutex mu;
-  // Shared with the calls in flight: close() drops this reference, and the
-  // connection goes once they have returned.
-  std::shared_ptr<bnps::client::GrpcPsClient> client ABSL_GUARDED_BY(mu);
-};
-
-struct bnps_worker_bn {
-  bnps::client::WorkerBn rule;
-};
-
 namespace {
 
 using bnps::bn::Moments;
 using bnps::bn::RunningStats;
-
-int Fail(const absl::Status& s, char* err, size_t err_len) {
-  if (err != nullptr && err_len > 0) {
-    const std::string m(s.message());
-    const size_t n = std::min(m.size(), err_len - 1);
-    std::memcpy(err, m.data(), n);
-    err[n] = '\0';
-  }
-  return s.ok() ? 0 : static_cast<int>(s.code());
-}
-
-#define BNPS_RETURN_IF_ERROR(expr)                 \
-  do {                                             \
-    absl::Status s_ = (expr);                      \
-    if (!s_.ok()) return Fail(s_, err, err_len);   \
-  } while (0)
-
-std::string Str(const char* s) { return s == nullptr ? "" : s; }
+using bnps::c_abi::Fail;
+using bnps::c_abi::Get;
+using bnps::c_abi::Str;
 
 std::vector<double> Vec(const double* p, int64_t n) {
   return std::vector<double>(p, p + n);
@@ -115,16 +89,6 @@ absl::Status CopyRunning(const RunningStats& r, int64_t channels,
     return s;
   }
   return CopyOut(r.var, channels, var, "var");
-}
-
-// A reference to the connection, or FAILED_PRECONDITION once closed.
-absl::StatusOr<std::shared_ptr<bnps::client::GrpcPsClient>> Get(
-    bnps_client* c) {
-  absl::MutexLock lock(&c->mu);
-  if (c->client == nullptr) {
-    return absl::FailedPreconditionError("the bnps client is closed");
-  }
-  return c->client;
 }
 
 bnps::client::Params ToParams(int n, const char* const* names,

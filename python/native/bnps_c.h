@@ -35,8 +35,9 @@ extern "C" {
 
 #define BNPS_EXPORT __attribute__((visibility("default")))
 
-/* The ABI's version; a new version only adds functions. */
-#define BNPS_C_API_VERSION 1
+/* The ABI's version; a new version only adds functions (2: the layer steps,
+ * bnps_layer_forward and bnps_layer_backward). */
+#define BNPS_C_API_VERSION 2
 BNPS_EXPORT int bnps_api_version(void);
 /* "OK", "INVALID_ARGUMENT", ...; a static string. */
 BNPS_EXPORT const char* bnps_status_name(int code);
@@ -191,6 +192,45 @@ BNPS_EXPORT int bnps_merge_moments(int64_t count_a, const double* mean_a,
                                    int64_t channels, int64_t* out_count,
                                    double* out_mean, double* out_m2, char* err,
                                    size_t err_len);
+
+/* --- a BN layer's training step on float32 host memory ---
+ * The C++ worker's CPU kernels (bn/cpu_kernels.h: moments and sums in
+ * double) with the worker side of the policy in one call per pass, for
+ * frontends whose tensors are float32 in host memory: x, y, dy and dx hold
+ * n x channels x spatial values, contiguous in that order (spatial 1 for
+ * (N, C) input; n may be 0); weight and bias are float32 vectors of
+ * `channels`, NULL for ones and zeros. num_threads > 0 sets the kernels'
+ * OpenMP threads for the calling thread. */
+
+/* One training-mode forward pass of `layer` at `step` under the policy `r`:
+ * the moments of x, WorkerBn::CheckLayer, PlanForward, BnForward through `c`
+ * when the plan exchanges (`c` may be NULL when the policy sends nothing),
+ * Resolve, client::ApplyRunning on running_mean and running_var (float32,
+ * updated in place; NULL when the layer tracks none) with *batches_tracked,
+ * and y = x normalized with the outcome. What it normalized with into
+ * out_stats (float64, 2 x channels: the mean, then the biased variance);
+ * info[0] its count, info[1] 1 once BnForward succeeded (the step is used
+ * even if a later part fails), info[2] 1 if the backward pass exchanges. */
+BNPS_EXPORT int bnps_layer_forward(
+    const bnps_worker_bn* r, bnps_client* c, const char* layer, int64_t step,
+    const float* x, int64_t n, int64_t channels, int64_t spatial,
+    const float* weight, const float* bias, double eps, int has_momentum,
+    double momentum, float* running_mean, float* running_var,
+    int64_t* batches_tracked, int num_threads, float* y, double* out_stats,
+    int64_t* info, char* err, size_t err_len);
+
+/* The backward pass of a forward pass that normalized with `stats`
+ * (bnps_layer_forward's out_stats) over `count` samples per channel: the
+ * local sum(dy) and sum(dy * x_hat) into dbias and dweight (float32; NULL:
+ * not wanted); with a non-empty `layer` (the forward's info[2]) their sums
+ * over the workers through `c` (BnBackward at `step`); dx from those sums
+ * when dx is not NULL. */
+BNPS_EXPORT int bnps_layer_backward(
+    bnps_client* c, const char* layer, int64_t step, const float* dy,
+    const float* x, int64_t n, int64_t channels, int64_t spatial,
+    const float* weight, int64_t count, const double* stats, double eps,
+    int num_threads, float* dx, float* dweight, float* dbias, char* err,
+    size_t err_len);
 
 /* --- the export (client/job_reader.h, client/state_export.h) --- */
 

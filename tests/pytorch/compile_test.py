@@ -1,5 +1,5 @@
 """bnps.torch.SyncBatchNorm under torch.compile (torch >= 2.4): the exchange
-with the servers is the custom op bnps::batch_norm (and its backward), so
+with the servers is the custom op bnps::batch_norm_v2 (and its backward), so
 `torch.compile(model, fullgraph=True)` traces the whole model with no graph
 break (one graph, with the three layers' ops in it), and the compiled model
 (backend aot_eager) gives the same bits as the eager one: outputs, every

@@ -65,6 +65,11 @@ SYNC3 = [
     Case("input_5d", [2, 1, 2], 3, spatial=(2, 3, 2), steps=2, seed=7),
     Case("channels_last", [3, 2, 3], 6, dtype="float32", channels_last=True,
          steps=3, seed=8),
+    # Contiguous float32 on the CPU: the native layer steps (the C++
+    # worker's kernels), also with an empty batch and 2-D input.
+    Case("float32", [4, 0, 3], 4, dtype="float32", steps=3, seed=16),
+    Case("float32_2d_no_affine", [5, 2, 4], 6, spatial=(), dtype="float32",
+         affine=False, steps=3, seed=17),
     Case("half", [4, 3, 5], 4, dtype="float16", steps=3, seed=9),
     Case("bfloat16", [4, 3, 5], 4, dtype="bfloat16", steps=2, seed=10),
     Case("untracked", [3, 3, 2], 3, track=False, steps=2, seed=11),

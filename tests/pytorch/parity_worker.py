@@ -84,9 +84,11 @@ def scenario_secured(worker):
 
 
 def scenario_shared(worker):
-    """One layer applied to two batches per step, one loss over both."""
+    """One layer applied to two batches per step, one loss over both; in
+    float64, or BNPS_PARITY_DTYPE."""
     case = parity_cases.SHARED
-    bn = bnps.torch.SyncBatchNorm(case.features, name=case.name).double()
+    dtype = getattr(torch, os.environ.get("BNPS_PARITY_DTYPE", "float64"))
+    bn = bnps.torch.SyncBatchNorm(case.features, name=case.name).to(dtype)
     w, b = case.init_params()
     with torch.no_grad():
         bn.weight.copy_(w)
@@ -94,15 +96,16 @@ def scenario_shared(worker):
     rows = case.slice(worker)
     out = {"y": [], "dx": []}
     for step in range(case.steps):
-        x1, dy1, x2, dy2 = parity_cases.shared_data(step)
-        x1 = x1[rows].clone().requires_grad_(True)
-        x2 = x2[rows].clone().requires_grad_(True)
+        x1, dy1, x2, dy2 = (t[rows].to(dtype)
+                            for t in parity_cases.shared_data(step))
+        x1.requires_grad_(True)
+        x2.requires_grad_(True)
         y1, y2 = bn(x1), bn(x2)
-        ((y1 * dy1[rows]).sum() + (y2 * dy2[rows]).sum()).backward()
-        out["y"].append((y1.detach(), y2.detach()))
-        out["dx"].append((x1.grad, x2.grad))
-    out["running_mean"] = bn.running_mean.clone()
-    out["running_var"] = bn.running_var.clone()
+        ((y1 * dy1).sum() + (y2 * dy2).sum()).backward()
+        out["y"].append((y1.detach().double(), y2.detach().double()))
+        out["dx"].append((x1.grad.double(), x2.grad.double()))
+    out["running_mean"] = bn.running_mean.double()
+    out["running_var"] = bn.running_var.double()
     return out
 
 

@@ -209,12 +209,20 @@ class LongRunTest(unittest.TestCase):
 class SharedLayerTest(unittest.TestCase):
     def test_a_layer_applied_twice_per_step_matches_torch(self):
         # A siamese model: the second application's backward pass comes
-        # first (the servers refused the first's as "from the past").
-        got = run_scenario("shared", 2, servers=1)
+        # first (the servers refused the first's as "from the past"). In
+        # float64 (torch operations) and float32 (the native steps).
+        for dtype in (torch.float64, torch.float32):
+            self.check_shared(dtype)
+
+    def check_shared(self, dtype):
+        got = run_scenario("shared", 2, servers=1,
+                           extra_env={"BNPS_PARITY_DTYPE": str(dtype)[6:]})
         case = parity_cases.SHARED
+        tol = F64 if dtype == torch.float64 else tolerance(dtype)
         bn = torch_bn(case)
         for step in range(case.steps):
-            x1, dy1, x2, dy2 = parity_cases.shared_data(step)
+            x1, dy1, x2, dy2 = (t.to(dtype).double()
+                                for t in parity_cases.shared_data(step))
             x1.requires_grad_(True)
             x2.requires_grad_(True)
             y1, y2 = bn(x1), bn(x2)
@@ -222,19 +230,19 @@ class SharedLayerTest(unittest.TestCase):
             for w, g in enumerate(got):
                 rows = case.slice(w)
                 for i, (y, x) in enumerate(((y1, x1), (y2, x2))):
-                    msg = f"step {step} worker {w} application {i}"
+                    msg = f"{dtype} step {step} worker {w} application {i}"
                     torch.testing.assert_close(g["y"][step][i],
-                                               y.detach()[rows], **F64,
+                                               y.detach()[rows], **tol,
                                                msg=msg + " output")
                     torch.testing.assert_close(g["dx"][step][i],
-                                               x.grad[rows], **F64,
+                                               x.grad[rows], **tol,
                                                msg=msg + " input grad")
             bn.zero_grad(set_to_none=True)
         for g in got:
             torch.testing.assert_close(g["running_mean"], bn.running_mean,
-                                       **F64)
+                                       **tol)
             torch.testing.assert_close(g["running_var"], bn.running_var,
-                                       **F64)
+                                       **tol)
 
 
 class SecuredTest(unittest.TestCase):

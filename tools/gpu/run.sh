@@ -217,8 +217,8 @@ case "$cmd" in
     echo "installed $(basename "$wheel") for $("$PY" --version)"
     part torch_import 60 "$PY" -c 'import importlib.util as u, torch, bnps, bnps.torch; g = __import__("grpc") if u.find_spec("grpc") else None; print("bnps", bnps.__file__, "torch", torch.__version__, "cuda", torch.cuda.is_available(), "grpcio", g.__version__ if g else "not installed here")'
     part torch_server 30 "$bin/bnps-server" --help
-    # The twelve sync cases (fp64, fp32 channels_last, fp16, bf16, uneven,
-    # empty, 2-D to 5-D, ...) with the layers on the GPU, 3 workers.
+    # The sync cases (fp64, fp32 contiguous and channels_last, fp16, bf16,
+    # uneven, empty, 2-D to 5-D, ...) with the layers on the GPU, 3 workers.
     (cd /tmp && export BNPS_PARITY_DEVICE=cuda && part torch_parity 240 "$PY" \
       "$REPO/tests/pytorch/pytorch_parity_test.py" -v SyncParityTest)
     part torch_bench 300 "$PY" "$REPO/bench/pytorch_gpu_benchmark.py" \

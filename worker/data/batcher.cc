@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "worker/data/elastic_shard.h"
 
 namespace bnps::worker {
 namespace {
@@ -62,9 +63,11 @@ int64_t EffectiveExamples(const BatcherOptions& options, int64_t dataset_size) {
 }
 
 int64_t StepsPerEpoch(const BatcherOptions& options, int64_t dataset_size) {
-  if (options.num_workers < 1 || options.batch_size < 1) return 0;
+  const int64_t workers =
+      options.epoch_workers > 0 ? options.epoch_workers : options.num_workers;
+  if (workers < 1 || options.batch_size < 1) return 0;
   const int64_t n = EffectiveExamples(options, dataset_size);
-  const int64_t largest = (n + options.num_workers - 1) / options.num_workers;
+  const int64_t largest = (n + workers - 1) / workers;
   return options.drop_last
              ? largest / options.batch_size
              : (largest + options.batch_size - 1) / options.batch_size;
@@ -90,6 +93,11 @@ absl::StatusOr<Batcher> Batcher::Create(const Dataset* dataset,
         absl::StrCat("Batcher: worker is ", options.worker, "; need [0, ",
                      options.num_workers, ")"));
   }
+  if (options.epoch_workers < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Batcher: epoch_workers is ", options.epoch_workers,
+        "; need >= 0 (0 for num_workers)"));
+  }
   if (options.batch_size < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "Batcher: batch_size is ", options.batch_size, "; need >= 1"));
@@ -111,9 +119,10 @@ absl::StatusOr<Batcher> Batcher::Create(const Dataset* dataset,
 
 Batcher::Batcher(const Dataset* dataset, const BatcherOptions& options)
     : dataset_(dataset), options_(options) {
+  if (options_.epoch_workers == 0) options_.epoch_workers = options_.num_workers;
   examples_ = EffectiveExamples(options_, dataset_->size());
   const int64_t w = options_.worker;
-  const int64_t workers = options_.num_workers;
+  const int64_t workers = options_.epoch_workers;
   shard_begin_ = w * examples_ / workers;
   shard_end_ = (w + 1) * examples_ / workers;
   steps_per_epoch_ = StepsPerEpoch(options_, dataset_->size());
@@ -126,22 +135,27 @@ Batcher::Batcher(const Dataset* dataset, const BatcherOptions& options)
 void Batcher::StartEpoch(int64_t epoch) {
   epoch_ = epoch;
   step_ = 0;
-  next_ = 0;
-  if (options_.shuffle) {
-    std::vector<int64_t> p =
-        EpochPermutation(examples_, options_.seed, epoch, /*shuffle=*/true);
-    shard_.assign(p.begin() + shard_begin_, p.begin() + shard_end_);
-  } else {
-    shard_.resize(static_cast<size_t>(shard_end_ - shard_begin_));
-    std::iota(shard_.begin(), shard_.end(), shard_begin_);
+  permutation_ = EpochPermutation(examples_, options_.seed, epoch,
+                                  options_.shuffle);
+}
+
+absl::Status Batcher::SetNumWorkers(int num_workers) {
+  if (options_.worker < 0 || options_.worker >= num_workers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Batcher: worker ", options_.worker, " is not one of ",
+                     num_workers, " workers"));
   }
+  options_.num_workers = num_workers;
+  return absl::OkStatus();
 }
 
 bool Batcher::Next(Batch* out) {
   if (step_ >= steps_per_epoch_) return false;
-  const int64_t left = static_cast<int64_t>(shard_.size()) - next_;
-  int64_t n = std::min(options_.batch_size, left);
-  if (options_.drop_last && n < options_.batch_size) n = 0;
+  const EpochCut cut{examples_, options_.epoch_workers, options_.batch_size,
+                     options_.drop_last};
+  const std::vector<int64_t> positions =
+      StepPositions(cut, step_, options_.worker, options_.num_workers);
+  const int64_t n = static_cast<int64_t>(positions.size());
 
   const int64_t image_size = dataset_->image_size();
   out->n = n;
@@ -152,14 +166,13 @@ bool Batcher::Next(Batch* out) {
   out->labels.resize(static_cast<size_t>(n));
   out->indices.resize(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) {
-    const int64_t index = shard_[next_ + i];
+    const int64_t index = permutation_[positions[i]];
     out->indices[i] = index;
     out->labels[i] = dataset_->labels[index];
     const uint8_t* src = dataset_->pixels.data() + index * image_size;
     float* dst = out->images.data() + i * image_size;
     for (int64_t k = 0; k < image_size; ++k) dst[k] = normalized_[src[k]];
   }
-  next_ += n;
   ++step_;
   return true;
 }

@@ -19,6 +19,12 @@
 // non-empty batch has exactly batch_size examples and StepsPerEpoch counts only
 // the full batches of the largest shard.
 //
+// A job whose worker count changes between steps (server/membership_history.h)
+// keeps its epochs cut for its first count (epoch_workers) and splits each
+// step's global batch among the workers of that step (SetNumWorkers), by the
+// rule of worker/data/elastic_shard.h, which is the rule above when the
+// counts are equal.
+//
 // Pixels are scaled to [0, 1] and normalized: x = (p / 255 - mean) / std.
 //
 // Example (worker 2 of 4):
@@ -75,6 +81,9 @@ struct BatcherOptions {
   float std = 0.3530f;
   // Drop each shard's last short batch. Default: false.
   bool drop_last = false;
+  // The count the epochs are cut for: the job's first count when it was
+  // resized (elastic_shard.h); 0: num_workers. Default: 0.
+  int epoch_workers = 0;
 };
 
 // The examples a job uses: dataset_size, or `limit` of them if that is fewer.
@@ -82,7 +91,8 @@ int64_t EffectiveExamples(const BatcherOptions& options, int64_t dataset_size);
 
 // The steps of an epoch, the same on every worker: ceil(largest shard /
 // batch_size), or floor(...) with drop_last; the largest shard is
-// ceil(EffectiveExamples / num_workers). 0 if num_workers or batch_size < 1.
+// ceil(EffectiveExamples / W), W the epoch_workers (num_workers if 0). 0 if
+// W or batch_size < 1.
 int64_t StepsPerEpoch(const BatcherOptions& options, int64_t dataset_size);
 
 struct Batch {
@@ -100,8 +110,8 @@ class Batcher {
   // A batcher for options.worker, positioned at the start of epoch 0.
   // INVALID_ARGUMENT if `dataset` is null, inconsistent (ValidateDataset) or
   // empty, or an option is out of range: num_workers < 1, worker outside
-  // [0, num_workers), batch_size < 1, limit < 0, std <= 0, mean or std not
-  // finite.
+  // [0, num_workers), epoch_workers < 0, batch_size < 1, limit < 0, std <= 0,
+  // mean or std not finite.
   static absl::StatusOr<Batcher> Create(const Dataset* dataset,
                                         BatcherOptions options);
 
@@ -115,11 +125,16 @@ class Batcher {
   // up. `*out`'s buffers are reused. REQUIRES: out != nullptr.
   bool Next(Batch* out);
 
+  // From the next batch on, yields the batches of options().worker as one of
+  // `num_workers` (a resized job; elastic_shard.h). INVALID_ARGUMENT, changing
+  // nothing, unless the worker is in [0, num_workers).
+  absl::Status SetNumWorkers(int num_workers);
+
   // StepsPerEpoch(options, dataset size): how often Next returns true per
   // epoch. The same on every worker.
   int64_t batches_per_epoch() const { return steps_per_epoch_; }
-  // The examples this worker yields per epoch: its shard, less a short last
-  // batch under drop_last.
+  // The examples this worker yields per epoch while the count is the
+  // epochs' own: its shard, less a short last batch under drop_last.
   int64_t examples_per_epoch() const;
   // This worker's shard: [shard_begin(), shard_end()) of the permutation.
   int64_t shard_begin() const { return shard_begin_; }
@@ -143,8 +158,7 @@ class Batcher {
 
   int64_t epoch_ = 0;
   int64_t step_ = 0;
-  int64_t next_ = 0;            // position in shard_ of the next example
-  std::vector<int64_t> shard_;  // this epoch's dataset indices of the shard
+  std::vector<int64_t> permutation_;  // this epoch's dataset indices
 };
 
 // The permutation of [0, n) for (seed, epoch) that Batcher uses: the identity

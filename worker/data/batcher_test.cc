@@ -1,5 +1,6 @@
 #include "worker/data/batcher.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -394,6 +395,49 @@ TEST(BatcherTest, BadOptions) {
   Dataset no_rows = d;
   no_rows.rows = 0;
   EXPECT_EQ(code(&no_rows, good), kInvalid);
+}
+
+// A batcher resized at step N (SetNumWorkers) yields what a batcher created
+// with the new count and the same epoch cut yields from N: the elastic run
+// and the restarted one read the same batches.
+TEST(BatcherTest, ResizedEqualsRestarted) {
+  const Dataset d = Small(100);
+  BatcherOptions base;
+  base.num_workers = 2;
+  base.batch_size = 8;
+  base.seed = 3;
+  constexpr int64_t kResizeAt = 2;
+  for (int w : {1, 3, 4}) {
+    for (int v = 0; v < std::min(w, 2); ++v) {
+      BatcherOptions o = base;
+      o.worker = v;
+      Batcher elastic = MustCreate(&d, o);
+      elastic.StartEpoch(1);
+      Batch a, b;
+      for (int64_t k = 0; k < kResizeAt; ++k) ASSERT_TRUE(elastic.Next(&a));
+      ASSERT_TRUE(elastic.SetNumWorkers(w).ok());
+      o.num_workers = w;
+      o.epoch_workers = 2;
+      Batcher restarted = MustCreate(&d, o);
+      restarted.StartEpoch(1);
+      EXPECT_EQ(restarted.batches_per_epoch(), elastic.batches_per_epoch());
+      for (int64_t k = 0; k < kResizeAt; ++k) ASSERT_TRUE(restarted.Next(&b));
+      while (elastic.Next(&a)) {
+        ASSERT_TRUE(restarted.Next(&b));
+        EXPECT_EQ(a.indices, b.indices);
+        EXPECT_EQ(a.images, b.images);
+        EXPECT_EQ(a.labels, b.labels);
+      }
+      EXPECT_FALSE(restarted.Next(&b));
+    }
+  }
+  BatcherOptions o = base;
+  o.worker = 1;
+  Batcher one = MustCreate(&d, o);
+  EXPECT_EQ(one.SetNumWorkers(1).code(), absl::StatusCode::kInvalidArgument);
+  o.epoch_workers = -1;
+  EXPECT_EQ(Batcher::Create(&d, o).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

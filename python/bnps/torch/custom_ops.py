@@ -1,6 +1,6 @@
 """SyncBatchNorm under torch.compile: on torch >= 2.4 the layer's training
-forward and backward are the custom ops bnps::batch_norm and
-bnps::batch_norm_backward (torch.library.custom_op, with fake
+forward and backward are the custom ops bnps::batch_norm_v2 and
+bnps::batch_norm_backward_v2 (torch.library.custom_op, with fake
 implementations and the autograd registration), so that Dynamo puts them in
 the graph as opaque calls instead of breaking it at the exchange with the
 servers, and `torch.compile(model, fullgraph=True)` works. The ops run the
@@ -69,43 +69,45 @@ def _layer(i):
 
 
 if SUPPORTED:
-    @torch.library.custom_op("bnps::batch_norm", mutates_args=())
+    # The ops' names carry the version of their signature: torch.compile's
+    # on-disk caches (Inductor's FX graph cache) key a compiled graph by the
+    # ops it calls, so a changed signature under an old name would reuse a
+    # graph compiled for the old one after an upgrade of bnps.
+    @torch.library.custom_op("bnps::batch_norm_v2", mutates_args=())
     def batch_norm(x: torch.Tensor, weight: Optional[torch.Tensor],
                    bias: Optional[torch.Tensor], layer: int, eps: float
-                   ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor,
-                              torch.Tensor]:
-        """(y, mean, invstd, info): the output; the mean and 1/std it
-        normalized with (float64, CPU); info = [count, synced] (int64,
-        CPU; synced: the backward pass merges across workers)."""
+                   ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(y, moments, info): the output; the mean and biased variance it
+        normalized with (float64, CPU, 2 x C); info = [count, synced]
+        (int64, CPU; synced: the backward pass merges across workers)."""
         from bnps.torch import sync_batchnorm as sbn
-        y, stats, invstd = sbn._forward(_layer(layer), x, weight, bias, eps)
+        y, stats = sbn._forward(_layer(layer), x, weight, bias, eps)
         info = torch.tensor([stats.count, int(stats.layer is not None)],
                             dtype=torch.int64)
-        return y, stats.mean.clone(), invstd, info
+        return y, stats.moments, info
 
     @batch_norm.register_fake
     def _(x, weight, bias, layer, eps):
         c = x.shape[1]
-        cpu64 = dict(dtype=torch.float64, device="cpu")
-        return (torch.empty_like(x), torch.empty(c, **cpu64),
-                torch.empty(c, **cpu64),
+        return (torch.empty_like(x),
+                torch.empty(2, c, dtype=torch.float64, device="cpu"),
                 torch.empty(2, dtype=torch.int64, device="cpu"))
 
-    @torch.library.custom_op("bnps::batch_norm_backward", mutates_args=())
+    @torch.library.custom_op("bnps::batch_norm_backward_v2", mutates_args=())
     def batch_norm_backward(
             dy: torch.Tensor, x: torch.Tensor, weight: Optional[torch.Tensor],
-            mean: torch.Tensor, invstd: torch.Tensor, info: torch.Tensor,
-            layer: int, eps: float, need_dx: bool
+            moments: torch.Tensor, info: torch.Tensor, layer: int, eps: float,
+            need_dx: bool
     ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(dx, dweight, dbias); dx empty unless need_dx, dweight and dbias
         empty without a weight."""
         from bnps.torch import sync_batchnorm as sbn
         bn = _layer(layer)
         count, synced = info.tolist()
-        stats = sbn._Stats(count, mean, None,
+        stats = sbn._Stats(count, moments,
                            layer=bn._name() if synced else None)
-        dx, dweight, dbias = sbn._backward(bn, x, weight, dy, stats, invstd,
-                                           eps, need_dx)
+        dx, dweight, dbias = sbn._backward(bn, x, weight, dy, stats, eps,
+                                           need_dx)
         def none():  # a fresh one each: a custom op's outputs never alias
             return torch.empty(0, dtype=x.dtype, device=x.device)
         return (none() if dx is None else dx,
@@ -113,22 +115,22 @@ if SUPPORTED:
                 none() if dbias is None else dbias)
 
     @batch_norm_backward.register_fake
-    def _(dy, x, weight, mean, invstd, info, layer, eps, need_dx):
+    def _(dy, x, weight, moments, info, layer, eps, need_dx):
         return (torch.empty_like(x) if need_dx else x.new_empty(0),
                 x.new_empty(0) if weight is None else torch.empty_like(weight),
                 x.new_empty(0) if weight is None else torch.empty_like(weight))
 
     def _setup_context(ctx, inputs, output):
         x, weight, _, layer, eps = inputs
-        _, mean, invstd, info = output
-        ctx.save_for_backward(x, weight, mean, invstd, info)
-        ctx.mark_non_differentiable(mean, invstd, info)
+        _, moments, info = output
+        ctx.save_for_backward(x, weight, moments, info)
+        ctx.mark_non_differentiable(moments, info)
         ctx.layer, ctx.eps = layer, eps
 
-    def _autograd_backward(ctx, dy, _mean, _invstd, _info):
-        x, weight, mean, invstd, info = ctx.saved_tensors
+    def _autograd_backward(ctx, dy, _moments, _info):
+        x, weight, moments, info = ctx.saved_tensors
         dx, dweight, dbias = batch_norm_backward(
-            dy, x, weight, mean, invstd, info, ctx.layer, ctx.eps,
+            dy, x, weight, moments, info, ctx.layer, ctx.eps,
             ctx.needs_input_grad[0])
         if not ctx.needs_input_grad[0]:
             dx = None

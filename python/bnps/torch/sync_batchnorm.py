@@ -2,10 +2,12 @@
 across the workers of a bnps job by its shard servers.
 
 In training mode a layer computes its input's per-channel moments (count,
-mean, M2) on the input's own device with torch operations (accumulating in
-float32 for float16/bfloat16 inputs, in the input's precision otherwise),
-sends them in float64 through the client, and normalizes with what the
-servers' policy gives back:
+mean, M2), sends them in float64 through the client, and normalizes with
+what the servers' policy gives back. Contiguous float32 input on the CPU
+takes one native call per pass (bnps._native.layer_forward and
+layer_backward: the C++ worker's CPU kernels around the exchange); other
+input runs torch operations on its own device (accumulating in float32
+for float16/bfloat16 input, in the input's precision otherwise).
 
     sync    the global batch's moments (a barrier of every worker, per layer
             and step); the backward pass merges sum(dy) and sum(dy * x_hat)
@@ -82,20 +84,54 @@ def _np(t):
 class _Stats:
     """What a forward pass normalized with, and how its backward syncs."""
 
-    def __init__(self, count, mean, var, layer=None, step=None):
-        self.count = count   # samples the statistics describe
-        self.mean = mean     # float64 CPU tensors, size C
-        self.var = var       # biased
-        self.layer = layer   # the layer's name if the backward pass syncs
-        self.step = step
+    def __init__(self, count, moments, layer=None):
+        self.count = count      # samples the statistics describe
+        self.moments = moments  # float64 CPU, 2 x C: the mean, the biased var
+        self.layer = layer      # the layer's name if the backward pass syncs
+
+    @property
+    def mean(self):
+        return self.moments[0]
+
+    @property
+    def var(self):
+        return self.moments[1]
+
+
+def _stats(count, mean, var, layer=None):
+    return _Stats(count, torch.stack([mean, var]), layer)
+
+
+def _native_shape(x, *others):
+    """(n, channels, spatial) of x where the native layer steps
+    (bnps._native.layer_forward, layer_backward) take it: float32 CPU x in
+    contiguous (N, C, *) order, with float32 CPU contiguous `others` (each
+    may be None); else None."""
+    for t in (x,) + others:
+        if t is not None and (t.dtype != torch.float32 or
+                              t.device.type != "cpu" or
+                              not t.is_contiguous()):
+            return None
+    spatial = 1
+    for d in x.shape[2:]:
+        spatial *= d
+    return (x.shape[0], x.shape[1], spatial) if spatial > 0 else None
+
+
+def _ptr(t):
+    return None if t is None else t.data_ptr()
 
 
 def _forward(bn, x, weight, bias, eps):
     """y = (x - mean) / sqrt(var + eps) * weight + bias with the statistics
-    the layer's exchange gives; returns (y, stats, invstd), invstd float64
-    on the CPU. Per-element work is torch's fused kernel (batch_norm in
-    inference form). Shared by the autograd Function (eager) and the
-    custom op (torch.compile: bnps/torch/custom_ops.py): the same bits."""
+    the layer's exchange gives; returns (y, stats). Float32 CPU input takes
+    the native step (the C++ worker's kernels and the exchange in one
+    call); other input torch's fused kernel (batch_norm in inference form).
+    Shared by the autograd Function (eager) and the custom op
+    (torch.compile: bnps/torch/custom_ops.py): the same bits."""
+    out = bn._native_forward(x, weight, bias, eps)
+    if out is not None:
+        return out
     stats = bn._exchange_forward(x)
     acc = _acc_dtype(x.dtype)
     xa = x.to(acc)
@@ -104,18 +140,23 @@ def _forward(bn, x, weight, bias, eps):
     w = None if weight is None else weight.to(acc)
     b = None if bias is None else bias.to(acc)
     y = F.batch_norm(xa, mean, var, w, b, False, 0.0, eps)
-    invstd = torch.rsqrt(stats.var + eps)  # float64, CPU
-    return y.to(x.dtype), stats, invstd
+    return y.to(x.dtype), stats
 
 
-def _backward(bn, x, weight, dy, stats, invstd, eps, need_dx):
+def _backward(bn, x, weight, dy, stats, eps, need_dx):
     """(dx, dweight, dbias) of _forward: dx with the sums the layer's
-    backward exchange gives (bn/kernels.h explains the variants), from
-    torch's fused reduction for the two sums and two fused multiply-adds;
-    dx None unless need_dx, dweight and dbias None without a weight."""
+    backward exchange gives (bn/kernels.h explains the variants); dx None
+    unless need_dx, dweight and dbias None without a weight. Float32 CPU
+    input takes the native step (the kernels and the exchange in one
+    call); other input torch's fused reduction for the two sums and two
+    fused multiply-adds."""
+    out = _native_backward(bn, x, weight, dy, stats, eps, need_dx)
+    if out is not None:
+        return out
     acc = _acc_dtype(x.dtype)
     channels = x.shape[1]
     f64 = dict(dtype=torch.float64)
+    invstd = torch.rsqrt(stats.var + eps)  # float64, CPU
     if x.numel() > 0:
         xa, dya = x.to(acc), dy.to(acc)
         # A weight of ones, not None: CUDA's reduction allocates
@@ -165,16 +206,40 @@ def _backward(bn, x, weight, dy, stats, invstd, eps, need_dx):
     return dx, dweight, dbias
 
 
+def _native_backward(bn, x, weight, dy, stats, eps, need_dx):
+    """_backward's native step, or None where it does not apply."""
+    shape = _native_shape(x, weight)
+    if shape is None or dy.dtype != torch.float32 or dy.device.type != "cpu":
+        return None
+    native, step = None, 0
+    if stats.layer is not None:  # the sums go to the servers
+        native = getattr(bn._connection().client, "native", None)
+        if native is None:  # a stand-in client
+            return None
+        step = bn._bnps_backward_step
+    dy = dy.contiguous()
+    dx = torch.empty_like(x) if need_dx else None
+    dweight = dbias = None
+    if weight is not None:
+        dweight, dbias = torch.empty_like(weight), torch.empty_like(weight)
+    _native.layer_backward(
+        native, stats.layer or "", step, dy.data_ptr(), x.data_ptr(), *shape,
+        _ptr(weight), stats.count, stats.moments.data_ptr(), eps,
+        torch.get_num_threads(), _ptr(dx), _ptr(dweight), _ptr(dbias))
+    if stats.layer is not None:
+        bn._bnps_backward_step += 1
+    return dx, dweight, dbias
+
+
 class _SyncBatchNormFunction(torch.autograd.Function):
     """The layer's training-mode forward and backward in eager mode (and on
     torch < 2.4 always): _forward and _backward."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, bn, eps):
-        y, stats, invstd = _forward(bn, x, weight, bias, eps)
+        y, stats = _forward(bn, x, weight, bias, eps)
         ctx.save_for_backward(x, weight)
         ctx.stats = stats
-        ctx.invstd = invstd
         ctx.bn = bn
         ctx.eps = eps
         return y
@@ -184,8 +249,7 @@ class _SyncBatchNormFunction(torch.autograd.Function):
     def backward(ctx, dy):  # second derivative would be silently wrong
         x, weight = ctx.saved_tensors
         dx, dweight, dbias = _backward(ctx.bn, x, weight, dy, ctx.stats,
-                                       ctx.invstd, ctx.eps,
-                                       ctx.needs_input_grad[0])
+                                       ctx.eps, ctx.needs_input_grad[0])
         return dx, dweight, dbias, None, None
 
 
@@ -260,10 +324,44 @@ class SyncBatchNorm(nn.modules.batchnorm._BatchNorm):
 
     # --- the exchanges, called by _SyncBatchNormFunction ---
 
+    def _native_forward(self, x, weight, bias, eps):
+        """_forward's native step: (y, stats), or None where it does not
+        apply (not float32 CPU input and state, recalibrating, eval
+        without running statistics, a stand-in client that must answer)."""
+        if not self.training or self._recal_batch is not None:
+            return None
+        rm, rv = self.running_mean, self.running_var
+        shape = _native_shape(x, weight, bias, rm, rv)
+        if shape is None or (rm is not None and
+                             self.num_batches_tracked is None):
+            return None
+        s = self._connection()
+        rule = worker_bn(s)
+        native = getattr(s.client, "native", None)
+        if rule.plan_forward(rm is not None)[0]:
+            if native is None:  # a stand-in client
+                return None
+            self._name()  # the servers key the layer by it
+        y = torch.empty_like(x)
+        moments = torch.empty(2, shape[1], dtype=torch.float64)
+        info = torch.zeros(3, dtype=torch.int64)
+        try:
+            _native.layer_forward(
+                rule, native, self.bnps_name or "", self._bnps_step,
+                x.data_ptr(), *shape, _ptr(weight), _ptr(bias), eps,
+                self.momentum, _ptr(rm), _ptr(rv),
+                _ptr(self.num_batches_tracked), torch.get_num_threads(),
+                y.data_ptr(), moments.data_ptr(), info.data_ptr())
+        finally:
+            count, exchanged, global_backward = info.tolist()
+            self._bnps_step += exchanged
+        return y, _Stats(count, moments,
+                         self.bnps_name if global_backward else None)
+
     def _exchange_forward(self, x):
         count, mean, m2 = local_moments(x)
         if not self.training:  # no running stats: the input's own statistics
-            return _Stats(count, mean, _biased(count, m2))
+            return _stats(count, mean, _biased(count, m2))
         if self._recal_batch is not None:  # recalibrating
             # A layer without running statistics has nothing to recalibrate:
             # it normalizes with its own batch and sends nothing (the
@@ -273,7 +371,7 @@ class SyncBatchNorm(nn.modules.batchnorm._BatchNorm):
                 s.client.bn_recal(self._recal_key, self._recal_batch, count,
                                   _np(mean), _np(m2))
                 self._recal_batch += 1
-            return _Stats(count, mean, _biased(count, m2))
+            return _stats(count, mean, _biased(count, m2))
         return self._exchange_with_servers(self._connection(), count, mean,
                                            m2)
 
@@ -304,7 +402,7 @@ class SyncBatchNorm(nn.modules.batchnorm._BatchNorm):
                 self.num_batches_tracked.add_(1)
         if not global_backward:
             name = step = None
-        return _Stats(n, mu, _biased(n, mm2), layer=name, step=step)
+        return _stats(n, mu, _biased(n, mm2), layer=name)
 
     def _exchange_backward(self, stats, sum_dy, sum_dy_xhat):
         # Backward passes have their own count, in the order autograd runs
