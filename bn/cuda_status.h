@@ -1,5 +1,5 @@
 // What the BN kernels (bn/cuda_kernels) and the worker's CUDA backend
-// (worker/nn) share of the CUDA runtime: its errors as absl::Status, and
+// (nn/) share of the CUDA runtime: its errors as absl::Status, and
 // page-locked host memory for their StagingBuffers. Only in builds with the
 // CUDA toolkit (not under --config=cpu).
 

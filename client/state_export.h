@@ -4,7 +4,7 @@
 //
 // Names: a parameter key ending in ".w" or ".gamma" becomes "<prefix>.weight",
 // one ending in ".b" or ".beta" "<prefix>.bias" (the built-in CNN's keys,
-// worker/nn: "stem.conv.w" -> "stem.conv.weight"); any other key, e.g. a
+// nn/: "stem.conv.w" -> "stem.conv.weight"); any other key, e.g. a
 // bnps.torch model's, which already has PyTorch's names, is kept. A BN layer
 // L with running statistics gives L.running_mean and L.running_var
 // (float32, as PyTorch's buffers; the servers keep float64, and the variance

@@ -14,8 +14,8 @@
 // skipped; and it refuses what protobuf refuses (a length past the end of
 // its message, a truncated or overlong varint or tag, field number 0, a
 // chunk key that is not UTF-8, unbalanced groups, nesting past the recursion
-// limit: proto/wire_fields.h). proto/tensor_wire_test.cc compares the two on
-// hand-made and mutated messages.
+// limit: proto/wire_fields.h). proto/tensor_wire_protobuf_test.cc compares
+// the two on hand-made and mutated messages.
 //
 // Thread-safety: thread-compatible.
 

@@ -8,7 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "proto/generation.h"
 #include "proto/sharding.h"
-#include "server/checkpoint.h"
+#include "checkpoint/checkpoint.h"
 
 namespace bnps::server {
 
@@ -102,13 +102,13 @@ absl::StatusOr<std::unique_ptr<Shard>> Shard::Create(ShardOptions options) {
   if (!o.checkpoint_dir.empty()) {
     // A directory that cannot be written is said now, not at every
     // checkpoint while the job runs without any to come back to.
-    if (absl::Status d = CreateCheckpointDir(o.checkpoint_dir); !d.ok()) {
+    if (absl::Status d = checkpoint::CreateCheckpointDir(o.checkpoint_dir); !d.ok()) {
       return absl::FailedPreconditionError(
           absl::StrCat("checkpoint directory: ", d.message()));
     }
     const std::string prefix = absl::StrCat("bnps_server[", o.shard, "]");
-    absl::StatusOr<CheckpointFile> file =
-        LoadNewestCheckpoint(o.checkpoint_dir, prefix);
+    absl::StatusOr<checkpoint::CheckpointFile> file =
+        checkpoint::LoadNewestCheckpoint(o.checkpoint_dir, prefix);
     // A file that verifies but does not fit the job (DATA_LOSS; another
     // job's config is refused as it is) is set aside as a torn one, and the
     // previous one is tried: a supervisor's restarts would fail the same way.
@@ -121,8 +121,8 @@ absl::StatusOr<std::unique_ptr<Shard>> Shard::Create(ShardOptions options) {
       std::fprintf(stderr,
                    "%s: %s; set aside as %s; trying the previous one\n",
                    prefix.c_str(), std::string(s.message()).c_str(),
-                   SetAside(file->path).c_str());
-      file = LoadNewestCheckpoint(o.checkpoint_dir, prefix);
+                   checkpoint::SetAside(file->path).c_str());
+      file = checkpoint::LoadNewestCheckpoint(o.checkpoint_dir, prefix);
     }
     if (file.ok() && shard->job_complete()) {
       std::fprintf(stderr,

@@ -23,7 +23,7 @@
 // policies one all shards pass) the shard copies its state -- parameters,
 // optimizer state, exactly-once records, BN running statistics, membership,
 // clocks, the job's config and generation -- and a writer thread saves it
-// (server/checkpoint.h). Created with a checkpoint_dir that holds one, the
+// (checkpoint/checkpoint.h). Created with a checkpoint_dir that holds one, the
 // shard starts from the newest good checkpoint ("resumed from step K") and
 // then needs a rollback: every generation-checked call is refused until a
 // worker rolls the job back (Rollback). Job generations: proto/bnps.proto.

@@ -13,7 +13,7 @@
 #include "proto/generation.h"
 #include "proto/limits.h"
 #include "proto/sharding.h"
-#include "server/checkpoint.h"
+#include "checkpoint/checkpoint.h"
 #include "server/shard.h"
 #include "util/sha256.h"
 
@@ -140,7 +140,7 @@ void Shard::WriterLoop() {
     c.set_newest_bn_step(t->bn.newest_step);
     for (bool b : t->bn.contributed) c.add_bn_contributed(b);
     absl::Status s =
-        WriteCheckpoint(options_.checkpoint_dir, t->step, c.SerializeAsString());
+        checkpoint::WriteCheckpoint(options_.checkpoint_dir, t->step, c.SerializeAsString());
     if (!s.ok()) {
       std::fprintf(stderr, "bnps_server[%d]: checkpoint of step %lld failed: %s\n",
                    options_.shard, static_cast<long long>(t->step),
@@ -412,11 +412,11 @@ absl::StatusOr<int64_t> Shard::Rollback(int64_t generation, int64_t step,
       return gen_.restored_step;  // decided already
     }
   }
-  const std::string path = CheckpointPath(options_.checkpoint_dir, step);
-  absl::StatusOr<CheckpointFile> file =
-      step < 0 ? LoadNewestCheckpoint(options_.checkpoint_dir,
+  const std::string path = checkpoint::CheckpointPath(options_.checkpoint_dir, step);
+  absl::StatusOr<checkpoint::CheckpointFile> file =
+      step < 0 ? checkpoint::LoadNewestCheckpoint(options_.checkpoint_dir,
                                       absl::StrCat("bnps_server[", options_.shard, "]"))
-               : ReadCheckpoint(path);
+               : checkpoint::ReadCheckpoint(path);
   if (file.ok() && step < 0) step = file->step;
   if (file.ok() && file->step != step) {
     file = absl::DataLossError(
@@ -426,7 +426,7 @@ absl::StatusOr<int64_t> Shard::Rollback(int64_t generation, int64_t step,
     // Not listed any more: the workers choose another step.
     std::fprintf(stderr, "bnps_server[%d]: %s; set aside as %s\n",
                  options_.shard, std::string(file.status().message()).c_str(),
-                 SetAside(path).c_str());
+                 checkpoint::SetAside(path).c_str());
   }
   if (!file.ok()) return file.status();
   absl::StatusOr<std::optional<proto::MembershipHistory>> membership =
@@ -472,7 +472,7 @@ absl::StatusOr<int64_t> Shard::Rollback(int64_t generation, int64_t step,
       // set aside, so that the workers' next try picks another step.
       std::fprintf(stderr, "bnps_server[%d]: %s; set aside as %s\n",
                    options_.shard, std::string(s.message()).c_str(),
-                   SetAside(file->path).c_str());
+                   checkpoint::SetAside(file->path).c_str());
     }
     if (old_history.has_value()) {
       absl::MutexLock lock(&history_mu_);

@@ -11,7 +11,7 @@
 #include "gtest/gtest.h"
 #include "proto/checkpoint.pb.h"
 #include "proto/generation.h"
-#include "server/checkpoint.h"
+#include "checkpoint/checkpoint.h"
 #include "server/shard.h"
 #include "server/shard_testing.h"
 
@@ -56,7 +56,7 @@ TEST_F(ShardCheckpointTest, BoundariesAreWrittenAndRestoredAtStart) {
       if (s == 3) at_4 = Values(*shard);
     }
     ASSERT_TRUE(shard->FlushCheckpoints().ok());
-    EXPECT_EQ(*ListCheckpoints(dir_), (std::vector<int64_t>{4, 2}));
+    EXPECT_EQ(*checkpoint::ListCheckpoints(dir_), (std::vector<int64_t>{4, 2}));
     EXPECT_TRUE(shard->CheckGeneration(0).ok());
   }
   auto restarted = *Shard::Create(Options());
@@ -119,8 +119,8 @@ TEST_F(ShardCheckpointTest, AFailedRollbackLeavesTheStateAsItWas) {
   for (int64_t s = 0; s < 4; ++s) Step(*shard, s, 0.25f * (s + 1));
   ASSERT_TRUE(shard->FlushCheckpoints().ok());
   const std::vector<float> before = Values(*shard);
-  absl::StatusOr<CheckpointFile> file =
-      ReadCheckpoint(CheckpointPath(dir_, 2));
+  absl::StatusOr<checkpoint::CheckpointFile> file =
+      checkpoint::ReadCheckpoint(checkpoint::CheckpointPath(dir_, 2));
   ASSERT_TRUE(file.ok()) << file.status();
   proto::ShardCheckpoint c;
   ASSERT_TRUE(c.ParseFromString(file->payload));
@@ -131,13 +131,13 @@ TEST_F(ShardCheckpointTest, AFailedRollbackLeavesTheStateAsItWas) {
   l->set_has_running(true);
   l->set_running_mean(std::string(2 * sizeof(double), '\0'));  // not 3
   l->set_running_var(std::string(2 * sizeof(double), '\0'));
-  ASSERT_TRUE(WriteCheckpoint(dir_, 2, c.SerializeAsString()).ok());
+  ASSERT_TRUE(checkpoint::WriteCheckpoint(dir_, 2, c.SerializeAsString()).ok());
 
   absl::StatusOr<int64_t> rolled = shard->Rollback(1, 2);
   EXPECT_TRUE(absl::IsDataLoss(rolled.status())) << rolled.status();
   EXPECT_EQ(Values(*shard), before);  // not step 2's parameters
   // Set aside, as a torn file: the workers' next try picks another step.
-  EXPECT_EQ(*ListCheckpoints(dir_), (std::vector<int64_t>{4}));
+  EXPECT_EQ(*checkpoint::ListCheckpoints(dir_), (std::vector<int64_t>{4}));
   EXPECT_TRUE(shard->CheckGeneration(0).ok());
   EXPECT_EQ(shard->generation().generation, 0);
   Step(*shard, 4, 1.0f);  // the job goes on where it was
@@ -155,10 +155,10 @@ TEST_F(ShardCheckpointTest, AHalfRestoredShardRefusesCalls) {
   ASSERT_TRUE(shard->store().Push(0, 0, "w", {2}, std::vector<float>{1, 1}, 1).ok());
   ASSERT_TRUE(shard->CheckpointNow().ok());
   const std::vector<float> before = Values(*shard);
-  absl::StatusOr<std::vector<int64_t>> steps = ListCheckpoints(dir_);
+  absl::StatusOr<std::vector<int64_t>> steps = checkpoint::ListCheckpoints(dir_);
   ASSERT_TRUE(steps.ok() && !steps->empty());
-  absl::StatusOr<CheckpointFile> file =
-      ReadCheckpoint(CheckpointPath(dir_, steps->front()));
+  absl::StatusOr<checkpoint::CheckpointFile> file =
+      checkpoint::ReadCheckpoint(checkpoint::CheckpointPath(dir_, steps->front()));
   ASSERT_TRUE(file.ok()) << file.status();
   proto::ShardCheckpoint c;
   ASSERT_TRUE(c.ParseFromString(file->payload));
@@ -166,7 +166,7 @@ TEST_F(ShardCheckpointTest, AHalfRestoredShardRefusesCalls) {
   ASSERT_EQ(c.params_size(), 1);
   c.mutable_params(0)->set_values(std::string(2 * sizeof(float), '\0'));
   c.mutable_workers(0)->set_clock(5);  // 5 steps ahead of worker 1: over s
-  ASSERT_TRUE(WriteCheckpoint(dir_, steps->front(), c.SerializeAsString()).ok());
+  ASSERT_TRUE(checkpoint::WriteCheckpoint(dir_, steps->front(), c.SerializeAsString()).ok());
 
   absl::StatusOr<int64_t> rolled = shard->Rollback(1, -1);
   EXPECT_FALSE(rolled.ok());
@@ -187,12 +187,12 @@ TEST_F(ShardCheckpointTest, TheDirectoryIsCreatedAtStartOrTheStartFails) {
     ASSERT_TRUE(*shard->store().Init("w", {2}, {1.0f, 2.0f}));
     for (int64_t s = 0; s < 2; ++s) Step(*shard, s, 1.0f);
     ASSERT_TRUE(shard->FlushCheckpoints().ok());
-    EXPECT_EQ(*ListCheckpoints(o.checkpoint_dir), (std::vector<int64_t>{2}));
+    EXPECT_EQ(*checkpoint::ListCheckpoints(o.checkpoint_dir), (std::vector<int64_t>{2}));
   }
   // A directory that cannot be made fails the start, not every checkpoint
   // while the job runs without any to come back to.
-  ASSERT_TRUE(WriteCheckpoint(dir_ + "/d", 0, "x").ok());
-  o.checkpoint_dir = CheckpointPath(dir_ + "/d", 0) + "/sub";  // under a file
+  ASSERT_TRUE(checkpoint::WriteCheckpoint(dir_ + "/d", 0, "x").ok());
+  o.checkpoint_dir = checkpoint::CheckpointPath(dir_ + "/d", 0) + "/sub";  // under a file
   absl::StatusOr<std::unique_ptr<Shard>> shard = Shard::Create(o);
   EXPECT_TRUE(absl::IsFailedPrecondition(shard.status())) << shard.status();
 }
@@ -205,11 +205,11 @@ TEST_F(ShardCheckpointTest, AtStartAFileThatDoesNotFitFallsBack) {
     ASSERT_TRUE(shard->FlushCheckpoints().ok());
   }
   // Step 4's file verifies (its checksum is right) but is no checkpoint.
-  ASSERT_TRUE(WriteCheckpoint(dir_, 4, "\xff\xff\xff").ok());
+  ASSERT_TRUE(checkpoint::WriteCheckpoint(dir_, 4, "\xff\xff\xff").ok());
   absl::StatusOr<std::unique_ptr<Shard>> shard = Shard::Create(Options());
   ASSERT_TRUE(shard.ok()) << shard.status();
   EXPECT_EQ((*shard)->generation().restored_step, 2);
-  EXPECT_EQ(*ListCheckpoints(dir_), (std::vector<int64_t>{2}));
+  EXPECT_EQ(*checkpoint::ListCheckpoints(dir_), (std::vector<int64_t>{2}));
 }
 
 TEST_F(ShardCheckpointTest, RefusesACheckpointOfAnotherJob) {
@@ -290,7 +290,7 @@ TEST_F(ShardCheckpointTest, TheLastLeaveWritesAFinalCheckpoint) {
     EXPECT_TRUE(said.ok()) << said;
     ASSERT_TRUE(shard->Leave(1, 8).ok());  // a retry completes nothing again
     EXPECT_EQ(completions, 1);
-    EXPECT_EQ(*ListCheckpoints(dir_), (std::vector<int64_t>{5, 4, 2}));
+    EXPECT_EQ(*checkpoint::ListCheckpoints(dir_), (std::vector<int64_t>{5, 4, 2}));
     EXPECT_EQ(shard->Register(1, 10).code(),
               absl::StatusCode::kFailedPrecondition);
   }

@@ -11,7 +11,7 @@
 #include "proto/codec.h"
 #include "security/job_token.h"
 #include "server/bn_dispatch.h"
-#include "server/checkpoint.h"
+#include "checkpoint/checkpoint.h"
 #include "proto/limits.h"
 #include "proto/tensor_wire.h"
 #include "server/rpc_util.h"

@@ -7,7 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "security/job_token.h"
 #include "proto/limits.h"
-#include "server/checkpoint.h"
+#include "checkpoint/checkpoint.h"
 #include "server/read_state.h"
 #include "server/rpc_util.h"
 #include "server/shard_reactors.h"
@@ -304,7 +304,7 @@ grpc::ServerUnaryReactor* ShardService::GetStatus(
   resp.set_checkpoint_dir(shard_->options().checkpoint_dir);
   if (!shard_->options().checkpoint_dir.empty()) {
     absl::StatusOr<std::vector<int64_t>> steps =
-        ListCheckpoints(shard_->options().checkpoint_dir);
+        checkpoint::ListCheckpoints(shard_->options().checkpoint_dir);
     if (steps.ok()) {
       for (int64_t k : *steps) resp.add_checkpoint_steps(k);
     }

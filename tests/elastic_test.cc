@@ -17,11 +17,11 @@
 #include "gtest/gtest.h"
 #include "proto/membership_history.h"
 #include "server/server_runner.h"
-#include "tests/training_testing.h"
+#include "worker/training_testing.h"
 #include "worker/data/dataset.h"
 #include "worker/data/synthetic.h"
-#include "worker/nn/cpu_backend.h"
-#include "worker/nn/model.h"
+#include "nn/cpu_backend.h"
+#include "nn/model.h"
 #include "worker/trainer.h"
 
 namespace bnps {

@@ -14,10 +14,10 @@
 #include "server/server_runner.h"
 #include "worker/data/dataset.h"
 #include "worker/data/synthetic.h"
-#include "worker/nn/cpu_backend.h"
-#include "worker/nn/model.h"
+#include "nn/cpu_backend.h"
+#include "nn/model.h"
 #include "client/grpc_ps_client.h"
-#include "tests/training_testing.h"
+#include "worker/training_testing.h"
 #include "worker/trainer.h"
 
 namespace bnps {

@@ -39,7 +39,7 @@ packages=(
   libdnnl-dev              # oneDNN, CPU convolution and matrix products
   zlib1g-dev               # gzip IDX files
   dataset-fashion-mnist    # /usr/share/datasets/fashion-mnist
-  libgloo-dev              # peer of the BN-sync benchmark (//tools/bench)
+  libgloo-dev              # peer of the BN-sync benchmark (//bench)
   clang libclang-rt-14-dev # libFuzzer and the sanitizers (tools/fuzz.sh)
   # bnps.torch (python/, docs/pytorch.md): its parity tests (//tests/pytorch)
   # and the PyTorch benchmark peer need python3-torch (Debian's 1.13, CPU).

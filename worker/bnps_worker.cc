@@ -32,10 +32,10 @@
 #include "worker/data/dataset.h"
 #include "worker/data/idx.h"
 #include "worker/data/synthetic.h"
-#include "worker/nn/backend.h"
-#include "worker/nn/cpu_backend.h"
-#include "worker/nn/cuda_backend.h"
-#include "worker/nn/model.h"
+#include "nn/backend.h"
+#include "nn/cpu_backend.h"
+#include "nn/cuda_backend.h"
+#include "nn/model.h"
 #include "client/grpc_ps_client.h"
 #include "policy/job_flags.h"
 #include "policy/policy.h"
@@ -67,7 +67,7 @@ ABSL_FLAG(int64_t, leave_at_step, 0,
 ABSL_FLAG(int64_t, timing_warmup_steps, 0,
           "Leave steps numbered below this out of the report's time split "
           "(seconds: total, compute, bn_sync, grad_sync) and images/s; they "
-          "still train. For benchmarks (tools/bench/step_overhead.py).");
+          "still train. For benchmarks (bench/step_overhead.py).");
 ABSL_FLAG(uint64_t, seed, 1,
           "Seed of the initial parameters and the shuffle; the same on every "
           "worker.");
@@ -99,7 +99,7 @@ ABSL_FLAG(int64_t, train_examples, 0,
 ABSL_FLAG(int64_t, test_examples, 0,
           "Evaluate on the first this-many test examples (0: all 10000).");
 ABSL_FLAG(std::string, model, "cnn",
-          "The model (worker/nn/model.h, docs/worker.md): cnn (ResNet-style, "
+          "The model (nn/model.h, docs/worker.md): cnn (ResNet-style, "
           "BN on 28x28 to 7x7 maps: 49 positions per example at least) | deep "
           "(the cnn continued to 4x4 and 2x2 maps: 4 positions) | fc_bn (BN "
           "after fully connected layers: statistics over the batch alone).");

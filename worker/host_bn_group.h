@@ -35,7 +35,7 @@
 #include "absl/synchronization/mutex.h"
 #include "bn/kernels.h"
 #include "bn/moments.h"
-#include "worker/nn/bn_exchange.h"
+#include "nn/bn_exchange.h"
 
 namespace bnps::worker {
 

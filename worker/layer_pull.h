@@ -30,7 +30,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "client/ps_client.h"
-#include "worker/nn/model.h"
+#include "nn/model.h"
 
 namespace bnps::worker {
 

@@ -1,4 +1,4 @@
-// The BN layers' exchange (worker/nn/bn_exchange.h) backed by the shard
+// The BN layers' exchange (nn/bn_exchange.h) backed by the shard
 // servers through a PsClient, for the policies with BN traffic while
 // training. What each policy normalizes with and whether its backward pass
 // exchanges are client::WorkerBn's rules (client/worker_bn.h), the same
@@ -22,7 +22,7 @@
 #include "client/ps_client.h"
 #include "client/worker_bn.h"
 #include "policy/policy.h"
-#include "worker/nn/bn_exchange.h"
+#include "nn/bn_exchange.h"
 #include "worker/worker_metrics.h"
 
 namespace bnps::worker {

@@ -15,9 +15,9 @@
 #include "worker/host_bn_group.h"
 #include "worker/layer_pull.h"
 #include "worker/replica_threads.h"
-#include "worker/nn/bn_exchange.h"
+#include "nn/bn_exchange.h"
 #include "worker/server_bn_exchange.h"
-#include "worker/nn/layers.h"
+#include "nn/layers.h"
 #include "worker/trainer_internal.h"
 
 namespace bnps::worker {

@@ -76,7 +76,7 @@
 #include "absl/time/time.h"
 #include "worker/data/batcher.h"
 #include "worker/data/dataset.h"
-#include "worker/nn/model.h"
+#include "nn/model.h"
 #include "worker/worker_metrics.h"
 #include "client/ps_client.h"
 #include "policy/policy.h"

@@ -10,8 +10,8 @@
 #include "absl/strings/str_cat.h"
 #include "bn/moments.h"
 #include "policy/policy.h"
-#include "worker/nn/bn_exchange.h"
-#include "worker/nn/layers.h"
+#include "nn/bn_exchange.h"
+#include "nn/layers.h"
 #include "worker/trainer.h"
 #include "worker/trainer_internal.h"
 

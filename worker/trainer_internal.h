@@ -12,7 +12,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/ps_client.h"
-#include "worker/nn/model.h"
+#include "nn/model.h"
 
 namespace bnps::worker::trainer_internal {
 

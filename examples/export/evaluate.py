@@ -1,5 +1,5 @@
 """Evaluates a bnps export in PyTorch: the built-in CNN of bnps_worker
-(worker/nn/model.h) as the equivalent torch.nn module, its trained
+(nn/model.h) as the equivalent torch.nn module, its trained
 parameters and BN running statistics loaded from the safetensors file that
 `bnps_status --export` (or bnps.export.export, or the launcher's --export)
 wrote, with load_state_dict(strict=True), then Fashion-MNIST's test set.

@@ -1,5 +1,5 @@
 """A small ResNet-style CNN for 28x28 grayscale images (the shape of bnps's
-built-in model, worker/nn/model.h) and Fashion-MNIST from its IDX files, for
+built-in model, nn/model.h) and Fashion-MNIST from its IDX files, for
 the example and the benchmark. Plain PyTorch: nn.BatchNorm2d everywhere, so
 that bnps.torch.convert_sync_batchnorm is the one-line switch."""
 

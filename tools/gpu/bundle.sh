@@ -34,13 +34,13 @@ done
 TARGETS=(
   //bn:cuda_kernels_test
   //bn:cuda_bn_benchmark
-  //worker/nn:cuda_backend_test
-  //worker/nn:model_cuda_test
+  //nn:cuda_backend_test
+  //nn:model_cuda_test
   //server:bnps_server
   //worker:bnps_worker
   //tools:bnps_status
-  //tools/bench:model_step_benchmark
-  //tools/bench:ps_benchmark
+  //bench:model_step_benchmark
+  //bench:ps_benchmark
   //tools/testbed:bn_exchange
   //tools/testbed:bnps_relay
   //hostbn:bnps_host_bn

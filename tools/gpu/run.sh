@@ -147,7 +147,7 @@ cmd=${1:-info}; shift || true
 
 run_tests() {
   local rc=0 t log
-  for t in bn/cuda_kernels_test worker/nn/cuda_backend_test worker/nn/model_cuda_test; do
+  for t in bn/cuda_kernels_test nn/cuda_backend_test nn/model_cuda_test; do
     log="$RESULTS/$(basename "$t").log"
     if "$W/$t" --gtest_output="xml:$RESULTS/$(basename "$t").xml" > "$log" 2>&1; then
       echo "$t: ok"
@@ -199,8 +199,8 @@ case "$cmd" in
   bench)
     "$W/bn/cuda_bn_benchmark" "$@" 2>&1 | tee "$RESULTS/cuda_bn_benchmark.txt"
     if [[ -n $PY ]]; then
-      "$PY" "$REPO/tools/bench/model_step_compare.py" --device=gpu \
-        --binary "$W/tools/bench/model_step_benchmark" --python "$PY" 2>&1 | tee "$RESULTS/model_step_gpu.md"
+      "$PY" "$REPO/bench/model_step_compare.py" --device=gpu \
+        --binary "$W/bench/model_step_benchmark" --python "$PY" 2>&1 | tee "$RESULTS/model_step_gpu.md"
     fi
     ;;
   demo)
@@ -221,7 +221,7 @@ case "$cmd" in
     # uneven, empty, 2-D to 5-D, ...) with the layers on the GPU, 3 workers.
     (cd /tmp && export BNPS_PARITY_DEVICE=cuda && part torch_parity 240 "$PY" \
       "$REPO/tests/pytorch/pytorch_parity_test.py" -v SyncParityTest)
-    part torch_bench 300 "$PY" "$REPO/tools/bench/pytorch_gpu_benchmark.py" \
+    part torch_bench 300 "$PY" "$REPO/bench/pytorch_gpu_benchmark.py" \
       --procs 2,4 --batches 8,32 --runs "${BNPS_TORCH_RUNS:-3}"
     cp "$RESULTS/torch_bench.log" "$RESULTS/pytorch_gpu.md"
     ;;
@@ -249,18 +249,18 @@ case "$cmd" in
     part kernels 90 "$W/bn/cuda_bn_benchmark"
     cp "$RESULTS/kernels.log" "$RESULTS/cuda_bn_benchmark.txt"
     if [[ -n $PY ]]; then
-      part model_step 150 "$PY" "$REPO/tools/bench/model_step_compare.py" --device=gpu \
-        --binary "$W/tools/bench/model_step_benchmark" --python "$PY" --threads=1 \
+      part model_step 150 "$PY" "$REPO/bench/model_step_compare.py" --device=gpu \
+        --binary "$W/bench/model_step_benchmark" --python "$PY" --threads=1 \
         --rounds=3 --iters=50
       grep -v '^#' "$RESULTS/model_step.log" > "$RESULTS/model_step_gpu.md" || true
     fi
     # The step against local on the GPU (MPS where workers share it), and
     # W = 1 on the CPU beside it for the cost of one BN exchange.
-    part step_overhead_gpu 200 "${PY:-python3}" "$REPO/tools/bench/step_overhead.py" \
+    part step_overhead_gpu 200 "${PY:-python3}" "$REPO/bench/step_overhead.py" \
       --bin_dir "$W" --device=gpu --workers 1,2,4 --batches 32 --policies local,sync \
       --runs 3 --steps 200 --warmup 30 --round_trip off
     grep -v '^step_overhead: ' "$RESULTS/step_overhead_gpu.log" > "$RESULTS/step_overhead_gpu.txt" || true
-    part step_overhead_cpu 90 "${PY:-python3}" "$REPO/tools/bench/step_overhead.py" \
+    part step_overhead_cpu 90 "${PY:-python3}" "$REPO/bench/step_overhead.py" \
       --bin_dir "$W" --device=cpu --workers 1 --batches 32 --policies local,sync \
       --runs 3 --steps 200 --warmup 30 --round_trip off
     grep -v '^step_overhead: ' "$RESULTS/step_overhead_cpu.log" > "$RESULTS/step_overhead_cpu.txt" || true

@@ -333,7 +333,7 @@ def replace_between(text, begin, end, new, where):
 
 def keep_gpu_section(path, new_text):
     """`new_text` with the GPU section that the document at `path` holds now
-    (for tools/bench/update_performance_md.py, which rewrites the rest)."""
+    (for bench/update_performance_md.py, which rewrites the rest)."""
     old = read(path) or ""
     if BEGIN not in old or END not in old:
         return new_text

@@ -1,0 +1,255 @@
+#!/usr/bin/env python3
+"""bnps.torch on one GPU: step time of a ResNet-18-shaped model (64x64
+inputs, 10 classes) with P processes sharing the GPU under NVIDIA MPS, three
+ways, measured in the same run:
+
+  plain   torch.nn.BatchNorm2d, each process on its own (no communication)
+  bnps    bnps.torch.SyncBatchNorm, policy sync, real bnps_server shards on
+          127.0.0.1 (bnps.cluster.LocalCluster: BN over raw TCP)
+  torch   torch.nn.SyncBatchNorm over a gloo process group (the peer)
+
+For each P (--procs) and per-process batch (--batches) it starts P processes
+once; each holds a model of every kind and trains them in alternating
+segments (--runs rounds: plain, bnps, torch, plain, ...), each segment
+--steps steps of forward + backward + SGD (after --warmup steps per kind),
+with torch.cuda.synchronize() per step. A segment's time is the median over
+the processes of their per-step medians; a ratio is bnps (or torch) over
+plain within one round, given as min / median / max over the rounds. MPS: as tools/bnps_launch.py --mps
+(a running daemon, or one of this run's own, stopped at the end).
+
+    python3 bench/pytorch_gpu_benchmark.py [--procs 2,4] [--batches 8,32]
+        [--runs 3] [--steps 30] [--warmup 10] [--bin_dir DIR]
+
+Needs torch with CUDA, bnps importable (the installed wheel, or
+PYTHONPATH=python with the native library built), and bnps_server (from the
+wheel's console script, --bin_dir, or bazel-bin). A benchmark: prints one
+Markdown table and exits 0; 1 if a process fails; 0 with one line when there
+is no GPU.
+"""
+
+import argparse
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+sys.path.insert(0, os.path.join(REPO, "tools"))  # bnps_launch_mps
+KINDS = ["plain", "bnps", "torch"]
+
+
+def resnet18(classes=10):
+    """ResNet-18's shape (torchvision's layout: 4 stages of 2 basic blocks,
+    64-512 channels, 20 BatchNorm2d), written here so no torchvision is
+    needed."""
+    import torch.nn as nn
+
+    class Basic(nn.Module):
+        def __init__(self, cin, cout, stride):
+            super().__init__()
+            self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+            self.bn1 = nn.BatchNorm2d(cout)
+            self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+            self.bn2 = nn.BatchNorm2d(cout)
+            self.down = None
+            if stride != 1 or cin != cout:
+                self.down = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False),
+                                          nn.BatchNorm2d(cout))
+            self.relu = nn.ReLU(inplace=True)
+
+        def forward(self, x):
+            y = self.relu(self.bn1(self.conv1(x)))
+            y = self.bn2(self.conv2(y))
+            return self.relu(y + (x if self.down is None else self.down(x)))
+
+    layers = [nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64),
+              nn.ReLU(inplace=True), nn.MaxPool2d(3, 2, 1)]
+    cin = 64
+    for cout, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
+        layers += [Basic(cin, cout, stride), Basic(cout, cout, 1)]
+        cin = cout
+    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(512, classes)]
+    return nn.Sequential(*layers)
+
+
+def child(args):
+    """One process: a model of each kind, trained in alternating segments of
+    --steps steps (after --warmup steps each), --runs segments per kind; one
+    line "<kind> <run> <median ms>" per segment."""
+    import torch
+    import torch.nn.functional as F
+    rank = int(os.environ.get("LOCAL_RANK", "0"))
+    kinds = args.kinds.split(",")
+    dev = torch.device(args.device)
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    models = {}
+    for kind in kinds:
+        torch.manual_seed(0)
+        model = resnet18()
+        if kind == "bnps":
+            import bnps.torch
+            bnps.torch.init()
+            model = bnps.torch.convert_sync_batchnorm(model)
+        elif kind == "torch":
+            import torch.distributed as dist
+            dist.init_process_group("gloo", rank=rank,
+                                    world_size=int(os.environ["WORLD_SIZE"]))
+            model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
+        model = model.to(dev)
+        models[kind] = (model, torch.optim.SGD(model.parameters(), lr=0.01,
+                                               momentum=0.9))
+    g = torch.Generator().manual_seed(1 + rank)
+    x = torch.randn(args.batch, 3, 64, 64, generator=g).to(dev)
+    y = torch.randint(0, 10, (args.batch,), generator=g).to(dev)
+
+    def train(kind, steps):
+        model, opt = models[kind]
+        times = []
+        for _ in range(steps):
+            sync()
+            start = time.perf_counter()
+            opt.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+            sync()
+            times.append(time.perf_counter() - start)
+        return times
+
+    for kind in kinds:
+        train(kind, args.warmup)
+    for run in range(args.runs):
+        for kind in kinds:
+            ms = 1000 * statistics.median(train(kind, args.steps))
+            print("%s %d %.3f" % (kind, run, ms), flush=True)
+    return 0
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def measure(args, kinds, procs, batch, base_env):
+    """{kind: [per run: median over the processes of their median ms]}."""
+    cmd = [sys.executable, os.path.abspath(__file__), "--child",
+           "--kinds=" + ",".join(kinds), "--runs=%d" % args.runs,
+           "--batch=%d" % batch, "--steps=%d" % args.steps,
+           "--warmup=%d" % args.warmup, "--device=" + args.device]
+    cluster = None
+    if "bnps" in kinds:
+        from bnps.cluster import LocalCluster
+        options = dict(num_servers=1, num_workers=procs, policy="sync")
+        if args.bin_dir:
+            options["server_bin"] = os.path.join(args.bin_dir, "server", "bnps_server")
+        cluster = LocalCluster(**options).start()
+    port = free_port()
+    running = []
+    try:
+        for rank in range(procs):
+            env = dict(base_env)
+            if cluster:
+                env.update(cluster.worker_env(rank, base=base_env))
+            env.update(LOCAL_RANK=str(rank), RANK=str(rank), WORLD_SIZE=str(procs),
+                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                       OMP_NUM_THREADS="1")
+            running.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
+                                            stderr=subprocess.PIPE, text=True))
+        per_proc = []
+        for p in running:
+            out, err = p.communicate(timeout=args.timeout_s)
+            if p.returncode != 0:
+                raise RuntimeError("P=%d batch=%d: a process failed:\n%s"
+                                   % (procs, batch, err[-3000:]))
+            got = {}
+            for line in out.splitlines():
+                kind, run, ms = line.split()
+                got.setdefault(kind, {})[int(run)] = float(ms)
+            per_proc.append(got)
+        return {k: [statistics.median(p[k][r] for p in per_proc)
+                    for r in range(args.runs)] for k in kinds}
+    finally:
+        for p in running:
+            if p.poll() is None:
+                p.kill()
+        if cluster:
+            cluster.stop()
+
+
+def spread(values):
+    v = sorted(values)
+    return "%.2f / %.2f / %.2f" % (v[0], statistics.median(v), v[-1])
+
+
+def main(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--procs", default="2,4")
+    p.add_argument("--batches", default="8,32", help="per process")
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--mps", choices=["auto", "on", "off"], default="auto")
+    p.add_argument("--bin_dir", help="where server/bnps_server is (default: "
+                   "bnps.cluster's own search)")
+    p.add_argument("--timeout_s", type=float, default=300)
+    p.add_argument("--kinds", default=",".join(KINDS),
+                   help="which of plain, bnps, torch (default all)")
+    p.add_argument("--device", default="cuda",
+                   help="cuda; cpu only to try the script where there is no "
+                   "GPU (torch's SyncBatchNorm needs CUDA)")
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--batch", type=int, default=32)
+    args = p.parse_args(argv)
+    if args.child:
+        return child(args)
+    import torch
+    kinds = [k for k in args.kinds.split(",") if k]
+    if not kinds or set(kinds) - set(KINDS) or "plain" not in kinds:
+        p.error("--kinds: plain and any of bnps, torch")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("pytorch_gpu_benchmark: no CUDA device (torch %s): skipped" % torch.__version__)
+        return 0
+    import bnps_launch_mps
+    procs_list = [int(v) for v in args.procs.split(",") if v]
+    notes = []
+    daemon, mps_env = bnps_launch_mps.setup(
+        args.mps, "gpu" if args.device == "cuda" else "cpu", max(procs_list),
+        bnps_launch_mps.System(), notes.append)
+    base_env = dict(os.environ, **mps_env)
+    try:
+        print("ResNet-18 shape, 64x64 inputs, %s; torch %s; %s\n" % (
+            torch.cuda.get_device_name(0) if args.device == "cuda" else "CPU",
+            torch.__version__,
+            "; ".join(notes) or "MPS: not needed"))
+        print("| P | batch | plain ms | bnps sync ms | torch SyncBN (gloo) ms "
+              "| bnps/plain min / median / max | torch/plain min / median / max |")
+        print("|---|---|---|---|---|---|---|")
+        for procs in procs_list:
+            for batch in [int(v) for v in args.batches.split(",") if v]:
+                t = dict({k: [] for k in KINDS},
+                         **measure(args, kinds, procs, batch, base_env))
+
+                def cell(kind):
+                    return "%.2f" % statistics.median(t[kind]) if t[kind] else "n/a"
+
+                def ratio(kind):
+                    if not t[kind]:
+                        return "n/a"
+                    return spread([b / q for b, q in zip(t[kind], t["plain"])])
+                print("| %d | %d | %s | %s | %s | %s | %s |" % (
+                    procs, batch, cell("plain"), cell("bnps"), cell("torch"),
+                    ratio("bnps"), ratio("torch")), flush=True)
+    except (RuntimeError, subprocess.TimeoutExpired) as e:
+        print("pytorch_gpu_benchmark: %s" % e, file=sys.stderr)
+        return 1
+    finally:
+        if daemon is not None:
+            daemon.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,422 @@
+#!/usr/bin/env python3
+"""Tests of experiments/compare_policies.py and its package experiments/compare/.
+
+SmokeTest runs the real thing once (--matrix=grid --smoke: every row at
+per-worker batch 2 and 8 on 256 training and 200 test examples, real
+bnps_server and bnps_worker processes through tools/bnps_launch.py) with one
+failure injected, and checks
+the report: a table per batch size with every row, the injected run shown as
+failed with its reason while every other row is ok, results.json that parses
+and holds every run, the plots when matplotlib is there (else the report says
+they were skipped), and --report_only re-rendering the same tables while
+keeping the hand-written block. 20-40 s on 2 cores. RegimeSmokeTest runs
+--matrix=smoke (fc_bn at one example per worker; the crossed BN policy x
+gradient mode rows on the CNN), each row a real cluster: ~20 s.
+
+The other tests exercise the pure parts of experiments/compare/ (reason lines,
+aggregation over seeds, noise calls, rendering) without processes.
+
+Run: bazel test //experiments:compare_policies_test   or, after
+`bazel build //server:bnps_server //worker:bnps_worker`,
+python3 experiments/compare_policies_test.py
+"""
+
+import importlib.util
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TOOL = os.path.join(HERE, "compare_policies.py")
+if os.path.exists(os.path.join(os.getcwd(), "worker", "bnps_worker")):
+    BIN_DIR = os.getcwd()  # Bazel: the runfiles root
+else:
+    BIN_DIR = os.path.join(os.path.dirname(HERE), "bazel-bin")
+SMOKE_LIMIT_S = 300  # The whole smoke run; it takes ~40 s.
+INJECTED = ("async-s4", 2)
+
+sys.path.insert(0, HERE)  # The package experiments/compare/, as the tool finds it.
+from compare import matrix, plots, report, runner, stats  # noqa: E402
+
+
+def have_matplotlib():
+    if importlib.util.find_spec("matplotlib") is not None:
+        return True
+    if not os.access(plots.SYSTEM_PYTHON, os.X_OK):
+        return False
+    r = subprocess.run([plots.SYSTEM_PYTHON, "-c", "import matplotlib"],
+                       capture_output=True, timeout=60)
+    return r.returncode == 0
+
+
+def tables(markdown):
+    """{batch size: {row label: [cells]}} from the report's tables."""
+    out, current = {}, None
+    for line in markdown.splitlines():
+        m = re.match(r"### Per-worker batch (\d+) ", line)
+        if m:
+            current = out.setdefault(int(m.group(1)), {})
+            continue
+        if line.startswith("## "):
+            current = None
+        if current is not None and line.startswith("| ") and not line.startswith("| policy"):
+            cells = [c.strip() for c in re.split(r"(?<!\\)\|", line)[1:-1]]
+            current[cells[0]] = cells
+    return out
+
+
+def label(row, b):
+    return "reference (1×%d)" % (4 * b) if row == "reference" else row
+
+
+class SmokeTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.dir = tempfile.mkdtemp(prefix="compare_policies_test_")
+        cls.md = os.path.join(cls.dir, "report", "results.md")
+        cls.json = os.path.join(cls.dir, "report", "results.json")
+        cmd = [sys.executable, TOOL, "--matrix=grid", "--smoke", "--bin_dir=" + BIN_DIR,
+               "--out_dir=" + os.path.join(cls.dir, "runs"), "--results=" + cls.md,
+               "--inject_failure=%s@%d" % INJECTED]
+        cls.proc = subprocess.run(cmd, capture_output=True, text=True, timeout=SMOKE_LIMIT_S)
+        cls.output = cls.proc.stdout[-4000:] + cls.proc.stderr[-4000:]
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.dir, ignore_errors=True)
+
+    def read(self, path):
+        self.assertTrue(os.path.exists(path), self.output)
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+
+    def test_exit_status_says_a_run_failed(self):
+        self.assertEqual(self.proc.returncode, 1, self.output)
+        self.assertIn("FAILED", self.proc.stdout)
+        self.assertNotIn("Traceback", self.proc.stderr)
+
+    def test_report_has_every_row_and_the_failure(self):
+        md = self.read(self.md)
+        t = tables(md)
+        self.assertEqual(sorted(t), [2, 8], md)
+        for b in (2, 8):
+            self.assertEqual(len(t[b]), len(matrix.GRID_ROWS), t[b])
+            for row in matrix.GRID_ROWS:
+                cells = t[b].get(label(row, b))
+                self.assertIsNotNone(cells, "no row %s at b=%d:\n%s" % (row, b, md))
+                self.assertEqual(len(cells), 12, cells)
+                if (row, b) == INJECTED:
+                    self.assertTrue(cells[1].startswith("**failed**"), cells)
+                    self.assertIn("width", cells[1])  # the worker's own reason
+                    self.assertEqual(cells[2], "—")
+                else:
+                    self.assertEqual(cells[1], "ok", cells)
+                    acc = float(cells[2])
+                    self.assertTrue(0.0 <= acc <= 1.0, cells)
+                    float(cells[3])  # acc after recal: there for every row
+                    self.assertEqual(cells[10], str(256 // (4 * b)), cells)  # steps
+        for heading in ("## Machine", "## Command", "## Setup and budget",
+                        "## Plots", "## What the numbers say"):
+            self.assertIn(heading, md)
+        self.assertIn("--smoke", md)
+        self.assertIn("Failed runs: async-s4_b2_seed1", md)
+        self.assertIn(report.BEGIN_HAND, md)
+
+    def test_results_json(self):
+        data = json.loads(self.read(self.json))
+        runs = data["runs"]
+        self.assertEqual(len(runs), 2 * len(matrix.GRID_ROWS))
+        for r in runs:
+            if (r["policy"], r["batch_size"]) == INJECTED:
+                self.assertEqual(r["status"], "failed")
+                self.assertIn("w", r["reason"])
+                self.assertIn("width", r["detail"])
+                continue
+            self.assertEqual(r["status"], "ok", r.get("reason"))
+            self.assertEqual(r["workers"], 1 if r["policy"] == "reference" else 4)
+            self.assertEqual(r["worker_batch"], r["batch_size"] * (4 if r["policy"] == "reference" else 1))
+            for key in ("test_accuracy", "test_accuracy_recal", "train_loss_last",
+                        "images_per_second", "wall_s"):
+                self.assertIsNotNone(r[key], (r["id"], key))
+            self.assertEqual(set(r["ms_per_step"]), {"total", "compute", "bn_sync", "grad_sync"})
+            if r["policy"].startswith("async"):
+                self.assertLessEqual(r["max_staleness"], int(r["policy"][-1]))
+            if r["policy"] in ("local", "recal-precise", "recal-exact"):
+                self.assertEqual(r["ms_per_step"]["bn_sync"], 0.0, r["id"])
+            self.assertTrue(os.path.exists(os.path.join(r["out_dir"], "summary.json")))
+
+    def test_plots(self):
+        data = json.loads(self.read(self.json))
+        md = self.read(self.md)
+        files = data["plots"].get("files") or {}
+        if have_matplotlib():
+            self.assertEqual(set(files), {"accuracy_vs_batch", "accuracy_over_time"}, data["plots"])
+        if files:
+            for path in files.values():
+                self.assertEqual(os.path.dirname(path), os.path.dirname(self.md))
+                with open(path, "rb") as f:
+                    self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n")
+                self.assertIn("](%s)" % os.path.basename(path), md)
+        else:
+            self.assertIn("Plots skipped", md)
+
+    def test_report_only_keeps_tables_and_hand_written_text(self):
+        copy_md = os.path.join(self.dir, "copy", "results.md")
+        os.makedirs(os.path.dirname(copy_md))
+        md = self.read(self.md)
+        edited = md.replace(report.BEGIN_HAND + "\n", report.BEGIN_HAND + "\nSync wins at b=2.\n")
+        with open(copy_md, "w", encoding="utf-8") as f:
+            f.write(edited)
+        r = subprocess.run([sys.executable, TOOL, "--report_only", "--no_plots",
+                            "--results=" + copy_md, "--results_json=" + self.json],
+                           capture_output=True, text=True, timeout=60)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        again = self.read(copy_md)
+        self.assertIn("Sync wins at b=2.", again)
+        self.assertEqual(tables(again), tables(md))
+        self.assertIn("Plots skipped: --no_plots", again)
+
+
+class EntryPointTest(unittest.TestCase):
+    def test_help_from_another_cwd_under_each_python(self):
+        """The script finds its package wherever it is started from."""
+        pythons = [sys.executable]
+        if os.access(plots.SYSTEM_PYTHON, os.X_OK):
+            pythons.append(plots.SYSTEM_PYTHON)
+        cwd = tempfile.mkdtemp(prefix="compare_policies_cwd_")
+        try:
+            for python in pythons:
+                r = subprocess.run([python, TOOL, "--help"], cwd=cwd, capture_output=True,
+                                   text=True, timeout=60)
+                self.assertEqual(r.returncode, 0, (python, r.stderr))
+                self.assertTrue(r.stdout.startswith("usage: compare_policies.py"), r.stdout)
+                self.assertIn("--inject_failure ROW@B", r.stdout)
+        finally:
+            shutil.rmtree(cwd, ignore_errors=True)
+
+
+def fake_run(row, b, seed, acc, status="ok", recal=None):
+    return {"id": "%s_b%d_seed%d" % (row, b, seed), "policy": row, "batch_size": b,
+            "seed": seed, "status": status, "test_accuracy": acc if status == "ok" else None,
+            "test_accuracy_recal": recal if recal is not None else acc,
+            "train_loss_last": 0.5, "images_per_second": 100.0, "steps": 10,
+            "ms_per_step": {"total": 10.0, "compute": 5.0,
+                            "bn_sync": 3.0 if row == "sync" else 0.0, "grad_sync": 2.0},
+            "max_staleness": 0, "wall_s": 5.0,
+            "reason": None if status == "ok" else "worker w1 exited with code 1",
+            "detail": None if status == "ok" else "bnps_worker: step 3: boom"}
+
+
+class RegimeSmokeTest(unittest.TestCase):
+    """--matrix=smoke: fc_bn at one example per worker and the crossed async
+    rows on the CNN, each a real cluster (launcher, servers, workers)."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.dir = tempfile.mkdtemp(prefix="compare_policies_regime_test_")
+        cls.md = os.path.join(cls.dir, "report", "results.md")
+        cmd = [sys.executable, TOOL, "--matrix=smoke", "--smoke", "--bin_dir=" + BIN_DIR,
+               "--out_dir=" + os.path.join(cls.dir, "runs"), "--results=" + cls.md,
+               "--no_plots"]
+        cls.proc = subprocess.run(cmd, capture_output=True, text=True, timeout=SMOKE_LIMIT_S)
+        cls.output = cls.proc.stdout[-4000:] + cls.proc.stderr[-4000:]
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.dir, ignore_errors=True)
+
+    def test_every_run_succeeds_and_the_report_has_the_cells(self):
+        self.assertEqual(self.proc.returncode, 0, self.output)
+        with open(os.path.join(self.dir, "report", "results.json"), encoding="utf-8") as f:
+            data = json.load(f)
+        runs = {r["id"]: r for r in data["runs"]}
+        planned = [(m, b, row) for m, b, rows in matrix.MATRICES["smoke"] for row in rows]
+        self.assertEqual(len(runs), len(planned))
+        for m, b, row in planned:
+            r = runs["%s_%s_b%d_seed1" % (row, m, b)]
+            self.assertEqual(r["status"], "ok", r)
+            self.assertEqual(r["samples_per_channel"], matrix.POSITIONS[m] * b)
+            bn, grads = matrix.ROWS[row][:2]
+            self.assertEqual((r["bn_policy"], r["gradients"]), (bn, grads))
+            if grads == "sync":
+                self.assertEqual(r["max_staleness"], 0, row)
+        with open(self.md, encoding="utf-8") as f:
+            md = f.read()
+        self.assertIn("| `fc_bn` | 1 | 1 |", md)
+        self.assertIn("## Which half of async costs the accuracy (`cnn`, b=2 per worker)", md)
+        # Linear scaling from 0.02 at global batch 4: 0.04 at 4 x 2, a quarter
+        # of it for async gradients (each worker's batch applied on its own).
+        self.assertIn("| grad-async-s2 | sync | async (s=2) | 0.01 |", md)
+        self.assertIn("| bn-async-s2 | async (s=2) | sync | 0.04 |", md)
+
+
+def regime_run(row, model, b, seed, acc, recal=None):
+    r = fake_run(row, b, seed, acc, recal=recal)
+    r.update(id="%s_%s_b%d_seed%d" % (row, model, b, seed), model=model,
+             samples_per_channel=matrix.POSITIONS[model] * b)
+    return r
+
+
+class RegimeTest(unittest.TestCase):
+    def config(self, name="regime"):
+        from compare import options
+        return options.make_config(options.parse_args(["--matrix=" + name]))
+
+    def test_default_matrix_sweeps_samples_per_channel_with_three_seeds(self):
+        cfg = self.config()
+        runs = matrix.plan_runs(cfg)
+        self.assertEqual(sorted(cfg["seeds"]), [1, 2, 3])
+        samples = sorted({r["samples_per_channel"] for r in runs})
+        self.assertEqual(samples[0], 1)
+        self.assertGreaterEqual(len(samples), 6)
+        # Every cell has the sweep's rows; the crossed rows are in one cell.
+        crossed = {(r["model"], r["batch_size"]) for r in runs
+                   if r["policy"] in matrix.CROSSED}
+        self.assertEqual(crossed, {("cnn", 2)})
+        for r in runs:
+            if r["policy"] == "sync":
+                for row in matrix.SWEEP:
+                    self.assertTrue(any(q["policy"] == row and q["model"] == r["model"] and
+                                        q["batch_size"] == r["batch_size"] and
+                                        q["seed"] == r["seed"] for q in runs), row)
+        minutes = sum(matrix.estimate_seconds(cfg, r) for r in runs) / 60.0
+        self.assertLess(minutes, matrix.BUDGET_MINUTES)
+        self.assertGreater(len(matrix.plan_runs(self.config("full"))), len(runs))
+
+    def test_commands_of_crossed_rows_and_variants(self):
+        cfg = self.config()
+        cfg["out_dir"] = "/out"
+        by = {r["id"]: r for r in matrix.plan_runs(cfg)}
+        cmd = matrix.run_command(cfg, by["grad-async-s2_cnn_b2_seed1"], "/out/x", False)
+        self.assertIn("--bn_policy=sync", cmd)
+        self.assertIn("--gradients=async", cmd)
+        self.assertIn("--staleness=2", cmd)
+        self.assertIn("--learning_rate=0.01", cmd)  # 0.02 x 8 / 4 / 4 workers
+        self.assertFalse(any(c.startswith("--policy=") for c in cmd))
+        self.assertFalse(any(c.startswith("--model=") for c in cmd))  # cnn: the default
+        cmd = matrix.run_command(cfg, by["bn-async-s2_cnn_b2_seed1"], "/out/x", False)
+        self.assertIn("--learning_rate=0.04", cmd)  # sync gradients
+        cmd = matrix.run_command(cfg, by["reference_fc_bn_b1_seed2"], "/out/x", False)
+        self.assertIn("--workers=1", cmd)
+        self.assertIn("--batch_size=4", cmd)
+        self.assertIn("--learning_rate=0.02", cmd)  # as the 4 workers of batch 1
+        self.assertIn("--model=fc_bn", cmd)
+        self.assertIn("--policy=sync", cmd)
+
+    def test_gaps_and_boundary(self):
+        from compare import regime
+        self.assertEqual(regime.summary([None]), None)
+        m, sd, n = regime.summary([0.8, 0.82, 0.84])
+        self.assertAlmostEqual(m, 0.82)
+        self.assertAlmostEqual(sd, 0.02)
+        self.assertEqual(n, 3)
+        runs = []
+        for seed, (s1, l1, s49, l49) in enumerate([(0.70, 0.10, 0.80, 0.80),
+                                                  (0.72, 0.12, 0.82, 0.79),
+                                                  (0.71, 0.11, 0.81, 0.82)]):
+            runs += [regime_run("sync", "fc_bn", 1, seed, s1),
+                     regime_run("local", "fc_bn", 1, seed, l1),
+                     regime_run("sync", "cnn", 1, seed, s49),
+                     regime_run("local", "cnn", 1, seed, l49)]
+        groups = regime.cell_groups(runs)
+        cells = regime.cells_of({}, runs)
+        self.assertEqual(cells, [("fc_bn", 1), ("cnn", 1)])
+        lose, hold = regime.boundary(groups, cells)
+        self.assertEqual([(s, m) for s, m, _, _ in lose], [(1, "fc_bn")])
+        self.assertEqual([(s, m) for s, m, _, _ in hold], [(49, "cnn")])
+        d, noise, sep = regime.gap(groups[("sync", "fc_bn", 1)]["acc"],
+                                   groups[("local", "fc_bn", 1)]["acc"])
+        self.assertAlmostEqual(d, 0.60)
+        self.assertTrue(sep)
+        data = {"config": dict(self.config(), seeds=[0, 1, 2]), "runs": runs,
+                "machine": {"cpu": "Test CPU", "cores": 2}, "command_line": "cmd",
+                "estimate_s": 60.0, "total_wall_s": 30.0}
+        md = report.render_markdown(data, {"files": {}, "skipped": "no matplotlib"},
+                                    "KEEP ME")
+        self.assertIn("| `fc_bn` | 1 | 1 |", md)
+        self.assertIn("0.710 ± 0.010", md)
+        self.assertIn("+60.0 ± ", md)
+        self.assertIn("sync beats local beyond the noise at 1 (`fc_bn` b=1, +60.0 points); "
+                      "not at 49 (`cnn` b=1)", md)
+        self.assertIn("KEEP ME", md)
+        self.assertIn("Test CPU", md)
+
+
+class PureTest(unittest.TestCase):
+    def test_failure_reason(self):
+        log = "\n".join([
+            "[w1] step 1/10", "bnps_launch: stopping s0, s1",
+            "bnps_launch: FAILED: worker w1 exited with code 1",
+            "bnps_launch: last 2 lines of w1's stderr (all in /x/w1.log):",
+            "  some earlier line", "  bnps_worker: step 3: DEADLINE_EXCEEDED",
+            "bnps_launch: logs in /x"])
+        self.assertEqual(runner.failure_reason(log, 1),
+                         ("worker w1 exited with code 1",
+                          "bnps_worker: step 3: DEADLINE_EXCEEDED"))
+        self.assertEqual(runner.failure_reason("bnps_launch.py: error: --servers must be at "
+                                               "least 1 (got 0)", 2),
+                         ("--servers must be at least 1 (got 0)", None))
+        self.assertEqual(runner.failure_reason("nothing useful", -9),
+                         ("the launcher exited with code -9", None))
+
+    def test_seeds_aggregate_to_mean_and_range_and_failures_stay(self):
+        runs = [fake_run("sync", 2, 1, 0.80), fake_run("sync", 2, 2, 0.84),
+                fake_run("sync", 2, 3, 0.0, status="failed"),
+                fake_run("local", 2, 1, 0.60), fake_run("local", 2, 2, 0.62),
+                fake_run("local", 2, 3, 0.61)]
+        g = stats.aggregate(runs, ["sync", "local"], [2])
+        self.assertEqual(g[("sync", 2)]["n_ok"], 2)
+        self.assertAlmostEqual(g[("sync", 2)]["test_accuracy"][0], 0.82)
+        self.assertEqual(g[("sync", 2)]["test_accuracy"][1:], (0.80, 0.84))
+        self.assertTrue(stats.separated(g[("sync", 2)], g[("local", 2)], "test_accuracy", 10000))
+        close = stats.aggregate([fake_run("sync", 2, 1, 0.80), fake_run("sync", 2, 2, 0.84),
+                                 fake_run("local", 2, 1, 0.83), fake_run("local", 2, 2, 0.85)],
+                                ["sync", "local"], [2])
+        self.assertFalse(stats.separated(close[("sync", 2)], close[("local", 2)],
+                                         "test_accuracy", 10000))
+        # One seed: the test-set sampling error of the difference decides:
+        # 2 x 0.56 points on 10000 test examples, 2 x 1.8 points on 1000.
+        one = stats.aggregate([fake_run("sync", 2, 1, 0.80), fake_run("local", 2, 1, 0.82)],
+                              ["sync", "local"], [2])
+        self.assertTrue(stats.separated(one[("sync", 2)], one[("local", 2)],
+                                        "test_accuracy", 10000))
+        self.assertFalse(stats.separated(one[("sync", 2)], one[("local", 2)],
+                                         "test_accuracy", 1000))
+
+    def test_render_with_seeds_failures_and_unrun_rows(self):
+        config = {"policies": ["reference", "sync", "local"], "batch_sizes": [2, 32],
+                  "seeds": [1, 2], "workers": 4, "servers": 2, "epochs": 1,
+                  "train_examples": 1000, "test_examples": 0, "learning_rate": 0.1,
+                  "momentum": 0.9, "weight_decay": 0.0, "recal_examples": 0,
+                  "worker_flags": [], "inject": [], "reference_threads_used": 1}
+        runs = [fake_run("reference", 2, 1, 0.85), fake_run("reference", 2, 2, 0.86),
+                fake_run("sync", 2, 1, 0.84), fake_run("sync", 2, 2, 0.0, status="failed"),
+                fake_run("local", 2, 1, 0.70, recal=0.83), fake_run("local", 2, 2, 0.72, recal=0.84)]
+        runs += [dict(fake_run(row, 32, s, 0.0), status="not run", test_accuracy=None)
+                 for row in config["policies"] for s in (1, 2)]
+        data = {"config": config, "machine": {"cpu": "Test CPU", "cores": 2},
+                "runs": runs, "results_json": "/x/results.json", "command_line": "cmd",
+                "estimate_s": 60.0, "total_wall_s": 30.0}
+        md = report.render_markdown(data, {"files": {}, "skipped": "no matplotlib"})
+        t = tables(md)
+        self.assertEqual(set(t[2]), {"reference (1×8)", "sync", "local"})
+        self.assertEqual(set(t[32]), {"reference (1×128)", "sync", "local"})
+        self.assertEqual(t[2]["reference (1×8)"][2], "0.8550 (0.8500–0.8600)")
+        self.assertIn("ok 1/2", t[2]["sync"][1])
+        self.assertIn("**failed** (seed 2): worker w1 exited with code 1: bnps_worker: "
+                      "step 3: boom", t[2]["sync"][1])
+        self.assertEqual(t[2]["sync"][2], "0.8400")
+        self.assertEqual(t[32]["sync"][1], "not run (2)")
+        self.assertIn("Test CPU", md)
+        self.assertIn("Plots skipped: no matplotlib", md)
+        self.assertIn("0.7100 with its averaged running stats, 0.8350 after recalibration", md)
+        self.assertIn("**b=32**: no run succeeded (0 failed, 6 not run).", md)
+
+
+if __name__ == "__main__":
+    unittest.main()
