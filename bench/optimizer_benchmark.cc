@@ -1,4 +1,4 @@
-// Time of the server's optimizer step (ParameterStore::Push of the one worker
+// Time of the server's optimizer step (store::ParameterStore::Push of the one worker
 // of a bulk-synchronous job, which applies SGD with momentum and weight decay
 // at once) against the memory-bandwidth roof: the bytes the step must move
 // (gradient, weights and momentum read, weights and momentum written: 20 bytes
@@ -16,7 +16,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "util/median_time.h"
-#include "server/parameter_store.h"
+#include "store/parameter_store.h"
 
 ABSL_FLAG(int, reps, 20, "Timed repetitions per size (median reported).");
 
@@ -32,9 +32,9 @@ int Main() {
       "|---:|---:|---:|---:|---:|---:|\n");
   for (int64_t n : {int64_t{1} << 18, int64_t{1} << 20, int64_t{1} << 22,
                     int64_t{1} << 24}) {
-    ParameterStore::Options options;
+    store::ParameterStore::Options options;
     options.optimizer.weight_decay = 1e-4;
-    ParameterStore store(options);
+    store::ParameterStore store(options);
     if (absl::StatusOr<bool> s = store.Init("w", {n}, std::vector<float>(n, 0.5f));
         !s.ok()) {
       std::fprintf(stderr, "optimizer_benchmark: %s\n",

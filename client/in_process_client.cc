@@ -84,7 +84,7 @@ absl::Status InProcessPsClient::PushGradients(int64_t step,
                                               int64_t num_samples,
                                               const client::Params& grads) {
   for (const auto& [key, g] : grads) {
-    absl::StatusOr<server::ParameterStore::PushResult> r =
+    absl::StatusOr<store::ParameterStore::PushResult> r =
         ShardOf(key).store().Push(worker_, step, key, g.shape, g.values,
                                   num_samples);
     if (!r.ok()) {
@@ -144,7 +144,7 @@ absl::Status InProcessPsClient::PullParametersInto(int64_t min_version,
   for (int i = 0; i < job_->num_shards(); ++i) {
     if (!every_key && keys[i].empty()) continue;  // nothing wanted here
     server::Shard& shard = job_->shard(i);
-    using Result = absl::StatusOr<server::ParameterStore::Snapshot>;
+    using Result = absl::StatusOr<store::ParameterStore::Snapshot>;
     Result snap = Await<Result>([&](std::function<void(Result)> done) {
       shard.store().Pull(keys[i], min_version, shard.Deadline(),
                          std::move(done));

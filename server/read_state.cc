@@ -12,11 +12,11 @@ std::vector<proto::ReadStateResponse> ReadStateMessages(const Shard& shard,
   message_bytes = std::max<int64_t>(message_bytes, 64);
   // One copy of each, taken at once: parameters of one version set, and the
   // running statistics as they are.
-  const StoreState store = shard.store().Export();
+  const store::StoreState store = shard.store().Export();
   const BnState bn = shard.bn().Export();
   std::vector<proto::ReadStateResponse> out(1);
   int64_t step = store.keys.empty() ? 0 : INT64_MAX;
-  for (const StoreState::Key& k : store.keys) step = std::min(step, k.version);
+  for (const store::StoreState::Key& k : store.keys) step = std::min(step, k.version);
   out[0].set_step(step);
   out[0].set_job_complete(shard.job_complete());
   int64_t used = 0;  // payload bytes in out.back()
@@ -29,7 +29,7 @@ std::vector<proto::ReadStateResponse> ReadStateMessages(const Shard& shard,
     used += bytes;
   };
   const int64_t floats = message_bytes / 4;
-  for (const StoreState::Key& k : store.keys) {
+  for (const store::StoreState::Key& k : store.keys) {
     const std::vector<float>& v = *k.values;
     const int64_t n = static_cast<int64_t>(v.size());
     int64_t offset = 0;

@@ -170,7 +170,7 @@ Shard::Shard(ShardOptions options)
               policy::BulkSynchronous(JobPolicyOf(options_).gradients),
               options_.optimizer, options_.staleness,
               options_.checkpoint_dir.empty() ? 0 : options_.checkpoint_every,
-              [this](int64_t step, StoreState state) {
+              [this](int64_t step, store::StoreState state) {
                 OnBoundary(step, std::move(state));
               },
               [this](int64_t step) { return WorkersAt(step); }}),
@@ -332,9 +332,9 @@ absl::Status Shard::FinishJob() {
   std::string said = "no --checkpoint_dir, so no final checkpoint";
   if (!options_.checkpoint_dir.empty()) {
     // No call changes the state any more: it is the final step's.
-    StoreState state = store_.Export();
+    store::StoreState state = store_.Export();
     int64_t step = 0;
-    for (const StoreState::Key& k : state.keys) step = std::max(step, k.version);
+    for (const store::StoreState::Key& k : state.keys) step = std::max(step, k.version);
     OnBoundary(step, std::move(state));
     s = FlushCheckpoints();
     said = s.ok() ? absl::StrCat("final checkpoint of step ", step,

@@ -19,7 +19,7 @@
 // its id (a restart, with another incarnation) takes its place at once.
 //
 // Checkpoints (with a checkpoint_dir): at every checkpoint_every-th step
-// boundary of the store (server/parameter_store.h; under the bulk-synchronous
+// boundary of the store (store/parameter_store.h; under the bulk-synchronous
 // policies one all shards pass) the shard copies its state -- parameters,
 // optimizer state, exactly-once records, BN running statistics, membership,
 // clocks, the job's config and generation -- and a writer thread saves it
@@ -68,7 +68,7 @@
 #include "server/bn_aggregator.h"
 #include "server/step_clocks.h"
 #include "server/membership.h"
-#include "server/parameter_store.h"
+#include "store/parameter_store.h"
 #include "policy/policy.h"
 #include "proto/bnps.pb.h"
 #include "proto/membership_history.h"
@@ -95,7 +95,7 @@ struct ShardOptions {
   // else sync; policy/policy.h). Default: unset.
   std::optional<policy::Gradients> gradients;
   int64_t staleness = 0;  // async gradients or BN only. Default: 0
-  OptimizerOptions optimizer;                // Default: see OptimizerOptions
+  store::OptimizerOptions optimizer;                // Default: see store::OptimizerOptions
   double bn_momentum = 0.1;                  // Default: 0.1
   absl::Duration barrier_timeout = absl::Seconds(60);    // Default: 60 s
   absl::Duration heartbeat_timeout = absl::Seconds(10);  // Default: 10 s
@@ -129,8 +129,8 @@ class Shard {
   ~Shard();  // stops the ticker; fails what still waits
 
   const ShardOptions& options() const { return options_; }
-  ParameterStore& store() { return store_; }
-  const ParameterStore& store() const { return store_; }
+  store::ParameterStore& store() { return store_; }
+  const store::ParameterStore& store() const { return store_; }
   BnAggregator& bn() { return bn_; }
   const BnAggregator& bn() const { return bn_; }
   Membership& membership() { return membership_; }
@@ -289,7 +289,7 @@ class Shard {
   struct Taken {
     int64_t step = 0;
     int64_t generation = 0;
-    StoreState store;
+    store::StoreState store;
     BnState bn;
     std::vector<Membership::WorkerInfo> workers;
     std::vector<int64_t> clocks;
@@ -297,7 +297,7 @@ class Shard {
     proto::MembershipHistory history{1};
   };
   // Called by the store at a step boundary, with its lock held.
-  void OnBoundary(int64_t step, StoreState store);
+  void OnBoundary(int64_t step, store::StoreState store);
   void WriterLoop();
   // Restores `payload` (a serialized proto::ShardCheckpoint). INVALID_ARGUMENT
   // for a checkpoint of another job config; DATA_LOSS for one that does not
@@ -320,7 +320,7 @@ class Shard {
   // out.
   mutable absl::Mutex history_mu_;
   proto::MembershipHistory history_ ABSL_GUARDED_BY(history_mu_);
-  ParameterStore store_;
+  store::ParameterStore store_;
   BnAggregator bn_;
   Membership membership_;
   std::unique_ptr<StepClocks> clocks_;

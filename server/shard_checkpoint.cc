@@ -40,9 +40,9 @@ bool FromBytes(const std::string& b, std::vector<T>* out) {
 
 Shard::Digest Shard::ComputeDigest() const {
   Digest d;
-  const StoreState store = store_.Export();
+  const store::StoreState store = store_.Export();
   d.step = store.keys.empty() ? 0 : INT64_MAX;
-  for (const StoreState::Key& k : store.keys) {
+  for (const store::StoreState::Key& k : store.keys) {
     d.entries.emplace_back(k.key, util::Sha256Of(FloatBytes(*k.values)));
     d.step = std::min(d.step, k.version);
   }
@@ -55,7 +55,7 @@ Shard::Digest Shard::ComputeDigest() const {
   return d;
 }
 
-void Shard::OnBoundary(int64_t step, StoreState store) {
+void Shard::OnBoundary(int64_t step, store::StoreState store) {
   // The store's lock is held: nothing of step `step` is in yet anywhere.
   auto taken = std::make_unique<Taken>();
   taken->step = step;
@@ -104,7 +104,7 @@ void Shard::WriterLoop() {
     t->history.ToConfig(c.mutable_config());
     c.set_step(t->step);
     c.set_generation(t->generation);
-    for (const StoreState::Key& k : t->store.keys) {
+    for (const store::StoreState::Key& k : t->store.keys) {
       proto::ParamState* p = c.add_params();
       p->set_key(k.key);
       for (int64_t d : k.shape) p->add_shape(d);
@@ -176,9 +176,9 @@ absl::Status Shard::CheckpointNow() {
     return absl::FailedPreconditionError("the server has no --checkpoint_dir");
   }
   if (!policy::BulkSynchronous(JobPolicyOf(options_).gradients)) {
-    StoreState state = store_.Export();
+    store::StoreState state = store_.Export();
     int64_t step = 0;
-    for (const StoreState::Key& k : state.keys) step = std::max(step, k.version);
+    for (const store::StoreState::Key& k : state.keys) step = std::max(step, k.version);
     OnBoundary(step, std::move(state));
   }
   return FlushCheckpoints();
@@ -234,9 +234,9 @@ absl::Status Shard::Restore(const std::string& payload, const std::string& from,
   auto bad = [&](const std::string& what) {
     return absl::DataLossError(absl::StrCat(from, ": ", what));
   };
-  StoreState store;
+  store::StoreState store;
   for (const proto::ParamState& p : c.params()) {
-    StoreState::Key k;
+    store::StoreState::Key k;
     k.key = p.key();
     k.shape.assign(p.shape().begin(), p.shape().end());
     auto values = std::make_shared<std::vector<float>>();
@@ -278,7 +278,7 @@ absl::Status Shard::Restore(const std::string& payload, const std::string& from,
   // Everything is checked before anything changes: a rollback that fails
   // must not leave the store restored and the BN layers or clocks not.
   // (The store and the aggregator check the same again.)
-  for (const StoreState::Key& k : store.keys) {
+  for (const store::StoreState::Key& k : store.keys) {
     int64_t n = 1;
     bool fits = k.values->size() == k.momentum.size() &&
                 k.last_pushed.size() == workers && k.version >= 0;

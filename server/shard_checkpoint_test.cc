@@ -99,7 +99,7 @@ TEST_F(ShardCheckpointTest, ReplayAfterRollbackGivesTheSameBits) {
   // A pull waiting for a version the rollback takes away fails with it.
   absl::Status waited;
   shard->store().Pull({"w"}, 7, absl::InfiniteFuture(),
-                      [&](absl::StatusOr<ParameterStore::Snapshot> s) {
+                      [&](absl::StatusOr<store::ParameterStore::Snapshot> s) {
                         waited = s.status();
                       });
   absl::StatusOr<int64_t> rolled = shard->Rollback(1, 2);

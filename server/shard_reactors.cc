@@ -114,7 +114,7 @@ class PushReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
     a.generation = generation_;
     const absl::StatusOr<Admission> admitted = shard_->Admit(a);
     if (!admitted.ok()) return admitted.status();
-    absl::StatusOr<ParameterStore::PushResult> r = shard_->store().Push(
+    absl::StatusOr<store::ParameterStore::PushResult> r = shard_->store().Push(
         worker_, step_, key, reader_.shape(),
         absl::MakeConstSpan(staging_.data(), staged_), samples_);
     if (!r.ok()) return r.status();
@@ -161,7 +161,7 @@ class PushReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
 
 // Waits for the requested version, then streams the tensors in chunks that
 // reference the store's values (shared, not copied). With in_order, each run
-// of keys the store hands out (ParameterStore::PullInOrder) is written as
+// of keys the store hands out (store::ParameterStore::PullInOrder) is written as
 // soon as it is ready, and the call ends once the store's pull ended (so no
 // callback of it outlives the reactor).
 class PullReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
@@ -195,14 +195,14 @@ class PullReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     if (req.in_order()) {
       shard->store().PullInOrder(
           std::move(keys), req.min_version(), WaitDeadline(*shard, *ctx),
-          [this](absl::StatusOr<ParameterStore::PullPart> part) {
+          [this](absl::StatusOr<store::ParameterStore::PullPart> part) {
             OnPart(std::move(part));
           });
       return;
     }
     shard->store().Pull(std::move(keys), req.min_version(),
                         WaitDeadline(*shard, *ctx),
-                        [this](absl::StatusOr<ParameterStore::Snapshot> snap) {
+                        [this](absl::StatusOr<store::ParameterStore::Snapshot> snap) {
                           OnSnapshot(std::move(snap));
                         });
   }
@@ -223,7 +223,7 @@ class PullReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   void OnDone() override { delete this; }
 
  private:
-  void OnSnapshot(absl::StatusOr<ParameterStore::Snapshot> snap) {
+  void OnSnapshot(absl::StatusOr<store::ParameterStore::Snapshot> snap) {
     if (!snap.ok()) {
       Done(snap.status());
       return;
@@ -250,7 +250,7 @@ class PullReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
 
   // The keys of one run, packed as OnSnapshot packs them; the run's
   // messages carry its smallest version.
-  void OnPart(absl::StatusOr<ParameterStore::PullPart> part) {
+  void OnPart(absl::StatusOr<store::ParameterStore::PullPart> part) {
     if (!part.ok()) {
       LogRejected(*shard_, "PullParameters", worker_, part.status());
       Send({}, part.status());

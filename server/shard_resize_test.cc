@@ -57,7 +57,7 @@ TEST_F(ShardResizeTest, StepsWaitForTheirOwnWorkers) {
   auto shard = *Shard::Create(Options("0:2,2:4,3:1"));
   ASSERT_TRUE(*shard->store().Init("w", {2}, {0, 0}));
   // Step 0 completes with workers 0 and 1; worker 2 is not one of them.
-  const absl::StatusOr<ParameterStore::PushResult> early =
+  const absl::StatusOr<store::ParameterStore::PushResult> early =
       shard->store().Push(2, 0, "w", {2}, std::vector<float>{1, 1}, 1);
   EXPECT_EQ(early.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(early.status().message().find("not one of the 2 workers of step 0"),

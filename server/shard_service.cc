@@ -310,7 +310,7 @@ grpc::ServerUnaryReactor* ShardService::GetStatus(
     }
   }
   if (metrics_) metrics_->FillStatus(&resp);
-  const ParameterStore::Stats stats = shard_->store().GetStats();
+  const store::ParameterStore::Stats stats = shard_->store().GetStats();
   resp.set_num_parameters(stats.num_keys);
   resp.set_min_version(stats.min_version);
   resp.set_pushes_applied(stats.applied);

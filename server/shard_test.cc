@@ -76,7 +76,7 @@ TEST(ShardTest, LostWorkerFailsWaitersUnderFail) {
   ASSERT_TRUE(shard->Register(1, kFirst).ok());
   ASSERT_TRUE(shard->store().Init("w", {1}, {0}).ok());
   ASSERT_TRUE(shard->store().Push(0, 0, "w", {1}, {1}, 1).ok());
-  std::optional<absl::StatusOr<ParameterStore::Snapshot>> pulled;
+  std::optional<absl::StatusOr<store::ParameterStore::Snapshot>> pulled;
   shard->store().Pull({}, 1, shard->Deadline(),
                       [&](auto s) { pulled = std::move(s); });
   clock.now += absl::Seconds(2);
@@ -105,7 +105,7 @@ TEST(ShardTest, LostWorkerHeardFromAgainGoesOnUnderWait) {
     ASSERT_TRUE(shard->Register(1, kFirst).ok());
     ASSERT_TRUE(shard->store().Init("w", {1}, {0}).ok());
     ASSERT_TRUE(shard->store().Push(0, 0, "w", {1}, {1}, 1).ok());
-    std::optional<absl::StatusOr<ParameterStore::Snapshot>> pulled;
+    std::optional<absl::StatusOr<store::ParameterStore::Snapshot>> pulled;
     shard->store().Pull({}, 1, shard->Deadline(),
                         [&](auto s) { pulled = std::move(s); });
     clock.now += absl::Seconds(4);  // worker 1 silent for 4 s > 3 s
@@ -135,7 +135,7 @@ TEST(ShardTest, LostWorkerIsDroppedUnderShrink) {
   ASSERT_TRUE(shard->Register(1, kFirst).ok());
   ASSERT_TRUE(shard->store().Init("w", {1}, {0}).ok());
   ASSERT_TRUE(shard->store().Push(0, 0, "w", {1}, {1}, 1).ok());
-  std::optional<absl::StatusOr<ParameterStore::Snapshot>> pulled;
+  std::optional<absl::StatusOr<store::ParameterStore::Snapshot>> pulled;
   shard->store().Pull({}, 1, shard->Deadline(),
                       [&](auto s) { pulled = std::move(s); });
   clock.now += absl::Seconds(4);
@@ -207,7 +207,7 @@ TEST(ShardTest, CrossedPairsSplitBnFromGradients) {
     // Gradients: async applies worker 0's push on arrival; sync waits for
     // the step's other push.
     ASSERT_TRUE(shard->store().Push(0, 0, "w", {1}, {1}, 1).ok());
-    std::optional<absl::StatusOr<ParameterStore::Snapshot>> pulled;
+    std::optional<absl::StatusOr<store::ParameterStore::Snapshot>> pulled;
     shard->store().Pull({"w"}, 1, shard->Deadline(),
                         [&](auto s) { pulled = std::move(s); });
     EXPECT_EQ(pulled.has_value(), async_gradients);
@@ -241,7 +241,7 @@ TEST(ShardTest, LostWorkerChangesNothing) {
     ASSERT_TRUE(shard->clocks()->FinishStep(1, 1).ok());
     LoseWorkerOne(*shard, clock);
     // Resumed (SIGCONT), it goes on: nothing it sends is taken.
-    const absl::StatusOr<ParameterStore::PushResult> push =
+    const absl::StatusOr<store::ParameterStore::PushResult> push =
         shard->store().Push(1, 1, "w", {1}, {1}, 1);
     EXPECT_EQ(push.status().code(), absl::StatusCode::kFailedPrecondition);
     EXPECT_EQ(shard->store().CheckPush(1, 1, "w", {1}).code(),
@@ -259,7 +259,7 @@ TEST(ShardTest, LostWorkerChangesNothing) {
     EXPECT_EQ(shard->membership().Heartbeat(1, kFirst, clock.now).code(),
               absl::StatusCode::kFailedPrecondition);
     // Only its push of step 0 was applied.
-    std::optional<absl::StatusOr<ParameterStore::Snapshot>> pulled;
+    std::optional<absl::StatusOr<store::ParameterStore::Snapshot>> pulled;
     shard->store().Pull({"w"}, 0, shard->Deadline(),
                         [&](auto s) { pulled = std::move(s); });
     ASSERT_TRUE(pulled.has_value() && pulled->ok());

@@ -16,7 +16,7 @@ namespace bnps::server::shard_testing {
 // one sample each.
 inline void Step(Shard& shard, int64_t step, float g) {
   for (int w = 0; w < shard.history().WorkersAt(step); ++w) {
-    absl::StatusOr<ParameterStore::PushResult> r =
+    absl::StatusOr<store::ParameterStore::PushResult> r =
         shard.store().Push(w, step, "w", {2}, std::vector<float>{g, -g}, 1);
     ASSERT_TRUE(r.ok()) << r.status();
   }
@@ -26,7 +26,7 @@ inline void Step(Shard& shard, int64_t step, float g) {
 inline std::vector<float> Values(Shard& shard) {
   std::vector<float> out;
   shard.store().Pull({"w"}, 0, absl::InfiniteFuture(),
-                     [&](absl::StatusOr<ParameterStore::Snapshot> s) {
+                     [&](absl::StatusOr<store::ParameterStore::Snapshot> s) {
                        ASSERT_TRUE(s.ok()) << s.status();
                        out = *s->at("w").values;
                      });

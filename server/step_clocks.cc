@@ -30,7 +30,7 @@ std::string StepClocks::LaggardText(int64_t step) const {
 }
 
 void StepClocks::Collect(Ready* ready) {
-  TakeAnswered(
+  util::TakeAnswered(
       &waiters_,
       [this](const Waiter& w) -> std::optional<absl::StatusOr<int64_t>> {
         if (!table_.IsLive(w.worker)) {
@@ -151,7 +151,7 @@ absl::Status StepClocks::Restore(const std::vector<int64_t>& clocks,
     }
     table_ = *std::move(fresh);
     restored_ = true;
-    TakeAnswered(
+    util::TakeAnswered(
         &waiters_,
         [&](const Waiter&) -> std::optional<absl::StatusOr<int64_t>> {
           return absl::StatusOr<int64_t>(why);
@@ -166,7 +166,7 @@ void StepClocks::ExpireDeadlines(absl::Time now) {
   Ready ready;
   {
     absl::MutexLock lock(&mu_);
-    TakeAnswered(
+    util::TakeAnswered(
         &waiters_,
         [&](const Waiter& w) -> std::optional<absl::StatusOr<int64_t>> {
           if (w.deadline > now) return std::nullopt;

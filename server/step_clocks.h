@@ -21,7 +21,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "server/waiters.h"
+#include "util/waiters.h"
 #include "staleness/clock_table.h"
 
 namespace bnps::server {
@@ -59,7 +59,7 @@ class StepClocks {
     absl::Time deadline;
     Done done;
   };
-  using Ready = ReadyCallbacks;
+  using Ready = util::ReadyCallbacks;
 
   // Moves waiters that may start, or never will, to `ready`.
   void Collect(Ready* ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

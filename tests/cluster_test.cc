@@ -202,7 +202,7 @@ TEST(ClusterTest, SyncEqualsOneProcessOnTheConcatenatedBatch) {
   Cluster cluster(2, o);
 
   // One process: the same model on the whole batch, with an in-process store.
-  server::ParameterStore single({1, true, o.optimizer});
+  store::ParameterStore single({1, true, o.optimizer});
   for (const auto& [k, p] : InitialParams()) {
     ASSERT_TRUE(single.Init(k, p.shape, p.values).ok());
   }

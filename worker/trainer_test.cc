@@ -335,7 +335,7 @@ TEST(TrainerTest, SyncStepExchangesEveryLayerBothWays) {
             runs[1].params.at("stem.conv.w").values);
   EXPECT_EQ(runs[0].running[0].mean, runs[1].running[0].mean);
   for (int s = 0; s < 2; ++s) {
-    server::ParameterStore::Stats stats = (*job)->shard(s).store().GetStats();
+    store::ParameterStore::Stats stats = (*job)->shard(s).store().GetStats();
     EXPECT_EQ(stats.min_version, 3) << "shard " << s;
   }
 }
@@ -648,7 +648,7 @@ TEST(TrainerTest, AFailedPartFailsTheStepAfterTheOtherPartsArePushed) {
   const std::vector<std::string> failed = absl::StrSplit(parts[1], ',');
   int at_step_1 = 0, at_step_0 = 0;
   for (int shard = 0; shard < 2; ++shard) {
-    for (const server::StoreState::Key& k :
+    for (const store::StoreState::Key& k :
          (*job)->shard(shard).store().Export().keys) {
       const bool in_failed = absl::c_linear_search(failed, k.key);
       EXPECT_EQ(k.last_pushed[0], in_failed ? 0 : 1) << k.key;

@@ -44,8 +44,8 @@
 // the calling thread or on the thread of the call that made them ready
 // (on_boundary excepted: see Options).
 
-#ifndef BNPS_SERVER_PARAMETER_STORE_H_
-#define BNPS_SERVER_PARAMETER_STORE_H_
+#ifndef BNPS_STORE_PARAMETER_STORE_H_
+#define BNPS_STORE_PARAMETER_STORE_H_
 
 #include <atomic>
 #include <cstdint>
@@ -63,9 +63,9 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
-#include "server/waiters.h"
+#include "util/waiters.h"
 
-namespace bnps::server {
+namespace bnps::store {
 
 struct OptimizerOptions {
   double learning_rate = 0.1;  // Default: 0.1
@@ -266,7 +266,7 @@ class ParameterStore {
     absl::Time deadline;
     std::shared_ptr<PartQueue> out;
   };
-  using Ready = ReadyCallbacks;
+  using Ready = util::ReadyCallbacks;
 
   absl::Status CheckArguments(int worker, int64_t step,
                               int64_t num_samples) const;
@@ -328,6 +328,6 @@ class ParameterStore {
   std::atomic<int64_t> newest_version_{0};
 };
 
-}  // namespace bnps::server
+}  // namespace bnps::store
 
-#endif  // BNPS_SERVER_PARAMETER_STORE_H_
+#endif  // BNPS_STORE_PARAMETER_STORE_H_

@@ -1,4 +1,4 @@
-#include "server/parameter_store.h"
+#include "store/parameter_store.h"
 
 #include <algorithm>
 #include <atomic>
@@ -12,7 +12,7 @@
 #include "staleness/clock_table.h"
 #include "util/cpu_clones.h"
 
-namespace bnps::server {
+namespace bnps::store {
 namespace {
 
 // Optimizer steps of parameters this large run on every core, in blocks of
@@ -360,7 +360,7 @@ std::string ParameterStore::MissingWorkers(absl::Span<const std::string> keys,
 }
 
 void ParameterStore::CollectReady(Ready* ready) {
-  TakeAnswered(
+  util::TakeAnswered(
       &waiters_, [this](const Waiter& w) { return TryPull(w); }, ready);
   std::vector<StreamWaiter> still;
   for (StreamWaiter& w : streams_) {
@@ -538,7 +538,7 @@ void ParameterStore::ExpireDeadlines(absl::Time now) {
   Ready ready;
   {
     absl::MutexLock lock(&mu_);
-    TakeAnswered(
+    util::TakeAnswered(
         &waiters_,
         [&](const Waiter& w) -> std::optional<absl::StatusOr<Snapshot>> {
           if (w.deadline > now) return std::nullopt;
@@ -625,7 +625,7 @@ absl::Status ParameterStore::Import(const StoreState& state,
     newest_step_ = state.newest_step;
     last_boundary_ = newest;
     newest_version_.store(newest, std::memory_order_release);
-    TakeAnswered(
+    util::TakeAnswered(
         &waiters_,
         [&](const Waiter&) -> std::optional<absl::StatusOr<Snapshot>> {
           return absl::StatusOr<Snapshot>(why);
@@ -651,4 +651,4 @@ ParameterStore::Stats ParameterStore::GetStats() const {
   return s;
 }
 
-}  // namespace bnps::server
+}  // namespace bnps::store

@@ -1,4 +1,4 @@
-#include "server/parameter_store.h"
+#include "store/parameter_store.h"
 
 #include <cmath>
 #include <optional>
@@ -12,7 +12,7 @@
 #include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
 
-namespace bnps::server {
+namespace bnps::store {
 namespace {
 
 using Snapshot = ParameterStore::Snapshot;
@@ -550,4 +550,4 @@ TEST(ParameterStoreTest, InOrderPullKeepsItsOrderUnderConcurrentPushes) {
 }
 
 }  // namespace
-}  // namespace bnps::server
+}  // namespace bnps::store

@@ -3,14 +3,14 @@
 // waiters; while holding their lock they take out the ones whose answer is
 // known, and call them after releasing it, so a callback may call back in.
 
-#ifndef BNPS_SERVER_WAITERS_H_
-#define BNPS_SERVER_WAITERS_H_
+#ifndef BNPS_UTIL_WAITERS_H_
+#define BNPS_UTIL_WAITERS_H_
 
 #include <functional>
 #include <utility>
 #include <vector>
 
-namespace bnps::server {
+namespace bnps::util {
 
 // Callbacks collected under a lock, to run after it is released.
 using ReadyCallbacks = std::vector<std::function<void()>>;
@@ -36,6 +36,6 @@ void TakeAnswered(std::vector<Waiter>* waiters, Answer answer,
   *waiters = std::move(still);
 }
 
-}  // namespace bnps::server
+}  // namespace bnps::util
 
-#endif  // BNPS_SERVER_WAITERS_H_
+#endif  // BNPS_UTIL_WAITERS_H_
