@@ -26,7 +26,7 @@
 #                                        #   namespaces), 4 hosts x 1 and x 4
 #                                        #   workers, flat and through per-host
 #                                        #   aggregators, 200 us links, with
-#                                        #   a core per process
+#                                        #   16 cores for its 25 processes
 #   tools/gpu/run.sh demo [launcher flags]  # tools/bnps_launch.py --device=gpu
 #   tools/gpu/run.sh exec PATH [args]    # one packed binary, e.g.
 #                                        #   exec worker/bnps_worker --help
@@ -272,7 +272,7 @@ case "$cmd" in
     part replicas 90 "${PY:-python3}" "$REPO/tools/bnps_launch.py" --bin_dir "$W" \
       --servers 1 --workers 1 --policy sync --device=gpu --replicas=2 --max_steps=60 \
       --data_dir="$DIR/data/fashion-mnist" --out_dir "$RESULTS/replicas"
-    # The multi-host bed's BN exchange with a core per process (skips,
+    # The multi-host bed's BN exchange on 16 cores instead of 2 (skips,
     # saying why, where network namespaces cannot be made).
     part scaling 120 "$0" scaling
     echo
