@@ -9,7 +9,8 @@
 #                                        #   cuDNN) and the model step against
 #                                        #   PyTorch on the same GPU
 #   tools/gpu/run.sh all                 # everything below in one call
-#                                        #   (under 8 minutes), then one
+#                                        #   (under 8 minutes; torch when
+#                                        #   dist/ holds a wheel), then one
 #                                        #   summary table (summary.md) and
 #                                        #   the figures (gpu_results.json)
 #                                        #   for tools/gpu/summarize.py
@@ -275,6 +276,13 @@ case "$cmd" in
     # The multi-host bed's BN exchange on 16 cores instead of 2 (skips,
     # saying why, where network namespaces cannot be made).
     part scaling 120 "$0" scaling
+    # bnps.torch from the wheel carried in dist/ (its parity suite on the
+    # GPU and the ResNet-18 benchmark), into torch/.
+    if [[ -n $PY ]] && ls "$REPO"/dist/bnps-*.whl >/dev/null 2>&1; then
+      part torch 330 env OUT="$RESULTS/torch" "$0" torch
+    else
+      echo "torch: not run (no wheel in dist/, or no python with torch)" | tee -a "$RESULTS/times.txt"
+    fi
     echo
     "${PY:-python3}" "$REPO/tools/gpu/summarize.py" "$RESULTS" \
       --json "$RESULTS/gpu_results.json" | tee "$RESULTS/summary.md"

@@ -122,6 +122,44 @@ class SummaryOfTheCannedRunTest(unittest.TestCase):
             shutil.rmtree(out)
 
 
+class TorchRowsTest(unittest.TestCase):
+    def test_parity_and_benchmark_rows_come_from_the_torch_folder(self):
+        t = summarize.collect(CANNED)["torch"]
+        self.assertIsNotNone(t)
+        self.assertGreater(t["parity_ran"], 0)
+        self.assertTrue(t["parity_ok"])
+        by_key = {(r["procs"], r["batch"]): r for r in t["rows"]}
+        self.assertIn((2, 32), by_key)
+        self.assertIn((4, 32), by_key)
+        rows = {r[0]: r for r in summarize.rows(summarize.collect(CANNED))}
+        for procs in (2, 4):
+            lo, med, hi = by_key[(procs, 32)]["bnps"]
+            self.assertLessEqual(lo, med)
+            self.assertLessEqual(med, hi)
+            row = rows["bnps.torch sync / plain BN, ResNet-18, %d processes, "
+                       "batch 32" % procs]
+            self.assertTrue(row[1].startswith("%.2f (" % med), row)
+            self.assertEqual(row[3], "met" if med <= summarize.TORCH_TARGET else "missed")
+
+    def test_a_failed_parity_suite_and_a_missing_torch_part(self):
+        tmp = tempfile.mkdtemp()
+        try:
+            run = os.path.join(tmp, "run")
+            shutil.copytree(CANNED, run)
+            log = os.path.join(run, "torch", "torch_parity.log")
+            with open(log) as f:
+                text = f.read()
+            with open(log, "w") as f:
+                f.write(text.replace("\nOK", "\nFAILED (failures=1)"))
+            rows = {r[0]: r for r in summarize.rows(summarize.collect(run))}
+            self.assertEqual(rows["bnps.torch parity suite, layers on the GPU"][3], "missed")
+            shutil.rmtree(os.path.join(run, "torch"))
+            rows = {r[0]: r for r in summarize.rows(summarize.collect(run))}
+            self.assertEqual(rows["bnps.torch (wheel) on the GPU"][3], "not run")
+        finally:
+            shutil.rmtree(tmp)
+
+
 class PartialRunTest(unittest.TestCase):
     def test_missing_parts_are_said_not_fatal(self):
         tmp = tempfile.mkdtemp()
@@ -175,6 +213,19 @@ class DocsTest(unittest.TestCase):
         self.assertNotIn("old row", readme)
         self.assertIn("| GPU (CUDA, cuDNN) | ran on " + f["device"], readme)
         self.assertTrue(readme.endswith("| next | row |\n"))
+
+    def test_update_docs_writes_the_torch_table_between_its_markers(self):
+        doc = os.path.join(self.repo, "docs", "pytorch.md")
+        with open(doc, "w") as f:
+            f.write("# bnps.torch\n\n%s\nstale row\n%s\nafter\n"
+                    % (summarize.TORCH_BEGIN, summarize.TORCH_END))
+        summarize.update_docs(summarize.collect(CANNED), self.repo)
+        text = self.read(doc)
+        self.assertNotIn("stale row", text)
+        self.assertNotIn("pipe folder", text)  # the run's own temp paths
+        self.assertIn("| P | batch | plain ms |", text)
+        self.assertIn("| 4 | 32 |", text)
+        self.assertTrue(text.endswith(summarize.TORCH_END + "\nafter\n"))
 
     def test_readme_without_markers_is_an_error(self):
         with open(self.readme, "w") as f:
