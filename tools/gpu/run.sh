@@ -265,6 +265,8 @@ case "$cmd" in
       --bin_dir "$W" --device=cpu --workers 1 --batches 32 --policies local,sync \
       --runs 3 --steps 200 --warmup 30 --round_trip off
     grep -v '^step_overhead: ' "$RESULTS/step_overhead_cpu.log" > "$RESULTS/step_overhead_cpu.txt" || true
+    # This machine's loopback round trip, the floor under a BN exchange.
+    part rtt 60 "${PY:-python3}" "$REPO/tools/gpu/loopback_rtt.py"
     # The demo: 4 workers on the one GPU, MPS started by the launcher; then
     # a short run of the same without MPS for the images/s beside it; then
     # two replicas of one worker sharing the GPU.

@@ -214,6 +214,13 @@ def torch_run(out):
             "bench_text": bench, "rows": rows}
 
 
+def loopback_rtt(out):
+    """{transport: p50 us} from rtt.log (tools/gpu/loopback_rtt.py)."""
+    return {r["transport"]: num(r.get("round trip p50 us"))
+            for r in table_under(read(os.path.join(out, "rtt.log")), "")
+            if "transport" in r}
+
+
 def device_name(out):
     info = read(os.path.join(out, "info.txt")) or ""
     for line in info.splitlines():
@@ -237,6 +244,7 @@ def collect(out):
         "replicas": launch(out, "replicas"),
         "scaling": scaling(out),
         "torch": torch_run(out),
+        "rtt": loopback_rtt(out),
     }
 
 
@@ -289,6 +297,9 @@ def rows(f):
     gpu_x, cpu_x = per_exchange_us(f["step_gpu"], 1), per_exchange_us(f["step_cpu"], 1)
     out.append(("BN exchange, W=1: GPU worker / CPU worker",
                 "%s us / %s us" % (fmt(gpu_x, ".0f"), fmt(cpu_x, ".0f")), "(figure)", ""))
+    out.append(("loopback round trip, 64 bytes between two processes: TCP / Unix socket",
+                "%s us / %s us" % (fmt(f["rtt"].get("TCP 127.0.0.1"), ".0f"),
+                                   fmt(f["rtt"].get("Unix socket"), ".0f")), "(figure)", ""))
     demo, nomps = f["demo"], f["demo_nomps"]
     speed = None
     if demo and nomps and demo["images_per_second"] and nomps["images_per_second"]:

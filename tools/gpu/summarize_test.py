@@ -99,6 +99,17 @@ class SummaryOfTheCannedRunTest(unittest.TestCase):
         self.assertGreater(backward["vs_cudnn"], 0)  # cuDNN's time / ours
         self.assertIsNone(kernels[("moments", "[32,64,28,28]")]["vs_cudnn"])
 
+    def test_loopback_round_trip_is_read_when_present(self):
+        with tempfile.TemporaryDirectory() as d:
+            with open(os.path.join(d, "rtt.log"), "w") as f:
+                f.write("| transport | round trip p50 us | p90 us |\n|---|---:|---:|\n"
+                        "| TCP 127.0.0.1 | 41.5 | 50.0 |\n| Unix socket | 12.2 | 15.0 |\n")
+            got = {r[0]: r for r in summarize.rows(summarize.collect(d))}
+            empty = {r[0]: r for r in summarize.rows(summarize.collect(CANNED + "-none"))}
+        name = "loopback round trip, 64 bytes between two processes: TCP / Unix socket"
+        self.assertEqual(got[name][1], "42 us / 12 us")
+        self.assertEqual(empty[name][1], "n/a us / n/a us")
+
     def test_exchange_cost_on_both_devices(self):
         gpu = summarize.per_exchange_us(self.f["step_gpu"], 1)
         cpu = summarize.per_exchange_us(self.f["step_cpu"], 1)
