@@ -7,6 +7,9 @@ section of docs/performance.md and the README's GPU status row made from it.
     tools/gpu/summarize.py OUT_DIR --update_docs   # rewrite the GPU section
                                                    # of docs/performance.md and
                                                    # the README's GPU row
+    tools/gpu/summarize.py OLD_DIR NEW_DIR ...     # a later call that reran
+                                                   # some parts: each part from
+                                                   # the last folder with it
 
 OUT_DIR is what run.sh all wrote ($OUT on the device machine, copied back):
 info.txt, the tests' logs, cuda_bn_benchmark.txt, model_step_gpu.md,
@@ -248,6 +251,53 @@ def collect(out):
     }
 
 
+PART_NAMES = {
+    "tests": "the CUDA tests", "kernels": "the kernel benchmark",
+    "model_step": "the model step", "step_gpu": "the step overhead on the GPU",
+    "step_cpu": "the step overhead on the CPU", "demo": "the demo",
+    "demo_nomps": "the demo without MPS", "replicas": "the replicas run",
+    "scaling": "the bed's BN exchange", "torch": "bnps.torch",
+    "rtt": "the loopback round trip"}
+PARTS = ["tests", "kernels", "model_step", "step_gpu", "step_cpu", "demo",
+         "demo_nomps", "replicas", "scaling", "torch", "rtt"]
+
+
+def has_part(f, part):
+    v = f[part]
+    if part == "tests":
+        return any(c is not None for c in v.values())
+    if part == "kernels":
+        return bool(v["rows"])
+    return bool(v)
+
+
+def combine(runs):
+    """One summary from several runs' collect(), oldest first: each part
+    from the last run that has it (a later run of some parts on the same
+    machine replaces those). "sources" lists, per run that gave parts,
+    its commit and date and the parts it gave."""
+    f = dict(runs[0])
+    given = {}
+    for i, run in enumerate(runs):
+        for part in PARTS:
+            if i == 0 or has_part(run, part):
+                f[part] = run[part]
+                given[part] = i
+    f["device"] = next((r["device"] for r in reversed(runs)
+                        if r["device"] != "unknown GPU"), runs[0]["device"])
+    f["part_from"] = {p: {"commit": runs[i]["commit"], "date": runs[i]["date"]}
+                      for p, i in given.items()}
+    f["sources"] = []
+    for i, run in enumerate(runs):
+        parts = [p for p in PARTS if given[p] == i and has_part(run, p)]
+        if parts:
+            f["sources"].append({"commit": run["commit"], "date": run["date"],
+                                 "parts": parts})
+    last = runs[given["tests"]] if has_part(runs[given["tests"]], "tests") else runs[-1]
+    f["date"], f["commit"] = last["date"], last["commit"]
+    return f
+
+
 def fmt(v, spec=".2f"):
     return "n/a" if v is None else format(v, spec)
 
@@ -351,13 +401,14 @@ def torch_rows(t):
 
 def torch_section(f):
     t = f["torch"]
+    src = f.get("part_from", {}).get("torch", f)
     lines = [TORCH_BEGIN, "",
              "Measured by `tools/gpu/run.sh all` on %s, %s%s (regenerate with "
              "`tools/gpu/summarize.py OUT --update_docs`): step time in ms, "
              "the median over the processes and rounds; ratios against plain "
              "BatchNorm in the same processes, min / median / max over the "
-             "rounds." % (f["device"], f["date"] or "unknown date",
-                          ", commit " + f["commit"][:12] if f["commit"] else ""),
+             "rounds." % (f["device"], src["date"] or "unknown date",
+                          ", commit " + src["commit"][:12] if src["commit"] else ""),
              ""]
     if t and t["header"]:
         # The benchmark's first line, without the run's MPS details (a
@@ -389,6 +440,13 @@ def doc_section(f):
              "min-max over 3 runs." % (
                  f["device"], when, ", commit " + f["commit"][:12] if f["commit"] else ""),
              ""]
+    others = [src for src in f.get("sources", [])
+              if (src["commit"], src["date"]) != (f["commit"], f["date"])]
+    for src in others:
+        lines[-2] += (" From a later call on the same kind of machine (%s, "
+                      "commit %s): %s." % (
+                          src["date"] or "unknown date", (src["commit"] or "unknown")[:12],
+                          ", ".join(PART_NAMES[p] for p in src["parts"])))
     lines += table(f)
     lines += ["", END]
     return "\n".join(lines)
@@ -457,7 +515,9 @@ def update_docs(f, repo):
 
 def main(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("out", help="the folder run.sh all wrote")
+    p.add_argument("out", nargs="+",
+                   help="the folder run.sh all wrote; with several (oldest "
+                   "first), each part from the last folder that has it")
     p.add_argument("--json", help="also write the figures here")
     p.add_argument("--update_docs", action="store_true",
                    help="rewrite the GPU section of docs/performance.md, "
@@ -465,10 +525,11 @@ def main(argv):
                    "part) the GPU table of docs/pytorch.md")
     p.add_argument("--repo", default=REPO, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    if not os.path.isdir(args.out):
-        print("summarize.py: no folder %s" % args.out, file=sys.stderr)
+    missing = [d for d in args.out if not os.path.isdir(d)]
+    if missing:
+        print("summarize.py: no folder %s" % missing[0], file=sys.stderr)
         return 2
-    f = collect(args.out)
+    f = combine([collect(d) for d in args.out])
     print("GPU run summary: %s, %s" % (f["device"], f["date"] or "unknown date"))
     for line in table(f):
         print(line)

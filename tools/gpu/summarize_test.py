@@ -171,6 +171,37 @@ class TorchRowsTest(unittest.TestCase):
             shutil.rmtree(tmp)
 
 
+class CombinedRunsTest(unittest.TestCase):
+    def test_a_later_partial_run_replaces_only_its_parts(self):
+        tmp = tempfile.mkdtemp()
+        try:
+            later = os.path.join(tmp, "later")
+            os.makedirs(os.path.join(later, "torch"))
+            for name in ("info.txt", "torch/pytorch_gpu.md", "torch/torch_parity.log"):
+                shutil.copy(os.path.join(CANNED, name), os.path.join(later, name))
+            with open(os.path.join(later, "commit.txt"), "w") as f:
+                f.write("b" * 40)
+            with open(os.path.join(later, "date.txt"), "w") as f:
+                f.write("2030-01-02")
+            with open(os.path.join(later, "rtt.log"), "w") as f:
+                f.write("| transport | round trip p50 us | p90 us |\n|---|---:|---:|\n"
+                        "| TCP 127.0.0.1 | 30.0 | 31.0 |\n")
+            first = summarize.collect(CANNED)
+            f = summarize.combine([first, summarize.collect(later)])
+            self.assertEqual(f["tests"], first["tests"])        # from the first
+            self.assertEqual(f["commit"], first["commit"])
+            self.assertEqual(f["rtt"], {"TCP 127.0.0.1": 30.0})  # from the later
+            self.assertEqual(f["part_from"]["torch"]["commit"], "b" * 40)
+            self.assertEqual(f["part_from"]["demo"]["commit"], first["commit"])
+            section = summarize.doc_section(f)
+            self.assertIn("From a later call on the same kind of machine "
+                          "(2030-01-02, commit bbbbbbbbbbbb): bnps.torch, the "
+                          "loopback round trip.", section)
+            self.assertIn("2030-01-02, commit bbbbbbbbbbbb", summarize.torch_section(f))
+        finally:
+            shutil.rmtree(tmp)
+
+
 class PartialRunTest(unittest.TestCase):
     def test_missing_parts_are_said_not_fatal(self):
         tmp = tempfile.mkdtemp()
