@@ -15,6 +15,9 @@
 #                                        #   the figures (gpu_results.json)
 #                                        #   for tools/gpu/summarize.py
 #                                        #   --update_docs
+#   tools/gpu/run.sh some PART...        # the named parts of `all` (and
+#                                        #   step_overhead_gpu_tcp), packed
+#                                        #   the same way
 #   tools/gpu/run.sh torch               # bnps.torch from the wheel (dist/
 #                                        #   bnps-*.whl, carried beside the
 #                                        #   tree) on this machine's torch:
@@ -185,6 +188,64 @@ part() {  # part NAME SECONDS COMMAND...
   echo "$name $(( $(date +%s) - t0 ))s exit $rc" | tee -a "$RESULTS/times.txt"
 }
 
+# The parts of `all`, in order; each writes <name>.log (and its tables) into
+# $RESULTS and a line to times.txt.
+ALL_PARTS=(tests kernels model_step step_overhead_gpu step_overhead_cpu rtt
+           demo demo_nomps replicas scaling torch)
+# Parts only `some` runs.
+EXTRA_PARTS=(step_overhead_gpu_tcp)
+
+do_tests() { part tests 120 "$0" tests; }
+do_kernels() {
+  part kernels 90 "$W/bn/cuda_bn_benchmark"
+  cp "$RESULTS/kernels.log" "$RESULTS/cuda_bn_benchmark.txt"
+}
+do_model_step() {
+  [[ -n $PY ]] || { echo "model_step: not run (no python with torch)" | tee -a "$RESULTS/times.txt"; return; }
+  part model_step 150 "$PY" "$REPO/bench/model_step_compare.py" --device=gpu \
+    --binary "$W/bench/model_step_benchmark" --python "$PY" --threads=1 \
+    --rounds=3 --iters=50
+  grep -v '^#' "$RESULTS/model_step.log" > "$RESULTS/model_step_gpu.md" || true
+}
+# The step against local on the GPU (MPS where workers share it), and W = 1
+# on the CPU beside it for the cost of one BN exchange.
+step_overhead() {  # step_overhead NAME SECONDS DEVICE WORKERS [flags]
+  local name=$1 limit=$2 device=$3 workers=$4; shift 4
+  part "$name" "$limit" "${PY:-python3}" "$REPO/bench/step_overhead.py" \
+    --bin_dir "$W" --device="$device" --workers "$workers" --batches 32 \
+    --policies local,sync --runs 3 --steps 200 --warmup 30 --round_trip off "$@"
+  grep -v '^step_overhead: ' "$RESULTS/$name.log" > "$RESULTS/$name.txt" || true
+}
+do_step_overhead_gpu() { step_overhead step_overhead_gpu 200 gpu 1,2,4; }
+do_step_overhead_cpu() { step_overhead step_overhead_cpu 90 cpu 1; }
+# The same with BN over TCP where workers would take a server's Unix socket.
+do_step_overhead_gpu_tcp() {
+  step_overhead step_overhead_gpu_tcp 200 gpu 1,2,4 --worker_flag=--bn_unix=false
+}
+# This machine's loopback round trip, the floor under a BN exchange.
+do_rtt() { part rtt 60 "${PY:-python3}" "$REPO/tools/gpu/loopback_rtt.py"; }
+# The demo: 4 workers on the one GPU, MPS started by the launcher; a short
+# run of the same without MPS for the images/s beside it; two replicas of
+# one worker sharing the GPU.
+do_demo() { part demo 120 "$0" demo_to demo; }
+do_demo_nomps() { part demo_nomps 90 "$0" demo_to demo_nomps --mps=off --max_steps=40; }
+do_replicas() {
+  part replicas 90 "${PY:-python3}" "$REPO/tools/bnps_launch.py" --bin_dir "$W" \
+    --servers 1 --workers 1 --policy sync --device=gpu --replicas=2 --max_steps=60 \
+    --data_dir="$DIR/data/fashion-mnist" --out_dir "$RESULTS/replicas"
+}
+# The multi-host bed's BN exchange on 16 cores instead of 2.
+do_scaling() { part scaling 120 "$0" scaling; }
+# bnps.torch from the wheel carried in dist/ (its parity suite on the GPU
+# and the ResNet-18 benchmark), into torch/.
+do_torch() {
+  if [[ -n $PY ]] && ls "$REPO"/dist/bnps-*.whl >/dev/null 2>&1; then
+    part torch 330 env OUT="$RESULTS/torch" "$0" torch
+  else
+    echo "torch: not run (no wheel in dist/, or no python with torch)" | tee -a "$RESULTS/times.txt"
+  fi
+}
+
 case "$cmd" in
   info)
     echo "bundle: commit $(cut -c1-12 "$DIR/COMMIT"), $(cat "$DIR/MODE")"
@@ -223,7 +284,7 @@ case "$cmd" in
     (cd /tmp && export BNPS_PARITY_DEVICE=cuda && part torch_parity 240 "$PY" \
       "$REPO/tests/pytorch/pytorch_parity_test.py" -v SyncParityTest)
     part torch_bench 300 "$PY" "$REPO/bench/pytorch_gpu_benchmark.py" \
-      --procs 2,4 --batches 8,32 --runs "${BNPS_TORCH_RUNS:-3}"
+      --procs 2,4 --batches "${BNPS_TORCH_BATCHES:-8,32}" --runs "${BNPS_TORCH_RUNS:-3}"
     cp "$RESULTS/torch_bench.log" "$RESULTS/pytorch_gpu.md"
     ;;
   scaling)
@@ -233,10 +294,22 @@ case "$cmd" in
   demo_to)  # demo_to OUT_SUBDIR [launcher flags]: the demo into $RESULTS/OUT_SUBDIR
     demo "$@"
     ;;
-  all)
-    # The device tool brings back at most 8 files: everything goes to a
-    # folder of its own, packed at the end into gpu-run.tar.gz beside
-    # summary.md and gpu_results.json (and all.log, if the caller tees it).
+  all|some)
+    # all: every part below; some NAME...: the named ones (e.g. a short
+    # second call that reruns a few: summarize.py OLD NEW takes each part
+    # from the newest folder). The device tool brings back at most 8
+    # files: everything goes to a folder of its own, packed at the end into
+    # gpu-run.tar.gz beside summary.md and gpu_results.json.
+    if [[ $cmd == all ]]; then
+      parts=("${ALL_PARTS[@]}")
+    else
+      [[ $# -ge 1 ]] || die "some needs part names: ${ALL_PARTS[*]} ${EXTRA_PARTS[*]}"
+      parts=("$@")
+      for name in "${parts[@]}"; do
+        [[ " ${ALL_PARTS[*]} ${EXTRA_PARTS[*]} " == *" $name "* ]] ||
+          die "no part $name (parts: ${ALL_PARTS[*]} ${EXTRA_PARTS[*]})"
+      done
+    fi
     final=$RESULTS
     RESULTS=$(mktemp -d /tmp/bnps-gpu-run.XXXXXX)/gpu-run
     mkdir -p "$RESULTS"
@@ -246,45 +319,7 @@ case "$cmd" in
     cut -c1-40 "$DIR/COMMIT" > "$RESULTS/commit.txt"
     "$0" info > "$RESULTS/info.txt" 2>&1 || true
     cat "$RESULTS/info.txt"
-    part tests 120 "$0" tests
-    part kernels 90 "$W/bn/cuda_bn_benchmark"
-    cp "$RESULTS/kernels.log" "$RESULTS/cuda_bn_benchmark.txt"
-    if [[ -n $PY ]]; then
-      part model_step 150 "$PY" "$REPO/bench/model_step_compare.py" --device=gpu \
-        --binary "$W/bench/model_step_benchmark" --python "$PY" --threads=1 \
-        --rounds=3 --iters=50
-      grep -v '^#' "$RESULTS/model_step.log" > "$RESULTS/model_step_gpu.md" || true
-    fi
-    # The step against local on the GPU (MPS where workers share it), and
-    # W = 1 on the CPU beside it for the cost of one BN exchange.
-    part step_overhead_gpu 200 "${PY:-python3}" "$REPO/bench/step_overhead.py" \
-      --bin_dir "$W" --device=gpu --workers 1,2,4 --batches 32 --policies local,sync \
-      --runs 3 --steps 200 --warmup 30 --round_trip off
-    grep -v '^step_overhead: ' "$RESULTS/step_overhead_gpu.log" > "$RESULTS/step_overhead_gpu.txt" || true
-    part step_overhead_cpu 90 "${PY:-python3}" "$REPO/bench/step_overhead.py" \
-      --bin_dir "$W" --device=cpu --workers 1 --batches 32 --policies local,sync \
-      --runs 3 --steps 200 --warmup 30 --round_trip off
-    grep -v '^step_overhead: ' "$RESULTS/step_overhead_cpu.log" > "$RESULTS/step_overhead_cpu.txt" || true
-    # This machine's loopback round trip, the floor under a BN exchange.
-    part rtt 60 "${PY:-python3}" "$REPO/tools/gpu/loopback_rtt.py"
-    # The demo: 4 workers on the one GPU, MPS started by the launcher; then
-    # a short run of the same without MPS for the images/s beside it; then
-    # two replicas of one worker sharing the GPU.
-    part demo 120 "$0" demo_to demo
-    part demo_nomps 90 "$0" demo_to demo_nomps --mps=off --max_steps=40
-    part replicas 90 "${PY:-python3}" "$REPO/tools/bnps_launch.py" --bin_dir "$W" \
-      --servers 1 --workers 1 --policy sync --device=gpu --replicas=2 --max_steps=60 \
-      --data_dir="$DIR/data/fashion-mnist" --out_dir "$RESULTS/replicas"
-    # The multi-host bed's BN exchange on 16 cores instead of 2 (skips,
-    # saying why, where network namespaces cannot be made).
-    part scaling 120 "$0" scaling
-    # bnps.torch from the wheel carried in dist/ (its parity suite on the
-    # GPU and the ResNet-18 benchmark), into torch/.
-    if [[ -n $PY ]] && ls "$REPO"/dist/bnps-*.whl >/dev/null 2>&1; then
-      part torch 330 env OUT="$RESULTS/torch" "$0" torch
-    else
-      echo "torch: not run (no wheel in dist/, or no python with torch)" | tee -a "$RESULTS/times.txt"
-    fi
+    for name in "${parts[@]}"; do "do_$name"; done
     echo
     "${PY:-python3}" "$REPO/tools/gpu/summarize.py" "$RESULTS" \
       --json "$RESULTS/gpu_results.json" | tee "$RESULTS/summary.md"
@@ -297,5 +332,5 @@ case "$cmd" in
     rel=$1; shift
     exec "$W/$rel" "$@"
     ;;
-  *) die "unknown command $cmd (info, tests, bench, demo, scaling, all, torch, exec)" ;;
+  *) die "unknown command $cmd (info, tests, bench, demo, scaling, all, some, torch, exec)" ;;
 esac
