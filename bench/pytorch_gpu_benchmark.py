@@ -101,6 +101,29 @@ def child(args):
         model = model.to(dev)
         models[kind] = (model, torch.optim.SGD(model.parameters(), lr=0.01,
                                                momentum=0.9))
+    # Where a bnps step's time goes: inside the exchanges (the client's
+    # calls, a barrier of all processes each) and waiting for the device
+    # before an exchange (staging.Staging.wait_s), summed over the layers.
+    spent = {"exchange": 0.0, "calls": 0}
+    if "bnps" in kinds:
+        client = bnps.torch.default_connection().client
+
+        def timed(call):
+            def wrapper(*a, **kw):
+                start = time.perf_counter()
+                try:
+                    return call(*a, **kw)
+                finally:
+                    spent["exchange"] += time.perf_counter() - start
+                    spent["calls"] += 1
+            return wrapper
+        client.bn_forward = timed(client.bn_forward)
+        client.bn_backward = timed(client.bn_backward)
+        bn_layers = [m for m in models["bnps"][0].modules()
+                     if isinstance(m, bnps.torch.SyncBatchNorm)]
+
+    def device_wait():
+        return sum(m._staging().wait_s for m in bn_layers)
     g = torch.Generator().manual_seed(1 + rank)
     x = torch.randn(args.batch, 3, 64, 64, generator=g).to(dev)
     y = torch.randint(0, 10, (args.batch,), generator=g).to(dev)
@@ -122,8 +145,15 @@ def child(args):
         train(kind, args.warmup)
     for run in range(args.runs):
         for kind in kinds:
+            if kind == "bnps":
+                before = (spent["exchange"], spent["calls"], device_wait())
             ms = 1000 * statistics.median(train(kind, args.steps))
             print("%s %d %.3f" % (kind, run, ms), flush=True)
+            if kind == "bnps":
+                print("detail %d %.3f %.3f %.1f" % (
+                    run, 1000 * (spent["exchange"] - before[0]) / args.steps,
+                    1000 * (device_wait() - before[2]) / args.steps,
+                    (spent["calls"] - before[1]) / args.steps), flush=True)
     return 0
 
 
@@ -166,11 +196,20 @@ def measure(args, kinds, procs, batch, base_env):
                                    % (procs, batch, err[-3000:]))
             got = {}
             for line in out.splitlines():
-                kind, run, ms = line.split()
-                got.setdefault(kind, {})[int(run)] = float(ms)
+                fields = line.split()
+                if fields[0] == "detail":
+                    got.setdefault("detail", {})[int(fields[1])] = [
+                        float(v) for v in fields[2:]]
+                else:
+                    got.setdefault(fields[0], {})[int(fields[1])] = float(fields[2])
             per_proc.append(got)
-        return {k: [statistics.median(p[k][r] for p in per_proc)
-                    for r in range(args.runs)] for k in kinds}
+        result = {k: [statistics.median(p[k][r] for p in per_proc)
+                      for r in range(args.runs)] for k in kinds}
+        if "bnps" in kinds:  # [exchange ms, device wait ms, calls] a step
+            result["detail"] = [statistics.median(
+                p["detail"][r][i] for p in per_proc for r in range(args.runs))
+                for i in range(3)]
+        return result
     finally:
         for p in running:
             if p.poll() is None:
@@ -227,6 +266,7 @@ def main(argv):
         print("| P | batch | plain ms | bnps sync ms | torch SyncBN (gloo) ms "
               "| bnps/plain min / median / max | torch/plain min / median / max |")
         print("|---|---|---|---|---|---|---|")
+        details = []
         for procs in procs_list:
             for batch in [int(v) for v in args.batches.split(",") if v]:
                 t = dict({k: [] for k in KINDS},
@@ -242,6 +282,19 @@ def main(argv):
                 print("| %d | %d | %s | %s | %s | %s | %s |" % (
                     procs, batch, cell("plain"), cell("bnps"), cell("torch"),
                     ratio("bnps"), ratio("torch")), flush=True)
+                if t.get("detail"):
+                    details.append((procs, batch, t["detail"]))
+        if details:
+            print("\nWhere a bnps step's time goes (ms per step, the median "
+                  "over processes and rounds): inside the exchanges (each a "
+                  "barrier of all processes) and waiting for the GPU before "
+                  "them.\n")
+            print("| P | batch | exchanges a step | in exchanges ms | "
+                  "waiting for the GPU ms |")
+            print("|---|---|---|---|---|")
+            for procs, batch, (exchange, wait, calls) in details:
+                print("| %d | %d | %.0f | %.2f | %.2f |" % (
+                    procs, batch, calls, exchange, wait))
     except (RuntimeError, subprocess.TimeoutExpired) as e:
         print("pytorch_gpu_benchmark: %s" % e, file=sys.stderr)
         return 1

@@ -6,6 +6,7 @@ no connection at all, convert_sync_batchnorm's names and state.
 Needs torch (tools/setup.sh installs python3-torch); fails without it."""
 
 import os
+import pickle
 import shutil
 import subprocess
 import sys
@@ -191,6 +192,18 @@ class MomentsTest(unittest.TestCase):
             m2 / count, ref.var(dim=(0, 2, 3), unbiased=False),
             rtol=1e-3, atol=1e-3)
 
+    def test_moments_are_a_copy_of_their_own(self):
+        # On the CPU as through a GPU's pinned buffer: later calls do not
+        # change what an earlier one returned.
+        staging = bnps.torch.staging.Staging()
+        x = torch.randn(6, 3, 4, dtype=torch.float64)
+        _, mean, m2 = bnps.torch.local_moments(x, staging)
+        before = (mean.clone(), m2.clone())
+        bnps.torch.local_moments(x * 5 + 1, staging)
+        x.mul_(3)
+        self.assertTrue(torch.equal(mean, before[0]))
+        self.assertTrue(torch.equal(m2, before[1]))
+
     def test_empty_input_has_count_zero(self):
         count, mean, m2 = bnps.torch.local_moments(torch.zeros(0, 4, 3, 3))
         self.assertEqual(count, 0)
@@ -257,6 +270,50 @@ class LayerTest(unittest.TestCase):
     def test_local_is_torch_batchnorm_with_a_cumulative_average(self):
         s = self.check_against_torch("local", None)
         self.assertEqual(s.client.calls, [])  # no traffic
+
+    def test_running_stats_written_behind_the_layers_back_are_used(self):
+        # The layer keeps a host copy of the running statistics it wrote; a
+        # load_state_dict, a user's write or a move must replace it.
+        s = self.connection("sync")
+        ours = bnps.torch.SyncBatchNorm(3, name="l", connection=s).double()
+        ref = nn.BatchNorm2d(3).double()
+        x = torch.randn(4, 3, 2, 2, dtype=torch.float64)
+        ours(x)
+        ref(x)
+        state = {"running_mean": torch.tensor([1.0, 2.0, 3.0]),
+                 "running_var": torch.tensor([4.0, 5.0, 6.0]),
+                 "num_batches_tracked": torch.tensor(7)}
+        ours.load_state_dict(state, strict=False)
+        ref.load_state_dict(state, strict=False)
+        ours(x)
+        ref(x)
+        with torch.no_grad():  # a user's own write
+            ours.running_mean.mul_(2)
+            ref.running_mean.mul_(2)
+        ours(x)
+        ref(x)
+        ours.running_var = ours.running_var.clone() + 1  # a new tensor
+        ref.running_var = ref.running_var.clone() + 1
+        ours(x)
+        ref(x)
+        for key, value in ref.state_dict().items():
+            torch.testing.assert_close(ours.state_dict()[key], value, **F64,
+                                       msg=key)
+
+    def test_copies_leave_the_per_process_caches_behind(self):
+        s = self.connection("sync")
+        ours = bnps.torch.SyncBatchNorm(3, name="l", connection=s).double()
+        x = torch.randn(4, 3, 2, 2, dtype=torch.float64, requires_grad=True)
+        ours(x).sum().backward()
+        self.assertIn("_bnps_running", ours.__dict__)
+        ours.connection = None  # a connection is not for pickling
+        copy = pickle.loads(pickle.dumps(ours))
+        for key in bnps.torch.SyncBatchNorm._CACHES:
+            self.assertNotIn(key, copy.__dict__)
+        torch.testing.assert_close(copy.running_mean, ours.running_mean)
+        copy.connection = s
+        copy.bnps_name = "l2"
+        copy(x).sum().backward()  # trains, making its own caches
 
     def test_async_needs_the_jobs_momentum(self):
         # The C++ client's rule (client/worker_bn.h), as a ValueError.

@@ -426,8 +426,13 @@ def torch_section(f):
         if "MPS daemon" in t["header"]:
             head += "; under MPS"
         lines += [head + ".", ""]
-    lines += [l for l in (t["bench_text"] or "").splitlines()[1:] if l.startswith("|")] \
-        if t else []
+    if t:  # the tables (and the text between them), after the first line
+        body = (t["bench_text"] or "").splitlines()[1:]
+        while body and not body[0].strip():
+            body.pop(0)
+        lines += [l for l in body if not l.startswith("pytorch_gpu_benchmark:")]
+        while lines and not lines[-1].strip():
+            lines.pop()
     lines += ["", TORCH_END]
     return "\n".join(lines)
 

@@ -47,6 +47,7 @@ from torch.nn import functional as F
 from bnps import _native
 from bnps.torch import custom_ops as _ops
 from bnps.torch import connection as _connection
+from bnps.torch.staging import Staging
 
 
 def _acc_dtype(dtype):
@@ -61,20 +62,28 @@ def _channel_shape(x):
     return [1, x.shape[1]] + [1] * (x.dim() - 2)
 
 
-def local_moments(x):
+def _var_mean(xa, dims):
+    try:  # torch >= 2.0
+        return torch.var_mean(xa, dim=dims, correction=0)
+    except TypeError:  # torch 1.13
+        return torch.var_mean(xa, dim=dims, unbiased=False)
+
+
+def local_moments(x, staging=None):
     """(count, mean, m2) of `x` (N, C, *) per channel: count an int, mean and
-    m2 float64 CPU tensors of size C. Two passes (the mean, then the squared
-    deviations from it), accumulated in float32 for 16-bit inputs."""
+    m2 float64 CPU tensors of size C. One reduction on x's device
+    (torch.var_mean: the mean and the biased variance), accumulated in
+    float32 for 16-bit inputs, and one copy of both to the host (through
+    `staging`'s pinned buffer for CUDA input, when given)."""
     channels = x.shape[1]
     count = x.numel() // channels if channels else 0
     if count == 0:
         zeros = torch.zeros(channels, dtype=torch.float64)
         return 0, zeros, zeros.clone()
-    xa = x.to(_acc_dtype(x.dtype))
-    dims = _reduce_dims(x)
-    mean = xa.sum(dim=dims) / count
-    m2 = ((xa - mean.view(_channel_shape(x))) ** 2).sum(dim=dims)
-    return count, mean.to(torch.float64).cpu(), m2.to(torch.float64).cpu()
+    var, mean = _var_mean(x.to(_acc_dtype(x.dtype)), _reduce_dims(x))
+    packed = torch.stack([mean, var])
+    host = (staging or Staging()).to_host("moments", packed).to(torch.float64)
+    return count, host[0], host[1] * count
 
 
 def _np(t):
@@ -88,6 +97,24 @@ class _Stats:
         self.count = count      # samples the statistics describe
         self.moments = moments  # float64 CPU, 2 x C: the mean, the biased var
         self.layer = layer      # the layer's name if the backward pass syncs
+        self.on_device = None   # (device, dtype, mean, invstd) there, if made
+
+    def invstd(self, eps):
+        """1 / sqrt(var + eps), float64 on the CPU (made once)."""
+        kept = getattr(self, "_invstd", None)
+        if kept is None or kept[0] != eps:
+            kept = self._invstd = (eps, torch.rsqrt(self.var + eps))
+        return kept[1]
+
+    def mean_invstd_on(self, device, dtype, eps, staging):
+        """(mean, invstd) as `dtype` tensors on `device`: made once per
+        forward pass (one copy for both) and kept for its backward."""
+        d = self.on_device
+        if d is None or d[0] != device or d[1] != dtype:
+            both = staging.to_device("norm", torch.stack(
+                [self.mean, self.invstd(eps)]), device, dtype)
+            d = self.on_device = (device, dtype, both[0], both[1])
+        return d[2], d[3]
 
     @property
     def mean(self):
@@ -134,12 +161,16 @@ def _forward(bn, x, weight, bias, eps):
         return out
     stats = bn._exchange_forward(x)
     acc = _acc_dtype(x.dtype)
-    xa = x.to(acc)
-    mean = stats.mean.to(device=x.device, dtype=acc)
-    var = stats.var.to(device=x.device, dtype=acc)
+    staging = bn._staging()
+    # The mean and 1/sqrt(var + eps) in one copy, as the backward pass also
+    # needs them; batch_norm in inference form takes a variance: (1 /
+    # invstd^2 - eps) would round, so the variance goes along as well.
+    both = staging.to_device("forward", torch.stack(
+        [stats.mean, stats.var, stats.invstd(eps)]), x.device, acc)
+    stats.on_device = (x.device, acc, both[0], both[2])
     w = None if weight is None else weight.to(acc)
     b = None if bias is None else bias.to(acc)
-    y = F.batch_norm(xa, mean, var, w, b, False, 0.0, eps)
+    y = F.batch_norm(x.to(acc), both[0], both[1], w, b, False, 0.0, eps)
     return y.to(x.dtype), stats
 
 
@@ -156,23 +187,27 @@ def _backward(bn, x, weight, dy, stats, eps, need_dx):
     acc = _acc_dtype(x.dtype)
     channels = x.shape[1]
     f64 = dict(dtype=torch.float64)
-    invstd = torch.rsqrt(stats.var + eps)  # float64, CPU
+    staging = bn._staging()
+    invstd = stats.invstd(eps)  # float64, CPU
+    xa, dya = x.to(acc), dy.to(acc)
     if x.numel() > 0:
-        xa, dya = x.to(acc), dy.to(acc)
         # A weight of ones, not None: CUDA's reduction allocates
         # grad_weight with the weight's options ("tensor does not have a
         # device" for None). Its values do not enter the two sums.
-        ones = torch.ones(channels, dtype=acc, device=x.device)
+        ones = bn._ones(channels, acc, x.device)
+        mean_d, invstd_d = stats.mean_invstd_on(x.device, acc, eps, staging)
         _, sum_dy_xhat, sum_dy = torch.ops.aten.native_batch_norm_backward(
-            dya, xa, ones, None, None,
-            stats.mean.to(device=x.device, dtype=acc),
-            invstd.to(device=x.device, dtype=acc), True, eps,
+            dya, xa, ones, None, None, mean_d, invstd_d, True, eps,
             [False, True, True])
     else:
         sum_dy = torch.zeros(channels, dtype=acc, device=x.device)
         sum_dy_xhat = torch.zeros_like(sum_dy)
-    l_dy = sum_dy.to(**f64).cpu()
-    l_dy_xhat = sum_dy_xhat.to(**f64).cpu()
+    # The two sums (and the weight, for dx) to the host in one copy.
+    rows = [sum_dy.to(**f64), sum_dy_xhat.to(**f64)]
+    if need_dx and weight is not None:
+        rows.append(weight.detach().to(**f64))
+    host = staging.to_host("sums", torch.stack(rows))
+    l_dy, l_dy_xhat = host[0], host[1]
     if stats.layer is not None:  # sync: the global sums
         g_dy, g_dy_xhat = bn._exchange_backward(
             stats, _np(l_dy), _np(l_dy_xhat))
@@ -188,16 +223,14 @@ def _backward(bn, x, weight, dy, stats, eps, need_dx):
             # dx = k1 dy + k2 x + k3 per channel (float64 coefficients):
             # k1 dy - k1 sum_dy / n - k1 x_hat sum_dy_xhat / n.
             n = stats.count
-            k1 = invstd if weight is None else \
-                invstd * weight.detach().to(**f64).cpu()
+            k1 = invstd if weight is None else invstd * host[2]
             k2 = -k1 * invstd * g_dy_xhat / n
             k3 = -k1 * g_dy / n - k2 * stats.mean
             shape = _channel_shape(x)
-
-            def dev(t):
-                return t.to(device=x.device, dtype=acc).view(shape)
-            dx = torch.addcmul(dev(k3), xa, dev(k2))
-            dx.addcmul_(dya, dev(k1))
+            k = staging.to_device("dx", torch.stack([k1, k2, k3]), x.device,
+                                  acc)
+            dx = torch.addcmul(k[2].view(shape), xa, k[1].view(shape))
+            dx.addcmul_(dya, k[0].view(shape))
             dx = dx.to(x.dtype)
     dweight = dbias = None
     if weight is not None:
@@ -272,6 +305,16 @@ class SyncBatchNorm(nn.modules.batchnorm._BatchNorm):
         self._recal_key = None    # the servers' key of this recalibration
         self._bnps_rounds = {}    # settling rounds so far (convert.py)
         self._bnps_op_id = _ops.register(self)  # for torch.compile
+
+    # Per-process caches (pinned buffers, CUDA events, the host copy of the
+    # running statistics), made again when needed: never copied or pickled.
+    _CACHES = ("_bnps_staging", "_bnps_ones", "_bnps_running")
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        for key in self._CACHES:
+            state.pop(key, None)
+        return state
 
     def __setstate__(self, state):
         # A copy (copy.deepcopy, pickle) is a layer of its own for the
@@ -358,8 +401,25 @@ class SyncBatchNorm(nn.modules.batchnorm._BatchNorm):
         return y, _Stats(count, moments,
                          self.bnps_name if global_backward else None)
 
+    def _staging(self):
+        """This layer's host <-> device copies (bnps/torch/staging.py)."""
+        staging = self.__dict__.get("_bnps_staging")
+        if staging is None:
+            staging = self.__dict__["_bnps_staging"] = Staging()
+        return staging
+
+    def _ones(self, channels, dtype, device):
+        """A tensor of ones, kept (the backward reduction's stand-in
+        weight)."""
+        ones = self.__dict__.get("_bnps_ones")
+        if ones is None or ones.shape[0] != channels or \
+                ones.dtype != dtype or ones.device != device:
+            ones = torch.ones(channels, dtype=dtype, device=device)
+            self.__dict__["_bnps_ones"] = ones
+        return ones
+
     def _exchange_forward(self, x):
-        count, mean, m2 = local_moments(x)
+        count, mean, m2 = local_moments(x, self._staging())
         if not self.training:  # no running stats: the input's own statistics
             return _stats(count, mean, _biased(count, m2))
         if self._recal_batch is not None:  # recalibrating
@@ -424,15 +484,46 @@ class SyncBatchNorm(nn.modules.batchnorm._BatchNorm):
         cumulative average."""
         if self.running_mean is None:
             return
+        tracked, rm_host, rv_host = self._running_on_host()
         tracked, rm, rv = _native.update_running(
-            count, _np(mean), _np(m2), self.momentum,
-            int(self.num_batches_tracked),
-            _np(self.running_mean.to(torch.float64).cpu()),
-            _np(self.running_var.to(torch.float64).cpu()))
+            count, _np(mean), _np(m2), self.momentum, tracked,
+            _np(rm_host), _np(rv_host))
+        rmb, rvb = self.running_mean, self.running_var
+        # The values the buffers will hold (their dtype), then one copy of
+        # both to their device.
+        new = torch.stack([torch.from_numpy(rm), torch.from_numpy(rv)]).to(
+            rmb.dtype)
         with torch.no_grad():
             self.num_batches_tracked.fill_(tracked)
-            self.running_mean.copy_(torch.from_numpy(rm))
-            self.running_var.copy_(torch.from_numpy(rv))
+            if rmb.device.type == "cpu":
+                rmb.copy_(new[0])
+                rvb.copy_(new[1])
+            else:
+                both = self._staging().to_device("running", new, rmb.device,
+                                                 rmb.dtype)
+                rmb.copy_(both[0], non_blocking=True)
+                rvb.copy_(both[1], non_blocking=True)
+        self.__dict__["_bnps_running"] = (
+            self._running_key(), tracked, new[0].to(torch.float64),
+            new[1].to(torch.float64))
+
+    def _running_key(self):
+        return tuple((t.data_ptr(), t._version, t.device) for t in (
+            self.running_mean, self.running_var, self.num_batches_tracked))
+
+    def _running_on_host(self):
+        """(num_batches_tracked, running_mean, running_var): an int and two
+        float64 CPU tensors, from the host copy this layer keeps of what it
+        last wrote; read from the buffers (a device sync on a GPU) only
+        when one changed otherwise (load_state_dict, .to(), a user's
+        write: a new tensor or a new version)."""
+        kept = self.__dict__.get("_bnps_running")
+        if kept is None or kept[0] != self._running_key():
+            kept = (self._running_key(), int(self.num_batches_tracked),
+                    self.running_mean.detach().to("cpu", torch.float64),
+                    self.running_var.detach().to("cpu", torch.float64))
+            self.__dict__["_bnps_running"] = kept
+        return kept[1], kept[2], kept[3]
 
 
 def worker_bn(connection):
