@@ -1,4 +1,6 @@
-"""A multi-host test bed on one machine: hosts are network namespaces.
+"""A multi-host test bed on one machine: hosts are network namespaces
+(Bed), or, where those cannot be made, addresses of the loopback device
+(LoopbackBed; open_bed chooses).
 
 Each host gets its own IPv4 address (10.77.0.<i+1>/24) on a veth pair whose
 other end is a port of a bridge in a namespace of its own (the switch). Names
@@ -18,6 +20,16 @@ list both ports in Links(). Each (client host, server host) pair is its own
 link, cut and healed on its own (an asymmetric partition is one cut).
 
 Needs root (CAP_NET_ADMIN) and iproute2: unavailable() says why not.
+
+LoopbackBed needs neither: host i is the address 127.<n>.0.<i+1> (Linux
+routes all of 127.0.0.0/8 to the loopback device; <n> is random per bed, so
+two beds do not meet), its processes run as they are, and client host c
+reaches server host j through its relay at 127.<n>.<c+1>.<j+1>, so each
+(client, server) pair is still a link of its own with its delay, jitter,
+loss and cuts. What it cannot show: the hosts share one kernel, one network
+stack and one loopback device (no per-host queues or routes; a process
+could reach another host's address directly; nothing stops it but the
+addresses it is given).
 
     with Bed(3) as bed:
         links = bed.links(clients=[1, 2], servers=[0], ports=[7000, 7100],
@@ -101,6 +113,8 @@ def _on_sigterm(signum, frame):
 
 
 class Bed:
+    kind = "netns"
+
     def __init__(self, hosts):
         why = unavailable()
         if why:
@@ -147,6 +161,14 @@ class Bed:
     def ip(self, i):
         return HOST_NET + str(i + 1)
 
+    def link_ip(self, client, server):
+        """The address standing for `server` in host `client` (the relay's)."""
+        return LINK_NET + str(server + 1)
+
+    def prepare_link(self, client, server):
+        _ip("-n", self.ns(client), "addr", "add",
+            f"{self.link_ip(client, server)}/32", "dev", "lo")
+
     def command(self, i, args):
         """`args` run inside host i (ip netns exec execs it: same PID)."""
         return ["ip", "netns", "exec", self.ns(i), *args]
@@ -184,6 +206,83 @@ class Bed:
 
     def __exit__(self, *exc):
         self.close()
+
+
+class LoopbackBed:
+    """Hosts as loopback addresses (see the module comment): the interface
+    of Bed, no privileges needed."""
+
+    kind = "loopback"
+
+    def __init__(self, hosts):
+        self.num_hosts = hosts
+        self.net = random.randrange(100, 250)
+        self.procs = []
+        if not _open_beds:
+            atexit.register(_close_open_beds)
+            if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+                signal.signal(signal.SIGTERM, _on_sigterm)
+        _open_beds.append(self)
+
+    def ip(self, i):
+        return f"127.{self.net}.0.{i + 1}"
+
+    def link_ip(self, client, server):
+        return f"127.{self.net}.{client + 1}.{server + 1}"
+
+    def prepare_link(self, client, server):
+        pass  # every 127/8 address is there already
+
+    def command(self, i, args):
+        return list(args)
+
+    def popen(self, i, args, **kwargs):
+        p = subprocess.Popen(self.command(i, args), **kwargs)
+        self.procs.append(p)
+        return p
+
+    def run(self, i, args, **kwargs):
+        return subprocess.run(self.command(i, args), **kwargs)
+
+    def links(self, clients, servers, ports, rtt_us=0, jitter_us=0,
+              spin_us=60, relay=None):
+        return Links(self, clients, servers, ports, rtt_us, jitter_us,
+                     spin_us, relay)
+
+    def close(self):
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()  # by PID: started here
+            p.wait()
+            for pipe in (p.stdin, p.stdout, p.stderr):
+                if pipe is not None:
+                    pipe.close()
+        self.procs = []
+        if self in _open_beds:
+            _open_beds.remove(self)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def open_bed(hosts, kind="auto"):
+    """(bed, note): a Bed where network namespaces can be made, else a
+    LoopbackBed, with a line saying why (note is None for a Bed); kind
+    "netns" or "loopback" forces one (RuntimeError when namespaces cannot
+    be made)."""
+    if kind not in ("auto", "netns", "loopback"):
+        raise ValueError(f"no bed kind {kind!r} (auto, netns, loopback)")
+    if kind == "loopback":
+        return LoopbackBed(hosts), "loopback hosts (asked for)"
+    why = unavailable()
+    if why is None:
+        return Bed(hosts), None
+    if kind == "netns":
+        raise RuntimeError(why)
+    return LoopbackBed(hosts), f"loopback hosts: no network namespaces here ({why})"
 
 
 def relay_path():
@@ -231,12 +330,12 @@ class Links:
         self.bed = bed
         self.relays = {}
         relay = relay or relay_path()
+        self.clients = list(clients)
         for c in clients:
             forwards = []
             for j in servers:
-                _ip("-n", bed.ns(c), "addr", "add", f"{LINK_NET}{j + 1}/32",
-                    "dev", "lo")
-                forwards += [f"h{j}={LINK_NET}{j + 1}:{p}>{bed.ip(j)}:{p}"
+                bed.prepare_link(c, j)
+                forwards += [f"h{j}={bed.link_ip(c, j)}:{p}>{bed.ip(j)}:{p}"
                              for p in ports]
             self.relays[c] = RelayProcess(
                 [relay, "--forward=" + ",".join(forwards),
@@ -244,10 +343,17 @@ class Links:
                  f"--spin_us={spin_us}", f"--seed={c + 1}"],
                 popen=lambda argv, c=c, **kw: bed.popen(c, argv, **kw))
 
-    @staticmethod
-    def address(server, port):
-        """Server host `server`'s `port`, as every client host reaches it."""
-        return f"{LINK_NET}{server + 1}:{port}"
+    def address(self, server, port, client=None):
+        """Server host `server`'s `port`, as client host `client` reaches it
+        (on a Bed every client host reaches it at the same address; on a
+        LoopbackBed each at its own: `client` may be left out only where
+        there is one client host)."""
+        if client is None:
+            if self.bed.kind != "netns" and len(self.clients) != 1:
+                raise ValueError("on a loopback bed a link's address depends "
+                                 "on the client host: pass client=")
+            client = self.clients[0]
+        return f"{self.bed.link_ip(client, server)}:{port}"
 
     def _each(self, client, server, line):
         clients = self.relays if client is None else [client]

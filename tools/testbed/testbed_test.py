@@ -1,4 +1,5 @@
-"""The test bed itself (needs root; skips, saying why, without it): hosts
+"""The test bed itself (network namespaces need root; those tests skip,
+saying why, without it; the loopback bed's run everywhere): hosts
 reach each other at their own addresses, a client host reaches a server
 host over its relayed link with the round trip asked for, one link is cut
 while another works (an asymmetric partition), and a bed leaves no
@@ -52,30 +53,34 @@ class TestbedTest(unittest.TestCase):
 
     def start_echo(self, bed, host, port=7000):
         p = bed.popen(host, [sys.executable, os.path.join(HERE, "echo_server.py"),
-                             "0.0.0.0", str(port)], stdout=subprocess.PIPE,
+                             bed.ip(host), str(port)], stdout=subprocess.PIPE,
                       text=True)
         self.assertEqual(p.stdout.readline().strip(), "ready")
 
+    def check_links(self, bed):
+        """Direct reach, a 2 ms link, an asymmetric cut and its healing."""
+        self.start_echo(bed, 0)
+        self.start_echo(bed, 1)
+        # Directly, at each host's own address.
+        self.assertTrue(self.ping(bed, 2, f"{bed.ip(0)}:7000").isdigit())
+        links = bed.links(clients=[2], servers=[0, 1], ports=[7000],
+                          rtt_us=2000)
+        # Over the relay: at least the round trip asked for (load can
+        # only add to it).
+        rtt = self.ping(bed, 2, links.address(0, 7000))
+        self.assertTrue(rtt.isdigit(), rtt)
+        self.assertGreaterEqual(int(rtt), 2000)
+        # Cut host 2 -> host 0 only: host 1 still answers.
+        links.cut(2, 0, "rst")
+        self.assertIn("Reset", self.ping(bed, 2, links.address(0, 7000)))
+        self.assertTrue(self.ping(bed, 2, links.address(1, 7000)).isdigit())
+        links.heal(2, 0)
+        self.assertTrue(self.ping(bed, 2, links.address(0, 7000)).isdigit())
+        self.assertRegex(links.stats(2), r"h0:conns=3,.* h1:conns=1,")
+
     def test_hosts_reach_each_other_directly_and_over_links(self):
         with testbed.Bed(3) as bed:
-            self.start_echo(bed, 0)
-            self.start_echo(bed, 1)
-            # Directly on the bridge, at each host's own address.
-            self.assertTrue(self.ping(bed, 2, f"{bed.ip(0)}:7000").isdigit())
-            links = bed.links(clients=[2], servers=[0, 1], ports=[7000],
-                              rtt_us=2000)
-            # Over the relay: at least the round trip asked for (load can
-            # only add to it).
-            rtt = self.ping(bed, 2, links.address(0, 7000))
-            self.assertTrue(rtt.isdigit(), rtt)
-            self.assertGreaterEqual(int(rtt), 2000)
-            # Cut host 2 -> host 0 only: host 1 still answers.
-            links.cut(2, 0, "rst")
-            self.assertIn("Reset", self.ping(bed, 2, links.address(0, 7000)))
-            self.assertTrue(self.ping(bed, 2, links.address(1, 7000)).isdigit())
-            links.heal(2, 0)
-            self.assertTrue(self.ping(bed, 2, links.address(0, 7000)).isdigit())
-            self.assertRegex(links.stats(2), r"h0:conns=3,.* h1:conns=1,")
+            self.check_links(bed)
 
     def test_two_beds_at_once_and_nothing_left_behind(self):
         with testbed.Bed(2) as a, testbed.Bed(2) as b:
@@ -114,6 +119,50 @@ class TestbedTest(unittest.TestCase):
         p.wait(timeout=30)
         p.stdout.close()
         self.assertFalse(any(n.startswith(tag) for n in testbed._namespaces()))
+
+
+class LoopbackBedTest(unittest.TestCase):
+    """The same links on loopback hosts: no privileges needed, runs
+    everywhere."""
+
+    ping = TestbedTest.ping
+    start_echo = TestbedTest.start_echo
+    check_links = TestbedTest.check_links
+
+    def test_links_on_loopback_hosts(self):
+        with testbed.LoopbackBed(3) as bed:
+            self.assertEqual(bed.kind, "loopback")
+            self.assertNotEqual(bed.ip(0), bed.ip(1))
+            self.check_links(bed)
+            pids = [p.pid for p in bed.procs]
+        for pid in pids:  # the echo servers and the relay: stopped, reaped
+            self.assertFalse(os.path.exists(f"/proc/{pid}"), pid)
+
+    def test_each_client_host_has_its_own_link_address(self):
+        with testbed.LoopbackBed(3) as bed:
+            links = bed.links(clients=[1, 2], servers=[0], ports=[7000])
+            a, b = links.address(0, 7000, client=1), links.address(0, 7000, client=2)
+            self.assertNotEqual(a, b)
+            with self.assertRaisesRegex(ValueError, "client="):
+                links.address(0, 7000)
+
+    def test_open_bed_chooses_and_can_be_forced(self):
+        bed, note = testbed.open_bed(1, "loopback")
+        with bed:
+            self.assertEqual(bed.kind, "loopback")
+            self.assertIn("loopback", note)
+        with self.assertRaisesRegex(ValueError, "no bed kind"):
+            testbed.open_bed(1, "vm")
+        bed, note = testbed.open_bed(1)
+        with bed:
+            if WHY:
+                self.assertEqual(bed.kind, "loopback")
+                self.assertIn(WHY, note)
+            else:
+                self.assertEqual((bed.kind, note), ("netns", None))
+        if WHY:
+            with self.assertRaisesRegex(RuntimeError, "namespace|ip|root"):
+                testbed.open_bed(1, "netns")
 
 
 if __name__ == "__main__":
