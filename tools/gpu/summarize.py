@@ -224,6 +224,14 @@ def loopback_rtt(out):
             if "transport" in r}
 
 
+def scaling_bed(out):
+    """The bed's kind in scaling.json ("netns", "loopback"), or None."""
+    try:
+        return json.loads(read(os.path.join(out, "scaling.json")) or "{}").get("bed")
+    except ValueError:
+        return None
+
+
 def device_name(out):
     info = read(os.path.join(out, "info.txt")) or ""
     for line in info.splitlines():
@@ -247,6 +255,7 @@ def collect(out):
         "demo_nomps": launch(out, "demo_nomps"),
         "replicas": launch(out, "replicas"),
         "scaling": scaling(out),
+        "scaling_bed": scaling_bed(out),
         "torch": torch_run(out),
         "rtt": loopback_rtt(out),
     }
@@ -285,6 +294,8 @@ def combine(runs):
             if i == 0 or has_part(run, part):
                 f[part] = run[part]
                 given[part] = i
+                if part == "scaling":
+                    f["scaling_bed"] = run.get("scaling_bed")
     f["device"] = next((r["device"] for r in reversed(runs)
                         if r["device"] != "unknown GPU"), runs[0]["device"])
     f["part_from"] = {p: {"commit": runs[i]["commit"], "date": runs[i]["date"]}
@@ -379,9 +390,12 @@ def rows(f):
         one = f["scaling"].get((agg, 200.0, 4, 1))
         four = f["scaling"].get((agg, 200.0, 4, 4))
         ratio = four / one if one and four else None
+        bed = {"loopback": ", hosts as loopback addresses",
+               "netns": ", hosts as network namespaces"}.get(f.get("scaling_bed"), "")
         out.append(("BN exchange on the bed, 4 hosts, 200 us links, %s: "
                     "4 workers/host / 1" % ("per-host aggregation" if agg else "flat"),
-                    "%s (%s us / %s us)" % (fmt(ratio), fmt(four, ".0f"), fmt(one, ".0f")),
+                    "%s (%s us / %s us)%s" % (fmt(ratio), fmt(four, ".0f"),
+                                              fmt(one, ".0f"), bed),
                     "<= %.2f" % HOST_BN_TARGET if agg else "(figure)",
                     verdict(ratio, HOST_BN_TARGET) if agg else ""))
     out += torch_rows(f["torch"])

@@ -45,6 +45,18 @@ class ScalingRowsTest(unittest.TestCase):
                    "4 workers/host / 1"]
         self.assertEqual(flat[1], "2.50 (1200 us / 480 us)")
 
+    def test_the_bed_kind_is_named_when_saved(self):
+        rows = [{"rtt_us": 200.0, "hosts": 4, "per_host": k, "p50_us": us,
+                 "aggregated": True, "p90_us": us}
+                for k, us in ((1, 500.0), (4, 600.0))]
+        with tempfile.TemporaryDirectory() as d:
+            with open(os.path.join(d, "scaling.json"), "w") as f:
+                json.dump({"rows": rows, "bed": "loopback"}, f)
+            got = {r[0]: r for r in summarize.rows(summarize.collect(d))}
+        agg = got["BN exchange on the bed, 4 hosts, 200 us links, per-host "
+                  "aggregation: 4 workers/host / 1"]
+        self.assertEqual(agg[1], "1.20 (600 us / 500 us), hosts as loopback addresses")
+
     def test_a_run_without_the_bed_says_not_measured(self):
         with tempfile.TemporaryDirectory() as d:
             got = {r[0]: r for r in summarize.rows(summarize.collect(d))}
