@@ -567,7 +567,8 @@ def main(argv):
         with open(args.json, "w") as fh:
             json.dump(dict(f, model_step=keyed(f["model_step"]),
                            step_gpu=keyed(f["step_gpu"]), step_cpu=keyed(f["step_cpu"]),
-                           step_gpu_tcp=keyed(f["step_gpu_tcp"])),
+                           step_gpu_tcp=keyed(f["step_gpu_tcp"]),
+                           scaling=keyed(f["scaling"])),
                       fh, indent=1, sort_keys=True)
     if args.update_docs:
         try:

@@ -155,6 +155,21 @@ class SummaryOfTheCannedRunTest(unittest.TestCase):
             with open(path) as f:
                 data = json.load(f)
             self.assertIn("(1, 32, 'sync')", data["step_gpu"])
+            # Every part's figures are in it, the bed's too.
+            run = os.path.join(out, "run")
+            shutil.copytree(CANNED, run)
+            with open(os.path.join(run, "scaling.json"), "w") as f:
+                json.dump({"rows": [{"rtt_us": 200.0, "hosts": 4, "per_host": 1,
+                                     "p50_us": 400.0, "p90_us": 450.0,
+                                     "aggregated": True}], "bed": "loopback"}, f)
+            p = subprocess.run([sys.executable, os.path.join(HERE, "summarize.py"),
+                                run, "--json", path],
+                               capture_output=True, text=True, timeout=60)
+            self.assertEqual(p.returncode, 0, p.stderr)
+            with open(path) as f:
+                data = json.load(f)
+            self.assertEqual(data["scaling"], {"(True, 200.0, 4, 1)": 400.0})
+            self.assertEqual(data["scaling_bed"], "loopback")
         finally:
             shutil.rmtree(out)
 
