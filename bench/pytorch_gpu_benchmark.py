@@ -18,7 +18,7 @@ plain within one round, given as min / median / max over the rounds. MPS: as too
 (a running daemon, or one of this run's own, stopped at the end).
 
     python3 bench/pytorch_gpu_benchmark.py [--procs 2,4] [--batches 8,32]
-        [--runs 3] [--steps 30] [--warmup 10] [--bin_dir DIR]
+        [--runs 3] [--steps 30] [--warmup 10] [--bin_dir DIR] [--profile F]
 
 Needs torch with CUDA, bnps importable (the installed wheel, or
 PYTHONPATH=python with the native library built), and bnps_server (from the
@@ -154,6 +154,36 @@ def child(args):
                     run, 1000 * (spent["exchange"] - before[0]) / args.steps,
                     1000 * (device_wait() - before[2]) / args.steps,
                     (spent["calls"] - before[1]) / args.steps), flush=True)
+    if args.profile and "bnps" in kinds:
+        # Where the host's time goes in bnps steps, by Python function and
+        # the C calls they make (cProfile: its own overhead inflates
+        # Python-heavy rows alike). Every process runs the segment (its
+        # exchanges are barriers); rank 0 profiles it.
+        import cProfile
+        import io
+        import pstats
+        prof = cProfile.Profile()
+        if rank == 0:
+            prof.enable()
+        # cProfile sees one thread: run the backward pass on this one
+        # (autograd runs a CUDA backward on a thread of its own otherwise).
+        single = getattr(torch.autograd, "set_multithreading_enabled", None)
+        if single is not None:
+            with single(False):
+                train("bnps", args.steps)
+        else:
+            train("bnps", args.steps)
+        if rank != 0:
+            return 0
+        prof.disable()
+        text = io.StringIO()
+        stats = pstats.Stats(prof, stream=text)
+        stats.sort_stats("tottime").print_stats(40)
+        stats.sort_stats("cumulative").print_stats(40)
+        with open(args.profile, "a") as out:
+            out.write("# P=%s batch=%d, %d bnps steps of rank 0\n%s\n" % (
+                os.environ.get("WORLD_SIZE"), args.batch, args.steps,
+                text.getvalue()))
     return 0
 
 
@@ -169,6 +199,8 @@ def measure(args, kinds, procs, batch, base_env):
            "--kinds=" + ",".join(kinds), "--runs=%d" % args.runs,
            "--batch=%d" % batch, "--steps=%d" % args.steps,
            "--warmup=%d" % args.warmup, "--device=" + args.device]
+    if args.profile:
+        cmd.append("--profile=" + os.path.abspath(args.profile))
     cluster = None
     if "bnps" in kinds:
         from bnps.cluster import LocalCluster
@@ -239,6 +271,9 @@ def main(argv):
     p.add_argument("--device", default="cuda",
                    help="cuda; cpu only to try the script where there is no "
                    "GPU (torch's SyncBatchNorm needs CUDA)")
+    p.add_argument("--profile", help="append a cProfile of rank 0's bnps "
+                   "steps (one more segment after the timed ones) to this "
+                   "file, for each P and batch")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--batch", type=int, default=32)
     args = p.parse_args(argv)

@@ -284,7 +284,8 @@ case "$cmd" in
     (cd /tmp && export BNPS_PARITY_DEVICE=cuda && part torch_parity 240 "$PY" \
       "$REPO/tests/pytorch/pytorch_parity_test.py" -v SyncParityTest)
     part torch_bench 300 "$PY" "$REPO/bench/pytorch_gpu_benchmark.py" \
-      --procs 2,4 --batches "${BNPS_TORCH_BATCHES:-8,32}" --runs "${BNPS_TORCH_RUNS:-3}"
+      --procs 2,4 --batches "${BNPS_TORCH_BATCHES:-8,32}" --runs "${BNPS_TORCH_RUNS:-3}" \
+      --profile "$RESULTS/torch_profile.txt"
     cp "$RESULTS/torch_bench.log" "$RESULTS/pytorch_gpu.md"
     ;;
   scaling)
