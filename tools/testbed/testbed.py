@@ -304,18 +304,22 @@ def _claim_loopback_net():
 
 def open_bed(hosts, kind="auto"):
     """(bed, note): a Bed where network namespaces can be made, else a
-    LoopbackBed, with a line saying why (note is None for a Bed); kind
-    "netns" or "loopback" forces one (RuntimeError when namespaces cannot
-    be made)."""
+    LoopbackBed, with a line saying why (note is None for a Bed); a Bed
+    that fails half-built (e.g. no veth or bridge in this kernel) is
+    removed and loopback hosts used instead. kind "netns" or "loopback"
+    forces one (RuntimeError where namespaces cannot be made)."""
     if kind not in ("auto", "netns", "loopback"):
         raise ValueError(f"no bed kind {kind!r} (auto, netns, loopback)")
     if kind == "loopback":
         return LoopbackBed(hosts), "loopback hosts (asked for)"
+    if kind == "netns":
+        return Bed(hosts), None
     why = unavailable()
     if why is None:
-        return Bed(hosts), None
-    if kind == "netns":
-        raise RuntimeError(why)
+        try:
+            return Bed(hosts), None
+        except RuntimeError as e:  # Bed removed what it had made
+            why = f"making the namespace bed failed: {e}"
     return LoopbackBed(hosts), f"loopback hosts: no network namespaces here ({why})"
 
 

@@ -195,6 +195,18 @@ class LoopbackBedTest(unittest.TestCase):
             with self.assertRaisesRegex(RuntimeError, "namespace|ip|root"):
                 testbed.open_bed(1, "netns")
 
+    def test_a_namespace_bed_that_fails_half_built_falls_back(self):
+        def broken(hosts):
+            raise RuntimeError("ip link add ... type veth: Unknown device type")
+        with mock.patch.object(testbed, "unavailable", lambda: None), \
+                mock.patch.object(testbed, "Bed", broken):
+            bed, note = testbed.open_bed(2)
+            with bed:
+                self.assertEqual(bed.kind, "loopback")
+                self.assertIn("Unknown device type", note)
+            with self.assertRaisesRegex(RuntimeError, "Unknown device type"):
+                testbed.open_bed(2, "netns")
+
 
 if __name__ == "__main__":
     unittest.main()
