@@ -214,7 +214,9 @@ class Bed:
 
 class LoopbackBed:
     """Hosts as loopback addresses (see the module comment): the interface
-    of Bed, no privileges needed."""
+    of Bed, no privileges needed. The constructor claims an address block
+    (RuntimeError when none is free); close() releases it. Not thread-safe:
+    one thread drives a bed."""
 
     kind = "loopback"
 
