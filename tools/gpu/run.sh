@@ -25,9 +25,12 @@
 #                                        #   channels_last) and the ResNet-18
 #                                        #   benchmark against plain BN and
 #                                        #   torch's SyncBatchNorm (gloo)
-#   tools/gpu/run.sh scaling             # the BN exchange on the multi-host
-#                                        #   test bed (as root; network
-#                                        #   namespaces), 4 hosts x 1 and x 4
+#   tools/gpu/run.sh scaling [--bed=K]   # the BN exchange on the multi-host
+#                                        #   test bed (hosts as network
+#                                        #   namespaces where they can be
+#                                        #   made, else loopback addresses;
+#                                        #   --bed=netns|loopback forces
+#                                        #   one), 4 hosts x 1 and x 4
 #                                        #   workers, flat and through per-host
 #                                        #   aggregators, 200 us links, with
 #                                        #   16 cores for its 25 processes
@@ -290,7 +293,8 @@ case "$cmd" in
     ;;
   scaling)
     "${PY:-python3}" "$REPO/tools/testbed/bn_scaling.py" --bin_dir "$W" --aggregate \
-      --rtt_us=0,200 --layouts=4x1,4x4 --rounds=3 --save "$RESULTS/scaling.json" "$@"
+      --bed=auto --rtt_us=0,200 --layouts=4x1,4x4 --rounds=3 \
+      --save "$RESULTS/scaling.json" "$@"
     ;;
   demo_to)  # demo_to OUT_SUBDIR [launcher flags]: the demo into $RESULTS/OUT_SUBDIR
     demo "$@"

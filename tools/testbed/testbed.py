@@ -22,8 +22,9 @@ link, cut and healed on its own (an asymmetric partition is one cut).
 Needs root (CAP_NET_ADMIN) and iproute2: unavailable() says why not.
 
 LoopbackBed needs neither: host i is the address 127.<n>.0.<i+1> (Linux
-routes all of 127.0.0.0/8 to the loopback device; <n> is random per bed, so
-two beds do not meet), its processes run as they are, and client host c
+routes all of 127.0.0.0/8 to the loopback device; <n> is claimed per bed
+by a lock file under /tmp that no other live bed holds, so two beds, in one
+process or in several, do not meet), its processes run as they are, and client host c
 reaches server host j through its relay at 127.<n>.<c+1>.<j+1>, so each
 (client, server) pair is still a link of its own with its delay, jitter,
 loss and cuts. What it cannot show: the hosts share one kernel, one network
@@ -40,6 +41,7 @@ addresses it is given).
 """
 
 import atexit
+import fcntl
 import os
 import random
 import shutil
@@ -49,6 +51,8 @@ import subprocess
 PREFIX = "bnpstb"
 HOST_NET = "10.77.0."  # host i is HOST_NET + str(i + 1)
 LINK_NET = "10.77.1."  # server host j, as a client host sees it over a link
+LOOPBACK_NETS = range(100, 250)  # a LoopbackBed's second octet
+LOOPBACK_LOCK = "/tmp/bnps-loopback-bed-{}.lock"
 
 
 def _ip(*args, check=True):
@@ -210,13 +214,15 @@ class Bed:
 
 class LoopbackBed:
     """Hosts as loopback addresses (see the module comment): the interface
-    of Bed, no privileges needed."""
+    of Bed, no privileges needed. The constructor claims an address block
+    (RuntimeError when none is free); close() releases it. Not thread-safe:
+    one thread drives a bed."""
 
     kind = "loopback"
 
     def __init__(self, hosts):
         self.num_hosts = hosts
-        self.net = random.randrange(100, 250)
+        self.net, self._lock = _claim_loopback_net()
         self.procs = []
         if not _open_beds:
             atexit.register(_close_open_beds)
@@ -258,6 +264,9 @@ class LoopbackBed:
                 if pipe is not None:
                     pipe.close()
         self.procs = []
+        if self._lock is not None:
+            os.close(self._lock)  # releases the address block
+            self._lock = None
         if self in _open_beds:
             _open_beds.remove(self)
 
@@ -268,20 +277,51 @@ class LoopbackBed:
         self.close()
 
 
+def _claim_loopback_net():
+    """(n, fd): a second octet from LOOPBACK_NETS, tried in random order,
+    whose lock file this call could flock; the lock lasts until fd is closed
+    or its holder dies. RuntimeError when every block is held or no lock
+    file can be opened."""
+    nets = list(LOOPBACK_NETS)
+    random.shuffle(nets)
+    unopened = None
+    for n in nets:
+        try:
+            fd = os.open(LOOPBACK_LOCK.format(n), os.O_RDONLY | os.O_CREAT, 0o644)
+        except OSError as e:  # e.g. another user's file: not ours to take
+            unopened = e
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return n, fd
+        except BlockingIOError:
+            os.close(fd)
+    raise RuntimeError("every loopback bed address block (127.%d.0.0 to "
+                       "127.%d.255.255) is held by a live bed or its lock "
+                       "file %s cannot be opened%s"
+                       % (LOOPBACK_NETS[0], LOOPBACK_NETS[-1],
+                          LOOPBACK_LOCK.format("<n>"),
+                          f" ({unopened})" if unopened else ""))
+
+
 def open_bed(hosts, kind="auto"):
     """(bed, note): a Bed where network namespaces can be made, else a
-    LoopbackBed, with a line saying why (note is None for a Bed); kind
-    "netns" or "loopback" forces one (RuntimeError when namespaces cannot
-    be made)."""
+    LoopbackBed, with a line saying why (note is None for a Bed); a Bed
+    that fails half-built (e.g. no veth or bridge in this kernel) is
+    removed and loopback hosts used instead. kind "netns" or "loopback"
+    forces one (RuntimeError where namespaces cannot be made)."""
     if kind not in ("auto", "netns", "loopback"):
         raise ValueError(f"no bed kind {kind!r} (auto, netns, loopback)")
     if kind == "loopback":
         return LoopbackBed(hosts), "loopback hosts (asked for)"
+    if kind == "netns":
+        return Bed(hosts), None
     why = unavailable()
     if why is None:
-        return Bed(hosts), None
-    if kind == "netns":
-        raise RuntimeError(why)
+        try:
+            return Bed(hosts), None
+        except RuntimeError as e:  # Bed removed what it had made
+            why = f"making the namespace bed failed: {e}"
     return LoopbackBed(hosts), f"loopback hosts: no network namespaces here ({why})"
 
 

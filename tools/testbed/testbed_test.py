@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 import unittest
+from unittest import mock
 
 from tools.testbed import testbed
 
@@ -146,6 +147,36 @@ class LoopbackBedTest(unittest.TestCase):
             with self.assertRaisesRegex(ValueError, "client="):
                 links.address(0, 7000)
 
+    def test_a_live_bed_keeps_its_address_block(self):
+        """Held by a bed of another process until that process ends, and by
+        a bed of this one until it closes; never given out twice."""
+        child = subprocess.Popen(
+            [sys.executable, "-c", "import sys\n"
+             "from tools.testbed import testbed\n"
+             "bed = testbed.LoopbackBed(1)\n"
+             "print(bed.net, flush=True)\n"
+             "sys.stdin.read()\n"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+        try:
+            theirs = int(child.stdout.readline())
+            with mock.patch.object(testbed, "LOOPBACK_NETS", [theirs]):
+                with self.assertRaisesRegex(RuntimeError, "held by a live bed"):
+                    testbed.LoopbackBed(1)
+                child.stdin.close()
+                child.wait(timeout=20)
+                with testbed.LoopbackBed(2) as mine:
+                    self.assertEqual(mine.ip(1), f"127.{theirs}.0.2")
+                    with self.assertRaisesRegex(RuntimeError, "held"):
+                        testbed.LoopbackBed(1)
+                with testbed.LoopbackBed(1) as again:
+                    self.assertEqual(again.net, theirs)
+        finally:
+            if child.poll() is None:
+                child.kill()  # by PID: started here
+            child.wait()
+            child.stdout.close()
+
     def test_open_bed_chooses_and_can_be_forced(self):
         bed, note = testbed.open_bed(1, "loopback")
         with bed:
@@ -163,6 +194,18 @@ class LoopbackBedTest(unittest.TestCase):
         if WHY:
             with self.assertRaisesRegex(RuntimeError, "namespace|ip|root"):
                 testbed.open_bed(1, "netns")
+
+    def test_a_namespace_bed_that_fails_half_built_falls_back(self):
+        def broken(hosts):
+            raise RuntimeError("ip link add ... type veth: Unknown device type")
+        with mock.patch.object(testbed, "unavailable", lambda: None), \
+                mock.patch.object(testbed, "Bed", broken):
+            bed, note = testbed.open_bed(2)
+            with bed:
+                self.assertEqual(bed.kind, "loopback")
+                self.assertIn("Unknown device type", note)
+            with self.assertRaisesRegex(RuntimeError, "Unknown device type"):
+                testbed.open_bed(2, "netns")
 
 
 if __name__ == "__main__":
