@@ -172,6 +172,20 @@ class InitTest(unittest.TestCase):
         self.assertIsInstance(cm.exception, ConnectionError)
 
 
+class KeepAwakeRuleTest(unittest.TestCase):
+    def test_servers_keep_awake_only_where_cores_suffice(self):
+        from bnps import cluster
+        cores = cluster._usable_cores()
+        self.assertEqual(cluster.keep_awake_flags(1, cores - 1),
+                         ["--keep_awake_us=%d" % cluster.KEEP_AWAKE_US])
+        self.assertEqual(cluster.keep_awake_flags(1, cores), [])
+        self.assertEqual(cluster.keep_awake_flags(1, 1, keep_awake_us=0), [])
+        self.assertEqual(cluster.keep_awake_flags(1, cores * 4, keep_awake_us=500),
+                         ["--keep_awake_us=500"])
+        self.assertEqual(cluster.keep_awake_flags(
+            1, 1, flags=["--keep_awake_us=7"]), [])  # the caller's wins
+
+
 class MomentsTest(unittest.TestCase):
     def test_moments_match_float64(self):
         x = torch.randn(6, 3, 4, 5, dtype=torch.float64) * 2 + 7
