@@ -8,6 +8,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -88,6 +89,11 @@ struct GrpcClientOptions {
   // (bnps_worker --bn_spin_us decides). Must be >= 0.
   // Default: 0 (block at once).
   absl::Duration bn_spin = absl::ZeroDuration();
+  // The spin bnps_worker --bn_spin_us=-1 (and the C ABI's -1) chooses: 100
+  // us where this machine has a core for each of the job's `job_cores`
+  // busy threads (workers x model threads x replicas + servers, as if all
+  // ran here), else none.
+  static absl::Duration DefaultBnSpin(int64_t job_cores);
   // Send BN traffic over raw TCP to the servers that offer it (bnps_server
   // --bn_port; bnps.proto, BnHello): the same messages and the same
   // exactly-once, faster per exchange than the gRPC stream.
@@ -105,6 +111,11 @@ struct GrpcClientOptions {
   // above. Default: empty (each shard directly).
   std::string bn_host_aggregator;
 };
+
+inline absl::Duration GrpcClientOptions::DefaultBnSpin(int64_t job_cores) {
+  const int64_t cores = std::thread::hardware_concurrency();
+  return cores >= job_cores ? absl::Microseconds(100) : absl::ZeroDuration();
+}
 
 // Counters of GrpcPsClient's background heartbeat.
 struct HeartbeatStats {

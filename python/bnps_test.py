@@ -164,6 +164,18 @@ class InitTest(unittest.TestCase):
                 else:
                     os.environ[k] = v
 
+    def test_a_bn_spin_out_of_range_is_refused_before_connecting(self):
+        for spin in (-2, 1000001):
+            with self.assertRaisesRegex(bnps.InvalidArgument, "bn_spin_us"):
+                bnps_client.Client("127.0.0.1:1", bn_spin_us=spin,
+                                   connect_timeout_s=0.3)
+        os.environ["BNPS_BN_SPIN_US"] = "-2"
+        try:
+            with self.assertRaisesRegex(bnps.InvalidArgument, "bn_spin_us"):
+                bnps.torch.init(servers="127.0.0.1:1", worker=0, num_workers=1)
+        finally:
+            os.environ.pop("BNPS_BN_SPIN_US")
+
     def test_unreachable_server_is_unavailable_naming_it(self):
         os.environ["BNPS_CONNECT_TIMEOUT_S"] = "0.3"
         with self.assertRaises(bnps.Unavailable) as cm:

@@ -401,14 +401,13 @@ client::GrpcClientOptions ClientOptionsFromFlags(
   client_options.connect_timeout = absl::Seconds(absl::GetFlag(FLAGS_connect_timeout_s));
   client_options.rpc_timeout = absl::Seconds(absl::GetFlag(FLAGS_rpc_timeout_s));
   client_options.push_part_bytes = absl::GetFlag(FLAGS_push_part_bytes);
-  int spin_us = absl::GetFlag(FLAGS_bn_spin_us);
-  if (spin_us < 0) {
-    const int64_t job_cores = static_cast<int64_t>(num_workers) * threads *
-                                  replicas +
-                              static_cast<int64_t>(servers.size());
-    spin_us = std::thread::hardware_concurrency() >= job_cores ? 100 : 0;
-  }
-  client_options.bn_spin = absl::Microseconds(spin_us);
+  const int spin_us = absl::GetFlag(FLAGS_bn_spin_us);
+  client_options.bn_spin =
+      spin_us >= 0 ? absl::Microseconds(spin_us)
+                   : bnps::client::GrpcClientOptions::DefaultBnSpin(
+                         static_cast<int64_t>(num_workers) * threads *
+                             replicas +
+                         static_cast<int64_t>(servers.size()));
   client_options.bn_over_tcp = absl::GetFlag(FLAGS_bn_over_tcp);
   client_options.bn_host_aggregator = absl::GetFlag(FLAGS_bn_host_aggregator);
   // Checked before the worker joins: a launch with flags that do not fit the

@@ -24,7 +24,7 @@ import numpy as np
 from bnps import errors
 
 _LIB_NAME = "libbnps.so"
-_API_VERSION = 2  # python/native/bnps_c.h's BNPS_C_API_VERSION it needs
+_API_VERSION = 3  # python/native/bnps_c.h's BNPS_C_API_VERSION it needs
 _ERR_LEN = 4096
 
 c_int, c_int64, c_double = ctypes.c_int, ctypes.c_int64, ctypes.c_double
@@ -77,6 +77,10 @@ def _load():
                                         c_char_p, c_char_p, c_char_p, c_char_p,
                                         c_double, c_double,
                                         ctypes.POINTER(c_void_p)] + err),
+        "bnps_client_connect2": (c_int, [c_char_p, c_char_p, c_int, c_int,
+                                         c_char_p, c_char_p, c_char_p,
+                                         c_char_p, c_double, c_double, c_int,
+                                         ctypes.POINTER(c_void_p)] + err),
         "bnps_client_close": (None, [c_void_p]),
         "bnps_client_closed": (c_int, [c_void_p]),
         "bnps_client_free": (None, [c_void_p]),
@@ -229,13 +233,13 @@ class Client:
 
     def __init__(self, servers, job, worker, num_workers, token_file="",
                  tls_ca="", tls_cert="", tls_key="", connect_timeout_s=30.0,
-                 rpc_timeout_s=30.0):
+                 rpc_timeout_s=30.0, bn_spin_us=-1):
         h = c_void_p()
-        _call(_lib.bnps_client_connect, ",".join(servers).encode(),
+        _call(_lib.bnps_client_connect2, ",".join(servers).encode(),
               job.encode(), int(worker), int(num_workers),
               token_file.encode(), tls_ca.encode(), tls_cert.encode(),
               tls_key.encode(), float(connect_timeout_s), float(rpc_timeout_s),
-              ctypes.byref(h))
+              int(bn_spin_us), ctypes.byref(h))
         self._h = h
 
     def __del__(self):

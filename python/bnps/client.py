@@ -31,18 +31,21 @@ def _translated(fn):
 class Client:
     """Connects to every shard (registering as `worker` of `num_workers`) or
     raises: Unavailable when a server cannot be reached within
-    connect_timeout_s, FailedPrecondition when the servers' job differs."""
+    connect_timeout_s, FailedPrecondition when the servers' job differs.
+    bn_spin_us: how long a BN call polls for its answer before it sleeps
+    (-1: 100 where this machine has a core for every worker and server of
+    the job, else 0; as bnps_worker --bn_spin_us)."""
 
     @_translated
     def __init__(self, servers, job="bnps", worker=0, num_workers=1,
                  token_file="", tls_ca="", tls_cert="", tls_key="",
-                 connect_timeout_s=30.0, rpc_timeout_s=30.0):
+                 connect_timeout_s=30.0, rpc_timeout_s=30.0, bn_spin_us=-1):
         if isinstance(servers, str):
             servers = [s for s in servers.split(",") if s]
         self._native = _native.Client(
             list(servers), job, int(worker), int(num_workers), token_file or "",
             tls_ca or "", tls_cert or "", tls_key or "",
-            float(connect_timeout_s), float(rpc_timeout_s))
+            float(connect_timeout_s), float(rpc_timeout_s), int(bn_spin_us))
         self.config = self._native.config()
         # bnps.torch's layers pass it to bnps._native.layer_forward and
         # layer_backward: one crossing per pass.

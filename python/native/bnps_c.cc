@@ -207,6 +207,17 @@ int bnps_client_connect(const char* servers, const char* job, int worker,
                         const char* tls_key, double connect_timeout_s,
                         double rpc_timeout_s, bnps_client** out, char* err,
                         size_t err_len) {
+  return bnps_client_connect2(servers, job, worker, num_workers, token_file,
+                              tls_ca, tls_cert, tls_key, connect_timeout_s,
+                              rpc_timeout_s, 0, out, err, err_len);
+}
+
+int bnps_client_connect2(const char* servers, const char* job, int worker,
+                         int num_workers, const char* token_file,
+                         const char* tls_ca, const char* tls_cert,
+                         const char* tls_key, double connect_timeout_s,
+                         double rpc_timeout_s, int bn_spin_us,
+                         bnps_client** out, char* err, size_t err_len) {
   bnps::client::GrpcClientOptions o;
   o.servers = absl::StrSplit(Str(servers), ',', absl::SkipEmpty());
   o.job = Str(job);
@@ -214,6 +225,16 @@ int bnps_client_connect(const char* servers, const char* job, int worker,
   o.num_workers = num_workers;
   o.connect_timeout = absl::Seconds(connect_timeout_s);
   o.rpc_timeout = absl::Seconds(rpc_timeout_s);
+  if (bn_spin_us < -1 || bn_spin_us > 1000000) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+                    "bn_spin_us must be in [-1, 1000000], not ", bn_spin_us)),
+                err, err_len);
+  }
+  o.bn_spin = bn_spin_us >= 0
+                  ? absl::Microseconds(bn_spin_us)
+                  : bnps::client::GrpcClientOptions::DefaultBnSpin(
+                        static_cast<int64_t>(num_workers) +
+                        static_cast<int64_t>(o.servers.size()));
   BNPS_RETURN_IF_ERROR(ReadSecurity(token_file, tls_ca, tls_cert, tls_key,
                                     &o.token, &o.credentials));
   absl::StatusOr<std::unique_ptr<bnps::client::GrpcPsClient>> c =

@@ -36,8 +36,8 @@ extern "C" {
 #define BNPS_EXPORT __attribute__((visibility("default")))
 
 /* The ABI's version; a new version only adds functions (2: the layer steps,
- * bnps_layer_forward and bnps_layer_backward). */
-#define BNPS_C_API_VERSION 2
+ * bnps_layer_forward and bnps_layer_backward; 3: bnps_client_connect2). */
+#define BNPS_C_API_VERSION 3
 BNPS_EXPORT int bnps_api_version(void);
 /* "OK", "INVALID_ARGUMENT", ...; a static string. */
 BNPS_EXPORT const char* bnps_status_name(int code);
@@ -69,6 +69,16 @@ BNPS_EXPORT int bnps_client_connect(
     const char* token_file, const char* tls_ca, const char* tls_cert,
     const char* tls_key, double connect_timeout_s, double rpc_timeout_s,
     bnps_client** out, char* err, size_t err_len);
+/* bnps_client_connect, and a BN call polls for its answer for bn_spin_us
+ * microseconds before it sleeps (0 to 1000000; -1: 100 where this machine
+ * has a core for every worker and server of the job, else 0, as bnps_worker
+ * --bn_spin_us=-1 with one model thread). bnps_client_connect is this with
+ * 0. */
+BNPS_EXPORT int bnps_client_connect2(
+    const char* servers, const char* job, int worker, int num_workers,
+    const char* token_file, const char* tls_ca, const char* tls_cert,
+    const char* tls_key, double connect_timeout_s, double rpc_timeout_s,
+    int bn_spin_us, bnps_client** out, char* err, size_t err_len);
 /* Stops heartbeating and drops the connection (idempotent). */
 BNPS_EXPORT void bnps_client_close(bnps_client* c);
 BNPS_EXPORT int bnps_client_closed(bnps_client* c);

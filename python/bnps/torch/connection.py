@@ -11,7 +11,9 @@ the job's shard servers, which SyncBatchNorm layers use.
 Every argument left as None comes from the environment, like the binaries'
 flags: BNPS_SERVERS (comma-separated, shard order), BNPS_WORKER,
 BNPS_NUM_WORKERS, BNPS_JOB (default "bnps"), BNPS_TOKEN_FILE, BNPS_TLS_CA,
-BNPS_TLS_CERT, BNPS_TLS_KEY, BNPS_RPC_TIMEOUT_S, BNPS_CONNECT_TIMEOUT_S.
+BNPS_TLS_CERT, BNPS_TLS_KEY, BNPS_RPC_TIMEOUT_S, BNPS_CONNECT_TIMEOUT_S,
+BNPS_BN_SPIN_US (how long a BN call polls before it sleeps; default -1: 100
+us where this machine has a core for every worker and server, else 0).
 Without BNPS_WORKER / BNPS_NUM_WORKERS the worker id and count come from the
 launcher's variables (torchrun, Kubeflow Trainer, Slurm: bnps.launch), which
 must agree with each other.
@@ -180,7 +182,8 @@ def _connect(servers, job, placement, token_file, tls_ca, tls_cert, tls_key,
         tls_key=_env("BNPS_TLS_KEY", tls_key, default=""),
         connect_timeout_s=_env("BNPS_CONNECT_TIMEOUT_S", connect_timeout_s,
                                float, 30.0),
-        rpc_timeout_s=_env("BNPS_RPC_TIMEOUT_S", rpc_timeout_s, float, 30.0))
+        rpc_timeout_s=_env("BNPS_RPC_TIMEOUT_S", rpc_timeout_s, float, 30.0),
+        bn_spin_us=_env("BNPS_BN_SPIN_US", None, int, -1))
 
 
 def default_connection():
