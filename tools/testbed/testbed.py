@@ -116,7 +116,56 @@ def _on_sigterm(signum, frame):
     raise SystemExit(128 + signum)
 
 
-class Bed:
+class _Hosts:
+    """What both kinds of bed share: the processes started in its hosts
+    (killed by PID at close), its links, and its clean-up at exit and on
+    SIGTERM. A kind gives command(i, args), ip(i), link_ip(c, j),
+    prepare_link(c, j) and _release() (what close() removes besides the
+    processes)."""
+
+    def _register(self, hosts):
+        self.num_hosts = hosts
+        self.procs = []
+        if not _open_beds:
+            atexit.register(_close_open_beds)
+            if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+                signal.signal(signal.SIGTERM, _on_sigterm)
+        _open_beds.append(self)
+
+    def popen(self, i, args, **kwargs):
+        p = subprocess.Popen(self.command(i, args), **kwargs)
+        self.procs.append(p)
+        return p
+
+    def run(self, i, args, **kwargs):
+        return subprocess.run(self.command(i, args), **kwargs)
+
+    def links(self, clients, servers, ports, rtt_us=0, jitter_us=0,
+              spin_us=60, relay=None):
+        return Links(self, clients, servers, ports, rtt_us, jitter_us,
+                     spin_us, relay)
+
+    def close(self):
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()  # by PID: started here
+            p.wait()
+            for pipe in (p.stdin, p.stdout, p.stderr):
+                if pipe is not None:
+                    pipe.close()
+        self.procs = []
+        self._release()
+        if self in _open_beds:
+            _open_beds.remove(self)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class Bed(_Hosts):
     kind = "netns"
 
     def __init__(self, hosts):
@@ -125,14 +174,8 @@ class Bed:
             raise RuntimeError(why)
         _sweep_orphans()
         self.tag = f"{PREFIX}{os.getpid()}x{random.randrange(16**4):04x}"
-        self.num_hosts = hosts
-        self.procs = []
         self.namespaces = []
-        if not _open_beds:
-            atexit.register(_close_open_beds)
-            if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
-                signal.signal(signal.SIGTERM, _on_sigterm)
-        _open_beds.append(self)
+        self._register(hosts)
         try:
             self._make()
         except BaseException:
@@ -177,42 +220,13 @@ class Bed:
         """`args` run inside host i (ip netns exec execs it: same PID)."""
         return ["ip", "netns", "exec", self.ns(i), *args]
 
-    def popen(self, i, args, **kwargs):
-        p = subprocess.Popen(self.command(i, args), **kwargs)
-        self.procs.append(p)
-        return p
-
-    def run(self, i, args, **kwargs):
-        return subprocess.run(self.command(i, args), **kwargs)
-
-    def links(self, clients, servers, ports, rtt_us=0, jitter_us=0,
-              spin_us=60, relay=None):
-        return Links(self, clients, servers, ports, rtt_us, jitter_us,
-                     spin_us, relay)
-
-    def close(self):
-        for p in self.procs:
-            if p.poll() is None:
-                p.kill()  # by PID: started here
-            p.wait()
-            for pipe in (p.stdin, p.stdout, p.stderr):
-                if pipe is not None:
-                    pipe.close()
-        self.procs = []
+    def _release(self):
         for ns in reversed(self.namespaces):
             _delete_namespace(ns)
         self.namespaces = []
-        if self in _open_beds:
-            _open_beds.remove(self)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
 
-class LoopbackBed:
+class LoopbackBed(_Hosts):
     """Hosts as loopback addresses (see the module comment): the interface
     of Bed, no privileges needed. The constructor claims an address block
     (RuntimeError when none is free); close() releases it. Not thread-safe:
@@ -221,14 +235,8 @@ class LoopbackBed:
     kind = "loopback"
 
     def __init__(self, hosts):
-        self.num_hosts = hosts
         self.net, self._lock = _claim_loopback_net()
-        self.procs = []
-        if not _open_beds:
-            atexit.register(_close_open_beds)
-            if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
-                signal.signal(signal.SIGTERM, _on_sigterm)
-        _open_beds.append(self)
+        self._register(hosts)
 
     def ip(self, i):
         return f"127.{self.net}.0.{i + 1}"
@@ -242,39 +250,10 @@ class LoopbackBed:
     def command(self, i, args):
         return list(args)
 
-    def popen(self, i, args, **kwargs):
-        p = subprocess.Popen(self.command(i, args), **kwargs)
-        self.procs.append(p)
-        return p
-
-    def run(self, i, args, **kwargs):
-        return subprocess.run(self.command(i, args), **kwargs)
-
-    def links(self, clients, servers, ports, rtt_us=0, jitter_us=0,
-              spin_us=60, relay=None):
-        return Links(self, clients, servers, ports, rtt_us, jitter_us,
-                     spin_us, relay)
-
-    def close(self):
-        for p in self.procs:
-            if p.poll() is None:
-                p.kill()  # by PID: started here
-            p.wait()
-            for pipe in (p.stdin, p.stdout, p.stderr):
-                if pipe is not None:
-                    pipe.close()
-        self.procs = []
+    def _release(self):
         if self._lock is not None:
             os.close(self._lock)  # releases the address block
             self._lock = None
-        if self in _open_beds:
-            _open_beds.remove(self)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
 
 def _claim_loopback_net():
