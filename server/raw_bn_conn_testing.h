@@ -1,5 +1,5 @@
-// RawConn: a client of the raw-TCP BN listener (server/bn_socket_server.h)
-// spoken to byte by byte, for tests: blocking, with a 10 s receive timeout
+// RawConn: a client of the raw-TCP BN listener (server/bn_socket_server.h),
+// or of its Unix socket, spoken to byte by byte, for tests: blocking, with a 10 s receive timeout
 // so that every wait is bounded. Test-only.
 
 #ifndef BNPS_SERVER_RAW_BN_CONN_TESTING_H_
@@ -9,8 +9,11 @@
 #include <errno.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/un.h>
+#include <string.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <optional>
 #include <string>
 
@@ -33,6 +36,19 @@ class RawConn {
     addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     addr.sin_port = htons(static_cast<uint16_t>(port));
     EXPECT_EQ(connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+    const timeval ten{10, 0};
+    setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &ten, sizeof ten);
+  }
+  // To the listener's Unix socket at `path`.
+  explicit RawConn(const std::string& unix_path) {
+    fd_ = socket(AF_UNIX, SOCK_STREAM, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    EXPECT_LT(unix_path.size(), sizeof addr.sun_path);
+    memcpy(addr.sun_path, unix_path.data(),
+           std::min(unix_path.size(), sizeof addr.sun_path - 1));
+    EXPECT_EQ(connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0)
+        << unix_path << ": " << strerror(errno);
     const timeval ten{10, 0};
     setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &ten, sizeof ten);
   }
