@@ -330,6 +330,7 @@ bool BnSocketServer::Accept(int listen_fd,
       return false;
     }
     accepted_.fetch_add(1);
+    if (listen_fd == unix_fd_) accepted_unix_.fetch_add(1);
     if (static_cast<int>(conns->size()) >= max_connections_ ||
         !util::SetLowLatency(c, "BN connection").ok()) {
       refused_.fetch_add(1);  // counted before the client sees the close

@@ -129,7 +129,9 @@ class BnSocketServer {
   }
   // Connections accepted so far (those closed on arrival included).
   int64_t accepted() const { return accepted_.load(); }
-  // Of those, the ones closed on arrival (over the cap, or taken with the
+  // Of those, the ones that came over the Unix socket.
+  int64_t accepted_unix() const { return accepted_unix_.load(); }
+  // Of all accepted, the ones closed on arrival (over the cap, or taken with the
   // spare descriptor when out of descriptors).
   int64_t refused() const { return refused_.load(); }
   // The connection cap in force.
@@ -187,6 +189,7 @@ class BnSocketServer {
   std::unique_ptr<security::TokenAuthenticator> auth_;  // constant after Start
   std::atomic<int> port_{0};
   std::atomic<int64_t> accepted_{0};
+  std::atomic<int64_t> accepted_unix_{0};
   std::atomic<int64_t> refused_{0};
   std::thread thread_;
   absl::Mutex stop_mu_;

@@ -108,6 +108,7 @@ TEST_F(BnUnixSocketTest, AUnixAndATcpWorkerMeetAtOneBarrier) {
   EXPECT_EQ(ma->mean, (std::vector<double>{2.0, 3.0}));
   EXPECT_EQ(ma->mean, mb->mean);
   EXPECT_EQ((*server)->accepted(), 2);
+  EXPECT_EQ((*server)->accepted_unix(), 1);
 
   (*server)->Stop();
   EXPECT_EQ((*server)->unix_path(), "");

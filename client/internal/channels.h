@@ -78,6 +78,11 @@ class Channels {
   // registered (RegisterResponse.bn_port); 0: none.
   int bn_port(int shard) const { return bn_ports_[shard].load(); }
   void set_bn_port(int shard, int port) { bn_ports_[shard].store(port); }
+  // The path of shard i's BN Unix socket, as it said when this client
+  // registered (RegisterResponse.bn_unix_path); empty: none.
+  std::string bn_unix_path(int shard) const ABSL_LOCKS_EXCLUDED(paths_mu_);
+  void set_bn_unix_path(int shard, std::string path)
+      ABSL_LOCKS_EXCLUDED(paths_mu_);
   // The host part of shard i's address ("dns:///h:7000" and "h:7000": "h").
   std::string Host(int shard) const;
   // Sets a call's deadline, its generation and, if the job has one, its
@@ -111,6 +116,8 @@ class Channels {
   proto::JobConfig config_;
   std::atomic<int64_t> generation_{0};
   std::unique_ptr<std::atomic<int>[]> bn_ports_;
+  mutable absl::Mutex paths_mu_;
+  std::vector<std::string> bn_unix_paths_ ABSL_GUARDED_BY(paths_mu_);
 
   absl::Mutex rng_mu_;
   absl::BitGen rng_ ABSL_GUARDED_BY(rng_mu_);
