@@ -61,22 +61,6 @@ class BnUnixSocketTest : public ::testing::Test {
   std::unique_ptr<Shard> shard_;
 };
 
-proto::BnRequest Forward(int worker, uint64_t id, std::vector<double> mean) {
-  bn::Moments m;
-  m.count = 4;
-  m.mean = mean;
-  m.m2.assign(mean.size(), 1.0);
-  proto::BnRequest r;
-  r.set_id(id);
-  r.set_job("bnps");
-  r.set_worker(worker);
-  r.set_step(0);
-  r.set_layer("bn1");
-  r.set_phase(proto::BN_FORWARD);
-  proto::EncodeMoments(m, r.mutable_moments());
-  return r;
-}
-
 TEST_F(BnUnixSocketTest, AUnixAndATcpWorkerMeetAtOneBarrier) {
   const std::string path = SocketPath("barrier.sock");
   absl::StatusOr<std::unique_ptr<BnSocketServer>> server = Start(path);
@@ -90,15 +74,7 @@ TEST_F(BnUnixSocketTest, AUnixAndATcpWorkerMeetAtOneBarrier) {
   RawConn a(path), b((*server)->port());
   ASSERT_EQ(a.Hello("bnps", 0, kToken).code(), 0);
   ASSERT_EQ(b.Hello("bnps", 1, kToken).code(), 0);
-  a.Send(Forward(0, 7, {1.0, 2.0}));
-  std::thread late([&] { b.Send(Forward(1, 9, {3.0, 4.0})); });
-  std::optional<std::string> got_a = a.Receive();
-  late.join();
-  std::optional<std::string> got_b = b.Receive();
-  ASSERT_TRUE(got_a && got_b);
-  proto::BnResponse ra, rb;
-  ASSERT_TRUE(ra.ParseFromString(*got_a));
-  ASSERT_TRUE(rb.ParseFromString(*got_b));
+  const auto [ra, rb] = bn_testing::MeetAtTheBarrier(a, b, 7, 9);
   EXPECT_EQ(ra.code(), 0) << ra.message();
   EXPECT_EQ(ra.id(), 7u);
   EXPECT_EQ(ra.contributors(), 2);

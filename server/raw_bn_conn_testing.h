@@ -16,12 +16,35 @@
 #include <algorithm>
 #include <optional>
 #include <string>
+#include <thread>
+#include <utility>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "proto/bn_frame.h"
 #include "proto/bnps.pb.h"
+#include "proto/codec.h"
 
 namespace bnps::server::bn_testing {
+
+// A BN forward request of worker `worker` for layer "bn1", step 0 of job
+// "bnps": count 4, the given means, every m2 1.
+inline proto::BnRequest Forward(int worker, uint64_t id,
+                                std::vector<double> mean = {1.0, 2.0}) {
+  bn::Moments m;
+  m.count = 4;
+  m.mean = mean;
+  m.m2.assign(mean.size(), 1.0);
+  proto::BnRequest r;
+  r.set_id(id);
+  r.set_job("bnps");
+  r.set_worker(worker);
+  r.set_step(0);
+  r.set_layer("bn1");
+  r.set_phase(proto::BN_FORWARD);
+  proto::EncodeMoments(m, r.mutable_moments());
+  return r;
+}
 
 class RawConn {
  public:
@@ -113,6 +136,22 @@ class RawConn {
   int fd_ = -1;
   proto::FrameReader reader_;
 };
+
+// Workers 0 and 1, said hello on `a` and `b`, send forwards of means
+// {1, 2} (id `id_a`) and {3, 4} (id `id_b`), b's after a's is waiting; the
+// answers as they came (a default message for one that did not).
+inline std::pair<proto::BnResponse, proto::BnResponse> MeetAtTheBarrier(
+    RawConn& a, RawConn& b, uint64_t id_a, uint64_t id_b) {
+  a.Send(Forward(0, id_a, {1.0, 2.0}));
+  std::thread late([&] { b.Send(Forward(1, id_b, {3.0, 4.0})); });
+  std::optional<std::string> got_a = a.Receive();
+  late.join();
+  std::optional<std::string> got_b = b.Receive();
+  std::pair<proto::BnResponse, proto::BnResponse> answers;
+  EXPECT_TRUE(got_a && answers.first.ParseFromString(*got_a));
+  EXPECT_TRUE(got_b && answers.second.ParseFromString(*got_b));
+  return answers;
+}
 
 }  // namespace bnps::server::bn_testing
 
