@@ -581,6 +581,7 @@ bool BnSocketServer::HandleHello(const std::shared_ptr<Conn>& c,
   if (s.ok()) s = HelloWorkers(*shard_, hello, caller, &workers);
   reply.set_code(static_cast<int>(s.code()));
   reply.set_message(std::string(s.message()));
+  reply.set_server_incarnation(shard_->server_incarnation());
   std::string out;
   if (proto::AppendFrame(reply, &out).ok()) conn.Write(out);
   if (!s.ok()) {

@@ -205,6 +205,29 @@ TEST(BnOverTcpTest, AClientMayKeepToTheStream) {
   EXPECT_EQ(job.accepted(), 0);
 }
 
+// Another server at the path the shard advertised (its own file removed):
+// the hello's server incarnation is not the shard's, so the worker takes
+// the shard's TCP port instead of another server's barriers.
+TEST(BnOverTcpTest, AnotherServerAtTheUnixPathIsNotTaken) {
+  const std::string path =
+      "/tmp/bnps-test-" + std::to_string(getpid()) + "-shared.sock";
+  Job job(1, 1, /*bn_port=*/0, path);
+  ASSERT_EQ(job.shards(), 1);
+  ASSERT_EQ(unlink(path.c_str()), 0);
+  Job other(1, 1, /*bn_port=*/0, path);  // same job name, worker and token
+  ASSERT_EQ(other.shards(), 1);
+  auto o = other.Connect(0);  // registers worker 0 there too
+  ASSERT_TRUE(o);
+  Exchange({o.get()}, 1);
+  EXPECT_EQ(other.accepted_unix(), 1);
+  auto c = job.Connect(0);
+  ASSERT_TRUE(c);
+  Exchange({c.get()}, 2);
+  EXPECT_EQ(other.accepted_unix(), 2);  // c's hello, answered and left
+  EXPECT_EQ(job.accepted(), 1);
+  EXPECT_EQ(job.accepted_unix(), 0);
+}
+
 TEST(BnOverTcpTest, AListenerThatGoesAwayLeavesTheCallsOnTheStream) {
   Job job(1, 2, /*bn_port=*/0);
   auto a = job.Connect(0), b = job.Connect(1);

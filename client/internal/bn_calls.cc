@@ -263,20 +263,25 @@ std::shared_ptr<BnTransport> BnCalls::GetSocket(int shard) {
       absl::Now() + std::min(options.rpc_timeout, absl::Seconds(5));
   // A Unix socket first where the shard offers one: it connects only on
   // the shard's host, and fails at once elsewhere.
-  const std::string unix_path = channels_->bn_unix_path(shard);
+  const Channels::UnixSocket unix_socket = channels_->bn_unix_socket(shard);
+  const std::string& unix_path = unix_socket.path;
   const bool try_unix = options.bn_unix && !unix_path.empty() &&
                         options.bn_host_aggregator.empty();
+  bool unix_failed = false;
   std::string unix_failure;
   absl::StatusOr<std::unique_ptr<BnSocket>> opened =
       absl::UnavailableError("not tried");
   if (try_unix) {
-    opened = BnSocket::ConnectUnix(unix_path, hello, deadline, options.bn_spin);
-    // A hello the server refused is its answer over TCP too.
-    if (!opened.ok() && opened.status().code() == absl::StatusCode::kUnavailable) {
+    opened = BnSocket::ConnectUnix(unix_path, unix_socket.server_incarnation,
+                                   hello, deadline, options.bn_spin);
+    // Any failure, a refused hello too (it may be another server's), leaves
+    // TCP to try.
+    if (!opened.ok()) {
+      unix_failed = true;
       unix_failure = std::string(opened.status().message());
     }
   }
-  const bool over_unix = try_unix && unix_failure.empty();
+  const bool over_unix = try_unix && !unix_failed;
   if (!over_unix) {
     opened = BnSocket::Connect(host, connect_port, hello, deadline,
                                options.bn_spin);
@@ -311,8 +316,8 @@ std::shared_ptr<BnTransport> BnCalls::GetSocket(int shard) {
                    options.worker, channels_->ShardName(shard).c_str(), port,
                    options.bn_host_aggregator.empty() ? "" : " through ",
                    options.bn_host_aggregator.c_str(),
-                   unix_failure.empty() ? "" : " (the Unix socket: ",
-                   unix_failure.empty()
+                   !unix_failed ? "" : " (the Unix socket: ",
+                   !unix_failed
                        ? ""
                        : absl::StrCat(util::EscapeForLog(unix_failure), ")")
                              .c_str());

@@ -6,8 +6,8 @@
 // allows, its TCP connection (bn_socket.h): over the shard's Unix socket
 // where it offers one (RegisterResponse.bn_unix_path, a listener of the
 // same host) and GrpcClientOptions::bn_unix allows, else over TCP (a Unix
-// socket that cannot be connected to falls back to TCP at once; a hello it
-// refused is final, as over TCP). Internal to client/; the typed calls'
+// socket that cannot be connected to, whose hello is refused, or that is
+// another server's than the one registered with falls back to TCP at once). Internal to client/; the typed calls'
 // contracts are PsClient's.
 //
 // A call's first attempt takes the TCP connection where there is one. A

@@ -66,22 +66,33 @@ absl::StatusOr<std::unique_ptr<BnSocket>> BnSocket::Connect(
       return Unavailable(absl::StrCat(where, ": ", st.message()));
     }
   }
-  if (absl::Status st = s->Hello(where, hello, deadline); !st.ok()) return st;
+  if (absl::Status st = s->Hello(where, hello, deadline, nullptr); !st.ok()) {
+    return st;
+  }
   return s;
 }
 
 absl::StatusOr<std::unique_ptr<BnSocket>> BnSocket::ConnectUnix(
-    const std::string& path, const proto::BnHello& hello, absl::Time deadline,
-    absl::Duration spin) {
+    const std::string& path, uint64_t server_incarnation,
+    const proto::BnHello& hello, absl::Time deadline, absl::Duration spin) {
   absl::StatusOr<int> fd = util::ConnectUnix(path, deadline);
   if (!fd.ok()) return absl::UnavailableError(fd.status().message());
   std::unique_ptr<BnSocket> s(new BnSocket(*fd, hello.generation(), spin));
-  if (absl::Status st = s->Hello(path, hello, deadline); !st.ok()) return st;
+  uint64_t answered = 0;
+  if (absl::Status st = s->Hello(path, hello, deadline, &answered); !st.ok()) {
+    return st;
+  }
+  if (answered != server_incarnation) {
+    return absl::UnavailableError(absl::StrCat(
+        path, " is another server's socket (a server on this host at the "
+        "same path), not the shard's"));
+  }
   return s;
 }
 
 absl::Status BnSocket::Hello(const std::string& where,
-                             const proto::BnHello& hello, absl::Time deadline) {
+                             const proto::BnHello& hello, absl::Time deadline,
+                             uint64_t* server_incarnation) {
   std::string frame;
   if (absl::Status st = proto::AppendFrame(hello, &frame); !st.ok()) return st;
   if (absl::Status st = util::SendAll(fd_, frame.data(), frame.size(), deadline);
@@ -98,6 +109,9 @@ absl::Status BnSocket::Hello(const std::string& where,
       }
       if (reply.code() != 0) {
         return proto::StatusFromWire(reply.code(), reply.message());
+      }
+      if (server_incarnation != nullptr) {
+        *server_incarnation = reply.server_incarnation();
       }
       return absl::OkStatus();
     }

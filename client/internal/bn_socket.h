@@ -45,10 +45,12 @@ class BnSocket final : public BnTransport {
       const std::string& host, int port, const proto::BnHello& hello,
       absl::Time deadline, absl::Duration spin);
   // The same over the server's Unix socket at `path` (a listener of this
-  // host only: bnps_server --bn_unix_socket).
+  // host only: bnps_server --bn_unix_socket). UNAVAILABLE too if the
+  // process that answers is not `server_incarnation` (another server at the
+  // same path on this host).
   static absl::StatusOr<std::unique_ptr<BnSocket>> ConnectUnix(
-      const std::string& path, const proto::BnHello& hello,
-      absl::Time deadline, absl::Duration spin);
+      const std::string& path, uint64_t server_incarnation,
+      const proto::BnHello& hello, absl::Time deadline, absl::Duration spin);
   ~BnSocket() override;
 
   BnSocket(const BnSocket&) = delete;
@@ -79,9 +81,10 @@ class BnSocket final : public BnTransport {
   BnSocket(int fd, int64_t generation, absl::Duration spin)
       : fd_(fd), generation_(generation), spin_(spin) {}
   // Sends `hello` to the server at `where` (for messages) and reads its
-  // reply, before the socket is shared.
+  // reply, before the socket is shared; `server_incarnation` (if not null)
+  // gets the reply's.
   absl::Status Hello(const std::string& where, const proto::BnHello& hello,
-                     absl::Time deadline);
+                     absl::Time deadline, uint64_t* server_incarnation);
   // Reads until at least one whole frame is buffered, `deadline`, or an
   // error (the connection's end included). Called by the reader alone.
   absl::Status ReadSome(absl::Time deadline);
