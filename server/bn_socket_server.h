@@ -6,8 +6,10 @@
 // checks and answers are the stream's (server/bn_dispatch.h); only the
 // transport differs. IPv4 only, and, with Options::unix_path, a Unix
 // stream socket beside it for the workers of the server's host: the same
-// hello, admission, limits and frames over a cheaper byte stream (a
-// loopback round trip costs about twice one over a Unix socket). The
+// hello, admission, limits and frames over a cheaper byte stream than
+// loopback TCP. A hello's reply names the server process
+// (Shard::server_incarnation), so a client can tell that the server at a
+// path is the one it registered with. The
 // socket file is made 0600 (util/unix_socket.h: a stale one is replaced,
 // anything else at the path refused) and removed when the server stops.
 //
