@@ -129,13 +129,14 @@ class CommandLineTest(OneLineErrors, unittest.TestCase):
     # Flags each binary must list in --help: its own and those of the
     # libraries it links (security/security_flags.cc for the clients).
     FLAGS = {
-        SERVER: ["--host", "--port", "--bn_port", "--keep_awake_us",
+        SERVER: ["--host", "--port", "--bn_port", "--bn_unix_socket",
+                 "--keep_awake_us",
                  "--heap_keep_mb", "--policy", "--token_file", "--tls_cert",
                  "--tls_key", "--tls_client_ca", "--metrics_port",
                  "--metrics_address", "--checkpoint_dir",
                  "--checkpoint_every_steps", "--on_worker_loss", "--keep_serving"],
         WORKER: ["--servers", "--connect_timeout_s", "--rpc_timeout_s",
-                 "--bn_over_tcp",
+                 "--bn_over_tcp", "--bn_unix",
                  "--token_file", "--tls_ca",
                  "--tls_cert", "--tls_key", "--metrics_port",
                  "--metrics_address", "--metrics_linger_s"],
