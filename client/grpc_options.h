@@ -103,6 +103,13 @@ struct GrpcClientOptions {
   // `credentials` set, BN traffic always stays on the (encrypted) stream.
   // Default: true.
   bool bn_over_tcp = true;
+  // With bn_over_tcp: where a server also offers a Unix socket (bnps_server
+  // --bn_unix_socket; RegisterResponse.bn_unix_path), connect there first:
+  // it succeeds only on the server's host, and a round trip over it costs
+  // about half one over loopback TCP. Any failure (no such path, refused,
+  // no permission) falls back to TCP. Not with bn_host_aggregator.
+  // Default: true.
+  bool bn_unix = true;
   // With bn_over_tcp: "host:port" of this host's BN aggregator
   // (bnps_host_bn, hostbn/aggregator.h), which carries the BN traffic of
   // the host's workers to each shard as one frame per layer, phase and

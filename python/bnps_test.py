@@ -546,6 +546,26 @@ class LayerTest(unittest.TestCase):
         torch.testing.assert_close(ours(x), ref(x))
 
 
+class ClusterArgsTest(unittest.TestCase):
+    """bnps.cluster's server flags: BN over raw TCP and a Unix socket by
+    default, neither with TLS, TCP alone with bn_unix=False."""
+
+    def test_plaintext_servers_offer_tcp_and_a_unix_socket(self):
+        from bnps import cluster
+        args = cluster.server_args(0, 1, 2)
+        self.assertIn("--bn_port=0", args)
+        self.assertIn("--bn_unix_socket=auto", args)
+        tcp = cluster.server_args(0, 1, 2, bn_unix=False)
+        self.assertIn("--bn_port=0", tcp)
+        self.assertNotIn("--bn_unix_socket=auto", tcp)
+        tls = cluster.server_args(0, 1, 2, flags=["--tls_cert=/c.pem"])
+        self.assertNotIn("--bn_port=0", tls)
+        self.assertNotIn("--bn_unix_socket=auto", tls)
+        own = cluster.server_args(0, 1, 2, flags=["--bn_unix_socket=/tmp/x"])
+        self.assertEqual([f for f in own if f.startswith("--bn_unix")],
+                         ["--bn_unix_socket=/tmp/x"])
+
+
 class ConvertTest(unittest.TestCase):
     def test_names_state_and_parameters_are_kept(self):
         model = nn.Sequential(nn.Conv2d(1, 2, 1), nn.BatchNorm2d(2),

@@ -32,6 +32,7 @@
 #include "server/rpc_util.h"
 #include "util/fd_limit.h"
 #include "util/socket_io.h"
+#include "util/unix_socket.h"
 
 namespace bnps::server {
 namespace {
@@ -209,11 +210,25 @@ absl::StatusOr<std::unique_ptr<BnSocketServer>> BnSocketServer::Start(
         absl::StrCat("BN over TCP: ", listener.status().message()));
   }
   s->listen_fd_ = listener->fd;
+  if (!s->options_.unix_path.empty()) {
+    s->unix_path_ = s->options_.unix_path == "auto"
+                        ? util::DefaultUnixSocketPath(listener->port)
+                        : s->options_.unix_path;
+    absl::StatusOr<util::UnixListener> u = util::ListenUnix(s->unix_path_, 256);
+    if (!u.ok()) {
+      return absl::Status(u.status().code(),
+                          absl::StrCat("BN over a Unix socket: ",
+                                       u.status().message()));
+    }
+    s->unix_listener_ = *u;
+    s->unix_fd_ = u->fd;
+  }
   s->epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
   s->stop_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   s->spare_fd_ = open("/dev/null", O_RDONLY | O_CLOEXEC);
   if (s->epoll_fd_ < 0 || s->stop_fd_ < 0) return Errno("BN over TCP: epoll");
-  for (int fd : {s->listen_fd_, s->stop_fd_}) {
+  for (int fd : {s->listen_fd_, s->stop_fd_, s->unix_fd_}) {
+    if (fd < 0) continue;
     epoll_event ev{};
     ev.events = EPOLLIN;
     ev.data.fd = fd;
@@ -238,14 +253,16 @@ absl::StatusOr<std::unique_ptr<BnSocketServer>> BnSocketServer::Start(
       s->options_.token, s->options_.per_worker_tokens,
       shard->options().num_workers);
   s->port_.store(listener->port);
+  s->unix_listening_.store(s->unix_fd_ >= 0);
   s->thread_ = std::thread([p = s.get()] { p->Run(); });
   return s;
 }
 
 BnSocketServer::~BnSocketServer() {
   Stop();
-  // Run closed the listener if it ran.
-  for (int fd : {listen_fd_, epoll_fd_, stop_fd_, spare_fd_}) {
+  // Run closed the listeners if it ran.
+  if (unix_fd_ >= 0) util::RemoveUnixListener(unix_listener_, unix_path_);
+  for (int fd : {listen_fd_, unix_fd_, epoll_fd_, stop_fd_, spare_fd_}) {
     if (fd >= 0) close(fd);
   }
 }
@@ -255,6 +272,7 @@ void BnSocketServer::Stop() {
   if (stopped_) return;
   stopped_ = true;
   port_.store(0);
+  unix_listening_.store(false);
   if (!thread_.joinable()) return;
   const uint64_t one = 1;
   (void)!write(stop_fd_, &one, sizeof one);
@@ -284,11 +302,12 @@ int BnSocketServer::ConnectionCap(int64_t open_file_limit) {
   return static_cast<int>(std::clamp<int64_t>(cap, 0, kMost));
 }
 
-bool BnSocketServer::Accept(std::map<int, std::shared_ptr<Conn>>* conns) {
+bool BnSocketServer::Accept(int listen_fd,
+                            std::map<int, std::shared_ptr<Conn>>* conns) {
   // Bounded, so that the thread returns to its other connections, the
   // sweep and Stop however fast connections arrive.
   for (int i = 0; i < kAcceptsPerEvent; ++i) {
-    int c = accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    int c = accept4(listen_fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (c < 0) {
       if (errno == EINTR || errno == ECONNABORTED) continue;
       if (errno != EMFILE && errno != ENFILE) return true;  // EAGAIN: done
@@ -301,7 +320,7 @@ bool BnSocketServer::Accept(std::map<int, std::shared_ptr<Conn>>* conns) {
         return false;
       }
       close(spare_fd_);
-      c = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+      c = accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
       if (c >= 0) {
         accepted_.fetch_add(1);
         refused_.fetch_add(1);
@@ -311,6 +330,7 @@ bool BnSocketServer::Accept(std::map<int, std::shared_ptr<Conn>>* conns) {
       return false;
     }
     accepted_.fetch_add(1);
+    if (listen_fd == unix_fd_) accepted_unix_.fetch_add(1);
     if (static_cast<int>(conns->size()) >= max_connections_ ||
         !util::SetLowLatency(c, "BN connection").ok()) {
       refused_.fetch_add(1);  // counted before the client sees the close
@@ -337,17 +357,20 @@ void BnSocketServer::Run() {
     Release(*it->second);
     conns.erase(it);  // closed once no answer holds it
   };
-  // Out of descriptors, the listener is taken off the epoll set until
+  // Out of descriptors, the listeners are taken off the epoll set until
   // `resume_listening` (backing off from kMinBackoff to kMaxBackoff): a
   // listener that stays readable while accept fails would wake the loop
   // at once, for ever.
   absl::Duration backoff = kMinBackoff;
   absl::Time resume_listening = absl::InfiniteFuture();
   auto arm_listener = [&](uint32_t events) {
-    epoll_event ev{};
-    ev.events = events;
-    ev.data.fd = listen_fd_;
-    epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, listen_fd_, &ev);
+    for (int fd : {listen_fd_, unix_fd_}) {
+      if (fd < 0) continue;
+      epoll_event ev{};
+      ev.events = events;
+      ev.data.fd = fd;
+      epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, fd, &ev);
+    }
   };
   epoll_event events[64];
   absl::Time next_sweep = absl::Now() + absl::Seconds(1);
@@ -364,8 +387,8 @@ void BnSocketServer::Run() {
         stop = true;
         break;
       }
-      if (fd == listen_fd_) {
-        if (Accept(&conns)) {
+      if (fd == listen_fd_ || fd == unix_fd_) {
+        if (Accept(fd, &conns)) {
           backoff = kMinBackoff;
         } else {
           if (backoff == kMinBackoff) {
@@ -420,8 +443,14 @@ void BnSocketServer::Run() {
   }
   for (auto& [fd, conn] : conns) Release(*conn);
   port_.store(0);
+  unix_listening_.store(false);
   close(listen_fd_);
   listen_fd_ = -1;
+  if (unix_fd_ >= 0) {
+    util::RemoveUnixListener(unix_listener_, unix_path_);
+    close(unix_fd_);
+    unix_fd_ = -1;
+  }
 }
 
 void BnSocketServer::Release(Conn& conn) {
@@ -552,6 +581,7 @@ bool BnSocketServer::HandleHello(const std::shared_ptr<Conn>& c,
   if (s.ok()) s = HelloWorkers(*shard_, hello, caller, &workers);
   reply.set_code(static_cast<int>(s.code()));
   reply.set_message(std::string(s.message()));
+  reply.set_server_incarnation(shard_->server_incarnation());
   std::string out;
   if (proto::AppendFrame(reply, &out).ok()) conn.Write(out);
   if (!s.ok()) {

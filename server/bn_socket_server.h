@@ -4,7 +4,14 @@
 // TCP round trip is 1.9-4.7 times faster than the same barrier through
 // gRPC (docs/performance.md, the "tcp" and "star" peers). The messages,
 // checks and answers are the stream's (server/bn_dispatch.h); only the
-// transport differs. IPv4 only.
+// transport differs. IPv4 only, and, with Options::unix_path, a Unix
+// stream socket beside it for the workers of the server's host: the same
+// hello, admission, limits and frames over a cheaper byte stream than
+// loopback TCP. A hello's reply names the server process
+// (Shard::server_incarnation), so a client can tell that the server at a
+// path is the one it registered with. The
+// socket file is made 0600 (util/unix_socket.h: a stale one is replaced,
+// anything else at the path refused) and removed when the server stops.
 //
 // One thread waits on epoll for every connection, reads the frames, and
 // dispatches the requests. An answer is written by the thread that
@@ -60,6 +67,7 @@
 #include "server/shard.h"
 #include "util/byte_budget.h"
 #include "util/keep_awake.h"
+#include "util/unix_socket.h"
 
 namespace bnps::server {
 
@@ -98,11 +106,17 @@ class BnSocketServer {
     // A frame begun must be whole within this, or the connection is
     // closed (a sender that stops mid-frame holds its bytes otherwise).
     absl::Duration frame_timeout = absl::Seconds(10);
+    // Non-empty: also accept on a Unix stream socket at this path ("auto":
+    // util::DefaultUnixSocketPath of the TCP port). Counts with the TCP
+    // connections toward max_connections and the budget.
+    std::string unix_path;
   };
 
   // `shard`, `metrics` and `keep_awake` (both may be null) are not owned and
   // must outlive the server and every answer owed (see above). UNAVAILABLE
-  // if the address cannot be bound or is not IPv4.
+  // if the address cannot be bound or is not IPv4; for the Unix path, what
+  // util::ListenUnix says (INVALID_ARGUMENT for a path too long,
+  // ALREADY_EXISTS for one in use).
   static absl::StatusOr<std::unique_ptr<BnSocketServer>> Start(
       Shard* shard, ServerMetrics* metrics, util::KeepAwake* keep_awake,
       Options options);
@@ -111,9 +125,15 @@ class BnSocketServer {
   // The port it listens on; 0 once stopped (what registering workers are
   // told).
   int port() const { return port_.load(); }
+  // The Unix socket's path; empty without one, or once stopped.
+  std::string unix_path() const {
+    return unix_listening_.load() ? unix_path_ : std::string();
+  }
   // Connections accepted so far (those closed on arrival included).
   int64_t accepted() const { return accepted_.load(); }
-  // Of those, the ones closed on arrival (over the cap, or taken with the
+  // Of those, the ones that came over the Unix socket.
+  int64_t accepted_unix() const { return accepted_unix_.load(); }
+  // Of all accepted, the ones closed on arrival (over the cap, or taken with the
   // spare descriptor when out of descriptors).
   int64_t refused() const { return refused_.load(); }
   // The connection cap in force.
@@ -143,7 +163,7 @@ class BnSocketServer {
   void Run();
   // Accepts what is pending (a bounded number); false when out of
   // descriptors, so that the caller rests the listener.
-  bool Accept(std::map<int, std::shared_ptr<Conn>>* conns);
+  bool Accept(int listen_fd, std::map<int, std::shared_ptr<Conn>>* conns);
   // Reads what `conn` has sent (a bounded amount per call) and handles its
   // frames: false once it must close.
   bool Read(const std::shared_ptr<Conn>& conn);
@@ -158,6 +178,10 @@ class BnSocketServer {
   util::KeepAwake* const keep_awake_;
   const Options options_;
   int listen_fd_ = -1;
+  int unix_fd_ = -1;            // -1: no Unix socket
+  util::UnixListener unix_listener_;
+  std::string unix_path_;       // constant after Start
+  std::atomic<bool> unix_listening_{false};
   int epoll_fd_ = -1;
   int stop_fd_ = -1;
   int spare_fd_ = -1;  // closed to accept (and close) a connection at EMFILE
@@ -167,6 +191,7 @@ class BnSocketServer {
   std::unique_ptr<security::TokenAuthenticator> auth_;  // constant after Start
   std::atomic<int> port_{0};
   std::atomic<int64_t> accepted_{0};
+  std::atomic<int64_t> accepted_unix_{0};
   std::atomic<int64_t> refused_{0};
   std::thread thread_;
   absl::Mutex stop_mu_;

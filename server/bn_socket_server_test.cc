@@ -28,6 +28,7 @@
 namespace bnps::server {
 namespace {
 
+using bn_testing::Forward;
 using bn_testing::RawConn;
 
 constexpr char kToken[] = "bnps-test-token-0123456789abcdef";
@@ -55,22 +56,6 @@ class BnSocketServerTest : public ::testing::Test {
   std::unique_ptr<Shard> shard_;
   std::unique_ptr<BnSocketServer> server_;
 };
-
-proto::BnRequest Forward(int worker, uint64_t id, std::vector<double> mean) {
-  bn::Moments m;
-  m.count = 4;
-  m.mean = mean;
-  m.m2.assign(mean.size(), 1.0);
-  proto::BnRequest r;
-  r.set_id(id);
-  r.set_job("bnps");
-  r.set_worker(worker);
-  r.set_step(0);
-  r.set_layer("bn1");
-  r.set_phase(proto::BN_FORWARD);
-  proto::EncodeMoments(m, r.mutable_moments());
-  return r;
-}
 
 TEST_F(BnSocketServerTest, AWrongTokenOrJobIsAnsweredThenTheConnectionEnds) {
   ASSERT_NO_FATAL_FAILURE(Start(1));
@@ -101,17 +86,9 @@ TEST_F(BnSocketServerTest, TwoConnectionsMeetAtTheBarrier) {
   RawConn a(server_->port()), b(server_->port());
   ASSERT_EQ(a.Hello("bnps", 0, kToken).code(), 0);
   ASSERT_EQ(b.Hello("bnps", 1, kToken).code(), 0);
-  a.Send(Forward(0, 7, {1.0, 2.0}));
   // Worker 1's barrier partner has not come: nothing for `a` yet; then `b`
   // completes it and both get the merge of both.
-  std::thread late([&] { b.Send(Forward(1, 9, {3.0, 4.0})); });
-  std::optional<std::string> got_a = a.Receive();
-  late.join();
-  std::optional<std::string> got_b = b.Receive();
-  ASSERT_TRUE(got_a && got_b);
-  proto::BnResponse ra, rb;
-  ASSERT_TRUE(ra.ParseFromString(*got_a));
-  ASSERT_TRUE(rb.ParseFromString(*got_b));
+  const auto [ra, rb] = bn_testing::MeetAtTheBarrier(a, b, 7, 9);
   EXPECT_EQ(ra.id(), 7u);
   EXPECT_EQ(rb.id(), 9u);
   EXPECT_EQ(ra.code(), 0) << ra.message();

@@ -107,6 +107,14 @@ ABSL_FLAG(int, bn_port, -1,
           "free one), which registering workers are told: faster per "
           "exchange than the gRPC stream. Plaintext jobs only "
           "(not with --tls_cert). -1: off.");
+ABSL_FLAG(std::string, bn_unix_socket, "",
+          "With --bn_port: also serve BN traffic on a Unix stream socket at "
+          "this path, which registering workers are told; a worker on this "
+          "host connects there first (cheaper than loopback TCP) and falls "
+          "back to --bn_port. \"auto\": $XDG_RUNTIME_DIR/bnps-bn-<pid>-"
+          "<port>.sock (or /tmp/...). The socket is made 0600 and removed "
+          "on a clean stop; a stale socket at the path is replaced, anything "
+          "else refused. Plaintext jobs only. Empty: none.");
 ABSL_FLAG(int, bn_max_connections, 0,
           "With --bn_port: most BN connections open at once; more are "
           "closed on arrival (their workers use the gRPC stream). 0: half "
@@ -300,6 +308,13 @@ int main(int argc, char** argv) {
                "with --tls_cert")),
            kBadFlags;
   }
+  latency.bn_unix_path = absl::GetFlag(FLAGS_bn_unix_socket);
+  if (!latency.bn_unix_path.empty() && latency.bn_port < 0) {
+    return Fail(absl::InvalidArgumentError(
+               "--bn_unix_socket needs --bn_port (TCP for the workers that "
+               "cannot reach the path)")),
+           kBadFlags;
+  }
   bnps::server::ServerLimits limits;
   limits.bn_max_connections = absl::GetFlag(FLAGS_bn_max_connections);
   if (limits.bn_max_connections < 0) {
@@ -359,6 +374,10 @@ int main(int argc, char** argv) {
                 absl::GetFlag(FLAGS_host).c_str(), bn->port(),
                 bn->max_connections(),
                 static_cast<long long>(bnps::util::OpenFileLimit()));
+    if (!bn->unix_path().empty()) {
+      std::printf("bnps_server: BN over a Unix socket at %s\n",
+                  bn->unix_path().c_str());
+    }
   }
   if (*metrics != nullptr) {
     std::printf("bnps_server: metrics at http://%s:%d/metrics\n",

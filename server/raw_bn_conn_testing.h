@@ -1,5 +1,5 @@
-// RawConn: a client of the raw-TCP BN listener (server/bn_socket_server.h)
-// spoken to byte by byte, for tests: blocking, with a 10 s receive timeout
+// RawConn: a client of the raw-TCP BN listener (server/bn_socket_server.h),
+// or of its Unix socket, spoken to byte by byte, for tests: blocking, with a 10 s receive timeout
 // so that every wait is bounded. Test-only.
 
 #ifndef BNPS_SERVER_RAW_BN_CONN_TESTING_H_
@@ -9,16 +9,42 @@
 #include <errno.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/un.h>
+#include <string.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <optional>
 #include <string>
+#include <thread>
+#include <utility>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "proto/bn_frame.h"
 #include "proto/bnps.pb.h"
+#include "proto/codec.h"
 
 namespace bnps::server::bn_testing {
+
+// A BN forward request of worker `worker` for layer "bn1", step 0 of job
+// "bnps": count 4, the given means, every m2 1.
+inline proto::BnRequest Forward(int worker, uint64_t id,
+                                std::vector<double> mean = {1.0, 2.0}) {
+  bn::Moments m;
+  m.count = 4;
+  m.mean = mean;
+  m.m2.assign(mean.size(), 1.0);
+  proto::BnRequest r;
+  r.set_id(id);
+  r.set_job("bnps");
+  r.set_worker(worker);
+  r.set_step(0);
+  r.set_layer("bn1");
+  r.set_phase(proto::BN_FORWARD);
+  proto::EncodeMoments(m, r.mutable_moments());
+  return r;
+}
 
 class RawConn {
  public:
@@ -33,6 +59,19 @@ class RawConn {
     addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     addr.sin_port = htons(static_cast<uint16_t>(port));
     EXPECT_EQ(connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+    const timeval ten{10, 0};
+    setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &ten, sizeof ten);
+  }
+  // To the listener's Unix socket at `path`.
+  explicit RawConn(const std::string& unix_path) {
+    fd_ = socket(AF_UNIX, SOCK_STREAM, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    EXPECT_LT(unix_path.size(), sizeof addr.sun_path);
+    memcpy(addr.sun_path, unix_path.data(),
+           std::min(unix_path.size(), sizeof addr.sun_path - 1));
+    EXPECT_EQ(connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0)
+        << unix_path << ": " << strerror(errno);
     const timeval ten{10, 0};
     setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &ten, sizeof ten);
   }
@@ -97,6 +136,22 @@ class RawConn {
   int fd_ = -1;
   proto::FrameReader reader_;
 };
+
+// Workers 0 and 1, said hello on `a` and `b`, send forwards of means
+// {1, 2} (id `id_a`) and {3, 4} (id `id_b`), b's after a's is waiting; the
+// answers as they came (a default message for one that did not).
+inline std::pair<proto::BnResponse, proto::BnResponse> MeetAtTheBarrier(
+    RawConn& a, RawConn& b, uint64_t id_a, uint64_t id_b) {
+  a.Send(Forward(0, id_a, {1.0, 2.0}));
+  std::thread late([&] { b.Send(Forward(1, id_b, {3.0, 4.0})); });
+  std::optional<std::string> got_a = a.Receive();
+  late.join();
+  std::optional<std::string> got_b = b.Receive();
+  std::pair<proto::BnResponse, proto::BnResponse> answers;
+  EXPECT_TRUE(got_a && answers.first.ParseFromString(*got_a));
+  EXPECT_TRUE(got_b && answers.second.ParseFromString(*got_b));
+  return answers;
+}
 
 }  // namespace bnps::server::bn_testing
 

@@ -48,6 +48,12 @@ absl::StatusOr<std::unique_ptr<RunningServer>> RunningServer::Start(
     return absl::InvalidArgumentError(
         absl::StrCat("bn_port ", latency.bn_port, " is not a port"));
   }
+  if (!latency.bn_unix_path.empty() && latency.bn_port < 0) {
+    return absl::InvalidArgumentError(
+        "bn_unix_path needs the raw-TCP BN listener (bn_port >= 0): TCP is "
+        "what workers on other hosts, and any that cannot connect to the "
+        "path, use");
+  }
   if (limits.bn_max_connections < 0 || limits.bn_memory_budget_bytes <= 0 ||
       limits.bn_frame_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError(
@@ -84,6 +90,7 @@ absl::StatusOr<std::unique_ptr<RunningServer>> RunningServer::Start(
     bo.max_connections = limits.bn_max_connections;
     bo.budget = bn_budget;
     bo.frame_timeout = limits.bn_frame_timeout;
+    bo.unix_path = latency.bn_unix_path;
     absl::StatusOr<std::unique_ptr<BnSocketServer>> bn =
         BnSocketServer::Start(rs->shard_.get(), rs->metrics_.get(),
                               rs->keep_awake_.get(), std::move(bo));

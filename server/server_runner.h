@@ -67,6 +67,11 @@ struct ServerLatency {
   // server's host (0: a free one), advertised to the workers when they
   // register (server/bn_socket_server.h). Plaintext jobs only. -1: off.
   int bn_port = -1;
+  // With bn_port: also serve it on a Unix stream socket at this path, for
+  // the workers of this host ("auto": a path of the process and port under
+  // $XDG_RUNTIME_DIR or /tmp; BnSocketServer::Options::unix_path). Empty:
+  // none.
+  std::string bn_unix_path;
 };
 
 // What the server lets clients hold (issue 34: a flood is refused or shed).

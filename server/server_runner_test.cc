@@ -236,6 +236,22 @@ TEST(RunningServerTest, TheBnBudgetIsSetAndExposed) {
             absl::StatusCode::kInvalidArgument);
 }
 
+TEST(RunningServerTest, TheBnUnixSocketNeedsTheTcpListener) {
+  ServerLatency latency;
+  latency.bn_unix_path = "auto";
+  EXPECT_EQ(RunningServer::Start(ShardOptions(), "127.0.0.1:0", {}, {},
+                                 latency)
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  latency.bn_port = 0;
+  absl::StatusOr<std::unique_ptr<RunningServer>> s =
+      RunningServer::Start(ShardOptions(), "127.0.0.1:0", {}, {}, latency);
+  ASSERT_TRUE(s.ok()) << s.status();
+  ASSERT_NE((*s)->bn_socket_server(), nullptr);
+  EXPECT_FALSE((*s)->bn_socket_server()->unix_path().empty());
+}
+
 TEST(RunningServerTest, KeepAwakeIsOffByDefaultAndRefusesANegativeHold) {
   absl::StatusOr<std::unique_ptr<RunningServer>> plain =
       RunningServer::Start(ShardOptions(), "127.0.0.1:0");

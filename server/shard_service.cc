@@ -104,6 +104,7 @@ grpc::ServerUnaryReactor* ShardService::Register(
     *resp.mutable_config() = shard_->config();
     resp.set_server_incarnation(shard_->server_incarnation());
     resp.set_bn_port(bn_socket_ != nullptr ? bn_socket_->port() : 0);
+    if (bn_socket_ != nullptr) resp.set_bn_unix_path(bn_socket_->unix_path());
   }
   return Answer(M::kRegister, ctx, *raw, worker, s, &resp, out);
 }

@@ -1,8 +1,12 @@
 // BN traffic over raw TCP (bnps_server --bn_port, GrpcClientOptions::
-// bn_over_tcp) on real servers on 127.0.0.1, against the gRPC stream: the
-// same answers bit for bit, the connection really used (the listener counts
-// its connections), and a listener that goes away leaves the calls on the
-// stream instead of failing them.
+// bn_over_tcp) and over the listener's Unix socket (--bn_unix_socket,
+// GrpcClientOptions::bn_unix) on real servers on 127.0.0.1, against the
+// gRPC stream: the same answers bit for bit, the connection really used
+// (the listener counts its connections, those over the Unix socket apart),
+// a Unix path that is gone leaves the worker on TCP, and a listener that
+// goes away leaves the calls on the stream instead of failing them.
+
+#include <unistd.h>
 
 #include <cstring>
 #include <memory>
@@ -21,13 +25,16 @@ using client::GrpcPsClient;
 
 class Job {
  public:
-  // S shards of a sync job of `workers`; bn_port -1: no TCP listener.
-  Job(int shards, int workers, int bn_port) : workers_(workers) {
+  // S shards of a sync job of `workers`; bn_port -1: no TCP listener;
+  // unix_path non-empty: a Unix socket too ("auto": one per shard).
+  Job(int shards, int workers, int bn_port, const std::string& unix_path = "")
+      : workers_(workers) {
     server::ShardOptions o;
     o.num_shards = shards;
     o.num_workers = workers;
     server::ServerLatency latency;
     latency.bn_port = bn_port;
+    latency.bn_unix_path = unix_path;
     for (int s = 0; s < shards; ++s) {
       o.shard = s;
       auto r = server::RunningServer::Start(o, "127.0.0.1:0", {}, {}, latency);
@@ -38,7 +45,8 @@ class Job {
     }
   }
 
-  std::unique_ptr<GrpcPsClient> Connect(int worker, bool over_tcp = true) {
+  std::unique_ptr<GrpcPsClient> Connect(int worker, bool over_tcp = true,
+                                        bool unix = true) {
     client::GrpcClientOptions o;
     o.servers = addresses_;
     o.job = "bnps";
@@ -46,6 +54,7 @@ class Job {
     o.num_workers = workers_;
     o.rpc_timeout = absl::Seconds(20);
     o.bn_over_tcp = over_tcp;
+    o.bn_unix = unix;
     auto c = GrpcPsClient::Connect(o);
     EXPECT_TRUE(c.ok()) << c.status();
     return c.ok() ? *std::move(c) : nullptr;
@@ -58,6 +67,16 @@ class Job {
     int64_t n = 0;
     for (auto& s : servers_) {
       if (s->bn_socket_server() != nullptr) n += s->bn_socket_server()->accepted();
+    }
+    return n;
+  }
+  // Of those, the ones over the Unix sockets.
+  int64_t accepted_unix() {
+    int64_t n = 0;
+    for (auto& s : servers_) {
+      if (s->bn_socket_server() != nullptr) {
+        n += s->bn_socket_server()->accepted_unix();
+      }
     }
     return n;
   }
@@ -122,34 +141,60 @@ std::vector<std::vector<double>> Exchange(std::vector<GrpcPsClient*> clients,
   return got;
 }
 
-TEST(BnOverTcpTest, TheSameBitsAsTheStream) {
-  std::vector<std::vector<double>> over_stream, over_tcp;
-  {
-    Job job(2, 2, /*bn_port=*/-1);
-    ASSERT_EQ(job.shards(), 2);
-    EXPECT_EQ(job.server(0).bn_socket_server(), nullptr);
-    auto a = job.Connect(0), b = job.Connect(1);
-    ASSERT_TRUE(a && b);
-    over_stream = Exchange({a.get(), b.get()}, 3);
+// The exchanges of a 2-shard, 2-worker job over `transport`: "stream",
+// "tcp" or "unix", checking that the connections went where asked.
+std::vector<std::vector<double>> ExchangeOver(const std::string& transport) {
+  const int bn_port = transport == "stream" ? -1 : 0;
+  Job job(2, 2, bn_port, transport == "unix" ? "auto" : "");
+  EXPECT_EQ(job.shards(), 2);
+  if (job.shards() != 2) return {};
+  auto a = job.Connect(0), b = job.Connect(1);
+  EXPECT_TRUE(a && b);
+  if (!a || !b) return {};
+  std::vector<std::vector<double>> got = Exchange({a.get(), b.get()}, 3);
+  // Each worker connected once to each shard that owns a layer.
+  EXPECT_EQ(job.accepted(), transport == "stream" ? 0 : 2 * 2);
+  EXPECT_EQ(job.accepted_unix(), transport == "unix" ? 2 * 2 : 0);
+  return got;
+}
+
+TEST(BnOverTcpTest, TheSameBitsOverTcpAndAUnixSocketAsTheStream) {
+  const std::vector<std::vector<double>> over_stream = ExchangeOver("stream");
+  ASSERT_EQ(over_stream.size(), 2u);
+  for (const std::string transport : {"tcp", "unix"}) {
+    const std::vector<std::vector<double>> got = ExchangeOver(transport);
+    ASSERT_EQ(got.size(), over_stream.size()) << transport;
+    for (size_t w = 0; w < got.size(); ++w) {
+      ASSERT_EQ(got[w].size(), over_stream[w].size());
+      EXPECT_EQ(std::memcmp(got[w].data(), over_stream[w].data(),
+                            got[w].size() * sizeof(double)),
+                0)
+          << transport << ", worker " << w;
+    }
+    EXPECT_EQ(got[0], got[1]);  // both got the global statistics
   }
-  {
-    Job job(2, 2, /*bn_port=*/0);
-    ASSERT_EQ(job.shards(), 2);
-    auto a = job.Connect(0), b = job.Connect(1);
-    ASSERT_TRUE(a && b);
-    over_tcp = Exchange({a.get(), b.get()}, 3);
-    // Each worker connected once to each shard that owns a layer.
-    EXPECT_EQ(job.accepted(), 2 * 2);
-  }
-  ASSERT_EQ(over_tcp.size(), over_stream.size());
-  for (size_t w = 0; w < over_tcp.size(); ++w) {
-    ASSERT_EQ(over_tcp[w].size(), over_stream[w].size());
-    EXPECT_EQ(std::memcmp(over_tcp[w].data(), over_stream[w].data(),
-                          over_tcp[w].size() * sizeof(double)),
-              0)
-        << "worker " << w;
-  }
-  EXPECT_EQ(over_tcp[0], over_tcp[1]);  // both got the global statistics
+}
+
+TEST(BnOverTcpTest, AClientMayKeepToTcp) {
+  Job job(1, 1, /*bn_port=*/0, "auto");
+  auto c = job.Connect(0, /*over_tcp=*/true, /*unix=*/false);
+  ASSERT_TRUE(c);
+  Exchange({c.get()}, 2);
+  EXPECT_EQ(job.accepted(), 1);
+  EXPECT_EQ(job.accepted_unix(), 0);
+}
+
+TEST(BnOverTcpTest, AUnixPathThatIsGoneFallsBackToTcp) {
+  Job job(1, 1, /*bn_port=*/0, "auto");
+  ASSERT_EQ(job.shards(), 1);
+  const std::string path = job.server(0).bn_socket_server()->unix_path();
+  ASSERT_FALSE(path.empty());
+  ASSERT_EQ(unlink(path.c_str()), 0);  // the listener stays; the path is gone
+  auto c = job.Connect(0);
+  ASSERT_TRUE(c);
+  Exchange({c.get()}, 2);
+  EXPECT_EQ(job.accepted(), 1);
+  EXPECT_EQ(job.accepted_unix(), 0);
 }
 
 TEST(BnOverTcpTest, AClientMayKeepToTheStream) {
@@ -158,6 +203,29 @@ TEST(BnOverTcpTest, AClientMayKeepToTheStream) {
   ASSERT_TRUE(c);
   Exchange({c.get()}, 2);
   EXPECT_EQ(job.accepted(), 0);
+}
+
+// Another server at the path the shard advertised (its own file removed):
+// the hello's server incarnation is not the shard's, so the worker takes
+// the shard's TCP port instead of another server's barriers.
+TEST(BnOverTcpTest, AnotherServerAtTheUnixPathIsNotTaken) {
+  const std::string path =
+      "/tmp/bnps-test-" + std::to_string(getpid()) + "-shared.sock";
+  Job job(1, 1, /*bn_port=*/0, path);
+  ASSERT_EQ(job.shards(), 1);
+  ASSERT_EQ(unlink(path.c_str()), 0);
+  Job other(1, 1, /*bn_port=*/0, path);  // same job name, worker and token
+  ASSERT_EQ(other.shards(), 1);
+  auto o = other.Connect(0);  // registers worker 0 there too
+  ASSERT_TRUE(o);
+  Exchange({o.get()}, 1);
+  EXPECT_EQ(other.accepted_unix(), 1);
+  auto c = job.Connect(0);
+  ASSERT_TRUE(c);
+  Exchange({c.get()}, 2);
+  EXPECT_EQ(other.accepted_unix(), 2);  // c's hello, answered and left
+  EXPECT_EQ(job.accepted(), 1);
+  EXPECT_EQ(job.accepted_unix(), 0);
 }
 
 TEST(BnOverTcpTest, AListenerThatGoesAwayLeavesTheCallsOnTheStream) {
@@ -200,6 +268,18 @@ TEST(BnOverTcpTest, AnAnswerTooLargeIsAnErrorTheWorkerSees) {
 }
 
 TEST(BnOverTcpTest, TheServerRefusesTlsAndPortsOutOfRange) {
+  {
+    // A Unix socket is plaintext too: with TLS it is refused like the port.
+    server::ServerLatency latency;
+    latency.bn_port = 0;
+    latency.bn_unix_path = "auto";
+    server::ServerSecurity tls;
+    tls.credentials = grpc::InsecureServerCredentials();
+    EXPECT_EQ(server::RunningServer::Start({}, "127.0.0.1:0", tls, {}, latency)
+                  .status()
+                  .code(),
+              absl::StatusCode::kInvalidArgument);
+  }
   server::ServerLatency latency;
   latency.bn_port = 70000;
   EXPECT_EQ(server::RunningServer::Start({}, "127.0.0.1:0", {}, {}, latency)

@@ -27,6 +27,7 @@ namespace bnps {
 namespace {
 
 using grpc::StatusCode;
+using server::bn_testing::Forward;
 using server::bn_testing::RawConn;
 
 constexpr char kToken[] = "identity-test-token-0123456789";
@@ -93,22 +94,6 @@ class WorkerIdentityTest : public ::testing::Test {
   std::unique_ptr<server::RunningServer> server_;
   std::unique_ptr<proto::ParameterServer::Stub> stub_;
 };
-
-proto::BnRequest Forward(int worker, uint64_t id) {
-  bn::Moments m;
-  m.count = 4;
-  m.mean = {1.0, 2.0};
-  m.m2 = {1.0, 1.0};
-  proto::BnRequest r;
-  r.set_id(id);
-  r.set_job("bnps");
-  r.set_worker(worker);
-  r.set_step(0);
-  r.set_layer("bn1");
-  r.set_phase(proto::BN_FORWARD);
-  proto::EncodeMoments(m, r.mutable_moments());
-  return r;
-}
 
 proto::BnResponse Parse(const std::optional<std::string>& bytes) {
   proto::BnResponse r;

@@ -68,13 +68,13 @@ class EndToEndTest(unittest.TestCase):
             # Worker 0 evaluates: well above chance (10%) after 128 steps.
             self.assertGreater(reports[0]["test_accuracy"], 0.5)
             self.assertIsNone(reports[1]["test_accuracy"])
-            # A plaintext launch: the BN traffic went over raw TCP, every
-            # worker to every shard.
+            # A plaintext launch on one host: the BN traffic went over the
+            # servers' Unix sockets, every worker to every shard.
             out_text = r.stdout + r.stderr
             for w in range(2):
                 for s in range(2):
-                    self.assertRegex(out_text, r"bnps worker %d: BN over TCP "
-                                     r"to shard %d \(" % (w, s))
+                    self.assertRegex(out_text, r"bnps worker %d: BN over a Unix "
+                                     r"socket to shard %d \(.*\) at /" % (w, s))
 
     def test_async_run_reports_staleness_within_the_bound(self):
         with tempfile.TemporaryDirectory() as out:
@@ -129,13 +129,14 @@ class CommandLineTest(OneLineErrors, unittest.TestCase):
     # Flags each binary must list in --help: its own and those of the
     # libraries it links (security/security_flags.cc for the clients).
     FLAGS = {
-        SERVER: ["--host", "--port", "--bn_port", "--keep_awake_us",
+        SERVER: ["--host", "--port", "--bn_port", "--bn_unix_socket",
+                 "--keep_awake_us",
                  "--heap_keep_mb", "--policy", "--token_file", "--tls_cert",
                  "--tls_key", "--tls_client_ca", "--metrics_port",
                  "--metrics_address", "--checkpoint_dir",
                  "--checkpoint_every_steps", "--on_worker_loss", "--keep_serving"],
         WORKER: ["--servers", "--connect_timeout_s", "--rpc_timeout_s",
-                 "--bn_over_tcp",
+                 "--bn_over_tcp", "--bn_unix",
                  "--token_file", "--tls_ca",
                  "--tls_cert", "--tls_key", "--metrics_port",
                  "--metrics_address", "--metrics_linger_s"],

@@ -8,7 +8,9 @@ Usage:
 What it does:
   1. (--build) runs `bazel build //server:bnps_server //worker:bnps_worker`.
   2. Starts S servers on 127.0.0.1 with --port=0 (and, without TLS,
-     --bn_port=0: BN traffic over raw TCP too) and reads each one's
+     --bn_port=0: BN traffic over raw TCP too, and --bn_unix_socket=auto:
+     the same over a Unix socket, which the workers use first; --bn_unix=off:
+     TCP only) and reads each one's
      "listening on HOST:PORT" line to learn its port (--server_start_timeout_s).
   3. Starts W workers with --servers=<shard 0>,<shard 1>,... --worker=i
      --num_workers=W --report=<out_dir>/worker<i>.json --progress=plain.
@@ -162,6 +164,10 @@ def parse_args(argv):
                    help="start one bnps_host_bn for the workers (all on this "
                    "host): their BN traffic crosses to each shard as one frame "
                    "per layer, phase and step (plaintext jobs)")
+    p.add_argument("--bn_unix", choices=["on", "off"], default="on",
+                   help="without TLS: the servers also serve BN on a Unix "
+                   "socket (--bn_unix_socket=auto), which the workers use "
+                   "before TCP (default on)")
     p.add_argument("--per_worker_tokens", action="store_true",
                    help="with --token_file: the servers accept each worker's own "
                    "token, and each worker gets only its own "
@@ -348,6 +354,10 @@ def server_command(args, shard):
         # learn it when they register and keep the gRPC stream as the
         # fallback). A TLS job keeps it on the encrypted stream.
         cmd.append("--bn_port=0")
+        if args.bn_unix == "on":
+            # And over a Unix socket of a path the server picks (its pid and
+            # port) and removes when it stops.
+            cmd.append("--bn_unix_socket=auto")
     return cmd
 
 

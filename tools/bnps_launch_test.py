@@ -581,8 +581,14 @@ class UnitTest(unittest.TestCase):
             self.assertIn(flag, server)
         self.assertNotIn("--tls_cert=/c.pem", server)
         self.assertNotIn("--bn_port=0", server)  # BN stays on the TLS stream
+        self.assertNotIn("--bn_unix_socket=auto", server)
         plain, _ = self.m.parse_args([])
         self.assertIn("--bn_port=0", self.m.server_command(plain, 0))
+        self.assertIn("--bn_unix_socket=auto", self.m.server_command(plain, 0))
+        tcp_only, _ = self.m.parse_args(["--bn_unix=off"])
+        self.assertIn("--bn_port=0", self.m.server_command(tcp_only, 0))
+        self.assertNotIn("--bn_unix_socket=auto",
+                         self.m.server_command(tcp_only, 0))
         worker = self.m.worker_command(args, extra, 0, ["127.0.0.1:1"], "/out")
         for flag in ("--token_file=/t", "--tls_ca=/ca.pem", "--tls_cert=/c.pem",
                      "--tls_key=/c.key"):

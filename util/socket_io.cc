@@ -123,6 +123,10 @@ absl::Status SetLowLatency(int fd, const std::string& what) {
     return absl::UnavailableError(
         absl::StrCat(what, ": O_NONBLOCK: ", strerror(errno)));
   }
+  int domain = AF_INET;
+  socklen_t len = sizeof domain;
+  getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &domain, &len);
+  if (domain == AF_UNIX) return absl::OkStatus();  // no Nagle to turn off
   const int one = 1;
   if (setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) != 0) {
     return absl::UnavailableError(

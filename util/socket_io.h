@@ -47,7 +47,8 @@ absl::Status FinishConnect(int fd, absl::Time deadline);
 // the next read says how), false at the deadline. Microsecond precision.
 bool WaitReadable(int fd, absl::Time deadline);
 
-// O_NONBLOCK and TCP_NODELAY on `fd`. UNAVAILABLE naming `what` if either
+// O_NONBLOCK and TCP_NODELAY on `fd` (O_NONBLOCK alone on a Unix
+// socket). UNAVAILABLE naming `what` if either
 // cannot be set.
 absl::Status SetLowLatency(int fd, const std::string& what);
 

@@ -162,6 +162,10 @@ ABSL_FLAG(bool, bn_over_tcp, true,
           "Send BN traffic over raw TCP to the servers that offer it "
           "(bnps_server --bn_port), with the gRPC stream as the fallback; "
           "never with TLS. false: always the gRPC stream.");
+ABSL_FLAG(bool, bn_unix, true,
+          "With --bn_over_tcp: try a server's Unix socket first (bnps_server "
+          "--bn_unix_socket; same host only, cheaper than loopback TCP), "
+          "then TCP on any failure. false: TCP only.");
 ABSL_FLAG(std::string, bn_host_aggregator, "",
           "HOST:PORT of this host's BN aggregator (bnps_host_bn): the BN "
           "traffic of the host's workers crosses to each shard as one frame "
@@ -409,6 +413,7 @@ client::GrpcClientOptions ClientOptionsFromFlags(
                              replicas +
                          static_cast<int64_t>(servers.size()));
   client_options.bn_over_tcp = absl::GetFlag(FLAGS_bn_over_tcp);
+  client_options.bn_unix = absl::GetFlag(FLAGS_bn_unix);
   client_options.bn_host_aggregator = absl::GetFlag(FLAGS_bn_host_aggregator);
   // Checked before the worker joins: a launch with flags that do not fit the
   // job stops here and leaves the servers as they were.

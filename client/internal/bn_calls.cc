@@ -259,10 +259,33 @@ std::shared_ptr<BnTransport> BnCalls::GetSocket(int shard) {
       connect_port = 0;  // refused by Connect, reported below
     }
   }
-  absl::StatusOr<std::unique_ptr<BnSocket>> opened = BnSocket::Connect(
-      host, connect_port, hello,
-      absl::Now() + std::min(options.rpc_timeout, absl::Seconds(5)),
-      options.bn_spin);
+  const absl::Time deadline =
+      absl::Now() + std::min(options.rpc_timeout, absl::Seconds(5));
+  // A Unix socket first where the shard offers one: it connects only on
+  // the shard's host, and fails at once elsewhere.
+  const Channels::UnixSocket unix_socket = channels_->bn_unix_socket(shard);
+  const std::string& unix_path = unix_socket.path;
+  const bool try_unix = options.bn_unix && !unix_path.empty() &&
+                        options.bn_host_aggregator.empty();
+  bool unix_failed = false;
+  std::string unix_failure;
+  absl::StatusOr<std::unique_ptr<BnSocket>> opened =
+      absl::UnavailableError("not tried");
+  if (try_unix) {
+    opened = BnSocket::ConnectUnix(unix_path, unix_socket.server_incarnation,
+                                   hello, deadline, options.bn_spin);
+    // Any failure, a refused hello too (it may be another server's), leaves
+    // TCP to try.
+    if (!opened.ok()) {
+      unix_failed = true;
+      unix_failure = std::string(opened.status().message());
+    }
+  }
+  const bool over_unix = try_unix && !unix_failed;
+  if (!over_unix) {
+    opened = BnSocket::Connect(host, connect_port, hello, deadline,
+                               options.bn_spin);
+  }
   absl::MutexLock lock(&streams_mu_);
   SocketState& state = socket_state_[shard];
   state.connecting = false;
@@ -272,20 +295,33 @@ std::shared_ptr<BnTransport> BnCalls::GetSocket(int shard) {
     if (why != state.said) {
       state.said = why;
       std::fprintf(stderr,
-                   "bnps worker %d: BN over TCP to %s: %s; its BN traffic "
+                   "bnps worker %d: BN over %s to %s: %s; its BN traffic "
                    "takes the gRPC stream\n",
-                   options.worker, channels_->ShardName(shard).c_str(),
+                   options.worker, over_unix ? "a Unix socket" : "TCP",
+                   channels_->ShardName(shard).c_str(),
                    util::EscapeForLog(why).c_str());  // the server's words
     }
     return nullptr;
   }
   if (closed_) return nullptr;
-  if (state.said != "connected") {
-    state.said = "connected";
-    std::fprintf(stderr, "bnps worker %d: BN over TCP to %s, port %d%s%s\n",
-                 options.worker, channels_->ShardName(shard).c_str(), port,
-                 options.bn_host_aggregator.empty() ? "" : " through ",
-                 options.bn_host_aggregator.c_str());
+  const std::string said = over_unix ? "connected: unix" : "connected: tcp";
+  if (state.said != said) {
+    state.said = said;
+    if (over_unix) {
+      std::fprintf(stderr, "bnps worker %d: BN over a Unix socket to %s at %s\n",
+                   options.worker, channels_->ShardName(shard).c_str(),
+                   unix_path.c_str());
+    } else {
+      std::fprintf(stderr, "bnps worker %d: BN over TCP to %s, port %d%s%s%s%s\n",
+                   options.worker, channels_->ShardName(shard).c_str(), port,
+                   options.bn_host_aggregator.empty() ? "" : " through ",
+                   options.bn_host_aggregator.c_str(),
+                   !unix_failed ? "" : " (the Unix socket: ",
+                   !unix_failed
+                       ? ""
+                       : absl::StrCat(util::EscapeForLog(unix_failure), ")")
+                             .c_str());
+    }
   }
   std::shared_ptr<BnTransport>& slot = sockets_[shard];
   slot = std::shared_ptr<BnTransport>(*std::move(opened));

@@ -3,8 +3,12 @@
 // (bn_transport.h): the long-lived BnSync stream (bn_stream.h; opened at
 // first use, reopened after it breaks) or, where the shard offers BN over
 // raw TCP (RegisterResponse.bn_port) and GrpcClientOptions::bn_over_tcp
-// allows, its TCP connection (bn_socket.h). Internal to client/; the typed
-// calls' contracts are PsClient's.
+// allows, its TCP connection (bn_socket.h): over the shard's Unix socket
+// where it offers one (RegisterResponse.bn_unix_path, a listener of the
+// same host) and GrpcClientOptions::bn_unix allows, else over TCP (a Unix
+// socket that cannot be connected to, whose hello is refused, or that is
+// another server's than the one registered with falls back to TCP at once). Internal to client/; the typed calls'
+// contracts are PsClient's.
 //
 // A call's first attempt takes the TCP connection where there is one. A
 // connection that cannot be made (or whose hello is refused: a port that

@@ -13,12 +13,13 @@
 #include "absl/strings/str_cat.h"
 #include "proto/codec.h"
 #include "util/socket_io.h"
+#include "util/unix_socket.h"
 
 namespace bnps::client::internal {
 namespace {
 
 absl::Status Unavailable(const std::string& what) {
-  return absl::UnavailableError(absl::StrCat("BN over TCP: ", what));
+  return absl::UnavailableError(absl::StrCat("BN connection: ", what));
 }
 
 // Reads whatever is there (non-blocking) into `reader`: OK with or without
@@ -65,14 +66,41 @@ absl::StatusOr<std::unique_ptr<BnSocket>> BnSocket::Connect(
       return Unavailable(absl::StrCat(where, ": ", st.message()));
     }
   }
+  if (absl::Status st = s->Hello(where, hello, deadline, nullptr); !st.ok()) {
+    return st;
+  }
+  return s;
+}
+
+absl::StatusOr<std::unique_ptr<BnSocket>> BnSocket::ConnectUnix(
+    const std::string& path, uint64_t server_incarnation,
+    const proto::BnHello& hello, absl::Time deadline, absl::Duration spin) {
+  absl::StatusOr<int> fd = util::ConnectUnix(path, deadline);
+  if (!fd.ok()) return absl::UnavailableError(fd.status().message());
+  std::unique_ptr<BnSocket> s(new BnSocket(*fd, hello.generation(), spin));
+  uint64_t answered = 0;
+  if (absl::Status st = s->Hello(path, hello, deadline, &answered); !st.ok()) {
+    return st;
+  }
+  if (answered != server_incarnation) {
+    return absl::UnavailableError(absl::StrCat(
+        path, " is another server's socket (a server on this host at the "
+        "same path), not the shard's"));
+  }
+  return s;
+}
+
+absl::Status BnSocket::Hello(const std::string& where,
+                             const proto::BnHello& hello, absl::Time deadline,
+                             uint64_t* server_incarnation) {
   std::string frame;
   if (absl::Status st = proto::AppendFrame(hello, &frame); !st.ok()) return st;
-  if (absl::Status st = util::SendAll(fd, frame.data(), frame.size(), deadline);
+  if (absl::Status st = util::SendAll(fd_, frame.data(), frame.size(), deadline);
       !st.ok()) {
     return Unavailable(absl::StrCat("hello to ", where, ": ", st.message()));
   }
   for (;;) {
-    absl::StatusOr<std::optional<absl::string_view>> f = s->reader_.Next();
+    absl::StatusOr<std::optional<absl::string_view>> f = reader_.Next();
     if (!f.ok()) return Unavailable(std::string(f.status().message()));
     if (f->has_value()) {
       proto::BnHelloReply reply;
@@ -82,13 +110,16 @@ absl::StatusOr<std::unique_ptr<BnSocket>> BnSocket::Connect(
       if (reply.code() != 0) {
         return proto::StatusFromWire(reply.code(), reply.message());
       }
-      return s;
+      if (server_incarnation != nullptr) {
+        *server_incarnation = reply.server_incarnation();
+      }
+      return absl::OkStatus();
     }
-    if (!util::WaitReadable(fd, deadline)) {
+    if (!util::WaitReadable(fd_, deadline)) {
       return Unavailable(absl::StrCat(where, " did not answer the hello"));
     }
     bool got = false;
-    if (absl::Status st = Drain(fd, &s->reader_, &got); !st.ok()) return st;
+    if (absl::Status st = Drain(fd_, &reader_, &got); !st.ok()) return st;
   }
 }
 

@@ -1,4 +1,4 @@
-// One shard's BN traffic over raw TCP (bnps.proto, BnHello;
+// One shard's BN traffic over raw TCP or a Unix socket (bnps.proto, BnHello;
 // server/bn_socket_server.h): the same requests and answers as the BnSync
 // stream (bn_stream.h), framed by proto/bn_frame.h, on a connection that
 // BnCalls opens when the server advertises a BN port. Like the stream it has
@@ -44,6 +44,13 @@ class BnSocket final : public BnTransport {
   static absl::StatusOr<std::unique_ptr<BnSocket>> Connect(
       const std::string& host, int port, const proto::BnHello& hello,
       absl::Time deadline, absl::Duration spin);
+  // The same over the server's Unix socket at `path` (a listener of this
+  // host only: bnps_server --bn_unix_socket). UNAVAILABLE too if the
+  // process that answers is not `server_incarnation` (another server at the
+  // same path on this host).
+  static absl::StatusOr<std::unique_ptr<BnSocket>> ConnectUnix(
+      const std::string& path, uint64_t server_incarnation,
+      const proto::BnHello& hello, absl::Time deadline, absl::Duration spin);
   ~BnSocket() override;
 
   BnSocket(const BnSocket&) = delete;
@@ -73,6 +80,11 @@ class BnSocket final : public BnTransport {
 
   BnSocket(int fd, int64_t generation, absl::Duration spin)
       : fd_(fd), generation_(generation), spin_(spin) {}
+  // Sends `hello` to the server at `where` (for messages) and reads its
+  // reply, before the socket is shared; `server_incarnation` (if not null)
+  // gets the reply's.
+  absl::Status Hello(const std::string& where, const proto::BnHello& hello,
+                     absl::Time deadline, uint64_t* server_incarnation);
   // Reads until at least one whole frame is buffered, `deadline`, or an
   // error (the connection's end included). Called by the reader alone.
   absl::Status ReadSome(absl::Time deadline);

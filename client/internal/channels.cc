@@ -64,10 +64,21 @@ std::string Channels::Host(int shard) const {
   return address.substr(0, address.rfind(':'));
 }
 
+Channels::UnixSocket Channels::bn_unix_socket(int shard) const {
+  absl::MutexLock lock(&paths_mu_);
+  return bn_unix_sockets_[shard];
+}
+
+void Channels::set_bn_unix_socket(int shard, UnixSocket socket) {
+  absl::MutexLock lock(&paths_mu_);
+  bn_unix_sockets_[shard] = std::move(socket);
+}
+
 Channels::Channels(GrpcClientOptions options)
     : options_(std::move(options)),
       shards_(options_.servers.size()),
-      bn_ports_(new std::atomic<int>[options_.servers.size()]) {
+      bn_ports_(new std::atomic<int>[options_.servers.size()]),
+      bn_unix_sockets_(options_.servers.size()) {
   for (size_t i = 0; i < shards_.size(); ++i) bn_ports_[i].store(0);
   grpc::ChannelArguments args;
   args.SetMaxSendMessageSize(proto::kMaxMessageBytes);

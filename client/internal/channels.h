@@ -78,6 +78,16 @@ class Channels {
   // registered (RegisterResponse.bn_port); 0: none.
   int bn_port(int shard) const { return bn_ports_[shard].load(); }
   void set_bn_port(int shard, int port) { bn_ports_[shard].store(port); }
+  // Shard i's BN Unix socket and the server process that offered it, as
+  // it said when this client registered (RegisterResponse.bn_unix_path and
+  // server_incarnation); an empty path: none.
+  struct UnixSocket {
+    std::string path;
+    uint64_t server_incarnation = 0;
+  };
+  UnixSocket bn_unix_socket(int shard) const ABSL_LOCKS_EXCLUDED(paths_mu_);
+  void set_bn_unix_socket(int shard, UnixSocket socket)
+      ABSL_LOCKS_EXCLUDED(paths_mu_);
   // The host part of shard i's address ("dns:///h:7000" and "h:7000": "h").
   std::string Host(int shard) const;
   // Sets a call's deadline, its generation and, if the job has one, its
@@ -111,6 +121,8 @@ class Channels {
   proto::JobConfig config_;
   std::atomic<int64_t> generation_{0};
   std::unique_ptr<std::atomic<int>[]> bn_ports_;
+  mutable absl::Mutex paths_mu_;
+  std::vector<UnixSocket> bn_unix_sockets_ ABSL_GUARDED_BY(paths_mu_);
 
   absl::Mutex rng_mu_;
   absl::BitGen rng_ ABSL_GUARDED_BY(rng_mu_);

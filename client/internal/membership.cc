@@ -126,6 +126,8 @@ absl::Status Membership::RegisterAll(absl::Time deadline,
     generation = std::max(generation, response.generation());
     if (i == 0) shard0_generation = response.generation();
     channels_->set_bn_port(i, response.bn_port());
+    channels_->set_bn_unix_socket(
+        i, {response.bn_unix_path(), response.server_incarnation()});
   }
   registered_generation_ = generation;
   // A client that joins late joins the generation the job is in: shard 0's,

@@ -8,7 +8,9 @@ bnps_worker binaries; this starts only the servers, for Python workers).
 
 Each server runs with --port=0 and prints the port it took, and with
 --bn_port=0 (BN over raw TCP, as tools/bnps_launch.py starts them; not with
-TLS flags or an explicit --bn_port in server_flags); the servers run
+TLS flags or an explicit --bn_port in server_flags) and --bn_unix_socket=auto
+(the same over a Unix socket, which workers on this host use first;
+bn_unix=False: not); the servers run
 in their own session and are stopped (SIGTERM, then SIGKILL after 5 s) by PID
 when the context ends, or when start() fails. They also die with the thread
 that started them (Linux's parent-death signal, as tools/bnps_launch.py's
@@ -185,25 +187,31 @@ class ServerProcess:
 
 
 def server_args(shard, num_shards, num_workers, policy="sync", job="bnps",
-                host="127.0.0.1", port=0, flags=()):
+                host="127.0.0.1", port=0, flags=(), bn_unix=True):
     """bnps_server's flags for one shard of a job. BN traffic also goes over
     raw TCP (--bn_port=0, a free port the workers learn when they register),
     as tools/bnps_launch.py starts servers, unless `flags` set --bn_port or
-    TLS (a TLS job keeps BN on its encrypted gRPC stream)."""
+    TLS (a TLS job keeps BN on its encrypted gRPC stream); and then, with
+    `bn_unix`, over a Unix socket for the workers of this host
+    (--bn_unix_socket=auto) unless `flags` name one."""
     flags = list(flags)
     args = [f"--host={host}", f"--port={port}", f"--shard={shard}",
             f"--num_shards={num_shards}", f"--num_workers={num_workers}",
             f"--policy={policy}", f"--job={job}"]
     if not any(f.startswith(("--bn_port", "--tls_cert")) for f in flags):
         args.append("--bn_port=0")
+        if bn_unix and not any(f.startswith("--bn_unix_socket") for f in flags):
+            args.append("--bn_unix_socket=auto")
     return args + flags
 
 
 class LocalCluster:
     def __init__(self, num_servers=1, num_workers=2, policy="sync",
                  job="bnps", server_flags=(), server_bin=None,
-                 start_timeout_s=30.0, keep_serving=True, keep_awake_us=None):
+                 start_timeout_s=30.0, keep_serving=True, keep_awake_us=None,
+                 bn_unix=True):
         self.num_servers = num_servers
+        self.bn_unix = bn_unix
         self.num_workers = num_workers
         self.policy = policy
         self.job = job
@@ -239,7 +247,8 @@ class LocalCluster:
         for shard in range(self.num_servers):
             self._servers.append(ServerProcess(
                 server_args(shard, self.num_servers, self.num_workers,
-                            self.policy, self.job, flags=self._flags),
+                            self.policy, self.job, flags=self._flags,
+                            bn_unix=self.bn_unix),
                 self._bin, self._timeout).launch())
         for shard, server in enumerate(self._servers):
             self.addresses.append(
