@@ -238,12 +238,13 @@ def stop(procs):
 
 
 def server_flags(args, shared, stream=False):
-    """The servers' flags: by default BN over raw TCP (bnps_server
-    --bn_port=0, as the launcher starts servers) and, where every process
+    """The servers' flags: by default BN over raw TCP and a Unix socket
+    (bnps_server --bn_port=0 --bn_unix_socket=auto, as the launcher starts
+    servers; workers on this host take the socket) and, where every process
     has a core of its own, the server keeps its core awake while messages
     come (--keep_awake_us); a --server_flag replaces the default of its name
     and adds the rest. `stream` (sync-stream) keeps BN on the gRPC stream."""
-    flags = {"--bn_port": "0"}
+    flags = {"--bn_port": "0", "--bn_unix_socket": "auto"}
     if not shared:
         flags["--keep_awake_us"] = str(KEEP_AWAKE_US)
     for f in args.server_flag:
@@ -251,6 +252,7 @@ def server_flags(args, shared, stream=False):
         flags[name] = value
     if stream:
         flags["--bn_port"] = "-1"
+        flags.pop("--bn_unix_socket", None)
     return [n + ("=" + v if v else "") for n, v in flags.items()]
 
 
@@ -412,7 +414,8 @@ def report(args, results, shared, rts, out):
           args.runs,
           " ".join(args.worker_flag) or "defaults (--bn_spin_us=-1: poll "
           "100 us where every process has a core)",
-          "--bn_port=0 (BN over TCP), and --keep_awake_us={} where every "
+          "--bn_port=0 --bn_unix_socket=auto (BN over a Unix socket, TCP "
+          "beside it), and --keep_awake_us={} where every "
           "process has a core{}".format(
               KEEP_AWAKE_US, "; then " + " ".join(args.server_flag)
               if args.server_flag else ""),
