@@ -71,19 +71,28 @@ def _var_mean(xa, dims):
 
 def local_moments(x, staging=None):
     """(count, mean, m2) of `x` (N, C, *) per channel: count an int, mean and
-    m2 float64 CPU tensors of size C. One reduction on x's device
-    (torch.var_mean: the mean and the biased variance), accumulated in
-    float32 for 16-bit inputs, and one copy of both to the host (through
-    `staging`'s pinned buffer for CUDA input, when given)."""
+    m2 float64 CPU tensors of size C, of their own. On CUDA one reduction
+    (torch.var_mean: the mean and the biased variance), on the CPU two
+    passes (the mean, then the squared deviations from it: torch's CPU
+    var_mean is several times slower); accumulated in float32 for 16-bit
+    inputs; one copy of both to the host (through `staging`'s pinned
+    buffer for CUDA input, when given)."""
     channels = x.shape[1]
     count = x.numel() // channels if channels else 0
     if count == 0:
         zeros = torch.zeros(channels, dtype=torch.float64)
         return 0, zeros, zeros.clone()
-    var, mean = _var_mean(x.to(_acc_dtype(x.dtype)), _reduce_dims(x))
+    xa, dims = x.to(_acc_dtype(x.dtype)), _reduce_dims(x)
+    if x.is_cuda:  # one kernel: the mean and the biased variance
+        var, mean = _var_mean(xa, dims)
+        m2_scale = count
+    else:  # two passes (torch's CPU var_mean is several times slower)
+        mean = xa.sum(dim=dims) / count
+        var = ((xa - mean.view(_channel_shape(x))) ** 2).sum(dim=dims)
+        m2_scale = 1  # the sum of squared deviations itself
     packed = torch.stack([mean, var])
     host = (staging or Staging()).to_host("moments", packed).to(torch.float64)
-    return count, host[0], host[1] * count
+    return count, host[0], host[1] * m2_scale if m2_scale != 1 else host[1]
 
 
 def _np(t):
