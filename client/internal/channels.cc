@@ -12,11 +12,13 @@
 namespace bnps::client::internal {
 namespace {
 
-// Backoffs between attempts double up to this.
-constexpr absl::Duration kMaxBackoff = absl::Seconds(2);
-// Channels reconnect at most this long after a failed connection attempt
-// (gRPC's default is 120 s, far too long for a restarted shard).
-constexpr int kMaxReconnectBackoffMs = 2000;
+// Backoffs between attempts double up to this, and channels reconnect at
+// most this long after a failed connection attempt (gRPC's default is 120
+// s, far too long for a restarted shard): a link that heals is used again
+// within about a second, well inside the servers' heartbeat timeout (3 s
+// at the least a test sets), so a short cut costs no worker.
+constexpr absl::Duration kMaxBackoff = absl::Seconds(1);
+constexpr int kMaxReconnectBackoffMs = 1000;
 // The bulk methods' full names, for raw calls (proto/bnps.proto).
 constexpr char kPushMethod[] = "/bnps.proto.ParameterServer/PushGradients";
 constexpr char kPullMethod[] = "/bnps.proto.ParameterServer/PullParameters";
