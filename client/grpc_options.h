@@ -12,6 +12,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "grpcpp/security/credentials.h"
 #include "proto/bnps.pb.h"
@@ -89,11 +91,13 @@ struct GrpcClientOptions {
   // (bnps_worker --bn_spin_us decides). Must be >= 0.
   // Default: 0 (block at once).
   absl::Duration bn_spin = absl::ZeroDuration();
-  // The spin bnps_worker --bn_spin_us=-1 (and the C ABI's -1) chooses: 100
-  // us where this machine has a core for each of the job's `job_cores`
-  // busy threads (workers x model threads x replicas + servers, as if all
-  // ran here), else none.
-  static absl::Duration DefaultBnSpin(int64_t job_cores);
+  // bn_spin from a count of microseconds, as bnps_worker --bn_spin_us and
+  // the C ABI take it: 0 to 1,000,000, or -1 for 100 us where this machine
+  // has a core for each of the job's `job_cores` busy threads (workers x
+  // model threads x replicas + servers, as if all ran here), else none.
+  // INVALID_ARGUMENT for other values.
+  static absl::StatusOr<absl::Duration> BnSpinFromUs(int64_t spin_us,
+                                                     int64_t job_cores);
   // Send BN traffic over raw TCP to the servers that offer it (bnps_server
   // --bn_port; bnps.proto, BnHello): the same messages and the same
   // exactly-once, faster per exchange than the gRPC stream.
@@ -119,7 +123,13 @@ struct GrpcClientOptions {
   std::string bn_host_aggregator;
 };
 
-inline absl::Duration GrpcClientOptions::DefaultBnSpin(int64_t job_cores) {
+inline absl::StatusOr<absl::Duration> GrpcClientOptions::BnSpinFromUs(
+    int64_t spin_us, int64_t job_cores) {
+  if (spin_us < -1 || spin_us > 1000000) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "bn_spin_us must be in [-1, 1000000], not ", spin_us));
+  }
+  if (spin_us >= 0) return absl::Microseconds(spin_us);
   const int64_t cores = std::thread::hardware_concurrency();
   return cores >= job_cores ? absl::Microseconds(100) : absl::ZeroDuration();
 }

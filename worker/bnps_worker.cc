@@ -354,8 +354,8 @@ absl::Status CheckFlags(const std::vector<std::string>& servers) {
            {absl::GetFlag(FLAGS_replicas) >= 1 &&
                 absl::GetFlag(FLAGS_replicas) <= 64,
             "--replicas must be in [1, 64]"},
-           {absl::GetFlag(FLAGS_bn_spin_us) >= -1 &&
-                absl::GetFlag(FLAGS_bn_spin_us) <= 1000000,
+           {client::GrpcClientOptions::BnSpinFromUs(
+                absl::GetFlag(FLAGS_bn_spin_us), 0).ok(),
             "--bn_spin_us must be in [-1, 1000000]"},
            {absl::GetFlag(FLAGS_batch_size) >= 1, "--batch_size must be >= 1"},
            {absl::GetFlag(FLAGS_epochs) >= 1, "--epochs must be >= 1"},
@@ -405,13 +405,11 @@ client::GrpcClientOptions ClientOptionsFromFlags(
   client_options.connect_timeout = absl::Seconds(absl::GetFlag(FLAGS_connect_timeout_s));
   client_options.rpc_timeout = absl::Seconds(absl::GetFlag(FLAGS_rpc_timeout_s));
   client_options.push_part_bytes = absl::GetFlag(FLAGS_push_part_bytes);
-  const int spin_us = absl::GetFlag(FLAGS_bn_spin_us);
-  client_options.bn_spin =
-      spin_us >= 0 ? absl::Microseconds(spin_us)
-                   : bnps::client::GrpcClientOptions::DefaultBnSpin(
-                         static_cast<int64_t>(num_workers) * threads *
-                             replicas +
-                         static_cast<int64_t>(servers.size()));
+  // Checked with the other flags.
+  client_options.bn_spin = *client::GrpcClientOptions::BnSpinFromUs(
+      absl::GetFlag(FLAGS_bn_spin_us),
+      static_cast<int64_t>(num_workers) * threads * replicas +
+          static_cast<int64_t>(servers.size()));
   client_options.bn_over_tcp = absl::GetFlag(FLAGS_bn_over_tcp);
   client_options.bn_unix = absl::GetFlag(FLAGS_bn_unix);
   client_options.bn_host_aggregator = absl::GetFlag(FLAGS_bn_host_aggregator);

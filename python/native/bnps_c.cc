@@ -225,16 +225,12 @@ int bnps_client_connect2(const char* servers, const char* job, int worker,
   o.num_workers = num_workers;
   o.connect_timeout = absl::Seconds(connect_timeout_s);
   o.rpc_timeout = absl::Seconds(rpc_timeout_s);
-  if (bn_spin_us < -1 || bn_spin_us > 1000000) {
-    return Fail(absl::InvalidArgumentError(absl::StrCat(
-                    "bn_spin_us must be in [-1, 1000000], not ", bn_spin_us)),
-                err, err_len);
-  }
-  o.bn_spin = bn_spin_us >= 0
-                  ? absl::Microseconds(bn_spin_us)
-                  : bnps::client::GrpcClientOptions::DefaultBnSpin(
-                        static_cast<int64_t>(num_workers) +
-                        static_cast<int64_t>(o.servers.size()));
+  absl::StatusOr<absl::Duration> spin =
+      bnps::client::GrpcClientOptions::BnSpinFromUs(
+          bn_spin_us, static_cast<int64_t>(num_workers) +
+                          static_cast<int64_t>(o.servers.size()));
+  BNPS_RETURN_IF_ERROR(spin.status());
+  o.bn_spin = *spin;
   BNPS_RETURN_IF_ERROR(ReadSecurity(token_file, tls_ca, tls_cert, tls_key,
                                     &o.token, &o.credentials));
   absl::StatusOr<std::unique_ptr<bnps::client::GrpcPsClient>> c =

@@ -124,8 +124,7 @@ class SummaryOfTheCannedRunTest(unittest.TestCase):
 
     def test_the_tcp_comparison_rows_appear_only_when_measured(self):
         self.assertFalse(any("over TCP" in name for name in self.rows))
-        tmp = tempfile.mkdtemp()
-        try:
+        with tempfile.TemporaryDirectory() as tmp:
             shutil.copy(os.path.join(CANNED, "step_overhead_gpu.txt"),
                         os.path.join(tmp, "step_overhead_gpu_tcp.txt"))
             f = summarize.collect(tmp)
@@ -133,8 +132,6 @@ class SummaryOfTheCannedRunTest(unittest.TestCase):
             want = self.f["step_gpu"][(4, 32, "sync")]["median"]
             row = rows["sync / local step, GPU, W=4, batch 32, BN over TCP (--bn_unix=false)"]
             self.assertTrue(row[1].startswith("%.2f" % want), row)
-        finally:
-            shutil.rmtree(tmp)
 
     def test_exchange_cost_on_both_devices(self):
         gpu = summarize.per_exchange_us(self.f["step_gpu"], 1)
@@ -194,8 +191,7 @@ class TorchRowsTest(unittest.TestCase):
             self.assertEqual(row[3], "met" if med <= summarize.TORCH_TARGET else "missed")
 
     def test_a_failed_parity_suite_and_a_missing_torch_part(self):
-        tmp = tempfile.mkdtemp()
-        try:
+        with tempfile.TemporaryDirectory() as tmp:
             run = os.path.join(tmp, "run")
             shutil.copytree(CANNED, run)
             log = os.path.join(run, "torch", "torch_parity.log")
@@ -208,14 +204,11 @@ class TorchRowsTest(unittest.TestCase):
             shutil.rmtree(os.path.join(run, "torch"))
             rows = {r[0]: r for r in summarize.rows(summarize.collect(run))}
             self.assertEqual(rows["bnps.torch (wheel) on the GPU"][3], "not run")
-        finally:
-            shutil.rmtree(tmp)
 
 
 class CombinedRunsTest(unittest.TestCase):
     def test_a_later_partial_run_replaces_only_its_parts(self):
-        tmp = tempfile.mkdtemp()
-        try:
+        with tempfile.TemporaryDirectory() as tmp:
             later = os.path.join(tmp, "later")
             os.makedirs(os.path.join(later, "torch"))
             for name in ("info.txt", "torch/pytorch_gpu.md", "torch/torch_parity.log"):
@@ -239,8 +232,6 @@ class CombinedRunsTest(unittest.TestCase):
                           "(2030-01-02, commit bbbbbbbbbbbb): bnps.torch, the "
                           "loopback round trip.", section)
             self.assertIn("2030-01-02, commit bbbbbbbbbbbb", summarize.torch_section(f))
-        finally:
-            shutil.rmtree(tmp)
 
 
 class PartialRunTest(unittest.TestCase):

@@ -89,10 +89,10 @@ def local_moments(x, staging=None):
     else:  # two passes (torch's CPU var_mean is several times slower)
         mean = xa.sum(dim=dims) / count
         var = ((xa - mean.view(_channel_shape(x))) ** 2).sum(dim=dims)
-        m2_scale = 1  # the sum of squared deviations itself
-    packed = torch.stack([mean, var])
-    host = (staging or Staging()).to_host("moments", packed).to(torch.float64)
-    return count, host[0], host[1] * m2_scale if m2_scale != 1 else host[1]
+        m2_scale = 1  # var is the sum of squared deviations itself
+    host = (staging or Staging()).to_host(
+        "moments", torch.stack([mean, var])).to(torch.float64)
+    return count, host[0], host[1] * m2_scale
 
 
 def _np(t):
@@ -106,24 +106,22 @@ class _Stats:
         self.count = count      # samples the statistics describe
         self.moments = moments  # float64 CPU, 2 x C: the mean, the biased var
         self.layer = layer      # the layer's name if the backward pass syncs
-        self.on_device = None   # (device, dtype, mean, invstd) there, if made
+        self._on_device = None  # (device, dtype, eps, 3 x C there)
 
-    def invstd(self, eps):
-        """1 / sqrt(var + eps), float64 on the CPU (made once)."""
-        kept = getattr(self, "_invstd", None)
-        if kept is None or kept[0] != eps:
-            kept = self._invstd = (eps, torch.rsqrt(self.var + eps))
-        return kept[1]
-
-    def mean_invstd_on(self, device, dtype, eps, staging):
-        """(mean, invstd) as `dtype` tensors on `device`: made once per
-        forward pass (one copy for both) and kept for its backward."""
-        d = self.on_device
-        if d is None or d[0] != device or d[1] != dtype:
-            both = staging.to_device("norm", torch.stack(
-                [self.mean, self.invstd(eps)]), device, dtype)
-            d = self.on_device = (device, dtype, both[0], both[1])
-        return d[2], d[3]
+    def on_device(self, device, dtype, eps, staging):
+        """The mean, the biased variance and 1 / sqrt(var + eps) (made in
+        float64 here) as rows of one `dtype` tensor on `device`: one copy,
+        made by the forward pass and kept for its backward (made again
+        where the backward gets the statistics alone: torch.compile's
+        ops). batch_norm in inference form takes the variance, the
+        backward reduction 1/std (1 / invstd^2 - eps would round)."""
+        d = self._on_device
+        if d is None or d[:3] != (device, dtype, eps):
+            rows = torch.stack([self.mean, self.var,
+                                torch.rsqrt(self.var + eps)])
+            d = self._on_device = (device, dtype, eps, staging.to_device(
+                "statistics", rows, device, dtype))
+        return d[3]
 
     @property
     def mean(self):
@@ -170,16 +168,10 @@ def _forward(bn, x, weight, bias, eps):
         return out
     stats = bn._exchange_forward(x)
     acc = _acc_dtype(x.dtype)
-    staging = bn._staging()
-    # The mean and 1/sqrt(var + eps) in one copy, as the backward pass also
-    # needs them; batch_norm in inference form takes a variance: (1 /
-    # invstd^2 - eps) would round, so the variance goes along as well.
-    both = staging.to_device("forward", torch.stack(
-        [stats.mean, stats.var, stats.invstd(eps)]), x.device, acc)
-    stats.on_device = (x.device, acc, both[0], both[2])
+    d = stats.on_device(x.device, acc, eps, bn._staging())
     w = None if weight is None else weight.to(acc)
     b = None if bias is None else bias.to(acc)
-    y = F.batch_norm(x.to(acc), both[0], both[1], w, b, False, 0.0, eps)
+    y = F.batch_norm(x.to(acc), d[0], d[1], w, b, False, 0.0, eps)
     return y.to(x.dtype), stats
 
 
@@ -197,17 +189,15 @@ def _backward(bn, x, weight, dy, stats, eps, need_dx):
     channels = x.shape[1]
     f64 = dict(dtype=torch.float64)
     staging = bn._staging()
-    invstd = stats.invstd(eps)  # float64, CPU
     xa, dya = x.to(acc), dy.to(acc)
     if x.numel() > 0:
+        d = stats.on_device(x.device, acc, eps, staging)
         # A weight of ones, not None: CUDA's reduction allocates
         # grad_weight with the weight's options ("tensor does not have a
         # device" for None). Its values do not enter the two sums.
-        ones = bn._ones(channels, acc, x.device)
-        mean_d, invstd_d = stats.mean_invstd_on(x.device, acc, eps, staging)
         _, sum_dy_xhat, sum_dy = torch.ops.aten.native_batch_norm_backward(
-            dya, xa, ones, None, None, mean_d, invstd_d, True, eps,
-            [False, True, True])
+            dya, xa, bn._ones(channels, acc, x.device), None, None, d[0],
+            d[2], True, eps, [False, True, True])
     else:
         sum_dy = torch.zeros(channels, dtype=acc, device=x.device)
         sum_dy_xhat = torch.zeros_like(sum_dy)
@@ -232,6 +222,7 @@ def _backward(bn, x, weight, dy, stats, eps, need_dx):
             # dx = k1 dy + k2 x + k3 per channel (float64 coefficients):
             # k1 dy - k1 sum_dy / n - k1 x_hat sum_dy_xhat / n.
             n = stats.count
+            invstd = torch.rsqrt(stats.var + eps)  # float64, CPU
             k1 = invstd if weight is None else invstd * host[2]
             k2 = -k1 * invstd * g_dy_xhat / n
             k3 = -k1 * g_dy / n - k2 * stats.mean
@@ -502,16 +493,11 @@ class SyncBatchNorm(nn.modules.batchnorm._BatchNorm):
         # both to their device.
         new = torch.stack([torch.from_numpy(rm), torch.from_numpy(rv)]).to(
             rmb.dtype)
+        both = self._staging().to_device("running", new, rmb.device, rmb.dtype)
         with torch.no_grad():
             self.num_batches_tracked.fill_(tracked)
-            if rmb.device.type == "cpu":
-                rmb.copy_(new[0])
-                rvb.copy_(new[1])
-            else:
-                both = self._staging().to_device("running", new, rmb.device,
-                                                 rmb.dtype)
-                rmb.copy_(both[0], non_blocking=True)
-                rvb.copy_(both[1], non_blocking=True)
+            rmb.copy_(both[0], non_blocking=True)
+            rvb.copy_(both[1], non_blocking=True)
         self.__dict__["_bnps_running"] = (
             self._running_key(), tracked, new[0].to(torch.float64),
             new[1].to(torch.float64))
