@@ -6,9 +6,10 @@ merit).
 For every W (workers) and per-worker batch, the tool starts S shard servers
 (bnps_server --port=0) and W workers (bnps_worker) once per policy -- local,
 sync, async, recal, and sync with BN on the gRPC stream rather than raw TCP,
-back to back -- each process pinned to a core of its own
-(os.sched_setaffinity, as `taskset -c` does) where the cores allow; where
-they do not, processes share cores round-robin and the table says so. Each
+back to back -- each process pinned to a physical core of its own (all its
+hyperthreads) where there are enough, else to a CPU of its own
+(os.sched_setaffinity, as `taskset -c` does); where the CPUs do not suffice,
+processes share them round-robin; the table says which. Each
 worker trains --warmup + --steps steps (synthetic data by default, one model
 thread) and reports the split of the timed steps (its --timing_warmup_steps
 leaves the warm-up out): compute, BN sync, gradient sync. Beside it, the
@@ -132,8 +133,10 @@ What a user pays per training step for each policy, against `local` BN
 (gradients still go through the servers; BN statistics stay on the worker)
 measured in the same run: `bench/step_overhead.py` starts S = 1
 shard server and W worker processes (`bnps_server`, `bnps_worker`) for each
-policy in turn, each process pinned to a core of its own where the machine
-has enough (the last column says where they share), and each worker trains
+policy in turn, each process pinned to a physical core of its own (all its
+hyperthreads, so that no other process's busy-waiting slows it as a sibling)
+where the machine has enough, else to a CPU of its own (the last column says
+which, and where they share), and each worker trains
 a warm-up that is left out, then the timed steps (synthetic 28x28 data, the
 default model, one model thread). The servers serve BN over raw TCP as the
 launcher starts them (`--bn_port=0`, docs/server.md); where every process
@@ -201,18 +204,51 @@ def usable_cores():
     return list(range(os.cpu_count() or 1))
 
 
-def placement(servers, workers, cores):
-    """The core of each server and worker, and whether any share one."""
+def physical_cores(cpus, sysfs="/sys/devices/system/cpu"):
+    """`cpus` grouped by physical core: the usable hyperthread siblings of
+    each core together (Linux's topology/thread_siblings_list), in the
+    order of their first CPU; one group per CPU where sysfs does not say."""
+    groups = {}
+    for c in cpus:
+        try:
+            with open("{}/cpu{}/topology/thread_siblings_list".format(
+                    sysfs, c)) as f:
+                key = f.read().strip()
+        except (IOError, OSError):
+            key = "cpu{}".format(c)
+        groups.setdefault(key, []).append(c)
+    return list(groups.values())
+
+
+def placement(servers, workers, groups):
+    """(server cores, worker cores, shared, where): each process's CPUs (a
+    set), whether processes share CPUs, and the table's 'cores' cell.
+    `groups` are the usable CPUs by physical core (physical_cores). Where
+    there are enough physical cores, each process gets one whole (its
+    other threads -- gRPC's, CUDA's -- run on the sibling, and no other
+    process's busy-waiting slows it as a sibling hyperthread would); else
+    a CPU of its own, siblings of one core last; else CPUs round-robin."""
     n = servers + workers
-    assigned = [cores[i % len(cores)] for i in range(n)]
-    return assigned[:servers], assigned[servers:], n > len(cores)
+    cpus = [g[i] for i in range(max(map(len, groups))) for g in groups
+            if i < len(g)]
+    if n <= len(groups):
+        assigned = [set(g) for g in groups[:n]]
+        where = ("own physical core each" if any(len(g) > 1 for g in groups)
+                 else "own core each")
+    else:
+        assigned = [{cpus[i % len(cpus)]} for i in range(n)]
+        where = "own core each"
+    shared = n > len(cpus)
+    if shared:
+        where = "shared: {} processes on {} cores".format(n, len(cpus))
+    return assigned[:servers], assigned[servers:], shared, where
 
 
 def pinned(core):
     """A preexec_fn pinning to `core` (an int, or a set of them)."""
     if core is None or not hasattr(os, "sched_setaffinity"):
         return None
-    cores = core if isinstance(core, set) else {core}
+    cores = set(core) if isinstance(core, (set, frozenset)) else {core}
     return lambda: os.sched_setaffinity(0, cores)
 
 
@@ -282,12 +318,13 @@ def start_server(args, shard, policy, workers, core, shared, out_dir,
 
 def measure_policy(args, policy, workers, batch, out_dir):
     """Mean over workers of (total, compute, bn, grad) seconds per step."""
-    s_cores, w_cores, shared = placement(args.servers, workers, args.cores)
+    s_cores, w_cores, shared, where = placement(args.servers, workers,
+                                                args.core_groups)
     # sync-colocated: one process holds the W workers' replicas.
     replicas = workers if policy == COLOCATED else 1
     if replicas > 1:
         policy, batch, workers = "sync", batch * replicas, 1
-        w_cores = [set(w_cores)]
+        w_cores = [set().union(*w_cores)]
     stream = policy == STREAM
     if stream:
         policy = "sync"
@@ -348,7 +385,7 @@ def measure_policy(args, policy, workers, batch, out_dir):
         sec = r["seconds"]
         for i, key in enumerate(("total", "compute", "bn_sync", "grad_sync")):
             sums[i] += sec[key] / steps / workers
-    return sums, shared
+    return sums, (shared, where)
 
 
 def rt_spin_us(args):
@@ -400,13 +437,14 @@ def report(args, results, shared, rts, out):
     cores = len(args.cores)
     w = out.write
     w("# step_overhead\n\n")
-    w("machine: {} usable cores, {}; load average {}\n".format(
-        cores, cpu_model(), load_average()))
+    w("machine: {} usable cores ({} physical), {}; load average {}\n".format(
+        cores, len(args.core_groups), cpu_model(), load_average()))
     w("settings: S = {} shard server(s); {} timed steps after {} warm-up "
       "steps per worker; --data={}, --device={}, model depth 1 width 16, 1 model thread; "
       "{} run(s), the policies of a (W, batch) back to back in each; "
-      "each process pinned to a core (sched_setaffinity; round-robin where "
-      "there are too few, see 'cores'); worker flags: "
+      "each process pinned to a physical core (all its hyperthreads) where "
+      "there are enough, else to a CPU (sched_setaffinity; round-robin where "
+      "there are too few; see 'cores'); worker flags: "
       "{}; server flags: {}; round trip: bnps workers poll {} us before "
       "blocking (the workers' --bn_spin_us=-1 rule)\n\n".format(
           args.servers, args.steps, args.warmup, args.data,
@@ -438,8 +476,7 @@ def report(args, results, shared, rts, out):
                     ratio = "{:.2f}".format(median(ratios[(W, b, policy)]))
                 else:
                     ratio = "-"
-                where = ("shared: {} processes on {} cores".format(
-                    args.servers + W, cores) if shared[W] else "own core each")
+                where = shared[W][1]
                 if policy == COLOCATED:
                     where = "1 process, {} replicas; ".format(W) + where
                 w("| {} | {} | {} | {} | {} | {} | {} | {} | {} |\n".format(
@@ -561,6 +598,7 @@ def parse_args(argv):
 def main(argv):
     args = parse_args(argv)
     args.cores = usable_cores()
+    args.core_groups = physical_cores(args.cores)
     if args.build:
         subprocess.check_call(
             ["bazel", "build", "-c", "opt", "//server:bnps_server",

@@ -108,5 +108,55 @@ class StepOverheadTest(unittest.TestCase):
             server.wait(10)
 
 
+class PlacementTest(unittest.TestCase):
+    """Which CPUs each process gets, from a made-up sysfs topology."""
+
+    def setUp(self):
+        sys.path.insert(0, HERE)
+        import step_overhead
+        self.so = step_overhead
+        self.sysfs = tempfile.TemporaryDirectory()
+        # 8 CPUs, 4 cores: CPU c and c + 4 are siblings (as many VMs number
+        # them), CPU 7 missing from sysfs (then a core of its own).
+        for c in range(7):
+            d = os.path.join(self.sysfs.name, "cpu%d" % c, "topology")
+            os.makedirs(d)
+            with open(os.path.join(d, "thread_siblings_list"), "w") as f:
+                f.write("%d,%d\n" % (c % 4, c % 4 + 4))
+
+    def tearDown(self):
+        self.sysfs.cleanup()
+
+    def groups(self, cpus):
+        return self.so.physical_cores(cpus, sysfs=self.sysfs.name)
+
+    def test_siblings_grouped(self):
+        self.assertEqual(self.groups(range(8)),
+                         [[0, 4], [1, 5], [2, 6], [3], [7]])
+
+    def test_whole_physical_cores_where_enough(self):
+        s, w, shared, where = self.so.placement(1, 2, self.groups(range(8)))
+        self.assertEqual((s, w), ([{0, 4}], [{1, 5}, {2, 6}]))
+        self.assertFalse(shared)
+        self.assertEqual(where, "own physical core each")
+
+    def test_a_cpu_each_spread_over_cores_first(self):
+        # 6 processes, 5 cores: one CPU each, the siblings last.
+        s, w, shared, where = self.so.placement(1, 5, self.groups(range(8)))
+        self.assertEqual(s + w, [{0}, {1}, {2}, {3}, {7}, {4}])
+        self.assertEqual((shared, where), (False, "own core each"))
+
+    def test_round_robin_where_too_few(self):
+        s, w, shared, where = self.so.placement(1, 3, self.groups([0, 4]))
+        self.assertEqual(s + w, [{0}, {4}, {0}, {4}])
+        self.assertTrue(shared)
+        self.assertEqual(where, "shared: 4 processes on 2 cores")
+
+    def test_no_hyperthreads(self):
+        s, w, shared, where = self.so.placement(
+            1, 1, [[0], [1]])
+        self.assertEqual((s, w, where), ([{0}], [{1}], "own core each"))
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -7,6 +7,7 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sched.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -374,12 +375,26 @@ void BnSocketServer::Run() {
   };
   epoll_event events[64];
   absl::Time next_sweep = absl::Now() + absl::Seconds(1);
+  // Until when the loop polls rather than sleeps (Options::busy_poll).
+  absl::Time poll_until = absl::InfinitePast();
   for (;;) {
+    const absl::Time before = absl::Now();
     const absl::Time wake = std::min(next_sweep, resume_listening);
-    const int timeout_ms = static_cast<int>(std::clamp<int64_t>(
-        absl::ToInt64Milliseconds(wake - absl::Now()) + 1, 0, 1000));
+    const bool polling = before < poll_until;
+    const int timeout_ms =
+        polling ? 0
+                : static_cast<int>(std::clamp<int64_t>(
+                      absl::ToInt64Milliseconds(wake - before) + 1, 0, 1000));
     const int n = epoll_wait(epoll_fd_, events, 64, timeout_ms);
     if (n < 0 && errno != EINTR) break;
+    if (n > 0 && options_.busy_poll > absl::ZeroDuration()) {
+      poll_until = absl::Now() + options_.busy_poll;
+    } else if (n == 0 && polling) {
+      // Nothing yet: hand the CPU to any other thread that is ready (the
+      // gRPC service's), then poll again.
+      util::CpuRelax();
+      sched_yield();
+    }
     bool stop = false;
     for (int e = 0; e < n; ++e) {
       const int fd = events[e].data.fd;

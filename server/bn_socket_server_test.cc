@@ -8,6 +8,7 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <errno.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -113,6 +114,43 @@ TEST_F(BnSocketServerTest, TwoConnectionsMeetAtTheBarrier) {
   absl::StatusOr<bn::Moments> m2 = proto::DecodeMoments(r2.moments(), 2);
   ASSERT_TRUE(m2.ok());
   EXPECT_EQ(m2->mean, ma->mean);
+}
+
+// The process's CPU time over `wall` of this thread sleeping: what the
+// listener's thread used meanwhile.
+absl::Duration CpuWhileSleeping(absl::Duration wall) {
+  auto cpu = [] {
+    timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return absl::DurationFromTimespec(ts);
+  };
+  const absl::Duration before = cpu();
+  absl::SleepFor(wall);
+  return cpu() - before;
+}
+
+TEST_F(BnSocketServerTest, BusyPollRunsForItsHoldAfterAMessageThenSleeps) {
+  BnSocketServer::Options so;
+  so.busy_poll = absl::Milliseconds(400);
+  ASSERT_NO_FATAL_FAILURE(Start(1, so));
+  const absl::Duration wall = absl::Milliseconds(150);
+  // No traffic yet: the listener sleeps.
+  EXPECT_LT(CpuWhileSleeping(wall), wall / 5);
+  RawConn c(server_->port());
+  ASSERT_EQ(c.Hello("bnps", 0, kToken).code(), 0);
+  c.Send(Forward(0, 3, {1.0, 2.0}));
+  std::optional<std::string> got = c.Receive();
+  ASSERT_TRUE(got);
+  proto::BnResponse r;
+  ASSERT_TRUE(r.ParseFromString(*got));
+  EXPECT_EQ(r.code(), 0) << r.message();
+  EXPECT_EQ(r.id(), 3u);
+  // Within the hold it polls (a core's worth when nothing else wants the
+  // CPU; a share of one on a loaded machine).
+  EXPECT_GT(CpuWhileSleeping(wall), wall / 5);
+  // After it, sleeps again.
+  absl::SleepFor(absl::Milliseconds(400));
+  EXPECT_LT(CpuWhileSleeping(wall), wall / 5);
 }
 
 TEST_F(BnSocketServerTest, BytesThatAreNotOursEndTheConnection) {

@@ -90,8 +90,10 @@ ABSL_FLAG(std::string, tls_client_ca, "",
 ABSL_FLAG(int64_t, keep_awake_us, 0,
           "Above 0: after each call and each BN message, keep the CPUs this "
           "process may run on busy at idle priority (SCHED_IDLE) for this "
-          "many microseconds, so the next message is answered without "
-          "waking a CPU from idle (tens of microseconds on a VM). For a "
+          "many microseconds, and the raw-TCP BN listener polling its "
+          "connections rather than sleeping, so the next message is "
+          "answered without waking a CPU from idle (tens of microseconds "
+          "on a VM) or a thread. For a "
           "server with CPUs of its own (taskset, a container's cpuset): "
           "e.g. 2000. 0: off.");
 ABSL_FLAG(bool, keep_serving, false,

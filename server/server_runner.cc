@@ -91,6 +91,7 @@ absl::StatusOr<std::unique_ptr<RunningServer>> RunningServer::Start(
     bo.budget = bn_budget;
     bo.frame_timeout = limits.bn_frame_timeout;
     bo.unix_path = latency.bn_unix_path;
+    bo.busy_poll = latency.keep_awake;
     absl::StatusOr<std::unique_ptr<BnSocketServer>> bn =
         BnSocketServer::Start(rs->shard_.get(), rs->metrics_.get(),
                               rs->keep_awake_.get(), std::move(bo));
