@@ -253,6 +253,9 @@ case "$cmd" in
   info)
     echo "bundle: commit $(cut -c1-12 "$DIR/COMMIT"), $(cat "$DIR/MODE")"
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 || echo "nvidia-smi: none"
+    # The CPUs' layout (hyperthreads share a core: bench/step_overhead.py
+    # gives each process a whole core where there are enough).
+    lscpu 2>/dev/null | grep -E '^(CPU\(s\)|Thread\(s\) per core|Core\(s\) per socket|Socket\(s\)):' || true
     nvcc --version 2>/dev/null | tail -1 || true
     [[ -n $PY ]] && "$PY" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "cudnn", torch.backends.cudnn.version(), "gpu", torch.cuda.is_available())'
     echo "search path: $(cuda_lib_dirs)"
