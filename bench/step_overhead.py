@@ -140,7 +140,7 @@ which, and where they share), and each worker trains
 a warm-up that is left out, then the timed steps (synthetic 28x28 data, the
 default model, one model thread). The servers serve BN over raw TCP as the
 launcher starts them (`--bn_port=0`, docs/server.md); where every process
-has a core, the workers poll for BN answers 100 us before blocking
+has a core, the workers poll for BN answers 1000 us before blocking
 (`--bn_spin_us=-1`) and the server keeps its core awake between messages
 (`--keep_awake_us=2000`); the settings line says which. Cells are milliseconds per
 step, the mean over the workers, split as the worker reports it: compute
@@ -391,7 +391,7 @@ def measure_policy(args, policy, workers, batch, out_dir):
 def rt_spin_us(args):
     """bnps_worker's --bn_spin_us=-1 rule for the round trip's processes
     (W workers of one thread, one server), so it polls as the step would."""
-    return 100 if (os.cpu_count() or 1) >= args.rt_workers + 1 else 0
+    return 1000 if (os.cpu_count() or 1) >= args.rt_workers + 1 else 0
 
 
 def measure_round_trip(args):
@@ -451,7 +451,7 @@ def report(args, results, shared, rts, out):
           args.device + (" ({})".format(args.mps_note) if args.mps_note else ""),
           args.runs,
           " ".join(args.worker_flag) or "defaults (--bn_spin_us=-1: poll "
-          "100 us where every process has a core)",
+          "1000 us where every process has a core)",
           "--bn_port=0 --bn_unix_socket=auto (BN over a Unix socket, TCP "
           "beside it), and --keep_awake_us={} where every "
           "process has a core{}".format(

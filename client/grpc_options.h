@@ -92,10 +92,14 @@ struct GrpcClientOptions {
   // Default: 0 (block at once).
   absl::Duration bn_spin = absl::ZeroDuration();
   // bn_spin from a count of microseconds, as bnps_worker --bn_spin_us and
-  // the C ABI take it: 0 to 1,000,000, or -1 for 100 us where this machine
+  // the C ABI take it: 0 to 1,000,000, or -1 for 1000 us where this machine
   // has a core for each of the job's `job_cores` busy threads (workers x
   // model threads x replicas + servers, as if all ran here), else none.
   // INVALID_ARGUMENT for other values.
+  // -1's poll: long enough that a worker at a barrier is rarely put to
+  // sleep by a partner a few hundred microseconds behind (on one GPU under
+  // MPS, 4 workers: sync / local 1.11 with it against 1.23 with 100 us).
+  static constexpr int64_t kBnSpinDefaultUs = 1000;
   static absl::StatusOr<absl::Duration> BnSpinFromUs(int64_t spin_us,
                                                      int64_t job_cores);
   // Send BN traffic over raw TCP to the servers that offer it (bnps_server
@@ -131,7 +135,8 @@ inline absl::StatusOr<absl::Duration> GrpcClientOptions::BnSpinFromUs(
   }
   if (spin_us >= 0) return absl::Microseconds(spin_us);
   const int64_t cores = std::thread::hardware_concurrency();
-  return cores >= job_cores ? absl::Microseconds(100) : absl::ZeroDuration();
+  return cores >= job_cores ? absl::Microseconds(kBnSpinDefaultUs)
+                             : absl::ZeroDuration();
 }
 
 // Counters of GrpcPsClient's background heartbeat.

@@ -49,6 +49,18 @@ using fakes::KeyOnShard;
 using fakes::MakeParam;
 using fakes::MakeMoments;
 
+TEST(BnSpinTest, MinusOnePollsAMillisecondOnlyWhereCoresSuffice) {
+  using O = GrpcClientOptions;
+  EXPECT_EQ(*O::BnSpinFromUs(-1, 1), absl::Milliseconds(1));
+  EXPECT_EQ(*O::BnSpinFromUs(-1, 1 << 20), absl::ZeroDuration());
+  EXPECT_EQ(*O::BnSpinFromUs(0, 1), absl::ZeroDuration());
+  EXPECT_EQ(*O::BnSpinFromUs(250, 1 << 20), absl::Microseconds(250));
+  EXPECT_EQ(O::BnSpinFromUs(-2, 1).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(O::BnSpinFromUs(1000001, 1).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST_F(GrpcPsClientTest, ConnectRegistersWithEveryShard) {
   std::unique_ptr<GrpcPsClient> client = Connect(Options(/*worker=*/1));
   ASSERT_NE(client, nullptr);

@@ -174,7 +174,7 @@ ABSL_FLAG(std::string, bn_host_aggregator, "",
 ABSL_FLAG(int, bn_spin_us, -1,
           "How long a BN exchange polls for its answer before it sleeps, in "
           "microseconds: saves the wake-up (tens of microseconds an exchange) "
-          "but keeps a core busy meanwhile. -1: 100 when this machine has a "
+          "but keeps a core busy meanwhile. -1: 1000 when this machine has a "
           "core for every model thread of every worker and every server of "
           "the job (num_workers * threads * replicas + servers), as if all ran "
           "here; else 0.");

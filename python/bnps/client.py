@@ -33,7 +33,7 @@ class Client:
     raises: Unavailable when a server cannot be reached within
     connect_timeout_s, FailedPrecondition when the servers' job differs.
     bn_spin_us: how long a BN call polls for its answer before it sleeps
-    (-1: 100 where this machine has a core for every worker and server of
+    (-1: 1000 where this machine has a core for every worker and server of
     the job, else 0; as bnps_worker --bn_spin_us)."""
 
     @_translated

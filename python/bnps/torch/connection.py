@@ -12,7 +12,7 @@ Every argument left as None comes from the environment, like the binaries'
 flags: BNPS_SERVERS (comma-separated, shard order), BNPS_WORKER,
 BNPS_NUM_WORKERS, BNPS_JOB (default "bnps"), BNPS_TOKEN_FILE, BNPS_TLS_CA,
 BNPS_TLS_CERT, BNPS_TLS_KEY, BNPS_RPC_TIMEOUT_S, BNPS_CONNECT_TIMEOUT_S,
-BNPS_BN_SPIN_US (how long a BN call polls before it sleeps; default -1: 100
+BNPS_BN_SPIN_US (how long a BN call polls before it sleeps; default -1: 1000
 us where this machine has a core for every worker and server, else 0).
 Without BNPS_WORKER / BNPS_NUM_WORKERS the worker id and count come from the
 launcher's variables (torchrun, Kubeflow Trainer, Slurm: bnps.launch), which
