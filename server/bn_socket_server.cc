@@ -7,7 +7,6 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
-#include <sched.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -33,6 +32,7 @@
 #include "server/rpc_util.h"
 #include "util/fd_limit.h"
 #include "util/socket_io.h"
+#include "util/spin.h"
 #include "util/unix_socket.h"
 
 namespace bnps::server {
@@ -377,6 +377,7 @@ void BnSocketServer::Run() {
   absl::Time next_sweep = absl::Now() + absl::Seconds(1);
   // Until when the loop polls rather than sleeps (Options::busy_poll).
   absl::Time poll_until = absl::InfinitePast();
+  unsigned idle_polls = 0;
   for (;;) {
     const absl::Time before = absl::Now();
     const absl::Time wake = std::min(next_sweep, resume_listening);
@@ -389,11 +390,11 @@ void BnSocketServer::Run() {
     if (n < 0 && errno != EINTR) break;
     if (n > 0 && options_.busy_poll > absl::ZeroDuration()) {
       poll_until = absl::Now() + options_.busy_poll;
+      idle_polls = 0;
     } else if (n == 0 && polling) {
-      // Nothing yet: hand the CPU to any other thread that is ready (the
-      // gRPC service's), then poll again.
-      util::CpuRelax();
-      sched_yield();
+      // Nothing yet: now and then hand the CPU to any other thread that is
+      // ready (the gRPC service's), then poll again.
+      util::PollPause(idle_polls++);
     }
     bool stop = false;
     for (int e = 0; e < n; ++e) {

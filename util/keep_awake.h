@@ -37,18 +37,9 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "util/spin.h"
 
 namespace bnps::util {
-
-// Tells the CPU this is a spin-wait: on x86 it yields the core's resources to
-// a hyperthread sibling and saves power. For every busy-wait loop.
-inline void CpuRelax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
 
 class KeepAwake {
  public:

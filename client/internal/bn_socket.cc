@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "proto/codec.h"
 #include "util/socket_io.h"
+#include "util/spin.h"
 #include "util/unix_socket.h"
 
 namespace bnps::client::internal {
@@ -211,8 +212,10 @@ absl::Status BnSocket::ReadSome(absl::Time deadline) {
   bool got = false;
   if (spin_ > absl::ZeroDuration()) {
     const absl::Time spin_end = std::min(absl::Now() + spin_, deadline);
+    unsigned looks = 0;
     do {
       if (absl::Status s = Drain(fd_, &reader_, &got); !s.ok()) return s;
+      if (!got) util::PollPause(looks++);
     } while (!got && absl::Now() < spin_end);
   }
   while (!got) {
