@@ -8,7 +8,9 @@ Run: python3 tools/bnps_launch_mps_test.py  or  bazel test //tools:bnps_launch_m
 
 import os
 import sys
+import shutil
 import tempfile
+import weakref
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -33,6 +35,8 @@ class FakeMachine(mps.System):
         self.files = set(os.path.join(d, "control") for d in daemon_dirs)
         self.calls = []
         self.tmp = tempfile.mkdtemp(prefix="bnps-mps-test-")
+        # Its folder goes with it (the fake only records removals).
+        weakref.finalize(self, shutil.rmtree, self.tmp, True)
         self.removed = []
 
     def which(self, name):

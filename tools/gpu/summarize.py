@@ -245,6 +245,9 @@ def collect(out):
         "device": device_name(out),
         "date": (read(os.path.join(out, "date.txt")) or "").strip() or None,
         "commit": (read(os.path.join(out, "commit.txt")) or "").strip() or None,
+        # A line on how the run differs from run.sh's defaults (written by
+        # hand beside a run made with other flags), said with its figures.
+        "note": (read(os.path.join(out, "note.txt")) or "").strip() or None,
         "tests": tests(out),
         "kernels": kernel_bench(out),
         "model_step": model_step(out),
@@ -282,32 +285,65 @@ def has_part(f, part):
     return bool(v)
 
 
+STEP_PARTS = ("step_gpu", "step_cpu", "step_gpu_tcp")
+
+
 def combine(runs):
     """One summary from several runs' collect(), oldest first: each part
     from the last run that has it (a later run of some parts on the same
-    machine replaces those). "sources" lists, per run that gave parts,
-    its commit and date and the parts it gave."""
+    machine replaces those); the step overhead tables by W, each W's rows
+    from the last run that has that W (a later call of W = 2, 4 alone keeps
+    W = 1 from before). "sources" lists, per run that gave parts, its
+    commit, date, note and the parts it gave (with the Ws of a step table
+    it gave in part)."""
     f = dict(runs[0])
     given = {}
+    step_from = {p: {} for p in STEP_PARTS}  # part -> W -> run
     for i, run in enumerate(runs):
         for part in PARTS:
+            if part in STEP_PARTS:
+                for w in sorted({k[0] for k in run[part]}):
+                    step_from[part][w] = i
+                continue
             if i == 0 or has_part(run, part):
                 f[part] = run[part]
                 given[part] = i
                 if part == "scaling":
                     f["scaling_bed"] = run.get("scaling_bed")
+    for part in STEP_PARTS:
+        f[part] = {k: v for w, i in step_from[part].items()
+                   for k, v in runs[i][part].items() if k[0] == w}
+        # The run that gave the most of it (the newest where they tie).
+        counts = {}
+        for i in step_from[part].values():
+            counts[i] = counts.get(i, 0) + 1
+        given[part] = max(counts, key=lambda i: (counts[i], i)) if counts else 0
     f["device"] = next((r["device"] for r in reversed(runs)
                         if r["device"] != "unknown GPU"), runs[0]["device"])
     f["part_from"] = {p: {"commit": runs[i]["commit"], "date": runs[i]["date"]}
                       for p, i in given.items()}
     f["sources"] = []
     for i, run in enumerate(runs):
-        parts = [p for p in PARTS if given[p] == i and has_part(run, p)]
+        parts = []
+        for p in PARTS:
+            if p in STEP_PARTS:
+                ws = sorted(w for w, j in step_from[p].items() if j == i)
+                if ws and len(ws) < len(step_from[p]):
+                    parts.append("%s (W = %s)" % (
+                        PART_NAMES[p], ", ".join(map(str, ws))))
+                elif ws:
+                    parts.append(PART_NAMES[p])
+            elif given[p] == i and has_part(run, p):
+                parts.append(PART_NAMES[p])
         if parts:
             f["sources"].append({"commit": run["commit"], "date": run["date"],
-                                 "parts": parts})
-    last = runs[given["tests"]] if has_part(runs[given["tests"]], "tests") else runs[-1]
+                                 "note": run.get("note"), "parts": parts,
+                                 "run": i})
+    main = given["tests"] if has_part(runs[given["tests"]], "tests") else len(runs) - 1
+    last = runs[main]
+    f["main_run"] = main
     f["date"], f["commit"] = last["date"], last["commit"]
+    f["note"] = last.get("note")
     return f
 
 
@@ -468,13 +504,18 @@ def doc_section(f):
              "min-max over 3 runs." % (
                  f["device"], when, ", commit " + f["commit"][:12] if f["commit"] else ""),
              ""]
+    if f.get("note"):
+        lines[-2] += " That run: %s." % f["note"]
     others = [src for src in f.get("sources", [])
-              if (src["commit"], src["date"]) != (f["commit"], f["date"])]
+              if src.get("run") != f.get("main_run")]
     for src in others:
-        lines[-2] += (" From a later call on the same kind of machine (%s, "
-                      "commit %s): %s." % (
+        lines[-2] += (" From %s call on the same kind of machine (%s, "
+                      "commit %s%s): %s." % (
+                          "a later" if src.get("run", 1) > f.get("main_run", 0)
+                          else "an earlier",
                           src["date"] or "unknown date", (src["commit"] or "unknown")[:12],
-                          ", ".join(PART_NAMES[p] for p in src["parts"])))
+                          "; " + src["note"] if src.get("note") else "",
+                          ", ".join(src["parts"])))
     lines += table(f)
     lines += ["", END]
     return "\n".join(lines)

@@ -233,6 +233,32 @@ class CombinedRunsTest(unittest.TestCase):
                           "loopback round trip.", section)
             self.assertIn("2030-01-02, commit bbbbbbbbbbbb", summarize.torch_section(f))
 
+    def test_a_later_step_table_of_some_ws_keeps_the_others(self):
+        with tempfile.TemporaryDirectory() as later:
+            with open(os.path.join(CANNED, "step_overhead_gpu.txt")) as f:
+                text = f.read()
+            # The later call measured W = 2 and 4 only, with other numbers.
+            kept = [l for l in text.splitlines() if not l.startswith("| 1 |")]
+            with open(os.path.join(later, "step_overhead_gpu.txt"), "w") as f:
+                f.write("\n".join(kept).replace(
+                    "| 4 | 32 | sync | ", "| 4 | 32 | sync | 9") + "\n")
+            for name, text in (("commit.txt", "c" * 40), ("date.txt", "2030-01-03"),
+                               ("note.txt", "workers with --bn_spin_us=1000")):
+                with open(os.path.join(later, name), "w") as f:
+                    f.write(text)
+            first = summarize.collect(CANNED)
+            second = summarize.collect(later)
+            f = summarize.combine([first, second])
+            step = f["step_gpu"]
+            self.assertEqual(step[(1, 32, "sync")], first["step_gpu"][(1, 32, "sync")])
+            self.assertEqual(step[(2, 32, "sync")], second["step_gpu"][(2, 32, "sync")])
+            self.assertEqual(step[(4, 32, "local")], second["step_gpu"][(4, 32, "local")])
+            self.assertNotEqual(step[(4, 32, "sync")], first["step_gpu"][(4, 32, "sync")])
+            self.assertIn("From a later call on the same kind of machine "
+                          "(2030-01-03, commit cccccccccccc; workers with "
+                          "--bn_spin_us=1000): the step overhead on the GPU "
+                          "(W = 2, 4).", summarize.doc_section(f))
+
 
 class PartialRunTest(unittest.TestCase):
     def test_missing_parts_are_said_not_fatal(self):
