@@ -21,6 +21,7 @@ import re
 import socket
 import subprocess
 import sys
+import tempfile
 import unittest
 
 DEBIAN_PYTHON = "/usr/bin/python3"
@@ -53,9 +54,14 @@ def example(workers):
             "--test_examples=1000"]
 
 
+# torchrun's own logs (a folder per run), removed when the test ends: by
+# default it leaves a torchelastic_* folder in /tmp each time.
+LOGS = tempfile.TemporaryDirectory(prefix="bnps-torchrun-")
+
+
 def torchrun(*flags):
     return [sys.executable, "-m", "torch.distributed.run", "--redirects", "1",
-            "--tee", "1"] + list(flags) + [TRAIN]
+            "--tee", "1", "--log_dir", LOGS.name] + list(flags) + [TRAIN]
 
 
 def env(**extra):
