@@ -61,6 +61,10 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # tools/bnps_launch_mps.py: MPS for workers that share a GPU.
 sys.path.insert(0, os.path.join(REPO, "tools"))
 import bnps_launch_mps  # noqa: E402  (needs the path above)
+# bnps.cluster (pure Python): the servers' --keep_awake_us where every
+# process has a core of its own, as LocalCluster starts them.
+sys.path.insert(0, os.path.join(REPO, "python"))
+from bnps.cluster import KEEP_AWAKE_US  # noqa: E402
 POLICIES = ["local", "sync", "async", "recal"]
 # Co-located aggregation: the W workers' batches in ONE bnps_worker process
 # with --replicas=W (one thread each, pinned to the W workers' cores), the BN
@@ -70,10 +74,6 @@ COLOCATED = "sync-colocated"
 # a job with TLS runs it.
 STREAM = "sync-stream"
 VARIANTS = [STREAM, COLOCATED]
-# bnps_server --keep_awake_us where every process has a core of its own: longer
-# than the compute between two of a step's BN exchanges at batch 32 (about
-# 0.6 ms here), so the server's core stays awake through a step.
-KEEP_AWAKE_US = 2000
 LISTENING = re.compile(r"listening on ([0-9.]+):(\d+)")
 
 STEP_HEADING = "## Step time against local"

@@ -311,12 +311,6 @@ int main(int argc, char** argv) {
            kBadFlags;
   }
   latency.bn_unix_path = absl::GetFlag(FLAGS_bn_unix_socket);
-  if (!latency.bn_unix_path.empty() && latency.bn_port < 0) {
-    return Fail(absl::InvalidArgumentError(
-               "--bn_unix_socket needs --bn_port (TCP for the workers that "
-               "cannot reach the path)")),
-           kBadFlags;
-  }
   bnps::server::ServerLimits limits;
   limits.bn_max_connections = absl::GetFlag(FLAGS_bn_max_connections);
   if (limits.bn_max_connections < 0) {
@@ -341,7 +335,14 @@ int main(int argc, char** argv) {
   absl::StatusOr<std::unique_ptr<bnps::server::RunningServer>> server =
       bnps::server::RunningServer::Start(o, address, security, {}, latency,
                                          limits);
-  if (!server.ok()) return Fail(server.status()), 1;
+  // Options that do not fit together (RunningServer::Start checks them:
+  // --bn_unix_socket without --bn_port, ...) are bad flags.
+  if (!server.ok()) {
+    return Fail(server.status()),
+           server.status().code() == absl::StatusCode::kInvalidArgument
+               ? kBadFlags
+               : 1;
+  }
   absl::StatusOr<std::unique_ptr<bnps::metrics::HttpEndpoint>> metrics =
       bnps::metrics::StartEndpointFromFlags(&(*server)->registry());
   if (!metrics.ok()) return Fail(metrics.status()), 1;

@@ -50,7 +50,8 @@ absl::StatusOr<std::unique_ptr<RunningServer>> RunningServer::Start(
   }
   if (!latency.bn_unix_path.empty() && latency.bn_port < 0) {
     return absl::InvalidArgumentError(
-        "bn_unix_path needs the raw-TCP BN listener (bn_port >= 0): TCP is "
+        "a BN Unix socket (bn_unix_path, bnps_server --bn_unix_socket) "
+        "needs the raw-TCP BN listener (bn_port >= 0, --bn_port): TCP is "
         "what workers on other hosts, and any that cannot connect to the "
         "path, use");
   }

@@ -312,15 +312,17 @@ std::shared_ptr<BnTransport> BnCalls::GetSocket(int shard) {
                    options.worker, channels_->ShardName(shard).c_str(),
                    unix_path.c_str());
     } else {
-      std::fprintf(stderr, "bnps worker %d: BN over TCP to %s, port %d%s%s%s%s\n",
+      const std::string through =
+          options.bn_host_aggregator.empty()
+              ? ""
+              : absl::StrCat(" through ", options.bn_host_aggregator);
+      const std::string why_not_unix =
+          unix_failed ? absl::StrCat(" (the Unix socket: ",
+                                     util::EscapeForLog(unix_failure), ")")
+                      : "";
+      std::fprintf(stderr, "bnps worker %d: BN over TCP to %s, port %d%s%s\n",
                    options.worker, channels_->ShardName(shard).c_str(), port,
-                   options.bn_host_aggregator.empty() ? "" : " through ",
-                   options.bn_host_aggregator.c_str(),
-                   !unix_failed ? "" : " (the Unix socket: ",
-                   !unix_failed
-                       ? ""
-                       : absl::StrCat(util::EscapeForLog(unix_failure), ")")
-                             .c_str());
+                   through.c_str(), why_not_unix.c_str());
     }
   }
   std::shared_ptr<BnTransport>& slot = sockets_[shard];

@@ -39,7 +39,11 @@ import tempfile
 import time
 
 _LISTENING = re.compile(r"listening on (\S+):(\d+)\s*$")
-KEEP_AWAKE_US = 2000  # the servers' --keep_awake_us where cores suffice
+# The servers' --keep_awake_us where cores suffice: longer than the compute
+# between two of a step's BN exchanges (about 0.6 ms for the example model at
+# batch 32 on a CPU), so a server's core stays awake through a step.
+# bench/step_overhead.py starts its servers with it too.
+KEEP_AWAKE_US = 2000
 
 
 def _usable_cores():

@@ -70,7 +70,7 @@ BNPS_EXPORT int bnps_client_connect(
     const char* tls_key, double connect_timeout_s, double rpc_timeout_s,
     bnps_client** out, char* err, size_t err_len);
 /* bnps_client_connect, and a BN call polls for its answer for bn_spin_us
- * microseconds before it sleeps (0 to 1000000; -1: 100 where this machine
+ * microseconds before it sleeps (0 to 1000000; -1: 1000 where this machine
  * has a core for every worker and server of the job, else 0, as bnps_worker
  * --bn_spin_us=-1 with one model thread). bnps_client_connect is this with
  * 0. */
