@@ -9,7 +9,8 @@ sync, async, recal, and sync with BN on the gRPC stream rather than raw TCP,
 back to back -- each process pinned to a physical core of its own (all its
 hyperthreads) where there are enough, else to a CPU of its own
 (os.sched_setaffinity, as `taskset -c` does); where the CPUs do not suffice,
-processes share them round-robin; the table says which. Each
+processes share them round-robin; the table says which (--cores_each=even
+shares the physical cores out evenly instead of one each). Each
 worker trains --warmup + --steps steps (synthetic data by default, one model
 thread) and reports the split of the timed steps (its --timing_warmup_steps
 leaves the warm-up out): compute, BN sync, gradient sync. Beside it, the
@@ -23,7 +24,7 @@ Usage:
         [--policies local,sync,async,recal,sync-stream,sync-colocated]
         [--data synthetic]
         [--bin_dir DIR] [--round_trip on|off] [--build]
-        [--device cpu|gpu] [--mps auto|on|off]
+        [--device cpu|gpu] [--mps auto|on|off] [--cores_each one|even]
         [--worker_flag=--bn_spin_us=0 ...] [--server_flag=--bn_port=0 ...]
 
 Output (Markdown, parsed by update_performance_md.py):
@@ -220,21 +221,34 @@ def physical_cores(cpus, sysfs="/sys/devices/system/cpu"):
     return list(groups.values())
 
 
-def placement(servers, workers, groups):
+def placement(servers, workers, groups, cores_each="one"):
     """(server cores, worker cores, shared, where): each process's CPUs (a
     set), whether processes share CPUs, and the table's 'cores' cell.
     `groups` are the usable CPUs by physical core (physical_cores). Where
     there are enough physical cores, each process gets one whole (its
     other threads -- gRPC's, CUDA's -- run on the sibling, and no other
-    process's busy-waiting slows it as a sibling hyperthread would); else
-    a CPU of its own, siblings of one core last; else CPUs round-robin."""
+    process's busy-waiting slows it as a sibling hyperthread would), or with
+    `cores_each` "even" an even share of them (whole cores, the servers
+    taking the odd ones: a process's helper threads -- gRPC's, CUDA's, a
+    BN poll -- then run beside its main thread, as on an unpinned machine
+    with cores to spare); else a CPU of its own, siblings of one core last;
+    else CPUs round-robin."""
     n = servers + workers
     cpus = [g[i] for i in range(max(map(len, groups))) for g in groups
             if i < len(g)]
     if n <= len(groups):
-        assigned = [set(g) for g in groups[:n]]
-        where = ("own physical core each" if any(len(g) > 1 for g in groups)
-                 else "own core each")
+        share, extra = (len(groups) // n, len(groups) % n) \
+            if cores_each == "even" else (1, 0)
+        assigned, first = [], 0
+        for i in range(n):
+            take = share + (1 if i < extra else 0)
+            assigned.append(set().union(*groups[first:first + take]))
+            first += take
+        unit = ("physical core" if any(len(g) > 1 for g in groups)
+                else "core")
+        where = ("own {} each".format(unit) if share == 1 and not extra
+                 else "own {}{} {}s each".format(
+                     share, "-{}".format(share + 1) if extra else "", unit))
     else:
         assigned = [{cpus[i % len(cpus)]} for i in range(n)]
         where = "own core each"
@@ -318,8 +332,8 @@ def start_server(args, shard, policy, workers, core, shared, out_dir,
 
 def measure_policy(args, policy, workers, batch, out_dir):
     """Mean over workers of (total, compute, bn, grad) seconds per step."""
-    s_cores, w_cores, shared, where = placement(args.servers, workers,
-                                                args.core_groups)
+    s_cores, w_cores, shared, where = placement(
+        args.servers, workers, args.core_groups, args.cores_each)
     # sync-colocated: one process holds the W workers' replicas.
     replicas = workers if policy == COLOCATED else 1
     if replicas > 1:
@@ -577,6 +591,10 @@ def parse_args(argv):
                    "e.g. --server_flag=--keep_awake_us=0, or "
                    "--server_flag=--bn_port=-1 for BN on the gRPC stream"
                    .format(KEEP_AWAKE_US))
+    p.add_argument("--cores_each", choices=["one", "even"], default="one",
+                   help="where every process can have a physical core of "
+                   "its own: one each (the rest idle), or the cores shared "
+                   "out evenly (whole cores; the servers take the odd ones)")
     p.add_argument("--timeout_s", type=float, default=600,
                    help="per policy and (W, batch)")
     p.add_argument("--device", choices=["cpu", "gpu"], default="cpu",

@@ -152,6 +152,26 @@ class PlacementTest(unittest.TestCase):
         self.assertTrue(shared)
         self.assertEqual(where, "shared: 4 processes on 2 cores")
 
+    def test_even_shares_whole_cores_servers_first(self):
+        s, w, shared, where = self.so.placement(
+            1, 2, [[c] for c in range(16)], "even")
+        self.assertEqual(s + w, [set(range(0, 6)), set(range(6, 11)),
+                                 set(range(11, 16))])
+        self.assertEqual((shared, where), (False, "own 5-6 cores each"))
+        s, w, _, where = self.so.placement(1, 1, self.groups(range(8)),
+                                           "even")
+        self.assertEqual((s, w), ([{0, 4, 1, 5, 2, 6}], [{3, 7}]))
+        self.assertEqual(where, "own 2-3 physical cores each")
+        s, w, _, where = self.so.placement(1, 3, [[c] for c in range(8)],
+                                           "even")
+        self.assertEqual(s + w, [{0, 1}, {2, 3}, {4, 5}, {6, 7}])
+        self.assertEqual(where, "own 2 cores each")
+
+    def test_even_with_a_core_each_is_one(self):
+        self.assertEqual(
+            self.so.placement(1, 4, self.groups(range(8)), "even"),
+            self.so.placement(1, 4, self.groups(range(8))))
+
     def test_no_hyperthreads(self):
         s, w, shared, where = self.so.placement(
             1, 1, [[0], [1]])

@@ -16,7 +16,8 @@
 #                                        #   for tools/gpu/summarize.py
 #                                        #   --update_docs
 #   tools/gpu/run.sh some PART...        # the named parts of `all` (and
-#                                        #   step_overhead_gpu_tcp), packed
+#                                        #   step_overhead_gpu_tcp, _even),
+#                                        #   packed
 #                                        #   the same way
 #   tools/gpu/run.sh torch               # bnps.torch from the wheel (dist/
 #                                        #   bnps-*.whl, carried beside the
@@ -196,7 +197,7 @@ part() {  # part NAME SECONDS COMMAND...
 ALL_PARTS=(tests kernels model_step step_overhead_gpu step_overhead_cpu rtt
            demo demo_nomps replicas scaling torch)
 # Parts only `some` runs.
-EXTRA_PARTS=(step_overhead_gpu_tcp)
+EXTRA_PARTS=(step_overhead_gpu_tcp step_overhead_gpu_even)
 
 do_tests() { part tests 120 "$0" tests; }
 do_kernels() {
@@ -224,6 +225,11 @@ do_step_overhead_cpu() { step_overhead step_overhead_cpu 90 cpu 1; }
 # The same with BN over TCP where workers would take a server's Unix socket.
 do_step_overhead_gpu_tcp() {
   step_overhead step_overhead_gpu_tcp 200 gpu 1,2,4 --worker_flag=--bn_unix=false
+}
+# The same with the cores shared out evenly (a process's helper threads --
+# gRPC's, CUDA's, a BN poll -- beside its main thread) rather than one each.
+do_step_overhead_gpu_even() {
+  step_overhead step_overhead_gpu_even 200 gpu 1,2,4 --cores_each=even
 }
 # This machine's loopback round trip, the floor under a BN exchange.
 do_rtt() { part rtt 60 "${PY:-python3}" "$REPO/tools/gpu/loopback_rtt.py"; }

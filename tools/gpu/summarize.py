@@ -240,6 +240,14 @@ def device_name(out):
     return "unknown GPU"
 
 
+# run.sh's step_overhead_gpu_<variant> parts (only `some` runs them): the
+# GPU step against local with one setting changed, as the summary row says.
+STEP_VARIANTS = {
+    "tcp": "BN over TCP (--bn_unix=false)",
+    "even": "the cores shared out evenly (--cores_each=even)",
+}
+
+
 def collect(out):
     return {
         "device": device_name(out),
@@ -253,7 +261,6 @@ def collect(out):
         "model_step": model_step(out),
         "step_gpu": step_overhead(out, "step_overhead_gpu.txt"),
         "step_cpu": step_overhead(out, "step_overhead_cpu.txt"),
-        "step_gpu_tcp": step_overhead(out, "step_overhead_gpu_tcp.txt"),
         "demo": launch(out, "demo"),
         "demo_nomps": launch(out, "demo_nomps"),
         "replicas": launch(out, "replicas"),
@@ -261,6 +268,8 @@ def collect(out):
         "scaling_bed": scaling_bed(out),
         "torch": torch_run(out),
         "rtt": loopback_rtt(out),
+        **{"step_gpu_" + v: step_overhead(out, "step_overhead_gpu_%s.txt" % v)
+           for v in STEP_VARIANTS},
     }
 
 
@@ -268,12 +277,15 @@ PART_NAMES = {
     "tests": "the CUDA tests", "kernels": "the kernel benchmark",
     "model_step": "the model step", "step_gpu": "the step overhead on the GPU",
     "step_cpu": "the step overhead on the CPU",
-    "step_gpu_tcp": "the step overhead on the GPU over TCP", "demo": "the demo",
+    "demo": "the demo",
     "demo_nomps": "the demo without MPS", "replicas": "the replicas run",
     "scaling": "the bed's BN exchange", "torch": "bnps.torch",
-    "rtt": "the loopback round trip"}
-PARTS = ["tests", "kernels", "model_step", "step_gpu", "step_cpu", "step_gpu_tcp", "demo",
-         "demo_nomps", "replicas", "scaling", "torch", "rtt"]
+    "rtt": "the loopback round trip",
+    **{"step_gpu_" + v: "the step overhead on the GPU with " + label
+       for v, label in STEP_VARIANTS.items()}}
+PARTS = ["tests", "kernels", "model_step", "step_gpu", "step_cpu"] + [
+    "step_gpu_" + v for v in STEP_VARIANTS] + [
+    "demo", "demo_nomps", "replicas", "scaling", "torch", "rtt"]
 
 
 def has_part(f, part):
@@ -285,7 +297,8 @@ def has_part(f, part):
     return bool(v)
 
 
-STEP_PARTS = ("step_gpu", "step_cpu", "step_gpu_tcp")
+STEP_PARTS = ("step_gpu", "step_cpu") + tuple(
+    "step_gpu_" + v for v in STEP_VARIANTS)
 
 
 def combine(runs):
@@ -393,13 +406,14 @@ def rows(f):
         spread = "" if not r or r.get("min") is None else " (%s-%s)" % (fmt(r["min"]), fmt(r["max"]))
         out.append(("sync / local step, GPU, W=%d, batch 32" % w, fmt(med) + spread,
                     "<= %.2f" % SYNC_LOCAL_TARGET, verdict(med, SYNC_LOCAL_TARGET)))
-    for w in (1, 2, 4):
-        r = f["step_gpu_tcp"].get((w, 32, "sync"))
-        if not r:
-            continue
-        spread = "" if r.get("min") is None else " (%s-%s)" % (fmt(r["min"]), fmt(r["max"]))
-        out.append(("sync / local step, GPU, W=%d, batch 32, BN over TCP "
-                    "(--bn_unix=false)" % w, fmt(r.get("median")) + spread, "(figure)", ""))
+    for v, label in STEP_VARIANTS.items():
+        for w in (1, 2, 4):
+            r = f["step_gpu_" + v].get((w, 32, "sync"))
+            if not r:
+                continue
+            spread = "" if r.get("min") is None else " (%s-%s)" % (fmt(r["min"]), fmt(r["max"]))
+            out.append(("sync / local step, GPU, W=%d, batch 32, %s" % (w, label),
+                        fmt(r.get("median")) + spread, "(figure)", ""))
     gpu_x, cpu_x = per_exchange_us(f["step_gpu"], 1), per_exchange_us(f["step_cpu"], 1)
     out.append(("BN exchange, W=1: GPU worker / CPU worker",
                 "%s us / %s us" % (fmt(gpu_x, ".0f"), fmt(cpu_x, ".0f")), "(figure)", ""))
@@ -607,9 +621,8 @@ def main(argv):
             return {"%s" % (k,): v for k, v in d.items()}
         with open(args.json, "w") as fh:
             json.dump(dict(f, model_step=keyed(f["model_step"]),
-                           step_gpu=keyed(f["step_gpu"]), step_cpu=keyed(f["step_cpu"]),
-                           step_gpu_tcp=keyed(f["step_gpu_tcp"]),
-                           scaling=keyed(f["scaling"])),
+                           scaling=keyed(f["scaling"]),
+                           **{p: keyed(f[p]) for p in STEP_PARTS}),
                       fh, indent=1, sort_keys=True)
     if args.update_docs:
         try:

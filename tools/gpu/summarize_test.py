@@ -122,16 +122,21 @@ class SummaryOfTheCannedRunTest(unittest.TestCase):
         self.assertEqual(got[name][1], "42 us / 12 us")
         self.assertEqual(empty[name][1], "n/a us / n/a us")
 
-    def test_the_tcp_comparison_rows_appear_only_when_measured(self):
-        self.assertFalse(any("over TCP" in name for name in self.rows))
-        with tempfile.TemporaryDirectory() as tmp:
-            shutil.copy(os.path.join(CANNED, "step_overhead_gpu.txt"),
-                        os.path.join(tmp, "step_overhead_gpu_tcp.txt"))
-            f = summarize.collect(tmp)
-            rows = {r[0]: r for r in summarize.rows(f)}
+    def test_the_variant_rows_appear_only_when_measured(self):
+        self.assertFalse(any("over TCP" in name or "evenly" in name
+                             for name in self.rows))
+        for variant, label in (("tcp", "BN over TCP (--bn_unix=false)"),
+                               ("even", "the cores shared out evenly "
+                                        "(--cores_each=even)")):
+            with tempfile.TemporaryDirectory() as tmp:
+                shutil.copy(os.path.join(CANNED, "step_overhead_gpu.txt"),
+                            os.path.join(tmp, "step_overhead_gpu_%s.txt" % variant))
+                f = summarize.collect(tmp)
+                rows = {r[0]: r for r in summarize.rows(f)}
             want = self.f["step_gpu"][(4, 32, "sync")]["median"]
-            row = rows["sync / local step, GPU, W=4, batch 32, BN over TCP (--bn_unix=false)"]
+            row = rows["sync / local step, GPU, W=4, batch 32, " + label]
             self.assertTrue(row[1].startswith("%.2f" % want), row)
+            self.assertEqual(len([n for n in rows if label in n]), 3)
 
     def test_exchange_cost_on_both_devices(self):
         gpu = summarize.per_exchange_us(self.f["step_gpu"], 1)
