@@ -150,6 +150,9 @@ struct HeartbeatStats {
   // process as the worker (it was lost, or another process took its place);
   // every later call of the client then fails with it. OK until then.
   absl::Status dropped;
+  // Other shards' losses carried to a shard that did not list them yet
+  // (proto's WorkerLoss), counted per shard told.
+  int64_t losses_relayed = 0;
 };
 
 // OK if `options` can be used; INVALID_ARGUMENT naming the first bad field.

@@ -12,6 +12,7 @@
 #include <atomic>
 #include <cstdint>
 #include <map>
+#include <functional>
 #include <memory>
 #include <set>
 #include <string>
@@ -318,6 +319,54 @@ TEST_F(GrpcPsClientTest, HeartbeatsReachEveryShard) {
   HeartbeatStats stats = client->heartbeat_stats();
   EXPECT_EQ(stats.failed, 0);
   EXPECT_EQ(stats.live_workers, (std::vector<int>{0, 1}));
+}
+
+// Shards do not talk to each other: a loss one shard's heartbeat answer
+// lists goes to the others in this worker's next heartbeats, until each
+// lists it too; news no shard lists any more is forgotten.
+TEST_F(GrpcPsClientTest, HeartbeatsCarryOneShardsLossesToTheOthers) {
+  GrpcClientOptions options = Options();
+  options.heartbeat_interval = absl::Milliseconds(20);
+  std::unique_ptr<GrpcPsClient> client = Connect(options);
+  ASSERT_NE(client, nullptr);
+  proto::WorkerLoss loss;
+  loss.set_worker(1);
+  loss.set_incarnation(77);
+  loss.set_shard(0);
+  loss.set_reason("worker 1 was lost (no heartbeat for 3s)");
+  // Waits until `done` holds (5 s at most).
+  auto until = [](const std::function<bool()>& done) {
+    const absl::Time give_up = absl::Now() + absl::Seconds(5);
+    while (!done() && absl::Now() < give_up) {
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    return done();
+  };
+  fakes_[0]->set_heartbeat_lost({loss});
+  ASSERT_TRUE(until([&] { return fakes_[1]->heartbeats_with_losses() > 0; }));
+  std::vector<proto::WorkerLoss> got = fakes_[1]->last_heartbeat_losses();
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].SerializeAsString(), loss.SerializeAsString());
+  EXPECT_EQ(fakes_[0]->heartbeats_with_losses(), 0);  // not back to its source
+  // Once shard 1 lists it, it is told no more.
+  fakes_[1]->set_heartbeat_lost({loss});
+  int beats = fakes_[1]->heartbeats();
+  ASSERT_TRUE(until([&] { return fakes_[1]->heartbeats() >= beats + 2; }));
+  int carried = fakes_[1]->heartbeats_with_losses();
+  beats = fakes_[1]->heartbeats();
+  ASSERT_TRUE(until([&] { return fakes_[1]->heartbeats() >= beats + 3; }));
+  EXPECT_EQ(fakes_[1]->heartbeats_with_losses(), carried);
+  EXPECT_GE(client->heartbeat_stats().losses_relayed, 1);
+  // Neither lists it (the worker registered again): stale, forgotten.
+  fakes_[0]->set_heartbeat_lost({});
+  fakes_[1]->set_heartbeat_lost({});
+  beats = fakes_[1]->heartbeats();
+  ASSERT_TRUE(until([&] { return fakes_[1]->heartbeats() >= beats + 2; }));
+  carried = fakes_[1]->heartbeats_with_losses();
+  beats = fakes_[1]->heartbeats();
+  ASSERT_TRUE(until([&] { return fakes_[1]->heartbeats() >= beats + 3; }));
+  EXPECT_EQ(fakes_[1]->heartbeats_with_losses(), carried);
+  EXPECT_TRUE(client->heartbeat_stats().failed == 0);
 }
 
 TEST_F(GrpcPsClientTest, HeartbeatIntervalMustBeShorterThanServerTimeout) {

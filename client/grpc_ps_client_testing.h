@@ -144,6 +144,11 @@ class FakeShard final : public proto::ParameterServer::Service {
     absl::MutexLock lock(&mu_);
     heartbeat_status_ = std::move(status);
   }
+  // The losses heartbeats' answers list (HeartbeatResponse.lost).
+  void set_heartbeat_lost(std::vector<proto::WorkerLoss> lost) {
+    absl::MutexLock lock(&mu_);
+    heartbeat_lost_ = std::move(lost);
+  }
   void SetParam(const std::string& key, Param p) {
     absl::MutexLock lock(&mu_);
     params_[key] = std::move(p);
@@ -169,6 +174,16 @@ class FakeShard final : public proto::ParameterServer::Service {
   std::set<uint64_t> heartbeat_incarnations() {
     absl::MutexLock lock(&mu_);
     return heartbeat_incarnations_;
+  }
+  // The losses the latest heartbeat carried (HeartbeatRequest.losses), and
+  // how many heartbeats carried any.
+  std::vector<proto::WorkerLoss> last_heartbeat_losses() {
+    absl::MutexLock lock(&mu_);
+    return last_heartbeat_losses_;
+  }
+  int heartbeats_with_losses() {
+    absl::MutexLock lock(&mu_);
+    return heartbeats_with_losses_;
   }
   std::map<std::string, Param> params() {
     absl::MutexLock lock(&mu_);
@@ -224,7 +239,11 @@ class FakeShard final : public proto::ParameterServer::Service {
     absl::MutexLock lock(&mu_);
     ++heartbeats_;
     heartbeat_incarnations_.insert(request->incarnation());
+    last_heartbeat_losses_.assign(request->losses().begin(),
+                                  request->losses().end());
+    heartbeats_with_losses_ += request->losses_size() > 0;
     for (int w = 0; w < kWorkers; ++w) response->add_live_workers(w);
+    for (const proto::WorkerLoss& l : heartbeat_lost_) *response->add_lost() = l;
     return heartbeat_status_;
   }
 
@@ -528,6 +547,9 @@ class FakeShard final : public proto::ParameterServer::Service {
   int heartbeats_ ABSL_GUARDED_BY(mu_) = 0;
   std::set<uint64_t> heartbeat_incarnations_ ABSL_GUARDED_BY(mu_);
   grpc::Status heartbeat_status_ ABSL_GUARDED_BY(mu_);
+  std::vector<proto::WorkerLoss> heartbeat_lost_ ABSL_GUARDED_BY(mu_);
+  std::vector<proto::WorkerLoss> last_heartbeat_losses_ ABSL_GUARDED_BY(mu_);
+  int heartbeats_with_losses_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<Push> pushes_ ABSL_GUARDED_BY(mu_);
   int push_calls_ ABSL_GUARDED_BY(mu_) = 0;
   std::string failing_key_ ABSL_GUARDED_BY(mu_);

@@ -9,7 +9,8 @@ Membership::Membership(int num_workers, absl::Duration heartbeat_timeout)
     : timeout_(heartbeat_timeout),
       workers_(num_workers),
       restored_(num_workers, false),
-      addresses_(num_workers) {}
+      addresses_(num_workers),
+      told_(num_workers) {}
 
 absl::Status Membership::Check(int worker, uint64_t incarnation) const {
   if (worker < 0 || worker >= static_cast<int>(workers_.size())) {
@@ -54,6 +55,7 @@ absl::Status Membership::Register(int worker, uint64_t incarnation,
   info.incarnation = incarnation;
   info.last_seen = now;
   restored_[worker] = false;
+  told_[worker] = Loss();
   return absl::OkStatus();
 }
 
@@ -71,6 +73,7 @@ absl::Status Membership::Replace(int worker, uint64_t incarnation,
   info.incarnation = incarnation;
   info.last_seen = now;
   restored_[worker] = false;
+  told_[worker] = Loss();
   return absl::OkStatus();
 }
 
@@ -95,7 +98,9 @@ void Membership::Restore(const std::vector<WorkerInfo>& workers,
     workers_[w] = workers[w];
     workers_[w].last_seen = workers[w].registered ? now : absl::InfinitePast();
     restored_[w] = true;
+    told_[w] = Loss();
   }
+  marked_.clear();
 }
 
 absl::Status Membership::Rejoin(int worker, uint64_t incarnation,
@@ -113,6 +118,7 @@ absl::Status Membership::Rejoin(int worker, uint64_t incarnation,
   info.incarnation = incarnation;
   info.last_seen = now;
   restored_[worker] = false;
+  told_[worker] = Loss();
   return absl::OkStatus();
 }
 
@@ -149,6 +155,7 @@ absl::Status Membership::Heartbeat(int worker, uint64_t incarnation,
 std::vector<int> Membership::CheckTimeouts(absl::Time now) {
   absl::MutexLock lock(&mu_);
   std::vector<int> lost;
+  lost.swap(marked_);
   for (size_t w = 0; w < workers_.size(); ++w) {
     WorkerInfo& info = workers_[w];
     if (info.registered && !info.lost && !info.finished &&
@@ -158,6 +165,39 @@ std::vector<int> Membership::CheckTimeouts(absl::Time now) {
     }
   }
   return lost;
+}
+
+bool Membership::MarkLost(int worker, uint64_t incarnation, int shard,
+                          std::string reason) {
+  absl::MutexLock lock(&mu_);
+  if (worker < 0 || worker >= static_cast<int>(workers_.size()) ||
+      incarnation == 0) {
+    return false;
+  }
+  WorkerInfo& info = workers_[worker];
+  if (!info.registered || info.lost || info.finished ||
+      info.incarnation != incarnation) {
+    return false;
+  }
+  info.lost = true;
+  told_[worker] = Loss{worker, incarnation, shard, std::move(reason)};
+  marked_.push_back(worker);
+  return true;
+}
+
+std::vector<Membership::Loss> Membership::Losses() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<Loss> losses;
+  for (size_t w = 0; w < workers_.size(); ++w) {
+    if (!workers_[w].lost) continue;
+    if (told_[w].shard >= 0) {
+      losses.push_back(told_[w]);
+    } else {
+      losses.push_back(Loss{static_cast<int>(w), workers_[w].incarnation, -1,
+                            LostTextLocked(static_cast<int>(w))});
+    }
+  }
+  return losses;
 }
 
 std::vector<Membership::WorkerInfo> Membership::Snapshot() const {
@@ -198,6 +238,11 @@ std::string Membership::LostText(int worker) const {
 }
 
 std::string Membership::LostTextLocked(int worker) const {
+  if (worker >= 0 && worker < static_cast<int>(told_.size()) &&
+      told_[worker].shard >= 0) {
+    return absl::StrCat("shard ", told_[worker].shard, " found that ",
+                        told_[worker].reason);
+  }
   const bool known = worker >= 0 &&
                      worker < static_cast<int>(addresses_.size()) &&
                      !addresses_[worker].empty();

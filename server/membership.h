@@ -62,8 +62,28 @@ class Membership {
   // incarnation.
   absl::Status Finish(int worker, uint64_t incarnation);
 
-  // Workers that became lost since the last call.
+  // Workers that became lost since the last call: silent for the timeout,
+  // or marked by MarkLost.
   std::vector<int> CheckTimeouts(absl::Time now);
+
+  // Marks `worker`, run by `incarnation`, lost on the word of shard `shard`
+  // (`reason`, that shard's text; proto's WorkerLoss): the next
+  // CheckTimeouts reports it, and LostText says "shard K found that
+  // <reason>". False, changing nothing, unless the worker is registered,
+  // live, unfinished and run by `incarnation`.
+  bool MarkLost(int worker, uint64_t incarnation, int shard,
+                std::string reason);
+
+  // A lost worker, and who found it lost: `shard` -1 for this membership's
+  // own timeout (reason: its LostText), else MarkLost's shard and reason.
+  struct Loss {
+    int worker = -1;
+    uint64_t incarnation = 0;
+    int shard = -1;
+    std::string reason;
+  };
+  // Every worker lost now (not since rejoined or replaced), by id.
+  std::vector<Loss> Losses() const;
 
   struct WorkerInfo {
     bool registered = false;
@@ -111,6 +131,11 @@ class Membership {
   // may have been restarted after the checkpoint was taken.
   std::vector<bool> restored_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> addresses_ ABSL_GUARDED_BY(mu_);  // by worker
+  // By worker: who found it lost, where MarkLost said (shard >= 0); reset
+  // when it is live again.
+  std::vector<Loss> told_ ABSL_GUARDED_BY(mu_);
+  // Marked by MarkLost and not yet reported by CheckTimeouts.
+  std::vector<int> marked_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace bnps::server

@@ -128,4 +128,52 @@ TEST(MembershipTest, HeartbeatsAgainstRestoredRegistrationsAreNotFinal) {
 }
 
 }  // namespace
+// Another shard's word makes a live worker lost at once (reported by the
+// next CheckTimeouts, once), named as that shard found it; only for the
+// process it names, and only while that process is live here.
+TEST(MembershipTest, AnotherShardsLossMarksTheSameProcessLost) {
+  Membership m(3, kTimeout);
+  ASSERT_TRUE(m.Register(0, 5, kT0).ok());
+  ASSERT_TRUE(m.Register(1, 5, kT0).ok());
+  const std::string said = "worker 1 was lost (no heartbeat for 3s)";
+  EXPECT_FALSE(m.MarkLost(1, 6, 0, said));  // another process
+  EXPECT_FALSE(m.MarkLost(2, 5, 0, said));  // never registered here
+  EXPECT_FALSE(m.MarkLost(9, 5, 0, said));  // outside the job
+  ASSERT_TRUE(m.MarkLost(1, 5, 0, said));
+  EXPECT_FALSE(m.MarkLost(1, 5, 2, said));  // lost already
+  EXPECT_TRUE(m.IsLost(1));
+  EXPECT_EQ(m.CheckTimeouts(kT0 + absl::Seconds(1)), (std::vector<int>{1}));
+  EXPECT_TRUE(m.CheckTimeouts(kT0 + absl::Seconds(1)).empty());
+  EXPECT_EQ(m.LostText(1), "shard 0 found that " + said);
+  EXPECT_EQ(m.Heartbeat(1, 5, kT0).code(),
+            absl::StatusCode::kFailedPrecondition);
+  // The finding keeps its shard and words; worker 0 is lost here, by its
+  // own silence, with this membership's words.
+  EXPECT_EQ(m.CheckTimeouts(kT0 + absl::Seconds(4)), (std::vector<int>{0}));
+  std::vector<Membership::Loss> losses = m.Losses();
+  ASSERT_EQ(losses.size(), 2u);
+  EXPECT_EQ(losses[0].worker, 0);
+  EXPECT_EQ(losses[0].shard, -1);
+  EXPECT_EQ(losses[0].reason, m.LostText(0));
+  EXPECT_EQ(losses[1].worker, 1);
+  EXPECT_EQ(losses[1].incarnation, 5u);
+  EXPECT_EQ(losses[1].shard, 0);
+  EXPECT_EQ(losses[1].reason, said);
+  // Live again (a relaunch that may rejoin): no longer listed, its own
+  // words again.
+  ASSERT_TRUE(m.Rejoin(1, 7, kT0 + absl::Seconds(4)).ok());
+  ASSERT_EQ(m.Losses().size(), 1u);
+  EXPECT_EQ(m.CheckTimeouts(kT0 + absl::Seconds(8)), (std::vector<int>{1}));
+  EXPECT_EQ(m.LostText(1), "worker 1 was lost (no heartbeat for 3s)");
+}
+
+// A finished worker is not lost on anyone's word.
+TEST(MembershipTest, NoLossOfAFinishedWorker) {
+  Membership m(1, kTimeout);
+  ASSERT_TRUE(m.Register(0, 5, kT0).ok());
+  ASSERT_TRUE(m.Finish(0, 5).ok());
+  EXPECT_FALSE(m.MarkLost(0, 5, 1, "worker 0 was lost"));
+  EXPECT_TRUE(m.Losses().empty());
+}
+
 }  // namespace bnps::server

@@ -372,6 +372,34 @@ absl::Status Shard::Heartbeat(int worker, uint64_t incarnation) {
   return membership_.Heartbeat(worker, incarnation, now);
 }
 
+void Shard::LearnLosses(const std::vector<Membership::Loss>& news) {
+  if (options_.worker_loss == policy::WorkerLoss::kWait) return;
+  bool marked = false;
+  {
+    absl::MutexLock lock(&join_mu_);
+    for (const Membership::Loss& loss : news) {
+      if (loss.shard == options_.shard || loss.shard < 0 ||
+          loss.shard >= options_.num_shards) {
+        continue;
+      }
+      // A shard's own words are a line; news is no place for more.
+      constexpr size_t kMaxReasonBytes = 512;
+      marked = membership_.MarkLost(loss.worker, loss.incarnation, loss.shard,
+                                    loss.reason.substr(0, kMaxReasonBytes)) ||
+               marked;
+    }
+  }
+  if (marked) Tick(options_.now());  // fails or drops them now
+}
+
+std::vector<Membership::Loss> Shard::Losses() const {
+  std::vector<Membership::Loss> losses = membership_.Losses();
+  for (Membership::Loss& loss : losses) {
+    if (loss.shard < 0) loss.shard = options_.shard;
+  }
+  return losses;
+}
+
 void Shard::Tick(absl::Time now) {
   bool completed = false;
   {

@@ -190,6 +190,15 @@ class Shard {
   // heard from again by the same process (a network partition healed) is
   // live again, and the steps that waited for it go on.
   absl::Status Heartbeat(int worker, uint64_t incarnation);
+  // Other shards' losses, carried by a worker's accepted heartbeat (proto's
+  // WorkerLoss): each worker registered here, live and run by the same
+  // process, is lost here too, at once (steps that need it fail, or under
+  // shrink it is dropped, as for a loss found here). Ignored under
+  // --on_worker_loss=wait, and for news of this shard's own.
+  void LearnLosses(const std::vector<Membership::Loss>& news);
+  // The workers lost here, each with the shard that found it lost (this one
+  // for its own findings), for the heartbeats' answers.
+  std::vector<Membership::Loss> Losses() const;
 
   // Whether `worker` took part in the job here (as Register's rule above).
   bool TookPart(int worker) const;

@@ -123,6 +123,20 @@ grpc::ServerUnaryReactor* ShardService::Heartbeat(
   }
   if (s.ok()) {
     shard_->membership().SetAddress(req.worker(), PeerHost(ctx->peer()));
+    if (!req.losses().empty()) {
+      std::vector<Membership::Loss> news;
+      for (const proto::WorkerLoss& l : req.losses()) {
+        news.push_back({l.worker(), l.incarnation(), l.shard(), l.reason()});
+      }
+      shard_->LearnLosses(news);
+    }
+    for (const Membership::Loss& l : shard_->Losses()) {
+      proto::WorkerLoss* out_loss = resp.add_lost();
+      out_loss->set_worker(l.worker);
+      out_loss->set_incarnation(l.incarnation);
+      out_loss->set_shard(l.shard);
+      out_loss->set_reason(l.reason);
+    }
     for (int w : shard_->membership().LiveWorkers()) resp.add_live_workers(w);
     const Shard::GenerationInfo g = shard_->generation();
     resp.set_server_incarnation(shard_->server_incarnation());

@@ -147,6 +147,81 @@ TEST(ShardTest, LostWorkerIsDroppedUnderShrink) {
   EXPECT_EQ(shard->membership().LiveWorkers(), (std::vector<int>{0}));
 }
 
+// Shard 1 of 2 hears from both workers; shard 0 lost worker 1, and a
+// worker's heartbeat carries the news. A pull waiting for worker 1 fails at
+// once under fail and completes without it under shrink, as for a loss found
+// here; under wait the news is ignored (steps wait for the worker anyway).
+TEST(ShardTest, AnotherShardsLossActsAtOnce) {
+  for (policy::WorkerLoss mode :
+       {policy::WorkerLoss::kFail, policy::WorkerLoss::kShrink,
+        policy::WorkerLoss::kWait}) {
+    FakeClock clock;
+    ShardOptions o = Options(&clock, 2, policy::Policy::kSync, mode);
+    o.num_shards = 2;
+    o.shard = 1;
+    auto shard = *Shard::Create(o);
+    ASSERT_TRUE(shard->Register(0, kFirst).ok());
+    ASSERT_TRUE(shard->Register(1, kFirst).ok());
+    std::string key = "w";
+    while (proto::ShardForKey(key, 2) != 1) key += "w";
+    ASSERT_TRUE(shard->store().Init(key, {1}, {0}).ok());
+    ASSERT_TRUE(shard->store().Push(0, 0, key, {1}, {1}, 1).ok());
+    std::optional<absl::StatusOr<store::ParameterStore::Snapshot>> pulled;
+    shard->store().Pull({}, 1, shard->Deadline(),
+                        [&](auto s) { pulled = std::move(s); });
+    const std::string said = "worker 1 was lost (no heartbeat for 3s)";
+    // Its own news, another process's, and a shard outside the job: nothing.
+    shard->LearnLosses({{1, kFirst, 1, said},
+                        {1, kRelaunch, 0, said},
+                        {1, kFirst, 7, said}});
+    EXPECT_FALSE(shard->membership().IsLost(1));
+    EXPECT_FALSE(pulled.has_value());
+    shard->LearnLosses({{1, kFirst, 0, said}});  // no clock moved
+    if (mode == policy::WorkerLoss::kWait) {
+      EXPECT_FALSE(shard->membership().IsLost(1));
+      EXPECT_FALSE(pulled.has_value());
+      EXPECT_TRUE(shard->Losses().empty());
+      continue;
+    }
+    ASSERT_TRUE(shard->membership().IsLost(1));
+    ASSERT_TRUE(pulled.has_value());
+    if (mode == policy::WorkerLoss::kFail) {
+      EXPECT_EQ(pulled->status().code(), absl::StatusCode::kFailedPrecondition);
+      EXPECT_EQ(pulled->status().message(), "shard 0 found that " + said);
+    } else {
+      ASSERT_TRUE(pulled->ok()) << pulled->status();
+      EXPECT_EQ(shard->membership().LiveWorkers(), (std::vector<int>{0}));
+    }
+    // Listed with the shard that found it and its words, to pass on.
+    const std::vector<Membership::Loss> losses = shard->Losses();
+    ASSERT_EQ(losses.size(), 1u);
+    EXPECT_EQ(losses[0].shard, 0);
+    EXPECT_EQ(losses[0].reason, said);
+    EXPECT_EQ(shard->Heartbeat(1, kFirst).code(),
+              absl::StatusCode::kFailedPrecondition);
+  }
+}
+
+// A loss found here is listed as this shard's.
+TEST(ShardTest, OwnLossesAreListedAsThisShards) {
+  FakeClock clock;
+  ShardOptions o = Options(&clock, 2, policy::Policy::kSync);
+  o.num_shards = 3;
+  o.shard = 2;
+  auto shard = *Shard::Create(o);
+  ASSERT_TRUE(shard->Register(0, kFirst).ok());
+  ASSERT_TRUE(shard->Register(1, kFirst).ok());
+  clock.now += absl::Seconds(4);
+  ASSERT_TRUE(shard->Heartbeat(0, kFirst).ok());
+  shard->Tick(clock.now);
+  const std::vector<Membership::Loss> losses = shard->Losses();
+  ASSERT_EQ(losses.size(), 1u);
+  EXPECT_EQ(losses[0].worker, 1);
+  EXPECT_EQ(losses[0].incarnation, kFirst);
+  EXPECT_EQ(losses[0].shard, 2);
+  EXPECT_EQ(losses[0].reason, "worker 1 was lost (no heartbeat for 3s)");
+}
+
 // Worker 1 of a 2-worker shard falls silent past the heartbeat timeout while
 // worker 0 heartbeats.
 void LoseWorkerOne(Shard& shard, FakeClock& clock) {

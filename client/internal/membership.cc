@@ -454,6 +454,13 @@ void Membership::SendHeartbeats() {
       absl::MutexLock lock(&mu_);
       if (stopping_) return;
       heartbeat_context_ = &context;
+      listed_.resize(channels_->num_shards());
+      request.clear_losses();
+      for (const auto& [key, loss] : losses_) {
+        if (loss.shard() != i && listed_[i].count(key) == 0) {
+          *request.add_losses() = loss;
+        }
+      }
     }
     proto::HeartbeatResponse response;
     const absl::Status s = proto::FromGrpcStatus(
@@ -472,10 +479,28 @@ void Membership::SendHeartbeats() {
                          " is no longer in the job, so it stops: ",
                          stats_.last_error.message()));
       }
-    } else if (i == 0) {
-      stats_.live_workers.assign(response.live_workers().begin(),
-                                           response.live_workers().end());
+      continue;
     }
+    stats_.losses_relayed += request.losses_size();
+    listed_[i].clear();
+    for (const proto::WorkerLoss& loss : response.lost()) {
+      const std::pair<int, uint64_t> key(loss.worker(), loss.incarnation());
+      listed_[i].insert(key);
+      losses_.emplace(key, loss);
+    }
+    if (i == 0) {
+      stats_.live_workers.assign(response.live_workers().begin(),
+                                 response.live_workers().end());
+    }
+  }
+  // News that no shard lists any more (the worker registered again, or was
+  // replaced, everywhere it was lost) is stale: forget it.
+  absl::MutexLock lock(&mu_);
+  for (auto it = losses_.begin(); it != losses_.end();) {
+    const bool listed =
+        std::any_of(listed_.begin(), listed_.end(),
+                    [&](const auto& keys) { return keys.count(it->first); });
+    it = listed ? std::next(it) : losses_.erase(it);
   }
 }
 

@@ -13,6 +13,9 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
+#include <set>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -80,7 +83,10 @@ class Membership {
   // counted, not returned. A FAILED_PRECONDITION answer means the shard no
   // longer counts this process as the worker (it was lost, or another
   // process took its place): dropped() reports it from then on. Does nothing
-  // once Stop was called.
+  // once Stop was called. Carries the workers a shard's answer listed as
+  // lost to the shards whose last answer did not (proto's WorkerLoss), in
+  // shard order, so news from shard i reaches shards after it in the same
+  // round and those before it in the next.
   void SendHeartbeats() ABSL_LOCKS_EXCLUDED(mu_);
   // OK while no shard said that this process was dropped from the job;
   // FAILED_PRECONDITION saying so, and what the shard said, afterwards.
@@ -124,6 +130,11 @@ class Membership {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   grpc::ClientContext* heartbeat_context_ ABSL_GUARDED_BY(mu_) = nullptr;
   HeartbeatStats stats_ ABSL_GUARDED_BY(mu_);
+  // Every loss a shard listed, by (worker, incarnation); and, by shard, the
+  // losses its last accepted answer listed (news for it: the rest).
+  std::map<std::pair<int, uint64_t>, proto::WorkerLoss> losses_
+      ABSL_GUARDED_BY(mu_);
+  std::vector<std::set<std::pair<int, uint64_t>>> listed_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace bnps::client::internal
