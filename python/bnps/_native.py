@@ -24,7 +24,7 @@ import numpy as np
 from bnps import errors
 
 _LIB_NAME = "libbnps.so"
-_API_VERSION = 3  # python/native/bnps_c.h's BNPS_C_API_VERSION it needs
+_API_VERSION = 4  # python/native/bnps_c.h's BNPS_C_API_VERSION it needs
 _ERR_LEN = 4096
 
 c_int, c_int64, c_double = ctypes.c_int, ctypes.c_int64, ctypes.c_double
@@ -134,6 +134,9 @@ def _load():
                                        _D, c_int64, c_int64, c_int64, _D, _D,
                                        c_double, c_int, c_double, _D, _D, _D,
                                        c_int, _D, _D, _D] + err),
+        "bnps_layer_exchange_forward": (
+            c_int, [c_void_p, c_void_p, c_char_p, c_int64, c_int64, _D, _D,
+                    c_int64, c_int, c_double, _D, _D, _D, _D, _D] + err),
         "bnps_layer_backward": (c_int, [c_void_p, c_char_p, c_int64, _D, _D,
                                         c_int64, c_int64, c_int64, _D,
                                         c_int64, _D, c_double, c_int, _D, _D,
@@ -468,6 +471,21 @@ def layer_forward(rule, client, layer, step, x, n, channels, spatial, weight,
           channels, spatial, weight, bias, eps, momentum is not None,
           0.0 if momentum is None else momentum, running_mean, running_var,
           batches_tracked, num_threads, y, stats, info)
+
+
+def layer_exchange_forward(rule, client, layer, step, count, mean, m2,
+                           channels, momentum, running_mean, running_var,
+                           batches_tracked, stats, info):
+    """bnps_layer_exchange_forward: mean and m2 (float64, `channels`), the
+    float64 running_mean and running_var (updated in place), batches_tracked
+    (int64), stats (float64, 2 x channels) and info (int64, 3) are
+    addresses (None: NULL) the caller keeps valid; `rule` a WorkerBn,
+    `client` a Client or None."""
+    _call(_lib.bnps_layer_exchange_forward, rule._h,
+          None if client is None else client._h, layer.encode(), step, count,
+          mean, m2, channels, momentum is not None,
+          0.0 if momentum is None else momentum, running_mean, running_var,
+          batches_tracked, stats, info)
 
 
 def layer_backward(client, layer, step, dy, x, n, channels, spatial, weight,

@@ -36,8 +36,9 @@ extern "C" {
 #define BNPS_EXPORT __attribute__((visibility("default")))
 
 /* The ABI's version; a new version only adds functions (2: the layer steps,
- * bnps_layer_forward and bnps_layer_backward; 3: bnps_client_connect2). */
-#define BNPS_C_API_VERSION 3
+ * bnps_layer_forward and bnps_layer_backward; 3: bnps_client_connect2; 4:
+ * bnps_layer_exchange_forward). */
+#define BNPS_C_API_VERSION 4
 BNPS_EXPORT int bnps_api_version(void);
 /* "OK", "INVALID_ARGUMENT", ...; a static string. */
 BNPS_EXPORT const char* bnps_status_name(int code);
@@ -227,6 +228,20 @@ BNPS_EXPORT int bnps_layer_forward(
     const float* weight, const float* bias, double eps, int has_momentum,
     double momentum, float* running_mean, float* running_var,
     int64_t* batches_tracked, int num_threads, float* y, double* out_stats,
+    int64_t* info, char* err, size_t err_len);
+
+/* bnps_layer_forward's worker side alone, for layers whose kernels run
+ * elsewhere (torch operations on a GPU): from the local moments (count, and
+ * float64 mean and m2 of `channels`, as bn/moments.h defines them; invalid
+ * ones are INVALID_ARGUMENT), CheckLayer, PlanForward, BnForward, Resolve and
+ * ApplyRunning on running_mean and running_var, here float64 host copies
+ * updated in place (NULL when the layer tracks none). out_stats and info as
+ * bnps_layer_forward's. One call where a frontend would otherwise make five. */
+BNPS_EXPORT int bnps_layer_exchange_forward(
+    const bnps_worker_bn* r, bnps_client* c, const char* layer, int64_t step,
+    int64_t count, const double* mean, const double* m2, int64_t channels,
+    int has_momentum, double momentum, double* running_mean,
+    double* running_var, int64_t* batches_tracked, double* out_stats,
     int64_t* info, char* err, size_t err_len);
 
 /* The backward pass of a forward pass that normalized with `stats`

@@ -6,6 +6,7 @@
 #include <omp.h>
 
 #include <cstdint>
+#include <algorithm>
 #include <memory>
 #include <optional>
 #include <string>
@@ -54,6 +55,67 @@ std::vector<float> Vector(const float* p, int64_t channels, float fill) {
                       : std::vector<float>(p, p + channels);
 }
 
+// A training-mode forward's worker side on host values, shared by the
+// layer step and the exchange alone: WorkerBn::CheckLayer, PlanForward,
+// BnForward through `c` when the plan exchanges, Resolve, and ApplyRunning on
+// `running` (null: the layer tracks none) with *batches_tracked. info[1] is
+// set once BnForward succeeded (the step is used even if a later part fails),
+// info[0] and info[2] on success: the count and whether the backward pass
+// exchanges.
+absl::StatusOr<bnps::client::BnForwardOutcome> ExchangeForward(
+    const bnps_worker_bn* r, bnps_client* c, const char* layer, int64_t step,
+    const bnps::bn::Moments& local, int has_momentum, double momentum,
+    bnps::bn::RunningStats* running, int64_t* batches_tracked, int64_t* info) {
+  const bool tracks = running != nullptr;
+  if (tracks && batches_tracked == nullptr) {
+    return absl::InvalidArgumentError(
+        "running statistics without a count of the batches they tracked");
+  }
+  std::optional<double> m;
+  if (has_momentum) m = momentum;
+  if (absl::Status s = r->rule.CheckLayer(Str(layer), tracks, m); !s.ok()) {
+    return s;
+  }
+  const bnps::client::BnForwardPlan plan = r->rule.PlanForward(tracks);
+  std::optional<bnps::client::BnForwardResult> answer;
+  if (plan.exchange) {
+    if (c == nullptr) {
+      return absl::InvalidArgumentError(
+          "the policy exchanges BN statistics and no client was given");
+    }
+    auto client = Get(c);
+    if (!client.ok()) return client.status();
+    absl::StatusOr<bnps::client::BnForwardResult> a =
+        (*client)->BnForward(Str(layer), step, local, plan.want_running);
+    if (!a.ok()) return a.status();
+    info[1] = 1;
+    answer = *std::move(a);
+  }
+  absl::StatusOr<bnps::client::BnForwardOutcome> out =
+      r->rule.Resolve(local, answer);
+  if (!out.ok()) return out.status();
+  if (tracks) {
+    if (absl::Status s =
+            bnps::client::ApplyRunning(*out, m, batches_tracked, running);
+        !s.ok()) {
+      return s;
+    }
+  }
+  info[0] = out->normalize.count;
+  info[2] = out->global_backward;
+  return out;
+}
+
+// The mean and the biased variance of `normalize` into `out` (2 x channels);
+// returns the variance.
+std::vector<double> WriteStats(const bnps::bn::Moments& normalize,
+                               double* out) {
+  std::vector<double> var = bnps::bn::BiasedVariance(normalize);
+  std::copy(normalize.mean.begin(), normalize.mean.end(), out);
+  std::copy(var.begin(), var.end(), out + normalize.mean.size());
+  return var;
+}
+
 }  // namespace
 
 extern "C" {
@@ -70,59 +132,64 @@ int bnps_layer_forward(const bnps_worker_bn* r, bnps_client* c,
   absl::StatusOr<bnps::bn::Shape> shape = LayerShape(n, channels, spatial);
   BNPS_RETURN_IF_ERROR(shape.status());
   SetThreads(num_threads);
-  const bool tracks = running_mean != nullptr && running_var != nullptr;
-  if (tracks && batches_tracked == nullptr) {
-    BNPS_RETURN_IF_ERROR(absl::InvalidArgumentError(
-        "running statistics without a count of the batches they tracked"));
-  }
-  std::optional<double> m;
-  if (has_momentum) m = momentum;
-  BNPS_RETURN_IF_ERROR(r->rule.CheckLayer(Str(layer), tracks, m));
   std::unique_ptr<bnps::bn::BnKernels> kernels = bnps::bn::NewCpuBnKernels();
   absl::StatusOr<bnps::bn::Moments> local = kernels->ComputeMoments(x, *shape);
   BNPS_RETURN_IF_ERROR(local.status());
-
-  const bnps::client::BnForwardPlan plan = r->rule.PlanForward(tracks);
-  std::optional<bnps::client::BnForwardResult> answer;
-  if (plan.exchange) {
-    if (c == nullptr) {
-      BNPS_RETURN_IF_ERROR(absl::InvalidArgumentError(
-          "the policy exchanges BN statistics and no client was given"));
-    }
-    auto client = Get(c);
-    BNPS_RETURN_IF_ERROR(client.status());
-    absl::StatusOr<bnps::client::BnForwardResult> a =
-        (*client)->BnForward(Str(layer), step, *local, plan.want_running);
-    BNPS_RETURN_IF_ERROR(a.status());
-    info[1] = 1;
-    answer = *std::move(a);
-  }
-  absl::StatusOr<bnps::client::BnForwardOutcome> out =
-      r->rule.Resolve(*local, answer);
-  BNPS_RETURN_IF_ERROR(out.status());
+  const bool tracks = running_mean != nullptr && running_var != nullptr;
+  std::optional<bnps::bn::RunningStats> running;
   if (tracks) {
-    bnps::bn::RunningStats running{
+    running = bnps::bn::RunningStats{
         std::vector<double>(running_mean, running_mean + channels),
         std::vector<double>(running_var, running_var + channels)};
-    BNPS_RETURN_IF_ERROR(
-        bnps::client::ApplyRunning(*out, m, batches_tracked, &running));
-    for (int64_t i = 0; i < channels; ++i) {
-      running_mean[i] = static_cast<float>(running.mean[i]);
-      running_var[i] = static_cast<float>(running.var[i]);
-    }
   }
-
-  const std::vector<double> var = bnps::bn::BiasedVariance(out->normalize);
+  absl::StatusOr<bnps::client::BnForwardOutcome> out = ExchangeForward(
+      r, c, layer, step, *local, has_momentum, momentum,
+      tracks ? &*running : nullptr, batches_tracked, info);
+  BNPS_RETURN_IF_ERROR(out.status());
+  for (int64_t i = 0; tracks && i < channels; ++i) {
+    running_mean[i] = static_cast<float>(running->mean[i]);
+    running_var[i] = static_cast<float>(running->var[i]);
+  }
+  const std::vector<double> var = WriteStats(out->normalize, out_stats);
   const std::vector<float> gamma = Vector(weight, channels, 1.0f);
   const std::vector<float> beta = Vector(bias, channels, 0.0f);
   const bnps::bn::Normalization norm{out->normalize.mean, var, gamma, beta,
                                      eps};
-  BNPS_RETURN_IF_ERROR(kernels->Normalize(x, *shape, norm, y));
-  std::copy(out->normalize.mean.begin(), out->normalize.mean.end(),
-            out_stats);
-  std::copy(var.begin(), var.end(), out_stats + channels);
-  info[0] = out->normalize.count;
-  info[2] = out->global_backward;
+  return Fail(kernels->Normalize(x, *shape, norm, y), err, err_len);
+}
+
+int bnps_layer_exchange_forward(const bnps_worker_bn* r, bnps_client* c,
+                                const char* layer, int64_t step,
+                                int64_t count, const double* mean,
+                                const double* m2, int64_t channels,
+                                int has_momentum, double momentum,
+                                double* running_mean, double* running_var,
+                                int64_t* batches_tracked, double* out_stats,
+                                int64_t* info, char* err, size_t err_len) {
+  info[0] = info[1] = info[2] = 0;
+  if (channels < 1) {
+    BNPS_RETURN_IF_ERROR(absl::InvalidArgumentError(
+        absl::StrCat(channels, " channels: want >= 1")));
+  }
+  bnps::bn::Moments local{count, std::vector<double>(mean, mean + channels),
+                          std::vector<double>(m2, m2 + channels)};
+  BNPS_RETURN_IF_ERROR(bnps::bn::ValidateMoments(local));
+  const bool tracks = running_mean != nullptr && running_var != nullptr;
+  std::optional<bnps::bn::RunningStats> running;
+  if (tracks) {
+    running = bnps::bn::RunningStats{
+        std::vector<double>(running_mean, running_mean + channels),
+        std::vector<double>(running_var, running_var + channels)};
+  }
+  absl::StatusOr<bnps::client::BnForwardOutcome> out = ExchangeForward(
+      r, c, layer, step, local, has_momentum, momentum,
+      tracks ? &*running : nullptr, batches_tracked, info);
+  BNPS_RETURN_IF_ERROR(out.status());
+  if (tracks) {
+    std::copy(running->mean.begin(), running->mean.end(), running_mean);
+    std::copy(running->var.begin(), running->var.end(), running_var);
+  }
+  WriteStats(out->normalize, out_stats);
   return 0;
 }
 

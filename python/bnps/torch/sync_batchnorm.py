@@ -439,8 +439,12 @@ class SyncBatchNorm(nn.modules.batchnorm._BatchNorm):
         # The policy's rules are the C++ client's (client/worker_bn.h):
         # whether to send, what to normalize with, whether the backward
         # pass exchanges, how the running statistics follow. This moves
-        # tensors.
+        # tensors: with a real client in one native call, with a stand-in
+        # (tests) through its methods.
         rule = worker_bn(s)
+        native = getattr(s.client, "native", None)
+        if native is not None:
+            return self._exchange_natively(rule, native, count, mean, m2)
         track = self.running_mean is not None
         rule.check_layer(self.bnps_name or "", track, self.momentum)
         exchange, want_running = rule.plan_forward(track)
@@ -463,6 +467,36 @@ class SyncBatchNorm(nn.modules.batchnorm._BatchNorm):
         if not global_backward:
             name = step = None
         return _stats(n, mu, _biased(n, mm2), layer=name)
+
+    def _exchange_natively(self, rule, native, count, mean, m2):
+        """_exchange_with_servers in one call (bnps_layer_exchange_forward:
+        the rule, the exchange and the running statistics' update, on this
+        layer's float64 host copy of them)."""
+        track = self.running_mean is not None
+        if not self.bnps_name and rule.plan_forward(track)[0]:
+            self._name()  # raises: the servers key the layer by its name
+        channels = mean.shape[0]
+        mean, m2 = mean.contiguous(), m2.contiguous()
+        stats = torch.empty(2, channels, dtype=torch.float64)
+        info = torch.zeros(3, dtype=torch.int64)
+        rm = rv = tracked = None
+        if track:
+            n, rm, rv = self._running_on_host()
+            rm, rv = rm.clone(), rv.clone()
+            tracked = torch.tensor([n], dtype=torch.int64)
+        try:
+            _native.layer_exchange_forward(
+                rule, native, self.bnps_name or "", self._bnps_step, count,
+                mean.data_ptr(), m2.data_ptr(), channels, self.momentum,
+                _ptr(rm), _ptr(rv), _ptr(tracked), stats.data_ptr(),
+                info.data_ptr())
+        finally:
+            n, exchanged, global_backward = info.tolist()
+            name = self.bnps_name if global_backward else None
+            self._bnps_step += exchanged
+        if track:
+            self._write_running(int(tracked[0]), rm, rv)
+        return _Stats(n, stats, name)
 
     def _exchange_backward(self, stats, sum_dy, sum_dy_xhat):
         # Backward passes have their own count, in the order autograd runs
@@ -488,11 +522,17 @@ class SyncBatchNorm(nn.modules.batchnorm._BatchNorm):
         tracked, rm, rv = _native.update_running(
             count, _np(mean), _np(m2), self.momentum, tracked,
             _np(rm_host), _np(rv_host))
+        self._write_running(tracked, torch.from_numpy(rm),
+                            torch.from_numpy(rv))
+
+    def _write_running(self, tracked, rm, rv):
+        """Writes the running statistics (float64 CPU tensors) and the count
+        of batches into the buffers, and keeps what the buffers now hold as
+        this layer's host copy."""
         rmb, rvb = self.running_mean, self.running_var
         # The values the buffers will hold (their dtype), then one copy of
         # both to their device.
-        new = torch.stack([torch.from_numpy(rm), torch.from_numpy(rv)]).to(
-            rmb.dtype)
+        new = torch.stack([rm, rv]).to(rmb.dtype)
         both = self._staging().to_device("running", new, rmb.device, rmb.dtype)
         with torch.no_grad():
             self.num_batches_tracked.fill_(tracked)
