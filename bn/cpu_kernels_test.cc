@@ -244,6 +244,46 @@ TEST(CpuKernelsEdgeTest, RejectsBadArguments) {
             invalid);
 }
 
+// The backward pass as dx = k1 dy + k2 x + k3 per channel reproduces the
+// double reference's dx, with gamma and with ones for an empty gamma.
+TEST(InputGradientTest, TheAffineMapGivesTheReferenceDx) {
+  const Shape shape{3, 4, 5, 2};
+  const std::vector<float> x = RandomTensor(shape, 2.0, 3.0, 7, 0.7);
+  const std::vector<float> dy = RandomTensor(shape, 0.1, 1.0, 8);
+  const std::vector<float> gamma = RandomVector(shape.c, 0.5, 1.5, 9);
+  const reference::Stats st = reference::ComputeStats(x, shape);
+  for (bool with_gamma : {true, false}) {
+    const std::vector<float> g32 =
+        with_gamma ? gamma : std::vector<float>(shape.c, 1.0f);
+    const reference::Gradients want =
+        reference::Backward(dy, x, shape, g32, kEps);
+    const std::vector<double> g64(g32.begin(), g32.end());
+    absl::StatusOr<InputGradientMap> k = InputGradient(
+        st.mean, st.var,
+        with_gamma ? absl::Span<const double>(g64) : absl::Span<const double>(),
+        kEps, BackwardSums{want.dbeta, want.dgamma}, st.count);
+    ASSERT_TRUE(k.ok()) << k.status();
+    std::vector<double> dx(x.size());
+    const int64_t len = shape.Spatial();
+    for (int64_t p = 0; p < shape.n * shape.c; ++p) {
+      const int64_t ch = p % shape.c;
+      for (int64_t i = p * len; i < (p + 1) * len; ++i) {
+        dx[i] = k->k1[ch] * dy[i] + k->k2[ch] * x[i] + k->k3[ch];
+      }
+    }
+    EXPECT_LT(MaxRelativeError(dx, want.dx, 1e-6), 1e-9) << with_gamma;
+  }
+  const BackwardSums sums = BackwardSums::Zero(shape.c);
+  EXPECT_EQ(InputGradient(st.mean, st.var, {}, kEps, sums, 0).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(InputGradient(st.mean, st.var, {}, 0, sums, 5).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(InputGradient(st.mean, std::vector<double>(2), {}, kEps, sums, 5)
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(AddSumsTest, AddsAndRejectsMismatch) {
   BackwardSums acc = BackwardSums::Zero(2);
   BackwardSums part{{1, 2}, {3, 4}};

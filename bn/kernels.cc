@@ -43,6 +43,38 @@ void AccumulateSums(const BackwardSums& part, BackwardSums* acc) {
   }
 }
 
+absl::StatusOr<InputGradientMap> InputGradient(absl::Span<const double> mean,
+                                               absl::Span<const double> var,
+                                               absl::Span<const double> gamma,
+                                               double eps,
+                                               const BackwardSums& sums,
+                                               int64_t count) {
+  const size_t c = mean.size();
+  if (var.size() != c || (!gamma.empty() && gamma.size() != c) ||
+      sums.sum_dy.size() != c || sums.sum_dy_xhat.size() != c) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "per-channel sizes differ: mean ", c, ", var ", var.size(),
+        ", gamma ", gamma.size(), ", sums ", sums.sum_dy.size(), " and ",
+        sums.sum_dy_xhat.size()));
+  }
+  if (count < 1 || !(eps > 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "count ", count, " and eps ", eps, ": want count >= 1 and eps > 0"));
+  }
+  // dx = gamma * inv * (dy - sum_dy / n - x_hat * sum_dy_xhat / n) with
+  // x_hat = (x - mean) * inv.
+  InputGradientMap m{std::vector<double>(c), std::vector<double>(c),
+                     std::vector<double>(c)};
+  const double n = static_cast<double>(count);
+  for (size_t i = 0; i < c; ++i) {
+    const double inv = 1.0 / std::sqrt(var[i] + eps);
+    m.k1[i] = gamma.empty() ? inv : inv * gamma[i];
+    m.k2[i] = -m.k1[i] * inv * sums.sum_dy_xhat[i] / n;
+    m.k3[i] = -m.k1[i] * sums.sum_dy[i] / n - m.k2[i] * mean[i];
+  }
+  return m;
+}
+
 absl::Status ValidateNormalization(const Shape& shape, const Normalization& norm,
                                    bool need_beta) {
   if (absl::Status s = ValidateShape(shape); !s.ok()) return s;

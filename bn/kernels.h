@@ -81,6 +81,22 @@ absl::Status AddSums(const BackwardSums& part, BackwardSums* acc);
 // arrays.
 void AccumulateSums(const BackwardSums& part, BackwardSums* acc);
 
+// The backward pass of BN over `count` samples per channel as an affine map
+// of dy and x, per channel in double: dx = k1 * dy + k2 * x + k3, from the
+// statistics normalized with (mean, biased var, eps > 0), gamma (empty for
+// ones) and the sums over those samples. For kernels that apply it as fused
+// multiply-adds (torch's, on python/bnps/torch's generic path).
+// INVALID_ARGUMENT for sizes that differ, count < 1 or eps <= 0.
+struct InputGradientMap {
+  std::vector<double> k1, k2, k3;
+};
+absl::StatusOr<InputGradientMap> InputGradient(absl::Span<const double> mean,
+                                               absl::Span<const double> var,
+                                               absl::Span<const double> gamma,
+                                               double eps,
+                                               const BackwardSums& sums,
+                                               int64_t count);
+
 // The pieces of those checks.
 // OK if `norm` fits a tensor of `shape` (sizes, eps > 0, finite var >= 0);
 // `need_beta` says whether beta must be present.

@@ -137,6 +137,9 @@ def _load():
         "bnps_layer_exchange_forward": (
             c_int, [c_void_p, c_void_p, c_char_p, c_int64, c_int64, _D, _D,
                     c_int64, c_int, c_double, _D, _D, _D, _D, _D] + err),
+        "bnps_layer_exchange_backward": (
+            c_int, [c_void_p, c_char_p, c_int64, _D, _D, c_int64, c_int64, _D,
+                    _D, c_double, _D] + err),
         "bnps_layer_backward": (c_int, [c_void_p, c_char_p, c_int64, _D, _D,
                                         c_int64, c_int64, c_int64, _D,
                                         c_int64, _D, c_double, c_int, _D, _D,
@@ -486,6 +489,17 @@ def layer_exchange_forward(rule, client, layer, step, count, mean, m2,
           mean, m2, channels, momentum is not None,
           0.0 if momentum is None else momentum, running_mean, running_var,
           batches_tracked, stats, info)
+
+
+def layer_exchange_backward(client, layer, step, sum_dy, sum_dy_xhat,
+                            channels, count, stats, weight, eps, k):
+    """bnps_layer_exchange_backward: sum_dy, sum_dy_xhat, stats (2 x
+    channels), weight and k (3 x channels) are float64 addresses (None:
+    NULL) the caller keeps valid; `layer` empty: no exchange (no client
+    needed)."""
+    _call(_lib.bnps_layer_exchange_backward,
+          None if client is None else client._h, layer.encode(), step, sum_dy,
+          sum_dy_xhat, channels, count, stats, weight, eps, k)
 
 
 def layer_backward(client, layer, step, dy, x, n, channels, spatial, weight,

@@ -37,7 +37,7 @@ extern "C" {
 
 /* The ABI's version; a new version only adds functions (2: the layer steps,
  * bnps_layer_forward and bnps_layer_backward; 3: bnps_client_connect2; 4:
- * bnps_layer_exchange_forward). */
+ * bnps_layer_exchange_forward and bnps_layer_exchange_backward). */
 #define BNPS_C_API_VERSION 4
 BNPS_EXPORT int bnps_api_version(void);
 /* "OK", "INVALID_ARGUMENT", ...; a static string. */
@@ -243,6 +243,20 @@ BNPS_EXPORT int bnps_layer_exchange_forward(
     int has_momentum, double momentum, double* running_mean,
     double* running_var, int64_t* batches_tracked, double* out_stats,
     int64_t* info, char* err, size_t err_len);
+
+/* bnps_layer_backward's worker side alone, for layers whose kernels run
+ * elsewhere: from the local sum(dy) and sum(dy * x_hat) (float64,
+ * `channels`), with a non-empty `layer` their sums over the workers through
+ * `c` (BnBackward at `step`), and from those the map dx = k1 dy + k2 x + k3
+ * (bn::InputGradient) into k (float64, 3 x channels: k1, k2, k3) for a
+ * forward that normalized with `stats` (its out_stats) over `count` samples
+ * per channel, with `weight` (float64, `channels`; NULL for ones). k may be
+ * NULL: the exchange alone (a pass that needs no dx). */
+BNPS_EXPORT int bnps_layer_exchange_backward(
+    bnps_client* c, const char* layer, int64_t step, const double* sum_dy,
+    const double* sum_dy_xhat, int64_t channels, int64_t count,
+    const double* stats, const double* weight, double eps, double* k,
+    char* err, size_t err_len);
 
 /* The backward pass of a forward pass that normalized with `stats`
  * (bnps_layer_forward's out_stats) over `count` samples per channel: the

@@ -106,6 +106,22 @@ absl::StatusOr<bnps::client::BnForwardOutcome> ExchangeForward(
   return out;
 }
 
+// *sums replaced by their sums over the workers (BnBackward of `layer` at
+// `step` through `c`).
+absl::Status BackwardExchange(bnps_client* c, const char* layer, int64_t step,
+                              bnps::bn::BackwardSums* sums) {
+  if (c == nullptr) {
+    return absl::InvalidArgumentError("a backward exchange needs a client");
+  }
+  auto client = Get(c);
+  if (!client.ok()) return client.status();
+  absl::StatusOr<bnps::bn::BackwardSums> global =
+      (*client)->BnBackward(Str(layer), step, *sums);
+  if (!global.ok()) return global.status();
+  *sums = *std::move(global);
+  return absl::OkStatus();
+}
+
 // The mean and the biased variance of `normalize` into `out` (2 x channels);
 // returns the variance.
 std::vector<double> WriteStats(const bnps::bn::Moments& normalize,
@@ -193,6 +209,36 @@ int bnps_layer_exchange_forward(const bnps_worker_bn* r, bnps_client* c,
   return 0;
 }
 
+int bnps_layer_exchange_backward(bnps_client* c, const char* layer,
+                                 int64_t step, const double* sum_dy,
+                                 const double* sum_dy_xhat, int64_t channels,
+                                 int64_t count, const double* stats,
+                                 const double* weight, double eps, double* k,
+                                 char* err, size_t err_len) {
+  if (channels < 1) {
+    BNPS_RETURN_IF_ERROR(absl::InvalidArgumentError(
+        absl::StrCat(channels, " channels: want >= 1")));
+  }
+  bnps::bn::BackwardSums sums{
+      std::vector<double>(sum_dy, sum_dy + channels),
+      std::vector<double>(sum_dy_xhat, sum_dy_xhat + channels)};
+  if (!Str(layer).empty()) {
+    BNPS_RETURN_IF_ERROR(BackwardExchange(c, layer, step, &sums));
+  }
+  if (k == nullptr) return 0;
+  absl::StatusOr<bnps::bn::InputGradientMap> map = bnps::bn::InputGradient(
+      absl::MakeConstSpan(stats, channels),
+      absl::MakeConstSpan(stats + channels, channels),
+      weight == nullptr ? absl::Span<const double>()
+                        : absl::MakeConstSpan(weight, channels),
+      eps, sums, count);
+  BNPS_RETURN_IF_ERROR(map.status());
+  std::copy(map->k1.begin(), map->k1.end(), k);
+  std::copy(map->k2.begin(), map->k2.end(), k + channels);
+  std::copy(map->k3.begin(), map->k3.end(), k + 2 * channels);
+  return 0;
+}
+
 int bnps_layer_backward(bnps_client* c, const char* layer, int64_t step,
                         const float* dy, const float* x, int64_t n,
                         int64_t channels, int64_t spatial, const float* weight,
@@ -215,17 +261,7 @@ int bnps_layer_backward(bnps_client* c, const char* layer, int64_t step,
     if (dbias != nullptr) dbias[i] = static_cast<float>(sums->sum_dy[i]);
   }
   if (!Str(layer).empty()) {
-    auto client = c == nullptr
-                      ? absl::StatusOr<std::shared_ptr<
-                            bnps::client::GrpcPsClient>>(
-                            absl::InvalidArgumentError(
-                                "a backward exchange needs a client"))
-                      : Get(c);
-    BNPS_RETURN_IF_ERROR(client.status());
-    absl::StatusOr<bnps::bn::BackwardSums> global =
-        (*client)->BnBackward(Str(layer), step, *sums);
-    BNPS_RETURN_IF_ERROR(global.status());
-    sums = *std::move(global);
+    BNPS_RETURN_IF_ERROR(BackwardExchange(c, layer, step, &*sums));
   }
   if (dx == nullptr) return 0;
   return Fail(kernels->BackwardInput(dy, x, *shape, norm, *sums, count, dx),
