@@ -117,8 +117,12 @@ def child(args):
                     spent["exchange"] += time.perf_counter() - start
                     spent["calls"] += 1
             return wrapper
-        client.bn_forward = timed(client.bn_forward)
-        client.bn_backward = timed(client.bn_backward)
+        # The layers' exchanges: one native call per pass each (the
+        # policy, the round trip and what follows on the host).
+        from bnps import _native
+        _native.layer_exchange_forward = timed(_native.layer_exchange_forward)
+        _native.layer_exchange_backward = timed(
+            _native.layer_exchange_backward)
         bn_layers = [m for m in models["bnps"][0].modules()
                      if isinstance(m, bnps.torch.SyncBatchNorm)]
 
@@ -128,7 +132,10 @@ def child(args):
     x = torch.randn(args.batch, 3, 64, 64, generator=g).to(dev)
     y = torch.randint(0, 10, (args.batch,), generator=g).to(dev)
 
-    def train(kind, steps):
+    def train(kind, steps, queued=None):
+        """Each step's seconds; `queued` gets each step's host time up to
+        the final wait for the device (the time to queue its work, for
+        plain; where bnps's exchanges wait for the device, most of it)."""
         model, opt = models[kind]
         times = []
         for _ in range(steps):
@@ -137,6 +144,8 @@ def child(args):
             opt.zero_grad()
             F.cross_entropy(model(x), y).backward()
             opt.step()
+            if queued is not None:
+                queued.append(time.perf_counter() - start)
             sync()
             times.append(time.perf_counter() - start)
         return times
@@ -147,8 +156,12 @@ def child(args):
         for kind in kinds:
             if kind == "bnps":
                 before = (spent["exchange"], spent["calls"], device_wait())
-            ms = 1000 * statistics.median(train(kind, args.steps))
+            queued = []
+            ms = 1000 * statistics.median(train(kind, args.steps, queued))
             print("%s %d %.3f" % (kind, run, ms), flush=True)
+            print("queue-%s %d %.3f" % (kind, run,
+                                        1000 * statistics.median(queued)),
+                  flush=True)
             if kind == "bnps":
                 print("detail %d %.3f %.3f %.1f" % (
                     run, 1000 * (spent["exchange"] - before[0]) / args.steps,
@@ -241,6 +254,9 @@ def measure(args, kinds, procs, batch, base_env):
             result["detail"] = [statistics.median(
                 p["detail"][r][i] for p in per_proc for r in range(args.runs))
                 for i in range(3)]
+        result["queue"] = {k: statistics.median(
+            p["queue-" + k][r] for p in per_proc for r in range(args.runs))
+            for k in kinds}
         return result
     finally:
         for p in running:
@@ -301,7 +317,7 @@ def main(argv):
         print("| P | batch | plain ms | bnps sync ms | torch SyncBN (gloo) ms "
               "| bnps/plain min / median / max | torch/plain min / median / max |")
         print("|---|---|---|---|---|---|---|")
-        details = []
+        details, queues = [], []
         for procs in procs_list:
             for batch in [int(v) for v in args.batches.split(",") if v]:
                 t = dict({k: [] for k in KINDS},
@@ -319,6 +335,7 @@ def main(argv):
                     ratio("bnps"), ratio("torch")), flush=True)
                 if t.get("detail"):
                     details.append((procs, batch, t["detail"]))
+                queues.append((procs, batch, t["queue"]))
         if details:
             print("\nWhere a bnps step's time goes (ms per step, the median "
                   "over processes and rounds): inside the exchanges (each a "
@@ -330,6 +347,17 @@ def main(argv):
             for procs, batch, (exchange, wait, calls) in details:
                 print("| %d | %d | %.0f | %.2f | %.2f |" % (
                     procs, batch, calls, exchange, wait))
+        print("\nHost time to queue a step: from its start to the optimizer "
+              "step's return, before the final wait for the GPU (ms, the "
+              "median over processes and rounds). Plain BatchNorm queues "
+              "the whole step without waiting, so the GPU runs it while the "
+              "host queues; each synced layer waits for the GPU before its "
+              "exchange, so there host and GPU time add up.\n")
+        print("| P | batch | " + " | ".join(kinds) + " |")
+        print("|---|---|" + "---|" * len(kinds))
+        for procs, batch, q in queues:
+            print("| %d | %d | %s |" % (procs, batch, " | ".join(
+                "%.2f" % q[k] for k in kinds)))
     except (RuntimeError, subprocess.TimeoutExpired) as e:
         print("pytorch_gpu_benchmark: %s" % e, file=sys.stderr)
         return 1
