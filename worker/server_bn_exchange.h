@@ -6,13 +6,15 @@
 // gets the global backward sums; async normalizes with merge(own, the
 // others' admissible moments) and keeps its backward local. Counts the time spent in BN calls, for the trainer's report.
 //
-// Thread-safety: used from one thread (the model's); StartBackward's call
-// runs on a thread of its own.
+// Thread-safety: used from one thread (the model's); StartBackward's calls
+// run on one thread the exchange keeps for them (made at the first), one at
+// a time.
 
 #ifndef BNPS_WORKER_SERVER_BN_EXCHANGE_H_
 #define BNPS_WORKER_SERVER_BN_EXCHANGE_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -34,9 +36,7 @@ class ServerBnExchange : public nn::BnExchange {
   // their layers here; under the others the servers refuse the calls.
   // `metrics` (not owned; null: none) gets each call's round trip.
   ServerBnExchange(client::PsClient* client, policy::Policy policy,
-                   WorkerMetrics* metrics = nullptr)
-      : client_(client), rule_(policy, /*job_bn_momentum=*/0.0),
-        metrics_(metrics) {}
+                   WorkerMetrics* metrics = nullptr);
 
   // The step the next exchanges belong to.
   void set_step(int64_t step) { step_ = step; }
@@ -48,13 +48,21 @@ class ServerBnExchange : public nn::BnExchange {
                                       const bn::Moments& local) override;
   absl::StatusOr<bn::BackwardSums> Backward(
       const std::string& layer, const bn::BackwardSums& local) override;
-  // Sync: the call runs on a thread of its own until Wait; elapsed() counts
-  // only the time Wait blocks, the metrics the whole round trip. The
-  // PendingBackward must not outlive this.
+  // Sync: the call runs on the exchange's own thread until Wait; elapsed()
+  // counts only the time Wait blocks, the metrics the whole round trip. The
+  // PendingBackward must not outlive this, and is waited for (Wait or its
+  // destruction) before the next StartBackward.
   std::unique_ptr<nn::PendingBackward> StartBackward(
       const std::string& layer, const bn::BackwardSums& local) override;
 
+  ~ServerBnExchange() override;
+
+  // Runs one call at a time on a thread of its own, kept between calls (a
+  // thread per call cost its creation and join on every layer).
+  class CallThread;
+
  private:
+  std::unique_ptr<CallThread> call_thread_;  // made by the first StartBackward
   client::PsClient* const client_;
   const client::WorkerBn rule_;
   WorkerMetrics* const metrics_;

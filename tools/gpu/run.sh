@@ -16,7 +16,8 @@
 #                                        #   for tools/gpu/summarize.py
 #                                        #   --update_docs
 #   tools/gpu/run.sh some PART...        # the named parts of `all` (and
-#                                        #   step_overhead_gpu_tcp, _even),
+#                                        #   step_overhead_gpu_tcp, _even,
+#                                        #   _even_overlap),
 #                                        #   packed
 #                                        #   the same way
 #   tools/gpu/run.sh torch               # bnps.torch from the wheel (dist/
@@ -197,7 +198,7 @@ part() {  # part NAME SECONDS COMMAND...
 ALL_PARTS=(tests kernels model_step step_overhead_gpu step_overhead_cpu rtt
            demo demo_nomps replicas scaling torch)
 # Parts only `some` runs.
-EXTRA_PARTS=(step_overhead_gpu_tcp step_overhead_gpu_even)
+EXTRA_PARTS=(step_overhead_gpu_tcp step_overhead_gpu_even step_overhead_gpu_even_overlap)
 
 do_tests() { part tests 120 "$0" tests; }
 do_kernels() {
@@ -230,6 +231,11 @@ do_step_overhead_gpu_tcp() {
 # gRPC's, CUDA's, a BN poll -- beside its main thread) rather than one each.
 do_step_overhead_gpu_even() {
   step_overhead step_overhead_gpu_even 200 gpu 1,2,4 --cores_each=even
+}
+# And with each backward exchange beside its convolution's weight gradient.
+do_step_overhead_gpu_even_overlap() {
+  step_overhead step_overhead_gpu_even_overlap 200 gpu 1,2,4 --cores_each=even \
+    --worker_flag=--overlap_bn
 }
 # This machine's loopback round trip, the floor under a BN exchange.
 do_rtt() { part rtt 60 "${PY:-python3}" "$REPO/tools/gpu/loopback_rtt.py"; }

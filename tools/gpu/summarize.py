@@ -245,6 +245,9 @@ def device_name(out):
 STEP_VARIANTS = {
     "tcp": "BN over TCP (--bn_unix=false)",
     "even": "the cores shared out evenly (--cores_each=even)",
+    "even_overlap": "the cores shared out evenly and the backward exchange "
+                    "beside the weight gradient (--cores_each=even, workers "
+                    "with --overlap_bn)",
 }
 
 
