@@ -58,15 +58,17 @@ std::vector<float> Vector(const float* p, int64_t channels, float fill) {
 // A training-mode forward's worker side on host values, shared by the
 // layer step and the exchange alone: WorkerBn::CheckLayer, PlanForward,
 // BnForward through `c` when the plan exchanges, Resolve, and ApplyRunning on
-// `running` (null: the layer tracks none) with *batches_tracked. info[1] is
-// set once BnForward succeeded (the step is used even if a later part fails),
-// info[0] and info[2] on success: the count and whether the backward pass
-// exchanges.
+// running_mean and running_var (float or double, `channels` each, updated in
+// place on success; null: the layer tracks none) with *batches_tracked.
+// info[1] is set once BnForward succeeded (the step is used even if a later
+// part fails), info[0] and info[2] on success: the count and whether the
+// backward pass exchanges.
+template <typename T>
 absl::StatusOr<bnps::client::BnForwardOutcome> ExchangeForward(
     const bnps_worker_bn* r, bnps_client* c, const char* layer, int64_t step,
     const bnps::bn::Moments& local, int has_momentum, double momentum,
-    bnps::bn::RunningStats* running, int64_t* batches_tracked, int64_t* info) {
-  const bool tracks = running != nullptr;
+    T* running_mean, T* running_var, int64_t* batches_tracked, int64_t* info) {
+  const bool tracks = running_mean != nullptr && running_var != nullptr;
   if (tracks && batches_tracked == nullptr) {
     return absl::InvalidArgumentError(
         "running statistics without a count of the batches they tracked");
@@ -95,10 +97,18 @@ absl::StatusOr<bnps::client::BnForwardOutcome> ExchangeForward(
       r->rule.Resolve(local, answer);
   if (!out.ok()) return out.status();
   if (tracks) {
+    const int64_t channels = local.channels();
+    bnps::bn::RunningStats running{
+        std::vector<double>(running_mean, running_mean + channels),
+        std::vector<double>(running_var, running_var + channels)};
     if (absl::Status s =
-            bnps::client::ApplyRunning(*out, m, batches_tracked, running);
+            bnps::client::ApplyRunning(*out, m, batches_tracked, &running);
         !s.ok()) {
       return s;
+    }
+    for (int64_t i = 0; i < channels; ++i) {
+      running_mean[i] = static_cast<T>(running.mean[i]);
+      running_var[i] = static_cast<T>(running.var[i]);
     }
   }
   info[0] = out->normalize.count;
@@ -151,21 +161,10 @@ int bnps_layer_forward(const bnps_worker_bn* r, bnps_client* c,
   std::unique_ptr<bnps::bn::BnKernels> kernels = bnps::bn::NewCpuBnKernels();
   absl::StatusOr<bnps::bn::Moments> local = kernels->ComputeMoments(x, *shape);
   BNPS_RETURN_IF_ERROR(local.status());
-  const bool tracks = running_mean != nullptr && running_var != nullptr;
-  std::optional<bnps::bn::RunningStats> running;
-  if (tracks) {
-    running = bnps::bn::RunningStats{
-        std::vector<double>(running_mean, running_mean + channels),
-        std::vector<double>(running_var, running_var + channels)};
-  }
-  absl::StatusOr<bnps::client::BnForwardOutcome> out = ExchangeForward(
-      r, c, layer, step, *local, has_momentum, momentum,
-      tracks ? &*running : nullptr, batches_tracked, info);
+  absl::StatusOr<bnps::client::BnForwardOutcome> out =
+      ExchangeForward(r, c, layer, step, *local, has_momentum, momentum,
+                      running_mean, running_var, batches_tracked, info);
   BNPS_RETURN_IF_ERROR(out.status());
-  for (int64_t i = 0; tracks && i < channels; ++i) {
-    running_mean[i] = static_cast<float>(running->mean[i]);
-    running_var[i] = static_cast<float>(running->var[i]);
-  }
   const std::vector<double> var = WriteStats(out->normalize, out_stats);
   const std::vector<float> gamma = Vector(weight, channels, 1.0f);
   const std::vector<float> beta = Vector(bias, channels, 0.0f);
@@ -190,21 +189,10 @@ int bnps_layer_exchange_forward(const bnps_worker_bn* r, bnps_client* c,
   bnps::bn::Moments local{count, std::vector<double>(mean, mean + channels),
                           std::vector<double>(m2, m2 + channels)};
   BNPS_RETURN_IF_ERROR(bnps::bn::ValidateMoments(local));
-  const bool tracks = running_mean != nullptr && running_var != nullptr;
-  std::optional<bnps::bn::RunningStats> running;
-  if (tracks) {
-    running = bnps::bn::RunningStats{
-        std::vector<double>(running_mean, running_mean + channels),
-        std::vector<double>(running_var, running_var + channels)};
-  }
-  absl::StatusOr<bnps::client::BnForwardOutcome> out = ExchangeForward(
-      r, c, layer, step, local, has_momentum, momentum,
-      tracks ? &*running : nullptr, batches_tracked, info);
+  absl::StatusOr<bnps::client::BnForwardOutcome> out =
+      ExchangeForward(r, c, layer, step, local, has_momentum, momentum,
+                      running_mean, running_var, batches_tracked, info);
   BNPS_RETURN_IF_ERROR(out.status());
-  if (tracks) {
-    std::copy(running->mean.begin(), running->mean.end(), running_mean);
-    std::copy(running->var.begin(), running->var.end(), running_var);
-  }
   WriteStats(out->normalize, out_stats);
   return 0;
 }
