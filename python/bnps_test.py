@@ -115,6 +115,78 @@ class NativeTest(unittest.TestCase):
             _native.merge_moments(1, [0.0], [0.0], 1, [0.0, 1.0], [0.0, 0.0])
 
 
+class ExchangeAloneTest(unittest.TestCase):
+    """The layer steps' worker side without kernels (the generic path's
+    native calls), under local, where no client is needed."""
+
+    @staticmethod
+    def forward(rule, count, mean, m2, momentum, rm, rv, tracked):
+        stats = np.empty((2, len(mean)))
+        info = np.zeros(3, dtype=np.int64)
+        _native.layer_exchange_forward(
+            rule, None, "l", 0, count, mean.ctypes.data, m2.ctypes.data,
+            len(mean), momentum, None if rm is None else rm.ctypes.data,
+            None if rv is None else rv.ctypes.data,
+            None if tracked is None else tracked.ctypes.data,
+            stats.ctypes.data, info.ctypes.data)
+        return stats, info
+
+    def test_forward_normalizes_locally_and_updates_running(self):
+        rule = _native.WorkerBn("local", 0.1)
+        mean, m2 = np.array([1.0, -2.0]), np.array([8.0, 2.0])
+        rm, rv = np.array([0.5, 0.5]), np.array([2.0, 1.0])
+        tracked = np.array([3], dtype=np.int64)
+        want = _native.update_running(4, mean, m2, 0.1, 3, rm, rv)
+        stats, info = self.forward(rule, 4, mean, m2, 0.1, rm, rv, tracked)
+        np.testing.assert_array_equal(stats, [mean, m2 / 4])
+        self.assertEqual(list(info), [4, 0, 0])  # nothing sent, no sync
+        self.assertEqual(int(tracked[0]), want[0])
+        np.testing.assert_array_equal(rm, want[1])
+        np.testing.assert_array_equal(rv, want[2])
+        # Untracked: no running statistics given or changed.
+        stats, _ = self.forward(rule, 4, mean, m2, 0.1, None, None, None)
+        np.testing.assert_array_equal(stats[0], mean)
+
+    def test_forward_refuses_bad_moments_and_a_missing_client(self):
+        local = _native.WorkerBn("local", 0.1)
+        with self.assertRaisesRegex(ValueError, "m2"):
+            self.forward(local, 4, np.array([0.0]), np.array([-1.0]), 0.1,
+                         None, None, None)
+        with self.assertRaisesRegex(ValueError, "no client"):
+            self.forward(_native.WorkerBn("sync", 0.1), 4, np.array([0.0]),
+                         np.array([1.0]), 0.1, None, None, None)
+
+    def test_backward_gives_the_map_of_dx(self):
+        # dx = k1 dy + k2 x + k3 against torch's batch norm backward.
+        torch.manual_seed(3)
+        x = torch.randn(5, 3, 4, dtype=torch.float64, requires_grad=True)
+        w = torch.tensor([0.5, 1.5, 2.0], dtype=torch.float64)
+        dy = torch.randn_like(x)
+        eps = 1e-5
+        nn.functional.batch_norm(x, None, None, w, None, True, 0.0,
+                                 eps).backward(dy)
+        xd = x.detach()
+        mean = xd.mean(dim=(0, 2))
+        var = xd.var(dim=(0, 2), unbiased=False)
+        xhat = (xd - mean.view(1, 3, 1)) / torch.sqrt(var.view(1, 3, 1) + eps)
+        sum_dy = dy.sum(dim=(0, 2)).numpy()
+        sum_dy_xhat = (dy * xhat).sum(dim=(0, 2)).numpy()
+        stats = torch.stack([mean, var]).numpy()
+        weight = w.numpy()
+        k = np.empty((3, 3))
+        _native.layer_exchange_backward(
+            None, "", 0, sum_dy.ctypes.data, sum_dy_xhat.ctypes.data, 3, 20,
+            stats.ctypes.data, weight.ctypes.data, eps, k.ctypes.data)
+        dx = (k[0].reshape(1, 3, 1) * dy.numpy() +
+              k[1].reshape(1, 3, 1) * xd.numpy() + k[2].reshape(1, 3, 1))
+        np.testing.assert_allclose(dx, x.grad.numpy(), rtol=1e-10,
+                                   atol=1e-12)
+        with self.assertRaisesRegex(ValueError, "client"):  # sync, no client
+            _native.layer_exchange_backward(
+                None, "l", 0, sum_dy.ctypes.data, sum_dy_xhat.ctypes.data, 3,
+                20, stats.ctypes.data, None, eps, None)
+
+
 class InitTest(unittest.TestCase):
     def setUp(self):
         self.saved = {k: v for k, v in os.environ.items()
