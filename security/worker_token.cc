@@ -1,6 +1,7 @@
 #include "security/worker_token.h"
 
 #include <openssl/evp.h>
+#include <openssl/crypto.h>
 #include <openssl/hmac.h>
 
 #include <utility>
@@ -12,14 +13,33 @@
 
 namespace bnps::security {
 
-std::string WorkerToken(absl::string_view job_token, int worker) {
-  const std::string message = absl::StrCat("worker:", worker);
+namespace {
+
+// The hex of HMAC-SHA256(key, message).
+std::string HexHmac(absl::string_view key, absl::string_view message) {
   unsigned char mac[EVP_MAX_MD_SIZE];
   unsigned int n = 0;
-  HMAC(EVP_sha256(), job_token.data(), static_cast<int>(job_token.size()),
+  HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()),
        reinterpret_cast<const unsigned char*>(message.data()), message.size(),
        mac, &n);
   return util::Hex(absl::string_view(reinterpret_cast<const char*>(mac), n));
+}
+
+}  // namespace
+
+std::string WorkerToken(absl::string_view job_token, int worker) {
+  return HexHmac(job_token, absl::StrCat("worker:", worker));
+}
+
+std::string Seal(absl::string_view job_token, absl::string_view message) {
+  return HexHmac(job_token, absl::StrCat("seal:", message));
+}
+
+bool SealMatches(absl::string_view job_token, absl::string_view message,
+                 absl::string_view seal) {
+  const std::string want = Seal(job_token, message);
+  return seal.size() == want.size() &&
+         CRYPTO_memcmp(seal.data(), want.data(), want.size()) == 0;
 }
 
 TokenAuthenticator::TokenAuthenticator(std::string job_token, bool per_worker,

@@ -39,6 +39,16 @@ namespace bnps::security {
 // Worker `worker`'s token under `job_token` (64 hexadecimal characters).
 std::string WorkerToken(absl::string_view job_token, int worker);
 
+// A seal the servers put on what they tell each other through the workers
+// (a shard's loss news, proto's WorkerLoss): the hex of HMAC-SHA256(job
+// token, "seal:" + message). A worker holding only its own token can
+// neither make one nor learn the job token from one; the "seal:" prefix
+// keeps every seal apart from every worker's token.
+std::string Seal(absl::string_view job_token, absl::string_view message);
+// Whether `seal` is Seal(job_token, message), compared in constant time.
+bool SealMatches(absl::string_view job_token, absl::string_view message,
+                 absl::string_view seal);
+
 class TokenAuthenticator {
  public:
   // What Authenticate returns for a caller that may act as any worker.

@@ -28,6 +28,22 @@ TEST(WorkerTokenTest, DerivedTokensAreValidDistinctAndStable) {
             "8cb4b28cac77581cede48e71487367febb1d859db9b832a51891b8cea3974a5c");
 }
 
+// A seal is HMAC-SHA256(job token, "seal:" + message), checked in full and
+// apart from every worker's token.
+TEST(WorkerTokenTest, SealsAreTheJobTokensAndMatchOnlyTheirMessage) {
+  // Checked with
+  //   printf 'seal:loss 1' | openssl dgst -sha256 -hmac job-token-0123456789abcdef
+  EXPECT_EQ(Seal(kJob, "loss 1"),
+            "d3a44411939c9f1f4e41eaac546fa4f1865a8831bfb35a835a2caa94e7a30952");
+  const std::string seal = Seal(kJob, "loss 1");
+  EXPECT_TRUE(SealMatches(kJob, "loss 1", seal));
+  EXPECT_FALSE(SealMatches(kJob, "loss 2", seal));
+  EXPECT_FALSE(SealMatches("another-job-token-0123456", "loss 1", seal));
+  EXPECT_FALSE(SealMatches(kJob, "loss 1", seal.substr(0, 63)));
+  EXPECT_FALSE(SealMatches(kJob, "loss 1", ""));
+  EXPECT_NE(Seal(kJob, "0"), WorkerToken(kJob, 0));
+}
+
 TEST(WorkerTokenTest, EachTokenProvesItsOwnWorker) {
   TokenAuthenticator auth(kJob, /*per_worker=*/true, 4);
   EXPECT_EQ(*auth.Authenticate(std::string(kJob)),

@@ -168,7 +168,7 @@ std::vector<int> Membership::CheckTimeouts(absl::Time now) {
 }
 
 bool Membership::MarkLost(int worker, uint64_t incarnation, int shard,
-                          std::string reason) {
+                          std::string reason, std::string seal) {
   absl::MutexLock lock(&mu_);
   if (worker < 0 || worker >= static_cast<int>(workers_.size()) ||
       incarnation == 0) {
@@ -180,7 +180,8 @@ bool Membership::MarkLost(int worker, uint64_t incarnation, int shard,
     return false;
   }
   info.lost = true;
-  told_[worker] = Loss{worker, incarnation, shard, std::move(reason)};
+  told_[worker] =
+      Loss{worker, incarnation, shard, std::move(reason), std::move(seal)};
   marked_.push_back(worker);
   return true;
 }
@@ -194,7 +195,7 @@ std::vector<Membership::Loss> Membership::Losses() const {
       losses.push_back(told_[w]);
     } else {
       losses.push_back(Loss{static_cast<int>(w), workers_[w].incarnation, -1,
-                            LostTextLocked(static_cast<int>(w))});
+                            LostTextLocked(static_cast<int>(w)), ""});
     }
   }
   return losses;

@@ -71,16 +71,19 @@ class Membership {
   // CheckTimeouts reports it, and LostText says "shard K found that
   // <reason>". False, changing nothing, unless the worker is registered,
   // live, unfinished and run by `incarnation`.
+  // `seal` is kept with the news, to pass it on as it came.
   bool MarkLost(int worker, uint64_t incarnation, int shard,
-                std::string reason);
+                std::string reason, std::string seal = "");
 
   // A lost worker, and who found it lost: `shard` -1 for this membership's
-  // own timeout (reason: its LostText), else MarkLost's shard and reason.
+  // own timeout (reason: its LostText; no seal), else MarkLost's shard,
+  // reason and seal.
   struct Loss {
     int worker = -1;
     uint64_t incarnation = 0;
     int shard = -1;
     std::string reason;
+    std::string seal;
   };
   // Every worker lost now (not since rejoined or replaced), by id.
   std::vector<Loss> Losses() const;

@@ -26,6 +26,7 @@ absl::StatusOr<std::unique_ptr<RunningServer>> RunningServer::Start(
     return absl::InvalidArgumentError(
         "per-worker tokens are derived from the job token: give one");
   }
+  options.seal_key = security.token;  // seals the loss news it lists
   absl::StatusOr<std::unique_ptr<Shard>> shard = Shard::Create(std::move(options));
   if (!shard.ok()) return shard.status();
   std::unique_ptr<RunningServer> rs(new RunningServer());

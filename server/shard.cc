@@ -9,6 +9,7 @@
 #include "proto/generation.h"
 #include "proto/sharding.h"
 #include "checkpoint/checkpoint.h"
+#include "security/worker_token.h"
 
 namespace bnps::server {
 
@@ -372,8 +373,19 @@ absl::Status Shard::Heartbeat(int worker, uint64_t incarnation) {
   return membership_.Heartbeat(worker, incarnation, now);
 }
 
+namespace {
+
+// What a loss's seal covers (proto's WorkerLoss).
+std::string LossMessage(const std::string& job, const Membership::Loss& l) {
+  return absl::StrCat("loss:", job, ":", l.worker, ":", l.incarnation, ":",
+                      l.shard, ":", l.reason);
+}
+
+}  // namespace
+
 void Shard::LearnLosses(const std::vector<Membership::Loss>& news) {
   if (options_.worker_loss == policy::WorkerLoss::kWait) return;
+  const std::string& key = options_.seal_key;
   bool marked = false;
   {
     absl::MutexLock lock(&join_mu_);
@@ -382,10 +394,25 @@ void Shard::LearnLosses(const std::vector<Membership::Loss>& news) {
           loss.shard >= options_.num_shards) {
         continue;
       }
-      // A shard's own words are a line; news is no place for more.
+      if (!key.empty() && !security::SealMatches(
+                              key, LossMessage(options_.job, loss), loss.seal)) {
+        if (bad_seals_logged_.insert(loss.worker).second) {
+          std::fprintf(stderr,
+                       "bnps_server[%d]: news that shard %d lost worker %d "
+                       "came without a good seal: ignored (not the job's "
+                       "token, or not from a shard)\n",
+                       options_.shard, loss.shard, loss.worker);
+        }
+        continue;
+      }
+      // A shard's own words are a line; without a seal, news is no place
+      // for more.
       constexpr size_t kMaxReasonBytes = 512;
-      marked = membership_.MarkLost(loss.worker, loss.incarnation, loss.shard,
-                                    loss.reason.substr(0, kMaxReasonBytes)) ||
+      marked = membership_.MarkLost(
+                   loss.worker, loss.incarnation, loss.shard,
+                   key.empty() ? loss.reason.substr(0, kMaxReasonBytes)
+                               : loss.reason,
+                   loss.seal) ||
                marked;
     }
   }
@@ -395,7 +422,12 @@ void Shard::LearnLosses(const std::vector<Membership::Loss>& news) {
 std::vector<Membership::Loss> Shard::Losses() const {
   std::vector<Membership::Loss> losses = membership_.Losses();
   for (Membership::Loss& loss : losses) {
-    if (loss.shard < 0) loss.shard = options_.shard;
+    if (loss.shard >= 0) continue;  // told: passed on as it came
+    loss.shard = options_.shard;
+    if (!options_.seal_key.empty()) {
+      loss.seal = security::Seal(options_.seal_key,
+                                 LossMessage(options_.job, loss));
+    }
   }
   return losses;
 }

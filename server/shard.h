@@ -55,6 +55,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <utility>
@@ -117,6 +118,10 @@ struct ShardOptions {
   // without the shard's locks. It must not wait for the server to shut
   // down. Default: none.
   std::function<void(const absl::Status& final_checkpoint)> on_job_complete;
+  // The job token, which seals the loss news this shard lists and checks
+  // the seal of news it is told (proto's WorkerLoss); empty: none made or
+  // checked (a job without a token). Default: none.
+  std::string seal_key;
 };
 
 class Shard {
@@ -194,10 +199,12 @@ class Shard {
   // WorkerLoss): each worker registered here, live and run by the same
   // process, is lost here too, at once (steps that need it fail, or under
   // shrink it is dropped, as for a loss found here). Ignored under
-  // --on_worker_loss=wait, and for news of this shard's own.
+  // --on_worker_loss=wait, for news of this shard's own, and, with a
+  // seal_key, for news whose seal does not hold (logged once per worker).
   void LearnLosses(const std::vector<Membership::Loss>& news);
   // The workers lost here, each with the shard that found it lost (this one
-  // for its own findings), for the heartbeats' answers.
+  // for its own findings, sealed with the seal_key), for the heartbeats'
+  // answers.
   std::vector<Membership::Loss> Losses() const;
 
   // Whether `worker` took part in the job here (as Register's rule above).
@@ -336,6 +343,8 @@ class Shard {
   // Held while a worker turns lost (Tick) or rejoins (Register), so that a
   // rejoin sees a loss either not at all or applied to every component.
   absl::Mutex join_mu_;
+  // Workers whose news came with a seal that did not hold, logged once.
+  std::set<int> bad_seals_logged_ ABSL_GUARDED_BY(join_mu_);
 
   uint64_t incarnation_ = 0;
 

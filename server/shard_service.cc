@@ -126,7 +126,8 @@ grpc::ServerUnaryReactor* ShardService::Heartbeat(
     if (!req.losses().empty()) {
       std::vector<Membership::Loss> news;
       for (const proto::WorkerLoss& l : req.losses()) {
-        news.push_back({l.worker(), l.incarnation(), l.shard(), l.reason()});
+        news.push_back(
+            {l.worker(), l.incarnation(), l.shard(), l.reason(), l.seal()});
       }
       shard_->LearnLosses(news);
     }
@@ -136,6 +137,7 @@ grpc::ServerUnaryReactor* ShardService::Heartbeat(
       out_loss->set_incarnation(l.incarnation);
       out_loss->set_shard(l.shard);
       out_loss->set_reason(l.reason);
+      out_loss->set_seal(l.seal);
     }
     for (int w : shard_->membership().LiveWorkers()) resp.add_live_workers(w);
     const Shard::GenerationInfo g = shard_->generation();

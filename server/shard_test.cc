@@ -6,6 +6,7 @@
 
 #include "gtest/gtest.h"
 #include "proto/sharding.h"
+#include "security/worker_token.h"
 
 namespace bnps::server {
 namespace {
@@ -200,6 +201,50 @@ TEST(ShardTest, AnotherShardsLossActsAtOnce) {
     EXPECT_EQ(shard->Heartbeat(1, kFirst).code(),
               absl::StatusCode::kFailedPrecondition);
   }
+}
+
+// With the job token as seal key, a shard lists its own findings sealed,
+// takes only news whose seal holds (another shard's, under the same key),
+// and passes told news on with the seal it came with.
+TEST(ShardTest, LossNewsNeedsTheFindersSeal) {
+  constexpr char kKey[] = "job-token-0123456789abcdef";
+  FakeClock clock;
+  ShardOptions finder_options = Options(&clock, 2, policy::Policy::kSync);
+  finder_options.num_shards = 2;
+  finder_options.seal_key = kKey;
+  ShardOptions told_options = finder_options;
+  told_options.shard = 1;
+  auto finder = *Shard::Create(finder_options);
+  auto told = *Shard::Create(told_options);
+  for (Shard* s : {finder.get(), told.get()}) {
+    ASSERT_TRUE(s->Register(0, kFirst).ok());
+    ASSERT_TRUE(s->Register(1, kFirst).ok());
+  }
+  clock.now += absl::Seconds(4);  // shard 0 hears from worker 0 only,
+  ASSERT_TRUE(finder->Heartbeat(0, kFirst).ok());
+  finder->Tick(clock.now);
+  for (int w : {0, 1}) {  // shard 1 from both
+    ASSERT_TRUE(told->Heartbeat(w, kFirst).ok());
+  }
+  std::vector<Membership::Loss> news = finder->Losses();
+  ASSERT_EQ(news.size(), 1u);
+  EXPECT_EQ(news[0].seal.size(), 64u);
+  // Forged: no seal, another key's, words changed after sealing.
+  Membership::Loss forged = news[0];
+  forged.seal.clear();
+  Membership::Loss other_key = news[0];
+  other_key.seal = security::Seal("another-job-token-0123456",
+                                  "loss:bnps:1:11:0:" + news[0].reason);
+  Membership::Loss reworded = news[0];
+  reworded.reason = "worker 1 was lost (trust me)";
+  told->LearnLosses({forged, other_key, reworded});
+  EXPECT_FALSE(told->membership().IsLost(1));
+  told->LearnLosses(news);
+  ASSERT_TRUE(told->membership().IsLost(1));
+  const std::vector<Membership::Loss> passed_on = told->Losses();
+  ASSERT_EQ(passed_on.size(), 1u);
+  EXPECT_EQ(passed_on[0].shard, 0);
+  EXPECT_EQ(passed_on[0].seal, news[0].seal);
 }
 
 // A loss found here is listed as this shard's.

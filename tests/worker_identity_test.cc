@@ -145,6 +145,69 @@ TEST_F(WorkerIdentityTest, OverGrpcAWorkerTokenActsAsItsOwnWorkerOnly) {
   EXPECT_EQ(Register(kToken, 0).error_code(), StatusCode::OK);
 }
 
+// Loss news (proto's WorkerLoss) is taken only under the finder's seal: a
+// worker holding its own token cannot have another dropped by telling a
+// shard that another shard lost it; news sealed with the job token, as
+// shard 0 seals its own, is taken.
+TEST_F(WorkerIdentityTest, AWorkerCannotForgeAnotherShardsLossNews) {
+  server::ShardOptions o;
+  o.num_workers = 2;
+  o.num_shards = 2;
+  o.shard = 1;
+  server::ServerSecurity security;
+  security.token = kToken;
+  security.per_worker_tokens = true;
+  auto s = server::RunningServer::Start(o, "127.0.0.1:0", security);
+  ASSERT_TRUE(s.ok()) << s.status();
+  auto stub = proto::ParameterServer::NewStub(grpc::CreateChannel(
+      absl::StrCat("127.0.0.1:", (*s)->port()),
+      grpc::InsecureChannelCredentials()));
+  const std::string one = security::WorkerToken(kToken, 1);
+  for (int w : {0, 1}) {
+    proto::RegisterRequest req;
+    req.set_job("bnps");
+    req.set_worker(w);
+    req.set_num_workers(2);
+    req.set_num_shards(2);
+    req.set_incarnation(1000 + w);
+    proto::RegisterResponse resp;
+    ASSERT_EQ(stub->Register(As(security::WorkerToken(kToken, w)).get(), req,
+                             &resp)
+                  .error_code(),
+              StatusCode::OK);
+  }
+  // Worker 1 says shard 0 lost worker 0, sealed with `key`.
+  auto beat = [&](const std::string& key) {
+    proto::HeartbeatRequest req;
+    req.set_job("bnps");
+    req.set_worker(1);
+    req.set_incarnation(1001);
+    proto::WorkerLoss* loss = req.add_losses();
+    loss->set_worker(0);
+    loss->set_incarnation(1000);
+    loss->set_shard(0);
+    loss->set_reason("worker 0 was lost (no heartbeat for 10s)");
+    if (!key.empty()) {
+      loss->set_seal(security::Seal(
+          key, absl::StrCat("loss:bnps:0:1000:0:", loss->reason())));
+    }
+    proto::HeartbeatResponse resp;
+    EXPECT_EQ(stub->Heartbeat(As(one).get(), req, &resp).error_code(),
+              StatusCode::OK);
+    return resp;
+  };
+  for (const std::string& key : {std::string(), one}) {
+    const proto::HeartbeatResponse resp = beat(key);
+    EXPECT_EQ(resp.lost_size(), 0);
+    EXPECT_EQ(resp.live_workers_size(), 2);
+  }
+  const proto::HeartbeatResponse resp = beat(kToken);
+  ASSERT_EQ(resp.lost_size(), 1);
+  EXPECT_EQ(resp.lost(0).worker(), 0);
+  EXPECT_EQ(resp.lost(0).shard(), 0);
+  EXPECT_EQ(resp.live_workers_size(), 1);
+}
+
 TEST_F(WorkerIdentityTest, OverGrpcAWorkerHasOneLiveBnStream) {
   ASSERT_NO_FATAL_FAILURE(Start(/*per_worker_tokens=*/true));
   const std::string zero = security::WorkerToken(kToken, 0);
