@@ -48,6 +48,7 @@
 #include "metrics/metrics_flags.h"
 #include "metrics/registry.h"
 #include "worker/device_choice.h"
+#include "worker/dropped_watch.h"
 #include "worker/worker_metrics.h"
 #include "worker/trainer.h"
 
@@ -640,7 +641,15 @@ absl::Status Main() {
   std::fflush(stdout);
   Trainer trainer(client->get(), &model, &data->train, &data->test,
                   options);
-  absl::StatusOr<TrainReport> report = trainer.Run();
+  absl::StatusOr<TrainReport> report;
+  {
+    // A call under way when the job dropped this worker runs to its
+    // deadline: the watch ends the process sooner, saying why.
+    const client::GrpcPsClient* c = client->get();
+    DroppedWatch watch([c] { return c->heartbeat_stats().dropped; },
+                       ExitDropped);
+    report = trainer.Run();
+  }
   printer->Finish();
   if (!report.ok()) return report.status();
   PrintResult(*report, (*client)->config(), *recal_mode);
