@@ -47,6 +47,7 @@
 #include "metrics/http_endpoint.h"
 #include "metrics/metrics_flags.h"
 #include "metrics/registry.h"
+#include "worker/console_output.h"
 #include "worker/device_choice.h"
 #include "worker/dropped_watch.h"
 #include "worker/worker_metrics.h"
@@ -302,34 +303,6 @@ absl::StatusOr<Data> LoadData() {
   return d;
 }
 
-class ProgressPrinter {
- public:
-  explicit ProgressPrinter(bool refresh) : refresh_(refresh) {}
-
-  // Ends a refreshed line.
-  void Finish() {
-    if (refresh_ && printed_) std::printf("\n");
-    printed_ = false;
-  }
-
-  void operator()(const Progress& p) {
-    std::printf(
-        "%sstep %lld/%lld epoch %lld loss %.4f acc %.3f img/s %.0f stale %lld "
-        "t %.0fs%s",
-        refresh_ ? "\r" : "", static_cast<long long>(p.step),
-        static_cast<long long>(p.total_steps),
-        static_cast<long long>(p.epoch + 1), p.loss, p.accuracy,
-        p.images_per_second, static_cast<long long>(p.staleness), p.seconds,
-        refresh_ ? "   " : "\n");
-    std::fflush(stdout);
-    printed_ = true;
-  }
-
- private:
-  const bool refresh_;
-  bool printed_ = false;
-};
-
 // The flags' own checks (INVALID_ARGUMENT naming the flag), before anything
 // is loaded or connected.
 absl::Status CheckFlags(const std::vector<std::string>& servers) {
@@ -449,39 +422,6 @@ TrainerOptions TrainerOptionsFromFlags(RecalMode recal_mode) {
   options.eval_every_epoch = absl::GetFlag(FLAGS_eval_every_epoch);
   options.progress_interval = absl::Seconds(absl::GetFlag(FLAGS_progress_interval_s));
   return options;
-}
-
-// The run's last lines: steps, loss, speed and where the time went; the
-// test accuracy (and after recalibration).
-void PrintResult(const TrainReport& report, const proto::JobConfig& config,
-                 RecalMode recal_mode) {
-  std::printf(
-      "done: %lld steps%s, loss %.4f -> %.4f, %.0f img/s; time %.1fs: compute "
-      "%.1fs, BN sync %.1fs, gradient sync %.1fs\n",
-      static_cast<long long>(report.steps),
-      report.timed_steps == report.steps
-          ? ""
-          : absl::StrCat(" (", report.timed_steps, " timed)").c_str(),
-      report.train_loss_first,
-      report.train_loss_last, report.images_per_second, report.seconds_total,
-      report.seconds_compute, report.seconds_bn_sync,
-      report.seconds_grad_sync);
-  const absl::StatusOr<policy::JobPolicy> job =
-      policy::FromConfig(config);
-  const bool recal_policy = job.ok() && job->bn == policy::Policy::kRecal;
-  if (report.test_accuracy.has_value()) {
-    std::printf("test accuracy %.4f (running stats%s)\n", *report.test_accuracy,
-                recal_policy
-                    ? absl::StrCat(", recalibrated ",
-                                   RecalModeName(recal_mode))
-                          .c_str()
-                    : "");
-  }
-  if (report.test_accuracy_recal.has_value() && !recal_policy) {
-    std::printf("test accuracy %.4f after recalibration (%s)\n",
-                *report.test_accuracy_recal,
-                RecalModeName(recal_mode).c_str());
-  }
 }
 
 absl::Status Main() {
