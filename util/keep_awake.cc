@@ -14,6 +14,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "util/spin.h"
 
 namespace bnps::util {
 namespace {

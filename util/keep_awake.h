@@ -37,7 +37,6 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "util/spin.h"
 
 namespace bnps::util {
 

@@ -116,6 +116,13 @@ absl::StatusOr<bnps::client::BnForwardOutcome> ExchangeForward(
   return out;
 }
 
+// The per-channel arrays of the exchange-alone calls hold `channels` values.
+absl::Status CheckChannels(int64_t channels) {
+  if (channels >= 1) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(channels, " channels: want >= 1"));
+}
+
 // *sums replaced by their sums over the workers (BnBackward of `layer` at
 // `step` through `c`).
 absl::Status BackwardExchange(bnps_client* c, const char* layer, int64_t step,
@@ -182,10 +189,7 @@ int bnps_layer_exchange_forward(const bnps_worker_bn* r, bnps_client* c,
                                 int64_t* batches_tracked, double* out_stats,
                                 int64_t* info, char* err, size_t err_len) {
   info[0] = info[1] = info[2] = 0;
-  if (channels < 1) {
-    BNPS_RETURN_IF_ERROR(absl::InvalidArgumentError(
-        absl::StrCat(channels, " channels: want >= 1")));
-  }
+  BNPS_RETURN_IF_ERROR(CheckChannels(channels));
   bnps::bn::Moments local{count, std::vector<double>(mean, mean + channels),
                           std::vector<double>(m2, m2 + channels)};
   BNPS_RETURN_IF_ERROR(bnps::bn::ValidateMoments(local));
@@ -203,10 +207,7 @@ int bnps_layer_exchange_backward(bnps_client* c, const char* layer,
                                  int64_t count, const double* stats,
                                  const double* weight, double eps, double* k,
                                  char* err, size_t err_len) {
-  if (channels < 1) {
-    BNPS_RETURN_IF_ERROR(absl::InvalidArgumentError(
-        absl::StrCat(channels, " channels: want >= 1")));
-  }
+  BNPS_RETURN_IF_ERROR(CheckChannels(channels));
   bnps::bn::BackwardSums sums{
       std::vector<double>(sum_dy, sum_dy + channels),
       std::vector<double>(sum_dy_xhat, sum_dy_xhat + channels)};

@@ -487,9 +487,8 @@ class SyncBatchNorm(nn.modules.batchnorm._BatchNorm):
         stats = torch.empty(2, channels, dtype=torch.float64)
         info = torch.zeros(3, dtype=torch.int64)
         rm = rv = tracked = None
-        if track:
+        if track:  # the host copy, updated in place only when the call succeeds
             n, rm, rv = self._running_on_host()
-            rm, rv = rm.clone(), rv.clone()
             tracked = torch.tensor([n], dtype=torch.int64)
         try:
             _native.layer_exchange_forward(
