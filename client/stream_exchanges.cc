@@ -1,0 +1,177 @@
+#include "client/stream_exchanges.h"
+
+#include <dlfcn.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+
+namespace bnps::client {
+
+struct StreamExchanges::State {
+  mutable absl::Mutex mu;
+  int64_t pending ABSL_GUARDED_BY(mu) = 0;
+  int64_t completed ABSL_GUARDED_BY(mu) = 0;
+  int64_t fell_back ABSL_GUARDED_BY(mu) = 0;
+  absl::Status first_error ABSL_GUARDED_BY(mu);
+};
+
+namespace {
+
+// What a launched host function gets: the job and the state it reports to.
+struct Launched {
+  StreamExchanges::Job job;
+  std::shared_ptr<StreamExchanges::State> state;
+};
+
+void RunJob(void* arg) {
+  std::unique_ptr<Launched> l(static_cast<Launched*>(arg));
+  StreamExchanges::State& s = *l->state;
+  bool failed_before;
+  {
+    absl::MutexLock lock(&s.mu);
+    failed_before = !s.first_error.ok();
+  }
+  absl::Status status = failed_before ? absl::OkStatus() : l->job.exchange();
+  const bool fall_back = failed_before || !status.ok();
+  if (fall_back && l->job.fallback) l->job.fallback();
+  absl::MutexLock lock(&s.mu);
+  if (!status.ok() && s.first_error.ok()) s.first_error = std::move(status);
+  --s.pending;
+  ++s.completed;
+  if (fall_back) ++s.fell_back;
+}
+
+bool NoneLeft(int64_t* pending) { return *pending == 0; }
+
+class InlineLauncher : public HostFuncLauncher {
+ public:
+  absl::Status Launch(void* /*stream*/, void (*fn)(void*), void* arg) override {
+    fn(arg);
+    return absl::OkStatus();
+  }
+};
+
+// The few driver entry points used, as the driver declares them (CUresult
+// is an int-sized enum; CUstream an opaque pointer).
+using CuInitFn = int (*)(unsigned int);
+using CuLaunchHostFuncFn = int (*)(void*, void (*)(void*), void*);
+using CuGetErrorStringFn = int (*)(int, const char**);
+
+class CudaHostFuncLauncher : public HostFuncLauncher {
+ public:
+  // The driver library stays open (queued host functions may outlive this
+  // object).
+  CudaHostFuncLauncher(CuLaunchHostFuncFn launch,
+                       CuGetErrorStringFn error_string)
+      : launch_(launch), error_string_(error_string) {}
+
+  absl::Status Launch(void* stream, void (*fn)(void*), void* arg) override {
+    const int r = launch_(stream, fn, arg);
+    if (r == 0) return absl::OkStatus();
+    const char* what = nullptr;
+    if (error_string_ == nullptr || error_string_(r, &what) != 0 ||
+        what == nullptr) {
+      what = "unknown error";
+    }
+    return absl::InternalError(absl::StrCat(
+        "cuLaunchHostFunc failed (CUDA error ", r, ": ", what,
+        "); the calling thread needs the stream's CUDA context current"));
+  }
+
+ private:
+  CuLaunchHostFuncFn launch_;
+  CuGetErrorStringFn error_string_;
+};
+
+}  // namespace
+
+std::unique_ptr<HostFuncLauncher> NewInlineLauncher() {
+  return std::make_unique<InlineLauncher>();
+}
+
+absl::StatusOr<std::unique_ptr<HostFuncLauncher>> NewCudaHostFuncLauncher() {
+  void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (lib == nullptr) {
+    const char* why = dlerror();
+    return absl::UnavailableError(absl::StrCat(
+        "no CUDA driver here (libcuda.so.1: ", why ? why : "not found",
+        "): exchanges cannot be queued on a CUDA stream"));
+  }
+  auto init = reinterpret_cast<CuInitFn>(dlsym(lib, "cuInit"));
+  auto launch =
+      reinterpret_cast<CuLaunchHostFuncFn>(dlsym(lib, "cuLaunchHostFunc"));
+  auto error_string =
+      reinterpret_cast<CuGetErrorStringFn>(dlsym(lib, "cuGetErrorString"));
+  if (init == nullptr || launch == nullptr) {
+    return absl::UnavailableError(
+        "the CUDA driver (libcuda.so.1) has no cuLaunchHostFunc (CUDA >= 10 "
+        "has it): exchanges cannot be queued on a CUDA stream");
+  }
+  if (const int r = init(0); r != 0) {
+    return absl::UnavailableError(absl::StrCat(
+        "the CUDA driver did not start (cuInit: CUDA error ", r, ")"));
+  }
+  return std::make_unique<CudaHostFuncLauncher>(launch, error_string);
+}
+
+StreamExchanges::StreamExchanges(std::unique_ptr<HostFuncLauncher> launcher)
+    : launcher_(std::move(launcher)), state_(std::make_shared<State>()) {}
+
+StreamExchanges::~StreamExchanges() = default;
+
+absl::Status StreamExchanges::Enqueue(void* stream, Job job) {
+  {
+    absl::MutexLock lock(&state_->mu);
+    if (!state_->first_error.ok()) return state_->first_error;
+    ++state_->pending;
+  }
+  auto launched = std::make_unique<Launched>(Launched{std::move(job), state_});
+  absl::Status s = launcher_->Launch(stream, &RunJob, launched.get());
+  if (s.ok()) {
+    launched.release();  // RunJob owns it now (it may have run already)
+    return s;
+  }
+  absl::MutexLock lock(&state_->mu);
+  --state_->pending;
+  return s;
+}
+
+absl::Status StreamExchanges::Drain(absl::Duration timeout) {
+  absl::MutexLock lock(&state_->mu);
+  state_->mu.AwaitWithTimeout(absl::Condition(&NoneLeft, &state_->pending),
+                              timeout);
+  if (!state_->first_error.ok()) return state_->first_error;
+  if (state_->pending > 0) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        state_->pending, " queued BN exchange(s) had not run after ",
+        absl::FormatDuration(timeout),
+        ": the device stream they wait behind has not reached them"));
+  }
+  return absl::OkStatus();
+}
+
+int64_t StreamExchanges::pending() const {
+  absl::MutexLock lock(&state_->mu);
+  return state_->pending;
+}
+
+int64_t StreamExchanges::completed() const {
+  absl::MutexLock lock(&state_->mu);
+  return state_->completed;
+}
+
+int64_t StreamExchanges::fell_back() const {
+  absl::MutexLock lock(&state_->mu);
+  return state_->fell_back;
+}
+
+}  // namespace bnps::client

@@ -1,0 +1,187 @@
+#include "client/stream_exchanges.h"
+
+#include <deque>
+#include <memory>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "gtest/gtest.h"
+
+namespace bnps::client {
+namespace {
+
+// A stand-in for a device stream: one thread runs the launched functions in
+// order, and only while the stream is open (a device still busy with the
+// work queued before them, while closed).
+class FakeStream : public HostFuncLauncher {
+ public:
+  FakeStream() : thread_([this] { Run(); }) {}
+  ~FakeStream() override {
+    {
+      absl::MutexLock lock(&mu_);
+      open_ = true;
+      done_ = true;
+    }
+    thread_.join();
+  }
+
+  absl::Status Launch(void* stream, void (*fn)(void*), void* arg) override {
+    absl::MutexLock lock(&mu_);
+    if (stream != this) return absl::InternalError("another stream");
+    queue_.emplace_back(fn, arg);
+    return absl::OkStatus();
+  }
+
+  void SetOpen(bool open) {
+    absl::MutexLock lock(&mu_);
+    open_ = open;
+  }
+
+ private:
+  bool Ready() const ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    return done_ || (open_ && !queue_.empty());
+  }
+
+  void Run() {
+    for (;;) {
+      std::pair<void (*)(void*), void*> next;
+      {
+        absl::MutexLock lock(&mu_);
+        mu_.Await(absl::Condition(this, &FakeStream::Ready));
+        if (queue_.empty()) return;  // done
+        next = queue_.front();
+        queue_.pop_front();
+      }
+      next.first(next.second);
+    }
+  }
+
+  absl::Mutex mu_;
+  std::deque<std::pair<void (*)(void*), void*>> queue_ ABSL_GUARDED_BY(mu_);
+  bool open_ ABSL_GUARDED_BY(mu_) = true;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;
+};
+
+// Launches on a FakeStream it does not own.
+class Forward : public HostFuncLauncher {
+ public:
+  explicit Forward(FakeStream* to) : to_(to) {}
+  absl::Status Launch(void* stream, void (*fn)(void*), void* arg) override {
+    return to_->Launch(stream, fn, arg);
+  }
+
+ private:
+  FakeStream* to_;
+};
+
+// A job that appends `id` to `log` (its exchange, or its fallback as -id)
+// and fails when `fail`.
+StreamExchanges::Job Record(std::vector<int>* log, int id, bool fail = false) {
+  return {[log, id, fail]() {
+            log->push_back(id);
+            return fail ? absl::DeadlineExceededError("peer 1 is gone")
+                        : absl::OkStatus();
+          },
+          [log, id]() { log->push_back(-id); }};
+}
+
+TEST(StreamExchangesTest, JobsRunInTheStreamsOrderAfterItsEarlierWork) {
+  auto stream = std::make_unique<FakeStream>();
+  FakeStream* s = stream.get();
+  StreamExchanges q(std::move(stream));
+  std::vector<int> log;
+  s->SetOpen(false);  // the device is busy with earlier work
+  for (int id = 1; id <= 3; ++id) ASSERT_TRUE(q.Enqueue(s, Record(&log, id)).ok());
+  EXPECT_EQ(q.pending(), 3);
+  EXPECT_EQ(q.Drain(absl::Milliseconds(20)).code(),
+            absl::StatusCode::kDeadlineExceeded);
+  s->SetOpen(true);
+  ASSERT_TRUE(q.Drain(absl::Seconds(10)).ok());
+  EXPECT_EQ(log, (std::vector<int>{1, 2, 3}));
+  EXPECT_EQ(q.pending(), 0);
+  EXPECT_EQ(q.completed(), 3);
+  EXPECT_EQ(q.fell_back(), 0);
+}
+
+TEST(StreamExchangesTest, AFailureFallsBackAndLaterJobsSkipTheirExchange) {
+  auto stream = std::make_unique<FakeStream>();
+  FakeStream* s = stream.get();
+  StreamExchanges q(std::move(stream));
+  std::vector<int> log;
+  s->SetOpen(false);
+  ASSERT_TRUE(q.Enqueue(s, Record(&log, 1)).ok());
+  ASSERT_TRUE(q.Enqueue(s, Record(&log, 2, /*fail=*/true)).ok());
+  ASSERT_TRUE(q.Enqueue(s, Record(&log, 3)).ok());
+  s->SetOpen(true);
+  const absl::Status drained = q.Drain(absl::Seconds(10));
+  EXPECT_EQ(drained.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(drained.message(), "peer 1 is gone");
+  // Job 2 tried and fell back; job 3 never talked to the servers.
+  EXPECT_EQ(log, (std::vector<int>{1, 2, -2, -3}));
+  EXPECT_EQ(q.fell_back(), 2);
+  // Sticky: nothing more is queued, and every call says why.
+  EXPECT_EQ(q.Enqueue(s, Record(&log, 4)).message(), "peer 1 is gone");
+  EXPECT_EQ(q.Drain(absl::Seconds(1)).message(), "peer 1 is gone");
+  EXPECT_EQ(q.completed(), 3);
+}
+
+TEST(StreamExchangesTest, ALaunchThatFailsQueuesNothing) {
+  auto stream = std::make_unique<FakeStream>();
+  FakeStream* s = stream.get();
+  StreamExchanges q(std::move(stream));
+  std::vector<int> log;
+  int other_stream = 0;
+  EXPECT_EQ(q.Enqueue(&other_stream, Record(&log, 1)).code(),
+            absl::StatusCode::kInternal);
+  EXPECT_EQ(q.pending(), 0);
+  EXPECT_TRUE(q.Drain(absl::Seconds(1)).ok());
+  ASSERT_TRUE(q.Enqueue(s, Record(&log, 2)).ok());
+  EXPECT_TRUE(q.Drain(absl::Seconds(10)).ok());
+  EXPECT_EQ(log, (std::vector<int>{2}));
+}
+
+TEST(StreamExchangesTest, QueuedJobsOutliveTheQueue) {
+  auto stream = std::make_unique<FakeStream>();
+  FakeStream* s = stream.get();
+  std::vector<int> log;
+  s->SetOpen(false);
+  {
+    StreamExchanges q(std::make_unique<Forward>(s));
+    ASSERT_TRUE(q.Enqueue(s, Record(&log, 1)).ok());
+  }  // the queue is gone; its job still waits on the stream
+  s->SetOpen(true);
+  stream.reset();  // runs what is queued, then stops
+  EXPECT_EQ(log, (std::vector<int>{1}));
+}
+
+TEST(StreamExchangesTest, TheInlineLauncherRunsEachJobAtOnce) {
+  StreamExchanges q(NewInlineLauncher());
+  std::vector<int> log;
+  ASSERT_TRUE(q.Enqueue(nullptr, Record(&log, 1)).ok());
+  EXPECT_EQ(log, (std::vector<int>{1}));
+  // A failing job reports at the next call, as on a stream.
+  ASSERT_TRUE(q.Enqueue(nullptr, Record(&log, 2, /*fail=*/true)).ok());
+  EXPECT_EQ(q.Enqueue(nullptr, Record(&log, 3)).code(),
+            absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(log, (std::vector<int>{1, 2, -2}));
+}
+
+TEST(StreamExchangesTest, WithoutADriverTheCudaLauncherSaysWhy) {
+  auto launcher = NewCudaHostFuncLauncher();
+  if (launcher.ok()) {
+    GTEST_SKIP() << "this machine has a CUDA driver (the GPU run tests the "
+                    "launcher on a stream: python tests, tools/gpu/run.sh)";
+  }
+  EXPECT_EQ(launcher.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(launcher.status().message().find("libcuda.so.1"),
+            std::string::npos)
+      << launcher.status();
+}
+
+}  // namespace
+}  // namespace bnps::client
