@@ -24,7 +24,7 @@ import numpy as np
 from bnps import errors
 
 _LIB_NAME = "libbnps.so"
-_API_VERSION = 4  # python/native/bnps_c.h's BNPS_C_API_VERSION it needs
+_API_VERSION = 5  # python/native/bnps_c.h's BNPS_C_API_VERSION it needs
 _ERR_LEN = 4096
 
 c_int, c_int64, c_double = ctypes.c_int, ctypes.c_int64, ctypes.c_double
@@ -140,6 +140,19 @@ def _load():
         "bnps_layer_exchange_backward": (
             c_int, [c_void_p, c_char_p, c_int64, _D, _D, c_int64, c_int64, _D,
                     _D, c_double, _D] + err),
+        "bnps_stream_queue_new": (c_int, [c_int, ctypes.POINTER(c_void_p)] +
+                                  err),
+        "bnps_stream_queue_free": (None, [c_void_p]),
+        "bnps_stream_queue_drain": (c_int, [c_void_p, c_double] + err),
+        "bnps_stream_queue_counts": (None, [c_void_p, _I64]),
+        "bnps_stream_queue_forward": (
+            c_int, [c_void_p, c_void_p, c_void_p, c_void_p, c_char_p,
+                    c_int64, c_int64, _D, c_int64, c_int, c_double, _D, _D,
+                    _D, _D, _D, ctypes.POINTER(c_void_p)] + err),
+        "bnps_stream_queue_backward": (
+            c_int, [c_void_p, c_void_p, c_void_p, c_char_p, c_int64, _D,
+                    c_int, c_int64, c_void_p, c_double, _D] + err),
+        "bnps_outcome_free": (None, [c_void_p]),
         "bnps_layer_backward": (c_int, [c_void_p, c_char_p, c_int64, _D, _D,
                                         c_int64, c_int64, c_int64, _D,
                                         c_int64, _D, c_double, c_int, _D, _D,
@@ -509,3 +522,68 @@ def layer_backward(client, layer, step, dy, x, n, channels, spatial, weight,
     _call(_lib.bnps_layer_backward, None if client is None else client._h,
           layer.encode(), step, dy, x, n, channels, spatial, weight, count,
           stats, eps, num_threads, dx, dweight, dbias)
+
+
+class Outcome:
+    """What a queued forward normalized with (bnps_outcome), for its
+    backward pass."""
+
+    def __init__(self, handle):
+        self._h = handle
+
+    def __del__(self):
+        h, self._h = getattr(self, "_h", None), None
+        if h and _lib is not None:
+            _lib.bnps_outcome_free(h)
+
+
+class StreamQueue:
+    """bnps_stream_queue: exchanges run in a CUDA stream's order (on_cuda),
+    or each inside the call that queues it. Addresses are the caller's and
+    must stay valid until the job has run (drain, or the stream
+    synchronized); `stream` a cudaStream_t as an int (0: the legacy default
+    stream)."""
+
+    def __init__(self, on_cuda):
+        h = c_void_p()
+        _call(_lib.bnps_stream_queue_new, int(bool(on_cuda)), ctypes.byref(h))
+        self._h = h
+        self.on_cuda = bool(on_cuda)
+
+    def __del__(self):
+        h, self._h = getattr(self, "_h", None), None
+        if h and _lib is not None:
+            _lib.bnps_stream_queue_free(h)
+
+    def drain(self, timeout_s):
+        """Waits for the queued jobs; raises the first failure of one."""
+        _call(_lib.bnps_stream_queue_drain, self._h, float(timeout_s))
+
+    def counts(self):
+        """(queued and not yet run, run, fell back)."""
+        out = (c_int64 * 3)()
+        _lib.bnps_stream_queue_counts(self._h, out)
+        return tuple(out)
+
+    def forward(self, stream, rule, client, layer, step, count, local,
+                channels, momentum, running_mean, running_var,
+                batches_tracked, out):
+        """bnps_stream_queue_forward: (Outcome, exchanges, global
+        backward)."""
+        info = (c_int64 * 2)()
+        h = c_void_p()
+        _call(_lib.bnps_stream_queue_forward, self._h, stream, rule._h,
+              None if client is None else client._h, layer.encode(), step,
+              count, local, channels, momentum is not None,
+              0.0 if momentum is None else momentum, running_mean,
+              running_var, batches_tracked, out, ctypes.addressof(info),
+              ctypes.byref(h))
+        return Outcome(h), bool(info[0]), bool(info[1])
+
+    def backward(self, stream, client, layer, step, sums, has_weight,
+                 channels, outcome, eps, k):
+        """bnps_stream_queue_backward."""
+        _call(_lib.bnps_stream_queue_backward, self._h, stream,
+              None if client is None else client._h, layer.encode(), step,
+              sums, int(bool(has_weight)), channels,
+              None if outcome is None else outcome._h, eps, k)

@@ -37,8 +37,9 @@ extern "C" {
 
 /* The ABI's version; a new version only adds functions (2: the layer steps,
  * bnps_layer_forward and bnps_layer_backward; 3: bnps_client_connect2; 4:
- * bnps_layer_exchange_forward and bnps_layer_exchange_backward). */
-#define BNPS_C_API_VERSION 4
+ * bnps_layer_exchange_forward and bnps_layer_exchange_backward; 5: the
+ * stream-ordered exchanges, bnps_stream_queue_*). */
+#define BNPS_C_API_VERSION 5
 BNPS_EXPORT int bnps_api_version(void);
 /* "OK", "INVALID_ARGUMENT", ...; a static string. */
 BNPS_EXPORT const char* bnps_status_name(int code);
@@ -270,6 +271,72 @@ BNPS_EXPORT int bnps_layer_backward(
     const float* weight, int64_t count, const double* stats, double eps,
     int num_threads, float* dx, float* dweight, float* dbias, char* err,
     size_t err_len);
+
+/* --- exchanges in a device stream's order (client/stream_exchanges.h) ---
+ * For frontends whose kernels run on a GPU: the exchange-alone calls above
+ * as jobs that run once the work queued before them on a CUDA stream is
+ * done, holding the stream's later work until they return, so the host
+ * queues a whole step without waiting for the device. The caller queues on
+ * the stream the copy of its inputs into host memory (pinned, for
+ * asynchronous copies), the job, and the copy of its outputs back.
+ *
+ * A job that fails writes a fallback into its outputs (the local
+ * statistics; no running-statistics update) so the stream's work goes on;
+ * every later job skips its exchange, and every later queueing call and
+ * bnps_stream_queue_drain returns the first error (sticky). Host memory a
+ * job reads or writes is the caller's and must stay valid until the job has
+ * run (drain, or the stream synchronized); a job keeps its own reference to
+ * the connection and to the forward's outcome (bnps_outcome). */
+typedef struct bnps_stream_queue bnps_stream_queue;
+typedef struct bnps_outcome bnps_outcome;
+
+/* on_cuda 1: jobs are CUDA host functions (cuLaunchHostFunc of the driver,
+ * libcuda.so.1, opened at run time; UNAVAILABLE without a CUDA driver), and
+ * `stream` below is a cudaStream_t (NULL: the legacy default stream) of the
+ * calling thread's current CUDA context; 0: each job runs inside the call
+ * that queues it (host memory), its failure reported by the next call. */
+BNPS_EXPORT int bnps_stream_queue_new(int on_cuda, bnps_stream_queue** out,
+                                      char* err, size_t err_len);
+/* Queued jobs still run afterwards. */
+BNPS_EXPORT void bnps_stream_queue_free(bnps_stream_queue* q);
+/* Waits until every queued job has run, at most timeout_s: the first error
+ * of a job, DEADLINE_EXCEEDED if some have not run, or 0. */
+BNPS_EXPORT int bnps_stream_queue_drain(bnps_stream_queue* q, double timeout_s,
+                                        char* err, size_t err_len);
+/* counts[0..2]: jobs queued and not yet run, jobs run, jobs that fell back. */
+BNPS_EXPORT void bnps_stream_queue_counts(const bnps_stream_queue* q,
+                                          int64_t* counts);
+
+/* Queues bnps_layer_exchange_forward's work: CheckLayer and PlanForward now
+ * (their errors returned now), the rest when the job runs, from `local`
+ * (float64, 2 x channels: the mean and the biased variance over `count`
+ * samples per channel). The job writes into `out` (float64, 4 x channels +
+ * 1): what to normalize with (the mean, the biased variance), then the
+ * running mean, the running variance and the count of batches tracked after
+ * the update (the host copies running_mean, running_var and
+ * *batches_tracked, updated in place by the job; zeros when NULL). info[0]:
+ * 1 if the job exchanges (the step is used), info[1]: 1 if the backward
+ * pass exchanges. *outcome: a handle to what the job normalized with, for
+ * bnps_stream_queue_backward; free it with bnps_outcome_free. */
+BNPS_EXPORT int bnps_stream_queue_forward(
+    bnps_stream_queue* q, void* stream, const bnps_worker_bn* r,
+    bnps_client* c, const char* layer, int64_t step, int64_t count,
+    const double* local, int64_t channels, int has_momentum, double momentum,
+    double* running_mean, double* running_var, int64_t* batches_tracked,
+    double* out, int64_t* info, bnps_outcome** outcome, char* err,
+    size_t err_len);
+/* Queues bnps_layer_exchange_backward's work for the forward of `outcome`:
+ * from `in` (float64: sum(dy), sum(dy * x_hat), then with has_weight the
+ * weight; `channels` each), with a non-empty `layer` their sums over the
+ * workers, and the map dx = k1 dy + k2 x + k3 into k (float64, 3 x
+ * channels; NULL: the exchange alone). Nothing is queued when there is
+ * nothing to do (no layer, no k). */
+BNPS_EXPORT int bnps_stream_queue_backward(
+    bnps_stream_queue* q, void* stream, bnps_client* c, const char* layer,
+    int64_t step, const double* in, int has_weight, int64_t channels,
+    const bnps_outcome* outcome, double eps, double* k, char* err,
+    size_t err_len);
+BNPS_EXPORT void bnps_outcome_free(bnps_outcome* o);
 
 /* --- the export (client/job_reader.h, client/state_export.h) --- */
 

@@ -23,13 +23,44 @@
 #include "bn/shape.h"
 #include "client/worker_bn.h"
 #include "python/native/bnps_c.h"
+#include "python/native/bnps_c_exchange.h"
 #include "python/native/bnps_c_internal.h"
 
 namespace {
 
+using bnps::c_abi::BackwardExchange;
+using bnps::c_abi::CheckChannels;
+using bnps::c_abi::ClientFor;
+using bnps::c_abi::ClientRef;
 using bnps::c_abi::Fail;
-using bnps::c_abi::Get;
+using bnps::c_abi::Momentum;
 using bnps::c_abi::Str;
+using bnps::c_abi::WriteInputGradient;
+using bnps::c_abi::WriteStats;
+
+// ExchangeForward with the client of `c`.
+template <typename T>
+absl::StatusOr<bnps::client::BnForwardOutcome> Forward(
+    const bnps_worker_bn* r, bnps_client* c, const char* layer, int64_t step,
+    const bnps::bn::Moments& local, int has_momentum, double momentum,
+    T* running_mean, T* running_var, int64_t* batches_tracked, int64_t* info) {
+  return bnps::c_abi::ExchangeForward(
+      r->rule,
+      [c] {
+        return ClientFor(
+            c, "the policy exchanges BN statistics");
+      },
+      Str(layer), step, local, Momentum(has_momentum, momentum), running_mean,
+      running_var, batches_tracked, info);
+}
+
+// The backward exchange of `layer` at `step` through `c`.
+absl::Status Backward(bnps_client* c, const char* layer, int64_t step,
+                      bnps::bn::BackwardSums* sums) {
+  absl::StatusOr<ClientRef> client = ClientFor(c, "a backward exchange");
+  if (!client.ok()) return client.status();
+  return BackwardExchange(**client, Str(layer), step, sums);
+}
 
 absl::StatusOr<bnps::bn::Shape> LayerShape(int64_t n, int64_t channels,
                                            int64_t spatial) {
@@ -55,100 +86,6 @@ std::vector<float> Vector(const float* p, int64_t channels, float fill) {
                       : std::vector<float>(p, p + channels);
 }
 
-// A training-mode forward's worker side on host values, shared by the
-// layer step and the exchange alone: WorkerBn::CheckLayer, PlanForward,
-// BnForward through `c` when the plan exchanges, Resolve, and ApplyRunning on
-// running_mean and running_var (float or double, `channels` each, updated in
-// place on success; null: the layer tracks none) with *batches_tracked.
-// info[1] is set once BnForward succeeded (the step is used even if a later
-// part fails), info[0] and info[2] on success: the count and whether the
-// backward pass exchanges.
-template <typename T>
-absl::StatusOr<bnps::client::BnForwardOutcome> ExchangeForward(
-    const bnps_worker_bn* r, bnps_client* c, const char* layer, int64_t step,
-    const bnps::bn::Moments& local, int has_momentum, double momentum,
-    T* running_mean, T* running_var, int64_t* batches_tracked, int64_t* info) {
-  const bool tracks = running_mean != nullptr && running_var != nullptr;
-  if (tracks && batches_tracked == nullptr) {
-    return absl::InvalidArgumentError(
-        "running statistics without a count of the batches they tracked");
-  }
-  std::optional<double> m;
-  if (has_momentum) m = momentum;
-  if (absl::Status s = r->rule.CheckLayer(Str(layer), tracks, m); !s.ok()) {
-    return s;
-  }
-  const bnps::client::BnForwardPlan plan = r->rule.PlanForward(tracks);
-  std::optional<bnps::client::BnForwardResult> answer;
-  if (plan.exchange) {
-    if (c == nullptr) {
-      return absl::InvalidArgumentError(
-          "the policy exchanges BN statistics and no client was given");
-    }
-    auto client = Get(c);
-    if (!client.ok()) return client.status();
-    absl::StatusOr<bnps::client::BnForwardResult> a =
-        (*client)->BnForward(Str(layer), step, local, plan.want_running);
-    if (!a.ok()) return a.status();
-    info[1] = 1;
-    answer = *std::move(a);
-  }
-  absl::StatusOr<bnps::client::BnForwardOutcome> out =
-      r->rule.Resolve(local, answer);
-  if (!out.ok()) return out.status();
-  if (tracks) {
-    const int64_t channels = local.channels();
-    bnps::bn::RunningStats running{
-        std::vector<double>(running_mean, running_mean + channels),
-        std::vector<double>(running_var, running_var + channels)};
-    if (absl::Status s =
-            bnps::client::ApplyRunning(*out, m, batches_tracked, &running);
-        !s.ok()) {
-      return s;
-    }
-    for (int64_t i = 0; i < channels; ++i) {
-      running_mean[i] = static_cast<T>(running.mean[i]);
-      running_var[i] = static_cast<T>(running.var[i]);
-    }
-  }
-  info[0] = out->normalize.count;
-  info[2] = out->global_backward;
-  return out;
-}
-
-// The per-channel arrays of the exchange-alone calls hold `channels` values.
-absl::Status CheckChannels(int64_t channels) {
-  if (channels >= 1) return absl::OkStatus();
-  return absl::InvalidArgumentError(
-      absl::StrCat(channels, " channels: want >= 1"));
-}
-
-// *sums replaced by their sums over the workers (BnBackward of `layer` at
-// `step` through `c`).
-absl::Status BackwardExchange(bnps_client* c, const char* layer, int64_t step,
-                              bnps::bn::BackwardSums* sums) {
-  if (c == nullptr) {
-    return absl::InvalidArgumentError("a backward exchange needs a client");
-  }
-  auto client = Get(c);
-  if (!client.ok()) return client.status();
-  absl::StatusOr<bnps::bn::BackwardSums> global =
-      (*client)->BnBackward(Str(layer), step, *sums);
-  if (!global.ok()) return global.status();
-  *sums = *std::move(global);
-  return absl::OkStatus();
-}
-
-// The mean and the biased variance of `normalize` into `out` (2 x channels);
-// returns the variance.
-std::vector<double> WriteStats(const bnps::bn::Moments& normalize,
-                               double* out) {
-  std::vector<double> var = bnps::bn::BiasedVariance(normalize);
-  std::copy(normalize.mean.begin(), normalize.mean.end(), out);
-  std::copy(var.begin(), var.end(), out + normalize.mean.size());
-  return var;
-}
-
 }  // namespace
 
 extern "C" {
@@ -169,7 +106,7 @@ int bnps_layer_forward(const bnps_worker_bn* r, bnps_client* c,
   absl::StatusOr<bnps::bn::Moments> local = kernels->ComputeMoments(x, *shape);
   BNPS_RETURN_IF_ERROR(local.status());
   absl::StatusOr<bnps::client::BnForwardOutcome> out =
-      ExchangeForward(r, c, layer, step, *local, has_momentum, momentum,
+      Forward(r, c, layer, step, *local, has_momentum, momentum,
                       running_mean, running_var, batches_tracked, info);
   BNPS_RETURN_IF_ERROR(out.status());
   const std::vector<double> var = WriteStats(out->normalize, out_stats);
@@ -194,7 +131,7 @@ int bnps_layer_exchange_forward(const bnps_worker_bn* r, bnps_client* c,
                           std::vector<double>(m2, m2 + channels)};
   BNPS_RETURN_IF_ERROR(bnps::bn::ValidateMoments(local));
   absl::StatusOr<bnps::client::BnForwardOutcome> out =
-      ExchangeForward(r, c, layer, step, local, has_momentum, momentum,
+      Forward(r, c, layer, step, local, has_momentum, momentum,
                       running_mean, running_var, batches_tracked, info);
   BNPS_RETURN_IF_ERROR(out.status());
   WriteStats(out->normalize, out_stats);
@@ -212,20 +149,12 @@ int bnps_layer_exchange_backward(bnps_client* c, const char* layer,
       std::vector<double>(sum_dy, sum_dy + channels),
       std::vector<double>(sum_dy_xhat, sum_dy_xhat + channels)};
   if (!Str(layer).empty()) {
-    BNPS_RETURN_IF_ERROR(BackwardExchange(c, layer, step, &sums));
+    BNPS_RETURN_IF_ERROR(Backward(c, layer, step, &sums));
   }
   if (k == nullptr) return 0;
-  absl::StatusOr<bnps::bn::InputGradientMap> map = bnps::bn::InputGradient(
-      absl::MakeConstSpan(stats, channels),
-      absl::MakeConstSpan(stats + channels, channels),
-      weight == nullptr ? absl::Span<const double>()
-                        : absl::MakeConstSpan(weight, channels),
-      eps, sums, count);
-  BNPS_RETURN_IF_ERROR(map.status());
-  std::copy(map->k1.begin(), map->k1.end(), k);
-  std::copy(map->k2.begin(), map->k2.end(), k + channels);
-  std::copy(map->k3.begin(), map->k3.end(), k + 2 * channels);
-  return 0;
+  return Fail(
+      WriteInputGradient(stats, weight, channels, eps, sums, count, k), err,
+      err_len);
 }
 
 int bnps_layer_backward(bnps_client* c, const char* layer, int64_t step,
@@ -250,7 +179,7 @@ int bnps_layer_backward(bnps_client* c, const char* layer, int64_t step,
     if (dbias != nullptr) dbias[i] = static_cast<float>(sums->sum_dy[i]);
   }
   if (!Str(layer).empty()) {
-    BNPS_RETURN_IF_ERROR(BackwardExchange(c, layer, step, &*sums));
+    BNPS_RETURN_IF_ERROR(Backward(c, layer, step, &*sums));
   }
   if (dx == nullptr) return 0;
   return Fail(kernels->BackwardInput(dy, x, *shape, norm, *sums, count, dx),

@@ -285,6 +285,10 @@ def main():
     torch.set_num_threads(1)
     with bnps.torch.init() as connection:
         result = SCENARIOS[scenario](connection.worker)
+        if isinstance(result, dict):  # jobs of the queued exchanges, if any
+            result["stream_counts"] = {
+                "cuda" if on_cuda else "host": q.counts()
+                for on_cuda, q in connection._queues.items()}
     torch.save(result, os.path.join(out_dir, f"{scenario}_w{connection.worker}.pt"))
 
 

@@ -121,10 +121,13 @@ def reference(case):
 class SyncParityTest(unittest.TestCase):
     """Twelve cases on one 3-worker sync job with 2 shards."""
 
+    ENV = {}
+
     @classmethod
     def setUpClass(cls):
         cls.results = run_scenario("sync", 3,
-                                   flags=["--barrier_timeout_ms=20000"])
+                                   flags=["--barrier_timeout_ms=20000"],
+                                   extra_env=cls.ENV)
 
     def check_case(self, case):
         ref = reference(case)
@@ -185,6 +188,28 @@ def _add_sync_tests():
 
 
 _add_sync_tests()
+
+# The exchanges queued in stream order (bnps/torch/stream_exchange.py): on
+# the CPU each runs inside the call that queues it, on a GPU
+# (BNPS_PARITY_DEVICE=cuda) as a CUDA host function.
+STREAM = {"BNPS_STREAM_EXCHANGE": "1"}
+
+
+class StreamSyncParityTest(SyncParityTest):
+    """SyncParityTest's cases with the exchanges queued in stream order."""
+
+    ENV = STREAM
+
+    def test_the_exchanges_were_queued(self):
+        kind = "cuda" if os.environ.get("BNPS_PARITY_DEVICE") == "cuda" \
+            else "host"
+        for w, r in enumerate(self.results):
+            counts = r["stream_counts"]
+            self.assertEqual(list(counts), [kind], w)
+            pending, run, fell_back = counts[kind]
+            # Every case's forward and backward passes, none left or failed.
+            self.assertGreater(run, 2 * len(parity_cases.SYNC3), w)
+            self.assertEqual((pending, fell_back), (0, 0), w)
 
 
 class LongRunTest(unittest.TestCase):
@@ -308,10 +333,12 @@ class ConvertTest(unittest.TestCase):
 
 
 class StopCallingTest(unittest.TestCase):
+    ENV = {}
+
     def test_peer_that_stops_calling_gives_deadline_exceeded(self):
         got = run_scenario("stop", 2, servers=1,
                            flags=["--barrier_timeout_ms=2000"],
-                           extra_env={"STOP_SLEEP_S": "6"})
+                           extra_env=dict(self.ENV, STOP_SLEEP_S="6"))
         self.assertEqual(got[1]["completed"], 2)
         self.assertIsNone(got[1]["error"])
         self.assertEqual(got[0]["completed"], 2, got[0])
@@ -321,6 +348,13 @@ class StopCallingTest(unittest.TestCase):
         self.assertIn("1", got[0]["message"])
         # The servers' barrier timeout, not the client's 30 s RPC deadline.
         self.assertLess(got[0]["waited_s"], 25, got[0])
+
+
+class StreamStopCallingTest(StopCallingTest):
+    """A queued exchange's failure reaches the caller: the layer's next
+    pass (here its backward) raises it."""
+
+    ENV = STREAM
 
 
 class PolicyTest(unittest.TestCase):

@@ -13,7 +13,9 @@ flags: BNPS_SERVERS (comma-separated, shard order), BNPS_WORKER,
 BNPS_NUM_WORKERS, BNPS_JOB (default "bnps"), BNPS_TOKEN_FILE, BNPS_TLS_CA,
 BNPS_TLS_CERT, BNPS_TLS_KEY, BNPS_RPC_TIMEOUT_S, BNPS_CONNECT_TIMEOUT_S,
 BNPS_BN_SPIN_US (how long a BN call polls before it sleeps; default -1: 1000
-us where this machine has a core for every worker and server, else 0).
+us where this machine has a core for every worker and server, else 0),
+BNPS_STREAM_EXCHANGE (1: queue the layers' exchanges on the CUDA stream,
+bnps/torch/stream_exchange.py; default 0).
 Without BNPS_WORKER / BNPS_NUM_WORKERS the worker id and count come from the
 launcher's variables (torchrun, Kubeflow Trainer, Slurm: bnps.launch), which
 must agree with each other.
@@ -28,6 +30,7 @@ connection.gradients, connection.config).
 import contextlib
 import os
 import threading
+import warnings
 
 from bnps import launch as _launch
 from bnps.client import Client
@@ -39,8 +42,13 @@ POLICIES = ("sync", "async", "local", "recal")
 
 
 class Connection:
-    def __init__(self, client, placement=None, node_server=None):
+    def __init__(self, client, placement=None, node_server=None,
+                 stream_exchange=False):
         self.client = client
+        # Layers queue their exchanges on the device stream
+        # (bnps/torch/stream_exchange.py); the queues, by device type.
+        self.stream_exchange = bool(stream_exchange)
+        self._queues = {}
         # init(start_local_server=True): the job's servers, one per node.
         self.node_server = node_server
         # Where this process sits (bnps.launch.Placement): local_rank,
@@ -67,7 +75,30 @@ class Connection:
         with --keep_serving, exits; its state can then be exported
         (bnps.export). Not called by close(), which a failed worker also
         calls."""
+        self.drain_exchanges()
         self.client.leave()
+
+    def exchange_queue(self, device):
+        """The queue of stream-ordered exchanges for tensors on `device`
+        (bnps._native.StreamQueue): on CUDA host functions, elsewhere run
+        at once."""
+        on_cuda = device.type == "cuda"
+        q = self._queues.get(on_cuda)
+        if q is None:
+            from bnps import _native
+            q = self._queues[on_cuda] = _native.StreamQueue(on_cuda)
+        return q
+
+    def drain_exchanges(self, timeout_s=60.0):
+        """Waits until the exchanges queued on device streams have run
+        (the CUDA devices synchronized) and raises the first failure of one
+        (sticky: every later call raises it too). A no-op unless
+        stream_exchange."""
+        for on_cuda, q in list(self._queues.items()):
+            if on_cuda:
+                import torch
+                torch.cuda.synchronize()
+            q.drain(timeout_s)
 
     def close(self):
         """Disconnects (idempotent); layers using it fail afterwards. With
@@ -77,6 +108,10 @@ class Connection:
         with _default_lock:
             if _default is self:
                 _default = None
+        try:
+            self.drain_exchanges()
+        except Exception as e:  # close() also runs after a failure
+            warnings.warn(f"bnps: a queued BN exchange failed: {e}")
         self.client.close()
         if self.node_server is not None:
             self.node_server.stop()
@@ -102,6 +137,7 @@ class Connection:
         if self.gradients == "async":
             self.client.start_step(self._step)
         yield self._step
+        self.drain_exchanges()
         self._step += 1
         if self.gradients == "async":
             self.client.finish_step(self._step)
@@ -123,11 +159,19 @@ def _env(name, value, convert=str, default=None):
         raise ValueError(f"bnps: ${name}={raw!r} is not valid") from None
 
 
+def _flag(raw):
+    value = {"1": True, "true": True, "0": False, "false": False}.get(
+        raw.strip().lower())
+    if value is None:
+        raise ValueError(raw)
+    return value
+
+
 def init(servers=None, worker=None, num_workers=None, job=None,
          token_file=None, tls_ca=None, tls_cert=None, tls_key=None,
          connect_timeout_s=None, rpc_timeout_s=None, set_default=True,
          start_local_server=False, policy="sync", server_flags=(),
-         server_host=None):
+         server_host=None, stream_exchange=None):
     """Connects this process to the job as worker `worker` of `num_workers`
     and returns a Connection. Raises ValueError for missing or bad arguments,
     bnps.Unavailable when a server cannot be reached, bnps.FailedPrecondition
@@ -137,7 +181,12 @@ def init(servers=None, worker=None, num_workers=None, job=None,
     starts a bnps_server (--policy=`policy`, `server_flags`, bound to
     `server_host`) and all processes connect to all of them
     (bnps.torch.node_server; a collective over torch.distributed, which must
-    be initialized). close() is then a collective too."""
+    be initialized). close() is then a collective too.
+
+    stream_exchange=True (or BNPS_STREAM_EXCHANGE=1): layers on a GPU queue
+    their exchanges on the CUDA stream instead of waiting for the device
+    (bnps/torch/stream_exchange.py); a failed exchange is then raised by a
+    later call."""
     global _default
     servers = _env("BNPS_SERVERS", servers)
     if bool(servers) == bool(start_local_server):
@@ -163,7 +212,9 @@ def init(servers=None, worker=None, num_workers=None, job=None,
         if node_server is not None and node_server.process is not None:
             node_server.process.stop()
         raise
-    connection = Connection(client, placement, node_server)
+    connection = Connection(
+        client, placement, node_server,
+        _env("BNPS_STREAM_EXCHANGE", stream_exchange, _flag, False))
     if set_default:
         with _default_lock:
             if _default is None:

@@ -88,6 +88,7 @@ def sync_running_stats(model, connection=None):
     the C++ client's rule (client/worker_bn.h). Returns the number of layers
     settled."""
     s = connection or _connection.default_connection()
+    s.drain_exchanges()  # the running statistics queued exchanges write
     settle = worker_bn(s).settle()
     if settle == _native.SETTLE_NOTHING:
         return 0
@@ -118,6 +119,7 @@ def recalibrate(model, loader, connection=None, num_batches=None, device=None):
     (each call is a round of its own); it is how recal settles the
     statistics. Returns the number of batches this worker ran."""
     s = connection or _connection.default_connection()
+    s.drain_exchanges()
     # Every bnps layer is in recalibration mode, so that none talks to the
     # servers' sync or async exchanges (whose steps the training owns); those
     # with running statistics file their batches' moments.

@@ -65,6 +65,9 @@ class ParameterServerOptimizer:
         """Pushes the gradients of this worker's `num_samples` samples
         (parameters without a gradient push zeros) and loads the next
         parameters."""
+        # A queued BN exchange that failed made these gradients with local
+        # statistics: raise it rather than push them.
+        self.connection.drain_exchanges()
         scale = float(num_samples) if self.loss_reduction == "mean" else 1.0
         grads = {}
         for n, p in self.params.items():

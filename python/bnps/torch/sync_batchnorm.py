@@ -45,28 +45,17 @@ from torch.autograd.function import once_differentiable
 from torch.nn import functional as F
 
 from bnps import _native
+from bnps.torch import channels as channels_
 from bnps.torch import custom_ops as _ops
 from bnps.torch import connection as _connection
+from bnps.torch import stream_exchange as _queued
 from bnps.torch.staging import Staging
 
 
-def _acc_dtype(dtype):
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
-def _reduce_dims(x):
-    return [0] + list(range(2, x.dim()))
-
-
-def _channel_shape(x):
-    return [1, x.shape[1]] + [1] * (x.dim() - 2)
-
-
-def _var_mean(xa, dims):
-    try:  # torch >= 2.0
-        return torch.var_mean(xa, dim=dims, correction=0)
-    except TypeError:  # torch 1.13
-        return torch.var_mean(xa, dim=dims, unbiased=False)
+_acc_dtype = channels_.acc_dtype
+_reduce_dims = channels_.reduce_dims
+_channel_shape = channels_.channel_shape
+_var_mean = channels_.var_mean
 
 
 def local_moments(x, staging=None):
@@ -277,7 +266,12 @@ class _SyncBatchNormFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, bn, eps):
-        y, stats = _forward(bn, x, weight, bias, eps)
+        queued = bn._queued_exchange(x, weight, bias)
+        if queued is not None:  # bnps/torch/stream_exchange.py
+            y, stats = _queued.forward(bn, *queued, x, weight, bias, eps,
+                                       _acc_dtype(x.dtype))
+        else:
+            y, stats = _forward(bn, x, weight, bias, eps)
         ctx.save_for_backward(x, weight)
         ctx.stats = stats
         ctx.bn = bn
@@ -288,8 +282,15 @@ class _SyncBatchNormFunction(torch.autograd.Function):
     @once_differentiable  # the exchanged statistics are constants here: a
     def backward(ctx, dy):  # second derivative would be silently wrong
         x, weight = ctx.saved_tensors
-        dx, dweight, dbias = _backward(ctx.bn, x, weight, dy, ctx.stats,
-                                       ctx.eps, ctx.needs_input_grad[0])
+        bn, stats = ctx.bn, ctx.stats
+        if isinstance(stats, _queued.QueuedStats):
+            queue, _, native = bn._queued_exchange(x, weight, None, True)
+            dx, dweight, dbias = _queued.backward(
+                bn, queue, native, x, weight, dy, stats, ctx.eps,
+                ctx.needs_input_grad[0], _acc_dtype(x.dtype))
+        else:
+            dx, dweight, dbias = _backward(bn, x, weight, dy, stats, ctx.eps,
+                                           ctx.needs_input_grad[0])
         return dx, dweight, dbias, None, None
 
 
@@ -315,7 +316,8 @@ class SyncBatchNorm(nn.modules.batchnorm._BatchNorm):
 
     # Per-process caches (pinned buffers, CUDA events, the host copy of the
     # running statistics), made again when needed: never copied or pickled.
-    _CACHES = ("_bnps_staging", "_bnps_ones", "_bnps_running")
+    _CACHES = ("_bnps_staging", "_bnps_ones", "_bnps_running",
+               "_bnps_queued")
 
     def __getstate__(self):
         state = dict(self.__dict__)
@@ -407,6 +409,24 @@ class SyncBatchNorm(nn.modules.batchnorm._BatchNorm):
             self._bnps_step += exchanged
         return y, _Stats(count, moments,
                          self.bnps_name if global_backward else None)
+
+    def _queued_exchange(self, x, weight, bias, backward=False):
+        """(queue, rule, native client) where this pass's exchange is
+        queued on the stream (bnps/torch/stream_exchange.py: the
+        connection's stream_exchange, a training-mode pass, a real client,
+        input the native CPU step does not take); else None."""
+        s = self._connection()
+        if not s.stream_exchange:
+            return None
+        if not backward and (not self.training or
+                             self._recal_batch is not None or
+                             _native_shape(x, weight, bias, self.running_mean,
+                                           self.running_var) is not None):
+            return None
+        native = getattr(s.client, "native", None)
+        if native is None:  # a stand-in client answers through its methods
+            return None
+        return s.exchange_queue(x.device), worker_bn(s), native
 
     def _staging(self):
         """This layer's host <-> device copies (bnps/torch/staging.py)."""
