@@ -6,6 +6,8 @@ ways, measured in the same run:
   plain   torch.nn.BatchNorm2d, each process on its own (no communication)
   bnps    bnps.torch.SyncBatchNorm, policy sync, real bnps_server shards on
           127.0.0.1 (bnps.cluster.LocalCluster: BN over raw TCP)
+  stream  the same with the exchanges queued in the CUDA stream's order
+          (BNPS_STREAM_EXCHANGE=1: bnps/torch/stream_exchange.py)
   torch   torch.nn.SyncBatchNorm over a gloo process group (the peer)
 
 For each P (--procs) and per-process batch (--batches) it starts P processes
@@ -38,7 +40,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(REPO, "tools"))  # bnps_launch_mps
-KINDS = ["plain", "bnps", "torch"]
+KINDS = ["plain", "bnps", "stream", "torch"]
 
 
 def resnet18(classes=10):
@@ -89,10 +91,12 @@ def child(args):
     for kind in kinds:
         torch.manual_seed(0)
         model = resnet18()
-        if kind == "bnps":
+        if kind in ("bnps", "stream"):
             import bnps.torch
-            bnps.torch.init()
-            model = bnps.torch.convert_sync_batchnorm(model)
+            if not any(k in models for k in ("bnps", "stream")):
+                bnps.torch.init()
+            # Layer names of their own: the servers key layers by name.
+            model = bnps.torch.convert_sync_batchnorm(model, prefix=kind + ".")
         elif kind == "torch":
             import torch.distributed as dist
             dist.init_process_group("gloo", rank=rank,
@@ -105,6 +109,7 @@ def child(args):
     # calls, a barrier of all processes each) and waiting for the device
     # before an exchange (staging.Staging.wait_s), summed over the layers.
     spent = {"exchange": 0.0, "calls": 0}
+    bn_layers = []
     if "bnps" in kinds:
         client = bnps.torch.default_connection().client
 
@@ -137,6 +142,9 @@ def child(args):
         the final wait for the device (the time to queue its work, for
         plain; where bnps's exchanges wait for the device, most of it)."""
         model, opt = models[kind]
+        if kind in ("bnps", "stream"):  # one connection, the mode per kind
+            conn = bnps.torch.default_connection()
+            conn.stream_exchange = kind == "stream"
         times = []
         for _ in range(steps):
             sync()
@@ -148,6 +156,8 @@ def child(args):
                 queued.append(time.perf_counter() - start)
             sync()
             times.append(time.perf_counter() - start)
+        if kind == "stream":
+            conn.drain_exchanges()  # raises what a queued exchange met
         return times
 
     for kind in kinds:
@@ -215,7 +225,7 @@ def measure(args, kinds, procs, batch, base_env):
     if args.profile:
         cmd.append("--profile=" + os.path.abspath(args.profile))
     cluster = None
-    if "bnps" in kinds:
+    if "bnps" in kinds or "stream" in kinds:
         from bnps.cluster import LocalCluster
         options = dict(num_servers=1, num_workers=procs, policy="sync")
         if args.bin_dir:
@@ -283,7 +293,7 @@ def main(argv):
                    "bnps.cluster's own search)")
     p.add_argument("--timeout_s", type=float, default=300)
     p.add_argument("--kinds", default=",".join(KINDS),
-                   help="which of plain, bnps, torch (default all)")
+                   help="which of plain, bnps, stream, torch (default all)")
     p.add_argument("--device", default="cuda",
                    help="cuda; cpu only to try the script where there is no "
                    "GPU (torch's SyncBatchNorm needs CUDA)")
@@ -298,7 +308,7 @@ def main(argv):
     import torch
     kinds = [k for k in args.kinds.split(",") if k]
     if not kinds or set(kinds) - set(KINDS) or "plain" not in kinds:
-        p.error("--kinds: plain and any of bnps, torch")
+        p.error("--kinds: plain and any of bnps, stream, torch")
     if args.device == "cuda" and not torch.cuda.is_available():
         print("pytorch_gpu_benchmark: no CUDA device (torch %s): skipped" % torch.__version__)
         return 0
@@ -314,9 +324,11 @@ def main(argv):
             torch.cuda.get_device_name(0) if args.device == "cuda" else "CPU",
             torch.__version__,
             "; ".join(notes) or "MPS: not needed"))
-        print("| P | batch | plain ms | bnps sync ms | torch SyncBN (gloo) ms "
-              "| bnps/plain min / median / max | torch/plain min / median / max |")
-        print("|---|---|---|---|---|---|---|")
+        print("| P | batch | plain ms | bnps sync ms | bnps stream ms | "
+              "torch SyncBN (gloo) ms | bnps/plain min / median / max | "
+              "stream/plain min / median / max | torch/plain min / median / "
+              "max |")
+        print("|---|---|---|---|---|---|---|---|---|")
         details, queues = [], []
         for procs in procs_list:
             for batch in [int(v) for v in args.batches.split(",") if v]:
@@ -330,9 +342,10 @@ def main(argv):
                     if not t[kind]:
                         return "n/a"
                     return spread([b / q for b, q in zip(t[kind], t["plain"])])
-                print("| %d | %d | %s | %s | %s | %s | %s |" % (
-                    procs, batch, cell("plain"), cell("bnps"), cell("torch"),
-                    ratio("bnps"), ratio("torch")), flush=True)
+                print("| %d | %d | %s | %s | %s | %s | %s | %s | %s |" % (
+                    procs, batch, cell("plain"), cell("bnps"), cell("stream"),
+                    cell("torch"), ratio("bnps"), ratio("stream"),
+                    ratio("torch")), flush=True)
                 if t.get("detail"):
                     details.append((procs, batch, t["detail"]))
                 queues.append((procs, batch, t["queue"]))

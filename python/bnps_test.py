@@ -187,6 +187,83 @@ class ExchangeAloneTest(unittest.TestCase):
                 20, stats.ctypes.data, None, eps, None)
 
 
+class StreamQueueTest(unittest.TestCase):
+    """The stream-ordered exchanges' native side (bnps_stream_queue_*) with
+    jobs run inline, under local (no client needed)."""
+
+    def test_forward_and_backward_jobs_match_the_exchange_alone(self):
+        q = _native.StreamQueue(on_cuda=False)
+        rule = _native.WorkerBn("local", 0.1)
+        mean, var = np.array([1.0, -2.0]), np.array([2.0, 0.5])
+        local = np.concatenate([mean, var])
+        rm, rv = np.array([0.5, 0.5]), np.array([2.0, 1.0])
+        tracked = np.array([3], dtype=np.int64)
+        want = _native.update_running(4, mean, var * 4, 0.1, 3, rm, rv)
+        out = np.full(4 * 2 + 1, np.nan)
+        outcome, exchanged, global_backward = q.forward(
+            None, rule, None, "l", 0, 4, local.ctypes.data, 2, 0.1,
+            rm.ctypes.data, rv.ctypes.data, tracked.ctypes.data,
+            out.ctypes.data)
+        self.assertEqual((exchanged, global_backward), (False, False))
+        np.testing.assert_array_equal(out[:4], local)
+        np.testing.assert_array_equal(out[4:6], want[1])
+        np.testing.assert_array_equal(out[6:8], want[2])
+        self.assertEqual(out[8], want[0])
+        np.testing.assert_array_equal(rm, want[1])  # the host copy too
+        # The backward job's map is the exchange-alone call's.
+        sums = np.array([0.3, -1.0, 2.0, 0.25, 1.5, 0.5])  # dy, dy*xhat, w
+        k = np.empty(6)
+        q.backward(None, None, "", 0, sums.ctypes.data, True, 2, outcome,
+                   1e-5, k.ctypes.data)
+        stats = local.copy()
+        want_k = np.empty(6)
+        _native.layer_exchange_backward(
+            None, "", 0, sums[:2].ctypes.data, sums[2:4].ctypes.data, 2, 4,
+            stats.ctypes.data, sums[4:].ctypes.data, 1e-5,
+            want_k.ctypes.data)
+        np.testing.assert_array_equal(k, want_k)
+        self.assertEqual(q.counts(), (0, 2, 0))
+        q.drain(1.0)
+
+    def test_a_failed_job_falls_back_and_the_next_call_raises(self):
+        q = _native.StreamQueue(on_cuda=False)
+        rule = _native.WorkerBn("local", 0.1)
+        bad = np.array([0.0, -1.0])  # a negative variance: the job fails
+        out = np.full(5, np.nan)
+        q.forward(None, rule, None, "l", 0, 4, bad.ctypes.data, 1, 0.1,
+                  None, None, None, out.ctypes.data)
+        np.testing.assert_array_equal(out[:2], bad)  # the fallback: local
+        self.assertEqual(q.counts(), (0, 1, 1))
+        with self.assertRaisesRegex(ValueError, "m2"):
+            q.drain(1.0)
+        good = np.array([0.0, 1.0])
+        with self.assertRaisesRegex(ValueError, "m2"):  # sticky
+            q.forward(None, rule, None, "l", 1, 4, good.ctypes.data, 1, 0.1,
+                      None, None, None, out.ctypes.data)
+
+    def test_refusals_at_queueing_time(self):
+        q = _native.StreamQueue(on_cuda=False)
+        local = np.array([0.0, 1.0])
+        out = np.empty(5)
+        with self.assertRaisesRegex(ValueError, "no client"):
+            q.forward(None, _native.WorkerBn("sync", 0.1), None, "l", 0, 4,
+                      local.ctypes.data, 1, 0.1, None, None, None,
+                      out.ctypes.data)
+        with self.assertRaisesRegex(ValueError, "momentum"):
+            rm, rv = np.zeros(1), np.ones(1)
+            tracked = np.zeros(1, dtype=np.int64)
+            q.forward(None, _native.WorkerBn("async", 0.1), None, "l", 0, 4,
+                      local.ctypes.data, 1, 0.5, rm.ctypes.data,
+                      rv.ctypes.data, tracked.ctypes.data, out.ctypes.data)
+        self.assertEqual(q.counts(), (0, 0, 0))
+
+    def test_on_cuda_without_a_driver_says_why(self):
+        if torch.cuda.is_available():
+            self.skipTest("this machine has a CUDA driver")
+        with self.assertRaisesRegex(bnps.BnpsError, "libcuda.so.1"):
+            _native.StreamQueue(on_cuda=True)
+
+
 class InitTest(unittest.TestCase):
     def setUp(self):
         self.saved = {k: v for k, v in os.environ.items()

@@ -160,8 +160,8 @@ def meet_at(out_dir, worker, workers, timeout_s=120):
 def scenario_stop(worker):
     """Worker 1 stops calling after 2 steps (its process stays up and
     heartbeating); worker 0 goes on and must get an error, not hang."""
-    bn = bnps.torch.SyncBatchNorm(3, name="stop").double()
-    x = torch.randn(4, 3, 2, 2, dtype=torch.float64)
+    bn = bnps.torch.SyncBatchNorm(3, name="stop").to(DEVICE, torch.float64)
+    x = torch.randn(4, 3, 2, 2, dtype=torch.float64).to(DEVICE)
     out = {"completed": 0, "error": None}
     # Both workers meet before step 0, so the job's short barrier timeout
     # measures worker 1 stopping, not how long each took to import torch.
@@ -172,6 +172,9 @@ def scenario_stop(worker):
         for _ in range(steps):
             start = time.monotonic()
             bn(x).sum().backward()
+            # Where the exchanges are queued on the stream, a failed one is
+            # raised here (as Connection.step() and the optimizer do).
+            bnps.torch.default_connection().drain_exchanges()
             out["completed"] += 1
     except bnps.BnpsError as e:
         out["error"] = type(e).__name__

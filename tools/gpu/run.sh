@@ -255,7 +255,7 @@ do_scaling() { part scaling 120 "$0" scaling; }
 # and the ResNet-18 benchmark), into torch/.
 do_torch() {
   if [[ -n $PY ]] && ls "$REPO"/dist/bnps-*.whl >/dev/null 2>&1; then
-    part torch 330 env OUT="$RESULTS/torch" "$0" torch
+    part torch 420 env OUT="$RESULTS/torch" "$0" torch
   else
     echo "torch: not run (no wheel in dist/, or no python with torch)" | tee -a "$RESULTS/times.txt"
   fi
@@ -298,9 +298,12 @@ case "$cmd" in
     part torch_import 60 "$PY" -c 'import importlib.util as u, torch, bnps, bnps.torch; g = __import__("grpc") if u.find_spec("grpc") else None; print("bnps", bnps.__file__, "torch", torch.__version__, "cuda", torch.cuda.is_available(), "grpcio", g.__version__ if g else "not installed here")'
     part torch_server 30 "$bin/bnps-server" --help
     # The sync cases (fp64, fp32 contiguous and channels_last, fp16, bf16,
-    # uneven, empty, 2-D to 5-D, ...) with the layers on the GPU, 3 workers.
-    (cd /tmp && export BNPS_PARITY_DEVICE=cuda && part torch_parity 240 "$PY" \
-      "$REPO/tests/pytorch/pytorch_parity_test.py" -v SyncParityTest)
+    # uneven, empty, 2-D to 5-D, ...) with the layers on the GPU, 3 workers;
+    # again with the exchanges queued on the CUDA stream (host functions),
+    # and a queued exchange's failure reaching the caller.
+    (cd /tmp && export BNPS_PARITY_DEVICE=cuda && part torch_parity 300 "$PY" \
+      "$REPO/tests/pytorch/pytorch_parity_test.py" -v SyncParityTest \
+      StreamSyncParityTest StreamStopCallingTest)
     part torch_bench 300 "$PY" "$REPO/bench/pytorch_gpu_benchmark.py" \
       --procs 2,4 --batches "${BNPS_TORCH_BATCHES:-8,32}" --runs "${BNPS_TORCH_RUNS:-3}" \
       --profile "$RESULTS/torch_profile.txt"
