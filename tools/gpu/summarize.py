@@ -209,7 +209,9 @@ def torch_run(out):
                      "bnps_ms": num(r.get("bnps sync ms")),
                      "torch_ms": num(r.get("torch SyncBN (gloo) ms")),
                      "bnps": spread(r.get("bnps/plain min / median / max")),
-                     "torch": spread(r.get("torch/plain min / median / max"))})
+                     "torch": spread(r.get("torch/plain min / median / max")),
+                     # Earlier runs have no stream column.
+                     "stream": spread(r.get("stream/plain min / median / max"))})
     return {"parity_ran": int(ran.group(1)) if ran else None,
             "parity_ok": bool(ran) and failed is None and
             re.search(r"^OK", parity or "", re.M) is not None,
@@ -472,6 +474,13 @@ def torch_rows(t):
                     "%s (%s-%s); torch SyncBatchNorm (gloo) %s" % (
                         fmt(med), fmt(lo), fmt(hi), fmt(r["torch"][1])),
                     "<= %.2f" % TORCH_TARGET, verdict(med, TORCH_TARGET)))
+        lo, med, hi = r["stream"]
+        if med is not None:
+            out.append((
+                "bnps.torch sync / plain BN, exchanges queued on the stream "
+                "(BNPS_STREAM_EXCHANGE=1), ResNet-18, %d processes, batch 32"
+                % r["procs"], "%s (%s-%s)" % (fmt(med), fmt(lo), fmt(hi)),
+                "<= %.2f" % TORCH_TARGET, verdict(med, TORCH_TARGET)))
     return out
 
 

@@ -195,6 +195,35 @@ class TorchRowsTest(unittest.TestCase):
             self.assertTrue(row[1].startswith("%.2f (" % med), row)
             self.assertEqual(row[3], "met" if med <= summarize.TORCH_TARGET else "missed")
 
+    def test_the_stream_column_gives_rows_of_its_own(self):
+        # The canned run predates the column: no row for it.
+        names = [r[0] for r in summarize.rows(summarize.collect(CANNED))]
+        self.assertFalse([n for n in names if "queued on the stream" in n])
+        with tempfile.TemporaryDirectory() as tmp:
+            run = os.path.join(tmp, "run")
+            shutil.copytree(CANNED, run)
+            path = os.path.join(run, "torch", "pytorch_gpu.md")
+            with open(path, "w") as f:
+                f.write(
+                    "ResNet-18 shape, 64x64 inputs, a GPU; torch 2.11\n\n"
+                    "| P | batch | plain ms | bnps sync ms | bnps stream ms | "
+                    "torch SyncBN (gloo) ms | bnps/plain min / median / max | "
+                    "stream/plain min / median / max | torch/plain min / "
+                    "median / max |\n|---|---|---|---|---|---|---|---|---|\n"
+                    "| 2 | 32 | 10.00 | 50.00 | 14.00 | 55.00 | 4.90 / 5.00 / "
+                    "5.10 | 1.30 / 1.40 / 1.60 | 5.40 / 5.50 / 5.60 |\n"
+                    "| 4 | 32 | 10.00 | 50.00 | 17.00 | 55.00 | 4.90 / 5.00 / "
+                    "5.10 | 1.60 / 1.70 / 1.90 | 5.40 / 5.50 / 5.60 |\n")
+            rows = {r[0]: r for r in summarize.rows(summarize.collect(run))}
+            name = ("bnps.torch sync / plain BN, exchanges queued on the "
+                    "stream (BNPS_STREAM_EXCHANGE=1), ResNet-18, %d "
+                    "processes, batch 32")
+            self.assertEqual(rows[name % 2][1:], ("1.40 (1.30-1.60)", "<= 1.50",
+                                                  "met"))
+            self.assertEqual(rows[name % 4][3], "missed")
+            self.assertEqual(rows["bnps.torch sync / plain BN, ResNet-18, 2 "
+                                  "processes, batch 32"][3], "missed")
+
     def test_a_failed_parity_suite_and_a_missing_torch_part(self):
         with tempfile.TemporaryDirectory() as tmp:
             run = os.path.join(tmp, "run")
