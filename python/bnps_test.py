@@ -191,36 +191,42 @@ class StreamQueueTest(unittest.TestCase):
     """The stream-ordered exchanges' native side (bnps_stream_queue_*) with
     jobs run inline, under local (no client needed)."""
 
+    @staticmethod
+    def typed(a):
+        return a.ctypes.data, a.itemsize
+
     def test_forward_and_backward_jobs_match_the_exchange_alone(self):
         q = _native.StreamQueue(on_cuda=False)
         rule = _native.WorkerBn("local", 0.1)
-        mean, var = np.array([1.0, -2.0]), np.array([2.0, 0.5])
+        mean, var, eps = np.array([1.0, -2.0]), np.array([2.0, 0.5]), 1e-5
         local = np.concatenate([mean, var])
         rm, rv = np.array([0.5, 0.5]), np.array([2.0, 1.0])
         tracked = np.array([3], dtype=np.int64)
         want = _native.update_running(4, mean, var * 4, 0.1, 3, rm, rv)
-        out = np.full(4 * 2 + 1, np.nan)
+        rows = np.full(6, np.nan, dtype=np.float32)
+        running = np.full(4, np.nan)
+        tracked_out = np.zeros(1, dtype=np.int64)
         outcome, exchanged, global_backward = q.forward(
-            None, rule, None, "l", 0, 4, local.ctypes.data, 2, 0.1,
+            None, rule, None, "l", 0, 4, self.typed(local), 2, eps, 0.1,
             rm.ctypes.data, rv.ctypes.data, tracked.ctypes.data,
-            out.ctypes.data)
+            self.typed(rows), self.typed(running), tracked_out.ctypes.data)
         self.assertEqual((exchanged, global_backward), (False, False))
-        np.testing.assert_array_equal(out[:4], local)
-        np.testing.assert_array_equal(out[4:6], want[1])
-        np.testing.assert_array_equal(out[6:8], want[2])
-        self.assertEqual(out[8], want[0])
+        want_rows = np.concatenate([mean, var, 1 / np.sqrt(var + eps)])
+        np.testing.assert_array_equal(rows, want_rows.astype(np.float32))
+        np.testing.assert_array_equal(running, np.concatenate(want[1:]))
+        self.assertEqual(tracked_out[0], want[0])
         np.testing.assert_array_equal(rm, want[1])  # the host copy too
-        # The backward job's map is the exchange-alone call's.
-        sums = np.array([0.3, -1.0, 2.0, 0.25, 1.5, 0.5])  # dy, dy*xhat, w
+        # The backward job's map is the exchange-alone call's, from float32
+        # sums into a float64 k.
+        sums = np.array([0.3, -1.0, 2.0, 0.25, 1.5, 0.5], dtype=np.float32)
         k = np.empty(6)
-        q.backward(None, None, "", 0, sums.ctypes.data, True, 2, outcome,
-                   1e-5, k.ctypes.data)
-        stats = local.copy()
+        q.backward(None, None, "", 0, self.typed(sums), True, 2, outcome,
+                   eps, self.typed(k))
+        s64 = sums.astype(np.float64)
         want_k = np.empty(6)
         _native.layer_exchange_backward(
-            None, "", 0, sums[:2].ctypes.data, sums[2:4].ctypes.data, 2, 4,
-            stats.ctypes.data, sums[4:].ctypes.data, 1e-5,
-            want_k.ctypes.data)
+            None, "", 0, s64[:2].ctypes.data, s64[2:4].ctypes.data, 2, 4,
+            local.ctypes.data, s64[4:].ctypes.data, eps, want_k.ctypes.data)
         np.testing.assert_array_equal(k, want_k)
         self.assertEqual(q.counts(), (0, 2, 0))
         q.drain(1.0)
@@ -229,32 +235,43 @@ class StreamQueueTest(unittest.TestCase):
         q = _native.StreamQueue(on_cuda=False)
         rule = _native.WorkerBn("local", 0.1)
         bad = np.array([0.0, -1.0])  # a negative variance: the job fails
-        out = np.full(5, np.nan)
-        q.forward(None, rule, None, "l", 0, 4, bad.ctypes.data, 1, 0.1,
-                  None, None, None, out.ctypes.data)
-        np.testing.assert_array_equal(out[:2], bad)  # the fallback: local
+        rows = np.full(3, np.nan)
+        q.forward(None, rule, None, "l", 0, 4, self.typed(bad), 1, 0.0, 0.1,
+                  None, None, None, self.typed(rows), None, None)
+        np.testing.assert_array_equal(rows[:2], bad)  # the fallback: local
         self.assertEqual(q.counts(), (0, 1, 1))
         with self.assertRaisesRegex(ValueError, "m2"):
             q.drain(1.0)
         good = np.array([0.0, 1.0])
         with self.assertRaisesRegex(ValueError, "m2"):  # sticky
-            q.forward(None, rule, None, "l", 1, 4, good.ctypes.data, 1, 0.1,
-                      None, None, None, out.ctypes.data)
+            q.forward(None, rule, None, "l", 1, 4, self.typed(good), 1, 0.0,
+                      0.1, None, None, None, self.typed(rows), None, None)
 
     def test_refusals_at_queueing_time(self):
         q = _native.StreamQueue(on_cuda=False)
         local = np.array([0.0, 1.0])
-        out = np.empty(5)
+        rows = np.empty(3)
+        rm, rv = np.zeros(1), np.ones(1)
+        tracked, out = np.zeros(1, dtype=np.int64), np.zeros(1, np.int64)
         with self.assertRaisesRegex(ValueError, "no client"):
             q.forward(None, _native.WorkerBn("sync", 0.1), None, "l", 0, 4,
-                      local.ctypes.data, 1, 0.1, None, None, None,
-                      out.ctypes.data)
+                      self.typed(local), 1, 1e-5, 0.1, None, None, None,
+                      self.typed(rows), None, None)
         with self.assertRaisesRegex(ValueError, "momentum"):
-            rm, rv = np.zeros(1), np.ones(1)
-            tracked = np.zeros(1, dtype=np.int64)
             q.forward(None, _native.WorkerBn("async", 0.1), None, "l", 0, 4,
-                      local.ctypes.data, 1, 0.5, rm.ctypes.data,
-                      rv.ctypes.data, tracked.ctypes.data, out.ctypes.data)
+                      self.typed(local), 1, 1e-5, 0.5, rm.ctypes.data,
+                      rv.ctypes.data, tracked.ctypes.data, self.typed(rows),
+                      self.typed(rm), out.ctypes.data)
+        with self.assertRaisesRegex(ValueError, "float32"):
+            half = local.astype(np.float16)
+            q.forward(None, _native.WorkerBn("local", 0.1), None, "l", 0, 4,
+                      self.typed(half), 1, 1e-5, 0.1, None, None, None,
+                      self.typed(rows), None, None)
+        with self.assertRaisesRegex(ValueError, "somewhere to write"):
+            q.forward(None, _native.WorkerBn("local", 0.1), None, "l", 0, 4,
+                      self.typed(local), 1, 1e-5, 0.1, rm.ctypes.data,
+                      rv.ctypes.data, tracked.ctypes.data, self.typed(rows),
+                      None, None)
         self.assertEqual(q.counts(), (0, 0, 0))
 
     def test_on_cuda_without_a_driver_says_why(self):

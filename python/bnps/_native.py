@@ -147,11 +147,13 @@ def _load():
         "bnps_stream_queue_counts": (None, [c_void_p, _I64]),
         "bnps_stream_queue_forward": (
             c_int, [c_void_p, c_void_p, c_void_p, c_void_p, c_char_p,
-                    c_int64, c_int64, _D, c_int64, c_int, c_double, _D, _D,
-                    _D, _D, _D, ctypes.POINTER(c_void_p)] + err),
+                    c_int64, c_int64, c_void_p, c_int, c_int64, c_double,
+                    c_int, c_double, _D, _D, _D, c_void_p, c_int, c_void_p,
+                    c_int, _D, _D, ctypes.POINTER(c_void_p)] + err),
         "bnps_stream_queue_backward": (
-            c_int, [c_void_p, c_void_p, c_void_p, c_char_p, c_int64, _D,
-                    c_int, c_int64, c_void_p, c_double, _D] + err),
+            c_int, [c_void_p, c_void_p, c_void_p, c_char_p, c_int64,
+                    c_void_p, c_int, c_int, c_int64, c_void_p, c_double,
+                    c_void_p, c_int] + err),
         "bnps_outcome_free": (None, [c_void_p]),
         "bnps_layer_backward": (c_int, [c_void_p, c_char_p, c_int64, _D, _D,
                                         c_int64, c_int64, c_int64, _D,
@@ -566,24 +568,30 @@ class StreamQueue:
         return tuple(out)
 
     def forward(self, stream, rule, client, layer, step, count, local,
-                channels, momentum, running_mean, running_var,
-                batches_tracked, out):
-        """bnps_stream_queue_forward: (Outcome, exchanges, global
+                channels, eps, momentum, running_mean, running_var,
+                batches_tracked, rows, running, tracked_out):
+        """bnps_stream_queue_forward. local, rows and running are
+        (address, itemsize) pairs (running None: the layer tracks none);
+        the rest are addresses. Returns (Outcome, exchanges, global
         backward)."""
         info = (c_int64 * 2)()
         h = c_void_p()
+        running = running or (None, 8)
         _call(_lib.bnps_stream_queue_forward, self._h, stream, rule._h,
               None if client is None else client._h, layer.encode(), step,
-              count, local, channels, momentum is not None,
+              count, local[0], local[1], channels, eps, momentum is not None,
               0.0 if momentum is None else momentum, running_mean,
-              running_var, batches_tracked, out, ctypes.addressof(info),
+              running_var, batches_tracked, rows[0], rows[1], running[0],
+              running[1], tracked_out, ctypes.addressof(info),
               ctypes.byref(h))
         return Outcome(h), bool(info[0]), bool(info[1])
 
     def backward(self, stream, client, layer, step, sums, has_weight,
                  channels, outcome, eps, k):
-        """bnps_stream_queue_backward."""
+        """bnps_stream_queue_backward: sums and k (address, itemsize)
+        pairs, k None for the exchange alone."""
+        k = k or (None, 8)
         _call(_lib.bnps_stream_queue_backward, self._h, stream,
               None if client is None else client._h, layer.encode(), step,
-              sums, int(bool(has_weight)), channels,
-              None if outcome is None else outcome._h, eps, k)
+              sums[0], sums[1], int(bool(has_weight)), channels,
+              None if outcome is None else outcome._h, eps, k[0], k[1])

@@ -307,35 +307,43 @@ BNPS_EXPORT int bnps_stream_queue_drain(bnps_stream_queue* q, double timeout_s,
 BNPS_EXPORT void bnps_stream_queue_counts(const bnps_stream_queue* q,
                                           int64_t* counts);
 
+/* Buffers of these jobs hold float32 or float64 values (`itemsize` 4 or 8,
+ * INVALID_ARGUMENT else), in the dtype of the device tensors they are
+ * copied from or to, so the device converts nothing; the host computes in
+ * double. */
+
 /* Queues bnps_layer_exchange_forward's work: CheckLayer and PlanForward now
- * (their errors returned now), the rest when the job runs, from `local`
- * (float64, 2 x channels: the mean and the biased variance over `count`
- * samples per channel). The job writes into `out` (float64, 4 x channels +
- * 1): what to normalize with (the mean, the biased variance), then the
- * running mean, the running variance and the count of batches tracked after
- * the update (the host copies running_mean, running_var and
- * *batches_tracked, updated in place by the job; zeros when NULL). info[0]:
- * 1 if the job exchanges (the step is used), info[1]: 1 if the backward
- * pass exchanges. *outcome: a handle to what the job normalized with, for
- * bnps_stream_queue_backward; free it with bnps_outcome_free. */
+ * (their errors returned now), the rest when the job runs, from `local` (2 x
+ * channels: the mean and the biased variance over `count` samples per
+ * channel). The job writes into `rows` (3 x channels): what to normalize
+ * with (the mean, the biased variance) and 1 / sqrt(var + eps); and, for a
+ * layer that tracks running statistics (running_mean, running_var and
+ * *batches_tracked: float64 host copies, NULL when it tracks none, updated
+ * in place by the job), the running mean and variance after the update into
+ * `running` (2 x channels) and the count of batches into *tracked_out.
+ * info[0]: 1 if the job exchanges (the step is used), info[1]: 1 if the
+ * backward pass exchanges. *outcome: a handle to what the job normalized
+ * with, for bnps_stream_queue_backward; free it with bnps_outcome_free. */
 BNPS_EXPORT int bnps_stream_queue_forward(
     bnps_stream_queue* q, void* stream, const bnps_worker_bn* r,
     bnps_client* c, const char* layer, int64_t step, int64_t count,
-    const double* local, int64_t channels, int has_momentum, double momentum,
-    double* running_mean, double* running_var, int64_t* batches_tracked,
-    double* out, int64_t* info, bnps_outcome** outcome, char* err,
+    const void* local, int local_itemsize, int64_t channels, double eps,
+    int has_momentum, double momentum, double* running_mean,
+    double* running_var, int64_t* batches_tracked, void* rows,
+    int rows_itemsize, void* running, int running_itemsize,
+    int64_t* tracked_out, int64_t* info, bnps_outcome** outcome, char* err,
     size_t err_len);
 /* Queues bnps_layer_exchange_backward's work for the forward of `outcome`:
- * from `in` (float64: sum(dy), sum(dy * x_hat), then with has_weight the
- * weight; `channels` each), with a non-empty `layer` their sums over the
- * workers, and the map dx = k1 dy + k2 x + k3 into k (float64, 3 x
- * channels; NULL: the exchange alone). Nothing is queued when there is
- * nothing to do (no layer, no k). */
+ * from `in` (sum(dy), sum(dy * x_hat), then with has_weight the weight;
+ * `channels` each), with a non-empty `layer` their sums over the workers,
+ * and the map dx = k1 dy + k2 x + k3 into k (3 x channels, k_itemsize;
+ * NULL: the exchange alone). Nothing is queued when there is nothing to do
+ * (no layer, no k). */
 BNPS_EXPORT int bnps_stream_queue_backward(
     bnps_stream_queue* q, void* stream, bnps_client* c, const char* layer,
-    int64_t step, const double* in, int has_weight, int64_t channels,
-    const bnps_outcome* outcome, double eps, double* k, char* err,
-    size_t err_len);
+    int64_t step, const void* in, int in_itemsize, int has_weight,
+    int64_t channels, const bnps_outcome* outcome, double eps, void* k,
+    int k_itemsize, char* err, size_t err_len);
 BNPS_EXPORT void bnps_outcome_free(bnps_outcome* o);
 
 /* --- the export (client/job_reader.h, client/state_export.h) --- */

@@ -3,6 +3,7 @@
 // client::StreamExchanges. Translation and sequencing only.
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -12,6 +13,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "bn/moments.h"
 #include "client/stream_exchanges.h"
@@ -49,20 +51,68 @@ using bnps::c_abi::ClientRef;
 using bnps::c_abi::Fail;
 using bnps::c_abi::Str;
 
-// The running rows of a forward job's `out` (after the statistics):
-// running_mean, running_var and the count of batches, or zeros.
-void WriteRunning(const double* running_mean, const double* running_var,
-                  const int64_t* batches_tracked, int64_t channels,
-                  double* out) {
-  double* rows = out + 2 * channels;
-  if (running_mean == nullptr || running_var == nullptr) {
-    std::fill(rows, rows + 2 * channels + 1, 0.0);
-    return;
-  }
-  std::copy(running_mean, running_mean + channels, rows);
-  std::copy(running_var, running_var + channels, rows + channels);
-  rows[2 * channels] = static_cast<double>(*batches_tracked);
+// A job's buffers hold float32 or float64 values.
+absl::Status CheckItemsize(int itemsize, const char* what) {
+  if (itemsize == 4 || itemsize == 8) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      what, ": ", itemsize, "-byte values; want 4 (float32) or 8 (float64)"));
 }
+
+// Values [first, first + n) of a buffer of `itemsize`-byte floats.
+std::vector<double> Read(const void* p, int itemsize, int64_t first,
+                         int64_t n) {
+  std::vector<double> v(n);
+  if (itemsize == 4) {
+    const float* f = static_cast<const float*>(p) + first;
+    std::copy(f, f + n, v.begin());
+  } else {
+    const double* d = static_cast<const double*>(p) + first;
+    std::copy(d, d + n, v.begin());
+  }
+  return v;
+}
+
+// `v` into a buffer of `itemsize`-byte floats from value `first` on.
+void Write(const std::vector<double>& v, void* p, int itemsize,
+           int64_t first) {
+  if (itemsize == 4) {
+    float* f = static_cast<float*>(p) + first;
+    for (size_t i = 0; i < v.size(); ++i) f[i] = static_cast<float>(v[i]);
+  } else {
+    std::copy(v.begin(), v.end(), static_cast<double*>(p) + first);
+  }
+}
+
+// What a forward normalizes with, as its job writes it to `rows`: the
+// mean, the biased variance and 1 / sqrt(var + eps).
+void WriteRows(const std::vector<double>& mean, const std::vector<double>& var,
+               double eps, void* rows, int itemsize) {
+  std::vector<double> inv(var.size());
+  for (size_t i = 0; i < var.size(); ++i) inv[i] = 1.0 / std::sqrt(var[i] + eps);
+  const int64_t c = static_cast<int64_t>(mean.size());
+  Write(mean, rows, itemsize, 0);
+  Write(var, rows, itemsize, c);
+  Write(inv, rows, itemsize, 2 * c);
+}
+
+// The forward job's running outputs from the host copies (left as they are
+// when the layer tracks none).
+struct RunningOut {
+  const double* mean;
+  const double* var;
+  const int64_t* tracked;
+  void* running;
+  int itemsize;
+  int64_t* tracked_out;
+
+  void Fill(int64_t channels) const {
+    if (mean == nullptr) return;
+    Write(std::vector<double>(mean, mean + channels), running, itemsize, 0);
+    Write(std::vector<double>(var, var + channels), running, itemsize,
+            channels);
+    *tracked_out = *tracked;
+  }
+};
 
 }  // namespace
 
@@ -99,17 +149,26 @@ void bnps_stream_queue_counts(const bnps_stream_queue* q, int64_t* counts) {
 int bnps_stream_queue_forward(
     bnps_stream_queue* q, void* stream, const bnps_worker_bn* r,
     bnps_client* c, const char* layer, int64_t step, int64_t count,
-    const double* local, int64_t channels, int has_momentum, double momentum,
-    double* running_mean, double* running_var, int64_t* batches_tracked,
-    double* out, int64_t* info, bnps_outcome** outcome, char* err,
+    const void* local, int local_itemsize, int64_t channels, double eps,
+    int has_momentum, double momentum, double* running_mean,
+    double* running_var, int64_t* batches_tracked, void* rows,
+    int rows_itemsize, void* running, int running_itemsize,
+    int64_t* tracked_out, int64_t* info, bnps_outcome** outcome, char* err,
     size_t err_len) {
   info[0] = info[1] = 0;
   *outcome = nullptr;
   BNPS_RETURN_IF_ERROR(bnps::c_abi::CheckChannels(channels));
+  BNPS_RETURN_IF_ERROR(CheckItemsize(local_itemsize, "local moments"));
+  BNPS_RETURN_IF_ERROR(CheckItemsize(rows_itemsize, "rows"));
   const bool tracks = running_mean != nullptr && running_var != nullptr;
-  if (tracks && batches_tracked == nullptr) {
-    BNPS_RETURN_IF_ERROR(absl::InvalidArgumentError(
-        "running statistics without a count of the batches they tracked"));
+  if (tracks) {
+    if (batches_tracked == nullptr || running == nullptr ||
+        tracked_out == nullptr) {
+      BNPS_RETURN_IF_ERROR(absl::InvalidArgumentError(
+          "running statistics without a count of the batches they tracked "
+          "or somewhere to write them"));
+    }
+    BNPS_RETURN_IF_ERROR(CheckItemsize(running_itemsize, "running"));
   }
   const std::optional<double> m = bnps::c_abi::Momentum(has_momentum, momentum);
   const bnps::client::WorkerBn rule = r->rule;
@@ -122,14 +181,16 @@ int bnps_stream_queue_forward(
     BNPS_RETURN_IF_ERROR(got.status());
     client = *std::move(got);
   }
+  const RunningOut out_running{
+      running_mean, running_var, batches_tracked, running, running_itemsize,
+      tracked_out};
   auto result = std::make_shared<Outcome>();
   bnps::client::StreamExchanges::Job job;
   job.exchange = [=, name = Str(layer)]() -> absl::Status {
-    bnps::bn::Moments moments{count, std::vector<double>(local, local + channels),
-                              std::vector<double>(channels)};
-    for (int64_t i = 0; i < channels; ++i) {
-      moments.m2[i] = local[channels + i] * static_cast<double>(count);
-    }
+    bnps::bn::Moments moments{count,
+                              Read(local, local_itemsize, 0, channels),
+                              Read(local, local_itemsize, channels, channels)};
+    for (double& v : moments.m2) v *= static_cast<double>(count);
     if (absl::Status s = bnps::bn::ValidateMoments(moments); !s.ok()) return s;
     int64_t unused_info[3] = {0, 0, 0};
     absl::StatusOr<bnps::client::BnForwardOutcome> o =
@@ -138,17 +199,22 @@ int bnps_stream_queue_forward(
             name, step, moments, m, running_mean, running_var,
             batches_tracked, unused_info);
     if (!o.ok()) return o.status();
-    bnps::c_abi::WriteStats(o->normalize, out);
-    WriteRunning(running_mean, running_var, batches_tracked, channels, out);
+    std::vector<double> var = bnps::bn::BiasedVariance(o->normalize);
+    WriteRows(o->normalize.mean, var, eps, rows, rows_itemsize);
+    out_running.Fill(channels);
     result->count = o->normalize.count;
-    result->stats.assign(out, out + 2 * channels);
+    result->stats = o->normalize.mean;
+    result->stats.insert(result->stats.end(), var.begin(), var.end());
     return absl::OkStatus();
   };
   job.fallback = [=]() {
-    std::copy(local, local + 2 * channels, out);
-    WriteRunning(running_mean, running_var, batches_tracked, channels, out);
+    std::vector<double> mean = Read(local, local_itemsize, 0, channels);
+    std::vector<double> var = Read(local, local_itemsize, channels, channels);
+    WriteRows(mean, var, eps, rows, rows_itemsize);
+    out_running.Fill(channels);
     result->count = count;
-    result->stats.assign(local, local + 2 * channels);
+    result->stats = mean;
+    result->stats.insert(result->stats.end(), var.begin(), var.end());
   };
   BNPS_RETURN_IF_ERROR(q->exchanges.Enqueue(stream, std::move(job)));
   info[0] = plan.exchange;
@@ -159,16 +225,20 @@ int bnps_stream_queue_forward(
 
 int bnps_stream_queue_backward(bnps_stream_queue* q, void* stream,
                                bnps_client* c, const char* layer, int64_t step,
-                               const double* in, int has_weight,
+                               const void* in, int in_itemsize, int has_weight,
                                int64_t channels, const bnps_outcome* outcome,
-                               double eps, double* k, char* err,
+                               double eps, void* k, int k_itemsize, char* err,
                                size_t err_len) {
   BNPS_RETURN_IF_ERROR(bnps::c_abi::CheckChannels(channels));
+  BNPS_RETURN_IF_ERROR(CheckItemsize(in_itemsize, "sums"));
   const std::string name = Str(layer);
   if (name.empty() && k == nullptr) return 0;
-  if (k != nullptr && outcome == nullptr) {
-    BNPS_RETURN_IF_ERROR(absl::InvalidArgumentError(
-        "dx's map needs the forward's outcome"));
+  if (k != nullptr) {
+    BNPS_RETURN_IF_ERROR(CheckItemsize(k_itemsize, "k"));
+    if (outcome == nullptr) {
+      BNPS_RETURN_IF_ERROR(absl::InvalidArgumentError(
+          "dx's map needs the forward's outcome"));
+    }
   }
   ClientRef client;
   if (!name.empty()) {
@@ -178,16 +248,21 @@ int bnps_stream_queue_backward(bnps_stream_queue* q, void* stream,
   }
   std::shared_ptr<const Outcome> forward =
       outcome == nullptr ? nullptr : outcome->outcome;
-  const double* weight = has_weight ? in + 2 * channels : nullptr;
-  auto local_sums = [in, channels]() {
-    return bnps::bn::BackwardSums{
-        std::vector<double>(in, in + channels),
-        std::vector<double>(in + channels, in + 2 * channels)};
+  auto local_sums = [=]() {
+    return bnps::bn::BackwardSums{Read(in, in_itemsize, 0, channels),
+                                  Read(in, in_itemsize, channels, channels)};
   };
+  // dx's map from `sums` into k.
   auto write_k = [=](const bnps::bn::BackwardSums& sums) {
-    return bnps::c_abi::WriteInputGradient(forward->stats.data(), weight,
-                                           channels, eps, sums, forward->count,
-                                           k);
+    std::vector<double> weight;
+    if (has_weight) weight = Read(in, in_itemsize, 2 * channels, channels);
+    std::vector<double> out(3 * channels);
+    absl::Status s = bnps::c_abi::WriteInputGradient(
+        forward->stats.data(), has_weight ? weight.data() : nullptr, channels,
+        eps, sums, forward->count, out.data());
+    if (!s.ok()) std::fill(out.begin(), out.end(), 0.0);
+    Write(out, k, k_itemsize, 0);
+    return s;
   };
   bnps::client::StreamExchanges::Job job;
   job.exchange = [=]() -> absl::Status {
@@ -202,8 +277,7 @@ int bnps_stream_queue_backward(bnps_stream_queue* q, void* stream,
     return k == nullptr ? absl::OkStatus() : write_k(sums);
   };
   job.fallback = [=]() {
-    if (k == nullptr) return;
-    if (!write_k(local_sums()).ok()) std::fill(k, k + 3 * channels, 0.0);
+    if (k != nullptr) write_k(local_sums()).IgnoreError();
   };
   return Fail(q->exchanges.Enqueue(stream, std::move(job)), err, err_len);
 }

@@ -46,29 +46,46 @@ class QueuedStats:
         self.layer = layer      # the layer's name if the backward syncs
 
 
-class _Buffers:
-    """One layer's host buffers (pinned for CUDA): reused every step, since
-    every use is ordered on the layer's stream; the host copy of its running
-    statistics, which its jobs update."""
+# The dtypes the jobs' buffers hold (bnps_c.h: float32 or float64).
+_ITEMSIZE = {torch.float32: 4, torch.float64: 8}
 
-    def __init__(self, channels, cuda):
-        def host(n, dtype=F64):
+
+class _Buffers:
+    """One layer's host buffers (pinned for CUDA), in the dtypes of the
+    device tensors they are copied from or to, so that every copy is a
+    plain asynchronous one: `acc` for the statistics, sums and dx's map,
+    `running` for the running statistics. Reused every step, since every
+    use is ordered on the layer's stream. Also the float64 host copy of
+    the running statistics, which the jobs update."""
+
+    def __init__(self, channels, cuda, acc, running):
+        def host(n, dtype):
             return torch.zeros(n, dtype=dtype, pin_memory=cuda)
-        self.channels = channels
-        self.local = host(2 * channels)         # mean, biased var
-        self.out = host(4 * channels + 1)       # stats, running, tracked
-        self.sums = host(3 * channels)          # sum_dy, sum_dy_xhat, weight
-        self.k = host(3 * channels)             # dx's map
+        self.key = (channels, cuda, acc, running)
+        self.local = host(2 * channels, acc)     # mean, biased var
+        self.rows = host(3 * channels, acc)      # mean, var, 1/sqrt(var+eps)
+        self.sums = host(3 * channels, acc)      # sum_dy, sum_dy_xhat, weight
+        self.k = host(3 * channels, acc)         # dx's map
+        self.running = host(2 * channels, running)
+        self.tracked_out = host(1, torch.int64)
         self.running_mean = torch.zeros(channels, dtype=F64)
         self.running_var = torch.zeros(channels, dtype=F64)
         self.tracked = torch.zeros(1, dtype=torch.int64)
-        self.running_key = None                 # the buffers they copy
+        self.running_key = None                  # the buffers they copy
 
 
-def _buffers(bn, channels, cuda):
+def _buffers(bn, channels, cuda, acc):
+    """The layer's _Buffers; the running statistics' buffers in their own
+    dtype where the jobs can write it, else in float32 (converted on the
+    device)."""
+    rm = bn.running_mean
+    running = rm.dtype if rm is not None and rm.dtype in _ITEMSIZE \
+        else torch.float32
+    key = (channels, cuda, acc, running)
     b = bn.__dict__.get("_bnps_queued")
-    if b is None or b.channels != channels or b.local.is_pinned() != cuda:
-        b = bn.__dict__["_bnps_queued"] = _Buffers(channels, cuda)
+    if b is None or b.key != key:
+        b = bn.__dict__["_bnps_queued"] = _Buffers(channels, cuda, acc,
+                                                   running)
     return b
 
 
@@ -88,6 +105,10 @@ def _to_device(host, device):
     return host.to(device, non_blocking=True)
 
 
+def _typed(t):
+    return t.data_ptr(), _ITEMSIZE[t.dtype]
+
+
 def _sync_running_copy(bn, b, stream):
     """The host copy of the running statistics, read again from the buffers
     when they changed otherwise (first use, load_state_dict, .to()): after
@@ -103,8 +124,18 @@ def _sync_running_copy(bn, b, stream):
     b.running_key = key
 
 
-def _ptr(t):
-    return None if t is None else t.data_ptr()
+def _load_running(bn, b, device):
+    """The job's running statistics into the layer's buffers, queued."""
+    c = b.running_mean.shape[0]
+    with torch.no_grad():
+        if b.running.dtype == bn.running_mean.dtype:  # straight from the host
+            src = b.running if device.type == "cuda" else b.running.clone()
+        else:  # 16-bit buffers: converted on the device
+            src = _to_device(b.running, device)
+        bn.running_mean.copy_(src[:c], non_blocking=True)
+        bn.running_var.copy_(src[c:], non_blocking=True)
+        bn.num_batches_tracked.copy_(b.tracked_out[0], non_blocking=True)
+    b.running_key = bn._running_key()
 
 
 def forward(bn, queue, rule, native, x, weight, bias, eps, acc):
@@ -116,32 +147,31 @@ def forward(bn, queue, rule, native, x, weight, bias, eps, acc):
     if not bn.bnps_name and rule.plan_forward(track)[0]:
         bn._name()  # raises: the servers key the layer by its name
     stream, handle = _stream(device)
-    b = _buffers(bn, channels, stream is not None)
+    b = _buffers(bn, channels, stream is not None, acc)
     xa = x.to(acc)
+    # Host buffers are written only by copies queued on the stream (or the
+    # jobs): an earlier job may not have read them yet.
     if count > 0:
         var, mean = _channels.var_mean(xa, _channels.reduce_dims(x))
-        local = torch.cat([mean, var]).to(F64)
-    else:
-        local = torch.zeros(2 * channels, dtype=F64, device=device)
+        local = torch.cat([mean, var])
+    else:  # an empty batch: count 0
+        local = torch.zeros(2 * channels, dtype=acc, device=device)
     b.local.copy_(local, non_blocking=True)
     if track:
         _sync_running_copy(bn, b, stream)
+    running = [None] * 4
+    if track:
+        running = [b.running_mean.data_ptr(), b.running_var.data_ptr(),
+                   b.tracked.data_ptr(), _typed(b.running)]
     outcome, exchanged, global_backward = queue.forward(
         handle, rule, native, bn.bnps_name or "", bn._bnps_step, count,
-        b.local.data_ptr(), channels, bn.momentum,
-        _ptr(b.running_mean) if track else None,
-        _ptr(b.running_var) if track else None,
-        _ptr(b.tracked) if track else None, b.out.data_ptr())
+        _typed(b.local), channels, eps, bn.momentum, running[0], running[1],
+        running[2], _typed(b.rows), running[3],
+        b.tracked_out.data_ptr() if track else None)
     bn._bnps_step += int(exchanged)
-    out = _to_device(b.out, device)
-    mean, var = out[:channels], out[channels:2 * channels]
-    rows = torch.stack([mean, var, torch.rsqrt(var + eps)]).to(acc)
+    rows = _to_device(b.rows, device).view(3, channels)
     if track:
-        with torch.no_grad():
-            bn.running_mean.copy_(out[2 * channels:3 * channels])
-            bn.running_var.copy_(out[3 * channels:4 * channels])
-            bn.num_batches_tracked.copy_(out[4 * channels])
-        b.running_key = bn._running_key()
+        _load_running(bn, b, device)
     w = None if weight is None else weight.to(acc)
     bi = None if bias is None else bias.to(acc)
     y = F.batch_norm(xa, rows[0], rows[1], w, bi, False, 0.0, eps)
@@ -154,7 +184,7 @@ def backward(bn, queue, native, x, weight, dy, stats, eps, need_dx, acc):
     dweight, dbias) as sync_batchnorm._backward's."""
     device, channels = x.device, x.shape[1]
     stream, handle = _stream(device)
-    b = _buffers(bn, channels, stream is not None)
+    b = _buffers(bn, channels, stream is not None, acc)
     xa, dya = x.to(acc), dy.to(acc)
     if x.numel() > 0:
         d = stats.rows
@@ -165,16 +195,16 @@ def backward(bn, queue, native, x, weight, dy, stats, eps, need_dx, acc):
         sum_dy = torch.zeros(channels, dtype=acc, device=device)
         sum_dy_xhat = torch.zeros_like(sum_dy)
     has_weight = need_dx and weight is not None
-    rows = [sum_dy, sum_dy_xhat] + ([weight.detach()] if has_weight else [])
-    n = len(rows) * channels
-    b.sums[:n].copy_(torch.cat([r.to(F64) for r in rows]), non_blocking=True)
+    rows = [sum_dy, sum_dy_xhat] + ([weight.detach().to(acc)]
+                                    if has_weight else [])
+    b.sums[:len(rows) * channels].copy_(torch.cat(rows), non_blocking=True)
     layer = stats.layer or ""
     want_k = need_dx and x.numel() > 0
     if layer or want_k:
         queue.backward(handle, native if layer else None, layer,
-                       bn._bnps_backward_step, b.sums.data_ptr(), has_weight,
+                       bn._bnps_backward_step, _typed(b.sums), has_weight,
                        channels, stats.outcome, eps,
-                       b.k.data_ptr() if want_k else None)
+                       _typed(b.k) if want_k else None)
         if layer:
             bn._bnps_backward_step += 1
     dx = None
@@ -183,7 +213,7 @@ def backward(bn, queue, native, x, weight, dy, stats, eps, need_dx, acc):
             dx = torch.zeros_like(x)
         else:
             shape = _channels.channel_shape(x)
-            k = _to_device(b.k, device).to(acc).view(3, channels)
+            k = _to_device(b.k, device).view(3, channels)
             dx = torch.addcmul(k[2].view(shape), xa, k[1].view(shape))
             dx.addcmul_(dya, k[0].view(shape))
             dx = dx.to(x.dtype)
