@@ -27,10 +27,12 @@ momentum and the barrier timeout are the servers' (connection.policy,
 connection.gradients, connection.config).
 """
 
+import atexit
 import contextlib
 import os
 import threading
 import warnings
+import weakref
 
 from bnps import launch as _launch
 from bnps.client import Client
@@ -87,6 +89,8 @@ class Connection:
         if q is None:
             from bnps import _native
             q = self._queues[on_cuda] = _native.StreamQueue(on_cuda)
+            if on_cuda:  # queued jobs use this process's host buffers
+                atexit.register(_drain_at_exit, weakref.ref(self))
         return q
 
     def drain_exchanges(self, timeout_s=60.0):
@@ -145,6 +149,17 @@ class Connection:
     def __repr__(self):
         return (f"bnps.torch.Connection(worker={self.worker}/{self.num_workers}, "
                 f"policy={self.policy}, job={self.config.get('job')!r})")
+
+
+def _drain_at_exit(ref):
+    """At interpreter exit: the queued exchanges run before the host
+    buffers they use go away (a script that never closed its connection)."""
+    connection = ref()
+    if connection is not None and not connection.closed:
+        try:
+            connection.drain_exchanges()
+        except Exception as e:
+            warnings.warn(f"bnps: a queued BN exchange failed: {e}")
 
 
 def _env(name, value, convert=str, default=None):
