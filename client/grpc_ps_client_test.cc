@@ -36,12 +36,14 @@
 #include "proto/codec.h"
 #include "proto/limits.h"
 #include "proto/sharding.h"
+#include "util/eventually.h"
 
 namespace bnps::client {
 namespace {
 
 using ::testing::HasSubstr;
 using fakes::GrpcPsClientTest;
+using fakes::BnMode;
 using fakes::FakeShard;
 using fakes::kShards;
 using fakes::kWorkers;
@@ -229,6 +231,36 @@ TEST_F(GrpcPsClientTest, ADroppedWorkerStopsAtOnce) {
             dropped);
   EXPECT_EQ(fakes_[1]->pushes().size(), 1u);
   EXPECT_TRUE(fakes_[0]->finished_clocks().empty());
+}
+
+TEST_F(GrpcPsClientTest, ADroppedWorkersBnCallUnderWayEndsWithWhy) {
+  // Shard 0 never answers (a shard this process cannot reach); shard 1
+  // drops the worker. The call waiting on shard 0 ends with the drop, not
+  // at its deadline.
+  fakes_[0]->set_bn_mode(BnMode::kHold);
+  GrpcClientOptions options = Options();
+  options.heartbeat_interval = absl::Milliseconds(20);
+  options.rpc_timeout = absl::Seconds(20);
+  std::unique_ptr<GrpcPsClient> client = Connect(options);
+  ASSERT_NE(client, nullptr);
+  absl::StatusOr<BnForwardResult> fwd;
+  std::thread call([&] {
+    fwd = client->BnForward(KeyOnShard(0, "bn"), 0, MakeMoments(2, {1}, {1}));
+  });
+  EXPECT_TRUE(util::Eventually(
+      [&] { return fakes_[0]->bn_requests().size() == 1; }));
+  fakes_[1]->set_heartbeat_status(grpc::Status(
+      grpc::StatusCode::FAILED_PRECONDITION,
+      "worker 1 was lost (no heartbeat for 10s): the job dropped it"));
+  call.join();
+  const absl::Status dropped = client->heartbeat_stats().dropped;
+  EXPECT_EQ(dropped.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(fwd.status(), dropped);
+  // And so does every later BN call.
+  EXPECT_EQ(client->BnBackward(KeyOnShard(1, "bn"), 0,
+                               bn::BackwardSums{{1.0}, {1.0}})
+                .status(),
+            dropped);
 }
 
 TEST_F(GrpcPsClientTest, ConnectRejectsMissingShardCount) {

@@ -189,12 +189,14 @@ absl::StatusOr<proto::BnResponse> BnCalls::BnCall(proto::BnRequest request) {
         attempt == 0 ? GetSocket(shard) : nullptr;
     if (transport == nullptr) transport = GetStream(shard);
     if (transport == nullptr) {
+      if (absl::Status why = Failed(); !why.ok()) return why;
       return absl::UnavailableError(
           absl::StrCat(context(), ": the client is closed"));
     }
     request.set_id(next_bn_id_.fetch_add(1, std::memory_order_relaxed));
     BnTransport::Outcome out = transport->Call(request, deadline);
     if (!out.status.ok()) {
+      if (absl::Status why = Failed(); !why.ok()) return why;
       if (out.retry && attempt == 0) {
         const absl::Duration wait =
             std::min(channels_->options().initial_backoff, deadline - absl::Now());
@@ -331,6 +333,28 @@ std::shared_ptr<BnTransport> BnCalls::GetSocket(int shard) {
 }
 
 BnCalls::~BnCalls() { Close(); }
+
+absl::Status BnCalls::Failed() {
+  absl::MutexLock lock(&streams_mu_);
+  return failed_;
+}
+
+void BnCalls::FailAll(const absl::Status& why) {
+  std::vector<std::shared_ptr<BnTransport>> all;
+  {
+    absl::MutexLock lock(&streams_mu_);
+    if (!failed_.ok() || why.ok()) return;
+    failed_ = why;
+    closed_ = true;
+    for (auto* list : {&sockets_, &streams_}) {
+      for (auto& t : *list) {
+        if (t != nullptr) all.push_back(std::move(t));
+      }
+    }
+  }
+  for (const auto& t : all) t->Abort(why.message());
+  all.clear();  // each drains its calls, which end promptly once aborted
+}
 
 void BnCalls::Close() {
   std::vector<std::shared_ptr<BnTransport>> all;

@@ -83,6 +83,13 @@ class BnCalls {
   // The client's background thread calls it every 100 ms.
   void CancelStuckWrites(absl::Time now) ABSL_LOCKS_EXCLUDED(streams_mu_);
 
+  // Fails every BN call with `why`, those under way included (this process
+  // was dropped from the job: no answer can matter now, and a call to a
+  // shard it cannot reach would wait out its deadline): ends the
+  // connections at once, and later calls return `why` too. Idempotent; the
+  // first `why` stays.
+  void FailAll(const absl::Status& why) ABSL_LOCKS_EXCLUDED(streams_mu_);
+
   // Closes every connection (StartClose), gives the servers a moment (at most 1 s, or
   // rpc_timeout if shorter) to end them, then cancels what is left and
   // drains the streams. Calls still waiting fail with UNAVAILABLE, and later
@@ -104,6 +111,8 @@ class BnCalls {
   // too long layer or a request larger than kMaxMessageBytes.
   // REQUIRES: request.phase() is set (the callers build it with BnHead).
   absl::StatusOr<proto::BnResponse> BnCall(proto::BnRequest request);
+  // FailAll's `why`, or OK.
+  absl::Status Failed() ABSL_LOCKS_EXCLUDED(streams_mu_);
   // BnCall for the phases answered with running stats (of `channels`
   // channels; -1: any number).
   absl::StatusOr<bn::RunningStats> BnCallForRunning(proto::BnRequest request,
@@ -127,6 +136,7 @@ class BnCalls {
   };
   std::vector<SocketState> socket_state_ ABSL_GUARDED_BY(streams_mu_);
   bool closed_ ABSL_GUARDED_BY(streams_mu_) = false;
+  absl::Status failed_ ABSL_GUARDED_BY(streams_mu_);  // FailAll's `why`
 };
 
 }  // namespace bnps::client::internal
