@@ -25,3 +25,35 @@ def var_mean(xa, dims):
         return torch.var_mean(xa, dim=dims, correction=0)
     except TypeError:  # torch 1.13
         return torch.var_mean(xa, dim=dims, unbiased=False)
+
+
+def backward_sums(xa, dya, mean, invstd, ones, eps):
+    """(sum(dy), sum(dy * x_hat)) per channel of the normalization with
+    `mean` and `invstd`: torch's fused reduction, zeros for empty input.
+    `ones`: a weight of ones, not None (CUDA's reduction allocates
+    grad_weight with the weight's options, "tensor does not have a device"
+    for None); its values do not enter the two sums."""
+    if xa.numel() == 0:
+        zeros = torch.zeros(xa.shape[1], dtype=xa.dtype, device=xa.device)
+        return zeros, zeros.clone()
+    _, sum_dy_xhat, sum_dy = torch.ops.aten.native_batch_norm_backward(
+        dya, xa, ones, None, None, mean, invstd, True, eps,
+        [False, True, True])
+    return sum_dy, sum_dy_xhat
+
+
+def input_gradient(k, xa, dya, dtype):
+    """dx = k1 dy + k2 x + k3 per channel (k: 3 x C on xa's device, in its
+    dtype), as `dtype`: two fused multiply-adds."""
+    shape = channel_shape(xa)
+    dx = torch.addcmul(k[2].view(shape), xa, k[1].view(shape))
+    dx.addcmul_(dya, k[0].view(shape))
+    return dx.to(dtype)
+
+
+def parameter_gradients(weight, sum_dy, sum_dy_xhat):
+    """(dweight, dbias): the two sums in the weight's dtype; Nones without
+    a weight."""
+    if weight is None:
+        return None, None
+    return sum_dy_xhat.to(weight.dtype), sum_dy.to(weight.dtype)

@@ -186,14 +186,9 @@ def backward(bn, queue, native, x, weight, dy, stats, eps, need_dx, acc):
     stream, handle = _stream(device)
     b = _buffers(bn, channels, stream is not None, acc)
     xa, dya = x.to(acc), dy.to(acc)
-    if x.numel() > 0:
-        d = stats.rows
-        _, sum_dy_xhat, sum_dy = torch.ops.aten.native_batch_norm_backward(
-            dya, xa, bn._ones(channels, acc, device), None, None, d[0], d[2],
-            True, eps, [False, True, True])
-    else:
-        sum_dy = torch.zeros(channels, dtype=acc, device=device)
-        sum_dy_xhat = torch.zeros_like(sum_dy)
+    d = stats.rows
+    sum_dy, sum_dy_xhat = _channels.backward_sums(
+        xa, dya, d[0], d[2], bn._ones(channels, acc, device), eps)
     has_weight = need_dx and weight is not None
     rows = [sum_dy, sum_dy_xhat] + ([weight.detach().to(acc)]
                                     if has_weight else [])
@@ -212,13 +207,6 @@ def backward(bn, queue, native, x, weight, dy, stats, eps, need_dx, acc):
         if not want_k:
             dx = torch.zeros_like(x)
         else:
-            shape = _channels.channel_shape(x)
             k = _to_device(b.k, device).view(3, channels)
-            dx = torch.addcmul(k[2].view(shape), xa, k[1].view(shape))
-            dx.addcmul_(dya, k[0].view(shape))
-            dx = dx.to(x.dtype)
-    dweight = dbias = None
-    if weight is not None:
-        dweight = sum_dy_xhat.to(weight.dtype)
-        dbias = sum_dy.to(weight.dtype)
-    return dx, dweight, dbias
+            dx = _channels.input_gradient(k, xa, dya, x.dtype)
+    return (dx,) + _channels.parameter_gradients(weight, sum_dy, sum_dy_xhat)

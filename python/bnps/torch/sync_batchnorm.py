@@ -179,17 +179,10 @@ def _backward(bn, x, weight, dy, stats, eps, need_dx):
     f64 = dict(dtype=torch.float64)
     staging = bn._staging()
     xa, dya = x.to(acc), dy.to(acc)
-    if x.numel() > 0:
-        d = stats.on_device(x.device, acc, eps, staging)
-        # A weight of ones, not None: CUDA's reduction allocates
-        # grad_weight with the weight's options ("tensor does not have a
-        # device" for None). Its values do not enter the two sums.
-        _, sum_dy_xhat, sum_dy = torch.ops.aten.native_batch_norm_backward(
-            dya, xa, bn._ones(channels, acc, x.device), None, None, d[0],
-            d[2], True, eps, [False, True, True])
-    else:
-        sum_dy = torch.zeros(channels, dtype=acc, device=x.device)
-        sum_dy_xhat = torch.zeros_like(sum_dy)
+    d = stats.on_device(x.device, acc, eps, staging) if x.numel() > 0 \
+        else (None, None, None)
+    sum_dy, sum_dy_xhat = channels_.backward_sums(
+        xa, dya, d[0], d[2], bn._ones(channels, acc, x.device), eps)
     # The two sums (and the weight, for dx) to the host in one copy.
     rows = [sum_dy.to(**f64), sum_dy_xhat.to(**f64)]
     if need_dx and weight is not None:
@@ -223,16 +216,9 @@ def _backward(bn, x, weight, dy, stats, eps, need_dx):
         if k is None:
             dx = torch.zeros_like(x)
         else:
-            shape = _channel_shape(x)
             k = staging.to_device("dx", k, x.device, acc)
-            dx = torch.addcmul(k[2].view(shape), xa, k[1].view(shape))
-            dx.addcmul_(dya, k[0].view(shape))
-            dx = dx.to(x.dtype)
-    dweight = dbias = None
-    if weight is not None:
-        dweight = sum_dy_xhat.to(weight.dtype)
-        dbias = sum_dy.to(weight.dtype)
-    return dx, dweight, dbias
+            dx = channels_.input_gradient(k, xa, dya, x.dtype)
+    return (dx,) + channels_.parameter_gradients(weight, sum_dy, sum_dy_xhat)
 
 
 def _native_backward(bn, x, weight, dy, stats, eps, need_dx):
