@@ -358,8 +358,24 @@ class StreamStopCallingTest(StopCallingTest):
 
 
 class PolicyTest(unittest.TestCase):
+    ENV = {}
+
+    def check_queued(self, got):
+        """With STREAM, the training passes' exchanges were queued jobs,
+        none failed."""
+        for w, g in enumerate(got):
+            counts = g["stream_counts"]
+            if not self.ENV:
+                self.assertEqual(counts, {}, w)
+                continue
+            pending, run, fell_back = counts["host"]
+            self.assertGreater(run, 0, w)
+            self.assertEqual((pending, fell_back), (0, 0), w)
+
     def test_local_normalizes_locally_then_averages_running_stats(self):
-        got = run_scenario("local", 2, policy="local", servers=1)
+        got = run_scenario("local", 2, policy="local", servers=1,
+                           extra_env=self.ENV)
+        self.check_queued(got)
         case = parity_cases.Case("local", [4, 6], 3, steps=5, seed=20)
         refs = []
         for w, g in enumerate(got):
@@ -387,7 +403,8 @@ class PolicyTest(unittest.TestCase):
                 torch.testing.assert_close(g["running_after2"][i], want, **F64)
 
     def test_recal_recalibrates_over_every_workers_batches(self):
-        got = run_scenario("recal", 2, policy="recal", servers=2)
+        got = run_scenario("recal", 2, policy="recal", servers=2,
+                           extra_env=self.ENV)
         data = torch.cat([b for g in got for b in g["loader"]])
         dims = [0, 2, 3]
         for w, g in enumerate(got):
@@ -407,7 +424,8 @@ class PolicyTest(unittest.TestCase):
 
     def test_async_runs_and_shares_the_servers_running_stats(self):
         got = run_scenario("async", 2, policy="async", servers=1,
-                           flags=["--staleness=1"])
+                           flags=["--staleness=1"], extra_env=self.ENV)
+        self.check_queued(got)
         for g in got:
             self.assertTrue(g["finite"])
             self.assertEqual(g["steps"], 6)
@@ -415,6 +433,15 @@ class PolicyTest(unittest.TestCase):
             # towards the data (worker w's inputs have mean near 3 w).
             self.assertGreater(float(g["running_mean"].min()), 0.1, g)
             self.assertTrue(bool((g["running_var"] > 0).all()), g)
+
+
+class StreamPolicyTest(PolicyTest):
+    """PolicyTest's policies with the exchanges queued in stream order:
+    local (nothing sent, running statistics from the batch), recal
+    (recalibration drains the queue first) and async (the servers' running
+    statistics)."""
+
+    ENV = STREAM
 
 
 class ParameterServerOptimizerTest(unittest.TestCase):
