@@ -96,7 +96,9 @@ TEST(StreamExchangesTest, JobsRunInTheStreamsOrderAfterItsEarlierWork) {
   StreamExchanges q(std::move(stream));
   std::vector<int> log;
   s->SetOpen(false);  // the device is busy with earlier work
-  for (int id = 1; id <= 3; ++id) ASSERT_TRUE(q.Enqueue(s, Record(&log, id)).ok());
+  for (int id = 1; id <= 3; ++id) {
+    ASSERT_TRUE(q.Enqueue(s, Record(&log, id)).ok());
+  }
   EXPECT_EQ(q.pending(), 3);
   EXPECT_EQ(q.Drain(absl::Milliseconds(20)).code(),
             absl::StatusCode::kDeadlineExceeded);
@@ -178,8 +180,7 @@ TEST(StreamExchangesTest, WithoutADriverTheCudaLauncherSaysWhy) {
                     "launcher on a stream: python tests, tools/gpu/run.sh)";
   }
   EXPECT_EQ(launcher.status().code(), absl::StatusCode::kUnavailable);
-  EXPECT_NE(launcher.status().message().find("libcuda.so.1"),
-            std::string::npos)
+  EXPECT_NE(launcher.status().message().find("libcuda.so.1"), std::string::npos)
       << launcher.status();
 }
 

@@ -73,8 +73,7 @@ std::vector<double> Read(const void* p, int itemsize, int64_t first,
 }
 
 // `v` into a buffer of `itemsize`-byte floats from value `first` on.
-void Write(const std::vector<double>& v, void* p, int itemsize,
-           int64_t first) {
+void Write(const std::vector<double>& v, void* p, int itemsize, int64_t first) {
   if (itemsize == 4) {
     float* f = static_cast<float*>(p) + first;
     for (size_t i = 0; i < v.size(); ++i) f[i] = static_cast<float>(v[i]);
@@ -88,7 +87,8 @@ void Write(const std::vector<double>& v, void* p, int itemsize,
 void WriteRows(const std::vector<double>& mean, const std::vector<double>& var,
                double eps, void* rows, int itemsize) {
   std::vector<double> inv(var.size());
-  for (size_t i = 0; i < var.size(); ++i) inv[i] = 1.0 / std::sqrt(var[i] + eps);
+  for (size_t i = 0; i < var.size(); ++i)
+    inv[i] = 1.0 / std::sqrt(var[i] + eps);
   const int64_t c = static_cast<int64_t>(mean.size());
   Write(mean, rows, itemsize, 0);
   Write(var, rows, itemsize, c);
@@ -109,7 +109,7 @@ struct RunningOut {
     if (mean == nullptr) return;
     Write(std::vector<double>(mean, mean + channels), running, itemsize, 0);
     Write(std::vector<double>(var, var + channels), running, itemsize,
-            channels);
+          channels);
     *tracked_out = *tracked;
   }
 };
@@ -147,14 +147,13 @@ void bnps_stream_queue_counts(const bnps_stream_queue* q, int64_t* counts) {
 }
 
 int bnps_stream_queue_forward(
-    bnps_stream_queue* q, void* stream, const bnps_worker_bn* r,
-    bnps_client* c, const char* layer, int64_t step, int64_t count,
-    const void* local, int local_itemsize, int64_t channels, double eps,
-    int has_momentum, double momentum, double* running_mean,
-    double* running_var, int64_t* batches_tracked, void* rows,
-    int rows_itemsize, void* running, int running_itemsize,
-    int64_t* tracked_out, int64_t* info, bnps_outcome** outcome, char* err,
-    size_t err_len) {
+    bnps_stream_queue* q, void* stream, const bnps_worker_bn* r, bnps_client* c,
+    const char* layer, int64_t step, int64_t count, const void* local,
+    int local_itemsize, int64_t channels, double eps, int has_momentum,
+    double momentum, double* running_mean, double* running_var,
+    int64_t* batches_tracked, void* rows, int rows_itemsize, void* running,
+    int running_itemsize, int64_t* tracked_out, int64_t* info,
+    bnps_outcome** outcome, char* err, size_t err_len) {
   info[0] = info[1] = 0;
   *outcome = nullptr;
   BNPS_RETURN_IF_ERROR(bnps::c_abi::CheckChannels(channels));
@@ -181,23 +180,21 @@ int bnps_stream_queue_forward(
     BNPS_RETURN_IF_ERROR(got.status());
     client = *std::move(got);
   }
-  const RunningOut out_running{
-      running_mean, running_var, batches_tracked, running, running_itemsize,
-      tracked_out};
+  const RunningOut out_running{running_mean, running_var,      batches_tracked,
+                               running,      running_itemsize, tracked_out};
   auto result = std::make_shared<Outcome>();
   bnps::client::StreamExchanges::Job job;
   job.exchange = [=, name = Str(layer)]() -> absl::Status {
-    bnps::bn::Moments moments{count,
-                              Read(local, local_itemsize, 0, channels),
+    bnps::bn::Moments moments{count, Read(local, local_itemsize, 0, channels),
                               Read(local, local_itemsize, channels, channels)};
     for (double& v : moments.m2) v *= static_cast<double>(count);
     if (absl::Status s = bnps::bn::ValidateMoments(moments); !s.ok()) return s;
     int64_t unused_info[3] = {0, 0, 0};
     absl::StatusOr<bnps::client::BnForwardOutcome> o =
         bnps::c_abi::ExchangeForward(
-            rule, [&client] { return absl::StatusOr<ClientRef>(client); },
-            name, step, moments, m, running_mean, running_var,
-            batches_tracked, unused_info);
+            rule, [&client] { return absl::StatusOr<ClientRef>(client); }, name,
+            step, moments, m, running_mean, running_var, batches_tracked,
+            unused_info);
     if (!o.ok()) return o.status();
     std::vector<double> var = bnps::bn::BiasedVariance(o->normalize);
     WriteRows(o->normalize.mean, var, eps, rows, rows_itemsize);
@@ -236,8 +233,8 @@ int bnps_stream_queue_backward(bnps_stream_queue* q, void* stream,
   if (k != nullptr) {
     BNPS_RETURN_IF_ERROR(CheckItemsize(k_itemsize, "k"));
     if (outcome == nullptr) {
-      BNPS_RETURN_IF_ERROR(absl::InvalidArgumentError(
-          "dx's map needs the forward's outcome"));
+      BNPS_RETURN_IF_ERROR(
+          absl::InvalidArgumentError("dx's map needs the forward's outcome"));
     }
   }
   ClientRef client;

@@ -84,6 +84,8 @@ def _buffers(bn, channels, cuda, acc):
     key = (channels, cuda, acc, running)
     b = bn.__dict__.get("_bnps_queued")
     if b is None or b.key != key:
+        if b is not None and b.key[1]:  # queued jobs may still use the old
+            torch.cuda.synchronize()
         b = bn.__dict__["_bnps_queued"] = _Buffers(channels, cuda, acc,
                                                    running)
     return b
