@@ -279,6 +279,32 @@ def scenario_optimizer(worker):
             "steps": opt.step_count}
 
 
+def scenario_running(worker):
+    """One worker: a layer with the cumulative average (momentum None)
+    beside torch's; half-way its state is loaded from torch's layer (the
+    buffers change under it), then trained on."""
+    torch.manual_seed(5)
+    bn = bnps.torch.SyncBatchNorm(3, momentum=None, name="running").to(
+        DEVICE, torch.float64)
+    ref = torch.nn.BatchNorm2d(3, momentum=None).to(DEVICE, torch.float64)
+    out = {"y": [], "y_ref": []}
+    for step in range(6):
+        if step == 3:
+            ref.running_mean.add_(1.0)  # a state of its own to load
+            bn.load_state_dict(ref.state_dict())
+        x = (torch.randn(4, 3, 2, 2, dtype=torch.float64) * (step + 1)).to(
+            DEVICE)
+        y = bn(x)
+        y.sum().backward()
+        out["y"].append(y.detach().cpu())
+        out["y_ref"].append(ref(x).detach().cpu())
+    bnps.torch.default_connection().drain_exchanges()
+    for name, t in bn.state_dict().items():
+        out[name] = t.cpu()
+        out["ref_" + name] = ref.state_dict()[name].cpu()
+    return out
+
+
 SCENARIOS = {name[len("scenario_"):]: fn for name, fn in globals().items()
              if name.startswith("scenario_")}
 

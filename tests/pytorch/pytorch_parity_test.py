@@ -435,6 +435,23 @@ class PolicyTest(unittest.TestCase):
             self.assertTrue(bool((g["running_var"] > 0).all()), g)
 
 
+class RunningStatsTest(unittest.TestCase):
+    ENV = {}
+
+    def test_cumulative_average_and_a_loaded_state_follow_torch(self):
+        g = run_scenario("running", 1, servers=1, extra_env=self.ENV)[0]
+        for step, (y, want) in enumerate(zip(g["y"], g["y_ref"])):
+            torch.testing.assert_close(y, want, **F64, msg=f"step {step}")
+        for name in ("running_mean", "running_var", "num_batches_tracked"):
+            torch.testing.assert_close(g[name], g["ref_" + name], **F64,
+                                       msg=name)
+        self.assertEqual(int(g["num_batches_tracked"]), 6)
+
+
+class StreamRunningStatsTest(RunningStatsTest):
+    ENV = STREAM
+
+
 class StreamPolicyTest(PolicyTest):
     """PolicyTest's policies with the exchanges queued in stream order:
     local (nothing sent, running statistics from the batch), recal

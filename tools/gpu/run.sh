@@ -303,7 +303,7 @@ case "$cmd" in
     # and a queued exchange's failure reaching the caller.
     (cd /tmp && export BNPS_PARITY_DEVICE=cuda && part torch_parity 300 "$PY" \
       "$REPO/tests/pytorch/pytorch_parity_test.py" -v SyncParityTest \
-      StreamSyncParityTest StreamStopCallingTest)
+      StreamSyncParityTest StreamStopCallingTest StreamRunningStatsTest)
     part torch_bench 300 "$PY" "$REPO/bench/pytorch_gpu_benchmark.py" \
       --procs 2,4 --batches "${BNPS_TORCH_BATCHES:-8,32}" --runs "${BNPS_TORCH_RUNS:-3}" \
       --profile "$RESULTS/torch_profile.txt"
