@@ -334,6 +334,18 @@ std::shared_ptr<BnTransport> BnCalls::GetSocket(int shard) {
 
 BnCalls::~BnCalls() { Close(); }
 
+std::vector<std::shared_ptr<BnTransport>> BnCalls::TakeTransportsLocked() {
+  std::vector<std::shared_ptr<BnTransport>> all;
+  for (auto* list : {&sockets_, &streams_}) {
+    for (auto& t : *list) {
+      if (t != nullptr) all.push_back(std::move(t));
+    }
+    list->clear();
+  }
+  closed_ = true;
+  return all;
+}
+
 absl::Status BnCalls::Failed() {
   absl::MutexLock lock(&streams_mu_);
   return failed_;
@@ -345,12 +357,7 @@ void BnCalls::FailAll(const absl::Status& why) {
     absl::MutexLock lock(&streams_mu_);
     if (!failed_.ok() || why.ok()) return;
     failed_ = why;
-    closed_ = true;
-    for (auto* list : {&sockets_, &streams_}) {
-      for (auto& t : *list) {
-        if (t != nullptr) all.push_back(std::move(t));
-      }
-    }
+    all = TakeTransportsLocked();
   }
   for (const auto& t : all) t->Abort(why.message());
   all.clear();  // each drains its calls, which end promptly once aborted
@@ -360,13 +367,7 @@ void BnCalls::Close() {
   std::vector<std::shared_ptr<BnTransport>> all;
   {
     absl::MutexLock lock(&streams_mu_);
-    for (auto* list : {&sockets_, &streams_}) {
-      for (auto& t : *list) {
-        if (t != nullptr) all.push_back(std::move(t));
-      }
-      list->clear();
-    }
-    closed_ = true;
+    all = TakeTransportsLocked();
   }
   for (const auto& t : all) t->StartClose();
   const absl::Time deadline =

@@ -111,6 +111,9 @@ class BnCalls {
   // too long layer or a request larger than kMaxMessageBytes.
   // REQUIRES: request.phase() is set (the callers build it with BnHead).
   absl::StatusOr<proto::BnResponse> BnCall(proto::BnRequest request);
+  // Every connection, taken out of the lists; no more are opened.
+  std::vector<std::shared_ptr<BnTransport>> TakeTransportsLocked()
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(streams_mu_);
   // FailAll's `why`, or OK.
   absl::Status Failed() ABSL_LOCKS_EXCLUDED(streams_mu_);
   // BnCall for the phases answered with running stats (of `channels`

@@ -183,6 +183,16 @@ int bnps_stream_queue_forward(
   const RunningOut out_running{running_mean, running_var,      batches_tracked,
                                running,      running_itemsize, tracked_out};
   auto result = std::make_shared<Outcome>();
+  // The job's outputs, once it knows what to normalize with: the rows, the
+  // running statistics (as the host copy now holds them) and the outcome.
+  auto finish = [=](const std::vector<double>& mean,
+                    const std::vector<double>& var, int64_t n) {
+    WriteRows(mean, var, eps, rows, rows_itemsize);
+    out_running.Fill(channels);
+    result->count = n;
+    result->stats = mean;
+    result->stats.insert(result->stats.end(), var.begin(), var.end());
+  };
   bnps::client::StreamExchanges::Job job;
   job.exchange = [=, name = Str(layer)]() -> absl::Status {
     bnps::bn::Moments moments{count, Read(local, local_itemsize, 0, channels),
@@ -196,22 +206,13 @@ int bnps_stream_queue_forward(
             step, moments, m, running_mean, running_var, batches_tracked,
             unused_info);
     if (!o.ok()) return o.status();
-    std::vector<double> var = bnps::bn::BiasedVariance(o->normalize);
-    WriteRows(o->normalize.mean, var, eps, rows, rows_itemsize);
-    out_running.Fill(channels);
-    result->count = o->normalize.count;
-    result->stats = o->normalize.mean;
-    result->stats.insert(result->stats.end(), var.begin(), var.end());
+    finish(o->normalize.mean, bnps::bn::BiasedVariance(o->normalize),
+           o->normalize.count);
     return absl::OkStatus();
   };
-  job.fallback = [=]() {
-    std::vector<double> mean = Read(local, local_itemsize, 0, channels);
-    std::vector<double> var = Read(local, local_itemsize, channels, channels);
-    WriteRows(mean, var, eps, rows, rows_itemsize);
-    out_running.Fill(channels);
-    result->count = count;
-    result->stats = mean;
-    result->stats.insert(result->stats.end(), var.begin(), var.end());
+  job.fallback = [=]() {  // the local statistics, the running ones as they are
+    finish(Read(local, local_itemsize, 0, channels),
+           Read(local, local_itemsize, channels, channels), count);
   };
   BNPS_RETURN_IF_ERROR(q->exchanges.Enqueue(stream, std::move(job)));
   info[0] = plan.exchange;

@@ -93,6 +93,13 @@ class Connection:
                 atexit.register(_drain_at_exit, weakref.ref(self))
         return q
 
+    def _drain_or_warn(self):
+        """drain_exchanges, a failure as a warning."""
+        try:
+            self.drain_exchanges()
+        except Exception as e:
+            warnings.warn(f"bnps: a queued BN exchange failed: {e}")
+
     def drain_exchanges(self, timeout_s=60.0):
         """Waits until the exchanges queued on device streams have run
         (the CUDA devices synchronized) and raises the first failure of one
@@ -112,10 +119,7 @@ class Connection:
         with _default_lock:
             if _default is self:
                 _default = None
-        try:
-            self.drain_exchanges()
-        except Exception as e:  # close() also runs after a failure
-            warnings.warn(f"bnps: a queued BN exchange failed: {e}")
+        self._drain_or_warn()  # close() also runs after a failure
         self.client.close()
         if self.node_server is not None:
             self.node_server.stop()
@@ -156,10 +160,7 @@ def _drain_at_exit(ref):
     buffers they use go away (a script that never closed its connection)."""
     connection = ref()
     if connection is not None and not connection.closed:
-        try:
-            connection.drain_exchanges()
-        except Exception as e:
-            warnings.warn(f"bnps: a queued BN exchange failed: {e}")
+        connection._drain_or_warn()
 
 
 def _env(name, value, convert=str, default=None):

@@ -38,12 +38,15 @@ F64 = torch.float64
 class QueuedStats:
     """A queued forward's statistics: on the device (the mean, the biased
     variance and 1 / sqrt(var + eps) as rows), and as the C++ outcome its
-    backward pass's job reads."""
+    backward pass's job reads; with the queue and client it went through,
+    which its backward pass takes too."""
 
-    def __init__(self, rows, outcome, layer):
+    def __init__(self, rows, outcome, layer, queue, native):
         self.rows = rows        # 3 x C, the input's accumulation dtype
         self.outcome = outcome  # bnps._native.Outcome
         self.layer = layer      # the layer's name if the backward syncs
+        self.queue = queue      # bnps._native.StreamQueue
+        self.native = native    # bnps._native.Client
 
 
 # The dtypes the jobs' buffers hold (bnps_c.h: float32 or float64).
@@ -146,8 +149,7 @@ def forward(bn, queue, rule, native, x, weight, bias, eps, acc):
     device, channels = x.device, x.shape[1]
     count = x.numel() // channels
     track = bn.running_mean is not None
-    if not bn.bnps_name and rule.plan_forward(track)[0]:
-        bn._name()  # raises: the servers key the layer by its name
+    bn._check_named(rule, track)
     stream, handle = _stream(device)
     b = _buffers(bn, channels, stream is not None, acc)
     xa = x.to(acc)
@@ -178,10 +180,10 @@ def forward(bn, queue, rule, native, x, weight, bias, eps, acc):
     bi = None if bias is None else bias.to(acc)
     y = F.batch_norm(xa, rows[0], rows[1], w, bi, False, 0.0, eps)
     name = bn.bnps_name if global_backward else None
-    return y.to(x.dtype), QueuedStats(rows, outcome, name)
+    return y.to(x.dtype), QueuedStats(rows, outcome, name, queue, native)
 
 
-def backward(bn, queue, native, x, weight, dy, stats, eps, need_dx, acc):
+def backward(bn, x, weight, dy, stats, eps, need_dx, acc):
     """forward's backward pass, its exchange and dx's map queued: (dx,
     dweight, dbias) as sync_batchnorm._backward's."""
     device, channels = x.device, x.shape[1]
@@ -198,10 +200,10 @@ def backward(bn, queue, native, x, weight, dy, stats, eps, need_dx, acc):
     layer = stats.layer or ""
     want_k = need_dx and x.numel() > 0
     if layer or want_k:
-        queue.backward(handle, native if layer else None, layer,
-                       bn._bnps_backward_step, _typed(b.sums), has_weight,
-                       channels, stats.outcome, eps,
-                       _typed(b.k) if want_k else None)
+        stats.queue.backward(
+            handle, stats.native if layer else None, layer,
+            bn._bnps_backward_step, _typed(b.sums), has_weight, channels,
+            stats.outcome, eps, _typed(b.k) if want_k else None)
         if layer:
             bn._bnps_backward_step += 1
     dx = None

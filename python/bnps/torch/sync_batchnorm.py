@@ -52,12 +52,6 @@ from bnps.torch import stream_exchange as _queued
 from bnps.torch.staging import Staging
 
 
-_acc_dtype = channels_.acc_dtype
-_reduce_dims = channels_.reduce_dims
-_channel_shape = channels_.channel_shape
-_var_mean = channels_.var_mean
-
-
 def local_moments(x, staging=None):
     """(count, mean, m2) of `x` (N, C, *) per channel: count an int, mean and
     m2 float64 CPU tensors of size C, of their own. On CUDA one reduction
@@ -71,13 +65,14 @@ def local_moments(x, staging=None):
     if count == 0:
         zeros = torch.zeros(channels, dtype=torch.float64)
         return 0, zeros, zeros.clone()
-    xa, dims = x.to(_acc_dtype(x.dtype)), _reduce_dims(x)
+    xa, dims = x.to(channels_.acc_dtype(x.dtype)), channels_.reduce_dims(x)
     if x.is_cuda:  # one kernel: the mean and the biased variance
-        var, mean = _var_mean(xa, dims)
+        var, mean = channels_.var_mean(xa, dims)
         m2_scale = count
     else:  # two passes (torch's CPU var_mean is several times slower)
         mean = xa.sum(dim=dims) / count
-        var = ((xa - mean.view(_channel_shape(x))) ** 2).sum(dim=dims)
+        var = ((xa - mean.view(channels_.channel_shape(x))) ** 2).sum(
+            dim=dims)
         m2_scale = 1  # var is the sum of squared deviations itself
     host = (staging or Staging()).to_host(
         "moments", torch.stack([mean, var])).to(torch.float64)
@@ -156,7 +151,7 @@ def _forward(bn, x, weight, bias, eps):
     if out is not None:
         return out
     stats = bn._exchange_forward(x)
-    acc = _acc_dtype(x.dtype)
+    acc = channels_.acc_dtype(x.dtype)
     d = stats.on_device(x.device, acc, eps, bn._staging())
     w = None if weight is None else weight.to(acc)
     b = None if bias is None else bias.to(acc)
@@ -174,7 +169,7 @@ def _backward(bn, x, weight, dy, stats, eps, need_dx):
     out = _native_backward(bn, x, weight, dy, stats, eps, need_dx)
     if out is not None:
         return out
-    acc = _acc_dtype(x.dtype)
+    acc = channels_.acc_dtype(x.dtype)
     channels = x.shape[1]
     f64 = dict(dtype=torch.float64)
     staging = bn._staging()
@@ -255,7 +250,7 @@ class _SyncBatchNormFunction(torch.autograd.Function):
         queued = bn._queued_exchange(x, weight, bias)
         if queued is not None:  # bnps/torch/stream_exchange.py
             y, stats = _queued.forward(bn, *queued, x, weight, bias, eps,
-                                       _acc_dtype(x.dtype))
+                                       channels_.acc_dtype(x.dtype))
         else:
             y, stats = _forward(bn, x, weight, bias, eps)
         ctx.save_for_backward(x, weight)
@@ -270,10 +265,9 @@ class _SyncBatchNormFunction(torch.autograd.Function):
         x, weight = ctx.saved_tensors
         bn, stats = ctx.bn, ctx.stats
         if isinstance(stats, _queued.QueuedStats):
-            queue, _, native = bn._queued_exchange(x, weight, None, True)
             dx, dweight, dbias = _queued.backward(
-                bn, queue, native, x, weight, dy, stats, ctx.eps,
-                ctx.needs_input_grad[0], _acc_dtype(x.dtype))
+                bn, x, weight, dy, stats, ctx.eps, ctx.needs_input_grad[0],
+                channels_.acc_dtype(x.dtype))
         else:
             dx, dweight, dbias = _backward(bn, x, weight, dy, stats, ctx.eps,
                                            ctx.needs_input_grad[0])
@@ -338,6 +332,12 @@ class SyncBatchNorm(nn.modules.batchnorm._BatchNorm):
                 "its layers alike")
         return self.bnps_name
 
+    def _check_named(self, rule, tracks_running):
+        """Raises (as _name) where the policy exchanges and the layer has
+        no name: the servers key layers by it."""
+        if not self.bnps_name and rule.plan_forward(tracks_running)[0]:
+            self._name()
+
     def extra_repr(self):
         return super().extra_repr() + f", name={self.bnps_name!r}"
 
@@ -352,7 +352,7 @@ class SyncBatchNorm(nn.modules.batchnorm._BatchNorm):
                                             self.eps)
 
     def _eval_forward(self, x):
-        acc = _acc_dtype(x.dtype)
+        acc = channels_.acc_dtype(x.dtype)
         y = F.batch_norm(
             x.to(acc), self.running_mean.to(acc), self.running_var.to(acc),
             None if self.weight is None else self.weight.to(acc),
@@ -396,18 +396,17 @@ class SyncBatchNorm(nn.modules.batchnorm._BatchNorm):
         return y, _Stats(count, moments,
                          self.bnps_name if global_backward else None)
 
-    def _queued_exchange(self, x, weight, bias, backward=False):
-        """(queue, rule, native client) where this pass's exchange is
+    def _queued_exchange(self, x, weight, bias):
+        """(queue, rule, native client) where this forward's exchange is
         queued on the stream (bnps/torch/stream_exchange.py: the
-        connection's stream_exchange, a training-mode pass, a real client,
-        input the native CPU step does not take); else None."""
+        connection's stream_exchange, training mode, a real client, input
+        the native CPU step does not take); else None. Its backward pass
+        follows it (stream_exchange.QueuedStats)."""
         s = self._connection()
-        if not s.stream_exchange:
-            return None
-        if not backward and (not self.training or
-                             self._recal_batch is not None or
-                             _native_shape(x, weight, bias, self.running_mean,
-                                           self.running_var) is not None):
+        if not s.stream_exchange or not self.training or \
+                self._recal_batch is not None or \
+                _native_shape(x, weight, bias, self.running_mean,
+                              self.running_var) is not None:
             return None
         native = getattr(s.client, "native", None)
         if native is None:  # a stand-in client answers through its methods
@@ -486,8 +485,7 @@ class SyncBatchNorm(nn.modules.batchnorm._BatchNorm):
         the rule, the exchange and the running statistics' update, on this
         layer's float64 host copy of them)."""
         track = self.running_mean is not None
-        if not self.bnps_name and rule.plan_forward(track)[0]:
-            self._name()  # raises: the servers key the layer by its name
+        self._check_named(rule, track)
         channels = mean.shape[0]
         mean, m2 = mean.contiguous(), m2.contiguous()
         stats = torch.empty(2, channels, dtype=torch.float64)
