@@ -145,10 +145,11 @@ void GrpcPsClient::BackgroundLoop() {
     bn_->CancelStuckWrites(now);
     if (now >= next_heartbeat) {
       membership_->SendHeartbeats();
-      // Dropped: the BN calls under way end now, with why (a barrier
-      // at a shard this process cannot reach would wait out its deadline).
+      // Dropped: the calls under way end now, with why (a barrier at a
+      // shard this process cannot reach would wait out its deadline).
       if (absl::Status dropped = membership_->dropped(); !dropped.ok()) {
         bn_->FailAll(dropped);
+        channels_->Abort(dropped);
       }
       next_heartbeat += interval;
       if (next_heartbeat < absl::Now()) next_heartbeat = absl::Now() + interval;

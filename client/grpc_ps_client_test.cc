@@ -263,6 +263,54 @@ TEST_F(GrpcPsClientTest, ADroppedWorkersBnCallUnderWayEndsWithWhy) {
             dropped);
 }
 
+TEST_F(GrpcPsClientTest, ADroppedWorkersPushesAndPullsUnderWayEndWithWhy) {
+  // Shard 0 holds pushes and pulls (a shard this process cannot reach, or
+  // a barrier that will not fill); shard 1 drops the worker. The calls
+  // waiting on shard 0 end with the drop, not at their deadlines.
+  fakes_[0]->set_hold_pushes(true);
+  fakes_[0]->set_hold_pulls(true);
+  fakes_[0]->SetParam(KeyOnShard(0, "w"), MakeParam({2}, 1));
+  GrpcClientOptions options = Options();
+  options.heartbeat_interval = absl::Milliseconds(20);
+  options.rpc_timeout = absl::Seconds(20);
+  std::unique_ptr<GrpcPsClient> client = Connect(options);
+  ASSERT_NE(client, nullptr);
+  const std::map<std::string, Param> grads = {
+      {KeyOnShard(0, "w"), MakeParam({2}, 1)}};
+  absl::Status pushed, pulled, streamed;
+  const absl::Time start = absl::Now();
+  std::thread push([&] { pushed = client->PushGradients(0, 1, grads); });
+  std::thread pull([&] {
+    pulled = client->PullParameters({KeyOnShard(0, "w")}, 0).status();
+  });
+  Params into = {{KeyOnShard(0, "w"), Param{}}};
+  std::unique_ptr<ParameterPull> streaming =
+      client->StartPull(0, {KeyOnShard(0, "w")}, &into);
+  EXPECT_TRUE(util::Eventually([&] {
+    return fakes_[0]->held_pushes() == 1 &&
+           fakes_[0]->pull_requests().size() == 2;
+  }));
+  fakes_[1]->set_heartbeat_status(grpc::Status(
+      grpc::StatusCode::FAILED_PRECONDITION,
+      "worker 1 was lost (no heartbeat for 10s): the job dropped it"));
+  push.join();
+  pull.join();
+  streamed = streaming->Finish();
+  const absl::Duration took = absl::Now() - start;
+  const absl::Status dropped = client->heartbeat_stats().dropped;
+  ASSERT_EQ(dropped.code(), absl::StatusCode::kFailedPrecondition);
+  for (const absl::Status& s : {pushed, pulled, streamed}) {
+    EXPECT_EQ(s.code(), dropped.code()) << s;
+    EXPECT_THAT(s.message(), HasSubstr(dropped.message()));
+  }
+  EXPECT_THAT(pushed.message(), HasSubstr("PushGradients of step 0"));
+  EXPECT_LT(took, absl::Seconds(10));
+  // A later call ends at once too, without reaching the shard.
+  EXPECT_EQ(client->StartStep(1).status(), dropped);
+  fakes_[0]->set_hold_pushes(false);
+  fakes_[0]->set_hold_pulls(false);
+}
+
 TEST_F(GrpcPsClientTest, ConnectRejectsMissingShardCount) {
   GrpcClientOptions options = Options();
   options.servers.pop_back();  // the servers run a 2-shard job

@@ -139,6 +139,17 @@ class FakeShard final : public proto::ParameterServer::Service {
     absl::MutexLock lock(&mu_);
     hold_pushes_ = hold;
   }
+  // How many pushes wait now (set_hold_pushes).
+  int held_pushes() {
+    absl::MutexLock lock(&mu_);
+    return held_pushes_;
+  }
+  // While held, pulls wait before they answer (after pull_requests records
+  // them).
+  void set_hold_pulls(bool hold) {
+    absl::MutexLock lock(&mu_);
+    hold_pulls_ = hold;
+  }
   // What heartbeats are answered with.
   void set_heartbeat_status(grpc::Status status) {
     absl::MutexLock lock(&mu_);
@@ -330,8 +341,10 @@ class FakeShard final : public proto::ParameterServer::Service {
     }
     response->set_applied(static_cast<int>(push.grads.size()));
     absl::MutexLock lock(&mu_);
+    ++held_pushes_;
     mu_.Await(absl::Condition(
         +[](bool* hold) { return !*hold; }, &hold_pushes_));
+    --held_pushes_;
     if (push.grads.count(failing_key_) > 0) {
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                           absl::StrCat("no parameter ", failing_key_));
@@ -350,6 +363,8 @@ class FakeShard final : public proto::ParameterServer::Service {
     {
       absl::MutexLock lock(&mu_);
       pull_requests_.push_back(*request);
+      mu_.Await(absl::Condition(
+          +[](bool* hold) { return !*hold; }, &hold_pulls_));
       if (failing_pulls_ > 0) {
         --failing_pulls_;
         fail_after_first = true;
@@ -554,6 +569,8 @@ class FakeShard final : public proto::ParameterServer::Service {
   int push_calls_ ABSL_GUARDED_BY(mu_) = 0;
   std::string failing_key_ ABSL_GUARDED_BY(mu_);
   bool hold_pushes_ ABSL_GUARDED_BY(mu_) = false;
+  int held_pushes_ ABSL_GUARDED_BY(mu_) = 0;
+  bool hold_pulls_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<proto::BnRequest> bn_requests_ ABSL_GUARDED_BY(mu_);
   int bn_streams_ ABSL_GUARDED_BY(mu_) = 0;
   bool last_bn_stream_cancelled_ ABSL_GUARDED_BY(mu_) = false;

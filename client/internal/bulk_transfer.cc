@@ -172,9 +172,7 @@ absl::Status BulkTransfer::InitShard(int shard,
   request.set_worker(channels_->options().worker);
   size_t bytes = 0;
   auto send = [&]() {
-    return channels_->WithRetries([&](absl::Time deadline) {
-      grpc::ClientContext context;
-      channels_->SetUp(&context, deadline);
+    return channels_->WithRetries([&](grpc::ClientContext& context) {
       proto::InitParametersResponse response;
       return proto::FromGrpcStatus(
           channels_->shard(shard).stub->InitParameters(&context, request, &response));
@@ -238,9 +236,9 @@ absl::Status BulkTransfer::PushEntries(int64_t step, int64_t num_samples,
   const std::vector<int> shards = ShardsWithKeys(by_shard);
   return RunParallel(static_cast<int>(shards.size()), [&](int j) {
     const int shard = shards[j];
-    absl::Status s = channels_->WithRetries([&](absl::Time deadline) {
+    absl::Status s = channels_->WithRetries([&](grpc::ClientContext& context) {
       return PushShard(shard, step, num_samples, by_shard[shard], owner,
-                       deadline);
+                       context);
     });
     return Annotate(s, absl::StrCat("PushGradients of step ", step, " to ",
                                     channels_->ShardName(shard)));
@@ -250,9 +248,7 @@ absl::Status BulkTransfer::PushEntries(int64_t step, int64_t num_samples,
 absl::Status BulkTransfer::PushShard(int shard, int64_t step, int64_t num_samples,
                                  const std::vector<PushEntry>& entries,
                                  const std::shared_ptr<const void>& owner,
-                                 absl::Time deadline) {
-  grpc::ClientContext context;
-  channels_->SetUp(&context, deadline);
+                                 grpc::ClientContext& context) {
   grpc::ByteBuffer response_bytes;
   std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> writer(
       grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(
@@ -330,9 +326,9 @@ absl::Status BulkTransfer::PullFrom(
     const std::vector<int>& shards, int64_t min_version, const PullSlot& slot) {
   return RunParallel(static_cast<int>(shards.size()), [&](int j) {
     const int shard = shards[j];
-    absl::Status s = channels_->WithRetries([&](absl::Time deadline) {
+    absl::Status s = channels_->WithRetries([&](grpc::ClientContext& context) {
       return PullShard(shard, keys_by_shard[shard], min_version, slot,
-                       deadline);
+                       context);
     });
     return Annotate(s, absl::StrCat("PullParameters from ", channels_->ShardName(shard)));
   });
@@ -341,9 +337,7 @@ absl::Status BulkTransfer::PullFrom(
 absl::Status BulkTransfer::PullShard(int shard,
                                  const std::vector<std::string>& keys,
                                  int64_t min_version, const PullSlot& slot,
-                                 absl::Time deadline) {
-  grpc::ClientContext context;
-  channels_->SetUp(&context, deadline);
+                                 grpc::ClientContext& context) {
   proto::PullParametersRequest request;
   request.set_job(channels_->options().job);
   request.set_worker(channels_->options().worker);

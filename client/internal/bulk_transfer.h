@@ -78,14 +78,14 @@ class BulkTransfer {
   absl::Status PushShard(int shard, int64_t step, int64_t num_samples,
                          const std::vector<PushEntry>& entries,
                          const std::shared_ptr<const void>& owner,
-                         absl::Time deadline);
+                         grpc::ClientContext& context);
   // Where a pulled tensor goes: the entry for `key`, or nullptr if the key
   // was not requested. Called from one thread per shard at once.
   using PullSlot = std::function<Param*(int shard, const std::string& key)>;
   // Pulls `keys` (every key if empty) of `shard` into the slots.
   absl::Status PullShard(int shard, const std::vector<std::string>& keys,
                          int64_t min_version, const PullSlot& slot,
-                         absl::Time deadline);
+                         grpc::ClientContext& context);
   absl::Status PullFrom(
       const std::vector<std::vector<std::string>>& keys_by_shard,
       const std::vector<int>& shards, int64_t min_version,

@@ -124,6 +124,38 @@ absl::Duration Channels::CallTimeout() const {
                       absl::Seconds(5));
 }
 
+void Channels::Abort(absl::Status why) {
+  absl::MutexLock lock(&calls_mu_);
+  if (!aborted_.ok() || why.ok()) return;
+  aborted_ = std::move(why);
+  for (grpc::ClientContext* context : calls_) context->TryCancel();
+}
+
+absl::Status Channels::aborted() const {
+  absl::MutexLock lock(&calls_mu_);
+  return aborted_;
+}
+
+bool Channels::Register(grpc::ClientContext* context) {
+  absl::MutexLock lock(&calls_mu_);
+  if (!aborted_.ok()) return false;
+  calls_.insert(context);
+  return true;
+}
+
+void Channels::Unregister(grpc::ClientContext* context) {
+  absl::MutexLock lock(&calls_mu_);
+  calls_.erase(context);
+}
+
+void Channels::SleepUnlessAborted(absl::Duration d) {
+  absl::MutexLock lock(&calls_mu_);
+  calls_mu_.AwaitWithTimeout(
+      absl::Condition(
+          +[](absl::Status* aborted) { return !aborted->ok(); }, &aborted_),
+      d);
+}
+
 absl::Duration Channels::Backoff(int retry) {
   absl::Duration d = options_.initial_backoff;
   for (int i = 0; i < retry && d < kMaxBackoff; ++i) d *= 2;

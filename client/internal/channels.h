@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/random/random.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -103,13 +104,31 @@ class Channels {
   // 2 s, +-20% jitter.
   absl::Duration Backoff(int retry) ABSL_LOCKS_EXCLUDED(rng_mu_);
 
-  // Runs attempt(deadline) up to max_attempts times while it fails with
-  // UNAVAILABLE or ABORTED (but not a rollback, proto::IsRollback), sleeping a backoff between attempts; each attempt
-  // gets a deadline CallTimeout() from its start.
+  // Runs attempt(context) up to max_attempts times while it fails with
+  // UNAVAILABLE or ABORTED (but not a rollback, proto::IsRollback),
+  // sleeping a backoff between attempts. Each attempt gets a fresh context,
+  // set up (SetUp) with a deadline CallTimeout() from its start. Once Abort
+  // has been called, the attempt under way is cancelled and the call
+  // returns Abort's status, as does every later call, at once.
   template <typename Attempt>
-  absl::Status WithRetries(Attempt attempt);
+  absl::Status WithRetries(Attempt attempt) ABSL_LOCKS_EXCLUDED(calls_mu_);
+
+  // Ends the calls under way in WithRetries and every later one with `why`
+  // (not OK; the first one stays): a worker the job dropped has nothing
+  // left to wait for, and a call at a shard it cannot reach would otherwise
+  // wait out its deadline. Thread-safe.
+  void Abort(absl::Status why) ABSL_LOCKS_EXCLUDED(calls_mu_);
+  // Abort's status; OK before it.
+  absl::Status aborted() const ABSL_LOCKS_EXCLUDED(calls_mu_);
 
  private:
+  // Adds a call's context to those Abort cancels; false (and nothing
+  // added) once aborted.
+  bool Register(grpc::ClientContext* context) ABSL_LOCKS_EXCLUDED(calls_mu_);
+  void Unregister(grpc::ClientContext* context) ABSL_LOCKS_EXCLUDED(calls_mu_);
+  // Sleeps `d`, or less if Abort is called meanwhile.
+  void SleepUnlessAborted(absl::Duration d) ABSL_LOCKS_EXCLUDED(calls_mu_);
+
   static bool IsRetryable(const absl::Status& s) {
     return (s.code() == absl::StatusCode::kUnavailable ||
             s.code() == absl::StatusCode::kAborted) &&
@@ -126,14 +145,26 @@ class Channels {
 
   absl::Mutex rng_mu_;
   absl::BitGen rng_ ABSL_GUARDED_BY(rng_mu_);
+
+  mutable absl::Mutex calls_mu_;
+  absl::Status aborted_ ABSL_GUARDED_BY(calls_mu_);
+  absl::flat_hash_set<grpc::ClientContext*> calls_ ABSL_GUARDED_BY(calls_mu_);
 };
 
 template <typename Attempt>
 absl::Status Channels::WithRetries(Attempt attempt) {
   absl::Status status;
   for (int i = 0; i < options_.max_attempts; ++i) {
-    if (i > 0) absl::SleepFor(Backoff(i - 1));
-    status = attempt(absl::Now() + CallTimeout());
+    if (i > 0) SleepUnlessAborted(Backoff(i - 1));
+    grpc::ClientContext context;
+    SetUp(&context, absl::Now() + CallTimeout());
+    if (!Register(&context)) return aborted();
+    status = attempt(context);
+    Unregister(&context);
+    if (!status.ok()) {
+      // Cancelled by Abort (or ended some other way meanwhile): why.
+      if (absl::Status a = aborted(); !a.ok()) return a;
+    }
     if (status.ok() || !IsRetryable(status)) return status;
     if (options_.on_retry && i + 1 < options_.max_attempts) {
       options_.on_retry(status.code());

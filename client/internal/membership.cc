@@ -364,9 +364,7 @@ absl::StatusOr<int64_t> Membership::StartStep(int64_t step) {
   request.set_worker(options.worker);
   request.set_step(step);
   proto::StartStepResponse response;
-  absl::Status s = channels_->WithRetries([&](absl::Time deadline) {
-    grpc::ClientContext context;
-    channels_->SetUp(&context, deadline);
+  absl::Status s = channels_->WithRetries([&](grpc::ClientContext& context) {
     return proto::FromGrpcStatus(
         channels_->shard(0).stub->StartStep(&context, request, &response));
   });
@@ -386,9 +384,7 @@ absl::Status Membership::FinishStep(int64_t completed) {
   request.set_job(options.job);
   request.set_worker(options.worker);
   request.set_completed(completed);
-  absl::Status s = channels_->WithRetries([&](absl::Time deadline) {
-    grpc::ClientContext context;
-    channels_->SetUp(&context, deadline);
+  absl::Status s = channels_->WithRetries([&](grpc::ClientContext& context) {
     proto::FinishStepResponse response;
     return proto::FromGrpcStatus(
         channels_->shard(0).stub->FinishStep(&context, request, &response));
@@ -403,9 +399,7 @@ absl::StatusOr<proto::StatusResponse> Membership::GetStatus(int shard) {
         "GetStatus: shard ", shard, " is not in [0, ", channels_->num_shards(), ")"));
   }
   proto::StatusResponse response;
-  absl::Status s = channels_->WithRetries([&](absl::Time deadline) {
-    grpc::ClientContext context;
-    channels_->SetUp(&context, deadline);
+  absl::Status s = channels_->WithRetries([&](grpc::ClientContext& context) {
     return proto::FromGrpcStatus(channels_->shard(shard).stub->GetStatus(
         &context, proto::StatusRequest(), &response));
   });
@@ -422,9 +416,7 @@ absl::Status Membership::Leave() {
   request.set_incarnation(incarnation_);
   const absl::Status s =
       RunParallel(channels_->num_shards(), [&](int i) {
-        absl::Status r = channels_->WithRetries([&](absl::Time deadline) {
-          grpc::ClientContext context;
-          channels_->SetUp(&context, deadline);
+        absl::Status r = channels_->WithRetries([&](grpc::ClientContext& context) {
           proto::LeaveResponse response;
           return proto::FromGrpcStatus(
               channels_->shard(i).stub->Leave(&context, request, &response));

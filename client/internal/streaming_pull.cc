@@ -69,7 +69,7 @@ StreamingPull::~StreamingPull() {
 
 void StreamingPull::Run(int shard) {
   absl::Status s = channels_->WithRetries(
-      [&](absl::Time deadline) { return Attempt(shard, deadline); });
+      [&](grpc::ClientContext& context) { return Attempt(shard, context); });
   s = Annotate(s, absl::StrCat("PullParameters from ",
                                channels_->ShardName(shard)));
   absl::MutexLock lock(&mu_);
@@ -77,9 +77,7 @@ void StreamingPull::Run(int shard) {
   shards_[shard].status = s;
 }
 
-absl::Status StreamingPull::Attempt(int shard, absl::Time deadline) {
-  grpc::ClientContext context;
-  channels_->SetUp(&context, deadline);
+absl::Status StreamingPull::Attempt(int shard, grpc::ClientContext& context) {
   proto::PullParametersRequest request;
   request.set_job(channels_->options().job);
   request.set_worker(channels_->options().worker);

@@ -63,8 +63,9 @@ class StreamingPull final : public ParameterPull {
 
   // Pulls shard `shard`'s keys, with retries; runs on its own thread.
   void Run(int shard) ABSL_LOCKS_EXCLUDED(mu_);
-  // One attempt for the keys not in yet.
-  absl::Status Attempt(int shard, absl::Time deadline)
+  // One attempt for the keys not in yet, on `context` (Channels::WithRetries
+  // set it up).
+  absl::Status Attempt(int shard, grpc::ClientContext& context)
       ABSL_LOCKS_EXCLUDED(mu_);
   // The status of `key` now: OK if in, its shard's error if that ended
   // without it, nullopt while it may still come.
