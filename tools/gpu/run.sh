@@ -255,7 +255,7 @@ do_scaling() { part scaling 120 "$0" scaling; }
 # and the ResNet-18 benchmark), into torch/.
 do_torch() {
   if [[ -n $PY ]] && ls "$REPO"/dist/bnps-*.whl >/dev/null 2>&1; then
-    part torch 420 env OUT="$RESULTS/torch" "$0" torch
+    part torch 480 env OUT="$RESULTS/torch" "$0" torch
   else
     echo "torch: not run (no wheel in dist/, or no python with torch)" | tee -a "$RESULTS/times.txt"
   fi
@@ -304,6 +304,10 @@ case "$cmd" in
     (cd /tmp && export BNPS_PARITY_DEVICE=cuda && part torch_parity 300 "$PY" \
       "$REPO/tests/pytorch/pytorch_parity_test.py" -v SyncParityTest \
       StreamSyncParityTest StreamStopCallingTest StreamRunningStatsTest)
+    # The layers under torch.compile (aot_eager) on the GPU, by default and
+    # with the exchanges queued on the stream.
+    (cd /tmp && export BNPS_PARITY_DEVICE=cuda && part torch_compile 90 "$PY" \
+      "$REPO/tests/pytorch/compile_test.py" -v)
     part torch_bench 300 "$PY" "$REPO/bench/pytorch_gpu_benchmark.py" \
       --procs 2,4 --batches "${BNPS_TORCH_BATCHES:-8,32}" --runs "${BNPS_TORCH_RUNS:-3}" \
       --profile "$RESULTS/torch_profile.txt"

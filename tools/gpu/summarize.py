@@ -15,7 +15,7 @@ OUT_DIR is what run.sh all wrote ($OUT on the device machine, copied back):
 info.txt, the tests' logs, cuda_bn_benchmark.txt, model_step_gpu.md,
 step_overhead_gpu.txt, step_overhead_cpu.txt, and the launcher's
 summary.json under demo/, demo_nomps/ and replicas/, and what `run.sh
-torch` wrote under torch/ (the parity log and pytorch_gpu.md). A part that is missing
+torch` wrote under torch/ (the parity and compile logs, pytorch_gpu.md). A part that is missing
 or failed shows as such in the table (the other rows still print), so a
 short run still says what it measured. The checks against the issue's
 targets are computed here, from the figures, never typed in.
@@ -188,6 +188,15 @@ def spread(cell):
     return tuple(parts) if len(parts) == 3 else (None, None, None)
 
 
+def unittest_outcome(text):
+    """(tests run or None, whether all passed) from a unittest log."""
+    ran = re.search(r"^Ran (\d+) tests?", text or "", re.M)
+    failed = re.search(r"^FAILED \((.*)\)", text or "", re.M)
+    return (int(ran.group(1)) if ran else None,
+            bool(ran) and failed is None and
+            re.search(r"^OK", text or "", re.M) is not None)
+
+
 def torch_run(out):
     """What `run.sh torch` wrote under OUT/torch: the parity suite's counts
     and the ResNet-18 benchmark's rows; None when it did not run."""
@@ -196,8 +205,9 @@ def torch_run(out):
     bench = read(os.path.join(sub, "pytorch_gpu.md"))
     if parity is None and bench is None:
         return None
-    ran = re.search(r"^Ran (\d+) tests?", parity or "", re.M)
-    failed = re.search(r"^FAILED \((.*)\)", parity or "", re.M)
+    parity_ran, parity_ok = unittest_outcome(parity)
+    # Earlier runs have no compile part: None.
+    compiled = read(os.path.join(sub, "torch_compile.log"))
     rows = []
     for r in table_under(bench, ""):
         try:
@@ -212,9 +222,8 @@ def torch_run(out):
                      "torch": spread(r.get("torch/plain min / median / max")),
                      # Earlier runs have no stream column.
                      "stream": spread(r.get("stream/plain min / median / max"))})
-    return {"parity_ran": int(ran.group(1)) if ran else None,
-            "parity_ok": bool(ran) and failed is None and
-            re.search(r"^OK", parity or "", re.M) is not None,
+    return {"parity_ran": parity_ran, "parity_ok": parity_ok,
+            "compile": None if compiled is None else unittest_outcome(compiled),
             "header": (bench or "").splitlines()[0] if bench else None,
             "bench_text": bench, "rows": rows}
 
@@ -465,6 +474,13 @@ def torch_rows(t):
             "%s tests, %s" % (t["parity_ran"] if t["parity_ran"] is not None else "no",
                               "passed" if t["parity_ok"] else "not all passed"),
             "all pass", "met" if t["parity_ok"] else "missed")]
+    if t.get("compile") is not None:
+        ran, ok = t["compile"]
+        out.append(("bnps.torch under torch.compile (aot_eager), layers on "
+                    "the GPU, exchanges as by default and queued on the stream",
+                    "%s tests, %s" % (ran if ran is not None else "no",
+                                      "passed" if ok else "not all passed"),
+                    "all pass", "met" if ok else "missed"))
     for r in t["rows"]:
         if r["batch"] != 32:
             continue

@@ -224,6 +224,28 @@ class TorchRowsTest(unittest.TestCase):
             self.assertEqual(rows["bnps.torch sync / plain BN, ResNet-18, 2 "
                                   "processes, batch 32"][3], "missed")
 
+    def test_the_compile_suite_gives_a_row_where_it_ran(self):
+        # The canned run predates the part: no row.
+        names = [r[0] for r in summarize.rows(summarize.collect(CANNED))]
+        self.assertFalse([n for n in names if "torch.compile" in n])
+        name = ("bnps.torch under torch.compile (aot_eager), layers on the "
+                "GPU, exchanges as by default and queued on the stream")
+        with tempfile.TemporaryDirectory() as tmp:
+            run = os.path.join(tmp, "run")
+            shutil.copytree(CANNED, run)
+            log = os.path.join(run, "torch", "torch_compile.log")
+            with open(log, "w") as f:
+                f.write("test_stream_exchange ... ok\n\n"
+                        "Ran 3 tests in 9.1s\n\nOK (skipped=1)\n")
+            rows = {r[0]: r for r in summarize.rows(summarize.collect(run))}
+            self.assertEqual(rows[name][1:], ("3 tests, passed", "all pass",
+                                              "met"))
+            with open(log, "w") as f:
+                f.write("Ran 3 tests in 9.1s\n\nFAILED (failures=1)\n")
+            rows = {r[0]: r for r in summarize.rows(summarize.collect(run))}
+            self.assertEqual(rows[name][1:], ("3 tests, not all passed",
+                                              "all pass", "missed"))
+
     def test_a_failed_parity_suite_and_a_missing_torch_part(self):
         with tempfile.TemporaryDirectory() as tmp:
             run = os.path.join(tmp, "run")

@@ -1,6 +1,6 @@
 """SyncBatchNorm under torch.compile: on torch >= 2.4 the layer's training
-forward and backward are the custom ops bnps::batch_norm_v2 and
-bnps::batch_norm_backward_v2 (torch.library.custom_op, with fake
+forward and backward are the custom ops bnps::batch_norm_v3 and
+bnps::batch_norm_backward_v3 (torch.library.custom_op, with fake
 implementations and the autograd registration), so that Dynamo puts them in
 the graph as opaque calls instead of breaking it at the exchange with the
 servers, and `torch.compile(model, fullgraph=True)` works. The ops run the
@@ -13,8 +13,17 @@ layer always runs the Function (torch.compile breaks the graph there).
 
 The ops name their layer by an integer id: a custom op takes tensors and
 scalars, not modules. Each SyncBatchNorm registers itself here when made (or
-copied, or unpickled); the registry holds it weakly. That table is this
-package's one piece of process-wide state, and only this module touches it.
+copied, or unpickled); the registry holds it weakly.
+
+With the connection's stream_exchange (bnps/torch/stream_exchange.py), the
+forward op queues its exchange on the stream as in eager mode. What its
+backward needs (the queued statistics and the C++ outcome) is not a tensor:
+the op holds it here under a token written into its `info` output, for as
+long as that tensor lives (AOT autograd saves it for the backward op, which
+reads it by the token; a forward without a backward frees it with its
+outputs). The `moments` output then holds zeros: the statistics are still
+on their way when the op returns. These two tables are this package's
+process-wide state, and only this module touches them.
 
 Side effects the ops do not declare to torch: the exchanges with the
 servers, the layer's step counters and its running statistics (updated in
@@ -32,6 +41,8 @@ import torch
 _lock = threading.Lock()
 _layers = weakref.WeakValueDictionary()  # id -> SyncBatchNorm
 _ids = itertools.count()
+_held = {}                                # token -> QueuedStats
+_tokens = itertools.count(1)              # 0: nothing held
 
 
 def _version_at_least(major, minor):
@@ -60,6 +71,38 @@ def compiling():
     return SUPPORTED and torch.compiler.is_compiling()
 
 
+def _hold(stats, info):
+    """A token for `stats`, held while `info` (the forward op's output that
+    carries the token) lives."""
+    with _lock:
+        token = next(_tokens)
+        _held[token] = stats
+    weakref.finalize(info, _release, token)
+    return token
+
+
+def _release(token):
+    with _lock:
+        _held.pop(token, None)
+
+
+def _take(token):
+    """What _hold holds under `token` (kept: a backward pass may run again
+    with retain_graph)."""
+    with _lock:
+        stats = _held.get(token)
+    if stats is None:
+        raise RuntimeError(f"bnps: the queued statistics of forward {token} "
+                           f"are gone (its saved output was freed)")
+    return stats
+
+
+def held():
+    """How many queued forwards the ops hold now (tests)."""
+    with _lock:
+        return len(_held)
+
+
 def _layer(i):
     layer = _layers.get(i)
     if layer is None:
@@ -73,16 +116,27 @@ if SUPPORTED:
     # on-disk caches (Inductor's FX graph cache) key a compiled graph by the
     # ops it calls, so a changed signature under an old name would reuse a
     # graph compiled for the old one after an upgrade of bnps.
-    @torch.library.custom_op("bnps::batch_norm_v2", mutates_args=())
+    @torch.library.custom_op("bnps::batch_norm_v3", mutates_args=())
     def batch_norm(x: torch.Tensor, weight: Optional[torch.Tensor],
                    bias: Optional[torch.Tensor], layer: int, eps: float
                    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(y, moments, info): the output; the mean and biased variance it
-        normalized with (float64, CPU, 2 x C); info = [count, synced]
-        (int64, CPU; synced: the backward pass merges across workers)."""
+        normalized with (float64, CPU, 2 x C; zeros where the exchange was
+        queued); info = [count, synced, token] (int64, CPU; synced: the
+        backward pass merges across workers; token: the queued forward's
+        statistics held here, 0 if none)."""
         from bnps.torch import sync_batchnorm as sbn
-        y, stats = sbn._forward(_layer(layer), x, weight, bias, eps)
-        info = torch.tensor([stats.count, int(stats.layer is not None)],
+        bn = _layer(layer)
+        queued = sbn._queued_forward(bn, x, weight, bias, eps)
+        if queued is not None:
+            y, stats = queued
+            moments = torch.zeros(2, x.shape[1], dtype=torch.float64)
+            info = torch.tensor([0, int(stats.layer is not None), 0],
+                                dtype=torch.int64)
+            info[2] = _hold(stats, info)
+            return y, moments, info
+        y, stats = sbn._forward(bn, x, weight, bias, eps)
+        info = torch.tensor([stats.count, int(stats.layer is not None), 0],
                             dtype=torch.int64)
         return y, stats.moments, info
 
@@ -91,9 +145,9 @@ if SUPPORTED:
         c = x.shape[1]
         return (torch.empty_like(x),
                 torch.empty(2, c, dtype=torch.float64, device="cpu"),
-                torch.empty(2, dtype=torch.int64, device="cpu"))
+                torch.empty(3, dtype=torch.int64, device="cpu"))
 
-    @torch.library.custom_op("bnps::batch_norm_backward_v2", mutates_args=())
+    @torch.library.custom_op("bnps::batch_norm_backward_v3", mutates_args=())
     def batch_norm_backward(
             dy: torch.Tensor, x: torch.Tensor, weight: Optional[torch.Tensor],
             moments: torch.Tensor, info: torch.Tensor, layer: int, eps: float,
@@ -103,11 +157,15 @@ if SUPPORTED:
         empty without a weight."""
         from bnps.torch import sync_batchnorm as sbn
         bn = _layer(layer)
-        count, synced = info.tolist()
-        stats = sbn._Stats(count, moments,
-                           layer=bn._name() if synced else None)
-        dx, dweight, dbias = sbn._backward(bn, x, weight, dy, stats, eps,
-                                           need_dx)
+        count, synced, token = info.tolist()
+        if token:
+            dx, dweight, dbias = sbn._queued_backward(
+                bn, x, weight, dy, _take(token), eps, need_dx)
+        else:
+            stats = sbn._Stats(count, moments,
+                               layer=bn._name() if synced else None)
+            dx, dweight, dbias = sbn._backward(bn, x, weight, dy, stats, eps,
+                                               need_dx)
         def none():  # a fresh one each: a custom op's outputs never alias
             return torch.empty(0, dtype=x.dtype, device=x.device)
         return (none() if dx is None else dx,

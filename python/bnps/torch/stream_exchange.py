@@ -22,9 +22,10 @@ pass queued, or Connection.drain_exchanges(), which Connection.step(),
 finish() and the bnps optimizer call (close() warns). Until then the layers
 normalize with their own statistics, and later exchanges are skipped. A
 layer's passes must run on one stream (as torch's autograd runs a backward
-on its forward's stream). Eager mode only: under torch.compile, and on the
-CPU's native float32 path, layers exchange as by default. On the CPU each
-exchange runs inside the call that queues it (the tests' path).
+on its forward's stream). Under torch.compile the custom ops queue the
+same way (bnps/torch/custom_ops.py). On the CPU's native float32 path
+layers exchange as by default; on the CPU each exchange runs inside the
+call that queues it (the tests' path).
 """
 
 import torch

@@ -241,18 +241,32 @@ def _native_backward(bn, x, weight, dy, stats, eps, need_dx):
     return dx, dweight, dbias
 
 
+def _queued_forward(bn, x, weight, bias, eps):
+    """(y, stream_exchange.QueuedStats) where the layer's exchange is queued
+    on the stream (SyncBatchNorm._queued_exchange), else None."""
+    queued = bn._queued_exchange(x, weight, bias)
+    if queued is None:
+        return None
+    return _queued.forward(bn, *queued, x, weight, bias, eps,
+                           channels_.acc_dtype(x.dtype))
+
+
+def _queued_backward(bn, x, weight, dy, stats, eps, need_dx):
+    """_queued_forward's backward pass: (dx, dweight, dbias) as _backward's."""
+    return _queued.backward(bn, x, weight, dy, stats, eps, need_dx,
+                            channels_.acc_dtype(x.dtype))
+
+
 class _SyncBatchNormFunction(torch.autograd.Function):
     """The layer's training-mode forward and backward in eager mode (and on
-    torch < 2.4 always): _forward and _backward."""
+    torch < 2.4 always): _forward and _backward, or their queued forms
+    (bnps/torch/stream_exchange.py)."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, bn, eps):
-        queued = bn._queued_exchange(x, weight, bias)
-        if queued is not None:  # bnps/torch/stream_exchange.py
-            y, stats = _queued.forward(bn, *queued, x, weight, bias, eps,
-                                       channels_.acc_dtype(x.dtype))
-        else:
-            y, stats = _forward(bn, x, weight, bias, eps)
+        out = _queued_forward(bn, x, weight, bias, eps)
+        y, stats = out if out is not None else \
+            _forward(bn, x, weight, bias, eps)
         ctx.save_for_backward(x, weight)
         ctx.stats = stats
         ctx.bn = bn
@@ -265,9 +279,8 @@ class _SyncBatchNormFunction(torch.autograd.Function):
         x, weight = ctx.saved_tensors
         bn, stats = ctx.bn, ctx.stats
         if isinstance(stats, _queued.QueuedStats):
-            dx, dweight, dbias = _queued.backward(
-                bn, x, weight, dy, stats, ctx.eps, ctx.needs_input_grad[0],
-                channels_.acc_dtype(x.dtype))
+            dx, dweight, dbias = _queued_backward(
+                bn, x, weight, dy, stats, ctx.eps, ctx.needs_input_grad[0])
         else:
             dx, dweight, dbias = _backward(bn, x, weight, dy, stats, ctx.eps,
                                            ctx.needs_input_grad[0])
