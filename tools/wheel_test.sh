@@ -6,8 +6,10 @@
 #
 # Uses (or makes) a venv from the bare `python3` on PATH (pyenv's CPython,
 # no Debian packages) at $BNPS_TORCH_VENV (default ~/.cache/bnps/torch2-venv,
-# outside the repository and shared: an existing one is reused as it is),
-# with torch==$BNPS_TORCH_VERSION (default 2.15.0) and grpcio from PyPI;
+# outside the repository and shared: an existing one is reused, with what
+# it lacks added),
+# with torch==$BNPS_TORCH_VERSION (default 2.15.0), grpcio and PyYAML
+# (the Kubeflow wiring test reads the manifests) from PyPI;
 # pip installs WHEEL (default: builds dist/bnps-*.whl first) into it, then,
 # from a directory outside the source tree:
 #   - the installed package, the console scripts, bnps beside torch and grpc
@@ -24,6 +26,7 @@ repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="${BNPS_TORCH_VENV:-$HOME/.cache/bnps/torch2-venv}"
 torch_version="${BNPS_TORCH_VERSION:-2.15.0}"
 grpcio_version="${BNPS_GRPCIO_VERSION:-1.85.3}"
+pyyaml_version=6.0.3  # for kubeflow_test, which reads the manifests
 work="$(mktemp -d /tmp/bnps_wheel_test.XXXXXX)"
 server_pids=()
 cleanup() {
@@ -52,6 +55,8 @@ make_torch_venv() {
     "$venv/bin/pip" install -q "torch==$torch_version" || return 1
   "$venv/bin/python" -c 'import grpc' 2>/dev/null ||
     "$venv/bin/pip" install -q "grpcio==$grpcio_version" || return 1
+  "$venv/bin/python" -c 'import yaml' 2>/dev/null ||
+    "$venv/bin/pip" install -q "pyyaml==$pyyaml_version" || return 1
   "$venv/bin/python" -c 'import sys, torch; print(sys.version, torch.__version__)'
 }
 check torch_venv make_torch_venv
