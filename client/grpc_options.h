@@ -84,6 +84,17 @@ struct GrpcClientOptions {
   // metrics. May be called from several threads at once.
   // Default: none.
   std::function<void(absl::StatusCode)> on_retry;
+  // Called after each BnForward (backward false) and BnBackward (true)
+  // that got its answer, with the layer and the call's wall time, on the
+  // caller's thread: e.g. to observe BN round trips in metrics where the
+  // caller does not time them itself (the C ABI; bnps_worker times them as
+  // its model sees them). Failed calls are not observed (a refused layer
+  // name would become a label). May be called from several threads at
+  // once.
+  // Default: none.
+  std::function<void(const std::string& layer, bool backward,
+                     absl::Duration took)>
+      on_bn_call;
   // How long a BN call polls for its answer without sleeping before it
   // blocks (once per event it waits for). Spinning saves the wake-up of a
   // blocked thread (tens of microseconds a round trip) and keeps the core

@@ -216,13 +216,26 @@ absl::StatusOr<BnForwardResult> GrpcPsClient::BnForward(
     const std::string& layer, int64_t step, const bn::Moments& local,
     bool want_running) {
   if (absl::Status s = membership_->dropped(); !s.ok()) return s;
-  return bn_->BnForward(layer, step, local, want_running);
+  const absl::Time start = absl::Now();
+  absl::StatusOr<BnForwardResult> result =
+      bn_->BnForward(layer, step, local, want_running);
+  if (const auto& observe = channels_->options().on_bn_call;
+      observe && result.ok()) {
+    observe(layer, /*backward=*/false, absl::Now() - start);
+  }
+  return result;
 }
 
 absl::StatusOr<bn::BackwardSums> GrpcPsClient::BnBackward(
     const std::string& layer, int64_t step, const bn::BackwardSums& local) {
   if (absl::Status s = membership_->dropped(); !s.ok()) return s;
-  return bn_->BnBackward(layer, step, local);
+  const absl::Time start = absl::Now();
+  absl::StatusOr<bn::BackwardSums> result = bn_->BnBackward(layer, step, local);
+  if (const auto& observe = channels_->options().on_bn_call;
+      observe && result.ok()) {
+    observe(layer, /*backward=*/true, absl::Now() - start);
+  }
+  return result;
 }
 
 absl::Status GrpcPsClient::BnRecal(const std::string& layer, int64_t batch,

@@ -311,6 +311,29 @@ TEST_F(GrpcPsClientTest, ADroppedWorkersPushesAndPullsUnderWayEndWithWhy) {
   fakes_[0]->set_hold_pulls(false);
 }
 
+TEST_F(GrpcPsClientTest, OnBnCallSeesEveryBnCallWithItsLayerAndPass) {
+  GrpcClientOptions options = Options();
+  absl::Mutex mu;
+  std::vector<std::pair<std::string, bool>> seen;
+  options.on_bn_call = [&](const std::string& layer, bool backward,
+                           absl::Duration took) {
+    EXPECT_GE(took, absl::ZeroDuration());
+    absl::MutexLock lock(&mu);
+    seen.emplace_back(layer, backward);
+  };
+  std::unique_ptr<GrpcPsClient> client = Connect(options);
+  ASSERT_NE(client, nullptr);
+  const std::string layer = KeyOnShard(1, "bn");
+  ASSERT_TRUE(client->BnForward(layer, 0, MakeMoments(2, {1}, {1})).ok());
+  ASSERT_TRUE(
+      client->BnBackward(layer, 0, bn::BackwardSums{{1.0}, {1.0}}).ok());
+  // A failed call is not observed.
+  EXPECT_FALSE(client->BnForward("", 1, MakeMoments(2, {1}, {1})).ok());
+  absl::MutexLock lock(&mu);
+  EXPECT_EQ(seen, (std::vector<std::pair<std::string, bool>>{
+                      {layer, false}, {layer, true}}));
+}
+
 TEST_F(GrpcPsClientTest, ConnectRejectsMissingShardCount) {
   GrpcClientOptions options = Options();
   options.servers.pop_back();  // the servers run a 2-shard job

@@ -56,7 +56,10 @@ worker0_metrics=$(free_port)
 worker1_metrics=$(free_port)
 prom_port=$(free_port)
 
-# --keep_serving: scraped after the workers finished, as they are.
+# --keep_serving: scraped after the workers finished, as they are. The log
+# exists before the server starts: the loop below reads it at once, and a
+# missing file would end this script (set -e).
+: >"$tmp/server.log"
 "$server" --port=0 --num_workers=2 --metrics_port="$server_metrics" --keep_serving \
   >"$tmp/server.log" 2>&1 &
 pids+=($!)

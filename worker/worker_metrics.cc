@@ -72,10 +72,15 @@ void WorkerMetrics::StepDone(absl::Duration compute, absl::Duration bn_sync,
 
 void WorkerMetrics::BnRoundTrip(const std::string& layer, BnPhase phase,
                                 absl::Duration elapsed) {
-  metrics::Histogram*& h = layers_[layer][phase];  // null until first use
-  if (h == nullptr) {
-    h = round_trip_family_->WithLabels(
-        {layer, phase == kForward ? "forward" : "backward"});
+  metrics::Histogram* h;
+  {
+    absl::MutexLock lock(&layers_mu_);
+    metrics::Histogram*& slot = layers_[layer][phase];  // null until first use
+    if (slot == nullptr) {
+      slot = round_trip_family_->WithLabels(
+          {layer, phase == kForward ? "forward" : "backward"});
+    }
+    h = slot;
   }
   h->Observe(absl::ToDoubleSeconds(elapsed));
 }

@@ -12,8 +12,10 @@
 //   bn_round_trip_seconds{layer,phase}            one BN call, as the model sees it
 //   retries_total{code}      client calls retried, by the failed attempt's code
 //
-// Thread-safety: Retry is thread-safe (the client calls it from its threads);
-// the rest is used from the training thread. The registry must outlive this.
+// Thread-safety: Retry and BnRoundTrip are thread-safe (the client calls
+// them from its threads; BnRoundTrip takes a short lock to find the
+// layer's series); the rest is used from the training thread. The registry
+// must outlive this.
 
 #ifndef BNPS_WORKER_WORKER_METRICS_H_
 #define BNPS_WORKER_WORKER_METRICS_H_
@@ -25,7 +27,9 @@
 #include <string>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "metrics/registry.h"
 
@@ -63,7 +67,9 @@ class WorkerMetrics {
   metrics::Family<metrics::Counter>* retries_family_;
   std::array<std::atomic<metrics::Counter*>, 17> retries_{};
   // Per layer, by phase; null until that phase's first call.
-  absl::flat_hash_map<std::string, std::array<metrics::Histogram*, 2>> layers_;
+  absl::Mutex layers_mu_;
+  absl::flat_hash_map<std::string, std::array<metrics::Histogram*, 2>> layers_
+      ABSL_GUARDED_BY(layers_mu_);
   // images_per_second's window.
   absl::Time window_start_;
   int64_t window_examples_ = 0;

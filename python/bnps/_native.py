@@ -24,7 +24,7 @@ import numpy as np
 from bnps import errors
 
 _LIB_NAME = "libbnps.so"
-_API_VERSION = 5  # python/native/bnps_c.h's BNPS_C_API_VERSION it needs
+_API_VERSION = 6  # python/native/bnps_c.h's BNPS_C_API_VERSION it needs
 _ERR_LEN = 4096
 
 c_int, c_int64, c_double = ctypes.c_int, ctypes.c_int64, ctypes.c_double
@@ -86,6 +86,10 @@ def _load():
         "bnps_client_free": (None, [c_void_p]),
         "bnps_client_config_json": (c_int, [c_void_p, c_char_p, c_size_t] +
                                     err),
+        "bnps_client_serve_metrics": (c_int, [c_void_p, c_char_p, c_int,
+                                              _INT] + err),
+        "bnps_client_metrics_text": (c_int, [c_void_p, c_char_p, c_size_t,
+                                             ctypes.POINTER(c_size_t)] + err),
         "bnps_client_live_workers": (c_int, [c_void_p, _INT, c_int, _INT] +
                                      err),
         "bnps_client_bn_forward": (c_int, [c_void_p, c_char_p, c_int64,
@@ -279,6 +283,28 @@ class Client:
         buf = ctypes.create_string_buffer(8192)
         _call(_lib.bnps_client_config_json, self._h, buf, len(buf))
         return json.loads(buf.value.decode())
+
+    def serve_metrics(self, host="127.0.0.1", port=0):
+        """bnps_client_serve_metrics: the port it serves on."""
+        bound = c_int()
+        _call(_lib.bnps_client_serve_metrics, self._h, host.encode(),
+              int(port), ctypes.byref(bound))
+        return bound.value
+
+    def metrics_text(self):
+        """bnps_client_metrics_text: the Prometheus text exposition."""
+        needed = c_size_t(1 << 14)
+        for _ in range(3):  # the text may grow between two calls
+            buf = ctypes.create_string_buffer(needed.value)
+            try:
+                _call(_lib.bnps_client_metrics_text, self._h, buf, len(buf),
+                      ctypes.byref(needed))
+                return buf.value.decode()
+            except errors.BnpsError as e:
+                if e.code_name != "RESOURCE_EXHAUSTED":
+                    raise
+        raise errors.from_native(Error(8, "RESOURCE_EXHAUSTED",
+                                       "the metrics kept growing"))
 
     def live_workers(self):
         cap = 4096

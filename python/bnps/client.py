@@ -65,6 +65,23 @@ class Client:
         return self._native.closed
 
     @_translated
+    def serve_metrics(self, host="127.0.0.1", port=0):
+        """Serves this client's Prometheus metrics at
+        http://host:port/metrics (port 0: a free one) until the client is
+        freed, and returns the port: bnps_worker's series
+        (docs/observability.md), the BN round trips per layer and pass
+        and the retries, counted from the connection on. Plain HTTP: keep
+        `host` on a trusted network. Raises InvalidArgument for a bad
+        port, Unavailable when it cannot listen, FailedPrecondition when it
+        serves already."""
+        return self._native.serve_metrics(host, port)
+
+    @_translated
+    def metrics_text(self):
+        """The same metrics in the Prometheus text format."""
+        return self._native.metrics_text()
+
+    @_translated
     def bn_forward(self, layer, step, count, mean, m2, want_running=False):
         """Returns (count, mean, m2, running_mean, running_var, contributors);
         sync: the global batch's moments; async: the admissible others'."""

@@ -27,6 +27,7 @@
 #include "client/worker_bn.h"
 #include "policy/policy.h"
 #include "python/native/bnps_c_internal.h"
+#include "python/native/bnps_c_metrics.h"
 #include "security/credentials.h"
 #include "security/job_token.h"
 #include "util/json_string.h"
@@ -233,10 +234,13 @@ int bnps_client_connect2(const char* servers, const char* job, int worker,
   o.bn_spin = *spin;
   BNPS_RETURN_IF_ERROR(ReadSecurity(token_file, tls_ca, tls_cert, tls_key,
                                     &o.token, &o.credentials));
+  auto metrics = std::make_shared<bnps::c_abi::ClientMetrics>();
+  bnps::c_abi::ClientMetrics::Attach(metrics, &o);
   absl::StatusOr<std::unique_ptr<bnps::client::GrpcPsClient>> c =
       bnps::client::GrpcPsClient::Connect(std::move(o));
   BNPS_RETURN_IF_ERROR(c.status());
   auto* h = new bnps_client;
+  h->metrics = std::move(metrics);
   {
     absl::MutexLock lock(&h->mu);
     h->client = *std::move(c);

@@ -38,8 +38,9 @@ extern "C" {
 /* The ABI's version; a new version only adds functions (2: the layer steps,
  * bnps_layer_forward and bnps_layer_backward; 3: bnps_client_connect2; 4:
  * bnps_layer_exchange_forward and bnps_layer_exchange_backward; 5: the
- * stream-ordered exchanges, bnps_stream_queue_*). */
-#define BNPS_C_API_VERSION 5
+ * stream-ordered exchanges, bnps_stream_queue_*; 6: the client's metrics,
+ * bnps_client_serve_metrics and bnps_client_metrics_text). */
+#define BNPS_C_API_VERSION 6
 BNPS_EXPORT int bnps_api_version(void);
 /* "OK", "INVALID_ARGUMENT", ...; a static string. */
 BNPS_EXPORT const char* bnps_status_name(int code);
@@ -86,6 +87,25 @@ BNPS_EXPORT void bnps_client_close(bnps_client* c);
 BNPS_EXPORT int bnps_client_closed(bnps_client* c);
 /* Closes and releases the handle. REQUIRES: no call in flight on it. */
 BNPS_EXPORT void bnps_client_free(bnps_client* c);
+
+/* Serves the client's Prometheus metrics at http://host:port/metrics (port
+ * 0: a free one; *bound_port gets the port) on two threads of its own, until
+ * the handle is freed: bnps_worker's series (docs/observability.md), the BN
+ * round trips per layer and pass (bnps_worker_bn_round_trip_seconds: every
+ * BN call answered since Connect, timed around the call) and the retries
+ * (bnps_worker_retries_total). Plain HTTP without authentication: keep
+ * `host` on a trusted network. INVALID_ARGUMENT for a port outside [0,
+ * 65535], UNAVAILABLE when it cannot listen there, FAILED_PRECONDITION when
+ * the client serves already. */
+BNPS_EXPORT int bnps_client_serve_metrics(bnps_client* c, const char* host,
+                                          int port, int* bound_port, char* err,
+                                          size_t err_len);
+/* The same metrics in the Prometheus text format, NUL-terminated, into
+ * `buf` (`len` bytes); *needed: the bytes they take, the NUL included.
+ * RESOURCE_EXHAUSTED when they do not fit. */
+BNPS_EXPORT int bnps_client_metrics_text(bnps_client* c, char* buf, size_t len,
+                                         size_t* needed, char* err,
+                                         size_t err_len);
 
 /* The job as a JSON object: job, num_workers, num_shards, policy (the BN
  * policy), gradients, staleness, learning_rate, momentum, weight_decay,

@@ -17,11 +17,18 @@
 #include "client/grpc_ps_client.h"
 #include "client/worker_bn.h"
 
+namespace bnps::c_abi {
+class ClientMetrics;  // bnps_c_metrics.h
+}  // namespace bnps::c_abi
+
 struct bnps_client {
   absl::Mutex mu;
   // Shared with the calls in flight: close() drops this reference, and the
   // connection goes once they have returned.
   std::shared_ptr<bnps::client::GrpcPsClient> client ABSL_GUARDED_BY(mu);
+  // The connection's metrics, fed from Connect on; set before the handle is
+  // handed out, then immutable.
+  std::shared_ptr<bnps::c_abi::ClientMetrics> metrics;
 };
 
 struct bnps_worker_bn {

@@ -15,7 +15,8 @@ BNPS_TLS_CERT, BNPS_TLS_KEY, BNPS_RPC_TIMEOUT_S, BNPS_CONNECT_TIMEOUT_S,
 BNPS_BN_SPIN_US (how long a BN call polls before it sleeps; default -1: 1000
 us where this machine has a core for every worker and server, else 0),
 BNPS_STREAM_EXCHANGE (1: queue the layers' exchanges on the CUDA stream,
-bnps/torch/stream_exchange.py; default 0).
+bnps/torch/stream_exchange.py; default 0), BNPS_METRICS_PORT and
+BNPS_METRICS_ADDRESS (Prometheus metrics; the port plus LOCAL_RANK).
 Without BNPS_WORKER / BNPS_NUM_WORKERS the worker id and count come from the
 launcher's variables (torchrun, Kubeflow Trainer, Slurm: bnps.launch), which
 must agree with each other.
@@ -30,6 +31,7 @@ connection.gradients, connection.config).
 import atexit
 import contextlib
 import os
+import sys
 import threading
 import warnings
 import weakref
@@ -63,6 +65,7 @@ class Connection:
         self.gradients = self.config["gradients"]
         self.worker = client.worker
         self.num_workers = client.num_workers
+        self.metrics_port = None  # init(metrics_port=): the port it serves on
         self._step = 0
 
     @property
@@ -187,7 +190,8 @@ def init(servers=None, worker=None, num_workers=None, job=None,
          token_file=None, tls_ca=None, tls_cert=None, tls_key=None,
          connect_timeout_s=None, rpc_timeout_s=None, set_default=True,
          start_local_server=False, policy="sync", server_flags=(),
-         server_host=None, stream_exchange=None):
+         server_host=None, stream_exchange=None, metrics_port=None,
+         metrics_address=None):
     """Connects this process to the job as worker `worker` of `num_workers`
     and returns a Connection. Raises ValueError for missing or bad arguments,
     bnps.Unavailable when a server cannot be reached, bnps.FailedPrecondition
@@ -202,7 +206,15 @@ def init(servers=None, worker=None, num_workers=None, job=None,
     stream_exchange=True (or BNPS_STREAM_EXCHANGE=1): layers on a GPU queue
     their exchanges on the CUDA stream instead of waiting for the device
     (bnps/torch/stream_exchange.py); a failed exchange is then raised by a
-    later call."""
+    later call.
+
+    metrics_port=P (or BNPS_METRICS_PORT=P, to which each process adds its
+    LOCAL_RANK, so that one variable serves a node): this process serves
+    its Prometheus metrics (the BN round trips per layer and pass, the
+    retries; as bnps_worker's) at http://<metrics_address>:P/metrics
+    (metrics_address or BNPS_METRICS_ADDRESS, default 127.0.0.1; P = 0
+    picks a free port). Connection.metrics_port is the port (None
+    without)."""
     global _default
     servers = _env("BNPS_SERVERS", servers)
     if bool(servers) == bool(start_local_server):
@@ -213,6 +225,7 @@ def init(servers=None, worker=None, num_workers=None, job=None,
                                    "BNPS_SERVERS=host:port,host:port, or "
                                    "start_local_server=True)"))
     placement = _launch.placement(worker=worker, num_workers=num_workers)
+    port = _metrics_port(placement, metrics_port)
     job = _env("BNPS_JOB", job, default="bnps")
     node_server = None
     if start_local_server:
@@ -228,14 +241,49 @@ def init(servers=None, worker=None, num_workers=None, job=None,
         if node_server is not None and node_server.process is not None:
             node_server.process.stop()
         raise
+    try:
+        if port is not None:
+            port = _serve_metrics(client, port, metrics_address)
+    except BaseException:
+        client.close()
+        if node_server is not None and node_server.process is not None:
+            node_server.process.stop()
+        raise
     connection = Connection(
         client, placement, node_server,
         _env("BNPS_STREAM_EXCHANGE", stream_exchange, _flag, False))
+    connection.metrics_port = port
     if set_default:
         with _default_lock:
             if _default is None:
                 _default = connection
     return connection
+
+
+def _metrics_port(placement, port):
+    """The port init's metrics_port asks for: the argument, else
+    $BNPS_METRICS_PORT plus the local rank (0 stays 0: a free port); None
+    for no metrics."""
+    if port is not None:
+        return int(port)
+    raw = os.environ.get("BNPS_METRICS_PORT", "")
+    if raw == "":
+        return None
+    try:
+        port = int(raw)
+    except ValueError:
+        raise ValueError(f"bnps: $BNPS_METRICS_PORT={raw!r} is not a "
+                         f"port") from None
+    return port + (placement.local_rank or 0) if port != 0 else 0
+
+
+def _serve_metrics(client, port, address):
+    """Serves `client`'s metrics on `port`; returns the port bound."""
+    host = _env("BNPS_METRICS_ADDRESS", address, default="127.0.0.1")
+    bound = client.serve_metrics(host, int(port))
+    print(f"bnps worker {client.worker}: metrics at "
+          f"http://{host}:{bound}/metrics", file=sys.stderr, flush=True)
+    return bound
 
 
 def _connect(servers, job, placement, token_file, tls_ca, tls_cert, tls_key,
