@@ -92,10 +92,15 @@ struct Aggregator::Conn {
 
 // The workers of one (shard, job, generation) and their shard connection.
 struct Aggregator::Group {
-  Group(GroupKey key, int workers) : key(std::move(key)), batcher(workers) {}
+  Group(GroupKey key, int workers, AggregatorMetrics* metrics)
+      : key(std::move(key)), metrics(metrics), batcher(workers) {}
 
   // Sends what `out` says (frames to the shard, answers to workers).
   void Deliver(Batcher::Out out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (metrics != nullptr) {
+      metrics->Frames(AggregatorMetrics::kToShards,
+                      static_cast<int64_t>(out.upstream.size()));
+    }
     for (proto::BnRequest& frame : out.upstream) {
       if (upstream != nullptr) {
         upstream->Write(frame);
@@ -109,12 +114,15 @@ struct Aggregator::Group {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     for (const auto& [worker, resp] : answers) {
       auto it = conns.find(worker);
-      if (it != conns.end()) it->second->Write(resp);
+      if (it == conns.end()) continue;
+      it->second->Write(resp);
+      if (metrics != nullptr) metrics->Frames(AggregatorMetrics::kToWorkers);
     }
   }
   const std::string& address() const { return std::get<0>(key); }
 
   const GroupKey key;  // upstream address, job, generation
+  AggregatorMetrics* const metrics;  // not owned; may be null
   absl::Mutex mu;
   Batcher batcher ABSL_GUARDED_BY(mu);
   std::map<int, std::shared_ptr<Conn>> conns ABSL_GUARDED_BY(mu);
@@ -242,7 +250,9 @@ void Aggregator::Serve(std::shared_ptr<Conn> conn) {
     absl::MutexLock lock(&mu_);
     GroupKey key{hello.upstream(), hello.job(), hello.generation()};
     std::shared_ptr<Group>& slot = groups_[key];
-    if (slot == nullptr) slot = std::make_shared<Group>(key, options_.workers);
+    if (slot == nullptr) {
+      slot = std::make_shared<Group>(key, options_.workers, options_.metrics);
+    }
     g = slot;
   }
   bool open = false;
@@ -271,17 +281,21 @@ void Aggregator::Serve(std::shared_ptr<Conn> conn) {
   reply.set_code(static_cast<int>(s.code()));
   reply.set_message(std::string(s.message()));
   conn->Write(reply);
+  AggregatorMetrics* const m = options_.metrics;
   if (!s.ok()) {
+    if (m != nullptr) m->HelloRefused();
     std::fprintf(stderr, "bnps_host_bn: refused worker %d: %s\n", worker,
                  std::string(s.message()).c_str());
     return;
   }
+  if (m != nullptr) m->HelloAccepted();
   if (open) OpenUpstream(g);
   for (;;) {
     absl::StatusOr<std::string> frame = conn->ReadFrame(absl::InfiniteFuture());
     if (!frame.ok()) break;
     proto::BnRequest req;
     if (!req.ParseFromString(*frame)) break;  // not ours: closed
+    if (m != nullptr) m->Frames(AggregatorMetrics::kFromWorkers);
     absl::MutexLock lock(&g->mu);
     absl::Status refused = g->broken;
     if (refused.ok() && (req.worker() != worker || req.batch_size() > 0)) {
@@ -300,6 +314,7 @@ void Aggregator::Serve(std::shared_ptr<Conn> conn) {
     }
     g->Deliver(g->batcher.Submit(worker, std::move(req)));
   }
+  if (m != nullptr) m->WorkerGone();
   absl::MutexLock lock(&g->mu);
   auto it = g->conns.find(worker);
   if (it != g->conns.end() && it->second == conn) {
@@ -369,6 +384,7 @@ void Aggregator::OpenUpstream(const std::shared_ptr<Group>& g) {
     for (const proto::BnRequest& frame : g->queued) up->Write(frame);
     g->queued.clear();
   }
+  if (options_.metrics != nullptr) options_.metrics->ShardConnected();
   Spawn([this, g] { ReadUpstream(g); });
 }
 
@@ -390,9 +406,13 @@ void Aggregator::ReadUpstream(std::shared_ptr<Group> g) {
       why = absl::InvalidArgumentError("bytes that are no BnResponse");
       break;
     }
+    if (options_.metrics != nullptr) {
+      options_.metrics->Frames(AggregatorMetrics::kFromShards);
+    }
     absl::MutexLock lock(&g->mu);
     g->Answer(g->batcher.Answer(resp));
   }
+  if (options_.metrics != nullptr) options_.metrics->ShardGone();
   Break(g, absl::UnavailableError(absl::StrCat(
                "the BN connection to the shard at ", g->address(),
                " broke: ", why.message())));
@@ -406,6 +426,7 @@ void Aggregator::Break(const std::shared_ptr<Group>& g,
     absl::MutexLock lock(&g->mu);
     if (!g->broken.ok()) return;
     g->broken = why;
+    if (g->metrics != nullptr) g->metrics->ShardBroke();
     g->Deliver(g->batcher.Fail(why));
     g->queued.clear();  // their entries were answered by Fail
     for (auto& [w, c] : g->conns) c->Shut();

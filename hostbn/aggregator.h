@@ -42,6 +42,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "hostbn/aggregator_metrics.h"
 #include "security/worker_token.h"
 
 namespace bnps::hostbn {
@@ -56,6 +57,8 @@ class Aggregator {
     bool per_worker_tokens = false;  // workers may use their own tokens
     int num_workers = 0;  // the job's workers (per_worker_tokens needs it)
     absl::Duration timeout = absl::Seconds(5);  // hellos, connects, writes
+    // What it measures (not owned; must outlive the aggregator); null: none.
+    AggregatorMetrics* metrics = nullptr;
   };
 
   // UNAVAILABLE if the address cannot be bound; INVALID_ARGUMENT for

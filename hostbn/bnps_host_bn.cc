@@ -12,6 +12,9 @@
 
 #include "absl/flags/flag.h"
 #include "hostbn/aggregator.h"
+#include "hostbn/aggregator_metrics.h"
+#include "metrics/metrics_flags.h"
+#include "metrics/registry.h"
 #include "security/job_token.h"
 #include "util/command_line.h"
 
@@ -53,6 +56,21 @@ int main(int argc, char** argv) {
       return 2;
     }
     o.token = *token;
+  }
+  bnps::metrics::Registry registry;
+  bnps::hostbn::AggregatorMetrics metrics(&registry);
+  o.metrics = &metrics;
+  absl::StatusOr<std::unique_ptr<bnps::metrics::HttpEndpoint>> endpoint =
+      bnps::metrics::StartEndpointFromFlags(&registry);
+  if (!endpoint.ok()) {
+    std::fprintf(stderr, "bnps_host_bn: %s\n",
+                 std::string(endpoint.status().message()).c_str());
+    return endpoint.status().code() == absl::StatusCode::kInvalidArgument ? 2
+                                                                          : 1;
+  }
+  if (*endpoint != nullptr) {
+    std::printf("bnps_host_bn: metrics at http://%s:%d/metrics\n",
+                bnps::metrics::MetricsAddress().c_str(), (*endpoint)->port());
   }
   // SIGTERM and SIGINT end it: waited for here, not handled asynchronously.
   sigset_t stop;

@@ -2,7 +2,8 @@
 // 127.0.0.1: two hosts of two workers each, every worker's request through
 // its host's aggregator, give the bits of four workers sent one by one; the
 // shard's batch frame refuses what its connection may not send; a worker
-// that leaves fails its peers' round at the shard, naming it.
+// that leaves fails its peers' round at the shard, naming it; the
+// aggregator's metrics count what it relays.
 
 #include <cstring>
 #include <memory>
@@ -12,6 +13,8 @@
 
 #include "gtest/gtest.h"
 #include "hostbn/aggregator.h"
+#include "hostbn/aggregator_metrics.h"
+#include "metrics/registry.h"
 #include "proto/bn_frame.h"
 #include "proto/bnps.pb.h"
 #include "proto/codec.h"
@@ -30,13 +33,14 @@ constexpr char kToken[] = "bnps-test-token-0123456789abcdef";
 constexpr int kWorkers = 4;
 
 struct ShardUnderTest {
-  explicit ShardUnderTest(bool per_worker_tokens = false) {
+  explicit ShardUnderTest(bool per_worker_tokens = false,
+                          int workers = kWorkers) {
     server::ShardOptions o;
-    o.num_workers = kWorkers;
+    o.num_workers = workers;
     auto s = server::Shard::Create(o);
     EXPECT_TRUE(s.ok()) << s.status();
     shard = *std::move(s);
-    for (int w = 0; w < kWorkers; ++w) {
+    for (int w = 0; w < workers; ++w) {
       EXPECT_TRUE(shard->Register(w, /*incarnation=*/100 + w).ok());
     }
     server::BnSocketServer::Options so;
@@ -240,6 +244,68 @@ TEST(HostBnTest, TheAggregatorChecksWorkersTokens) {
       << resp.message();
   EXPECT_NE(resp.code(), static_cast<int>(absl::StatusCode::kUnauthenticated))
       << resp.message();
+}
+
+// The value of one series in `registry`'s exposition ("name{labels}"), or -1.
+double Series(const metrics::Registry& registry, const std::string& series) {
+  const std::string text = registry.TextExposition();
+  const size_t at = text.find("\n" + series + " ");
+  if (at == std::string::npos) return -1;
+  return std::stod(text.substr(at + series.size() + 2));
+}
+
+TEST(HostBnTest, TheAggregatorsMetricsCountWhatItRelays) {
+  ShardUnderTest shard(/*per_worker_tokens=*/false, /*workers=*/2);
+  metrics::Registry registry;
+  hostbn::AggregatorMetrics m(&registry);
+  hostbn::Aggregator::Options o;
+  o.workers = 2;
+  o.token = kToken;
+  o.metrics = &m;
+  auto a = hostbn::Aggregator::Start(o);
+  ASSERT_TRUE(a.ok()) << a.status();
+  {
+    RawConn bad((*a)->port());
+    EXPECT_NE(HelloVia(bad, 0, shard.address(), "not-the-token").code(), 0);
+  }
+  auto frames = [&](const std::string& direction) {
+    return Series(registry, "bnps_host_bn_frames_total{direction=\"" +
+                                direction + "\"}");
+  };
+  {
+    RawConn w0((*a)->port()), w1((*a)->port());
+    ASSERT_EQ(HelloVia(w0, 0, shard.address()).code(), 0);
+    ASSERT_EQ(HelloVia(w1, 1, shard.address()).code(), 0);
+    EXPECT_EQ(Series(registry, "bnps_host_bn_workers"), 2);
+    EXPECT_TRUE(util::Eventually([&] {
+      return Series(registry, "bnps_host_bn_shard_connections") == 1;
+    }));
+    // Three steps' forwards of both workers (the shard's whole job): each
+    // crosses to the shard as one frame for the two of them.
+    for (int64_t step = 0; step < 3; ++step) {
+      w0.Send(Forward(0, 10 * step, step));
+      w1.Send(Forward(1, 10 * step + 1, step));
+      proto::BnResponse r0 = ReceiveAnswer(w0), r1 = ReceiveAnswer(w1);
+      EXPECT_EQ(r0.id(), static_cast<uint64_t>(10 * step));
+      EXPECT_EQ(r1.id(), static_cast<uint64_t>(10 * step + 1));
+      EXPECT_EQ(r0.code(), 0) << r0.message();
+      EXPECT_EQ(r0.contributors(), 2);
+    }
+    EXPECT_EQ(frames("from_workers"), 6);
+    EXPECT_EQ(frames("to_shards"), 3);
+    EXPECT_EQ(frames("from_shards"), 3);
+    EXPECT_EQ(frames("to_workers"), 6);
+  }
+  EXPECT_EQ(Series(registry, "bnps_host_bn_hellos_total{result=\"accepted\"}"),
+            2);
+  EXPECT_EQ(Series(registry, "bnps_host_bn_hellos_total{result=\"refused\"}"),
+            1);
+  // The workers left; their group's shard connection goes with Stop.
+  EXPECT_TRUE(util::Eventually(
+      [&] { return Series(registry, "bnps_host_bn_workers") == 0; }));
+  (*a)->Stop();
+  EXPECT_EQ(Series(registry, "bnps_host_bn_shard_connections"), 0);
+  EXPECT_EQ(Series(registry, "bnps_host_bn_shard_breaks_total"), 1);
 }
 
 // The shard's side: a hello naming several workers, and batches.

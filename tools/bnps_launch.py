@@ -76,8 +76,9 @@ for the job and stopped at its end; --mps=on fails the launch when MPS cannot
 be had, --mps=off never uses it (tools/bnps_launch_mps.py, docs/gpu.md).
 
 Metrics (docs/observability.md): --metrics_port_base=P gives server s
---metrics_port=P+s and worker i --metrics_port=P+S+i, all on 127.0.0.1 (each
-prints its address); without it nothing serves metrics.
+--metrics_port=P+s, worker i --metrics_port=P+S+i and the host BN
+aggregator (--bn_host_aggregator) P+S+W, all on 127.0.0.1 (each prints its
+address); without it nothing serves metrics.
 """
 
 import argparse
@@ -187,7 +188,7 @@ def parse_args(argv):
                    "--export; needs <bin_dir>/tools/bnps_status)")
     p.add_argument("--metrics_port_base", type=int,
                    help="serve Prometheus metrics: server s on port P+s, worker i "
-                   "on P+S+i (default: none)")
+                   "on P+S+i, the host BN aggregator on P+S+W (default: none)")
     p.add_argument("--bin_dir", default=os.path.join(REPO, "bazel-bin"),
                    help="holds server/bnps_server and worker/bnps_worker "
                    "(default <repo>/bazel-bin)")
@@ -250,11 +251,12 @@ def check_args(args, extra):
             raise UsageError("--%s must be > 0" % name)
     if args.kill_grace_s < 0:
         raise UsageError("--kill_grace_s must be >= 0")
+    ports = args.servers + args.workers + int(args.bn_host_aggregator)
     if args.metrics_port_base is not None and not (
             0 < args.metrics_port_base
-            and args.metrics_port_base + args.servers + args.workers <= 65536):
+            and args.metrics_port_base + ports <= 65536):
         raise UsageError("--metrics_port_base leaves no room for %d ports"
-                         % (args.servers + args.workers))
+                         % ports)
     if args.max_restarts < 0:
         raise UsageError("--max_restarts must be >= 0")
     if args.per_worker_tokens and not args.token_file:
@@ -369,6 +371,9 @@ def host_bn_command(args):
         cmd.append("--token_file=" + args.token_file)
     if args.per_worker_tokens:
         cmd += ["--per_worker_tokens", "--num_workers=%d" % args.workers]
+    if args.metrics_port_base is not None:
+        cmd.append("--metrics_port=%d" % (args.metrics_port_base +
+                                          args.servers + args.workers))
     return cmd
 
 

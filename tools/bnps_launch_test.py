@@ -566,6 +566,14 @@ class UnitTest(unittest.TestCase):
         self.assertIn("--metrics_port=9401", self.m.server_command(args, 1))
         worker = self.m.worker_command(args, extra, 2, ["127.0.0.1:1"], "/out")
         self.assertIn("--metrics_port=9404", worker)
+        args, _ = self.m.parse_args(["--servers=2", "--workers=3",
+                                     "--metrics_port_base=9400",
+                                     "--bn_host_aggregator"])
+        self.assertIn("--metrics_port=9405", self.m.host_bn_command(args))
+        with self.assertRaises(SystemExit):  # 2 + 3 + 1 ports from 65531
+            self.m.parse_args(["--servers=2", "--workers=3",
+                               "--metrics_port_base=65531",
+                               "--bn_host_aggregator"])
         args, extra = self.m.parse_args([])
         self.assertFalse(any(f.startswith("--metrics_port")
                              for f in self.m.server_command(args, 0)))
