@@ -12,9 +12,11 @@ in the compiled model as in the eager one, with the same bits, and what
 the ops hold for the backward pass is freed with the graph's saved
 tensors, or with the outputs of a forward that has none.
 BNPS_PARITY_DEVICE=cuda (tools/gpu/run.sh torch) puts the models on the
-GPU, where the queued exchanges are CUDA host functions, and compiles with
-aot_eager only (Inductor's GPU kernels take minutes to build). Under torch < 2.4 (Debian's
-1.13) it skips: the ops are not registered there and the layer runs eagerly.
+GPU, where the queued exchanges are CUDA host functions, compiles with
+aot_eager only (Inductor's GPU kernels take minutes to build) and compares
+to float rounding (cuDNN's backward may add in any order). Under torch <
+2.4 (Debian's 1.13) it skips: the ops are not registered there and the
+layer runs eagerly.
 
 Run it with a torch 2.x interpreter (docs/pytorch.md):
 
@@ -48,6 +50,10 @@ STEPS = 3
 DEVICE = torch.device(os.environ.get("BNPS_PARITY_DEVICE", "cpu"))
 BACKENDS = ("aot_eager",) if DEVICE.type == "cuda" else \
     ("aot_eager", "inductor")
+# Bit-equal where every kernel is deterministic: on the CPU. On CUDA the
+# convolutions' backward may take cuDNN algorithms that add in any order,
+# in the eager model as in the compiled one: equal to float rounding there.
+EXACT = DEVICE.type == "cpu"
 
 
 def make(prefix, dtype=torch.float32):
@@ -83,7 +89,7 @@ class CompileTest(unittest.TestCase):
         else:
             torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5, msg=msg)
 
-    def compare(self, backend, tag, exact=True, dtype=torch.float32):
+    def compare(self, backend, tag, exact=EXACT, dtype=torch.float32):
         torch._dynamo.reset()
         graphs = []
 
@@ -149,7 +155,8 @@ class CompileTest(unittest.TestCase):
         self.connection.stream_exchange = True
         try:
             _, compiled, run = self.compare(
-                backend, f"stream.{backend}", exact=backend == "aot_eager",
+                backend, f"stream.{backend}",
+                exact=EXACT and backend == "aot_eager",
                 dtype=torch.float64)
             self.connection.drain_exchanges()  # CUDA: the jobs have run
             ran = queue.counts()[1] - before[1]
