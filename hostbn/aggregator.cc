@@ -115,8 +115,9 @@ struct Aggregator::Group {
     for (const auto& [worker, resp] : answers) {
       auto it = conns.find(worker);
       if (it == conns.end()) continue;
-      it->second->Write(resp);
+      // Counted first: whoever reads the answer sees it counted.
       if (metrics != nullptr) metrics->Frames(AggregatorMetrics::kToWorkers);
+      it->second->Write(resp);
     }
   }
   const std::string& address() const { return std::get<0>(key); }
@@ -280,15 +281,15 @@ void Aggregator::Serve(std::shared_ptr<Conn> conn) {
   proto::BnHelloReply reply;
   reply.set_code(static_cast<int>(s.code()));
   reply.set_message(std::string(s.message()));
-  conn->Write(reply);
+  // Counted before the reply: whoever reads it sees it counted.
   AggregatorMetrics* const m = options_.metrics;
+  if (m != nullptr) s.ok() ? m->HelloAccepted() : m->HelloRefused();
+  conn->Write(reply);
   if (!s.ok()) {
-    if (m != nullptr) m->HelloRefused();
     std::fprintf(stderr, "bnps_host_bn: refused worker %d: %s\n", worker,
                  std::string(s.message()).c_str());
     return;
   }
-  if (m != nullptr) m->HelloAccepted();
   if (open) OpenUpstream(g);
   for (;;) {
     absl::StatusOr<std::string> frame = conn->ReadFrame(absl::InfiniteFuture());
