@@ -10,7 +10,8 @@ both run in one job). With the connection's stream_exchange, float64
 layers queue their exchanges (on the CPU the jobs run as they are queued)
 in the compiled model as in the eager one, with the same bits, and what
 the ops hold for the backward pass is freed with the graph's saved
-tensors, or with the outputs of a forward that has none.
+tensors, or with the outputs of a forward that has none. The ops carry
+the cudagraph_unsafe tag where torch has it.
 BNPS_PARITY_DEVICE=cuda (tools/gpu/run.sh torch) puts the models on the
 GPU, where the queued exchanges are CUDA host functions, compiles with
 aot_eager only (Inductor's GPU kernels take minutes to build) and compares
@@ -127,6 +128,16 @@ class CompileTest(unittest.TestCase):
         x = torch.randn(8, 3, 6, 6, generator=g).to(DEVICE, dtype)
         self.same(eager(x), run(x), exact, f"{backend} eval")
         return eager, compiled, run
+
+    def test_the_ops_are_not_captured_in_cuda_graphs(self):
+        # Where this torch has the tag: reduce-overhead's CUDA graphs go
+        # around the ops (each must talk to the servers every step).
+        tag = getattr(torch.Tag, "cudagraph_unsafe", None)
+        if tag is None:
+            self.skipTest(f"torch {torch.__version__} has no cudagraph_unsafe")
+        for op in (torch.ops.bnps.batch_norm_v3,
+                   torch.ops.bnps.batch_norm_backward_v3):
+            self.assertIn(tag, op.default.tags)
 
     def test_aot_eager_is_bit_equal(self):
         # The traced graph (forward and AOT autograd's backward, through

@@ -31,6 +31,7 @@ place, as in eager mode). The compiled graph never reads those buffers in
 training mode, and in eval mode they are graph inputs, read when it runs.
 """
 
+import inspect
 import itertools
 import threading
 import weakref
@@ -55,6 +56,21 @@ def _version_at_least(major, minor):
 
 # torch.library.custom_op and register_autograd arrived in torch 2.4.
 SUPPORTED = _version_at_least(2, 4) and hasattr(torch.library, "custom_op")
+
+
+def _op_tags():
+    """custom_op's tags= where this torch has them: cudagraph_unsafe, since
+    an op that talks to the servers (or queues a host function) must run
+    every step, not be captured into a CUDA graph and replayed
+    (torch.compile(mode="reduce-overhead") then keeps CUDA graphs around
+    the layers, or skips them, instead)."""
+    tag = getattr(getattr(torch, "Tag", None), "cudagraph_unsafe", None)
+    try:
+        takes_tags = "tags" in inspect.signature(
+            torch.library.custom_op).parameters
+    except (TypeError, ValueError):
+        takes_tags = False
+    return {"tags": (tag,)} if tag is not None and takes_tags else {}
 
 
 def register(layer):
@@ -116,7 +132,8 @@ if SUPPORTED:
     # on-disk caches (Inductor's FX graph cache) key a compiled graph by the
     # ops it calls, so a changed signature under an old name would reuse a
     # graph compiled for the old one after an upgrade of bnps.
-    @torch.library.custom_op("bnps::batch_norm_v3", mutates_args=())
+    @torch.library.custom_op("bnps::batch_norm_v3", mutates_args=(),
+                             **_op_tags())
     def batch_norm(x: torch.Tensor, weight: Optional[torch.Tensor],
                    bias: Optional[torch.Tensor], layer: int, eps: float
                    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -147,7 +164,8 @@ if SUPPORTED:
                 torch.empty(2, c, dtype=torch.float64, device="cpu"),
                 torch.empty(3, dtype=torch.int64, device="cpu"))
 
-    @torch.library.custom_op("bnps::batch_norm_backward_v3", mutates_args=())
+    @torch.library.custom_op("bnps::batch_norm_backward_v3", mutates_args=(),
+                             **_op_tags())
     def batch_norm_backward(
             dy: torch.Tensor, x: torch.Tensor, weight: Optional[torch.Tensor],
             moments: torch.Tensor, info: torch.Tensor, layer: int, eps: float,
