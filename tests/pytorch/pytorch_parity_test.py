@@ -212,6 +212,47 @@ class StreamSyncParityTest(SyncParityTest):
             self.assertEqual((pending, fell_back), (0, 0), w)
 
 
+@unittest.skipUnless(os.environ.get("BNPS_PARITY_DEVICE") == "cuda" and
+                     torch.cuda.is_available(),
+                     "CUDA graphs: BNPS_PARITY_DEVICE=cuda on a GPU "
+                     "(tools/gpu/run.sh torch)")
+class CudaGraphCaptureTest(unittest.TestCase):
+    """A training-mode pass captured in a CUDA graph is refused, saying
+    why, by default and with the exchanges queued on the stream (which
+    CUDA would otherwise capture and replay with stale step numbers); eval
+    mode captures."""
+
+    def test_capture_is_refused_in_training_and_works_in_eval(self):
+        import bnps.torch
+        with LocalCluster(num_servers=1, num_workers=1) as c:
+            with bnps.torch.init(servers=c.servers, worker=0, num_workers=1,
+                                 set_default=False) as connection:
+                for queued in (False, True):
+                    connection.stream_exchange = queued
+                    bn = bnps.torch.SyncBatchNorm(
+                        3, name=f"bn{int(queued)}",
+                        connection=connection).cuda()
+                    x = torch.randn(4, 3, 2, 2, device="cuda")
+                    bn(x)  # a step outside the graph works
+                    graph = torch.cuda.CUDAGraph()
+                    with self.assertRaisesRegex(RuntimeError, "CUDA graph"):
+                        with torch.cuda.graph(graph):
+                            bn(x)
+                    torch.cuda.synchronize()
+                    bn.eval()
+                    side = torch.cuda.Stream()  # warm up, as CUDA graphs want
+                    side.wait_stream(torch.cuda.current_stream())
+                    with torch.cuda.stream(side):
+                        bn(x)
+                    torch.cuda.current_stream().wait_stream(side)
+                    graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(graph):
+                        y = bn(x)
+                    graph.replay()
+                    torch.testing.assert_close(y, bn(x))
+                    connection.drain_exchanges()
+
+
 class LongRunTest(unittest.TestCase):
     def test_running_stats_after_many_steps_on_one_shard(self):
         case = parity_cases.LONG

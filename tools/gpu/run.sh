@@ -303,7 +303,8 @@ case "$cmd" in
     # and a queued exchange's failure reaching the caller.
     (cd /tmp && export BNPS_PARITY_DEVICE=cuda && part torch_parity 300 "$PY" \
       "$REPO/tests/pytorch/pytorch_parity_test.py" -v SyncParityTest \
-      StreamSyncParityTest StreamStopCallingTest StreamRunningStatsTest)
+      StreamSyncParityTest StreamStopCallingTest StreamRunningStatsTest \
+      CudaGraphCaptureTest)
     # The layers under torch.compile (aot_eager) on the GPU, by default and
     # with the exchanges queued on the stream.
     (cd /tmp && export BNPS_PARITY_DEVICE=cuda && part torch_compile 90 "$PY" \

@@ -140,6 +140,20 @@ def _ptr(t):
     return None if t is None else t.data_ptr()
 
 
+def _refuse_capture(x):
+    """RuntimeError while the current CUDA stream captures a graph
+    (torch.cuda.graph, make_graphed_callables): a training-mode pass
+    exchanges with the servers, which a graph would replay without them
+    (the stream-ordered exchange would even be captured, its step
+    numbers and all), or fail inside with CUDA's own error."""
+    if x.is_cuda and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError(
+            "bnps SyncBatchNorm: a training-mode pass cannot be captured "
+            "in a CUDA graph: its exchange with the servers must run every "
+            "step. Capture the model in eval mode, or keep the bnps layers "
+            "out of the graph")
+
+
 def _forward(bn, x, weight, bias, eps):
     """y = (x - mean) / sqrt(var + eps) * weight + bias with the statistics
     the layer's exchange gives; returns (y, stats). Float32 CPU input takes
@@ -147,6 +161,7 @@ def _forward(bn, x, weight, bias, eps):
     call); other input torch's fused kernel (batch_norm in inference form).
     Shared by the autograd Function (eager) and the custom op
     (torch.compile: bnps/torch/custom_ops.py): the same bits."""
+    _refuse_capture(x)
     out = bn._native_forward(x, weight, bias, eps)
     if out is not None:
         return out
@@ -166,6 +181,7 @@ def _backward(bn, x, weight, dy, stats, eps, need_dx):
     input takes the native step (the kernels and the exchange in one
     call); other input torch's fused reduction for the two sums and two
     fused multiply-adds."""
+    _refuse_capture(x)
     out = _native_backward(bn, x, weight, dy, stats, eps, need_dx)
     if out is not None:
         return out
@@ -247,12 +263,14 @@ def _queued_forward(bn, x, weight, bias, eps):
     queued = bn._queued_exchange(x, weight, bias)
     if queued is None:
         return None
+    _refuse_capture(x)
     return _queued.forward(bn, *queued, x, weight, bias, eps,
                            channels_.acc_dtype(x.dtype))
 
 
 def _queued_backward(bn, x, weight, dy, stats, eps, need_dx):
     """_queued_forward's backward pass: (dx, dweight, dbias) as _backward's."""
+    _refuse_capture(x)
     return _queued.backward(bn, x, weight, dy, stats, eps, need_dx,
                             channels_.acc_dtype(x.dtype))
 
