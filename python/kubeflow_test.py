@@ -97,6 +97,27 @@ class TrainerWiringTest(unittest.TestCase):
         self.assertEqual(sorted(workers), list(range(len(workers))))
         self.assertEqual(sorted(started), list(range(spec["numNodes"])))
 
+    def test_the_scraped_port_is_the_node_servers_and_no_process_takes_it(self):
+        pod = self.runtime["spec"]["template"]["spec"]["replicatedJobs"]
+        _, container = trainer_node(self.runtime)
+        for rjob in pod:
+            if rjob["template"]["metadata"]["labels"].get(ANCESTOR) == \
+                    "trainer":
+                annotations = rjob["template"]["spec"]["template"][
+                    "metadata"]["annotations"]
+        env = {e["name"]: e["value"] for e in container["env"]}
+        scraped = int(annotations["prometheus.io/port"])
+        self.assertEqual(int(env["BNPS_NODE_SERVER_METRICS_PORT"]), scraped)
+        self.assertIn(scraped, [p["containerPort"]
+                                for p in container["ports"]])
+        # The processes' ports (BNPS_METRICS_PORT + LOCAL_RANK) stay clear
+        # of the server's, its metrics and each other, whatever
+        # numProcPerNode (up to 64 here).
+        server_port = container["readinessProbe"]["grpc"]["port"]
+        mine = [int(env["BNPS_METRICS_PORT"]) + r for r in range(64)]
+        self.assertNotIn(scraped, mine)
+        self.assertNotIn(server_port, mine)
+
     def test_example_trainjob(self):
         spec = self.trainjob["spec"]["trainer"]
         self.assertEqual((spec["numNodes"], spec["numProcPerNode"]), (2, 2))

@@ -101,6 +101,11 @@ def find_server_binary(explicit=None):
         "with `bazel build //:bnps_server`, or set BNPS_SERVER_BIN")
 
 
+# The calling process's metrics endpoint (bnps.torch.init); never a
+# server's (ServerProcess.launch).
+OWN_METRICS = ("BNPS_METRICS_PORT", "BNPS_METRICS_ADDRESS")
+
+
 class ServerProcess:
     """One bnps_server process: `args` are its flags (without the binary).
     start() launches it (in its own session, dying with the thread that
@@ -117,12 +122,17 @@ class ServerProcess:
         self.address = None  # "host:port" once started
 
     def launch(self):
-        """Starts the process without waiting for its address."""
+        """Starts the process without waiting for its address. It inherits
+        this process's environment but for BNPS_METRICS_PORT and
+        BNPS_METRICS_ADDRESS: those are this process's own metrics
+        endpoint (bnps.torch.init), which bnps_server would also read as
+        its flags; a server serves metrics only when its `args` say."""
         self._log = tempfile.TemporaryFile(mode="w+")
+        env = {k: v for k, v in os.environ.items() if k not in OWN_METRICS}
         self.proc = subprocess.Popen(
             [self._bin] + self.args, stdout=subprocess.PIPE, stderr=self._log,
             stdin=subprocess.DEVNULL, text=True, start_new_session=True,
-            preexec_fn=_parent_death_signal())
+            preexec_fn=_parent_death_signal(), env=env)
         return self
 
     def wait_address(self, what="bnps_server"):

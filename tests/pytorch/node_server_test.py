@@ -3,7 +3,8 @@ one, as on a one-process node): it starts the node's bnps_server, connects,
 trains a layer through it, and close() stops the server; a server that
 fails to start is a RuntimeError carrying its output; under Kubeflow
 Trainer's variables the server is the node's shard at the fixed port and the
-servers are the nodes' derived names. The multi-node layout runs in
+servers are the nodes' derived names; the processes and the node's server
+serve metrics on ports of their own. The multi-node layout runs in
 //examples/pytorch:torchrun_test."""
 
 import os
@@ -11,6 +12,7 @@ import socket
 import sys
 import tempfile
 import unittest
+import urllib.request
 
 DEBIAN_PYTHON = "/usr/bin/python3"
 try:
@@ -68,6 +70,51 @@ class NodeServerTest(unittest.TestCase):
         connection.close()
         self.assertIsNotNone(proc.poll(), "the server outlived close()")
         self.assertIsNone(connection.node_server)
+
+    def test_the_processes_and_the_nodes_server_have_metrics_of_their_own(self):
+        # BNPS_METRICS_PORT is the process's own (plus LOCAL_RANK 0): the
+        # node's server does not inherit it (it would take the same port),
+        # and serves on BNPS_NODE_SERVER_METRICS_PORT, where that is set.
+        for with_server in (False, True):
+            with self.subTest(server_metrics=with_server):
+                self.check_metrics(with_server)
+
+    def check_metrics(self, with_server):
+        ports = []
+        for _ in range(2):
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                ports.append(s.getsockname()[1])
+        mine, servers = ports
+        keys = ("BNPS_METRICS_PORT", "BNPS_NODE_SERVER_METRICS_PORT")
+        saved = {k: os.environ.get(k) for k in keys}
+        os.environ["BNPS_METRICS_PORT"] = str(mine)
+        if with_server:
+            os.environ["BNPS_NODE_SERVER_METRICS_PORT"] = str(servers)
+        try:
+            connection = bnps.torch.init(start_local_server=True,
+                                         job="node-metrics")
+        finally:
+            for k, v in saved.items():
+                os.environ.pop(k, None)
+                if v is not None:
+                    os.environ[k] = v
+        try:
+            self.assertEqual(connection.metrics_port, mine)
+            bn = bnps.torch.SyncBatchNorm(3, name="bn", connection=connection)
+            bn(torch.randn(4, 3, 2, 2)).sum().backward()
+            with urllib.request.urlopen(f"http://127.0.0.1:{mine}/metrics",
+                                        timeout=10) as r:
+                self.assertIn('bnps_worker_bn_round_trip_seconds_count{layer='
+                              '"bn",phase="forward"} 1', r.read().decode())
+            if with_server:
+                with urllib.request.urlopen(
+                        f"http://127.0.0.1:{servers}/metrics",
+                        timeout=10) as r:
+                    self.assertIn("bnps_server_requests_total",
+                                  r.read().decode())
+        finally:
+            connection.close()
 
     def test_a_server_that_fails_to_start_is_an_error(self):
         with self.assertRaisesRegex(RuntimeError,

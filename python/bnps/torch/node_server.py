@@ -21,12 +21,17 @@ addresses are the trainer nodes' stable DNS names instead: node N's local
 rank 0 starts shard N on `host` (default 0.0.0.0) at the fixed port, and
 step 3 only reports failures.
 
+BNPS_NODE_SERVER_METRICS_PORT=P gives each node's server a Prometheus
+endpoint on port P at its own address (the workers' BNPS_METRICS_PORT is
+theirs alone: servers started from Python never inherit it).
+
 The server lives as long as the process that started it (it dies with it,
 and NodeServer.stop() ends it); Connection.close() of such a job is a
 collective (a barrier first), so that no node's server stops while another
 worker still needs it.
 """
 
+import os
 import socket
 
 import torch.distributed as dist
@@ -68,6 +73,23 @@ def _group():
     return dist.new_group(backend="gloo")
 
 
+def _metrics_flags(flags, bind, env):
+    """`flags`, and where BNPS_NODE_SERVER_METRICS_PORT is set (and `flags`
+    name no port of their own) the server's metrics endpoint on that port
+    at the server's own address."""
+    e = os.environ if env is None else env
+    raw = e.get("BNPS_NODE_SERVER_METRICS_PORT", "")
+    if raw == "" or any(f.startswith("--metrics_port") for f in flags):
+        return list(flags)
+    try:
+        port = int(raw)
+    except ValueError:
+        raise ValueError(f"bnps: $BNPS_NODE_SERVER_METRICS_PORT={raw!r} is "
+                         f"not a port") from None
+    return list(flags) + [f"--metrics_port={port}",
+                          f"--metrics_address={bind}"]
+
+
 def start(placement, policy="sync", job="bnps", host=None, flags=(),
           server_bin=None, start_timeout_s=60.0, env=None):
     """Starts this node's server if this process is its local rank 0, and
@@ -102,7 +124,7 @@ def start(placement, policy="sync", job="bnps", host=None, flags=(),
             process = _cluster.ServerProcess(
                 _cluster.server_args(shard, num_shards, placement.num_workers,
                                      policy, job, host=bind, port=port,
-                                     flags=flags),
+                                     flags=_metrics_flags(flags, bind, env)),
                 server_bin, start_timeout_s).start()
             mine = (process.address, None)
         except (OSError, RuntimeError) as e:
