@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/memory/memory.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "client/internal/bn_calls.h"
@@ -63,6 +64,18 @@ absl::Status ValidateOptions(const GrpcClientOptions& options) {
   if (options.max_attempts < 1) {
     return absl::InvalidArgumentError(
         "GrpcClientOptions.max_attempts must be at least 1");
+  }
+  if (!options.bn_host_aggregator.empty()) {
+    const std::string& a = options.bn_host_aggregator;
+    const size_t colon = a.rfind(':');
+    int port = 0;
+    if (colon == std::string::npos || colon == 0 ||
+        !absl::SimpleAtoi(a.substr(colon + 1), &port) || port < 1 ||
+        port > 65535) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "GrpcClientOptions.bn_host_aggregator is '", a,
+          "'; need host:port (the host's bnps_host_bn)"));
+    }
   }
   if (options.initial_backoff < absl::ZeroDuration() ||
       options.initial_backoff == absl::InfiniteDuration()) {

@@ -113,6 +113,13 @@ TEST_F(GrpcPsClientTest, ConnectRejectsBadOptions) {
   options.bn_spin = absl::Microseconds(-1);
   EXPECT_EQ(GrpcPsClient::Connect(options).status().code(),
             absl::StatusCode::kInvalidArgument);
+  for (const char* bad : {"127.0.0.1", ":7200", "h:0", "h:70000", "h:x"}) {
+    options = Options();
+    options.bn_host_aggregator = bad;
+    const absl::Status s = GrpcPsClient::Connect(options).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_THAT(s.message(), HasSubstr("bn_host_aggregator")) << bad;
+  }
 }
 
 TEST_F(GrpcPsClientTest, ConnectRejectsWorkerCountMismatch) {

@@ -5,7 +5,7 @@
 # torch 1.13, NumPy and grpcio; pip installs offline, --no-index), and runs,
 # from a directory outside the source tree, against the installed package:
 #   - the wheel's size (target: under 60 MB) and pip install's time (30 s)
-#   - bnps-server --help and bnps-status --help (the packed binaries)
+#   - bnps-server, bnps-status and bnps-host-bn --help (the packed binaries)
 #   - bnps beside torch and grpc in one process: a real connection to a
 #     LocalCluster of the packed server, a SyncBatchNorm step, a grpcio channel
 #   - every Python test of python/, tests/pytorch/ and examples/pytorch/

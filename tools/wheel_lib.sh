@@ -76,7 +76,8 @@ installed_checks() {
   check imports_the_installed_package installed
   consoles() {
     "$venv/bin/bnps-server" --help >/dev/null &&
-      "$venv/bin/bnps-status" --help >/dev/null
+      "$venv/bin/bnps-status" --help >/dev/null &&
+      "$venv/bin/bnps-host-bn" --help >/dev/null
   }
   check console_scripts consoles
   if "$py" -c 'import grpc' 2>/dev/null; then

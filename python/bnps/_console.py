@@ -1,6 +1,7 @@
-"""The console scripts of the wheel: `bnps-server` and `bnps-status` exec the
-bnps_server and bnps_status binaries packed in bnps/bin/ with the same
-arguments (same flags, same exit statuses; --help lists them)."""
+"""The console scripts of the wheel: `bnps-server`, `bnps-status` and
+`bnps-host-bn` exec the bnps_server, bnps_status and bnps_host_bn binaries
+packed in bnps/bin/ with the same arguments (same flags, same exit
+statuses; --help lists them)."""
 
 import os
 import sys
@@ -28,3 +29,7 @@ def server():
 
 def status():
     _exec("bnps_status")
+
+
+def host_bn():
+    _exec("bnps_host_bn")

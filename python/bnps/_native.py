@@ -81,6 +81,11 @@ def _load():
                                          c_char_p, c_char_p, c_char_p,
                                          c_char_p, c_double, c_double, c_int,
                                          ctypes.POINTER(c_void_p)] + err),
+        "bnps_client_connect3": (c_int, [c_char_p, c_char_p, c_int, c_int,
+                                         c_char_p, c_char_p, c_char_p,
+                                         c_char_p, c_double, c_double, c_int,
+                                         c_char_p,
+                                         ctypes.POINTER(c_void_p)] + err),
         "bnps_client_close": (None, [c_void_p]),
         "bnps_client_closed": (c_int, [c_void_p]),
         "bnps_client_free": (None, [c_void_p]),
@@ -258,13 +263,13 @@ class Client:
 
     def __init__(self, servers, job, worker, num_workers, token_file="",
                  tls_ca="", tls_cert="", tls_key="", connect_timeout_s=30.0,
-                 rpc_timeout_s=30.0, bn_spin_us=-1):
+                 rpc_timeout_s=30.0, bn_spin_us=-1, bn_host_aggregator=""):
         h = c_void_p()
-        _call(_lib.bnps_client_connect2, ",".join(servers).encode(),
+        _call(_lib.bnps_client_connect3, ",".join(servers).encode(),
               job.encode(), int(worker), int(num_workers),
               token_file.encode(), tls_ca.encode(), tls_cert.encode(),
               tls_key.encode(), float(connect_timeout_s), float(rpc_timeout_s),
-              int(bn_spin_us), ctypes.byref(h))
+              int(bn_spin_us), bn_host_aggregator.encode(), ctypes.byref(h))
         self._h = h
 
     def __del__(self):

@@ -34,18 +34,23 @@ class Client:
     connect_timeout_s, FailedPrecondition when the servers' job differs.
     bn_spin_us: how long a BN call polls for its answer before it sleeps
     (-1: 1000 where this machine has a core for every worker and server of
-    the job, else 0; as bnps_worker --bn_spin_us)."""
+    the job, else 0; as bnps_worker --bn_spin_us). bn_host_aggregator:
+    "host:port" of this host's BN aggregator (bnps-host-bn), which the BN
+    traffic then goes through (as bnps_worker --bn_host_aggregator); ""
+    for none."""
 
     @_translated
     def __init__(self, servers, job="bnps", worker=0, num_workers=1,
                  token_file="", tls_ca="", tls_cert="", tls_key="",
-                 connect_timeout_s=30.0, rpc_timeout_s=30.0, bn_spin_us=-1):
+                 connect_timeout_s=30.0, rpc_timeout_s=30.0, bn_spin_us=-1,
+                 bn_host_aggregator=""):
         if isinstance(servers, str):
             servers = [s for s in servers.split(",") if s]
         self._native = _native.Client(
             list(servers), job, int(worker), int(num_workers), token_file or "",
             tls_ca or "", tls_cert or "", tls_key or "",
-            float(connect_timeout_s), float(rpc_timeout_s), int(bn_spin_us))
+            float(connect_timeout_s), float(rpc_timeout_s), int(bn_spin_us),
+            bn_host_aggregator or "")
         self.config = self._native.config()
         # bnps.torch's layers pass it to bnps._native.layer_forward and
         # layer_backward: one crossing per pass.

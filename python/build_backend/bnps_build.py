@@ -4,10 +4,12 @@ Bazel builds everything in this repository, so the backend drives it rather
 than building the C++ a second time (scikit-build-core would need a CMake
 build of the client library, gRPC code generation included):
 
-  1. `bazel build //python:libbnps.so //:bnps_server //:bnps_status`
+  1. `bazel build //python:libbnps.so //:bnps_server //:bnps_status
+     //hostbn:bnps_host_bn`
   2. a wheel tagged py3-none-linux_x86_64: the bnps package (python/bnps),
-     libbnps.so beside it, the two binaries in bnps/bin/ with console
-     scripts bnps-server and bnps-status (bnps/_console.py), the C header in
+     libbnps.so beside it, the three binaries in bnps/bin/ with console
+     scripts bnps-server, bnps-status and bnps-host-bn (bnps/_console.py),
+     the C header in
      bnps/include/. py3-none, because nothing in it is a CPython extension:
      bnps._native loads libbnps.so with ctypes, so one wheel serves every
      CPython >= 3.9.
@@ -40,8 +42,10 @@ import zipfile
 
 _NAME = "bnps"
 _BINARIES = {"bnps_server": "server/bnps_server",
-             "bnps_status": "tools/bnps_status"}
-_TARGETS = ["//python:libbnps.so", "//:bnps_server", "//:bnps_status"]
+             "bnps_status": "tools/bnps_status",
+             "bnps_host_bn": "hostbn/bnps_host_bn"}
+_TARGETS = ["//python:libbnps.so", "//:bnps_server", "//:bnps_status",
+            "//hostbn:bnps_host_bn"]
 _RAW_TAG = "py3-none-linux_x86_64"
 
 

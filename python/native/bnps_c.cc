@@ -219,7 +219,21 @@ int bnps_client_connect2(const char* servers, const char* job, int worker,
                          const char* tls_key, double connect_timeout_s,
                          double rpc_timeout_s, int bn_spin_us,
                          bnps_client** out, char* err, size_t err_len) {
+  return bnps_client_connect3(servers, job, worker, num_workers, token_file,
+                              tls_ca, tls_cert, tls_key, connect_timeout_s,
+                              rpc_timeout_s, bn_spin_us, nullptr, out, err,
+                              err_len);
+}
+
+int bnps_client_connect3(const char* servers, const char* job, int worker,
+                         int num_workers, const char* token_file,
+                         const char* tls_ca, const char* tls_cert,
+                         const char* tls_key, double connect_timeout_s,
+                         double rpc_timeout_s, int bn_spin_us,
+                         const char* bn_host_aggregator, bnps_client** out,
+                         char* err, size_t err_len) {
   bnps::client::GrpcClientOptions o;
+  o.bn_host_aggregator = Str(bn_host_aggregator);
   o.servers = absl::StrSplit(Str(servers), ',', absl::SkipEmpty());
   o.job = Str(job);
   o.worker = worker;

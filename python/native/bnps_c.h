@@ -39,7 +39,8 @@ extern "C" {
  * bnps_layer_forward and bnps_layer_backward; 3: bnps_client_connect2; 4:
  * bnps_layer_exchange_forward and bnps_layer_exchange_backward; 5: the
  * stream-ordered exchanges, bnps_stream_queue_*; 6: the client's metrics,
- * bnps_client_serve_metrics and bnps_client_metrics_text). */
+ * bnps_client_serve_metrics and bnps_client_metrics_text, and
+ * bnps_client_connect3). */
 #define BNPS_C_API_VERSION 6
 BNPS_EXPORT int bnps_api_version(void);
 /* "OK", "INVALID_ARGUMENT", ...; a static string. */
@@ -82,6 +83,16 @@ BNPS_EXPORT int bnps_client_connect2(
     const char* token_file, const char* tls_ca, const char* tls_cert,
     const char* tls_key, double connect_timeout_s, double rpc_timeout_s,
     int bn_spin_us, bnps_client** out, char* err, size_t err_len);
+/* bnps_client_connect2, and the BN traffic goes through this host's BN
+ * aggregator (bnps_host_bn) at `bn_host_aggregator` ("host:port"; empty or
+ * NULL: to each shard directly), as bnps_worker --bn_host_aggregator:
+ * client/grpc_options.h says how. bnps_client_connect2 is this with none. */
+BNPS_EXPORT int bnps_client_connect3(
+    const char* servers, const char* job, int worker, int num_workers,
+    const char* token_file, const char* tls_ca, const char* tls_cert,
+    const char* tls_key, double connect_timeout_s, double rpc_timeout_s,
+    int bn_spin_us, const char* bn_host_aggregator, bnps_client** out,
+    char* err, size_t err_len);
 /* Stops heartbeating and drops the connection (idempotent). */
 BNPS_EXPORT void bnps_client_close(bnps_client* c);
 BNPS_EXPORT int bnps_client_closed(bnps_client* c);

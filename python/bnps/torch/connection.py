@@ -16,7 +16,9 @@ BNPS_BN_SPIN_US (how long a BN call polls before it sleeps; default -1: 1000
 us where this machine has a core for every worker and server, else 0),
 BNPS_STREAM_EXCHANGE (1: queue the layers' exchanges on the CUDA stream,
 bnps/torch/stream_exchange.py; default 0), BNPS_METRICS_PORT and
-BNPS_METRICS_ADDRESS (Prometheus metrics; the port plus LOCAL_RANK).
+BNPS_METRICS_ADDRESS (Prometheus metrics; the port plus LOCAL_RANK),
+BNPS_BN_HOST_AGGREGATOR (host:port of this host's BN aggregator,
+bnps-host-bn, which the BN traffic then goes through).
 Without BNPS_WORKER / BNPS_NUM_WORKERS the worker id and count come from the
 launcher's variables (torchrun, Kubeflow Trainer, Slurm: bnps.launch), which
 must agree with each other.
@@ -298,7 +300,8 @@ def _connect(servers, job, placement, token_file, tls_ca, tls_cert, tls_key,
         connect_timeout_s=_env("BNPS_CONNECT_TIMEOUT_S", connect_timeout_s,
                                float, 30.0),
         rpc_timeout_s=_env("BNPS_RPC_TIMEOUT_S", rpc_timeout_s, float, 30.0),
-        bn_spin_us=_env("BNPS_BN_SPIN_US", None, int, -1))
+        bn_spin_us=_env("BNPS_BN_SPIN_US", None, int, -1),
+        bn_host_aggregator=_env("BNPS_BN_HOST_AGGREGATOR", None, default=""))
 
 
 def default_connection():
