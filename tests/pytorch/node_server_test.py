@@ -14,15 +14,8 @@ import tempfile
 import unittest
 import urllib.request
 
-DEBIAN_PYTHON = "/usr/bin/python3"
-try:
-    import torch
-except ImportError:
-    if os.path.realpath(sys.executable) != os.path.realpath(DEBIAN_PYTHON) \
-            and os.path.exists(DEBIAN_PYTHON):
-        os.execv(DEBIAN_PYTHON, [DEBIAN_PYTHON] + sys.argv)
-    sys.exit("FAIL: torch cannot be imported by " + sys.executable +
-             "; tools/setup.sh installs python3-torch")
+import torch_or_debian  # noqa: F401,E402  (first: torch, or Debian's python3)
+import torch  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.getcwd(), "python"))  # Bazel runfiles
 

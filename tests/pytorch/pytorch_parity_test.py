@@ -22,17 +22,8 @@ import tempfile
 import time
 import unittest
 
-DEBIAN_PYTHON = "/usr/bin/python3"
-try:
-    import torch
-except ImportError:
-    # Bazel may run this file with another python3 (a pyenv one, say): use
-    # Debian's, which has python3-torch.
-    if os.path.realpath(sys.executable) != os.path.realpath(DEBIAN_PYTHON) \
-            and os.path.exists(DEBIAN_PYTHON):
-        os.execv(DEBIAN_PYTHON, [DEBIAN_PYTHON] + sys.argv)
-    sys.exit("FAIL: torch cannot be imported by " + sys.executable +
-             "; tools/setup.sh installs python3-torch")
+import torch_or_debian  # noqa: F401,E402  (first: torch, or Debian's python3)
+import torch  # noqa: E402
 
 RUNFILES = os.getcwd()
 HERE = os.path.dirname(os.path.abspath(__file__))
