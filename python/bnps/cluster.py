@@ -82,23 +82,38 @@ def _parent_death_signal():
     return preexec
 
 
-def find_server_binary(explicit=None):
-    """bnps_server: `explicit`, $BNPS_SERVER_BIN, the one the installed wheel
-    carries (bnps-server's), the Bazel runfiles tree the caller runs in, or
-    bazel-bin of the repository holding this package."""
+def _find_binary(name, folder, variable, explicit, target):
+    """bnps binary `name`: `explicit`, $`variable`, the one the installed
+    wheel carries, the Bazel runfiles tree the caller runs in
+    (<folder>/<name>), or bazel-bin of the repository holding this
+    package."""
     from bnps._console import packaged_binary
-    candidates = [explicit, os.environ.get("BNPS_SERVER_BIN"),
-                  packaged_binary("bnps_server"),
-                  os.path.join(os.getcwd(), "server", "bnps_server")]
+    candidates = [explicit, os.environ.get(variable), packaged_binary(name),
+                  os.path.join(os.getcwd(), folder, name)]
     here = os.path.dirname(os.path.abspath(__file__))
     repo = os.path.dirname(os.path.dirname(here))  # python/bnps -> repo
-    candidates.append(os.path.join(repo, "bazel-bin", "server", "bnps_server"))
+    candidates.append(os.path.join(repo, "bazel-bin", folder, name))
     for c in candidates:
         if c and os.path.isfile(c) and os.access(c, os.X_OK):
             return c
     raise FileNotFoundError(
-        "bnps: no bnps_server binary; install the bnps wheel, build it "
-        "with `bazel build //:bnps_server`, or set BNPS_SERVER_BIN")
+        f"bnps: no {name} binary; install the bnps wheel, build it with "
+        f"`bazel build {target}`, or set {variable}")
+
+
+def find_server_binary(explicit=None):
+    """bnps_server: `explicit`, $BNPS_SERVER_BIN, the one the installed wheel
+    carries (bnps-server's), the Bazel runfiles tree the caller runs in, or
+    bazel-bin of the repository holding this package."""
+    return _find_binary("bnps_server", "server", "BNPS_SERVER_BIN", explicit,
+                        "//:bnps_server")
+
+
+def find_host_bn_binary(explicit=None):
+    """bnps_host_bn (a host's BN aggregator), found as find_server_binary
+    finds bnps_server ($BNPS_HOST_BN_BIN, the wheel's bnps-host-bn, ...)."""
+    return _find_binary("bnps_host_bn", "hostbn", "BNPS_HOST_BN_BIN",
+                        explicit, "//hostbn:bnps_host_bn")
 
 
 # The calling process's metrics endpoint (bnps.torch.init); never a

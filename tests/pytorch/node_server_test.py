@@ -4,11 +4,13 @@ trains a layer through it, and close() stops the server; a server that
 fails to start is a RuntimeError carrying its output; under Kubeflow
 Trainer's variables the server is the node's shard at the fixed port and the
 servers are the nodes' derived names; the processes and the node's server
-serve metrics on ports of their own. The multi-node layout runs in
+serve metrics on ports of their own; node_aggregator=True starts the node's
+BN aggregator, which then carries the BN traffic. The multi-node layout runs in
 //examples/pytorch:torchrun_test."""
 
 import os
 import socket
+import subprocess
 import sys
 import tempfile
 import unittest
@@ -26,6 +28,23 @@ from bnps import launch  # noqa: E402
 from bnps.torch import node_server  # noqa: E402
 
 ENV = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}
+
+
+_NODE_AGGREGATOR = """
+import os, sys, torch, torch.distributed as dist
+import bnps.torch
+dist.init_process_group("gloo", init_method="file://" + sys.argv[1] + "/s",
+                        rank=0, world_size=1)
+connection = bnps.torch.init(start_local_server=True, node_aggregator=True,
+                             job="node-agg")
+print("aggregator", connection.node_server.aggregator, flush=True)
+bn = bnps.torch.SyncBatchNorm(3, name="bn", connection=connection)
+bn(torch.randn(4, 3, 2, 2, requires_grad=True)).sum().backward()
+hub = connection.node_server.aggregator_process.proc
+connection.close()
+print("stopped", hub.poll() is not None, flush=True)
+dist.destroy_process_group()
+"""
 
 
 class NodeServerTest(unittest.TestCase):
@@ -108,6 +127,23 @@ class NodeServerTest(unittest.TestCase):
                                   r.read().decode())
         finally:
             connection.close()
+
+    def test_the_nodes_aggregator_carries_the_bn_traffic(self):
+        # In a process of its own, whose stderr says where BN goes.
+        with tempfile.TemporaryDirectory() as tmp:
+            r = subprocess.run(
+                [sys.executable, "-c", _NODE_AGGREGATOR, tmp],
+                env=dict(os.environ, LOCAL_WORLD_SIZE="1",
+                         PYTHONPATH=os.pathsep.join(sys.path)),
+                capture_output=True, text=True, timeout=120)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr[-3000:])
+        address = r.stdout.split("aggregator ")[1].split()[0]
+        self.assertTrue(address.startswith("127.0.0.1:"), r.stdout)
+        self.assertIn(f"through {address}", r.stderr)
+        self.assertIn("stopped True", r.stdout)
+        # Without start_local_server it has nothing to start.
+        with self.assertRaisesRegex(ValueError, "start_local_server"):
+            bnps.torch.init(servers="127.0.0.1:1", node_aggregator=True)
 
     def test_a_server_that_fails_to_start_is_an_error(self):
         with self.assertRaisesRegex(RuntimeError,

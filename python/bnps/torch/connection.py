@@ -18,7 +18,8 @@ BNPS_STREAM_EXCHANGE (1: queue the layers' exchanges on the CUDA stream,
 bnps/torch/stream_exchange.py; default 0), BNPS_METRICS_PORT and
 BNPS_METRICS_ADDRESS (Prometheus metrics; the port plus LOCAL_RANK),
 BNPS_BN_HOST_AGGREGATOR (host:port of this host's BN aggregator,
-bnps-host-bn, which the BN traffic then goes through).
+bnps-host-bn, which the BN traffic then goes through), BNPS_NODE_AGGREGATOR
+(1: with start_local_server, each node's rank 0 starts that aggregator).
 Without BNPS_WORKER / BNPS_NUM_WORKERS the worker id and count come from the
 launcher's variables (torchrun, Kubeflow Trainer, Slurm: bnps.launch), which
 must agree with each other.
@@ -193,7 +194,7 @@ def init(servers=None, worker=None, num_workers=None, job=None,
          connect_timeout_s=None, rpc_timeout_s=None, set_default=True,
          start_local_server=False, policy="sync", server_flags=(),
          server_host=None, stream_exchange=None, metrics_port=None,
-         metrics_address=None):
+         metrics_address=None, node_aggregator=None):
     """Connects this process to the job as worker `worker` of `num_workers`
     and returns a Connection. Raises ValueError for missing or bad arguments,
     bnps.Unavailable when a server cannot be reached, bnps.FailedPrecondition
@@ -203,7 +204,11 @@ def init(servers=None, worker=None, num_workers=None, job=None,
     starts a bnps_server (--policy=`policy`, `server_flags`, bound to
     `server_host`) and all processes connect to all of them
     (bnps.torch.node_server; a collective over torch.distributed, which must
-    be initialized). close() is then a collective too.
+    be initialized). close() is then a collective too. With
+    node_aggregator=True (or BNPS_NODE_AGGREGATOR=1) the local rank 0 also
+    starts the node's BN aggregator (bnps_host_bn) for the node's
+    LOCAL_WORLD_SIZE processes, and every process's BN traffic goes
+    through its node's: one frame per round for the node, to each shard.
 
     stream_exchange=True (or BNPS_STREAM_EXCHANGE=1): layers on a GPU queue
     their exchanges on the CUDA stream instead of waiting for the device
@@ -226,6 +231,12 @@ def init(servers=None, worker=None, num_workers=None, job=None,
                                    "no servers (pass servers= or set "
                                    "BNPS_SERVERS=host:port,host:port, or "
                                    "start_local_server=True)"))
+    aggregate = _env("BNPS_NODE_AGGREGATOR", node_aggregator, _flag, False)
+    if aggregate and not start_local_server:
+        raise ValueError("bnps.torch.init: node_aggregator (or "
+                         "BNPS_NODE_AGGREGATOR) needs start_local_server=True;"
+                         " with servers of your own, run bnps-host-bn and "
+                         "set BNPS_BN_HOST_AGGREGATOR")
     placement = _launch.placement(worker=worker, num_workers=num_workers)
     port = _metrics_port(placement, metrics_port)
     job = _env("BNPS_JOB", job, default="bnps")
@@ -234,22 +245,28 @@ def init(servers=None, worker=None, num_workers=None, job=None,
         from bnps.torch import node_server as _node_server
         node_server = _node_server.start(
             placement, policy=policy, job=job, flags=server_flags,
-            host=_env("BNPS_SERVER_HOST", server_host))
+            host=_env("BNPS_SERVER_HOST", server_host), aggregator=aggregate)
         servers = node_server.servers
+
+    def stop_node():
+        if node_server is not None:
+            for p in (node_server.aggregator_process, node_server.process):
+                if p is not None:
+                    p.stop()
+
     try:
         client = _connect(servers, job, placement, token_file, tls_ca,
-                          tls_cert, tls_key, connect_timeout_s, rpc_timeout_s)
+                          tls_cert, tls_key, connect_timeout_s, rpc_timeout_s,
+                          node_server and node_server.aggregator)
     except BaseException:
-        if node_server is not None and node_server.process is not None:
-            node_server.process.stop()
+        stop_node()
         raise
     try:
         if port is not None:
             port = _serve_metrics(client, port, metrics_address)
     except BaseException:
         client.close()
-        if node_server is not None and node_server.process is not None:
-            node_server.process.stop()
+        stop_node()
         raise
     connection = Connection(
         client, placement, node_server,
@@ -289,7 +306,7 @@ def _serve_metrics(client, port, address):
 
 
 def _connect(servers, job, placement, token_file, tls_ca, tls_cert, tls_key,
-             connect_timeout_s, rpc_timeout_s):
+             connect_timeout_s, rpc_timeout_s, aggregator=None):
     return Client(
         servers, job=job,
         worker=placement.worker, num_workers=placement.num_workers,
@@ -301,7 +318,8 @@ def _connect(servers, job, placement, token_file, tls_ca, tls_cert, tls_key,
                                float, 30.0),
         rpc_timeout_s=_env("BNPS_RPC_TIMEOUT_S", rpc_timeout_s, float, 30.0),
         bn_spin_us=_env("BNPS_BN_SPIN_US", None, int, -1),
-        bn_host_aggregator=_env("BNPS_BN_HOST_AGGREGATOR", None, default=""))
+        bn_host_aggregator=aggregator or _env("BNPS_BN_HOST_AGGREGATOR", None,
+                                              default=""))
 
 
 def default_connection():

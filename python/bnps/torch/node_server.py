@@ -21,6 +21,12 @@ addresses are the trainer nodes' stable DNS names instead: node N's local
 rank 0 starts shard N on `host` (default 0.0.0.0) at the fixed port, and
 step 3 only reports failures.
 
+With aggregator=True (init's node_aggregator) each local rank 0 also
+starts the node's BN aggregator (bnps_host_bn on 127.0.0.1, for
+LOCAL_WORLD_SIZE processes) and every process's BN traffic goes through its
+node's (the process ranked worker - local_rank: torchrun's contiguous
+ranks).
+
 BNPS_NODE_SERVER_METRICS_PORT=P gives each node's server a Prometheus
 endpoint on port P at its own address (the workers' BNPS_METRICS_PORT is
 theirs alone: servers started from Python never inherit it).
@@ -46,10 +52,15 @@ class NodeServer:
     (a bnps.cluster.ServerProcess) or None; `group` the process group the
     addresses travelled on."""
 
-    def __init__(self, servers, process, group):
+    def __init__(self, servers, process, group, aggregator=None,
+                 aggregator_process=None):
         self.servers = servers
         self.process = process
         self.group = group
+        # With start(aggregator=True): "host:port" of this node's BN
+        # aggregator, and the process of it this process started, if any.
+        self.aggregator = aggregator
+        self.aggregator_process = aggregator_process
 
     def stop(self):
         """A barrier of every process of the job (while the process group
@@ -57,9 +68,11 @@ class NodeServer:
         if self.group is not None and dist.is_initialized():
             dist.barrier(group=self.group)
         self.group = None
-        if self.process is not None:
-            self.process.stop()
-            self.process = None
+        for name in ("aggregator_process", "process"):
+            p = getattr(self, name)
+            if p is not None:
+                p.stop()
+                setattr(self, name, None)
 
 
 def _group():
@@ -90,15 +103,46 @@ def _metrics_flags(flags, bind, env):
                           f"--metrics_address={bind}"]
 
 
+def _start_aggregator(placement, flags, start_timeout_s):
+    """This node's bnps_host_bn for its LOCAL_WORLD_SIZE processes, on
+    127.0.0.1 (its workers are local), with the servers' token file."""
+    args = ["--host=127.0.0.1", "--port=0",
+            f"--workers={placement.local_world_size}"]
+    args += [f for f in flags if f.startswith("--token_file=")]
+    return _cluster.ServerProcess(
+        args, _cluster.find_host_bn_binary(), start_timeout_s).launch()
+
+
+def _my_aggregator(placement, got):
+    """The aggregator address of this process's node from the gathered
+    (server, aggregator, host, error) entries: that of the process ranked
+    worker - local_rank (torchrun's ranks are contiguous per node), which
+    must be a node's first process on this host."""
+    lead = placement.worker - placement.local_rank
+    server, aggregator, host, _ = got[lead] if 0 <= lead < len(got) else \
+        (None, None, None, None)
+    if aggregator is None or host != socket.gethostname():
+        raise ValueError(
+            f"bnps: worker {placement.worker}'s node has no BN aggregator at "
+            f"rank {lead} (a node's aggregator needs each node's processes "
+            f"ranked one after another, as torchrun ranks them)")
+    return aggregator
+
+
 def start(placement, policy="sync", job="bnps", host=None, flags=(),
-          server_bin=None, start_timeout_s=60.0, env=None):
+          server_bin=None, start_timeout_s=60.0, env=None, aggregator=False):
     """Starts this node's server if this process is its local rank 0, and
     returns the job's NodeServer; see the module. `placement` is a
     bnps.launch.Placement whose local_rank is known; `env` (default
-    os.environ) the launcher's variables. Raises ValueError
+    os.environ) the launcher's variables. With `aggregator`, the local rank
+    0 also starts the node's BN aggregator (bnps_host_bn) for the node's
+    processes, which NodeServer.aggregator names to each. Raises ValueError
     without a local rank or when the process group's size or rank differ
     from the placement's, RuntimeError when a server fails to start."""
     leader = _launch.starts_node_server(placement)
+    if aggregator and not placement.local_world_size:
+        raise ValueError("bnps: a node's BN aggregator needs the node's "
+                         "process count (LOCAL_WORLD_SIZE)")
     group = _group()
     if dist.get_world_size(group) != placement.num_workers or \
             dist.get_rank(group) != placement.worker:
@@ -118,25 +162,36 @@ def start(placement, policy="sync", job="bnps", host=None, flags=(),
         port = 0
         bind = host or ("127.0.0.1" if num_shards == 1 else
                         socket.gethostbyname(socket.gethostname()))
-    process, mine = None, (None, None)
+    process = hub = None
+    mine = (None, None, socket.gethostname(), None)
     if leader:
         try:
+            if aggregator:
+                hub = _start_aggregator(placement, flags, start_timeout_s)
             process = _cluster.ServerProcess(
                 _cluster.server_args(shard, num_shards, placement.num_workers,
                                      policy, job, host=bind, port=port,
                                      flags=_metrics_flags(flags, bind, env)),
                 server_bin, start_timeout_s).start()
-            mine = (process.address, None)
-        except (OSError, RuntimeError) as e:
-            mine = (None, f"{type(e).__name__}: {e}")
+            if hub is not None:
+                hub.wait_address("bnps_host_bn")
+            mine = (process.address, hub and hub.address, mine[2], None)
+        except (OSError, RuntimeError, ValueError) as e:
+            mine = (None, None, mine[2], f"{type(e).__name__}: {e}")
     got = [None] * placement.num_workers
     dist.all_gather_object(got, mine, group=group)
-    failed = [f"worker {w}: {err}" for w, (_, err) in enumerate(got) if err]
-    if failed:
-        if process is not None:
-            process.stop()
-        raise RuntimeError("bnps: a node's server did not start: " +
-                           "; ".join(failed))
+    failed = [f"worker {w}: {err}" for w, (_, _, _, err) in enumerate(got)
+              if err]
+    try:
+        if failed:
+            raise RuntimeError("bnps: a node's server did not start: " +
+                               "; ".join(failed))
+        mine_hub = _my_aggregator(placement, got) if aggregator else None
+    except BaseException:
+        for p in (hub, process):
+            if p is not None:
+                p.stop()
+        raise
     servers = known.servers if known is not None else \
-        ",".join(addr for addr, _ in got if addr)
-    return NodeServer(servers, process, group)
+        ",".join(addr for addr, _, _, _ in got if addr)
+    return NodeServer(servers, process, group, mine_hub, hub)
