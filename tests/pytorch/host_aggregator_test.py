@@ -23,24 +23,10 @@ sys.path.insert(0, os.path.join(os.getcwd(), "python"))  # Bazel runfiles
 
 import bnps  # noqa: E402
 import bnps.torch  # noqa: E402
-from bnps._console import packaged_binary  # noqa: E402
-from bnps.cluster import LocalCluster  # noqa: E402
+from bnps.cluster import LocalCluster, find_host_bn_binary  # noqa: E402
 
 STEPS = 3
 F64 = dict(rtol=1e-9, atol=1e-9)
-
-
-def host_bn_binary():
-    """The installed wheel's bnps_host_bn, else Bazel's (runfiles, then
-    the repository's bazel-bin)."""
-    repo = os.path.dirname(os.path.dirname(os.path.dirname(
-        os.path.abspath(__file__))))
-    for c in (packaged_binary("bnps_host_bn"),
-              os.path.join(os.getcwd(), "hostbn", "bnps_host_bn"),
-              os.path.join(repo, "bazel-bin", "hostbn", "bnps_host_bn")):
-        if c and os.access(c, os.X_OK):
-            return c
-    raise unittest.SkipTest("no bnps_host_bn binary")
 
 
 def free_port():
@@ -61,7 +47,7 @@ class HostAggregatorTest(unittest.TestCase):
                                     job="agg").start()
         self.metrics_port = free_port()
         self.aggregator = subprocess.Popen(
-            [host_bn_binary(), "--host=127.0.0.1", "--port=0", "--workers=2",
+            [find_host_bn_binary(), "--host=127.0.0.1", "--port=0", "--workers=2",
              f"--metrics_port={self.metrics_port}"],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         self.address = None
