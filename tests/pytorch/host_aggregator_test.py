@@ -47,7 +47,8 @@ class HostAggregatorTest(unittest.TestCase):
                                     job="agg").start()
         self.metrics_port = free_port()
         self.aggregator = subprocess.Popen(
-            [find_host_bn_binary(), "--host=127.0.0.1", "--port=0", "--workers=2",
+            [find_host_bn_binary(), "--host=127.0.0.1", "--port=0",
+             "--workers=2",
              f"--metrics_port={self.metrics_port}"],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         self.address = None
