@@ -99,6 +99,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bnps_launch_mps  # noqa: E402  (needs the path above)
 from bnps_launch_report import (  # noqa: E402  (needs the path above)
     load_reports, report_path, result_line, summary_table, write_summary)
+from bnps_launch_export import (  # noqa: E402  (needs the path above)
+    run_export, status_path)
 from bnps_launch_procs import (  # noqa: E402  (needs the path above)
     POLL_S, Console, Failure, Interrupt, Proc, check_deadline, check_interrupt,
     describe_exit, finish_output, say, start, stop_all)
@@ -300,10 +302,6 @@ def binary_paths(bin_dir):
             os.path.join(bin_dir, "worker", "bnps_worker"))
 
 
-def status_path(bin_dir):
-    return os.path.join(bin_dir, "tools", "bnps_status")
-
-
 def host_bn_path(bin_dir):
     return os.path.join(bin_dir, "hostbn", "bnps_host_bn")
 
@@ -392,38 +390,6 @@ def worker_command(args, extra, index, addresses, out_dir):
         cmd.append("--metrics_port=%d"
                    % (args.metrics_port_base + args.servers + index))
     return cmd + list(extra)
-
-
-# The workers' own security flags, which bnps_status reads as they do.
-CLIENT_SECURITY_FLAGS = ("--tls_ca", "--tls_cert", "--tls_key")
-
-
-def export_command(args, extra, addresses):
-    """bnps_status --export of the job's servers, with the workers' token and
-    TLS files."""
-    cmd = [status_path(args.bin_dir), "--servers=" + ",".join(addresses),
-           "--job=" + args.job, "--export=" + os.path.abspath(args.export),
-           "--timeout_ms=60000"]
-    if args.token_file:
-        cmd.append("--token_file=" + args.token_file)
-    cmd += [f for f in extra if f.split("=", 1)[0] in CLIENT_SECURITY_FLAGS]
-    return cmd
-
-
-def run_export(args, extra, addresses, console):
-    """Runs the export while the servers still serve (they run with
-    --keep_serving); returns a problem message, or None."""
-    cmd = export_command(args, extra, addresses)
-    try:
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return "the export failed: %s" % e
-    for line in (r.stdout + r.stderr).splitlines():
-        console.line(line)
-    if r.returncode != 0:
-        return "the export to %s failed (bnps_status exit status %d)" % (
-            args.export, r.returncode)
-    return None
 
 
 def worker_token_path(out_dir, index):
