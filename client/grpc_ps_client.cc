@@ -26,6 +26,19 @@ namespace {
 // deadline.
 constexpr absl::Duration kWatchdogTick = absl::Milliseconds(100);
 
+// call() (a BN call of `layer`), timed for options.on_bn_call where that is
+// set and the call got its answer; untimed otherwise.
+template <typename Call>
+auto ObservedBnCall(const GrpcClientOptions& options, const std::string& layer,
+                    bool backward, Call call) {
+  const auto& observe = options.on_bn_call;
+  if (!observe) return call();
+  const absl::Time start = absl::Now();
+  auto result = call();
+  if (result.ok()) observe(layer, backward, absl::Now() - start);
+  return result;
+}
+
 }  // namespace
 
 absl::Status ValidateOptions(const GrpcClientOptions& options) {
@@ -229,26 +242,16 @@ absl::StatusOr<BnForwardResult> GrpcPsClient::BnForward(
     const std::string& layer, int64_t step, const bn::Moments& local,
     bool want_running) {
   if (absl::Status s = membership_->dropped(); !s.ok()) return s;
-  const absl::Time start = absl::Now();
-  absl::StatusOr<BnForwardResult> result =
-      bn_->BnForward(layer, step, local, want_running);
-  if (const auto& observe = channels_->options().on_bn_call;
-      observe && result.ok()) {
-    observe(layer, /*backward=*/false, absl::Now() - start);
-  }
-  return result;
+  return ObservedBnCall(channels_->options(), layer, /*backward=*/false, [&] {
+    return bn_->BnForward(layer, step, local, want_running);
+  });
 }
 
 absl::StatusOr<bn::BackwardSums> GrpcPsClient::BnBackward(
     const std::string& layer, int64_t step, const bn::BackwardSums& local) {
   if (absl::Status s = membership_->dropped(); !s.ok()) return s;
-  const absl::Time start = absl::Now();
-  absl::StatusOr<bn::BackwardSums> result = bn_->BnBackward(layer, step, local);
-  if (const auto& observe = channels_->options().on_bn_call;
-      observe && result.ok()) {
-    observe(layer, /*backward=*/true, absl::Now() - start);
-  }
-  return result;
+  return ObservedBnCall(channels_->options(), layer, /*backward=*/true,
+                        [&] { return bn_->BnBackward(layer, step, local); });
 }
 
 absl::Status GrpcPsClient::BnRecal(const std::string& layer, int64_t batch,

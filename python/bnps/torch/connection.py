@@ -250,9 +250,7 @@ def init(servers=None, worker=None, num_workers=None, job=None,
 
     def stop_node():
         if node_server is not None:
-            for p in (node_server.aggregator_process, node_server.process):
-                if p is not None:
-                    p.stop()
+            node_server.stop_processes()
 
     try:
         client = _connect(servers, job, placement, token_file, tls_ca,

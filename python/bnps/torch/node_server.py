@@ -68,6 +68,11 @@ class NodeServer:
         if self.group is not None and dist.is_initialized():
             dist.barrier(group=self.group)
         self.group = None
+        self.stop_processes()
+
+    def stop_processes(self):
+        """This process's aggregator and server, if any, stop, without the
+        barrier (an init that failed after starting them). Idempotent."""
         for name in ("aggregator_process", "process"):
             p = getattr(self, name)
             if p is not None:
@@ -119,7 +124,7 @@ def _my_aggregator(placement, got):
     worker - local_rank (torchrun's ranks are contiguous per node), which
     must be a node's first process on this host."""
     lead = placement.worker - placement.local_rank
-    server, aggregator, host, _ = got[lead] if 0 <= lead < len(got) else \
+    _, aggregator, host, _ = got[lead] if 0 <= lead < len(got) else \
         (None, None, None, None)
     if aggregator is None or host != socket.gethostname():
         raise ValueError(
