@@ -31,10 +31,10 @@ import os
 import sys
 import unittest
 
+sys.path.insert(0, os.path.join(os.getcwd(), "python"))  # Bazel runfiles
 import torch_or_debian  # noqa: F401,E402  (first: torch, or Debian's python3)
 import torch  # noqa: E402
 
-sys.path.insert(0, os.path.join(os.getcwd(), "python"))  # Bazel runfiles
 
 import bnps.torch  # noqa: E402
 from bnps.cluster import LocalCluster  # noqa: E402

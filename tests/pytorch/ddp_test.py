@@ -21,9 +21,6 @@ import sys
 import tempfile
 import unittest
 
-import torch_or_debian  # noqa: F401,E402  (first: torch, or Debian's python3)
-import torch  # noqa: E402
-
 RUNFILES = os.getcwd()
 HERE = os.path.dirname(os.path.abspath(__file__))
 PYDIR = os.path.join(RUNFILES, "python")
@@ -34,6 +31,9 @@ PYTHONPATH = os.pathsep.join(
                if p])
 sys.path.insert(0, PYDIR)
 sys.path.insert(0, HERE)
+
+import torch_or_debian  # noqa: F401,E402  (first: torch, or Debian's python3)
+import torch  # noqa: E402
 
 import ddp_cases  # noqa: E402
 from bnps.cluster import LocalCluster  # noqa: E402

@@ -16,10 +16,10 @@ import sys
 import unittest
 import urllib.request
 
+sys.path.insert(0, os.path.join(os.getcwd(), "python"))  # Bazel runfiles
 import torch_or_debian  # noqa: F401,E402  (first: torch, or Debian's python3)
 import torch  # noqa: E402
 
-sys.path.insert(0, os.path.join(os.getcwd(), "python"))  # Bazel runfiles
 
 import bnps  # noqa: E402
 import bnps.torch  # noqa: E402
