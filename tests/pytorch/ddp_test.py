@@ -32,6 +32,8 @@ PYTHONPATH = os.pathsep.join(
 sys.path.insert(0, PYDIR)
 sys.path.insert(0, HERE)
 
+sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                             "python"))  # run from a checkout: torch_or_debian.py
 import torch_or_debian  # noqa: F401,E402  (first: torch, or Debian's python3)
 import torch  # noqa: E402
 

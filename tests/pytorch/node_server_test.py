@@ -17,6 +17,8 @@ import unittest
 import urllib.request
 
 sys.path.insert(0, os.path.join(os.getcwd(), "python"))  # Bazel runfiles
+sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                             "python"))  # run from a checkout: torch_or_debian.py
 import torch_or_debian  # noqa: F401,E402  (first: torch, or Debian's python3)
 import torch  # noqa: E402
 
