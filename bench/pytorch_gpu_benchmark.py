@@ -5,9 +5,10 @@ ways, measured in the same run:
 
   plain   torch.nn.BatchNorm2d, each process on its own (no communication)
   bnps    bnps.torch.SyncBatchNorm, policy sync, real bnps_server shards on
-          127.0.0.1 (bnps.cluster.LocalCluster: BN over raw TCP)
+          127.0.0.1 (bnps.cluster.LocalCluster: BN over raw TCP), each
+          exchange waiting for the device (BNPS_STREAM_EXCHANGE=0)
   stream  the same with the exchanges queued in the CUDA stream's order
-          (BNPS_STREAM_EXCHANGE=1: bnps/torch/stream_exchange.py)
+          (bnps/torch/stream_exchange.py: the default on CUDA)
   torch   torch.nn.SyncBatchNorm over a gloo process group (the peer)
 
 For each P (--procs) and per-process batch (--batches) it starts P processes

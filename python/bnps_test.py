@@ -169,6 +169,28 @@ class InitTest(unittest.TestCase):
         finally:
             os.environ.pop("BNPS_BN_SPIN_US")
 
+    def test_a_bad_stream_exchange_is_refused_before_connecting(self):
+        os.environ["BNPS_STREAM_EXCHANGE"] = "yes"
+        with self.assertRaisesRegex(ValueError, "BNPS_STREAM_EXCHANGE"):
+            bnps.torch.init(servers="127.0.0.1:1", worker=0, num_workers=1)
+        del os.environ["BNPS_STREAM_EXCHANGE"]
+        with self.assertRaisesRegex(ValueError, "stream_exchange"):
+            bnps.torch.init(servers="127.0.0.1:1", worker=0, num_workers=1,
+                            stream_exchange="cuda")
+
+    def test_exchanges_queue_on_cuda_unless_told(self):
+        # The rule init's stream_exchange sets (without connecting:
+        # devices as torch names them, no GPU needed).
+        cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
+        for value, want in ((None, (False, True)), (True, (True, True)),
+                            (False, (False, False))):
+            s = bnps_connection.Connection(FakeClient("sync"),
+                                           stream_exchange=value)
+            self.assertEqual((s.queues_on(cpu), s.queues_on(cuda)), want,
+                             value)
+        self.assertIsNone(bnps_connection._flag_or_auto(" Auto"))
+        self.assertIs(bnps_connection._flag_or_auto("0"), False)
+
     def test_unreachable_server_is_unavailable_naming_it(self):
         os.environ["BNPS_CONNECT_TIMEOUT_S"] = "0.3"
         with self.assertRaises(bnps.Unavailable) as cm:

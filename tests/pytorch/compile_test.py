@@ -71,8 +71,11 @@ class CompileTest(unittest.TestCase):
     def setUpClass(cls):
         torch.set_num_threads(1)
         cls.cluster = LocalCluster(num_servers=1, num_workers=1).start()
+        # The layers wait for the device at each exchange (on CUDA not the
+        # default); test_stream_exchange queues them.
         cls.connection = bnps.torch.init(servers=cls.cluster.servers,
-                                         worker=0, num_workers=1)
+                                         worker=0, num_workers=1,
+                                         stream_exchange=False)
 
     @classmethod
     def tearDownClass(cls):

@@ -18,6 +18,11 @@ sys.path.insert(0, HERE)
 import summarize  # noqa: E402
 
 CANNED = os.path.join(HERE, "testdata", "run")
+# bnps.torch's ResNet-18 rows, by the number of processes.
+QUEUED = ("bnps.torch sync / plain BN, ResNet-18, %d processes, batch 32, "
+          "exchanges queued on the stream (the default on CUDA)")
+WAIT = ("bnps.torch sync / plain BN, ResNet-18, %d processes, batch 32, each "
+        "exchange waiting for the device (BNPS_STREAM_EXCHANGE=0)")
 
 
 def mean_images_per_second(sub):
@@ -190,9 +195,9 @@ class TorchRowsTest(unittest.TestCase):
             lo, med, hi = by_key[(procs, 32)]["bnps"]
             self.assertLessEqual(lo, med)
             self.assertLessEqual(med, hi)
-            row = rows["bnps.torch sync / plain BN, ResNet-18, %d processes, "
-                       "batch 32" % procs]
+            row = rows[WAIT % procs]
             self.assertTrue(row[1].startswith("%.2f (" % med), row)
+            self.assertIn("torch SyncBatchNorm (gloo)", row[1])
             self.assertEqual(row[3], "met" if med <= summarize.TORCH_TARGET else "missed")
 
     def test_the_stream_column_gives_rows_of_its_own(self):
@@ -215,21 +220,22 @@ class TorchRowsTest(unittest.TestCase):
                     "| 4 | 32 | 10.00 | 50.00 | 17.00 | 55.00 | 4.90 / 5.00 / "
                     "5.10 | 1.60 / 1.70 / 1.90 | 5.40 / 5.50 / 5.60 |\n")
             rows = {r[0]: r for r in summarize.rows(summarize.collect(run))}
-            name = ("bnps.torch sync / plain BN, exchanges queued on the "
-                    "stream (BNPS_STREAM_EXCHANGE=1), ResNet-18, %d "
-                    "processes, batch 32")
-            self.assertEqual(rows[name % 2][1:], ("1.40 (1.30-1.60)", "<= 1.50",
-                                                  "met"))
-            self.assertEqual(rows[name % 4][3], "missed")
-            self.assertEqual(rows["bnps.torch sync / plain BN, ResNet-18, 2 "
-                                  "processes, batch 32"][3], "missed")
+            # The stream's row first, with the peer's figure beside it.
+            self.assertEqual(rows[QUEUED % 2][1:], (
+                "1.40 (1.30-1.60); torch SyncBatchNorm (gloo) 5.50", "<= 1.50",
+                "met"))
+            self.assertEqual(rows[QUEUED % 4][3], "missed")
+            self.assertEqual(rows[WAIT % 2][1:], ("5.00 (4.90-5.10)", "<= 1.50",
+                                                  "missed"))
+            names = list(rows)
+            self.assertLess(names.index(QUEUED % 2), names.index(WAIT % 2))
 
     def test_the_compile_suite_gives_a_row_where_it_ran(self):
         # The canned run predates the part: no row.
         names = [r[0] for r in summarize.rows(summarize.collect(CANNED))]
         self.assertFalse([n for n in names if "torch.compile" in n])
         name = ("bnps.torch under torch.compile (aot_eager), layers on the "
-                "GPU, exchanges as by default and queued on the stream")
+                "GPU, exchanges waiting for the device and queued on the stream")
         with tempfile.TemporaryDirectory() as tmp:
             run = os.path.join(tmp, "run")
             shutil.copytree(CANNED, run)

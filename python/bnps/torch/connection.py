@@ -14,8 +14,9 @@ BNPS_NUM_WORKERS, BNPS_JOB (default "bnps"), BNPS_TOKEN_FILE, BNPS_TLS_CA,
 BNPS_TLS_CERT, BNPS_TLS_KEY, BNPS_RPC_TIMEOUT_S, BNPS_CONNECT_TIMEOUT_S,
 BNPS_BN_SPIN_US (how long a BN call polls before it sleeps; default -1: 1000
 us where this machine has a core for every worker and server, else 0),
-BNPS_STREAM_EXCHANGE (1: queue the layers' exchanges on the CUDA stream,
-bnps/torch/stream_exchange.py; default 0), BNPS_METRICS_PORT and
+BNPS_STREAM_EXCHANGE (1: queue the layers' exchanges on the device's stream,
+bnps/torch/stream_exchange.py; 0: wait for the device at each exchange;
+auto, the default: queue on CUDA), BNPS_METRICS_PORT and
 BNPS_METRICS_ADDRESS (Prometheus metrics; the port plus LOCAL_RANK),
 BNPS_BN_HOST_AGGREGATOR (host:port of this host's BN aggregator,
 bnps-host-bn, which the BN traffic then goes through), BNPS_NODE_AGGREGATOR
@@ -50,11 +51,12 @@ POLICIES = ("sync", "async", "local", "recal")
 
 class Connection:
     def __init__(self, client, placement=None, node_server=None,
-                 stream_exchange=False):
+                 stream_exchange=None):
         self.client = client
         # Layers queue their exchanges on the device stream
-        # (bnps/torch/stream_exchange.py); the queues, by device type.
-        self.stream_exchange = bool(stream_exchange)
+        # (bnps/torch/stream_exchange.py): True, False, or None for on
+        # CUDA only (queues_on); the queues, by device type.
+        self.stream_exchange = stream_exchange
         self._queues = {}
         # init(start_local_server=True): the job's servers, one per node.
         self.node_server = node_server
@@ -85,6 +87,14 @@ class Connection:
         calls."""
         self.drain_exchanges()
         self.client.leave()
+
+    def queues_on(self, device):
+        """Whether layers on `device` queue their exchanges on its stream:
+        stream_exchange where it was set, else on CUDA (where it spares
+        the device a wait per layer and pass) and not elsewhere."""
+        if self.stream_exchange is None:
+            return device.type == "cuda"
+        return bool(self.stream_exchange)
 
     def exchange_queue(self, device):
         """The queue of stream-ordered exchanges for tensors on `device`
@@ -189,6 +199,11 @@ def _flag(raw):
     return value
 
 
+def _flag_or_auto(raw):
+    """_flag, and None for "auto"."""
+    return None if raw.strip().lower() == "auto" else _flag(raw)
+
+
 def init(servers=None, worker=None, num_workers=None, job=None,
          token_file=None, tls_ca=None, tls_cert=None, tls_key=None,
          connect_timeout_s=None, rpc_timeout_s=None, set_default=True,
@@ -210,10 +225,11 @@ def init(servers=None, worker=None, num_workers=None, job=None,
     LOCAL_WORLD_SIZE processes, and every process's BN traffic goes
     through its node's: one frame per round for the node, to each shard.
 
-    stream_exchange=True (or BNPS_STREAM_EXCHANGE=1): layers on a GPU queue
-    their exchanges on the CUDA stream instead of waiting for the device
-    (bnps/torch/stream_exchange.py); a failed exchange is then raised by a
-    later call.
+    stream_exchange (or BNPS_STREAM_EXCHANGE=1, 0 or auto): whether layers
+    queue their exchanges on the device's stream instead of waiting for
+    the device (bnps/torch/stream_exchange.py); a failed exchange is then
+    raised by a later call. None (auto), the default: on CUDA, not on the
+    CPU.
 
     metrics_port=P (or BNPS_METRICS_PORT=P, to which each process adds its
     LOCAL_RANK, so that one variable serves a node): this process serves
@@ -237,6 +253,11 @@ def init(servers=None, worker=None, num_workers=None, job=None,
                          "BNPS_NODE_AGGREGATOR) needs start_local_server=True;"
                          " with servers of your own, run bnps-host-bn and "
                          "set BNPS_BN_HOST_AGGREGATOR")
+    stream = _env("BNPS_STREAM_EXCHANGE", stream_exchange, _flag_or_auto)
+    if stream not in (None, True, False, "auto"):
+        raise ValueError("bnps.torch.init: stream_exchange is True, False, "
+                         f"or None or 'auto' (on CUDA), not {stream!r}")
+    stream = None if stream == "auto" else stream
     placement = _launch.placement(worker=worker, num_workers=num_workers)
     port = _metrics_port(placement, metrics_port)
     job = _env("BNPS_JOB", job, default="bnps")
@@ -266,9 +287,7 @@ def init(servers=None, worker=None, num_workers=None, job=None,
         client.close()
         stop_node()
         raise
-    connection = Connection(
-        client, placement, node_server,
-        _env("BNPS_STREAM_EXCHANGE", stream_exchange, _flag, False))
+    connection = Connection(client, placement, node_server, stream)
     connection.metrics_port = port
     if set_default:
         with _default_lock:

@@ -15,7 +15,7 @@ The ops name their layer by an integer id: a custom op takes tensors and
 scalars, not modules. Each SyncBatchNorm registers itself here when made (or
 copied, or unpickled); the registry holds it weakly.
 
-With the connection's stream_exchange (bnps/torch/stream_exchange.py), the
+Where the connection queues (bnps/torch/stream_exchange.py: on CUDA by default), the
 forward op queues its exchange on the stream as in eager mode. What its
 backward needs (the queued statistics and the C++ outcome) is not a tensor:
 the op holds it here under a token written into its `info` output, for as

@@ -1,7 +1,8 @@
-"""Stream-ordered exchanges for bnps.torch.SyncBatchNorm (opt-in:
-init(stream_exchange=True) or BNPS_STREAM_EXCHANGE=1).
+"""Stream-ordered exchanges for bnps.torch.SyncBatchNorm: the default on
+CUDA (Connection.queues_on; init(stream_exchange=False) or
+BNPS_STREAM_EXCHANGE=0 turns it off, =1 turns it on for the CPU too).
 
-On a GPU the default path waits for the device at every exchange: the
+Without it a layer on a GPU waits for the device at every exchange: the
 layer's statistics are copied to the host, the stream is synchronized, the
 exchange runs, and the results go back. The host stops queueing work while
 the device drains, and the device idles while the host queues again, once
@@ -13,7 +14,7 @@ function (bnps._native.StreamQueue: the C++ runs it when the stream reaches
 it, and holds the stream's later work until it returns), the copy of its
 results back, and the kernels that use them. The host never waits for the
 device, so it queues a whole step ahead, and the device waits for each
-exchange only as long as the exchange takes. The arithmetic is the default
+exchange only as long as the exchange takes. The arithmetic is the waiting
 path's (the same rules, in C++; the same torch kernels).
 
 What changes for a user: an exchange that fails (a peer that stopped
@@ -23,8 +24,8 @@ finish() and the bnps optimizer call (close() warns). Until then the layers
 normalize with their own statistics, and later exchanges are skipped. A
 layer's passes must run on one stream (as torch's autograd runs a backward
 on its forward's stream). Under torch.compile the custom ops queue the
-same way (bnps/torch/custom_ops.py). On the CPU's native float32 path
-layers exchange as by default; on the CPU each exchange runs inside the
+same way (bnps/torch/custom_ops.py). With =1 on the CPU's native float32 path
+layers still wait; on the CPU each exchange runs inside the
 call that queues it (the tests' path).
 """
 
