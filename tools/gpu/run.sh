@@ -26,7 +26,8 @@
 #                                        #   CUDA parity (fp32, fp16, bf16,
 #                                        #   channels_last) and the ResNet-18
 #                                        #   benchmark against plain BN and
-#                                        #   torch's SyncBatchNorm (gloo)
+#                                        #   torch's SyncBatchNorm (gloo), and
+#                                        #   the host's time per BN layer
 #   tools/gpu/run.sh scaling [--bed=K]   # the BN exchange on the multi-host
 #                                        #   test bed (hosts as network
 #                                        #   namespaces where they can be
@@ -309,6 +310,10 @@ case "$cmd" in
     # with the exchanges queued on the stream.
     (cd /tmp && export BNPS_PARITY_DEVICE=cuda && part torch_compile 90 "$PY" \
       "$REPO/tests/pytorch/compile_test.py" -v)
+    # The host's time per layer pass, queued and waiting, against plain
+    # BatchNorm (what a host-bound step pays per BN layer).
+    part torch_host_cost 60 "$PY" "$REPO/bench/pytorch_layer_host_cost.py" \
+      --device=cuda
     part torch_bench 300 "$PY" "$REPO/bench/pytorch_gpu_benchmark.py" \
       --procs 2,4 --batches "${BNPS_TORCH_BATCHES:-8,32}" --runs "${BNPS_TORCH_RUNS:-3}" \
       --profile "$RESULTS/torch_profile.txt"

@@ -222,7 +222,15 @@ def torch_run(out):
                      "torch": spread(r.get("torch/plain min / median / max")),
                      # Earlier runs have no stream column.
                      "stream": spread(r.get("stream/plain min / median / max"))})
+    # bench/pytorch_layer_host_cost.py (earlier runs have none): the
+    # median us per layer of each kind.
+    host_cost = {}
+    for r in table_under(read(os.path.join(sub, "torch_host_cost.log")), ""):
+        cells = spread(r.get("us per layer"))
+        if "layer" in r and cells[1] is not None:
+            host_cost[r["layer"]] = cells[1]
     return {"parity_ran": parity_ran, "parity_ok": parity_ok,
+            "host_cost": host_cost,
             "compile": None if compiled is None else unittest_outcome(compiled),
             "header": (bench or "").splitlines()[0] if bench else None,
             "bench_text": bench, "rows": rows}
@@ -481,6 +489,16 @@ def torch_rows(t):
                     "%s tests, %s" % (ran if ran is not None else "no",
                                       "passed" if ok else "not all passed"),
                     "all pass", "met" if ok else "missed"))
+    cost = t.get("host_cost") or {}
+    plain = cost.get("plain BatchNorm2d")
+    queued = cost.get("bnps, queued on the stream")
+    waiting = cost.get("bnps, waiting for the device")
+    if None not in (plain, queued, waiting):
+        out.append(("bnps.torch host time per layer, forward and backward "
+                    "(bench/pytorch_layer_host_cost.py): queued / waiting / "
+                    "plain BatchNorm2d",
+                    "%.0f us / %.0f us / %.0f us" % (queued, waiting, plain),
+                    "(figure)", ""))
     for r in t["rows"]:
         if r["batch"] != 32:
             continue

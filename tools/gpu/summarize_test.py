@@ -230,6 +230,26 @@ class TorchRowsTest(unittest.TestCase):
             names = list(rows)
             self.assertLess(names.index(QUEUED % 2), names.index(WAIT % 2))
 
+    def test_the_host_cost_gives_a_row_where_it_ran(self):
+        name = ("bnps.torch host time per layer, forward and backward "
+                "(bench/pytorch_layer_host_cost.py): queued / waiting / "
+                "plain BatchNorm2d")
+        names = [r[0] for r in summarize.rows(summarize.collect(CANNED))]
+        self.assertNotIn(name, names)  # the canned run predates it
+        with tempfile.TemporaryDirectory() as tmp:
+            run = os.path.join(tmp, "run")
+            shutil.copytree(CANNED, run)
+            with open(os.path.join(run, "torch", "torch_host_cost.log"),
+                      "w") as f:
+                f.write("20 layers of 64 channels, a GPU\n\n"
+                        "| layer | us per layer | extra over plain (median) |\n"
+                        "|---|---|---|\n"
+                        "| plain BatchNorm2d | 40 / 41 / 45 |  |\n"
+                        "| bnps, queued on the stream | 200 / 210 / 230 | 169 |\n"
+                        "| bnps, waiting for the device | 300 / 320 / 330 | 279 |\n")
+            rows = {r[0]: r for r in summarize.rows(summarize.collect(run))}
+            self.assertEqual(rows[name][1], "210 us / 320 us / 41 us")
+
     def test_the_compile_suite_gives_a_row_where_it_ran(self):
         # The canned run predates the part: no row.
         names = [r[0] for r in summarize.rows(summarize.collect(CANNED))]

@@ -27,6 +27,18 @@ def var_mean(xa, dims):
         return torch.var_mean(xa, dim=dims, unbiased=False)
 
 
+def normalize(xa, mean, var, weight, bias, eps):
+    """(x - mean) / sqrt(var + eps) * weight + bias per channel: torch's
+    fused batch-norm kernel in inference form (F.batch_norm's call, less
+    its Python-level checks; weight and bias may be None)."""
+    return torch.batch_norm(xa, weight, bias, mean, var, False, 0.0, eps,
+                            torch.backends.cudnn.enabled)
+
+
+# The overload itself: calling the packet resolves it on every call.
+_BN_BACKWARD = torch.ops.aten.native_batch_norm_backward.default
+
+
 def backward_sums(xa, dya, mean, invstd, ones, eps):
     """(sum(dy), sum(dy * x_hat)) per channel of the normalization with
     `mean` and `invstd`: torch's fused reduction, zeros for empty input.
@@ -36,7 +48,7 @@ def backward_sums(xa, dya, mean, invstd, ones, eps):
     if xa.numel() == 0:
         zeros = torch.zeros(xa.shape[1], dtype=xa.dtype, device=xa.device)
         return zeros, zeros.clone()
-    _, sum_dy_xhat, sum_dy = torch.ops.aten.native_batch_norm_backward(
+    _, sum_dy_xhat, sum_dy = _BN_BACKWARD(
         dya, xa, ones, None, None, mean, invstd, True, eps,
         [False, True, True])
     return sum_dy, sum_dy_xhat

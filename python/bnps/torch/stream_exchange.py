@@ -30,7 +30,6 @@ call that queues it (the tests' path).
 """
 
 import torch
-from torch.nn import functional as F
 
 from bnps.torch import channels as _channels
 
@@ -72,11 +71,22 @@ class _Buffers:
         self.sums = host(3 * channels, acc)      # sum_dy, sum_dy_xhat, weight
         self.k = host(3 * channels, acc)         # dx's map
         self.running = host(2 * channels, running)
+        # Its halves, as the layer's two buffers read them.
+        self.running_halves = (self.running[:channels],
+                               self.running[channels:])
         self.tracked_out = host(1, torch.int64)
         self.running_mean = torch.zeros(channels, dtype=F64)
         self.running_var = torch.zeros(channels, dtype=F64)
         self.tracked = torch.zeros(1, dtype=torch.int64)
         self.running_key = None                  # the buffers they copy
+        # What the jobs take, (address, item size) or addresses: fixed,
+        # as the buffers are.
+        self.local_arg, self.rows_arg = _typed(self.local), _typed(self.rows)
+        self.sums_arg, self.k_arg = _typed(self.sums), _typed(self.k)
+        self.running_args = (self.running_mean.data_ptr(),
+                             self.running_var.data_ptr(),
+                             self.tracked.data_ptr(), _typed(self.running))
+        self.tracked_out_arg = self.tracked_out.data_ptr()
 
 
 def _buffers(bn, channels, cuda, acc):
@@ -96,12 +106,24 @@ def _buffers(bn, channels, cuda, acc):
     return b
 
 
+# The current stream's handle without making a torch.cuda.Stream (which
+# costs the host more than the rest of a pass's bookkeeping); torch < 2.0
+# lacks it.
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
 def _stream(device):
-    """(stream to sync or None, its handle for the C ABI)."""
+    """The current stream's handle for the C ABI (an int), None off CUDA."""
     if device.type != "cuda":
-        return None, None
-    s = torch.cuda.current_stream(device)
-    return s, s.cuda_stream
+        return None
+    if _raw_stream is not None:
+        return _raw_stream(device.index)
+    return torch.cuda.current_stream(device).cuda_stream
+
+
+def _acc(t, acc):
+    """t in dtype `acc` (t itself where it is: no call into torch)."""
+    return t if t is None or t.dtype == acc else t.to(acc)
 
 
 def _to_device(host, device):
@@ -116,15 +138,15 @@ def _typed(t):
     return t.data_ptr(), _ITEMSIZE[t.dtype]
 
 
-def _sync_running_copy(bn, b, stream):
+def _sync_running_copy(bn, b, device):
     """The host copy of the running statistics, read again from the buffers
     when they changed otherwise (first use, load_state_dict, .to()): after
     the stream's queued jobs, which write the copy, have run."""
     key = bn._running_key()
     if b.running_key == key:
         return
-    if stream is not None:
-        stream.synchronize()
+    if device.type == "cuda":
+        torch.cuda.current_stream(device).synchronize()
     b.tracked[0] = int(bn.num_batches_tracked)
     b.running_mean.copy_(bn.running_mean.detach().to("cpu", F64))
     b.running_var.copy_(bn.running_var.detach().to("cpu", F64))
@@ -133,15 +155,17 @@ def _sync_running_copy(bn, b, stream):
 
 def _load_running(bn, b, device):
     """The job's running statistics into the layer's buffers, queued."""
-    c = b.running_mean.shape[0]
-    with torch.no_grad():
-        if b.running.dtype == bn.running_mean.dtype:  # straight from the host
-            src = b.running if device.type == "cuda" else b.running.clone()
-        else:  # 16-bit buffers: converted on the device
-            src = _to_device(b.running, device)
-        bn.running_mean.copy_(src[:c], non_blocking=True)
-        bn.running_var.copy_(src[c:], non_blocking=True)
-        bn.num_batches_tracked.copy_(b.tracked_out[0], non_blocking=True)
+    # (The buffers take no gradient: no autograd to keep out.)
+    rm, rv = bn.running_mean, bn.running_var
+    if device.type == "cuda" and b.running.dtype == rm.dtype:
+        mean, var = b.running_halves  # straight from the host
+    else:  # a copy of its own on the CPU; 16-bit buffers: converted on
+        src = _to_device(b.running, device)  # the device
+        c = rm.shape[0]
+        mean, var = src[:c], src[c:]
+    rm.copy_(mean, non_blocking=True)
+    rv.copy_(var, non_blocking=True)
+    bn.num_batches_tracked.copy_(b.tracked_out[0], non_blocking=True)
     b.running_key = bn._running_key()
 
 
@@ -152,9 +176,9 @@ def forward(bn, queue, rule, native, x, weight, bias, eps, acc):
     count = x.numel() // channels
     track = bn.running_mean is not None
     bn._check_named(rule, track)
-    stream, handle = _stream(device)
-    b = _buffers(bn, channels, stream is not None, acc)
-    xa = x.to(acc)
+    handle = _stream(device)
+    b = _buffers(bn, channels, handle is not None, acc)
+    xa = _acc(x, acc)
     # Host buffers are written only by copies queued on the stream (or the
     # jobs): an earlier job may not have read them yet.
     if count > 0:
@@ -164,39 +188,35 @@ def forward(bn, queue, rule, native, x, weight, bias, eps, acc):
         local = torch.zeros(2 * channels, dtype=acc, device=device)
     b.local.copy_(local, non_blocking=True)
     if track:
-        _sync_running_copy(bn, b, stream)
-    running = [None] * 4
-    if track:
-        running = [b.running_mean.data_ptr(), b.running_var.data_ptr(),
-                   b.tracked.data_ptr(), _typed(b.running)]
+        _sync_running_copy(bn, b, device)
+    running = b.running_args if track else (None,) * 4
     outcome, exchanged, global_backward = queue.forward(
         handle, rule, native, bn.bnps_name or "", bn._bnps_step, count,
-        _typed(b.local), channels, eps, bn.momentum, running[0], running[1],
-        running[2], _typed(b.rows), running[3],
-        b.tracked_out.data_ptr() if track else None)
+        b.local_arg, channels, eps, bn.momentum, running[0], running[1],
+        running[2], b.rows_arg, running[3],
+        b.tracked_out_arg if track else None)
     bn._bnps_step += int(exchanged)
     rows = _to_device(b.rows, device).view(3, channels)
     if track:
         _load_running(bn, b, device)
-    w = None if weight is None else weight.to(acc)
-    bi = None if bias is None else bias.to(acc)
-    y = F.batch_norm(xa, rows[0], rows[1], w, bi, False, 0.0, eps)
+    y = _channels.normalize(xa, rows[0], rows[1], _acc(weight, acc),
+                            _acc(bias, acc), eps)
     name = bn.bnps_name if global_backward else None
-    return y.to(x.dtype), QueuedStats(rows, outcome, name, queue, native)
+    return _acc(y, x.dtype), QueuedStats(rows, outcome, name, queue, native)
 
 
 def backward(bn, x, weight, dy, stats, eps, need_dx, acc):
     """forward's backward pass, its exchange and dx's map queued: (dx,
     dweight, dbias) as sync_batchnorm._backward's."""
     device, channels = x.device, x.shape[1]
-    stream, handle = _stream(device)
-    b = _buffers(bn, channels, stream is not None, acc)
-    xa, dya = x.to(acc), dy.to(acc)
+    handle = _stream(device)
+    b = _buffers(bn, channels, handle is not None, acc)
+    xa, dya = _acc(x, acc), _acc(dy, acc)
     d = stats.rows
     sum_dy, sum_dy_xhat = _channels.backward_sums(
         xa, dya, d[0], d[2], bn._ones(channels, acc, device), eps)
     has_weight = need_dx and weight is not None
-    rows = [sum_dy, sum_dy_xhat] + ([weight.detach().to(acc)]
+    rows = [sum_dy, sum_dy_xhat] + ([_acc(weight.detach(), acc)]
                                     if has_weight else [])
     b.sums[:len(rows) * channels].copy_(torch.cat(rows), non_blocking=True)
     layer = stats.layer or ""
@@ -204,8 +224,8 @@ def backward(bn, x, weight, dy, stats, eps, need_dx, acc):
     if layer or want_k:
         stats.queue.backward(
             handle, stats.native if layer else None, layer,
-            bn._bnps_backward_step, _typed(b.sums), has_weight, channels,
-            stats.outcome, eps, _typed(b.k) if want_k else None)
+            bn._bnps_backward_step, b.sums_arg, has_weight, channels,
+            stats.outcome, eps, b.k_arg if want_k else None)
         if layer:
             bn._bnps_backward_step += 1
     dx = None

@@ -170,7 +170,7 @@ def _forward(bn, x, weight, bias, eps):
     d = stats.on_device(x.device, acc, eps, bn._staging())
     w = None if weight is None else weight.to(acc)
     b = None if bias is None else bias.to(acc)
-    y = F.batch_norm(x.to(acc), d[0], d[1], w, b, False, 0.0, eps)
+    y = channels_.normalize(x.to(acc), d[0], d[1], w, b, eps)
     return y.to(x.dtype), stats
 
 
@@ -584,8 +584,12 @@ class SyncBatchNorm(nn.modules.batchnorm._BatchNorm):
             new[1].to(torch.float64))
 
     def _running_key(self):
-        return tuple((t.data_ptr(), t._version, t.device) for t in (
-            self.running_mean, self.running_var, self.num_batches_tracked))
+        # (No device: host and CUDA addresses share one address space.
+        # Each buffer read once: a module's attribute costs a lookup.)
+        rm, rv = self.running_mean, self.running_var
+        tracked = self.num_batches_tracked
+        return (rm.data_ptr(), rm._version, rv.data_ptr(), rv._version,
+                tracked.data_ptr(), tracked._version)
 
     def _running_on_host(self):
         """(num_batches_tracked, running_mean, running_var): an int and two

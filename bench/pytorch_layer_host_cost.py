@@ -1,0 +1,111 @@
+#!/usr/bin/env python3
+"""The host's cost of one bnps.torch.SyncBatchNorm layer, without the
+network: a stack of --layers layers on a small input (so that the device
+has next to nothing to do and the host's time shows), forward and backward,
+against torch.nn.BatchNorm2d on the same input, in one process.
+
+On a GPU a step of a model like ResNet-18 is bound by the host's time to
+queue it (tools/gpu/run.sh torch: plain BatchNorm's step takes as long as
+its host queues it), so every microsecond a layer adds on the host is added
+to the step, 2 passes x each BN layer. This measures that microsecond count
+on its own: a one-worker job under policy `local` (the layer's rules run,
+no exchange leaves the process), the exchanges queued on the stream (the
+default on CUDA) and waiting for the device.
+
+    tools/bnps_python bench/pytorch_layer_host_cost.py              # the CPU, float64
+    python3 bench/pytorch_layer_host_cost.py --device=cuda          # a GPU, float32
+
+(On the CPU float32 takes the native step and never queues, hence float64
+there.) Prints one Markdown table: microseconds per layer for a forward and
+a backward pass, min / median / max over --runs runs of --steps steps, and
+the extra over plain BatchNorm. A benchmark: exits 0; 1 if a run fails.
+"""
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+sys.path.append(os.path.join(REPO, "python"))  # torch_or_debian.py
+
+import torch_or_debian  # noqa: F401,E402  (first: torch, or Debian's python3)
+import torch  # noqa: E402
+
+import bnps.torch  # noqa: E402
+from bnps.cluster import LocalCluster  # noqa: E402
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--layers", type=int, default=20)
+    p.add_argument("--channels", type=int, default=64)
+    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--warmup", type=int, default=20)
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--server_bin", default=None,
+                   help="bnps_server (default: the wheel's, or bazel-bin's)")
+    args = p.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("pytorch_layer_host_cost: no GPU here")
+        return 0
+    torch.set_num_threads(1)
+    dtype = torch.float64 if args.device == "cpu" else torch.float32
+    device = torch.device(args.device)
+    x = torch.randn(4, args.channels, 2, 2, dtype=dtype, device=device,
+                    requires_grad=True)
+
+    def stack():
+        return torch.nn.Sequential(*[
+            torch.nn.BatchNorm2d(args.channels)
+            for _ in range(args.layers)]).to(device, dtype)
+
+    def per_layer_us(model, steps):
+        sync = torch.cuda.synchronize if device.type == "cuda" else \
+            (lambda: None)
+        sync()
+        start = time.perf_counter()
+        for _ in range(steps):
+            model(x).sum().backward()
+        sync()
+        return (time.perf_counter() - start) / steps / args.layers * 1e6
+
+    with LocalCluster(num_servers=1, num_workers=1, policy="local",
+                      server_bin=args.server_bin) as cluster, \
+            bnps.torch.init(servers=cluster.servers, worker=0,
+                            num_workers=1, set_default=False) as conn:
+        plain = stack()
+        ours = bnps.torch.convert_sync_batchnorm(stack(), connection=conn)
+        kinds = {"plain BatchNorm2d": (plain, None),
+                 "bnps, queued on the stream": (ours, True),
+                 "bnps, waiting for the device": (ours, False)}
+        times = {k: [] for k in kinds}
+        for name, (model, queued) in kinds.items():
+            conn.stream_exchange = queued
+            per_layer_us(model, args.warmup)
+        for _ in range(args.runs):
+            for name, (model, queued) in kinds.items():
+                conn.stream_exchange = queued
+                times[name].append(per_layer_us(model, args.steps))
+        conn.drain_exchanges()
+    name = torch.cuda.get_device_name() if device.type == "cuda" else "CPU"
+    print(f"{args.layers} layers of {args.channels} channels on "
+          f"{tuple(x.shape)} {str(dtype)[6:]} input, {name}, torch "
+          f"{torch.__version__}, one thread; us per layer for a forward and "
+          f"a backward pass, min / median / max over {args.runs} runs of "
+          f"{args.steps} steps\n")
+    print("| layer | us per layer | extra over plain (median) |")
+    print("|---|---|---|")
+    base = statistics.median(times["plain BatchNorm2d"])
+    for name, t in times.items():
+        med = statistics.median(t)
+        print("| %s | %.0f / %.0f / %.0f | %s |" % (
+            name, min(t), med, max(t),
+            "" if name.startswith("plain") else "%.0f" % (med - base)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
