@@ -57,10 +57,10 @@ def backward_sums(xa, dya, mean, invstd, ones, eps):
 def input_gradient(k, xa, dya, dtype):
     """dx = k1 dy + k2 x + k3 per channel (k: 3 x C on xa's device, in its
     dtype), as `dtype`: two fused multiply-adds."""
-    shape = channel_shape(xa)
-    dx = torch.addcmul(k[2].view(shape), xa, k[1].view(shape))
-    dx.addcmul_(dya, k[0].view(shape))
-    return dx.to(dtype)
+    k0, k1, k2 = k.view([3] + channel_shape(xa)).unbind(0)
+    dx = torch.addcmul(k2, xa, k1)
+    dx.addcmul_(dya, k0)
+    return dx if dx.dtype == dtype else dx.to(dtype)
 
 
 def parameter_gradients(weight, sum_dy, sum_dy_xhat):
@@ -68,4 +68,6 @@ def parameter_gradients(weight, sum_dy, sum_dy_xhat):
     a weight."""
     if weight is None:
         return None, None
+    if sum_dy.dtype == weight.dtype:
+        return sum_dy_xhat, sum_dy
     return sum_dy_xhat.to(weight.dtype), sum_dy.to(weight.dtype)

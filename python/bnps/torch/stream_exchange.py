@@ -43,7 +43,7 @@ class QueuedStats:
     which its backward pass takes too."""
 
     def __init__(self, rows, outcome, layer, queue, native):
-        self.rows = rows        # 3 x C, the input's accumulation dtype
+        self.rows = rows        # 3 rows of C, the input's accumulation dtype
         self.outcome = outcome  # bnps._native.Outcome
         self.layer = layer      # the layer's name if the backward syncs
         self.queue = queue      # bnps._native.StreamQueue
@@ -87,6 +87,9 @@ class _Buffers:
                              self.running_var.data_ptr(),
                              self.tracked.data_ptr(), _typed(self.running))
         self.tracked_out_arg = self.tracked_out.data_ptr()
+        # Views kept rather than made per pass.
+        self.tracked_out_0 = self.tracked_out[0]
+        self.sums_two = self.sums[:2 * channels]  # without the weight
 
 
 def _buffers(bn, channels, cuda, acc):
@@ -165,7 +168,7 @@ def _load_running(bn, b, device):
         mean, var = src[:c], src[c:]
     rm.copy_(mean, non_blocking=True)
     rv.copy_(var, non_blocking=True)
-    bn.num_batches_tracked.copy_(b.tracked_out[0], non_blocking=True)
+    bn.num_batches_tracked.copy_(b.tracked_out_0, non_blocking=True)
     b.running_key = bn._running_key()
 
 
@@ -196,7 +199,7 @@ def forward(bn, queue, rule, native, x, weight, bias, eps, acc):
         running[2], b.rows_arg, running[3],
         b.tracked_out_arg if track else None)
     bn._bnps_step += int(exchanged)
-    rows = _to_device(b.rows, device).view(3, channels)
+    rows = _to_device(b.rows, device).view(3, channels).unbind(0)
     if track:
         _load_running(bn, b, device)
     y = _channels.normalize(xa, rows[0], rows[1], _acc(weight, acc),
@@ -218,7 +221,8 @@ def backward(bn, x, weight, dy, stats, eps, need_dx, acc):
     has_weight = need_dx and weight is not None
     rows = [sum_dy, sum_dy_xhat] + ([_acc(weight.detach(), acc)]
                                     if has_weight else [])
-    b.sums[:len(rows) * channels].copy_(torch.cat(rows), non_blocking=True)
+    (b.sums if has_weight else b.sums_two).copy_(torch.cat(rows),
+                                                 non_blocking=True)
     layer = stats.layer or ""
     want_k = need_dx and x.numel() > 0
     if layer or want_k:
