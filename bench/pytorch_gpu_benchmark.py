@@ -178,11 +178,13 @@ def child(args):
                     run, 1000 * (spent["exchange"] - before[0]) / args.steps,
                     1000 * (device_wait() - before[2]) / args.steps,
                     (spent["calls"] - before[1]) / args.steps), flush=True)
-    if args.profile and "bnps" in kinds:
-        # Where the host's time goes in bnps steps, by Python function and
-        # the C calls they make (cProfile: its own overhead inflates
-        # Python-heavy rows alike). Every process runs the segment (its
-        # exchanges are barriers); rank 0 profiles it.
+    for kind in [k for k in ("bnps", "stream") if k in kinds] \
+            if args.profile else []:
+        # Where the host's time goes in bnps steps (waiting, and queued on
+        # the stream), by Python function and the C calls they make
+        # (cProfile: its own overhead inflates Python-heavy rows alike).
+        # Every process runs the segment (its exchanges are barriers);
+        # rank 0 profiles it.
         import cProfile
         import io
         import pstats
@@ -194,19 +196,19 @@ def child(args):
         single = getattr(torch.autograd, "set_multithreading_enabled", None)
         if single is not None:
             with single(False):
-                train("bnps", args.steps)
+                train(kind, args.steps)
         else:
-            train("bnps", args.steps)
+            train(kind, args.steps)
         if rank != 0:
-            return 0
+            continue
         prof.disable()
         text = io.StringIO()
         stats = pstats.Stats(prof, stream=text)
         stats.sort_stats("tottime").print_stats(40)
         stats.sort_stats("cumulative").print_stats(40)
         with open(args.profile, "a") as out:
-            out.write("# P=%s batch=%d, %d bnps steps of rank 0\n%s\n" % (
-                os.environ.get("WORLD_SIZE"), args.batch, args.steps,
+            out.write("# P=%s batch=%d, %d %s steps of rank 0\n%s\n" % (
+                os.environ.get("WORLD_SIZE"), args.batch, args.steps, kind,
                 text.getvalue()))
     return 0
 
@@ -298,9 +300,10 @@ def main(argv):
     p.add_argument("--device", default="cuda",
                    help="cuda; cpu only to try the script where there is no "
                    "GPU (torch's SyncBatchNorm needs CUDA)")
-    p.add_argument("--profile", help="append a cProfile of rank 0's bnps "
-                   "steps (one more segment after the timed ones) to this "
-                   "file, for each P and batch")
+    p.add_argument("--profile", help="append cProfiles of rank 0's bnps "
+                   "steps, waiting and queued (one more segment of each "
+                   "after the timed ones), to this file, for each P and "
+                   "batch")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--batch", type=int, default=32)
     args = p.parse_args(argv)
