@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 import unittest
+import warnings
 from unittest import mock
 
 sys.path.insert(0, os.path.join(os.getcwd(), "python"))  # Bazel runfiles
@@ -190,6 +191,28 @@ class InitTest(unittest.TestCase):
                              value)
         self.assertIsNone(bnps_connection._flag_or_auto(" Auto"))
         self.assertIs(bnps_connection._flag_or_auto("0"), False)
+
+    def test_without_a_driver_that_queues_cuda_layers_wait_unless_told(self):
+        # As where libcuda.so.1 cannot queue host functions.
+        def no_driver(on_cuda):
+            if on_cuda:
+                raise bnps.Unavailable(14, "UNAVAILABLE", "no CUDA driver")
+            return real(on_cuda)
+        real, cuda = _native.StreamQueue, torch.device("cuda", 0)
+        with mock.patch.object(_native, "StreamQueue", no_driver):
+            auto = bnps_connection.Connection(FakeClient("sync"))
+            with self.assertWarnsRegex(UserWarning, "no CUDA driver"):
+                self.assertIsNone(auto.exchange_queue(cuda))
+            self.assertFalse(auto.queues_on(cuda))
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")  # once only
+                self.assertIsNone(auto.exchange_queue(cuda))
+            auto.drain_exchanges()  # nothing to drain
+            self.assertIsNotNone(auto.exchange_queue(torch.device("cpu")))
+            asked = bnps_connection.Connection(FakeClient("sync"),
+                                               stream_exchange=True)
+            with self.assertRaisesRegex(bnps.Unavailable, "no CUDA driver"):
+                asked.exchange_queue(cuda)
 
     def test_unreachable_server_is_unavailable_naming_it(self):
         os.environ["BNPS_CONNECT_TIMEOUT_S"] = "0.3"

@@ -91,22 +91,41 @@ class Connection:
     def queues_on(self, device):
         """Whether layers on `device` queue their exchanges on its stream:
         stream_exchange where it was set, else on CUDA (where it spares
-        the device a wait per layer and pass) and not elsewhere."""
+        the device a wait per layer and pass) unless the CUDA driver could
+        not queue them (exchange_queue), and not elsewhere."""
         if self.stream_exchange is None:
-            return device.type == "cuda"
+            return device.type == "cuda" and \
+                self._queues.get(True, True) is not None
         return bool(self.stream_exchange)
 
     def exchange_queue(self, device):
         """The queue of stream-ordered exchanges for tensors on `device`
         (bnps._native.StreamQueue): on CUDA host functions, elsewhere run
-        at once."""
+        at once. Where CUDA's cannot be made (bnps.Unavailable: no driver
+        that queues host functions), raises when stream_exchange was asked
+        for, else warns once and returns None: the layers wait for the
+        device instead."""
         on_cuda = device.type == "cuda"
         q = self._queues.get(on_cuda)
-        if q is None:
-            from bnps import _native
-            q = self._queues[on_cuda] = _native.StreamQueue(on_cuda)
-            if on_cuda:  # queued jobs use this process's host buffers
-                atexit.register(_drain_at_exit, weakref.ref(self))
+        if q is not None:
+            return q
+        auto = self.stream_exchange is None
+        if auto and on_cuda in self._queues:  # it could not be made
+            return None
+        from bnps import _native
+        from bnps.errors import Unavailable
+        try:
+            q = _native.StreamQueue(on_cuda)
+        except Unavailable as e:
+            if not auto:
+                raise
+            warnings.warn(f"bnps: layers on CUDA wait for the device at "
+                          f"each exchange ({e})")
+            self._queues[on_cuda] = None
+            return None
+        self._queues[on_cuda] = q
+        if on_cuda:  # queued jobs use this process's host buffers
+            atexit.register(_drain_at_exit, weakref.ref(self))
         return q
 
     def _drain_or_warn(self):
@@ -119,9 +138,11 @@ class Connection:
     def drain_exchanges(self, timeout_s=60.0):
         """Waits until the exchanges queued on device streams have run
         (the CUDA devices synchronized) and raises the first failure of one
-        (sticky: every later call raises it too). A no-op unless
-        stream_exchange."""
+        (sticky: every later call raises it too). A no-op where no layer
+        queued one."""
         for on_cuda, q in list(self._queues.items()):
+            if q is None:  # (not made: see exchange_queue)
+                continue
             if on_cuda:
                 import torch
                 torch.cuda.synchronize()

@@ -442,7 +442,10 @@ class SyncBatchNorm(nn.modules.batchnorm._BatchNorm):
         native = getattr(s.client, "native", None)
         if native is None:  # a stand-in client answers through its methods
             return None
-        return s.exchange_queue(x.device), worker_bn(s), native
+        queue = s.exchange_queue(x.device)
+        if queue is None:  # no CUDA driver that queues (a warning said so)
+            return None
+        return queue, worker_bn(s), native
 
     def _staging(self):
         """This layer's host <-> device copies (bnps/torch/staging.py)."""
