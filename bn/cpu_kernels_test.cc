@@ -235,13 +235,39 @@ TEST(CpuKernelsEdgeTest, RejectsBadArguments) {
                                 out.data())
                 .code(),
             invalid);
-  wrong = *sums;
-  wrong.sum_dy_xhat[0] = NAN;
-  EXPECT_EQ(kernels
-                ->BackwardInput(dy.data(), x.data(), shape, norm, wrong, 2,
-                                out.data())
-                .code(),
-            invalid);
+}
+
+TEST(CpuKernelsEdgeTest, NonFiniteSumsGiveANonFiniteChannel) {
+  // A mixed-precision step whose scaled loss overflowed: the merged sums of a
+  // channel are NaN or infinite. Not an error (bn::BackwardSums): that
+  // channel's dx is not finite, the others' as with finite sums.
+  auto kernels = NewCpuBnKernels();
+  const Shape shape{2, 2, 1, 1};  // x[n][c]: channel 0 at 0 and 2
+  const std::vector<float> x = {1, 2, 3, 5}, dy = {1, -1, 2, 1};
+  const std::vector<double> mean = {2, 3.5}, var = {1, 2.25};
+  const std::vector<float> gamma = {1, 2}, beta = {0, 0};
+  const Normalization norm{mean, var, gamma, beta, kEps};
+  absl::StatusOr<BackwardSums> sums =
+      kernels->BackwardReduce(dy.data(), x.data(), shape, norm);
+  ASSERT_TRUE(sums.ok());
+  std::vector<float> finite(4), poisoned(4);
+  ASSERT_TRUE(kernels
+                  ->BackwardInput(dy.data(), x.data(), shape, norm, *sums, 2,
+                                  finite.data())
+                  .ok());
+  for (double bad : {static_cast<double>(NAN), static_cast<double>(INFINITY)}) {
+    BackwardSums overflowed = *sums;
+    overflowed.sum_dy_xhat[0] = bad;
+    ASSERT_TRUE(kernels
+                    ->BackwardInput(dy.data(), x.data(), shape, norm,
+                                    overflowed, 2, poisoned.data())
+                    .ok())
+        << bad;
+    EXPECT_TRUE(!std::isfinite(poisoned[0]) && !std::isfinite(poisoned[2]))
+        << bad;
+    EXPECT_EQ(poisoned[1], finite[1]) << bad;
+    EXPECT_EQ(poisoned[3], finite[3]) << bad;
+  }
 }
 
 // The backward pass as dx = k1 dy + k2 x + k3 per channel reproduces the
@@ -293,9 +319,14 @@ TEST(AddSumsTest, AddsAndRejectsMismatch) {
   EXPECT_EQ(acc.sum_dy_xhat, (std::vector<double>{6, 8}));
   EXPECT_EQ(AddSums(BackwardSums::Zero(3), &acc).code(),
             absl::StatusCode::kInvalidArgument);
-  part.sum_dy[0] = INFINITY;
-  EXPECT_EQ(AddSums(part, &acc).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(acc.sum_dy, (std::vector<double>{2, 4}));  // unchanged on error
+  // Non-finite values are added as IEEE arithmetic does (bn::BackwardSums).
+  part.sum_dy[0] = INFINITY;
+  ASSERT_TRUE(AddSums(part, &acc).ok());
+  EXPECT_EQ(acc.sum_dy, (std::vector<double>{INFINITY, 6}));
+  part.sum_dy[0] = -INFINITY;
+  ASSERT_TRUE(AddSums(part, &acc).ok());
+  EXPECT_TRUE(std::isnan(acc.sum_dy[0]));
 }
 
 TEST(AddSumsTest, AccumulateSumsAddsAsAddSums) {

@@ -64,7 +64,12 @@ struct Normalization {
   double eps = 1e-5;
 };
 
-// Per-channel sums of the backward pass.
+// Per-channel sums of the backward pass. Unlike moments, they may be
+// infinite or NaN: a mixed-precision step whose scaled loss overflowed
+// (torch's GradScaler) gives such sums, and then every worker of the round
+// must get a non-finite gradient, as with torch's SyncBatchNorm, so that
+// every GradScaler skips the step. They propagate as IEEE arithmetic does;
+// nothing keeps them beyond the step.
 struct BackwardSums {
   std::vector<double> sum_dy;       // = dbeta of these samples
   std::vector<double> sum_dy_xhat;  // = dgamma of these samples
@@ -72,13 +77,12 @@ struct BackwardSums {
   static BackwardSums Zero(int64_t channels);
 };
 
-// acc += part, channel by channel. INVALID_ARGUMENT if the sizes differ or a
-// value of `part` is not finite.
+// acc += part, channel by channel (non-finite values propagate).
+// INVALID_ARGUMENT if the sizes differ.
 absl::Status AddSums(const BackwardSums& part, BackwardSums* acc);
 // AddSums for a part already known good: sums decoded by proto::DecodeSums
-// (which checks that every value is finite) or computed by a kernel. It
-// checks nothing. REQUIRES: `part` finite, with acc's channel count in both
-// arrays.
+// or computed by a kernel. It checks nothing. REQUIRES: `part` has acc's
+// channel count in both arrays.
 void AccumulateSums(const BackwardSums& part, BackwardSums* acc);
 
 // The backward pass of BN over `count` samples per channel as an affine map
@@ -107,8 +111,8 @@ absl::Status ValidateNormalization(const Shape& shape, const Normalization& norm
 // names it in the message.
 absl::Status ValidateTensor(const float* p, const Shape& shape, const char* what);
 
-// OK if `sums` fit a tensor of `shape` (C channels, finite) and `count` is at
-// least the tensor's samples per channel.
+// OK if `sums` fit a tensor of `shape` (C channels; any values, see
+// BackwardSums) and `count` is at least the tensor's samples per channel.
 absl::Status ValidateBackwardSums(const Shape& shape, const BackwardSums& sums,
                                   int64_t count);
 

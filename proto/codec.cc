@@ -167,9 +167,10 @@ void EncodeSums(const bn::BackwardSums& s, BnSums* out) {
 }
 
 absl::StatusOr<bn::BackwardSums> DecodeSums(const BnSums& s, int64_t channels) {
-  absl::StatusOr<std::vector<double>> dy = TakeFinite(s.sum_dy(), channels);
+  // Not checked for finite values: bn::BackwardSums says why.
+  absl::StatusOr<std::vector<double>> dy = TakeChannels(s.sum_dy(), channels);
   if (!dy.ok()) return dy.status();
-  absl::StatusOr<std::vector<double>> dyx = TakeFinite(s.sum_dy_xhat(), dy->size());
+  absl::StatusOr<std::vector<double>> dyx = TakeChannels(s.sum_dy_xhat(), dy->size());
   if (!dyx.ok()) return dyx.status();
   if (dy->empty()) return absl::InvalidArgumentError("backward sums are empty");
   return bn::BackwardSums{*std::move(dy), *std::move(dyx)};

@@ -6,7 +6,7 @@
 //
 // Decoding validates everything that arrives over the network and returns
 // INVALID_ARGUMENT naming what is wrong: dtype, shape, byte size, non-finite
-// values, limits. These decodes are the trust boundary of the BN statistics:
+// values (except in backward sums: bn::BackwardSums says why), limits. These decodes are the trust boundary of the BN statistics:
 // what they return goes on to functions that REQUIRE validated input and do
 // not check it again (server/bn_aggregator.h, bn::MixIntoRunningStats,
 // bn::AccumulateSums). Thread-safety: functions are pure.
@@ -46,6 +46,8 @@ absl::StatusOr<bn::Moments> DecodeMoments(const BnMoments& m,
                                           int64_t channels = -1);
 
 void EncodeSums(const bn::BackwardSums& s, BnSums* out);
+// Two arrays of the same non-zero size (`channels` where >= 0), of any
+// values.
 absl::StatusOr<bn::BackwardSums> DecodeSums(const BnSums& s,
                                             int64_t channels = -1);
 

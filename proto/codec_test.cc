@@ -87,6 +87,17 @@ TEST(CodecTest, SumsAndRunningStats) {
   ASSERT_TRUE(back.ok());
   EXPECT_EQ(back->sum_dy_xhat, s.sum_dy_xhat);
   EXPECT_EQ(DecodeSums(BnSums()).status().code(), kInvalid);
+  // Non-finite sums cross as they are (bn::BackwardSums: a mixed-precision
+  // step's overflow must reach every worker).
+  const bn::BackwardSums overflowed{
+      {std::numeric_limits<double>::infinity(), 1.0},
+      {std::nan(""), -std::numeric_limits<double>::infinity()}};
+  EncodeSums(overflowed, &wire);
+  back = DecodeSums(wire, 2);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->sum_dy, overflowed.sum_dy);
+  EXPECT_TRUE(std::isnan(back->sum_dy_xhat[0]));
+  EXPECT_EQ(back->sum_dy_xhat[1], overflowed.sum_dy_xhat[1]);
 
   bn::RunningStats r{{0.5}, {2.0}};
   BnRunningStats rw;

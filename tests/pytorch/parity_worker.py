@@ -305,6 +305,33 @@ def scenario_running(worker):
     return out
 
 
+def scenario_overflow(worker):
+    """Mixed precision's overflow step: at step 1 worker 0's loss is scaled
+    to infinity (as a GradScaler's too-large scale does). Per step and
+    layer (float32, which takes the native steps on the CPU, and float64):
+    whether x's gradient and the weight's are finite, and the running
+    statistics at the end."""
+    torch.manual_seed(7 + worker)
+    out = {}
+    for dtype in (torch.float32, torch.float64):
+        name = str(dtype)[6:]
+        bn = bnps.torch.SyncBatchNorm(3, name="overflow_" + name).to(
+            DEVICE, dtype)
+        finite = []
+        for step in range(3):
+            x = torch.randn(4, 3, 2, 2, dtype=dtype, device=DEVICE,
+                            requires_grad=True)
+            scale = float("inf") if step == 1 and worker == 0 else 1.0
+            bn.zero_grad()
+            (bn(x) * scale).sum().backward()
+            finite.append((bool(torch.isfinite(x.grad).all()),
+                           bool(torch.isfinite(bn.weight.grad).all())))
+        bnps.torch.default_connection().drain_exchanges()
+        out[name] = finite
+        out[name + "_running"] = bool(torch.isfinite(bn.running_var).all())
+    return out
+
+
 SCENARIOS = {name[len("scenario_"):]: fn for name, fn in globals().items()
              if name.startswith("scenario_")}
 

@@ -396,6 +396,33 @@ class StreamStopCallingTest(StopCallingTest):
     ENV = STREAM
 
 
+class OverflowTest(unittest.TestCase):
+    """A mixed-precision step whose scaled loss overflowed on one worker
+    (torch's GradScaler then skips the step): as with torch's
+    SyncBatchNorm, the merged backward sums are not finite, so every
+    worker's input gradient is not finite that step, and no call fails;
+    the steps before and after are finite, and so are the running
+    statistics (the forward pass saw finite input)."""
+
+    ENV = WAIT
+
+    def test_every_worker_gets_a_non_finite_input_gradient(self):
+        got = run_scenario("overflow", 2, servers=1, extra_env=self.ENV)
+        for w, g in enumerate(got):
+            for dtype in ("float32", "float64"):
+                steps = g[dtype]
+                self.assertEqual(steps[0], (True, True), (w, dtype))
+                self.assertFalse(steps[1][0], (w, dtype))
+                # The weight's gradient is the worker's own sum.
+                self.assertEqual(steps[1][1], w != 0, (w, dtype))
+                self.assertEqual(steps[2], (True, True), (w, dtype))
+                self.assertTrue(g[dtype + "_running"], (w, dtype))
+
+
+class StreamOverflowTest(OverflowTest):
+    ENV = STREAM
+
+
 class PolicyTest(unittest.TestCase):
     ENV = WAIT
 

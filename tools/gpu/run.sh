@@ -301,11 +301,12 @@ case "$cmd" in
     # The sync cases (fp64, fp32 contiguous and channels_last, fp16, bf16,
     # uneven, empty, 2-D to 5-D, ...) with the layers on the GPU, 3 workers;
     # again with the exchanges queued on the CUDA stream (host functions),
-    # and a queued exchange's failure reaching the caller.
+    # and a queued exchange's failure reaching the caller; a mixed-precision
+    # overflow step both ways.
     (cd /tmp && export BNPS_PARITY_DEVICE=cuda && part torch_parity 300 "$PY" \
       "$REPO/tests/pytorch/pytorch_parity_test.py" -v SyncParityTest \
       StreamSyncParityTest StreamStopCallingTest StreamRunningStatsTest \
-      CudaGraphCaptureTest)
+      CudaGraphCaptureTest OverflowTest StreamOverflowTest)
     # The layers under torch.compile (aot_eager) on the GPU, by default and
     # with the exchanges queued on the stream.
     (cd /tmp && export BNPS_PARITY_DEVICE=cuda && part torch_compile 90 "$PY" \
