@@ -34,7 +34,8 @@ class Staging:
     def _buffer(self, key, numel, dtype):
         buf = self._host.get(key)
         if buf is None or buf.dtype != dtype or buf.numel() < numel:
-            buf = torch.empty(numel, dtype=dtype, pin_memory=True)
+            with torch.inference_mode(False):  # reused outside it too
+                buf = torch.empty(numel, dtype=dtype, pin_memory=True)
             self._host[key] = buf
             self._events.pop(key, None)
         event = self._events.get(key)

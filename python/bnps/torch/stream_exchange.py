@@ -63,6 +63,12 @@ class _Buffers:
     the running statistics, which the jobs update."""
 
     def __init__(self, channels, cuda, acc, running):
+        # Normal tensors even when the first pass runs under
+        # torch.inference_mode: later passes outside it write them.
+        with torch.inference_mode(False):
+            self._make(channels, cuda, acc, running)
+
+    def _make(self, channels, cuda, acc, running):
         def host(n, dtype):
             return torch.zeros(n, dtype=dtype, pin_memory=cuda)
         self.key = (channels, cuda, acc, running)
