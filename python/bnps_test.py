@@ -519,12 +519,12 @@ class LayerTest(unittest.TestCase):
 
         tol = dict(rtol=1e-4, atol=1e-4)
         with counted("layer_forward"), counted("layer_backward"):
-            for shape, affine, momentum in (((6, 3, 5, 4), True, 0.1),
-                                            ((7, 3), False, None),
-                                            ((0, 3, 2), True, 0.1)):
+            for i, (shape, affine, momentum) in enumerate((
+                    ((6, 3, 5, 4), True, 0.1), ((7, 3), False, None),
+                    ((0, 3, 2), True, 0.1))):
                 ours = bnps.torch.SyncBatchNorm(3, affine=affine,
-                                                momentum=momentum, name="l",
-                                                connection=s)
+                                                momentum=momentum,
+                                                name=f"l{i}", connection=s)
                 ref = nn.BatchNorm1d(3, affine=affine, momentum=momentum)
                 if affine:
                     with torch.no_grad():

@@ -9,6 +9,9 @@ merged statistics are the worker's own, so the two agree to rounding):
 - a first training-mode pass under torch.inference_mode, then training
   (the layer's host buffers are made there and written later);
 - gradient accumulation (several backward passes before a step);
+- a copy of the model (copy.deepcopy: an EMA teacher) that trains beside
+  it: it shares the connection, and is refused until its layers have names
+  of their own;
 - a GradScaler whose scale is too large (torch >= 2.3 on the CPU): its
   steps are skipped, nothing fails, and the model trains once the scale
   has come down.
@@ -16,9 +19,12 @@ merged statistics are the worker's own, so the two agree to rounding):
 Float64 on the CPU (the generic path, which queues), float32 for the
 GradScaler (the native step). Real bnps_server on 127.0.0.1."""
 
+import gc
 import os
+import pickle
 import sys
 import unittest
+from copy import deepcopy
 
 sys.path.insert(0, os.path.join(os.getcwd(), "python"))  # Bazel runfiles
 sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
@@ -116,6 +122,36 @@ class TrainingPatternsTest(unittest.TestCase):
                     model(x).pow(2).sum().backward()
             self.assert_same(ours, ref)
         self.both_ways(check)
+
+    def test_a_copy_trains_only_under_names_of_its_own(self):
+        # A model's copy (an EMA teacher, SWA's update_bn) keeps its layers'
+        # names: training both under one name would give the copy the
+        # original's statistics, so it is refused, saying what to do.
+        ours, _ = self.pair()
+        x = torch.randn(4, 3, 6, 6, dtype=torch.float64)
+        ours(x).sum().backward()
+        copy = deepcopy(ours)
+        self.assertIs(copy[1].connection, self.connection)  # shared
+        with self.assertRaisesRegex(TypeError, "state_dict"):
+            pickle.dumps(ours)
+        with torch.no_grad():
+            copy.eval()(x)  # eval exchanges nothing: allowed
+            copy.train()
+            with self.assertRaisesRegex(RuntimeError,
+                                        "two layers named .* rename=True"):
+                copy(x)
+        bnps.torch.name_layers(copy, prefix="copy.", rename=True)
+        self.assertEqual(copy[1].bnps_name, "copy.1")
+        self.assertEqual(copy[1]._bnps_step, 0)
+        copy(x).sum().backward()
+        ours(x).sum().backward()  # both train on, each under its names
+        name = ours[1].bnps_name
+        del ours
+        gc.collect()
+        # The name is free once its layer is gone.
+        other = bnps.torch.SyncBatchNorm(4, name=name,
+                                         connection=self.connection).double()
+        other(torch.randn(4, 4, 2, 2, dtype=torch.float64))
 
     @unittest.skipUnless(hasattr(torch, "amp") and
                          hasattr(torch.amp, "GradScaler"),

@@ -58,6 +58,7 @@ class Connection:
         # CUDA only (queues_on); the queues, by device type.
         self.stream_exchange = stream_exchange
         self._queues = {}
+        self._layer_names = {}  # name -> weakref of the layer training under it
         # init(start_local_server=True): the job's servers, one per node.
         self.node_server = node_server
         # Where this process sits (bnps.launch.Placement): local_rank,
@@ -73,6 +74,21 @@ class Connection:
         self.metrics_port = None  # init(metrics_port=): the port it serves on
         self._step = 0
 
+    # A connection is a live link to the servers: a copy of a model that
+    # holds one (copy.deepcopy, as an EMA teacher is made) shares it, and
+    # pickling says what to save instead.
+    def __copy__(self):
+        return self
+
+    def __deepcopy__(self, memo):
+        return self
+
+    def __reduce__(self):
+        raise TypeError(
+            "bnps.torch: a connection cannot be pickled; save the model's "
+            "state_dict (or layers made without connection=, which use the "
+            "default connection)")
+
     @property
     def closed(self):
         return self.client.closed
@@ -87,6 +103,28 @@ class Connection:
         calls."""
         self.drain_exchanges()
         self.client.leave()
+
+    def claim_layer_name(self, layer):
+        """RuntimeError where another live layer trains under `layer`'s
+        name in this process: the servers key a layer's exchanges by its
+        name, so the second would get the first's statistics (or have its
+        steps refused). A copy of a model (copy.deepcopy, torch.load)
+        keeps its layers' names."""
+        name = layer.bnps_name
+        held = self._layer_names.get(name)
+        other = held() if held is not None else None
+        if other is layer:
+            return
+        if other is not None:
+            raise RuntimeError(
+                f"bnps SyncBatchNorm: two layers named {name!r} train in this "
+                f"process; the servers key a layer's exchanges by its name, "
+                f"so the second would get the first's statistics. A copy of "
+                f"a model (copy.deepcopy, torch.load) keeps the names: give "
+                f"its layers names of their own (bnps.torch.name_layers("
+                f"copy, prefix='copy.', rename=True)), or run it in eval "
+                f"mode")
+        self._layer_names[name] = weakref.ref(layer)
 
     def queues_on(self, device):
         """Whether layers on `device` queue their exchanges on its stream:

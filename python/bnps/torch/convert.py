@@ -10,12 +10,17 @@ from bnps.torch import connection as _connection
 from bnps.torch.sync_batchnorm import SyncBatchNorm, _np, worker_bn
 
 
-def name_layers(module, prefix=""):
+def name_layers(module, prefix="", rename=False):
     """Names every SyncBatchNorm of `module` that has no name yet by its
-    qualified module name (with `prefix`), and returns `module`."""
+    qualified module name (with `prefix`), and returns `module`. With
+    rename=True every one, named or not, and their step counts start
+    again: a copy of a model (copy.deepcopy, torch.load) that trains beside
+    the original needs names of its own in the job."""
     for qualified, m in module.named_modules():
-        if isinstance(m, SyncBatchNorm) and not m.bnps_name:
+        if isinstance(m, SyncBatchNorm) and (rename or not m.bnps_name):
             m.bnps_name = prefix + (qualified or "bn")
+            if rename:
+                m._bnps_step = m._bnps_backward_step = 0
     return module
 
 

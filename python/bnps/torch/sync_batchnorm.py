@@ -259,7 +259,11 @@ def _native_backward(bn, x, weight, dy, stats, eps, need_dx):
 
 def _queued_forward(bn, x, weight, bias, eps):
     """(y, stream_exchange.QueuedStats) where the layer's exchange is queued
-    on the stream (SyncBatchNorm._queued_exchange), else None."""
+    on the stream (SyncBatchNorm._queued_exchange), else None. The first
+    step of every training-mode forward pass, eager or compiled: the layer
+    claims its name in the connection (Connection.claim_layer_name)."""
+    if bn.bnps_name:
+        bn._connection().claim_layer_name(bn)
     queued = bn._queued_exchange(x, weight, bias)
     if queued is None:
         return None
