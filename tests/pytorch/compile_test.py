@@ -32,6 +32,7 @@ import sys
 import unittest
 
 sys.path.insert(0, os.path.join(os.getcwd(), "python"))  # Bazel runfiles
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
                              "python"))  # run from a checkout: torch_or_debian.py
 import torch_or_debian  # noqa: F401,E402  (first: torch, or Debian's python3)
@@ -39,7 +40,7 @@ import torch  # noqa: E402
 
 
 import bnps.torch  # noqa: E402
-from bnps.cluster import LocalCluster  # noqa: E402
+from one_worker_job import OneWorkerJob  # noqa: E402
 from bnps.torch import custom_ops  # noqa: E402
 
 STEPS = 3
@@ -66,21 +67,10 @@ def make(prefix, dtype=torch.float32):
 @unittest.skipUnless(custom_ops.SUPPORTED,
                      f"torch {torch.__version__} < 2.4: no "
                      "torch.library.custom_op; SyncBatchNorm runs eagerly")
-class CompileTest(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        torch.set_num_threads(1)
-        cls.cluster = LocalCluster(num_servers=1, num_workers=1).start()
-        # The layers wait for the device at each exchange (on CUDA not the
-        # default); test_stream_exchange queues them.
-        cls.connection = bnps.torch.init(servers=cls.cluster.servers,
-                                         worker=0, num_workers=1,
-                                         stream_exchange=False)
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.connection.close()
-        cls.cluster.stop()
+class CompileTest(OneWorkerJob):
+    # The layers wait for the device at each exchange (on CUDA not the
+    # default); test_stream_exchange queues them.
+    CONNECT = dict(stream_exchange=False)
 
     def same(self, a, b, exact, msg):
         if exact:

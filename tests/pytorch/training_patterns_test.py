@@ -27,6 +27,7 @@ import unittest
 from copy import deepcopy
 
 sys.path.insert(0, os.path.join(os.getcwd(), "python"))  # Bazel runfiles
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
                              "python"))  # run from a checkout: torch_or_debian.py
 import torch_or_debian  # noqa: F401,E402  (first: torch, or Debian's python3)
@@ -35,7 +36,7 @@ from torch.nn import functional as F  # noqa: E402
 from torch.utils import checkpoint  # noqa: E402
 
 import bnps.torch  # noqa: E402
-from bnps.cluster import LocalCluster  # noqa: E402
+from one_worker_job import OneWorkerJob  # noqa: E402
 
 F64 = dict(rtol=1e-9, atol=1e-9)
 
@@ -45,20 +46,9 @@ def block(dtype):
                                torch.nn.ReLU()).to(dtype)
 
 
-class TrainingPatternsTest(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        torch.set_num_threads(1)
-        cls.cluster = LocalCluster(num_servers=1, num_workers=1).start()
-        cls.connection = bnps.torch.init(servers=cls.cluster.servers,
-                                         worker=0, num_workers=1,
-                                         set_default=False)
-        cls.made = 0
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.connection.close()
-        cls.cluster.stop()
+class TrainingPatternsTest(OneWorkerJob):
+    CONNECT = dict(set_default=False)
+    made = 0  # models made: each one's layers get names of their own
 
     def pair(self, dtype=torch.float64):
         """(bnps model, torch model) with the same parameters; the bnps one
