@@ -18,7 +18,9 @@ default on CUDA) and waiting for the device.
 (On the CPU float32 takes the native step and never queues, hence float64
 there.) Prints one Markdown table: microseconds per layer for a forward and
 a backward pass, min / median / max over --runs runs of --steps steps, and
-the extra over plain BatchNorm. A benchmark: exits 0; 1 if a run fails.
+the extra over plain BatchNorm; and from torch's profiler, per layer, the
+torch operations called from Python and (on a GPU) the kernel launches and
+copies. A benchmark: exits 0; 1 if a run fails.
 """
 
 import argparse
@@ -72,6 +74,28 @@ def main():
         sync()
         return (time.perf_counter() - start) / steps / args.layers * 1e6
 
+    def calls_per_layer(model):
+        """(torch operations, CUDA runtime calls or None) per layer for a
+        forward and a backward pass, from torch's profiler: the operations
+        called from Python (not those they call), the kernel launches and
+        copies a GPU is asked for."""
+        from torch.profiler import ProfilerActivity, profile
+        acts = [ProfilerActivity.CPU] + (
+            [ProfilerActivity.CUDA] if device.type == "cuda" else [])
+        with profile(activities=acts) as prof:
+            model(x).sum().backward()
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+        events = prof.events()
+        ops = sum(1 for e in events if e.name.startswith("aten::") and (
+            e.cpu_parent is None or
+            not e.cpu_parent.name.startswith("aten::")))
+        cuda = sum(1 for e in events
+                   if e.name in ("cudaLaunchKernel", "cudaMemcpyAsync",
+                                 "cudaLaunchKernelExC"))
+        return (ops / args.layers,
+                cuda / args.layers if device.type == "cuda" else None)
+
     with LocalCluster(num_servers=1, num_workers=1, policy="local",
                       server_bin=args.server_bin) as cluster, \
             bnps.torch.init(servers=cluster.servers, worker=0,
@@ -89,6 +113,10 @@ def main():
             for name, (model, queued) in kinds.items():
                 conn.stream_exchange = queued
                 times[name].append(per_layer_us(model, args.steps))
+        calls = {}
+        for name, (model, queued) in kinds.items():
+            conn.stream_exchange = queued
+            calls[name] = calls_per_layer(model)
         conn.drain_exchanges()
     name = torch.cuda.get_device_name() if device.type == "cuda" else "CPU"
     print(f"{args.layers} layers of {args.channels} channels on "
@@ -96,14 +124,17 @@ def main():
           f"{torch.__version__}, one thread; us per layer for a forward and "
           f"a backward pass, min / median / max over {args.runs} runs of "
           f"{args.steps} steps\n")
-    print("| layer | us per layer | extra over plain (median) |")
-    print("|---|---|---|")
+    print("| layer | us per layer | extra over plain (median) | torch "
+          "operations per layer | CUDA launches and copies per layer |")
+    print("|---|---|---|---|---|")
     base = statistics.median(times["plain BatchNorm2d"])
     for name, t in times.items():
         med = statistics.median(t)
-        print("| %s | %.0f / %.0f / %.0f | %s |" % (
+        ops, cuda = calls[name]
+        print("| %s | %.0f / %.0f / %.0f | %s | %.1f | %s |" % (
             name, min(t), med, max(t),
-            "" if name.startswith("plain") else "%.0f" % (med - base)))
+            "" if name.startswith("plain") else "%.0f" % (med - base), ops,
+            "n/a" if cuda is None else "%.1f" % cuda))
     return 0
 
 

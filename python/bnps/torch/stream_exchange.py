@@ -69,13 +69,14 @@ class _Buffers:
             self._make(channels, cuda, acc, running)
 
     def _make(self, channels, cuda, acc, running):
-        def host(n, dtype):
-            return torch.zeros(n, dtype=dtype, pin_memory=cuda)
+        def host(n, dtype, rows=1):  # rows of n // rows (no view later)
+            return torch.zeros(rows, n // rows, dtype=dtype,
+                               pin_memory=cuda).squeeze(0)
         self.key = (channels, cuda, acc, running)
         self.local = host(2 * channels, acc)     # mean, biased var
-        self.rows = host(3 * channels, acc)      # mean, var, 1/sqrt(var+eps)
+        self.rows = host(3 * channels, acc, 3)   # mean, var, 1/sqrt(var+eps)
         self.sums = host(3 * channels, acc)      # sum_dy, sum_dy_xhat, weight
-        self.k = host(3 * channels, acc)         # dx's map
+        self.k = host(3 * channels, acc, 3)      # dx's map
         self.running = host(2 * channels, running)
         # Its halves, as the layer's two buffers read them.
         self.running_halves = (self.running[:channels],
@@ -205,7 +206,7 @@ def forward(bn, queue, rule, native, x, weight, bias, eps, acc):
         running[2], b.rows_arg, running[3],
         b.tracked_out_arg if track else None)
     bn._bnps_step += int(exchanged)
-    rows = _to_device(b.rows, device).view(3, channels).unbind(0)
+    rows = _to_device(b.rows, device).unbind(0)
     if track:
         _load_running(bn, b, device)
     y = _channels.normalize(xa, rows[0], rows[1], _acc(weight, acc),
@@ -243,6 +244,6 @@ def backward(bn, x, weight, dy, stats, eps, need_dx, acc):
         if not want_k:
             dx = torch.zeros_like(x)
         else:
-            k = _to_device(b.k, device).view(3, channels)
+            k = _to_device(b.k, device)
             dx = _channels.input_gradient(k, xa, dya, x.dtype)
     return (dx,) + _channels.parameter_gradients(weight, sum_dy, sum_dy_xhat)
