@@ -193,27 +193,33 @@ def scenario_local(worker):
     out = run_case_keep(case, worker)
     bn = out.pop("module")
     out["settled"] = bnps.torch.sync_running_stats(bn)
-    out["running_after"] = (bn.running_mean.clone(), bn.running_var.clone())
+    out["running_after"] = running(bn)
     # A second round after more training (each round is averaged anew).
     for step in range(2):
         x, _ = case.global_data(50 + step)
-        bn(x[case.slice(worker)] * (1 + worker))
-    out["running_before2"] = (bn.running_mean.clone(), bn.running_var.clone())
+        bn(x[case.slice(worker)].to(DEVICE) * (1 + worker))
+    out["running_before2"] = running(bn)
     bnps.torch.sync_running_stats(bn)
-    out["running_after2"] = (bn.running_mean.clone(), bn.running_var.clone())
+    out["running_after2"] = running(bn)
     return out
 
 
+def running(bn):
+    """The layer's running statistics, on the CPU."""
+    return (bn.running_mean.cpu().clone(), bn.running_var.cpu().clone())
+
+
 def run_case_keep(case, worker):
-    bn = bnps.torch.SyncBatchNorm(case.features, name=case.name).double()
+    bn = bnps.torch.SyncBatchNorm(case.features, name=case.name).to(
+        DEVICE, torch.float64)
     rows = case.slice(worker)
     out = {"y": []}
     for step in range(case.steps):
         x, dy = case.global_data(step)
-        y = bn(x[rows])
-        (y * dy[rows]).sum().backward()
-        out["y"].append(y.detach())
-    out["running_before"] = (bn.running_mean.clone(), bn.running_var.clone())
+        y = bn(x[rows].to(DEVICE))
+        (y * dy[rows].to(DEVICE)).sum().backward()
+        out["y"].append(y.detach().cpu())
+    out["running_before"] = running(bn)
     out["module"] = bn
     return out
 
@@ -226,14 +232,13 @@ def scenario_recal(worker):
     bn = out.pop("module")
     loader = [parity_cases.Case("recal", [5, 3], 3, seed=30 + worker)
               .global_data(b)[0] for b in range(2 + worker)]
-    out["batches"] = bnps.torch.recalibrate(bn, loader)
-    out["running_mean"] = bn.running_mean.clone()
-    out["running_var"] = bn.running_var.clone()
+    out["batches"] = bnps.torch.recalibrate(bn, [b.to(DEVICE) for b in loader])
+    out["running_mean"], out["running_var"] = running(bn)
     out["loader"] = loader
     # A second recalibration, on other data (a round of its own).
     loader2 = [b * 2 + 5 for b in loader[:1 + worker]]
-    bnps.torch.recalibrate(bn, loader2)
-    out["running2"] = (bn.running_mean.clone(), bn.running_var.clone())
+    bnps.torch.recalibrate(bn, [b.to(DEVICE) for b in loader2])
+    out["running2"] = running(bn)
     out["loader2"] = loader2
     return out
 
@@ -241,18 +246,18 @@ def scenario_recal(worker):
 def scenario_async(worker):
     """async: runs inside connection.step() and ends with the servers' stats."""
     connection = bnps.torch.default_connection()
-    bn = bnps.torch.SyncBatchNorm(3, name="async").double()
+    bn = bnps.torch.SyncBatchNorm(3, name="async").to(DEVICE, torch.float64)
     g = torch.Generator().manual_seed(40 + worker)
     for _ in range(6):
         with connection.step():
             x = torch.randn(5, 3, 2, 2, generator=g,
                             dtype=torch.float64) + 3 * worker
-            y = bn(x)
+            y = bn(x.to(DEVICE))
             y.sum().backward()
     bnps.torch.sync_running_stats(bn)
+    mean, var = running(bn)
     return {"finite": bool(torch.isfinite(y).all()),
-            "running_mean": bn.running_mean.clone(),
-            "running_var": bn.running_var.clone(),
+            "running_mean": mean, "running_var": var,
             "steps": int(bn.num_batches_tracked)}
 
 

@@ -302,11 +302,12 @@ case "$cmd" in
     # uneven, empty, 2-D to 5-D, ...) with the layers on the GPU, 3 workers;
     # again with the exchanges queued on the CUDA stream (host functions),
     # and a queued exchange's failure reaching the caller; a mixed-precision
-    # overflow step both ways.
+    # overflow step and the local, recal and async policies both ways.
     (cd /tmp && export BNPS_PARITY_DEVICE=cuda && part torch_parity 300 "$PY" \
       "$REPO/tests/pytorch/pytorch_parity_test.py" -v SyncParityTest \
       StreamSyncParityTest StreamStopCallingTest StreamRunningStatsTest \
-      CudaGraphCaptureTest OverflowTest StreamOverflowTest)
+      CudaGraphCaptureTest OverflowTest StreamOverflowTest PolicyTest \
+      StreamPolicyTest)
     # The layers under torch.compile (aot_eager) on the GPU, by default and
     # with the exchanges queued on the stream.
     (cd /tmp && export BNPS_PARITY_DEVICE=cuda && part torch_compile 90 "$PY" \
