@@ -123,7 +123,8 @@ class Connection:
                 f"a model (copy.deepcopy, torch.load) keeps the names: give "
                 f"its layers names of their own (bnps.torch.name_layers("
                 f"copy, prefix='copy.', rename=True)), or run it in eval "
-                f"mode")
+                f"mode. torch.nn.DataParallel's replicas are such copies: "
+                f"run a process per GPU (torchrun) instead")
         self._layer_names[name] = weakref.ref(layer)
 
     def queues_on(self, device):
