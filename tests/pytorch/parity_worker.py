@@ -349,7 +349,7 @@ def main():
         if isinstance(result, dict):  # jobs of the queued exchanges, if any
             result["stream_counts"] = {
                 "cuda" if on_cuda else "host": q.counts()
-                for on_cuda, q in connection._queues.items() if q is not None}
+                for on_cuda, q in connection._queues.items()}
     torch.save(result, os.path.join(out_dir, f"{scenario}_w{connection.worker}.pt"))
 
 

@@ -10,6 +10,12 @@ def acc_dtype(dtype):
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+def as_dtype(t, dtype):
+    """t in `dtype`: t itself (or None) where it already is, without a call
+    into torch (a layer pass makes several such conversions)."""
+    return t if t is None or t.dtype == dtype else t.to(dtype)
+
+
 def reduce_dims(x):
     return [0] + list(range(2, x.dim()))
 
@@ -60,7 +66,7 @@ def input_gradient(k, xa, dya, dtype):
     k0, k1, k2 = k.view([3] + channel_shape(xa)).unbind(0)
     dx = torch.addcmul(k2, xa, k1)
     dx.addcmul_(dya, k0)
-    return dx if dx.dtype == dtype else dx.to(dtype)
+    return as_dtype(dx, dtype)
 
 
 def parameter_gradients(weight, sum_dy, sum_dy_xhat):
@@ -68,6 +74,4 @@ def parameter_gradients(weight, sum_dy, sum_dy_xhat):
     a weight."""
     if weight is None:
         return None, None
-    if sum_dy.dtype == weight.dtype:
-        return sum_dy_xhat, sum_dy
-    return sum_dy_xhat.to(weight.dtype), sum_dy.to(weight.dtype)
+    return as_dtype(sum_dy_xhat, weight.dtype), as_dtype(sum_dy, weight.dtype)

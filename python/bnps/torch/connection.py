@@ -58,7 +58,10 @@ class Connection:
         # CUDA only (queues_on); the queues, by device type.
         self.stream_exchange = stream_exchange
         self._queues = {}
-        self._layer_names = {}  # name -> weakref of the layer training under it
+        # Under auto: CUDA's queue could not be made (exchange_queue).
+        self._no_cuda_queue = False
+        # name -> weakref of the layer training under it (claim_layer_name)
+        self._layer_names = {}
         # init(start_local_server=True): the job's servers, one per node.
         self.node_server = node_server
         # Where this process sits (bnps.launch.Placement): local_rank,
@@ -133,8 +136,7 @@ class Connection:
         the device a wait per layer and pass) unless the CUDA driver could
         not queue them (exchange_queue), and not elsewhere."""
         if self.stream_exchange is None:
-            return device.type == "cuda" and \
-                self._queues.get(True, True) is not None
+            return device.type == "cuda" and not self._no_cuda_queue
         return bool(self.stream_exchange)
 
     def exchange_queue(self, device):
@@ -149,7 +151,7 @@ class Connection:
         if q is not None:
             return q
         auto = self.stream_exchange is None
-        if auto and on_cuda in self._queues:  # it could not be made
+        if auto and on_cuda and self._no_cuda_queue:
             return None
         from bnps import _native
         from bnps.errors import Unavailable
@@ -160,7 +162,7 @@ class Connection:
                 raise
             warnings.warn(f"bnps: layers on CUDA wait for the device at "
                           f"each exchange ({e})")
-            self._queues[on_cuda] = None
+            self._no_cuda_queue = True
             return None
         self._queues[on_cuda] = q
         if on_cuda:  # queued jobs use this process's host buffers
@@ -180,8 +182,6 @@ class Connection:
         (sticky: every later call raises it too). A no-op where no layer
         queued one."""
         for on_cuda, q in list(self._queues.items()):
-            if q is None:  # (not made: see exchange_queue)
-                continue
             if on_cuda:
                 import torch
                 torch.cuda.synchronize()

@@ -15,13 +15,13 @@ The ops name their layer by an integer id: a custom op takes tensors and
 scalars, not modules. Each SyncBatchNorm registers itself here when made (or
 copied, or unpickled); the registry holds it weakly.
 
-Where the connection queues (bnps/torch/stream_exchange.py: on CUDA by default), the
-forward op queues its exchange on the stream as in eager mode. What its
-backward needs (the queued statistics and the C++ outcome) is not a tensor:
-the op holds it here under a token written into its `info` output, for as
-long as that tensor lives (AOT autograd saves it for the backward op, which
-reads it by the token; a forward without a backward frees it with its
-outputs). The `moments` output then holds zeros: the statistics are still
+Where the connection queues (bnps/torch/stream_exchange.py: on CUDA by
+default), the forward op queues its exchange on the stream as in eager
+mode. What its backward needs (the queued statistics and the C++ outcome)
+is not a tensor: the op holds it here under a token written into its
+`info` output, for as long as that tensor lives (AOT autograd saves it for
+the backward op, which reads it by the token; a forward without a backward
+frees it with its outputs). The `moments` output then holds zeros: the statistics are still
 on their way when the op returns. These two tables are this package's
 process-wide state, and only this module touches them.
 

@@ -24,14 +24,15 @@ finish() and the bnps optimizer call (close() warns). Until then the layers
 normalize with their own statistics, and later exchanges are skipped. A
 layer's passes must run on one stream (as torch's autograd runs a backward
 on its forward's stream). Under torch.compile the custom ops queue the
-same way (bnps/torch/custom_ops.py). With =1 on the CPU's native float32 path
-layers still wait; on the CPU each exchange runs inside the
-call that queues it (the tests' path).
+same way (bnps/torch/custom_ops.py). With =1 on the CPU's native float32
+path layers still wait; on the CPU each exchange runs inside the call that
+queues it (the tests' path).
 """
 
 import torch
 
 from bnps.torch import channels as _channels
+from bnps.torch.channels import as_dtype
 
 F64 = torch.float64
 
@@ -69,14 +70,13 @@ class _Buffers:
             self._make(channels, cuda, acc, running)
 
     def _make(self, channels, cuda, acc, running):
-        def host(n, dtype, rows=1):  # rows of n // rows (no view later)
-            return torch.zeros(rows, n // rows, dtype=dtype,
-                               pin_memory=cuda).squeeze(0)
+        def host(shape, dtype):
+            return torch.zeros(shape, dtype=dtype, pin_memory=cuda)
         self.key = (channels, cuda, acc, running)
         self.local = host(2 * channels, acc)     # mean, biased var
-        self.rows = host(3 * channels, acc, 3)   # mean, var, 1/sqrt(var+eps)
+        self.rows = host((3, channels), acc)     # mean, var, 1/sqrt(var+eps)
         self.sums = host(3 * channels, acc)      # sum_dy, sum_dy_xhat, weight
-        self.k = host(3 * channels, acc, 3)      # dx's map
+        self.k = host((3, channels), acc)        # dx's map
         self.running = host(2 * channels, running)
         # Its halves, as the layer's two buffers read them.
         self.running_halves = (self.running[:channels],
@@ -131,11 +131,6 @@ def _stream(device):
     return torch.cuda.current_stream(device).cuda_stream
 
 
-def _acc(t, acc):
-    """t in dtype `acc` (t itself where it is: no call into torch)."""
-    return t if t is None or t.dtype == acc else t.to(acc)
-
-
 def _to_device(host, device):
     """An asynchronous copy on the current stream (a copy of its own on the
     CPU: the buffer is rewritten by the next job)."""
@@ -169,8 +164,10 @@ def _load_running(bn, b, device):
     rm, rv = bn.running_mean, bn.running_var
     if device.type == "cuda" and b.running.dtype == rm.dtype:
         mean, var = b.running_halves  # straight from the host
-    else:  # a copy of its own on the CPU; 16-bit buffers: converted on
-        src = _to_device(b.running, device)  # the device
+    else:
+        # A copy of its own on the CPU; 16-bit buffers converted on the
+        # device.
+        src = _to_device(b.running, device)
         c = rm.shape[0]
         mean, var = src[:c], src[c:]
     rm.copy_(mean, non_blocking=True)
@@ -188,7 +185,7 @@ def forward(bn, queue, rule, native, x, weight, bias, eps, acc):
     bn._check_named(rule, track)
     handle = _stream(device)
     b = _buffers(bn, channels, handle is not None, acc)
-    xa = _acc(x, acc)
+    xa = as_dtype(x, acc)
     # Host buffers are written only by copies queued on the stream (or the
     # jobs): an earlier job may not have read them yet.
     if count > 0:
@@ -209,10 +206,11 @@ def forward(bn, queue, rule, native, x, weight, bias, eps, acc):
     rows = _to_device(b.rows, device).unbind(0)
     if track:
         _load_running(bn, b, device)
-    y = _channels.normalize(xa, rows[0], rows[1], _acc(weight, acc),
-                            _acc(bias, acc), eps)
+    y = _channels.normalize(xa, rows[0], rows[1], as_dtype(weight, acc),
+                            as_dtype(bias, acc), eps)
     name = bn.bnps_name if global_backward else None
-    return _acc(y, x.dtype), QueuedStats(rows, outcome, name, queue, native)
+    return as_dtype(y, x.dtype), QueuedStats(rows, outcome, name, queue,
+                                             native)
 
 
 def backward(bn, x, weight, dy, stats, eps, need_dx, acc):
@@ -221,12 +219,12 @@ def backward(bn, x, weight, dy, stats, eps, need_dx, acc):
     device, channels = x.device, x.shape[1]
     handle = _stream(device)
     b = _buffers(bn, channels, handle is not None, acc)
-    xa, dya = _acc(x, acc), _acc(dy, acc)
+    xa, dya = as_dtype(x, acc), as_dtype(dy, acc)
     d = stats.rows
     sum_dy, sum_dy_xhat = _channels.backward_sums(
         xa, dya, d[0], d[2], bn._ones(channels, acc, device), eps)
     has_weight = need_dx and weight is not None
-    rows = [sum_dy, sum_dy_xhat] + ([_acc(weight.detach(), acc)]
+    rows = [sum_dy, sum_dy_xhat] + ([as_dtype(weight.detach(), acc)]
                                     if has_weight else [])
     (b.sums if has_weight else b.sums_two).copy_(torch.cat(rows),
                                                  non_blocking=True)

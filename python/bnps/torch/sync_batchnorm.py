@@ -434,9 +434,9 @@ class SyncBatchNorm(nn.modules.batchnorm._BatchNorm):
     def _queued_exchange(self, x, weight, bias):
         """(queue, rule, native client) where this forward's exchange is
         queued on the stream (bnps/torch/stream_exchange.py: the
-        connection queues on the input's device, training mode, a real client, input
-        the native CPU step does not take); else None. Its backward pass
-        follows it (stream_exchange.QueuedStats)."""
+        connection queues on the input's device, training mode, a real
+        client, input the native CPU step does not take); else None. Its
+        backward pass follows it (stream_exchange.QueuedStats)."""
         s = self._connection()
         if not self.training or not s.queues_on(x.device) or \
                 self._recal_batch is not None or \
