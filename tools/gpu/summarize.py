@@ -15,9 +15,10 @@ OUT_DIR is what run.sh all wrote ($OUT on the device machine, copied back):
 info.txt, the tests' logs, cuda_bn_benchmark.txt, model_step_gpu.md,
 step_overhead_gpu.txt, step_overhead_cpu.txt, and the launcher's
 summary.json under demo/, demo_nomps/ and replicas/, and what `run.sh
-torch` wrote under torch/ (the parity and compile logs, pytorch_gpu.md). A part that is missing
-or failed shows as such in the table (the other rows still print), so a
-short run still says what it measured. The checks against the issue's
+torch` wrote under torch/ (the parity and compile logs, pytorch_gpu.md,
+torch_host_cost.log). A part that is missing or failed shows as such in the
+table (the other rows still print), so a short run still says what it
+measured. The checks against the issue's
 targets are computed here, from the figures, never typed in.
 
 Standard library only; any python3.
@@ -503,22 +504,21 @@ def torch_rows(t):
         if r["batch"] != 32:
             continue
         # Queued on the stream (the default on CUDA since 2026-11-27; runs
-        # before had no such column) and waiting for the device.
-        lo, med, hi = r["stream"]
+        # before had no such column) and waiting for the device; the peer's
+        # figure beside the first.
         peer = "; torch SyncBatchNorm (gloo) %s" % fmt(r["torch"][1])
-        if med is not None:
-            out.append((
-                "bnps.torch sync / plain BN, ResNet-18, %d processes, batch "
-                "32, exchanges queued on the stream (the default on CUDA)"
-                % r["procs"], "%s (%s-%s)%s" % (fmt(med), fmt(lo), fmt(hi), peer),
-                "<= %.2f" % TORCH_TARGET, verdict(med, TORCH_TARGET)))
+        for key, how in (("stream", "exchanges queued on the stream (the "
+                                    "default on CUDA)"),
+                         ("bnps", "each exchange waiting for the device "
+                                  "(BNPS_STREAM_EXCHANGE=0)")):
+            lo, med, hi = r[key]
+            if med is None and key == "stream":
+                continue
+            out.append(("bnps.torch sync / plain BN, ResNet-18, %d processes, "
+                        "batch 32, %s" % (r["procs"], how),
+                        "%s (%s-%s)%s" % (fmt(med), fmt(lo), fmt(hi), peer),
+                        "<= %.2f" % TORCH_TARGET, verdict(med, TORCH_TARGET)))
             peer = ""
-        lo, med, hi = r["bnps"]
-        out.append(("bnps.torch sync / plain BN, ResNet-18, %d processes, batch "
-                    "32, each exchange waiting for the device "
-                    "(BNPS_STREAM_EXCHANGE=0)" % r["procs"],
-                    "%s (%s-%s)%s" % (fmt(med), fmt(lo), fmt(hi), peer),
-                    "<= %.2f" % TORCH_TARGET, verdict(med, TORCH_TARGET)))
     return out
 
 
