@@ -24,17 +24,9 @@ import sys
 import tempfile
 import unittest
 
-DEBIAN_PYTHON = "/usr/bin/python3"
-try:
-    import torch  # noqa: F401
-except ImportError:
-    if os.path.realpath(sys.executable) != os.path.realpath(DEBIAN_PYTHON) \
-            and os.path.exists(DEBIAN_PYTHON):
-        os.execv(DEBIAN_PYTHON, [DEBIAN_PYTHON] + sys.argv)
-    sys.exit("FAIL: torch cannot be imported by " + sys.executable +
-             "; tools/setup.sh installs python3-torch")
-
 RUNFILES = os.getcwd()
+sys.path.insert(0, os.path.join(RUNFILES, "python"))  # Bazel runfiles
+import torch_or_debian  # noqa: F401,E402  (first: torch, or Debian's python3)
 TRAIN = os.path.join(RUNFILES, "examples", "pytorch", "train.py")
 PYDIR = os.path.join(RUNFILES, "python")
 # The package, then whatever the caller's path has (the extension, when
