@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -16,6 +17,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/ascii.h"
 
 namespace bnps::checkpoint {
 namespace {
@@ -43,8 +45,8 @@ uint64_t GetLe(const char* p, int bytes) {
   return v;
 }
 
-uint32_t Crc(const std::string& s) {
-  uLong crc = crc32(0L, Z_NULL, 0);
+// Extends `crc` (zlib's CRC-32) over `s`.
+uLong CrcAdd(uLong crc, absl::string_view s) {
   // zlib takes uInt lengths: feed large payloads in pieces.
   size_t done = 0;
   while (done < s.size()) {
@@ -53,10 +55,14 @@ uint32_t Crc(const std::string& s) {
                 static_cast<uInt>(n));
     done += n;
   }
-  return static_cast<uint32_t>(crc);
+  return crc;
 }
 
-absl::Status WriteAll(int fd, const std::string& data, const std::string& path) {
+uint32_t Crc(absl::string_view s) {
+  return static_cast<uint32_t>(CrcAdd(crc32(0L, Z_NULL, 0), s));
+}
+
+absl::Status WriteAll(int fd, absl::string_view data, const std::string& path) {
   size_t done = 0;
   while (done < data.size()) {
     const ssize_t n = ::write(fd, data.data() + done, data.size() - done);
@@ -85,7 +91,7 @@ absl::Status CreateCheckpointDir(const std::string& dir) {
   // Each missing level in turn, as mkdir -p.
   for (size_t end = dir.find('/', 1);; end = dir.find('/', end + 1)) {
     const std::string level = dir.substr(0, end);
-    if (::mkdir(level.c_str(), 0755) != 0 && errno != EEXIST) {
+    if (::mkdir(level.c_str(), 0700) != 0 && errno != EEXIST) {
       return Errno("cannot create directory", level);
     }
     if (end == std::string::npos) break;
@@ -106,21 +112,35 @@ std::string CheckpointPath(const std::string& dir, int64_t step) {
 
 absl::Status WriteCheckpoint(const std::string& dir, int64_t step,
                              const std::string& payload, int keep) {
+  return WriteCheckpoint(dir, step, std::vector<absl::string_view>{payload}, keep);
+}
+
+absl::Status WriteCheckpoint(const std::string& dir, int64_t step,
+                             const std::vector<absl::string_view>& pieces,
+                             int keep) {
   if (dir.empty()) return absl::InvalidArgumentError("no checkpoint directory");
   if (step < 0) return absl::InvalidArgumentError("negative checkpoint step");
   if (absl::Status s = CreateCheckpointDir(dir); !s.ok()) return s;
+  uint64_t length = 0;
+  uLong crc = crc32(0L, Z_NULL, 0);
+  for (absl::string_view p : pieces) {
+    length += p.size();
+    crc = CrcAdd(crc, p);
+  }
   std::string header(kMagic, sizeof(kMagic));
   PutLe(&header, kFormatVersion, 4);
   PutLe(&header, static_cast<uint64_t>(step), 8);
-  PutLe(&header, payload.size(), 8);
-  PutLe(&header, Crc(payload), 4);
+  PutLe(&header, length, 8);
+  PutLe(&header, static_cast<uint32_t>(crc), 4);
 
   const std::string path = CheckpointPath(dir, step);
   const std::string tmp = absl::StrCat(path, ".tmp");
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
   if (fd < 0) return Errno("cannot create", tmp);
   absl::Status s = WriteAll(fd, header, tmp);
-  if (s.ok()) s = WriteAll(fd, payload, tmp);
+  for (size_t i = 0; s.ok() && i < pieces.size(); ++i) {
+    s = WriteAll(fd, pieces[i], tmp);
+  }
   if (s.ok() && ::fsync(fd) != 0) s = Errno("cannot fsync", tmp);
   if (::close(fd) != 0 && s.ok()) s = Errno("cannot close", tmp);
   if (s.ok() && ::rename(tmp.c_str(), path.c_str()) != 0) {
@@ -131,6 +151,8 @@ absl::Status WriteCheckpoint(const std::string& dir, int64_t step,
     return s;
   }
   if (absl::Status d = FsyncPath(dir, O_RDONLY | O_DIRECTORY); !d.ok()) return d;
+  // Only a file that reads back whole may push the older ones out.
+  if (absl::Status v = VerifyCheckpoint(path); !v.ok()) return v;
 
   absl::StatusOr<std::vector<int64_t>> steps = ListCheckpoints(dir);
   if (!steps.ok()) return steps.status();
@@ -164,6 +186,48 @@ absl::StatusOr<std::vector<int64_t>> ListCheckpoints(const std::string& dir) {
   return steps;
 }
 
+namespace {
+
+struct Header {
+  int64_t step = 0;
+  uint64_t length = 0;
+  uint32_t crc = 0;
+};
+
+absl::Status Bad(const std::string& path, const std::string& why) {
+  return absl::DataLossError(absl::StrCat("checkpoint ", path, ": ", why));
+}
+
+// Checks the header's magic and version against `file_bytes`, the file's
+// size.
+absl::StatusOr<Header> ParseHeader(const std::string& path, const char* h,
+                                   size_t file_bytes) {
+  if (file_bytes < kHeaderBytes) {
+    return Bad(path, absl::StrCat("torn: ", file_bytes,
+                                  " bytes, shorter than the header"));
+  }
+  if (std::memcmp(h, kMagic, sizeof(kMagic)) != 0) {
+    return Bad(path, "not a bnps checkpoint (bad magic)");
+  }
+  h += sizeof(kMagic);
+  const uint32_t version = static_cast<uint32_t>(GetLe(h, 4));
+  if (version != kFormatVersion) {
+    return Bad(path, absl::StrCat("format version ", version,
+                                  ", this server reads ", kFormatVersion));
+  }
+  Header header;
+  header.step = static_cast<int64_t>(GetLe(h + 4, 8));
+  header.length = GetLe(h + 12, 8);
+  header.crc = static_cast<uint32_t>(GetLe(h + 20, 4));
+  if (file_bytes - kHeaderBytes != header.length) {
+    return Bad(path, absl::StrCat("torn: payload of ", file_bytes - kHeaderBytes,
+                                  " bytes, the header says ", header.length));
+  }
+  return header;
+}
+
+}  // namespace
+
 absl::StatusOr<CheckpointFile> ReadCheckpoint(const std::string& path) {
   std::FILE* f = std::fopen(path.c_str(), "rb");
   if (f == nullptr) {
@@ -177,33 +241,85 @@ absl::StatusOr<CheckpointFile> ReadCheckpoint(const std::string& path) {
   const bool error = std::ferror(f);
   std::fclose(f);
   if (error) return Errno("cannot read", path);
-  auto bad = [&](const std::string& why) {
-    return absl::DataLossError(absl::StrCat("checkpoint ", path, ": ", why));
-  };
-  if (data.size() < kHeaderBytes) {
-    return bad(absl::StrCat("torn: ", data.size(), " bytes, shorter than the header"));
-  }
-  if (std::memcmp(data.data(), kMagic, sizeof(kMagic)) != 0) {
-    return bad("not a bnps checkpoint (bad magic)");
-  }
-  const char* h = data.data() + sizeof(kMagic);
-  const uint32_t version = static_cast<uint32_t>(GetLe(h, 4));
-  if (version != kFormatVersion) {
-    return bad(absl::StrCat("format version ", version, ", this server reads ",
-                            kFormatVersion));
-  }
+  absl::StatusOr<Header> header = ParseHeader(path, data.data(), data.size());
+  if (!header.ok()) return header.status();
   CheckpointFile file;
-  file.step = static_cast<int64_t>(GetLe(h + 4, 8));
-  const uint64_t length = GetLe(h + 12, 8);
-  const uint32_t crc = static_cast<uint32_t>(GetLe(h + 20, 4));
-  if (data.size() - kHeaderBytes != length) {
-    return bad(absl::StrCat("torn: payload of ", data.size() - kHeaderBytes,
-                            " bytes, the header says ", length));
-  }
+  file.step = header->step;
   file.payload = data.substr(kHeaderBytes);
-  if (Crc(file.payload) != crc) return bad("checksum mismatch");
+  if (Crc(file.payload) != header->crc) return Bad(path, "checksum mismatch");
   file.path = path;
   return file;
+}
+
+absl::Status VerifyCheckpoint(const std::string& path) {
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (f == nullptr) return Errno("cannot open", path);
+  std::string buf(1 << 20, '\0');
+  uLong crc = crc32(0L, Z_NULL, 0);
+  uint64_t total = 0;
+  char head[kHeaderBytes];
+  size_t n;
+  while ((n = std::fread(&buf[0], 1, buf.size(), f)) > 0) {
+    size_t skip = 0;
+    if (total < kHeaderBytes) {
+      skip = std::min<size_t>(n, kHeaderBytes - total);
+      std::memcpy(head + total, buf.data(), skip);
+    }
+    crc = CrcAdd(crc, absl::string_view(buf.data() + skip, n - skip));
+    total += n;
+  }
+  const bool error = std::ferror(f);
+  std::fclose(f);
+  if (error) return Errno("cannot read", path);
+  absl::StatusOr<Header> header = ParseHeader(path, head, total);
+  if (!header.ok()) return header.status();
+  if (static_cast<uint32_t>(crc) != header->crc) {
+    return Bad(path, "checksum mismatch");
+  }
+  return absl::OkStatus();
+}
+
+DirLock::~DirLock() { ::close(fd_); }  // releases the flock
+
+absl::StatusOr<std::unique_ptr<DirLock>> LockCheckpointDir(const std::string& dir) {
+  if (absl::Status s = CreateCheckpointDir(dir); !s.ok()) return s;
+  const std::string path = absl::StrCat(dir, "/LOCK");
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (fd < 0) return Errno("cannot open", path);
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    char holder[32] = {0};
+    const ssize_t got = ::pread(fd, holder, sizeof(holder) - 1, 0);
+    ::close(fd);
+    if (err != EWOULDBLOCK) {
+      errno = err;
+      return Errno("cannot lock", path);
+    }
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint directory '", dir, "' is in use by another server (pid ",
+        got > 0 ? absl::StripAsciiWhitespace(holder) : "unknown",
+        ", holding ", path, "): give each server a directory of its own, or "
+        "stop the other one first"));
+  }
+  std::unique_ptr<DirLock> lock(new DirLock(fd));
+  const std::string pid = absl::StrCat(::getpid(), "\n");
+  if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, pid.data(), pid.size(), 0) < 0) {
+    return Errno("cannot write", path);
+  }
+  // Holding the lock, nobody else writes here: a temporary file is what a
+  // writer killed mid-write left.
+  if (DIR* d = ::opendir(dir.c_str())) {
+    std::vector<std::string> stale;
+    while (const dirent* e = ::readdir(d)) {
+      absl::string_view name = e->d_name;
+      if (absl::StartsWith(name, kPrefix) && absl::EndsWith(name, ".tmp")) {
+        stale.push_back(absl::StrCat(dir, "/", name));
+      }
+    }
+    ::closedir(d);
+    for (const std::string& f : stale) ::unlink(f.c_str());
+  }
+  return lock;
 }
 
 std::string SetAside(const std::string& path) {

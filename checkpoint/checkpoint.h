@@ -17,6 +17,16 @@
 // INTERNAL (with errno's text) for failed file operations; NOT_FOUND when no
 // (good) checkpoint exists.
 //
+// Write reads the new file back (its length and checksum, streamed) before
+// it prunes older files, so a file the disk did not keep never replaces good
+// ones. Files are created 0600 and directories 0700: a checkpoint holds the
+// job's whole state.
+//
+// One writer per directory: LockCheckpointDir takes an exclusive flock on
+// "<dir>/LOCK" for as long as the returned lock lives; a second server on the
+// same directory (a terminating pod and its replacement on one volume) gets
+// FAILED_PRECONDITION instead of pruning the first one's files.
+//
 // Thread-safety: the functions are thread-safe; two writers of one directory
 // must not write the same step at once.
 
@@ -24,11 +34,13 @@
 #define BNPS_CHECKPOINT_CHECKPOINT_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace bnps::checkpoint {
 
@@ -48,10 +60,44 @@ absl::Status CreateCheckpointDir(const std::string& dir);
 std::string CheckpointPath(const std::string& dir, int64_t step);
 
 // Writes `payload` as step `step` (replacing one of the same step), creating
-// `dir` (and its parents) if needed, then removes all but the newest `keep` files.
+// `dir` (and its parents) if needed, reads it back, then removes all but the
+// newest `keep` files. DATA_LOSS if the file read back is not what was
+// written (older files are then kept).
 absl::Status WriteCheckpoint(const std::string& dir, int64_t step,
                              const std::string& payload,
                              int keep = kKeepCheckpoints);
+
+// As above, the payload being the concatenation of `pieces` (which stay
+// owned by the caller), so that a large state is written without a copy
+// that holds all of it.
+absl::Status WriteCheckpoint(const std::string& dir, int64_t step,
+                             const std::vector<absl::string_view>& pieces,
+                             int keep = kKeepCheckpoints);
+
+// Checks the file at `path` as ReadCheckpoint does (magic, version, length,
+// checksum) without holding it in memory. DATA_LOSS for a torn or corrupt
+// file.
+absl::Status VerifyCheckpoint(const std::string& path);
+
+// The exclusive writer's lock on a checkpoint directory (see above); the
+// lock is released when this is destroyed.
+class DirLock {
+ public:
+  DirLock(const DirLock&) = delete;
+  DirLock& operator=(const DirLock&) = delete;
+  ~DirLock();
+
+ private:
+  friend absl::StatusOr<std::unique_ptr<DirLock>> LockCheckpointDir(
+      const std::string& dir);
+  explicit DirLock(int fd) : fd_(fd) {}
+  const int fd_;
+};
+
+// Creates `dir` if needed, locks it for this process (FAILED_PRECONDITION
+// naming the directory and the holder's pid if another process holds it),
+// and removes the temporary files ("*.tmp") a writer killed mid-write left.
+absl::StatusOr<std::unique_ptr<DirLock>> LockCheckpointDir(const std::string& dir);
 
 // The steps of the files in `dir`, newest first (by name; not verified).
 // An absent directory has none.

@@ -1,6 +1,7 @@
 #include "checkpoint/checkpoint.h"
 
 #include <signal.h>
+#include <sys/stat.h>
 #include <stdlib.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -148,6 +149,56 @@ TEST_F(CheckpointTest, ForeignFileAndWrongStepAreRefused) {
   EXPECT_EQ(LoadNewestCheckpoint(dir_).status().code(),
             absl::StatusCode::kNotFound);
   testing::internal::GetCapturedStderr();
+}
+
+TEST_F(CheckpointTest, PiecesAreOnePayload) {
+  const std::string big(3 << 20, 'x');  // more than VerifyCheckpoint's buffer
+  ASSERT_TRUE(WriteCheckpoint(dir_, 3, {"head:", big, ":tail"}).ok());
+  absl::StatusOr<CheckpointFile> f = ReadCheckpoint(CheckpointPath(dir_, 3));
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_EQ(f->payload, "head:" + big + ":tail");
+  EXPECT_TRUE(VerifyCheckpoint(CheckpointPath(dir_, 3)).ok());
+}
+
+TEST_F(CheckpointTest, VerifyFindsWhatReadFinds) {
+  ASSERT_TRUE(WriteCheckpoint(dir_, 1, std::string(5000, 'a')).ok());
+  const std::string path = CheckpointPath(dir_, 1);
+  std::string data = ReadAll(path);
+  data[data.size() - 10] = 'b';
+  WriteAll(path, data);
+  EXPECT_EQ(VerifyCheckpoint(path).code(), absl::StatusCode::kDataLoss);
+  WriteAll(path, data.substr(0, data.size() - 1));
+  const absl::Status torn = VerifyCheckpoint(path);
+  EXPECT_EQ(torn.code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(torn.message().find("torn"), std::string::npos) << torn;
+  WriteAll(path, "short");
+  EXPECT_EQ(VerifyCheckpoint(path).code(), absl::StatusCode::kDataLoss);
+}
+
+TEST_F(CheckpointTest, FilesArePrivate) {
+  ASSERT_TRUE(WriteCheckpoint(dir_, 1, "secret state").ok());
+  struct stat st;
+  ASSERT_EQ(::stat(CheckpointPath(dir_, 1).c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  ASSERT_EQ(::stat(dir_.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0700u);
+}
+
+TEST_F(CheckpointTest, OneWriterPerDirectoryAndStaleTemporariesGo) {
+  ASSERT_TRUE(CreateCheckpointDir(dir_).ok());
+  const std::string stale = CheckpointPath(dir_, 9) + ".tmp";
+  WriteAll(stale, "half a checkpoint");
+  absl::StatusOr<std::unique_ptr<DirLock>> first = LockCheckpointDir(dir_);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_NE(::access(stale.c_str(), F_OK), 0) << "the stale .tmp file stayed";
+  absl::StatusOr<std::unique_ptr<DirLock>> second = LockCheckpointDir(dir_);
+  ASSERT_EQ(second.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(second.status().message().find("in use by another server (pid " +
+                                           std::to_string(::getpid())),
+            std::string::npos)
+      << second.status();
+  first->reset();  // released: the next server may take it
+  EXPECT_TRUE(LockCheckpointDir(dir_).ok());
 }
 
 TEST_F(CheckpointTest, BadArguments) {

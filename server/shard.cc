@@ -103,10 +103,13 @@ absl::StatusOr<std::unique_ptr<Shard>> Shard::Create(ShardOptions options) {
   if (!o.checkpoint_dir.empty()) {
     // A directory that cannot be written is said now, not at every
     // checkpoint while the job runs without any to come back to.
-    if (absl::Status d = checkpoint::CreateCheckpointDir(o.checkpoint_dir); !d.ok()) {
+    absl::StatusOr<std::unique_ptr<checkpoint::DirLock>> lock =
+        checkpoint::LockCheckpointDir(o.checkpoint_dir);
+    if (!lock.ok()) {
       return absl::FailedPreconditionError(
-          absl::StrCat("checkpoint directory: ", d.message()));
+          absl::StrCat("checkpoint directory: ", lock.status().message()));
     }
+    shard->dir_lock_ = *std::move(lock);
     const std::string prefix = absl::StrCat("bnps_server[", o.shard, "]");
     absl::StatusOr<checkpoint::CheckpointFile> file =
         checkpoint::LoadNewestCheckpoint(o.checkpoint_dir, prefix);

@@ -63,8 +63,10 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "checkpoint/checkpoint.h"
 #include "server/admission.h"
 #include "server/bn_aggregator.h"
 #include "server/step_clocks.h"
@@ -72,6 +74,7 @@
 #include "store/parameter_store.h"
 #include "policy/policy.h"
 #include "proto/bnps.pb.h"
+#include "proto/checkpoint.pb.h"
 #include "proto/membership_history.h"
 
 namespace bnps::server {
@@ -109,6 +112,11 @@ struct ShardOptions {
   // A checkpoint every this many steps (parameter versions); 0: only on
   // request (CheckpointNow). Default: 0.
   int64_t checkpoint_every = 0;
+  // The largest protobuf message a checkpoint may hold. Tensors are written
+  // as raw records of any size beside one message of everything else, so a
+  // state of any size is kept; only that message is bounded (a shard of
+  // millions of keys). Tests lower it. Default: protobuf's 2 GiB limit.
+  size_t checkpoint_max_message_bytes = (size_t{1} << 31) - 1;
   // This server process, as the wire names it; 0: a random one. Default: 0.
   uint64_t server_incarnation = 0;
   // Called once when this process sees the job complete (not when it
@@ -315,7 +323,15 @@ class Shard {
   // Called by the store at a step boundary, with its lock held.
   void OnBoundary(int64_t step, store::StoreState store);
   void WriterLoop();
-  // Restores `payload` (a serialized proto::ShardCheckpoint). INVALID_ARGUMENT
+  // Writes `head` and `tensors` (each parameter's values, then momentum, in
+  // `head`'s order) as checkpoint `step`. RESOURCE_EXHAUSTED if `head` is
+  // over options_.checkpoint_max_message_bytes; the checkpoint library's
+  // errors otherwise.
+  absl::Status WriteState(const proto::ShardCheckpoint& head,
+                          const std::vector<absl::string_view>& tensors,
+                          int64_t step) const;
+  // Restores `payload` (EncodeShardState's, or a serialized
+  // proto::ShardCheckpoint of an older server). INVALID_ARGUMENT
   // for a checkpoint of another job config; DATA_LOSS for one that does not
   // fit the job (checked before anything changes). `*changed` (if given):
   // whether some component was restored all the same.
@@ -363,9 +379,13 @@ class Shard {
   std::deque<std::unique_ptr<Taken>> to_write_ ABSL_GUARDED_BY(writer_mu_);
   bool writing_ ABSL_GUARDED_BY(writer_mu_) = false;
   bool stop_writer_ ABSL_GUARDED_BY(writer_mu_) = false;
+  // The newest write's: a failed one does not poison the later ones (a
+  // directory full or unwritable for a while, then the final checkpoint).
   absl::Status write_status_ ABSL_GUARDED_BY(writer_mu_);
   std::optional<absl::Time> last_written_ ABSL_GUARDED_BY(writer_mu_);
   std::thread writer_;
+  // This server's hold on checkpoint_dir (with one).
+  std::unique_ptr<checkpoint::DirLock> dir_lock_;
 
   absl::Notification stop_;
   std::thread ticker_;

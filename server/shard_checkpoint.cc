@@ -15,6 +15,7 @@
 #include "proto/sharding.h"
 #include "checkpoint/checkpoint.h"
 #include "server/shard.h"
+#include "server/shard_state_codec.h"
 #include "util/sha256.h"
 
 namespace bnps::server {
@@ -104,12 +105,16 @@ void Shard::WriterLoop() {
     t->history.ToConfig(c.mutable_config());
     c.set_step(t->step);
     c.set_generation(t->generation);
+    // The tensors go as records of their own, from the taken state itself.
+    std::vector<absl::string_view> tensors;
     for (const store::StoreState::Key& k : t->store.keys) {
       proto::ParamState* p = c.add_params();
       p->set_key(k.key);
       for (int64_t d : k.shape) p->add_shape(d);
-      p->set_values(FloatBytes(*k.values));
-      p->set_momentum(FloatBytes(k.momentum));
+      tensors.emplace_back(reinterpret_cast<const char*>(k.values->data()),
+                           k.values->size() * sizeof(float));
+      tensors.emplace_back(reinterpret_cast<const char*>(k.momentum.data()),
+                           k.momentum.size() * sizeof(float));
       p->set_version(k.version);
       for (int64_t l : k.last_pushed) p->add_last_pushed(l);
     }
@@ -139,8 +144,7 @@ void Shard::WriterLoop() {
     c.set_newest_push_step(t->store.newest_step);
     c.set_newest_bn_step(t->bn.newest_step);
     for (bool b : t->bn.contributed) c.add_bn_contributed(b);
-    absl::Status s =
-        checkpoint::WriteCheckpoint(options_.checkpoint_dir, t->step, c.SerializeAsString());
+    absl::Status s = WriteState(c, tensors, t->step);
     if (!s.ok()) {
       std::fprintf(stderr, "bnps_server[%d]: checkpoint of step %lld failed: %s\n",
                    options_.shard, static_cast<long long>(t->step),
@@ -148,9 +152,21 @@ void Shard::WriterLoop() {
     }
     absl::MutexLock lock(&writer_mu_);
     writing_ = false;
-    write_status_.Update(s);
+    write_status_ = s;
     if (s.ok()) last_written_ = options_.now();
   }
+}
+
+absl::Status Shard::WriteState(const proto::ShardCheckpoint& head,
+                               const std::vector<absl::string_view>& tensors,
+                               int64_t step) const {
+  StatePieces pieces;
+  if (absl::Status s = EncodeShardState(
+          head, tensors, options_.checkpoint_max_message_bytes, &pieces);
+      !s.ok()) {
+    return s;
+  }
+  return checkpoint::WriteCheckpoint(options_.checkpoint_dir, step, pieces.pieces);
 }
 
 std::optional<absl::Time> Shard::last_checkpoint_written() const {
@@ -187,10 +203,9 @@ absl::Status Shard::CheckpointNow() {
 absl::Status Shard::Restore(const std::string& payload, const std::string& from,
                             const absl::Status& why, bool* changed) {
   if (changed != nullptr) *changed = false;
-  proto::ShardCheckpoint c;
-  if (!c.ParseFromString(payload)) {
-    return absl::DataLossError(absl::StrCat(from, ": not a shard checkpoint"));
-  }
+  absl::StatusOr<proto::ShardCheckpoint> decoded = DecodeShardState(payload, from);
+  if (!decoded.ok()) return decoded.status();
+  const proto::ShardCheckpoint& c = *decoded;
   // The membership may go on differently after the checkpoint's step (a
   // restart with another count), never before it.
   proto::JobConfig mine = ToJobConfig(options_);
