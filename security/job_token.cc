@@ -1,6 +1,10 @@
 #include "security/job_token.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "security/small_file.h"
 
 namespace bnps::security {
@@ -22,7 +26,29 @@ absl::Status ValidateToken(absl::string_view token) {
   return absl::OkStatus();
 }
 
+absl::Status CheckTokenFileMode(const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) return absl::OkStatus();  // read says
+  const unsigned mode = st.st_mode & 07777;
+  auto refused = [&](absl::string_view why) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "job token file '%s' (mode %04o) %s: chmod 600 '%s' (or 640 for a "
+        "group that must read it)", path, mode, why, path));
+  };
+  if ((st.st_mode & S_IWOTH) != 0) {
+    return refused("may be replaced by any user");
+  }
+  // Like ssh with a private key: an owner who left the secret readable to
+  // every user is told. A file of another owner (a container's mounted
+  // secret, read through its group or other bits) is what that owner chose.
+  if ((st.st_mode & S_IROTH) != 0 && st.st_uid == ::geteuid()) {
+    return refused("is readable by every user");
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::string> ReadTokenFile(const std::string& path) {
+  if (absl::Status s = CheckTokenFileMode(path); !s.ok()) return s;
   // A token, and the newline an editor or `echo` puts after it.
   absl::StatusOr<std::string> token =
       ReadSmallFile("job token file", path, kMaxTokenBytes + 1);

@@ -39,9 +39,15 @@ inline constexpr size_t kMaxTokenBytes = 4096;
 // OK if `token` is a valid token; INVALID_ARGUMENT saying why otherwise.
 absl::Status ValidateToken(absl::string_view token);
 
-// Reads the token in `path`. NOT_FOUND if the file cannot be read;
-// INVALID_ARGUMENT (naming the path, never echoing its contents) if it does
-// not hold a valid token.
+// FAILED_PRECONDITION, saying the chmod to run, if the file at `path` may be
+// written by every user, or is this user's own and readable by every user
+// (a file of another owner, as a container's mounted secret, may be: that
+// owner chose). OK if it cannot be looked at (reading it will say why).
+absl::Status CheckTokenFileMode(const std::string& path);
+
+// Reads the token in `path`, checked by CheckTokenFileMode first. NOT_FOUND
+// if the file cannot be read; INVALID_ARGUMENT (naming the path, never
+// echoing its contents) if it does not hold a valid token.
 absl::StatusOr<std::string> ReadTokenFile(const std::string& path);
 
 // Checks the token a call carried (nullopt: none) against the job's. An

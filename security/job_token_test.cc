@@ -1,5 +1,8 @@
 #include "security/job_token.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <fstream>
 #include <string>
 
@@ -14,6 +17,7 @@ constexpr char kToken[] = "s3cret-token-of-job-7";
 std::string WriteFile(const std::string& name, const std::string& contents) {
   const std::string path = ::testing::TempDir() + name;
   std::ofstream(path, std::ios::binary) << contents;
+  ::chmod(path.c_str(), 0600);
   return path;
 }
 
@@ -29,6 +33,29 @@ TEST(JobTokenTest, ValidatesLengthAndCharacters) {
     EXPECT_EQ(ValidateToken(bad).code(), absl::StatusCode::kInvalidArgument)
         << "'" << bad << "'";
   }
+}
+
+TEST(JobTokenTest, ATokenFileOpenToEveryUserIsRefused) {
+  const std::string path = WriteFile("mode", kToken);
+  ASSERT_TRUE(ReadTokenFile(path).ok());
+  ASSERT_EQ(::chmod(path.c_str(), 0640), 0);  // a group that must read it
+  EXPECT_TRUE(ReadTokenFile(path).ok());
+  ASSERT_EQ(::chmod(path.c_str(), 0644), 0);
+  absl::Status s = ReadTokenFile(path).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("(mode 0644) is readable by every user: chmod 600 '" +
+                             path + "'"),
+            std::string::npos)
+      << s;
+  ASSERT_EQ(::chmod(path.c_str(), 0602), 0);
+  s = ReadTokenFile(path).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("may be replaced by any user"), std::string::npos) << s;
+  // Another owner's file (a container's mounted secret) read through its
+  // "other" bits is that owner's choice.
+  ASSERT_EQ(::chmod(path.c_str(), 0644), 0);
+  ASSERT_EQ(::chown(path.c_str(), ::geteuid() + 1, -1), 0);
+  EXPECT_TRUE(ReadTokenFile(path).ok());
 }
 
 TEST(JobTokenTest, ReadsATokenFile) {

@@ -67,6 +67,7 @@ class FromEnvironmentTest(unittest.TestCase):
             token = os.path.join(out, "token")
             with open(token, "w") as f:
                 f.write(TOKEN + "\n")
+            os.chmod(token, 0o600)  # a token others can read is refused
             server_env = clean_env(
                 BNPS_PORT=0, BNPS_JOB="envjob", BNPS_NUM_WORKERS=2,
                 BNPS_SHARD=0, BNPS_NUM_SHARDS=1, BNPS_POLICY="sync",

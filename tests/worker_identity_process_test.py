@@ -30,6 +30,7 @@ class PerWorkerTokensTest(unittest.TestCase):
             job = os.path.join(d, "job.token")
             with open(job, "w") as f:
                 f.write(JOB_TOKEN + "\n")
+            os.chmod(job, 0o600)  # a token others can read is refused
             tokens = []
             for w in range(2):
                 r = run([TOKEN_TOOL, "--job_token_file=" + job,
@@ -39,6 +40,7 @@ class PerWorkerTokensTest(unittest.TestCase):
                 path = os.path.join(d, "w%d.token" % w)
                 with open(path, "w") as f:
                     f.write(r.stdout)
+                os.chmod(path, 0o600)
                 tokens.append(path)
             server = subprocess.Popen(
                 [SERVER, "--port=0", "--bn_port=0", "--num_workers=2",
@@ -87,6 +89,7 @@ class PerWorkerTokensTest(unittest.TestCase):
             job = os.path.join(d, "job.token")
             with open(job, "w") as f:
                 f.write(JOB_TOKEN + "\n")
+            os.chmod(job, 0o600)  # a token others can read is refused
             out = os.path.join(d, "out")
             r = run([sys.executable, LAUNCHER, "--servers", "1", "--workers", "2",
                      "--bin_dir", RUNFILES, "--out_dir", out, "--timeout_s", "120",

@@ -30,6 +30,7 @@ def write_token(directory, token=TOKEN):
     path = os.path.join(directory, "token")
     with open(path, "w") as f:
         f.write(token + "\n")
+    os.chmod(path, 0o600)  # a token others can read is refused
     return path
 
 

@@ -316,6 +316,7 @@ class SecuredTest(unittest.TestCase):
             token = os.path.join(d, "token")
             with open(token, "w") as f:
                 f.write("pytorch-parity-token-0123456789\n")
+            os.chmod(token, 0o600)  # a token others can read is refused
             got = run_scenario(
                 "secured", 2, servers=2,
                 flags=["--tls_cert=" + os.path.join(tls, "server.pem"),
