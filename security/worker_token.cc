@@ -42,10 +42,29 @@ bool SealMatches(absl::string_view job_token, absl::string_view message,
          CRYPTO_memcmp(seal.data(), want.data(), want.size()) == 0;
 }
 
+std::string HandshakeProof(absl::string_view key, absl::string_view role,
+                           absl::string_view transcript) {
+  const std::string message = absl::StrCat("bnps-hello:", role, "\n", transcript);
+  unsigned char mac[EVP_MAX_MD_SIZE];
+  unsigned int n = 0;
+  HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()),
+       reinterpret_cast<const unsigned char*>(message.data()), message.size(),
+       mac, &n);
+  return std::string(reinterpret_cast<const char*>(mac), n);
+}
+
+bool HandshakeProofMatches(absl::string_view key, absl::string_view role,
+                           absl::string_view transcript, absl::string_view proof) {
+  const std::string want = HandshakeProof(key, role, transcript);
+  return proof.size() == want.size() &&
+         CRYPTO_memcmp(proof.data(), want.data(), want.size()) == 0;
+}
+
 TokenAuthenticator::TokenAuthenticator(std::string job_token, bool per_worker,
                                        int num_workers)
     : job_token_(std::move(job_token)),
-      per_worker_(per_worker && !job_token_.empty()) {
+      per_worker_(per_worker && !job_token_.empty()),
+      num_workers_(num_workers) {
   if (!per_worker_) return;
   for (int w = 0; w < num_workers; ++w) {
     workers_.emplace(util::Sha256Of(WorkerToken(job_token_, w)), w);
@@ -68,6 +87,37 @@ absl::StatusOr<int> TokenAuthenticator::Authenticate(
             "(per-worker tokens: bnps_worker_token derives them)"
           : "the call carries no token; this job requires one (each worker "
             "its own)");
+}
+
+void TokenAuthenticator::ServerProofs(int worker, absl::string_view transcript,
+                                      std::string* job_proof,
+                                      std::string* worker_proof) const {
+  job_proof->clear();
+  worker_proof->clear();
+  if (job_token_.empty()) return;
+  *job_proof = HandshakeProof(job_token_, "server", transcript);
+  if (per_worker_ && worker >= 0 && worker < num_workers_) {
+    *worker_proof =
+        HandshakeProof(WorkerToken(job_token_, worker), "server", transcript);
+  }
+}
+
+absl::StatusOr<int> TokenAuthenticator::AuthenticateProof(
+    int worker, absl::string_view transcript, absl::string_view proof) const {
+  if (job_token_.empty()) return kAnyWorker;
+  if (HandshakeProofMatches(job_token_, "client", transcript, proof)) {
+    return kAnyWorker;
+  }
+  if (per_worker_ && worker >= 0 && worker < num_workers_ &&
+      HandshakeProofMatches(WorkerToken(job_token_, worker), "client",
+                            transcript, proof)) {
+    return worker;
+  }
+  return absl::UnauthenticatedError(
+      per_worker_ ? absl::StrCat("the hello's proof is neither the job token's "
+                                 "nor worker ", worker, "'s own token's")
+                  : std::string("wrong job token (the hello's proof does not "
+                                "hold)"));
 }
 
 }  // namespace bnps::security

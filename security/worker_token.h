@@ -1,4 +1,4 @@
-// Per-worker tokens: each worker of a job its own identity (issue 34).
+// Per-worker tokens: each worker of a job its own identity.
 //
 // Worker w's token is the lower-case hex of HMAC-SHA256(job token,
 // "worker:<w>") -- 64 characters, a valid token (security/job_token.h).
@@ -8,7 +8,9 @@
 // certificates because the raw-TCP BN connection is plaintext (it carries
 // the token in its hello, not a certificate), so a certificate could not
 // bind it; a derived token binds both transports the same way and needs no
-// certificate authority, only the secret every server already holds.
+// certificate authority, only the secret every server already holds. The
+// raw BN connection no longer carries the token itself: each side proves it
+// holds its key (HandshakeProof; security/bn_handshake.h).
 //
 // TokenAuthenticator says who a call's token proves the caller is: with
 // per-worker tokens on, worker w's token acts as worker w only; the job
@@ -49,6 +51,15 @@ std::string Seal(absl::string_view job_token, absl::string_view message);
 bool SealMatches(absl::string_view job_token, absl::string_view message,
                  absl::string_view seal);
 
+// A proof that the holder of `key` took part in the handshake whose
+// transcript is `transcript`, as `role` ("server" or "client"): the raw
+// HMAC-SHA256(key, "bnps-hello:" + role + "\n" + transcript), 32 bytes.
+std::string HandshakeProof(absl::string_view key, absl::string_view role,
+                           absl::string_view transcript);
+// Whether `proof` is HandshakeProof(key, role, transcript), in constant time.
+bool HandshakeProofMatches(absl::string_view key, absl::string_view role,
+                           absl::string_view transcript, absl::string_view proof);
+
 class TokenAuthenticator {
  public:
   // What Authenticate returns for a caller that may act as any worker.
@@ -67,10 +78,25 @@ class TokenAuthenticator {
       std::optional<absl::string_view> token) const;
 
   bool per_worker() const { return per_worker_; }
+  // Whether callers must prove a token (the job has one).
+  bool required() const { return !job_token_.empty(); }
+
+  // The server's proofs for a handshake (`transcript`) whose hello named
+  // `worker`: under the job token, and (per-worker tokens, a worker of the
+  // job) under that worker's own, empty otherwise. A client holding either
+  // checks one of them.
+  void ServerProofs(int worker, absl::string_view transcript,
+                    std::string* job_proof, std::string* worker_proof) const;
+  // Who the client's `proof` shows the caller is: kAnyWorker for the job
+  // token's, `worker` for that worker's own (per-worker tokens on), as
+  // Authenticate. UNAUTHENTICATED otherwise; kAnyWorker if none is required.
+  absl::StatusOr<int> AuthenticateProof(int worker, absl::string_view transcript,
+                                        absl::string_view proof) const;
 
  private:
   const std::string job_token_;
   const bool per_worker_;
+  const int num_workers_;
   // SHA-256 of each worker's token -> the worker.
   absl::flat_hash_map<std::string, int> workers_;
 };
