@@ -22,6 +22,8 @@
 #include "hostbn/batcher.h"
 #include "proto/bn_frame.h"
 #include "proto/bnps.pb.h"
+#include "security/bn_handshake.h"
+#include "util/log_escape.h"
 #include "util/socket_io.h"
 
 namespace bnps::hostbn {
@@ -137,6 +139,14 @@ struct Aggregator::Group {
 
 Aggregator::Aggregator(Options options) : options_(std::move(options)) {}
 
+bool Aggregator::IsOwnShard(const std::string& upstream) const {
+  if (options_.shards.empty()) return true;
+  if (options_.shards.count(upstream) > 0) return true;
+  const size_t colon = upstream.rfind(':');
+  return colon != std::string::npos &&
+         options_.shards.count(upstream.substr(0, colon)) > 0;
+}
+
 absl::StatusOr<std::unique_ptr<Aggregator>> Aggregator::Start(
     Options options) {
   if (options.workers < 1) {
@@ -233,18 +243,41 @@ void Aggregator::Serve(std::shared_ptr<Conn> conn) {
   }
   const int worker = hello.worker();
   if (s.ok()) {
-    absl::StatusOr<int> who = auth_->Authenticate(hello.token());
-    s = who.status();
-    if (who.ok() && *who != security::TokenAuthenticator::kAnyWorker &&
-        *who != worker) {
-      s = absl::PermissionDeniedError(absl::StrCat(
-          "worker ", *who, "'s token said hello as worker ", worker));
+    // The handshake (security/bn_handshake.h): the aggregator proves it
+    // holds the key before the worker proves it does; no token is sent.
+    security::HelloServer handshake(auth_.get(), "tcp");
+    absl::StatusOr<proto::BnHelloReply> first = handshake.Begin(hello);
+    s = first.status();
+    if (s.ok() && handshake.awaiting_proof()) {
+      conn->Write(*first);
+      absl::StatusOr<std::string> bytes =
+          conn->ReadFrame(absl::Now() + options_.timeout, kMaxHelloBytes);
+      if (!bytes.ok()) return;
+      proto::BnHelloProof proof;
+      absl::StatusOr<int> who =
+          proof.ParseFromString(*bytes)
+              ? handshake.Finish(proof)
+              : absl::StatusOr<int>(absl::InvalidArgumentError(
+                    "the frame after the challenge is no BnHelloProof"));
+      s = who.status();
+      if (who.ok() && *who != security::TokenAuthenticator::kAnyWorker &&
+          *who != worker) {
+        s = absl::PermissionDeniedError(absl::StrCat(
+            "worker ", *who, "'s token said hello as worker ", worker));
+      }
     }
   }
   if (s.ok() && (hello.upstream().empty() || hello.workers_size() > 0)) {
     s = absl::InvalidArgumentError(
         "a host's BN aggregator needs a hello of one worker naming its "
         "shard's BN address (upstream)");
+  }
+  if (s.ok() && !IsOwnShard(hello.upstream())) {
+    // No relay to an address a worker names: only the shards it was
+    // started for.
+    s = absl::PermissionDeniedError(absl::StrCat(
+        "'", util::EscapeForLog(hello.upstream(), 64),
+        "' is not one of this aggregator's shards (bnps_host_bn --shards)"));
   }
   std::shared_ptr<Group> g;
   if (s.ok()) {
@@ -329,7 +362,6 @@ void Aggregator::OpenUpstream(const std::shared_ptr<Group>& g) {
   proto::BnHello hello;
   hello.set_job(std::get<1>(g->key));
   hello.set_generation(std::get<2>(g->key));
-  hello.set_token(options_.token);
   {
     absl::MutexLock lock(&g->mu);
     hello.set_worker(*g->joined.begin());
@@ -361,17 +393,35 @@ void Aggregator::OpenUpstream(const std::shared_ptr<Group>& g) {
       return fail(st);
     }
   }
+  bool stopping = false;
   {
     absl::MutexLock lock(&mu_);
-    if (stopping_) return fail(absl::CancelledError("stopping"));
-    conns_.insert(up);
+    stopping = stopping_;
+    if (!stopping) conns_.insert(up);
   }
-  up->Write(hello);
-  absl::StatusOr<std::string> bytes = up->ReadFrame(deadline);
+  // Failed outside mu_: Break takes it (a stop while a shard connection
+  // opened once died here on a self-deadlock).
+  if (stopping) return fail(absl::CancelledError("stopping"));
+  // The shard proves it holds the job token before the aggregator proves it
+  // does; the token itself is never sent.
+  const security::HelloClient handshake(hello, options_.token, "tcp", where);
+  up->Write(handshake.hello());
   proto::BnHelloReply reply;
-  if (!bytes.ok()) return fail(bytes.status());
-  if (!reply.ParseFromString(*bytes)) {
-    return fail(absl::InvalidArgumentError("no BnHelloReply"));
+  auto read_reply = [&]() -> absl::Status {
+    absl::StatusOr<std::string> bytes = up->ReadFrame(deadline);
+    if (!bytes.ok()) return bytes.status();
+    if (!reply.ParseFromString(*bytes)) {
+      return absl::InvalidArgumentError("no BnHelloReply");
+    }
+    return absl::OkStatus();
+  };
+  if (absl::Status st = read_reply(); !st.ok()) return fail(st);
+  absl::StatusOr<std::optional<proto::BnHelloProof>> proof =
+      handshake.OnFirstReply(reply);
+  if (!proof.ok()) return fail(proof.status());
+  if (proof->has_value()) {
+    up->Write(**proof);
+    if (absl::Status st = read_reply(); !st.ok()) return fail(st);
   }
   if (reply.code() != 0) {
     return fail(absl::Status(static_cast<absl::StatusCode>(reply.code()),

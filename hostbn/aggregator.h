@@ -9,15 +9,20 @@
 // (server/bn_batch_dispatch.h), so results are bitwise the same.
 //
 // A worker's hello names, in `upstream`, the shard's BN address its
-// requests are for; the workers of one (upstream, job, generation) form a
-// group, and once `workers` of them have said hello the aggregator opens
-// one connection to that shard with a hello naming them all (with the job
-// token). Until then their requests wait.
+// requests are for, which must be one of the aggregator's own shards
+// (Options::shards), so that it is no relay to an address a worker names
+// (without shards, any: in a job with a token the far side must still prove
+// the job's key before anything but the hello reaches it). The
+// workers of one (upstream, job, generation) form a group, and once
+// `workers` of them have said hello the aggregator opens one connection to
+// that shard with a hello naming them all. Until then their requests wait.
 //
-// Tokens: the aggregator holds the job token, as the servers do. A worker's
-// hello must carry the job token or, with per_worker_tokens, that worker's
-// own token (security/worker_token.h), checked here; the shard sees the job
-// token. Errors: a refused hello is answered and the connection closed; a
+// Tokens: the aggregator holds the job token, as the servers do. Neither
+// side of either connection sends it: each hello is a handshake
+// (security/bn_handshake.h) in which the listening side proves its key
+// first. A worker proves the job token or, with per_worker_tokens, its own
+// (security/worker_token.h); the shard must prove the job token before the
+// aggregator says anything more, so a fake shard learns nothing. Errors: a refused hello is answered and the connection closed; a
 // worker whose connection closes holds up no round of its peers (the shard
 // waits for it or fails the barrier naming it, hostbn/batcher.h); a shard
 // connection that breaks or refuses the hello fails every request waiting
@@ -54,6 +59,11 @@ class Aggregator {
     int port = 0;                    // 0: a free one
     int workers = 1;  // the host's workers (each shard's group waits for all)
     std::string token;               // the job token; empty: none
+    // The shards this aggregator may connect to: "host:port" (a shard's BN
+    // address, as its registration advertises it) or "host" (any port of
+    // that host); a hello naming another is refused. Empty: any (see
+    // above). Default: empty.
+    std::set<std::string> shards;
     bool per_worker_tokens = false;  // workers may use their own tokens
     int num_workers = 0;  // the job's workers (per_worker_tokens needs it)
     absl::Duration timeout = absl::Seconds(5);  // hellos, connects, writes
@@ -62,9 +72,12 @@ class Aggregator {
   };
 
   // UNAVAILABLE if the address cannot be bound; INVALID_ARGUMENT for
-  // options that do not fit (workers < 1, per_worker_tokens without a
-  // token or num_workers).
+  // options that do not fit (workers < 1, per_worker_tokens
+  // without a token or num_workers).
   static absl::StatusOr<std::unique_ptr<Aggregator>> Start(Options options);
+
+  // Whether `upstream` ("host:port") is one of Options::shards.
+  bool IsOwnShard(const std::string& upstream) const;
   ~Aggregator();  // Stop()
 
   int port() const { return port_; }

@@ -9,6 +9,7 @@
 
 #include <cstdio>
 #include <string>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "hostbn/aggregator.h"
@@ -34,6 +35,13 @@ ABSL_FLAG(bool, per_worker_tokens, false,
           "With --token_file: accept each worker's own token "
           "(security/worker_token.h); needs --num_workers.");
 ABSL_FLAG(int, num_workers, 0, "The job's workers (for --per_worker_tokens).");
+ABSL_FLAG(std::vector<std::string>, shards, {},
+          "The shards the aggregator may connect to, comma-separated: the "
+          "servers' hosts (any BN port there) or their BN addresses "
+          "host:port. A worker's hello naming another is refused, so the "
+          "aggregator relays to no address a worker chooses. Empty: any "
+          "(with --token_file a shard must still prove the job token before "
+          "it gets anything but the hello).");
 
 int main(int argc, char** argv) {
   bnps::util::ParseCommandLine(
@@ -48,6 +56,15 @@ int main(int argc, char** argv) {
   o.workers = absl::GetFlag(FLAGS_workers);
   o.per_worker_tokens = absl::GetFlag(FLAGS_per_worker_tokens);
   o.num_workers = absl::GetFlag(FLAGS_num_workers);
+  for (const std::string& shard : absl::GetFlag(FLAGS_shards)) {
+    if (!shard.empty()) o.shards.insert(shard);
+  }
+  if (o.shards.empty() && absl::GetFlag(FLAGS_token_file).empty()) {
+    std::fprintf(stderr,
+                 "bnps_host_bn: warning: without --shards or --token_file "
+                 "this aggregator forwards to any address a worker's hello "
+                 "names\n");
+  }
   if (const std::string path = absl::GetFlag(FLAGS_token_file); !path.empty()) {
     absl::StatusOr<std::string> token = bnps::security::ReadTokenFile(path);
     if (!token.ok()) {

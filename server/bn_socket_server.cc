@@ -34,6 +34,7 @@
 #include "util/socket_io.h"
 #include "util/spin.h"
 #include "util/unix_socket.h"
+#include "security/bn_handshake.h"
 
 namespace bnps::server {
 namespace {
@@ -192,6 +193,11 @@ struct BnSocketServer::Conn {
   int64_t charged_in = 0;  // reader.buffered(), charged to the budget
   // When the frame now partly read began (InfiniteFuture: none is).
   absl::Time frame_started = absl::InfiniteFuture();
+  // "tcp" or "unix", which the hello's handshake binds. Set at accept.
+  std::string transport = "tcp";
+  // Between the hello and the client's proof (a job with a token).
+  std::optional<security::HelloServer> handshake;
+  proto::BnHello hello;
   std::optional<BnBatchDispatcher> dispatcher;  // after a good BnHello
   Admission admission;  // after a good BnHello: holds its worker's claim
   proto::BnRequest request;                // reused for every frame
@@ -289,6 +295,9 @@ size_t BnSocketServer::MaxHelloBytes(const std::string& job, int num_workers) {
   largest.set_job(job);
   largest.set_worker(std::numeric_limits<int32_t>::min());  // 10 bytes
   largest.set_generation(std::numeric_limits<int64_t>::min());
+  largest.set_client_nonce(std::string(security::kHelloNonceBytes, 'n'));
+  // No token is sent; an older client's, up to the longest, is admitted
+  // to be refused with a reason rather than cut off.
   largest.set_token(std::string(security::kMaxTokenBytes, '~'));
   return largest.ByteSizeLong();
 }
@@ -340,6 +349,7 @@ bool BnSocketServer::Accept(int listen_fd,
     }
     auto conn = std::make_shared<Conn>(c, epoll_fd_, options_.max_queued_bytes,
                                        budget_);
+    if (listen_fd == unix_fd_) conn->transport = "unix";
     epoll_event ev{};
     ev.events = kIn;
     ev.data.fd = c;
@@ -571,27 +581,55 @@ bool BnSocketServer::HandleFrames(const std::shared_ptr<Conn>& conn,
 bool BnSocketServer::HandleHello(const std::shared_ptr<Conn>& c,
                                  absl::string_view bytes) {
   Conn& conn = *c;
-  proto::BnHello hello;
-  absl::Status s;
-  if (!hello.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
-    s = absl::InvalidArgumentError("the first frame is no BnHello");
+  auto send = [&conn](const proto::BnHelloReply& reply) {
+    std::string out;
+    if (proto::AppendFrame(reply, &out).ok()) conn.Write(out);
+  };
+  auto refuse = [&](const absl::Status& s, int worker) {
+    proto::BnHelloReply reply;
+    reply.set_code(static_cast<int>(s.code()));
+    reply.set_message(std::string(s.message()));
+    send(reply);
+    LogRejected(*shard_, "BnSync (TCP)", worker, s);
+    return false;
+  };
+  if (conn.handshake.has_value() && conn.handshake->awaiting_proof()) {
+    // The second frame: the client's proof.
+    proto::BnHelloProof proof;
+    if (!proof.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
+      return refuse(absl::InvalidArgumentError(
+                        "the frame after the challenge is no BnHelloProof"), -1);
+    }
+    absl::StatusOr<int> who = conn.handshake->Finish(proof);
+    conn.handshake.reset();
+    if (!who.ok()) return refuse(who.status(), -1);
+    return AdmitHello(c, conn.hello, *who);
   }
-  int caller = Shard::kAnyWorker;
-  if (s.ok()) {
-    absl::StatusOr<int> who = auth_->Authenticate(hello.token());
-    s = who.status();
-    if (who.ok()) caller = *who;
+  if (!conn.hello.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
+    return refuse(absl::InvalidArgumentError("the first frame is no BnHello"), -1);
   }
-  if (s.ok()) {
-    AdmissionRequest a;
-    a.caller = caller;
-    a.job = hello.job();
-    a.worker = hello.worker();
-    a.connection = BnTransport::kTcp;
-    absl::StatusOr<Admission> admitted = shard_->Admit(a);
-    s = admitted.status();
-    if (s.ok()) conn.admission = *std::move(admitted);
+  conn.handshake.emplace(auth_.get(), conn.transport);
+  absl::StatusOr<proto::BnHelloReply> first = conn.handshake->Begin(conn.hello);
+  if (!first.ok()) return refuse(first.status(), -1);
+  if (conn.handshake->awaiting_proof()) {
+    send(*first);  // the challenge: nothing is admitted before the proof
+    return true;
   }
+  conn.handshake.reset();
+  return AdmitHello(c, conn.hello, Shard::kAnyWorker);  // a job without a token
+}
+
+bool BnSocketServer::AdmitHello(const std::shared_ptr<Conn>& c,
+                                const proto::BnHello& hello, int caller) {
+  Conn& conn = *c;
+  AdmissionRequest a;
+  a.caller = caller;
+  a.job = hello.job();
+  a.worker = hello.worker();
+  a.connection = BnTransport::kTcp;
+  absl::StatusOr<Admission> admitted = shard_->Admit(a);
+  absl::Status s = admitted.status();
+  if (s.ok()) conn.admission = *std::move(admitted);
   proto::BnHelloReply reply;
   std::vector<int> workers = {hello.worker()};
   if (s.ok()) s = HelloWorkers(*shard_, hello, caller, &workers);

@@ -61,6 +61,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "proto/bnps.pb.h"
 #include "server/bn_dispatch.h"
 #include "server/server_metrics.h"
 #include "security/worker_token.h"
@@ -176,7 +177,13 @@ class BnSocketServer {
   bool Read(const std::shared_ptr<Conn>& conn);
   // Handles the whole frames read, counting them in `frames`.
   bool HandleFrames(const std::shared_ptr<Conn>& conn, int* frames);
+  // The hello's frames (security/bn_handshake.h): the hello, then in a job
+  // with a token the client's proof; false once the connection must close.
   bool HandleHello(const std::shared_ptr<Conn>& conn, absl::string_view frame);
+  // Admits the hello's connection as `caller` (who its proof showed) and
+  // answers it; false if refused.
+  bool AdmitHello(const std::shared_ptr<Conn>& conn, const proto::BnHello& hello,
+                  int caller);
   // Shuts `conn` and gives back what its reading side held.
   void Release(Conn& conn);
 

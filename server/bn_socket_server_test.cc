@@ -365,23 +365,32 @@ TEST_F(BnSocketServerTest, AnAnswerTooLargeIsAnErrorNotAClose) {
   EXPECT_EQ(r.code(), 0) << r.message();
 }
 
-// D3 (issue 34): the longest token the docs allow (4,096 characters) makes
-// a valid hello, which the pre-hello limit must admit; a byte more than the
-// largest valid hello is refused.
-TEST_F(BnSocketServerTest, TheLongestValidHelloIsAdmitted) {
+// The longest token the docs allow (4,096 characters) settles the
+// handshake; a hello of an older client that carries a token, up to the
+// longest, is refused with its reason (the token would have crossed the
+// wire); a byte more than the largest hello is refused.
+TEST_F(BnSocketServerTest, TheLongestHelloIsAnsweredWithAReason) {
   const std::string longest(security::kMaxTokenBytes, 'k');
   ASSERT_TRUE(security::ValidateToken(longest).ok());
   ASSERT_NO_FATAL_FAILURE(Start(1, {}, longest));
+  {
+    RawConn c(server_->port());
+    EXPECT_EQ(c.Hello("bnps", 0, longest).code(), 0);
+  }
   proto::BnHello hello;
   hello.set_job("bnps");
   hello.set_worker(0);
   hello.set_generation(std::numeric_limits<int64_t>::max());
+  hello.set_client_nonce(security::NewHelloNonce());
   hello.set_token(longest);
-  EXPECT_GT(hello.ByteSizeLong(), 4096u);  // over the old guess
+  EXPECT_GT(hello.ByteSizeLong(), 4096u);
   EXPECT_LE(hello.ByteSizeLong(), BnSocketServer::MaxHelloBytes("bnps"));
   {
     RawConn c(server_->port());
-    EXPECT_EQ(c.Hello("bnps", 0, longest).code(), 0);
+    c.Send(hello);
+    const proto::BnHelloReply r = c.ReceiveReply();
+    EXPECT_EQ(r.code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+    EXPECT_NE(r.message().find("carries no token"), std::string::npos) << r.message();
   }
   // One byte more than any valid hello: closed without a reply.
   RawConn c(server_->port());
@@ -398,7 +407,7 @@ TEST_F(BnSocketServerTest, TheLongestValidHelloIsAdmitted) {
             BnSocketServer::MaxHelloBytes("j") + 999 + 1);
 }
 
-// D1 (issue 34): the BN connections may never take the descriptors the
+// The BN connections may never take the descriptors the
 // gRPC listener and its connections need.
 TEST(BnSocketServerCapTest, TheCapKeepsDescriptorsForTheRest) {
   EXPECT_EQ(BnSocketServer::ConnectionCap(1024), 480);
@@ -434,7 +443,7 @@ TEST_F(BnSocketServerTest, ConnectionsOverTheCapAreRefusedAndCounted) {
     RawConn c(server_->port());
     proto::BnHello hello;
     hello.set_job("bnps");
-    hello.set_token(kToken);
+    hello.set_client_nonce(security::NewHelloNonce());
     c.Send(hello);
     served = c.Receive().has_value();
   }

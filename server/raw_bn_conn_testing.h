@@ -24,6 +24,7 @@
 #include "proto/bn_frame.h"
 #include "proto/bnps.pb.h"
 #include "proto/codec.h"
+#include "security/bn_handshake.h"
 
 namespace bnps::server::bn_testing {
 
@@ -63,7 +64,7 @@ class RawConn {
     setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &ten, sizeof ten);
   }
   // To the listener's Unix socket at `path`.
-  explicit RawConn(const std::string& unix_path) {
+  explicit RawConn(const std::string& unix_path) : transport_("unix") {
     fd_ = socket(AF_UNIX, SOCK_STREAM, 0);
     sockaddr_un addr{};
     addr.sun_family = AF_UNIX;
@@ -121,8 +122,24 @@ class RawConn {
     proto::BnHello hello;
     hello.set_job(job);
     hello.set_worker(worker);
-    hello.set_token(token);
-    Send(hello);
+    return Hello(hello, token);
+  }
+  // Says `hello` and settles its handshake (security/bn_handshake.h) as a
+  // client holding `token` would; the final reply. A client that cannot
+  // answer the challenge sends an empty proof (refused).
+  proto::BnHelloReply Hello(const proto::BnHello& hello, const std::string& token) {
+    security::HelloClient client(hello, token, transport_, "the server");
+    Send(client.hello());
+    proto::BnHelloReply reply = ReceiveReply();
+    if (!reply.challenge()) return reply;
+    absl::StatusOr<std::optional<proto::BnHelloProof>> proof =
+        client.OnFirstReply(reply);
+    proto::BnHelloProof answer;
+    if (proof.ok() && proof->has_value()) answer = **proof;
+    Send(answer);
+    return ReceiveReply();
+  }
+  proto::BnHelloReply ReceiveReply() {
     proto::BnHelloReply reply;
     std::optional<std::string> bytes = Receive();
     EXPECT_TRUE(bytes.has_value());
@@ -134,6 +151,7 @@ class RawConn {
 
  private:
   int fd_ = -1;
+  std::string transport_ = "tcp";
   proto::FrameReader reader_;
 };
 

@@ -5,12 +5,19 @@
 // that leaves fails its peers' round at the shard, naming it; the
 // aggregator's metrics count what it relays.
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <cstring>
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
 #include "hostbn/aggregator.h"
 #include "hostbn/aggregator_metrics.h"
@@ -85,15 +92,10 @@ proto::BnResponse ReceiveAnswer(RawConn& c) {
   return resp;
 }
 
-proto::BnHelloReply SendHello(RawConn& c, const proto::BnHello& hello) {
-  c.Send(hello);
-  proto::BnHelloReply reply;
-  std::optional<std::string> bytes = c.Receive();
-  EXPECT_TRUE(bytes.has_value());
-  if (bytes) {
-    EXPECT_TRUE(reply.ParseFromString(*bytes));
-  }
-  return reply;
+// Says `hello` with the handshake, proving `token`.
+proto::BnHelloReply SendHello(RawConn& c, const proto::BnHello& hello,
+                              const std::string& token) {
+  return c.Hello(hello, token);
 }
 
 // A worker's hello to its host's aggregator.
@@ -102,9 +104,8 @@ proto::BnHelloReply HelloVia(RawConn& c, int worker, const std::string& upstream
   proto::BnHello hello;
   hello.set_job("bnps");
   hello.set_worker(worker);
-  hello.set_token(token);
   hello.set_upstream(upstream);
-  return SendHello(c, hello);
+  return SendHello(c, hello, token);
 }
 
 // The merged moments each worker got for steps 0..2, as raw bytes.
@@ -228,13 +229,15 @@ TEST(HostBnTest, TheAggregatorChecksWorkersTokens) {
     RawConn c((*a)->port());
     proto::BnHelloReply r =
         HelloVia(c, 1, shard.address(), security::WorkerToken(kToken, 0));
-    EXPECT_EQ(r.code(), static_cast<int>(absl::StatusCode::kPermissionDenied));
+    // Worker 0's token does not prove worker 1's key.
+    EXPECT_EQ(r.code(), static_cast<int>(absl::StatusCode::kUnauthenticated));
   }
   RawConn c((*a)->port());
   ASSERT_EQ(HelloVia(c, 0, shard.address(), security::WorkerToken(kToken, 0))
                 .code(),
             0);
-  // Its own token reached the aggregator; the shard saw the job token.
+  // Its own token's proof reached the aggregator; the shard, the job
+  // token's.
   proto::BnRequest r = Forward(0, 7, 0);
   r.set_phase(proto::BN_RUNNING);
   c.Send(r);
@@ -315,8 +318,7 @@ proto::BnHelloReply HelloFor(RawConn& c, const std::vector<int>& workers,
   hello.set_job("bnps");
   hello.set_worker(workers[0]);
   for (int w : workers) hello.add_workers(w);
-  hello.set_token(token);
-  return SendHello(c, hello);
+  return SendHello(c, hello, token);
 }
 
 TEST(HostBnTest, AShardTakesAHelloOfSeveralWorkersWithTheJobTokenOnly) {
@@ -348,6 +350,151 @@ TEST(HostBnTest, AShardTakesAHelloOfSeveralWorkersWithTheJobTokenOnly) {
   EXPECT_EQ(resp.id(), 1u);
   EXPECT_EQ(resp.code(), static_cast<int>(absl::StatusCode::kInvalidArgument))
       << "three entries on a connection of two workers";
+}
+
+// A listener that poses as a shard: it records every byte it gets and
+// answers the first frame with a challenge whose proofs are made up.
+class FakeShard {
+ public:
+  FakeShard() {
+    fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+    EXPECT_EQ(listen(fd_, 4), 0);
+    socklen_t len = sizeof addr;
+    getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len);
+    port_ = ntohs(addr.sin_port);
+    thread_ = std::thread([this] { Serve(); });
+  }
+  ~FakeShard() {
+    shutdown(fd_, SHUT_RDWR);
+    thread_.join();
+    close(fd_);
+  }
+  std::string address() const { return absl::StrCat("127.0.0.1:", port_); }
+  // Everything received, once the peer closed (or 10 s passed).
+  std::string Received() {
+    done_.WaitForNotificationWithTimeout(absl::Seconds(10));
+    absl::MutexLock lock(&mu_);
+    return received_;
+  }
+
+ private:
+  void Serve() {
+    const int c = accept(fd_, nullptr, nullptr);
+    if (c < 0) return done_.Notify();
+    const timeval ten{10, 0};
+    setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &ten, sizeof ten);
+    proto::FrameReader reader;
+    bool answered = false;
+    char buf[4096];
+    for (;;) {
+      const ssize_t k = recv(c, buf, sizeof buf, 0);
+      if (k <= 0) break;
+      {
+        absl::MutexLock lock(&mu_);
+        received_.append(buf, static_cast<size_t>(k));
+      }
+      reader.Append(buf, static_cast<size_t>(k));
+      absl::StatusOr<std::optional<absl::string_view>> f = reader.Next();
+      if (!answered && f.ok() && f->has_value()) {
+        answered = true;
+        proto::BnHelloReply challenge;
+        challenge.set_challenge(true);
+        challenge.set_server_nonce(std::string(32, 'n'));
+        challenge.set_job_proof(std::string(32, 'p'));
+        std::string out;
+        EXPECT_TRUE(proto::AppendFrame(challenge, &out).ok());
+        send(c, out.data(), out.size(), MSG_NOSIGNAL);
+      }
+    }
+    close(c);
+    done_.Notify();
+  }
+
+  int fd_ = -1;
+  int port_ = 0;
+  std::thread thread_;
+  absl::Notification done_;
+  absl::Mutex mu_;
+  std::string received_ ABSL_GUARDED_BY(mu_);
+};
+
+// A worker names a listener of its own as its shard: the aggregator, which
+// holds the job token, says its hello there, finds the listener cannot
+// prove the job's key, and sends nothing more; no byte it sent holds the
+// token. (Before the handshake the hello carried the job token itself.)
+TEST(HostBnTest, AFakeShardBehindTheAggregatorLearnsNoSecret) {
+  FakeShard fake;
+  hostbn::Aggregator::Options o;
+  o.workers = 1;
+  o.token = kToken;
+  o.per_worker_tokens = true;
+  o.num_workers = kWorkers;
+  auto a = hostbn::Aggregator::Start(o);
+  ASSERT_TRUE(a.ok()) << a.status();
+  {
+    RawConn w((*a)->port());
+    ASSERT_EQ(HelloVia(w, 2, fake.address(), security::WorkerToken(kToken, 2))
+                  .code(),
+              0);
+    // Its requests fail: the shard never proved itself.
+    w.Send(Forward(2, 1, 0));
+    std::optional<std::string> answer = w.Receive();
+    if (answer.has_value()) {
+      proto::BnResponse r;
+      ASSERT_TRUE(r.ParseFromString(*answer));
+      EXPECT_NE(r.code(), 0);
+      EXPECT_NE(r.message().find("could not prove"), std::string::npos)
+          << r.message();
+    }
+  }
+  (*a)->Stop();
+  const std::string got = fake.Received();
+  EXPECT_FALSE(got.empty());  // the hello reached it
+  EXPECT_EQ(got.find(kToken), std::string::npos);
+  EXPECT_EQ(got.find(security::WorkerToken(kToken, 2)), std::string::npos);
+  // Exactly one frame: the hello, with no proof after it.
+  proto::FrameReader reader;
+  reader.Append(got.data(), got.size());
+  absl::StatusOr<std::optional<absl::string_view>> first = reader.Next();
+  ASSERT_TRUE(first.ok() && first->has_value());
+  proto::BnHello hello;
+  ASSERT_TRUE(hello.ParseFromArray((*first)->data(), (*first)->size()));
+  EXPECT_TRUE(hello.token().empty());
+  absl::StatusOr<std::optional<absl::string_view>> second = reader.Next();
+  EXPECT_TRUE(second.ok() && !second->has_value());
+}
+
+// With its shards configured, the aggregator refuses a hello naming any
+// other address: it relays to none a worker chooses.
+TEST(HostBnTest, TheAggregatorConnectsToItsOwnShardsOnly) {
+  ShardUnderTest shard;
+  hostbn::Aggregator::Options o;
+  o.workers = 1;
+  o.token = kToken;
+  o.shards = {shard.address()};
+  auto a = hostbn::Aggregator::Start(o);
+  ASSERT_TRUE(a.ok()) << a.status();
+  {
+    RawConn c((*a)->port());
+    proto::BnHelloReply r = HelloVia(c, 0, "10.1.2.3:80");
+    EXPECT_EQ(r.code(), static_cast<int>(absl::StatusCode::kPermissionDenied));
+    EXPECT_NE(r.message().find("not one of this aggregator's shards"),
+              std::string::npos)
+        << r.message();
+  }
+  EXPECT_TRUE((*a)->IsOwnShard(shard.address()));
+  EXPECT_FALSE((*a)->IsOwnShard("127.0.0.1:1"));
+  o.shards = {"127.0.0.1"};  // a host: any of its ports
+  auto by_host = hostbn::Aggregator::Start(o);
+  ASSERT_TRUE(by_host.ok());
+  EXPECT_TRUE((*by_host)->IsOwnShard("127.0.0.1:1"));
+  EXPECT_FALSE((*by_host)->IsOwnShard("127.0.0.2:1"));
+  RawConn c((*a)->port());
+  EXPECT_EQ(HelloVia(c, 0, shard.address()).code(), 0);
 }
 
 }  // namespace

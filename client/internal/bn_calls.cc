@@ -247,7 +247,6 @@ std::shared_ptr<BnTransport> BnCalls::GetSocket(int shard) {
   hello.set_job(options.job);
   hello.set_worker(options.worker);
   hello.set_generation(generation);
-  hello.set_token(options.token);
   std::string host = channels_->Host(shard);
   int connect_port = port;
   if (!options.bn_host_aggregator.empty()) {
@@ -275,7 +274,8 @@ std::shared_ptr<BnTransport> BnCalls::GetSocket(int shard) {
       absl::UnavailableError("not tried");
   if (try_unix) {
     opened = BnSocket::ConnectUnix(unix_path, unix_socket.server_incarnation,
-                                   hello, deadline, options.bn_spin);
+                                   hello, options.token, deadline,
+                                   options.bn_spin);
     // Any failure, a refused hello too (it may be another server's), leaves
     // TCP to try.
     if (!opened.ok()) {
@@ -285,8 +285,8 @@ std::shared_ptr<BnTransport> BnCalls::GetSocket(int shard) {
   }
   const bool over_unix = try_unix && !unix_failed;
   if (!over_unix) {
-    opened = BnSocket::Connect(host, connect_port, hello, deadline,
-                               options.bn_spin);
+    opened = BnSocket::Connect(host, connect_port, hello, options.token,
+                               deadline, options.bn_spin);
   }
   absl::MutexLock lock(&streams_mu_);
   SocketState& state = socket_state_[shard];

@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "proto/codec.h"
+#include "security/bn_handshake.h"
 #include "util/socket_io.h"
 #include "util/spin.h"
 #include "util/unix_socket.h"
@@ -48,7 +49,7 @@ absl::Status Drain(int fd, proto::FrameReader* reader, bool* got) {
 
 absl::StatusOr<std::unique_ptr<BnSocket>> BnSocket::Connect(
     const std::string& host, int port, const proto::BnHello& hello,
-    absl::Time deadline, absl::Duration spin) {
+    const std::string& token, absl::Time deadline, absl::Duration spin) {
   absl::StatusOr<sockaddr_in> resolved = util::ResolveIPv4(host, port);
   if (!resolved.ok()) return Unavailable(std::string(resolved.status().message()));
   sockaddr_in addr = *resolved;
@@ -67,7 +68,8 @@ absl::StatusOr<std::unique_ptr<BnSocket>> BnSocket::Connect(
       return Unavailable(absl::StrCat(where, ": ", st.message()));
     }
   }
-  if (absl::Status st = s->Hello(where, hello, deadline, nullptr); !st.ok()) {
+  if (absl::Status st = s->Hello(where, hello, token, "tcp", deadline, nullptr);
+      !st.ok()) {
     return st;
   }
   return s;
@@ -75,12 +77,24 @@ absl::StatusOr<std::unique_ptr<BnSocket>> BnSocket::Connect(
 
 absl::StatusOr<std::unique_ptr<BnSocket>> BnSocket::ConnectUnix(
     const std::string& path, uint64_t server_incarnation,
-    const proto::BnHello& hello, absl::Time deadline, absl::Duration spin) {
+    const proto::BnHello& hello, const std::string& token,
+    absl::Time deadline, absl::Duration spin) {
   absl::StatusOr<int> fd = util::ConnectUnix(path, deadline);
   if (!fd.ok()) return absl::UnavailableError(fd.status().message());
   std::unique_ptr<BnSocket> s(new BnSocket(*fd, hello.generation(), spin));
+  ucred peer{};
+  socklen_t len = sizeof peer;
+  if (getsockopt(*fd, SOL_SOCKET, SO_PEERCRED, &peer, &len) != 0) {
+    return Unavailable(absl::StrCat(path, ": SO_PEERCRED: ", strerror(errno)));
+  }
+  if (peer.uid != geteuid() && peer.uid != 0) {
+    return absl::UnavailableError(absl::StrCat(
+        path, " is served by another user (uid ", peer.uid,
+        "), not the shard's: nothing was sent to it"));
+  }
   uint64_t answered = 0;
-  if (absl::Status st = s->Hello(path, hello, deadline, &answered); !st.ok()) {
+  if (absl::Status st = s->Hello(path, hello, token, "unix", deadline, &answered);
+      !st.ok()) {
     return st;
   }
   if (answered != server_incarnation) {
@@ -92,27 +106,53 @@ absl::StatusOr<std::unique_ptr<BnSocket>> BnSocket::ConnectUnix(
 }
 
 absl::Status BnSocket::Hello(const std::string& where,
-                             const proto::BnHello& hello, absl::Time deadline,
+                             const proto::BnHello& hello,
+                             const std::string& token,
+                             const std::string& transport, absl::Time deadline,
                              uint64_t* server_incarnation) {
-  std::string frame;
-  if (absl::Status st = proto::AppendFrame(hello, &frame); !st.ok()) return st;
-  if (absl::Status st = util::SendAll(fd_, frame.data(), frame.size(), deadline);
-      !st.ok()) {
-    return Unavailable(absl::StrCat("hello to ", where, ": ", st.message()));
+  const security::HelloClient client(hello, token, transport, where);
+  auto send = [&](const google::protobuf::MessageLite& m) -> absl::Status {
+    std::string frame;
+    if (absl::Status st = proto::AppendFrame(m, &frame); !st.ok()) return st;
+    if (absl::Status st = util::SendAll(fd_, frame.data(), frame.size(), deadline);
+        !st.ok()) {
+      return Unavailable(absl::StrCat("hello to ", where, ": ", st.message()));
+    }
+    return absl::OkStatus();
+  };
+  if (absl::Status st = send(client.hello()); !st.ok()) return st;
+  proto::BnHelloReply reply;
+  if (absl::Status st = ReadHelloFrame(where, deadline, &reply); !st.ok()) {
+    return st;
   }
+  absl::StatusOr<std::optional<proto::BnHelloProof>> proof =
+      client.OnFirstReply(reply);
+  if (!proof.ok()) return proof.status();
+  if (proof->has_value()) {
+    if (absl::Status st = send(**proof); !st.ok()) return st;
+    if (absl::Status st = ReadHelloFrame(where, deadline, &reply); !st.ok()) {
+      return st;
+    }
+    if (reply.challenge()) {
+      return Unavailable(absl::StrCat(where, " sent a second challenge"));
+    }
+  }
+  if (reply.code() != 0) return proto::StatusFromWire(reply.code(), reply.message());
+  if (server_incarnation != nullptr) {
+    *server_incarnation = reply.server_incarnation();
+  }
+  return absl::OkStatus();
+}
+
+absl::Status BnSocket::ReadHelloFrame(const std::string& where,
+                                      absl::Time deadline,
+                                      google::protobuf::MessageLite* m) {
   for (;;) {
     absl::StatusOr<std::optional<absl::string_view>> f = reader_.Next();
     if (!f.ok()) return Unavailable(std::string(f.status().message()));
     if (f->has_value()) {
-      proto::BnHelloReply reply;
-      if (!reply.ParseFromArray((*f)->data(), static_cast<int>((*f)->size()))) {
-        return Unavailable(absl::StrCat(where, " answered no BnHelloReply"));
-      }
-      if (reply.code() != 0) {
-        return proto::StatusFromWire(reply.code(), reply.message());
-      }
-      if (server_incarnation != nullptr) {
-        *server_incarnation = reply.server_incarnation();
+      if (!m->ParseFromArray((*f)->data(), static_cast<int>((*f)->size()))) {
+        return Unavailable(absl::StrCat(where, " answered no ", m->GetTypeName()));
       }
       return absl::OkStatus();
     }

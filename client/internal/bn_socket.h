@@ -37,20 +37,26 @@ namespace bnps::client::internal {
 
 class BnSocket final : public BnTransport {
  public:
-  // Connects to host:port (IPv4), sends `hello` and waits for its reply
-  // until `deadline`. A hello the server refused: its code and message
-  // (UNAUTHENTICATED, FAILED_PRECONDITION, ...). Anything else that fails:
-  // UNAVAILABLE.
+  // Connects to host:port (IPv4), says `hello` and settles its handshake
+  // (security/bn_handshake.h) with `token` (the job's or this worker's own;
+  // empty for a job without one), which never crosses the wire, until
+  // `deadline`. A hello the server refused, or a server that could not
+  // prove it holds the job's key: its code and message (UNAUTHENTICATED,
+  // FAILED_PRECONDITION, ...). Anything else that fails: UNAVAILABLE.
   static absl::StatusOr<std::unique_ptr<BnSocket>> Connect(
       const std::string& host, int port, const proto::BnHello& hello,
-      absl::Time deadline, absl::Duration spin);
+      const std::string& token, absl::Time deadline, absl::Duration spin);
   // The same over the server's Unix socket at `path` (a listener of this
   // host only: bnps_server --bn_unix_socket). UNAVAILABLE too if the
   // process that answers is not `server_incarnation` (another server at the
   // same path on this host).
+  // Before the hello, the peer's credentials (SO_PEERCRED) must be this
+  // user's or root's: another local user's listener at the path gets
+  // nothing, not even the hello.
   static absl::StatusOr<std::unique_ptr<BnSocket>> ConnectUnix(
       const std::string& path, uint64_t server_incarnation,
-      const proto::BnHello& hello, absl::Time deadline, absl::Duration spin);
+      const proto::BnHello& hello, const std::string& token,
+      absl::Time deadline, absl::Duration spin);
   ~BnSocket() override;
 
   BnSocket(const BnSocket&) = delete;
@@ -80,11 +86,15 @@ class BnSocket final : public BnTransport {
 
   BnSocket(int fd, int64_t generation, absl::Duration spin)
       : fd_(fd), generation_(generation), spin_(spin) {}
-  // Sends `hello` to the server at `where` (for messages) and reads its
-  // reply, before the socket is shared; `server_incarnation` (if not null)
+  // Says `hello` to the server at `where` (for messages) and settles the
+  // handshake over `transport` ("tcp", "unix"), before the socket is shared; `server_incarnation` (if not null)
   // gets the reply's.
   absl::Status Hello(const std::string& where, const proto::BnHello& hello,
+                     const std::string& token, const std::string& transport,
                      absl::Time deadline, uint64_t* server_incarnation);
+  // The next frame, read until `deadline`, into `*m`.
+  absl::Status ReadHelloFrame(const std::string& where, absl::Time deadline,
+                              google::protobuf::MessageLite* m);
   // Reads until at least one whole frame is buffered, `deadline`, or an
   // error (the connection's end included). Called by the reader alone.
   absl::Status ReadSome(absl::Time deadline);
