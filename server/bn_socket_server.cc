@@ -218,9 +218,17 @@ absl::StatusOr<std::unique_ptr<BnSocketServer>> BnSocketServer::Start(
   }
   s->listen_fd_ = listener->fd;
   if (!s->options_.unix_path.empty()) {
-    s->unix_path_ = s->options_.unix_path == "auto"
-                        ? util::DefaultUnixSocketPath(listener->port)
-                        : s->options_.unix_path;
+    s->unix_path_ = s->options_.unix_path;
+    if (s->unix_path_ == "auto") {
+      absl::StatusOr<std::string> path = util::MakePrivateSocketPath(listener->port);
+      if (!path.ok()) {
+        return absl::Status(path.status().code(),
+                            absl::StrCat("BN over a Unix socket: ",
+                                         path.status().message()));
+      }
+      s->unix_path_ = *path;
+      s->unix_dir_made_ = true;
+    }
     absl::StatusOr<util::UnixListener> u = util::ListenUnix(s->unix_path_, 256);
     if (!u.ok()) {
       return absl::Status(u.status().code(),
@@ -269,6 +277,7 @@ BnSocketServer::~BnSocketServer() {
   Stop();
   // Run closed the listeners if it ran.
   if (unix_fd_ >= 0) util::RemoveUnixListener(unix_listener_, unix_path_);
+  if (unix_dir_made_) util::RemovePrivateSocketDir(unix_path_);
   for (int fd : {listen_fd_, unix_fd_, epoll_fd_, stop_fd_, spare_fd_}) {
     if (fd >= 0) close(fd);
   }
@@ -474,6 +483,7 @@ void BnSocketServer::Run() {
   listen_fd_ = -1;
   if (unix_fd_ >= 0) {
     util::RemoveUnixListener(unix_listener_, unix_path_);
+    if (unix_dir_made_) util::RemovePrivateSocketDir(unix_path_);
     close(unix_fd_);
     unix_fd_ = -1;
   }

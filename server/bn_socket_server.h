@@ -108,7 +108,7 @@ class BnSocketServer {
     // closed (a sender that stops mid-frame holds its bytes otherwise).
     absl::Duration frame_timeout = absl::Seconds(10);
     // Non-empty: also accept on a Unix stream socket at this path ("auto":
-    // util::DefaultUnixSocketPath of the TCP port). Counts with the TCP
+    // util::MakePrivateSocketPath's, in a private directory of its own). Counts with the TCP
     // connections toward max_connections and the budget.
     std::string unix_path;
     // Above zero: for this long after each message the listener's thread
@@ -195,6 +195,7 @@ class BnSocketServer {
   int unix_fd_ = -1;            // -1: no Unix socket
   util::UnixListener unix_listener_;
   std::string unix_path_;       // constant after Start
+  bool unix_dir_made_ = false;  // unix_path_'s directory is ours to remove
   std::atomic<bool> unix_listening_{false};
   int epoll_fd_ = -1;
   int stop_fd_ = -1;

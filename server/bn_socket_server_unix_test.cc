@@ -3,8 +3,8 @@
 // 0600, removed on stop, a stale one replaced, a live one or a file
 // refused) and a path too long for a socket address.
 
-#include <sys/stat.h>
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <memory>
@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "proto/bnps.pb.h"
@@ -147,15 +148,26 @@ TEST_F(BnUnixSocketTest, APathTooLongNamesTheLimit) {
       << server.status();
 }
 
-TEST_F(BnUnixSocketTest, AutoPicksAPathOfTheProcessAndPort) {
+// "auto" puts the socket in a private directory of its own (0700, with a
+// name nobody guesses), removed with it.
+TEST_F(BnUnixSocketTest, AutoPicksAPathInAPrivateDirectory) {
   absl::StatusOr<std::unique_ptr<BnSocketServer>> server = Start("auto");
   ASSERT_TRUE(server.ok()) << server.status();
   const std::string path = (*server)->unix_path();
-  EXPECT_EQ(path, util::DefaultUnixSocketPath((*server)->port()));
+  EXPECT_TRUE(absl::EndsWith(path, absl::StrCat("/", getpid(), "-",
+                                                (*server)->port(), ".sock")))
+      << path;
+  const std::string dir = path.substr(0, path.rfind('/'));
+  struct stat st;
+  ASSERT_EQ(lstat(dir.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISDIR(st.st_mode));
+  EXPECT_EQ(st.st_mode & 0777, 0700u);
+  EXPECT_EQ(st.st_uid, geteuid());
   RawConn c(path);
   EXPECT_EQ(c.Hello("bnps", 0, kToken).code(), 0);
   server->reset();
   EXPECT_FALSE(Exists(path));
+  EXPECT_FALSE(Exists(dir));
 }
 
 }  // namespace

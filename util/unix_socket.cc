@@ -46,7 +46,7 @@ bool Listening(const sockaddr_un& addr) {
 
 size_t MaxUnixPathBytes() { return sizeof(sockaddr_un{}.sun_path) - 1; }
 
-std::string DefaultUnixSocketPath(int port) {
+absl::StatusOr<std::string> MakePrivateSocketPath(int port) {
   std::string dir = "/tmp";
   const char* runtime = getenv("XDG_RUNTIME_DIR");
   struct stat st;
@@ -54,7 +54,21 @@ std::string DefaultUnixSocketPath(int port) {
       S_ISDIR(st.st_mode)) {
     dir = runtime;
   }
-  return absl::StrCat(dir, "/bnps-bn-", getpid(), "-", port, ".sock");
+  std::string made = absl::StrCat(dir, "/bnps-bn-XXXXXX");
+  if (mkdtemp(&made[0]) == nullptr) {  // 0700, a fresh random name
+    return absl::UnavailableError(
+        absl::StrCat("cannot make a private directory under ", dir, ": ",
+                     strerror(errno)));
+  }
+  return absl::StrCat(made, "/", getpid(), "-", port, ".sock");
+}
+
+void RemovePrivateSocketDir(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  if (slash == std::string::npos) return;
+  const std::string dir = path.substr(0, slash);
+  if (dir.find("/bnps-bn-") == std::string::npos) return;
+  rmdir(dir.c_str());  // fails, harmlessly, if anything else is in it
 }
 
 absl::StatusOr<UnixListener> ListenUnix(const std::string& path, int backlog) {

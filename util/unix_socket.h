@@ -26,10 +26,16 @@ namespace bnps::util {
 // The longest path a Unix socket address holds (sun_path less its NUL).
 size_t MaxUnixPathBytes();
 
-// `$XDG_RUNTIME_DIR/bnps-bn-<pid>-<port>.sock` where XDG_RUNTIME_DIR names
-// a directory, else the same under /tmp: a path unique to this process and
-// `port`.
-std::string DefaultUnixSocketPath(int port);
+// `<dir>/bnps-bn-<random>/<pid>-<port>.sock`, where <dir> is
+// $XDG_RUNTIME_DIR if it names a directory, else /tmp, and the directory
+// bnps-bn-<random> is made here, private (0700, this user's), with a name
+// nobody can guess: no other user can bind the path first or connect to it.
+// The caller removes the directory (RemovePrivateSocketDir) with the socket.
+// UNAVAILABLE if the directory cannot be made.
+absl::StatusOr<std::string> MakePrivateSocketPath(int port);
+// Removes the private directory MakePrivateSocketPath made for `path` (once
+// the socket in it is gone); nothing if it holds anything else.
+void RemovePrivateSocketDir(const std::string& path);
 
 // A listening, non-blocking, close-on-exec Unix stream socket at `path`
 // (the caller's to close, and to remove with RemoveUnixListener).

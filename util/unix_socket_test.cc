@@ -107,11 +107,20 @@ TEST(UnixSocketTest, RemoveLeavesAnotherServersSocket) {
   EXPECT_NE(lstat(path.c_str(), &st), 0);
 }
 
-TEST(UnixSocketTest, DefaultPathNamesTheProcessAndPort) {
-  const std::string path = DefaultUnixSocketPath(7312);
-  EXPECT_NE(path.find(absl::StrCat("bnps-bn-", getpid(), "-7312.sock")),
-            std::string::npos);
-  EXPECT_LE(path.size(), MaxUnixPathBytes());
+TEST(UnixSocketTest, APrivatePathIsInAFreshDirectoryOfThisUser) {
+  absl::StatusOr<std::string> a = MakePrivateSocketPath(7312);
+  absl::StatusOr<std::string> b = MakePrivateSocketPath(7312);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_NE(*a, *b);  // not guessable from the pid and port
+  EXPECT_NE(a->find(absl::StrCat("/", getpid(), "-7312.sock")), std::string::npos);
+  EXPECT_LE(a->size(), MaxUnixPathBytes());
+  const std::string dir = a->substr(0, a->rfind('/'));
+  struct stat st;
+  ASSERT_EQ(lstat(dir.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0700u);
+  RemovePrivateSocketDir(*a);
+  RemovePrivateSocketDir(*b);
+  EXPECT_NE(lstat(dir.c_str(), &st), 0);
 }
 
 }  // namespace
