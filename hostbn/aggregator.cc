@@ -319,8 +319,12 @@ void Aggregator::Serve(std::shared_ptr<Conn> conn) {
   if (m != nullptr) s.ok() ? m->HelloAccepted() : m->HelloRefused();
   conn->Write(reply);
   if (!s.ok()) {
-    std::fprintf(stderr, "bnps_host_bn: refused worker %d: %s\n", worker,
-                 std::string(s.message()).c_str());
+    int64_t left_out = 0;
+    if (refusal_log_.Admit(absl::Now(), &left_out)) {
+      std::fprintf(stderr, "bnps_host_bn: refused worker %d: %s%s\n", worker,
+                   util::EscapeForLog(s.message()).c_str(),
+                   util::LogLimiter::LeftOut(left_out).c_str());
+    }
     return;
   }
   if (open) OpenUpstream(g);

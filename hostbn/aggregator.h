@@ -49,6 +49,7 @@
 #include "absl/time/time.h"
 #include "hostbn/aggregator_metrics.h"
 #include "security/worker_token.h"
+#include "util/log_limiter.h"
 
 namespace bnps::hostbn {
 
@@ -103,6 +104,7 @@ class Aggregator {
 
   const Options options_;
   std::unique_ptr<security::TokenAuthenticator> auth_;
+  util::LogLimiter refusal_log_;  // refused hellos' lines
   int listen_fd_ = -1;
   int port_ = 0;
   absl::Mutex mu_;

@@ -16,9 +16,12 @@ namespace bnps::server {
 
 void LogRejected(const Shard& shard, const char* method, int worker,
                  const absl::Status& s) {
-  std::fprintf(stderr, "bnps_server[%d]: %s from worker %d rejected: %s\n",
+  int64_t left_out = 0;
+  if (!shard.rejection_log().Admit(absl::Now(), &left_out)) return;
+  std::fprintf(stderr, "bnps_server[%d]: %s from worker %d rejected: %s%s\n",
                shard.options().shard, method, worker,
-               util::EscapeForLog(s.ToString()).c_str());
+               util::EscapeForLog(s.ToString()).c_str(),
+               util::LogLimiter::LeftOut(left_out).c_str());
 }
 
 std::string PeerHost(absl::string_view peer) {

@@ -72,6 +72,7 @@
 #include "server/step_clocks.h"
 #include "server/membership.h"
 #include "store/parameter_store.h"
+#include "util/log_limiter.h"
 #include "policy/policy.h"
 #include "proto/bnps.pb.h"
 #include "proto/checkpoint.pb.h"
@@ -261,6 +262,8 @@ class Shard {
     int64_t restored_step = -1;  // -1: never restored
   };
   GenerationInfo generation() const;
+  // Limits the log lines of refused calls (LogRejected).
+  util::LogLimiter& rejection_log() const { return rejection_log_; }
   uint64_t server_incarnation() const { return incarnation_; }
 
   // SHA-256s of the parameters (their float32 bytes) and of the BN layers'
@@ -361,6 +364,10 @@ class Shard {
   absl::Mutex join_mu_;
   // Workers whose news came with a seal that did not hold, logged once.
   std::set<int> bad_seals_logged_ ABSL_GUARDED_BY(join_mu_);
+
+  // The refused calls' log lines (server/rpc_util.h's LogRejected): at most
+  // so many a second, the rest counted.
+  mutable util::LogLimiter rejection_log_;
 
   uint64_t incarnation_ = 0;
 

@@ -132,6 +132,20 @@ absl::Status SetLowLatency(int fd, const std::string& what) {
     return absl::UnavailableError(
         absl::StrCat(what, ": TCP_NODELAY: ", strerror(errno)));
   }
+  // A peer that vanished (a lost node, a half-open connection) is found
+  // within about 8 s, under the servers' heartbeat timeout, so what it held
+  // (a worker's BN claim) frees itself.
+  const int idle_s = kKeepAliveIdleSeconds, interval_s = 1, probes = 3;
+  const unsigned user_timeout_ms = 1000u * (idle_s + interval_s * probes);
+  if (setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one) != 0 ||
+      setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle_s, sizeof idle_s) != 0 ||
+      setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval_s, sizeof interval_s) != 0 ||
+      setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &probes, sizeof probes) != 0 ||
+      setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout_ms,
+                 sizeof user_timeout_ms) != 0) {
+    return absl::UnavailableError(
+        absl::StrCat(what, ": TCP keepalive: ", strerror(errno)));
+  }
   return absl::OkStatus();
 }
 

@@ -47,9 +47,13 @@ absl::Status FinishConnect(int fd, absl::Time deadline);
 // the next read says how), false at the deadline. Microsecond precision.
 bool WaitReadable(int fd, absl::Time deadline);
 
-// O_NONBLOCK and TCP_NODELAY on `fd` (O_NONBLOCK alone on a Unix
-// socket). UNAVAILABLE naming `what` if either
-// cannot be set.
+// Seconds a TCP connection set up by SetLowLatency may be silent before
+// its peer is probed (then every second, 3 times; data unacknowledged as
+// long fails it too): a vanished peer is found in about 8 s.
+inline constexpr int kKeepAliveIdleSeconds = 5;
+
+// O_NONBLOCK, TCP_NODELAY and keepalive (above) on `fd` (O_NONBLOCK alone
+// on a Unix socket). UNAVAILABLE naming `what` if one cannot be set.
 absl::Status SetLowLatency(int fd, const std::string& what);
 
 }  // namespace bnps::util

@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -89,6 +90,26 @@ TEST(SocketIoTest, ListenTcpTakesAFreePortAndRefusesATakenOne) {
             std::string::npos)
       << second.status();
   close(first->fd);
+}
+
+// A connection set up for BN finds a vanished peer on its own: keepalive
+// probes after kKeepAliveIdleSeconds, and a bound on unacknowledged data.
+TEST(SocketIoTest, LowLatencyConnectionsProbeASilentPeer) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_TRUE(SetLowLatency(fd, "test").ok());
+  int v = 0;
+  socklen_t len = sizeof v;
+  ASSERT_EQ(getsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &v, &len), 0);
+  EXPECT_EQ(v, 1);
+  ASSERT_EQ(getsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &v, &len), 0);
+  EXPECT_EQ(v, kKeepAliveIdleSeconds);
+  ASSERT_EQ(getsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &v, &len), 0);
+  EXPECT_EQ(v, 3);
+  unsigned timeout_ms = 0;
+  len = sizeof timeout_ms;
+  ASSERT_EQ(getsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &timeout_ms, &len), 0);
+  EXPECT_EQ(timeout_ms, 8000u);
+  close(fd);
 }
 
 }  // namespace
