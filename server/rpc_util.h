@@ -30,9 +30,10 @@ namespace bnps::server {
 // quote what the client sent (a job name, a key), so all of it is escaped
 // (util/log_escape.h): a newline or a byte that is not printable ASCII from
 // a client never reaches the log raw. `worker` is -1 when the sender is not
-// known (the request did not parse). At most so many lines a second are
-// written (Shard::rejection_log), and the next one says how many were left
-// out, so a client that loops on a refused call cannot flood the log.
+// known (the request did not parse). After a burst of 100, at most five
+// lines a second are written (Shard::rejection_log), the next one saying
+// how many were left out, so a client that loops on a refused call cannot
+// flood the log.
 void LogRejected(const Shard& shard, const char* method, int worker,
                  const absl::Status& s);
 

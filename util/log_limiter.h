@@ -1,7 +1,8 @@
-// LogLimiter: at most `per_second` lines a second of one kind (refusals of
-// bad or unauthenticated calls), so that a client looping on a refused call
-// cannot flood the log; the lines left out are counted and said with the
-// next line let through.
+// LogLimiter: a burst of `burst` lines of one kind (refusals of bad or
+// unauthenticated calls), then at most `per_second` a second, so that a
+// client looping on a refused call cannot flood the log while a few
+// refusals are all written; the lines left out are counted and said with
+// the next line let through. (A token bucket.)
 //
 // Example:
 //   int64_t left_out = 0;
@@ -15,6 +16,7 @@
 #ifndef BNPS_UTIL_LOG_LIMITER_H_
 #define BNPS_UTIL_LOG_LIMITER_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
@@ -27,21 +29,23 @@ namespace bnps::util {
 
 class LogLimiter {
  public:
-  explicit LogLimiter(int per_second = 10) : per_second_(per_second) {}
+  explicit LogLimiter(int burst = 100, double per_second = 5)
+      : burst_(burst), per_second_(per_second), tokens_(burst) {}
 
   // Whether a line may be written at `now`; if so, `*left_out` gets the
   // lines refused since the last one let through.
   bool Admit(absl::Time now, int64_t* left_out) ABSL_LOCKS_EXCLUDED(mu_) {
     absl::MutexLock lock(&mu_);
-    if (now - window_start_ >= absl::Seconds(1)) {
-      window_start_ = now;
-      in_window_ = 0;
+    if (last_ != absl::InfinitePast() && now > last_) {
+      tokens_ = std::min<double>(
+          burst_, tokens_ + per_second_ * absl::ToDoubleSeconds(now - last_));
     }
-    if (in_window_ >= per_second_) {
+    last_ = std::max(last_, now);
+    if (tokens_ < 1) {
       ++left_out_;
       return false;
     }
-    ++in_window_;
+    tokens_ -= 1;
     *left_out = left_out_;
     left_out_ = 0;
     return true;
@@ -53,10 +57,11 @@ class LogLimiter {
   }
 
  private:
-  const int per_second_;
+  const int burst_;
+  const double per_second_;
   absl::Mutex mu_;
-  absl::Time window_start_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
-  int in_window_ ABSL_GUARDED_BY(mu_) = 0;
+  double tokens_ ABSL_GUARDED_BY(mu_);
+  absl::Time last_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   int64_t left_out_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
