@@ -9,8 +9,8 @@ SyncBatchNorm (under the job's policy: sync, async, local or recal) and back.
 
 apply() runs in the strategy's set-up, once the process group exists: with
 no connection given and none open, it opens one with bnps.torch.init(
-**init_args) (the BNPS_* environment and torchrun's / Slurm's variables,
-which Lightning's launchers set). revert() gives back plain BatchNorm with
+**init_args), the worker id and count being the process group's rank and
+size (the rest from the BNPS_* environment). revert() gives back plain BatchNorm with
 the trained statistics, so a checkpoint written under the plugin loads
 into a plain model. Needs the `lightning` package (or the older
 `pytorch_lightning`); without either, importing this module raises
@@ -47,8 +47,20 @@ class BnpsSyncBatchNorm(LayerSync):
         try:
             return _connection.default_connection()
         except RuntimeError:
-            self.connection = _connection.init(**self.init_args)
+            self.connection = _connection.init(**self._placed(self.init_args))
             return self.connection
+
+    @staticmethod
+    def _placed(args):
+        """`args` with the worker id and count of the strategy's process
+        group where it exists and they are not given: Lightning's launcher
+        does not always set RANK in its first process."""
+        import torch.distributed as dist
+        args = dict(args)
+        if dist.is_available() and dist.is_initialized():
+            args.setdefault("worker", dist.get_rank())
+            args.setdefault("num_workers", dist.get_world_size())
+        return args
 
     def apply(self, model):
         return _layer_sync.apply(model, self._connection(), self.prefix)
