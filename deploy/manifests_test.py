@@ -13,6 +13,7 @@ Run: python3 deploy/manifests_test.py   or   bazel test //deploy:manifests_test
 """
 
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -236,6 +237,37 @@ class ManifestsTest(unittest.TestCase):
         self.assertEqual(
             [e["value"] for e in renderer.servers[2]["spec"]["containers"][0]["env"]
              if e["name"] == "BNPS_SHARD"], ["2"])
+
+    def test_kueue_queue_written_once(self):
+        # Kueue admits a JobSet or a TrainJob by its queue-name label, which
+        # must name a LocalQueue (a DNS-1123 subdomain, at most 63 as a label).
+        label = "kueue.x-k8s.io/queue-name"
+        name = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,61}[a-z0-9])?$")
+        path = os.path.join(self.deploy, "jobset", "sizes.yaml")
+        with open(path) as f:
+            sizes = f.read()
+        self.assertIn('queue: "bnps"', sizes)
+        try:
+            with open(path, "w") as f:
+                f.write(sizes.replace('queue: "bnps"', 'queue: "team-a"'))
+            text = self.kustomize("jobset")
+        finally:
+            with open(path, "w") as f:
+                f.write(sizes)
+        self.assertEqual(_jobset_doc(text)["metadata"]["labels"][label], "team-a")
+        for overlay in ("jobset", "jobset-tls"):
+            labels = _jobset_doc(self.rendered[overlay])["metadata"]["labels"]
+            self.assertRegex(labels[label], name, overlay)
+        jobs = [d for d in yaml.safe_load_all(self.rendered["kubeflow"])
+                if d and d["kind"] == "TrainJob"]
+        self.assertEqual(len(jobs), 1)
+        self.assertRegex(jobs[0]["metadata"]["labels"][label], name)
+        # Only the jobs carry it: Kueue would otherwise try to admit pods.
+        for overlay in ("jobset", "kubeflow"):
+            for d in yaml.safe_load_all(self.rendered[overlay]):
+                if d and d["kind"] not in ("JobSet", "TrainJob"):
+                    self.assertNotIn(label, d["metadata"].get("labels", {}),
+                                     (overlay, d["kind"]))
 
     def test_jobset_names_resolved_inside_the_jobset(self):
         # kustomize renames generated ConfigMaps and Secrets (hash suffix) and

@@ -8,8 +8,10 @@ import unittest
 
 sys.path.insert(0, os.path.join(os.getcwd(), "python"))  # Bazel runfiles
 
-from bnps.launch import (placement, starts_node_server,  # noqa: E402
-                         trainer_servers)
+import types  # noqa: E402
+
+from bnps.launch import (placement, ray_train_context,  # noqa: E402
+                         starts_node_server, trainer_servers)
 
 # torchrun --nnodes=2 --nproc_per_node=4, the process of global rank 6.
 TORCHRUN = {"RANK": "6", "WORLD_SIZE": "8", "LOCAL_RANK": "2",
@@ -98,6 +100,60 @@ class PrecedenceTest(unittest.TestCase):
     def test_nothing_at_all(self):
         with self.assertRaisesRegex(ValueError, "BNPS_WORKER.*RANK"):
             placement({"PATH": "/bin"})
+
+
+class FakeRayContext:
+    """ray.train.get_context()'s answers for worker 5 of 4 x 2 on node 1."""
+
+    def __init__(self, rank=5, size=8, local=1, local_size=4):
+        self.answers = dict(get_world_rank=rank, get_world_size=size,
+                            get_local_rank=local, get_local_world_size=local_size)
+
+    def __getattr__(self, name):
+        if name in self.__dict__.get("answers", {}):
+            return lambda: self.answers[name]
+        raise AttributeError(name)
+
+
+class RayTrainTest(unittest.TestCase):
+    def test_the_context_alone(self):
+        self.assertEqual(where({}, ray_context=FakeRayContext()), (5, 8, 1, 4))
+        p = placement({}, ray_context=FakeRayContext())
+        self.assertEqual(p.sources["worker"], "Ray Train's get_world_rank()=5")
+
+    def test_agreeing_torch_variables(self):
+        env = {"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1",
+               "LOCAL_WORLD_SIZE": "4"}
+        self.assertEqual(where(env, ray_context=FakeRayContext()),
+                         (5, 8, 1, 4))
+
+    def test_disagreeing_torch_variables(self):
+        with self.assertRaisesRegex(ValueError,
+                                    "get_world_rank\\(\\)=5.*RANK=4"):
+            placement({"RANK": "4", "WORLD_SIZE": "8"},
+                      ray_context=FakeRayContext())
+
+    def test_bnps_variables_win(self):
+        env = {"BNPS_WORKER": "0", "BNPS_NUM_WORKERS": "2"}
+        self.assertEqual(where(env, ray_context=FakeRayContext())[:2], (0, 2))
+
+    def test_the_context_is_read_from_an_imported_ray_train(self):
+        saved = sys.modules.get("ray.train")
+        try:
+            sys.modules.pop("ray.train", None)
+            self.assertIsNone(ray_train_context())
+            sys.modules["ray.train"] = types.SimpleNamespace(
+                get_context=FakeRayContext)
+            self.assertIsInstance(ray_train_context(), FakeRayContext)
+            # Outside a session Ray's context answers None (or raises).
+            sys.modules["ray.train"] = types.SimpleNamespace(
+                get_context=lambda: FakeRayContext(size=None))
+            self.assertIsNone(ray_train_context())
+        finally:
+            if saved is None:
+                sys.modules.pop("ray.train", None)
+            else:
+                sys.modules["ray.train"] = saved
 
 
 class ConflictTest(unittest.TestCase):

@@ -19,6 +19,11 @@ Each quantity comes from the first of these that gives it:
               processes per node + local rank, workers = nodes x processes
    Slurm      SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID (srun, one task per
               process)
+   Ray Train  the worker's train context (ray.train.get_context(): world
+              rank and size, local rank and size), read when this process
+              has imported ray.train (as a TorchTrainer's workers have) and
+              placement() reads os.environ; Ray Train also sets torchrun's
+              variables, which must agree with it
    Several launchers may describe one process (Kubeflow or Slurm starting
    torchrun); they must agree on every quantity bnps uses, or placement()
    raises ValueError naming both variables and their values. Under
@@ -44,6 +49,7 @@ process group (bnps.torch.node_server).
 import dataclasses
 import os
 import re
+import sys
 
 # The port of a node's server when its address is derived (trainer_servers).
 DEFAULT_NODE_SERVER_PORT = 7000
@@ -130,8 +136,41 @@ class _Env:
         return value, f"{name}={raw.strip()}"
 
 
-def _launcher_claims(e):
+# Ray Train's context, quantity by quantity: (quantity, method).
+_RAY_TRAIN = (("worker", "get_world_rank"), ("num_workers", "get_world_size"),
+              ("local_rank", "get_local_rank"),
+              ("local_world_size", "get_local_world_size"))
+
+
+def ray_train_context():
+    """This process's Ray Train context (ray.train.get_context()), or None
+    outside a Ray Train worker: ray.train not imported by the process (it is
+    never imported here), or no session (its world size unknown)."""
+    if "ray.train" not in sys.modules:
+        return None
+    try:
+        context = sys.modules["ray.train"].get_context()
+        if not isinstance(context.get_world_size(), int):
+            return None
+    except Exception:  # no Ray Train session in this process
+        return None
+    return context
+
+
+def _ray_claims(c, context):
+    for quantity, method in _RAY_TRAIN:
+        try:
+            value = getattr(context, method)()
+        except Exception:
+            continue
+        if isinstance(value, int) and value >= 0:
+            c.add(quantity, value, f"Ray Train's {method}()={value}")
+
+
+def _launcher_claims(e, ray_context=None):
     c = _Claims()
+    if ray_context is not None:
+        _ray_claims(c, ray_context)
     for quantity, name in (("worker", "RANK"), ("num_workers", "WORLD_SIZE"),
                            ("local_rank", "LOCAL_RANK"),
                            ("local_world_size", "LOCAL_WORLD_SIZE"),
@@ -164,10 +203,13 @@ def _launcher_claims(e):
     return c
 
 
-def placement(env=None, worker=None, num_workers=None):
-    """The Placement of this process; `env` defaults to os.environ. Raises
-    ValueError when the worker id or the number of workers is given by no
-    argument and no variable, or as the module says."""
+def placement(env=None, worker=None, num_workers=None, ray_context=None):
+    """The Placement of this process; `env` defaults to os.environ, and
+    then `ray_context` to ray_train_context(). Raises ValueError when the
+    worker id or the number of workers is given by no argument and no
+    variable, or as the module says."""
+    if env is None and ray_context is None:
+        ray_context = ray_train_context()
     e = _Env(os.environ if env is None else env)
     claims = None
     found, sources = {}, {}
@@ -185,15 +227,16 @@ def placement(env=None, worker=None, num_workers=None):
                 found[quantity], sources[quantity] = value, src
                 continue
         if claims is None:  # read only when a quantity needs them
-            claims = _launcher_claims(e)
+            claims = _launcher_claims(e, ray_context)
         found[quantity], sources[quantity] = claims.get(quantity)
     if found["worker"] is None or found["num_workers"] is None:
         raise ValueError(
             "bnps.torch.init: no worker id or number of workers: pass "
             "worker= and num_workers=, set BNPS_WORKER and BNPS_NUM_WORKERS, "
             "or run under torchrun (RANK, WORLD_SIZE), Kubeflow Trainer "
-            "(PET_NODE_RANK, PET_NNODES, PET_NPROC_PER_NODE) or Slurm's srun "
-            "(SLURM_PROCID, SLURM_NTASKS)")
+            "(PET_NODE_RANK, PET_NNODES, PET_NPROC_PER_NODE), Slurm's srun "
+            "(SLURM_PROCID, SLURM_NTASKS) or Ray Train (a TorchTrainer's "
+            "workers)")
     if not 0 <= found["worker"] < found["num_workers"]:
         raise ValueError(
             f"bnps: worker {found['worker']} ({sources['worker']}) is not in "

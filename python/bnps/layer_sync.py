@@ -1,0 +1,82 @@
+"""Converting a whole model to bnps.torch's SyncBatchNorm and back, for the
+trainers' layer-sync hooks (bnps.lightning's plugin; torch only, no trainer
+package needed):
+
+    model = bnps.layer_sync.apply(model, connection)   # every policy
+    ...train...
+    model = bnps.layer_sync.revert(model)   # plain BatchNorm, trained stats
+
+apply refuses a model wrapped in torch.nn.DataParallel (one process driving
+several devices: bnps serves one process per device) with a ValueError
+naming it. revert gives each layer back the class it had (BatchNorm1d, 2d,
+3d; a layer bnps made itself becomes a BatchNorm of any dimension), with the
+same Parameter objects, running statistics, training flag, device and
+dtype, so a checkpoint of the reverted model loads into a plain model."""
+
+import torch
+from torch import nn
+
+from bnps.torch.convert import convert_sync_batchnorm
+from bnps.torch.sync_batchnorm import SyncBatchNorm
+
+
+class BatchNormXd(nn.modules.batchnorm._BatchNorm):
+    """A plain BatchNorm for input of any dimension: a reverted layer whose
+    original class is unknown (torch's own BatchNorm behaviour)."""
+
+    def _check_input_dim(self, x):
+        if x.dim() < 2:
+            raise ValueError(f"expected at least 2D input (got {x.dim()}D)")
+
+
+def _refuse_wrappers(model):
+    if isinstance(model, nn.DataParallel):
+        raise ValueError(
+            "bnps: torch.nn.DataParallel (one process driving several "
+            "devices) cannot be served: run one process per device "
+            "(DistributedDataParallel, Lightning's strategy='ddp')")
+
+
+def apply(model, connection=None, prefix=""):
+    """convert_sync_batchnorm(model) remembering each layer's class for
+    revert; returns the model (a new one if `model` is a BatchNorm)."""
+    _refuse_wrappers(model)
+    kinds = {name: type(m) for name, m in model.named_modules()
+             if isinstance(m, nn.modules.batchnorm._BatchNorm) and
+             not isinstance(m, SyncBatchNorm)}
+    out = convert_sync_batchnorm(model, prefix=prefix, connection=connection)
+    for name, m in out.named_modules():
+        if isinstance(m, SyncBatchNorm) and name in kinds:
+            cls = kinds[name]
+            m._bnps_reverts_to = BatchNormXd if cls is nn.SyncBatchNorm \
+                else cls
+    return out
+
+
+def _plain(m):
+    cls = getattr(m, "_bnps_reverts_to", BatchNormXd)
+    ref = m.weight if m.weight is not None else m.running_mean
+    out = cls(m.num_features, m.eps, m.momentum, m.affine,
+              m.track_running_stats,
+              device=None if ref is None else ref.device,
+              dtype=None if ref is None else ref.dtype)
+    if m.affine:
+        with torch.no_grad():
+            out.weight = m.weight
+            out.bias = m.bias
+    out.running_mean = m.running_mean
+    out.running_var = m.running_var
+    out.num_batches_tracked = m.num_batches_tracked
+    out.training = m.training
+    if hasattr(m, "qconfig"):
+        out.qconfig = m.qconfig
+    return out
+
+
+def revert(model):
+    """Every bnps SyncBatchNorm of `model` back to a plain BatchNorm, in
+    place; returns the model (a new one if `model` itself is one)."""
+    out = _plain(model) if isinstance(model, SyncBatchNorm) else model
+    for name, child in model.named_children():
+        out.add_module(name, revert(child))
+    return out
