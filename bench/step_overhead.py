@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """What a training step costs under each policy against local BN, measured on
-this machine with the real server and worker binaries (issue 25's figure of
-merit).
+this machine with the real server and worker binaries (the figure of merit
+for choosing a policy).
 
 For every W (workers) and per-worker batch, the tool starts S shard servers
 (bnps_server --port=0) and W workers (bnps_worker) once per policy -- local,
