@@ -10,7 +10,7 @@ import os
 from .matrix import BUDGET_MINUTES, FAMILIES, ROWS, estimate_text
 from .options import UsageError
 from .plots import make_plots
-from .regime import render_regime
+from .regime import portable_command, render_regime
 from .stats import aggregate, noise_floor, separated
 
 BEGIN_HAND = "<!-- BEGIN hand-written -->"
@@ -278,7 +278,7 @@ def render_markdown(data, plots, hand_block=None):
     L.append("## Command")
     L.append("")
     L.append("```sh")
-    L.append(data.get("command_line") or "")
+    L.append(portable_command(data.get("command_line")))
     L.append("```")
     L.append("")
     L.append("## Setup and budget")
