@@ -418,6 +418,19 @@ class PureTest(unittest.TestCase):
         self.assertIn("**b=32**: no run succeeded (0 failed, 6 not run).", md)
 
 
+class CompactJsonTest(unittest.TestCase):
+    def test_round_trips_with_one_run_per_line(self):
+        data = {"tool": "t", "runs": [{"id": "a", "acc": [0.5, 0.25]},
+                                      {"id": "b", "acc": []}],
+                "empty": [], "plots": {"files": {}}}
+        text = report.compact_json(data)
+        self.assertEqual(json.loads(text), data)
+        lines = text.splitlines()
+        self.assertIn(' {"id":"a","acc":[0.5,0.25]},', lines)
+        self.assertIn(' {"id":"b","acc":[]}', lines)
+        self.assertEqual(len(lines), 9)
+
+
 class PortableCommandTest(unittest.TestCase):
     def test_machine_paths_become_flag_names(self):
         from compare.regime import portable_command
