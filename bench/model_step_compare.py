@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Per-step forward + backward time of the worker's model: bnps against
 PyTorch on the same model, batch and thread count, measured in the same run
-(issue 4). Target: bnps within 1.2x of PyTorch.
+so that the ratio is fair. Target: bnps within 1.2x of PyTorch.
 
 For every configuration it runs bench/model_step_benchmark (C++) and
 bench/torch_model_step.py alternately, --rounds times each (bnps, torch,

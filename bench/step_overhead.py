@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """What a training step costs under each policy against local BN, measured on
-this machine with the real server and worker binaries (issue 25's figure of
-merit).
+this machine with the real server and worker binaries (the figure of merit
+for choosing a policy).
 
 For every W (workers) and per-worker batch, the tool starts S shard servers
 (bnps_server --port=0) and W workers (bnps_worker) once per policy -- local,
@@ -51,7 +51,6 @@ from __future__ import print_function
 import argparse
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -65,7 +64,7 @@ import bnps_launch_mps  # noqa: E402  (needs the path above)
 # bnps.cluster (pure Python): the servers' --keep_awake_us where every
 # process has a core of its own, as LocalCluster starts them.
 sys.path.insert(0, os.path.join(REPO, "python"))
-from bnps.cluster import KEEP_AWAKE_US  # noqa: E402
+from bnps.cluster import KEEP_AWAKE_US, parse_listening  # noqa: E402
 POLICIES = ["local", "sync", "async", "recal"]
 # Co-located aggregation: the W workers' batches in ONE bnps_worker process
 # with --replicas=W (one thread each, pinned to the W workers' cores), the BN
@@ -75,7 +74,6 @@ COLOCATED = "sync-colocated"
 # a job with TLS runs it.
 STREAM = "sync-stream"
 VARIANTS = [STREAM, COLOCATED]
-LISTENING = re.compile(r"listening on ([0-9.]+):(\d+)")
 
 STEP_HEADING = "## Step time against local"
 STEP_HEADER = ["W", "batch", "policy", "ms/step", "compute", "BN sync",
@@ -319,9 +317,9 @@ def start_server(args, shard, policy, workers, core, shared, out_dir,
                              preexec_fn=pinned(core))
     deadline = time.time() + 30
     while time.time() < deadline:
-        m = LISTENING.search(tail(log, 50))
-        if m:
-            return p, "{}:{}".format(m.group(1), m.group(2))
+        address = parse_listening(tail(log, 50))
+        if address:
+            return p, address
         if p.poll() is not None:
             raise Failure("bnps_server exited with status {}:\n{}".format(
                 p.returncode, tail(log)))

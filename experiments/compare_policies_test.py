@@ -418,5 +418,39 @@ class PureTest(unittest.TestCase):
         self.assertIn("**b=32**: no run succeeded (0 failed, 6 not run).", md)
 
 
+class CompactJsonTest(unittest.TestCase):
+    def test_round_trips_with_one_run_per_line(self):
+        data = {"tool": "t", "runs": [{"id": "a", "acc": [0.5, 0.25]},
+                                      {"id": "b", "acc": []}],
+                "empty": [], "plots": {"files": {}}}
+        text = report.compact_json(data)
+        self.assertEqual(json.loads(text), data)
+        lines = text.splitlines()
+        self.assertIn(' {"id":"a","acc":[0.5,0.25]},', lines)
+        self.assertIn(' {"id":"b","acc":[]}', lines)
+        self.assertEqual(len(lines), 9)
+
+
+class PortableCommandTest(unittest.TestCase):
+    def test_machine_paths_become_flag_names(self):
+        from compare.regime import portable_command
+        line = ("python3 experiments/compare_policies.py --bin_dir=/tmp/b "
+                "--out_dir /home/u/runs --smoke --seeds=2")
+        self.assertEqual(
+            portable_command(line),
+            "python3 experiments/compare_policies.py --bin_dir=BIN_DIR "
+            "--out_dir OUT_DIR --smoke --seeds=2")
+
+    def test_the_checked_in_report_names_no_machine_path(self):
+        md = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..",
+                          "docs", "results.md")
+        if not os.path.exists(md):
+            self.skipTest("docs/results.md is not in this test's files")
+        with open(md, encoding="utf-8") as f:
+            command = [l for l in f if l.startswith("Command: ")]
+        for l in command:
+            self.assertNotRegex(l, r"=/|\s/(tmp|home|work|root)/", l)
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -48,7 +48,7 @@ absl::StatusOr<std::optional<absl::string_view>> FrameReader::Next() {
     buffer_.erase(0, consumed_);
     consumed_ = 0;
     // Nor keep the room of a large frame once it is gone: a server holds
-    // many readers (issue 34, D4).
+    // many readers, and their idle buffers add up.
     if (buffer_.empty() && buffer_.capacity() > kKeptCapacity) {
       buffer_.shrink_to_fit();
     }

@@ -333,7 +333,7 @@ bool BnSocketServer::Accept(int listen_fd,
       // Out of descriptors: take one connection with the spare descriptor
       // and close it, so that it does not wait in the backlog. The table
       // stays full (someone else holds the rest): the caller backs off
-      // instead of trying again at once, which spun (issue 34, D2).
+      // instead of trying again at once, which spun a core.
       if (spare_fd_ < 0) {
         spare_fd_ = open("/dev/null", O_RDONLY | O_CLOEXEC);
         return false;

@@ -271,7 +271,7 @@ proto::BnResponse ParseResponse(const std::optional<std::string>& bytes) {
   return r;
 }
 
-// D4 (issue 34): slow readers are bounded by the server's budget, not only
+// Slow readers are bounded by the server's budget, not only
 // each by its own cap: past it, they are cut off, and what the server holds
 // never exceeds the budget.
 TEST_F(BnSocketServerTest, SlowReadersAreCutOffWithinTheServerBudget) {

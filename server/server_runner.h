@@ -74,7 +74,8 @@ struct ServerLatency {
   std::string bn_unix_path;
 };
 
-// What the server lets clients hold (issue 34: a flood is refused or shed).
+// What the server lets clients hold (a flood of
+// connections is refused or shed, not let grow without bound).
 struct ServerLimits {
   // Most raw-TCP BN connections open at once; 0: derived from the soft
   // RLIMIT_NOFILE (BnSocketServer::ConnectionCap), which bnps_server raises

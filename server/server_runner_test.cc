@@ -212,7 +212,7 @@ TEST(RunningServerTest, MetricsCanBeTurnedOff) {
   EXPECT_EQ((*none)->registry().TextExposition(), "");
 }
 
-// D4 (issue 34): what the BN connections hold is a gauge, bounded by the
+// What the BN connections hold is a gauge, bounded by the
 // budget the limits set.
 TEST(RunningServerTest, TheBnBudgetIsSetAndExposed) {
   ServerLatency latency;

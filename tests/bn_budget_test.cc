@@ -1,4 +1,4 @@
-// The server's BN memory budget (issue 34, D4) across both transports: slow
+// The server's BN memory budget across both transports: slow
 // readers on the gRPC BnSync stream and on the raw-TCP connection share one
 // bound, past which they are cut off; what the server holds never exceeds
 // it, and it gives everything back.

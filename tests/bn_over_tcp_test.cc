@@ -242,7 +242,7 @@ TEST(BnOverTcpTest, AListenerThatGoesAwayLeavesTheCallsOnTheStream) {
   EXPECT_EQ(job.accepted(), 2);
 }
 
-// D5 (issue 34): an answer over the 8 MiB message limit (a forward with
+// An answer over the 8 MiB message limit (a forward with
 // want_running at 300,000 channels) is an error the worker's call returns,
 // naming the reason, on either transport; the connection stays usable.
 TEST(BnOverTcpTest, AnAnswerTooLargeIsAnErrorTheWorkerSees) {

@@ -1,5 +1,6 @@
 """A flood of silent connections to the BN port of a real bnps_server, under
-a lowered descriptor limit (issue 34: D1, D2).
+a lowered descriptor limit: the server refuses or sheds them and
+neither dies nor spins.
 
 The server runs with RLIMIT_NOFILE 256 (soft and hard, set in its process
 before exec, as `ulimit -n 256` would). 300 connections that never say

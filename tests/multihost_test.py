@@ -36,7 +36,7 @@ from tests.multihost_cluster import BedCluster, ports
 from tests.restart_cluster import Cluster
 from tools.testbed import testbed
 
-STEPS = int(os.environ.get("BNPS_MULTIHOST_STEPS", "300"))
+STEPS = int(os.environ.get("BNPS_MULTIHOST_STEPS", "150"))
 # How long a cut lasts where it must outlast the servers' 3 s heartbeat
 # timeout (the worker is then lost).
 LONG_CUT_S = float(os.environ.get("BNPS_MULTIHOST_CUT_S", "5"))
@@ -123,7 +123,7 @@ class MultihostTest(unittest.TestCase):
             links.cut(client=3, mode="blackhole")
 
         c, _ = self.run_job(cut_worker_1, expect=(1, 1),
-                            extra_worker_flags=("--rpc_timeout_s=10",))
+                            extra_worker_flags=("--rpc_timeout_s=6",))
         self.assertIn(f"worker 1 was lost (no heartbeat for 3s; last heard "
                       f"from {testbed.HOST_NET}4)", c.read_log("worker", 0))
 
@@ -172,7 +172,7 @@ class MultihostTest(unittest.TestCase):
             links.cut(client=3, server=0, mode="blackhole")
 
         c, _ = self.run_job(cut_worker_1_from_shard_0, expect=(1, 1),
-                            extra_worker_flags=("--rpc_timeout_s=10",))
+                            extra_worker_flags=("--rpc_timeout_s=6",))
         # Worker 0 hears of it from shard 0, which lost worker 1 (when
         # worker 0 waits there), or, when the cut fell after worker 1's
         # request reached shard 0 but before the answer left, from shard 1,
@@ -200,12 +200,12 @@ class MultihostTest(unittest.TestCase):
         # worker 1 until their deadline and fail worker 0 too.
         c, _ = self.run_job(cut_worker_1_from_shard_0, expect=(0, 1),
                             worker_loss="shrink",
-                            extra_worker_flags=("--rpc_timeout_s=10",))
+                            extra_worker_flags=("--rpc_timeout_s=6",))
         self.assertIn("shard 0 found that worker 1 was lost (no heartbeat for "
                       f"3s; last heard from {testbed.HOST_NET}4): dropping it",
                       c.read_log("server", 1))
         # Dropped by shard 1, worker 1 stops at once, saying so, rather than
-        # when its call to shard 0 times out (--rpc_timeout_s=10).
+        # when its call to shard 0 times out (--rpc_timeout_s=6).
         last = c.read_log("worker", 1).strip().splitlines()[-1]
         self.assertIn("is no longer in the job", last)
         self.assertIn("shard 0 found that worker 1 was lost", last)

@@ -14,13 +14,18 @@ import unittest
 from tests.restart_cluster import Cluster
 
 
+# Long enough that every kill and restart falls mid-job (the first common
+# checkpoint comes at step 3), short enough to keep the suite fast.
+STEPS = 300
+
+
 class RestartTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         cls.reference = {}
 
     def run_cluster(self, out, disrupt=None, **kwargs):
-        c = Cluster(out, **kwargs)
+        c = Cluster(out, **{"steps": STEPS, **kwargs})
         try:
             c.start()
             if disrupt:
@@ -36,7 +41,7 @@ class RestartTest(unittest.TestCase):
         if key not in self.reference:
             with tempfile.TemporaryDirectory() as out:
                 _, digest = self.run_cluster(out, **kwargs)
-            self.assertRegex(digest, r"^params sha256 [0-9a-f]{64} step 600$")
+            self.assertRegex(digest, rf"^params sha256 [0-9a-f]{{64}} step {STEPS}$")
             self.reference[key] = digest
         return self.reference[key]
 

@@ -203,7 +203,7 @@ TEST_F(BadInputTest, BnSync) {
   req.set_phase(proto::BN_FORWARD);
   proto::EncodeMoments(m, req.mutable_moments());
 
-  // Issue 34: a worker id that never registered takes no part in BN (it
+  // A worker id that never registered takes no part in BN (it
   // would be marked as having taken part, and the real worker could not
   // join); BN_RUNNING, a read, is the exception.
   {

@@ -1,4 +1,4 @@
-"""Per-worker tokens with the real binaries (issue 34): bnps_server
+"""Per-worker tokens with the real binaries: bnps_server
 --per_worker_tokens, each bnps_worker given only its own token file made by
 bnps_worker_token. Both workers train with BN over TCP; a worker given
 another's token stops at once with one line naming the refusal; bnps_status

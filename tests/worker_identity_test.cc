@@ -1,4 +1,4 @@
-// Each worker its own identity (issue 34): with per-worker tokens
+// Each worker its own identity: with per-worker tokens
 // (security/worker_token.h) a call may act only as the worker whose token it
 // carries, on gRPC and on the raw-TCP BN connection, and a worker has one
 // live BN connection per transport; independent of them, BN calls of a

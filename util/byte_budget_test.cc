@@ -21,8 +21,8 @@ TEST(ByteBudgetTest, ChargesWhatFitsAndNoMore) {
   EXPECT_EQ(b.used(), 100);
 }
 
-// Many holders at once never push the total past the limit (D4, issue 34:
-// a server-wide bound, not one per connection).
+// Many holders at once never push the total past the limit (a
+// server-wide bound, not one per connection).
 TEST(ByteBudgetTest, ConcurrentHoldersStayWithinTheLimit) {
   ByteBudget b(1000);
   std::atomic<int64_t> peak{0};

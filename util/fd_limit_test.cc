@@ -9,7 +9,7 @@
 namespace bnps::util {
 namespace {
 
-// D1 (issue 34): a server must run with its hard descriptor limit, not the
+// A server must run with its hard descriptor limit, not the
 // shell's soft default. The limit is process-wide, so the check runs in a
 // child process that lowers its soft limit first.
 TEST(FdLimitTest, RaisesTheSoftLimitToTheHardOne) {

@@ -14,7 +14,7 @@
 // The result is also bounded: past `max_bytes` of output the text is cut
 // and "...[N more bytes]" (N bytes of the input left out) ends it, so a
 // client cannot write a line of megabytes (a 1 MiB layer name wrote a
-// 4 MiB line; issue 34).
+// 4 MiB line).
 //
 // Example:
 //   std::fprintf(stderr, "rejected: %s\n", EscapeForLog(s.ToString()).c_str());

@@ -44,7 +44,7 @@ TEST(EscapeForLogTest, EveryByteGivesPrintableAscii) {
   }
 }
 
-// Issue 34: a 1 MiB name from a client wrote a 4 MiB log line.
+// A 1 MiB name from a client wrote a 4 MiB log line.
 TEST(EscapeForLogTest, LongTextIsCutWithAMarker) {
   const std::string huge(1 << 20, '\x01');  // 4 bytes each, escaped
   const std::string out = EscapeForLog(huge);

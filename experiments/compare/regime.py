@@ -8,6 +8,8 @@ draw_regime_plot, which needs matplotlib.
 """
 
 import math
+import os
+import shlex
 
 from .matrix import (BUDGET_MINUTES, CROSSED, LR_BATCH, POSITIONS, ROWS, estimate_text,
                      learning_rate)
@@ -21,6 +23,26 @@ MODEL_TEXT = {
 SWEEP_ORDER = ["reference", "local", "sync", "recal-precise", "recal-exact", "async-s1",
                "async-s2", "async-s4"]
 
+
+
+def portable_command(line):
+    """The command line as a reader can reuse it, without this machine's paths:
+    a flag whose value is an absolute path shows the flag's name in capitals
+    instead (--out_dir=/tmp/x/runs becomes --out_dir=OUT_DIR)."""
+    try:
+        parts = shlex.split(line or "")
+    except ValueError:
+        return line or ""
+    out = []
+    for i, part in enumerate(parts):
+        if part.startswith("--") and "=" in part:
+            flag, value = part.split("=", 1)
+            if os.path.isabs(value):
+                part = flag + "=" + flag.lstrip("-").upper()
+        elif os.path.isabs(part) and i > 0 and parts[i - 1].startswith("--"):
+            part = parts[i - 1].lstrip("-").upper()
+        out.append(part)
+    return shlex.join(out)
 
 def summary(values):
     """(mean, sample standard deviation, n) of the values that are not None;
@@ -112,7 +134,7 @@ def render_regime(data, plots, hand_block, begin_hand, end_hand):
              "`python3 experiments/compare_policies.py --report_only`." % (
                  cfg.get("matrix"), "results.json"))
     L.append("")
-    L.append("Command: `%s`" % data.get("command_line", "?"))
+    L.append("Command: `%s`" % portable_command(data.get("command_line", "?")))
     L.append("")
     wall = data.get("total_wall_s")
     L.append("Machine: %s, %s cores, %s GiB; load average at the start %s. Wall time %s "

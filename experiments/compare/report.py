@@ -10,7 +10,7 @@ import os
 from .matrix import BUDGET_MINUTES, FAMILIES, ROWS, estimate_text
 from .options import UsageError
 from .plots import make_plots
-from .regime import render_regime
+from .regime import portable_command, render_regime
 from .stats import aggregate, noise_floor, separated
 
 BEGIN_HAND = "<!-- BEGIN hand-written -->"
@@ -278,7 +278,7 @@ def render_markdown(data, plots, hand_block=None):
     L.append("## Command")
     L.append("")
     L.append("```sh")
-    L.append(data.get("command_line") or "")
+    L.append(portable_command(data.get("command_line")))
     L.append("```")
     L.append("")
     L.append("## Setup and budget")
@@ -375,12 +375,28 @@ def render_markdown(data, plots, hand_block=None):
     return "\n".join(L)
 
 
+def compact_json(data):
+    """`data` as JSON a diff can read and a repository can hold: one top-level
+    key per line, and a list (the runs) one record per line. Plain JSON:
+    json.load reads it back unchanged."""
+    def line(value):
+        return json.dumps(value, separators=(",", ":"), sort_keys=False)
+
+    items = []
+    for key, value in data.items():
+        if isinstance(value, list) and value:
+            body = ",\n".join(" " + line(v) for v in value)
+            items.append("%s:[\n%s\n]" % (line(key), body))
+        else:
+            items.append("%s:%s" % (line(key), line(value)))
+    return "{\n" + ",\n".join(items) + "\n}\n"
+
+
 def write_json(data, path):
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = path + ".tmp"
     with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=1)
-        f.write("\n")
+        f.write(compact_json(data))
     os.replace(tmp, path)
 
 

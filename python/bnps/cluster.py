@@ -38,7 +38,20 @@ import subprocess
 import tempfile
 import time
 
-_LISTENING = re.compile(r"listening on (\S+):(\d+)\s*$")
+# A server's (or host aggregator's) "listening on HOST:PORT" line; HOST is an
+# IPv4 address, a name, or an IPv6 address in brackets ([::1]:7000).
+_LISTENING = re.compile(
+    r"listening on (\[[0-9A-Za-z:.%_-]+\]|[^\s\[\]]+?):(\d+)\s*$", re.MULTILINE)
+
+
+def parse_listening(text):
+    """The "HOST:PORT" of the first "listening on HOST:PORT" line in `text`
+    (IPv6 hosts keep their brackets, so the result is dialable as is), or
+    None when there is none. The one parser of that line: the launcher, the
+    benchmarks and the cluster tests all read a server's port through it."""
+    m = _LISTENING.search(text or "")
+    return f"{m.group(1)}:{m.group(2)}" if m else None
+
 # The servers' --keep_awake_us where cores suffice: longer than the compute
 # between two of a step's BN exchanges (about 0.6 ms for the example model at
 # batch 32 on a CPU), so a server's core stays awake through a step.
@@ -166,9 +179,9 @@ class ServerProcess:
             if not line:
                 break
             seen.append(line)
-            m = _LISTENING.search(line)
-            if m:
-                self.address = f"{m.group(1)}:{m.group(2)}"
+            address = parse_listening(line)
+            if address:
+                self.address = address
                 return self.address
         raise RuntimeError(
             f"{what} gave no port (exit status {proc.poll()}): "
