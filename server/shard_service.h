@@ -149,7 +149,8 @@ class ShardService final : public ShardServiceBase {
   template <typename Request>
   absl::StatusOr<Admission> AdmitWorkerCall(
       const grpc::CallbackServerContext& ctx, const grpc::ByteBuffer& raw,
-      Request* req, int* worker, bool generation_checked);
+      Request* req, int* worker, bool generation_checked,
+      int* caller = nullptr);
 
   // Respond (rpc_util.h), counting the call in the metrics.
   grpc::ServerUnaryReactor* Answer(

@@ -288,6 +288,38 @@ TEST_F(WorkerIdentityTest, OverTcpTheHelloBindsTheWorkerAndTheToken) {
   EXPECT_EQ(op2.Hello("bnps", 0, kToken).code(), 0);
 }
 
+// Job-wide operations need the job's authority: a worker's own token may
+// move the job to the next generation only and grow it only to its own
+// place; a jump in generation (INT64_MAX would make the workers' next one
+// overflow) or another's place takes the job token, and no token may name a
+// generation past the bound. (This server keeps no checkpoints, so a
+// roll-back that passes the authority check fails after it, with
+// FAILED_PRECONDITION.)
+TEST_F(WorkerIdentityTest, AWorkerTokenCannotRollBackResizeOrPushTheGeneration) {
+  ASSERT_NO_FATAL_FAILURE(Start(/*per_worker_tokens=*/true));
+  const std::string one = security::WorkerToken(kToken, 1);
+  auto rollback = [&](const std::string& token, int64_t generation,
+                      int resize_to) {
+    proto::RollbackRequest req;
+    req.set_job("bnps");
+    req.set_worker(1);
+    req.set_generation(generation);
+    req.set_step(-1);
+    req.set_resize_to(resize_to);
+    proto::RollbackResponse resp;
+    return stub_->Rollback(As(token).get(), req, &resp).error_code();
+  };
+  EXPECT_EQ(rollback(one, INT64_MAX, 0), StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(rollback(kToken, INT64_MAX, 0), StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(rollback(one, -1, 0), StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(rollback(one, 2, 0), StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(rollback(one, 1, 3), StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(rollback(one, 1, 0), StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(rollback(one, 1, 2), StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(rollback(kToken, 5, 2), StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(server_->shard().generation().generation, 0);
+}
+
 // Without per-worker tokens: a connection still acts as its hello's worker,
 // and a worker id that never registered takes no part in BN on either
 // transport, so the real worker can still join.
