@@ -457,6 +457,11 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* ShardService::ReadState(
     a.job = req.job();
     s = shard_->Admit(a).status();
   }
+  if (s.ok() && !read_states_.TryCharge(1)) {
+    s = absl::ResourceExhaustedError(absl::StrCat(
+        kMaxConcurrentReadStates, " ReadState calls are under way on shard ",
+        shard_->options().shard, ": try again when one has ended"));
+  }
   if (metrics_) metrics_->Received(M::kReadState, raw->Length());
   if (!s.ok()) {
     LogRejected(*shard_, "ReadState", -1, s);
@@ -469,7 +474,8 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* ShardService::ReadState(
     messages.emplace_back();
     SerializeTo(m, &messages.back());
   }
-  return NewReadStateReactor(std::move(messages), metrics_);
+  return NewReadStateReactor(std::move(messages), metrics_,
+                             [this] { read_states_.Release(1); });
 }
 
 }  // namespace bnps::server
