@@ -4,15 +4,55 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <mutex>
 
 #include "absl/strings/str_cat.h"
 #include "httplib.h"
 
 namespace bnps::metrics {
+namespace {
+
+// httplib's ThreadPool (0.11) queues every accepted connection, without a
+// bound. This one holds at most `max` (running or queued): past that,
+// enqueue waits, which stops the accept loop until a connection ends.
+class BoundedQueue : public httplib::TaskQueue {
+ public:
+  // `held` (outlives this) mirrors the connections held, for
+  // connections_held().
+  BoundedQueue(size_t threads, int max, std::atomic<int>* held)
+      : pool_(threads), max_(max), mirror_(held) {}
+  void enqueue(std::function<void()> fn) override {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      freed_.wait(lock, [this] { return held_ < max_; });
+      *mirror_ = ++held_;
+    }
+    pool_.enqueue([this, fn = std::move(fn)] {
+      fn();
+      std::lock_guard<std::mutex> lock(mu_);
+      *mirror_ = --held_;
+      freed_.notify_one();
+    });
+  }
+  void shutdown() override { pool_.shutdown(); }
+
+ private:
+  httplib::ThreadPool pool_;
+  const int max_;
+  std::atomic<int>* const mirror_;
+  std::mutex mu_;
+  std::condition_variable freed_;
+  int held_ = 0;  // guarded by mu_
+};
+
+}  // namespace
 
 struct HttpEndpoint::Impl {
   httplib::Server server;
   std::atomic<bool> ended{false};  // the serving loop returned
+  std::atomic<int> held{0};  // connections held (BoundedQueue)
 };
 
 absl::StatusOr<std::unique_ptr<HttpEndpoint>> HttpEndpoint::Start(
@@ -24,8 +64,16 @@ absl::StatusOr<std::unique_ptr<HttpEndpoint>> HttpEndpoint::Start(
   std::unique_ptr<HttpEndpoint> e(new HttpEndpoint());
   e->impl_ = std::make_unique<Impl>();
   httplib::Server& s = e->impl_->server;
-  // Scrapes are rare and short: two threads, not one per core.
-  s.new_task_queue = [] { return new httplib::ThreadPool(2); };
+  // Scrapes are rare and short: two threads, not one per core, and a
+  // bounded number of connections.
+  Impl* impl = e->impl_.get();
+  s.new_task_queue = [impl] {
+    return new BoundedQueue(2, kMaxConnections, &impl->held);
+  };
+  s.set_read_timeout(kIdleSeconds, 0);
+  s.set_write_timeout(kIdleSeconds, 0);
+  s.set_keep_alive_max_count(1);
+  s.set_keep_alive_timeout(kIdleSeconds);
   // SO_REUSEADDR only (restarts reuse the port at once); never SO_REUSEPORT,
   // which would let a second process bind the same port and take half the
   // scrapes.
@@ -50,7 +98,6 @@ absl::StatusOr<std::unique_ptr<HttpEndpoint>> HttpEndpoint::Start(
         "cannot serve metrics on ", host, ":", port,
         " (address in use or not local)"));
   }
-  Impl* impl = e->impl_.get();
   e->thread_ = std::thread([impl] {
     impl->server.listen_after_bind();
     impl->ended = true;
@@ -64,6 +111,10 @@ absl::StatusOr<std::unique_ptr<HttpEndpoint>> HttpEndpoint::Start(
 }
 
 HttpEndpoint::~HttpEndpoint() { Stop(); }
+
+int HttpEndpoint::connections_held() const {
+  return impl_ == nullptr ? 0 : impl_->held.load();
+}
 
 void HttpEndpoint::Stop() {
   if (impl_ == nullptr) return;

@@ -1,10 +1,19 @@
 #include "metrics/http_endpoint.h"
 
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/time.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "httplib.h"
@@ -69,6 +78,69 @@ TEST_F(HttpEndpointTest, StopRightAfterStartReturns) {
   ASSERT_TRUE(e.ok()) << e.status();
   (*e)->Stop();
   (*e)->Stop();
+}
+
+// A raw connection to 127.0.0.1:port that sends nothing; -1 if none. A
+// `nonblocking` one does not wait for the endpoint to take it (past the
+// listen backlog, a blocking connect would wait for SYN retries).
+int Idle(int port, bool nonblocking = false) {
+  int fd = ::socket(AF_INET, SOCK_STREAM | (nonblocking ? SOCK_NONBLOCK : 0), 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (fd >= 0 &&
+      ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 &&
+      !(nonblocking && errno == EINPROGRESS)) {
+    ::close(fd);
+    return -1;
+  }
+  timeval tv{10, 0};  // bounds the reads below
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  return fd;
+}
+
+// Connections that send nothing hold at most kMaxConnections places; the
+// rest wait in the kernel's backlog. Once they go, scrapes are served again.
+TEST_F(HttpEndpointTest, ConnectionsAreBounded) {
+  absl::StatusOr<std::unique_ptr<HttpEndpoint>> e =
+      HttpEndpoint::Start("127.0.0.1", 0, &registry_);
+  ASSERT_TRUE(e.ok()) << e.status();
+  std::vector<int> idle;
+  for (int i = 0; i < 3 * HttpEndpoint::kMaxConnections; ++i) {
+    int fd = Idle((*e)->port(), /*nonblocking=*/true);
+    ASSERT_GE(fd, 0) << errno;
+    idle.push_back(fd);
+  }
+  int most = 0;
+  for (int i = 0; i < 200; ++i) {  // 1 s of samples
+    most = std::max(most, (*e)->connections_held());
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(most, HttpEndpoint::kMaxConnections);
+  for (int fd : idle) ::close(fd);
+  httplib::Client client("127.0.0.1", (*e)->port());
+  client.set_read_timeout(30, 0);
+  httplib::Result res = client.Get("/metrics");
+  ASSERT_TRUE(res) << httplib::to_string(res.error());
+  EXPECT_EQ(res->status, 200);
+  EXPECT_LE((*e)->connections_held(), HttpEndpoint::kMaxConnections);
+}
+
+// A connection that sends nothing is closed by the endpoint after
+// kIdleSeconds (well within the read's 10 s bound).
+TEST_F(HttpEndpointTest, AnIdleConnectionIsClosed) {
+  absl::StatusOr<std::unique_ptr<HttpEndpoint>> e =
+      HttpEndpoint::Start("127.0.0.1", 0, &registry_);
+  ASSERT_TRUE(e.ok()) << e.status();
+  int fd = Idle((*e)->port());
+  ASSERT_GE(fd, 0);
+  const auto start = std::chrono::steady_clock::now();
+  char c;
+  EXPECT_EQ(::recv(fd, &c, 1, 0), 0);  // the endpoint's end of file
+  EXPECT_LT(std::chrono::steady_clock::now() - start,
+            std::chrono::seconds(HttpEndpoint::kIdleSeconds + 5));
+  ::close(fd);
 }
 
 // The exposition, as served, passes Prometheus's own linter.

@@ -5,12 +5,18 @@
 #ifndef BNPS_PROTO_GENERATION_H_
 #define BNPS_PROTO_GENERATION_H_
 
+#include <cstdint>
+
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 
 namespace bnps::proto {
 
 inline constexpr char kGenerationMetadataKey[] = "bnps-generation";
+// The highest generation a job may reach: a generation from the wire above
+// it is refused, so that the next one (newest + 1) never overflows. A job
+// rolls back a few times a day at most; 2^53 is never reached honestly.
+inline constexpr int64_t kMaxGeneration = int64_t{1} << 53;
 // Every such refusal's message contains this.
 inline constexpr char kRollsBackText[] = "the job rolls back";
 

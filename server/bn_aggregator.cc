@@ -29,7 +29,8 @@ BnAggregator::BnAggregator(Options options)
     : options_(options),
       live_(options.num_workers, true),
       failed_(options.num_workers),
-      contributed_(options.num_workers, false) {}
+      contributed_(options.num_workers, false),
+      recal_bytes_(options.num_workers, 0) {}
 
 int BnAggregator::NumLive() const {
   int n = 0;
@@ -162,10 +163,24 @@ void BnAggregator::Recal(int worker, int64_t batch, const std::string& layer,
         s = absl::FailedPreconditionError(absl::StrCat(
             "recalibration of BN layer '", layer, "' is already finished"));
       } else {
-        // The first value of a (worker, batch) stays: retries are not merged twice.
-        layers_[layer].recal.emplace(std::make_pair(worker, batch),
-                                     std::move(moments));
-        contributed_[worker] = true;
+        // What the moments hold: two arrays and the map's node.
+        const int64_t bytes = 2 * 8 * moments.channels() + 96;
+        auto& kept = layers_[layer].recal;
+        const auto id = std::make_pair(worker, batch);
+        if (kept.count(id) != 0) {
+          // The first value of a (worker, batch) stays: retries are not
+          // merged twice.
+        } else if (bytes > options_.recal_bytes_per_worker - recal_bytes_[worker]) {
+          s = absl::ResourceExhaustedError(absl::StrCat(
+              "worker ", worker, " filed ", recal_bytes_[worker],
+              " bytes of recalibration moments, the most one worker may "
+              "(", options_.recal_bytes_per_worker, "): finish the "
+              "recalibration (RecalFinish) with the batches filed"));
+        } else {
+          kept.emplace(id, std::move(moments));
+          recal_bytes_[worker] += bytes;
+          contributed_[worker] = true;
+        }
       }
     }
   }

@@ -120,6 +120,14 @@ class BnAggregator {
     // outside them is refused. Must not call the aggregator. Default: none
     // (num_workers).
     std::function<int(int64_t)> workers_at;
+    // The recalibration moments one worker may have filed (kept until the
+    // job ends, under every policy), in bytes: a worker's Recal past it is
+    // RESOURCE_EXHAUSTED, so that no worker's token grows the server's
+    // memory without bound. A batch costs 16 bytes per channel and 96 per
+    // layer: the default, 512 MiB, holds about 900 batches of a ResNet-50
+    // (53 BN layers, 26,560 channels) per worker (recalibration takes a few
+    // hundred).
+    int64_t recal_bytes_per_worker = int64_t{512} << 20;
   };
 
   struct Reply {
@@ -243,6 +251,8 @@ class BnAggregator {
   std::vector<bool> live_ ABSL_GUARDED_BY(mu_);
   std::vector<absl::Status> failed_ ABSL_GUARDED_BY(mu_);
   std::vector<bool> contributed_ ABSL_GUARDED_BY(mu_);  // by worker
+  // Bytes of recalibration moments filed, by worker.
+  std::vector<int64_t> recal_bytes_ ABSL_GUARDED_BY(mu_);
   // The newest step of an accepted Forward or Backward; -1 before any.
   int64_t newest_step_ ABSL_GUARDED_BY(mu_) = -1;
 };

@@ -202,6 +202,35 @@ TEST(BnAggregatorTest, AsyncWithOneWorkerIsLocal) {
   }
 }
 
+// A worker's recalibration moments are bounded (they are kept until the
+// job ends): past its bytes a Recal is RESOURCE_EXHAUSTED, the other worker
+// still files its own, a retry of a filed batch stays accepted, and the
+// finish merges what was filed.
+TEST(BnAggregatorTest, RecalMomentsOfAWorkerAreBounded) {
+  BnAggregator::Options o{policy::Policy::kSync, 2, 0, 0.1};
+  const int64_t per_batch = 2 * 8 * 3 + 96;  // 3 channels
+  o.recal_bytes_per_worker = 4 * per_batch;
+  BnAggregator agg(o);
+  const bn::Shape batch{2, 3, 2, 2};
+  const std::vector<float> x = bn::reference::RandomTensor(batch, 7, 1.0, 1, 2.0);
+  auto recal = [&](int w, int64_t b) {
+    Result r;
+    agg.Recal(w, b, "bn", MomentsOf(x, batch), Into(&r));
+    return r->status();
+  };
+  for (int64_t b = 0; b < 4; ++b) ASSERT_TRUE(recal(0, b).ok()) << b;
+  const absl::Status refused = recal(0, 4);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+  EXPECT_NE(refused.message().find("worker 0"), std::string::npos) << refused;
+  EXPECT_TRUE(recal(0, 3).ok());  // a retry: already filed
+  EXPECT_TRUE(recal(1, 0).ok());  // the other worker's room is its own
+  Result f0, f1;
+  agg.RecalFinish(0, "bn", kNever, Into(&f0));
+  agg.RecalFinish(1, "bn", kNever, Into(&f1));
+  ASSERT_TRUE(f0.has_value() && f0->ok()) << f0->status();
+  EXPECT_EQ((*f0)->moments.count, 5 * 2 * 2 * 2);  // five batches of N*H*W
+}
+
 TEST(BnAggregatorTest, RecalEqualsOneProcessOverTheUnion) {
   // Two workers, several batches each, of a shifted distribution.
   const bn::Shape batch{4, 3, 5, 5};

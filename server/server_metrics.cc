@@ -247,9 +247,11 @@ std::vector<ServerMetrics::LayerSummary> ServerMetrics::Layers() const {
 }
 
 ServerMetrics::Layer* ServerMetrics::LayerCache::Get(const std::string& layer) {
-  auto [it, added] = layers_.try_emplace(layer, nullptr);
-  if (added) it->second = metrics_->ForLayer(layer);
-  return it->second;
+  auto it = layers_.find(layer);
+  if (it != layers_.end()) return it->second;
+  Layer* l = metrics_->ForLayer(layer);
+  if (layers_.size() < static_cast<size_t>(kMaxLayers)) layers_.emplace(layer, l);
+  return l;
 }
 
 void ServerMetrics::FillStatus(proto::StatusResponse* status) const {

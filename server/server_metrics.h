@@ -109,11 +109,15 @@ class ServerMetrics {
 
   // A stream's own map from layer names to their series, so that a BN
   // message costs one lookup in it rather than in ForLayer's shared map.
-  // Used from one thread (the stream's read path).
+  // The names come from the wire: it keeps at most kMaxLayers of them (past
+  // that, Get asks ForLayer each time), so a stream that names ever new
+  // layers holds no more than that. Used from one thread (the stream's read
+  // path).
   class LayerCache {
    public:
     explicit LayerCache(ServerMetrics* metrics) : metrics_(metrics) {}
     Layer* Get(const std::string& layer);
+    size_t size() const { return layers_.size(); }  // names kept
 
    private:
     ServerMetrics* const metrics_;

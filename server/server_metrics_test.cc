@@ -118,6 +118,22 @@ TEST_F(ServerMetricsTest, LayerSeriesAreBounded) {
               HasSubstr("layer=\"(other)\",phase=\"backward\""));
 }
 
+// A stream's cache of layer names holds at most kMaxLayers of them however
+// many a client names, and names past it still reach their series (here
+// the shared "(other)").
+TEST_F(ServerMetricsTest, AStreamsLayerCacheIsBounded) {
+  ServerMetrics::LayerCache cache(metrics_.get());
+  ServerMetrics::Layer* first = cache.Get("layer0");
+  EXPECT_EQ(first, metrics_->ForLayer("layer0"));
+  for (int i = 0; i < 3 * ServerMetrics::kMaxLayers; ++i) {
+    cache.Get(absl::StrCat("layer", i));
+  }
+  EXPECT_EQ(cache.size(), static_cast<size_t>(ServerMetrics::kMaxLayers));
+  EXPECT_EQ(cache.Get("layer0"), first);
+  EXPECT_EQ(cache.Get("never seen"), metrics_->ForLayer("(other)"));
+  EXPECT_EQ(cache.size(), static_cast<size_t>(ServerMetrics::kMaxLayers));
+}
+
 TEST_F(ServerMetricsTest, CheckpointAgeOnceRecorded) {
   EXPECT_THAT(registry_.TextExposition(),
               Not(HasSubstr("\nbnps_server_checkpoint_age_seconds ")));

@@ -499,8 +499,9 @@ class BnReactor
 class ReadStateReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   ReadStateReactor(std::vector<grpc::ByteBuffer> messages,
-                   ServerMetrics* metrics)
-      : messages_(std::move(messages)), metrics_(metrics) {
+                   ServerMetrics* metrics, std::function<void()> done)
+      : messages_(std::move(messages)), metrics_(metrics),
+        done_(std::move(done)) {
     Next();
   }
   void OnWriteDone(bool ok) override {
@@ -510,7 +511,10 @@ class ReadStateReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     }
     Next();
   }
-  void OnDone() override { delete this; }
+  void OnDone() override {
+    if (done_) done_();
+    delete this;
+  }
 
  private:
   void Next() {
@@ -534,13 +538,15 @@ class ReadStateReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   std::vector<grpc::ByteBuffer> messages_;
   size_t next_ = 0;
   ServerMetrics* const metrics_;
+  const std::function<void()> done_;
 };
 
 }  // namespace
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* NewReadStateReactor(
-    std::vector<grpc::ByteBuffer> messages, ServerMetrics* metrics) {
-  return new ReadStateReactor(std::move(messages), metrics);
+    std::vector<grpc::ByteBuffer> messages, ServerMetrics* metrics,
+    std::function<void()> done) {
+  return new ReadStateReactor(std::move(messages), metrics, std::move(done));
 }
 
 grpc::ServerReadReactor<grpc::ByteBuffer>* NewPushReactor(

@@ -7,6 +7,7 @@
 #define BNPS_SERVER_SHARD_REACTORS_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -28,9 +29,11 @@ grpc::ServerReadReactor<grpc::ByteBuffer>* NewPushReactor(
 grpc::ServerWriteReactor<grpc::ByteBuffer>* NewPullReactor(
     Shard* shard, grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* raw,
     ServerMetrics* metrics, int caller);
-// Writes `messages` (serialized ReadStateResponses), then finishes OK.
+// Writes `messages` (serialized ReadStateResponses), then finishes OK;
+// calls `done` (may be empty) once the call is over, however it ended.
 grpc::ServerWriteReactor<grpc::ByteBuffer>* NewReadStateReactor(
-    std::vector<grpc::ByteBuffer> messages, ServerMetrics* metrics);
+    std::vector<grpc::ByteBuffer> messages, ServerMetrics* metrics,
+    std::function<void()> done);
 // `keep_awake` (may be null) is touched by every message of the stream.
 // `stream` is the stream's admission (Shard::Admit with
 // BnTransport::kStream): the reactor holds it until the stream is done;

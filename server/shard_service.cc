@@ -6,7 +6,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "security/job_token.h"
+#include "proto/generation.h"
 #include "proto/limits.h"
+#include "security/worker_token.h"
 #include "checkpoint/checkpoint.h"
 #include "server/read_state.h"
 #include "server/rpc_util.h"
@@ -23,6 +25,41 @@ absl::Status HasClocks(Shard& shard) {
   if (shard.clocks() != nullptr) return absl::OkStatus();
   return absl::FailedPreconditionError(
       "step clocks are kept by shard 0 under the async policy only");
+}
+
+// Who may ask for what in a Rollback. Every caller: a generation in
+// [0, kMaxGeneration] and a step of -1 (the newest) or more. A caller that
+// proved one worker's own token (--per_worker_tokens) is that worker, not
+// the job: it may move the job to the next generation only (a worker drives
+// the roll-back after a server restart), grow it only to take its own place
+// (resize_to up to its id + 1, as a joining worker does), and shrink it only
+// by leaving itself (checked by the shard). Jumps and others' places need
+// the job token.
+absl::Status CheckRollbackAuthority(int caller, int64_t current_generation,
+                                    const proto::RollbackRequest& req) {
+  if (req.generation() < 0 || req.generation() > proto::kMaxGeneration) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rollback to generation ", req.generation(), ": generations run from "
+        "0 to ", proto::kMaxGeneration));
+  }
+  if (req.step() < -1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rollback to step ", req.step(), ": no such step"));
+  }
+  if (caller == security::TokenAuthenticator::kAnyWorker) return absl::OkStatus();
+  if (req.generation() > current_generation + 1) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "worker ", caller, "'s own token may move the job to generation ",
+        current_generation + 1, " at most, not ", req.generation(),
+        ": that takes the job token"));
+  }
+  if (req.resize_to() > caller + 1) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "worker ", caller, "'s own token may grow the job to ", caller + 1,
+        " workers at most (its own place), not ", req.resize_to(),
+        ": that takes the job token"));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -52,9 +89,10 @@ absl::Status ShardService::Decode(const grpc::CallbackServerContext& ctx,
 template <typename Request>
 absl::StatusOr<Admission> ShardService::AdmitWorkerCall(
     const grpc::CallbackServerContext& ctx, const grpc::ByteBuffer& raw,
-    Request* req, int* worker, bool generation_checked) {
+    Request* req, int* worker, bool generation_checked, int* caller) {
   AdmissionRequest a;
   if (absl::Status s = Decode(ctx, raw, req, &a.caller); !s.ok()) return s;
+  if (caller != nullptr) *caller = a.caller;
   *worker = req->worker();
   a.job = req->job();
   a.worker = req->worker();
@@ -342,10 +380,13 @@ grpc::ServerUnaryReactor* ShardService::Rollback(
     grpc::ByteBuffer* out) {
   proto::RollbackRequest req;
   proto::RollbackResponse resp;
-  int worker = -1;
-  const absl::StatusOr<Admission> admitted =
-      AdmitWorkerCall(*ctx, *raw, &req, &worker, /*generation_checked=*/false);
+  int worker = -1, caller = -1;
+  const absl::StatusOr<Admission> admitted = AdmitWorkerCall(
+      *ctx, *raw, &req, &worker, /*generation_checked=*/false, &caller);
   absl::Status s = admitted.status();
+  if (s.ok()) {
+    s = CheckRollbackAuthority(caller, shard_->generation().generation, req);
+  }
   if (s.ok()) {
     Shard::MembershipChange change;
     change.resize_to = req.resize_to();
@@ -416,6 +457,11 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* ShardService::ReadState(
     a.job = req.job();
     s = shard_->Admit(a).status();
   }
+  if (s.ok() && !read_states_.TryCharge(1)) {
+    s = absl::ResourceExhaustedError(absl::StrCat(
+        kMaxConcurrentReadStates, " ReadState calls are under way on shard ",
+        shard_->options().shard, ": try again when one has ended"));
+  }
   if (metrics_) metrics_->Received(M::kReadState, raw->Length());
   if (!s.ok()) {
     LogRejected(*shard_, "ReadState", -1, s);
@@ -428,7 +474,8 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* ShardService::ReadState(
     messages.emplace_back();
     SerializeTo(m, &messages.back());
   }
-  return NewReadStateReactor(std::move(messages), metrics_);
+  return NewReadStateReactor(std::move(messages), metrics_,
+                             [this] { read_states_.Release(1); });
 }
 
 }  // namespace bnps::server

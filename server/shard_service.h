@@ -84,6 +84,9 @@ class ShardService final : public ShardServiceBase {
                        ? std::move(bn_budget)
                        : std::make_shared<util::ByteBudget>(int64_t{256} << 20)) {}
 
+  // ReadState calls served at once; another is RESOURCE_EXHAUSTED.
+  static constexpr int kMaxConcurrentReadStates = 2;
+
   // Requests and responses are the messages of proto/bnps.proto, as bytes.
   grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* ctx,
                                      const grpc::ByteBuffer* req,
@@ -149,7 +152,8 @@ class ShardService final : public ShardServiceBase {
   template <typename Request>
   absl::StatusOr<Admission> AdmitWorkerCall(
       const grpc::CallbackServerContext& ctx, const grpc::ByteBuffer& raw,
-      Request* req, int* worker, bool generation_checked);
+      Request* req, int* worker, bool generation_checked,
+      int* caller = nullptr);
 
   // Respond (rpc_util.h), counting the call in the metrics.
   grpc::ServerUnaryReactor* Answer(
@@ -164,6 +168,11 @@ class ShardService final : public ShardServiceBase {
   util::KeepAwake* const keep_awake_;  // may be null
   const BnSocketServer* const bn_socket_;  // may be null
   const std::shared_ptr<util::ByteBudget> bn_budget_;
+  // ReadState calls under way, one unit each: each holds two copies of the
+  // shard's state (its snapshot and its messages) until its client has read
+  // them, so a token holder's loop of calls is refused past the limit
+  // (RESOURCE_EXHAUSTED) instead of growing the server's memory.
+  util::ByteBudget read_states_{kMaxConcurrentReadStates};
   // Staging buffers of pushes, reused across calls.
   ScratchPool scratch_{size_t{256} << 20};
 };

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "client/grpc_ps_client.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
@@ -22,6 +23,7 @@
 #include "security/worker_token.h"
 #include "server/raw_bn_conn_testing.h"
 #include "server/server_runner.h"
+#include "server/shard_service.h"
 
 namespace bnps {
 namespace {
@@ -286,6 +288,87 @@ TEST_F(WorkerIdentityTest, OverTcpTheHelloBindsTheWorkerAndTheToken) {
   RawConn op1(bn_port()), op2(bn_port());
   EXPECT_EQ(op1.Hello("bnps", 0, kToken).code(), 0);
   EXPECT_EQ(op2.Hello("bnps", 0, kToken).code(), 0);
+}
+
+// Job-wide operations need the job's authority: a worker's own token may
+// move the job to the next generation only and grow it only to its own
+// place; a jump in generation (INT64_MAX would make the workers' next one
+// overflow) or another's place takes the job token, and no token may name a
+// generation past the bound. (This server keeps no checkpoints, so a
+// roll-back that passes the authority check fails after it, with
+// FAILED_PRECONDITION.)
+TEST_F(WorkerIdentityTest, AWorkerTokenCannotRollBackResizeOrPushTheGeneration) {
+  ASSERT_NO_FATAL_FAILURE(Start(/*per_worker_tokens=*/true));
+  const std::string one = security::WorkerToken(kToken, 1);
+  auto rollback = [&](const std::string& token, int64_t generation,
+                      int resize_to) {
+    proto::RollbackRequest req;
+    req.set_job("bnps");
+    req.set_worker(1);
+    req.set_generation(generation);
+    req.set_step(-1);
+    req.set_resize_to(resize_to);
+    proto::RollbackResponse resp;
+    return stub_->Rollback(As(token).get(), req, &resp).error_code();
+  };
+  EXPECT_EQ(rollback(one, INT64_MAX, 0), StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(rollback(kToken, INT64_MAX, 0), StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(rollback(one, -1, 0), StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(rollback(one, 2, 0), StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(rollback(one, 1, 3), StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(rollback(one, 1, 0), StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(rollback(one, 1, 2), StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(rollback(kToken, 5, 2), StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(server_->shard().generation().generation, 0);
+}
+
+// ReadState calls at once are bounded: each holds two copies of the
+// shard's state until its client has read them, so past the limit a call is
+// refused (RESOURCE_EXHAUSTED) rather than growing the server's memory, and
+// a call that ends frees its place. The state is larger than the
+// transport's buffers, so a stream whose client stops reading stays open.
+TEST_F(WorkerIdentityTest, ReadStateCallsAtOnceAreBounded) {
+  ASSERT_NO_FATAL_FAILURE(Start(/*per_worker_tokens=*/false));
+  const int64_t n = int64_t{16} << 20;  // 64 MiB of floats
+  ASSERT_TRUE(*server_->shard().store().Init("w", {n},
+                                             std::vector<float>(n, 1.0f)));
+  proto::ReadStateRequest req;
+  req.set_job("bnps");
+  proto::ReadStateResponse resp;
+  constexpr int kMax = server::ShardService::kMaxConcurrentReadStates;
+  std::vector<std::unique_ptr<grpc::ClientContext>> ctxs;
+  std::vector<std::unique_ptr<grpc::ClientReader<proto::ReadStateResponse>>>
+      open;
+  for (int i = 0; i < kMax; ++i) {  // each reads one message, then waits
+    ctxs.push_back(As(kToken));
+    open.push_back(stub_->ReadState(ctxs.back().get(), req));
+    ASSERT_TRUE(open.back()->Read(&resp)) << i;
+  }
+  auto read_all = [&]() {
+    auto ctx = As(kToken);
+    auto reader = stub_->ReadState(ctx.get(), req);
+    while (reader->Read(&resp)) {
+    }
+    return reader->Finish();
+  };
+  const grpc::Status refused = read_all();
+  EXPECT_EQ(refused.error_code(), StatusCode::RESOURCE_EXHAUSTED)
+      << refused.error_message();
+  EXPECT_NE(refused.error_message().find("ReadState calls are under way"),
+            std::string::npos)
+      << refused.error_message();
+  while (open[0]->Read(&resp)) {
+  }
+  ASSERT_TRUE(open[0]->Finish().ok());
+  // The server lets go of the ended call just after its client has the end.
+  grpc::Status next = read_all();
+  for (int tries = 0; tries < 100 && !next.ok(); ++tries) {
+    absl::SleepFor(absl::Milliseconds(20));
+    next = read_all();
+  }
+  EXPECT_TRUE(next.ok()) << next.error_message();
+  ctxs[1]->TryCancel();
+  open[1]->Finish();
 }
 
 // Without per-worker tokens: a connection still acts as its hello's worker,

@@ -10,6 +10,7 @@
 #include "google/protobuf/util/message_differencer.h"
 #include "policy/policy.h"
 #include "proto/codec.h"
+#include "proto/generation.h"
 
 namespace bnps::client::internal {
 namespace {
@@ -192,6 +193,11 @@ absl::StatusOr<int64_t> Membership::Recover(bool restarted,
     }
     for (const proto::StatusResponse& r : st) {
       behind = behind || r.generation() < newest;
+    }
+    if (newest < 0 || newest >= proto::kMaxGeneration) {
+      return absl::DataLossError(absl::StrCat(
+          "a shard answered generation ", newest, ", outside 0..",
+          proto::kMaxGeneration - 1, ": refusing to roll the job on from it"));
     }
     const bool force =
         (restarted && newest <= registered_generation_) || resize_to > 0 ||
