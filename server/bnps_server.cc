@@ -118,10 +118,12 @@ ABSL_FLAG(std::string, bn_unix_socket, "",
           "on a clean stop; a stale socket at the path is replaced, anything "
           "else refused. Plaintext jobs only. Empty: none.");
 ABSL_FLAG(int, bn_max_connections, 0,
-          "With --bn_port: most BN connections open at once; more are "
-          "closed on arrival (their workers use the gRPC stream). 0: half "
-          "of the descriptors left after 64 for the server itself, the "
-          "other half kept for gRPC's connections (the server raises its "
+          "With --bn_port: most BN connections past their hello at once; a "
+          "hello past it is refused (its worker uses the gRPC stream). "
+          "Connections before their hello have a cap of their own (an "
+          "eighth of this, 16 to 1,024; 64 from one address). 0: both out "
+          "of half of the descriptors left after 64 for the server itself, "
+          "the other half kept for gRPC's connections (the server raises its "
           "soft descriptor limit to the hard one at start).");
 ABSL_FLAG(int64_t, bn_memory_budget_mb, 256,
           "MiB that all BN connections together (raw TCP and gRPC BnSync "
@@ -359,23 +361,24 @@ int main(int argc, char** argv) {
                                            : " with a job token",
               absl::GetFlag(FLAGS_host).c_str(), (*server)->port());
   if (const auto* bn = (*server)->bn_socket_server();
-      bn != nullptr && bn->max_connections() >
+      bn != nullptr && bn->max_connections() + bn->max_unauthenticated() >
           bnps::server::BnSocketServer::ConnectionCap(
               bnps::util::OpenFileLimit())) {
     std::fprintf(stderr,
-                 "bnps_server: warning: --bn_max_connections=%d is more than "
+                 "bnps_server: warning: --bn_max_connections=%d (and %d "
+                 "before their hello) is more than "
                  "the descriptor limit leaves room for (%d): a flood of BN "
                  "connections can use every descriptor, and gRPC's listener "
                  "does not accept again after that\n",
-                 bn->max_connections(),
+                 bn->max_connections(), bn->max_unauthenticated(),
                  bnps::server::BnSocketServer::ConnectionCap(
                      bnps::util::OpenFileLimit()));
   }
   if (const auto* bn = (*server)->bn_socket_server(); bn != nullptr) {
     std::printf("bnps_server: BN over TCP at %s:%d (at most %d connections, "
-                "of %lld descriptors)\n",
+                "%d more before their hello, of %lld descriptors)\n",
                 absl::GetFlag(FLAGS_host).c_str(), bn->port(),
-                bn->max_connections(),
+                bn->max_connections(), bn->max_unauthenticated(),
                 static_cast<long long>(bnps::util::OpenFileLimit()));
     if (!bn->unix_path().empty()) {
       std::printf("bnps_server: BN over a Unix socket at %s\n",

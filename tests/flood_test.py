@@ -119,7 +119,7 @@ class FloodTest(unittest.TestCase):
         # closed on arrival.
         server, address, bn_port, bn_line = start_server()
         try:
-            self.assertIn("at most 96 connections, of 256 descriptors", bn_line)
+            self.assertIn("at most 80 connections, 16 more before their hello, of 256 descriptors", bn_line)
             cpu0, wall0 = cpu_seconds(server.pid), time.monotonic()
             opened = flood(bn_port, FLOOD, hold_s=1.0)
             # Health during and after: the gRPC listener still accepts.
