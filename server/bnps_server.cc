@@ -125,6 +125,9 @@ ABSL_FLAG(int, bn_max_connections, 0,
           "of half of the descriptors left after 64 for the server itself, "
           "the other half kept for gRPC's connections (the server raises its "
           "soft descriptor limit to the hard one at start).");
+ABSL_FLAG(int, bn_max_unauthenticated_per_peer, 64,
+          "With --bn_port: most BN connections before their hello from one "
+          "address; more are closed on arrival. At least 1.");
 ABSL_FLAG(int64_t, bn_memory_budget_mb, 256,
           "MiB that all BN connections together (raw TCP and gRPC BnSync "
           "streams) may hold in answers their clients have not read and "
@@ -315,6 +318,14 @@ int main(int argc, char** argv) {
   latency.bn_unix_path = absl::GetFlag(FLAGS_bn_unix_socket);
   bnps::server::ServerLimits limits;
   limits.bn_max_connections = absl::GetFlag(FLAGS_bn_max_connections);
+  limits.bn_max_unauthenticated_per_peer =
+      absl::GetFlag(FLAGS_bn_max_unauthenticated_per_peer);
+  if (limits.bn_max_unauthenticated_per_peer < 1) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+               "--bn_max_unauthenticated_per_peer must be >= 1, not ",
+               limits.bn_max_unauthenticated_per_peer))),
+           kBadFlags;
+  }
   if (limits.bn_max_connections < 0) {
     return Fail(absl::InvalidArgumentError(absl::StrCat(
                "--bn_max_connections must be >= 0, not ",

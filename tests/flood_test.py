@@ -156,7 +156,9 @@ class FloodTest(unittest.TestCase):
         # loop must back off instead of spinning; the sweep still runs and
         # SIGTERM still stops the server.
         server, _, bn_port, _ = start_server(
-            "--bn_max_connections=10000", "--heartbeat_timeout_ms=60000")
+            "--bn_max_connections=10000",
+            "--bn_max_unauthenticated_per_peer=100000",
+            "--heartbeat_timeout_ms=60000")
         try:
             cpu0, wall0 = cpu_seconds(server.pid), time.monotonic()
             opened = flood(bn_port, FLOOD, hold_s=2.0)
