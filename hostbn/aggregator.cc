@@ -222,6 +222,12 @@ void Aggregator::AcceptLoop() {
     {
       absl::MutexLock lock(&mu_);
       if (stopping_) return;
+      if (pending_ >= options_.max_unauthenticated ||
+          static_cast<int>(conns_.size()) >= options_.max_connections) {
+        refused_.fetch_add(1);
+        continue;  // closes fd: no thread for it
+      }
+      ++pending_;
       conns_.insert(conn);
     }
     Spawn([this, conn] {
@@ -233,6 +239,18 @@ void Aggregator::AcceptLoop() {
 }
 
 void Aggregator::Serve(std::shared_ptr<Conn> conn) {
+  // Counted among those before their hello until it is settled.
+  bool pending = true;
+  auto settled = [this, &pending] {
+    if (!pending) return;
+    pending = false;
+    absl::MutexLock lock(&mu_);
+    --pending_;
+  };
+  struct Settle {
+    std::function<void()> f;
+    ~Settle() { f(); }
+  } settle{settled};
   proto::BnHello hello;
   absl::Status s;
   absl::StatusOr<std::string> first =
@@ -318,6 +336,7 @@ void Aggregator::Serve(std::shared_ptr<Conn> conn) {
   AggregatorMetrics* const m = options_.metrics;
   if (m != nullptr) s.ok() ? m->HelloAccepted() : m->HelloRefused();
   conn->Write(reply);
+  settled();
   if (!s.ok()) {
     int64_t left_out = 0;
     if (refusal_log_.Admit(absl::Now(), &left_out)) {

@@ -35,6 +35,7 @@
 #ifndef BNPS_HOSTBN_AGGREGATOR_H_
 #define BNPS_HOSTBN_AGGREGATOR_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -68,6 +69,13 @@ class Aggregator {
     bool per_worker_tokens = false;  // workers may use their own tokens
     int num_workers = 0;  // the job's workers (per_worker_tokens needs it)
     absl::Duration timeout = absl::Seconds(5);  // hellos, connects, writes
+    // Connections (each with its thread) before their hello is settled;
+    // more are closed on arrival, so that connections that never say
+    // hello hold at most this many threads, each for at most `timeout`.
+    int max_unauthenticated = 64;
+    // Connections open at once, past their hello or not; more are closed
+    // on arrival.
+    int max_connections = 4096;
     // What it measures (not owned; must outlive the aggregator); null: none.
     AggregatorMetrics* metrics = nullptr;
   };
@@ -82,6 +90,9 @@ class Aggregator {
   ~Aggregator();  // Stop()
 
   int port() const { return port_; }
+  // Connections closed on arrival (over max_unauthenticated or
+  // max_connections).
+  int64_t refused() const { return refused_.load(); }
 
   // Closes the listener and every connection and waits for their threads.
   // Idempotent.
@@ -105,11 +116,13 @@ class Aggregator {
   const Options options_;
   std::unique_ptr<security::TokenAuthenticator> auth_;
   util::LogLimiter refusal_log_;  // refused hellos' lines
+  std::atomic<int64_t> refused_{0};
   int listen_fd_ = -1;
   int port_ = 0;
   absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   int threads_ ABSL_GUARDED_BY(mu_) = 0;  // running
+  int pending_ ABSL_GUARDED_BY(mu_) = 0;  // connections before their hello
   std::map<GroupKey, std::shared_ptr<Group>> groups_ ABSL_GUARDED_BY(mu_);
   std::set<std::shared_ptr<Conn>> conns_ ABSL_GUARDED_BY(mu_);
 };

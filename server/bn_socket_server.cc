@@ -52,6 +52,25 @@ constexpr int kAcceptsPerEvent = 64;
 constexpr absl::Duration kMinBackoff = absl::Milliseconds(10);
 constexpr absl::Duration kMaxBackoff = absl::Seconds(1);
 
+// Whom a connection before its hello counts against: its IPv4 address.
+std::string PeerOfTcp(const sockaddr_storage& from, socklen_t len) {
+  if (from.ss_family != AF_INET || len < sizeof(sockaddr_in)) return "?";
+  char text[INET_ADDRSTRLEN] = {};
+  const auto& in = reinterpret_cast<const sockaddr_in&>(from);
+  inet_ntop(AF_INET, &in.sin_addr, text, sizeof text);
+  return text;
+}
+
+// Over the Unix socket: the peer's uid.
+std::string PeerOfUnix(int fd) {
+  ucred cred{};
+  socklen_t len = sizeof cred;
+  if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
+    return "unix:?";
+  }
+  return absl::StrCat("unix:", cred.uid);
+}
+
 absl::Status Errno(const std::string& what) {
   return absl::UnavailableError(absl::StrCat(what, ": ", strerror(errno)));
 }
@@ -195,6 +214,15 @@ struct BnSocketServer::Conn {
   absl::Time frame_started = absl::InfiniteFuture();
   // "tcp" or "unix", which the hello's handshake binds. Set at accept.
   std::string transport = "tcp";
+  // Before the hello: the peer it counts against (its address, or the
+  // Unix peer's uid) and its place in the order of arrival.
+  bool pending = true;
+  std::string peer;
+  uint64_t serial = 0;
+  // The budget charged_in is charged to: the one of connections before
+  // their hello, then the server's.
+  util::ByteBudget* in_budget = nullptr;
+  bool released = false;  // Release ran
   // Between the hello and the client's proof (a job with a token).
   std::optional<security::HelloServer> handshake;
   proto::BnHello hello;
@@ -251,9 +279,24 @@ absl::StatusOr<std::unique_ptr<BnSocketServer>> BnSocketServer::Start(
       return Errno("BN over TCP: epoll_ctl");
     }
   }
-  s->max_connections_ = s->options_.max_connections > 0
-                            ? s->options_.max_connections
-                            : ConnectionCap(util::OpenFileLimit());
+  if (s->options_.max_connections > 0) {
+    s->max_connections_ = s->options_.max_connections;
+    s->max_unauthenticated_ =
+        s->options_.max_unauthenticated > 0
+            ? s->options_.max_unauthenticated
+            : std::clamp(s->max_connections_ / 8, 16, 1024);
+  } else {
+    // Both out of the one cap, so that the descriptors stay within it.
+    const int cap = ConnectionCap(util::OpenFileLimit());
+    s->max_unauthenticated_ = s->options_.max_unauthenticated > 0
+                                  ? s->options_.max_unauthenticated
+                                  : std::clamp(cap / 8, 16, 1024);
+    s->max_connections_ = std::max(cap - s->max_unauthenticated_, 1);
+  }
+  if (s->options_.max_unauthenticated_per_peer <= 0) {
+    return absl::InvalidArgumentError(
+        "BN over TCP: max_unauthenticated_per_peer <= 0");
+  }
   if (s->options_.budget != nullptr) {
     s->budget_ = s->options_.budget;
   } else if (s->options_.memory_budget_bytes <= 0) {
@@ -264,6 +307,12 @@ absl::StatusOr<std::unique_ptr<BnSocketServer>> BnSocketServer::Start(
   }
   s->max_hello_bytes_ =
       MaxHelloBytes(shard->options().job, shard->options().num_workers);
+  s->hello_budget_ = std::make_shared<util::ByteBudget>(
+      s->options_.unauthenticated_budget_bytes > 0
+          ? s->options_.unauthenticated_budget_bytes
+          : static_cast<int64_t>(s->max_unauthenticated_) *
+                static_cast<int64_t>(s->max_hello_bytes_ +
+                                     proto::kFrameHeaderBytes));
   s->auth_ = std::make_unique<security::TokenAuthenticator>(
       s->options_.token, s->options_.per_worker_tokens,
       shard->options().num_workers);
@@ -326,7 +375,10 @@ bool BnSocketServer::Accept(int listen_fd,
   // Bounded, so that the thread returns to its other connections, the
   // sweep and Stop however fast connections arrive.
   for (int i = 0; i < kAcceptsPerEvent; ++i) {
-    int c = accept4(listen_fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    sockaddr_storage from{};
+    socklen_t from_len = sizeof from;
+    int c = accept4(listen_fd, reinterpret_cast<sockaddr*>(&from), &from_len,
+                    SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (c < 0) {
       if (errno == EINTR || errno == ECONNABORTED) continue;
       if (errno != EMFILE && errno != ENFILE) return true;  // EAGAIN: done
@@ -350,20 +402,50 @@ bool BnSocketServer::Accept(int listen_fd,
     }
     accepted_.fetch_add(1);
     if (listen_fd == unix_fd_) accepted_unix_.fetch_add(1);
-    if (static_cast<int>(conns->size()) >= max_connections_ ||
+    const std::string peer = listen_fd == unix_fd_
+                                 ? PeerOfUnix(c)
+                                 : PeerOfTcp(from, from_len);
+    auto by_peer = pending_by_peer_.find(peer);
+    if ((by_peer != pending_by_peer_.end() &&
+         by_peer->second >= options_.max_unauthenticated_per_peer) ||
         !util::SetLowLatency(c, "BN connection").ok()) {
       refused_.fetch_add(1);  // counted before the client sees the close
       close(c);  // refused before the descriptor table fills (D1)
       continue;
     }
+    // The set of connections before their hello is full: the oldest of
+    // them goes (it has had the longest to say hello).
+    if (pending_ >= max_unauthenticated_ && !EvictOldestPending(conns)) {
+      refused_.fetch_add(1);
+      close(c);
+      continue;
+    }
     auto conn = std::make_shared<Conn>(c, epoll_fd_, options_.max_queued_bytes,
                                        budget_);
     if (listen_fd == unix_fd_) conn->transport = "unix";
+    conn->peer = peer;
+    conn->serial = next_serial_++;
+    conn->in_budget = hello_budget_.get();
     epoll_event ev{};
     ev.events = kIn;
     ev.data.fd = c;
     if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, c, &ev) != 0) continue;  // closes c
+    ++pending_;
+    ++pending_by_peer_[peer];
+    pending_order_.emplace_back(conn->serial, c);
     conns->emplace(c, std::move(conn));
+    if (pending_order_.size() > 2 * static_cast<size_t>(pending_) + 64) {
+      // Mostly connections past their hello or gone: keep the rest.
+      std::deque<std::pair<uint64_t, int>> kept;
+      for (const auto& [serial, fd] : pending_order_) {
+        auto it = conns->find(fd);
+        if (it != conns->end() && it->second->serial == serial &&
+            it->second->pending) {
+          kept.emplace_back(serial, fd);
+        }
+      }
+      pending_order_.swap(kept);
+    }
   }
   return true;
 }
@@ -489,10 +571,45 @@ void BnSocketServer::Run() {
   }
 }
 
+bool BnSocketServer::EvictOldestPending(
+    std::map<int, std::shared_ptr<Conn>>* conns) {
+  while (!pending_order_.empty()) {
+    const auto [serial, fd] = pending_order_.front();
+    pending_order_.pop_front();
+    auto it = conns->find(fd);
+    if (it == conns->end() || it->second->serial != serial ||
+        !it->second->pending) {
+      continue;  // gone, or past its hello, since
+    }
+    epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);
+    Release(*it->second);
+    conns->erase(it);
+    evicted_.fetch_add(1);
+    return true;
+  }
+  return false;
+}
+
+void BnSocketServer::LeavePending(Conn& conn) {
+  if (!conn.pending) return;
+  conn.pending = false;
+  --pending_;
+  auto it = pending_by_peer_.find(conn.peer);
+  if (it != pending_by_peer_.end() && --it->second <= 0) {
+    pending_by_peer_.erase(it);
+  }
+  // Nothing waits on the order of arrival any more: keep it from growing
+  // with connections that said hello.
+  if (pending_ == 0) pending_order_.clear();
+}
+
 void BnSocketServer::Release(Conn& conn) {
   conn.Shut();
+  LeavePending(conn);
+  if (conn.dispatcher.has_value() && !conn.released) --authenticated_;
+  conn.released = true;
   conn.admission.Release();
-  budget_->Release(conn.charged_in);
+  if (conn.in_budget != nullptr) conn.in_budget->Release(conn.charged_in);
   conn.charged_in = 0;
   conn.reader = proto::FrameReader();  // an answer owed may keep conn alive
   conn.frame_started = absl::InfiniteFuture();
@@ -503,8 +620,17 @@ bool BnSocketServer::Read(const std::shared_ptr<Conn>& conn) {
   for (int chunk = 0; chunk < kChunksPerEvent; ++chunk) {
     // What is read is held (until its frame is whole) within the server's
     // budget: charged before the read, the rest given back after.
-    const int64_t room = budget_->ChargeUpTo(kReadChunk);
+    // Before its hello, within the budget of such connections alone.
+    util::ByteBudget& in = *conn->in_budget;
+    const int64_t room = in.ChargeUpTo(kReadChunk);
     if (room == 0) {
+      if (conn->pending) {
+        LogRejected(*shard_, "BnSync (TCP)", -1,
+                    absl::ResourceExhaustedError(
+                        "the budget of BN connections before their hello is "
+                        "spent: one shed"));
+        return false;
+      }
       std::fprintf(stderr,
                    "bnps_server: the server's BN memory budget (%lld bytes) "
                    "is spent: a BN connection holding %lld bytes of a frame "
@@ -515,7 +641,7 @@ bool BnSocketServer::Read(const std::shared_ptr<Conn>& conn) {
     }
     const ssize_t k = recv(conn->fd, buf, static_cast<size_t>(room), 0);
     const int64_t got = k > 0 ? k : 0;
-    budget_->Release(room - got);
+    in.Release(room - got);
     if (k > 0) {
       conn->reader.Append(buf, static_cast<size_t>(k));
       conn->charged_in += got;
@@ -523,8 +649,16 @@ bool BnSocketServer::Read(const std::shared_ptr<Conn>& conn) {
       const bool keep = HandleFrames(conn, &frames);
       // Whole frames were handled: their bytes go back to the budget.
       const int64_t held = static_cast<int64_t>(conn->reader.buffered());
-      budget_->Release(conn->charged_in - held);
+      in.Release(conn->charged_in - held);
       conn->charged_in = held;
+      if (!conn->pending && conn->in_budget != budget_.get()) {
+        // Past its hello: what it holds moves to the server's budget.
+        in.Release(held);
+        conn->charged_in = 0;
+        conn->in_budget = budget_.get();
+        if (!budget_->TryCharge(held)) return false;
+        conn->charged_in = held;
+      }
       if (held == 0 || frames > 0) conn->frame_started = absl::InfiniteFuture();
       if (held > 0 && conn->frame_started == absl::InfiniteFuture()) {
         conn->frame_started = absl::Now();
@@ -637,7 +771,12 @@ bool BnSocketServer::AdmitHello(const std::shared_ptr<Conn>& c,
   a.job = hello.job();
   a.worker = hello.worker();
   a.connection = BnTransport::kTcp;
-  absl::StatusOr<Admission> admitted = shard_->Admit(a);
+  absl::StatusOr<Admission> admitted =
+      authenticated_ >= max_connections_
+          ? absl::ResourceExhaustedError(absl::StrCat(
+                "the server holds ", authenticated_,
+                " BN connections, its cap: try again later"))
+          : shard_->Admit(a);
   absl::Status s = admitted.status();
   if (s.ok()) conn.admission = *std::move(admitted);
   proto::BnHelloReply reply;
@@ -654,6 +793,8 @@ bool BnSocketServer::AdmitHello(const std::shared_ptr<Conn>& c,
     return false;
   }
   if (keep_awake_ != nullptr) keep_awake_->Touch();
+  LeavePending(conn);
+  ++authenticated_;
   Conn* raw = c.get();  // the dispatcher is conn's: it never outlives it
   // The connection acts as the worker its hello named, whatever its token.
   conn.dispatcher.emplace(shard_, metrics_, hello.generation(), workers,

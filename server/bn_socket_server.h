@@ -22,11 +22,17 @@
 // answered by a BnHelloReply; a wrong token or job is answered and the
 // connection closed. A connection acts as the worker its hello named:
 // requests that name another are refused (PERMISSION_DENIED). Until its hello a connection may send one small frame
-// (MaxHelloBytes) and must send it within `hello_timeout`; at most
-// `max_connections` are open at once (more are closed on arrival: by
-// default a cap derived from the descriptor limit, so that a flood is
-// refused while descriptors remain for the gRPC listener and its
-// connections). Out of descriptors all the same (EMFILE), the listener
+// (MaxHelloBytes) and must send it within `hello_timeout`. Connections
+// before their hello spend nothing of the workers': at most
+// `max_unauthenticated` of them are open (a newcomer past it closes the
+// oldest of them, so a flood cannot keep a worker's hello out for longer
+// than the flood takes to refill the set), at most
+// `max_unauthenticated_per_peer` from one address (more are closed on
+// arrival), and what they have sent is held within a budget of their own
+// (`unauthenticated_budget_bytes`). At most `max_connections` have said
+// hello (a hello past it is refused, RESOURCE_EXHAUSTED: by default a cap
+// derived from the descriptor limit, so that descriptors remain for the
+// gRPC listener and its connections). Out of descriptors all the same (EMFILE), the listener
 // rests, backing off from 10 ms to 1 s, instead of retrying at once. Bytes
 // that are not frames of these messages close the connection, and so does
 // a client that leaves more than `max_queued_bytes` of answers unread.
@@ -53,10 +59,12 @@
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -91,9 +99,20 @@ class BnSocketServer {
     // most one live connection (a second hello is refused).
     bool per_worker_tokens = false;
     absl::Duration hello_timeout = absl::Seconds(5);
-    // Most BN connections open at once; 0: ConnectionCap(the soft
-    // RLIMIT_NOFILE when the server starts).
+    // Most BN connections past their hello at once; 0: ConnectionCap(the
+    // soft RLIMIT_NOFILE when the server starts).
     int max_connections = 0;
+    // Most connections open before their hello; 0: an eighth of
+    // max_connections, at least 16 and at most 1,024 (descriptors for them
+    // come on top of max_connections: ConnectionCap leaves room).
+    int max_unauthenticated = 0;
+    // Most of those from one address (Unix: one uid); more are closed on
+    // arrival.
+    int max_unauthenticated_per_peer = 64;
+    // What connections before their hello may hold together (partial
+    // hellos), apart from memory_budget_bytes: 0 for max_unauthenticated
+    // largest hellos.
+    int64_t unauthenticated_budget_bytes = 0;
     // Answers a client may leave unread before it is cut off.
     int64_t max_queued_bytes = kMaxUnreadAnswerBytes;
     // What all BN connections together may hold: answers not read yet and
@@ -141,11 +160,15 @@ class BnSocketServer {
   int64_t accepted() const { return accepted_.load(); }
   // Of those, the ones that came over the Unix socket.
   int64_t accepted_unix() const { return accepted_unix_.load(); }
-  // Of all accepted, the ones closed on arrival (over the cap, or taken with the
-  // spare descriptor when out of descriptors).
+  // Of all accepted, the ones closed on arrival (over a peer's cap, or
+  // taken with the spare descriptor when out of descriptors).
   int64_t refused() const { return refused_.load(); }
-  // The connection cap in force.
+  // Connections closed before their hello to make room for a newer one
+  // (max_unauthenticated).
+  int64_t evicted() const { return evicted_.load(); }
+  // The caps in force.
   int max_connections() const { return max_connections_; }
+  int max_unauthenticated() const { return max_unauthenticated_; }
   // What the connections hold now (unread answers, partial frames), always
   // at most Options::memory_budget_bytes; shared, so that it may be read
   // (a metrics gauge) after the server is gone.
@@ -186,6 +209,11 @@ class BnSocketServer {
                   int caller);
   // Shuts `conn` and gives back what its reading side held.
   void Release(Conn& conn);
+  // Takes `conn` out of the count of connections before their hello (once
+  // admitted or closed); idempotent.
+  void LeavePending(Conn& conn);
+  // Closes the oldest connection still before its hello; false if none.
+  bool EvictOldestPending(std::map<int, std::shared_ptr<Conn>>* conns);
 
   Shard* const shard_;
   ServerMetrics* const metrics_;
@@ -201,6 +229,16 @@ class BnSocketServer {
   int stop_fd_ = -1;
   int spare_fd_ = -1;  // closed to accept (and close) a connection at EMFILE
   int max_connections_ = 0;  // constant after Start
+  int max_unauthenticated_ = 0;  // constant after Start
+  // The epoll thread's alone: connections before their hello, by peer and
+  // in order of arrival (serial, fd; entries of connections gone since are
+  // skipped), and those past it.
+  std::map<std::string, int> pending_by_peer_;
+  std::deque<std::pair<uint64_t, int>> pending_order_;
+  int pending_ = 0;
+  int authenticated_ = 0;
+  uint64_t next_serial_ = 0;
+  std::shared_ptr<util::ByteBudget> hello_budget_;  // constant after Start
   size_t max_hello_bytes_ = 0;  // constant after Start
   std::shared_ptr<util::ByteBudget> budget_;  // constant after Start
   std::unique_ptr<security::TokenAuthenticator> auth_;  // constant after Start
@@ -208,6 +246,7 @@ class BnSocketServer {
   std::atomic<int64_t> accepted_{0};
   std::atomic<int64_t> accepted_unix_{0};
   std::atomic<int64_t> refused_{0};
+  std::atomic<int64_t> evicted_{0};
   std::thread thread_;
   absl::Mutex stop_mu_;
   bool stopped_ ABSL_GUARDED_BY(stop_mu_) = false;

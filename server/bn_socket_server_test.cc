@@ -6,12 +6,15 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <errno.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstring>
 #include <limits>
 #include <memory>
 #include <optional>
@@ -19,6 +22,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "proto/bn_frame.h"
 #include "proto/bnps.pb.h"
@@ -443,33 +447,134 @@ TEST(BnSocketServerCapTest, TheCapKeepsDescriptorsForTheRest) {
   }
 }
 
-TEST_F(BnSocketServerTest, ConnectionsOverTheCapAreRefusedAndCounted) {
+// A blocking TCP connection to the listener from the loopback address
+// `from` (127.0.0.0/8 is all loopback: a peer of its own), or -1.
+int ConnectFrom(const std::string& from, int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  sockaddr_in local{};
+  local.sin_family = AF_INET;
+  inet_pton(AF_INET, from.c_str(), &local.sin_addr);
+  sockaddr_in to{};
+  to.sin_family = AF_INET;
+  to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  to.sin_port = htons(static_cast<uint16_t>(port));
+  if (bind(fd, reinterpret_cast<sockaddr*>(&local), sizeof local) != 0 ||
+      connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof to) != 0) {
+    close(fd);
+    return -1;
+  }
+  const timeval ten{10, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &ten, sizeof ten);
+  return fd;
+}
+
+// Whether the server closed `fd` (a read sees the end or a reset within
+// its timeout, not data).
+bool ClosedByServer(int fd) {
+  char b;
+  return recv(fd, &b, 1, 0) <= 0;
+}
+
+TEST_F(BnSocketServerTest, ConnectionCapsAreTheWorkersAndEachPeersApart) {
   BnSocketServer::Options so;
-  so.max_connections = 3;
+  so.max_connections = 1;
+  so.max_unauthenticated = 4;
+  so.max_unauthenticated_per_peer = 2;
   ASSERT_NO_FATAL_FAILURE(Start(1, so));
-  EXPECT_EQ(server_->max_connections(), 3);
-  std::vector<std::unique_ptr<RawConn>> held;
-  for (int i = 0; i < 3; ++i) {
-    held.push_back(std::make_unique<RawConn>(server_->port()));
+  EXPECT_EQ(server_->max_connections(), 1);
+  EXPECT_EQ(server_->max_unauthenticated(), 4);
+  // One worker past its hello: the workers' cap is full, and a second
+  // hello is refused with a reason (not closed unanswered).
+  RawConn a(server_->port());
+  ASSERT_EQ(a.Hello("bnps", 0, kToken).code(), 0);
+  {
+    RawConn b(server_->port());
+    proto::BnHelloReply r = b.Hello("bnps", 0, kToken);
+    EXPECT_EQ(r.code(), static_cast<int>(absl::StatusCode::kResourceExhausted))
+        << r.message();
   }
-  ASSERT_EQ(held[0]->Hello("bnps", 0, kToken).code(), 0);  // all 3 are in
-  for (int i = 0; i < 5; ++i) {
-    RawConn over(server_->port());
-    EXPECT_EQ(over.Receive(), std::nullopt);
+  // Two silent connections from 127.0.0.1 fill its own cap: a third from
+  // it is closed on arrival.
+  const int p1 = ConnectFrom("127.0.0.1", server_->port());
+  const int p2 = ConnectFrom("127.0.0.1", server_->port());
+  const int p3 = ConnectFrom("127.0.0.1", server_->port());
+  ASSERT_GE(p1, 0);
+  ASSERT_GE(p2, 0);
+  ASSERT_GE(p3, 0);
+  EXPECT_TRUE(ClosedByServer(p3));
+  EXPECT_EQ(server_->refused(), 1);
+  // Two from 127.0.0.2 fill the set of four; one from 127.0.0.3 then
+  // closes the oldest (p1), not itself.
+  const int q1 = ConnectFrom("127.0.0.2", server_->port());
+  const int q2 = ConnectFrom("127.0.0.2", server_->port());
+  const int r1 = ConnectFrom("127.0.0.3", server_->port());
+  ASSERT_GE(q1, 0);
+  ASSERT_GE(q2, 0);
+  ASSERT_GE(r1, 0);
+  EXPECT_TRUE(ClosedByServer(p1));
+  EXPECT_EQ(server_->evicted(), 1);
+  EXPECT_EQ(server_->refused(), 1);
+  // The worker's connection never counted among them: it still works.
+  a.Send(Forward(0, 7, {5.0}));
+  EXPECT_EQ(ParseResponse(a.Receive()).code(), 0);
+  for (int fd : {p1, p2, p3, q1, q2, r1}) close(fd);
+}
+
+TEST_F(BnSocketServerTest, ManyConnectionsBeforeTheirHelloLeaveTheWorkersBn) {
+  // 4,000 connections, from 51 loopback addresses, each sending part of a
+  // hello and no more; the test holds them all and the server up to its
+  // own cap, so the descriptor limit is raised as far as it goes (and the
+  // count scaled down, and said, if even that is short).
+  rlimit lim{};
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &lim), 0);
+  lim.rlim_cur = lim.rlim_max;
+  setrlimit(RLIMIT_NOFILE, &lim);
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &lim), 0);
+  ASSERT_NO_FATAL_FAILURE(Start(2));
+  const int headroom = server_->max_unauthenticated() + 256;
+  const int count = static_cast<int>(std::min<int64_t>(
+      4000, static_cast<int64_t>(lim.rlim_cur) - headroom));
+  ASSERT_GT(count, 2 * server_->max_unauthenticated());
+  if (count < 4000) {
+    std::printf("descriptor limit %lld: %d connections, not 4,000\n",
+                static_cast<long long>(lim.rlim_cur), count);
   }
-  EXPECT_EQ(server_->refused(), 5);
-  EXPECT_EQ(server_->accepted(), 8);
-  held.clear();  // room again, once the server has seen them close
-  bool served = false;
-  for (int tries = 0; tries < 100 && !served; ++tries) {
-    RawConn c(server_->port());
-    proto::BnHello hello;
-    hello.set_job("bnps");
-    hello.set_client_nonce(security::NewHelloNonce());
-    c.Send(hello);
-    served = c.Receive().has_value();
+  RawConn a(server_->port());  // a worker there before the flood
+  ASSERT_EQ(a.Hello("bnps", 0, kToken).code(), 0);
+  // A frame header announcing 1,000 bytes, then 500 of them.
+  std::string partial(4, '\0');
+  partial[0] = static_cast<char>(1000 & 0xff);
+  partial[1] = static_cast<char>(1000 >> 8);
+  partial += std::string(500, 'h');
+  std::vector<int> flood;
+  flood.reserve(count);
+  for (int i = 0; i < count; ++i) {
+    // The first 500 from one address (past its own cap), then 50 others.
+    const int host = i < 500 ? 2 : 3 + i % 50;
+    const int fd = ConnectFrom(absl::StrCat("127.0.0.", host), server_->port());
+    ASSERT_GE(fd, 0) << i << ": " << strerror(errno);
+    (void)!send(fd, partial.data(), partial.size(), MSG_NOSIGNAL);
+    flood.push_back(fd);
   }
-  EXPECT_TRUE(served);
+  // A worker that comes after it is served, and the two meet.
+  RawConn b(server_->port());
+  proto::BnHelloReply r = b.Hello("bnps", 1, kToken);
+  ASSERT_EQ(r.code(), 0) << r.message();
+  auto [ra, rb] = bn_testing::MeetAtTheBarrier(a, b, 1, 2);
+  EXPECT_EQ(ra.code(), 0) << ra.message();
+  EXPECT_EQ(rb.code(), 0) << rb.message();
+  // Each address past its cap was refused, the set's oldest made room,
+  // and none of it was charged to the workers' budget.
+  EXPECT_GT(server_->refused(), 0);
+  EXPECT_GT(server_->evicted(), 0);
+  // (The request last read is given back just after its answer is sent.)
+  const absl::Time until = absl::Now() + absl::Seconds(2);
+  while (server_->memory()->used() != 0 && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  EXPECT_EQ(server_->memory()->used(), 0);
+  for (int fd : flood) close(fd);
 }
 
 }  // namespace

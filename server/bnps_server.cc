@@ -118,11 +118,16 @@ ABSL_FLAG(std::string, bn_unix_socket, "",
           "on a clean stop; a stale socket at the path is replaced, anything "
           "else refused. Plaintext jobs only. Empty: none.");
 ABSL_FLAG(int, bn_max_connections, 0,
-          "With --bn_port: most BN connections open at once; more are "
-          "closed on arrival (their workers use the gRPC stream). 0: half "
-          "of the descriptors left after 64 for the server itself, the "
-          "other half kept for gRPC's connections (the server raises its "
+          "With --bn_port: most BN connections past their hello at once; a "
+          "hello past it is refused (its worker uses the gRPC stream). "
+          "Connections before their hello have a cap of their own (an "
+          "eighth of this, 16 to 1,024; 64 from one address). 0: both out "
+          "of half of the descriptors left after 64 for the server itself, "
+          "the other half kept for gRPC's connections (the server raises its "
           "soft descriptor limit to the hard one at start).");
+ABSL_FLAG(int, bn_max_unauthenticated_per_peer, 64,
+          "With --bn_port: most BN connections before their hello from one "
+          "address; more are closed on arrival. At least 1.");
 ABSL_FLAG(int64_t, bn_memory_budget_mb, 256,
           "MiB that all BN connections together (raw TCP and gRPC BnSync "
           "streams) may hold in answers their clients have not read and "
@@ -313,6 +318,14 @@ int main(int argc, char** argv) {
   latency.bn_unix_path = absl::GetFlag(FLAGS_bn_unix_socket);
   bnps::server::ServerLimits limits;
   limits.bn_max_connections = absl::GetFlag(FLAGS_bn_max_connections);
+  limits.bn_max_unauthenticated_per_peer =
+      absl::GetFlag(FLAGS_bn_max_unauthenticated_per_peer);
+  if (limits.bn_max_unauthenticated_per_peer < 1) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+               "--bn_max_unauthenticated_per_peer must be >= 1, not ",
+               limits.bn_max_unauthenticated_per_peer))),
+           kBadFlags;
+  }
   if (limits.bn_max_connections < 0) {
     return Fail(absl::InvalidArgumentError(absl::StrCat(
                "--bn_max_connections must be >= 0, not ",
@@ -359,23 +372,24 @@ int main(int argc, char** argv) {
                                            : " with a job token",
               absl::GetFlag(FLAGS_host).c_str(), (*server)->port());
   if (const auto* bn = (*server)->bn_socket_server();
-      bn != nullptr && bn->max_connections() >
+      bn != nullptr && bn->max_connections() + bn->max_unauthenticated() >
           bnps::server::BnSocketServer::ConnectionCap(
               bnps::util::OpenFileLimit())) {
     std::fprintf(stderr,
-                 "bnps_server: warning: --bn_max_connections=%d is more than "
+                 "bnps_server: warning: --bn_max_connections=%d (and %d "
+                 "before their hello) is more than "
                  "the descriptor limit leaves room for (%d): a flood of BN "
                  "connections can use every descriptor, and gRPC's listener "
                  "does not accept again after that\n",
-                 bn->max_connections(),
+                 bn->max_connections(), bn->max_unauthenticated(),
                  bnps::server::BnSocketServer::ConnectionCap(
                      bnps::util::OpenFileLimit()));
   }
   if (const auto* bn = (*server)->bn_socket_server(); bn != nullptr) {
     std::printf("bnps_server: BN over TCP at %s:%d (at most %d connections, "
-                "of %lld descriptors)\n",
+                "%d more before their hello, of %lld descriptors)\n",
                 absl::GetFlag(FLAGS_host).c_str(), bn->port(),
-                bn->max_connections(),
+                bn->max_connections(), bn->max_unauthenticated(),
                 static_cast<long long>(bnps::util::OpenFileLimit()));
     if (!bn->unix_path().empty()) {
       std::printf("bnps_server: BN over a Unix socket at %s\n",

@@ -90,6 +90,7 @@ absl::StatusOr<std::unique_ptr<RunningServer>> RunningServer::Start(
     bo.token = security.token;
     bo.per_worker_tokens = security.per_worker_tokens;
     bo.max_connections = limits.bn_max_connections;
+    bo.max_unauthenticated_per_peer = limits.bn_max_unauthenticated_per_peer;
     bo.budget = bn_budget;
     bo.frame_timeout = limits.bn_frame_timeout;
     bo.unix_path = latency.bn_unix_path;

@@ -81,6 +81,9 @@ struct ServerLimits {
   // RLIMIT_NOFILE (BnSocketServer::ConnectionCap), which bnps_server raises
   // to the hard limit first.
   int bn_max_connections = 0;
+  // Most raw-TCP BN connections before their hello from one address
+  // (BnSocketServer::Options::max_unauthenticated_per_peer).
+  int bn_max_unauthenticated_per_peer = 64;
   // What all BN connections together (raw TCP and BnSync streams) may hold
   // in unread answers and partial frames; gauge bnps_server_bn_buffered_bytes.
   int64_t bn_memory_budget_bytes = int64_t{256} << 20;

@@ -249,6 +249,44 @@ TEST(HostBnTest, TheAggregatorChecksWorkersTokens) {
       << resp.message();
 }
 
+TEST(HostBnTest, ConnectionsBeforeTheirHelloHoldBoundedThreads) {
+  ShardUnderTest shard(/*per_worker_tokens=*/true);
+  hostbn::Aggregator::Options o;
+  o.workers = 1;
+  o.token = kToken;
+  o.per_worker_tokens = true;
+  o.num_workers = kWorkers;
+  o.max_unauthenticated = 2;
+  auto a = hostbn::Aggregator::Start(o);
+  ASSERT_TRUE(a.ok()) << a.status();
+  // Two silent connections take the two places (and threads); a third is
+  // closed on arrival, at once, not after the hello timeout.
+  auto silent1 = std::make_unique<RawConn>((*a)->port());
+  auto silent2 = std::make_unique<RawConn>((*a)->port());
+  const absl::Time before = absl::Now();
+  {
+    RawConn third((*a)->port());
+    EXPECT_EQ(third.Receive(), std::nullopt);
+  }
+  EXPECT_LT(absl::Now() - before, absl::Seconds(2));
+  EXPECT_EQ((*a)->refused(), 1);
+  // Once they are gone, a worker's hello is served.
+  silent1.reset();
+  silent2.reset();
+  // (The aggregator's threads see them close in a moment: a connection
+  // refused before then is counted at once.)
+  bool served = false;
+  for (int tries = 0; tries < 50 && !served; ++tries) {
+    const int64_t refused = (*a)->refused();
+    RawConn c((*a)->port());
+    absl::SleepFor(absl::Milliseconds(50));
+    if ((*a)->refused() != refused) continue;
+    served = HelloVia(c, 0, shard.address(), security::WorkerToken(kToken, 0))
+                 .code() == 0;
+  }
+  EXPECT_TRUE(served);
+}
+
 // The value of one series in `registry`'s exposition ("name{labels}"), or -1.
 double Series(const metrics::Registry& registry, const std::string& series) {
   const std::string text = registry.TextExposition();
