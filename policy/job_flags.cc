@@ -31,6 +31,12 @@ ABSL_FLAG(std::optional<int64_t>, staleness, std::nullopt,
           "worker has completed c - staleness steps. Async BN: statistics "
           "older than c - staleness are not merged. Servers: default 0. "
           "Workers: when given, must match the servers'.");
+ABSL_FLAG(std::optional<int>, bn_group_size, std::nullopt,
+          "Sync BN within groups: workers 0..K-1, K..2K-1, ... each normalize "
+          "with their group's merged statistics, while the running statistics "
+          "follow the whole job. K must divide every worker count of the job; "
+          "needs --bn_policy=sync. Servers: default 0 (no groups: the whole "
+          "job). Workers: when given, must match the servers'.");
 ABSL_FLAG(std::optional<double>, learning_rate, std::nullopt,
           "SGD learning rate, applied on the servers (default 0.1). Workers: "
           "when given, must match the servers'.");

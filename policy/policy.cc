@@ -157,4 +157,29 @@ absl::Status CheckResizable(const JobPolicy& policy) {
                    JobPolicyName(policy), ")"));
 }
 
+absl::Status CheckBnGroups(const JobPolicy& policy, int group_size,
+                           absl::Span<const int> worker_counts) {
+  if (group_size == 0) return absl::OkStatus();
+  if (group_size < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--bn_group_size=", group_size, ": must be >= 1 (or 0: no groups)"));
+  }
+  if (policy.bn != Policy::kSync) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--bn_group_size=", group_size, " needs --bn_policy=sync (this job "
+        "runs BN policy ", PolicyName(policy.bn), "; local is a group of one, "
+        "recal has no BN traffic while training)"));
+  }
+  for (int w : worker_counts) {
+    if (w % group_size != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--bn_group_size=", group_size, " does not divide the job's ", w,
+          " workers: groups are blocks of consecutive worker ids of equal "
+          "size, so the group size must divide every worker count of the "
+          "job (--num_workers and each --membership segment)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace bnps::policy

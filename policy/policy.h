@@ -27,6 +27,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 #include "proto/bnps.pb.h"
 
 namespace bnps::policy {
@@ -99,6 +100,14 @@ inline bool BnTrafficWhileTraining(Policy p) {
 // --policy=sync") otherwise: the bounded-staleness clocks and the other
 // policies' per-worker state are not defined across a change of count.
 absl::Status CheckResizable(const JobPolicy& policy);
+
+// OK if BN groups of `group_size` consecutive worker ids (--bn_group_size;
+// 0: none, the whole job is one group) fit a job of `policy` whose worker
+// counts over its run are `worker_counts`: groups need sync BN, and
+// group_size must divide every count (so it is at most each).
+// INVALID_ARGUMENT naming --bn_group_size otherwise.
+absl::Status CheckBnGroups(const JobPolicy& policy, int group_size,
+                           absl::Span<const int> worker_counts);
 
 // Whether the backward pass needs the two global BN sums (sync only: under
 // async the others' statistics are constants).

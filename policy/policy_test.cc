@@ -1,5 +1,9 @@
 #include "policy/policy.h"
 
+#include <string>
+#include <utility>
+#include <vector>
+
 #include "gtest/gtest.h"
 
 namespace bnps::policy {
@@ -126,6 +130,26 @@ TEST(PolicyTest, OnlySyncJobsResize) {
     EXPECT_NE(s.message().find("resizing needs --policy=sync"),
               std::string::npos)
         << s;
+  }
+}
+
+TEST(PolicyTest, BnGroupsNeedSyncAndADivisor) {
+  const JobPolicy sync{Policy::kSync, Gradients::kSync};
+  EXPECT_TRUE(CheckBnGroups(sync, 0, {4}).ok());  // no groups
+  EXPECT_TRUE(CheckBnGroups(sync, 2, {4}).ok());
+  EXPECT_TRUE(CheckBnGroups(sync, 4, {4, 8}).ok());
+  EXPECT_TRUE(CheckBnGroups({Policy::kSync, Gradients::kAsync}, 2, {4}).ok());
+  for (const auto& [k, counts] :
+       std::vector<std::pair<int, std::vector<int>>>{
+           {3, {4}}, {8, {4}}, {2, {4, 6, 3}}, {-1, {4}}}) {
+    const absl::Status s = CheckBnGroups(sync, k, counts);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << k;
+    EXPECT_NE(s.message().find("--bn_group_size"), std::string::npos) << s;
+  }
+  for (Policy p : {Policy::kAsync, Policy::kRecal, Policy::kLocal}) {
+    const absl::Status s = CheckBnGroups({p, ShorthandGradients(p)}, 2, {4});
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << PolicyName(p);
+    EXPECT_NE(s.message().find("--bn_group_size"), std::string::npos) << s;
   }
 }
 

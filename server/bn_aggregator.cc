@@ -260,12 +260,13 @@ void BnAggregator::Contribute(int worker, BarrierKey key, Contribution c,
   }
   Barrier& b = it->second;
   if (b.result != nullptr) {  // a retry after the barrier finished
-    ready->push_back([done = std::move(done), r = b.result] { done(*r); });
+    ready->push_back(
+        [done = std::move(done), r = ResultFor(b, worker)] { done(*r); });
     return;
   }
   if (!b.by_worker[worker].has_value()) b.by_worker[worker] = std::move(c);
   contributed_[worker] = true;
-  b.waiting.push_back(std::move(done));
+  b.waiting.emplace_back(worker, std::move(done));
   b.deadline = std::min(b.deadline, deadline);
   Evaluate(key, b, ready);
   if (b.result != nullptr) {
@@ -325,10 +326,56 @@ void BnAggregator::Evaluate(const BarrierKey& key, Barrier& b, Ready* ready) {
 void BnAggregator::Resolve(const BarrierKey& key, Barrier& b,
                            absl::StatusOr<Reply> result, Ready* ready) {
   b.result = std::make_shared<const absl::StatusOr<Reply>>(std::move(result));
-  for (Done& done : b.waiting) {
-    ready->push_back([done = std::move(done), r = b.result] { done(*r); });
+  const Phase phase = std::get<1>(key);
+  if (b.result->ok() && options_.group_size > 0 &&
+      (phase == Phase::kForward || phase == Phase::kBackward)) {
+    SplitByGroup(key, b, **b.result);
+  }
+  for (auto& [worker, done] : b.waiting) {
+    ready->push_back(
+        [done = std::move(done), r = ResultFor(b, worker)] { done(*r); });
   }
   b.waiting.clear();
+}
+
+std::shared_ptr<const absl::StatusOr<BnAggregator::Reply>>
+BnAggregator::ResultFor(const Barrier& b, int worker) const {
+  if (b.by_group.empty()) return b.result;
+  return b.by_group[worker / options_.group_size];
+}
+
+void BnAggregator::SplitByGroup(const BarrierKey& key, Barrier& b,
+                                const Reply& whole) {
+  const auto& [layer_name, phase, step] = key;
+  const int64_t channels = layers_[layer_name].channels;
+  const int k = options_.group_size;
+  const int groups = (options_.num_workers + k - 1) / k;
+  b.by_group.clear();
+  for (int g = 0; g < groups; ++g) {
+    Reply r;
+    r.running = whole.running;  // the job's, whatever the group
+    r.merge_time = whole.merge_time;
+    const int end = std::min(options_.num_workers, (g + 1) * k);
+    if (phase == Phase::kForward) {
+      std::vector<const bn::Moments*> parts;  // worker order: deterministic
+      for (int w = g * k; w < end; ++w) {
+        const auto& c = b.by_worker[w];
+        parts.push_back(c.has_value() ? &c->moments : nullptr);
+        r.contributors += c.has_value();
+      }
+      r.moments = bn::MergeInOrder(parts, channels);
+    } else {
+      r.sums = bn::BackwardSums::Zero(channels);
+      for (int w = g * k; w < end; ++w) {
+        const auto& c = b.by_worker[w];
+        if (!c.has_value()) continue;
+        ++r.contributors;
+        bn::AccumulateSums(c->sums, &r.sums);
+      }
+    }
+    b.by_group.push_back(
+        std::make_shared<const absl::StatusOr<Reply>>(std::move(r)));
+  }
 }
 
 absl::StatusOr<BnAggregator::Reply> BnAggregator::Finish(const BarrierKey& key,
@@ -543,7 +590,7 @@ absl::Status BnAggregator::Import(const BnState& state,
     absl::MutexLock lock(&mu_);
     for (auto& [key, b] : barriers_) {
       if (b.result != nullptr) continue;
-      for (Done& done : b.waiting) {
+      for (auto& [worker, done] : b.waiting) {
         ready.push_back([done = std::move(done), why] { done(why); });
       }
     }

@@ -5,6 +5,9 @@
 //           order (bitwise independent of arrival order). Each completed forward
 //           barrier updates the layer's running stats once, with the global
 //           moments (unbiased variance), so they are identical for everyone.
+//           With BN groups (Options::group_size) the barrier still waits for
+//           every worker; each worker's answer is its group's merge, and the
+//           running stats are still updated with the whole job's.
 //   async   Forward never waits: the worker gets the merge of the other live
 //           workers' latest moments whose step is >= step - staleness, and
 //           normalizes with merge(own, that). Running stats are updated at each
@@ -128,6 +131,15 @@ class BnAggregator {
     // (53 BN layers, 26,560 channels) per worker (recalibration takes a few
     // hundred).
     int64_t recal_bytes_per_worker = int64_t{512} << 20;
+
+    // BN groups (--bn_group_size), sync only: the workers form groups of
+    // this many consecutive ids (0..K-1, K..2K-1, ...), and a Forward or
+    // Backward answer carries the merge of the answering worker's group
+    // alone (in worker order), while the running stats follow the merge of
+    // the whole job, exactly as without groups. 0: one group, the job.
+    // REQUIRES: divides every worker count of the job
+    // (policy::CheckBnGroups says so at start).
+    int group_size = 0;
   };
 
   struct Reply {
@@ -197,10 +209,13 @@ class BnAggregator {
   };
   struct Barrier {
     std::vector<std::optional<Contribution>> by_worker;
-    std::vector<Done> waiting;
+    std::vector<std::pair<int, Done>> waiting;  // (worker, callback)
     absl::Time deadline = absl::InfiniteFuture();
     // Set once finished; shared with the waiters' callbacks.
     std::shared_ptr<const absl::StatusOr<Reply>> result;
+    // With BN groups, a finished forward or backward barrier's answer for
+    // each group (empty otherwise: every worker gets `result`).
+    std::vector<std::shared_ptr<const absl::StatusOr<Reply>>> by_group;
   };
   struct Layer {
     int64_t channels = 0;
@@ -235,6 +250,13 @@ class BnAggregator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Resolve(const BarrierKey& key, Barrier& b, absl::StatusOr<Reply> result,
                Ready* ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The answer of finished barrier `b` for `worker` (its group's, if any).
+  std::shared_ptr<const absl::StatusOr<Reply>> ResultFor(const Barrier& b,
+                                                         int worker) const;
+  // With BN groups, fills b.by_group from the finished forward or backward
+  // barrier `b` whose whole-job answer is `whole`.
+  void SplitByGroup(const BarrierKey& key, Barrier& b, const Reply& whole)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string Missing(const BarrierKey& key, const Barrier& b) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The workers barrier `key` waits for (Options::workers_at).

@@ -86,6 +86,82 @@ TEST(BnAggregatorTest, SyncForwardIsExactAndArrivalOrderFree) {
   }
 }
 
+TEST(BnAggregatorTest, GroupsNormalizeWithinAndRunningStatsFollowTheJob) {
+  // K = 2 of W = 4: workers {0, 1} and {2, 3} each normalize with their
+  // group's merge, the running stats are those of sync over all four.
+  const std::vector<int64_t> sizes = {5, 3, 9, 2};
+  const Split split = MakeSplit(sizes, 11);
+  std::vector<bn::reference::Stats> want;  // one process on each group's batch
+  for (int g = 0; g < 2; ++g) {
+    const int64_t begin = g == 0 ? 0 : sizes[0] + sizes[1];
+    const int64_t n = sizes[2 * g] + sizes[2 * g + 1];
+    bn::Shape shape = split.whole;
+    shape.n = n;
+    want.push_back(bn::reference::ComputeStats(
+        bn::reference::SliceBatch(split.x, split.whole, begin, begin + n),
+        shape));
+  }
+  BnAggregator whole({policy::Policy::kSync, 4, 0, 0.1});
+  std::vector<Result> whole_results(4);
+  for (int w = 0; w < 4; ++w) {
+    whole.Forward(w, 0, "bn", split.parts[w], kNever, Into(&whole_results[w]));
+  }
+  const bn::RunningStats job_running = *whole.Running("bn");
+
+  std::vector<int> order = {0, 1, 2, 3};
+  std::vector<std::optional<bn::Moments>> first(2);
+  std::mt19937 rng(3);
+  for (int trial = 0; trial < 6; ++trial) {
+    std::shuffle(order.begin(), order.end(), rng);
+    BnAggregator::Options o{policy::Policy::kSync, 4, 0, 0.1};
+    o.group_size = 2;
+    BnAggregator agg(o);
+    std::vector<Result> fwd(4), bwd(4);
+    for (int k = 0; k < 4; ++k) {
+      const int w = order[k];
+      agg.Forward(w, 0, "bn", split.parts[w], kNever, Into(&fwd[w]));
+      EXPECT_EQ(fwd[w].has_value(), k == 3) << "the barrier is the job's";
+    }
+    for (int k = 0; k < 4; ++k) {
+      const int w = order[k];
+      const double v = w + 1;
+      agg.Backward(w, 0, "bn", {{v, 10 * v, 0}, {100 * v, 0, v}}, kNever,
+                   Into(&bwd[w]));
+    }
+    for (int w = 0; w < 4; ++w) {
+      const int g = w / 2;
+      ASSERT_TRUE(fwd[w].has_value() && fwd[w]->ok());
+      EXPECT_EQ((*fwd[w])->contributors, 2);
+      const bn::Moments& m = (*fwd[w])->moments;
+      EXPECT_EQ(m.count, want[g].count);
+      for (int c = 0; c < 3; ++c) {
+        EXPECT_NEAR(m.mean[c], want[g].mean[c], 1e-12 * std::fabs(want[g].mean[c]));
+        EXPECT_NEAR(m.m2[c], want[g].m2[c], 1e-9 * want[g].m2[c]);
+      }
+      if (!first[g].has_value()) first[g] = m;
+      EXPECT_EQ(m.mean, first[g]->mean);  // bitwise, whatever the order
+      EXPECT_EQ(m.m2, first[g]->m2);
+      // The running stats handed back are the job's, bit for bit.
+      ASSERT_TRUE((*fwd[w])->running.has_value());
+      EXPECT_EQ((*fwd[w])->running->mean, job_running.mean);
+      EXPECT_EQ((*fwd[w])->running->var, job_running.var);
+      ASSERT_TRUE(bwd[w].has_value() && bwd[w]->ok());
+      const double a = 2 * g + 1, b = 2 * g + 2;  // the group's two workers
+      EXPECT_EQ((*bwd[w])->sums.sum_dy,
+                (std::vector<double>{a + b, 10 * (a + b), 0}));
+      EXPECT_EQ((*bwd[w])->sums.sum_dy_xhat,
+                (std::vector<double>{100 * (a + b), 0, a + b}));
+    }
+    EXPECT_EQ(agg.Running("bn")->mean, job_running.mean);
+    EXPECT_EQ(agg.Running("bn")->var, job_running.var);
+    // A retry gets its own group's answer.
+    Result again;
+    agg.Forward(3, 0, "bn", split.parts[3], kNever, Into(&again));
+    ASSERT_TRUE(again.has_value() && again->ok());
+    EXPECT_EQ((*again)->moments.mean, first[1]->mean);
+  }
+}
+
 TEST(BnAggregatorTest, RetryGetsTheSameAnswerAndIsNotMergedTwice) {
   const Split split = MakeSplit({3, 4}, 2);
   BnAggregator agg({policy::Policy::kSync, 2, 0, 0.1});

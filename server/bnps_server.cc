@@ -218,6 +218,7 @@ int main(int argc, char** argv) {
   o.worker_loss = *loss;
   o.staleness =
       absl::GetFlag(FLAGS_staleness).value_or(bnps::policy::kDefaultStaleness);
+  o.bn_group_size = absl::GetFlag(FLAGS_bn_group_size).value_or(0);
   o.optimizer.learning_rate = absl::GetFlag(FLAGS_learning_rate)
                                   .value_or(bnps::policy::kDefaultLearningRate);
   o.optimizer.momentum =

@@ -21,6 +21,7 @@ proto::JobConfig ToJobConfig(const ShardOptions& o) {
   c.set_shard(o.shard);
   policy::ToConfig(JobPolicyOf(o), &c);
   c.set_staleness(o.staleness);
+  c.set_bn_group_size(o.bn_group_size);
   c.set_learning_rate(o.optimizer.learning_rate);
   c.set_momentum(o.optimizer.momentum);
   c.set_weight_decay(o.optimizer.weight_decay);
@@ -80,6 +81,20 @@ absl::StatusOr<std::unique_ptr<Shard>> Shard::Create(ShardOptions options) {
           !s.ok()) {
         return s;
       }
+    }
+  }
+  {
+    std::vector<int> counts = {options.num_workers};
+    if (options.membership) {
+      counts.clear();
+      for (const auto& seg : options.membership->segments()) {
+        counts.push_back(seg.num_workers);
+      }
+    }
+    if (absl::Status s = policy::CheckBnGroups(JobPolicyOf(options),
+                                               options.bn_group_size, counts);
+        !s.ok()) {
+      return s;
     }
   }
   if (options.checkpoint_every < 0) return bad("checkpoint_every must be >= 0");
@@ -186,7 +201,8 @@ Shard::Shard(ShardOptions options)
                ? std::function<int64_t()>(
                      [this] { return store_.newest_version(); })
                : std::function<int64_t()>(),
-           [this](int64_t step) { return WorkersAt(step); }}),
+           [this](int64_t step) { return WorkersAt(step); },
+           options_.bn_group_size}),
       membership_(options_.num_workers, options_.heartbeat_timeout) {}
 
 Shard::~Shard() {

@@ -100,6 +100,9 @@ struct ShardOptions {
   // else sync; policy/policy.h). Default: unset.
   std::optional<policy::Gradients> gradients;
   int64_t staleness = 0;  // async gradients or BN only. Default: 0
+  // Sync BN within groups of this many consecutive workers
+  // (policy::CheckBnGroups). Default: 0 (none).
+  int bn_group_size = 0;
   store::OptimizerOptions optimizer;                // Default: see store::OptimizerOptions
   double bn_momentum = 0.1;                  // Default: 0.1
   absl::Duration barrier_timeout = absl::Seconds(60);    // Default: 60 s

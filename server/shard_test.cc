@@ -48,6 +48,18 @@ TEST(ShardTest, RejectsBadOptions) {
   o = Options(&clock, 2, policy::Policy::kSync);
   o.barrier_timeout = absl::ZeroDuration();
   EXPECT_EQ(Shard::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
+  // BN groups: the size must divide the job's workers, under sync BN.
+  o = Options(&clock, 4, policy::Policy::kSync);
+  o.bn_group_size = 3;
+  EXPECT_EQ(Shard::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
+  o = Options(&clock, 4, policy::Policy::kLocal);
+  o.bn_group_size = 2;
+  EXPECT_EQ(Shard::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
+  o = Options(&clock, 4, policy::Policy::kSync);
+  o.bn_group_size = 2;
+  absl::StatusOr<std::unique_ptr<Shard>> grouped = Shard::Create(o);
+  ASSERT_TRUE(grouped.ok()) << grouped.status();
+  EXPECT_EQ((*grouped)->config().bn_group_size(), 2);
 }
 
 TEST(ShardTest, ChecksCallerAndOwnership) {

@@ -227,6 +227,11 @@ absl::Status CheckAgainstServers(const proto::JobConfig& c) {
     return mismatch("staleness", absl::StrCat(*staleness),
                     absl::StrCat(c.staleness()));
   }
+  const std::optional<int> groups = absl::GetFlag(FLAGS_bn_group_size);
+  if (groups.value_or(c.bn_group_size()) != c.bn_group_size()) {
+    return mismatch("bn_group_size", absl::StrCat(*groups),
+                    absl::StrCat(c.bn_group_size()));
+  }
   const struct {
     const char* name;
     std::optional<double> mine;
