@@ -123,14 +123,6 @@ class BnAggregator {
     // outside them is refused. Must not call the aggregator. Default: none
     // (num_workers).
     std::function<int(int64_t)> workers_at;
-    // The recalibration moments one worker may have filed (kept until the
-    // job ends, under every policy), in bytes: a worker's Recal past it is
-    // RESOURCE_EXHAUSTED, so that no worker's token grows the server's
-    // memory without bound. A batch costs 16 bytes per channel and 96 per
-    // layer: the default, 512 MiB, holds about 900 batches of a ResNet-50
-    // (53 BN layers, 26,560 channels) per worker (recalibration takes a few
-    // hundred).
-    int64_t recal_bytes_per_worker = int64_t{512} << 20;
 
     // BN groups (--bn_group_size), sync only: the workers form groups of
     // this many consecutive ids (0..K-1, K..2K-1, ...), and a Forward or
@@ -140,6 +132,14 @@ class BnAggregator {
     // REQUIRES: divides every worker count of the job
     // (policy::CheckBnGroups says so at start).
     int group_size = 0;
+    // The recalibration moments one worker may have filed (kept until the
+    // job ends, under every policy), in bytes: a worker's Recal past it is
+    // RESOURCE_EXHAUSTED, so that no worker's token grows the server's
+    // memory without bound. A batch costs 16 bytes per channel and 96 per
+    // layer: the default, 512 MiB, holds about 900 batches of a ResNet-50
+    // (53 BN layers, 26,560 channels) per worker (recalibration takes a few
+    // hundred).
+    int64_t recal_bytes_per_worker = int64_t{512} << 20;
   };
 
   struct Reply {
