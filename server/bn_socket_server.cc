@@ -581,10 +581,10 @@ bool BnSocketServer::EvictOldestPending(
         !it->second->pending) {
       continue;  // gone, or past its hello, since
     }
+    evicted_.fetch_add(1);  // counted before the client sees the close
     epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);
     Release(*it->second);
     conns->erase(it);
-    evicted_.fetch_add(1);
     return true;
   }
   return false;
