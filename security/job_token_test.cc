@@ -95,12 +95,13 @@ TEST(JobTokenTest, ChecksTheTokenACallCarried) {
   EXPECT_TRUE(CheckToken("", "anything").ok());
   EXPECT_TRUE(CheckToken(kToken, kToken).ok());
   const std::string token = kToken;
+  const std::string longer = token + "x";  // outlives the views below
   for (const std::optional<absl::string_view> got :
        {std::optional<absl::string_view>(),
         std::optional<absl::string_view>(""),
         std::optional<absl::string_view>(
             absl::string_view(token).substr(0, token.size() - 1)),
-        std::optional<absl::string_view>(token + "x"),
+        std::optional<absl::string_view>(longer),
         std::optional<absl::string_view>("s3cret-token-of-job-8")}) {
     const absl::Status s = CheckToken(token, got);
     EXPECT_EQ(s.code(), absl::StatusCode::kUnauthenticated)
