@@ -29,19 +29,19 @@
 #include "security/job_token.h"
 #include "server/bn_batch_dispatch.h"
 #include "server/bn_dispatch.h"
+#include "server/bn_socket_conn.h"
 #include "server/rpc_util.h"
 #include "util/fd_limit.h"
 #include "util/socket_io.h"
 #include "util/spin.h"
 #include "util/unix_socket.h"
-#include "security/bn_handshake.h"
 
 namespace bnps::server {
 namespace {
 
 using M = ServerMetrics;
 
-constexpr uint32_t kIn = EPOLLIN | EPOLLRDHUP;
+constexpr uint32_t kIn = kBnConnEvents;
 constexpr size_t kReadChunk = 64 * 1024;
 // Chunks read from one connection per readiness event, so that one fast
 // sender cannot keep the thread from the others.
@@ -75,161 +75,7 @@ absl::Status Errno(const std::string& what) {
   return absl::UnavailableError(absl::StrCat(what, ": ", strerror(errno)));
 }
 
-// The workers a hello's connection speaks for: several for a host's
-// aggregator (hostbn/aggregator.h), each checked, and only with the job
-// token (`caller` any worker); else `*workers` stays the hello's one.
-absl::Status HelloWorkers(Shard& shard, const proto::BnHello& hello,
-                          int caller, std::vector<int>* workers) {
-  if (hello.workers_size() == 0) return absl::OkStatus();
-  if (caller != Shard::kAnyWorker) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        "a BN connection speaking for several workers (a host's "
-        "aggregator) needs the job token; worker ", caller,
-        "'s own token acts as that worker alone"));
-  }
-  workers->assign(hello.workers().begin(), hello.workers().end());
-  for (int w : *workers) {
-    AdmissionRequest a;
-    a.caller = caller;
-    a.job = hello.job();
-    a.worker = w;
-    if (absl::Status s = shard.Admit(a).status(); !s.ok()) return s;
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace
-
-// One client connection. The epoll thread owns the reading side; answers
-// are queued under write_mu by whichever thread has them, written at once
-// as far as the socket takes them, and the rest flushed by the epoll thread
-// (EPOLLOUT). The descriptor is closed when the last reference goes (an
-// answer still owed holds one), so its number is never reused while anyone
-// may write to it.
-struct BnSocketServer::Conn {
-  Conn(int fd, int epoll_fd, int64_t max_queued,
-       std::shared_ptr<util::ByteBudget> budget)
-      : fd(fd), epoll_fd(epoll_fd), max_queued(max_queued),
-        budget(std::move(budget)), opened(absl::Now()) {}
-  ~Conn() { close(fd); }
-
-  void Write(const std::string& frame) {
-    absl::MutexLock lock(&write_mu);
-    if (shut) return;
-    size_t sent = 0;
-    if (out.empty()) {
-      const ssize_t k = send(fd, frame.data(), frame.size(),
-                             MSG_NOSIGNAL | MSG_DONTWAIT);
-      if (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-        ShutLocked();
-        return;
-      }
-      sent = k > 0 ? static_cast<size_t>(k) : 0;
-      if (sent == frame.size()) return;
-    }
-    // Answers the client has not read yet: held within its cap and the
-    // server's budget, or the connection is cut off.
-    const int64_t rest = static_cast<int64_t>(frame.size() - sent);
-    const int64_t queued = static_cast<int64_t>(out.size()) + rest;
-    if (queued > max_queued || !budget->TryCharge(rest)) {
-      std::fprintf(stderr,
-                   "bnps_server: a BN connection left %lld bytes of answers "
-                   "unread (%s): cut off\n",
-                   static_cast<long long>(queued),
-                   queued > max_queued ? "over its cap"
-                                       : "the server's BN memory budget is "
-                                         "spent");
-      ShutLocked();
-      return;
-    }
-    // The queue was empty: the epoll thread is not watching for room yet.
-    const bool watch = out.empty();
-    out.append(frame, sent, std::string::npos);
-    if (watch) {
-      epoll_event ev{};
-      ev.events = kIn | EPOLLOUT;
-      ev.data.fd = fd;
-      epoll_ctl(epoll_fd, EPOLL_CTL_MOD, fd, &ev);
-    }
-  }
-
-  // Whether an answer of `bytes` could be held (BnDispatcher::Admit): not
-  // if it alone passes the connection's cap or what is left of the
-  // server's budget. (A reader that falls behind is cut off by Write.)
-  absl::Status Admit(int64_t bytes) const {
-    return CheckAnswerFits(bytes, max_queued, *budget);
-  }
-
-  // On EPOLLOUT: writes what the socket takes; false if the connection
-  // failed.
-  bool Flush() {
-    absl::MutexLock lock(&write_mu);
-    if (shut) return false;
-    while (!out.empty()) {
-      const ssize_t k =
-          send(fd, out.data(), out.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
-      if (k > 0) {
-        out.erase(0, static_cast<size_t>(k));
-        budget->Release(k);
-        continue;
-      }
-      if (k < 0 && errno == EINTR) continue;
-      if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return true;
-      ShutLocked();
-      return false;
-    }
-    epoll_event ev{};  // all written: stop watching for room
-    ev.events = kIn;
-    ev.data.fd = fd;
-    epoll_ctl(epoll_fd, EPOLL_CTL_MOD, fd, &ev);
-    return true;
-  }
-
-  void ShutLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu) {
-    shut = true;
-    budget->Release(static_cast<int64_t>(out.size()));
-    out.clear();
-    out.shrink_to_fit();
-    shutdown(fd, SHUT_RDWR);  // the epoll thread sees the end
-  }
-  void Shut() {
-    absl::MutexLock lock(&write_mu);
-    ShutLocked();
-  }
-
-  const int fd;
-  const int epoll_fd;
-  const int64_t max_queued;
-  const std::shared_ptr<util::ByteBudget> budget;
-  const absl::Time opened;
-  absl::Mutex write_mu;
-  bool shut ABSL_GUARDED_BY(write_mu) = false;
-  // Answers the socket has not taken; while not empty the epoll thread
-  // watches for room (EPOLLOUT).
-  std::string out ABSL_GUARDED_BY(write_mu);
-  // The epoll thread's alone:
-  proto::FrameReader reader;
-  int64_t charged_in = 0;  // reader.buffered(), charged to the budget
-  // When the frame now partly read began (InfiniteFuture: none is).
-  absl::Time frame_started = absl::InfiniteFuture();
-  // "tcp" or "unix", which the hello's handshake binds. Set at accept.
-  std::string transport = "tcp";
-  // Before the hello: the peer it counts against (its address, or the
-  // Unix peer's uid) and its place in the order of arrival.
-  bool pending = true;
-  std::string peer;
-  uint64_t serial = 0;
-  // The budget charged_in is charged to: the one of connections before
-  // their hello, then the server's.
-  util::ByteBudget* in_budget = nullptr;
-  bool released = false;  // Release ran
-  // Between the hello and the client's proof (a job with a token).
-  std::optional<security::HelloServer> handshake;
-  proto::BnHello hello;
-  std::optional<BnBatchDispatcher> dispatcher;  // after a good BnHello
-  Admission admission;  // after a good BnHello: holds its worker's claim
-  proto::BnRequest request;                // reused for every frame
-};
 
 absl::StatusOr<std::unique_ptr<BnSocketServer>> BnSocketServer::Start(
     Shard* shard, ServerMetrics* metrics, util::KeepAwake* keep_awake,
@@ -342,22 +188,6 @@ void BnSocketServer::Stop() {
   const uint64_t one = 1;
   (void)!write(stop_fd_, &one, sizeof one);
   thread_.join();
-}
-
-size_t BnSocketServer::MaxHelloBytes(const std::string& job, int num_workers) {
-  proto::BnHello largest;
-  // A host's aggregator names every worker it speaks for (at most all).
-  for (int i = 0; i < num_workers; ++i) {
-    largest.add_workers(std::numeric_limits<int32_t>::min());
-  }
-  largest.set_job(job);
-  largest.set_worker(std::numeric_limits<int32_t>::min());  // 10 bytes
-  largest.set_generation(std::numeric_limits<int64_t>::min());
-  largest.set_client_nonce(std::string(security::kHelloNonceBytes, 'n'));
-  // No token is sent; an older client's, up to the longest, is admitted
-  // to be refused with a reason rather than cut off.
-  largest.set_token(std::string(security::kMaxTokenBytes, '~'));
-  return largest.ByteSizeLong();
 }
 
 int BnSocketServer::ConnectionCap(int64_t open_file_limit) {
@@ -720,86 +550,6 @@ bool BnSocketServer::HandleFrames(const std::shared_ptr<Conn>& conn,
           conn->Write(out);
         });
   }
-}
-
-bool BnSocketServer::HandleHello(const std::shared_ptr<Conn>& c,
-                                 absl::string_view bytes) {
-  Conn& conn = *c;
-  auto send = [&conn](const proto::BnHelloReply& reply) {
-    std::string out;
-    if (proto::AppendFrame(reply, &out).ok()) conn.Write(out);
-  };
-  auto refuse = [&](const absl::Status& s, int worker) {
-    proto::BnHelloReply reply;
-    reply.set_code(static_cast<int>(s.code()));
-    reply.set_message(std::string(s.message()));
-    send(reply);
-    LogRejected(*shard_, "BnSync (TCP)", worker, s);
-    return false;
-  };
-  if (conn.handshake.has_value() && conn.handshake->awaiting_proof()) {
-    // The second frame: the client's proof.
-    proto::BnHelloProof proof;
-    if (!proof.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
-      return refuse(absl::InvalidArgumentError(
-                        "the frame after the challenge is no BnHelloProof"), -1);
-    }
-    absl::StatusOr<int> who = conn.handshake->Finish(proof);
-    conn.handshake.reset();
-    if (!who.ok()) return refuse(who.status(), -1);
-    return AdmitHello(c, conn.hello, *who);
-  }
-  if (!conn.hello.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
-    return refuse(absl::InvalidArgumentError("the first frame is no BnHello"), -1);
-  }
-  conn.handshake.emplace(auth_.get(), conn.transport);
-  absl::StatusOr<proto::BnHelloReply> first = conn.handshake->Begin(conn.hello);
-  if (!first.ok()) return refuse(first.status(), -1);
-  if (conn.handshake->awaiting_proof()) {
-    send(*first);  // the challenge: nothing is admitted before the proof
-    return true;
-  }
-  conn.handshake.reset();
-  return AdmitHello(c, conn.hello, Shard::kAnyWorker);  // a job without a token
-}
-
-bool BnSocketServer::AdmitHello(const std::shared_ptr<Conn>& c,
-                                const proto::BnHello& hello, int caller) {
-  Conn& conn = *c;
-  AdmissionRequest a;
-  a.caller = caller;
-  a.job = hello.job();
-  a.worker = hello.worker();
-  a.connection = BnTransport::kTcp;
-  absl::StatusOr<Admission> admitted =
-      authenticated_ >= max_connections_
-          ? absl::ResourceExhaustedError(absl::StrCat(
-                "the server holds ", authenticated_,
-                " BN connections, its cap: try again later"))
-          : shard_->Admit(a);
-  absl::Status s = admitted.status();
-  if (s.ok()) conn.admission = *std::move(admitted);
-  proto::BnHelloReply reply;
-  std::vector<int> workers = {hello.worker()};
-  if (s.ok()) s = HelloWorkers(*shard_, hello, caller, &workers);
-  reply.set_code(static_cast<int>(s.code()));
-  reply.set_message(std::string(s.message()));
-  reply.set_server_incarnation(shard_->server_incarnation());
-  std::string out;
-  if (proto::AppendFrame(reply, &out).ok()) conn.Write(out);
-  if (!s.ok()) {
-    const bool known = s.code() != absl::StatusCode::kUnauthenticated;
-    LogRejected(*shard_, "BnSync (TCP)", known ? hello.worker() : -1, s);
-    return false;
-  }
-  if (keep_awake_ != nullptr) keep_awake_->Touch();
-  LeavePending(conn);
-  ++authenticated_;
-  Conn* raw = c.get();  // the dispatcher is conn's: it never outlives it
-  // The connection acts as the worker its hello named, whatever its token.
-  conn.dispatcher.emplace(shard_, metrics_, hello.generation(), workers,
-                          [raw](int64_t bytes) { return raw->Admit(bytes); });
-  return true;
 }
 
 }  // namespace bnps::server

@@ -183,8 +183,10 @@ class BnSocketServer {
   // dropped. Idempotent.
   void Stop() ABSL_LOCKS_EXCLUDED(stop_mu_);
 
- private:
+  // One client connection; internal (server/bn_socket_conn.h).
   struct Conn;
+
+ private:
   BnSocketServer(Shard* shard, ServerMetrics* metrics,
                  util::KeepAwake* keep_awake, Options options)
       : shard_(shard),

@@ -16,7 +16,7 @@ dtype, so a checkpoint of the reverted model loads into a plain model."""
 import torch
 from torch import nn
 
-from bnps.torch.convert import convert_sync_batchnorm
+from bnps.torch.convert import carry_batchnorm, convert_sync_batchnorm
 from bnps.torch.sync_batchnorm import SyncBatchNorm
 
 
@@ -54,23 +54,7 @@ def apply(model, connection=None, prefix=""):
 
 
 def _plain(m):
-    cls = getattr(m, "_bnps_reverts_to", BatchNormXd)
-    ref = m.weight if m.weight is not None else m.running_mean
-    out = cls(m.num_features, m.eps, m.momentum, m.affine,
-              m.track_running_stats,
-              device=None if ref is None else ref.device,
-              dtype=None if ref is None else ref.dtype)
-    if m.affine:
-        with torch.no_grad():
-            out.weight = m.weight
-            out.bias = m.bias
-    out.running_mean = m.running_mean
-    out.running_var = m.running_var
-    out.num_batches_tracked = m.num_batches_tracked
-    out.training = m.training
-    if hasattr(m, "qconfig"):
-        out.qconfig = m.qconfig
-    return out
+    return carry_batchnorm(m, getattr(m, "_bnps_reverts_to", BatchNormXd))
 
 
 def revert(model):

@@ -35,27 +35,37 @@ def convert_sync_batchnorm(module, prefix="", connection=None):
     return name_layers(out, prefix)
 
 
+def carry_batchnorm(module, make):
+    """A BatchNorm layer made by `make(num_features, eps, momentum, affine,
+    track_running_stats, device=, dtype=)` that carries `module`'s
+    parameters (the same Parameter objects), running statistics, training
+    flag and qconfig: how a layer is swapped either way (to bnps here, back
+    to torch's in bnps.layer_sync)."""
+    ref = module.weight if module.weight is not None else module.running_mean
+    out = make(module.num_features, module.eps, module.momentum,
+               module.affine, module.track_running_stats,
+               device=None if ref is None else ref.device,
+               dtype=None if ref is None else ref.dtype)
+    if module.affine:
+        with torch.no_grad():
+            out.weight = module.weight
+            out.bias = module.bias
+    out.running_mean = module.running_mean
+    out.running_var = module.running_var
+    out.num_batches_tracked = module.num_batches_tracked
+    out.training = module.training
+    if hasattr(module, "qconfig"):
+        out.qconfig = module.qconfig
+    return out
+
+
 def _convert(module, connection):
     out = module
     if isinstance(module, nn.modules.batchnorm._BatchNorm) and \
             not isinstance(module, SyncBatchNorm):
-        ref = module.weight if module.weight is not None else \
-            module.running_mean
-        out = SyncBatchNorm(module.num_features, module.eps, module.momentum,
-                            module.affine, module.track_running_stats,
-                            device=None if ref is None else ref.device,
-                            dtype=None if ref is None else ref.dtype,
-                            connection=connection)
-        if module.affine:
-            with torch.no_grad():
-                out.weight = module.weight
-                out.bias = module.bias
-        out.running_mean = module.running_mean
-        out.running_var = module.running_var
-        out.num_batches_tracked = module.num_batches_tracked
-        out.training = module.training
-        if hasattr(module, "qconfig"):
-            out.qconfig = module.qconfig
+        out = carry_batchnorm(
+            module, lambda *args, **kw: SyncBatchNorm(
+                *args, connection=connection, **kw))
     for child_name, child in module.named_children():
         out.add_module(child_name, _convert(child, connection))
     return out
