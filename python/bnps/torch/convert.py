@@ -24,18 +24,21 @@ def name_layers(module, prefix="", rename=False):
     return module
 
 
-def convert_sync_batchnorm(module, prefix="", connection=None):
+def convert_sync_batchnorm(module, process_group=None, prefix="",
+                           connection=None):
     """Replaces every torch.nn.BatchNorm1d/2d/3d (and torch.nn.SyncBatchNorm)
     of `module` in place by a bnps SyncBatchNorm with the same arguments,
     keeping its parameters (the same Parameter objects, so an optimizer made
     before still updates them), running statistics, training flag and
-    device, and names every bnps layer by its qualified module name. Returns
-    the module (a new one if `module` itself is a BatchNorm)."""
-    out = _convert(module, connection)
+    device, and names every bnps layer by its qualified module name.
+    `process_group` as torch's (None: the whole job; SyncBatchNorm says which
+    groups bnps runs). Returns the module (a new one if `module` itself is a
+    BatchNorm)."""
+    out = _convert(module, connection, process_group)
     return name_layers(out, prefix)
 
 
-def _convert(module, connection):
+def _convert(module, connection, process_group):
     out = module
     if isinstance(module, nn.modules.batchnorm._BatchNorm) and \
             not isinstance(module, SyncBatchNorm):
@@ -43,6 +46,7 @@ def _convert(module, connection):
             module.running_mean
         out = SyncBatchNorm(module.num_features, module.eps, module.momentum,
                             module.affine, module.track_running_stats,
+                            process_group=process_group,
                             device=None if ref is None else ref.device,
                             dtype=None if ref is None else ref.dtype,
                             connection=connection)
@@ -57,7 +61,8 @@ def _convert(module, connection):
         if hasattr(module, "qconfig"):
             out.qconfig = module.qconfig
     for child_name, child in module.named_children():
-        out.add_module(child_name, _convert(child, connection))
+        out.add_module(child_name, _convert(child, connection,
+                                                 process_group))
     return out
 
 
