@@ -126,6 +126,7 @@ std::string ConfigJson(const bnps::proto::JobConfig& c) {
       c.num_workers(), ", \"num_shards\": ", c.num_shards(),
       ", \"policy\": ", JsonString(policy), ", \"gradients\": ",
       JsonString(gradients), ", \"staleness\": ", c.staleness(),
+      ", \"bn_group_size\": ", c.bn_group_size(),
       ", \"learning_rate\": ", num(c.learning_rate()), ", \"momentum\": ",
       num(c.momentum()), ", \"weight_decay\": ", num(c.weight_decay()),
       ", \"bn_momentum\": ", num(c.bn_momentum()),

@@ -24,14 +24,17 @@ def name_layers(module, prefix="", rename=False):
     return module
 
 
-def convert_sync_batchnorm(module, prefix="", connection=None):
+def convert_sync_batchnorm(module, process_group=None, prefix="",
+                           connection=None):
     """Replaces every torch.nn.BatchNorm1d/2d/3d (and torch.nn.SyncBatchNorm)
     of `module` in place by a bnps SyncBatchNorm with the same arguments,
     keeping its parameters (the same Parameter objects, so an optimizer made
     before still updates them), running statistics, training flag and
-    device, and names every bnps layer by its qualified module name. Returns
-    the module (a new one if `module` itself is a BatchNorm)."""
-    out = _convert(module, connection)
+    device, and names every bnps layer by its qualified module name.
+    `process_group` as torch's (None: the whole job; SyncBatchNorm says which
+    groups bnps runs). Returns the module (a new one if `module` itself is a
+    BatchNorm)."""
+    out = _convert(module, connection, process_group)
     return name_layers(out, prefix)
 
 
@@ -59,15 +62,17 @@ def carry_batchnorm(module, make):
     return out
 
 
-def _convert(module, connection):
+def _convert(module, connection, process_group):
     out = module
     if isinstance(module, nn.modules.batchnorm._BatchNorm) and \
             not isinstance(module, SyncBatchNorm):
         out = carry_batchnorm(
             module, lambda *args, **kw: SyncBatchNorm(
-                *args, connection=connection, **kw))
+                *args, process_group=process_group, connection=connection,
+                **kw))
     for child_name, child in module.named_children():
-        out.add_module(child_name, _convert(child, connection))
+        out.add_module(child_name, _convert(child, connection,
+                                                 process_group))
     return out
 
 

@@ -47,6 +47,7 @@ from torch.nn import functional as F
 from bnps import _native
 from bnps.torch import channels as channels_
 from bnps.torch import custom_ops as _ops
+from bnps.torch import groups as _groups
 from bnps.torch import connection as _connection
 from bnps.torch import stream_exchange as _queued
 from bnps.torch.staging import Staging
@@ -312,16 +313,22 @@ class _SyncBatchNormFunction(torch.autograd.Function):
 class SyncBatchNorm(nn.modules.batchnorm._BatchNorm):
     """torch.nn.SyncBatchNorm's arguments, plus `name` (the layer's key on
     the servers; convert_sync_batchnorm assigns it) and `connection` (default:
-    the default connection). Input: (N, C) to (N, C, D, H, W), any memory
-    format, float16/bfloat16/float32/float64, CPU or CUDA."""
+    the default connection). `process_group` (torch's, default None: the
+    whole job) must be a block of K consecutive ranks (torch rank = bnps
+    worker id) with the servers running --bn_group_size=K (bnps/torch/
+    groups.py says so at the first training step otherwise). Input: (N, C)
+    to (N, C, D, H, W), any memory format, float16/bfloat16/float32/
+    float64, CPU or CUDA."""
 
     def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True,
-                 track_running_stats=True, device=None, dtype=None, name=None,
-                 connection=None):
+                 track_running_stats=True, process_group=None, device=None,
+                 dtype=None, name=None, connection=None):
         super().__init__(num_features, eps, momentum, affine,
                          track_running_stats, device=device, dtype=dtype)
         self.bnps_name = name
         self.connection = connection
+        self.process_group = process_group
+        self._bnps_group_checked = False
         self._bnps_step = 0       # training-mode calls synced so far
         self._bnps_backward_step = 0  # backward passes synced so far
         self._recal_batch = None  # not None: the next recalibration batch
@@ -380,6 +387,10 @@ class SyncBatchNorm(nn.modules.batchnorm._BatchNorm):
         self._check_input_dim(x)
         if not self.training and self.running_mean is not None:
             return self._eval_forward(x)
+        if not self._bnps_group_checked and not _ops.compiling():
+            _groups.check_process_group(self.process_group,
+                                        self._connection())
+            self._bnps_group_checked = True
         if _ops.compiling():  # torch >= 2.4 under torch.compile
             return _ops.batch_norm(x, self.weight, self.bias,
                                        self._bnps_op_id, self.eps)[0]
