@@ -17,7 +17,7 @@ The other tests exercise the pure parts of experiments/compare/ (reason lines,
 aggregation over seeds, noise calls, rendering) without processes.
 
 Run: bazel test //experiments:compare_policies_test   or, after
-`bazel build //server:bnps_server //worker:bnps_worker`,
+`bazel build //server:bnps_server //worker:bnps_worker //python:libbnps.so`,
 python3 experiments/compare_policies_test.py
 """
 

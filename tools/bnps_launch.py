@@ -6,7 +6,8 @@ Usage:
     tools/bnps_launch.py --servers 2 --workers 4 --policy sync --epochs=1
 
 What it does:
-  1. (--build) runs `bazel build //server:bnps_server //worker:bnps_worker`.
+  1. (--build) runs `bazel build //server:bnps_server //worker:bnps_worker
+     //python:libbnps.so ...` (BUILD_TARGETS).
   2. Starts S servers on 127.0.0.1 with --port=0 (and, without TLS,
      --bn_port=0: BN traffic over raw TCP too, and --bn_unix_socket=auto:
      the same over a Unix socket, which the workers use first; --bn_unix=off:

@@ -41,9 +41,13 @@ def find(first=()):
 
 def open_library(api_version, first=()):
     """libbnps.so opened (RTLD_LOCAL: its dependencies stay private), with
-    C ABI version `api_version` or later (ImportError otherwise)."""
+    C ABI version `api_version` or later; ImportError when there is none,
+    it cannot be loaded (a library it needs is missing) or it is older."""
     path = find(first)
-    lib = ctypes.CDLL(path)
+    try:
+        lib = ctypes.CDLL(path)
+    except OSError as e:
+        raise ImportError(f"bnps: cannot load {path}: {e}") from e
     if lib.bnps_api_version() < api_version:
         raise ImportError(f"bnps: {path} has C ABI version "
                           f"{lib.bnps_api_version()}, this needs "
