@@ -57,9 +57,9 @@ choose the halves independently (e.g. --bn_policy=async --gradients=sync);
 a --policy that contradicts either is a usage error. A shorthand pair goes to
 the binaries as --policy, any other as --bn_policy and --gradients. The
 binaries' own rule decides (policy::ResolvePolicy, through libbnps.so's C
-ABI: bnps.policy), so the launcher needs libbnps.so: <bin_dir>/python's, or
-the one bnps finds (the wheel's, $BNPS_NATIVE_LIB); without it, it exits 2
-saying how to build it (--build builds it first).
+ABI: bnps.policy), so the launcher needs libbnps.so: $BNPS_NATIVE_LIB,
+<bin_dir>/python's, or the one bnps finds (the wheel's); without it, it
+exits 2 saying how to build it (--build builds it first).
 
 Options given to both servers and workers: --policy, --job, --staleness,
 --learning_rate, --momentum, --weight_decay (the worker checks they match the

@@ -2,9 +2,9 @@
 its error convention; standard library only, so that the calls that need no
 NumPy (bnps.policy) work where there is none. Internal.
 
-Where the library is looked for: the directories `first` a caller names
-(the launcher's --bin_dir), $BNPS_NATIVE_LIB, beside this file (the wheel),
-then libbnps.so in each entry of sys.path (tools/bnps_python puts
+Where the library is looked for: $BNPS_NATIVE_LIB, the directories `first`
+a caller names (the launcher's <bin_dir>/python), beside this file (the
+wheel), then libbnps.so in each entry of sys.path (tools/bnps_python puts
 bazel-bin/python there; Bazel tests have it in their runfiles).
 """
 
@@ -24,10 +24,10 @@ class Error(RuntimeError):
 
 def find(first=()):
     """The path of libbnps.so; ImportError saying how to get one if none."""
-    candidates = [os.path.join(d, LIB_NAME) for d in first]
-    candidates += [os.environ.get("BNPS_NATIVE_LIB"),
-                   os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                                LIB_NAME)]
+    candidates = [os.environ.get("BNPS_NATIVE_LIB")]
+    candidates += [os.path.join(d, LIB_NAME) for d in first]
+    candidates.append(os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                   LIB_NAME))
     candidates += [os.path.join(p or os.getcwd(), LIB_NAME) for p in sys.path]
     for c in candidates:
         if c and os.path.isfile(c):
