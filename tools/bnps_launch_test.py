@@ -517,12 +517,10 @@ class LauncherTest(unittest.TestCase):
                         ignore=shutil.ignore_patterns("*_test*", "BUILD"))
         shutil.copytree(os.path.join(os.path.dirname(HERE), "python", "bnps"),
                         os.path.join(repo, "python", "bnps"))
-        env = {k: v for k, v in os.environ.items()
-               if k not in ("BNPS_NATIVE_LIB", "PYTHONPATH")}
+        env = {k: v for k, v in os.environ.items() if k not in ("BNPS_NATIVE_LIB", "PYTHONPATH")}
         r = subprocess.run([sys.executable, os.path.join(repo, "tools", "bnps_launch.py"),
-                            "--bin_dir=" + self.bin_dir, "--policy=async"],
-                           cwd=self.tmp, env=env, stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, text=True, timeout=RUN_LIMIT_S)
+                            "--bin_dir=" + self.bin_dir, "--policy=async"], cwd=self.tmp,
+                           env=env, capture_output=True, text=True, timeout=RUN_LIMIT_S)
         self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
         self.assertIn("needs libbnps.so", r.stderr)
         self.assertIn("bazel build //python:libbnps.so", r.stderr)
