@@ -61,11 +61,14 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # tools/bnps_launch_mps.py: MPS for workers that share a GPU.
 sys.path.insert(0, os.path.join(REPO, "tools"))
 import bnps_launch_mps  # noqa: E402  (needs the path above)
-# bnps.cluster (pure Python): the servers' --keep_awake_us where every
+# bnps.cluster (pure Python): the servers' command lines, their "listening
+# on" lines, the policies, and the servers' --keep_awake_us where every
 # process has a core of its own, as LocalCluster starts them.
 sys.path.insert(0, os.path.join(REPO, "python"))
+from bnps import cluster  # noqa: E402
 from bnps.cluster import KEEP_AWAKE_US, parse_listening  # noqa: E402
-POLICIES = ["local", "sync", "async", "recal"]
+# local first: the baseline the others' overhead is measured against.
+POLICIES = ["local"] + [p for p in cluster.POLICIES if p != "local"]
 # Co-located aggregation: the W workers' batches in ONE bnps_worker process
 # with --replicas=W (one thread each, pinned to the W workers' cores), the BN
 # statistics combined in the process and sent once. Only for W >= 2.
@@ -285,33 +288,22 @@ def stop(procs):
             p.wait()
 
 
-def server_flags(args, shared, stream=False):
-    """The servers' flags: by default BN over raw TCP and a Unix socket
-    (bnps_server --bn_port=0 --bn_unix_socket=auto, as the launcher starts
-    servers; workers on this host take the socket) and, where every process
-    has a core of its own, the server keeps its core awake while messages
-    come (--keep_awake_us); a --server_flag replaces the default of its name
-    and adds the rest. `stream` (sync-stream) keeps BN on the gRPC stream."""
-    flags = {"--bn_port": "0", "--bn_unix_socket": "auto"}
-    if not shared:
-        flags["--keep_awake_us"] = str(KEEP_AWAKE_US)
-    for f in args.server_flag:
-        name, _, value = f.partition("=")
-        flags[name] = value
-    if stream:
-        flags["--bn_port"] = "-1"
-        flags.pop("--bn_unix_socket", None)
-    return [n + ("=" + v if v else "") for n, v in flags.items()]
-
-
 def start_server(args, shard, policy, workers, core, shared, out_dir,
                  stream=False):
+    """A server with BN over raw TCP and a Unix socket (bnps_server
+    --bn_port=0 --bn_unix_socket=auto, as the launcher starts servers;
+    workers on this host take the socket) and, where every process has a
+    core of its own, its core kept awake while messages come
+    (--keep_awake_us); a --server_flag replaces the default of its name and
+    adds the rest. `stream` (sync-stream) keeps BN on the gRPC stream."""
     log = os.path.join(out_dir, "s{}.log".format(shard))
-    cmd = [os.path.join(args.bin_dir, "server", "bnps_server"), "--port=0",
-           "--host=127.0.0.1", "--shard={}".format(shard),
-           "--num_shards={}".format(args.servers),
-           "--num_workers={}".format(workers), "--policy=" + policy]
-    cmd += server_flags(args, shared, stream)
+    keep_awake = [] if shared else cluster.keep_awake_flags(
+        args.servers, workers, KEEP_AWAKE_US, args.server_flag)
+    cmd = cluster.server_command(
+        os.path.join(args.bin_dir, "server", "bnps_server"), host="127.0.0.1",
+        port=0, shard=shard, num_shards=args.servers, num_workers=workers,
+        policy=policy, bn_port=-1 if stream else 0, bn_unix=not stream,
+        flags=keep_awake + args.server_flag)
     with open(log, "w") as f:
         p = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT,
                              preexec_fn=pinned(core))

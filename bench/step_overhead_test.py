@@ -12,6 +12,8 @@ import tempfile
 import unittest
 
 HERE = os.path.join(os.getcwd(), "bench")
+sys.path.insert(0, os.path.join(os.getcwd(), "python"))  # Bazel runfiles
+from bnps.cluster import parse_listening, server_command  # noqa: E402
 TOOL = os.path.join(HERE, "step_overhead.py")
 NUM = r"\d+\.\d+"
 STEP_ROW = re.compile(r"^\| 1 \| 4 \| (local|sync|async|recal|sync-stream) \| ({0}) \| "
@@ -79,12 +81,12 @@ class StepOverheadTest(unittest.TestCase):
     def test_worker_report_leaves_warmup_out(self):
         tmp = tempfile.mkdtemp()
         server = subprocess.Popen(
-            [os.path.join(os.getcwd(), "server", "bnps_server"), "--port=0",
-             "--num_workers=1", "--policy=sync"],
+            server_command(os.path.join(os.getcwd(), "server", "bnps_server"),
+                           port=0, num_workers=1, policy="sync"),
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         try:
             line = server.stdout.readline()
-            port = re.search(r"listening on [0-9.]+:(\d+)", line).group(1)
+            port = parse_listening(line).rsplit(":", 1)[1]
             report = os.path.join(tmp, "w.json")
             w = subprocess.run(
                 [os.path.join(os.getcwd(), "worker", "bnps_worker"),

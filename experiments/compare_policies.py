@@ -4,7 +4,7 @@ same data and seeds under the BN policies, and writes a report
 (docs/results.md, a plot next to it, raw data in docs/results.json).
 
 Usage:
-    bazel build //server:bnps_server //worker:bnps_worker
+    bazel build //server:bnps_server //worker:bnps_worker //python:libbnps.so
     python3 experiments/compare_policies.py                  # the default matrix
     python3 experiments/compare_policies.py --matrix=full    # the larger one
     python3 experiments/compare_policies.py --matrix=grid    # policies x batch sizes

@@ -17,7 +17,7 @@ The other tests exercise the pure parts of experiments/compare/ (reason lines,
 aggregation over seeds, noise calls, rendering) without processes.
 
 Run: bazel test //experiments:compare_policies_test   or, after
-`bazel build //server:bnps_server //worker:bnps_worker`,
+`bazel build //server:bnps_server //worker:bnps_worker //python:libbnps.so`,
 python3 experiments/compare_policies_test.py
 """
 
@@ -243,6 +243,11 @@ class RegimeSmokeTest(unittest.TestCase):
             self.assertEqual(r["samples_per_channel"], matrix.POSITIONS[m] * b)
             bn, grads = matrix.ROWS[row][:2]
             self.assertEqual((r["bn_policy"], r["gradients"]), (bn, grads))
+            # The launcher named the pair (policy::JobPolicyName): crossed
+            # rows by both halves, the others by their shorthand.
+            self.assertEqual(r["launcher_policy"],
+                             "bn_policy=%s,gradients=%s" % (bn, grads)
+                             if row in matrix.CROSSED else bn, row)
             if grads == "sync":
                 self.assertEqual(r["max_staleness"], 0, row)
         with open(self.md, encoding="utf-8") as f:
@@ -297,7 +302,6 @@ class RegimeTest(unittest.TestCase):
         self.assertIn("--gradients=async", cmd)
         self.assertIn("--staleness=2", cmd)
         self.assertIn("--learning_rate=0.01", cmd)  # 0.02 x 8 / 4 / 4 workers
-        self.assertFalse(any(c.startswith("--policy=") for c in cmd))
         self.assertFalse(any(c.startswith("--model=") for c in cmd))  # cnn: the default
         cmd = matrix.run_command(cfg, by["bn-async-s2_cnn_b2_seed1"], "/out/x", False)
         self.assertIn("--learning_rate=0.04", cmd)  # sync gradients
@@ -306,7 +310,8 @@ class RegimeTest(unittest.TestCase):
         self.assertIn("--batch_size=4", cmd)
         self.assertIn("--learning_rate=0.02", cmd)  # as the 4 workers of batch 1
         self.assertIn("--model=fc_bn", cmd)
-        self.assertIn("--policy=sync", cmd)
+        self.assertIn("--bn_policy=sync", cmd)
+        self.assertIn("--gradients=sync", cmd)
 
     def test_gaps_and_boundary(self):
         from compare import regime

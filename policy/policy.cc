@@ -73,6 +73,14 @@ std::string JobPolicyName(const JobPolicy& p) {
                       ",gradients=", GradientsName(p.gradients));
 }
 
+std::vector<std::string> JobPolicyFlags(const JobPolicy& p) {
+  if (p.gradients == ShorthandGradients(p.bn)) {
+    return {absl::StrCat("--policy=", PolicyName(p.bn))};
+  }
+  return {absl::StrCat("--bn_policy=", PolicyName(p.bn)),
+          absl::StrCat("--gradients=", GradientsName(p.gradients))};
+}
+
 absl::StatusOr<WorkerLoss> ParseWorkerLoss(absl::string_view name) {
   if (name == "fail") return WorkerLoss::kFail;
   if (name == "shrink") return WorkerLoss::kShrink;

@@ -24,6 +24,7 @@
 #define BNPS_POLICY_POLICY_H_
 
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -59,6 +60,13 @@ enum class WorkerLoss {
             // its last checkpoint (docs/reliability.md)
 };
 
+// Every BN policy and every gradient mode, in the order the docs list them
+// (the frontends' lists of choices come from these, through the C ABI).
+inline constexpr Policy kPolicies[] = {Policy::kSync, Policy::kAsync,
+                                       Policy::kRecal, Policy::kLocal};
+inline constexpr Gradients kGradientModes[] = {Gradients::kSync,
+                                               Gradients::kAsync};
+
 // "sync", "async", "recal", "local"; INVALID_ARGUMENT for anything else,
 // naming the choices.
 absl::StatusOr<Policy> ParsePolicy(absl::string_view name);
@@ -80,6 +88,10 @@ absl::StatusOr<JobPolicy> ResolvePolicy(absl::string_view policy,
 // The shorthand ("async") when the pair is one, else
 // "bn_policy=async,gradients=sync".
 std::string JobPolicyName(const JobPolicy& p);
+// The flags that name `p` to bnps_server and bnps_worker: {"--policy=async"}
+// when the pair is a shorthand, else {"--bn_policy=async",
+// "--gradients=sync"}.
+std::vector<std::string> JobPolicyFlags(const JobPolicy& p);
 // "fail", "shrink", "wait"; INVALID_ARGUMENT for anything else.
 absl::StatusOr<WorkerLoss> ParseWorkerLoss(absl::string_view name);
 std::string WorkerLossName(WorkerLoss w);

@@ -92,6 +92,26 @@ TEST(PolicyTest, ResolveRejectsContradictions) {
             absl::StatusCode::kInvalidArgument);
 }
 
+TEST(PolicyTest, ListsHoldEveryNameOnce) {
+  std::vector<std::string> names;
+  for (Policy p : kPolicies) names.push_back(PolicyName(p));
+  EXPECT_EQ(names, (std::vector<std::string>{"sync", "async", "recal", "local"}));
+  names.clear();
+  for (Gradients g : kGradientModes) names.push_back(GradientsName(g));
+  EXPECT_EQ(names, (std::vector<std::string>{"sync", "async"}));
+}
+
+TEST(PolicyTest, FlagsNameShorthandsWithOneFlagAndOtherPairsWithTwo) {
+  EXPECT_EQ(JobPolicyFlags({Policy::kAsync, Gradients::kAsync}),
+            (std::vector<std::string>{"--policy=async"}));
+  EXPECT_EQ(JobPolicyFlags({Policy::kLocal, Gradients::kSync}),
+            (std::vector<std::string>{"--policy=local"}));
+  EXPECT_EQ(JobPolicyFlags({Policy::kAsync, Gradients::kSync}),
+            (std::vector<std::string>{"--bn_policy=async", "--gradients=sync"}));
+  EXPECT_EQ(JobPolicyFlags({Policy::kSync, Gradients::kAsync}),
+            (std::vector<std::string>{"--bn_policy=sync", "--gradients=async"}));
+}
+
 TEST(PolicyTest, NamesAndConfigRoundTrip) {
   EXPECT_EQ(JobPolicyName({Policy::kAsync, Gradients::kAsync}), "async");
   EXPECT_EQ(JobPolicyName({Policy::kRecal, Gradients::kSync}), "recal");

@@ -9,12 +9,14 @@ the variables. Real processes on 127.0.0.1 (util/env_flags.h).
 
 import json
 import os
-import re
 import subprocess
+import sys
 import tempfile
 import unittest
 
 RUNFILES = os.getcwd()  # Bazel runs tests in the runfiles tree of the workspace
+sys.path.insert(0, os.path.join(RUNFILES, "python"))
+from bnps.cluster import parse_listening  # noqa: E402
 SERVER = os.path.join(RUNFILES, "server", "bnps_server")
 WORKER = os.path.join(RUNFILES, "worker", "bnps_worker")
 STATUS = os.path.join(RUNFILES, "tools", "bnps_status")
@@ -42,12 +44,12 @@ class Server:
                                      stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, text=True)
         self.first_line = self.proc.stdout.readline()
-        m = re.search(r"listening on 127\.0\.0\.1:(\d+)", self.first_line)
-        if not m:
+        address = parse_listening(self.first_line)
+        if not address or not address.startswith("127.0.0.1:"):
             self.proc.kill()
             rest = self.proc.communicate(timeout=30)[0]
             raise AssertionError("server did not start: " + self.first_line + rest)
-        self.port = int(m.group(1))
+        self.port = int(address.rsplit(":", 1)[1])
 
     def __enter__(self):
         return self

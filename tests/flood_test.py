@@ -16,11 +16,14 @@ import resource
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 import unittest
 
 RUNFILES = os.getcwd()
+sys.path.insert(0, os.path.join(RUNFILES, "python"))
+from bnps.cluster import parse_listening  # noqa: E402
 SERVER = os.path.join(RUNFILES, "server", "bnps_server")
 WORKER = os.path.join(RUNFILES, "worker", "bnps_worker")
 STATUS = os.path.join(RUNFILES, "tools", "bnps_status")
@@ -42,10 +45,10 @@ def start_server(*flags):
         [SERVER, "--port=0", "--bn_port=0", "--num_workers=1"] + list(flags),
         stdout=subprocess.PIPE, stderr=log, text=True, preexec_fn=lower_limit)
     server.log = log
-    port = server.stdout.readline().strip().rsplit(":", 1)[1]
+    address = parse_listening(server.stdout.readline())
     bn_line = server.stdout.readline().strip()
     bn_port = int(re.search(r"BN over TCP at [\d.]+:(\d+)", bn_line).group(1))
-    return server, "127.0.0.1:" + port, bn_port, bn_line
+    return server, address, bn_port, bn_line
 
 
 def cpu_seconds(pid):

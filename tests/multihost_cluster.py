@@ -9,7 +9,7 @@ runs on `status_host` and reaches the servers at their own addresses,
 without a link (the operator's view, unaffected by cuts).
 """
 
-from tests.restart_cluster import SERVER, STATUS, Cluster
+from tests.restart_cluster import SERVER, STATUS, Cluster, server_command
 
 GRPC_PORT = 7000
 BN_PORT = 7100
@@ -37,13 +37,12 @@ class BedCluster(Cluster):
                               for h, p in zip(self.server_hosts, self.ports))
         self.worker_flags = [f"--servers={over_links}" if f.startswith("--servers=")
                              else f for f in self.worker_flags]
-        self.server_flags.append("--host=0.0.0.0")
 
-    def start_server(self, i):
-        self.servers[i] = self._spawn("server", i, [
-            SERVER, f"--port={self.ports[i]}",
-            f"--bn_port={BN_PORT + i}", f"--shard={i}",
-            f"--checkpoint_dir={self.checkpoint_dir(i)}", *self.server_flags])
+    def server_command(self, i):
+        return server_command(SERVER, host="0.0.0.0", port=self.ports[i],
+                              bn_port=BN_PORT + i, shard=i,
+                              checkpoint_dir=self.checkpoint_dir(i),
+                              flags=self.server_flags)
 
     def popen(self, kind, i, args, **kwargs):
         host = (self.server_hosts if kind == "server" else self.worker_hosts)[i]

@@ -14,9 +14,12 @@ import re
 import signal
 import socket
 import subprocess
+import sys
 import time
 
 RUNFILES = os.getcwd()  # Bazel runs tests in the runfiles tree of the workspace
+sys.path.insert(0, os.path.join(RUNFILES, "python"))
+from bnps.cluster import server_command  # noqa: E402
 SERVER = os.path.join(RUNFILES, "server", "bnps_server")
 WORKER = os.path.join(RUNFILES, "worker", "bnps_worker")
 STATUS = os.path.join(RUNFILES, "tools", "bnps_status")
@@ -41,13 +44,13 @@ class Cluster:
         self.num_workers = workers
         self.ports = free_ports(servers)
         self.addresses = ",".join(f"127.0.0.1:{p}" for p in self.ports)
-        self.server_flags = [
-            f"--num_shards={servers}", f"--num_workers={workers}",
-            f"--policy={policy}", f"--checkpoint_every_steps={checkpoint_every}",
-            "--heartbeat_timeout_ms=3000", "--barrier_timeout_ms=30000",
-            f"--on_worker_loss={worker_loss}", f"--staleness={staleness}"]
-        if keep_serving:
-            self.server_flags.append("--keep_serving")
+        # The job's flags, the same for every server.
+        self.server_flags = server_command(
+            num_shards=servers, num_workers=workers, policy=policy,
+            keep_serving=keep_serving, flags=[
+                f"--checkpoint_every_steps={checkpoint_every}",
+                "--heartbeat_timeout_ms=3000", "--barrier_timeout_ms=30000",
+                f"--on_worker_loss={worker_loss}", f"--staleness={staleness}"])
         self.worker_flags = [
             f"--servers={self.addresses}", f"--num_workers={workers}",
             "--data=synthetic", "--train_examples=1024", "--batch_size=16",
@@ -83,10 +86,14 @@ class Cluster:
         return subprocess.run([STATUS, f"--servers={self.addresses}", *args],
                               capture_output=True, text=True, timeout=30)
 
+    def server_command(self, i):
+        """Server i's command line (a subclass may add options)."""
+        return server_command(SERVER, port=self.ports[i], shard=i,
+                              checkpoint_dir=self.checkpoint_dir(i),
+                              flags=self.server_flags)
+
     def start_server(self, i):
-        self.servers[i] = self._spawn("server", i, [
-            SERVER, f"--port={self.ports[i]}", f"--shard={i}",
-            f"--checkpoint_dir={self.checkpoint_dir(i)}", *self.server_flags])
+        self.servers[i] = self._spawn("server", i, self.server_command(i))
 
     def start_worker(self, w):
         self.workers[w] = self._spawn("worker", w, [

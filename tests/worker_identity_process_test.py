@@ -12,6 +12,8 @@ import tempfile
 import unittest
 
 RUNFILES = os.getcwd()
+sys.path.insert(0, os.path.join(RUNFILES, "python"))
+from bnps.cluster import parse_listening  # noqa: E402
 SERVER = os.path.join(RUNFILES, "server", "bnps_server")
 WORKER = os.path.join(RUNFILES, "worker", "bnps_worker")
 STATUS = os.path.join(RUNFILES, "tools", "bnps_status")
@@ -50,7 +52,7 @@ class PerWorkerTokensTest(unittest.TestCase):
             try:
                 first = server.stdout.readline()
                 self.assertIn("with per-worker tokens", first)
-                address = "127.0.0.1:" + first.strip().rsplit(":", 1)[1]
+                address = parse_listening(first)
 
                 def worker(w, token, *flags):
                     return [WORKER, "--servers=" + address, "--device=cpu",

@@ -18,6 +18,8 @@ import time
 import unittest
 
 RUNFILES = os.getcwd()  # Bazel runs tests in the runfiles tree of the workspace
+sys.path.insert(0, os.path.join(RUNFILES, "python"))
+from bnps.cluster import parse_listening  # noqa: E402
 SERVER = os.path.join(RUNFILES, "server", "bnps_server")
 WORKER = os.path.join(RUNFILES, "worker", "bnps_worker")
 STATUS = os.path.join(RUNFILES, "tools", "bnps_status")
@@ -243,7 +245,7 @@ class BadInputTest(OneLineErrors, unittest.TestCase):
         first = subprocess.Popen([SERVER, "--port=0"], stdout=subprocess.PIPE,
                                  text=True)
         try:
-            port = first.stdout.readline().strip().rsplit(":", 1)[1]
+            port = parse_listening(first.stdout.readline()).rsplit(":", 1)[1]
             second = subprocess.Popen([SERVER, "--port=" + port],
                                       stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, text=True)
@@ -285,7 +287,7 @@ class BadInputTest(OneLineErrors, unittest.TestCase):
                 [SERVER, "--port=0", "--token_file=" + write_token(d)],
                 stdout=subprocess.PIPE, text=True)
             try:
-                port = server.stdout.readline().strip().rsplit(":", 1)[1]
+                port = parse_listening(server.stdout.readline()).rsplit(":", 1)[1]
                 for flags in ([], ["--token_file=" +
                                    write_token(d, "some-other-jobs-token")]):
                     self.assertOneLine(
@@ -300,8 +302,7 @@ class BadInputTest(OneLineErrors, unittest.TestCase):
         server = subprocess.Popen([SERVER, "--port=0", "--policy=sync"],
                                   stdout=subprocess.PIPE, text=True)
         try:
-            line = server.stdout.readline()
-            port = line.strip().rsplit(":", 1)[1]
+            port = parse_listening(server.stdout.readline()).rsplit(":", 1)[1]
             self.assertOneLine(run([WORKER, f"--servers=127.0.0.1:{port}",
                                     "--policy=async", "--train_examples=64"]),
                                1, "--policy=async", "sync")
@@ -314,7 +315,7 @@ def start_server(*flags):
     """A bnps_server on a free port; returns (process, "127.0.0.1:port")."""
     server = subprocess.Popen([SERVER, "--port=0"] + list(flags),
                               stdout=subprocess.PIPE, text=True)
-    port = server.stdout.readline().strip().rsplit(":", 1)[1]
+    port = parse_listening(server.stdout.readline()).rsplit(":", 1)[1]
     return server, "127.0.0.1:" + port
 
 

@@ -6,7 +6,8 @@ Usage:
     tools/bnps_launch.py --servers 2 --workers 4 --policy sync --epochs=1
 
 What it does:
-  1. (--build) runs `bazel build //server:bnps_server //worker:bnps_worker`.
+  1. (--build) runs `bazel build //server:bnps_server //worker:bnps_worker
+     //python:libbnps.so ...` (BUILD_TARGETS).
   2. Starts S servers on 127.0.0.1 with --port=0 (and, without TLS,
      --bn_port=0: BN traffic over raw TCP too, and --bn_unix_socket=auto:
      the same over a Unix socket, which the workers use first; --bn_unix=off:
@@ -54,7 +55,11 @@ The BN policy and the gradient mode: --policy is the shorthand for a pair
 (sync, async, recal, local: policy/policy.h), --bn_policy and --gradients
 choose the halves independently (e.g. --bn_policy=async --gradients=sync);
 a --policy that contradicts either is a usage error. A shorthand pair goes to
-the binaries as --policy, any other as --bn_policy and --gradients.
+the binaries as --policy, any other as --bn_policy and --gradients. The
+binaries' own rule decides (policy::ResolvePolicy, through libbnps.so's C
+ABI: bnps.policy), so the launcher needs libbnps.so: $BNPS_NATIVE_LIB,
+<bin_dir>/python's, or the one bnps finds (the wheel's); without it, it
+exits 2 saying how to build it (--build builds it first).
 
 Options given to both servers and workers: --policy, --job, --staleness,
 --learning_rate, --momentum, --weight_decay (the worker checks they match the
@@ -95,6 +100,10 @@ import time
 # resolved, only when it runs this file as a script) so that it is found when
 # this file is imported too, and from a Bazel runfiles tree.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# bnps (its pure parts and bnps.policy; no NumPy, no torch) from python/ of
+# the repository or runfiles tree holding this file, else where installed.
+sys.path.insert(1, os.path.join(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))), "python"))
 
 import bnps_launch_mps  # noqa: E402  (needs the path above)
 from bnps_launch_report import (  # noqa: E402  (needs the path above)
@@ -104,10 +113,13 @@ from bnps_launch_export import (  # noqa: E402  (needs the path above)
 from bnps_launch_procs import (  # noqa: E402  (needs the path above)
     POLL_S, Console, Failure, Interrupt, Proc, check_deadline, check_interrupt,
     describe_exit, finish_output, say, start, stop_all)
+from bnps import cluster, errors  # noqa: E402  (needs the path above)
+from bnps import policy as bnps_policy  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUILD_TARGETS = ["//server:bnps_server", "//worker:bnps_worker", "//tools:bnps_status",
-                 "//tools:bnps_worker_token", "//hostbn:bnps_host_bn"]
+                 "//tools:bnps_worker_token", "//hostbn:bnps_host_bn",
+                 "//python:libbnps.so"]
 
 # Options shared by servers and workers / given to servers only. Each entry is
 # (option name, type); a value left at None is not passed on.
@@ -146,13 +158,13 @@ def parse_args(argv):
                    "workers (ids 0..W-1), without a restart; e.g. 100:8,200:4. "
                    "Every worker id the job ever has is started at once; a "
                    "worker waits for its first step and ends after its last")
-    p.add_argument("--policy", choices=POLICIES,
+    p.add_argument("--policy", choices=cluster.POLICIES,
                    help="shorthand for a BN policy and a gradient mode, to servers and "
                    "workers (default sync): async = async BN + async gradients, the "
                    "others their BN policy + sync gradients")
-    p.add_argument("--bn_policy", choices=POLICIES,
+    p.add_argument("--bn_policy", choices=cluster.POLICIES,
                    help="the BN policy alone (default: --policy's, else sync)")
-    p.add_argument("--gradients", choices=["sync", "async"],
+    p.add_argument("--gradients", choices=cluster.GRADIENT_MODES,
                    help="the gradient mode alone (default: --policy's, else sync)")
     p.add_argument("--job", default="bnps", help="job name (default bnps)")
     for name, typ in SHARED_OPTIONS:
@@ -214,34 +226,31 @@ def parse_args(argv):
     return args, extra
 
 
-POLICIES = ["sync", "async", "recal", "local"]
-
-
-def resolve_policy(policy, bn_policy, gradients):
-    """(BN policy, gradient mode, name) as policy::ResolvePolicy: the name is
-    the shorthand when the pair is one, else bn_policy=X,gradients=Y."""
-    bn, grads = "sync", "sync"
-    if policy:
-        bn, grads = policy, "async" if policy == "async" else "sync"
-    for flag, value, implied in (("bn_policy", bn_policy, bn), ("gradients", gradients, grads)):
-        if value and policy and value != implied:
-            raise UsageError("--policy=%s means --%s=%s, not %s; give --bn_policy and "
-                             "--gradients alone" % (policy, flag, implied, value))
-    bn, grads = bn_policy or bn, gradients or grads
-    shorthand = grads == ("async" if bn == "async" else "sync")
-    return bn, grads, bn if shorthand else "bn_policy=%s,gradients=%s" % (bn, grads)
-
-
-def policy_flags(args):
-    """The policy flags of the binaries' command lines."""
-    if "=" not in args.policy_name:
-        return ["--policy=" + args.policy_name]
-    return ["--bn_policy=" + args.bn_policy_used, "--gradients=" + args.gradients_used]
+def resolve_policy(args):
+    """Sets args.bn_policy_used, args.gradients_used, args.policy_name
+    (policy::JobPolicyName) and args.policy_flags (the binaries' policy
+    flags) from --policy, --bn_policy and --gradients, by the binaries' own
+    rule through libbnps.so (bnps.policy); UsageError when they contradict,
+    or without the library."""
+    try:
+        p = bnps_policy.resolve(args.policy, args.bn_policy, args.gradients,
+                                library_dirs=[os.path.join(args.bin_dir, "python")])
+    except errors.InvalidArgument as e:
+        raise UsageError(e.message)
+    except ImportError as e:
+        raise UsageError("resolving --policy, --bn_policy and --gradients needs "
+                         "libbnps.so (the binaries' rule, policy/policy.h): run "
+                         "with --build, or `bazel build //python:libbnps.so`, or "
+                         "pass --bin_dir (%s)" % e)
+    args.bn_policy_used, args.gradients_used = p.bn_policy, p.gradients
+    args.policy_name, args.policy_flags = p.name, p.flags
 
 
 def check_args(args, extra):
-    args.bn_policy_used, args.gradients_used, args.policy_name = resolve_policy(
-        args.policy, args.bn_policy, args.gradients)
+    """Checks the command line. The policy is resolved here too, unless
+    --build is to build libbnps.so first (main resolves it then)."""
+    if not args.build:
+        resolve_policy(args)
     if args.servers < 1:
         raise UsageError("--servers must be at least 1 (got %d)" % args.servers)
     if args.workers < 1:
@@ -325,40 +334,33 @@ def optional_flags(args, options):
 
 
 def server_command(args, shard):
-    cmd = [binary_paths(args.bin_dir)[0], "--host=127.0.0.1", "--port=0",
-           "--job=" + args.job, "--shard=%d" % shard, "--num_shards=%d" % args.servers,
-           "--num_workers=%d" % args.workers] + policy_flags(args)
-    cmd += optional_flags(args, SHARED_OPTIONS + SERVER_OPTIONS)
+    flags = optional_flags(args, SHARED_OPTIONS + SERVER_OPTIONS)
     for name, server_name in SERVER_RENAMED_OPTIONS:
         if getattr(args, name) is not None:
-            cmd.append("--%s=%s" % (server_name, getattr(args, name)))
+            flags.append("--%s=%s" % (server_name, getattr(args, name)))
     if args.on_worker_loss:
-        cmd.append("--on_worker_loss=" + args.on_worker_loss)
+        flags.append("--on_worker_loss=" + args.on_worker_loss)
     if args.membership:
-        cmd.append("--membership=" + args.membership)
+        flags.append("--membership=" + args.membership)
     if args.per_worker_tokens:
-        cmd.append("--per_worker_tokens")
+        flags.append("--per_worker_tokens")
     if args.metrics_port_base is not None:
-        cmd.append("--metrics_port=%d" % (args.metrics_port_base + shard))
-    if args.checkpoint_dir:
-        cmd.append("--checkpoint_dir=" + os.path.join(args.checkpoint_dir,
-                                                      "shard%d" % shard))
+        flags.append("--metrics_port=%d" % (args.metrics_port_base + shard))
     if args.checkpoint_every_steps is not None:
-        cmd.append("--checkpoint_every_steps=%d" % args.checkpoint_every_steps)
+        flags.append("--checkpoint_every_steps=%d" % args.checkpoint_every_steps)
     # The launcher stops the servers itself, after its end-of-run reads
-    # (--export); a server that left on its own as the job completed would
-    # look like one that died before the workers' exits were seen.
-    cmd.append("--keep_serving")
-    if not args.server_tls_cert:
-        # Plaintext: BN traffic also over raw TCP (a free port; the workers
-        # learn it when they register and keep the gRPC stream as the
-        # fallback). A TLS job keeps it on the encrypted stream.
-        cmd.append("--bn_port=0")
-        if args.bn_unix == "on":
-            # And over a Unix socket of a path the server picks (its pid and
-            # port) and removes when it stops.
-            cmd.append("--bn_unix_socket=auto")
-    return cmd
+    # (--export): keep_serving, so that a server that left on its own as the
+    # job completed does not look like one that died before the workers'
+    # exits were seen. Plaintext: BN traffic also over raw TCP (a free port)
+    # and, with --bn_unix=on, a Unix socket the server names and removes (a
+    # TLS job keeps BN on the encrypted stream: bnps.cluster.server_command).
+    return cluster.server_command(
+        binary_paths(args.bin_dir)[0], host="127.0.0.1", port=0, job=args.job,
+        shard=shard, num_shards=args.servers, num_workers=args.workers,
+        policy=args.policy_flags,
+        checkpoint_dir=(os.path.join(args.checkpoint_dir, "shard%d" % shard)
+                        if args.checkpoint_dir else None),
+        keep_serving=True, bn_port=0, bn_unix=args.bn_unix == "on", flags=flags)
 
 
 def host_bn_command(args):
@@ -378,7 +380,7 @@ def host_bn_command(args):
 def worker_command(args, extra, index, addresses, out_dir):
     cmd = [binary_paths(args.bin_dir)[1], "--servers=" + ",".join(addresses),
            "--job=" + args.job, "--worker=%d" % index, "--num_workers=%d" % args.workers]
-    cmd += policy_flags(args)
+    cmd += args.policy_flags
     cmd += optional_flags(args, SHARED_OPTIONS)
     if args.per_worker_tokens:  # its own token, not the job's
         cmd = [f for f in cmd if not f.startswith("--token_file=")]
@@ -637,9 +639,11 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     args, extra = parse_args(argv)
     try:
-        if args.build and run_build() != 0:
-            print("bnps_launch: error: the bazel build failed", file=sys.stderr)
-            return 1
+        if args.build:
+            if run_build() != 0:
+                print("bnps_launch: error: the bazel build failed", file=sys.stderr)
+                return 1
+            resolve_policy(args)
         check_binaries(args.bin_dir, export=bool(args.export),
                        host_bn=args.bn_host_aggregator)
         out_dir = make_out_dir(args)

@@ -3,7 +3,8 @@ its own that dies with the launcher (PR_SET_PDEATHSIG), its stdout and stderr
 forwarded line by line to one console and to its log, a server's
 "listening on HOST:PORT" line read for its port, and the stopping: SIGTERM,
 then SIGKILL after a grace period; plus the signals and the deadline the
-launcher's main loop polls. Standard library only.
+launcher's main loop polls. Standard library only (and bnps.cluster's
+parser of that line, from python/ beside tools/).
 """
 
 import collections
@@ -13,10 +14,14 @@ import shlex
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 
-LISTENING_RE = re.compile(r"listening on (\S+):(\d+)\s*$")
+sys.path.insert(1, os.path.join(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))), "python"))
+from bnps.cluster import parse_listening  # noqa: E402  (needs the path above)
+
 PROGRESS_RE = re.compile(r"^step \d+")
 TAIL_LINES = 20
 POLL_S = 0.05
@@ -157,9 +162,8 @@ def pump(proc, stream, is_err, console):
         if is_err:
             proc.stderr_tail.append(text)
         elif proc.address is None:
-            m = LISTENING_RE.search(text)
-            if m:
-                proc.address = "%s:%s" % (m.group(1), m.group(2))
+            proc.address = parse_listening(text)
+            if proc.address:
                 proc.listening.set()
         if progress_line and PROGRESS_RE.match(text):
             console.status(prefix + text)

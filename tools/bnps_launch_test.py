@@ -13,6 +13,7 @@ nothing running. Every wait here is bounded.
 Run: python3 tools/bnps_launch_test.py   or   bazel test //tools:bnps_launch_test
 """
 
+import contextlib
 import importlib.util
 import io
 import json
@@ -499,12 +500,31 @@ class LauncherTest(unittest.TestCase):
                 (["--epochs", "3"], "worker flags must be written --flag=value; got '3'"),
                 (["--worker=2"], "--worker is set by the launcher"),
                 (["--policy=fast"], "invalid choice"),
+                (["--policy=sync", "--bn_policy=local"],
+                 "--policy=sync means --bn_policy=sync, not local"),
         ):
             argv = [sys.executable, LAUNCHER, "--bin_dir=" + self.bin_dir] + args
             r = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                text=True, timeout=RUN_LIMIT_S)
             self.assertEqual(r.returncode, 2, args)
             self.assertIn(message, r.stderr, args)
+
+
+    def test_without_libbnps_the_policy_is_a_usage_error_saying_how(self):
+        # The launcher and bnps, but no libbnps.so anywhere it looks.
+        repo = os.path.join(self.tmp, "repo")
+        shutil.copytree(HERE, os.path.join(repo, "tools"),
+                        ignore=shutil.ignore_patterns("*_test*", "BUILD"))
+        shutil.copytree(os.path.join(os.path.dirname(HERE), "python", "bnps"),
+                        os.path.join(repo, "python", "bnps"))
+        env = {k: v for k, v in os.environ.items() if k not in ("BNPS_NATIVE_LIB", "PYTHONPATH")}
+        r = subprocess.run([sys.executable, os.path.join(repo, "tools", "bnps_launch.py"),
+                            "--bin_dir=" + self.bin_dir, "--policy=async"], cwd=self.tmp,
+                           env=env, capture_output=True, text=True, timeout=RUN_LIMIT_S)
+        self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+        self.assertIn("needs libbnps.so", r.stderr)
+        self.assertIn("bazel build //python:libbnps.so", r.stderr)
+        self.assertEqual(self.started_pids(), [])
 
 
 class UnitTest(unittest.TestCase):
@@ -530,9 +550,10 @@ class UnitTest(unittest.TestCase):
                  (["--gradients=async"], ["--bn_policy=sync", "--gradients=async"])]
         for argv, want in cases:
             if want is None:
-                with self.assertRaises(self.m.UsageError) as e:
-                    self.m.resolve_policy("recal", None, "async")
-                self.assertIn("--policy=recal means --gradients=sync", str(e.exception))
+                err = io.StringIO()
+                with self.assertRaises(SystemExit), contextlib.redirect_stderr(err):
+                    self.m.parse_args(argv)
+                self.assertIn("--policy=recal means --gradients=sync", err.getvalue())
                 continue
             args, extra = self.m.parse_args(argv)
             for cmd in (self.m.server_command(args, 0),

@@ -13,6 +13,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/setup.sh
-bazel build //server:bnps_server //worker:bnps_worker
+bazel build //server:bnps_server //worker:bnps_worker //python:libbnps.so
 exec python3 tools/bnps_launch.py --servers 2 --workers 4 --policy sync \
   --epochs=3 "$@"

@@ -42,11 +42,11 @@ import resnet  # noqa: E402
 
 
 def parse_args():
+    from bnps.cluster import POLICIES
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--servers", type=int, default=2)
-    p.add_argument("--policy", default="sync",
-                   choices=["sync", "async", "local", "recal"])
+    p.add_argument("--policy", default="sync", choices=POLICIES)
     p.add_argument("--staleness", type=int, default=2, help="async bound")
     p.add_argument("--learning_rate", type=float, default=0.1)
     p.add_argument("--momentum", type=float, default=0.9)

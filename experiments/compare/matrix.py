@@ -37,10 +37,6 @@ ROWS = {
 # The rows of --matrix=grid (the policies x batch sizes of the CNN).
 GRID_ROWS = ["reference", "local", "sync", "async-s1", "async-s4", "recal-precise",
              "recal-exact"]
-# Row name -> (--policy shorthand, staleness, recal mode, description) of the
-# shorthand rows.
-POLICIES = {k: (v[0], v[2], v[3], v[4]) for k, v in ROWS.items()
-            if v[1] == ("async" if v[0] == "async" else "sync")}
 
 # Fewest BN positions per example of each --model on 28x28 (the worker's
 # Model::bn_positions_per_example): samples per channel per worker are
@@ -121,7 +117,6 @@ def run_command(config, run, run_dir, inject):
     """The launcher command of one run."""
     row, b = run["policy"], run["batch_size"]
     bn_policy, gradients, staleness, recal_mode, _ = ROWS[row]
-    policy = POLICIES[row][0] if row in POLICIES else None
     workers = 1 if row == "reference" else config["workers"]
     batch = config["workers"] * b if row == "reference" else b
     threads = config["threads"]
@@ -129,8 +124,9 @@ def run_command(config, run, run_dir, inject):
         threads = config["reference_threads_used"]
     cmd = [sys.executable, LAUNCHER, "--servers=%d" % config["servers"],
            "--workers=%d" % workers]
-    cmd += (["--policy=" + policy] if policy else
-            ["--bn_policy=" + bn_policy, "--gradients=" + gradients])
+    # The launcher pairs them as the binaries do (policy::ResolvePolicy): a
+    # shorthand pair reaches them as --policy, and its summary names it.
+    cmd += ["--bn_policy=" + bn_policy, "--gradients=" + gradients]
     cmd += [
            "--bin_dir=" + config["bin_dir"], "--out_dir=" + run_dir,
            "--timeout_s=%g" % config["timeout_s"],
@@ -158,8 +154,7 @@ def run_command(config, run, run_dir, inject):
     cmd += config["worker_flags"]
     if inject:
         cmd.append("--width=0")  # The worker rejects it: a run that fails.
-    run.update(workers=workers, worker_batch=batch, launcher_policy=policy or
-               "bn_policy=%s,gradients=%s" % (bn_policy, gradients), bn_policy=bn_policy,
+    run.update(workers=workers, worker_batch=batch, bn_policy=bn_policy,
                gradients=gradients, staleness=staleness, recal_mode=recal_mode,
                threads=threads)
     return cmd

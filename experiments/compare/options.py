@@ -7,7 +7,8 @@ import os
 
 from .matrix import GRID_ROWS, MATRICES, POSITIONS, REPO, ROWS, SWEEP as ROWS_SWEEP
 
-BUILD_TARGETS = ["//server:bnps_server", "//worker:bnps_worker"]
+# libbnps.so: the launcher resolves the policies with it (bnps.policy).
+BUILD_TARGETS = ["//server:bnps_server", "//worker:bnps_worker", "//python:libbnps.so"]
 
 # Per --matrix; --smoke's sizes win over them (explicit flags over both).
 DEFAULTS = {

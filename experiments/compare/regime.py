@@ -290,7 +290,8 @@ def render_regime(data, plots, hand_block, begin_hand, end_hand):
     L.append("")
     L.append("## Running it")
     L.append("")
-    L.append("`bazel build //server:bnps_server //worker:bnps_worker && python3 "
+    L.append("`bazel build //server:bnps_server //worker:bnps_worker //python:libbnps.so "
+             "&& python3 "
              "experiments/compare_policies.py` runs this matrix (`--dry_run` prints its runs and "
              "the estimate); `--matrix=full` runs the larger one (more batch sizes, rows, "
              "5 seeds, 3× the data: hours on 2 cores); `--matrix=grid` the first comparison "

@@ -54,6 +54,7 @@ def read_summary(run, run_dir):
         return "%d of %d worker reports" % (len(reports), run["workers"])
     w0 = next((r for r in reports if r.get("worker") == 0), reports[0])
     run["launcher_wall_s"] = summary.get("wall_s")
+    run["launcher_policy"] = summary.get("policy")  # policy::JobPolicyName
     run["steps"] = w0.get("steps")
     run["epochs_done"] = w0.get("epochs")
     run["test_accuracy"] = w0.get("test_accuracy")

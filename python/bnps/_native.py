@@ -3,9 +3,9 @@ ABI loaded with ctypes, so one build serves every CPython >= 3.9 and no
 torch or Python headers are linked. Internal: the package's modules use it;
 users import bnps.
 
-Where the library is looked for: $BNPS_NATIVE_LIB, beside this file (the
-wheel), then libbnps.so in each entry of sys.path (tools/bnps_python puts
-bazel-bin/python there; Bazel tests have it in their runfiles).
+Where the library is looked for: bnps._library says (the wheel, then
+sys.path, which has bazel-bin/python under tools/bnps_python and in Bazel
+tests' runfiles).
 
 Every failed call raises the bnps.errors class of its status code
 (InvalidArgument, DeadlineExceeded, ...), made from an Error(code,
@@ -15,17 +15,15 @@ parameters as float32 arrays, copied into buffers this module owns.
 
 import ctypes
 import json
-import os
-import sys
 import threading
 
 import numpy as np
 
-from bnps import errors
+from bnps import _library, errors
+from bnps._library import Error
 
-_LIB_NAME = "libbnps.so"
 _API_VERSION = 6  # python/native/bnps_c.h's BNPS_C_API_VERSION it needs
-_ERR_LEN = 4096
+_ERR_LEN = _library.ERR_LEN
 
 c_int, c_int64, c_double = ctypes.c_int, ctypes.c_int64, ctypes.c_double
 c_char_p, c_void_p, c_size_t = ctypes.c_char_p, ctypes.c_void_p, ctypes.c_size_t
@@ -37,32 +35,8 @@ _I64 = ctypes.POINTER(c_int64)
 _INT = ctypes.POINTER(c_int)
 
 
-class Error(RuntimeError):
-    """A failed call: args (code: int, code_name: str, message: str)."""
-
-
-def _find_library():
-    candidates = [os.environ.get("BNPS_NATIVE_LIB"),
-                  os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                               _LIB_NAME)]
-    candidates += [os.path.join(p or os.getcwd(), _LIB_NAME) for p in sys.path]
-    for c in candidates:
-        if c and os.path.isfile(c):
-            return c
-    raise ImportError(
-        "bnps: no " + _LIB_NAME + " (the native client library). Install "
-        "the wheel (pip install dist/bnps-*.whl), or build it with `bazel "
-        "build //python:libbnps.so` and run with tools/bnps_python "
-        "(docs/pytorch.md).")
-
-
 def _load():
-    path = _find_library()
-    lib = ctypes.CDLL(path)  # RTLD_LOCAL: its dependencies stay private
-    if lib.bnps_api_version() < _API_VERSION:
-        raise ImportError(f"bnps: {path} has C ABI version "
-                          f"{lib.bnps_api_version()}, this package needs "
-                          f"{_API_VERSION} or later")
+    lib = _library.open_library(_API_VERSION)
     err = [c_char_p, c_size_t]
     sig = {
         "bnps_status_name": (c_char_p, [c_int]),

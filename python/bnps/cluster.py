@@ -52,6 +52,13 @@ def parse_listening(text):
     m = _LISTENING.search(text or "")
     return f"{m.group(1)}:{m.group(2)}" if m else None
 
+# The BN policies and gradient modes of bnps_server's and bnps_worker's
+# --policy (--bn_policy) and --gradients, as policy/policy.h lists them
+# (python/policy_test.py checks them against it). The rule that pairs them
+# is C++'s alone: bnps.policy.resolve.
+POLICIES = ("sync", "async", "recal", "local")
+GRADIENT_MODES = ("sync", "async")
+
 # The servers' --keep_awake_us where cores suffice: longer than the compute
 # between two of a step's BN exchanges (about 0.6 ms for the example model at
 # batch 32 on a CPU), so a server's core stays awake through a step.
@@ -228,23 +235,60 @@ class ServerProcess:
             self._log = None
 
 
+def _flag_name(flag):
+    """"bn_port" of "--bn_port=0" (or of "--bn_port")."""
+    return flag[2:].split("=", 1)[0] if flag.startswith("--") else None
+
+
+def server_command(binary=None, *, shard=None, num_shards=None,
+                   num_workers=None, policy=None, job=None, host=None,
+                   port=None, bn_port=None, bn_unix=False,
+                   checkpoint_dir=None, keep_serving=False, flags=()):
+    """bnps_server's command line: `binary` (when given) and the flags of
+    the options given, in this order; an option left None is not passed, so
+    the server uses its default. The one place a bnps_server command line is
+    made (the launcher, LocalCluster, the benchmarks, the cluster tests).
+
+    policy: a --policy shorthand ("async"), or the flags of a resolved pair
+    (bnps.policy.resolve(...).flags). bn_port: BN over raw TCP on this port
+    (0: a free one the workers learn when they register; -1: none).
+    bn_unix: BN also over a Unix socket of the server's choosing
+    (--bn_unix_socket=auto), which workers on the host use first. A
+    --tls_cert in `flags` leaves both out: a TLS job keeps BN on its
+    encrypted gRPC stream. checkpoint_dir: the shard's own directory.
+
+    flags: more flags, each written --name=value or --name; one whose name
+    the options above also set replaces that option's flag."""
+    flags = list(flags)
+    given = {_flag_name(f) for f in flags}
+    tls = "tls_cert" in given
+    options = [("host", host), ("port", port), ("shard", shard),
+               ("num_shards", num_shards), ("num_workers", num_workers),
+               ("policy", policy), ("job", job),
+               ("checkpoint_dir", checkpoint_dir),
+               ("bn_port", None if tls else bn_port),
+               ("bn_unix_socket", "auto" if bn_unix and not tls else None)]
+    args = []
+    for name, value in options:
+        if name == "policy" and not isinstance(value, str):
+            args += list(value or [])
+        elif value is not None:
+            args.append(f"--{name}={value}")
+    if keep_serving:
+        args.append("--keep_serving")
+    args = [a for a in args if _flag_name(a) not in given]
+    return ([binary] if binary else []) + args + flags
+
+
 def server_args(shard, num_shards, num_workers, policy="sync", job="bnps",
                 host="127.0.0.1", port=0, flags=(), bn_unix=True):
-    """bnps_server's flags for one shard of a job. BN traffic also goes over
-    raw TCP (--bn_port=0, a free port the workers learn when they register),
-    as tools/bnps_launch.py starts servers, unless `flags` set --bn_port or
-    TLS (a TLS job keeps BN on its encrypted gRPC stream); and then, with
-    `bn_unix`, over a Unix socket for the workers of this host
-    (--bn_unix_socket=auto) unless `flags` name one."""
-    flags = list(flags)
-    args = [f"--host={host}", f"--port={port}", f"--shard={shard}",
-            f"--num_shards={num_shards}", f"--num_workers={num_workers}",
-            f"--policy={policy}", f"--job={job}"]
-    if not any(f.startswith(("--bn_port", "--tls_cert")) for f in flags):
-        args.append("--bn_port=0")
-        if bn_unix and not any(f.startswith("--bn_unix_socket") for f in flags):
-            args.append("--bn_unix_socket=auto")
-    return args + flags
+    """server_command's flags for one shard of a LocalCluster (and of
+    bnps.torch's node servers): BN over raw TCP on a free port, and with
+    `bn_unix` over a Unix socket, as tools/bnps_launch.py starts servers."""
+    return server_command(shard=shard, num_shards=num_shards,
+                          num_workers=num_workers, policy=policy, job=job,
+                          host=host, port=port, bn_port=0, bn_unix=bn_unix,
+                          flags=flags)
 
 
 class LocalCluster:

@@ -40,11 +40,30 @@ extern "C" {
  * bnps_layer_exchange_forward and bnps_layer_exchange_backward; 5: the
  * stream-ordered exchanges, bnps_stream_queue_*; 6: the client's metrics,
  * bnps_client_serve_metrics and bnps_client_metrics_text, and
- * bnps_client_connect3). */
-#define BNPS_C_API_VERSION 6
+ * bnps_client_connect3; 7: bnps_resolve_policy). */
+#define BNPS_C_API_VERSION 7
 BNPS_EXPORT int bnps_api_version(void);
 /* "OK", "INVALID_ARGUMENT", ...; a static string. */
 BNPS_EXPORT const char* bnps_status_name(int code);
+
+/* --- the job's policies (policy/policy.h) --- */
+
+/* policy::ResolvePolicy: the BN policy and gradient mode that bnps_server's
+ * and bnps_worker's --policy, --bn_policy and --gradients name (each NULL or
+ * empty: not given), as a JSON object into `json` (`len` bytes):
+ *   {"bn_policy": "async", "gradients": "sync",
+ *    "name": "bn_policy=async,gradients=sync",
+ *    "flags": ["--bn_policy=async", "--gradients=sync"],
+ *    "policies": ["sync", "async", "recal", "local"],
+ *    "gradient_modes": ["sync", "async"]}
+ * "name" is policy::JobPolicyName, "flags" the flags that name the pair to
+ * the binaries (policy::JobPolicyFlags), "policies" and "gradient_modes"
+ * every choice. INVALID_ARGUMENT, with the binaries' own message, for an
+ * unknown name or a --policy that contradicts --bn_policy or --gradients;
+ * RESOURCE_EXHAUSTED if the object does not fit in `len` bytes. */
+BNPS_EXPORT int bnps_resolve_policy(const char* policy, const char* bn_policy,
+                                    const char* gradients, char* json,
+                                    size_t len, char* err, size_t err_len);
 
 /* --- named arrays that a call returns --- */
 typedef struct bnps_arrays bnps_arrays;

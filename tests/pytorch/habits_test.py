@@ -24,9 +24,7 @@ import torch  # noqa: E402
 from torch.nn import functional as F  # noqa: E402
 
 import bnps.torch  # noqa: E402
-from bnps.cluster import LocalCluster  # noqa: E402
-
-POLICIES = ("sync", "async", "local", "recal")
+from bnps.cluster import POLICIES, LocalCluster  # noqa: E402
 
 
 def model(seed):

@@ -25,7 +25,8 @@ import torch  # noqa: E402
 
 import bnps  # noqa: E402
 import bnps.torch  # noqa: E402
-from bnps.cluster import LocalCluster, find_host_bn_binary  # noqa: E402
+from bnps.cluster import (LocalCluster, find_host_bn_binary,  # noqa: E402
+                          parse_listening)
 
 STEPS = 3
 F64 = dict(rtol=1e-9, atol=1e-9)
@@ -55,9 +56,8 @@ class HostAggregatorTest(unittest.TestCase):
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         self.address = None
         for line in self.aggregator.stdout:
-            m = re.search(r"listening on (\S+)$", line.strip())
-            if m:
-                self.address = m.group(1)
+            self.address = parse_listening(line)
+            if self.address:
                 break
         self.assertIsNotNone(self.address, "bnps_host_bn did not start")
 

@@ -173,8 +173,20 @@ run_tests() {
   return $rc
 }
 
+# The launcher resolves --policy with libbnps.so (bnps.policy), which the
+# bundle does not carry: the installed wheel's (`run.sh torch` installs it),
+# unless BNPS_NATIVE_LIB names one. Without either the launcher exits 2
+# saying so.
+launcher_lib() {
+  [[ -n ${BNPS_NATIVE_LIB:-} ]] && { echo "$BNPS_NATIVE_LIB"; return; }
+  (cd / && "${PY:-python3}" -c 'import os, bnps
+p = os.path.join(os.path.dirname(bnps.__file__), "libbnps.so")
+print(p if os.path.isfile(p) else "")' 2>/dev/null) || true
+}
+
 demo() {  # demo OUT_SUBDIR [launcher flags]
   local sub=$1; shift
+  BNPS_NATIVE_LIB=$(launcher_lib) \
   "${PY:-python3}" "$REPO/tools/bnps_launch.py" --bin_dir "$W" --servers 2 --workers 4 \
     --policy sync --epochs=3 --device=gpu --data_dir="$DIR/data/fashion-mnist" \
     --out_dir "$RESULTS/$sub" "$@"
@@ -246,6 +258,7 @@ do_rtt() { part rtt 60 "${PY:-python3}" "$REPO/tools/gpu/loopback_rtt.py"; }
 do_demo() { part demo 120 "$0" demo_to demo; }
 do_demo_nomps() { part demo_nomps 90 "$0" demo_to demo_nomps --mps=off --max_steps=40; }
 do_replicas() {
+  BNPS_NATIVE_LIB=$(launcher_lib) \
   part replicas 90 "${PY:-python3}" "$REPO/tools/bnps_launch.py" --bin_dir "$W" \
     --servers 1 --workers 1 --policy sync --device=gpu --replicas=2 --max_steps=60 \
     --data_dir="$DIR/data/fashion-mnist" --out_dir "$RESULTS/replicas"
