@@ -78,17 +78,37 @@ absl::StatusOr<BnForwardOutcome> WorkerBn::Resolve(
 }
 
 absl::StatusOr<BnForwardOutcome> WorkerBn::Forward(
-    PsClient* client, const std::string& layer, int64_t step,
-    const bn::Moments& local, bool tracks_running) const {
-  const BnForwardPlan plan = PlanForward(tracks_running);
+    const std::function<absl::StatusOr<PsClient*>()>& get_client,
+    const std::string& layer, int64_t step, const bn::Moments& local,
+    const std::optional<LayerRunning>& running, bool* exchanged) const {
+  const bool tracks = running.has_value();
+  if (tracks && (running->batches_tracked == nullptr ||
+                 running->stats == nullptr)) {
+    return absl::InvalidArgumentError(
+        "running statistics without a count of the batches they tracked");
+  }
+  std::optional<double> momentum;
+  if (tracks) momentum = running->momentum;
+  if (absl::Status s = CheckLayer(layer, tracks, momentum); !s.ok()) return s;
+  const BnForwardPlan plan = PlanForward(tracks);
   std::optional<BnForwardResult> answer;
   if (plan.exchange) {
+    absl::StatusOr<PsClient*> client = get_client();
+    if (!client.ok()) return client.status();
     absl::StatusOr<BnForwardResult> r =
-        client->BnForward(layer, step, local, plan.want_running);
+        (*client)->BnForward(layer, step, local, plan.want_running);
     if (!r.ok()) return r.status();
+    if (exchanged != nullptr) *exchanged = true;
     answer = *std::move(r);
   }
-  return Resolve(local, answer);
+  absl::StatusOr<BnForwardOutcome> out = Resolve(local, answer);
+  if (!out.ok() || !tracks) return out;
+  if (absl::Status s = ApplyRunning(*out, running->momentum,
+                                    running->batches_tracked, running->stats);
+      !s.ok()) {
+    return s;
+  }
+  return out;
 }
 
 absl::StatusOr<RunningSettle> WorkerBn::SettleRunning() const {

@@ -15,13 +15,15 @@
 // job's: nothing (sync), the workers' average (local), the servers' (async);
 // recal recalibrates instead (FAILED_PRECONDITION).
 //
-// A training-mode forward pass of a layer, with or without a PsClient:
-//   BnForwardPlan plan = rule.PlanForward(tracks_running);
+// A training-mode forward pass of a layer is one sequence, which Forward
+// runs for every frontend (the C++ worker, the C ABI's layer steps and its
+// stream-ordered exchanges):
+//   CheckLayer; BnForwardPlan plan = PlanForward(tracks_running);
 //   std::optional<BnForwardResult> answer;
 //   if (plan.exchange) answer = client->BnForward(layer, step, local,
 //                                                 plan.want_running);
-//   StatusOr<BnForwardOutcome> out = rule.Resolve(local, answer);
-// (Forward does exactly this through a PsClient.)
+//   StatusOr<BnForwardOutcome> out = Resolve(local, answer);
+//   ApplyRunning(*out, momentum, batches_tracked, running);
 //
 // Thread-safety: immutable after construction; every method is const.
 
@@ -29,6 +31,7 @@
 #define BNPS_CLIENT_WORKER_BN_H_
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 
@@ -60,6 +63,13 @@ struct BnForwardOutcome {
   bool global_backward = false;  // the backward pass exchanges its sums
   RunningUpdate running = RunningUpdate::kNone;
   std::optional<bn::RunningStats> servers_running;  // with kFromServers
+};
+
+// A layer's running statistics, which a forward pass updates in place.
+struct LayerRunning {
+  std::optional<double> momentum;  // nullopt: torch's cumulative average
+  int64_t* batches_tracked;        // not owned
+  bn::RunningStats* stats;         // not owned
 };
 
 // How running statistics become the job's after training.
@@ -98,13 +108,18 @@ class WorkerBn {
       const bn::Moments& local,
       const std::optional<BnForwardResult>& answer) const;
 
-  // PlanForward, BnForward through `client` (not owned) and Resolve. Errors
-  // of the call as the client gives them.
-  absl::StatusOr<BnForwardOutcome> Forward(PsClient* client,
-                                           const std::string& layer,
-                                           int64_t step,
-                                           const bn::Moments& local,
-                                           bool tracks_running) const;
+  // The whole training-mode forward pass of `layer` at `step` (above):
+  // CheckLayer, PlanForward, BnForward through the client `get_client`
+  // returns (called only when the plan exchanges), Resolve, and, when the
+  // layer tracks running statistics (`running`), ApplyRunning to them.
+  // *exchanged (if given) is set once BnForward succeeded: the step is used
+  // on the servers even if a later part fails. Errors of the client as it
+  // gives them; of CheckLayer, Resolve and ApplyRunning as they say.
+  absl::StatusOr<BnForwardOutcome> Forward(
+      const std::function<absl::StatusOr<PsClient*>()>& get_client,
+      const std::string& layer, int64_t step, const bn::Moments& local,
+      const std::optional<LayerRunning>& running = std::nullopt,
+      bool* exchanged = nullptr) const;
 
   // Whether the backward pass exchanges its two sums (sync).
   bool GlobalBackward() const { return policy::GlobalBnBackward(policy_); }

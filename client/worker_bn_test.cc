@@ -1,9 +1,11 @@
 #include "client/worker_bn.h"
 
+#include <memory>
 #include <optional>
 #include <vector>
 
 #include "bn/moments.h"
+#include "client/in_process_client.h"
 #include "gtest/gtest.h"
 #include "policy/policy.h"
 
@@ -183,6 +185,71 @@ TEST(WorkerBnTest, ApplyRunningFollowsTheOutcome) {
   EXPECT_EQ(tracked, 2);
   EXPECT_EQ(running.mean[0], 0.25);
   EXPECT_EQ(running.var[0], 2.0);
+}
+
+// Forward runs the whole sequence: under async with a tracked layer it asks
+// the one-worker job's servers, takes their running statistics and counts
+// the batch; under local it never asks for a client; a layer the policy
+// refuses, or a client that cannot be had, stops it before any exchange.
+TEST(WorkerBnTest, ForwardRunsTheWholeSequenceThroughOneClient) {
+  server::ShardOptions o;
+  o.num_workers = 1;
+  o.policy = Policy::kAsync;
+  o.bn_momentum = 0.25;
+  auto job = test::InProcessJob::Create(o, 1);
+  ASSERT_TRUE(job.ok()) << job.status();
+  auto client = test::InProcessPsClient::Connect(job->get(), 0);
+  ASSERT_TRUE(client.ok()) << client.status();
+  int calls = 0;
+  auto get = [&]() -> absl::StatusOr<PsClient*> {
+    ++calls;
+    return client->get();
+  };
+  const bn::Moments local = M(4, {1.0, -2.0}, {3.0, 5.0});
+  bn::RunningStats running{{0.0, 0.0}, {1.0, 1.0}};
+  int64_t tracked = 0;
+  bool exchanged = false;
+  const WorkerBn async(Policy::kAsync, 0.25);
+  absl::StatusOr<BnForwardOutcome> out = async.Forward(
+      get, "bn", 0, local, LayerRunning{0.25, &tracked, &running},
+      &exchanged);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(calls, 1);
+  EXPECT_TRUE(exchanged);
+  EXPECT_EQ(out->running, RunningUpdate::kFromServers);
+  ASSERT_TRUE(out->servers_running.has_value());
+  EXPECT_EQ(running.mean, out->servers_running->mean);
+  EXPECT_EQ(running.var, out->servers_running->var);
+  EXPECT_NE(running.mean, (std::vector<double>{0.0, 0.0}));
+  EXPECT_EQ(tracked, 1);
+
+  // Another momentum than the job's: refused before any call.
+  out = async.Forward(get, "bn", 1, local,
+                      LayerRunning{0.5, &tracked, &running});
+  EXPECT_EQ(out.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(calls, 1);
+
+  // Local: its own moments, its own running update, no client.
+  bn::RunningStats mine{{0.0, 0.0}, {1.0, 1.0}};
+  int64_t mine_tracked = 0;
+  exchanged = false;
+  out = WorkerBn(Policy::kLocal, 0.25)
+            .Forward(get, "bn", 0, local,
+                     LayerRunning{std::nullopt, &mine_tracked, &mine},
+                     &exchanged);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(calls, 1);
+  EXPECT_FALSE(exchanged);
+  EXPECT_EQ(out->normalize.mean, local.mean);
+  EXPECT_EQ(mine_tracked, 1);
+  EXPECT_EQ(mine.mean, local.mean);  // the cumulative average of one batch
+
+  // A client that cannot be had: its error, as it gives it.
+  out = WorkerBn(Policy::kSync, 0.25)
+            .Forward([]() -> absl::StatusOr<PsClient*> {
+              return absl::FailedPreconditionError("closed");
+            }, "bn", 0, local);
+  EXPECT_EQ(out.status(), absl::FailedPreconditionError("closed"));
 }
 
 }  // namespace

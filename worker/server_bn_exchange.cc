@@ -17,8 +17,9 @@ absl::StatusOr<bn::Moments> ServerBnExchange::Forward(
   const absl::Time start = absl::Now();
   // The layer keeps its own running statistics (nn::BatchNorm): none are
   // asked for.
-  absl::StatusOr<client::BnForwardOutcome> r =
-      rule_.Forward(client_, layer, step_, local, /*tracks_running=*/false);
+  absl::StatusOr<client::BnForwardOutcome> r = rule_.Forward(
+      [this] { return absl::StatusOr<client::PsClient*>(client_); }, layer,
+      step_, local);
   const absl::Duration took = absl::Now() - start;
   elapsed_ += took;
   if (metrics_ != nullptr) {

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "bn/moments.h"
+#include "client/worker_bn.h"
 #include "policy/policy.h"
 #include "nn/bn_exchange.h"
 #include "nn/layers.h"
@@ -81,25 +82,34 @@ absl::Status Trainer::SettleRunningStats(int64_t steps) {
       return Annotate(s, "pulling the final parameters");
     }
   }
-  switch (policy_) {
-    case policy::Policy::kLocal:
-      for (nn::BatchNorm* layer : model_->batch_norms()) {
-        absl::StatusOr<bn::RunningStats> avg =
-            client_->BnLocalRunning(layer->name(), layer->running());
-        if (!avg.ok()) {
-          return Annotate(avg.status(),
-                          absl::StrCat("averaging running stats of ", layer->name()));
-        }
-        if (absl::Status s = layer->set_running(*std::move(avg)); !s.ok()) {
-          return s;
-        }
-      }
-      return absl::OkStatus();
-    case policy::Policy::kRecal:
-      return Recalibrate();
-    default:  // sync, async: the servers' are final now.
+  // How the running statistics become the job's is WorkerBn's rule: under
+  // recal it refuses (FAILED_PRECONDITION), and the trainer recalibrates.
+  absl::StatusOr<client::RunningSettle> settle =
+      client::WorkerBn(policy_, client_->config().bn_momentum())
+          .SettleRunning();
+  if (!settle.ok()) return Recalibrate();
+  switch (*settle) {
+    case client::RunningSettle::kNothing:
+      // sync: the layers followed the job's moments for every step they
+      // trained; the servers' followed every step of the job, which a worker
+      // that joined or resumed later did not see. Theirs are final.
+    case client::RunningSettle::kServers:
       return PullRunningStats(steps);
+    case client::RunningSettle::kWorkersAverage:
+      break;
   }
+  for (nn::BatchNorm* layer : model_->batch_norms()) {
+    absl::StatusOr<bn::RunningStats> avg =
+        client_->BnLocalRunning(layer->name(), layer->running());
+    if (!avg.ok()) {
+      return Annotate(avg.status(),
+                      absl::StrCat("averaging running stats of ", layer->name()));
+    }
+    if (absl::Status s = layer->set_running(*std::move(avg)); !s.ok()) {
+      return s;
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Trainer::PullRunningStats(int64_t steps) {

@@ -38,55 +38,44 @@ inline absl::StatusOr<ClientRef> ClientFor(bnps_client* c, const char* what) {
   return Get(c);
 }
 
-// A training-mode forward's worker side on host values: WorkerBn::CheckLayer,
-// PlanForward, BnForward through get_client() (a StatusOr<ClientRef>,
-// called only when the plan exchanges), Resolve, and ApplyRunning on
-// running_mean and running_var (float or double, `channels` each, updated in
-// place on success; null: the layer tracks none) with *batches_tracked.
-// info[1] is set once BnForward succeeded (the step is used even if a later
-// part fails), info[0] and info[2] on success: the count and whether the
-// backward pass exchanges.
+// WorkerBn::Forward on host values: the client from get_client() (a
+// StatusOr<ClientRef>, called only when the plan exchanges), the running
+// statistics from running_mean and running_var (float or double, `channels`
+// each, updated in place on success; null: the layer tracks none) with
+// *batches_tracked. info[1] is set once BnForward succeeded (the step is
+// used even if a later part fails), info[0] and info[2] on success: the
+// count and whether the backward pass exchanges.
 template <typename T, typename GetClient>
 absl::StatusOr<bnps::client::BnForwardOutcome> ExchangeForward(
     const bnps::client::WorkerBn& rule, GetClient get_client,
     const std::string& layer, int64_t step, const bnps::bn::Moments& local,
     std::optional<double> momentum, T* running_mean, T* running_var,
     int64_t* batches_tracked, int64_t* info) {
-  const bool tracks = running_mean != nullptr && running_var != nullptr;
-  if (tracks && batches_tracked == nullptr) {
-    return absl::InvalidArgumentError(
-        "running statistics without a count of the batches they tracked");
-  }
-  if (absl::Status s = rule.CheckLayer(layer, tracks, momentum); !s.ok()) {
-    return s;
-  }
-  const bnps::client::BnForwardPlan plan = rule.PlanForward(tracks);
-  std::optional<bnps::client::BnForwardResult> answer;
-  if (plan.exchange) {
-    absl::StatusOr<ClientRef> client = get_client();
-    if (!client.ok()) return client.status();
-    absl::StatusOr<bnps::client::BnForwardResult> a =
-        (*client)->BnForward(layer, step, local, plan.want_running);
-    if (!a.ok()) return a.status();
-    info[1] = 1;
-    answer = *std::move(a);
-  }
-  absl::StatusOr<bnps::client::BnForwardOutcome> out =
-      rule.Resolve(local, answer);
-  if (!out.ok()) return out.status();
-  if (tracks) {
-    const int64_t channels = local.channels();
-    bnps::bn::RunningStats running{
+  const int64_t channels = local.channels();
+  std::optional<bnps::bn::RunningStats> held;
+  std::optional<bnps::client::LayerRunning> running;
+  if (running_mean != nullptr && running_var != nullptr) {
+    held = bnps::bn::RunningStats{
         std::vector<double>(running_mean, running_mean + channels),
         std::vector<double>(running_var, running_var + channels)};
-    if (absl::Status s = bnps::client::ApplyRunning(*out, momentum,
-                                                    batches_tracked, &running);
-        !s.ok()) {
-      return s;
-    }
+    running = bnps::client::LayerRunning{momentum, batches_tracked, &*held};
+  }
+  ClientRef client;  // kept for the call
+  auto get = [&]() -> absl::StatusOr<bnps::client::PsClient*> {
+    absl::StatusOr<ClientRef> c = get_client();
+    if (!c.ok()) return c.status();
+    client = *std::move(c);
+    return client.get();
+  };
+  bool exchanged = false;
+  absl::StatusOr<bnps::client::BnForwardOutcome> out =
+      rule.Forward(get, layer, step, local, running, &exchanged);
+  if (exchanged) info[1] = 1;
+  if (!out.ok()) return out.status();
+  if (held.has_value()) {
     for (int64_t i = 0; i < channels; ++i) {
-      running_mean[i] = static_cast<T>(running.mean[i]);
-      running_var[i] = static_cast<T>(running.var[i]);
+      running_mean[i] = static_cast<T>(held->mean[i]);
+      running_var[i] = static_cast<T>(held->var[i]);
     }
   }
   info[0] = out->normalize.count;
