@@ -325,8 +325,9 @@ def render_regime(data, plots, hand_block, begin_hand, end_hand):
     L.append("## Running it")
     L.append("")
     L.append("`bazel build //server:bnps_server //worker:bnps_worker && python3 "
-             "experiments/compare_policies.py` runs this matrix (`--dry_run` prints its runs and "
-             "the estimate); `--matrix=full` runs the larger one (more batch sizes, rows, "
+             "experiments/compare_policies.py` (or `python3 experiments/compare_policies.py "
+             "--build`) runs this matrix (`--dry_run` prints its runs and the estimate; "
+             "`tools/setup.sh --peers` adds matplotlib for the plot); `--matrix=full` runs the larger one (more batch sizes, rows, "
              "5 seeds, 3× the data: hours on 2 cores); `--matrix=grid` the first comparison "
              "(policies × batch sizes on one model). On a GPU add "
              "`--worker_flag=--device=gpu`, and with it `--train_examples=0` and more "
