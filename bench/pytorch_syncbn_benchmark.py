@@ -11,8 +11,8 @@ torch SGD after --warmup steps, one thread per process; a configuration's
 step time is the median over its workers of their per-step medians. The
 whole comparison runs --runs times (plain, bnps, plain, bnps, ...) and the
 table gives each run's step times and the ratio bnps / plain as
-min / median / max over the runs. (On a GPU machine the issue also asks for
-torch.nn.SyncBatchNorm over gloo as a peer: not measured here, no GPU.)
+min / median / max over the runs. (torch.nn.SyncBatchNorm over gloo as a
+peer is measured on a GPU, by bench/pytorch_gpu_benchmark.py.)
 
 --interleave: each of the W processes holds both models and alternates a
 plain step and a bnps step, so both see the same load from the rest of the

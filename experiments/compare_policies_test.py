@@ -148,7 +148,15 @@ class SmokeTest(unittest.TestCase):
                 self.assertLessEqual(r["max_staleness"], int(r["policy"][-1]))
             if r["policy"] in ("local", "recal-precise", "recal-exact"):
                 self.assertEqual(r["ms_per_step"]["bn_sync"], 0.0, r["id"])
-            self.assertTrue(os.path.exists(os.path.join(r["out_dir"], "summary.json")))
+            self.assertEqual(r["out_dir"], "OUT_DIR/" + r["id"])
+            self.assertTrue(os.path.exists(
+                os.path.join(self.dir, "runs", r["id"], "summary.json")))
+        # Not this machine's run folders nor its Python (the report's own
+        # path, given outside the repository here, stays as given).
+        text = self.read(self.json)
+        self.assertNotIn(os.path.join(self.dir, "runs"), text)
+        self.assertNotIn(sys.executable, text)
+        self.assertEqual(data["config"]["bin_dir"], "BIN_DIR")
 
     def test_plots(self):
         data = json.loads(self.read(self.json))
@@ -445,6 +453,34 @@ class PortableCommandTest(unittest.TestCase):
             portable_command(line),
             "python3 experiments/compare_policies.py --bin_dir=BIN_DIR "
             "--out_dir OUT_DIR --smoke --seeds=2")
+
+    def test_portable_data(self):
+        from compare.regime import portable_data
+        data = {"config": {"out_dir": "/tmp/o/runs", "bin_dir": "/r/bazel-bin"},
+                "results_json": "/r/docs/results.json",
+                "runs": [{"command": ["/venv/bin/python3", "/r/tools/bnps_launch.py",
+                                      "--bin_dir=/r/bazel-bin",
+                                      "--out_dir=/tmp/o/runs/a_b1"],
+                          "out_dir": "/tmp/o/runs/a_b1", "steps": 3}]}
+        got = portable_data(data, repo="/r", python="/venv/bin/python3")
+        self.assertEqual(got, {
+            "config": {"out_dir": "OUT_DIR", "bin_dir": "BIN_DIR"},
+            "results_json": "docs/results.json",
+            "runs": [{"command": ["python3", "tools/bnps_launch.py",
+                                  "--bin_dir=BIN_DIR", "--out_dir=OUT_DIR/a_b1"],
+                      "out_dir": "OUT_DIR/a_b1", "steps": 3}]})
+        self.assertEqual(data["config"]["out_dir"], "/tmp/o/runs")  # a copy
+
+    def test_the_checked_in_data_names_no_machine_path(self):
+        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..",
+                            "docs", "results.json")
+        if not os.path.exists(path):
+            self.skipTest("docs/results.json is not in this test's files")
+        with open(path, encoding="utf-8") as f:
+            found = re.findall(r'[^\s"=]*[\s"=]/(?:tmp|home|work|root)/[^\s"]*',
+                               f.read())
+        self.assertEqual(found[:3], [], "%d machine paths in %s"
+                         % (len(found), path))
 
     def test_the_checked_in_report_names_no_machine_path(self):
         md = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..",

@@ -7,7 +7,7 @@
 // Both BN transports use it: the gRPC BnSync stream
 // (shard_reactors.h) and the raw-TCP BN listener (bn_socket_server.h).
 //
-// Answers are sized before the work (issue 34, D4/D5): a request whose
+// Answers are sized before the work: a request whose
 // answer would exceed a message (proto::kMaxMessageBytes; e.g. a forward
 // with want_running over about 260,000 channels) or what the transport's
 // `admit` allows (a connection's unread-answer cap, the server's memory

@@ -240,7 +240,7 @@ bool BnSocketServer::Accept(int listen_fd,
          by_peer->second >= options_.max_unauthenticated_per_peer) ||
         !util::SetLowLatency(c, "BN connection").ok()) {
       refused_.fetch_add(1);  // counted before the client sees the close
-      close(c);  // refused before the descriptor table fills (D1)
+      close(c);  // refused before the descriptor table fills
       continue;
     }
     // The set of connections before their hello is full: the oldest of

@@ -322,7 +322,7 @@ TEST_F(BnSocketServerTest, SlowReadersAreCutOffWithinTheServerBudget) {
   EXPECT_EQ(server_->memory()->limit(), so.memory_budget_bytes);
 }
 
-// D4: frames begun and never finished are held within the budget (those
+// Frames begun and never finished are held within the budget (those
 // past it are shed) and closed at the frame timeout.
 TEST_F(BnSocketServerTest, PartialFramesAreShedAndTimedOut) {
   BnSocketServer::Options so;
@@ -358,7 +358,7 @@ TEST_F(BnSocketServerTest, PartialFramesAreShedAndTimedOut) {
   EXPECT_EQ(ParseResponse(c.Receive()).code(), 0);
 }
 
-// D5 and D4: an answer that cannot be framed, or that the connection could
+// An answer that cannot be framed, or that the connection could
 // not hold, is refused before the work with an error the worker reads; the
 // connection stays.
 TEST_F(BnSocketServerTest, AnAnswerTooLargeIsAnErrorNotAClose) {

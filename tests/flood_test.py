@@ -119,7 +119,7 @@ def server_log(server):
 
 class FloodTest(unittest.TestCase):
     def test_flood_under_a_low_limit_is_refused_and_the_server_serves_on(self):
-        # D1: the BN cap leaves descriptors for gRPC; the flood beyond it is
+        # The BN cap leaves descriptors for gRPC; the flood beyond it is
         # closed on arrival.
         server, address, bn_port, bn_line = start_server()
         try:
@@ -133,7 +133,7 @@ class FloodTest(unittest.TestCase):
             cpu = cpu_seconds(server.pid) - cpu0
             wall = time.monotonic() - wall0
             self.assertGreater(opened, 96)
-            # D2: no thread spins (a spin would take about the whole wall).
+            # No thread spins (a spin would take about the whole wall).
             self.assertLess(cpu, 0.3 * wall, "cpu %.2f s in %.2f s" % (cpu, wall))
             after = status(address)
             self.assertEqual(after.returncode, 0, after.stderr)
@@ -155,7 +155,7 @@ class FloodTest(unittest.TestCase):
                 stop_within(self, server, 5)
 
     def test_out_of_descriptors_the_accept_loop_rests_and_sigterm_stops(self):
-        # D2: a cap over the limit (as the old fixed 1,024 was) lets the
+        # A cap over the limit (as the old fixed 1,024 was) lets the
         # flood fill the descriptor table: accept fails with EMFILE, and the
         # loop must back off instead of spinning; the sweep still runs and
         # SIGTERM still stops the server.

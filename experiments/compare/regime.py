@@ -10,9 +10,10 @@ draw_regime_plot, which needs matplotlib.
 import math
 import os
 import shlex
+import sys
 
-from .matrix import (BUDGET_MINUTES, CROSSED, LR_BATCH, POSITIONS, ROWS, estimate_text,
-                     learning_rate)
+from .matrix import (BUDGET_MINUTES, CROSSED, LR_BATCH, POSITIONS, REPO, ROWS,
+                     estimate_text, learning_rate)
 
 MODEL_TEXT = {
     "fc_bn": "BN after fully connected layers: statistics over the batch alone",
@@ -43,6 +44,39 @@ def portable_command(line):
             part = parts[i - 1].lstrip("-").upper()
         out.append(part)
     return shlex.join(out)
+
+def portable_data(data, repo=None, python=None):
+    """A copy of the results' `data` without this machine's paths, for the
+    file a repository holds: the --out_dir and --bin_dir folders become
+    OUT_DIR and BIN_DIR (as portable_command writes them), paths inside the
+    repository become relative to it, and the Python that ran the launcher
+    becomes python3."""
+    config = data.get("config") or {}
+    repo = repo or REPO
+    python = python or sys.executable
+    swaps = []
+    for prefix, name in ((config.get("out_dir"), "OUT_DIR"),
+                         (config.get("bin_dir"), "BIN_DIR")):
+        if prefix and os.path.isabs(prefix) and prefix != os.sep:
+            swaps.append((prefix.rstrip(os.sep), name))
+    swaps.append((repo.rstrip(os.sep) + os.sep, ""))
+    swaps.sort(key=lambda s: -len(s[0]))
+
+    def fix(value):
+        if isinstance(value, dict):
+            return {k: fix(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [fix(v) for v in value]
+        if not isinstance(value, str):
+            return value
+        if value in (python, os.path.realpath(python)):
+            return "python3"
+        for prefix, name in swaps:
+            value = value.replace(prefix, name)
+        return value
+
+    return fix(data)
+
 
 def summary(values):
     """(mean, sample standard deviation, n) of the values that are not None;
@@ -292,8 +326,9 @@ def render_regime(data, plots, hand_block, begin_hand, end_hand):
     L.append("")
     L.append("`bazel build //server:bnps_server //worker:bnps_worker //python:libbnps.so "
              "&& python3 "
-             "experiments/compare_policies.py` runs this matrix (`--dry_run` prints its runs and "
-             "the estimate); `--matrix=full` runs the larger one (more batch sizes, rows, "
+             "experiments/compare_policies.py` (or `python3 experiments/compare_policies.py "
+             "--build`) runs this matrix (`--dry_run` prints its runs and the estimate; "
+             "`tools/setup.sh --peers` adds matplotlib for the plot); `--matrix=full` runs the larger one (more batch sizes, rows, "
              "5 seeds, 3× the data: hours on 2 cores); `--matrix=grid` the first comparison "
              "(policies × batch sizes on one model). On a GPU add "
              "`--worker_flag=--device=gpu`, and with it `--train_examples=0` and more "

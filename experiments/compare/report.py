@@ -10,7 +10,7 @@ import os
 from .matrix import BUDGET_MINUTES, FAMILIES, ROWS, estimate_text
 from .options import UsageError
 from .plots import make_plots
-from .regime import portable_command, render_regime
+from .regime import portable_command, portable_data, render_regime
 from .stats import aggregate, noise_floor, separated
 
 BEGIN_HAND = "<!-- BEGIN hand-written -->"
@@ -393,10 +393,11 @@ def compact_json(data):
 
 
 def write_json(data, path):
+    """Writes `data` to `path` without this machine's paths (portable_data)."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = path + ".tmp"
     with open(tmp, "w", encoding="utf-8") as f:
-        f.write(compact_json(data))
+        f.write(compact_json(portable_data(data)))
     os.replace(tmp, path)
 
 

@@ -561,7 +561,7 @@ def table(f):
 def doc_section(f):
     when = f["date"] or "unknown date"
     lines = [BEGIN, "",
-             "## On a GPU: %s" % f["device"], "",
+             "## On a GPU", "",
              "Measured by `tools/gpu/run.sh all` (docs/gpu.md) on %s, %s%s; "
              "regenerate with `tools/gpu/summarize.py OUT --update_docs` on "
              "that run's output. Ratios are within one run; ranges are "
@@ -586,24 +586,15 @@ def doc_section(f):
 
 
 def readme_row(f):
-    demo, nomps = f["demo"], f["demo_nomps"]
-    speed = None
-    if demo and nomps and demo["images_per_second"] and nomps["images_per_second"]:
-        speed = demo["images_per_second"] / nomps["images_per_second"]
+    """The README's GPU status row: one line, the detail in the section of
+    docs/performance.md that doc_section writes."""
     passed = sum(c["passed"] for c in f["tests"].values() if c)
     failed = sum(c["failed"] + c["skipped"] for c in f["tests"].values() if c)
-    s = f["step_gpu"]
-    ratios = ", ".join("W=%d %s" % (w, fmt((s.get((w, 32, "sync")) or {}).get("median")))
-                       for w in (1, 2, 4))
     return "\n".join([
         README_BEGIN,
-        "| GPU (CUDA, cuDNN) | ran on %s (%s): %d CUDA tests passed, %d failed or skipped; "
-        "4 workers on the one GPU with MPS started by the launcher: %s images/s "
-        "per worker, %s the run without MPS; sync/local step at batch 32: %s "
-        "([docs/performance.md](docs/performance.md#on-a-gpu)) |" % (
-            f["device"], f["date"] or "unknown date", passed, failed,
-            fmt(demo and demo["images_per_second"], ".0f"),
-            fmt(speed, ".1f") + "x", ratios),
+        "| [GPU](docs/performance.md#on-a-gpu) | %s, %s: %d CUDA "
+        "tests passed, %d failed or skipped |" % (
+            f["device"], f["date"] or "unknown date", passed, failed),
         README_END])
 
 

@@ -387,13 +387,18 @@ class DocsTest(unittest.TestCase):
         first = self.read(self.perf)
         self.assertTrue(first.startswith("# Performance\n\nCPU tables.\n"))
         self.assertEqual(first.count(summarize.BEGIN), 1)
-        self.assertIn("## On a GPU: " + f["device"], first)
+        self.assertIn("## On a GPU\n\nMeasured by `tools/gpu/run.sh all` "
+                      "(docs/gpu.md) on " + f["device"], first)
         self.assertIn("| cuda_kernels_test |", first)
         summarize.update_docs(f, self.repo)
         self.assertEqual(self.read(self.perf), first)  # idempotent
         readme = self.read(self.readme)
         self.assertNotIn("old row", readme)
-        self.assertIn("| GPU (CUDA, cuDNN) | ran on " + f["device"], readme)
+        row = [l for l in readme.splitlines() if l.startswith("| [GPU]")]
+        self.assertEqual(len(row), 1, readme)
+        self.assertIn(" | %s, " % f["device"], row[0])
+        self.assertRegex(row[0], r": \d+ CUDA tests passed, \d+ failed or skipped \|$")
+        self.assertLessEqual(len(row[0]), 120)  # one line of the status table
         self.assertTrue(readme.endswith("| next | row |\n"))
 
     def test_update_docs_writes_the_torch_table_between_its_markers(self):
