@@ -88,6 +88,8 @@ def _load():
                                            _D] + err),
         "bnps_client_start_step": (c_int, [c_void_p, c_int64, _I64] + err),
         "bnps_client_finish_step": (c_int, [c_void_p, c_int64] + err),
+        "bnps_client_begin_step": (c_int, [c_void_p, c_int64, _I64] + err),
+        "bnps_client_end_step": (c_int, [c_void_p, c_int64] + err),
         "bnps_client_leave": (c_int, [c_void_p] + err),
         "bnps_export": (c_int, [c_char_p] * 7 + [c_double, c_char_p,
                                                   c_size_t] + err),
@@ -367,6 +369,18 @@ class Client:
 
     def finish_step(self, completed):
         _call(_lib.bnps_client_finish_step, self._h, int(completed))
+
+    def begin_step(self, step):
+        """start_step under async gradients; `step` at once under sync
+        (the C ABI applies the job's rule)."""
+        out = c_int64()
+        _call(_lib.bnps_client_begin_step, self._h, int(step),
+              ctypes.byref(out))
+        return out.value
+
+    def end_step(self, completed):
+        """finish_step under async gradients; nothing under sync."""
+        _call(_lib.bnps_client_end_step, self._h, int(completed))
 
     def leave(self):
         _call(_lib.bnps_client_leave, self._h)

@@ -143,6 +143,18 @@ class Client:
         return self._native.finish_step(completed)
 
     @_translated
+    def begin_step(self, step):
+        """Before each iteration: start_step under async gradients, `step`
+        at once under sync gradients (the job's rule, applied in C++)."""
+        return self._native.begin_step(step)
+
+    @_translated
+    def end_step(self, completed):
+        """After each iteration: finish_step under async gradients,
+        nothing under sync gradients."""
+        return self._native.end_step(completed)
+
+    @_translated
     def live_workers(self):
         return self._native.live_workers()
 

@@ -427,6 +427,42 @@ int bnps_client_finish_step(bnps_client* c, int64_t completed, char* err,
   return Fail((*client)->FinishStep(completed), err, err_len);
 }
 
+namespace {
+
+// Whether the job's workers bracket their steps with StartStep and
+// FinishStep: under async gradients only.
+absl::StatusOr<bool> BracketsSteps(const bnps::client::GrpcPsClient& client) {
+  absl::StatusOr<bnps::policy::JobPolicy> p =
+      bnps::policy::FromConfig(client.config());
+  if (!p.ok()) return p.status();
+  return !bnps::policy::BulkSynchronous(p->gradients);
+}
+
+}  // namespace
+
+int bnps_client_begin_step(bnps_client* c, int64_t step, int64_t* out,
+                           char* err, size_t err_len) {
+  auto client = Get(c);
+  BNPS_RETURN_IF_ERROR(client.status());
+  absl::StatusOr<bool> brackets = BracketsSteps(**client);
+  BNPS_RETURN_IF_ERROR(brackets.status());
+  if (!*brackets) {
+    *out = step;
+    return 0;
+  }
+  return bnps_client_start_step(c, step, out, err, err_len);
+}
+
+int bnps_client_end_step(bnps_client* c, int64_t completed, char* err,
+                         size_t err_len) {
+  auto client = Get(c);
+  BNPS_RETURN_IF_ERROR(client.status());
+  absl::StatusOr<bool> brackets = BracketsSteps(**client);
+  BNPS_RETURN_IF_ERROR(brackets.status());
+  if (!*brackets) return 0;
+  return bnps_client_finish_step(c, completed, err, err_len);
+}
+
 int bnps_client_leave(bnps_client* c, char* err, size_t err_len) {
   auto client = Get(c);
   BNPS_RETURN_IF_ERROR(client.status());

@@ -188,6 +188,18 @@ BNPS_EXPORT int bnps_client_start_step(bnps_client* c, int64_t step,
 BNPS_EXPORT int bnps_client_leave(bnps_client* c, char* err, size_t err_len);
 BNPS_EXPORT int bnps_client_finish_step(bnps_client* c, int64_t completed,
                                         char* err, size_t err_len);
+/* One training iteration's brackets, as the job's gradient mode says: under
+ * async gradients bnps_client_begin_step is bnps_client_start_step (it waits
+ * until the staleness bound lets `step` begin; *out its answer) and
+ * bnps_client_end_step is bnps_client_finish_step; under sync gradients,
+ * where the pushes themselves are the step's barrier, both do nothing and
+ * *out is `step`. A frontend calls these around every iteration and needs
+ * no rule of its own. */
+BNPS_EXPORT int bnps_client_begin_step(bnps_client* c, int64_t step,
+                                       int64_t* out, char* err,
+                                       size_t err_len);
+BNPS_EXPORT int bnps_client_end_step(bnps_client* c, int64_t completed,
+                                     char* err, size_t err_len);
 
 /* Parameters in: `n` tensors, tensor i named names[i] with ndims[i]
  * dimensions (its shape the next ndims[i] entries of `shapes`, all

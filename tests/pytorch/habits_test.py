@@ -1,4 +1,4 @@
-"""Two habits PyTorch code relies on, held by bnps.torch:
+"""Three habits PyTorch code relies on, held by bnps.torch:
 
 - a layer in eval() never talks to the servers, under every policy (sync,
   async, local, recal): after a training step the job's server is stopped,
@@ -7,13 +7,19 @@
   eval-mode result from the layer's running statistics;
 - convert_sync_batchnorm keeps each layer's training flag, its parameters'
   requires_grad (the same Parameter objects), its device and its dtype, so
-  a frozen layer stays frozen.
+  a frozen layer stays frozen;
+- `with connection.step():` around each iteration waits only where the
+  job's gradient mode says so (the C ABI's rule): under async gradients
+  (staleness 0) worker 0 may not begin step 1 until worker 1 finished step
+  0; under sync gradients it begins at once.
 
 Real bnps_server on 127.0.0.1, one worker; float64 on the CPU (and CUDA's
 device check where a GPU is present)."""
 
 import os
 import sys
+import threading
+import time
 import unittest
 
 sys.path.insert(0, os.path.join(os.getcwd(), "python"))  # Bazel runfiles
@@ -120,6 +126,45 @@ class ConversionKeepsTest(unittest.TestCase):
                         self.assertEqual([b.dtype for b in m.buffers()],
                                          dtypes, j)
                     self.assertTrue(out.training)
+
+
+class StepBracketsTest(unittest.TestCase):
+    def brackets(self, policy):
+        """Seconds worker 0's second step() waited for worker 1, which
+        finishes its first step 0.5 s after worker 0 asks."""
+        with LocalCluster(num_servers=1, num_workers=2,
+                          policy=policy) as cluster:
+            conns = [bnps.torch.init(servers=cluster.servers, worker=w,
+                                     num_workers=2, set_default=False,
+                                     connect_timeout_s=5.0, rpc_timeout_s=10.0)
+                     for w in range(2)]
+            try:
+                with conns[0].step():
+                    pass
+                waited = []
+
+                def second_step():
+                    start = time.monotonic()
+                    with conns[0].step():
+                        waited.append(time.monotonic() - start)
+
+                t = threading.Thread(target=second_step)
+                t.start()
+                time.sleep(0.5)
+                with conns[1].step():
+                    pass
+                t.join(timeout=30)
+                self.assertFalse(t.is_alive())
+                return waited[0]
+            finally:
+                for c in conns:
+                    c.close()
+
+    def test_async_gradients_wait_for_the_bound(self):
+        self.assertGreaterEqual(self.brackets("async"), 0.4)
+
+    def test_sync_gradients_begin_at_once(self):
+        self.assertLess(self.brackets("sync"), 0.4)
 
 
 if __name__ == "__main__":

@@ -218,13 +218,11 @@ class Connection:
                 with connection.step():
                     loss = model(x) ...; loss.backward(); opt.step()
         """
-        if self.gradients == "async":
-            self.client.start_step(self._step)
+        self.client.begin_step(self._step)
         yield self._step
         self.drain_exchanges()
         self._step += 1
-        if self.gradients == "async":
-            self.client.finish_step(self._step)
+        self.client.end_step(self._step)
 
     def __repr__(self):
         return (f"bnps.torch.Connection(worker={self.worker}/{self.num_workers}, "
