@@ -4,10 +4,16 @@
 // gRPC stream: the same answers bit for bit, the connection really used
 // (the listener counts its connections, those over the Unix socket apart),
 // a Unix path that is gone leaves the worker on TCP, and a listener that
-// goes away leaves the calls on the stream instead of failing them.
+// goes away leaves the calls on the stream instead of failing them; a
+// listener another user planted at the path hears nothing.
 
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdint>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -226,6 +232,93 @@ TEST(BnOverTcpTest, AnotherServerAtTheUnixPathIsNotTaken) {
   EXPECT_EQ(other.accepted_unix(), 2);  // c's hello, answered and left
   EXPECT_EQ(job.accepted(), 1);
   EXPECT_EQ(job.accepted_unix(), 0);
+}
+
+// A listener of another user (uid 65534, in a forked child) at
+// the path the shard advertised, its own file removed: the worker sees the
+// peer's uid, sends nothing -- not even the hello, which names the worker
+// -- and takes the shard's TCP port. Needs root (to be another user).
+TEST(BnOverTcpTest, AnotherUsersListenerAtTheUnixPathHearsNothing) {
+  if (geteuid() != 0) {
+    GTEST_SKIP() << "needs root to run a listener as another user";
+  }
+  const std::string path =
+      "/tmp/bnps-test-" + std::to_string(getpid()) + "-planted.sock";
+  int go[2], ready[2], stop[2];
+  ASSERT_EQ(pipe(go), 0);
+  ASSERT_EQ(pipe(ready), 0);
+  ASSERT_EQ(pipe(stop), 0);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    // The planted listener: waits for `go`, binds the path as uid 65534,
+    // says `ready`, then counts connections and bytes until `stop` closes,
+    // and writes both counts to `ready`.
+    char c;
+    if (read(go[0], &c, 1) != 1) _exit(2);
+    if (setgid(65534) != 0 || setuid(65534) != 0) _exit(3);
+    const int l = socket(AF_UNIX, SOCK_STREAM, 0);
+    sockaddr_un a{};
+    a.sun_family = AF_UNIX;
+    std::strncpy(a.sun_path, path.c_str(), sizeof(a.sun_path) - 1);
+    if (l < 0 || bind(l, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+        listen(l, 8) != 0) {
+      _exit(4);
+    }
+    if (write(ready[1], "r", 1) != 1) _exit(5);
+    int64_t counts[2] = {0, 0};  // connections, bytes
+    std::vector<int> conns;
+    for (int rounds = 0; rounds < 600; ++rounds) {  // 60 s at most
+      std::vector<pollfd> fds = {{stop[0], POLLIN, 0}, {l, POLLIN, 0}};
+      for (int fd : conns) fds.push_back({fd, POLLIN, 0});
+      if (poll(fds.data(), fds.size(), 100) < 0) break;
+      if (fds[0].revents != 0) break;
+      if (fds[1].revents & POLLIN) {
+        const int fd = accept(l, nullptr, nullptr);
+        if (fd >= 0) {
+          ++counts[0];
+          conns.push_back(fd);
+        }
+      }
+      for (size_t i = 2; i < fds.size(); ++i) {
+        char buf[256];
+        if (fds[i].revents & POLLIN) {
+          const ssize_t n = read(fds[i].fd, buf, sizeof buf);
+          if (n > 0) counts[1] += n;
+        }
+      }
+    }
+    if (write(ready[1], counts, sizeof counts) != sizeof counts) _exit(6);
+    unlink(path.c_str());
+    _exit(0);
+  }
+  close(go[0]);
+  close(ready[1]);
+  close(stop[0]);
+  {
+    Job job(1, 1, /*bn_port=*/0, path);
+    ASSERT_EQ(job.shards(), 1);
+    ASSERT_EQ(unlink(path.c_str()), 0);
+    char c;
+    ASSERT_EQ(write(go[1], "g", 1), 1);
+    ASSERT_EQ(read(ready[0], &c, 1), 1);
+    auto w = job.Connect(0);
+    ASSERT_TRUE(w);
+    Exchange({w.get()}, 2);
+    EXPECT_EQ(job.accepted(), 1);  // the shard's TCP port
+    EXPECT_EQ(job.accepted_unix(), 0);
+  }
+  close(stop[1]);  // the listener reports and ends
+  int64_t counts[2] = {-1, -1};
+  EXPECT_EQ(read(ready[0], counts, sizeof counts),
+            static_cast<ssize_t>(sizeof counts));
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  EXPECT_EQ(counts[0], 1);  // the worker connected,
+  EXPECT_EQ(counts[1], 0);  // and sent it nothing
+  close(go[1]);
+  close(ready[0]);
 }
 
 TEST(BnOverTcpTest, AListenerThatGoesAwayLeavesTheCallsOnTheStream) {
