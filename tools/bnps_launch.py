@@ -364,9 +364,11 @@ def server_command(args, shard):
 
 
 def host_bn_command(args):
-    """The host's BN aggregator for all the workers (--bn_host_aggregator)."""
+    """The host's BN aggregator for all the workers (--bn_host_aggregator).
+    Its shards are this host's (--shards=127.0.0.1): it relays to no
+    other address a worker's hello might name."""
     cmd = [host_bn_path(args.bin_dir), "--host=127.0.0.1", "--port=0",
-           "--workers=%d" % args.workers]
+           "--workers=%d" % args.workers, "--shards=127.0.0.1"]
     if args.token_file:
         cmd.append("--token_file=" + args.token_file)
     if args.per_worker_tokens:

@@ -646,7 +646,8 @@ class UnitTest(unittest.TestCase):
         cmd = self.m.host_bn_command(args)
         self.assertTrue(cmd[0].endswith("hostbn/bnps_host_bn"))
         for flag in ("--host=127.0.0.1", "--port=0", "--workers=3",
-                     "--token_file=/t", "--per_worker_tokens", "--num_workers=3"):
+                     "--shards=127.0.0.1", "--token_file=/t",
+                     "--per_worker_tokens", "--num_workers=3"):
             self.assertIn(flag, cmd)
         args.host_bn_address = "127.0.0.1:7200"
         worker = self.m.worker_command(args, extra, 1, ["127.0.0.1:1"], "/out")
