@@ -13,6 +13,10 @@
 namespace bnps::server {
 namespace {
 
+// What a filed recalibration batch of `channels` holds: two arrays and the
+// map's node.
+int64_t RecalBytes(int64_t channels) { return 2 * 8 * channels + 96; }
+
 // Finished barriers are kept this many steps back, so a retried contribution
 // gets the answer the others got.
 constexpr int64_t kKeepSteps = 16;
@@ -163,8 +167,7 @@ void BnAggregator::Recal(int worker, int64_t batch, const std::string& layer,
         s = absl::FailedPreconditionError(absl::StrCat(
             "recalibration of BN layer '", layer, "' is already finished"));
       } else {
-        // What the moments hold: two arrays and the map's node.
-        const int64_t bytes = 2 * 8 * moments.channels() + 96;
+        const int64_t bytes = RecalBytes(moments.channels());
         auto& kept = layers_[layer].recal;
         const auto id = std::make_pair(worker, batch);
         if (kept.count(id) != 0) {
@@ -420,6 +423,13 @@ absl::StatusOr<BnAggregator::Reply> BnAggregator::Finish(const BarrierKey& key,
         if (live_[id.first]) parts.push_back(&m);
       }
       reply.moments = bn::MergeInOrder(parts, layer.channels);
+      // The batches are merged once: a retry gets this barrier's answer and
+      // later batches are refused, so their memory goes back to the workers'
+      // budgets (Options::recal_bytes_per_worker).
+      for (const auto& [id, m] : layer.recal) {
+        recal_bytes_[id.first] -= RecalBytes(m.channels());
+      }
+      layer.recal.clear();
       absl::StatusOr<std::vector<double>> var = bn::UnbiasedVariance(reply.moments);
       if (!var.ok()) {
         return absl::FailedPreconditionError(absl::StrCat(

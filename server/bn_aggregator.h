@@ -132,8 +132,9 @@ class BnAggregator {
     // REQUIRES: divides every worker count of the job
     // (policy::CheckBnGroups says so at start).
     int group_size = 0;
-    // The recalibration moments one worker may have filed (kept until the
-    // job ends, under every policy), in bytes: a worker's Recal past it is
+    // The recalibration moments one worker may have filed and not yet seen
+    // merged (a layer's are kept until its RecalFinish, under every
+    // policy), in bytes: a worker's Recal past it is
     // RESOURCE_EXHAUSTED, so that no worker's token grows the server's
     // memory without bound. A batch costs 16 bytes per channel and 96 per
     // layer: the default, 512 MiB, holds about 900 batches of a ResNet-50

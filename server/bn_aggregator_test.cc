@@ -305,6 +305,21 @@ TEST(BnAggregatorTest, RecalMomentsOfAWorkerAreBounded) {
   agg.RecalFinish(1, "bn", kNever, Into(&f1));
   ASSERT_TRUE(f0.has_value() && f0->ok()) << f0->status();
   EXPECT_EQ((*f0)->moments.count, 5 * 2 * 2 * 2);  // five batches of N*H*W
+  // Merged, a layer's batches give their room back: worker 0 files four of
+  // another layer, and a fifth is refused again.
+  auto recal_other = [&](int64_t b) {
+    Result r;
+    agg.Recal(0, b, "bn2", MomentsOf(x, batch), Into(&r));
+    return r->status();
+  };
+  for (int64_t b = 0; b < 4; ++b) ASSERT_TRUE(recal_other(b).ok()) << b;
+  EXPECT_EQ(recal_other(4).code(), absl::StatusCode::kResourceExhausted);
+  // The finished layer refuses more, and a retried finish gets its answer.
+  EXPECT_EQ(recal(0, 9).code(), absl::StatusCode::kFailedPrecondition);
+  Result again;
+  agg.RecalFinish(0, "bn", kNever, Into(&again));
+  ASSERT_TRUE(again.has_value() && again->ok()) << again->status();
+  EXPECT_EQ((*again)->moments.count, 5 * 2 * 2 * 2);
 }
 
 TEST(BnAggregatorTest, RecalEqualsOneProcessOverTheUnion) {
