@@ -8,8 +8,9 @@
 # no Debian packages) at $BNPS_TORCH_VENV (default ~/.cache/bnps/torch2-venv,
 # outside the repository and shared: an existing one is reused, with what
 # it lacks added),
-# with torch==$BNPS_TORCH_VERSION (default 2.15.0), grpcio and PyYAML
-# (the Kubeflow wiring test reads the manifests) from PyPI;
+# with torch==$BNPS_TORCH_VERSION (default 2.15.0), grpcio, PyYAML
+# (the Kubeflow wiring test reads the manifests), lightning and ray[train]
+# (tests/pytorch/lightning_test.py, ray_test.py) from PyPI, pinned;
 # pip installs WHEEL (default: builds dist/bnps-*.whl first) into it, then,
 # from a directory outside the source tree:
 #   - the installed package, the console scripts, bnps beside torch and grpc
@@ -19,7 +20,8 @@
 #     torchrun)
 #   - every Python test of python/, tests/pytorch/ and examples/pytorch/:
 #     the parity scenarios, and DDP, torch.compile and torchrun where the
-#     tree has them
+#     tree has them, Lightning's Trainer with bnps.lightning's plugin, and a
+#     Ray Train TorchTrainer on a local Ray cluster of three nodes
 # One line per check, then a summary; exit status 1 if any failed.
 set -uo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -27,6 +29,8 @@ venv="${BNPS_TORCH_VENV:-$HOME/.cache/bnps/torch2-venv}"
 torch_version="${BNPS_TORCH_VERSION:-2.15.0}"
 grpcio_version="${BNPS_GRPCIO_VERSION:-1.85.3}"
 pyyaml_version=6.0.3  # for kubeflow_test, which reads the manifests
+lightning_version=2.6.6  # for lightning_test
+ray_version=2.60.0       # for ray_test
 work="$(mktemp -d /tmp/bnps_wheel_test.XXXXXX)"
 server_pids=()
 cleanup() {
@@ -57,6 +61,10 @@ make_torch_venv() {
     "$venv/bin/pip" install -q "grpcio==$grpcio_version" || return 1
   "$venv/bin/python" -c 'import yaml' 2>/dev/null ||
     "$venv/bin/pip" install -q "pyyaml==$pyyaml_version" || return 1
+  "$venv/bin/python" -c 'import lightning' 2>/dev/null ||
+    "$venv/bin/pip" install -q "lightning==$lightning_version" || return 1
+  "$venv/bin/python" -c 'import ray.train' 2>/dev/null ||
+    "$venv/bin/pip" install -q "ray[train]==$ray_version" || return 1
   "$venv/bin/python" -c 'import sys, torch; print(sys.version, torch.__version__)'
 }
 check torch_venv make_torch_venv
