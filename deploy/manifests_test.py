@@ -34,7 +34,7 @@ HAVE_VENV = os.access(KUBECTL, os.X_OK) and subprocess.run(
     [VENV_PYTHON, "-c", "import kubernetes_validate"], capture_output=True).returncode == 0 \
     if os.access(VENV_PYTHON, os.X_OK) else False
 NO_VENV = "no validator and kubectl in %s (tools/setup.sh --containers installs them)" % VENV
-OVERLAYS = ["base", "gpu", "tls", "jobset", "jobset-tls", "kubeflow"]
+OVERLAYS = ["base", "gpu", "tls", "jobset", "jobset-tls", "kubeflow", "kueue"]
 
 
 def _jobset_doc(text):
@@ -268,6 +268,30 @@ class ManifestsTest(unittest.TestCase):
                 if d and d["kind"] not in ("JobSet", "TrainJob"):
                     self.assertNotIn(label, d["metadata"].get("labels", {}),
                                      (overlay, d["kind"]))
+
+    def test_kueue_local_queue_is_the_one_the_jobs_name(self):
+        label = "kueue.x-k8s.io/queue-name"
+        queues = [d for d in yaml.safe_load_all(self.rendered["kueue"])
+                  if d and d["kind"] == "LocalQueue"]
+        self.assertEqual(len(queues), 1)
+        name = queues[0]["metadata"]["name"]
+        self.assertEqual(
+            _jobset_doc(self.rendered["jobset"])["metadata"]["labels"][label],
+            name)
+        jobs = [d for d in yaml.safe_load_all(self.rendered["kubeflow"])
+                if d and d["kind"] == "TrainJob"]
+        self.assertEqual(jobs[0]["metadata"]["labels"][label], name)
+        queue = self.rendered["kueue"]
+        self.assert_invalid([
+            (queue.replace("clusterQueue: cluster-queue",
+                           "clusterQueue: Cluster_Queue"),
+             "spec.clusterQueue: 'Cluster_Queue' does not match"),
+            (queue.replace("clusterQueue: cluster-queue",
+                           "clusterQueue: cluster-queue\n  stopPolicy: Pause"),
+             "'Pause' is not one of"),
+            (queue.replace("clusterQueue:", "clusterQueues:"),
+             "'clusterQueues' was unexpected"),
+        ], lambda message: queue)
 
     def test_jobset_names_resolved_inside_the_jobset(self):
         # kustomize renames generated ConfigMaps and Secrets (hash suffix) and

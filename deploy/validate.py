@@ -49,6 +49,7 @@ CUSTOM_SCHEMAS = {
     ("trainer.kubeflow.org/v1alpha1", "TrainJob"): "trainer-v1alpha1-trainjob.json",
     ("trainer.kubeflow.org/v1alpha1", "ClusterTrainingRuntime"): "trainer-v1alpha1-runtime.json",
     ("trainer.kubeflow.org/v1alpha1", "TrainingRuntime"): "trainer-v1alpha1-runtime.json",
+    ("kueue.x-k8s.io/v1beta2", "LocalQueue"): "kueue-v1beta2-localqueue.json",
 }
 _JOBSET = ("jobset.x-k8s.io/v1alpha2", "JobSet")
 # Where Trainer finds the trainer's pods and container (its constants.go).
