@@ -114,7 +114,11 @@ void BnAggregator::Forward(int worker, int64_t step, const std::string& layer,
       ready.push_back([done = std::move(done), s] { done(s); });
     } else {
       newest_step_ = std::max(newest_step_, step);
-      if (options_.policy == policy::Policy::kAsync) {
+      if (options_.policy == policy::Policy::kAsync &&
+          options_.bn_staleness >= 0) {
+        ExactStaleForward(worker, step, layer, std::move(local), deadline,
+                          std::move(done), &ready);
+      } else if (options_.policy == policy::Policy::kAsync) {
         AsyncForward(worker, step, layers_[layer], std::move(local),
                      std::move(done), &ready);
       } else {
@@ -478,7 +482,14 @@ void BnAggregator::AsyncForward(int worker, int64_t step, Layer& layer,
   reply.moments = std::move(merge.others);
   reply.contributors = merge.contributors;
   reply.staleness = std::move(merge.staleness);
-  const bn::Moments& all = merge.all;
+  MixAsync(layer, merge.all);
+  reply.running = layer.running;
+  ready->push_back([done = std::move(done), r = std::move(reply)]() mutable {
+    done(std::move(r));
+  });
+}
+
+void BnAggregator::MixAsync(Layer& layer, const bn::Moments& all) {
   if (!layer.running.has_value()) {
     layer.running = bn::RunningStats::Initial(layer.channels);
   }
@@ -487,10 +498,47 @@ void BnAggregator::AsyncForward(int worker, int64_t step, Layer& layer,
         1.0 - std::pow(1.0 - options_.momentum, 1.0 / std::max(1, NumLive()));
     bn::MixIntoRunningStats(all, m, &*layer.running);
   }
-  reply.running = layer.running;
-  ready->push_back([done = std::move(done), r = std::move(reply)]() mutable {
-    done(std::move(r));
-  });
+}
+
+void BnAggregator::ExactStaleForward(int worker, int64_t step,
+                                     const std::string& name,
+                                     bn::Moments local, absl::Time deadline,
+                                     Done done, Ready* ready) {
+  Layer& layer = layers_[name];
+  if (layer.window == nullptr) {
+    layer.window = std::make_unique<StaleWindow>(
+        options_.num_workers, options_.bn_staleness, layer.channels);
+  }
+  contributed_[worker] = true;
+  // The answer runs without the lock (from `ready`, maybe on the thread of
+  // the worker whose moments completed it), then takes it to mix the
+  // running stats of the layer, found again by name.
+  layer.window->Add(
+      worker, step, std::move(local), deadline,
+      [this, name, done = std::move(done)](
+          absl::StatusOr<StaleWindow::Answer> a) mutable {
+        if (!a.ok()) return done(a.status());
+        Reply reply;
+        reply.moments = std::move(a->others);
+        reply.contributors = a->contributors;
+        reply.staleness.assign(a->contributors, a->staleness);
+        {
+          absl::MutexLock lock(&mu_);
+          auto it = layers_.find(name);
+          if (it != layers_.end()) {
+            MixAsync(it->second, a->all);
+            reply.running = it->second.running;
+          }
+        }
+        done(std::move(reply));
+      });
+  layer.window->Evaluate(live_, failed_, ready);
+}
+
+void BnAggregator::EvaluateWindows(Ready* ready) {
+  for (auto& [name, layer] : layers_) {
+    if (layer.window != nullptr) layer.window->Evaluate(live_, failed_, ready);
+  }
 }
 
 void BnAggregator::RemoveWorker(int worker) {
@@ -500,6 +548,7 @@ void BnAggregator::RemoveWorker(int worker) {
     if (worker < 0 || worker >= options_.num_workers || !live_[worker]) return;
     live_[worker] = false;
     for (auto& [key, b] : barriers_) Evaluate(key, b, &ready);
+    EvaluateWindows(&ready);
   }
   for (auto& fn : ready) fn();
 }
@@ -511,6 +560,7 @@ void BnAggregator::FailWorker(int worker, absl::Status why) {
     if (worker < 0 || worker >= options_.num_workers) return;
     failed_[worker] = std::move(why);
     for (auto& [key, b] : barriers_) Evaluate(key, b, &ready);
+    EvaluateWindows(&ready);
   }
   for (auto& fn : ready) fn();
 }
@@ -547,6 +597,9 @@ void BnAggregator::ExpireDeadlines(absl::Time now) {
                   " of layer '", std::get<0>(key), "' step ", std::get<2>(key),
                   " timed out waiting for workers [", Missing(key, b), "]")),
               &ready);
+    }
+    for (auto& [name, layer] : layers_) {
+      if (layer.window != nullptr) layer.window->Expire(now, name, &ready);
     }
   }
   for (auto& fn : ready) fn();
@@ -605,6 +658,9 @@ absl::Status BnAggregator::Import(const BnState& state,
       }
     }
     barriers_.clear();
+    for (auto& [name, layer] : layers_) {
+      if (layer.window != nullptr) layer.window->FailAll(why, &ready);
+    }
     layers_ = std::move(layers);
     newest_step_ = state.newest_step;
     contributed_ = state.contributed;

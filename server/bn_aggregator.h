@@ -82,6 +82,7 @@
 #include "bn/kernels.h"
 #include "bn/moments.h"
 #include "policy/async_bn.h"
+#include "server/bn_stale_window.h"
 #include "policy/policy.h"
 
 namespace bnps::server {
@@ -132,6 +133,11 @@ class BnAggregator {
     // REQUIRES: divides every worker count of the job
     // (policy::CheckBnGroups says so at start).
     int group_size = 0;
+    // async BN's exact staleness (--bn_staleness, server/bn_stale_window.h):
+    // a worker at step t gets the others' moments of step t - s exactly,
+    // waiting for them up to the forward's deadline. -1: the bounded mode
+    // (the others' latest within `staleness`, never waiting).
+    int64_t bn_staleness = -1;
     // The recalibration moments one worker may have filed and not yet seen
     // merged (a layer's are kept until its RecalFinish, under every
     // policy), in bytes: a worker's Recal past it is
@@ -224,6 +230,7 @@ class BnAggregator {
     std::vector<policy::LatestMoments> latest;         // async, by worker
     std::map<std::pair<int, int64_t>, bn::Moments> recal;  // (worker, batch)
     std::map<Phase, int64_t> newest_finished;          // barrier steps
+    std::unique_ptr<StaleWindow> window;  // async with Options::bn_staleness
   };
   using Ready = std::vector<std::function<void()>>;
 
@@ -264,6 +271,17 @@ class BnAggregator {
   int Members(const BarrierKey& key) const;
   void AsyncForward(int worker, int64_t step, Layer& layer, bn::Moments local,
                     Done done, Ready* ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The same under Options::bn_staleness: answered once the others' moments
+  // of step - bn_staleness are in.
+  void ExactStaleForward(int worker, int64_t step, const std::string& name,
+                         bn::Moments local, absl::Time deadline, Done done,
+                         Ready* ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Every layer's exact-staleness waits evaluated again (a worker left or
+  // failed).
+  void EvaluateWindows(Ready* ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The running stats after an async answer whose merge of all is `all`.
+  void MixAsync(Layer& layer, const bn::Moments& all)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int NumLive() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Options options_;

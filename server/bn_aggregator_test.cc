@@ -3,7 +3,10 @@
 #include <algorithm>
 #include <numeric>
 #include <optional>
+#include <chrono>
+#include <future>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "bn/cpu_kernels.h"
@@ -455,6 +458,64 @@ TEST(BnAggregatorTest, AsyncRefusesStepsBeyondTheBound) {
   EXPECT_EQ((*r)->contributors, 1);
   agg.Forward(1, 7, "bn", split.parts[1], kNever, Into(&r));  // 3 + 1 + 2 = 6
   EXPECT_EQ(r->status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+// --bn_staleness=2 (exact) with three workers at different, changing
+// speeds: at every step t >= 2 each worker gets exactly the other two's
+// moments of step t - 2, merged in worker order (bit for bit), and before
+// step 2 nothing but its own; whoever runs ahead waits.
+TEST(BnAggregatorTest, ExactStalenessGivesStepTMinusSWhateverTheSpeeds) {
+  constexpr int kWorkers = 3, kSteps = 10;
+  constexpr int64_t kS = 2;
+  auto moments = [](int w, int64_t t) {
+    return MakeSplit({2 + w}, 100 * w + t).parts[0];
+  };
+  BnAggregator::Options o{policy::Policy::kAsync, kWorkers,
+                          /*staleness=*/kSteps, 0.1};
+  o.bn_staleness = kS;
+  BnAggregator agg(o);
+  std::vector<std::vector<Reply>> got(kWorkers);
+  std::vector<std::thread> threads;
+  for (int w = 0; w < kWorkers; ++w) {
+    threads.emplace_back([&, w] {
+      std::mt19937 rng(w + 1);
+      for (int64_t t = 0; t < kSteps; ++t) {
+        // Worker 0 fast, worker 2 slow, with jitter.
+        std::this_thread::sleep_for(
+            std::chrono::milliseconds(w * 4 + rng() % 4));
+        std::promise<absl::StatusOr<Reply>> p;
+        agg.Forward(w, t, "bn", moments(w, t),
+                    absl::Now() + absl::Seconds(30),
+                    [&p](absl::StatusOr<Reply> r) { p.set_value(r); });
+        absl::StatusOr<Reply> r = p.get_future().get();
+        ASSERT_TRUE(r.ok()) << r.status();
+        got[w].push_back(*r);
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int w = 0; w < kWorkers; ++w) {
+    ASSERT_EQ(got[w].size(), static_cast<size_t>(kSteps));
+    for (int64_t t = 0; t < kSteps; ++t) {
+      const Reply& r = got[w][t];
+      if (t < kS) {
+        EXPECT_EQ(r.contributors, 0) << w << " " << t;
+        continue;
+      }
+      std::vector<bn::Moments> others;
+      for (int o2 = 0; o2 < kWorkers; ++o2) {
+        if (o2 != w) others.push_back(moments(o2, t - kS));
+      }
+      std::vector<const bn::Moments*> parts;
+      for (const bn::Moments& m : others) parts.push_back(&m);
+      const bn::Moments want = bn::MergeInOrder(parts, 3);
+      EXPECT_EQ(r.contributors, kWorkers - 1) << w << " " << t;
+      EXPECT_EQ(r.moments.count, want.count) << w << " " << t;
+      EXPECT_EQ(r.moments.mean, want.mean) << w << " " << t;
+      EXPECT_EQ(r.moments.m2, want.m2) << w << " " << t;
+      ASSERT_TRUE(r.running.has_value());
+    }
+  }
 }
 
 }  // namespace
