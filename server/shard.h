@@ -326,6 +326,10 @@ class Shard {
     bool job_complete = false;
     proto::MembershipHistory history{1};
   };
+  // Create's part for a checkpoint_dir: locks it, restores its newest
+  // checkpoint that fits the job, starts writer_. FAILED_PRECONDITION for a
+  // directory that cannot be locked; Restore's errors but DATA_LOSS.
+  absl::Status OpenCheckpointDir();
   // Called by the store at a step boundary, with its lock held.
   void OnBoundary(int64_t step, store::StoreState store);
   void WriterLoop();
