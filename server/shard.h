@@ -347,6 +347,12 @@ class Shard {
   // whether some component was restored all the same.
   absl::Status Restore(const std::string& payload, const std::string& from,
                        const absl::Status& why, bool* changed = nullptr);
+  // Restore's checks of a checkpoint's state (read from `from`) against
+  // this job, before anything changes: DATA_LOSS naming the parameter or
+  // BN layer that does not fit (shape, size, worker count, ownership).
+  absl::Status CheckRestoredStateFits(const store::StoreState& store,
+                                      const BnState& bn,
+                                      const std::string& from) const;
 
   // The workers of `step` (history_).
   int WorkersAt(int64_t step) const {
