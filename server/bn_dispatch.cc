@@ -82,7 +82,7 @@ proto::BnResponse EncodeAnswer(const Shard& shard, uint64_t id, int worker,
     proto::EncodeRunning(*r->running, resp.mutable_running());
   }
   // Sized before the work where the request says how large; should an
-  // answer still not fit a message, the worker hears why (D5).
+  // answer still not fit a message, the worker hears why.
   if (const size_t bytes = resp.ByteSizeLong();
       bytes > static_cast<size_t>(proto::kMaxMessageBytes)) {
     const absl::Status too_big = absl::ResourceExhaustedError(absl::StrCat(
