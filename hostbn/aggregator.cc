@@ -238,67 +238,55 @@ void Aggregator::AcceptLoop() {
   }
 }
 
-void Aggregator::Serve(std::shared_ptr<Conn> conn) {
-  // Counted among those before their hello until it is settled.
-  bool pending = true;
-  auto settled = [this, &pending] {
-    if (!pending) return;
-    pending = false;
-    absl::MutexLock lock(&mu_);
-    --pending_;
-  };
-  struct Settle {
-    std::function<void()> f;
-    ~Settle() { f(); }
-  } settle{settled};
-  proto::BnHello hello;
-  absl::Status s;
-  absl::StatusOr<std::string> first =
+absl::Status Aggregator::Authenticate(Conn* conn, const proto::BnHello& hello,
+                                      bool* gone) {
+  // The handshake (security/bn_handshake.h): the aggregator proves it
+  // holds the key before the worker proves it does; no token is sent.
+  security::HelloServer handshake(auth_.get(), "tcp");
+  absl::StatusOr<proto::BnHelloReply> first = handshake.Begin(hello);
+  if (!first.ok() || !handshake.awaiting_proof()) return first.status();
+  conn->Write(*first);
+  absl::StatusOr<std::string> bytes =
       conn->ReadFrame(absl::Now() + options_.timeout, kMaxHelloBytes);
-  if (!first.ok()) return;
-  if (!hello.ParseFromString(*first)) {
-    s = absl::InvalidArgumentError("the first frame is no BnHello");
+  if (!bytes.ok()) {
+    *gone = true;
+    return bytes.status();
   }
-  const int worker = hello.worker();
-  if (s.ok()) {
-    // The handshake (security/bn_handshake.h): the aggregator proves it
-    // holds the key before the worker proves it does; no token is sent.
-    security::HelloServer handshake(auth_.get(), "tcp");
-    absl::StatusOr<proto::BnHelloReply> first = handshake.Begin(hello);
-    s = first.status();
-    if (s.ok() && handshake.awaiting_proof()) {
-      conn->Write(*first);
-      absl::StatusOr<std::string> bytes =
-          conn->ReadFrame(absl::Now() + options_.timeout, kMaxHelloBytes);
-      if (!bytes.ok()) return;
-      proto::BnHelloProof proof;
-      absl::StatusOr<int> who =
-          proof.ParseFromString(*bytes)
-              ? handshake.Finish(proof)
-              : absl::StatusOr<int>(absl::InvalidArgumentError(
-                    "the frame after the challenge is no BnHelloProof"));
-      s = who.status();
-      if (who.ok() && *who != security::TokenAuthenticator::kAnyWorker &&
-          *who != worker) {
-        s = absl::PermissionDeniedError(absl::StrCat(
-            "worker ", *who, "'s token said hello as worker ", worker));
-      }
-    }
+  proto::BnHelloProof proof;
+  absl::StatusOr<int> who =
+      proof.ParseFromString(*bytes)
+          ? handshake.Finish(proof)
+          : absl::StatusOr<int>(absl::InvalidArgumentError(
+                "the frame after the challenge is no BnHelloProof"));
+  if (who.ok() && *who != security::TokenAuthenticator::kAnyWorker &&
+      *who != hello.worker()) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "worker ", *who, "'s token said hello as worker ", hello.worker()));
   }
-  if (s.ok() && (hello.upstream().empty() || hello.workers_size() > 0)) {
-    s = absl::InvalidArgumentError(
+  return who.status();
+}
+
+absl::Status Aggregator::CheckUpstream(const proto::BnHello& hello) const {
+  if (hello.upstream().empty() || hello.workers_size() > 0) {
+    return absl::InvalidArgumentError(
         "a host's BN aggregator needs a hello of one worker naming its "
         "shard's BN address (upstream)");
   }
-  if (s.ok() && !IsOwnShard(hello.upstream())) {
+  if (!IsOwnShard(hello.upstream())) {
     // No relay to an address a worker names: only the shards it was
     // started for.
-    s = absl::PermissionDeniedError(absl::StrCat(
+    return absl::PermissionDeniedError(absl::StrCat(
         "'", util::EscapeForLog(hello.upstream(), 64),
         "' is not one of this aggregator's shards (bnps_host_bn --shards)"));
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<Aggregator::Group>> Aggregator::JoinGroup(
+    const proto::BnHello& hello, std::shared_ptr<Conn> conn, bool* open) {
+  const int worker = hello.worker();
   std::shared_ptr<Group> g;
-  if (s.ok()) {
+  {
     absl::MutexLock lock(&mu_);
     GroupKey key{hello.upstream(), hello.job(), hello.generation()};
     std::shared_ptr<Group>& slot = groups_[key];
@@ -307,46 +295,29 @@ void Aggregator::Serve(std::shared_ptr<Conn> conn) {
     }
     g = slot;
   }
-  bool open = false;
-  if (s.ok()) {
-    absl::MutexLock lock(&g->mu);
-    if (!g->broken.ok()) {
-      s = g->broken;
-    } else if (g->joined.count(worker) == 0 &&
-               static_cast<int>(g->joined.size()) >= options_.workers) {
-      s = absl::FailedPreconditionError(absl::StrCat(
-          "this host's BN aggregator serves ", options_.workers,
-          " workers for the shard at ", g->address(), " (workers ",
-          absl::StrJoin(g->joined, ", "), "), not worker ", worker));
-    } else {
-      auto& slot = g->conns[worker];
-      if (slot != nullptr) slot->Shut();  // its reconnection replaces it
-      slot = conn;
-      g->batcher.Join(worker);
-      g->joined.insert(worker);
-      open = static_cast<int>(g->joined.size()) == options_.workers &&
-             g->upstream == nullptr && !g->opening;
-      if (open) g->opening = true;
-    }
+  absl::MutexLock lock(&g->mu);
+  if (!g->broken.ok()) return g->broken;
+  if (g->joined.count(worker) == 0 &&
+      static_cast<int>(g->joined.size()) >= options_.workers) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "this host's BN aggregator serves ", options_.workers,
+        " workers for the shard at ", g->address(), " (workers ",
+        absl::StrJoin(g->joined, ", "), "), not worker ", worker));
   }
-  proto::BnHelloReply reply;
-  reply.set_code(static_cast<int>(s.code()));
-  reply.set_message(std::string(s.message()));
-  // Counted before the reply: whoever reads it sees it counted.
+  auto& slot = g->conns[worker];
+  if (slot != nullptr) slot->Shut();  // its reconnection replaces it
+  slot = std::move(conn);
+  g->batcher.Join(worker);
+  g->joined.insert(worker);
+  *open = static_cast<int>(g->joined.size()) == options_.workers &&
+          g->upstream == nullptr && !g->opening;
+  if (*open) g->opening = true;
+  return g;
+}
+
+void Aggregator::Relay(const std::shared_ptr<Conn>& conn, int worker,
+                       const std::shared_ptr<Group>& g) {
   AggregatorMetrics* const m = options_.metrics;
-  if (m != nullptr) s.ok() ? m->HelloAccepted() : m->HelloRefused();
-  conn->Write(reply);
-  settled();
-  if (!s.ok()) {
-    int64_t left_out = 0;
-    if (refusal_log_.Admit(absl::Now(), &left_out)) {
-      std::fprintf(stderr, "bnps_host_bn: refused worker %d: %s%s\n", worker,
-                   util::EscapeForLog(s.message()).c_str(),
-                   util::LogLimiter::LeftOut(left_out).c_str());
-    }
-    return;
-  }
-  if (open) OpenUpstream(g);
   for (;;) {
     absl::StatusOr<std::string> frame = conn->ReadFrame(absl::InfiniteFuture());
     if (!frame.ok()) break;
@@ -378,6 +349,62 @@ void Aggregator::Serve(std::shared_ptr<Conn> conn) {
     g->conns.erase(it);
     g->Deliver(g->batcher.Leave(worker));
   }
+}
+
+void Aggregator::Serve(std::shared_ptr<Conn> conn) {
+  // Counted among those before their hello until it is settled.
+  bool pending = true;
+  auto settled = [this, &pending] {
+    if (!pending) return;
+    pending = false;
+    absl::MutexLock lock(&mu_);
+    --pending_;
+  };
+  struct Settle {
+    std::function<void()> f;
+    ~Settle() { f(); }
+  } settle{settled};
+  proto::BnHello hello;
+  absl::Status s;
+  absl::StatusOr<std::string> first =
+      conn->ReadFrame(absl::Now() + options_.timeout, kMaxHelloBytes);
+  if (!first.ok()) return;
+  if (!hello.ParseFromString(*first)) {
+    s = absl::InvalidArgumentError("the first frame is no BnHello");
+  }
+  const int worker = hello.worker();
+  if (s.ok()) {
+    bool gone = false;
+    s = Authenticate(conn.get(), hello, &gone);
+    if (gone) return;
+  }
+  if (s.ok()) s = CheckUpstream(hello);
+  std::shared_ptr<Group> g;
+  bool open = false;
+  if (s.ok()) {
+    absl::StatusOr<std::shared_ptr<Group>> joined = JoinGroup(hello, conn, &open);
+    s = joined.status();
+    if (joined.ok()) g = *std::move(joined);
+  }
+  proto::BnHelloReply reply;
+  reply.set_code(static_cast<int>(s.code()));
+  reply.set_message(std::string(s.message()));
+  // Counted before the reply: whoever reads it sees it counted.
+  AggregatorMetrics* const m = options_.metrics;
+  if (m != nullptr) s.ok() ? m->HelloAccepted() : m->HelloRefused();
+  conn->Write(reply);
+  settled();
+  if (!s.ok()) {
+    int64_t left_out = 0;
+    if (refusal_log_.Admit(absl::Now(), &left_out)) {
+      std::fprintf(stderr, "bnps_host_bn: refused worker %d: %s%s\n", worker,
+                   util::EscapeForLog(s.message()).c_str(),
+                   util::LogLimiter::LeftOut(left_out).c_str());
+    }
+    return;
+  }
+  if (open) OpenUpstream(g);
+  Relay(conn, worker, g);
 }
 
 void Aggregator::OpenUpstream(const std::shared_ptr<Group>& g) {

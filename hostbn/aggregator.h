@@ -49,6 +49,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "hostbn/aggregator_metrics.h"
+#include "proto/bnps.pb.h"
 #include "security/worker_token.h"
 #include "util/log_limiter.h"
 
@@ -106,6 +107,20 @@ class Aggregator {
   explicit Aggregator(Options options);
   void AcceptLoop();
   void Serve(std::shared_ptr<Conn> conn);
+  // Serve's parts, in order. Authenticate: the hello's handshake (*gone:
+  // the connection closed meanwhile). CheckUpstream: the hello names one of
+  // the shards this aggregator relays to. JoinGroup: the worker takes its
+  // place in its shard's group (*open: it completed the group, whose
+  // upstream the caller then opens). Relay: the worker's requests into the
+  // group until its connection ends, then its leave.
+  absl::Status Authenticate(Conn* conn, const proto::BnHello& hello,
+                            bool* gone);
+  absl::Status CheckUpstream(const proto::BnHello& hello) const;
+  absl::StatusOr<std::shared_ptr<Group>> JoinGroup(const proto::BnHello& hello,
+                                                   std::shared_ptr<Conn> conn,
+                                                   bool* open);
+  void Relay(const std::shared_ptr<Conn>& conn, int worker,
+             const std::shared_ptr<Group>& g);
   // Opens `g`'s shard connection (called by the hello that completed it).
   void OpenUpstream(const std::shared_ptr<Group>& g);
   void ReadUpstream(std::shared_ptr<Group> g);

@@ -55,7 +55,58 @@ int64_t BnDispatcher::AnswerBytes(int arrays, int64_t channels) {
   return arrays * (8 * channels + 64) + 1024;
 }
 
+namespace {
+
+// The answer to request `id` of `worker` for `layer`: the aggregator's
+// reply `r` encoded, or its error; an answer too large for a message is
+// replaced by that error.
+proto::BnResponse EncodeAnswer(const Shard& shard, uint64_t id, int worker,
+                               const std::string& layer, bool send_running,
+                               const absl::StatusOr<BnAggregator::Reply>& r) {
+  proto::BnResponse resp;
+  resp.set_id(id);
+  if (!r.ok()) {
+    LogRejected(shard, "BnSync", worker, r.status());
+    resp.set_code(static_cast<int>(r.status().code()));
+    resp.set_message(std::string(r.status().message()));
+    return resp;
+  }
+  resp.set_contributors(r->contributors);
+  if (!r->moments.mean.empty()) {
+    proto::EncodeMoments(r->moments, resp.mutable_moments());
+  }
+  if (!r->sums.sum_dy.empty()) {
+    proto::EncodeSums(r->sums, resp.mutable_sums());
+  }
+  if (send_running && r->running.has_value()) {
+    proto::EncodeRunning(*r->running, resp.mutable_running());
+  }
+  // Sized before the work where the request says how large; should an
+  // answer still not fit a message, the worker hears why.
+  if (const size_t bytes = resp.ByteSizeLong();
+      bytes > static_cast<size_t>(proto::kMaxMessageBytes)) {
+    const absl::Status too_big = absl::ResourceExhaustedError(absl::StrCat(
+        "the answer to this BN request (layer '", layer, "') took ", bytes,
+        " bytes, more than a message may (", proto::kMaxMessageBytes, ")"));
+    LogRejected(shard, "BnSync", worker, too_big);
+    resp.Clear();
+    resp.set_id(id);
+    resp.set_code(static_cast<int>(too_big.code()));
+    resp.set_message(std::string(too_big.message()));
+  }
+  return resp;
+}
+
+}  // namespace
+
 void BnDispatcher::Dispatch(const proto::BnRequest& req, Send send) {
+  const BnAggregator::Done reply = MakeReply(req, std::move(send));
+  if (absl::Status s = AdmitRequest(req); !s.ok()) return reply(s);
+  Route(req, reply);
+}
+
+BnAggregator::Done BnDispatcher::MakeReply(const proto::BnRequest& req,
+                                           Send send) {
   const uint64_t id = req.id();
   const int worker = req.worker();
   // A forward answer carries the running stats only on request (they
@@ -75,9 +126,9 @@ void BnDispatcher::Dispatch(const proto::BnRequest& req, Send send) {
       metrics_->WorkerAt(worker, step);
     }
   }
-  auto reply = [this, id, worker, send_running, layer_metrics, arrived, phase,
-                step, layer = req.layer(), send = std::move(send)](
-                   const absl::StatusOr<BnAggregator::Reply>& r) {
+  return [this, id, worker, send_running, layer_metrics, arrived, phase, step,
+          layer = req.layer(), send = std::move(send)](
+             const absl::StatusOr<BnAggregator::Reply>& r) {
     if (layer_metrics != nullptr) {
       if (r.ok()) {
         layer_metrics->Observe(static_cast<M::BnPhase>(phase), step,
@@ -87,93 +138,58 @@ void BnDispatcher::Dispatch(const proto::BnRequest& req, Send send) {
         metrics_->BnRejected(r.status().code());
       }
     }
-    proto::BnResponse resp;
-    resp.set_id(id);
-    if (!r.ok()) {
-      LogRejected(*shard_, "BnSync", worker, r.status());
-      resp.set_code(static_cast<int>(r.status().code()));
-      resp.set_message(std::string(r.status().message()));
-    } else {
-      resp.set_contributors(r->contributors);
-      if (!r->moments.mean.empty()) {
-        proto::EncodeMoments(r->moments, resp.mutable_moments());
-      }
-      if (!r->sums.sum_dy.empty()) {
-        proto::EncodeSums(r->sums, resp.mutable_sums());
-      }
-      if (send_running && r->running.has_value()) {
-        proto::EncodeRunning(*r->running, resp.mutable_running());
-      }
-      // Sized before the work where the request says how large; should an
-      // answer still not fit a message, the worker hears why.
-      if (const size_t bytes = resp.ByteSizeLong();
-          bytes > static_cast<size_t>(proto::kMaxMessageBytes)) {
-        const absl::Status too_big = absl::ResourceExhaustedError(absl::StrCat(
-            "the answer to this BN request (layer '", layer, "') took ",
-            bytes, " bytes, more than a message may (",
-            proto::kMaxMessageBytes, ")"));
-        LogRejected(*shard_, "BnSync", worker, too_big);
-        resp.Clear();
-        resp.set_id(id);
-        resp.set_code(static_cast<int>(too_big.code()));
-        resp.set_message(std::string(too_big.message()));
-      }
-    }
-    send(resp);
+    send(EncodeAnswer(*shard_, id, worker, layer, send_running, r));
   };
+}
+
+absl::Status BnDispatcher::AdmitAnswer(const proto::BnRequest& req, int arrays,
+                                       int64_t channels) const {
+  const int64_t bytes = AnswerBytes(arrays, channels);
+  if (bytes > proto::kMaxMessageBytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the answer to this BN request (layer '", req.layer(), "', ",
+        channels, " channels", req.want_running() ? ", want_running" : "",
+        ") would take about ", bytes, " bytes, more than a message may (",
+        proto::kMaxMessageBytes, ")",
+        req.want_running() ? "; read the running stats with BN_RUNNING" : ""));
+  }
+  return admit_ ? admit_(bytes) : absl::OkStatus();
+}
+
+absl::Status BnDispatcher::AdmitRequest(const proto::BnRequest& req) {
   // BN_RUNNING only reads; the rest take part, of the job's generation.
   const bool takes_part = req.phase() != proto::BN_RUNNING;
   AdmissionRequest a;
   a.caller = caller_;
   a.job = req.job();
-  a.worker = worker;
+  a.worker = req.worker();
   a.registered = takes_part;
   a.keys = absl::MakeConstSpan(&req.layer(), 1);
   if (takes_part) a.generation = generation_;
   const absl::StatusOr<Admission> admitted = shard_->Admit(a);
-  if (!admitted.ok()) {
-    reply(admitted.status());
-    return;
-  }
-  absl::Status s;
-  // The answer's size before the work: refused if it could not be sent.
-  auto admit = [&](int arrays, int64_t channels) -> absl::Status {
-    const int64_t bytes = AnswerBytes(arrays, channels);
-    if (bytes > proto::kMaxMessageBytes) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "the answer to this BN request (layer '", req.layer(), "', ",
-          channels, " channels", req.want_running() ? ", want_running" : "",
-          ") would take about ", bytes, " bytes, more than a message may (",
-          proto::kMaxMessageBytes, ")",
-          req.want_running() ? "; read the running stats with BN_RUNNING"
-                             : ""));
-    }
-    return admit_ ? admit_(bytes) : absl::OkStatus();
-  };
+  if (!admitted.ok()) return admitted.status();
   switch (req.phase()) {
     case proto::BN_FORWARD:
-      s = admit(req.want_running() ? 4 : 2, Channels(req.moments().mean()));
-      break;
+      return AdmitAnswer(req, req.want_running() ? 4 : 2,
+                         Channels(req.moments().mean()));
     case proto::BN_BACKWARD:
-      s = admit(2, Channels(req.sums().sum_dy()));
-      break;
+      return AdmitAnswer(req, 2, Channels(req.sums().sum_dy()));
     case proto::BN_LOCAL_RUNNING:
-      s = admit(2, Channels(req.running().mean()));
-      break;
-    default:  // small answers, or sized below (BN_RUNNING)
-      break;
+      return AdmitAnswer(req, 2, Channels(req.running().mean()));
+    default:  // small answers, or sized in Route (BN_RUNNING)
+      return absl::OkStatus();
   }
-  if (!s.ok()) {
-    reply(s);
-    return;
-  }
+}
+
+void BnDispatcher::Route(const proto::BnRequest& req,
+                         const BnAggregator::Done& reply) {
+  const int worker = req.worker();
   BnAggregator& bn = shard_->bn();
   const absl::Time deadline = shard_->Deadline();
   switch (req.phase()) {
     case proto::BN_FORWARD:
     case proto::BN_RECAL: {
-      absl::StatusOr<bn::Moments> m =
-          proto::DecodeMoments(req.moments());
+      absl::StatusOr<bn::Moments> m = proto::DecodeMoments(req.moments());
       if (!m.ok()) return reply(m.status());
       if (req.phase() == proto::BN_FORWARD) {
         return bn.Forward(worker, req.step(), req.layer(), *std::move(m),
@@ -182,8 +198,7 @@ void BnDispatcher::Dispatch(const proto::BnRequest& req, Send send) {
       return bn.Recal(worker, req.step(), req.layer(), *std::move(m), reply);
     }
     case proto::BN_BACKWARD: {
-      absl::StatusOr<bn::BackwardSums> sums =
-          proto::DecodeSums(req.sums());
+      absl::StatusOr<bn::BackwardSums> sums = proto::DecodeSums(req.sums());
       if (!sums.ok()) return reply(sums.status());
       return bn.Backward(worker, req.step(), req.layer(), *std::move(sums),
                          deadline, reply);
@@ -191,8 +206,7 @@ void BnDispatcher::Dispatch(const proto::BnRequest& req, Send send) {
     case proto::BN_RECAL_FINISH:
       return bn.RecalFinish(worker, req.layer(), deadline, reply);
     case proto::BN_LOCAL_RUNNING: {
-      absl::StatusOr<bn::RunningStats> r =
-          proto::DecodeRunning(req.running());
+      absl::StatusOr<bn::RunningStats> r = proto::DecodeRunning(req.running());
       if (!r.ok()) return reply(r.status());
       return bn.LocalRunning(worker, req.layer(), *std::move(r), deadline, reply);
     }
@@ -204,8 +218,8 @@ void BnDispatcher::Dispatch(const proto::BnRequest& req, Send send) {
             "layer '", req.layer(), "' has no running stats on shard ",
             shard_->options().shard, " yet")));
       }
-      if (absl::Status a = admit(
-              2, static_cast<int64_t>(out.running->mean.size()));
+      if (absl::Status a = AdmitAnswer(
+              req, 2, static_cast<int64_t>(out.running->mean.size()));
           !a.ok()) {
         return reply(a);
       }

@@ -27,6 +27,7 @@
 #include "absl/status/status.h"
 
 #include "proto/bnps.pb.h"
+#include "server/bn_aggregator.h"
 #include "server/server_metrics.h"
 #include "server/shard.h"
 #include "util/byte_budget.h"
@@ -71,6 +72,20 @@ class BnDispatcher {
   void Dispatch(const proto::BnRequest& req, Send send);
 
  private:
+  // The phases of Dispatch, in order.
+  // The callback that counts the answer in the metrics, encodes it and
+  // sends it.
+  BnAggregator::Done MakeReply(const proto::BnRequest& req, Send send);
+  // The caller (Shard::Admit) and the answer's size, before any work.
+  absl::Status AdmitRequest(const proto::BnRequest& req);
+  // The aggregator's call for the request's phase, answered through `reply`.
+  void Route(const proto::BnRequest& req, const BnAggregator::Done& reply);
+
+  // RESOURCE_EXHAUSTED if an answer of `arrays` arrays of `channels`
+  // doubles could not be sent; else admit_'s verdict on its bytes.
+  absl::Status AdmitAnswer(const proto::BnRequest& req, int arrays,
+                           int64_t channels) const;
+
   Shard* const shard_;
   ServerMetrics* const metrics_;
   const int64_t generation_;

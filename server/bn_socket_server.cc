@@ -371,24 +371,33 @@ void BnSocketServer::Run() {
     // long ago and have not finished it, are closed.
     if (now >= next_sweep) {
       next_sweep = now + absl::Seconds(1);
-      std::vector<int> late;
-      for (const auto& [fd, conn] : conns) {
-        if (!conn->dispatcher.has_value() &&
-            now - conn->opened > options_.hello_timeout) {
-          late.push_back(fd);
-        } else if (now - conn->frame_started > options_.frame_timeout) {
-          std::fprintf(stderr,
-                       "bnps_server: a BN connection began a frame %.1f s "
-                       "ago and has sent %lld bytes of it: closed\n",
-                       absl::ToDoubleSeconds(now - conn->frame_started),
-                       static_cast<long long>(conn->reader.buffered()));
-          late.push_back(fd);
-        }
-      }
-      for (int fd : late) drop(fd);
+      for (int fd : LateConnections(conns, now)) drop(fd);
     }
   }
   for (auto& [fd, conn] : conns) Release(*conn);
+  CloseListeners();
+}
+
+std::vector<int> BnSocketServer::LateConnections(
+    const std::map<int, std::shared_ptr<Conn>>& conns, absl::Time now) const {
+  std::vector<int> late;
+  for (const auto& [fd, conn] : conns) {
+    if (!conn->dispatcher.has_value() &&
+        now - conn->opened > options_.hello_timeout) {
+      late.push_back(fd);
+    } else if (now - conn->frame_started > options_.frame_timeout) {
+      std::fprintf(stderr,
+                   "bnps_server: a BN connection began a frame %.1f s "
+                   "ago and has sent %lld bytes of it: closed\n",
+                   absl::ToDoubleSeconds(now - conn->frame_started),
+                   static_cast<long long>(conn->reader.buffered()));
+      late.push_back(fd);
+    }
+  }
+  return late;
+}
+
+void BnSocketServer::CloseListeners() {
   port_.store(0);
   unix_listening_.store(false);
   close(listen_fd_);

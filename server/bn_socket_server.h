@@ -65,6 +65,7 @@
 #include <string>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -216,6 +217,12 @@ class BnSocketServer {
   void LeavePending(Conn& conn);
   // Closes the oldest connection still before its hello; false if none.
   bool EvictOldestPending(std::map<int, std::shared_ptr<Conn>>* conns);
+  // Run's sweep: the connections past the hello timeout before their hello,
+  // or past the frame timeout in a frame (said on stderr).
+  std::vector<int> LateConnections(
+      const std::map<int, std::shared_ptr<Conn>>& conns, absl::Time now) const;
+  // Run's end: closes the listeners (and removes the Unix socket).
+  void CloseListeners();
 
   Shard* const shard_;
   ServerMetrics* const metrics_;

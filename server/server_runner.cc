@@ -13,6 +13,77 @@
 
 namespace bnps::server {
 
+namespace {
+
+// The checks of ServerLatency and ServerLimits.
+absl::Status CheckLatencyAndLimits(const ServerLatency& latency,
+                                   const ServerLimits& limits) {
+  if (latency.keep_awake < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("keep_awake must be >= 0");
+  }
+  if (latency.bn_port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("bn_port ", latency.bn_port, " is not a port"));
+  }
+  if (!latency.bn_unix_path.empty() && latency.bn_port < 0) {
+    return absl::InvalidArgumentError(
+        "a BN Unix socket (bn_unix_path, bnps_server --bn_unix_socket) "
+        "needs the raw-TCP BN listener (bn_port >= 0, --bn_port): TCP is "
+        "what workers on other hosts, and any that cannot connect to the "
+        "path, use");
+  }
+  if (limits.bn_max_connections < 0 || limits.bn_memory_budget_bytes <= 0 ||
+      limits.bn_frame_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        "bn_max_connections must be >= 0, bn_memory_budget_bytes and "
+        "bn_frame_timeout > 0");
+  }
+  return absl::OkStatus();
+}
+
+// The gauge of what the BN connections hold.
+void AddBudgetGauge(metrics::Registry* registry,
+                    std::shared_ptr<util::ByteBudget> bn_budget) {
+  metrics::Gauge* held =
+      registry
+          ->AddGauge("bnps_server_bn_buffered_bytes",
+                     "Bytes the BN connections (raw TCP and BnSync "
+                     "streams) hold: answers not read yet and frames partly "
+                     "received; at most --bn_memory_budget_mb.")
+          ->WithLabels({});
+  registry->AddCollector([held, bn_budget] {
+    held->Set(static_cast<double>(bn_budget->used()));
+  });
+}
+
+}  // namespace
+
+absl::Status RunningServer::StartBnSocketServer(
+    const std::string& address, const ServerSecurity& security,
+    const ServerLatency& latency, const ServerLimits& limits) {
+  if (security.credentials != nullptr) {
+    return absl::InvalidArgumentError(
+        "the raw-TCP BN listener (bn_port) is plaintext: it cannot serve a "
+        "job that uses TLS");
+  }
+  BnSocketServer::Options bo;
+  bo.host = address.substr(0, address.rfind(':'));
+  bo.port = latency.bn_port;
+  bo.token = security.token;
+  bo.per_worker_tokens = security.per_worker_tokens;
+  bo.max_connections = limits.bn_max_connections;
+  bo.max_unauthenticated_per_peer = limits.bn_max_unauthenticated_per_peer;
+  bo.budget = bn_budget_;
+  bo.frame_timeout = limits.bn_frame_timeout;
+  bo.unix_path = latency.bn_unix_path;
+  bo.busy_poll = latency.keep_awake;
+  absl::StatusOr<std::unique_ptr<BnSocketServer>> bn = BnSocketServer::Start(
+      shard_.get(), metrics_.get(), keep_awake_.get(), std::move(bo));
+  if (!bn.ok()) return bn.status();
+  bn_socket_ = *std::move(bn);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<RunningServer>> RunningServer::Start(
     ShardOptions options, const std::string& address,
     ServerSecurity security, ServerMonitoring monitoring,
@@ -36,8 +107,8 @@ absl::StatusOr<std::unique_ptr<RunningServer>> RunningServer::Start(
     rs->metrics_ =
         std::make_unique<ServerMetrics>(rs->registry_.get(), rs->shard_.get());
   }
-  if (latency.keep_awake < absl::ZeroDuration()) {
-    return absl::InvalidArgumentError("keep_awake must be >= 0");
+  if (absl::Status s = CheckLatencyAndLimits(latency, limits); !s.ok()) {
+    return s;
   }
   if (latency.keep_awake > absl::ZeroDuration()) {
     absl::StatusOr<std::unique_ptr<util::KeepAwake>> k =
@@ -45,61 +116,17 @@ absl::StatusOr<std::unique_ptr<RunningServer>> RunningServer::Start(
     if (!k.ok()) return k.status();
     rs->keep_awake_ = *std::move(k);
   }
-  if (latency.bn_port > 65535) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("bn_port ", latency.bn_port, " is not a port"));
-  }
-  if (!latency.bn_unix_path.empty() && latency.bn_port < 0) {
-    return absl::InvalidArgumentError(
-        "a BN Unix socket (bn_unix_path, bnps_server --bn_unix_socket) "
-        "needs the raw-TCP BN listener (bn_port >= 0, --bn_port): TCP is "
-        "what workers on other hosts, and any that cannot connect to the "
-        "path, use");
-  }
-  if (limits.bn_max_connections < 0 || limits.bn_memory_budget_bytes <= 0 ||
-      limits.bn_frame_timeout <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(
-        "bn_max_connections must be >= 0, bn_memory_budget_bytes and "
-        "bn_frame_timeout > 0");
-  }
   // One budget for the BN answers and frames of both transports.
   auto bn_budget =
       std::make_shared<util::ByteBudget>(limits.bn_memory_budget_bytes);
   rs->bn_budget_ = bn_budget;
-  if (rs->metrics_ != nullptr) {
-    metrics::Gauge* held =
-        rs->registry_
-            ->AddGauge("bnps_server_bn_buffered_bytes",
-                       "Bytes the BN connections (raw TCP and BnSync "
-                       "streams) hold: answers not read yet and frames partly "
-                       "received; at most --bn_memory_budget_mb.")
-            ->WithLabels({});
-    rs->registry_->AddCollector([held, bn_budget] {
-      held->Set(static_cast<double>(bn_budget->used()));
-    });
-  }
+  if (rs->metrics_ != nullptr) AddBudgetGauge(rs->registry_.get(), bn_budget);
   if (latency.bn_port >= 0) {
-    if (security.credentials != nullptr) {
-      return absl::InvalidArgumentError(
-          "the raw-TCP BN listener (bn_port) is plaintext: it cannot serve a "
-          "job that uses TLS");
+    if (absl::Status s =
+            rs->StartBnSocketServer(address, security, latency, limits);
+        !s.ok()) {
+      return s;
     }
-    BnSocketServer::Options bo;
-    bo.host = address.substr(0, address.rfind(':'));
-    bo.port = latency.bn_port;
-    bo.token = security.token;
-    bo.per_worker_tokens = security.per_worker_tokens;
-    bo.max_connections = limits.bn_max_connections;
-    bo.max_unauthenticated_per_peer = limits.bn_max_unauthenticated_per_peer;
-    bo.budget = bn_budget;
-    bo.frame_timeout = limits.bn_frame_timeout;
-    bo.unix_path = latency.bn_unix_path;
-    bo.busy_poll = latency.keep_awake;
-    absl::StatusOr<std::unique_ptr<BnSocketServer>> bn =
-        BnSocketServer::Start(rs->shard_.get(), rs->metrics_.get(),
-                              rs->keep_awake_.get(), std::move(bo));
-    if (!bn.ok()) return bn.status();
-    rs->bn_socket_ = *std::move(bn);
   }
   rs->service_ = std::make_unique<ShardService>(
       rs->shard_.get(), std::move(security.token), rs->metrics_.get(),

@@ -135,6 +135,12 @@ class RunningServer {
 
  private:
   RunningServer() = default;
+  // Starts bn_socket_ (ServerLatency::bn_port) on the host of `address`.
+  // REQUIRES: shard_, metrics_, keep_awake_ and bn_budget_ are set.
+  absl::Status StartBnSocketServer(const std::string& address,
+                                   const ServerSecurity& security,
+                                   const ServerLatency& latency,
+                                   const ServerLimits& limits);
 
   std::unique_ptr<metrics::Registry> registry_;
   std::unique_ptr<Shard> shard_;

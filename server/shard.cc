@@ -43,64 +43,74 @@ policy::JobPolicy JobPolicyOf(const ShardOptions& o) {
   return {o.policy, o.gradients.value_or(policy::ShorthandGradients(o.policy))};
 }
 
-absl::StatusOr<std::unique_ptr<Shard>> Shard::Create(ShardOptions options) {
+namespace {
+
+// The checks of Shard::Create on its options.
+absl::Status CheckShardOptions(const ShardOptions& o) {
   auto bad = [](const std::string& what) {
     return absl::InvalidArgumentError(what);
   };
-  if (options.job.empty()) return bad("job name is empty");
-  if (options.num_workers < 1) return bad("num_workers must be at least 1");
-  if (options.num_shards < 1) return bad("num_shards must be at least 1");
-  if (options.shard < 0 || options.shard >= options.num_shards) {
-    return bad(absl::StrCat("shard ", options.shard, " outside [0, ",
-                            options.num_shards, ")"));
+  if (o.job.empty()) return bad("job name is empty");
+  if (o.num_workers < 1) return bad("num_workers must be at least 1");
+  if (o.num_shards < 1) return bad("num_shards must be at least 1");
+  if (o.shard < 0 || o.shard >= o.num_shards) {
+    return bad(absl::StrCat("shard ", o.shard, " outside [0, ",
+                            o.num_shards, ")"));
   }
-  if (options.staleness < 0) return bad("staleness must be >= 0");
-  if (!(options.optimizer.learning_rate > 0)) return bad("learning_rate must be > 0");
-  if (options.optimizer.momentum < 0 || options.optimizer.momentum >= 1) {
+  if (o.staleness < 0) return bad("staleness must be >= 0");
+  if (!(o.optimizer.learning_rate > 0)) return bad("learning_rate must be > 0");
+  if (o.optimizer.momentum < 0 || o.optimizer.momentum >= 1) {
     return bad("momentum must be in [0, 1)");
   }
-  if (options.optimizer.weight_decay < 0) return bad("weight_decay must be >= 0");
-  if (!(options.bn_momentum >= 0 && options.bn_momentum <= 1)) {
+  if (o.optimizer.weight_decay < 0) return bad("weight_decay must be >= 0");
+  if (!(o.bn_momentum >= 0 && o.bn_momentum <= 1)) {
     return bad("bn_momentum must be in [0, 1]");
   }
-  if (options.barrier_timeout <= absl::ZeroDuration() ||
-      options.heartbeat_timeout <= absl::ZeroDuration() ||
-      options.tick <= absl::ZeroDuration()) {
+  if (o.barrier_timeout <= absl::ZeroDuration() ||
+      o.heartbeat_timeout <= absl::ZeroDuration() ||
+      o.tick <= absl::ZeroDuration()) {
     return bad("timeouts and the tick must be positive");
   }
-  if (options.membership) {
-    if (options.membership->max_workers() > options.num_workers) {
-      return bad(absl::StrCat("membership ", options.membership->ToString(),
+  if (o.membership) {
+    if (o.membership->max_workers() > o.num_workers) {
+      return bad(absl::StrCat("membership ", o.membership->ToString(),
                               " has more workers than num_workers (",
-                              options.num_workers, ")"));
+                              o.num_workers, ")"));
     }
     const std::vector<proto::MembershipHistory::Segment>& seg =
-        options.membership->segments();
-    if (seg.size() > 1 || seg.front().num_workers != options.num_workers) {
-      if (absl::Status s = policy::CheckResizable(JobPolicyOf(options));
+        o.membership->segments();
+    if (seg.size() > 1 || seg.front().num_workers != o.num_workers) {
+      if (absl::Status s = policy::CheckResizable(JobPolicyOf(o));
           !s.ok()) {
         return s;
       }
     }
   }
   {
-    std::vector<int> counts = {options.num_workers};
-    if (options.membership) {
+    std::vector<int> counts = {o.num_workers};
+    if (o.membership) {
       counts.clear();
-      for (const auto& seg : options.membership->segments()) {
+      for (const auto& seg : o.membership->segments()) {
         counts.push_back(seg.num_workers);
       }
     }
-    if (absl::Status s = policy::CheckBnGroups(JobPolicyOf(options),
-                                               options.bn_group_size, counts);
+    if (absl::Status s = policy::CheckBnGroups(JobPolicyOf(o),
+                                               o.bn_group_size, counts);
         !s.ok()) {
       return s;
     }
   }
-  if (options.checkpoint_every < 0) return bad("checkpoint_every must be >= 0");
-  if (options.checkpoint_every > 0 && options.checkpoint_dir.empty()) {
+  if (o.checkpoint_every < 0) return bad("checkpoint_every must be >= 0");
+  if (o.checkpoint_every > 0 && o.checkpoint_dir.empty()) {
     return bad("checkpoint_every needs a checkpoint_dir");
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Shard>> Shard::Create(ShardOptions options) {
+  if (absl::Status s = CheckShardOptions(options); !s.ok()) return s;
   if (!options.now) options.now = absl::Now;
   std::unique_ptr<Shard> shard(new Shard(std::move(options)));
   const ShardOptions& o = shard->options_;
@@ -116,59 +126,7 @@ absl::StatusOr<std::unique_ptr<Shard>> Shard::Create(ShardOptions options) {
     shard->incarnation_ = absl::Uniform<uint64_t>(gen);
   }
   if (!o.checkpoint_dir.empty()) {
-    // A directory that cannot be written is said now, not at every
-    // checkpoint while the job runs without any to come back to.
-    absl::StatusOr<std::unique_ptr<checkpoint::DirLock>> lock =
-        checkpoint::LockCheckpointDir(o.checkpoint_dir);
-    if (!lock.ok()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("checkpoint directory: ", lock.status().message()));
-    }
-    shard->dir_lock_ = *std::move(lock);
-    const std::string prefix = absl::StrCat("bnps_server[", o.shard, "]");
-    absl::StatusOr<checkpoint::CheckpointFile> file =
-        checkpoint::LoadNewestCheckpoint(o.checkpoint_dir, prefix);
-    // A file that verifies but does not fit the job (DATA_LOSS; another
-    // job's config is refused as it is) is set aside as a torn one, and the
-    // previous one is tried: a supervisor's restarts would fail the same way.
-    for (;;) {
-      if (!file.ok()) break;
-      const absl::Status s =
-          shard->Restore(file->payload, file->path, absl::OkStatus());
-      if (s.ok()) break;
-      if (!absl::IsDataLoss(s)) return s;
-      std::fprintf(stderr,
-                   "%s: %s; set aside as %s; trying the previous one\n",
-                   prefix.c_str(), std::string(s.message()).c_str(),
-                   checkpoint::SetAside(file->path).c_str());
-      file = checkpoint::LoadNewestCheckpoint(o.checkpoint_dir, prefix);
-    }
-    if (file.ok() && shard->job_complete()) {
-      std::fprintf(stderr,
-                   "bnps_server[%d]: resumed from the final checkpoint of "
-                   "step %lld (%s): the job is complete (every worker "
-                   "finished); serving its final state for reads "
-                   "(bnps_status, --digest, --export); no worker may join\n",
-                   o.shard, static_cast<long long>(file->step),
-                   file->path.c_str());
-    } else if (file.ok()) {
-      absl::MutexLock lock(&shard->gen_mu_);
-      shard->gen_.needs_rollback = true;
-      std::fprintf(stderr,
-                   "bnps_server[%d]: resumed from step %lld (%s, generation "
-                   "%lld); waiting for the workers to roll the job back to "
-                   "a step every server has\n",
-                   o.shard, static_cast<long long>(file->step),
-                   file->path.c_str(),
-                   static_cast<long long>(shard->gen_.generation));
-    } else if (!absl::IsNotFound(file.status())) {
-      return file.status();
-    } else {
-      std::fprintf(stderr, "bnps_server[%d]: no checkpoint in %s: a fresh start\n",
-                   o.shard, o.checkpoint_dir.c_str());
-    }
-    Shard* s = shard.get();
-    s->writer_ = std::thread([s] { s->WriterLoop(); });
+    if (absl::Status s = shard->OpenCheckpointDir(); !s.ok()) return s;
   }
   if (o.start_ticker) {
     Shard* s = shard.get();
@@ -179,6 +137,65 @@ absl::StatusOr<std::unique_ptr<Shard>> Shard::Create(ShardOptions options) {
     });
   }
   return shard;
+}
+
+// Locks options_.checkpoint_dir, restores its newest checkpoint that fits
+// (setting aside those that do not) and starts the writer.
+absl::Status Shard::OpenCheckpointDir() {
+  const ShardOptions& o = options_;
+  // A directory that cannot be written is said now, not at every
+  // checkpoint while the job runs without any to come back to.
+  absl::StatusOr<std::unique_ptr<checkpoint::DirLock>> lock =
+      checkpoint::LockCheckpointDir(o.checkpoint_dir);
+  if (!lock.ok()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("checkpoint directory: ", lock.status().message()));
+  }
+  dir_lock_ = *std::move(lock);
+  const std::string prefix = absl::StrCat("bnps_server[", o.shard, "]");
+  absl::StatusOr<checkpoint::CheckpointFile> file =
+      checkpoint::LoadNewestCheckpoint(o.checkpoint_dir, prefix);
+  // A file that verifies but does not fit the job (DATA_LOSS; another
+  // job's config is refused as it is) is set aside as a torn one, and the
+  // previous one is tried: a supervisor's restarts would fail the same way.
+  for (;;) {
+    if (!file.ok()) break;
+    const absl::Status s =
+        Restore(file->payload, file->path, absl::OkStatus());
+    if (s.ok()) break;
+    if (!absl::IsDataLoss(s)) return s;
+    std::fprintf(stderr,
+                 "%s: %s; set aside as %s; trying the previous one\n",
+                 prefix.c_str(), std::string(s.message()).c_str(),
+                 checkpoint::SetAside(file->path).c_str());
+    file = checkpoint::LoadNewestCheckpoint(o.checkpoint_dir, prefix);
+  }
+  if (file.ok() && job_complete()) {
+    std::fprintf(stderr,
+                 "bnps_server[%d]: resumed from the final checkpoint of "
+                 "step %lld (%s): the job is complete (every worker "
+                 "finished); serving its final state for reads "
+                 "(bnps_status, --digest, --export); no worker may join\n",
+                 o.shard, static_cast<long long>(file->step),
+                 file->path.c_str());
+  } else if (file.ok()) {
+    absl::MutexLock lock(&gen_mu_);
+    gen_.needs_rollback = true;
+    std::fprintf(stderr,
+                 "bnps_server[%d]: resumed from step %lld (%s, generation "
+                 "%lld); waiting for the workers to roll the job back to "
+                 "a step every server has\n",
+                 o.shard, static_cast<long long>(file->step),
+                 file->path.c_str(),
+                 static_cast<long long>(gen_.generation));
+  } else if (!absl::IsNotFound(file.status())) {
+    return file.status();
+  } else {
+    std::fprintf(stderr, "bnps_server[%d]: no checkpoint in %s: a fresh start\n",
+                 o.shard, o.checkpoint_dir.c_str());
+  }
+  writer_ = std::thread([this] { WriterLoop(); });
+  return absl::OkStatus();
 }
 
 Shard::Shard(ShardOptions options)

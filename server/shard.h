@@ -326,6 +326,10 @@ class Shard {
     bool job_complete = false;
     proto::MembershipHistory history{1};
   };
+  // Create's part for a checkpoint_dir: locks it, restores its newest
+  // checkpoint that fits the job, starts writer_. FAILED_PRECONDITION for a
+  // directory that cannot be locked; Restore's errors but DATA_LOSS.
+  absl::Status OpenCheckpointDir();
   // Called by the store at a step boundary, with its lock held.
   void OnBoundary(int64_t step, store::StoreState store);
   void WriterLoop();
@@ -343,6 +347,12 @@ class Shard {
   // whether some component was restored all the same.
   absl::Status Restore(const std::string& payload, const std::string& from,
                        const absl::Status& why, bool* changed = nullptr);
+  // Restore's checks of a checkpoint's state (read from `from`) against
+  // this job, before anything changes: DATA_LOSS naming the parameter or
+  // BN layer that does not fit (shape, size, worker count, ownership).
+  absl::Status CheckRestoredStateFits(const store::StoreState& store,
+                                      const BnState& bn,
+                                      const std::string& from) const;
 
   // The workers of `step` (history_).
   int WorkersAt(int64_t step) const {

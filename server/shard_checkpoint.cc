@@ -200,6 +200,110 @@ absl::Status Shard::CheckpointNow() {
   return FlushCheckpoints();
 }
 
+namespace {
+
+// What a checkpoint restores into the store and the BN aggregator.
+struct RestoredState {
+  store::StoreState store;
+  BnState bn;
+};
+
+// The parameters and BN layers of checkpoint `c` (read from `from`), as
+// the store and the aggregator import them; DATA_LOSS naming what is
+// malformed, or worker records of another count than `workers`.
+absl::StatusOr<RestoredState> DecodeRestoredState(
+    const proto::ShardCheckpoint& c, const std::string& from, size_t workers) {
+  auto bad = [&from](const std::string& what) {
+    return absl::DataLossError(absl::StrCat(from, ": ", what));
+  };
+  RestoredState state;
+  store::StoreState& store = state.store;
+  for (const proto::ParamState& p : c.params()) {
+    store::StoreState::Key k;
+    k.key = p.key();
+    k.shape.assign(p.shape().begin(), p.shape().end());
+    auto values = std::make_shared<std::vector<float>>();
+    if (!FromBytes(p.values(), values.get()) ||
+        !FromBytes(p.momentum(), &k.momentum)) {
+      return bad(absl::StrCat("parameter '", p.key(), "' is malformed"));
+    }
+    k.values = std::move(values);
+    k.version = p.version();
+    k.last_pushed.assign(p.last_pushed().begin(), p.last_pushed().end());
+    store.keys.push_back(std::move(k));
+  }
+  store.applied = c.pushes_applied();
+  store.duplicates = c.pushes_duplicate();
+  store.newest_step = c.newest_push_step();
+  BnState& bn = state.bn;
+  for (const proto::BnLayerState& l : c.bn_layers()) {
+    BnState::Layer out;
+    out.name = l.layer();
+    out.channels = l.channels();
+    if (l.has_running()) {
+      bn::RunningStats r;
+      if (!FromBytes(l.running_mean(), &r.mean) ||
+          !FromBytes(l.running_var(), &r.var)) {
+        return bad(absl::StrCat("BN layer '", l.layer(), "' is malformed"));
+      }
+      out.running = std::move(r);
+    }
+    out.newest_forward = l.newest_forward();
+    out.newest_backward = l.newest_backward();
+    bn.layers.push_back(std::move(out));
+  }
+  bn.newest_step = c.newest_bn_step();
+  bn.contributed.assign(c.bn_contributed().begin(), c.bn_contributed().end());
+  if (bn.contributed.size() != workers ||
+      static_cast<size_t>(c.workers_size()) != workers) {
+    return bad("worker records of another worker count");
+  }
+  return state;
+}
+
+}  // namespace
+
+absl::Status Shard::CheckRestoredStateFits(const store::StoreState& store,
+                                           const BnState& bn,
+                                           const std::string& from) const {
+  // Everything is checked before anything changes: a rollback that fails
+  // must not leave the store restored and the BN layers or clocks not.
+  // (The store and the aggregator check the same again.)
+  const size_t workers = static_cast<size_t>(options_.num_workers);
+  auto bad = [&from](const std::string& what) {
+    return absl::DataLossError(absl::StrCat(from, ": ", what));
+  };
+  for (const store::StoreState::Key& k : store.keys) {
+    int64_t n = 1;
+    bool fits = k.values->size() == k.momentum.size() &&
+                k.last_pushed.size() == workers && k.version >= 0;
+    for (int64_t d : k.shape) {
+      fits = fits && d >= 0 &&
+             (d == 0 || n <= static_cast<int64_t>(k.values->size()) / d);
+      if (fits) n *= d;
+    }
+    if (!fits || n != static_cast<int64_t>(k.values->size())) {
+      return bad(absl::StrCat("parameter '", k.key, "' does not fit this job"));
+    }
+    if (k.key.empty() || k.key.size() > proto::kMaxKeyBytes ||
+        n > proto::kMaxTensorElements) {
+      return bad(absl::StrCat("parameter '", k.key, "' does not fit this job"));
+    }
+    if (absl::Status s = CheckOwned(k.key); !s.ok()) {
+      return bad(std::string(s.message()));
+    }
+  }
+  for (const BnState::Layer& l : bn.layers) {
+    if (l.channels < 0 || l.channels > proto::kMaxChannels ||
+        (l.running.has_value() &&
+         (static_cast<int64_t>(l.running->mean.size()) != l.channels ||
+          static_cast<int64_t>(l.running->var.size()) != l.channels))) {
+      return bad(absl::StrCat("BN layer '", l.name, "' does not fit its channels"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Shard::Restore(const std::string& payload, const std::string& from,
                             const absl::Status& why, bool* changed) {
   if (changed != nullptr) *changed = false;
@@ -249,77 +353,12 @@ absl::Status Shard::Restore(const std::string& payload, const std::string& from,
   auto bad = [&](const std::string& what) {
     return absl::DataLossError(absl::StrCat(from, ": ", what));
   };
-  store::StoreState store;
-  for (const proto::ParamState& p : c.params()) {
-    store::StoreState::Key k;
-    k.key = p.key();
-    k.shape.assign(p.shape().begin(), p.shape().end());
-    auto values = std::make_shared<std::vector<float>>();
-    if (!FromBytes(p.values(), values.get()) ||
-        !FromBytes(p.momentum(), &k.momentum)) {
-      return bad(absl::StrCat("parameter '", p.key(), "' is malformed"));
-    }
-    k.values = std::move(values);
-    k.version = p.version();
-    k.last_pushed.assign(p.last_pushed().begin(), p.last_pushed().end());
-    store.keys.push_back(std::move(k));
-  }
-  store.applied = c.pushes_applied();
-  store.duplicates = c.pushes_duplicate();
-  store.newest_step = c.newest_push_step();
-  BnState bn;
-  for (const proto::BnLayerState& l : c.bn_layers()) {
-    BnState::Layer out;
-    out.name = l.layer();
-    out.channels = l.channels();
-    if (l.has_running()) {
-      bn::RunningStats r;
-      if (!FromBytes(l.running_mean(), &r.mean) ||
-          !FromBytes(l.running_var(), &r.var)) {
-        return bad(absl::StrCat("BN layer '", l.layer(), "' is malformed"));
-      }
-      out.running = std::move(r);
-    }
-    out.newest_forward = l.newest_forward();
-    out.newest_backward = l.newest_backward();
-    bn.layers.push_back(std::move(out));
-  }
-  bn.newest_step = c.newest_bn_step();
-  bn.contributed.assign(c.bn_contributed().begin(), c.bn_contributed().end());
-  if (bn.contributed.size() != workers ||
-      static_cast<size_t>(c.workers_size()) != workers) {
-    return bad("worker records of another worker count");
-  }
-  // Everything is checked before anything changes: a rollback that fails
-  // must not leave the store restored and the BN layers or clocks not.
-  // (The store and the aggregator check the same again.)
-  for (const store::StoreState::Key& k : store.keys) {
-    int64_t n = 1;
-    bool fits = k.values->size() == k.momentum.size() &&
-                k.last_pushed.size() == workers && k.version >= 0;
-    for (int64_t d : k.shape) {
-      fits = fits && d >= 0 &&
-             (d == 0 || n <= static_cast<int64_t>(k.values->size()) / d);
-      if (fits) n *= d;
-    }
-    if (!fits || n != static_cast<int64_t>(k.values->size())) {
-      return bad(absl::StrCat("parameter '", k.key, "' does not fit this job"));
-    }
-    if (k.key.empty() || k.key.size() > proto::kMaxKeyBytes ||
-        n > proto::kMaxTensorElements) {
-      return bad(absl::StrCat("parameter '", k.key, "' does not fit this job"));
-    }
-    if (absl::Status s = CheckOwned(k.key); !s.ok()) {
-      return bad(std::string(s.message()));
-    }
-  }
-  for (const BnState::Layer& l : bn.layers) {
-    if (l.channels < 0 || l.channels > proto::kMaxChannels ||
-        (l.running.has_value() &&
-         (static_cast<int64_t>(l.running->mean.size()) != l.channels ||
-          static_cast<int64_t>(l.running->var.size()) != l.channels))) {
-      return bad(absl::StrCat("BN layer '", l.name, "' does not fit its channels"));
-    }
+  absl::StatusOr<RestoredState> state = DecodeRestoredState(c, from, workers);
+  if (!state.ok()) return state.status();
+  store::StoreState& store = state->store;
+  BnState& bn = state->bn;
+  if (absl::Status s = CheckRestoredStateFits(store, bn, from); !s.ok()) {
+    return s;
   }
   // The clocks first: their restore checks the staleness bound as it goes,
   // and changes nothing when it fails.

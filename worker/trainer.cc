@@ -240,15 +240,108 @@ absl::Status Trainer::RefreshMembers(RunState* run) const {
   return absl::OkStatus();
 }
 
+absl::Status Trainer::LeaveEarly(RunState* run) {
+  // A planned leave: the job goes on without this worker from a
+  // checkpoint step, which this worker then skips to the end.
+  absl::StatusOr<int64_t> k = client_->LeaveEarly();
+  if (!k.ok()) return Annotate(k.status(), "leaving the job early");
+  ++run->recoveries;
+  run->step = std::min(*k, run->total);
+  return RefreshMembers(run);
+}
+
+absl::Status Trainer::AwaitFirstStep(int64_t step) {
+  // A worker that joins the job later waits for its first step as long
+  // as the others take to reach it, not one barrier's deadline.
+  absl::Status s;
+  while (absl::IsDeadlineExceeded(s = PullInto(step))) {
+  }
+  if (!s.ok() && !proto::IsRollback(s) && !absl::IsUnavailable(s)) {
+    return Annotate(s, absl::StrCat("waiting for step ", step,
+                                    ", this worker's first"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::RecoverFromStep(const absl::Status& s, RunState* run) {
+  // A server restarted (or a worker, under --on_worker_loss=wait): the
+  // job rolls back to a checkpoint and this worker goes on from there.
+  // A server out of reach past the retries (restarting, or behind a
+  // partition) leaves this step unfinishable: the job rolls back too.
+  if ((proto::IsRollback(s) || absl::IsUnavailable(s)) &&
+      run->recoveries < kMaxRecoveries) {
+    absl::StatusOr<int64_t> k = client_->Recover(
+        /*restarted=*/absl::IsUnavailable(s) && !proto::IsRollback(s));
+    if (k.ok()) {
+      ++run->recoveries;
+      run->step = std::min(*k, run->total);
+      // A rollback may have resized the job (a worker joined).
+      return RefreshMembers(run);
+    }
+    if (!absl::IsUnimplemented(k.status())) {
+      return absl::Status(
+          s.code(), absl::StrCat(s.message(), "; rolling the job back: ",
+                                 k.status().message()));
+    }
+  }
+  return s;
+}
+
+void Trainer::CountStep(int64_t step, const StepFigures& f, int64_t n,
+                        absl::Duration took, TrainReport* report) const {
+  report->max_staleness = std::max(report->max_staleness, f.staleness);
+  if (step >= options_.timing_warmup_steps) {
+    report->seconds_total += absl::ToDoubleSeconds(took);
+    report->seconds_bn_sync += absl::ToDoubleSeconds(f.bn_time);
+    report->seconds_grad_sync += absl::ToDoubleSeconds(f.grad_time);
+    report->timed_examples += n;
+    ++report->timed_steps;
+  }
+  if (options_.metrics != nullptr) {
+    options_.metrics->StepDone(
+        std::max(absl::ZeroDuration(), took - f.bn_time - f.grad_time),
+        f.bn_time, f.grad_time, n);
+  }
+  report->examples += n;
+}
+
+void Trainer::ReportProgress(const RunState& run, int64_t epoch,
+                             int64_t staleness, Window* prog,
+                             double* prog_start) const {
+  const double now = Seconds(run.start);
+  Progress p;
+  p.step = run.step;
+  p.total_steps = run.total;
+  p.epoch = epoch;
+  p.loss = prog->n > 0 ? prog->loss / prog->n : 0;
+  p.accuracy = prog->n > 0 ? static_cast<double>(prog->correct) / prog->n : 0;
+  p.images_per_second = now > *prog_start ? prog->n / (now - *prog_start) : 0;
+  p.staleness = staleness;
+  p.seconds = now;
+  options_.on_progress(p);
+  *prog_start = now;
+  *prog = Window();
+}
+
+absl::Status Trainer::EvaluateEpoch(const RunState& run, int64_t epoch,
+                                    TrainReport* report) {
+  // Parameters as of this worker's last pull; sync and async take the
+  // servers' running stats as they are now. A progress figure, not the
+  // final result.
+  if (absl::Status s = PullRunningStats(run.step); !s.ok()) return s;
+  absl::StatusOr<double> acc = Evaluate();
+  if (!acc.ok()) return acc.status();
+  report->evals.push_back(EvalPoint{epoch + 1, Seconds(run.start), *acc});
+  return absl::OkStatus();
+}
+
 absl::Status Trainer::TrainSteps(Batcher* batcher, ServerBnExchange* sync,
                                  RunState* run, TrainReport* report) {
-  const absl::Time start = run->start;
   const int64_t history_every = std::max<int64_t>(1, run->total / 50);
-  absl::Time last_progress = start;
+  absl::Time last_progress = run->start;
   // Figures since the last history point / progress report.
-  double hist_loss = 0, prog_loss = 0;
-  int64_t hist_correct = 0, hist_n = 0, prog_correct = 0, prog_n = 0,
-          staleness = 0;
+  Window hist, prog;
+  int64_t staleness = 0;
   double prog_start = 0;
   Batch batch;
   int64_t positioned = -1;  // the step the batcher's next batch is of
@@ -258,15 +351,9 @@ absl::Status Trainer::TrainSteps(Batcher* batcher, ServerBnExchange* sync,
     if (options_.leave_at_step > 0 && !left &&
         run->step >= options_.leave_at_step &&
         batcher->options().worker < members) {
-      // A planned leave: the job goes on without this worker from a
-      // checkpoint step, which this worker then skips to the end.
       left = true;
-      absl::StatusOr<int64_t> k = client_->LeaveEarly();
-      if (!k.ok()) return Annotate(k.status(), "leaving the job early");
-      ++run->recoveries;
-      run->step = std::min(*k, run->total);
       positioned = -1;
-      if (absl::Status s = RefreshMembers(run); !s.ok()) return s;
+      if (absl::Status s = LeaveEarly(run); !s.ok()) return s;
       continue;
     }
     if (batcher->options().worker >= members) {
@@ -276,16 +363,8 @@ absl::Status Trainer::TrainSteps(Batcher* batcher, ServerBnExchange* sync,
       continue;
     }
     if (skipped) {
-      // A worker that joins the job later waits for its first step as long
-      // as the others take to reach it, not one barrier's deadline.
       skipped = false;
-      absl::Status s;
-      while (absl::IsDeadlineExceeded(s = PullInto(run->step))) {
-      }
-      if (!s.ok() && !proto::IsRollback(s) && !absl::IsUnavailable(s)) {
-        return Annotate(s, absl::StrCat("waiting for step ", run->step,
-                                        ", this worker's first"));
-      }
+      if (absl::Status s = AwaitFirstStep(run->step); !s.ok()) return s;
     }
     const int64_t epoch = run->per_epoch > 0 ? run->step / run->per_epoch : 0;
     if (positioned != run->step || batcher->step() == run->per_epoch) {
@@ -303,94 +382,38 @@ absl::Status Trainer::TrainSteps(Batcher* batcher, ServerBnExchange* sync,
     StepFigures f;
     const absl::Time step_start = absl::Now();
     if (absl::Status s = TrainStep(run->step, batch, sync, &f); !s.ok()) {
-      // A server restarted (or a worker, under --on_worker_loss=wait): the
-      // job rolls back to a checkpoint and this worker goes on from there.
-      // A server out of reach past the retries (restarting, or behind a
-      // partition) leaves this step unfinishable: the job rolls back too.
-      if ((proto::IsRollback(s) || absl::IsUnavailable(s)) &&
-          run->recoveries < kMaxRecoveries) {
-        absl::StatusOr<int64_t> k = client_->Recover(
-            /*restarted=*/absl::IsUnavailable(s) && !proto::IsRollback(s));
-        if (k.ok()) {
-          ++run->recoveries;
-          run->step = std::min(*k, run->total);
-          positioned = -1;
-          // A rollback may have resized the job (a worker joined).
-          if (absl::Status m = RefreshMembers(run); !m.ok()) return m;
-          continue;
-        }
-        if (!absl::IsUnimplemented(k.status())) {
-          return absl::Status(
-              s.code(), absl::StrCat(s.message(), "; rolling the job back: ",
-                                     k.status().message()));
-        }
-      }
-      return s;
+      if (absl::Status r = RecoverFromStep(s, run); !r.ok()) return r;
+      positioned = -1;
+      continue;
     }
     staleness = f.staleness;
-    report->max_staleness = std::max(report->max_staleness, staleness);
     const absl::Time step_end = absl::Now();
-    const double step_seconds = absl::ToDoubleSeconds(step_end - step_start);
-    if (run->step >= options_.timing_warmup_steps) {
-      report->seconds_total += step_seconds;
-      report->seconds_bn_sync += absl::ToDoubleSeconds(f.bn_time);
-      report->seconds_grad_sync += absl::ToDoubleSeconds(f.grad_time);
-      report->timed_examples += batch.n;
-      ++report->timed_steps;
+    CountStep(run->step, f, batch.n, step_end - step_start, report);
+    for (Window* w : {&hist, &prog}) {
+      w->loss += f.loss_sum;
+      w->correct += f.correct;
+      w->n += batch.n;
     }
-    if (options_.metrics != nullptr) {
-      options_.metrics->StepDone(
-          std::max(absl::ZeroDuration(),
-                   step_end - step_start - f.bn_time - f.grad_time),
-          f.bn_time, f.grad_time, batch.n);
-    }
-    report->examples += batch.n;
-    hist_loss += f.loss_sum;
-    prog_loss += f.loss_sum;
-    hist_correct += f.correct;
-    prog_correct += f.correct;
-    hist_n += batch.n;
-    prog_n += batch.n;
     ++run->step;
 
     if (run->step % history_every == 0 || run->step == run->total) {
-      if (hist_n > 0) {
+      if (hist.n > 0) {
         report->history.push_back(HistoryPoint{
-            run->step, Seconds(start), hist_loss / hist_n,
-            static_cast<double>(hist_correct) / hist_n});
+            run->step, Seconds(run->start), hist.loss / hist.n,
+            static_cast<double>(hist.correct) / hist.n});
       }
-      hist_loss = 0;
-      hist_correct = hist_n = 0;
+      hist = Window();
     }
     const bool epoch_end = batcher->step() == run->per_epoch || run->step == run->total;
     if (options_.on_progress &&
         (epoch_end || step_end - last_progress >= options_.progress_interval)) {
-      const double now = Seconds(start);
-      Progress p;
-      p.step = run->step;
-      p.total_steps = run->total;
-      p.epoch = epoch;
-      p.loss = prog_n > 0 ? prog_loss / prog_n : 0;
-      p.accuracy = prog_n > 0 ? static_cast<double>(prog_correct) / prog_n : 0;
-      p.images_per_second = now > prog_start ? prog_n / (now - prog_start) : 0;
-      p.staleness = staleness;
-      p.seconds = now;
-      options_.on_progress(p);
+      ReportProgress(*run, epoch, staleness, &prog, &prog_start);
       last_progress = step_end;
-      prog_start = now;
-      prog_loss = 0;
-      prog_correct = prog_n = 0;
     }
     if (batcher->step() == run->per_epoch && options_.evaluate &&
         options_.eval_every_epoch && epoch + 1 < options_.epochs &&
         run->step < run->total) {
-      // Parameters as of this worker's last pull; sync and async take the
-      // servers' running stats as they are now. A progress figure, not the
-      // final result.
-      if (absl::Status s = PullRunningStats(run->step); !s.ok()) return s;
-      absl::StatusOr<double> acc = Evaluate();
-      if (!acc.ok()) return acc.status();
-      report->evals.push_back(EvalPoint{epoch + 1, Seconds(start), *acc});
+      if (absl::Status s = EvaluateEpoch(*run, epoch, report); !s.ok()) return s;
     }
   }
   return absl::OkStatus();

@@ -284,6 +284,29 @@ class Trainer {
   absl::Status RefreshMembers(RunState* run) const;
   absl::Status TrainSteps(Batcher* batcher, ServerBnExchange* sync,
                           RunState* run, TrainReport* report);
+  // TrainSteps' parts. LeaveEarly: the planned leave at
+  // options_.leave_at_step (run->step jumps to the step the job goes on
+  // from). AwaitFirstStep: the wait for the first step this worker trains
+  // after sitting some out. RecoverFromStep: after step run->step failed
+  // with `s`, OK once the job rolled back (run->step is where to go on),
+  // else the error to stop with. CountStep: a step's figures into the
+  // report's totals and the metrics. ReportProgress: one on_progress call
+  // over *prog, which it then clears. EvaluateEpoch: the evaluation after
+  // an epoch (eval_every_epoch).
+  struct Window {  // figures since the last history point or progress report
+    double loss = 0;
+    int64_t correct = 0;
+    int64_t n = 0;
+  };
+  absl::Status LeaveEarly(RunState* run);
+  absl::Status AwaitFirstStep(int64_t step);
+  absl::Status RecoverFromStep(const absl::Status& s, RunState* run);
+  void CountStep(int64_t step, const StepFigures& f, int64_t n,
+                 absl::Duration took, TrainReport* report) const;
+  void ReportProgress(const RunState& run, int64_t epoch, int64_t staleness,
+                      Window* prog, double* prog_start) const;
+  absl::Status EvaluateEpoch(const RunState& run, int64_t epoch,
+                             TrainReport* report);
   absl::Status FinishRun(const RunState& run, TrainReport* report);
 
   absl::Status TrainStep(int64_t step, const Batch& batch,

@@ -151,15 +151,43 @@ Membership::job_membership() const {
   return job_membership_;
 }
 
-absl::StatusOr<int64_t> Membership::Recover(bool restarted,
-                                            absl::Time deadline,
-                                            int resize_to, int shrink_to) {
+namespace {
+
+// The newest checkpoint step every shard of `st` has; FAILED_PRECONDITION
+// when there is none (`pending`: a shard restarted, else this worker).
+absl::StatusOr<int64_t> CommonCheckpointStep(
+    const std::vector<proto::StatusResponse>& st, bool pending) {
+  std::vector<int64_t> common(st[0].checkpoint_steps().begin(),
+                              st[0].checkpoint_steps().end());
+  for (size_t i = 1; i < st.size(); ++i) {
+    std::vector<int64_t> keep;
+    for (int64_t k : common) {
+      if (std::find(st[i].checkpoint_steps().begin(),
+                    st[i].checkpoint_steps().end(),
+                    k) != st[i].checkpoint_steps().end()) {
+        keep.push_back(k);
+      }
+    }
+    common = std::move(keep);
+  }
+  if (common.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        pending ? "a shard restarted from its checkpoint"
+                : "this worker restarted",
+        ", but no checkpoint step is common to every shard (do they all "
+        "run with --checkpoint_dir and --checkpoint_every_steps?): the "
+        "job cannot roll back; restart it from the beginning"));
+  }
+  return *std::max_element(common.begin(), common.end());
+}
+
+}  // namespace
+
+absl::Status Membership::CheckCanRollBack() const {
   const GrpcClientOptions& options = channels_->options();
-  const int shards = channels_->num_shards();
-  constexpr int kRounds = 20;
   // A job whose servers keep no checkpoints cannot roll back: say so at once
   // rather than wait for a server that is down.
-  for (int i = 0; i < shards; ++i) {
+  for (int i = 0; i < channels_->num_shards(); ++i) {
     grpc::ClientContext context;
     channels_->SetUp(&context, absl::Now() + options.rpc_timeout);
     proto::StatusResponse r;
@@ -171,20 +199,72 @@ absl::StatusOr<int64_t> Membership::Recover(bool restarted,
           " keeps no checkpoints (--checkpoint_dir): the job cannot roll back"));
     }
   }
+  return absl::OkStatus();
+}
+
+absl::Status Membership::StatusOfAll(
+    absl::Time deadline, std::vector<proto::StatusResponse>* st) const {
+  st->assign(channels_->num_shards(), proto::StatusResponse());
+  for (int i = 0; i < channels_->num_shards(); ++i) {
+    absl::Status s =
+        UntilReached(i, deadline, "GetStatus", [&](absl::Time call_deadline) {
+          grpc::ClientContext context;
+          channels_->SetUp(&context, call_deadline);
+          return proto::FromGrpcStatus(channels_->shard(i).stub->GetStatus(
+              &context, proto::StatusRequest(), &(*st)[i]));
+        });
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Membership::RollbackAll(absl::Time deadline, int64_t generation,
+                                     bool async, int resize_to, int shrink_to,
+                                     int64_t* step, int64_t* resume) const {
+  const GrpcClientOptions& options = channels_->options();
+  // Shard 0 decides; the others follow its step.
+  absl::Status s;
+  *resume = INT64_MAX;
+  // Shard 0 decides the membership too; the others take it.
+  google::protobuf::RepeatedPtrField<proto::MembershipSegment> decided;
+  for (int i = 0; i < channels_->num_shards() && s.ok(); ++i) {
+    proto::RollbackRequest request;
+    request.set_job(options.job);
+    request.set_worker(options.worker);
+    request.set_generation(generation);
+    request.set_step(*step);
+    if (i == 0) {
+      request.set_resize_to(resize_to);
+      request.set_shrink_to(shrink_to);
+    } else {
+      *request.mutable_membership() = decided;
+    }
+    proto::RollbackResponse response;
+    s = UntilReached(i, deadline, "Rollback", [&](absl::Time call_deadline) {
+      grpc::ClientContext context;
+      channels_->SetUp(&context, call_deadline);
+      return proto::FromGrpcStatus(
+          channels_->shard(i).stub->Rollback(&context, request, &response));
+    });
+    if (s.ok()) {
+      if (!async) *step = response.step();
+      if (i == 0) decided = response.membership();
+      *resume = std::min(*resume, response.resume_step());
+    }
+  }
+  return s;
+}
+
+absl::StatusOr<int64_t> Membership::Recover(bool restarted,
+                                            absl::Time deadline,
+                                            int resize_to, int shrink_to) {
+  constexpr int kRounds = 20;
+  if (absl::Status s = CheckCanRollBack(); !s.ok()) return s;
   absl::Status last;
   for (int round = 0; round < kRounds; ++round) {
     if (round > 0) absl::SleepFor(channels_->Backoff(std::min(round - 1, 4)));
-    std::vector<proto::StatusResponse> st(shards);
-    for (int i = 0; i < shards; ++i) {
-      absl::Status s =
-          UntilReached(i, deadline, "GetStatus", [&](absl::Time call_deadline) {
-            grpc::ClientContext context;
-            channels_->SetUp(&context, call_deadline);
-            return proto::FromGrpcStatus(channels_->shard(i).stub->GetStatus(
-                &context, proto::StatusRequest(), &st[i]));
-          });
-      if (!s.ok()) return s;
-    }
+    std::vector<proto::StatusResponse> st;
+    if (absl::Status s = StatusOfAll(deadline, &st); !s.ok()) return s;
     int64_t newest = 0;
     bool pending = false, behind = false;
     for (const proto::StatusResponse& r : st) {
@@ -217,64 +297,18 @@ absl::StatusOr<int64_t> Membership::Recover(bool restarted,
     } else if (pending || force) {
       // A new generation, at the newest step every shard has.
       generation = newest + 1;
-      std::vector<int64_t> common(st[0].checkpoint_steps().begin(),
-                                  st[0].checkpoint_steps().end());
-      for (int i = 1; i < shards; ++i) {
-        std::vector<int64_t> keep;
-        for (int64_t k : common) {
-          if (std::find(st[i].checkpoint_steps().begin(),
-                        st[i].checkpoint_steps().end(),
-                        k) != st[i].checkpoint_steps().end()) {
-            keep.push_back(k);
-          }
-        }
-        common = std::move(keep);
-      }
-      if (common.empty()) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            pending ? "a shard restarted from its checkpoint"
-                    : "this worker restarted",
-            ", but no checkpoint step is common to every shard (do they all "
-            "run with --checkpoint_dir and --checkpoint_every_steps?): the "
-            "job cannot roll back; restart it from the beginning"));
-      }
-      step = *std::max_element(common.begin(), common.end());
+      absl::StatusOr<int64_t> common = CommonCheckpointStep(st, pending);
+      if (!common.ok()) return common.status();
+      step = *common;
     } else if (!behind && generation == channels_->generation()) {
       return absl::FailedPreconditionError(
           "nothing to roll back: every shard is in this worker's generation");
     }
     if (async) step = -1;
-    // Shard 0 decides; the others follow its step.
-    absl::Status s;
     int64_t resume = INT64_MAX;
-    // Shard 0 decides the membership too; the others take it.
-    google::protobuf::RepeatedPtrField<proto::MembershipSegment> decided;
-    for (int i = 0; i < shards && s.ok(); ++i) {
-      proto::RollbackRequest request;
-      request.set_job(options.job);
-      request.set_worker(options.worker);
-      request.set_generation(generation);
-      request.set_step(step);
-      if (i == 0) {
-        request.set_resize_to(resize_to);
-        request.set_shrink_to(shrink_to);
-      } else {
-        *request.mutable_membership() = decided;
-      }
-      proto::RollbackResponse response;
-      s = UntilReached(i, deadline, "Rollback", [&](absl::Time call_deadline) {
-        grpc::ClientContext context;
-        channels_->SetUp(&context, call_deadline);
-        return proto::FromGrpcStatus(
-            channels_->shard(i).stub->Rollback(&context, request, &response));
-      });
-      if (s.ok()) {
-        if (!async) step = response.step();
-        if (i == 0) decided = response.membership();
-        resume = std::min(resume, response.resume_step());
-      }
-    }
-    if (!s.ok()) {
+    if (absl::Status s = RollbackAll(deadline, generation, async, resize_to,
+                                     shrink_to, &step, &resume);
+        !s.ok()) {
       // Someone went further meanwhile (a stale generation), or the step is
       // gone: look again.
       last = s;
@@ -287,7 +321,7 @@ absl::StatusOr<int64_t> Membership::Recover(bool restarted,
     channels_->set_generation(generation);
     // A restarted shard knows the registrations of its checkpoint; a worker
     // restarted since then registers again (it takes its place under wait).
-    std::vector<proto::JobConfig> configs(shards);
+    std::vector<proto::JobConfig> configs(channels_->num_shards());
     if (absl::Status r = RegisterAll(deadline, &configs); !r.ok()) return r;
     registered_generation_ = generation;
     return resume == INT64_MAX ? step : resume;

@@ -115,6 +115,19 @@ class Membership {
   // The checks of Register's first round, on shard i's config configs[i].
   absl::Status CheckConfigs(const std::vector<proto::JobConfig>& configs) const;
 
+  // Recover's parts. CheckCanRollBack: FAILED_PRECONDITION naming a shard
+  // that answers it keeps no checkpoints. StatusOfAll: every shard's
+  // status, in shard order, or the first error. RollbackAll: the Rollback
+  // to `generation` at *step on every shard, shard 0 deciding the step
+  // (unless `async`) and the membership; *resume: the smallest step a
+  // shard says to resume at (INT64_MAX: none); the first error.
+  absl::Status CheckCanRollBack() const;
+  absl::Status StatusOfAll(absl::Time deadline,
+                           std::vector<proto::StatusResponse>* st) const;
+  absl::Status RollbackAll(absl::Time deadline, int64_t generation, bool async,
+                           int resize_to, int shrink_to, int64_t* step,
+                           int64_t* resume) const;
+
   // Register's second round, on every shard.
   absl::Status RegisterAll(absl::Time deadline,
                            std::vector<proto::JobConfig>* configs);
