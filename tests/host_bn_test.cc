@@ -3,7 +3,8 @@
 // its host's aggregator, give the bits of four workers sent one by one; the
 // shard's batch frame refuses what its connection may not send; a worker
 // that leaves fails its peers' round at the shard, naming it; the
-// aggregator's metrics count what it relays.
+// aggregator's metrics count what it relays; a worker that stops reading
+// its answers holds up none of its peers and is cut off at the timeout.
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -567,6 +568,46 @@ TEST(HostBnTest, AWorkerThatStopsReadingHoldsUpNoneOfItsPeers) {
       EXPECT_EQ(r.contributors(), kHostWorkers);
     }
   }
+}
+
+// A worker that stops reading its answers (above): once it has taken no
+// byte for `timeout` while its answers wait, its connection ends (as a
+// failed write did). It gets the answers its socket took, then the end, and
+// the aggregator counts it gone. (Its peers' next barrier at the shard then
+// waits for it or fails naming it, as after any worker that leaves:
+// AWorkerThatLeavesFailsItsPeersRoundAtTheShardNamingIt.)
+TEST(HostBnTest, AWorkerThatStopsReadingIsCutOffAtTheWriteTimeout) {
+  constexpr int kChannels = 32 * 1024;
+  // 6 MiB of answers to the slow one, past its socket's buffers (about
+  // 3 MiB here), sent well within the timeout.
+  constexpr int kSteps = 12;
+  ShardUnderTest shard(/*per_worker_tokens=*/false, /*workers=*/2);
+  metrics::Registry registry;
+  hostbn::AggregatorMetrics m(&registry);
+  hostbn::Aggregator::Options o;
+  o.workers = 2;
+  o.token = kToken;
+  o.timeout = absl::Seconds(3);
+  o.metrics = &m;
+  auto a = hostbn::Aggregator::Start(o);
+  ASSERT_TRUE(a.ok()) << a.status();
+  RawConn slow((*a)->port(), /*receive_buffer=*/4096);
+  ASSERT_EQ(HelloVia(slow, 0, shard.address()).code(), 0);
+  RawConn other((*a)->port());
+  ASSERT_EQ(HelloVia(other, 1, shard.address()).code(), 0);
+  for (int64_t step = 0; step < kSteps; ++step) {
+    slow.Send(WideForward(0, 100 * step, step, kChannels));
+    other.Send(WideForward(1, 100 * step + 1, step, kChannels));
+    proto::BnResponse r = ReceiveAnswer(other);
+    ASSERT_EQ(r.code(), 0) << r.message();
+    EXPECT_EQ(r.id(), static_cast<uint64_t>(100 * step + 1));
+  }
+  EXPECT_TRUE(util::Eventually(
+      [&] { return Series(registry, "bnps_host_bn_workers") == 1; }));
+  int got = 0;
+  while (slow.Receive().has_value()) ++got;
+  EXPECT_GT(got, 0);
+  EXPECT_LT(got, kSteps);  // the rest were dropped with its connection
 }
 
 // With its shards configured, the aggregator refuses a hello naming any
