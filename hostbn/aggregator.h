@@ -30,10 +30,11 @@
 // connections (they reconnect, and a new group opens a new one), after
 // the failure answers reached them.
 //
-// Writes: no lock is held across a write, and no thread waits on another
-// connection's socket. Each connection is written only by its own thread
-// (hostbn/conn.h): answers and frames for it are queued, in the order the
-// batcher decided them, and written as its socket takes them. So a worker
+// Writes: no group lock is held across a write, no write blocks, and no
+// thread waits on another connection's socket. Each connection is written
+// only by its own thread (hostbn/conn.h): answers and frames for it are
+// queued, in the order the batcher decided them, and written as its socket
+// takes them. So a worker
 // that stops reading its answers holds up none of its peers. A peer that
 // takes no byte for `timeout` while frames wait, or whose queue would pass
 // kMaxQueuedBytes, is cut off: a worker's connection ends; a shard's
