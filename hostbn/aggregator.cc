@@ -20,8 +20,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "hostbn/batcher.h"
+#include "hostbn/conn.h"
 #include "proto/bn_frame.h"
 #include "proto/bnps.pb.h"
+#include "proto/limits.h"
 #include "security/bn_handshake.h"
 #include "util/log_escape.h"
 #include "util/socket_io.h"
@@ -32,6 +34,8 @@ namespace {
 // More than any hello (a token of at most 4,096 characters, a job name, a
 // shard's address) before the hello is whole: not a worker; closed.
 constexpr size_t kMaxHelloBytes = 64 * 1024;
+static_assert(Aggregator::kMaxQueuedBytes >=
+              2 * static_cast<size_t>(proto::kMaxMessageBytes));
 
 absl::Status Errno(const std::string& what) {
   return absl::UnavailableError(absl::StrCat(what, ": ", strerror(errno)));
@@ -39,65 +43,13 @@ absl::Status Errno(const std::string& what) {
 
 }  // namespace
 
-// One connection, a worker's or a shard's. The thread that serves it owns
-// the reading side; frames are written whole under write_mu by whoever has
-// them. The descriptor closes with the last reference.
-struct Aggregator::Conn {
-  Conn(int fd, absl::Duration timeout) : fd(fd), timeout(timeout) {}
-  ~Conn() { close(fd); }
-
-  void Write(const google::protobuf::MessageLite& m) {
-    std::string frame;
-    if (!proto::AppendFrame(m, &frame).ok()) {
-      Shut();
-      return;
-    }
-    absl::MutexLock lock(&write_mu);
-    if (!util::SendAll(fd, frame.data(), frame.size(), absl::Now() + timeout)
-             .ok()) {
-      shutdown(fd, SHUT_RDWR);
-    }
-  }
-  void Shut() { shutdown(fd, SHUT_RDWR); }
-
-  // The next frame's payload; UNAVAILABLE at the end of the connection,
-  // DEADLINE_EXCEEDED at `deadline`.
-  absl::StatusOr<std::string> ReadFrame(absl::Time deadline,
-                                        size_t max_bytes = SIZE_MAX) {
-    for (;;) {
-      absl::StatusOr<std::optional<absl::string_view>> f = reader.Next();
-      if (!f.ok()) return f.status();
-      if (f->has_value()) return std::string(**f);
-      if (reader.buffered() > max_bytes) {
-        return absl::InvalidArgumentError("a frame too long");
-      }
-      if (!util::WaitReadable(fd, deadline)) {
-        return absl::DeadlineExceededError("no whole frame in time");
-      }
-      char buf[16 * 1024];
-      const ssize_t k = recv(fd, buf, sizeof buf, 0);
-      if (k > 0) {
-        reader.Append(buf, static_cast<size_t>(k));
-      } else if (k == 0) {
-        return absl::UnavailableError("the connection closed");
-      } else if (errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK) {
-        return Errno("read");
-      }
-    }
-  }
-
-  const int fd;
-  const absl::Duration timeout;
-  absl::Mutex write_mu;
-  proto::FrameReader reader;
-};
-
 // The workers of one (shard, job, generation) and their shard connection.
 struct Aggregator::Group {
   Group(GroupKey key, int workers, AggregatorMetrics* metrics)
       : key(std::move(key)), metrics(metrics), batcher(workers) {}
 
-  // Sends what `out` says (frames to the shard, answers to workers).
+  // Queues what `out` says (frames to the shard, answers to workers) on
+  // their connections, whose own threads write them.
   void Deliver(Batcher::Out out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     if (metrics != nullptr) {
       metrics->Frames(AggregatorMetrics::kToShards,
@@ -105,7 +57,7 @@ struct Aggregator::Group {
     }
     for (proto::BnRequest& frame : out.upstream) {
       if (upstream != nullptr) {
-        upstream->Write(frame);
+        upstream->Send(frame);
       } else {
         queued.push_back(std::move(frame));
       }
@@ -119,7 +71,7 @@ struct Aggregator::Group {
       if (it == conns.end()) continue;
       // Counted first: whoever reads the answer sees it counted.
       if (metrics != nullptr) metrics->Frames(AggregatorMetrics::kToWorkers);
-      it->second->Write(resp);
+      it->second->Send(resp);
     }
   }
   const std::string& address() const { return std::get<0>(key); }
@@ -217,7 +169,7 @@ void Aggregator::AcceptLoop() {
       }
       return;  // shut by Stop (EINVAL)
     }
-    auto conn = std::make_shared<Conn>(fd, options_.timeout);
+    auto conn = std::make_shared<Conn>(fd, options_.timeout, kMaxQueuedBytes);
     if (!util::SetLowLatency(fd, "host BN aggregator").ok()) continue;
     {
       absl::MutexLock lock(&mu_);
@@ -245,7 +197,7 @@ absl::Status Aggregator::Authenticate(Conn* conn, const proto::BnHello& hello,
   security::HelloServer handshake(auth_.get(), "tcp");
   absl::StatusOr<proto::BnHelloReply> first = handshake.Begin(hello);
   if (!first.ok() || !handshake.awaiting_proof()) return first.status();
-  conn->Write(*first);
+  conn->WriteNow(*first);
   absl::StatusOr<std::string> bytes =
       conn->ReadFrame(absl::Now() + options_.timeout, kMaxHelloBytes);
   if (!bytes.ok()) {
@@ -312,6 +264,10 @@ absl::StatusOr<std::shared_ptr<Aggregator::Group>> Aggregator::JoinGroup(
   *open = static_cast<int>(g->joined.size()) == options_.workers &&
           g->upstream == nullptr && !g->opening;
   if (*open) g->opening = true;
+  // Queued under the group's lock: ahead of any answer to this worker.
+  // Counted before the reply: whoever reads it sees it counted.
+  if (options_.metrics != nullptr) options_.metrics->HelloAccepted();
+  slot->Send(proto::BnHelloReply());  // code 0: accepted
   return g;
 }
 
@@ -337,7 +293,7 @@ void Aggregator::Relay(const std::shared_ptr<Conn>& conn, int worker,
       resp.set_id(req.id());
       resp.set_code(static_cast<int>(refused.code()));
       resp.set_message(std::string(refused.message()));
-      conn->Write(resp);
+      conn->Send(resp);
       continue;
     }
     g->Deliver(g->batcher.Submit(worker, std::move(req)));
@@ -386,13 +342,14 @@ void Aggregator::Serve(std::shared_ptr<Conn> conn) {
     s = joined.status();
     if (joined.ok()) g = *std::move(joined);
   }
-  proto::BnHelloReply reply;
-  reply.set_code(static_cast<int>(s.code()));
-  reply.set_message(std::string(s.message()));
-  // Counted before the reply: whoever reads it sees it counted.
-  AggregatorMetrics* const m = options_.metrics;
-  if (m != nullptr) s.ok() ? m->HelloAccepted() : m->HelloRefused();
-  conn->Write(reply);
+  if (!s.ok()) {
+    proto::BnHelloReply reply;
+    reply.set_code(static_cast<int>(s.code()));
+    reply.set_message(std::string(s.message()));
+    // Counted before the reply: whoever reads it sees it counted.
+    if (options_.metrics != nullptr) options_.metrics->HelloRefused();
+    conn->WriteNow(reply);  // in no group: nothing else is queued on it
+  }
   settled();
   if (!s.ok()) {
     int64_t left_out = 0;
@@ -403,7 +360,9 @@ void Aggregator::Serve(std::shared_ptr<Conn> conn) {
     }
     return;
   }
-  if (open) OpenUpstream(g);
+  // On a thread of its own: this one writes the hello reply JoinGroup
+  // queued while the shard's connection opens.
+  if (open) Spawn([this, g] { OpenUpstream(g); });
   Relay(conn, worker, g);
 }
 
@@ -433,7 +392,7 @@ void Aggregator::OpenUpstream(const std::shared_ptr<Group>& g) {
   if (!addr.ok()) return fail(addr.status());
   const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return fail(Errno("socket"));
-  auto up = std::make_shared<Conn>(fd, options_.timeout);
+  auto up = std::make_shared<Conn>(fd, options_.timeout, kMaxQueuedBytes);
   if (absl::Status st = util::SetLowLatency(fd, "BN upstream"); !st.ok()) {
     return fail(st);
   }
@@ -455,7 +414,7 @@ void Aggregator::OpenUpstream(const std::shared_ptr<Group>& g) {
   // The shard proves it holds the job token before the aggregator proves it
   // does; the token itself is never sent.
   const security::HelloClient handshake(hello, options_.token, "tcp", where);
-  up->Write(handshake.hello());
+  up->WriteNow(handshake.hello());
   proto::BnHelloReply reply;
   auto read_reply = [&]() -> absl::Status {
     absl::StatusOr<std::string> bytes = up->ReadFrame(deadline);
@@ -470,7 +429,7 @@ void Aggregator::OpenUpstream(const std::shared_ptr<Group>& g) {
       handshake.OnFirstReply(reply);
   if (!proof.ok()) return fail(proof.status());
   if (proof->has_value()) {
-    up->Write(**proof);
+    up->WriteNow(**proof);
     if (absl::Status st = read_reply(); !st.ok()) return fail(st);
   }
   if (reply.code() != 0) {
@@ -482,7 +441,7 @@ void Aggregator::OpenUpstream(const std::shared_ptr<Group>& g) {
     if (!g->broken.ok()) return;
     g->upstream = up;
     g->opening = false;
-    for (const proto::BnRequest& frame : g->queued) up->Write(frame);
+    for (const proto::BnRequest& frame : g->queued) up->Send(frame);
     g->queued.clear();
   }
   if (options_.metrics != nullptr) options_.metrics->ShardConnected();
@@ -530,7 +489,8 @@ void Aggregator::Break(const std::shared_ptr<Group>& g,
     if (g->metrics != nullptr) g->metrics->ShardBroke();
     g->Deliver(g->batcher.Fail(why));
     g->queued.clear();  // their entries were answered by Fail
-    for (auto& [w, c] : g->conns) c->Shut();
+    // The failure answers queued above reach the workers first.
+    for (auto& [w, c] : g->conns) c->CloseWhenFlushed();
     if (g->upstream != nullptr) g->upstream->Shut();
   }
   std::fprintf(stderr, "bnps_host_bn: %s\n", std::string(why.message()).c_str());

@@ -27,8 +27,18 @@
 // waits for it or fails the barrier naming it, hostbn/batcher.h); a shard
 // connection that breaks or refuses the hello fails every request waiting
 // on it with UNAVAILABLE naming the shard and closes its group's workers'
-// connections (they reconnect, and a new group opens a new one). A peer
-// that takes no frame for `timeout` is cut off.
+// connections (they reconnect, and a new group opens a new one), after
+// the failure answers reached them.
+//
+// Writes: no group lock is held across a write, no write blocks, and no
+// thread waits on another connection's socket. Each connection is written
+// only by its own thread (hostbn/conn.h): answers and frames for it are
+// queued, in the order the batcher decided them, and written as its socket
+// takes them. So a worker
+// that stops reading its answers holds up none of its peers. A peer that
+// takes no byte for `timeout` while frames wait, or whose queue would pass
+// kMaxQueuedBytes, is cut off: a worker's connection ends; a shard's
+// breaks its group (above).
 //
 // Thread-safety: thread-safe. A thread per connection (workers and shards).
 
@@ -36,6 +46,7 @@
 #define BNPS_HOSTBN_AGGREGATOR_H_
 
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -55,8 +66,15 @@
 
 namespace bnps::hostbn {
 
+class Conn;
+
 class Aggregator {
  public:
+  // Bytes one connection may have queued and not yet written (two frames
+  // of the largest size, proto::kMaxMessageBytes); past it the connection
+  // is cut off.
+  static constexpr size_t kMaxQueuedBytes = 16 << 20;
+
   struct Options {
     std::string host = "127.0.0.1";  // an IPv4 address, or a name of one
     int port = 0;                    // 0: a free one
@@ -100,7 +118,6 @@ class Aggregator {
   void Stop() ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
-  struct Conn;
   struct Group;
   using GroupKey = std::tuple<std::string, std::string, int64_t>;
 
@@ -111,7 +128,8 @@ class Aggregator {
   // the connection closed meanwhile). CheckUpstream: the hello names one of
   // the shards this aggregator relays to. JoinGroup: the worker takes its
   // place in its shard's group (*open: it completed the group, whose
-  // upstream the caller then opens). Relay: the worker's requests into the
+  // upstream the caller then opens; its accepting reply is queued, under
+  // the group's lock, ahead of any answer). Relay: the worker's requests into the
   // group until its connection ends, then its leave.
   absl::Status Authenticate(Conn* conn, const proto::BnHello& hello,
                             bool* gone);
@@ -121,7 +139,8 @@ class Aggregator {
                                                    bool* open);
   void Relay(const std::shared_ptr<Conn>& conn, int worker,
              const std::shared_ptr<Group>& g);
-  // Opens `g`'s shard connection (called by the hello that completed it).
+  // Opens `g`'s shard connection (on a thread the hello that completed it
+  // starts), then starts its reader.
   void OpenUpstream(const std::shared_ptr<Group>& g);
   void ReadUpstream(std::shared_ptr<Group> g);
   // Fails `g` with `why` and forgets it.

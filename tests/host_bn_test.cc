@@ -3,7 +3,8 @@
 // its host's aggregator, give the bits of four workers sent one by one; the
 // shard's batch frame refuses what its connection may not send; a worker
 // that leaves fails its peers' round at the shard, naming it; the
-// aggregator's metrics count what it relays.
+// aggregator's metrics count what it relays; a worker that stops reading
+// its answers holds up none of its peers and is cut off at the timeout.
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -504,6 +505,109 @@ TEST(HostBnTest, AFakeShardBehindTheAggregatorLearnsNoSecret) {
   EXPECT_TRUE(hello.token().empty());
   absl::StatusOr<std::optional<absl::string_view>> second = reader.Next();
   EXPECT_TRUE(second.ok() && !second->has_value());
+}
+
+// A forward of `channels` channels: its answer is as large (16 bytes a
+// channel), so a few fill a socket's buffers.
+proto::BnRequest WideForward(int worker, uint64_t id, int64_t step,
+                             int channels) {
+  bn::Moments m;
+  m.count = 2 + worker;
+  m.mean.assign(channels, 1.0 + worker);
+  m.m2.assign(channels, 0.5);
+  proto::BnRequest r = Forward(worker, id, step);
+  proto::EncodeMoments(m, r.mutable_moments());
+  return r;
+}
+
+// A worker that stops reading its answers (its socket's buffers full)
+// holds up none of its peers: the aggregator queues what it cannot write
+// yet on that connection alone (hostbn/conn.h) and no group lock or shard
+// reader waits on its socket. What the design guarantees: the others go on
+// at full speed while the slow one's queue is under the cap
+// (Aggregator::kMaxQueuedBytes) and its socket took bytes within
+// `timeout`; past either it is cut off as a failed write was (hostbn's
+// conn_test shows both). Here the timeout is long (30 s), the slow one
+// contributes to every barrier (sync policy, 3 workers) and takes none of
+// its answers (8 MiB in all, past any socket buffer), and the others' 16
+// steps must each answer within RawConn's 10 s: an aggregator that writes
+// to the slow socket under the group's lock (or from the shard's reader)
+// stalls them all for the full 30 s.
+TEST(HostBnTest, AWorkerThatStopsReadingHoldsUpNoneOfItsPeers) {
+  constexpr int kHostWorkers = 3;
+  constexpr int kChannels = 32 * 1024;  // 512 KiB an answer
+  constexpr int kSteps = 16;
+  ShardUnderTest shard(/*per_worker_tokens=*/false, kHostWorkers);
+  hostbn::Aggregator::Options o;
+  o.workers = kHostWorkers;
+  o.token = kToken;
+  o.timeout = absl::Seconds(30);
+  auto a = hostbn::Aggregator::Start(o);
+  ASSERT_TRUE(a.ok()) << a.status();
+  // Worker 0 (first in each answer's order) with the smallest receive
+  // buffer the kernel allows.
+  RawConn slow((*a)->port(), /*receive_buffer=*/4096);
+  ASSERT_EQ(HelloVia(slow, 0, shard.address()).code(), 0);
+  std::vector<std::unique_ptr<RawConn>> others;
+  for (int w = 1; w < kHostWorkers; ++w) {
+    others.push_back(std::make_unique<RawConn>((*a)->port()));
+    ASSERT_EQ(HelloVia(*others.back(), w, shard.address()).code(), 0);
+  }
+  for (int64_t step = 0; step < kSteps; ++step) {
+    slow.Send(WideForward(0, 100 * step, step, kChannels));
+    for (int w = 1; w < kHostWorkers; ++w) {
+      others[w - 1]->Send(WideForward(w, 100 * step + w, step, kChannels));
+    }
+    for (int w = 1; w < kHostWorkers; ++w) {
+      std::optional<std::string> bytes = others[w - 1]->Receive();
+      ASSERT_TRUE(bytes.has_value()) << "worker " << w << ", step " << step;
+      proto::BnResponse r;
+      ASSERT_TRUE(r.ParseFromString(*bytes));
+      EXPECT_EQ(r.id(), static_cast<uint64_t>(100 * step + w));
+      ASSERT_EQ(r.code(), 0) << r.message();
+      EXPECT_EQ(r.contributors(), kHostWorkers);
+    }
+  }
+}
+
+// A worker that stops reading its answers (above): once it has taken no
+// byte for `timeout` while its answers wait, its connection ends (as a
+// failed write did). It gets the answers its socket took, then the end, and
+// the aggregator counts it gone. (Its peers' next barrier at the shard then
+// waits for it or fails naming it, as after any worker that leaves:
+// AWorkerThatLeavesFailsItsPeersRoundAtTheShardNamingIt.)
+TEST(HostBnTest, AWorkerThatStopsReadingIsCutOffAtTheWriteTimeout) {
+  constexpr int kChannels = 32 * 1024;
+  // 6 MiB of answers to the slow one, past its socket's buffers (about
+  // 3 MiB here), sent well within the timeout.
+  constexpr int kSteps = 12;
+  ShardUnderTest shard(/*per_worker_tokens=*/false, /*workers=*/2);
+  metrics::Registry registry;
+  hostbn::AggregatorMetrics m(&registry);
+  hostbn::Aggregator::Options o;
+  o.workers = 2;
+  o.token = kToken;
+  o.timeout = absl::Seconds(3);
+  o.metrics = &m;
+  auto a = hostbn::Aggregator::Start(o);
+  ASSERT_TRUE(a.ok()) << a.status();
+  RawConn slow((*a)->port(), /*receive_buffer=*/4096);
+  ASSERT_EQ(HelloVia(slow, 0, shard.address()).code(), 0);
+  RawConn other((*a)->port());
+  ASSERT_EQ(HelloVia(other, 1, shard.address()).code(), 0);
+  for (int64_t step = 0; step < kSteps; ++step) {
+    slow.Send(WideForward(0, 100 * step, step, kChannels));
+    other.Send(WideForward(1, 100 * step + 1, step, kChannels));
+    proto::BnResponse r = ReceiveAnswer(other);
+    ASSERT_EQ(r.code(), 0) << r.message();
+    EXPECT_EQ(r.id(), static_cast<uint64_t>(100 * step + 1));
+  }
+  EXPECT_TRUE(util::Eventually(
+      [&] { return Series(registry, "bnps_host_bn_workers") == 1; }));
+  int got = 0;
+  while (slow.Receive().has_value()) ++got;
+  EXPECT_GT(got, 0);
+  EXPECT_LT(got, kSteps);  // the rest were dropped with its connection
 }
 
 // With its shards configured, the aggregator refuses a hello naming any
