@@ -37,6 +37,13 @@ ABSL_FLAG(std::optional<int>, bn_group_size, std::nullopt,
           "follow the whole job. K must divide every worker count of the job; "
           "needs --bn_policy=sync. Servers: default 0 (no groups: the whole "
           "job). Workers: when given, must match the servers'.");
+ABSL_FLAG(std::optional<int64_t>, bn_staleness, std::nullopt,
+          "Async BN with an exact staleness s: a worker at step t normalizes "
+          "with merge(its own moments of step t, the other workers' moments "
+          "of step t - s), waiting for them when it runs ahead, and with its "
+          "own alone while t < s; needs --bn_policy=async. Servers: default "
+          "unset (the bounded mode of --staleness). Workers: when given, "
+          "must match the servers'.");
 ABSL_FLAG(std::optional<double>, learning_rate, std::nullopt,
           "SGD learning rate, applied on the servers (default 0.1). Workers: "
           "when given, must match the servers'.");

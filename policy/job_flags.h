@@ -14,6 +14,7 @@
 //   --gradients      the gradient mode alone
 //   --staleness      async's bound (servers' default 0)
 //   --bn_group_size  sync BN within groups of K workers (default 0: none)
+//   --bn_staleness   async BN with the others' moments exactly s steps old
 //   --learning_rate  SGD (servers' default 0.1)
 //   --momentum       SGD (servers' default 0.9)
 //   --weight_decay   SGD L2 (servers' default 0)
@@ -34,6 +35,7 @@ ABSL_DECLARE_FLAG(std::string, bn_policy);
 ABSL_DECLARE_FLAG(std::string, gradients);
 ABSL_DECLARE_FLAG(std::optional<int64_t>, staleness);
 ABSL_DECLARE_FLAG(std::optional<int>, bn_group_size);
+ABSL_DECLARE_FLAG(std::optional<int64_t>, bn_staleness);
 ABSL_DECLARE_FLAG(std::optional<double>, learning_rate);
 ABSL_DECLARE_FLAG(std::optional<double>, momentum);
 ABSL_DECLARE_FLAG(std::optional<double>, weight_decay);

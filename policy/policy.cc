@@ -165,6 +165,21 @@ absl::Status CheckResizable(const JobPolicy& policy) {
                    JobPolicyName(policy), ")"));
 }
 
+absl::Status CheckBnStaleness(const JobPolicy& policy, int64_t bn_staleness) {
+  if (bn_staleness == -1) return absl::OkStatus();
+  if (bn_staleness < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--bn_staleness=", bn_staleness,
+        ": must be >= 0 (steps; leave it out for the bounded mode)"));
+  }
+  if (policy.bn != Policy::kAsync) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--bn_staleness=", bn_staleness, " needs --bn_policy=async (this "
+        "job runs BN policy ", PolicyName(policy.bn), ")"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckBnGroups(const JobPolicy& policy, int group_size,
                            absl::Span<const int> worker_counts) {
   if (group_size == 0) return absl::OkStatus();

@@ -113,6 +113,11 @@ inline bool BnTrafficWhileTraining(Policy p) {
 // policies' per-worker state are not defined across a change of count.
 absl::Status CheckResizable(const JobPolicy& policy);
 
+// OK if --bn_staleness=`bn_staleness` fits the job: -1 (the bounded mode)
+// always; s >= 0 under the async BN policy only. INVALID_ARGUMENT naming
+// --bn_staleness otherwise.
+absl::Status CheckBnStaleness(const JobPolicy& policy, int64_t bn_staleness);
+
 // OK if BN groups of `group_size` consecutive worker ids (--bn_group_size;
 // 0: none, the whole job is one group) fit a job of `policy` whose worker
 // counts over its run are `worker_counts`: groups need sync BN, and

@@ -173,5 +173,18 @@ TEST(PolicyTest, BnGroupsNeedSyncAndADivisor) {
   }
 }
 
+TEST(PolicyTest, AnExactBnStalenessNeedsAsyncBn) {
+  EXPECT_TRUE(CheckBnStaleness({Policy::kSync, Gradients::kSync}, -1).ok());
+  EXPECT_TRUE(CheckBnStaleness({Policy::kAsync, Gradients::kAsync}, 0).ok());
+  EXPECT_TRUE(CheckBnStaleness({Policy::kAsync, Gradients::kSync}, 4).ok());
+  for (const auto& [p, s] : std::vector<std::pair<Policy, int64_t>>{
+           {Policy::kSync, 1}, {Policy::kLocal, 0}, {Policy::kRecal, 2},
+           {Policy::kAsync, -2}}) {
+    const absl::Status st = CheckBnStaleness({p, ShorthandGradients(p)}, s);
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_NE(st.message().find("--bn_staleness"), std::string::npos) << st;
+  }
+}
+
 }  // namespace
 }  // namespace bnps::policy

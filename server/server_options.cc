@@ -153,6 +153,7 @@ absl::StatusOr<ShardOptions> ShardOptionsFromFlags() {
   o.worker_loss = *loss;
   o.staleness = absl::GetFlag(FLAGS_staleness).value_or(policy::kDefaultStaleness);
   o.bn_group_size = absl::GetFlag(FLAGS_bn_group_size).value_or(0);
+  o.bn_staleness = absl::GetFlag(FLAGS_bn_staleness).value_or(-1);
   o.optimizer.learning_rate =
       absl::GetFlag(FLAGS_learning_rate).value_or(policy::kDefaultLearningRate);
   o.optimizer.momentum =

@@ -22,6 +22,7 @@ proto::JobConfig ToJobConfig(const ShardOptions& o) {
   policy::ToConfig(JobPolicyOf(o), &c);
   c.set_staleness(o.staleness);
   c.set_bn_group_size(o.bn_group_size);
+  if (o.bn_staleness >= 0) c.set_bn_staleness(o.bn_staleness);
   c.set_learning_rate(o.optimizer.learning_rate);
   c.set_momentum(o.optimizer.momentum);
   c.set_weight_decay(o.optimizer.weight_decay);
@@ -96,6 +97,11 @@ absl::Status CheckShardOptions(const ShardOptions& o) {
     }
     if (absl::Status s = policy::CheckBnGroups(JobPolicyOf(o),
                                                o.bn_group_size, counts);
+        !s.ok()) {
+      return s;
+    }
+    if (absl::Status s =
+            policy::CheckBnStaleness(JobPolicyOf(o), o.bn_staleness);
         !s.ok()) {
       return s;
     }
@@ -219,7 +225,7 @@ Shard::Shard(ShardOptions options)
                      [this] { return store_.newest_version(); })
                : std::function<int64_t()>(),
            [this](int64_t step) { return WorkersAt(step); },
-           options_.bn_group_size}),
+           options_.bn_group_size, options_.bn_staleness}),
       membership_(options_.num_workers, options_.heartbeat_timeout) {}
 
 Shard::~Shard() {

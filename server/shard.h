@@ -103,6 +103,9 @@ struct ShardOptions {
   // Sync BN within groups of this many consecutive workers
   // (policy::CheckBnGroups). Default: 0 (none).
   int bn_group_size = 0;
+  // Async BN's exact staleness (--bn_staleness): the others' moments of
+  // step t - s exactly. -1: the bounded mode (`staleness`).
+  int64_t bn_staleness = -1;
   store::OptimizerOptions optimizer;                // Default: see store::OptimizerOptions
   double bn_momentum = 0.1;                  // Default: 0.1
   absl::Duration barrier_timeout = absl::Seconds(60);    // Default: 60 s

@@ -60,6 +60,16 @@ TEST(ShardTest, RejectsBadOptions) {
   absl::StatusOr<std::unique_ptr<Shard>> grouped = Shard::Create(o);
   ASSERT_TRUE(grouped.ok()) << grouped.status();
   EXPECT_EQ((*grouped)->config().bn_group_size(), 2);
+  EXPECT_FALSE((*grouped)->config().has_bn_staleness());
+  // An exact BN staleness: async BN only; in the job's config.
+  o = Options(&clock, 4, policy::Policy::kSync);
+  o.bn_staleness = 1;
+  EXPECT_EQ(Shard::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
+  o = Options(&clock, 4, policy::Policy::kAsync);
+  o.bn_staleness = 2;
+  absl::StatusOr<std::unique_ptr<Shard>> stale = Shard::Create(o);
+  ASSERT_TRUE(stale.ok()) << stale.status();
+  EXPECT_EQ((*stale)->config().bn_staleness(), 2);
 }
 
 TEST(ShardTest, ChecksCallerAndOwnership) {

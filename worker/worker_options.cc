@@ -215,6 +215,7 @@ GivenJobFlags GivenJobFlagsFromFlags() {
   g.gradients = absl::GetFlag(FLAGS_gradients);
   g.staleness = absl::GetFlag(FLAGS_staleness);
   g.bn_group_size = absl::GetFlag(FLAGS_bn_group_size);
+  g.bn_staleness = absl::GetFlag(FLAGS_bn_staleness);
   g.learning_rate = absl::GetFlag(FLAGS_learning_rate);
   g.momentum = absl::GetFlag(FLAGS_momentum);
   g.weight_decay = absl::GetFlag(FLAGS_weight_decay);
@@ -249,8 +250,12 @@ client::GrpcClientOptions ClientOptionsFromFlags(
   client_options.bn_host_aggregator = absl::GetFlag(FLAGS_bn_host_aggregator);
   // Checked before the worker joins: a launch with flags that do not fit the
   // job stops here and leaves the servers as they were.
-  client_options.check_config = [given](const proto::JobConfig& c) {
-    return CheckAgainstServers(given, c);
+  client_options.check_config = [given, max_steps = absl::GetFlag(
+                                            FLAGS_max_steps)](
+                                     const proto::JobConfig& c) {
+    absl::Status s = CheckAgainstServers(given, c);
+    if (s.ok()) s = CheckRunLength(c, max_steps);
+    return s;
   };
   return client_options;
 }
@@ -323,6 +328,18 @@ std::string ConfigPolicyName(const proto::JobConfig& c) {
   return p.ok() ? policy::JobPolicyName(*p) : "unknown";
 }
 
+absl::Status CheckRunLength(const proto::JobConfig& config, int64_t max_steps) {
+  if (!config.has_bn_staleness() || max_steps <= 0 ||
+      config.bn_staleness() < max_steps) {
+    return absl::OkStatus();
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "the servers run --bn_staleness=", config.bn_staleness(),
+      " but this worker trains --max_steps=", max_steps,
+      ": no step would see the other workers' moments (each step t uses "
+      "step t - ", config.bn_staleness(), "'s)"));
+}
+
 absl::Status CheckAgainstServers(const GivenJobFlags& given,
                                  const proto::JobConfig& c) {
   absl::StatusOr<policy::JobPolicy> mine =
@@ -355,6 +372,12 @@ absl::Status CheckAgainstServers(const GivenJobFlags& given,
   if (given.bn_group_size.value_or(c.bn_group_size()) != c.bn_group_size()) {
     return mismatch("bn_group_size", absl::StrCat(*given.bn_group_size),
                     absl::StrCat(c.bn_group_size()));
+  }
+  const int64_t bn_staleness = c.has_bn_staleness() ? c.bn_staleness() : -1;
+  if (given.bn_staleness.value_or(bn_staleness) != bn_staleness) {
+    return mismatch("bn_staleness", absl::StrCat(*given.bn_staleness),
+                    bn_staleness < 0 ? std::string("none (the bounded mode)")
+                                     : absl::StrCat(bn_staleness));
   }
   const struct {
     const char* name;

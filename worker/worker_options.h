@@ -39,6 +39,7 @@ struct GivenJobFlags {
   std::string gradients;
   std::optional<int64_t> staleness;
   std::optional<int> bn_group_size;
+  std::optional<int64_t> bn_staleness;
   std::optional<double> learning_rate;
   std::optional<double> momentum;
   std::optional<double> weight_decay;
@@ -49,6 +50,11 @@ struct GivenJobFlags {
 // servers run staleness 0 ..."); the error of policy::ResolvePolicy for
 // policy flags that do not resolve. The client calls it before registering
 // (GrpcClientOptions::check_config).
+// OK unless the servers' exact BN staleness is as long as the run
+// (--max_steps > 0 and bn_staleness >= it: no step would see the other
+// workers' moments); FAILED_PRECONDITION naming both then.
+absl::Status CheckRunLength(const proto::JobConfig& config, int64_t max_steps);
+
 absl::Status CheckAgainstServers(const GivenJobFlags& given,
                                  const proto::JobConfig& config);
 

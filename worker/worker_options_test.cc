@@ -218,5 +218,22 @@ TEST(WorkerOptionsTest, GivenJobFlagsMustMatchTheServers) {
               HasSubstr("--policy=sync but the servers run policy async"));
 }
 
+// --bn_staleness: given, it must be the servers'; and the servers' may not
+// be as long as this worker's run.
+TEST(WorkerOptionsTest, AnExactBnStalenessMatchesAndFitsTheRun) {
+  absl::StatusOr<WorkerOptions> o = Convert(
+      {{"servers", "a:1"}, {"bn_staleness", "3"}, {"max_steps", "3"}});
+  ASSERT_TRUE(o.ok()) << o.status();
+  proto::JobConfig c = SyncConfig();
+  EXPECT_THAT(o->client.check_config(c).message(),
+              HasSubstr("--bn_staleness=3 but the servers run bn_staleness "
+                        "none (the bounded mode)"));
+  c.set_bn_staleness(3);
+  EXPECT_THAT(o->client.check_config(c).message(),
+              HasSubstr("no step would see the other workers' moments"));
+  EXPECT_TRUE(CheckRunLength(c, 4).ok());
+  EXPECT_TRUE(CheckRunLength(c, 0).ok());  // no --max_steps: the epochs'
+}
+
 }  // namespace
 }  // namespace bnps::worker

@@ -127,6 +127,7 @@ std::string ConfigJson(const bnps::proto::JobConfig& c) {
       ", \"policy\": ", JsonString(policy), ", \"gradients\": ",
       JsonString(gradients), ", \"staleness\": ", c.staleness(),
       ", \"bn_group_size\": ", c.bn_group_size(),
+      ", \"bn_staleness\": ", c.has_bn_staleness() ? c.bn_staleness() : -1,
       ", \"learning_rate\": ", num(c.learning_rate()), ", \"momentum\": ",
       num(c.momentum()), ", \"weight_decay\": ", num(c.weight_decay()),
       ", \"bn_momentum\": ", num(c.bn_momentum()),

@@ -138,7 +138,8 @@ BNPS_EXPORT int bnps_client_metrics_text(bnps_client* c, char* buf, size_t len,
                                          size_t err_len);
 
 /* The job as a JSON object: job, num_workers, num_shards, policy (the BN
- * policy), gradients, staleness, bn_group_size, learning_rate, momentum,
+ * policy), gradients, staleness, bn_group_size, bn_staleness (-1: the
+ * bounded mode), learning_rate, momentum,
  * weight_decay, bn_momentum, barrier_timeout_ms, heartbeat_timeout_ms. RESOURCE_EXHAUSTED
  * if it does not fit in `len` bytes. */
 BNPS_EXPORT int bnps_client_config_json(bnps_client* c, char* buf, size_t len,
