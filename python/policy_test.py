@@ -55,9 +55,17 @@ class ResolveTest(unittest.TestCase):
         self.assertEqual(p.gradient_modes, list(cluster.GRADIENT_MODES))
 
     def test_no_library_is_an_import_error_that_says_how(self):
+        import bnps
+        package = os.path.dirname(os.path.abspath(bnps.__file__))
+        # Where this process found libbnps.so: the Bazel runfiles' python/,
+        # or the installed wheel's package.
+        lib_dir = next(d for d in (os.path.join(os.getcwd(), "python"), package)
+                       if os.path.isfile(os.path.join(d, "libbnps.so")))
         with tempfile.TemporaryDirectory() as tmp:
-            shutil.copytree(os.path.join(os.getcwd(), "python", "bnps"),
-                            os.path.join(tmp, "bnps"))
+            # The package's Python alone: no library beside it.
+            shutil.copytree(package, os.path.join(tmp, "bnps"),
+                            ignore=shutil.ignore_patterns(
+                                "*.so*", "bin", "__pycache__"))
             env = {k: v for k, v in os.environ.items()
                    if k not in ("BNPS_NATIVE_LIB", "PYTHONPATH")}
             r = subprocess.run(
@@ -72,7 +80,7 @@ class ResolveTest(unittest.TestCase):
                 [sys.executable, "-c",
                  "import sys; from bnps import policy; "
                  "print(policy.resolve('async', library_dirs=[sys.argv[1]]).name)",
-                 os.path.join(os.getcwd(), "python")],
+                 lib_dir],
                 cwd=tmp, env=env, capture_output=True, text=True, timeout=60)
             self.assertEqual((r.returncode, r.stdout), (0, "async\n"), r.stderr)
 
