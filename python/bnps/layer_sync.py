@@ -37,10 +37,46 @@ def _refuse_wrappers(model):
             "(DistributedDataParallel, Lightning's strategy='ddp')")
 
 
+def device_type(model):
+    """The device type ("cpu", "cuda", ...) of the model's parameters and
+    buffers; ValueError naming them when the model spans several types."""
+    types = sorted({t.device.type for t in
+                    list(model.parameters()) + list(model.buffers())})
+    if len(types) > 1:
+        raise ValueError(f"bnps: the model lies on devices of several types "
+                         f"({', '.join(types)}); put it on one")
+    return types[0] if types else "cpu"
+
+
+def check_same_device_type(mine, gather):
+    """Raises ValueError naming every rank's device type unless all ranks
+    train on the same type as this one (`mine`); `gather(obj)` returns the
+    list of every rank's `obj` (torch.distributed.all_gather_object's)."""
+    types = gather(mine)
+    if len(set(types)) > 1:
+        ranks = ", ".join(f"rank {r}: {t}" for r, t in enumerate(types))
+        raise ValueError(f"bnps: the ranks train on different device types "
+                         f"({ranks}); every worker of a bnps job must use "
+                         f"the same type (its layers take one route)")
+
+
+def _all_gather(obj):
+    import torch.distributed as dist
+    out = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
 def apply(model, connection=None, prefix=""):
     """convert_sync_batchnorm(model) remembering each layer's class for
-    revert; returns the model (a new one if `model` is a BatchNorm)."""
+    revert; returns the model (a new one if `model` is a BatchNorm). Where a
+    torch.distributed process group exists, every rank must train on the
+    same device type (ValueError naming each rank's otherwise; a collective
+    call: every rank calls apply)."""
     _refuse_wrappers(model)
+    import torch.distributed as dist
+    if dist.is_available() and dist.is_initialized():
+        check_same_device_type(device_type(model), _all_gather)
     kinds = {name: type(m) for name, m in model.named_modules()
              if isinstance(m, nn.modules.batchnorm._BatchNorm) and
              not isinstance(m, SyncBatchNorm)}

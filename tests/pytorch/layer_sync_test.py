@@ -95,6 +95,18 @@ class LayerSyncTest(OneWorkerJob):
             torch.testing.assert_close(
                 plain(x), (x - 2.0) / (1.0 + bn.eps) ** 0.5, **F64)
 
+    def test_mixed_device_types_are_refused_naming_each_rank(self):
+        layer_sync.check_same_device_type("cpu", lambda t: [t, t])
+        with self.assertRaises(ValueError) as e:
+            layer_sync.check_same_device_type("cpu", lambda t: [t, "cuda"])
+        self.assertIn("rank 0: cpu, rank 1: cuda", str(e.exception))
+        self.assertEqual(layer_sync.device_type(net()), "cpu")
+        mixed = net()
+        mixed.register_buffer("elsewhere", torch.zeros(1, device="meta"))
+        with self.assertRaises(ValueError) as e:
+            layer_sync.device_type(mixed)
+        self.assertIn("cpu, meta", str(e.exception))
+
     def test_data_parallel_is_refused(self):
         with self.assertRaisesRegex(ValueError, "DataParallel"):
             layer_sync.apply(nn.DataParallel(net()), self.connection)
