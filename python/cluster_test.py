@@ -95,6 +95,26 @@ class ParseListeningTest(unittest.TestCase):
                      "listening on 127.0.0.1:70x0", "listening on [::1]"):
             self.assertIsNone(parse_listening(text), text)
 
+    def test_shell_scripts_read_it_through_the_module(self):
+        import subprocess
+        import tempfile
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "server.log")
+            with open(path, "w") as f:
+                f.write("bnps_server: shard 0 listening on [::1]:7001\n")
+            env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(
+                os.path.abspath(sys.modules["bnps.cluster"].__file__))))
+            run = lambda *args: subprocess.run(  # noqa: E731
+                [sys.executable, "-m", "bnps.cluster", *args], env=env,
+                capture_output=True, text=True, timeout=60)
+            r = run("listening", path)
+            self.assertEqual((r.returncode, r.stdout), (0, "[::1]:7001\n"))
+            with open(path, "w") as f:
+                f.write("starting\n")
+            self.assertEqual(run("listening", path).returncode, 1)
+            self.assertEqual(run("listening", path + ".gone").returncode, 1)
+            self.assertEqual(run("ports").returncode, 2)
+
 
 if __name__ == "__main__":
     unittest.main()

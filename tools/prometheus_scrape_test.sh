@@ -14,9 +14,13 @@ set -euo pipefail
 
 if [ -n "${TEST_SRCDIR:-}" ]; then
   bin="$TEST_SRCDIR/bnps"
+  pydir="$TEST_SRCDIR/bnps/python"
 else
   bin="${1:-bazel-bin}"
+  pydir="$(cd "$(dirname "$0")/.." && pwd)/python"
 fi
+# bnps.cluster (standard library only) reads the server's port.
+export PYTHONPATH="$pydir${PYTHONPATH:+:$PYTHONPATH}"
 server="$bin/server/bnps_server"
 worker="$bin/worker/bnps_worker"
 prometheus=/usr/bin/prometheus
@@ -65,7 +69,7 @@ prom_port=$(free_port)
 pids+=($!)
 port=""
 for _ in $(seq 100); do
-  port=$(sed -n 's/.*listening on 127\.0\.0\.1:\([0-9]*\)$/\1/p' "$tmp/server.log")
+  port=$(python3 -m bnps.cluster listening "$tmp/server.log") && port=${port##*:}
   [ -n "$port" ] && break
   sleep 0.1
 done

@@ -86,12 +86,12 @@ start_servers() {
   done
   for shard in 0 1; do
     for _ in $(seq 100); do
-      line="$(grep -o 'listening on [^ ]*' "$work/server$shard.out" | head -1)"
-      [ -n "$line" ] && break
+      line="$("$venv/bin/python" -m bnps.cluster listening \
+        "$work/server$shard.out")" && break
       sleep 0.1
     done
     [ -n "$line" ] || { cat "$work/server$shard.err"; return 1; }
-    servers="${servers:+$servers,}${line#listening on }"
+    servers="${servers:+$servers,}$line"
   done
   echo "servers $servers"
   "$venv/bin/bnps-status" --servers="$servers"

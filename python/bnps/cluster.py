@@ -35,6 +35,7 @@ import re
 import select
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 
@@ -364,3 +365,25 @@ class LocalCluster:
         for server in self._servers:
             server.reap(deadline)
         self._servers = []
+
+
+def _main(argv):
+    """`python3 -m bnps.cluster listening FILE`: prints the HOST:PORT of
+    FILE's "listening on" line, or exits 1 when it has none yet (for shell
+    scripts, which then read a server's port through the one parser)."""
+    if len(argv) != 2 or argv[0] != "listening":
+        print("usage: python3 -m bnps.cluster listening FILE", file=sys.stderr)
+        return 2
+    try:
+        with open(argv[1], errors="replace") as f:
+            address = parse_listening(f.read())
+    except OSError:
+        address = None
+    if address is None:
+        return 1
+    print(address)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))
