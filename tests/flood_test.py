@@ -23,7 +23,7 @@ import unittest
 
 RUNFILES = os.getcwd()
 sys.path.insert(0, os.path.join(RUNFILES, "python"))
-from bnps.cluster import parse_listening  # noqa: E402
+from bnps.cluster import parse_listening, server_command  # noqa: E402
 SERVER = os.path.join(RUNFILES, "server", "bnps_server")
 WORKER = os.path.join(RUNFILES, "worker", "bnps_worker")
 STATUS = os.path.join(RUNFILES, "tools", "bnps_status")
@@ -42,7 +42,7 @@ def start_server(*flags):
     "127.0.0.1:port", bn_port, the BN line)."""
     log = tempfile.TemporaryFile(mode="w+")
     server = subprocess.Popen(
-        [SERVER, "--port=0", "--bn_port=0", "--num_workers=1"] + list(flags),
+        server_command(SERVER, port=0, bn_port=0, num_workers=1, flags=flags),
         stdout=subprocess.PIPE, stderr=log, text=True, preexec_fn=lower_limit)
     server.log = log
     address = parse_listening(server.stdout.readline())

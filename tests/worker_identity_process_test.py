@@ -13,7 +13,7 @@ import unittest
 
 RUNFILES = os.getcwd()
 sys.path.insert(0, os.path.join(RUNFILES, "python"))
-from bnps.cluster import parse_listening  # noqa: E402
+from bnps.cluster import parse_listening, server_command  # noqa: E402
 SERVER = os.path.join(RUNFILES, "server", "bnps_server")
 WORKER = os.path.join(RUNFILES, "worker", "bnps_worker")
 STATUS = os.path.join(RUNFILES, "tools", "bnps_status")
@@ -45,9 +45,10 @@ class PerWorkerTokensTest(unittest.TestCase):
                 os.chmod(path, 0o600)
                 tokens.append(path)
             server = subprocess.Popen(
-                [SERVER, "--port=0", "--bn_port=0", "--num_workers=2",
-                 "--token_file=" + job, "--per_worker_tokens",
-                 "--keep_serving"],  # bnps_status reads after the job
+                server_command(  # bnps_status reads after the job
+                    SERVER, port=0, bn_port=0, num_workers=2,
+                    keep_serving=True,
+                    flags=["--token_file=" + job, "--per_worker_tokens"]),
                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
             try:
                 first = server.stdout.readline()

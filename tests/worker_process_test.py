@@ -19,7 +19,7 @@ import unittest
 
 RUNFILES = os.getcwd()  # Bazel runs tests in the runfiles tree of the workspace
 sys.path.insert(0, os.path.join(RUNFILES, "python"))
-from bnps.cluster import parse_listening  # noqa: E402
+from bnps.cluster import parse_listening, server_command  # noqa: E402
 SERVER = os.path.join(RUNFILES, "server", "bnps_server")
 WORKER = os.path.join(RUNFILES, "worker", "bnps_worker")
 STATUS = os.path.join(RUNFILES, "tools", "bnps_status")
@@ -313,7 +313,7 @@ class BadInputTest(OneLineErrors, unittest.TestCase):
 
 def start_server(*flags):
     """A bnps_server on a free port; returns (process, "127.0.0.1:port")."""
-    server = subprocess.Popen([SERVER, "--port=0"] + list(flags),
+    server = subprocess.Popen(server_command(SERVER, port=0, flags=flags),
                               stdout=subprocess.PIPE, text=True)
     port = parse_listening(server.stdout.readline()).rsplit(":", 1)[1]
     return server, "127.0.0.1:" + port
