@@ -521,7 +521,7 @@ void BnAggregator::ExactStaleForward(int worker, int64_t step,
         Reply reply;
         reply.moments = std::move(a->others);
         reply.contributors = a->contributors;
-        reply.staleness.assign(a->contributors, a->staleness);
+        reply.staleness.assign(a->contributors, options_.bn_staleness);
         {
           absl::MutexLock lock(&mu_);
           auto it = layers_.find(name);
@@ -599,7 +599,9 @@ void BnAggregator::ExpireDeadlines(absl::Time now) {
               &ready);
     }
     for (auto& [name, layer] : layers_) {
-      if (layer.window != nullptr) layer.window->Expire(now, name, &ready);
+      if (layer.window != nullptr) {
+        layer.window->Expire(now, name, live_, &ready);
+      }
     }
   }
   for (auto& fn : ready) fn();

@@ -51,7 +51,6 @@ StaleWindow::Answer StaleWindow::Merge(const Waiter& w,
   a.others = bn::Moments::Empty(channels_);
   a.all = bn::Moments::Empty(channels_);
   const int64_t target = w.step - staleness_;
-  a.staleness = target < 0 ? w.step : staleness_;
   const auto& own = by_step_.at(w.step)[w.worker];
   auto it = target < 0 ? by_step_.end() : by_step_.find(target);
   for (int o = 0; o < num_workers_; ++o) {
@@ -102,6 +101,7 @@ void StaleWindow::Evaluate(const std::vector<bool>& live,
 }
 
 void StaleWindow::Expire(absl::Time now, const std::string& layer,
+                         const std::vector<bool>& live,
                          std::vector<std::function<void()>>* ready) {
   std::vector<Waiter> still;
   for (Waiter& w : waiting_) {
@@ -109,12 +109,7 @@ void StaleWindow::Expire(absl::Time now, const std::string& layer,
       still.push_back(std::move(w));
       continue;
     }
-    std::vector<int> missing;
-    for (int o = 0; o < num_workers_; ++o) {
-      if (o != w.worker && newest_step_[o] < w.step - staleness_) {
-        missing.push_back(o);
-      }
-    }
+    const std::vector<int> missing = Missing(w, live);
     const absl::Status why = absl::DeadlineExceededError(absl::StrCat(
         "BN forward of layer '", layer, "' step ", w.step,
         " timed out waiting for the moments of step ", w.step - staleness_,

@@ -36,7 +36,6 @@ class StaleWindow {
     bn::Moments others;    // the others' moments of step t - s, in worker order
     int contributors = 0;  // workers merged into `others`
     bn::Moments all;       // own (step t) and others: for the running stats
-    int64_t staleness = 0;  // s, or t for the first s steps (nothing older)
   };
   using Done = std::function<void(absl::StatusOr<Answer>)>;
 
@@ -59,8 +58,9 @@ class StaleWindow {
                 std::vector<std::function<void()>>* ready);
 
   // Fails the forwards whose deadline is at or before `now`, naming the
-  // workers they wait for.
+  // workers they wait for (given which are live).
   void Expire(absl::Time now, const std::string& layer,
+              const std::vector<bool>& live,
               std::vector<std::function<void()>>* ready);
 
   // Fails every waiting forward with `why` (the state was replaced).

@@ -87,7 +87,8 @@ absl::Status Trainer::SettleRunningStats(int64_t steps) {
   absl::StatusOr<client::RunningSettle> settle =
       client::WorkerBn(policy_, client_->config().bn_momentum())
           .SettleRunning();
-  if (!settle.ok()) return Recalibrate();
+  if (absl::IsFailedPrecondition(settle.status())) return Recalibrate();
+  if (!settle.ok()) return settle.status();
   switch (*settle) {
     case client::RunningSettle::kNothing:
       // sync: the layers followed the job's moments for every step they

@@ -451,7 +451,10 @@ int bnps_client_begin_step(bnps_client* c, int64_t step, int64_t* out,
     *out = step;
     return 0;
   }
-  return bnps_client_start_step(c, step, out, err, err_len);
+  absl::StatusOr<int64_t> r = (*client)->StartStep(step);
+  BNPS_RETURN_IF_ERROR(r.status());
+  *out = *r;
+  return 0;
 }
 
 int bnps_client_end_step(bnps_client* c, int64_t completed, char* err,
@@ -461,7 +464,7 @@ int bnps_client_end_step(bnps_client* c, int64_t completed, char* err,
   absl::StatusOr<bool> brackets = BracketsSteps(**client);
   BNPS_RETURN_IF_ERROR(brackets.status());
   if (!*brackets) return 0;
-  return bnps_client_finish_step(c, completed, err, err_len);
+  return Fail((*client)->FinishStep(completed), err, err_len);
 }
 
 int bnps_client_leave(bnps_client* c, char* err, size_t err_len) {

@@ -17,17 +17,17 @@ def net():
                          nn.BatchNorm1d(5)).double()
 
 
-def data():
-    """(x, y) of every step's global batch, in order."""
+def data(workers=WORKERS):
+    """(x, y) of every step's global batch of `workers` x BATCH, in order."""
     g = torch.Generator().manual_seed(3)
-    n = STEPS * WORKERS * BATCH
+    n = STEPS * workers * BATCH
     return (torch.randn(n, 3, 8, 8, generator=g, dtype=torch.float64),
             torch.randn(n, 5, generator=g, dtype=torch.float64))
 
 
-def rank_slice(rank):
-    """The indices rank `rank` trains on, step after step."""
-    return [k * WORKERS * BATCH + rank * BATCH + i
+def rank_slice(rank, workers=WORKERS):
+    """The indices rank `rank` of `workers` trains on, step after step."""
+    return [k * workers * BATCH + rank * BATCH + i
             for k in range(STEPS) for i in range(BATCH)]
 
 
@@ -35,14 +35,15 @@ def loss(model, x, y):
     return ((model(x) - y) ** 2).mean()
 
 
-def reference():
-    """One process, torch's BatchNorm on each global batch: the state_dict
-    after STEPS steps (DDP averages the ranks' gradients of their means,
-    which is the gradient of the global batch's mean)."""
+def reference(workers=WORKERS):
+    """One process, torch's BatchNorm on each global batch of `workers`
+    ranks: the state_dict after STEPS steps (DDP averages the ranks'
+    gradients of their means, which is the gradient of the global batch's
+    mean)."""
     model = net()
     opt = torch.optim.SGD(model.parameters(), lr=LR)
-    x, y = data()
-    step = WORKERS * BATCH
+    x, y = data(workers)
+    step = workers * BATCH
     for k in range(STEPS):
         opt.zero_grad()
         loss(model, x[k * step:(k + 1) * step],

@@ -48,7 +48,6 @@ def train_loop(config):
     import bnps.torch
     from bnps import layer_sync
     import lightning_cases as cases
-    cases.WORKERS = config["workers"]
     torch.set_num_threads(1)
     conn = bnps.torch.init(servers=config["servers"], set_default=False,
                            connect_timeout_s=60.0, rpc_timeout_s=60.0)
@@ -57,8 +56,8 @@ def train_loop(config):
     ddp = torch.nn.parallel.DistributedDataParallel(
         model, broadcast_buffers=False)
     opt = torch.optim.SGD(ddp.parameters(), lr=cases.LR)
-    x, y = cases.data()
-    mine = cases.rank_slice(rank)
+    x, y = cases.data(config["workers"])
+    mine = cases.rank_slice(rank, config["workers"])
     for k in range(cases.STEPS):
         if rank == config.get("die") and k == 1:
             os._exit(3)
@@ -129,11 +128,7 @@ class RayTrainTest(unittest.TestCase):
         return trainer.fit()
 
     def test_four_workers_equal_torch_on_the_global_batch(self):
-        lightning_cases.WORKERS = WORKERS
-        try:
-            ref = lightning_cases.reference()
-        finally:
-            lightning_cases.WORKERS = 2
+        ref = lightning_cases.reference(WORKERS)
         with bnps_cluster.LocalCluster(num_servers=2, num_workers=WORKERS,
                                        policy="sync") as c, \
                 tempfile.TemporaryDirectory() as out:
