@@ -15,8 +15,13 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
-#include "grpcpp/security/credentials.h"
 #include "proto/bnps.pb.h"
+
+// Declared, not included: the gRPC headers cost every file that includes
+// this one seconds of compile time (security/credentials.h makes them).
+namespace grpc {
+class ChannelCredentials;
+}  // namespace grpc
 
 namespace bnps::client {
 

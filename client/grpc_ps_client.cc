@@ -1,5 +1,7 @@
 #include "client/grpc_ps_client.h"
 
+#include "grpcpp/security/credentials.h"
+
 #include <cstdio>
 
 #include <algorithm>

@@ -5,11 +5,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "grpcpp/security/server_credentials.h"
+#include "grpcpp/server.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/server_builder.h"
 #include "security/job_token.h"
 #include "proto/limits.h"
+#include "server/shard_service.h"
 
 namespace bnps::server {
 

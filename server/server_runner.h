@@ -22,17 +22,24 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "grpcpp/security/server_credentials.h"
-#include "grpcpp/server.h"
 #include "metrics/registry.h"
 #include "server/bn_socket_server.h"
 #include "server/server_metrics.h"
 #include "server/shard.h"
-#include "server/shard_service.h"
 #include "util/byte_budget.h"
 #include "util/keep_awake.h"
 
+// Declared, not included: the gRPC server's headers cost every test that
+// starts a server seconds of compile time (security/credentials.h makes the
+// credentials).
+namespace grpc {
+class Server;
+class ServerCredentials;
+}  // namespace grpc
+
 namespace bnps::server {
+
+class ShardService;  // server/shard_service.h
 
 // How a server admits calls.
 struct ServerSecurity {

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "client/grpc_ps_client.h"
+#include "grpcpp/security/server_credentials.h"
 #include "gtest/gtest.h"
 #include "server/server_runner.h"
 

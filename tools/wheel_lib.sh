@@ -4,18 +4,51 @@
 
 passed=0; failed=0; skipped=0; results=()
 
+# record NAME STATUS SECONDS: a check's result, one line (the end of its log
+# if it failed).
+record() {
+  local name="$1" status="$2" took="$3"
+  if [ "$status" = 0 ]; then
+    results+=("PASS  $name ($took s)"); passed=$((passed + 1))
+    echo "wheel: PASS $name ($took s)"
+  else
+    results+=("FAIL  $name ($took s)"); failed=$((failed + 1))
+    echo "wheel: FAIL $name ($took s); the end of its log:"
+    tail -40 "$work/$name.log" | sed 's/^/    /'
+  fi
+}
+
 # check NAME COMMAND...: runs it with its output in $work/NAME.log; one line.
 check() {
   local name="$1"; shift
-  local start=$SECONDS
-  if "$@" >"$work/$name.log" 2>&1; then
-    results+=("PASS  $name ($((SECONDS - start)) s)"); passed=$((passed + 1))
-    echo "wheel: PASS $name ($((SECONDS - start)) s)"
-  else
-    results+=("FAIL  $name ($((SECONDS - start)) s)"); failed=$((failed + 1))
-    echo "wheel: FAIL $name ($((SECONDS - start)) s); the end of its log:"
-    tail -40 "$work/$name.log" | sed 's/^/    /'
-  fi
+  local start=$SECONDS status=0
+  "$@" >"$work/$name.log" 2>&1 || status=$?
+  record "$name" "$status" $((SECONDS - start))
+}
+
+# check_each PYTHON SCRIPT...: `check`s each script as PYTHON SCRIPT, as many
+# at once as there are cores (each in a temporary directory of its own, as
+# Bazel runs tests), reported in their order once all have ended.
+check_each() {
+  local py="$1" t name parallel
+  shift
+  parallel="$(nproc 2>/dev/null || echo 1)"
+  for t in "$@"; do
+    while [ "$(jobs -rp | wc -l)" -ge "$parallel" ]; do wait -n || true; done
+    name="$(basename "$t" .py)"
+    mkdir -p "$work/tmp/$name"
+    (
+      start=$SECONDS status=0
+      TMPDIR="$work/tmp/$name" "$py" "$t" >"$work/$name.log" 2>&1 || status=$?
+      echo "$status $((SECONDS - start))" >"$work/$name.status"
+    ) &
+  done
+  wait
+  for t in "$@"; do
+    name="$(basename "$t" .py)"
+    # shellcheck disable=SC2046
+    record "$name" $(cat "$work/$name.status" 2>/dev/null || echo "1 ?")
+  done
 }
 
 skip() {  # skip NAME WHY
@@ -86,9 +119,8 @@ installed_checks() {
   else
     skip beside_torch_and_grpc "no grpcio in this environment"
   fi
-  for t in $(python_tests "$run"); do
-    check "$(basename "$t" .py)" "$py" "$t"
-  done
+  # shellcheck disable=SC2046
+  check_each "$py" $(python_tests "$run")
 }
 
 # bnps in one process with grpcio and torch (argv[1]: which loads first):
