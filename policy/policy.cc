@@ -187,11 +187,11 @@ absl::Status CheckBnGroups(const JobPolicy& policy, int group_size,
     return absl::InvalidArgumentError(absl::StrCat(
         "--bn_group_size=", group_size, ": must be >= 1 (or 0: no groups)"));
   }
-  if (policy.bn != Policy::kSync) {
+  if (!BnTrafficWhileTraining(policy.bn)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "--bn_group_size=", group_size, " needs --bn_policy=sync (this job "
-        "runs BN policy ", PolicyName(policy.bn), "; local is a group of one, "
-        "recal has no BN traffic while training)"));
+        "--bn_group_size=", group_size, " needs --bn_policy=sync or async "
+        "(this job runs BN policy ", PolicyName(policy.bn), "; local is a "
+        "group of one, recal has no BN traffic while training)"));
   }
   for (int w : worker_counts) {
     if (w % group_size != 0) {
@@ -203,6 +203,13 @@ absl::Status CheckBnGroups(const JobPolicy& policy, int group_size,
     }
   }
   return absl::OkStatus();
+}
+
+std::vector<int> BnGroupOfWorkers(int group_size, int num_workers) {
+  std::vector<int> group;
+  if (group_size <= 0) return group;
+  for (int w = 0; w < num_workers; ++w) group.push_back(w / group_size);
+  return group;
 }
 
 }  // namespace bnps::policy

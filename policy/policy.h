@@ -120,11 +120,17 @@ absl::Status CheckBnStaleness(const JobPolicy& policy, int64_t bn_staleness);
 
 // OK if BN groups of `group_size` consecutive worker ids (--bn_group_size;
 // 0: none, the whole job is one group) fit a job of `policy` whose worker
-// counts over its run are `worker_counts`: groups need sync BN, and
-// group_size must divide every count (so it is at most each).
+// counts over its run are `worker_counts`: groups need BN traffic while
+// training (sync or async BN: local is a group of one, recal has none),
+// and group_size must divide every count (so it is at most each).
 // INVALID_ARGUMENT naming --bn_group_size otherwise.
 absl::Status CheckBnGroups(const JobPolicy& policy, int group_size,
                            absl::Span<const int> worker_counts);
+
+// The BN group of each worker id in [0, num_workers) under
+// --bn_group_size=`group_size`: worker w is in group w / group_size. Empty
+// for 0 (no groups: the job is one). REQUIRES: group_size >= 0.
+std::vector<int> BnGroupOfWorkers(int group_size, int num_workers);
 
 // Whether the backward pass needs the two global BN sums (sync only: under
 // async the others' statistics are constants).

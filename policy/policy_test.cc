@@ -153,12 +153,16 @@ TEST(PolicyTest, OnlySyncJobsResize) {
   }
 }
 
-TEST(PolicyTest, BnGroupsNeedSyncAndADivisor) {
+TEST(PolicyTest, BnGroupsNeedBnTrafficAndADivisor) {
   const JobPolicy sync{Policy::kSync, Gradients::kSync};
   EXPECT_TRUE(CheckBnGroups(sync, 0, {4}).ok());  // no groups
   EXPECT_TRUE(CheckBnGroups(sync, 2, {4}).ok());
   EXPECT_TRUE(CheckBnGroups(sync, 4, {4, 8}).ok());
   EXPECT_TRUE(CheckBnGroups({Policy::kSync, Gradients::kAsync}, 2, {4}).ok());
+  EXPECT_TRUE(CheckBnGroups({Policy::kAsync, Gradients::kAsync}, 2, {4}).ok());
+  EXPECT_TRUE(CheckBnGroups({Policy::kAsync, Gradients::kSync}, 4, {8}).ok());
+  EXPECT_EQ(CheckBnGroups({Policy::kAsync, Gradients::kAsync}, 3, {4}).code(),
+            absl::StatusCode::kInvalidArgument);
   for (const auto& [k, counts] :
        std::vector<std::pair<int, std::vector<int>>>{
            {3, {4}}, {8, {4}}, {2, {4, 6, 3}}, {-1, {4}}}) {
@@ -166,11 +170,19 @@ TEST(PolicyTest, BnGroupsNeedSyncAndADivisor) {
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << k;
     EXPECT_NE(s.message().find("--bn_group_size"), std::string::npos) << s;
   }
-  for (Policy p : {Policy::kAsync, Policy::kRecal, Policy::kLocal}) {
+  for (Policy p : {Policy::kRecal, Policy::kLocal}) {
     const absl::Status s = CheckBnGroups({p, ShorthandGradients(p)}, 2, {4});
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << PolicyName(p);
     EXPECT_NE(s.message().find("--bn_group_size"), std::string::npos) << s;
+    EXPECT_NE(s.message().find(PolicyName(p)), std::string::npos) << s;
   }
+}
+
+TEST(PolicyTest, BnGroupsAreBlocksOfConsecutiveIds) {
+  EXPECT_TRUE(BnGroupOfWorkers(0, 4).empty());
+  EXPECT_EQ(BnGroupOfWorkers(2, 6), (std::vector<int>{0, 0, 1, 1, 2, 2}));
+  EXPECT_EQ(BnGroupOfWorkers(3, 6), (std::vector<int>{0, 0, 0, 1, 1, 1}));
+  EXPECT_EQ(BnGroupOfWorkers(1, 3), (std::vector<int>{0, 1, 2}));
 }
 
 TEST(PolicyTest, AnExactBnStalenessNeedsAsyncBn) {

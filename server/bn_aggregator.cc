@@ -31,6 +31,7 @@ const char* PhaseName(int phase) {
 
 BnAggregator::BnAggregator(Options options)
     : options_(options),
+      group_(policy::BnGroupOfWorkers(options.group_size, options.num_workers)),
       live_(options.num_workers, true),
       failed_(options.num_workers),
       contributed_(options.num_workers, false),
@@ -476,8 +477,9 @@ void BnAggregator::AsyncForward(int worker, int64_t step, Layer& layer,
   own.step = step;
   own.moments = std::move(local);
   contributed_[worker] = true;
-  policy::AsyncMerge merge = policy::MergeForAsync(
-      layer.latest, live_, worker, step, options_.staleness, layer.channels);
+  policy::AsyncMerge merge =
+      policy::MergeForAsync(layer.latest, live_, group_, worker, step,
+                            options_.staleness, layer.channels);
   Reply reply;
   reply.moments = std::move(merge.others);
   reply.contributors = merge.contributors;
@@ -507,7 +509,7 @@ void BnAggregator::ExactStaleForward(int worker, int64_t step,
   Layer& layer = layers_[name];
   if (layer.window == nullptr) {
     layer.window = std::make_unique<StaleWindow>(
-        options_.num_workers, options_.bn_staleness, layer.channels);
+        options_.num_workers, options_.bn_staleness, layer.channels, group_);
   }
   contributed_[worker] = true;
   // The answer runs without the lock (from `ready`, maybe on the thread of

@@ -13,6 +13,10 @@
 //           normalizes with merge(own, that). Running stats are updated at each
 //           arrival with merge(own, admissible others), with momentum
 //           1 - (1 - m)^(1/W) so W arrivals weigh like one synchronous update.
+//           With BN groups, "the other workers" are those of the worker's
+//           group, while the running stats still merge every group's
+//           admissible moments (in the exact mode, Options::bn_staleness, a
+//           forward still waits for every live worker's moments of t - s).
 //   recal   No BN traffic while training. Afterwards Recal files the moments of
 //           every batch of every worker; RecalFinish is a barrier per layer that
 //           merges them all, in (worker, batch) order, into population
@@ -125,8 +129,8 @@ class BnAggregator {
     // (num_workers).
     std::function<int(int64_t)> workers_at;
 
-    // BN groups (--bn_group_size), sync only: the workers form groups of
-    // this many consecutive ids (0..K-1, K..2K-1, ...), and a Forward or
+    // BN groups (--bn_group_size), sync and async: the workers form groups
+    // of this many consecutive ids (0..K-1, K..2K-1, ...), and a Forward or
     // Backward answer carries the merge of the answering worker's group
     // alone (in worker order), while the running stats follow the merge of
     // the whole job, exactly as without groups. 0: one group, the job.
@@ -285,6 +289,8 @@ class BnAggregator {
   int NumLive() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Options options_;
+  // Each worker's BN group (policy::BnGroupOfWorkers); empty: none.
+  const std::vector<int> group_;
 
   mutable absl::Mutex mu_;
   std::map<std::string, Layer> layers_ ABSL_GUARDED_BY(mu_);
