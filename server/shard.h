@@ -100,7 +100,7 @@ struct ShardOptions {
   // else sync; policy/policy.h). Default: unset.
   std::optional<policy::Gradients> gradients;
   int64_t staleness = 0;  // async gradients or BN only. Default: 0
-  // Sync BN within groups of this many consecutive workers
+  // BN (sync or async) within groups of this many consecutive workers
   // (policy::CheckBnGroups). Default: 0 (none).
   int bn_group_size = 0;
   // Async BN's exact staleness (--bn_staleness): the others' moments of
