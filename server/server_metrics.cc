@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "policy/policy.h"
 
 namespace bnps::server {
 namespace {
@@ -103,6 +104,7 @@ ServerMetrics::ServerMetrics(metrics::Registry* registry, Shard* shard)
                     "forward answer, the asking step minus their step.",
                     {}, kStalenessBuckets)
                    ->WithLabels({});
+  AddGroupWaits(shard->options());
   metrics::Family<metrics::Gauge>* workers = r.AddGauge(
       "bnps_server_workers",
       "Workers of the job by state on this shard: live, lost (silent past "
@@ -132,6 +134,34 @@ ServerMetrics::ServerMetrics(metrics::Registry* registry, Shard* shard)
       "Seconds since this shard last wrote a checkpoint; absent before the "
       "first.");
   r.AddCollector([this] { Collect(); });
+}
+
+void ServerMetrics::AddGroupWaits(const ShardOptions& o) {
+  const std::vector<int> group =
+      policy::BnGroupOfWorkers(o.bn_group_size, o.num_workers);
+  if (group.empty()) return;
+  metrics::Family<metrics::Histogram>* family = registry_->AddHistogram(
+      "bnps_server_bn_group_barrier_wait_seconds",
+      "With BN groups (--bn_group_size): time from a BN forward or backward "
+      "message's arrival to its answer, by the sender's group (worker w is in "
+      "group w / K) and phase, over all layers.",
+      {"group", "phase"}, kWaitBuckets);
+  std::vector<std::array<metrics::Histogram*, 2>> by_group;
+  for (int w = 0; w < o.num_workers; ++w) {
+    if (group[w] == static_cast<int>(by_group.size())) {
+      const std::string g = absl::StrCat(group[w]);
+      by_group.push_back({family->WithLabels({g, PhaseName(kForward)}),
+                          family->WithLabels({g, PhaseName(kBackward)})});
+    }
+    group_wait_.push_back(by_group[group[w]]);
+  }
+}
+
+void ServerMetrics::GroupWait(int worker, BnPhase phase, absl::Duration wait) {
+  if (worker < 0 || worker >= static_cast<int>(group_wait_.size())) return;
+  if (phase != kForward && phase != kBackward) return;
+  group_wait_[worker][phase == kForward ? 0 : 1]->Observe(
+      absl::ToDoubleSeconds(wait));
 }
 
 void ServerMetrics::Request(Method m, absl::StatusCode code) {

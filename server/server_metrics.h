@@ -11,6 +11,10 @@
 //   bn_rejections_total{reason}            BN messages refused
 //   bn_barrier_wait_seconds{layer,phase}   a BN message's arrival to its answer
 //   bn_merge_seconds{layer,phase}          computing a barrier's merge
+//   bn_group_barrier_wait_seconds{group,phase}  with BN groups
+//                                          (--bn_group_size): the waits of
+//                                          the group's workers' forward and
+//                                          backward messages
 //   bn_staleness_steps                     async: age of merged moments
 //   workers{state=live|lost|unregistered}, worker_step{worker},
 //   parameter_version, checkpoint_age_seconds (once RecordCheckpoint ran)
@@ -75,6 +79,11 @@ class ServerMetrics {
   // The newest step a message of `worker` named (pushes, BN).
   void WorkerAt(int worker, int64_t step);
   void Staleness(int64_t steps) { staleness_->Observe(static_cast<double>(steps)); }
+  // With BN groups, a forward or backward message of `worker` waited
+  // `wait` from arrival to answer: observed under its group's label
+  // (group="g", worker w in g = w / --bn_group_size). Nothing without
+  // groups, for other phases or for a worker outside the job.
+  void GroupWait(int worker, BnPhase phase, absl::Duration wait);
 
   // One BN layer's series; resolved once by ForLayer, then lock-free except
   // for the slowest-wait summary of the status view (a short lock per
@@ -147,6 +156,8 @@ class ServerMetrics {
 
  private:
   void Collect();
+  // With BN groups in `o`, the group wait series (GroupWait).
+  void AddGroupWaits(const ShardOptions& o);
 
   metrics::Registry* const registry_;
   Shard* const shard_;
@@ -165,6 +176,9 @@ class ServerMetrics {
   metrics::Counter* applied_;
   metrics::Counter* duplicate_;
   metrics::Histogram* staleness_;
+  // By worker: its group's forward and backward wait series; empty without
+  // BN groups.
+  std::vector<std::array<metrics::Histogram*, 2>> group_wait_;
   metrics::Gauge* live_;
   metrics::Gauge* lost_;
   metrics::Gauge* unregistered_;
