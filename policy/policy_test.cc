@@ -178,6 +178,27 @@ TEST(PolicyTest, BnGroupsNeedBnTrafficAndADivisor) {
   }
 }
 
+TEST(PolicyTest, BnGroupsByHost) {
+  EXPECT_EQ(ParseBnGroupByHost("").value(), false);
+  EXPECT_EQ(ParseBnGroupByHost("host").value(), true);
+  const absl::StatusOr<bool> bad = ParseBnGroupByHost("node");
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("--bn_group"), std::string::npos);
+  EXPECT_TRUE(CheckBnGroupByHost({Policy::kSync, Gradients::kSync}, 0, {4}).ok());
+  EXPECT_TRUE(CheckBnGroupByHost({Policy::kAsync, Gradients::kAsync}, 0, {4}).ok());
+  for (const absl::Status& s :
+       {CheckBnGroupByHost({Policy::kLocal, Gradients::kSync}, 0, {4}),
+        CheckBnGroupByHost({Policy::kRecal, Gradients::kSync}, 0, {4}),
+        CheckBnGroupByHost({Policy::kSync, Gradients::kSync}, 2, {4}),
+        CheckBnGroupByHost({Policy::kSync, Gradients::kSync}, 0, {4, 2})}) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(s.message().find("--bn_group=host"), std::string::npos) << s;
+  }
+  EXPECT_EQ(BnGroupsOfHosts({"b", "a", "b", "c", "a"}),
+            (std::vector<int>{0, 1, 0, 2, 1}));
+  EXPECT_EQ(BnGroupsOfHosts({"x", "x"}), (std::vector<int>{0, 0}));
+}
+
 TEST(PolicyTest, BnGroupsAreBlocksOfConsecutiveIds) {
   EXPECT_TRUE(BnGroupOfWorkers(0, 4).empty());
   EXPECT_EQ(BnGroupOfWorkers(2, 6), (std::vector<int>{0, 0, 1, 1, 2, 2}));

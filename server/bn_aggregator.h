@@ -137,6 +137,12 @@ class BnAggregator {
     // REQUIRES: divides every worker count of the job
     // (policy::CheckBnGroups says so at start).
     int group_size = 0;
+    // BN groups by host (--bn_group=host): the groups are whatever
+    // SetGroups says, any partition of the workers; a forward or backward
+    // barrier that completes before SetGroups fails (FAILED_PRECONDITION),
+    // and an async answer before it merges no other worker's moments.
+    // REQUIRES: group_size == 0. Default: false.
+    bool group_by_host = false;
     // async BN's exact staleness (--bn_staleness, server/bn_stale_window.h):
     // a worker at step t gets the others' moments of step t - s exactly,
     // waiting for them up to the forward's deadline. -1: the bounded mode
@@ -185,6 +191,10 @@ class BnAggregator {
                    Done done);
   void LocalRunning(int worker, const std::string& layer,
                     bn::RunningStats running, absl::Time deadline, Done done);
+
+  // Under Options::group_by_host: each worker's BN group (0, 1, ...),
+  // from then on. REQUIRES: one entry per worker of the job.
+  void SetGroups(std::vector<int> group);
 
   void RemoveWorker(int worker);
   void FailWorker(int worker, absl::Status why);
@@ -264,7 +274,8 @@ class BnAggregator {
                Ready* ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The answer of finished barrier `b` for `worker` (its group's, if any).
   std::shared_ptr<const absl::StatusOr<Reply>> ResultFor(const Barrier& b,
-                                                         int worker) const;
+                                                         int worker) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // With BN groups, fills b.by_group from the finished forward or backward
   // barrier `b` whose whole-job answer is `whole`.
   void SplitByGroup(const BarrierKey& key, Barrier& b, const Reply& whole)
@@ -289,8 +300,6 @@ class BnAggregator {
   int NumLive() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Options options_;
-  // Each worker's BN group (policy::BnGroupOfWorkers); empty: none.
-  const std::vector<int> group_;
 
   mutable absl::Mutex mu_;
   std::map<std::string, Layer> layers_ ABSL_GUARDED_BY(mu_);
@@ -300,6 +309,10 @@ class BnAggregator {
   std::vector<bool> contributed_ ABSL_GUARDED_BY(mu_);  // by worker
   // Bytes of recalibration moments filed, by worker.
   std::vector<int64_t> recal_bytes_ ABSL_GUARDED_BY(mu_);
+  // Each worker's BN group (policy::BnGroupOfWorkers, or SetGroups's);
+  // empty: none. By host, before SetGroups: each worker alone.
+  std::vector<int> group_ ABSL_GUARDED_BY(mu_);
+  bool groups_set_ ABSL_GUARDED_BY(mu_) = false;  // by host: SetGroups ran
   // The newest step of an accepted Forward or Backward; -1 before any.
   int64_t newest_step_ ABSL_GUARDED_BY(mu_) = -1;
 };

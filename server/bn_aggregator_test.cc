@@ -460,6 +460,39 @@ TEST(BnAggregatorTest, AsyncRefusesStepsBeyondTheBound) {
   EXPECT_EQ(r->status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
+// Groups by host (Options::group_by_host): a barrier that completes before
+// SetGroups fails rather than answer with unknown groups; after it, groups
+// of any sizes ({0, 1, 2} and {3} here) get their merges, in worker order.
+TEST(BnAggregatorTest, GroupsByHostFollowSetGroups) {
+  const Split split = MakeSplit({4, 1, 6, 3}, 31);
+  BnAggregator::Options o{policy::Policy::kSync, 4, 0, 0.1};
+  o.group_by_host = true;
+  BnAggregator agg(o);
+  std::vector<Result> early(4);
+  for (int w = 0; w < 4; ++w) {
+    agg.Forward(w, 0, "bn", split.parts[w], kNever, Into(&early[w]));
+  }
+  for (const Result& r : early) {
+    ASSERT_TRUE(r.has_value());
+    EXPECT_EQ(r->status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_NE(r->status().message().find("--bn_group=host"), std::string::npos);
+  }
+  agg.SetGroups({0, 0, 0, 1});
+  std::vector<Result> fwd(4);
+  for (int w : {2, 3, 0, 1}) {
+    agg.Forward(w, 1, "bn", split.parts[w], kNever, Into(&fwd[w]));
+  }
+  const bn::Moments big = bn::MergeInOrder(
+      {&split.parts[0], &split.parts[1], &split.parts[2]}, 3);
+  for (int w = 0; w < 4; ++w) {
+    ASSERT_TRUE(fwd[w].has_value() && fwd[w]->ok()) << w;
+    const bn::Moments& want = w < 3 ? big : split.parts[3];
+    EXPECT_EQ((*fwd[w])->contributors, w < 3 ? 3 : 1);
+    EXPECT_EQ((*fwd[w])->moments.mean, want.mean) << w;
+    EXPECT_EQ((*fwd[w])->moments.m2, want.m2) << w;
+  }
+}
+
 // --bn_staleness=2 (exact) with workers at different, changing speeds: at
 // every step t >= 2 each worker gets exactly the other members of its BN
 // group's moments of step t - 2 (every worker's without groups), merged in

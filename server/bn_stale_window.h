@@ -79,6 +79,10 @@ class StaleWindow {
   void FailAll(const absl::Status& why,
                std::vector<std::function<void()>>* ready);
 
+  // Replaces the groups (BnAggregator::SetGroups); answers from then on
+  // follow them. REQUIRES: as the constructor's `group`.
+  void set_group(std::vector<int> group) { group_ = std::move(group); }
+
   // Forwards waiting, and steps kept (for tests and metrics).
   int waiting() const { return static_cast<int>(waiting_.size()); }
   int steps_kept() const { return static_cast<int>(by_step_.size()); }
@@ -99,7 +103,7 @@ class StaleWindow {
   const int num_workers_;
   const int64_t staleness_;
   const int64_t channels_;
-  const std::vector<int> group_;  // by worker; empty: one group
+  std::vector<int> group_;  // by worker; empty: one group
   // step -> each worker's moments of it.
   std::map<int64_t, std::vector<std::optional<bn::Moments>>> by_step_;
   std::vector<int64_t> first_step_;   // by worker; -1: none yet

@@ -68,6 +68,9 @@ TEST(StatusViewTest, ShowsBnGroupsAndAnExactStaleness) {
   a.status->mutable_config()->set_bn_group_size(0);
   a.status->mutable_config()->set_bn_staleness(0);
   EXPECT_THAT(FormatText({a}), HasSubstr("  BN staleness exactly 0 steps\n"));
+  a.status->mutable_config()->clear_bn_staleness();
+  a.status->mutable_config()->set_bn_group_by_host(true);
+  EXPECT_THAT(FormatText({a}), HasSubstr("  BN groups by host\n"));
 }
 
 // A resized job shows its membership history; a fixed one has no such line.
