@@ -383,7 +383,9 @@ void BnAggregator::SplitByGroup(const BarrierKey& key, Barrier& b,
   const int groups = *std::max_element(group_.begin(), group_.end()) + 1;
   std::vector<Reply> by_group(groups);
   std::vector<std::vector<const bn::Moments*>> parts(groups);
-  for (Reply& r : by_group) {
+  for (int g = 0; g < groups; ++g) {
+    Reply& r = by_group[g];
+    r.group = g;
     r.running = whole.running;  // the job's, whatever the group
     r.merge_time = whole.merge_time;
     if (phase == Phase::kBackward) r.sums = bn::BackwardSums::Zero(channels);

@@ -169,6 +169,9 @@ class BnAggregator {
     // async forward: step - step of each other worker's moments merged into
     // `moments` (for metrics).
     std::vector<int64_t> staleness;
+    // With BN groups, a forward or backward barrier's answer: the group
+    // whose merge it is (for metrics); -1 otherwise.
+    int group = -1;
   };
   // Called once, maybe on another caller's thread, after the aggregator's
   // lock is released. The answer is shared by all the waiters of a barrier

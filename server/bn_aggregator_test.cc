@@ -135,6 +135,7 @@ TEST(BnAggregatorTest, GroupsNormalizeWithinAndRunningStatsFollowTheJob) {
       const int g = w / 2;
       ASSERT_TRUE(fwd[w].has_value() && fwd[w]->ok());
       EXPECT_EQ((*fwd[w])->contributors, 2);
+      EXPECT_EQ((*fwd[w])->group, g);  // for the per-group metrics
       const bn::Moments& m = (*fwd[w])->moments;
       EXPECT_EQ(m.count, want[g].count);
       for (int c = 0; c < 3; ++c) {
@@ -488,6 +489,7 @@ TEST(BnAggregatorTest, GroupsByHostFollowSetGroups) {
     ASSERT_TRUE(fwd[w].has_value() && fwd[w]->ok()) << w;
     const bn::Moments& want = w < 3 ? big : split.parts[3];
     EXPECT_EQ((*fwd[w])->contributors, w < 3 ? 3 : 1);
+    EXPECT_EQ((*fwd[w])->group, w < 3 ? 0 : 1);
     EXPECT_EQ((*fwd[w])->moments.mean, want.mean) << w;
     EXPECT_EQ((*fwd[w])->moments.m2, want.m2) << w;
   }

@@ -134,7 +134,7 @@ BnAggregator::Done BnDispatcher::MakeReply(const proto::BnRequest& req,
         const absl::Duration wait = absl::Now() - arrived;
         layer_metrics->Observe(static_cast<M::BnPhase>(phase), step, wait,
                                r->merge_time);
-        metrics_->GroupWait(worker, static_cast<M::BnPhase>(phase), wait);
+        metrics_->GroupWait(r->group, static_cast<M::BnPhase>(phase), wait);
         for (int64_t age : r->staleness) metrics_->Staleness(age);
       } else {
         metrics_->BnRejected(r.status().code());

@@ -4,7 +4,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "policy/policy.h"
 
 namespace bnps::server {
 namespace {
@@ -137,31 +136,32 @@ ServerMetrics::ServerMetrics(metrics::Registry* registry, Shard* shard)
 }
 
 void ServerMetrics::AddGroupWaits(const ShardOptions& o) {
-  const std::vector<int> group =
-      policy::BnGroupOfWorkers(o.bn_group_size, o.num_workers);
-  if (group.empty()) return;
-  metrics::Family<metrics::Histogram>* family = registry_->AddHistogram(
+  if (o.bn_group_size == 0 && !o.bn_group_by_host) return;
+  group_wait_family_ = registry_->AddHistogram(
       "bnps_server_bn_group_barrier_wait_seconds",
-      "With BN groups (--bn_group_size): time from a BN forward or backward "
-      "message's arrival to its answer, by the sender's group (worker w is in "
-      "group w / K) and phase, over all layers.",
+      "With BN groups (--bn_group_size, --bn_group=host): time from a BN "
+      "forward or backward barrier message's arrival to its answer, by the "
+      "sender's group and phase, over all layers.",
       {"group", "phase"}, kWaitBuckets);
-  std::vector<std::array<metrics::Histogram*, 2>> by_group;
-  for (int w = 0; w < o.num_workers; ++w) {
-    if (group[w] == static_cast<int>(by_group.size())) {
-      const std::string g = absl::StrCat(group[w]);
-      by_group.push_back({family->WithLabels({g, PhaseName(kForward)}),
-                          family->WithLabels({g, PhaseName(kBackward)})});
-    }
-    group_wait_.push_back(by_group[group[w]]);
-  }
+  group_wait_.reset(new std::atomic<metrics::Histogram*>[2 * o.num_workers]);
+  for (int i = 0; i < 2 * o.num_workers; ++i) group_wait_[i].store(nullptr);
 }
 
-void ServerMetrics::GroupWait(int worker, BnPhase phase, absl::Duration wait) {
-  if (worker < 0 || worker >= static_cast<int>(group_wait_.size())) return;
-  if (phase != kForward && phase != kBackward) return;
-  group_wait_[worker][phase == kForward ? 0 : 1]->Observe(
-      absl::ToDoubleSeconds(wait));
+void ServerMetrics::GroupWait(int group, BnPhase phase, absl::Duration wait) {
+  if (group_wait_family_ == nullptr || group < 0 ||
+      group >= shard_->options().num_workers ||
+      (phase != kForward && phase != kBackward)) {
+    return;
+  }
+  std::atomic<metrics::Histogram*>& slot =
+      group_wait_[2 * group + (phase == kBackward)];
+  metrics::Histogram* h = slot.load(std::memory_order_acquire);
+  if (h == nullptr) {
+    // Racing callers get the same child from the family.
+    h = group_wait_family_->WithLabels({absl::StrCat(group), PhaseName(phase)});
+    slot.store(h, std::memory_order_release);
+  }
+  h->Observe(absl::ToDoubleSeconds(wait));
 }
 
 void ServerMetrics::Request(Method m, absl::StatusCode code) {
