@@ -38,6 +38,12 @@ struct GrpcClientOptions {
   // Workers in the job; must match the servers' config.
   // Default: 1.
   int num_workers = 1;
+  // The host this worker runs on, sent when it registers
+  // (RegisterRequest.host): under --bn_group=host the workers of one host
+  // form a BN group. Name it where several machines share a host name, or
+  // one machine's workers have several (containers: its node's name).
+  // Default: empty (this machine's host name).
+  std::string host;
   // How long Connect may take in all: registration with every shard,
   // retrying UNAVAILABLE (a server not up yet, a closed port, a wrong host)
   // with backoff. A shard not reached by then fails Connect with an error

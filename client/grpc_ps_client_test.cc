@@ -77,6 +77,24 @@ TEST_F(GrpcPsClientTest, ConnectRegistersWithEveryShard) {
     EXPECT_EQ(regs[0].worker(), 1);
     EXPECT_EQ(regs[0].num_workers(), kWorkers);
     EXPECT_EQ(regs[0].num_shards(), kShards);
+    // No GrpcClientOptions::host: the machine's host name.
+    char host[256] = {};
+    ASSERT_EQ(gethostname(host, sizeof(host) - 1), 0);
+    EXPECT_EQ(regs[0].host(), host);
+  }
+}
+
+// GrpcClientOptions::host (bnps_worker --bn_host) is the host it registers
+// from (servers that group BN by host group by it).
+TEST_F(GrpcPsClientTest, ConnectRegistersTheHostItIsGiven) {
+  GrpcClientOptions options = Options(/*worker=*/0);
+  options.host = "node-3";
+  std::unique_ptr<GrpcPsClient> client = Connect(options);
+  ASSERT_NE(client, nullptr);
+  for (int i = 0; i < kShards; ++i) {
+    std::vector<proto::RegisterRequest> regs = fakes_[i]->registrations();
+    ASSERT_EQ(regs.size(), 1u) << "shard " << i;
+    EXPECT_EQ(regs[0].host(), "node-3");
   }
 }
 

@@ -7,6 +7,9 @@
 // worker its answer from the shard's one reply. The shard merges the
 // contributions in worker order exactly as when each worker sends its own
 // (server/bn_batch_dispatch.h), so results are bitwise the same.
+// BN groups (--bn_group_size) need nothing here: the shard answers each
+// entry of a frame with its worker's group's merge, so a host's workers may
+// span groups (host_bn_test: GroupsThroughOneAggregatorGetTheirGroupsMerges).
 //
 // A worker's hello names, in `upstream`, the shard's BN address its
 // requests are for, which must be one of the aggregator's own shards

@@ -5,7 +5,8 @@
 namespace bnps::policy {
 
 AsyncMerge MergeForAsync(const std::vector<LatestMoments>& latest,
-                         const std::vector<bool>& live, int self, int64_t step,
+                         const std::vector<bool>& live,
+                         const std::vector<int>& group, int self, int64_t step,
                          int64_t staleness, int64_t channels) {
   AsyncMerge out;
   out.others = bn::Moments::Empty(channels);
@@ -15,9 +16,11 @@ AsyncMerge MergeForAsync(const std::vector<LatestMoments>& latest,
     if (!live[w] || l.step < 0) continue;
     if (static_cast<int>(w) != self) {
       if (!staleness::Admissible(l.step, step, staleness)) continue;
-      bn::MergeInto(l.moments, &out.others);
-      ++out.contributors;
-      out.staleness.push_back(step - l.step);
+      if (group.empty() || group[w] == group[self]) {
+        bn::MergeInto(l.moments, &out.others);
+        ++out.contributors;
+        out.staleness.push_back(step - l.step);
+      }
     }
     bn::MergeInto(l.moments, &out.all);
   }

@@ -5,7 +5,9 @@
 // the merge of the other live workers' latest moments whose step is
 // admissible at c (staleness::Admissible: step >= c - s), merged in worker
 // order so the answer does not depend on arrival order. It normalizes with
-// merge(own fresh moments, that). The others' moments are constants in the
+// merge(own fresh moments, that). With BN groups (--bn_group_size) "the
+// others" are those of its group; the running statistics still merge every
+// group's. The others' moments are constants in the
 // backward pass, so no global backward sums are exchanged.
 //
 // Thread-safety: pure functions.
@@ -28,11 +30,12 @@ struct LatestMoments {
 };
 
 struct AsyncMerge {
-  // The admissible others' moments: what the server answers.
+  // The admissible others' moments of self's group: what the server
+  // answers.
   bn::Moments others;
   int contributors = 0;  // workers merged into `others`
-  // `self`'s and the admissible others' moments, in worker order: what the
-  // server updates the layer's running statistics with.
+  // `self`'s and the admissible others' moments, every group's, in worker
+  // order: what the server updates the layer's running statistics with.
   bn::Moments all;
   // step - the step of each other worker's moments merged into `others`
   // (their staleness), in worker order.
@@ -41,11 +44,15 @@ struct AsyncMerge {
 
 // Merges the entries of `latest` (indexed by worker) for worker `self` at
 // `step`: workers that are not live or have no moments are skipped, as are
-// others whose step is not admissible under `staleness`. `channels` is the
-// layer's channel count. REQUIRES: latest.size() == live.size(), self in
-// range, and every present entry has `channels` channels.
+// others whose step is not admissible under `staleness`. `group` is each
+// worker's BN group (policy::BnGroupOfWorkers; empty: one group): only
+// self's group's others go into `others`. `channels` is the layer's
+// channel count. REQUIRES: latest.size() == live.size(), group empty or of
+// that size, self in range, and every present entry has `channels`
+// channels.
 AsyncMerge MergeForAsync(const std::vector<LatestMoments>& latest,
-                         const std::vector<bool>& live, int self, int64_t step,
+                         const std::vector<bool>& live,
+                         const std::vector<int>& group, int self, int64_t step,
                          int64_t staleness, int64_t channels);
 
 // What a worker normalizes with: merge(own, others), own first. Errors as

@@ -24,7 +24,7 @@ TEST(AsyncBnTest, MergesAdmissibleLiveOthersInWorkerOrder) {
   latest[2] = {3, Of({100})};
   latest[3] = {5, Of({1000})};
   std::vector<bool> live = {true, true, true, false, true};
-  AsyncMerge m = MergeForAsync(latest, live, /*self=*/1, /*step=*/5,
+  AsyncMerge m = MergeForAsync(latest, live, /*group=*/{}, /*self=*/1, /*step=*/5,
                                /*staleness=*/1, /*channels=*/1);
   EXPECT_EQ(m.contributors, 1);
   EXPECT_EQ(m.staleness, std::vector<int64_t>({1}));  // worker 0: 5 - 4
@@ -35,17 +35,40 @@ TEST(AsyncBnTest, MergesAdmissibleLiveOthersInWorkerOrder) {
   EXPECT_DOUBLE_EQ(m.all.mean[0], 13.0 / 3);
 
   // A larger bound admits worker 2 as well.
-  AsyncMerge wide = MergeForAsync(latest, live, 1, 5, 2, 1);
+  AsyncMerge wide = MergeForAsync(latest, live, {}, 1, 5, 2, 1);
   EXPECT_EQ(wide.contributors, 2);
   EXPECT_EQ(wide.staleness, std::vector<int64_t>({1, 2}));
   EXPECT_EQ(wide.others.count, 3);
   EXPECT_DOUBLE_EQ(wide.others.mean[0], 103.0 / 3);
 }
 
+TEST(AsyncBnTest, GroupsAnswerWithTheGroupAndRunTheJobsStats) {
+  // Groups {0, 1} and {2, 3}; worker 0 at step 5, staleness 1. Its answer
+  // holds worker 1 only; the running stats' merge holds everyone admissible.
+  std::vector<LatestMoments> latest(4);
+  latest[0] = {5, Of({1})};
+  latest[1] = {4, Of({2, 4})};
+  latest[2] = {5, Of({10})};
+  latest[3] = {2, Of({100})};  // too stale for either
+  const std::vector<bool> live(4, true);
+  AsyncMerge m = MergeForAsync(latest, live, {0, 0, 1, 1}, 0, 5, 1, 1);
+  EXPECT_EQ(m.contributors, 1);
+  EXPECT_EQ(m.staleness, std::vector<int64_t>({1}));
+  EXPECT_EQ(m.others.count, 2);
+  EXPECT_DOUBLE_EQ(m.others.mean[0], 3);
+  EXPECT_EQ(m.all.count, 4);  // {1, 2, 4, 10}
+  EXPECT_DOUBLE_EQ(m.all.mean[0], 17.0 / 4);
+  // Worker 2's group has no admissible other.
+  AsyncMerge two = MergeForAsync(latest, live, {0, 0, 1, 1}, 2, 5, 1, 1);
+  EXPECT_EQ(two.contributors, 0);
+  EXPECT_EQ(two.others.count, 0);
+  EXPECT_EQ(two.all.count, 4);
+}
+
 TEST(AsyncBnTest, OneWorkerNormalizesWithItsOwnMoments) {
   std::vector<LatestMoments> latest(1);
   latest[0] = {0, Of({3, 5})};
-  AsyncMerge m = MergeForAsync(latest, {true}, 0, 0, 0, 1);
+  AsyncMerge m = MergeForAsync(latest, {true}, {}, 0, 0, 0, 1);
   EXPECT_EQ(m.contributors, 0);
   EXPECT_EQ(m.others.count, 0);
   absl::StatusOr<bn::Moments> n = NormalizingMoments(latest[0].moments, m.others);

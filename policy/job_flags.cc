@@ -32,11 +32,18 @@ ABSL_FLAG(std::optional<int64_t>, staleness, std::nullopt,
           "older than c - staleness are not merged. Servers: default 0. "
           "Workers: when given, must match the servers'.");
 ABSL_FLAG(std::optional<int>, bn_group_size, std::nullopt,
-          "Sync BN within groups: workers 0..K-1, K..2K-1, ... each normalize "
+          "BN within groups: workers 0..K-1, K..2K-1, ... each normalize "
           "with their group's merged statistics, while the running statistics "
           "follow the whole job. K must divide every worker count of the job; "
-          "needs --bn_policy=sync. Servers: default 0 (no groups: the whole "
-          "job). Workers: when given, must match the servers'.");
+          "needs --bn_policy=sync or async. Servers: default 0 (no groups: "
+          "the whole job). Workers: when given, must match the servers'.");
+ABSL_FLAG(std::string, bn_group, "",
+          "host: BN within groups of the workers of one host (each worker "
+          "reports its --bn_host, else its host name, when it registers), "
+          "instead of --bn_group_size; needs --bn_policy=sync or async and a "
+          "job that is not resized. Servers: default empty (groups by "
+          "--bn_group_size, or none). Workers: when given, must match the "
+          "servers'.");
 ABSL_FLAG(std::optional<int64_t>, bn_staleness, std::nullopt,
           "Async BN with an exact staleness s: a worker at step t normalizes "
           "with merge(its own moments of step t, the other workers' moments "

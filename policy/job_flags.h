@@ -13,7 +13,8 @@
 //   --bn_policy      the BN policy alone
 //   --gradients      the gradient mode alone
 //   --staleness      async's bound (servers' default 0)
-//   --bn_group_size  sync BN within groups of K workers (default 0: none)
+//   --bn_group_size  BN within groups of K workers (default 0: none)
+//   --bn_group       host: BN within groups of the workers of one host
 //   --bn_staleness   async BN with the others' moments exactly s steps old
 //   --learning_rate  SGD (servers' default 0.1)
 //   --momentum       SGD (servers' default 0.9)
@@ -35,6 +36,7 @@ ABSL_DECLARE_FLAG(std::string, bn_policy);
 ABSL_DECLARE_FLAG(std::string, gradients);
 ABSL_DECLARE_FLAG(std::optional<int64_t>, staleness);
 ABSL_DECLARE_FLAG(std::optional<int>, bn_group_size);
+ABSL_DECLARE_FLAG(std::string, bn_group);
 ABSL_DECLARE_FLAG(std::optional<int64_t>, bn_staleness);
 ABSL_DECLARE_FLAG(std::optional<double>, learning_rate);
 ABSL_DECLARE_FLAG(std::optional<double>, momentum);

@@ -1,5 +1,7 @@
 #include "policy/policy.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 
 namespace bnps::policy {
@@ -187,11 +189,11 @@ absl::Status CheckBnGroups(const JobPolicy& policy, int group_size,
     return absl::InvalidArgumentError(absl::StrCat(
         "--bn_group_size=", group_size, ": must be >= 1 (or 0: no groups)"));
   }
-  if (policy.bn != Policy::kSync) {
+  if (!BnTrafficWhileTraining(policy.bn)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "--bn_group_size=", group_size, " needs --bn_policy=sync (this job "
-        "runs BN policy ", PolicyName(policy.bn), "; local is a group of one, "
-        "recal has no BN traffic while training)"));
+        "--bn_group_size=", group_size, " needs --bn_policy=sync or async "
+        "(this job runs BN policy ", PolicyName(policy.bn), "; local is a "
+        "group of one, recal has no BN traffic while training)"));
   }
   for (int w : worker_counts) {
     if (w % group_size != 0) {
@@ -203,6 +205,54 @@ absl::Status CheckBnGroups(const JobPolicy& policy, int group_size,
     }
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<bool> ParseBnGroupByHost(absl::string_view bn_group) {
+  if (bn_group.empty()) return false;
+  if (bn_group == "host") return true;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--bn_group='", bn_group, "': must be host (or empty: groups by "
+      "--bn_group_size, or none)"));
+}
+
+absl::Status CheckBnGroupByHost(const JobPolicy& policy, int group_size,
+                                absl::Span<const int> worker_counts) {
+  if (!BnTrafficWhileTraining(policy.bn)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--bn_group=host needs --bn_policy=sync or async (this job runs BN "
+        "policy ", PolicyName(policy.bn), "; local is a group of one, recal "
+        "has no BN traffic while training)"));
+  }
+  if (group_size != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--bn_group=host and --bn_group_size=", group_size, " both say how "
+        "to form BN groups: give one"));
+  }
+  if (worker_counts.size() > 1) {
+    return absl::InvalidArgumentError(
+        "--bn_group=host needs a job that is not resized (no --membership "
+        "with several counts): the groups are fixed once every worker "
+        "registered");
+  }
+  return absl::OkStatus();
+}
+
+std::vector<int> BnGroupsOfHosts(absl::Span<const std::string> hosts) {
+  std::vector<int> group;
+  std::vector<std::string> seen;  // in order of their first worker
+  for (const std::string& h : hosts) {
+    auto it = std::find(seen.begin(), seen.end(), h);
+    group.push_back(static_cast<int>(it - seen.begin()));
+    if (it == seen.end()) seen.push_back(h);
+  }
+  return group;
+}
+
+std::vector<int> BnGroupOfWorkers(int group_size, int num_workers) {
+  std::vector<int> group;
+  if (group_size <= 0) return group;
+  for (int w = 0; w < num_workers; ++w) group.push_back(w / group_size);
+  return group;
 }
 
 }  // namespace bnps::policy

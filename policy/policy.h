@@ -120,11 +120,35 @@ absl::Status CheckBnStaleness(const JobPolicy& policy, int64_t bn_staleness);
 
 // OK if BN groups of `group_size` consecutive worker ids (--bn_group_size;
 // 0: none, the whole job is one group) fit a job of `policy` whose worker
-// counts over its run are `worker_counts`: groups need sync BN, and
-// group_size must divide every count (so it is at most each).
+// counts over its run are `worker_counts`: groups need BN traffic while
+// training (sync or async BN: local is a group of one, recal has none),
+// and group_size must divide every count (so it is at most each).
 // INVALID_ARGUMENT naming --bn_group_size otherwise.
 absl::Status CheckBnGroups(const JobPolicy& policy, int group_size,
                            absl::Span<const int> worker_counts);
+
+// --bn_group: true for "host" (the workers of each host form a BN group),
+// false for "" (groups by --bn_group_size, or none). INVALID_ARGUMENT
+// naming the flag otherwise.
+absl::StatusOr<bool> ParseBnGroupByHost(absl::string_view bn_group);
+
+// OK if BN groups by host (--bn_group=host) fit a job of `policy` with
+// --bn_group_size=`group_size` whose worker counts over its run are
+// `worker_counts`: BN traffic while training, no group size besides, and
+// one worker count (the groups are fixed once every worker registered).
+// INVALID_ARGUMENT naming --bn_group otherwise.
+absl::Status CheckBnGroupByHost(const JobPolicy& policy, int group_size,
+                                absl::Span<const int> worker_counts);
+
+// The BN group of each worker under --bn_group=host, from the host each
+// registered from (`hosts`, by worker id): the hosts are numbered in the
+// order of their smallest worker id, so worker 0 is in group 0.
+std::vector<int> BnGroupsOfHosts(absl::Span<const std::string> hosts);
+
+// The BN group of each worker id in [0, num_workers) under
+// --bn_group_size=`group_size`: worker w is in group w / group_size. Empty
+// for 0 (no groups: the job is one). REQUIRES: group_size >= 0.
+std::vector<int> BnGroupOfWorkers(int group_size, int num_workers);
 
 // Whether the backward pass needs the two global BN sums (sync only: under
 // async the others' statistics are constants).

@@ -153,12 +153,16 @@ TEST(PolicyTest, OnlySyncJobsResize) {
   }
 }
 
-TEST(PolicyTest, BnGroupsNeedSyncAndADivisor) {
+TEST(PolicyTest, BnGroupsNeedBnTrafficAndADivisor) {
   const JobPolicy sync{Policy::kSync, Gradients::kSync};
   EXPECT_TRUE(CheckBnGroups(sync, 0, {4}).ok());  // no groups
   EXPECT_TRUE(CheckBnGroups(sync, 2, {4}).ok());
   EXPECT_TRUE(CheckBnGroups(sync, 4, {4, 8}).ok());
   EXPECT_TRUE(CheckBnGroups({Policy::kSync, Gradients::kAsync}, 2, {4}).ok());
+  EXPECT_TRUE(CheckBnGroups({Policy::kAsync, Gradients::kAsync}, 2, {4}).ok());
+  EXPECT_TRUE(CheckBnGroups({Policy::kAsync, Gradients::kSync}, 4, {8}).ok());
+  EXPECT_EQ(CheckBnGroups({Policy::kAsync, Gradients::kAsync}, 3, {4}).code(),
+            absl::StatusCode::kInvalidArgument);
   for (const auto& [k, counts] :
        std::vector<std::pair<int, std::vector<int>>>{
            {3, {4}}, {8, {4}}, {2, {4, 6, 3}}, {-1, {4}}}) {
@@ -166,11 +170,40 @@ TEST(PolicyTest, BnGroupsNeedSyncAndADivisor) {
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << k;
     EXPECT_NE(s.message().find("--bn_group_size"), std::string::npos) << s;
   }
-  for (Policy p : {Policy::kAsync, Policy::kRecal, Policy::kLocal}) {
+  for (Policy p : {Policy::kRecal, Policy::kLocal}) {
     const absl::Status s = CheckBnGroups({p, ShorthandGradients(p)}, 2, {4});
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << PolicyName(p);
     EXPECT_NE(s.message().find("--bn_group_size"), std::string::npos) << s;
+    EXPECT_NE(s.message().find(PolicyName(p)), std::string::npos) << s;
   }
+}
+
+TEST(PolicyTest, BnGroupsByHost) {
+  EXPECT_EQ(ParseBnGroupByHost("").value(), false);
+  EXPECT_EQ(ParseBnGroupByHost("host").value(), true);
+  const absl::StatusOr<bool> bad = ParseBnGroupByHost("node");
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("--bn_group"), std::string::npos);
+  EXPECT_TRUE(CheckBnGroupByHost({Policy::kSync, Gradients::kSync}, 0, {4}).ok());
+  EXPECT_TRUE(CheckBnGroupByHost({Policy::kAsync, Gradients::kAsync}, 0, {4}).ok());
+  for (const absl::Status& s :
+       {CheckBnGroupByHost({Policy::kLocal, Gradients::kSync}, 0, {4}),
+        CheckBnGroupByHost({Policy::kRecal, Gradients::kSync}, 0, {4}),
+        CheckBnGroupByHost({Policy::kSync, Gradients::kSync}, 2, {4}),
+        CheckBnGroupByHost({Policy::kSync, Gradients::kSync}, 0, {4, 2})}) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(s.message().find("--bn_group=host"), std::string::npos) << s;
+  }
+  EXPECT_EQ(BnGroupsOfHosts({"b", "a", "b", "c", "a"}),
+            (std::vector<int>{0, 1, 0, 2, 1}));
+  EXPECT_EQ(BnGroupsOfHosts({"x", "x"}), (std::vector<int>{0, 0}));
+}
+
+TEST(PolicyTest, BnGroupsAreBlocksOfConsecutiveIds) {
+  EXPECT_TRUE(BnGroupOfWorkers(0, 4).empty());
+  EXPECT_EQ(BnGroupOfWorkers(2, 6), (std::vector<int>{0, 0, 1, 1, 2, 2}));
+  EXPECT_EQ(BnGroupOfWorkers(3, 6), (std::vector<int>{0, 0, 0, 1, 1, 1}));
+  EXPECT_EQ(BnGroupOfWorkers(1, 3), (std::vector<int>{0, 1, 2}));
 }
 
 TEST(PolicyTest, AnExactBnStalenessNeedsAsyncBn) {

@@ -34,7 +34,25 @@ BnAggregator::BnAggregator(Options options)
       live_(options.num_workers, true),
       failed_(options.num_workers),
       contributed_(options.num_workers, false),
-      recal_bytes_(options.num_workers, 0) {}
+      recal_bytes_(options.num_workers, 0),
+      group_(policy::BnGroupOfWorkers(options.group_size, options.num_workers)) {
+  if (options.group_by_host) {
+    for (int w = 0; w < options.num_workers; ++w) group_.push_back(w);
+  }
+}
+
+void BnAggregator::SetGroups(std::vector<int> group) {
+  absl::MutexLock lock(&mu_);
+  if (!options_.group_by_host ||
+      group.size() != static_cast<size_t>(options_.num_workers)) {
+    return;
+  }
+  group_ = std::move(group);
+  groups_set_ = true;
+  for (auto& [name, layer] : layers_) {
+    if (layer.window != nullptr) layer.window->set_group(group_);
+  }
+}
 
 int BnAggregator::NumLive() const {
   int n = 0;
@@ -332,10 +350,17 @@ void BnAggregator::Evaluate(const BarrierKey& key, Barrier& b, Ready* ready) {
 
 void BnAggregator::Resolve(const BarrierKey& key, Barrier& b,
                            absl::StatusOr<Reply> result, Ready* ready) {
-  b.result = std::make_shared<const absl::StatusOr<Reply>>(std::move(result));
   const Phase phase = std::get<1>(key);
-  if (b.result->ok() && options_.group_size > 0 &&
-      (phase == Phase::kForward || phase == Phase::kBackward)) {
+  const bool grouped = phase == Phase::kForward || phase == Phase::kBackward;
+  if (result.ok() && grouped && options_.group_by_host && !groups_set_) {
+    result = absl::FailedPreconditionError(absl::StrCat(
+        "BN ", PhaseName(static_cast<int>(phase)), " of layer '",
+        std::get<0>(key), "' step ", std::get<2>(key), ": the BN groups "
+        "(--bn_group=host) are not known yet: they are fixed once every "
+        "worker registered its host with this server"));
+  }
+  b.result = std::make_shared<const absl::StatusOr<Reply>>(std::move(result));
+  if (b.result->ok() && grouped && !group_.empty()) {
     SplitByGroup(key, b, **b.result);
   }
   for (auto& [worker, done] : b.waiting) {
@@ -348,40 +373,40 @@ void BnAggregator::Resolve(const BarrierKey& key, Barrier& b,
 std::shared_ptr<const absl::StatusOr<BnAggregator::Reply>>
 BnAggregator::ResultFor(const Barrier& b, int worker) const {
   if (b.by_group.empty()) return b.result;
-  return b.by_group[worker / options_.group_size];
+  return b.by_group[group_[worker]];
 }
 
 void BnAggregator::SplitByGroup(const BarrierKey& key, Barrier& b,
                                 const Reply& whole) {
   const auto& [layer_name, phase, step] = key;
   const int64_t channels = layers_[layer_name].channels;
-  const int k = options_.group_size;
-  const int groups = (options_.num_workers + k - 1) / k;
-  b.by_group.clear();
+  const int groups = *std::max_element(group_.begin(), group_.end()) + 1;
+  std::vector<Reply> by_group(groups);
+  std::vector<std::vector<const bn::Moments*>> parts(groups);
   for (int g = 0; g < groups; ++g) {
-    Reply r;
+    Reply& r = by_group[g];
+    r.group = g;
     r.running = whole.running;  // the job's, whatever the group
     r.merge_time = whole.merge_time;
-    const int end = std::min(options_.num_workers, (g + 1) * k);
+    if (phase == Phase::kBackward) r.sums = bn::BackwardSums::Zero(channels);
+  }
+  for (int w = 0; w < options_.num_workers; ++w) {  // worker order
+    const auto& c = b.by_worker[w];
+    Reply& r = by_group[group_[w]];
+    r.contributors += c.has_value();
     if (phase == Phase::kForward) {
-      std::vector<const bn::Moments*> parts;  // worker order: deterministic
-      for (int w = g * k; w < end; ++w) {
-        const auto& c = b.by_worker[w];
-        parts.push_back(c.has_value() ? &c->moments : nullptr);
-        r.contributors += c.has_value();
-      }
-      r.moments = bn::MergeInOrder(parts, channels);
-    } else {
-      r.sums = bn::BackwardSums::Zero(channels);
-      for (int w = g * k; w < end; ++w) {
-        const auto& c = b.by_worker[w];
-        if (!c.has_value()) continue;
-        ++r.contributors;
-        bn::AccumulateSums(c->sums, &r.sums);
-      }
+      parts[group_[w]].push_back(c.has_value() ? &c->moments : nullptr);
+    } else if (c.has_value()) {
+      bn::AccumulateSums(c->sums, &r.sums);
     }
-    b.by_group.push_back(
-        std::make_shared<const absl::StatusOr<Reply>>(std::move(r)));
+  }
+  b.by_group.clear();
+  for (int g = 0; g < groups; ++g) {
+    if (phase == Phase::kForward) {
+      by_group[g].moments = bn::MergeInOrder(parts[g], channels);
+    }
+    b.by_group.push_back(std::make_shared<const absl::StatusOr<Reply>>(
+        std::move(by_group[g])));
   }
 }
 
@@ -476,8 +501,9 @@ void BnAggregator::AsyncForward(int worker, int64_t step, Layer& layer,
   own.step = step;
   own.moments = std::move(local);
   contributed_[worker] = true;
-  policy::AsyncMerge merge = policy::MergeForAsync(
-      layer.latest, live_, worker, step, options_.staleness, layer.channels);
+  policy::AsyncMerge merge =
+      policy::MergeForAsync(layer.latest, live_, group_, worker, step,
+                            options_.staleness, layer.channels);
   Reply reply;
   reply.moments = std::move(merge.others);
   reply.contributors = merge.contributors;
@@ -507,7 +533,7 @@ void BnAggregator::ExactStaleForward(int worker, int64_t step,
   Layer& layer = layers_[name];
   if (layer.window == nullptr) {
     layer.window = std::make_unique<StaleWindow>(
-        options_.num_workers, options_.bn_staleness, layer.channels);
+        options_.num_workers, options_.bn_staleness, layer.channels, group_);
   }
   contributed_[worker] = true;
   // The answer runs without the lock (from `ready`, maybe on the thread of
@@ -605,70 +631,6 @@ void BnAggregator::ExpireDeadlines(absl::Time now) {
     }
   }
   for (auto& fn : ready) fn();
-}
-
-BnState BnAggregator::Export() const {
-  absl::MutexLock lock(&mu_);
-  BnState state;
-  for (const auto& [name, l] : layers_) {
-    BnState::Layer out{name, l.channels, l.running, -1, -1};
-    if (auto it = l.newest_finished.find(Phase::kForward);
-        it != l.newest_finished.end()) {
-      out.newest_forward = it->second;
-    }
-    if (auto it = l.newest_finished.find(Phase::kBackward);
-        it != l.newest_finished.end()) {
-      out.newest_backward = it->second;
-    }
-    state.layers.push_back(std::move(out));
-  }
-  state.newest_step = newest_step_;
-  state.contributed = contributed_;
-  return state;
-}
-
-absl::Status BnAggregator::Import(const BnState& state,
-                                  const absl::Status& why) {
-  if (state.contributed.size() != static_cast<size_t>(options_.num_workers)) {
-    return absl::InvalidArgumentError(
-        "checkpointed BN state has another worker count");
-  }
-  std::map<std::string, Layer> layers;
-  for (const BnState::Layer& l : state.layers) {
-    if (l.running.has_value() &&
-        (static_cast<int64_t>(l.running->mean.size()) != l.channels ||
-         static_cast<int64_t>(l.running->var.size()) != l.channels)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "checkpointed BN layer '", l.name, "' does not fit its channels"));
-    }
-    Layer& out = layers[l.name];
-    out.channels = l.channels;
-    out.running = l.running;
-    out.latest.resize(options_.num_workers);
-    if (l.newest_forward >= 0) out.newest_finished[Phase::kForward] = l.newest_forward;
-    if (l.newest_backward >= 0) {
-      out.newest_finished[Phase::kBackward] = l.newest_backward;
-    }
-  }
-  Ready ready;
-  {
-    absl::MutexLock lock(&mu_);
-    for (auto& [key, b] : barriers_) {
-      if (b.result != nullptr) continue;
-      for (auto& [worker, done] : b.waiting) {
-        ready.push_back([done = std::move(done), why] { done(why); });
-      }
-    }
-    barriers_.clear();
-    for (auto& [name, layer] : layers_) {
-      if (layer.window != nullptr) layer.window->FailAll(why, &ready);
-    }
-    layers_ = std::move(layers);
-    newest_step_ = state.newest_step;
-    contributed_ = state.contributed;
-  }
-  for (auto& fn : ready) fn();
-  return absl::OkStatus();
 }
 
 std::optional<bn::RunningStats> BnAggregator::Running(

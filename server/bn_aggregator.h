@@ -13,6 +13,10 @@
 //           normalizes with merge(own, that). Running stats are updated at each
 //           arrival with merge(own, admissible others), with momentum
 //           1 - (1 - m)^(1/W) so W arrivals weigh like one synchronous update.
+//           With BN groups, "the other workers" are those of the worker's
+//           group, while the running stats still merge every group's
+//           admissible moments (in the exact mode, Options::bn_staleness, a
+//           forward still waits for every live worker's moments of t - s).
 //   recal   No BN traffic while training. Afterwards Recal files the moments of
 //           every batch of every worker; RecalFinish is a barrier per layer that
 //           merges them all, in (worker, batch) order, into population
@@ -125,14 +129,20 @@ class BnAggregator {
     // (num_workers).
     std::function<int(int64_t)> workers_at;
 
-    // BN groups (--bn_group_size), sync only: the workers form groups of
-    // this many consecutive ids (0..K-1, K..2K-1, ...), and a Forward or
+    // BN groups (--bn_group_size), sync and async: the workers form groups
+    // of this many consecutive ids (0..K-1, K..2K-1, ...), and a Forward or
     // Backward answer carries the merge of the answering worker's group
     // alone (in worker order), while the running stats follow the merge of
     // the whole job, exactly as without groups. 0: one group, the job.
     // REQUIRES: divides every worker count of the job
     // (policy::CheckBnGroups says so at start).
     int group_size = 0;
+    // BN groups by host (--bn_group=host): the groups are whatever
+    // SetGroups says, any partition of the workers; a forward or backward
+    // barrier that completes before SetGroups fails (FAILED_PRECONDITION),
+    // and an async answer before it merges no other worker's moments.
+    // REQUIRES: group_size == 0. Default: false.
+    bool group_by_host = false;
     // async BN's exact staleness (--bn_staleness, server/bn_stale_window.h):
     // a worker at step t gets the others' moments of step t - s exactly,
     // waiting for them up to the forward's deadline. -1: the bounded mode
@@ -159,6 +169,9 @@ class BnAggregator {
     // async forward: step - step of each other worker's moments merged into
     // `moments` (for metrics).
     std::vector<int64_t> staleness;
+    // With BN groups, a forward or backward barrier's answer: the group
+    // whose merge it is (for metrics); -1 otherwise.
+    int group = -1;
   };
   // Called once, maybe on another caller's thread, after the aggregator's
   // lock is released. The answer is shared by all the waiters of a barrier
@@ -181,6 +194,10 @@ class BnAggregator {
                    Done done);
   void LocalRunning(int worker, const std::string& layer,
                     bn::RunningStats running, absl::Time deadline, Done done);
+
+  // Under Options::group_by_host: each worker's BN group (0, 1, ...),
+  // from then on. REQUIRES: one entry per worker of the job.
+  void SetGroups(std::vector<int> group);
 
   void RemoveWorker(int worker);
   void FailWorker(int worker, absl::Status why);
@@ -260,7 +277,8 @@ class BnAggregator {
                Ready* ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The answer of finished barrier `b` for `worker` (its group's, if any).
   std::shared_ptr<const absl::StatusOr<Reply>> ResultFor(const Barrier& b,
-                                                         int worker) const;
+                                                         int worker) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // With BN groups, fills b.by_group from the finished forward or backward
   // barrier `b` whose whole-job answer is `whole`.
   void SplitByGroup(const BarrierKey& key, Barrier& b, const Reply& whole)
@@ -294,6 +312,10 @@ class BnAggregator {
   std::vector<bool> contributed_ ABSL_GUARDED_BY(mu_);  // by worker
   // Bytes of recalibration moments filed, by worker.
   std::vector<int64_t> recal_bytes_ ABSL_GUARDED_BY(mu_);
+  // Each worker's BN group (policy::BnGroupOfWorkers, or SetGroups's);
+  // empty: none. By host, before SetGroups: each worker alone.
+  std::vector<int> group_ ABSL_GUARDED_BY(mu_);
+  bool groups_set_ ABSL_GUARDED_BY(mu_) = false;  // by host: SetGroups ran
   // The newest step of an accepted Forward or Backward; -1 before any.
   int64_t newest_step_ ABSL_GUARDED_BY(mu_) = -1;
 };

@@ -135,6 +135,7 @@ TEST(BnAggregatorTest, GroupsNormalizeWithinAndRunningStatsFollowTheJob) {
       const int g = w / 2;
       ASSERT_TRUE(fwd[w].has_value() && fwd[w]->ok());
       EXPECT_EQ((*fwd[w])->contributors, 2);
+      EXPECT_EQ((*fwd[w])->group, g);  // for the per-group metrics
       const bn::Moments& m = (*fwd[w])->moments;
       EXPECT_EQ(m.count, want[g].count);
       for (int c = 0; c < 3; ++c) {
@@ -460,27 +461,64 @@ TEST(BnAggregatorTest, AsyncRefusesStepsBeyondTheBound) {
   EXPECT_EQ(r->status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
-// --bn_staleness=2 (exact) with three workers at different, changing
-// speeds: at every step t >= 2 each worker gets exactly the other two's
-// moments of step t - 2, merged in worker order (bit for bit), and before
-// step 2 nothing but its own; whoever runs ahead waits.
-TEST(BnAggregatorTest, ExactStalenessGivesStepTMinusSWhateverTheSpeeds) {
-  constexpr int kWorkers = 3, kSteps = 10;
+// Groups by host (Options::group_by_host): a barrier that completes before
+// SetGroups fails rather than answer with unknown groups; after it, groups
+// of any sizes ({0, 1, 2} and {3} here) get their merges, in worker order.
+TEST(BnAggregatorTest, GroupsByHostFollowSetGroups) {
+  const Split split = MakeSplit({4, 1, 6, 3}, 31);
+  BnAggregator::Options o{policy::Policy::kSync, 4, 0, 0.1};
+  o.group_by_host = true;
+  BnAggregator agg(o);
+  std::vector<Result> early(4);
+  for (int w = 0; w < 4; ++w) {
+    agg.Forward(w, 0, "bn", split.parts[w], kNever, Into(&early[w]));
+  }
+  for (const Result& r : early) {
+    ASSERT_TRUE(r.has_value());
+    EXPECT_EQ(r->status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_NE(r->status().message().find("--bn_group=host"), std::string::npos);
+  }
+  agg.SetGroups({0, 0, 0, 1});
+  std::vector<Result> fwd(4);
+  for (int w : {2, 3, 0, 1}) {
+    agg.Forward(w, 1, "bn", split.parts[w], kNever, Into(&fwd[w]));
+  }
+  const bn::Moments big = bn::MergeInOrder(
+      {&split.parts[0], &split.parts[1], &split.parts[2]}, 3);
+  for (int w = 0; w < 4; ++w) {
+    ASSERT_TRUE(fwd[w].has_value() && fwd[w]->ok()) << w;
+    const bn::Moments& want = w < 3 ? big : split.parts[3];
+    EXPECT_EQ((*fwd[w])->contributors, w < 3 ? 3 : 1);
+    EXPECT_EQ((*fwd[w])->group, w < 3 ? 0 : 1);
+    EXPECT_EQ((*fwd[w])->moments.mean, want.mean) << w;
+    EXPECT_EQ((*fwd[w])->moments.m2, want.m2) << w;
+  }
+}
+
+// --bn_staleness=2 (exact) with workers at different, changing speeds: at
+// every step t >= 2 each worker gets exactly the other members of its BN
+// group's moments of step t - 2 (every worker's without groups), merged in
+// worker order (bit for bit), and before step 2 nothing but its own;
+// whoever runs ahead waits. The running stats of group_size K's run follow
+// the job: the last step's equal those of the same run without groups.
+std::vector<std::vector<Reply>> RunExactStaleness(int workers, int group_size) {
+  constexpr int kSteps = 10;
   constexpr int64_t kS = 2;
   auto moments = [](int w, int64_t t) {
     return MakeSplit({2 + w}, 100 * w + t).parts[0];
   };
-  BnAggregator::Options o{policy::Policy::kAsync, kWorkers,
+  BnAggregator::Options o{policy::Policy::kAsync, workers,
                           /*staleness=*/kSteps, 0.1};
   o.bn_staleness = kS;
+  o.group_size = group_size;
   BnAggregator agg(o);
-  std::vector<std::vector<Reply>> got(kWorkers);
+  std::vector<std::vector<Reply>> got(workers);
   std::vector<std::thread> threads;
-  for (int w = 0; w < kWorkers; ++w) {
+  for (int w = 0; w < workers; ++w) {
     threads.emplace_back([&, w] {
       std::mt19937 rng(w + 1);
       for (int64_t t = 0; t < kSteps; ++t) {
-        // Worker 0 fast, worker 2 slow, with jitter.
+        // Worker 0 fast, the last slow, with jitter.
         std::this_thread::sleep_for(
             std::chrono::milliseconds(w * 4 + rng() % 4));
         std::promise<absl::StatusOr<Reply>> p;
@@ -494,28 +532,81 @@ TEST(BnAggregatorTest, ExactStalenessGivesStepTMinusSWhateverTheSpeeds) {
     });
   }
   for (std::thread& t : threads) t.join();
-  for (int w = 0; w < kWorkers; ++w) {
-    ASSERT_EQ(got[w].size(), static_cast<size_t>(kSteps));
-    for (int64_t t = 0; t < kSteps; ++t) {
+  const int k = group_size == 0 ? workers : group_size;
+  for (int w = 0; w < workers; ++w) {
+    EXPECT_EQ(got[w].size(), static_cast<size_t>(kSteps));
+    for (int64_t t = 0; t < static_cast<int64_t>(got[w].size()); ++t) {
       const Reply& r = got[w][t];
       if (t < kS) {
         EXPECT_EQ(r.contributors, 0) << w << " " << t;
         continue;
       }
       std::vector<bn::Moments> others;
-      for (int o2 = 0; o2 < kWorkers; ++o2) {
+      for (int o2 = w / k * k; o2 < (w / k + 1) * k; ++o2) {
         if (o2 != w) others.push_back(moments(o2, t - kS));
       }
       std::vector<const bn::Moments*> parts;
       for (const bn::Moments& m : others) parts.push_back(&m);
       const bn::Moments want = bn::MergeInOrder(parts, 3);
-      EXPECT_EQ(r.contributors, kWorkers - 1) << w << " " << t;
+      EXPECT_EQ(r.contributors, k - 1) << w << " " << t;
       EXPECT_EQ(r.moments.count, want.count) << w << " " << t;
       EXPECT_EQ(r.moments.mean, want.mean) << w << " " << t;
       EXPECT_EQ(r.moments.m2, want.m2) << w << " " << t;
-      ASSERT_TRUE(r.running.has_value());
+      EXPECT_TRUE(r.running.has_value());
     }
   }
+  return got;
+}
+
+TEST(BnAggregatorTest, ExactStalenessGivesStepTMinusSWhateverTheSpeeds) {
+  RunExactStaleness(/*workers=*/3, /*group_size=*/0);
+}
+
+TEST(BnAggregatorTest, ExactStalenessWithinGroupsGivesTheGroupsStepTMinusS) {
+  RunExactStaleness(/*workers=*/4, /*group_size=*/2);
+}
+
+// Async BN (bounded) with groups of 2 of 4: an answer merges the admissible
+// moments of the asker's group only, while the running stats are bit for
+// bit those of the same arrivals without groups.
+TEST(BnAggregatorTest, AsyncGroupsAnswerWithinAndRunningStatsFollowTheJob) {
+  const Split split = MakeSplit({3, 5, 2, 7}, 21);
+  BnAggregator::Options o{policy::Policy::kAsync, 4, /*staleness=*/1, 0.1};
+  BnAggregator whole(o);
+  o.group_size = 2;
+  BnAggregator grouped(o);
+  // (worker, step) in arrival order; worker 3 lags two steps behind.
+  const std::vector<std::pair<int, int64_t>> arrivals = {
+      {0, 0}, {3, 0}, {1, 0}, {2, 0}, {0, 1}, {2, 1}, {1, 1}, {0, 2}, {1, 2}};
+  std::vector<std::pair<int, int64_t>> seen(4, {-1, -1});  // newest by worker
+  for (const auto& [w, t] : arrivals) {
+    Result g, a;
+    grouped.Forward(w, t, "bn", split.parts[w], kNever, Into(&g));
+    whole.Forward(w, t, "bn", split.parts[w], kNever, Into(&a));
+    ASSERT_TRUE(g.has_value() && g->ok()) << w << " " << t;
+    ASSERT_TRUE(a.has_value() && a->ok());
+    seen[w] = {w, t};
+    // Want: the group's other members whose newest step is >= t - 1.
+    std::vector<const bn::Moments*> parts;
+    for (int o2 = w / 2 * 2; o2 < w / 2 * 2 + 2; ++o2) {
+      if (o2 != w && seen[o2].second >= 0 && seen[o2].second >= t - 1) {
+        parts.push_back(&split.parts[o2]);
+      }
+    }
+    const bn::Moments want = bn::MergeInOrder(parts, 3);
+    EXPECT_EQ((*g)->contributors, static_cast<int>(parts.size())) << w << t;
+    EXPECT_EQ((*g)->moments.count, want.count) << w << " " << t;
+    EXPECT_EQ((*g)->moments.mean, want.mean) << w << " " << t;
+    EXPECT_EQ((*g)->moments.m2, want.m2) << w << " " << t;
+    ASSERT_TRUE((*g)->running.has_value() && (*a)->running.has_value());
+    EXPECT_EQ((*g)->running->mean, (*a)->running->mean) << w << " " << t;
+    EXPECT_EQ((*g)->running->var, (*a)->running->var) << w << " " << t;
+  }
+  // Worker 3's step 0 is too stale for worker 2's step 2 within the group.
+  Result last;
+  grouped.Forward(2, 2, "bn", split.parts[2], kNever, Into(&last));
+  ASSERT_TRUE(last.has_value() && last->ok());
+  EXPECT_EQ((*last)->contributors, 0);
 }
 
 }  // namespace

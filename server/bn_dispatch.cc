@@ -131,8 +131,10 @@ BnAggregator::Done BnDispatcher::MakeReply(const proto::BnRequest& req,
              const absl::StatusOr<BnAggregator::Reply>& r) {
     if (layer_metrics != nullptr) {
       if (r.ok()) {
-        layer_metrics->Observe(static_cast<M::BnPhase>(phase), step,
-                               absl::Now() - arrived, r->merge_time);
+        const absl::Duration wait = absl::Now() - arrived;
+        layer_metrics->Observe(static_cast<M::BnPhase>(phase), step, wait,
+                               r->merge_time);
+        metrics_->GroupWait(r->group, static_cast<M::BnPhase>(phase), wait);
         for (int64_t age : r->staleness) metrics_->Staleness(age);
       } else {
         metrics_->BnRejected(r.status().code());

@@ -9,10 +9,12 @@
 
 namespace bnps::server {
 
-StaleWindow::StaleWindow(int num_workers, int64_t staleness, int64_t channels)
+StaleWindow::StaleWindow(int num_workers, int64_t staleness, int64_t channels,
+                         std::vector<int> group)
     : num_workers_(num_workers),
       staleness_(staleness),
       channels_(channels),
+      group_(std::move(group)),
       first_step_(num_workers, -1),
       newest_step_(num_workers, -1) {}
 
@@ -61,9 +63,11 @@ StaleWindow::Answer StaleWindow::Merge(const Waiter& w,
     if (it == by_step_.end() || !live[o] || !it->second[o].has_value()) {
       continue;
     }
-    bn::MergeInto(*it->second[o], &a.others);
+    if (group_.empty() || group_[o] == group_[w.worker]) {
+      bn::MergeInto(*it->second[o], &a.others);
+      ++a.contributors;
+    }
     bn::MergeInto(*it->second[o], &a.all);
-    ++a.contributors;
   }
   return a;
 }

@@ -6,6 +6,12 @@
 // whose first moments in this window are of a later step (it joined, or
 // the job restarted, after t - s) is not waited for.
 //
+// With BN groups (--bn_group_size) a worker's answer merges its own group's
+// others only, while the running statistics' merge (Answer::all) holds
+// every group's, as without groups; a forward still waits for every live
+// worker's moments of t - s, so that merge is the job's whatever the
+// speeds.
+//
 // StaleWindow is one layer's record of the workers' moments by step and
 // the forward passes waiting for them. It keeps only the steps some
 // waiting or future forward can still need: from (the slowest live
@@ -33,14 +39,20 @@ namespace bnps::server {
 class StaleWindow {
  public:
   struct Answer {
-    bn::Moments others;    // the others' moments of step t - s, in worker order
+    // The others' moments of step t - s (of the asker's group), in worker
+    // order.
+    bn::Moments others;
     int contributors = 0;  // workers merged into `others`
-    bn::Moments all;       // own (step t) and others: for the running stats
+    // Own (step t) and every group's others: for the running stats.
+    bn::Moments all;
   };
   using Done = std::function<void(absl::StatusOr<Answer>)>;
 
-  // REQUIRES: num_workers >= 1, staleness >= 0, channels >= 1.
-  StaleWindow(int num_workers, int64_t staleness, int64_t channels);
+  // `group`: each worker's BN group (policy::BnGroupOfWorkers; empty: one
+  // group, the job). REQUIRES: num_workers >= 1, staleness >= 0,
+  // channels >= 1, group empty or of num_workers entries.
+  StaleWindow(int num_workers, int64_t staleness, int64_t channels,
+              std::vector<int> group = {});
 
   // Records `worker`'s moments of `step` (a repeat of a step keeps the
   // first) and queues its answer, `done` once the others' moments of step
@@ -67,6 +79,10 @@ class StaleWindow {
   void FailAll(const absl::Status& why,
                std::vector<std::function<void()>>* ready);
 
+  // Replaces the groups (BnAggregator::SetGroups); answers from then on
+  // follow them. REQUIRES: as the constructor's `group`.
+  void set_group(std::vector<int> group) { group_ = std::move(group); }
+
   // Forwards waiting, and steps kept (for tests and metrics).
   int waiting() const { return static_cast<int>(waiting_.size()); }
   int steps_kept() const { return static_cast<int>(by_step_.size()); }
@@ -87,6 +103,7 @@ class StaleWindow {
   const int num_workers_;
   const int64_t staleness_;
   const int64_t channels_;
+  std::vector<int> group_;  // by worker; empty: one group
   // step -> each worker's moments of it.
   std::map<int64_t, std::vector<std::optional<bn::Moments>>> by_step_;
   std::vector<int64_t> first_step_;   // by worker; -1: none yet

@@ -103,6 +103,7 @@ ServerMetrics::ServerMetrics(metrics::Registry* registry, Shard* shard)
                     "forward answer, the asking step minus their step.",
                     {}, kStalenessBuckets)
                    ->WithLabels({});
+  AddGroupWaits(shard->options());
   metrics::Family<metrics::Gauge>* workers = r.AddGauge(
       "bnps_server_workers",
       "Workers of the job by state on this shard: live, lost (silent past "
@@ -132,6 +133,35 @@ ServerMetrics::ServerMetrics(metrics::Registry* registry, Shard* shard)
       "Seconds since this shard last wrote a checkpoint; absent before the "
       "first.");
   r.AddCollector([this] { Collect(); });
+}
+
+void ServerMetrics::AddGroupWaits(const ShardOptions& o) {
+  if (o.bn_group_size == 0 && !o.bn_group_by_host) return;
+  group_wait_family_ = registry_->AddHistogram(
+      "bnps_server_bn_group_barrier_wait_seconds",
+      "With BN groups (--bn_group_size, --bn_group=host): time from a BN "
+      "forward or backward barrier message's arrival to its answer, by the "
+      "sender's group and phase, over all layers.",
+      {"group", "phase"}, kWaitBuckets);
+  group_wait_.reset(new std::atomic<metrics::Histogram*>[2 * o.num_workers]);
+  for (int i = 0; i < 2 * o.num_workers; ++i) group_wait_[i].store(nullptr);
+}
+
+void ServerMetrics::GroupWait(int group, BnPhase phase, absl::Duration wait) {
+  if (group_wait_family_ == nullptr || group < 0 ||
+      group >= shard_->options().num_workers ||
+      (phase != kForward && phase != kBackward)) {
+    return;
+  }
+  std::atomic<metrics::Histogram*>& slot =
+      group_wait_[2 * group + (phase == kBackward)];
+  metrics::Histogram* h = slot.load(std::memory_order_acquire);
+  if (h == nullptr) {
+    // Racing callers get the same child from the family.
+    h = group_wait_family_->WithLabels({absl::StrCat(group), PhaseName(phase)});
+    slot.store(h, std::memory_order_release);
+  }
+  h->Observe(absl::ToDoubleSeconds(wait));
 }
 
 void ServerMetrics::Request(Method m, absl::StatusCode code) {

@@ -11,6 +11,10 @@
 //   bn_rejections_total{reason}            BN messages refused
 //   bn_barrier_wait_seconds{layer,phase}   a BN message's arrival to its answer
 //   bn_merge_seconds{layer,phase}          computing a barrier's merge
+//   bn_group_barrier_wait_seconds{group,phase}  with BN groups
+//                                          (--bn_group_size, --bn_group):
+//                                          the waits of the group's
+//                                          workers' barrier messages
 //   bn_staleness_steps                     async: age of merged moments
 //   workers{state=live|lost|unregistered}, worker_step{worker},
 //   parameter_version, checkpoint_age_seconds (once RecordCheckpoint ran)
@@ -75,6 +79,11 @@ class ServerMetrics {
   // The newest step a message of `worker` named (pushes, BN).
   void WorkerAt(int worker, int64_t step);
   void Staleness(int64_t steps) { staleness_->Observe(static_cast<double>(steps)); }
+  // With BN groups, a forward or backward barrier message whose answer was
+  // group `group`'s merge (BnAggregator::Reply::group) waited `wait` from
+  // arrival to answer. Nothing without groups, for other phases, or for a
+  // group outside [0, num_workers) (-1: an answer of no group).
+  void GroupWait(int group, BnPhase phase, absl::Duration wait);
 
   // One BN layer's series; resolved once by ForLayer, then lock-free except
   // for the slowest-wait summary of the status view (a short lock per
@@ -147,6 +156,8 @@ class ServerMetrics {
 
  private:
   void Collect();
+  // With BN groups in `o`, the family of the group wait series (GroupWait).
+  void AddGroupWaits(const ShardOptions& o);
 
   metrics::Registry* const registry_;
   Shard* const shard_;
@@ -165,6 +176,10 @@ class ServerMetrics {
   metrics::Counter* applied_;
   metrics::Counter* duplicate_;
   metrics::Histogram* staleness_;
+  // With BN groups: the family and, by 2 * group + (backward), its
+  // children, made on first use. Null without groups.
+  metrics::Family<metrics::Histogram>* group_wait_family_ = nullptr;
+  std::unique_ptr<std::atomic<metrics::Histogram*>[]> group_wait_;
   metrics::Gauge* live_;
   metrics::Gauge* lost_;
   metrics::Gauge* unregistered_;

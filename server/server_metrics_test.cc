@@ -106,6 +106,46 @@ TEST_F(ServerMetricsTest, LayerWaitsAndTheSlowestOfTheNewestStep) {
   EXPECT_THAT(text, Not(HasSubstr("phase=\"backward\"")));
 }
 
+// With BN groups, each barrier message's wait goes to the group whose
+// merge answered it (BnAggregator::Reply::group), by phase.
+TEST(ServerMetricsGroupsTest, BarrierWaitsByGroup) {
+  for (const bool by_host : {false, true}) {
+    ShardOptions o;
+    o.num_workers = 4;
+    o.bn_group_size = by_host ? 0 : 2;
+    o.bn_group_by_host = by_host;
+    o.start_ticker = false;
+    absl::StatusOr<std::unique_ptr<Shard>> shard = Shard::Create(o);
+    ASSERT_TRUE(shard.ok()) << shard.status();
+    metrics::Registry registry;
+    ServerMetrics m(&registry, shard->get());
+    m.GroupWait(0, ServerMetrics::kForward, absl::Milliseconds(250));
+    m.GroupWait(0, ServerMetrics::kForward, absl::Milliseconds(500));
+    m.GroupWait(1, ServerMetrics::kForward, absl::Seconds(2));
+    m.GroupWait(1, ServerMetrics::kBackward, absl::Milliseconds(125));
+    m.GroupWait(0, ServerMetrics::kRecal, absl::Seconds(9));  // no barrier's
+    m.GroupWait(-1, ServerMetrics::kForward, absl::Seconds(9));  // no group
+    m.GroupWait(4, ServerMetrics::kForward, absl::Seconds(9));  // outside
+    const std::string text = registry.TextExposition();
+    const std::string name = "bnps_server_bn_group_barrier_wait_seconds";
+    EXPECT_THAT(text, HasSubstr(name + "_count{group=\"0\",phase=\"forward\"} 2\n"));
+    EXPECT_THAT(text, HasSubstr(name + "_sum{group=\"0\",phase=\"forward\"} 0.75\n"));
+    EXPECT_THAT(text, HasSubstr(name + "_count{group=\"1\",phase=\"forward\"} 1\n"));
+    EXPECT_THAT(text, HasSubstr(name + "_sum{group=\"1\",phase=\"forward\"} 2\n"));
+    EXPECT_THAT(text, HasSubstr(name + "_sum{group=\"1\",phase=\"backward\"} 0.125\n"));
+    EXPECT_THAT(text, Not(HasSubstr("group=\"0\",phase=\"backward\"")));
+    EXPECT_THAT(text, Not(HasSubstr("group=\"4\"")));
+    EXPECT_THAT(text, Not(HasSubstr("phase=\"recal\"")));
+  }
+}
+
+// Without groups the family is not there.
+TEST_F(ServerMetricsTest, NoGroupWaitsWithoutGroups) {
+  metrics_->GroupWait(0, ServerMetrics::kForward, absl::Seconds(1));
+  EXPECT_THAT(registry_.TextExposition(),
+              Not(HasSubstr("bnps_server_bn_group_barrier_wait_seconds")));
+}
+
 TEST_F(ServerMetricsTest, LayerSeriesAreBounded) {
   for (int i = 0; i < ServerMetrics::kMaxLayers; ++i) {
     metrics_->ForLayer(absl::StrCat("layer", i));

@@ -153,6 +153,10 @@ absl::StatusOr<ShardOptions> ShardOptionsFromFlags() {
   o.worker_loss = *loss;
   o.staleness = absl::GetFlag(FLAGS_staleness).value_or(policy::kDefaultStaleness);
   o.bn_group_size = absl::GetFlag(FLAGS_bn_group_size).value_or(0);
+  absl::StatusOr<bool> by_host =
+      policy::ParseBnGroupByHost(absl::GetFlag(FLAGS_bn_group));
+  if (!by_host.ok()) return by_host.status();
+  o.bn_group_by_host = *by_host;
   o.bn_staleness = absl::GetFlag(FLAGS_bn_staleness).value_or(-1);
   o.optimizer.learning_rate =
       absl::GetFlag(FLAGS_learning_rate).value_or(policy::kDefaultLearningRate);

@@ -6,6 +6,7 @@
 
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "proto/generation.h"
 #include "proto/sharding.h"
 #include "checkpoint/checkpoint.h"
@@ -22,6 +23,7 @@ proto::JobConfig ToJobConfig(const ShardOptions& o) {
   policy::ToConfig(JobPolicyOf(o), &c);
   c.set_staleness(o.staleness);
   c.set_bn_group_size(o.bn_group_size);
+  c.set_bn_group_by_host(o.bn_group_by_host);
   if (o.bn_staleness >= 0) c.set_bn_staleness(o.bn_staleness);
   c.set_learning_rate(o.optimizer.learning_rate);
   c.set_momentum(o.optimizer.momentum);
@@ -99,6 +101,13 @@ absl::Status CheckShardOptions(const ShardOptions& o) {
                                                o.bn_group_size, counts);
         !s.ok()) {
       return s;
+    }
+    if (o.bn_group_by_host) {
+      if (absl::Status s = policy::CheckBnGroupByHost(
+              JobPolicyOf(o), o.bn_group_size, counts);
+          !s.ok()) {
+        return s;
+      }
     }
     if (absl::Status s =
             policy::CheckBnStaleness(JobPolicyOf(o), o.bn_staleness);
@@ -225,7 +234,8 @@ Shard::Shard(ShardOptions options)
                      [this] { return store_.newest_version(); })
                : std::function<int64_t()>(),
            [this](int64_t step) { return WorkersAt(step); },
-           options_.bn_group_size, options_.bn_staleness}),
+           options_.bn_group_size, options_.bn_group_by_host,
+           options_.bn_staleness}),
       membership_(options_.num_workers, options_.heartbeat_timeout) {}
 
 Shard::~Shard() {
@@ -291,8 +301,52 @@ bool Shard::TookPart(int worker) const {
          (clocks_ != nullptr && clocks_->clock(worker) > 0);
 }
 
-absl::Status Shard::Register(int worker, uint64_t incarnation) {
+absl::Status Shard::Register(int worker, uint64_t incarnation,
+                             const std::string& host) {
   absl::MutexLock lock(&join_mu_);
+  const bool by_host = options_.bn_group_by_host && worker >= 0 &&
+                       worker < options_.num_workers;
+  if (by_host) {
+    if (absl::Status s = CheckHost(worker, host); !s.ok()) return s;
+  }
+  absl::Status s = RegisterLocked(worker, incarnation);
+  if (s.ok() && by_host) RecordHost(worker, host);
+  return s;
+}
+
+absl::Status Shard::CheckHost(int worker, const std::string& host) const {
+  if (host.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--bn_group=host: worker ", worker, " registered without naming its "
+        "host (its client sends none); give the worker --bn_host, or run the "
+        "job without --bn_group=host"));
+  }
+  if (groups_fixed_ && hosts_[worker] != host) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--bn_group=host: worker ", worker, " registers from host '", host,
+        "' but the job's BN groups were fixed with it on host '",
+        hosts_[worker], "' (restart the servers to form new groups)"));
+  }
+  return absl::OkStatus();
+}
+
+void Shard::RecordHost(int worker, const std::string& host) {
+  if (groups_fixed_) return;
+  hosts_.resize(options_.num_workers);
+  hosts_[worker] = host;
+  for (const std::string& h : hosts_) {
+    if (h.empty()) return;
+  }
+  std::vector<int> groups = policy::BnGroupsOfHosts(hosts_);
+  std::fprintf(stderr,
+               "bnps_server[%d]: BN groups by host (--bn_group=host), by "
+               "worker: %s\n",
+               options_.shard, absl::StrJoin(groups, ",").c_str());
+  bn_.SetGroups(std::move(groups));
+  groups_fixed_ = true;
+}
+
+absl::Status Shard::RegisterLocked(int worker, uint64_t incarnation) {
   if (job_complete()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "job '", options_.job, "' is complete: every worker ",

@@ -100,9 +100,14 @@ struct ShardOptions {
   // else sync; policy/policy.h). Default: unset.
   std::optional<policy::Gradients> gradients;
   int64_t staleness = 0;  // async gradients or BN only. Default: 0
-  // Sync BN within groups of this many consecutive workers
+  // BN (sync or async) within groups of this many consecutive workers
   // (policy::CheckBnGroups). Default: 0 (none).
   int bn_group_size = 0;
+  // BN groups by host (--bn_group=host): the workers that register from one
+  // host (Register's `host`) form a group; the groups are fixed once every
+  // worker registered (policy::BnGroupsOfHosts) and kept while this server
+  // runs. Default: false.
+  bool bn_group_by_host = false;
   // Async BN's exact staleness (--bn_staleness): the others' moments of
   // step t - s exactly. -1: the bounded mode (`staleness`).
   int64_t bn_staleness = -1;
@@ -193,7 +198,11 @@ class Shard {
   // another incarnation takes the worker's place whether it is live or lost
   // (a restarted process; it then rolls the job back). Errors for the id and
   // the incarnation as Membership's.
-  absl::Status Register(int worker, uint64_t incarnation);
+  // Under bn_group_by_host `host` names the worker's host: empty is
+  // INVALID_ARGUMENT, and once the groups are fixed, another host than the
+  // worker's first is FAILED_PRECONDITION (both naming --bn_group=host).
+  absl::Status Register(int worker, uint64_t incarnation,
+                        const std::string& host = "");
 
   // `worker`, run by `incarnation`, finished the job (Membership::Finish's
   // errors). The Leave that completes the job returns once the final
@@ -307,6 +316,16 @@ class Shard {
  private:
   explicit Shard(ShardOptions options);
 
+  // Register's rules on the membership, after its checks of the host.
+  absl::Status RegisterLocked(int worker, uint64_t incarnation)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(join_mu_);
+  // Under bn_group_by_host: OK if `worker` may register from `host`; after
+  // a registration, RecordHost keeps it and fixes the groups once every
+  // worker has one.
+  absl::Status CheckHost(int worker, const std::string& host) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(join_mu_);
+  void RecordHost(int worker, const std::string& host)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(join_mu_);
   // OK if lost `worker` may rejoin (Register's rule); otherwise why not.
   absl::Status MayRejoin(int worker) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(join_mu_);
@@ -380,6 +399,10 @@ class Shard {
   absl::Mutex join_mu_;
   // Workers whose news came with a seal that did not hold, logged once.
   std::set<int> bad_seals_logged_ ABSL_GUARDED_BY(join_mu_);
+  // Under bn_group_by_host: each worker's host ("" until it registered),
+  // and whether the groups were fixed from them.
+  std::vector<std::string> hosts_ ABSL_GUARDED_BY(join_mu_);
+  bool groups_fixed_ ABSL_GUARDED_BY(join_mu_) = false;
 
   // The refused calls' log lines (server/rpc_util.h's LogRejected): at most
   // so many a second, the rest counted.

@@ -132,7 +132,7 @@ grpc::ServerUnaryReactor* ShardService::Register(
         " shards; this server runs ", o.num_workers, " workers and ",
         o.num_shards, " shards"));
   }
-  if (s.ok()) s = shard_->Register(req.worker(), req.incarnation());
+  if (s.ok()) s = shard_->Register(req.worker(), req.incarnation(), req.host());
   if (s.ok()) {
     shard_->membership().SetAddress(req.worker(), PeerHost(ctx->peer()));
     // The generation before the config: a rollback changes the membership

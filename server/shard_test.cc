@@ -319,6 +319,61 @@ absl::StatusOr<BnAggregator::Reply> ForwardNow(Shard& shard, int worker,
   return **r;
 }
 
+// --bn_group=host: the workers that register from one host form a BN
+// group, fixed once all four registered; a worker that names no host, or
+// another host later, is refused naming the flag; each sync forward is
+// answered with its host's merge, in worker order.
+TEST(ShardTest, BnGroupsByHost) {
+  FakeClock clock;
+  ShardOptions o = Options(&clock, 4, policy::Policy::kSync);
+  o.bn_group_by_host = true;
+  o.bn_group_size = 2;  // one way of forming groups at a time
+  EXPECT_EQ(Shard::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
+  o.bn_group_size = 0;
+  absl::StatusOr<std::unique_ptr<Shard>> made = Shard::Create(o);
+  ASSERT_TRUE(made.ok()) << made.status();
+  Shard& shard = **made;
+  EXPECT_TRUE(shard.config().bn_group_by_host());
+  const absl::Status none = shard.Register(0, 11, "");
+  EXPECT_EQ(none.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(none.message().find("--bn_group=host"), std::string::npos) << none;
+  const std::vector<std::string> hosts = {"b", "a", "b", "a"};
+  for (int w = 0; w < 4; ++w) {
+    ASSERT_TRUE(shard.Register(w, 11 + w, hosts[w]).ok()) << w;
+  }
+  EXPECT_TRUE(shard.Register(1, 12, "a").ok());  // a retry
+  const absl::Status moved = shard.Register(1, 12, "b");
+  EXPECT_EQ(moved.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(moved.message().find("--bn_group=host"), std::string::npos) << moved;
+  auto moments = [](int w) {
+    bn::Moments m = bn::Moments::Empty(1);
+    m.count = 2 + w;
+    m.mean = {1e6 + 0.3 * w};
+    m.m2 = {1.0 + w};
+    return m;
+  };
+  std::vector<std::shared_ptr<std::optional<absl::StatusOr<BnAggregator::Reply>>>>
+      got;
+  for (int w : {3, 1, 0, 2}) {
+    got.push_back(std::make_shared<
+                  std::optional<absl::StatusOr<BnAggregator::Reply>>>());
+    shard.bn().Forward(w, 0, "bn", moments(w), shard.Deadline(),
+                       [r = got.back()](const auto& s) { *r = s; });
+  }
+  const std::vector<int> order = {3, 1, 0, 2};
+  for (size_t i = 0; i < order.size(); ++i) {
+    const int w = order[i];
+    ASSERT_TRUE(got[i]->has_value() && (*got[i])->ok()) << w;
+    const bn::Moments first = moments(w % 2), second = moments(w % 2 + 2);
+    const bn::Moments want = bn::MergeInOrder({&first, &second}, 1);
+    const BnAggregator::Reply& r = ***got[i];
+    EXPECT_EQ(r.contributors, 2) << w;
+    EXPECT_EQ(r.moments.count, want.count) << w;
+    EXPECT_EQ(r.moments.mean, want.mean) << w;
+    EXPECT_EQ(r.moments.m2, want.m2) << w;
+  }
+}
+
 // The BN policy and the gradient mode are independent: each half of a
 // crossed pair behaves as in its shorthand.
 TEST(ShardTest, CrossedPairsSplitBnFromGradients) {

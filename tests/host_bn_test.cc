@@ -1,6 +1,7 @@
 // A host's BN aggregator (hostbn/aggregator.h) against the flat path on
 // 127.0.0.1: two hosts of two workers each, every worker's request through
-// its host's aggregator, give the bits of four workers sent one by one; the
+// its host's aggregator, give the bits of four workers sent one by one; BN
+// groups that span a host's workers get their groups' merges; the
 // shard's batch frame refuses what its connection may not send; a worker
 // that leaves fails its peers' round at the shard, naming it; the
 // aggregator's metrics count what it relays; a worker that stops reading
@@ -19,6 +20,7 @@
 #include <vector>
 
 #include "absl/synchronization/notification.h"
+#include "bn/moments.h"
 #include "gtest/gtest.h"
 #include "hostbn/aggregator.h"
 #include "hostbn/aggregator_metrics.h"
@@ -42,9 +44,10 @@ constexpr int kWorkers = 4;
 
 struct ShardUnderTest {
   explicit ShardUnderTest(bool per_worker_tokens = false,
-                          int workers = kWorkers) {
+                          int workers = kWorkers, int bn_group_size = 0) {
     server::ShardOptions o;
     o.num_workers = workers;
+    o.bn_group_size = bn_group_size;
     auto s = server::Shard::Create(o);
     EXPECT_TRUE(s.ok()) << s.status();
     shard = *std::move(s);
@@ -65,13 +68,18 @@ struct ShardUnderTest {
 };
 
 // Moments whose merge depends on its order: large means, unequal counts.
-proto::BnRequest Forward(int worker, uint64_t id, int64_t step) {
+bn::Moments MomentsOf(int worker, int64_t step) {
   bn::Moments m;
   m.count = 3 + 2 * worker + step;
   for (int c = 0; c < 5; ++c) {
     m.mean.push_back(1e8 + 0.1 * worker + 1e-3 * c + 0.37 * step);
     m.m2.push_back(1.0 / 3 + worker * 7.1 + c);
   }
+  return m;
+}
+
+proto::BnRequest Forward(int worker, uint64_t id, int64_t step) {
+  const bn::Moments m = MomentsOf(worker, step);
   proto::BnRequest r;
   r.set_id(id);
   r.set_job("bnps");
@@ -168,6 +176,48 @@ TEST(HostBnTest, TwoHostsThroughAggregatorsGiveTheFlatPathsBits) {
   for (const auto& step : got) {
     for (const std::string& bits : step) EXPECT_EQ(bits, step[0]);
   }
+}
+
+// BN groups (--bn_group_size=2 of 4 workers) through one aggregator that
+// serves all four, so its frames span both groups: the shard answers each
+// entry of a frame as its worker's own request, with that worker's group's
+// merge, so each worker gets exactly its group's moments merged in worker
+// order, whatever the arrival order.
+TEST(HostBnTest, GroupsThroughOneAggregatorGetTheirGroupsMerges) {
+  constexpr int kGroup = 2;
+  ShardUnderTest shard(/*per_worker_tokens=*/false, kWorkers, kGroup);
+  hostbn::Aggregator::Options o;
+  o.workers = kWorkers;
+  o.token = kToken;
+  auto a = hostbn::Aggregator::Start(o);
+  ASSERT_TRUE(a.ok()) << a.status();
+  std::vector<std::unique_ptr<RawConn>> via;
+  for (int w = 0; w < kWorkers; ++w) {
+    via.push_back(std::make_unique<RawConn>((*a)->port()));
+    ASSERT_EQ(HelloVia(*via.back(), w, shard.address()).code(), 0);
+  }
+  for (int64_t step = 0; step < 3; ++step) {
+    for (int w : {3, 0, 2, 1}) via[w]->Send(Forward(w, 10 * step + w, step));
+    std::vector<bn::Moments> got;
+    for (int w = 0; w < kWorkers; ++w) {
+      proto::BnResponse r = ReceiveAnswer(*via[w]);
+      ASSERT_EQ(r.code(), 0) << r.message();
+      EXPECT_EQ(r.contributors(), kGroup);
+      absl::StatusOr<bn::Moments> m = proto::DecodeMoments(r.moments());
+      ASSERT_TRUE(m.ok()) << m.status();
+      const int first = w / kGroup * kGroup;
+      const bn::Moments a0 = MomentsOf(first, step);
+      const bn::Moments a1 = MomentsOf(first + 1, step);
+      const bn::Moments want = bn::MergeInOrder({&a0, &a1}, 5);
+      EXPECT_EQ(m->count, want.count) << w << " " << step;
+      EXPECT_EQ(m->mean, want.mean) << w << " " << step;  // bit for bit
+      EXPECT_EQ(m->m2, want.m2) << w << " " << step;
+      got.push_back(*std::move(m));
+    }
+    EXPECT_NE(got[0].mean, got[2].mean);  // the groups' answers differ
+  }
+  // One connection reached the shard, for all four workers.
+  EXPECT_EQ(shard.bn->accepted(), 1);
 }
 
 TEST(HostBnTest, AWorkerThatLeavesFailsItsPeersRoundAtTheShardNamingIt) {

@@ -62,7 +62,7 @@ ABI: bnps.policy), so the launcher needs libbnps.so: $BNPS_NATIVE_LIB,
 exits 2 saying how to build it (--build builds it first).
 
 Options given to both servers and workers: --policy, --job, --staleness,
---bn_staleness, --bn_group_size, --learning_rate, --momentum, --weight_decay (the worker checks they match the
+--bn_staleness, --bn_group_size, --bn_group, --learning_rate, --momentum, --weight_decay (the worker checks they match the
 servers), --token_file (the job token; with --per_worker_tokens the servers
 accept each worker's own token, and each worker gets only its own, written to
 <out_dir>/worker<i>.token by tools/bnps_worker_token). Servers only: --bn_momentum,
@@ -124,7 +124,8 @@ BUILD_TARGETS = ["//server:bnps_server", "//worker:bnps_worker", "//tools:bnps_s
 # Options shared by servers and workers / given to servers only. Each entry is
 # (option name, type); a value left at None is not passed on.
 SHARED_OPTIONS = [("staleness", int), ("bn_staleness", int),
-                  ("bn_group_size", int), ("learning_rate", float),
+                  ("bn_group_size", int), ("bn_group", str),
+                  ("learning_rate", float),
                   ("momentum", float), ("weight_decay", float), ("token_file", str)]
 SERVER_OPTIONS = [("bn_momentum", float), ("barrier_timeout_ms", int),
                   ("heartbeat_timeout_ms", int), ("tls_client_ca", str)]

@@ -4,6 +4,7 @@
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
@@ -78,6 +79,21 @@ void FormatShard(const ShardAnswer& a, const ViewOptions& options,
                       Short(proto::WorkerLossAction_Name(c.worker_loss()),
                             "WORKER_LOSS_"),
                       r.pushes_applied(), r.pushes_duplicate()));
+  if (c.bn_group_size() > 0 || c.bn_group_by_host() || c.has_bn_staleness()) {
+    // How the job's BN is shaped: groups and an exact staleness.
+    std::vector<std::string> bn;
+    if (c.bn_group_size() > 0) {
+      bn.push_back(absl::StrCat("groups of ", c.bn_group_size(),
+                                " consecutive workers"));
+    }
+    if (c.bn_group_by_host()) bn.push_back("groups by host");
+    if (c.has_bn_staleness()) {
+      bn.push_back(absl::StrCat("staleness exactly ", c.bn_staleness(),
+                                " steps"));
+    }
+    absl::StrAppend(out, Fit(absl::StrCat("  BN ", absl::StrJoin(bn, ", ")), 80),
+                    "\n");
+  }
   if (c.membership_size() > 0) {
     // A job resized while it runs: which workers train from which step.
     absl::StatusOr<proto::MembershipHistory> h =

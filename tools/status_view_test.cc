@@ -52,6 +52,27 @@ TEST(StatusViewTest, CrossedPairShowsBothHalves) {
               HasSubstr("policy bn sync/grad async (staleness 2)"));
 }
 
+// BN groups and an exact BN staleness get a line; a job with neither has
+// none.
+TEST(StatusViewTest, ShowsBnGroupsAndAnExactStaleness) {
+  EXPECT_THAT(FormatText({Answer()}), Not(HasSubstr("  BN groups")));
+  EXPECT_THAT(FormatText({Answer()}), Not(HasSubstr("  BN staleness")));
+  ShardAnswer a = Answer();
+  a.status->mutable_config()->set_bn_group_size(2);
+  EXPECT_THAT(FormatText({a}), HasSubstr("  BN groups of 2 consecutive workers\n"));
+  a.status->mutable_config()->set_policy(proto::POLICY_ASYNC);
+  a.status->mutable_config()->set_bn_staleness(3);
+  EXPECT_THAT(FormatText({a}),
+              HasSubstr("  BN groups of 2 consecutive workers, staleness "
+                        "exactly 3 steps\n"));
+  a.status->mutable_config()->set_bn_group_size(0);
+  a.status->mutable_config()->set_bn_staleness(0);
+  EXPECT_THAT(FormatText({a}), HasSubstr("  BN staleness exactly 0 steps\n"));
+  a.status->mutable_config()->clear_bn_staleness();
+  a.status->mutable_config()->set_bn_group_by_host(true);
+  EXPECT_THAT(FormatText({a}), HasSubstr("  BN groups by host\n"));
+}
+
 // A resized job shows its membership history; a fixed one has no such line.
 TEST(StatusViewTest, ResizedJobShowsItsMembership) {
   EXPECT_THAT(FormatText({Answer()}), Not(HasSubstr("membership")));

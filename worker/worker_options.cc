@@ -136,6 +136,12 @@ ABSL_FLAG(std::string, bn_host_aggregator, "",
           "traffic of the host's workers crosses to each shard as one frame "
           "per layer, phase and step, with the same results. Empty: each "
           "shard directly.");
+ABSL_FLAG(std::string, bn_host, "",
+          "The host this worker runs on, for --bn_group=host (the servers "
+          "group the workers of one host). Empty: this machine's host name; "
+          "give it where that does not name the machine (in a container: its "
+          "node's name, e.g. BNPS_BN_HOST from the Kubernetes downward API's "
+          "spec.nodeName).");
 ABSL_FLAG(int, bn_spin_us, -1,
           "How long a BN exchange polls for its answer before it sleeps, in "
           "microseconds: saves the wake-up (tens of microseconds an exchange) "
@@ -215,6 +221,7 @@ GivenJobFlags GivenJobFlagsFromFlags() {
   g.gradients = absl::GetFlag(FLAGS_gradients);
   g.staleness = absl::GetFlag(FLAGS_staleness);
   g.bn_group_size = absl::GetFlag(FLAGS_bn_group_size);
+  g.bn_group = absl::GetFlag(FLAGS_bn_group);
   g.bn_staleness = absl::GetFlag(FLAGS_bn_staleness);
   g.learning_rate = absl::GetFlag(FLAGS_learning_rate);
   g.momentum = absl::GetFlag(FLAGS_momentum);
@@ -236,6 +243,7 @@ client::GrpcClientOptions ClientOptionsFromFlags(
   client_options.job = absl::GetFlag(FLAGS_job);
   client_options.worker = absl::GetFlag(FLAGS_worker);
   client_options.num_workers = num_workers;
+  client_options.host = absl::GetFlag(FLAGS_bn_host);
   client_options.connect_timeout =
       absl::Seconds(absl::GetFlag(FLAGS_connect_timeout_s));
   client_options.rpc_timeout = absl::Seconds(absl::GetFlag(FLAGS_rpc_timeout_s));
@@ -372,6 +380,14 @@ absl::Status CheckAgainstServers(const GivenJobFlags& given,
   if (given.bn_group_size.value_or(c.bn_group_size()) != c.bn_group_size()) {
     return mismatch("bn_group_size", absl::StrCat(*given.bn_group_size),
                     absl::StrCat(c.bn_group_size()));
+  }
+  if (!given.bn_group.empty()) {
+    absl::StatusOr<bool> by_host = policy::ParseBnGroupByHost(given.bn_group);
+    if (!by_host.ok()) return by_host.status();
+    if (*by_host != c.bn_group_by_host()) {
+      return mismatch("bn_group", given.bn_group,
+                      c.bn_group_by_host() ? "host" : "none");
+    }
   }
   const int64_t bn_staleness = c.has_bn_staleness() ? c.bn_staleness() : -1;
   if (given.bn_staleness.value_or(bn_staleness) != bn_staleness) {

@@ -39,6 +39,7 @@ struct GivenJobFlags {
   std::string gradients;
   std::optional<int64_t> staleness;
   std::optional<int> bn_group_size;
+  std::string bn_group;
   std::optional<int64_t> bn_staleness;
   std::optional<double> learning_rate;
   std::optional<double> momentum;

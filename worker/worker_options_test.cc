@@ -235,5 +235,23 @@ TEST(WorkerOptionsTest, AnExactBnStalenessMatchesAndFitsTheRun) {
   EXPECT_TRUE(CheckRunLength(c, 0).ok());  // no --max_steps: the epochs'
 }
 
+// --bn_group=host: given, the servers must group by host too; --bn_host
+// names the host the client registers from.
+TEST(WorkerOptionsTest, BnGroupByHostMatchesTheServers) {
+  absl::StatusOr<WorkerOptions> o = Convert(
+      {{"servers", "a:1"}, {"bn_group", "host"}, {"bn_host", "node-7"}});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->client.host, "node-7");
+  proto::JobConfig c = SyncConfig();
+  EXPECT_THAT(o->client.check_config(c).message(),
+              HasSubstr("--bn_group=host but the servers run bn_group none"));
+  c.set_bn_group_by_host(true);
+  EXPECT_TRUE(o->client.check_config(c).ok());
+  absl::StatusOr<WorkerOptions> bad =
+      Convert({{"servers", "a:1"}, {"bn_group", "rack"}});
+  ASSERT_TRUE(bad.ok()) << bad.status();
+  EXPECT_THAT(bad->client.check_config(c).message(), HasSubstr("--bn_group"));
+}
+
 }  // namespace
 }  // namespace bnps::worker

@@ -1,5 +1,7 @@
 #include "client/internal/membership.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <string>
 #include <vector>
@@ -14,6 +16,13 @@
 
 namespace bnps::client::internal {
 namespace {
+
+// This machine's host name (RegisterRequest.host); empty if it has none.
+std::string LocalHostName() {
+  char host[256] = {};
+  if (gethostname(host, sizeof(host) - 1) != 0) return "";
+  return host;
+}
 
 // The time left for Connect's last attempt at a shard: enough for a refused
 // connection to show as such rather than as a deadline.
@@ -113,6 +122,7 @@ absl::Status Membership::RegisterAll(absl::Time deadline,
   request.set_num_workers(options.num_workers);
   request.set_num_shards(shards);
   request.set_incarnation(incarnation_);
+  request.set_host(options.host.empty() ? LocalHostName() : options.host);
   for (int i = 0; i < shards; ++i) {
     proto::RegisterResponse response;
     absl::Status s =
