@@ -217,7 +217,7 @@ def render_regime(data, plots, hand_block, begin_hand, end_hand):
     for m in sorted({c[0] for c in cells}, key=lambda m: POSITIONS[m]):
         L.append("| `%s` | %d | %s |" % (m, POSITIONS[m], MODEL_TEXT.get(m, "")))
     L.append("")
-    L.append("Rows: " + "; ".join("**%s**: %s" % (r, ROWS[r][4]) for r in rows_present) +
+    L.append("Rows: " + "; ".join("**%s**: %s" % (r, ROWS[r].description) for r in rows_present) +
              ". The reference is one worker with the global batch (workers × b), which "
              "sync must match.")
     L.append("")
@@ -246,7 +246,7 @@ def render_regime(data, plots, hand_block, begin_hand, end_hand):
             line.append(f_ms(g["acc"]) if g else "")
         L.append("| " + " | ".join(line) + " |")
     L.append("")
-    recal_rows = [r for r in rows_present if ROWS[r][3] is None and r != "reference"]
+    recal_rows = [r for r in rows_present if ROWS[r].recal_mode is None and r != "reference"]
     if recal_rows:
         L.append("After recalibrating the running statistics (the same trained weights):")
         L.append("")
@@ -300,7 +300,7 @@ def render_regime(data, plots, hand_block, begin_hand, end_hand):
             g = groups.get((r, model, b))
             if not g:
                 continue
-            bn, grads, s, _, _ = ROWS[r]
+            bn, grads, s = ROWS[r][:3]
             lr = learning_rate(cfg, r, b)
             L.append("| %s | %s%s | %s%s | %g | %s | %s | %s | %s | %s |" % (
                 r, bn, " (s=%d)" % s if bn == "async" else "", grads,

@@ -207,7 +207,7 @@ def findings(data, groups):
                 loss = g["train_loss_last"]
                 flat.append("%s at b=%d (%.4f%s)" % (
                     row, b, t[0], "" if loss is None else ", last train loss %.2f" % loss[0]))
-            elif r is not None and abs(r[0] - t[0]) >= RECAL_MOVES and ROWS[row][0] != "recal":
+            elif r is not None and abs(r[0] - t[0]) >= RECAL_MOVES and ROWS[row].bn_policy != "recal":
                 moved.append("%s at b=%d %s" % (row, b, pts(r[0], t[0])))
     if moved:
         out.append("Recalibrating the running statistics after training moves test accuracy "
