@@ -27,6 +27,11 @@ class Row(collections.namedtuple(
     the report, and the row's other launcher flags (extra_flags)."""
 
 
+# Samples per channel per worker below which local BN lost accuracy beyond
+# the noise in the regime matrix (docs/results.md): the groups matrix puts a
+# worker below it and a group above it.
+REGIME_BOUNDARY = 8
+
 # The one-axis matrices' values: the exact BN staleness s (--bn_staleness)
 # and the BN group size K (--bn_group_size) of W = 8 workers.
 STALENESS = [0, 1, 2, 4, 8, 16]
@@ -99,17 +104,27 @@ MATRICES = {
 }
 
 
-class Axis(collections.namedtuple("Axis", "symbol title values bounds base")):
-    """A one-axis matrix: its axis (symbol, title), the value of each row on
-    it, the rows that bound it (drawn as lines across), and the row the gaps
-    are taken against."""
+class Axis(collections.namedtuple(
+        "Axis", "symbol label heading meaning values bounds base base_at")):
+    """A one-axis matrix: its axis (symbol, label), its section's heading,
+    what a row on it does, the value of each row on it, the rows that bound it (drawn across the
+    plot), the row the gaps are taken against, and where that row sits on
+    the axis ("low": before its first value, as sync before s = 0; "high":
+    at its last, as K = W)."""
 
 
 AXES = {
-    "staleness": Axis("s", "BN staleness s (steps)",
-                      {"bn-stale-s%d" % s: s for s in STALENESS}, ["sync", "local"], "sync"),
+    "staleness": Axis("s", "BN staleness s (steps)", "BN staleness: test error against s",
+                      "async BN with the global moments of exactly s steps earlier (the "
+                      "first s steps with the worker's own), sync gradients",
+                      {"bn-stale-s%d" % s: s for s in STALENESS}, ["sync", "local"],
+                      "sync", "low"),
     "groups": Axis("K", "BN group size K (workers)",
-                   {"sync-k%d" % k: k for k in GROUP_SIZES}, [], "sync-k%d" % GROUP_SIZES[-1]),
+                   "BN groups: test error against the group size K",
+                   "sync BN within groups of K consecutive workers; the running "
+                   "statistics follow the whole job",
+                   {"sync-k%d" % k: k for k in GROUP_SIZES}, [],
+                   "sync-k%d" % GROUP_SIZES[-1], "high"),
 }
 
 

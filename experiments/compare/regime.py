@@ -156,7 +156,7 @@ def boundary(groups, cells):
     return lose, hold
 
 
-def render_regime(data, plots, hand_block, begin_hand, end_hand):
+def render_regime(data, plots, hand_block, begin_hand, end_hand, sections=()):
     cfg, runs = data["config"], data["runs"]
     groups = cell_groups(runs)
     cells = cells_of(cfg, runs)
@@ -322,6 +322,7 @@ def render_regime(data, plots, hand_block, begin_hand, end_hand):
     L.append(hand_block or "%s\n_(Write the conclusions here; this block survives a "
              "re-render or a new run.)_\n%s" % (begin_hand, end_hand))
     L.append("")
+    L.extend(sections)
     L.append("## Running it")
     L.append("")
     L.append("`bazel build //server:bnps_server //worker:bnps_worker //python:libbnps.so "
