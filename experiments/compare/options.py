@@ -66,7 +66,9 @@ def parse_args(argv):
                    "per-worker batch, rows %s, plus the crossed async rows in one cell; "
                    "full: a larger one (more batch sizes, rows and seeds, 3x the data; "
                    "hours on 2 cores); smoke: a tiny regime matrix for tests; grid: "
-                   "--policies x --batch_sizes on --model (the first comparison). The "
+                   "--policies x --batch_sizes on --model (the first comparison); staleness: "
+                   "test error against the exact BN staleness s (--bn_staleness); groups: "
+                   "against the BN group size K of 8 workers (--bn_group_size). The "
                    "cells are listed in experiments/compare/matrix.py (MATRICES)"
                    % (", ".join("%s %d" % kv for kv in sorted(POSITIONS.items())),
                       ", ".join(ROWS_SWEEP)))
