@@ -9,12 +9,17 @@ the report: a table per batch size with every row, the injected run shown as
 failed with its reason while every other row is ok, results.json that parses
 and holds every run, the plots when matplotlib is there (else the report says
 they were skipped), and --report_only re-rendering the same tables while
-keeping the hand-written block. 20-40 s on 2 cores. RegimeSmokeTest runs
---matrix=smoke (fc_bn at one example per worker; the crossed BN policy x
-gradient mode rows on the CNN), each row a real cluster: ~20 s.
+keeping the hand-written block. RegimeSmokeTest runs --matrix=smoke (fc_bn
+at one example per worker; the crossed BN policy x gradient mode rows on the
+CNN), each row a real cluster. The two tool runs start together (ToolRun):
+~110 s for both at load 11 on 2 cores, against ~155 s one after the other.
 
-The other tests exercise the pure parts of experiments/compare/ (reason lines,
-aggregation over seeds, noise calls, rendering) without processes.
+AxisMatricesTest checks --matrix=staleness and --matrix=groups: their plans,
+that each row's --bn_staleness / --bn_group_size reaches both the servers'
+and the workers' command lines as the launcher builds them, and their report
+sections, results.json entries and plots on canned results. The other tests
+exercise the pure parts of experiments/compare/ (reason lines, aggregation
+over seeds, noise calls, rendering) without processes.
 
 Run: bazel test //experiments:compare_policies_test   or, after
 `bazel build //server:bnps_server //worker:bnps_worker //python:libbnps.so`,
@@ -74,21 +79,67 @@ def label(row, b):
     return "reference (1×%d)" % (4 * b) if row == "reference" else row
 
 
+class ToolRun:
+    """One run of the tool with real clusters, in the background: the smoke
+    classes' two runs are started together (most of a cluster's time is
+    start-up and waiting, so they overlap well on 2 cores) and each class
+    waits for its own."""
+
+    def __init__(self, prefix, flags):
+        self.dir = tempfile.mkdtemp(prefix=prefix)
+        self.md = os.path.join(self.dir, "report", "results.md")
+        self.json = os.path.join(self.dir, "report", "results.json")
+        cmd = [sys.executable, TOOL, "--smoke", "--bin_dir=" + BIN_DIR,
+               "--out_dir=" + os.path.join(self.dir, "runs"), "--results=" + self.md] + flags
+        self.popen = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      text=True)
+        self.proc = None
+
+    def wait(self):
+        """The finished process (subprocess.CompletedProcess)."""
+        if self.proc is None:
+            try:
+                out, err = self.popen.communicate(timeout=SMOKE_LIMIT_S)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                out, err = self.popen.communicate()
+            self.proc = subprocess.CompletedProcess(self.popen.args, self.popen.returncode,
+                                                    out, err)
+        return self.proc
+
+    def close(self):
+        if self.popen.poll() is None:
+            self.popen.kill()
+            self.popen.communicate()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+TOOL_RUNS = {}
+
+
+def tool_run(name):
+    """The smoke run `name` ("grid" or "regime"), both started on the first
+    call."""
+    if not TOOL_RUNS:
+        TOOL_RUNS["grid"] = ToolRun("compare_policies_test_", [
+            "--matrix=grid", "--inject_failure=%s@%d" % INJECTED])
+        TOOL_RUNS["regime"] = ToolRun("compare_policies_regime_test_", [
+            "--matrix=smoke", "--no_plots"])
+    return TOOL_RUNS[name]
+
+
+def tearDownModule():  # noqa: N802  (unittest's name)
+    for run in TOOL_RUNS.values():
+        run.close()
+
+
 class SmokeTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
-        cls.dir = tempfile.mkdtemp(prefix="compare_policies_test_")
-        cls.md = os.path.join(cls.dir, "report", "results.md")
-        cls.json = os.path.join(cls.dir, "report", "results.json")
-        cmd = [sys.executable, TOOL, "--matrix=grid", "--smoke", "--bin_dir=" + BIN_DIR,
-               "--out_dir=" + os.path.join(cls.dir, "runs"), "--results=" + cls.md,
-               "--inject_failure=%s@%d" % INJECTED]
-        cls.proc = subprocess.run(cmd, capture_output=True, text=True, timeout=SMOKE_LIMIT_S)
+        run = tool_run("grid")
+        cls.dir, cls.md, cls.json = run.dir, run.md, run.json
+        cls.proc = run.wait()
         cls.output = cls.proc.stdout[-4000:] + cls.proc.stderr[-4000:]
-
-    @classmethod
-    def tearDownClass(cls):
-        shutil.rmtree(cls.dir, ignore_errors=True)
 
     def read(self, path):
         self.assertTrue(os.path.exists(path), self.output)
@@ -226,17 +277,10 @@ class RegimeSmokeTest(unittest.TestCase):
 
     @classmethod
     def setUpClass(cls):
-        cls.dir = tempfile.mkdtemp(prefix="compare_policies_regime_test_")
-        cls.md = os.path.join(cls.dir, "report", "results.md")
-        cmd = [sys.executable, TOOL, "--matrix=smoke", "--smoke", "--bin_dir=" + BIN_DIR,
-               "--out_dir=" + os.path.join(cls.dir, "runs"), "--results=" + cls.md,
-               "--no_plots"]
-        cls.proc = subprocess.run(cmd, capture_output=True, text=True, timeout=SMOKE_LIMIT_S)
+        run = tool_run("regime")
+        cls.dir, cls.md = run.dir, run.md
+        cls.proc = run.wait()
         cls.output = cls.proc.stdout[-4000:] + cls.proc.stderr[-4000:]
-
-    @classmethod
-    def tearDownClass(cls):
-        shutil.rmtree(cls.dir, ignore_errors=True)
 
     def test_every_run_succeeds_and_the_report_has_the_cells(self):
         self.assertEqual(self.proc.returncode, 0, self.output)
@@ -617,6 +661,8 @@ class PortableCommandTest(unittest.TestCase):
         from compare.regime import portable_data
         data = {"config": {"out_dir": "/tmp/o/runs", "bin_dir": "/r/bazel-bin"},
                 "results_json": "/r/docs/results.json",
+                "argv": ["--matrix=groups", "--results=/tmp/r/results.md"],
+                "command_line": "python3 t.py --results=/tmp/r/results.md",
                 "runs": [{"command": ["/venv/bin/python3", "/r/tools/bnps_launch.py",
                                       "--bin_dir=/r/bazel-bin",
                                       "--out_dir=/tmp/o/runs/a_b1"],
@@ -625,6 +671,8 @@ class PortableCommandTest(unittest.TestCase):
         self.assertEqual(got, {
             "config": {"out_dir": "OUT_DIR", "bin_dir": "BIN_DIR"},
             "results_json": "docs/results.json",
+            "argv": ["--matrix=groups", "--results=RESULTS"],
+            "command_line": "python3 t.py --results=RESULTS",
             "runs": [{"command": ["python3", "tools/bnps_launch.py",
                                   "--bin_dir=BIN_DIR", "--out_dir=OUT_DIR/a_b1"],
                       "out_dir": "OUT_DIR/a_b1", "steps": 3}]})

@@ -111,8 +111,11 @@ def findings(axis, groups, cells):
             out.append(text + ".")
             continue
         first = rows[0]
-        if kept:
-            text += "%s = %s to %d are within the noise of %s" % (
+        if len(kept) == 1:
+            text += "only %s = %d is within the noise of %s" % (
+                axis.symbol, kept[0], axis.base)
+        elif kept:
+            text += "%s = %d to %d are within the noise of %s" % (
                 axis.symbol, axis.values[first], kept[-1], axis.base)
         else:
             text += "already %s = %d differs from %s beyond the noise" % (
@@ -121,6 +124,15 @@ def findings(axis, groups, cells):
             "%s = %d %s" % (axis.symbol, axis.values[r],
                             f_gap(error_gap(groups, r, axis.base, cell)).replace(" **", ""))
             for r in rows))
+        # Along the axis: does any value differ from the first beyond the noise?
+        moved = [r for r in rows[1:] if (error_gap(groups, r, first, cell) or (0, 0, False))[2]]
+        text += "; against %s = %d, %s" % (
+            axis.symbol, axis.values[first],
+            "%s differ%s beyond the noise" % (", ".join(
+                "%s = %d (%s points)" % (axis.symbol, axis.values[r], f_gap(
+                    error_gap(groups, r, first, cell)).replace(" **", "")) for r in moved),
+                "s" if len(moved) == 1 else "") if moved
+            else "no larger %s differs beyond the noise" % axis.symbol)
         for bound in axis.bounds:
             if bound == axis.base or (bound,) + cell not in groups:
                 continue

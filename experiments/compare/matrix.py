@@ -57,7 +57,8 @@ ROWS = {
 for _s in STALENESS:
     ROWS["bn-stale-s%d" % _s] = Row(
         "async", "sync", None, None,
-        "async BN with the global moments of exactly %d step%s earlier, sync gradients"
+        "async BN with the other workers' moments of exactly %d step%s earlier, "
+        "sync gradients"
         % (_s, "" if _s == 1 else "s"), ("--bn_staleness=%d" % _s,))
 # --matrix=groups: sync BN within groups of K consecutive workers (the
 # running statistics still follow the whole job).
@@ -115,8 +116,9 @@ class Axis(collections.namedtuple(
 
 AXES = {
     "staleness": Axis("s", "BN staleness s (steps)", "BN staleness: test error against s",
-                      "async BN with the global moments of exactly s steps earlier (the "
-                      "first s steps with the worker's own), sync gradients",
+                      "async BN: each worker normalizes with its own moments merged with "
+                      "the other workers' of exactly s steps earlier (its own alone for "
+                      "the first s steps), sync gradients",
                       {"bn-stale-s%d" % s: s for s in STALENESS}, ["sync", "local"],
                       "sync", "low"),
     "groups": Axis("K", "BN group size K (workers)",
