@@ -36,7 +36,20 @@ The matrices (experiments/compare/matrix.py, MATRICES):
                       the test.
     grid              the first comparison: --policies x --batch_sizes on
                       --model (default every shorthand row at b = 2, 8, 32).
-Rows (ROWS): reference (1 worker with the global batch workers x b, which
+    staleness         one axis: async BN with the global moments of exactly s
+                      steps earlier (--bn_staleness=s, s = 0, 1, 2, 4, 8, 16)
+                      and sync gradients, with sync and local as the bounds;
+                      fc_bn and cnn at b=2, 4 workers, 6000 examples, 3 seeds.
+    groups            one axis: sync BN in groups of K consecutive workers
+                      (--bn_group_size=K, K = 1, 2, 4, 8) of 8 workers; fc_bn
+                      at b=2 and b=8 (below and at the regime boundary of
+                      ~8 samples per channel per worker), 12000 examples,
+                      3 seeds.
+                      Both render their own section of the report (test error
+                      mean +- sd, the gap to sync, a plot) and keep their data
+                      under "one_axis" in results.json, beside the main
+                      matrix's, which they leave as it is.
+Rows (ROWS, each a matrix.Row with its extra launcher flags): reference (1 worker with the global batch workers x b, which
 sync must match), local, sync, async-s1/s2/s4 (async BN and gradients,
 bound s), recal-precise, recal-exact, and the crossed rows above. Every
 non-recal run also gets --recalibrate=true (recal mode precise), so
@@ -66,8 +79,11 @@ other work ran (load 3-6): milliseconds per step of the CNN
     b=8: 27, 23, 22, 22, 24;  b=32: 64, 57, 57, 60, 84
 (b=1 extrapolated), ~2 s start-up per run, ~0.8 s per 10000 test examples,
 recalibration ~0.35 x an epoch; the variants cost ~0.6x (fc_bn) and ~2x
-(deep) the CNN. The regime matrix: 3000 training examples, 1 epoch, 5000 test
-examples, 114 runs, estimated 19 min (up to ~36 min on the shared machine).
+(deep) the CNN; more workers than 4 share the cores, so a step of W workers
+costs W/4 of the 4-worker step (the 8-worker groups matrix: estimated 7.1
+min, measured 6.7 min at load 8-22). The regime matrix: 3000 training
+examples, 1 epoch, 5000 test examples, 114 runs, estimated 19 min (up to
+~36 min on the shared machine).
 Scale up with --matrix=full, --train_examples=0 (all 60000), more --epochs
 and --seeds on a larger machine, or on a GPU with --worker_flag=--device=gpu.
 Threads: one model thread per worker (--threads), the reference too: on the

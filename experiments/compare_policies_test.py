@@ -9,12 +9,17 @@ the report: a table per batch size with every row, the injected run shown as
 failed with its reason while every other row is ok, results.json that parses
 and holds every run, the plots when matplotlib is there (else the report says
 they were skipped), and --report_only re-rendering the same tables while
-keeping the hand-written block. 20-40 s on 2 cores. RegimeSmokeTest runs
---matrix=smoke (fc_bn at one example per worker; the crossed BN policy x
-gradient mode rows on the CNN), each row a real cluster: ~20 s.
+keeping the hand-written block. RegimeSmokeTest runs --matrix=smoke (fc_bn
+at one example per worker; the crossed BN policy x gradient mode rows on the
+CNN), each row a real cluster. The two tool runs start together (ToolRun):
+~110 s for both at load 11 on 2 cores, against ~155 s one after the other.
 
-The other tests exercise the pure parts of experiments/compare/ (reason lines,
-aggregation over seeds, noise calls, rendering) without processes.
+AxisMatricesTest checks --matrix=staleness and --matrix=groups: their plans,
+that each row's --bn_staleness / --bn_group_size reaches both the servers'
+and the workers' command lines as the launcher builds them, and their report
+sections, results.json entries and plots on canned results. The other tests
+exercise the pure parts of experiments/compare/ (reason lines, aggregation
+over seeds, noise calls, rendering) without processes.
 
 Run: bazel test //experiments:compare_policies_test   or, after
 `bazel build //server:bnps_server //worker:bnps_worker //python:libbnps.so`,
@@ -74,21 +79,67 @@ def label(row, b):
     return "reference (1×%d)" % (4 * b) if row == "reference" else row
 
 
+class ToolRun:
+    """One run of the tool with real clusters, in the background: the smoke
+    classes' two runs are started together (most of a cluster's time is
+    start-up and waiting, so they overlap well on 2 cores) and each class
+    waits for its own."""
+
+    def __init__(self, prefix, flags):
+        self.dir = tempfile.mkdtemp(prefix=prefix)
+        self.md = os.path.join(self.dir, "report", "results.md")
+        self.json = os.path.join(self.dir, "report", "results.json")
+        cmd = [sys.executable, TOOL, "--smoke", "--bin_dir=" + BIN_DIR,
+               "--out_dir=" + os.path.join(self.dir, "runs"), "--results=" + self.md] + flags
+        self.popen = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      text=True)
+        self.proc = None
+
+    def wait(self):
+        """The finished process (subprocess.CompletedProcess)."""
+        if self.proc is None:
+            try:
+                out, err = self.popen.communicate(timeout=SMOKE_LIMIT_S)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                out, err = self.popen.communicate()
+            self.proc = subprocess.CompletedProcess(self.popen.args, self.popen.returncode,
+                                                    out, err)
+        return self.proc
+
+    def close(self):
+        if self.popen.poll() is None:
+            self.popen.kill()
+            self.popen.communicate()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+TOOL_RUNS = {}
+
+
+def tool_run(name):
+    """The smoke run `name` ("grid" or "regime"), both started on the first
+    call."""
+    if not TOOL_RUNS:
+        TOOL_RUNS["grid"] = ToolRun("compare_policies_test_", [
+            "--matrix=grid", "--inject_failure=%s@%d" % INJECTED])
+        TOOL_RUNS["regime"] = ToolRun("compare_policies_regime_test_", [
+            "--matrix=smoke", "--no_plots"])
+    return TOOL_RUNS[name]
+
+
+def tearDownModule():  # noqa: N802  (unittest's name)
+    for run in TOOL_RUNS.values():
+        run.close()
+
+
 class SmokeTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
-        cls.dir = tempfile.mkdtemp(prefix="compare_policies_test_")
-        cls.md = os.path.join(cls.dir, "report", "results.md")
-        cls.json = os.path.join(cls.dir, "report", "results.json")
-        cmd = [sys.executable, TOOL, "--matrix=grid", "--smoke", "--bin_dir=" + BIN_DIR,
-               "--out_dir=" + os.path.join(cls.dir, "runs"), "--results=" + cls.md,
-               "--inject_failure=%s@%d" % INJECTED]
-        cls.proc = subprocess.run(cmd, capture_output=True, text=True, timeout=SMOKE_LIMIT_S)
+        run = tool_run("grid")
+        cls.dir, cls.md, cls.json = run.dir, run.md, run.json
+        cls.proc = run.wait()
         cls.output = cls.proc.stdout[-4000:] + cls.proc.stderr[-4000:]
-
-    @classmethod
-    def tearDownClass(cls):
-        shutil.rmtree(cls.dir, ignore_errors=True)
 
     def read(self, path):
         self.assertTrue(os.path.exists(path), self.output)
@@ -226,17 +277,10 @@ class RegimeSmokeTest(unittest.TestCase):
 
     @classmethod
     def setUpClass(cls):
-        cls.dir = tempfile.mkdtemp(prefix="compare_policies_regime_test_")
-        cls.md = os.path.join(cls.dir, "report", "results.md")
-        cmd = [sys.executable, TOOL, "--matrix=smoke", "--smoke", "--bin_dir=" + BIN_DIR,
-               "--out_dir=" + os.path.join(cls.dir, "runs"), "--results=" + cls.md,
-               "--no_plots"]
-        cls.proc = subprocess.run(cmd, capture_output=True, text=True, timeout=SMOKE_LIMIT_S)
+        run = tool_run("regime")
+        cls.dir, cls.md = run.dir, run.md
+        cls.proc = run.wait()
         cls.output = cls.proc.stdout[-4000:] + cls.proc.stderr[-4000:]
-
-    @classmethod
-    def tearDownClass(cls):
-        shutil.rmtree(cls.dir, ignore_errors=True)
 
     def test_every_run_succeeds_and_the_report_has_the_cells(self):
         self.assertEqual(self.proc.returncode, 0, self.output)
@@ -360,6 +404,165 @@ class RegimeTest(unittest.TestCase):
         self.assertIn("Test CPU", md)
 
 
+def axis_run(row, model, b, seed, acc):
+    r = regime_run(row, model, b, seed, acc)
+    r["history"] = [{"step": 1, "seconds": 0.1, "loss": 2.3, "accuracy": 0.1}]
+    r["load_average"] = [3.0 + seed, 2.0, 1.0]
+    return r
+
+
+def canned_axis_data(name, accuracies):
+    """One-axis matrix data: {(row, model, b): [acc per seed]} of 3 seeds."""
+    from compare import options
+    cfg = options.make_config(options.parse_args(["--matrix=" + name]))
+    cfg.update(out_dir="/tmp/canned/runs", bin_dir="/tmp/canned/bin")
+    runs = [axis_run(row, m, b, seed, acc) for (row, m, b), accs in accuracies.items()
+            for seed, acc in enumerate(accs, 1)]
+    runs[0]["command"] = [sys.executable, matrix.LAUNCHER, "--out_dir=/tmp/canned/runs/a"]
+    return {"tool": "experiments/compare_policies.py", "config": cfg, "runs": runs,
+            "command_line": "python3 experiments/compare_policies.py --matrix=%s "
+            "--out_dir=/tmp/canned/runs" % name, "machine": {"cpu": "Test CPU", "cores": 2},
+            "estimate_s": 600.0, "total_wall_s": 900.0}
+
+
+# Canned accuracies, 3 seeds each: staleness costs from s = 4 on `cnn`
+# and never on fc_bn; groups at b=2 need K = 4, at b=8 K = 1 is enough.
+STALENESS_ACC = {}
+for _m, _b, _base, _local, _drop in (("cnn", 2, 0.70, 0.66, 4), ("fc_bn", 2, 0.80, 0.45, 99)):
+    STALENESS_ACC[("sync", _m, _b)] = [_base - 0.01, _base, _base + 0.01]
+    STALENESS_ACC[("local", _m, _b)] = [_local - 0.01, _local, _local + 0.01]
+    for _s in matrix.STALENESS:
+        _a = _base - (0.01 * _s if _s >= _drop else 0.0)
+        STALENESS_ACC[("bn-stale-s%d" % _s, _m, _b)] = [_a - 0.01, _a, _a + 0.01]
+GROUPS_ACC = {}
+for _b, _accs in ((2, (0.40, 0.74, 0.81, 0.82)), (8, (0.80, 0.81, 0.81, 0.80))):
+    for _k, _a in zip(matrix.GROUP_SIZES, _accs):
+        GROUPS_ACC[("sync-k%d" % _k, "fc_bn", _b)] = [_a - 0.01, _a, _a + 0.01]
+
+
+class AxisMatricesTest(unittest.TestCase):
+    """--matrix=staleness and --matrix=groups: their plans, their commands
+    through the launcher's own command builder, and their report sections
+    on canned results."""
+
+    def config(self, name):
+        from compare import options
+        cfg = options.make_config(options.parse_args(["--matrix=" + name]))
+        cfg.update(out_dir="/out", bin_dir=BIN_DIR)
+        return cfg
+
+    def launched(self, cfg, run):
+        """The server's and worker 0's command lines the launcher builds
+        from the tool's command for run."""
+        spec = importlib.util.spec_from_file_location("bnps_launch", matrix.LAUNCHER)
+        launch = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(launch)
+        cmd = matrix.run_command(cfg, run, "/out/x", False)
+        args, extra = launch.parse_args(cmd[2:])
+        return cmd, launch.server_command(args, 0), launch.worker_command(
+            args, extra, 0, ["127.0.0.1:1"], "/out/x")
+
+    def test_staleness_plan_and_flags_reach_both_binaries(self):
+        cfg = self.config("staleness")
+        runs = matrix.plan_runs(cfg)
+        self.assertEqual(cfg["seeds"], [1, 2, 3])
+        self.assertEqual({r["policy"] for r in runs},
+                         {"sync", "local"} | {"bn-stale-s%d" % s for s in (0, 1, 2, 4, 8, 16)})
+        self.assertEqual(len(runs), 3 * 2 * 8)
+        minutes = sum(matrix.estimate_seconds(cfg, r) for r in runs) / 60.0
+        self.assertLess(minutes, 20)
+        by = {r["id"]: r for r in runs}
+        cmd, server, worker = self.launched(cfg, by["bn-stale-s4_cnn_b2_seed2"])
+        self.assertIn("--bn_policy=async", cmd)
+        self.assertIn("--gradients=sync", cmd)  # BN staleness is the only change
+        self.assertFalse(any(c.startswith("--staleness=") for c in cmd))
+        self.assertIn("--learning_rate=0.04", cmd)  # sync gradients' rate
+        for binary in (server, worker):
+            self.assertIn("--bn_staleness=4", binary)
+        cmd, server, worker = self.launched(cfg, by["sync_cnn_b2_seed2"])
+        self.assertFalse(any("bn_staleness" in c for c in cmd + server + worker))
+
+    def test_groups_plan_crosses_the_boundary_and_flags_reach_both_binaries(self):
+        cfg = self.config("groups")
+        runs = matrix.plan_runs(cfg)
+        self.assertEqual(cfg["workers"], 8)
+        self.assertEqual({r["policy"] for r in runs}, {"sync-k1", "sync-k2", "sync-k4", "sync-k8"})
+        self.assertEqual(len(runs), 3 * 2 * 4)
+        per_worker = sorted({r["samples_per_channel"] for r in runs})
+        # One batch puts a worker below the boundary, the other at or above
+        # it; the largest group is above it at every batch.
+        self.assertLess(per_worker[0], matrix.REGIME_BOUNDARY)
+        self.assertGreaterEqual(per_worker[-1], matrix.REGIME_BOUNDARY)
+        self.assertGreaterEqual(per_worker[0] * max(matrix.GROUP_SIZES), matrix.REGIME_BOUNDARY)
+        minutes = sum(matrix.estimate_seconds(cfg, r) for r in runs) / 60.0
+        self.assertLess(minutes, 20)
+        by = {r["id"]: r for r in runs}
+        cmd, server, worker = self.launched(cfg, by["sync-k2_fc_bn_b8_seed3"])
+        self.assertIn("--workers=8", cmd)
+        self.assertIn("--bn_policy=sync", cmd)
+        for binary in (server, worker):
+            self.assertIn("--bn_group_size=2", binary)
+        self.assertEqual(by["sync-k2_fc_bn_b8_seed3"]["extra_flags"], ["--bn_group_size=2"])
+
+    def test_report_sections_on_canned_results(self):
+        from compare import axes
+        d = tempfile.mkdtemp(prefix="compare_axes_test_")
+        self.addCleanup(shutil.rmtree, d, ignore_errors=True)
+        md, js = os.path.join(d, "results.md"), os.path.join(d, "results.json")
+        report.write_report(canned_axis_data("staleness", STALENESS_ACC), md, js, False)
+        report.write_report(canned_axis_data("groups", GROUPS_ACC), md, js, False)
+        with open(md, encoding="utf-8") as f:
+            text = f.read()
+        self.assertIn("## BN staleness: test error against s", text)
+        self.assertIn("## BN groups: test error against the group size K", text)
+        # Error = 1 - accuracy, mean ± sd, and the gap to sync in points.
+        self.assertIn("| bn-stale-s8 | 8 | 20.0 ± 1.0 | +0.0 ± 1.6 | 38.0 ± 1.0 | "
+                      "+8.0 ± 1.6 ** |", text)
+        self.assertIn("| sync-k1 | 1 | 60.0 ± 1.0 | +42.0 ± 1.6 ** | 2 | 20.0 ± 1.0 | "
+                      "+0.0 ± 1.6 | 8 |", text)
+        self.assertIn("`fc_bn` b=2: groups of K ≥ 4 (8 samples per channel per group) are "
+                      "within the noise of K = 8; K = 1 +42.0 ± 1.6 points, K = 2 +8.0 ± 1.6 "
+                      "points.", text)
+        self.assertIn("`fc_bn` b=8: groups of K ≥ 1 (8 samples", text)
+        self.assertIn("`cnn` b=2: s = 0 to 2 are within the noise of sync", text)
+        self.assertIn("`fc_bn` b=2: s = 0 to 16 are within the noise of sync", text)
+        self.assertIn("at s = 16, -35.0 ± 1.6 points against local (beyond the noise)", text)
+        # Each section's hand-written block survives a re-render.
+        text = text.replace("_(Write the reading here; this block survives a re-render or "
+                            "a new run.)_", "STALE READING", 1)
+        with open(md, "w", encoding="utf-8") as f:
+            f.write(text)
+        doc = report.load_json(js)
+        report.write_report(doc, md, js, False)
+        with open(md, encoding="utf-8") as f:
+            again = f.read()
+        self.assertIn("STALE READING", again)
+        self.assertEqual(again.count("<!-- BEGIN hand-written staleness -->"), 1)
+        # Both matrices in one compact document without machine paths or
+        # training curves; a main matrix written later keeps them.
+        with open(js, encoding="utf-8") as f:
+            raw = f.read()
+        self.assertNotIn("/tmp/", raw)
+        self.assertNotIn('"history"', raw)
+        self.assertEqual(sorted(json.loads(raw)["one_axis"]), ["groups", "staleness"])
+        self.assertTrue(all(len(line) < 3000 for line in raw.splitlines()))
+        if have_matplotlib():
+            files = plots.make_plots(report.load_json(js), md, js)["files"]
+            for name in ("error_vs_staleness", "error_vs_groups"):
+                self.assertGreater(os.path.getsize(files[name]), 1000, files)
+        main = {"config": dict(RegimeTest().config(), seeds=[1]), "machine": {},
+                "runs": [regime_run("sync", "cnn", 1, 1, 0.7)], "command_line": "cmd"}
+        report.write_report(main, md, js, False)
+        with open(md, encoding="utf-8") as f:
+            both = f.read()
+        self.assertIn("# Policy comparison: where synchronizing BN matters", both)
+        self.assertIn("STALE READING", both)
+        self.assertLess(both.index("## BN groups"), both.index("## Running it"))
+        self.assertEqual(axes.within_noise(axes.cell_groups(
+            canned_axis_data("groups", GROUPS_ACC)["runs"]), matrix.AXES["groups"],
+            ("fc_bn", 2)), [4, 8])
+
+
 class PureTest(unittest.TestCase):
     def test_failure_reason(self):
         log = "\n".join([
@@ -458,6 +661,8 @@ class PortableCommandTest(unittest.TestCase):
         from compare.regime import portable_data
         data = {"config": {"out_dir": "/tmp/o/runs", "bin_dir": "/r/bazel-bin"},
                 "results_json": "/r/docs/results.json",
+                "argv": ["--matrix=groups", "--results=/tmp/r/results.md"],
+                "command_line": "python3 t.py --results=/tmp/r/results.md",
                 "runs": [{"command": ["/venv/bin/python3", "/r/tools/bnps_launch.py",
                                       "--bin_dir=/r/bazel-bin",
                                       "--out_dir=/tmp/o/runs/a_b1"],
@@ -466,6 +671,8 @@ class PortableCommandTest(unittest.TestCase):
         self.assertEqual(got, {
             "config": {"out_dir": "OUT_DIR", "bin_dir": "BIN_DIR"},
             "results_json": "docs/results.json",
+            "argv": ["--matrix=groups", "--results=RESULTS"],
+            "command_line": "python3 t.py --results=RESULTS",
             "runs": [{"command": ["python3", "tools/bnps_launch.py",
                                   "--bin_dir=BIN_DIR", "--out_dir=OUT_DIR/a_b1"],
                       "out_dir": "OUT_DIR/a_b1", "steps": 3}]})

@@ -7,8 +7,10 @@ what the experiment is and how to run it), one module per concern:
     runner   one run: the launcher as a child process, its figures and its
              failure reason; the machine's description
     stats    means and ranges over seeds, "beyond the noise" calls
-    report   the markdown report and results.json
-    plots    the two PNGs (matplotlib, or /usr/bin/python3 when only it has it)
+    report   the markdown report and results.json (the main matrix and the
+             one-axis matrices' entries in one document)
+    axes     the one-axis matrices' sections and plots (staleness, groups)
+    plots    the PNGs (matplotlib, or /usr/bin/python3 when only it has it)
     main     the command itself: run the matrix, --report_only, --plots_only
 
 Standard library only, except plots (matplotlib). The modules import each

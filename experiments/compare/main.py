@@ -16,7 +16,7 @@ import time
 from .matrix import BUDGET_MINUTES, REPO, estimate_seconds, estimate_text, plan_runs, run_command
 from .options import BUILD_TARGETS, UsageError, make_config, parse_args
 from .plots import PlotsUnavailable, draw_plots
-from .report import f_acc, load_json, write_json, write_report
+from .report import document, f_acc, load_json, write_json, write_report
 from .runner import Stop, execute, machine_info, on_stop_signal
 
 
@@ -89,7 +89,7 @@ def run_matrix(args, argv):
                     i + 1, len(runs), run["id"], what, run["wall_s"], fmt_eta(elapsed)),
                     flush=True)
                 data["total_wall_s"] = elapsed
-                write_json(data, json_path)  # progress survives a crash
+                write_json(document(data, json_path), json_path)  # progress survives a crash
             except KeyboardInterrupt:
                 interrupted = "SIGINT"
             except Stop as e:

@@ -5,6 +5,7 @@ Pure functions of the config (see options.make_config); nothing here starts a
 process.
 """
 
+import collections
 import math
 import os
 import sys
@@ -17,23 +18,54 @@ LAUNCHER = os.path.join(REPO, "tools", "bnps_launch.py")
 ENTRY = os.path.join(EXPERIMENTS_DIR, "compare_policies.py")
 BUDGET_MINUTES = 45
 
-# Row name -> (BN policy, gradient mode, staleness, recal mode, description).
-# The gradient mode picks the learning rate (async: --async_learning_rate).
+class Row(collections.namedtuple(
+        "Row", "bn_policy gradients staleness recal_mode description extra_flags",
+        defaults=((),))):
+    """One row of a matrix: the BN policy and gradient mode (which pick the
+    learning rate: async gradients take --async_learning_rate), the bounded
+    staleness (--staleness) and recal mode when they apply, a description for
+    the report, and the row's other launcher flags (extra_flags)."""
+
+
+# Samples per channel per worker below which local BN lost accuracy beyond
+# the noise in the regime matrix (docs/results.md): the groups matrix puts a
+# worker below it and a group above it.
+REGIME_BOUNDARY = 8
+
+# The one-axis matrices' values: the exact BN staleness s (--bn_staleness)
+# and the BN group size K (--bn_group_size) of W = 8 workers.
+STALENESS = [0, 1, 2, 4, 8, 16]
+GROUP_SIZES = [1, 2, 4, 8]
+
 ROWS = {
-    "reference": ("sync", "sync", None, None, "1 worker, global batch"),
-    "local": ("local", "sync", None, None, "local BN, running stats averaged"),
-    "sync": ("sync", "sync", None, None, "exact cross-worker BN every step"),
-    "async-s1": ("async", "async", 1, None, "bounded staleness 1"),
-    "async-s2": ("async", "async", 2, None, "bounded staleness 2"),
-    "async-s4": ("async", "async", 4, None, "bounded staleness 4"),
-    "recal-precise": ("recal", "sync", None, "precise", "recalibrated after training, one pass"),
-    "recal-exact": ("recal", "sync", None, "exact", "recalibrated after training, layer by layer"),
+    "reference": Row("sync", "sync", None, None, "1 worker, global batch"),
+    "local": Row("local", "sync", None, None, "local BN, running stats averaged"),
+    "sync": Row("sync", "sync", None, None, "exact cross-worker BN every step"),
+    "async-s1": Row("async", "async", 1, None, "bounded staleness 1"),
+    "async-s2": Row("async", "async", 2, None, "bounded staleness 2"),
+    "async-s4": Row("async", "async", 4, None, "bounded staleness 4"),
+    "recal-precise": Row("recal", "sync", None, "precise", "recalibrated after training, one pass"),
+    "recal-exact": Row("recal", "sync", None, "exact", "recalibrated after training, layer by layer"),
     # The two halves of async crossed with the other policies' halves.
-    "bn-async-s2": ("async", "sync", 2, None, "async BN (window 2), sync gradients"),
-    "grad-async-s2": ("sync", "async", 2, None, "sync BN, async gradients (bound 2)"),
-    "grad-async-s2-recal": ("recal", "async", 2, "precise",
-                            "local BN + recal, async gradients (bound 2)"),
+    "bn-async-s2": Row("async", "sync", 2, None, "async BN (window 2), sync gradients"),
+    "grad-async-s2": Row("sync", "async", 2, None, "sync BN, async gradients (bound 2)"),
+    "grad-async-s2-recal": Row("recal", "async", 2, "precise",
+                               "local BN + recal, async gradients (bound 2)"),
 }
+# --matrix=staleness: async BN with the global moments of exactly s steps
+# earlier, sync gradients, so BN staleness is the only change from sync.
+for _s in STALENESS:
+    ROWS["bn-stale-s%d" % _s] = Row(
+        "async", "sync", None, None,
+        "async BN with the other workers' moments of exactly %d step%s earlier, "
+        "sync gradients"
+        % (_s, "" if _s == 1 else "s"), ("--bn_staleness=%d" % _s,))
+# --matrix=groups: sync BN within groups of K consecutive workers (the
+# running statistics still follow the whole job).
+for _k in GROUP_SIZES:
+    ROWS["sync-k%d" % _k] = Row(
+        "sync", "sync", None, None, "sync BN within groups of %d workers" % _k,
+        ("--bn_group_size=%d" % _k,))
 # The rows of --matrix=grid (the policies x batch sizes of the CNN).
 GRID_ROWS = ["reference", "local", "sync", "async-s1", "async-s4", "recal-precise",
              "recal-exact"]
@@ -60,6 +92,41 @@ MATRICES = {
                ("fc_bn", 2, CROSSED)],
     "smoke": [("fc_bn", 1, ["reference", "local", "sync", "recal-precise"]),
               ("cnn", 2, ["sync", "async-s2"] + CROSSED)],
+    # The one-axis matrices (AXES). Staleness: the CNN at b=2 (98 samples per
+    # channel per worker, above the regime boundary: local BN is fine there)
+    # and fc_bn at b=2 (2 samples: local BN is far below sync), with sync and
+    # local as the bounds.
+    "staleness": [(m, 2, ["sync", "local"] + ["bn-stale-s%d" % s for s in STALENESS])
+                  for m in ("fc_bn", "cnn")],
+    # Groups of K of W = 8 workers on fc_bn (samples per channel = examples):
+    # at b=2 a worker is below the regime boundary (~8 samples per channel)
+    # and a group reaches it at K=4; at b=8 one worker is at it already.
+    "groups": [("fc_bn", b, ["sync-k%d" % k for k in GROUP_SIZES]) for b in (2, 8)],
+}
+
+
+class Axis(collections.namedtuple(
+        "Axis", "symbol label heading meaning values bounds base base_at")):
+    """A one-axis matrix: its axis (symbol, label), its section's heading,
+    what a row on it does, the value of each row on it, the rows that bound it (drawn across the
+    plot), the row the gaps are taken against, and where that row sits on
+    the axis ("low": before its first value, as sync before s = 0; "high":
+    at its last, as K = W)."""
+
+
+AXES = {
+    "staleness": Axis("s", "BN staleness s (steps)", "BN staleness: test error against s",
+                      "async BN: each worker normalizes with its own moments merged with "
+                      "the other workers' of exactly s steps earlier (its own alone for "
+                      "the first s steps), sync gradients",
+                      {"bn-stale-s%d" % s: s for s in STALENESS}, ["sync", "local"],
+                      "sync", "low"),
+    "groups": Axis("K", "BN group size K (workers)",
+                   "BN groups: test error against the group size K",
+                   "sync BN within groups of K consecutive workers; the running "
+                   "statistics follow the whole job",
+                   {"sync-k%d" % k: k for k in GROUP_SIZES}, [],
+                   "sync-k%d" % GROUP_SIZES[-1], "high"),
 }
 
 
@@ -108,7 +175,7 @@ def lr_scale(config, b):
 
 def learning_rate(config, row, b=None):
     scale = 1.0 if b is None else lr_scale(config, b)
-    if ROWS[row][1] == "async" and config.get("async_learning_rate") is not None:
+    if ROWS[row].gradients == "async" and config.get("async_learning_rate") is not None:
         return config["async_learning_rate"] * scale
     return config["learning_rate"] * scale
 
@@ -116,7 +183,7 @@ def learning_rate(config, row, b=None):
 def run_command(config, run, run_dir, inject):
     """The launcher command of one run."""
     row, b = run["policy"], run["batch_size"]
-    bn_policy, gradients, staleness, recal_mode, _ = ROWS[row]
+    bn_policy, gradients, staleness, recal_mode = ROWS[row][:4]
     workers = 1 if row == "reference" else config["workers"]
     batch = config["workers"] * b if row == "reference" else b
     threads = config["threads"]
@@ -151,12 +218,13 @@ def run_command(config, run, run_dir, inject):
         cmd.append("--eval_every_epoch=true")
     if run.get("model", "cnn") != "cnn":
         cmd.append("--model=" + run["model"])
+    cmd += ROWS[row].extra_flags
     cmd += config["worker_flags"]
     if inject:
         cmd.append("--width=0")  # The worker rejects it: a run that fails.
     run.update(workers=workers, worker_batch=batch, bn_policy=bn_policy,
                gradients=gradients, staleness=staleness, recal_mode=recal_mode,
-               threads=threads)
+               threads=threads, extra_flags=list(ROWS[row].extra_flags))
     return cmd
 
 
@@ -175,6 +243,7 @@ START_S = 2.2          # servers and workers up, data loaded
 EVAL_S_PER_10K = 0.8   # one test evaluation of 10000 examples
 RECAL_FRACTION = {"precise": 0.35, "exact": 1.0}  # x one epoch's training time
 SLOW_FACTOR = 1.9      # the slowest the same runs measured on the shared machine
+CALIBRATION_WORKERS = 4  # more workers than this share the 2 cores: slower steps
 MODEL_COST = {"cnn": 1.0, "deep": 2.0, "fc_bn": 0.6}
 
 
@@ -189,14 +258,17 @@ def step_ms(family, b):
 def estimate_seconds(config, run):
     """Seconds one run takes on the calibration machine (a rough model)."""
     row, b = run["policy"], run["batch_size"]
-    bn_policy, gradients, _, recal_mode, _ = ROWS[row]
+    bn_policy, gradients, _, recal_mode = ROWS[row][:4]
     # BN traffic sets the cost: sync BN's two round trips per layer, async's
     # one; async gradients about as async BN (calibrated on the shorthands).
     family = ("reference" if row == "reference" else "sync" if bn_policy == "sync"
               else "async" if "async" in (bn_policy, gradients) else bn_policy)
     n = config["train_examples"] or 60000
     workers, batch = (1, config["workers"] * b) if row == "reference" else (config["workers"], b)
-    epoch_s = max(1, math.ceil(n / workers / batch)) * step_ms(family, b) / 1000.0
+    # The workers share the cores: a step of more workers than calibrated
+    # takes proportionally longer.
+    crowd = max(1.0, workers / float(CALIBRATION_WORKERS))
+    epoch_s = max(1, math.ceil(n / workers / batch)) * step_ms(family, b) * crowd / 1000.0
     evals = (config["epochs"] if eval_every_epoch(config) else 1) + (recal_mode is None)
     recal_s = RECAL_FRACTION[recal_mode or "precise"] * epoch_s
     if config["recal_examples"]:

@@ -26,6 +26,11 @@ DEFAULTS = {
                  learning_rate=0.02, lr_scaling="linear"),
 }
 DEFAULTS["smoke"] = DEFAULTS["regime"]
+# The one-axis matrices (matrix.AXES), 3 seeds each, sized to ~20 min on 2
+# idle cores. Staleness: 4 workers, as the regime matrix, 2x its data; groups: 8 workers
+# (K = 1, 2, 4, 8), 4x the data so that b=8 still trains 188 steps.
+DEFAULTS["staleness"] = dict(DEFAULTS["regime"], train_examples=6000)
+DEFAULTS["groups"] = dict(DEFAULTS["regime"], workers=8, train_examples=12000)
 
 
 def DEFAULT_TEXT(name):  # noqa: N802  (reads as a constant in the help)
@@ -39,7 +44,8 @@ SMOKE = dict(batch_sizes="2,8", workers=4, servers=2, seeds="1", epochs=1,
 TOOL_WORKER_FLAGS = {"batch_size", "model", "bn_policy", "gradients", "epochs", "train_examples", "test_examples", "seed",
                      "threads", "recalibrate", "recal_mode", "recal_examples",
                      "eval_every_epoch", "servers", "worker", "num_workers", "report",
-                     "progress", "policy", "staleness", "learning_rate", "momentum",
+                     "progress", "policy", "staleness", "bn_staleness", "bn_group_size",
+                     "learning_rate", "momentum",
                      "weight_decay", "job"}
 
 
@@ -60,7 +66,9 @@ def parse_args(argv):
                    "per-worker batch, rows %s, plus the crossed async rows in one cell; "
                    "full: a larger one (more batch sizes, rows and seeds, 3x the data; "
                    "hours on 2 cores); smoke: a tiny regime matrix for tests; grid: "
-                   "--policies x --batch_sizes on --model (the first comparison). The "
+                   "--policies x --batch_sizes on --model (the first comparison); staleness: "
+                   "test error against the exact BN staleness s (--bn_staleness); groups: "
+                   "against the BN group size K of 8 workers (--bn_group_size). The "
                    "cells are listed in experiments/compare/matrix.py (MATRICES)"
                    % (", ".join("%s %d" % kv for kv in sorted(POSITIONS.items())),
                       ", ".join(ROWS_SWEEP)))

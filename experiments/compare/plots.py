@@ -9,7 +9,8 @@ import subprocess
 import sys
 import textwrap
 
-from .matrix import ENTRY
+from .axes import draw_axis_plot
+from .matrix import AXES, ENTRY
 from .regime import draw_regime_plot
 from .stats import aggregate
 
@@ -22,6 +23,8 @@ class PlotsUnavailable(Exception):
 
 def plot_paths(results_md, matrix="grid"):
     base = os.path.splitext(results_md)[0]
+    if matrix in AXES:
+        return {"error_vs_" + matrix: base + "_error_vs_%s.png" % matrix}
     if matrix != "grid":
         return {"accuracy_vs_samples": base + "_accuracy_vs_samples.png"}
     return {"accuracy_vs_batch": base + "_accuracy_vs_batch.png",
@@ -41,20 +44,34 @@ def smooth(values):
 
 
 def draw_plots(data, results_md):
-    """Writes the two PNGs next to results_md with matplotlib; returns
-    {"files": {...}, "note": ...}. Raises PlotsUnavailable without it."""
+    """Writes the document's PNGs next to results_md with matplotlib: its
+    main matrix's, and one per one-axis matrix it holds; returns {"files":
+    {...}, "note": ...}. Raises PlotsUnavailable without matplotlib."""
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError as e:
         raise PlotsUnavailable("matplotlib is not installed for %s (%s)" % (sys.executable, e))
+    out = {"files": {}, "note": ""}
+    if data.get("config") and data.get("runs"):
+        out = draw_main_plots(plt, data, results_md)
+    for name, entry in sorted((data.get("one_axis") or {}).items()):
+        if name in AXES and any(r["status"] == "ok" for r in entry["runs"]):
+            paths = plot_paths(results_md, name)
+            draw_axis_plot(plt, name, entry, paths["error_vs_" + name])
+            out["files"].update(paths)
+    return out
+
+
+def draw_main_plots(plt, data, results_md):
+    """The main matrix's plots: the regime plot, or the grid's two."""
     cfg = data["config"]
     if cfg.get("matrix", "grid") != "grid":
         paths = plot_paths(results_md, cfg["matrix"])
         draw_regime_plot(plt, data, paths["accuracy_vs_samples"])
         return {"files": paths, "note": "Mean ± one standard deviation over seeds, from %s."
-                % os.path.basename(data["results_json"])}
+                % os.path.basename(data.get("results_json") or "results.json")}
     groups = aggregate(data["runs"], cfg["policies"], cfg["batch_sizes"])
     paths = plot_paths(results_md)
     styles = {"reference": ("k", "o", "--"), "local": ("tab:gray", "v", "-"),
@@ -131,7 +148,7 @@ def draw_plots(data, results_md):
             "seed %d. Accuracy against batch size: mean over seeds%s. Both plots from %s."
             % (SMOOTH, " after each epoch and at the end" if any_eval else " at the end",
                seed, ", bars min–max" if len(cfg["seeds"]) > 1 else "",
-               os.path.basename(data["results_json"])))
+               os.path.basename(data.get("results_json") or "results.json")))
     return {"files": paths, "note": note}
 
 

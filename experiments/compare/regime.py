@@ -26,6 +26,14 @@ SWEEP_ORDER = ["reference", "local", "sync", "recal-precise", "recal-exact", "as
 
 
 
+def portable_arg(arg):
+    """--flag=/an/absolute/path as --flag=FLAG; any other argument as it is."""
+    flag, eq, value = arg.partition("=")
+    if flag.startswith("--") and eq and os.path.isabs(value):
+        return flag + "=" + flag.lstrip("-").upper()
+    return arg
+
+
 def portable_command(line):
     """The command line as a reader can reuse it, without this machine's paths:
     a flag whose value is an absolute path shows the flag's name in capitals
@@ -37,9 +45,7 @@ def portable_command(line):
     out = []
     for i, part in enumerate(parts):
         if part.startswith("--") and "=" in part:
-            flag, value = part.split("=", 1)
-            if os.path.isabs(value):
-                part = flag + "=" + flag.lstrip("-").upper()
+            part = portable_arg(part)
         elif os.path.isabs(part) and i > 0 and parts[i - 1].startswith("--"):
             part = parts[i - 1].lstrip("-").upper()
         out.append(part)
@@ -49,8 +55,9 @@ def portable_data(data, repo=None, python=None):
     """A copy of the results' `data` without this machine's paths, for the
     file a repository holds: the --out_dir and --bin_dir folders become
     OUT_DIR and BIN_DIR (as portable_command writes them), paths inside the
-    repository become relative to it, and the Python that ran the launcher
-    becomes python3."""
+    repository become relative to it, the Python that ran the launcher
+    becomes python3, and the tool's own flags that name a path (argv,
+    command_line) read as portable_command writes them."""
     config = data.get("config") or {}
     repo = repo or REPO
     python = python or sys.executable
@@ -75,7 +82,14 @@ def portable_data(data, repo=None, python=None):
             value = value.replace(prefix, name)
         return value
 
-    return fix(data)
+    out = fix(data)
+    # Flags naming other places on this machine (--results=/tmp/x.md) as
+    # portable_command writes them.
+    if isinstance(out.get("argv"), list):
+        out["argv"] = [portable_arg(a) if isinstance(a, str) else a for a in out["argv"]]
+    if isinstance(out.get("command_line"), str):
+        out["command_line"] = portable_command(out["command_line"])
+    return out
 
 
 def summary(values):
@@ -156,7 +170,7 @@ def boundary(groups, cells):
     return lose, hold
 
 
-def render_regime(data, plots, hand_block, begin_hand, end_hand):
+def render_regime(data, plots, hand_block, begin_hand, end_hand, sections=()):
     cfg, runs = data["config"], data["runs"]
     groups = cell_groups(runs)
     cells = cells_of(cfg, runs)
@@ -217,7 +231,7 @@ def render_regime(data, plots, hand_block, begin_hand, end_hand):
     for m in sorted({c[0] for c in cells}, key=lambda m: POSITIONS[m]):
         L.append("| `%s` | %d | %s |" % (m, POSITIONS[m], MODEL_TEXT.get(m, "")))
     L.append("")
-    L.append("Rows: " + "; ".join("**%s**: %s" % (r, ROWS[r][4]) for r in rows_present) +
+    L.append("Rows: " + "; ".join("**%s**: %s" % (r, ROWS[r].description) for r in rows_present) +
              ". The reference is one worker with the global batch (workers × b), which "
              "sync must match.")
     L.append("")
@@ -246,7 +260,7 @@ def render_regime(data, plots, hand_block, begin_hand, end_hand):
             line.append(f_ms(g["acc"]) if g else "")
         L.append("| " + " | ".join(line) + " |")
     L.append("")
-    recal_rows = [r for r in rows_present if ROWS[r][3] is None and r != "reference"]
+    recal_rows = [r for r in rows_present if ROWS[r].recal_mode is None and r != "reference"]
     if recal_rows:
         L.append("After recalibrating the running statistics (the same trained weights):")
         L.append("")
@@ -300,7 +314,7 @@ def render_regime(data, plots, hand_block, begin_hand, end_hand):
             g = groups.get((r, model, b))
             if not g:
                 continue
-            bn, grads, s, _, _ = ROWS[r]
+            bn, grads, s = ROWS[r][:3]
             lr = learning_rate(cfg, r, b)
             L.append("| %s | %s%s | %s%s | %g | %s | %s | %s | %s | %s |" % (
                 r, bn, " (s=%d)" % s if bn == "async" else "", grads,
@@ -322,6 +336,7 @@ def render_regime(data, plots, hand_block, begin_hand, end_hand):
     L.append(hand_block or "%s\n_(Write the conclusions here; this block survives a "
              "re-render or a new run.)_\n%s" % (begin_hand, end_hand))
     L.append("")
+    L.extend(sections)
     L.append("## Running it")
     L.append("")
     L.append("`bazel build //server:bnps_server //worker:bnps_worker //python:libbnps.so "
@@ -330,7 +345,8 @@ def render_regime(data, plots, hand_block, begin_hand, end_hand):
              "--build`) runs this matrix (`--dry_run` prints its runs and the estimate; "
              "`tools/setup.sh --peers` adds matplotlib for the plot); `--matrix=full` runs the larger one (more batch sizes, rows, "
              "5 seeds, 3× the data: hours on 2 cores); `--matrix=grid` the first comparison "
-             "(policies × batch sizes on one model). On a GPU add "
+             "(policies × batch sizes on one model); `--matrix=staleness` and "
+             "`--matrix=groups` re-run the two one-axis sections. On a GPU add "
              "`--worker_flag=--device=gpu`, and with it `--train_examples=0` and more "
              "`--epochs`.")
     L.append("")
