@@ -1,6 +1,7 @@
 // The gRPC client's connections to a job's shards, and what every kind of
-// call shares: the call set-up (deadline, job token), the deadline of a call
-// that may wait on a barrier, retries with backoff, and the error context.
+// call shares: the call set-up (deadline, generation, and the proof of the
+// job token: channel_auth.h), the deadline of a call that may wait on a
+// barrier, retries with backoff, and the error context.
 // Internal to client/; GrpcPsClient owns one and hands it to its parts.
 //
 // Thread-safety: thread-safe once set_config has been called (Connect calls
