@@ -190,20 +190,24 @@ absl::StatusOr<proto::BnResponse> BnCalls::BnCall(proto::BnRequest request) {
     std::shared_ptr<BnTransport> transport =
         attempt == 0 ? GetSocket(shard) : nullptr;
     uint64_t session = 0;
+    BnTransport::Outcome out;
     if (transport == nullptr) {
-      // A stream's opening is signed under the channel's session.
-      if (absl::Status s = auth.Ensure(deadline, &session); !s.ok()) {
-        return Annotate(s, context());
+      // A stream's opening is signed under the channel's session, opened
+      // first if there is none (a server that cannot be reached yet is
+      // tried again as a broken stream is).
+      out.status = auth.Ensure(deadline, &session);
+      out.retry = absl::IsUnavailable(out.status);
+      if (out.status.ok()) transport = GetStream(shard);
+    }
+    if (out.status.ok()) {
+      if (transport == nullptr) {
+        if (absl::Status why = Failed(); !why.ok()) return why;
+        return absl::UnavailableError(
+            absl::StrCat(context(), ": the client is closed"));
       }
-      transport = GetStream(shard);
+      request.set_id(next_bn_id_.fetch_add(1, std::memory_order_relaxed));
+      out = transport->Call(request, deadline);
     }
-    if (transport == nullptr) {
-      if (absl::Status why = Failed(); !why.ok()) return why;
-      return absl::UnavailableError(
-          absl::StrCat(context(), ": the client is closed"));
-    }
-    request.set_id(next_bn_id_.fetch_add(1, std::memory_order_relaxed));
-    BnTransport::Outcome out = transport->Call(request, deadline);
     if (!out.status.ok()) {
       if (absl::Status why = Failed(); !why.ok()) return why;
       if (!reopened && auth.Forget(session, out.status)) {
