@@ -124,9 +124,8 @@ absl::StatusOr<std::unique_ptr<GrpcPsClient>> GrpcPsClient::Connect(
     GrpcClientOptions options) {
   const absl::Time deadline = absl::Now() + options.connect_timeout;
   if (absl::Status s = ValidateOptions(options); !s.ok()) return s;
-  if (options.credentials == nullptr) {
-    options.credentials = grpc::InsecureChannelCredentials();
-  } else {
+  // Null credentials: plaintext (Channels decides from them).
+  if (options.credentials != nullptr) {
     options.bn_over_tcp = false;  // BN statistics stay encrypted
   }
   std::unique_ptr<GrpcPsClient> client =

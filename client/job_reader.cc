@@ -10,7 +10,7 @@
 #include "grpcpp/support/channel_arguments.h"
 #include "proto/codec.h"
 #include "proto/limits.h"
-#include "security/job_token.h"
+#include "client/internal/channel_auth.h"
 #include "util/sha256.h"
 
 namespace bnps::client {
@@ -33,22 +33,35 @@ JobReader::JobReader(JobReaderOptions options) : options_(std::move(options)) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(proto::kMaxMessageBytes);
   args.SetMaxSendMessageSize(proto::kMaxMessageBytes);
-  for (const std::string& server : options_.servers) {
-    stubs_.push_back(proto::ParameterServer::NewStub(grpc::CreateCustomChannel(
-        server,
-        options_.credentials != nullptr ? options_.credentials
-                                        : grpc::InsecureChannelCredentials(),
+  const bool tls = options_.credentials != nullptr;
+  for (size_t i = 0; i < options_.servers.size(); ++i) {
+    internal::ChannelAuth::Identity identity;
+    identity.job = options_.job;
+    identity.worker = -1;  // a reader speaks for no worker
+    identity.token = options_.token;
+    identity.tls = tls;
+    identity.wait_for_ready = options_.wait_for_ready;
+    auth_.push_back(std::make_unique<internal::ChannelAuth>(
+        std::move(identity), ShardName(static_cast<int>(i))));
+    stubs_.push_back(proto::ParameterServer::NewStub(auth_.back()->Connect(
+        options_.servers[i],
+        tls ? options_.credentials : grpc::InsecureChannelCredentials(),
         args)));
   }
 }
 
-void JobReader::SetUp(grpc::ClientContext* context) const {
-  if (!options_.token.empty()) {
-    context->AddMetadata(std::string(security::kTokenMetadataKey),
-                         options_.token);
-  }
-  context->set_deadline(absl::ToChronoTime(absl::Now() + options_.timeout));
-  context->set_wait_for_ready(options_.wait_for_ready);
+JobReader::~JobReader() = default;
+
+template <typename Attempt>
+absl::Status JobReader::Call(int shard, Attempt attempt) const {
+  const absl::Time deadline = absl::Now() + options_.timeout;
+  return auth_[shard]->Run(
+      deadline,
+      [&](grpc::ClientContext* context) {
+        context->set_deadline(absl::ToChronoTime(deadline));
+        context->set_wait_for_ready(options_.wait_for_ready);
+      },
+      attempt);
 }
 
 std::string JobReader::ShardName(int shard) const {
@@ -69,11 +82,11 @@ absl::StatusOr<proto::StatusResponse> JobReader::GetStatus(int shard) const {
     return absl::InvalidArgumentError(absl::StrCat(
         "GetStatus: shard ", shard, " is not in [0, ", num_shards(), ")"));
   }
-  grpc::ClientContext context;
-  SetUp(&context);
   proto::StatusResponse resp;
-  absl::Status s = proto::FromGrpcStatus(
-      stubs_[shard]->GetStatus(&context, proto::StatusRequest(), &resp));
+  absl::Status s = Call(shard, [&](grpc::ClientContext& context) {
+    return proto::FromGrpcStatus(
+        stubs_[shard]->GetStatus(&context, proto::StatusRequest(), &resp));
+  });
   if (!s.ok()) return s;  // as the shard's call gave it (callers name it)
   return resp;
 }
@@ -82,11 +95,11 @@ absl::StatusOr<JobDigest> JobReader::GetDigest() const {
   std::map<std::string, std::string> entries;  // key -> its SHA-256
   int64_t step = INT64_MAX;
   for (int i = 0; i < num_shards(); ++i) {
-    grpc::ClientContext context;
-    SetUp(&context);
     proto::DigestResponse resp;
-    absl::Status s = proto::FromGrpcStatus(
-        stubs_[i]->GetDigest(&context, proto::DigestRequest(), &resp));
+    absl::Status s = Call(i, [&](grpc::ClientContext& context) {
+      return proto::FromGrpcStatus(
+          stubs_[i]->GetDigest(&context, proto::DigestRequest(), &resp));
+    });
     if (!s.ok()) return Context(s, absl::StrCat("GetDigest of ", ShardName(i)));
     for (const auto& e : resp.entries()) entries[e.key()] = e.sha256();
     step = std::min<int64_t>(step, resp.step());
@@ -101,13 +114,18 @@ absl::StatusOr<JobDigest> JobReader::GetDigest() const {
 }
 
 absl::Status JobReader::ReadShard(int shard, JobState* state) const {
+  return Call(shard, [&](grpc::ClientContext& context) {
+    return ReadStream(shard, context, state);
+  });
+}
+
+absl::Status JobReader::ReadStream(int shard, grpc::ClientContext& context,
+                                   JobState* state) const {
   const std::string name = ShardName(shard);
   auto bad = [&](const std::string& what) {
     return absl::InvalidArgumentError(
         absl::StrCat("malformed response from ", name, ": ", what));
   };
-  grpc::ClientContext context;
-  SetUp(&context);
   proto::ReadStateRequest req;
   req.set_job(options_.job);
   std::unique_ptr<grpc::ClientReader<proto::ReadStateResponse>> reader =

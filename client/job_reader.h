@@ -4,7 +4,8 @@
 // and heartbeats nothing, so it may connect at any time: while the job
 // trains, after its workers left (a complete job's servers serve their
 // final state), or to a server restarted from its final checkpoint. Every
-// call carries the job token when there is one. bnps_status and the
+// call proves the job token when there is one (client/internal/
+// channel_auth.h: a session without TLS, the token over TLS). bnps_status and the
 // Python export (bnps.export) read through it.
 //
 // Example:
@@ -70,8 +71,14 @@ struct JobDigest {
   int64_t step = 0;
 };
 
+namespace internal {
+class ChannelAuth;
+}  // namespace internal
+
 class JobReader {
  public:
+  ~JobReader();
+
   // INVALID_ARGUMENT without servers, or with an empty job name. Connects
   // nothing yet.
   static absl::StatusOr<std::unique_ptr<JobReader>> Create(
@@ -91,12 +98,20 @@ class JobReader {
 
  private:
   explicit JobReader(JobReaderOptions options);
-  void SetUp(grpc::ClientContext* context) const;
+  // Runs attempt(context) at `shard` with the call's deadline and
+  // authentication (internal::ChannelAuth::Run).
+  template <typename Attempt>
+  absl::Status Call(int shard, Attempt attempt) const;
   std::string ShardName(int shard) const;
   // Shard `shard`'s ReadState, added to `*state`.
   absl::Status ReadShard(int shard, JobState* state) const;
+  // ReadShard's call.
+  absl::Status ReadStream(int shard, grpc::ClientContext& context,
+                          JobState* state) const;
 
   const JobReaderOptions options_;
+  // How each shard's calls prove the token.
+  std::vector<std::unique_ptr<internal::ChannelAuth>> auth_;
   std::vector<std::unique_ptr<proto::ParameterServer::Stub>> stubs_;
 };
 

@@ -80,8 +80,9 @@ absl::StatusOr<std::optional<proto::BnHelloProof>> HelloClient::OnFirstReply(
   if (!proven) {
     return absl::UnauthenticatedError(absl::StrCat(
         where_, " could not prove it holds this job's key (another job's "
-        "server, a wrong token, or a planted listener); nothing was sent "
-        "to it"));
+        "server; a wrong token, such as another worker's own token for "
+        "worker ", hello_.worker(), "; or a planted listener); nothing was "
+        "sent to it"));
   }
   proto::BnHelloProof proof;
   proof.set_proof(HandshakeProof(token_, "client", transcript));

@@ -90,6 +90,9 @@ class HelloServer {
 
   // Whether Begin sent a challenge that Finish must settle.
   bool awaiting_proof() const { return !transcript_.empty(); }
+  // What Begin's challenge bound (HelloTranscript); empty before it. A gRPC
+  // session derives its key from it (security/call_session.h).
+  const std::string& transcript() const { return transcript_; }
 
   // Who the client's proof shows the caller is (as
   // TokenAuthenticator::AuthenticateProof); UNAUTHENTICATED if it does not

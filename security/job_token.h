@@ -1,8 +1,10 @@
-// The per-job token: a shared secret that every call of a job carries in the
-// metadata entry kTokenMetadataKey, and that a server configured with a token
-// checks before it looks at the request. It keeps other jobs and strangers
-// from pushing into a job's parameters. Sent in plaintext unless the channel
-// uses TLS (security/credentials.h), so use both outside a trusted network.
+// The per-job token: a shared secret that every call of a job proves, and
+// that a server configured with a token checks before it looks at the
+// request. It keeps other jobs and strangers from pushing into a job's
+// parameters. Over TLS (security/credentials.h) a call carries it in the
+// metadata entry kTokenMetadataKey; without TLS it never crosses the wire:
+// calls run under a session (security/call_session.h) and the BN hellos
+// prove it (security/bn_handshake.h).
 //
 // A token is 16 to 4096 printable ASCII characters without spaces (gRPC
 // metadata values must be printable); a token file holds one, and a single

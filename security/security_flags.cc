@@ -7,7 +7,8 @@
 ABSL_FLAG(std::string, token_file, "",
           "File holding the job's token (16 to 4096 printable characters, no "
           "spaces), for servers started with --token_file: every call "
-          "carries it. Use with TLS outside a trusted network.");
+          "proves it (without TLS, the token itself is never sent). Use "
+          "with TLS outside a trusted network.");
 ABSL_FLAG(std::string, tls_ca, "",
           "PEM file of the CA certificates the servers' certificates must "
           "chain to: connect with TLS. Without it (and without --tls_cert), "

@@ -60,6 +60,10 @@ bool HandshakeProofMatches(absl::string_view key, absl::string_view role,
          CRYPTO_memcmp(proof.data(), want.data(), want.size()) == 0;
 }
 
+std::string SessionKey(absl::string_view key, absl::string_view transcript) {
+  return HandshakeProof(key, "session", transcript);
+}
+
 TokenAuthenticator::TokenAuthenticator(std::string job_token, bool per_worker,
                                        int num_workers)
     : job_token_(std::move(job_token)),
@@ -118,6 +122,12 @@ absl::StatusOr<int> TokenAuthenticator::AuthenticateProof(
                                  "nor worker ", worker, "'s own token's")
                   : std::string("wrong job token (the hello's proof does not "
                                 "hold)"));
+}
+
+std::string TokenAuthenticator::SessionKeyOf(
+    int who, absl::string_view transcript) const {
+  if (who == kAnyWorker) return SessionKey(job_token_, transcript);
+  return SessionKey(WorkerToken(job_token_, who), transcript);
 }
 
 }  // namespace bnps::security

@@ -60,6 +60,11 @@ std::string HandshakeProof(absl::string_view key, absl::string_view role,
 bool HandshakeProofMatches(absl::string_view key, absl::string_view role,
                            absl::string_view transcript, absl::string_view proof);
 
+// The key of a session opened by the handshake whose transcript is
+// `transcript` (security/call_session.h): HandshakeProof(key, "session",
+// transcript), which neither proof on the wire reveals.
+std::string SessionKey(absl::string_view key, absl::string_view transcript);
+
 class TokenAuthenticator {
  public:
   // What Authenticate returns for a caller that may act as any worker.
@@ -92,6 +97,10 @@ class TokenAuthenticator {
   // Authenticate. UNAUTHENTICATED otherwise; kAnyWorker if none is required.
   absl::StatusOr<int> AuthenticateProof(int worker, absl::string_view transcript,
                                         absl::string_view proof) const;
+  // SessionKey under the key of `who`, as AuthenticateProof returned it:
+  // the job token's for kAnyWorker, else worker `who`'s own.
+  // REQUIRES: required().
+  std::string SessionKeyOf(int who, absl::string_view transcript) const;
 
  private:
   const std::string job_token_;

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "grpc/grpc_security_constants.h"
 #include "grpcpp/impl/codegen/proto_utils.h"
 #include "security/job_token.h"
 #include "util/log_escape.h"
@@ -62,13 +63,59 @@ grpc::ServerUnaryReactor* Respond(grpc::CallbackServerContext* ctx,
   return reactor;
 }
 
-std::optional<absl::string_view> CallToken(
-    const grpc::CallbackServerContext& ctx) {
+
+bool OverTls(const grpc::CallbackServerContext& ctx) {
+  const std::shared_ptr<const grpc::AuthContext> a = ctx.auth_context();
+  if (a == nullptr) return false;
+  for (const grpc::string_ref& v :
+       a->FindPropertyValues(GRPC_TRANSPORT_SECURITY_TYPE_PROPERTY_NAME)) {
+    if (v == GRPC_SSL_TRANSPORT_SECURITY_TYPE) return true;
+  }
+  return false;
+}
+
+namespace {
+
+// The value of metadata `key`, if the call has it.
+std::optional<absl::string_view> Metadata(const grpc::CallbackServerContext& ctx,
+                                          absl::string_view key) {
   const auto& metadata = ctx.client_metadata();
-  const auto it = metadata.find(grpc::string_ref(
-      security::kTokenMetadataKey.data(), security::kTokenMetadataKey.size()));
+  const auto it = metadata.find(grpc::string_ref(key.data(), key.size()));
   if (it == metadata.end()) return std::nullopt;
   return absl::string_view(it->second.data(), it->second.size());
+}
+
+}  // namespace
+
+absl::StatusOr<int> AuthenticateCall(const grpc::CallbackServerContext& ctx,
+                                     absl::string_view method,
+                                     const security::TokenAuthenticator& auth,
+                                     security::SessionTable* sessions) {
+  if (!auth.required()) return security::TokenAuthenticator::kAnyWorker;
+  if (std::optional<absl::string_view> session =
+          Metadata(ctx, security::kCallAuthMetadataKey)) {
+    return sessions->Verify(
+        *session, method,
+        Metadata(ctx, proto::kGenerationMetadataKey).value_or(""));
+  }
+  std::optional<absl::string_view> token = CallToken(ctx);
+  if (token.has_value() && !OverTls(ctx)) {
+    return absl::UnauthenticatedError(
+        "a call without TLS carries no token (it crossed the wire in the "
+        "clear): this client is older than the server; upgrade it, and "
+        "consider the token seen");
+  }
+  if (!token.has_value()) {
+    return absl::UnauthenticatedError(
+        "the call carries neither a session nor a token: this job requires "
+        "one (--token_file)");
+  }
+  return auth.Authenticate(token);
+}
+
+std::optional<absl::string_view> CallToken(
+    const grpc::CallbackServerContext& ctx) {
+  return Metadata(ctx, security::kTokenMetadataKey);
 }
 
 int64_t CallGeneration(const grpc::CallbackServerContext& ctx) {

@@ -2,7 +2,8 @@
 // handlers and its reactors (server/shard_service.cc): parsing a raw
 // request, finishing a unary call with an absl::Status (converted by
 // proto::ToGrpcStatus, the one converter, as the reactors' Finish calls are),
-// the one log line per rejected call, and the job token a call carries.
+// the one log line per rejected call, and who a call is (its session or,
+// over TLS, its job token).
 // Internal to server/.
 //
 // Thread-safety: the functions are thread-safe; a Refused reactor belongs to
@@ -22,6 +23,8 @@
 #include "grpcpp/support/proto_buffer_reader.h"
 #include "grpcpp/server_context.h"
 #include "proto/codec.h"
+#include "security/call_session.h"
+#include "security/worker_token.h"
 #include "server/shard.h"
 
 namespace bnps::server {
@@ -76,6 +79,21 @@ grpc::ServerUnaryReactor* Respond(
 // any. The view points into the call's metadata.
 std::optional<absl::string_view> CallToken(
     const grpc::CallbackServerContext& ctx);
+
+// Whether the call came over TLS.
+bool OverTls(const grpc::CallbackServerContext& ctx);
+
+// Who a call of `method` ("/bnps.proto.ParameterServer/Register") is, as
+// security::TokenAuthenticator says: any worker where no token is required;
+// else by the session it carries (security/call_session.h; `sessions` may
+// be null only where no token is required), or, over TLS only, by the
+// token in its metadata. UNAUTHENTICATED otherwise, a token sent without
+// TLS included (it crossed the wire in the clear: a client older than the
+// server).
+absl::StatusOr<int> AuthenticateCall(const grpc::CallbackServerContext& ctx,
+                                     absl::string_view method,
+                                     const security::TokenAuthenticator& auth,
+                                     security::SessionTable* sessions);
 
 // A streaming call refused before its first message: finishes at once with
 // `s` (gRPC holds the Finish until the reactor is bound) and deletes itself

@@ -57,9 +57,11 @@ ABSL_FLAG(int64_t, checkpoint_every_steps, 0,
 
 ABSL_FLAG(std::string, token_file, "",
           "File holding the job's token (16 to 4096 printable characters, no "
-          "spaces; e.g. `openssl rand -hex 32 > token`). Every call must carry "
-          "it (workers: --token_file) or is refused with UNAUTHENTICATED. Use "
-          "with TLS outside a trusted network: plaintext calls show it.");
+          "spaces; e.g. `openssl rand -hex 32 > token`). Every call must prove "
+          "it (workers: --token_file) or is refused with UNAUTHENTICATED. "
+          "Without TLS the token never crosses the wire (calls run under "
+          "sessions), but what they carry can be read: use with TLS outside "
+          "a trusted network.");
 ABSL_FLAG(bool, per_worker_tokens, false,
           "With --token_file: each worker may carry a token of its own, "
           "derived from the job token (bnps_worker_token --token_file=JOB "

@@ -65,17 +65,22 @@ absl::Status CheckRollbackAuthority(int caller, int64_t current_generation,
 }  // namespace
 
 absl::StatusOr<int> ShardService::Authenticate(
-    const grpc::CallbackServerContext& ctx) const {
-  absl::StatusOr<int> caller = auth_.Authenticate(CallToken(ctx));
+    ServerMetrics::Method method, const grpc::CallbackServerContext& ctx) const {
+  const std::string name =
+      absl::StrCat("/", proto::ParameterServer::service_full_name(), "/",
+                   ServerMetrics::MethodName(method));
+  absl::StatusOr<int> caller =
+      AuthenticateCall(ctx, name, auth_, sessions_.get());
   if (caller.ok() && keep_awake_ != nullptr) keep_awake_->Touch();
   return caller;
 }
 
 template <typename Request>
-absl::Status ShardService::Decode(const grpc::CallbackServerContext& ctx,
+absl::Status ShardService::Decode(ServerMetrics::Method method,
+                                  const grpc::CallbackServerContext& ctx,
                                   const grpc::ByteBuffer& raw, Request* req,
                                   int* caller, bool names_worker) const {
-  absl::StatusOr<int> who = Authenticate(ctx);
+  absl::StatusOr<int> who = Authenticate(method, ctx);
   if (!who.ok()) return who.status();
   *caller = *who;
   if (names_worker && raw.Length() == 0) {
@@ -88,10 +93,13 @@ absl::Status ShardService::Decode(const grpc::CallbackServerContext& ctx,
 
 template <typename Request>
 absl::StatusOr<Admission> ShardService::AdmitWorkerCall(
-    const grpc::CallbackServerContext& ctx, const grpc::ByteBuffer& raw,
-    Request* req, int* worker, bool generation_checked, int* caller) {
+    ServerMetrics::Method method, const grpc::CallbackServerContext& ctx,
+    const grpc::ByteBuffer& raw, Request* req, int* worker,
+    bool generation_checked, int* caller) {
   AdmissionRequest a;
-  if (absl::Status s = Decode(ctx, raw, req, &a.caller); !s.ok()) return s;
+  if (absl::Status s = Decode(method, ctx, raw, req, &a.caller); !s.ok()) {
+    return s;
+  }
   if (caller != nullptr) *caller = a.caller;
   *worker = req->worker();
   a.job = req->job();
@@ -123,7 +131,8 @@ grpc::ServerUnaryReactor* ShardService::Register(
   proto::RegisterResponse resp;
   int worker = -1;
   const absl::StatusOr<Admission> admitted =
-      AdmitWorkerCall(*ctx, *raw, &req, &worker, /*generation_checked=*/false);
+      AdmitWorkerCall(M::kRegister, *ctx, *raw, &req, &worker,
+                      /*generation_checked=*/false);
   absl::Status s = admitted.status();
   if (s.ok() && (req.num_workers() != o.num_workers ||
                  req.num_shards() != o.num_shards)) {
@@ -154,7 +163,8 @@ grpc::ServerUnaryReactor* ShardService::Heartbeat(
   proto::HeartbeatResponse resp;
   int worker = -1;
   const absl::StatusOr<Admission> admitted =
-      AdmitWorkerCall(*ctx, *raw, &req, &worker, /*generation_checked=*/false);
+      AdmitWorkerCall(M::kHeartbeat, *ctx, *raw, &req, &worker,
+                      /*generation_checked=*/false);
   absl::Status s = admitted.status();
   if (s.ok()) {
     s = shard_->Heartbeat(req.worker(), req.incarnation());
@@ -193,7 +203,8 @@ grpc::ServerUnaryReactor* ShardService::InitParameters(
   proto::InitParametersResponse resp;
   int worker = -1;
   const absl::StatusOr<Admission> admitted =
-      AdmitWorkerCall(*ctx, *raw, &req, &worker, /*generation_checked=*/true);
+      AdmitWorkerCall(M::kInitParameters, *ctx, *raw, &req, &worker,
+                      /*generation_checked=*/true);
   absl::Status s = admitted.status();
   for (const proto::NamedTensor& p : req.parameters()) {
     if (!s.ok()) break;
@@ -227,7 +238,7 @@ grpc::ServerUnaryReactor* ShardService::InitParameters(
 
 grpc::ServerReadReactor<grpc::ByteBuffer>* ShardService::PushGradients(
     grpc::CallbackServerContext* ctx, grpc::ByteBuffer* resp) {
-  absl::StatusOr<int> caller = Authenticate(*ctx);
+  absl::StatusOr<int> caller = Authenticate(M::kPushGradients, *ctx);
   if (!caller.ok()) {
     const absl::Status& s = caller.status();
     LogRejected(*shard_, "PushGradients", -1, s);
@@ -250,7 +261,7 @@ grpc::ServerReadReactor<grpc::ByteBuffer>* ShardService::PushGradients(
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* ShardService::PullParameters(
     grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req) {
-  absl::StatusOr<int> caller = Authenticate(*ctx);
+  absl::StatusOr<int> caller = Authenticate(M::kPullParameters, *ctx);
   if (!caller.ok()) {
     const absl::Status& s = caller.status();
     LogRejected(*shard_, "PullParameters", -1, s);
@@ -262,7 +273,7 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* ShardService::PullParameters(
 
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>*
 ShardService::BnSync(grpc::CallbackServerContext* ctx) {
-  absl::StatusOr<int> caller = Authenticate(*ctx);
+  absl::StatusOr<int> caller = Authenticate(M::kBnSync, *ctx);
   AdmissionRequest a;
   a.caller = caller.ok() ? *caller : Shard::kAnyWorker;
   a.connection = BnTransport::kStream;
@@ -284,7 +295,8 @@ grpc::ServerUnaryReactor* ShardService::StartStep(
   proto::StartStepRequest req;
   int worker = -1;
   const absl::StatusOr<Admission> admitted =
-      AdmitWorkerCall(*ctx, *raw, &req, &worker, /*generation_checked=*/true);
+      AdmitWorkerCall(M::kStartStep, *ctx, *raw, &req, &worker,
+                      /*generation_checked=*/true);
   absl::Status s = admitted.status();
   if (s.ok()) s = HasClocks(*shard_);
   if (!s.ok()) return Answer(M::kStartStep, ctx, *raw, worker, s);
@@ -315,7 +327,8 @@ grpc::ServerUnaryReactor* ShardService::FinishStep(
   proto::FinishStepRequest req;
   int worker = -1;
   const absl::StatusOr<Admission> admitted =
-      AdmitWorkerCall(*ctx, *raw, &req, &worker, /*generation_checked=*/true);
+      AdmitWorkerCall(M::kFinishStep, *ctx, *raw, &req, &worker,
+                      /*generation_checked=*/true);
   absl::Status s = admitted.status();
   if (s.ok()) s = HasClocks(*shard_);
   if (s.ok()) s = shard_->clocks()->FinishStep(req.worker(), req.completed());
@@ -328,7 +341,8 @@ grpc::ServerUnaryReactor* ShardService::GetStatus(
     grpc::ByteBuffer* out) {
   proto::StatusRequest req;
   int caller = Shard::kAnyWorker;  // status and digest name no worker
-  if (absl::Status s = Decode(*ctx, *raw, &req, &caller, /*names_worker=*/false);
+  if (absl::Status s = Decode(M::kGetStatus, *ctx, *raw, &req, &caller,
+                              /*names_worker=*/false);
       !s.ok()) {
     return Answer(M::kGetStatus, ctx, *raw, -1, s);
   }
@@ -382,7 +396,8 @@ grpc::ServerUnaryReactor* ShardService::Rollback(
   proto::RollbackResponse resp;
   int worker = -1, caller = -1;
   const absl::StatusOr<Admission> admitted = AdmitWorkerCall(
-      *ctx, *raw, &req, &worker, /*generation_checked=*/false, &caller);
+      M::kRollback, *ctx, *raw, &req, &worker, /*generation_checked=*/false,
+      &caller);
   absl::Status s = admitted.status();
   if (s.ok()) {
     s = CheckRollbackAuthority(caller, shard_->generation().generation, req);
@@ -418,7 +433,8 @@ grpc::ServerUnaryReactor* ShardService::GetDigest(
     grpc::ByteBuffer* out) {
   proto::DigestRequest req;
   int caller = Shard::kAnyWorker;  // status and digest name no worker
-  if (absl::Status s = Decode(*ctx, *raw, &req, &caller, /*names_worker=*/false);
+  if (absl::Status s = Decode(M::kGetDigest, *ctx, *raw, &req, &caller,
+                              /*names_worker=*/false);
       !s.ok()) {
     return Answer(M::kGetDigest, ctx, *raw, -1, s);
   }
@@ -441,7 +457,8 @@ grpc::ServerUnaryReactor* ShardService::Leave(grpc::CallbackServerContext* ctx,
   proto::LeaveResponse resp;
   int worker = -1;
   const absl::StatusOr<Admission> admitted =
-      AdmitWorkerCall(*ctx, *raw, &req, &worker, /*generation_checked=*/false);
+      AdmitWorkerCall(M::kLeave, *ctx, *raw, &req, &worker,
+                      /*generation_checked=*/false);
   absl::Status s = admitted.status();
   if (s.ok()) s = shard_->Leave(req.worker(), req.incarnation());
   resp.set_job_complete(shard_->job_complete());
@@ -452,7 +469,7 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* ShardService::ReadState(
     grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* raw) {
   proto::ReadStateRequest req;
   AdmissionRequest a;  // a read: any holder of a token, of the job
-  absl::Status s = Decode(*ctx, *raw, &req, &a.caller);
+  absl::Status s = Decode(M::kReadState, *ctx, *raw, &req, &a.caller);
   if (s.ok()) {
     a.job = req.job();
     s = shard_->Admit(a).status();
@@ -476,6 +493,25 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* ShardService::ReadState(
   }
   return NewReadStateReactor(std::move(messages), metrics_,
                              [this] { read_states_.Release(1); });
+}
+
+grpc::ServerUnaryReactor* ShardService::Session(
+    grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* raw,
+    grpc::ByteBuffer* out) {
+  proto::SessionRequest req;
+  proto::SessionResponse resp;
+  absl::Status s = ParseRequest(*raw, &req);
+  if (s.ok() && sessions_ == nullptr) {
+    s = absl::FailedPreconditionError(
+        "this server requires no token: its calls need no session");
+  }
+  if (s.ok()) {
+    absl::StatusOr<proto::SessionResponse> r = sessions_->Handle(req);
+    s = r.status();
+    if (s.ok()) resp = *std::move(r);
+  }
+  return Respond(ctx, *shard_, "Session",
+                 req.has_hello() ? req.hello().worker() : -1, s, &resp, out);
 }
 
 }  // namespace bnps::server

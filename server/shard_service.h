@@ -7,8 +7,9 @@
 // that do not parse as the request, INVALID_ARGUMENT. A push is checked
 // against the store (key, shape, step) at each tensor's first chunk, before
 // room is reserved for the size the sender declares. With a job token
-// (security/job_token.h), a call that does not carry it is refused with
-// UNAUTHENTICATED before its request is looked at. The training calls
+// (security/job_token.h), a call that does not prove it (by its session
+// without TLS, security/call_session.h; by the token itself over TLS) is
+// refused with UNAUTHENTICATED before its request is looked at. The training calls
 // (InitParameters, PushGradients, PullParameters, BnSync but BN_RUNNING,
 // StartStep, FinishStep) must be of the shard's job generation
 // (proto/bnps.proto, "Job generations"), or get ABORTED "... the job rolls
@@ -25,6 +26,7 @@
 #include "server/scratch_pool.h"
 #include "server/server_metrics.h"
 #include "server/bn_socket_server.h"
+#include "security/call_session.h"
 #include "security/worker_token.h"
 #include "server/shard.h"
 #include "util/byte_budget.h"
@@ -52,7 +54,8 @@ using ShardServiceBase = proto::ParameterServer::WithRawCallbackMethod_Register<
     proto::ParameterServer::WithRawCallbackMethod_GetDigest<
     proto::ParameterServer::WithRawCallbackMethod_Leave<
     proto::ParameterServer::WithRawCallbackMethod_ReadState<
-    proto::ParameterServer::Service>>>>>>>>>>>>>;  // NOLINT: one per method
+    proto::ParameterServer::WithRawCallbackMethod_Session<
+    proto::ParameterServer::Service>>>>>>>>>>>>>>;  // NOLINT: one per method
 
 class ShardService final : public ShardServiceBase {
  public:
@@ -82,7 +85,13 @@ class ShardService final : public ShardServiceBase {
         bn_socket_(bn_socket),
         bn_budget_(bn_budget != nullptr
                        ? std::move(bn_budget)
-                       : std::make_shared<util::ByteBudget>(int64_t{256} << 20)) {}
+                       : std::make_shared<util::ByteBudget>(int64_t{256} << 20)) {
+    if (auth_.required()) {
+      security::SessionTable::Options o;
+      o.num_workers = shard->options().num_workers;
+      sessions_ = std::make_unique<security::SessionTable>(&auth_, o);
+    }
+  }
 
   // ReadState calls served at once; another is RESOURCE_EXHAUSTED.
   static constexpr int kMaxConcurrentReadStates = 2;
@@ -126,15 +135,22 @@ class ShardService final : public ShardServiceBase {
   // Read-only (server/read_state.h); not generation-checked.
   grpc::ServerWriteReactor<grpc::ByteBuffer>* ReadState(
       grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req) override;
+  // Opens or confirms a session (security/call_session.h): what calls
+  // without TLS carry instead of the token. FAILED_PRECONDITION where no
+  // token is required.
+  grpc::ServerUnaryReactor* Session(grpc::CallbackServerContext* ctx,
+                                    const grpc::ByteBuffer* req,
+                                    grpc::ByteBuffer* resp) override;
 
   // The staging buffers of pushes, for tests.
   const ScratchPool& scratch() const { return scratch_; }
 
  private:
-  // Who the call's token proves the caller is (a worker with its own
-  // token, or Shard::kAnyWorker); UNAUTHENTICATED for a missing or wrong
-  // token.
-  absl::StatusOr<int> Authenticate(const grpc::CallbackServerContext& ctx) const;
+  // Who the call of `method` proves the caller is, by its session or (TLS)
+  // its token (AuthenticateCall, rpc_util.h): a worker with its own token,
+  // or Shard::kAnyWorker; UNAUTHENTICATED otherwise.
+  absl::StatusOr<int> Authenticate(ServerMetrics::Method method,
+                                   const grpc::CallbackServerContext& ctx) const;
   // Authenticates the call (the caller into `caller`), then parses its
   // request: UNAUTHENTICATED, or INVALID_ARGUMENT for bytes that are not a
   // `Request`, and for no bytes at all where the request must name a worker
@@ -142,7 +158,8 @@ class ShardService final : public ShardServiceBase {
   // by a partition) reaches its handler empty, and would read as one from
   // worker 0 of job ''.
   template <typename Request>
-  absl::Status Decode(const grpc::CallbackServerContext& ctx,
+  absl::Status Decode(ServerMetrics::Method method,
+                      const grpc::CallbackServerContext& ctx,
                       const grpc::ByteBuffer& raw, Request* req, int* caller,
                       bool names_worker = true) const;
   // Decode, then Shard::Admit as the job and worker the request names (and
@@ -151,7 +168,8 @@ class ShardService final : public ShardServiceBase {
   // once decoded, for the log; -1 before.
   template <typename Request>
   absl::StatusOr<Admission> AdmitWorkerCall(
-      const grpc::CallbackServerContext& ctx, const grpc::ByteBuffer& raw,
+      ServerMetrics::Method method, const grpc::CallbackServerContext& ctx,
+      const grpc::ByteBuffer& raw,
       Request* req, int* worker, bool generation_checked,
       int* caller = nullptr);
 
@@ -164,6 +182,8 @@ class ShardService final : public ShardServiceBase {
 
   Shard* const shard_;
   const security::TokenAuthenticator auth_;
+  // The calls' sessions; null where no token is required.
+  std::unique_ptr<security::SessionTable> sessions_;
   ServerMetrics* const metrics_;  // may be null
   util::KeepAwake* const keep_awake_;  // may be null
   const BnSocketServer* const bn_socket_;  // may be null

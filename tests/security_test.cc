@@ -16,10 +16,12 @@
 #include "proto/bnps.grpc.pb.h"
 #include "proto/codec.h"
 #include "security/credentials.h"
+#include "security/call_session.h"
 #include "security/job_token.h"
 #include "server/server_runner.h"
 #include "client/grpc_ps_client.h"
 #include "client/job_reader.h"
+#include "tests/token_session_testing.h"
 
 namespace bnps {
 namespace {
@@ -105,9 +107,8 @@ void ExpectAStepWorks(client::PsClient& client) {
 class EveryMethod {
  public:
   EveryMethod(const server::RunningServer& server, std::string token)
-      : stub_(proto::ParameterServer::NewStub(
-            grpc::CreateChannel(absl::StrCat("127.0.0.1:", server.port()),
-                                grpc::InsecureChannelCredentials()))),
+      : stub_(proto::ParameterServer::NewStub(testing::TokenSessionChannel(
+            absl::StrCat("127.0.0.1:", server.port()), 1))),
         token_(std::move(token)) {}
 
   // The status of each method's call, by name.
@@ -236,6 +237,29 @@ class EveryMethod {
       }
       out["ReadState"] = reader->Finish().error_code();
     }
+    {
+      // An opening, confirmed with a proof under the token: only the
+      // token's proof is taken.
+      proto::SessionRequest open;
+      open.mutable_hello()->set_job("bnps");
+      open.mutable_hello()->set_client_nonce(security::NewHelloNonce());
+      proto::SessionResponse challenge;
+      grpc::ClientContext ctx;
+      Prepare(&ctx);
+      grpc::Status s = stub_->Session(&ctx, open, &challenge);
+      if (s.ok()) {
+        proto::SessionRequest confirm;
+        confirm.set_session(challenge.session());
+        confirm.mutable_proof()->set_proof(security::HandshakeProof(
+            token_, "client",
+            security::HelloTranscript(open.hello(), security::kSessionTransport,
+                                      challenge.reply().server_nonce())));
+        grpc::ClientContext again;
+        Prepare(&again);
+        s = stub_->Session(&again, confirm, &challenge);
+      }
+      out["Session"] = s.error_code();
+    }
     {  // last: with the token, it ends the job of one worker
       grpc::ClientContext ctx;
       Prepare(&ctx);
@@ -258,6 +282,8 @@ class EveryMethod {
   }
 
  private:
+  // The channel turns the token into a session of it
+  // (tests/token_session_testing.h).
   void Prepare(grpc::ClientContext* ctx) {
     ctx->set_deadline(std::chrono::system_clock::now() +
                       std::chrono::seconds(5));

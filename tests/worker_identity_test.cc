@@ -24,6 +24,7 @@
 #include "server/raw_bn_conn_testing.h"
 #include "server/server_runner.h"
 #include "server/shard_service.h"
+#include "tests/token_session_testing.h"
 
 namespace bnps {
 namespace {
@@ -53,13 +54,13 @@ class WorkerIdentityTest : public ::testing::Test {
                                           latency);
     ASSERT_TRUE(s.ok()) << s.status();
     server_ = *std::move(s);
-    stub_ = proto::ParameterServer::NewStub(grpc::CreateChannel(
-        absl::StrCat("127.0.0.1:", server_->port()),
-        grpc::InsecureChannelCredentials()));
+    stub_ = proto::ParameterServer::NewStub(testing::TokenSessionChannel(
+        absl::StrCat("127.0.0.1:", server_->port()), 2));
   }
   int bn_port() { return server_->bn_socket_server()->port(); }
 
-  // A raw gRPC call's context carrying `token`.
+  // A raw gRPC call's context carrying `token` (which the channel turns
+  // into a session of it, tests/token_session_testing.h).
   static std::unique_ptr<grpc::ClientContext> As(const std::string& token) {
     auto ctx = std::make_unique<grpc::ClientContext>();
     ctx->AddMetadata(std::string(security::kTokenMetadataKey), token);
@@ -161,9 +162,8 @@ TEST_F(WorkerIdentityTest, AWorkerCannotForgeAnotherShardsLossNews) {
   security.per_worker_tokens = true;
   auto s = server::RunningServer::Start(o, "127.0.0.1:0", security);
   ASSERT_TRUE(s.ok()) << s.status();
-  auto stub = proto::ParameterServer::NewStub(grpc::CreateChannel(
-      absl::StrCat("127.0.0.1:", (*s)->port()),
-      grpc::InsecureChannelCredentials()));
+  auto stub = proto::ParameterServer::NewStub(testing::TokenSessionChannel(
+      absl::StrCat("127.0.0.1:", (*s)->port()), 2));
   const std::string one = security::WorkerToken(kToken, 1);
   for (int w : {0, 1}) {
     proto::RegisterRequest req;

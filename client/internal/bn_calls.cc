@@ -152,8 +152,8 @@ std::shared_ptr<BnTransport> BnCalls::GetStream(int shard) {
       slot->generation() != channels_->generation()) {
     old = std::move(slot);
     slot = OpenBnStream(channels_->shard(shard).channel,
-                        channels_->options().token, channels_->generation(),
-                        channels_->options().bn_spin);
+                        channels_->shard(shard).auth->MetadataToken(),
+                        channels_->generation(), channels_->options().bn_spin);
   }
   return slot;
 }
@@ -182,21 +182,38 @@ absl::StatusOr<proto::BnResponse> BnCalls::BnCall(proto::BnRequest request) {
                         channels_->ShardName(shard));
   };
   const absl::Time deadline = absl::Now() + channels_->CallTimeout();
+  ChannelAuth& auth = *channels_->shard(shard).auth;
+  bool reopened = false;  // the stream's session, once (ChannelAuth::Forget)
   for (int attempt = 0;; ++attempt) {
     // The first attempt over TCP where the shard offers it; a repeat on
     // the stream.
     std::shared_ptr<BnTransport> transport =
         attempt == 0 ? GetSocket(shard) : nullptr;
-    if (transport == nullptr) transport = GetStream(shard);
+    uint64_t session = 0;
+    BnTransport::Outcome out;
     if (transport == nullptr) {
-      if (absl::Status why = Failed(); !why.ok()) return why;
-      return absl::UnavailableError(
-          absl::StrCat(context(), ": the client is closed"));
+      // A stream's opening is signed under the channel's session, opened
+      // first if there is none (a server that cannot be reached yet is
+      // tried again as a broken stream is).
+      out.status = auth.Ensure(deadline, &session);
+      out.retry = absl::IsUnavailable(out.status);
+      if (out.status.ok()) transport = GetStream(shard);
     }
-    request.set_id(next_bn_id_.fetch_add(1, std::memory_order_relaxed));
-    BnTransport::Outcome out = transport->Call(request, deadline);
+    if (out.status.ok()) {
+      if (transport == nullptr) {
+        if (absl::Status why = Failed(); !why.ok()) return why;
+        return absl::UnavailableError(
+            absl::StrCat(context(), ": the client is closed"));
+      }
+      request.set_id(next_bn_id_.fetch_add(1, std::memory_order_relaxed));
+      out = transport->Call(request, deadline);
+    }
     if (!out.status.ok()) {
       if (absl::Status why = Failed(); !why.ok()) return why;
+      if (!reopened && auth.Forget(session, out.status)) {
+        reopened = true;  // the server forgot the session: a new stream
+        continue;
+      }
       if (out.retry && attempt == 0) {
         const absl::Duration wait =
             std::min(channels_->options().initial_backoff, deadline - absl::Now());

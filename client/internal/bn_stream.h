@@ -2,7 +2,8 @@
 // a long-lived bidirectional gRPC stream that carries every thread's BN
 // calls to that shard, answers matched to calls by id. It has no thread of
 // its own: callers poll it (see bn_stream.cc). The stream sends the job
-// generation and the job token as metadata when it opens; a server that
+// generation and (over TLS) the job token as metadata when it opens;
+// without TLS the channel signs the opening (channel_auth.h); a server that
 // refuses it ends it with a definite code (PERMISSION_DENIED, ...), which
 // fails its calls without `retry`; a stream that breaks for any other reason
 // fails them with `retry`. A write that flow control holds past its call's

@@ -172,7 +172,7 @@ absl::Status BulkTransfer::InitShard(int shard,
   request.set_worker(channels_->options().worker);
   size_t bytes = 0;
   auto send = [&]() {
-    return channels_->WithRetries([&](grpc::ClientContext& context) {
+    return channels_->WithRetries(shard, [&](grpc::ClientContext& context) {
       proto::InitParametersResponse response;
       return proto::FromGrpcStatus(
           channels_->shard(shard).stub->InitParameters(&context, request, &response));
@@ -236,7 +236,7 @@ absl::Status BulkTransfer::PushEntries(int64_t step, int64_t num_samples,
   const std::vector<int> shards = ShardsWithKeys(by_shard);
   return RunParallel(static_cast<int>(shards.size()), [&](int j) {
     const int shard = shards[j];
-    absl::Status s = channels_->WithRetries([&](grpc::ClientContext& context) {
+    absl::Status s = channels_->WithRetries(shard, [&](grpc::ClientContext& context) {
       return PushShard(shard, step, num_samples, by_shard[shard], owner,
                        context);
     });
@@ -326,7 +326,7 @@ absl::Status BulkTransfer::PullFrom(
     const std::vector<int>& shards, int64_t min_version, const PullSlot& slot) {
   return RunParallel(static_cast<int>(shards.size()), [&](int j) {
     const int shard = shards[j];
-    absl::Status s = channels_->WithRetries([&](grpc::ClientContext& context) {
+    absl::Status s = channels_->WithRetries(shard, [&](grpc::ClientContext& context) {
       return PullShard(shard, keys_by_shard[shard], min_version, slot,
                        context);
     });

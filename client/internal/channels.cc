@@ -7,7 +7,7 @@
 #include "grpcpp/create_channel.h"
 #include "grpcpp/support/channel_arguments.h"
 #include "proto/limits.h"
-#include "security/job_token.h"
+#include "grpcpp/security/credentials.h"
 
 namespace bnps::client::internal {
 namespace {
@@ -90,10 +90,17 @@ Channels::Channels(GrpcClientOptions options)
                           20, kMaxReconnectBackoffMs));
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, reconnect_ms);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, kMaxReconnectBackoffMs);
+  const bool tls = options_.credentials != nullptr;
   for (size_t i = 0; i < shards_.size(); ++i) {
     Shard& s = shards_[i];
     s.address = options_.servers[i];
-    s.channel = grpc::CreateCustomChannel(s.address, options_.credentials, args);
+    s.auth = std::make_unique<ChannelAuth>(
+        ChannelAuth::Identity{options_.job, options_.worker, options_.token,
+                              tls},
+        ShardName(static_cast<int>(i)));
+    s.channel = s.auth->Connect(
+        s.address,
+        tls ? options_.credentials : grpc::InsecureChannelCredentials(), args);
     s.stub = proto::ParameterServer::NewStub(s.channel);
     s.push_method = std::make_unique<grpc::internal::RpcMethod>(
         kPushMethod, grpc::internal::RpcMethod::CLIENT_STREAMING, s.channel);
@@ -110,10 +117,6 @@ void Channels::SetUp(grpc::ClientContext* context, absl::Time deadline) const {
   context->set_deadline(absl::ToChronoTime(deadline));
   context->AddMetadata(proto::kGenerationMetadataKey,
                        absl::StrCat(generation_.load()));
-  if (!options_.token.empty()) {
-    context->AddMetadata(std::string(security::kTokenMetadataKey),
-                         options_.token);
-  }
 }
 
 absl::Duration Channels::CallTimeout() const {

@@ -1,6 +1,7 @@
 // The gRPC client's connections to a job's shards, and what every kind of
-// call shares: the call set-up (deadline, job token), the deadline of a call
-// that may wait on a barrier, retries with backoff, and the error context.
+// call shares: the call set-up (deadline, generation, and the proof of the
+// job token: channel_auth.h), the deadline of a call that may wait on a
+// barrier, retries with backoff, and the error context.
 // Internal to client/; GrpcPsClient owns one and hands it to its parts.
 //
 // Thread-safety: thread-safe once set_config has been called (Connect calls
@@ -27,6 +28,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/grpc_options.h"
+#include "client/internal/channel_auth.h"
 #include "grpcpp/channel.h"
 #include "grpcpp/client_context.h"
 #include "proto/bnps.grpc.pb.h"
@@ -49,6 +51,8 @@ class Channels {
  public:
   struct Shard {
     std::string address;
+    // How its calls prove the token (channel_auth.h).
+    std::unique_ptr<ChannelAuth> auth;
     std::shared_ptr<grpc::Channel> channel;
     std::unique_ptr<proto::ParameterServer::Stub> stub;
     // The bulk methods, called raw (messages framed by proto/tensor_wire).
@@ -57,8 +61,9 @@ class Channels {
   };
 
   // Opens one channel per server (message limits proto::kMaxMessageBytes
-  // both ways, reconnect backoff from options.initial_backoff up to 2 s).
-  // REQUIRES: `options` validated (ValidateOptions) with credentials set.
+  // both ways, reconnect backoff from options.initial_backoff up to 2 s),
+  // with TLS where `options.credentials` is set, else plaintext.
+  // REQUIRES: `options` validated (ValidateOptions).
   explicit Channels(GrpcClientOptions options);
 
   const GrpcClientOptions& options() const { return options_; }
@@ -91,9 +96,13 @@ class Channels {
       ABSL_LOCKS_EXCLUDED(paths_mu_);
   // The host part of shard i's address ("dns:///h:7000" and "h:7000": "h").
   std::string Host(int shard) const;
-  // Sets a call's deadline, its generation and, if the job has one, its
-  // token.
-  void SetUp(grpc::ClientContext* context, absl::Time deadline) const;
+  // Runs one call at `shard` (every call of the client goes through here):
+  // attempt(context) on a fresh context with `deadline`, the generation and
+  // the call's authentication (ChannelAuth: a session opened first where
+  // needed, whose error is returned as is); once more if the shard refused
+  // the session (a restarted server).
+  template <typename Attempt>
+  absl::Status Call(int shard, absl::Time deadline, Attempt attempt);
 
   // Deadline of a call after Connect: rpc_timeout, or the servers' barrier
   // timeout plus 5 s if that is longer, so that the server's error naming
@@ -104,14 +113,15 @@ class Channels {
   // 2 s, +-20% jitter.
   absl::Duration Backoff(int retry) ABSL_LOCKS_EXCLUDED(rng_mu_);
 
-  // Runs attempt(context) up to max_attempts times while it fails with
-  // UNAVAILABLE or ABORTED (but not a rollback, proto::IsRollback),
-  // sleeping a backoff between attempts. Each attempt gets a fresh context,
-  // set up (SetUp) with a deadline CallTimeout() from its start. Once Abort
-  // has been called, the attempt under way is cancelled and the call
-  // returns Abort's status, as does every later call, at once.
+  // Runs attempt(context) at `shard` up to max_attempts times while it
+  // fails with UNAVAILABLE or ABORTED (but not a rollback,
+  // proto::IsRollback), sleeping a backoff between attempts. Each attempt
+  // is a Call with a deadline CallTimeout() from its start. Once Abort has
+  // been called, the attempt under way is cancelled and the call returns
+  // Abort's status, as does every later call, at once.
   template <typename Attempt>
-  absl::Status WithRetries(Attempt attempt) ABSL_LOCKS_EXCLUDED(calls_mu_);
+  absl::Status WithRetries(int shard, Attempt attempt)
+      ABSL_LOCKS_EXCLUDED(calls_mu_);
 
   // Ends the calls under way in WithRetries and every later one with `why`
   // (not OK; the first one stays): a worker the job dropped has nothing
@@ -122,6 +132,8 @@ class Channels {
   absl::Status aborted() const ABSL_LOCKS_EXCLUDED(calls_mu_);
 
  private:
+  // Sets a call's deadline and generation.
+  void SetUp(grpc::ClientContext* context, absl::Time deadline) const;
   // Adds a call's context to those Abort cancels; false (and nothing
   // added) once aborted.
   bool Register(grpc::ClientContext* context) ABSL_LOCKS_EXCLUDED(calls_mu_);
@@ -152,15 +164,25 @@ class Channels {
 };
 
 template <typename Attempt>
-absl::Status Channels::WithRetries(Attempt attempt) {
+absl::Status Channels::Call(int shard, absl::Time deadline, Attempt attempt) {
+  return shards_[shard].auth->Run(
+      deadline,
+      [&](grpc::ClientContext* context) { SetUp(context, deadline); },
+      attempt);
+}
+
+template <typename Attempt>
+absl::Status Channels::WithRetries(int shard, Attempt attempt) {
   absl::Status status;
   for (int i = 0; i < options_.max_attempts; ++i) {
     if (i > 0) SleepUnlessAborted(Backoff(i - 1));
-    grpc::ClientContext context;
-    SetUp(&context, absl::Now() + CallTimeout());
-    if (!Register(&context)) return aborted();
-    status = attempt(context);
-    Unregister(&context);
+    status = Call(shard, absl::Now() + CallTimeout(),
+                  [&](grpc::ClientContext& context) {
+                    if (!Register(&context)) return aborted();
+                    absl::Status s = attempt(context);
+                    Unregister(&context);
+                    return s;
+                  });
     if (!status.ok()) {
       // Cancelled by Abort (or ended some other way meanwhile): why.
       if (absl::Status a = aborted(); !a.ok()) return a;

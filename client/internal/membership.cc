@@ -88,10 +88,10 @@ absl::StatusOr<proto::JobConfig> Membership::Register(absl::Time deadline) {
     proto::StatusResponse response;
     absl::Status s =
         UntilReached(i, deadline, "GetStatus", [&](absl::Time call_deadline) {
-          grpc::ClientContext context;
-          channels_->SetUp(&context, call_deadline);
-          return proto::FromGrpcStatus(channels_->shard(i).stub->GetStatus(
-              &context, proto::StatusRequest(), &response));
+          return channels_->Call(i, call_deadline, [&](grpc::ClientContext& c) {
+            return proto::FromGrpcStatus(channels_->shard(i).stub->GetStatus(
+                &c, proto::StatusRequest(), &response));
+          });
         });
     if (!s.ok()) return s;
     configs[i] = response.config();
@@ -127,10 +127,10 @@ absl::Status Membership::RegisterAll(absl::Time deadline,
     proto::RegisterResponse response;
     absl::Status s =
         UntilReached(i, deadline, "Register", [&](absl::Time call_deadline) {
-          grpc::ClientContext context;
-          channels_->SetUp(&context, call_deadline);
-          return proto::FromGrpcStatus(
-              channels_->shard(i).stub->Register(&context, request, &response));
+          return channels_->Call(i, call_deadline, [&](grpc::ClientContext& c) {
+            return proto::FromGrpcStatus(
+                channels_->shard(i).stub->Register(&c, request, &response));
+          });
         });
     if (!s.ok()) return s;
     (*configs)[i] = response.config();
@@ -198,12 +198,13 @@ absl::Status Membership::CheckCanRollBack() const {
   // A job whose servers keep no checkpoints cannot roll back: say so at once
   // rather than wait for a server that is down.
   for (int i = 0; i < channels_->num_shards(); ++i) {
-    grpc::ClientContext context;
-    channels_->SetUp(&context, absl::Now() + options.rpc_timeout);
     proto::StatusResponse r;
-    if (channels_->shard(i).stub->GetStatus(&context, proto::StatusRequest(), &r)
-            .ok() &&
-        r.checkpoint_dir().empty()) {
+    const absl::Status s = channels_->Call(
+        i, absl::Now() + options.rpc_timeout, [&](grpc::ClientContext& c) {
+          return proto::FromGrpcStatus(
+              channels_->shard(i).stub->GetStatus(&c, proto::StatusRequest(), &r));
+        });
+    if (s.ok() && r.checkpoint_dir().empty()) {
       return absl::FailedPreconditionError(absl::StrCat(
           channels_->ShardName(i),
           " keeps no checkpoints (--checkpoint_dir): the job cannot roll back"));
@@ -218,10 +219,10 @@ absl::Status Membership::StatusOfAll(
   for (int i = 0; i < channels_->num_shards(); ++i) {
     absl::Status s =
         UntilReached(i, deadline, "GetStatus", [&](absl::Time call_deadline) {
-          grpc::ClientContext context;
-          channels_->SetUp(&context, call_deadline);
-          return proto::FromGrpcStatus(channels_->shard(i).stub->GetStatus(
-              &context, proto::StatusRequest(), &(*st)[i]));
+          return channels_->Call(i, call_deadline, [&](grpc::ClientContext& c) {
+            return proto::FromGrpcStatus(channels_->shard(i).stub->GetStatus(
+                &c, proto::StatusRequest(), &(*st)[i]));
+          });
         });
     if (!s.ok()) return s;
   }
@@ -251,10 +252,10 @@ absl::Status Membership::RollbackAll(absl::Time deadline, int64_t generation,
     }
     proto::RollbackResponse response;
     s = UntilReached(i, deadline, "Rollback", [&](absl::Time call_deadline) {
-      grpc::ClientContext context;
-      channels_->SetUp(&context, call_deadline);
-      return proto::FromGrpcStatus(
-          channels_->shard(i).stub->Rollback(&context, request, &response));
+      return channels_->Call(i, call_deadline, [&](grpc::ClientContext& c) {
+        return proto::FromGrpcStatus(
+            channels_->shard(i).stub->Rollback(&c, request, &response));
+      });
     });
     if (s.ok()) {
       if (!async) *step = response.step();
@@ -414,7 +415,7 @@ absl::StatusOr<int64_t> Membership::StartStep(int64_t step) {
   request.set_worker(options.worker);
   request.set_step(step);
   proto::StartStepResponse response;
-  absl::Status s = channels_->WithRetries([&](grpc::ClientContext& context) {
+  absl::Status s = channels_->WithRetries(0, [&](grpc::ClientContext& context) {
     return proto::FromGrpcStatus(
         channels_->shard(0).stub->StartStep(&context, request, &response));
   });
@@ -434,7 +435,7 @@ absl::Status Membership::FinishStep(int64_t completed) {
   request.set_job(options.job);
   request.set_worker(options.worker);
   request.set_completed(completed);
-  absl::Status s = channels_->WithRetries([&](grpc::ClientContext& context) {
+  absl::Status s = channels_->WithRetries(0, [&](grpc::ClientContext& context) {
     proto::FinishStepResponse response;
     return proto::FromGrpcStatus(
         channels_->shard(0).stub->FinishStep(&context, request, &response));
@@ -449,7 +450,8 @@ absl::StatusOr<proto::StatusResponse> Membership::GetStatus(int shard) {
         "GetStatus: shard ", shard, " is not in [0, ", channels_->num_shards(), ")"));
   }
   proto::StatusResponse response;
-  absl::Status s = channels_->WithRetries([&](grpc::ClientContext& context) {
+  absl::Status s =
+      channels_->WithRetries(shard, [&](grpc::ClientContext& context) {
     return proto::FromGrpcStatus(channels_->shard(shard).stub->GetStatus(
         &context, proto::StatusRequest(), &response));
   });
@@ -466,7 +468,8 @@ absl::Status Membership::Leave() {
   request.set_incarnation(incarnation_);
   const absl::Status s =
       RunParallel(channels_->num_shards(), [&](int i) {
-        absl::Status r = channels_->WithRetries([&](grpc::ClientContext& context) {
+        absl::Status r =
+            channels_->WithRetries(i, [&](grpc::ClientContext& context) {
           proto::LeaveResponse response;
           return proto::FromGrpcStatus(
               channels_->shard(i).stub->Leave(&context, request, &response));
@@ -490,25 +493,31 @@ void Membership::SendHeartbeats() {
   request.set_worker(options.worker);
   request.set_incarnation(incarnation_);
   for (int i = 0; i < channels_->num_shards(); ++i) {
-    grpc::ClientContext context;
-    channels_->SetUp(&context, absl::Now() + timeout);
-    {
-      absl::MutexLock lock(&mu_);
-      if (stopping_) return;
-      heartbeat_context_ = &context;
-      listed_.resize(channels_->num_shards());
-      request.clear_losses();
-      for (const auto& [key, loss] : losses_) {
-        if (loss.shard() != i && listed_[i].count(key) == 0) {
-          *request.add_losses() = loss;
-        }
-      }
-    }
+    bool stopping = false;
     proto::HeartbeatResponse response;
-    const absl::Status s = proto::FromGrpcStatus(
-        channels_->shard(i).stub->Heartbeat(&context, request, &response));
+    const absl::Status s = channels_->Call(
+        i, absl::Now() + timeout, [&](grpc::ClientContext& context) {
+          {
+            absl::MutexLock lock(&mu_);
+            stopping = stopping_;
+            if (stopping) return absl::CancelledError("stopping");
+            heartbeat_context_ = &context;
+            listed_.resize(channels_->num_shards());
+            request.clear_losses();
+            for (const auto& [key, loss] : losses_) {
+              if (loss.shard() != i && listed_[i].count(key) == 0) {
+                *request.add_losses() = loss;
+              }
+            }
+          }
+          const absl::Status r = proto::FromGrpcStatus(
+              channels_->shard(i).stub->Heartbeat(&context, request, &response));
+          absl::MutexLock lock(&mu_);
+          heartbeat_context_ = nullptr;
+          return r;
+        });
+    if (stopping) return;
     absl::MutexLock lock(&mu_);
-    heartbeat_context_ = nullptr;
     ++stats_.sent;
     if (!s.ok()) {
       ++stats_.failed;

@@ -69,7 +69,7 @@ StreamingPull::~StreamingPull() {
 
 void StreamingPull::Run(int shard) {
   absl::Status s = channels_->WithRetries(
-      [&](grpc::ClientContext& context) { return Attempt(shard, context); });
+      shard, [&](grpc::ClientContext& context) { return Attempt(shard, context); });
   s = Annotate(s, absl::StrCat("PullParameters from ",
                                channels_->ShardName(shard)));
   absl::MutexLock lock(&mu_);
