@@ -313,6 +313,7 @@ absl::Status Shard::Register(int worker, uint64_t incarnation) {
                    "process: it takes the place of the old one "
                    "(--on_worker_loss=wait)\n",
                    options_.shard, worker);
+      NoteFailure();
       return membership_.Replace(worker, incarnation, now);
     }
   }
@@ -458,7 +459,10 @@ void Shard::LearnLosses(const std::vector<Membership::Loss>& news) {
                marked;
     }
   }
-  if (marked) Tick(options_.now());  // fails or drops them now
+  if (marked) {
+    NoteFailure();
+    Tick(options_.now());  // fails or drops them now
+  }
 }
 
 std::vector<Membership::Loss> Shard::Losses() const {
@@ -493,6 +497,7 @@ void Shard::Tick(absl::Time now) {
 
 void Shard::HandleLosses(absl::Time now) {
   for (int w : membership_.CheckTimeouts(now)) {
+    NoteFailure();
     if (options_.worker_loss == policy::WorkerLoss::kWait) {
       std::fprintf(stderr,
                    "bnps_server[%d]: %s: steps wait for it to come back (up "
@@ -532,6 +537,19 @@ int64_t Shard::ResumeStep(int worker) const {
 Shard::GenerationInfo Shard::generation() const {
   absl::MutexLock lock(&gen_mu_);
   return gen_;
+}
+
+void Shard::NoteFailure() {
+  absl::MutexLock lock(&gen_mu_);
+  gen_.failure_seen = true;
+}
+
+bool Shard::Joining(int worker) const {
+  if (worker < 0 || worker >= options_.num_workers) return false;
+  const Membership::WorkerInfo info = membership_.Snapshot()[worker];
+  if (!info.registered || info.lost || info.finished) return false;
+  absl::MutexLock lock(&history_mu_);
+  return worker >= history_.WorkersAt(INT64_MAX);
 }
 
 }  // namespace bnps::server

@@ -266,8 +266,16 @@ class Shard {
     int64_t generation = 0;
     bool needs_rollback = false;
     int64_t restored_step = -1;  // -1: never restored
+    // During this generation the shard lost a worker (its heartbeats, or a
+    // shard's sealed news) or saw one's process replaced by another
+    // (--on_worker_loss=wait): a failure that calls for a new generation
+    // (server/rollback_authority.h).
+    bool failure_seen = false;
   };
   GenerationInfo generation() const;
+  // Whether `worker` is registered here, live, at or above the job's
+  // newest count: a worker asking to join (Rollback's resize_to).
+  bool Joining(int worker) const;
   // Limits the log lines of refused calls (LogRejected).
   util::LogLimiter& rejection_log() const { return rejection_log_; }
   uint64_t server_incarnation() const { return incarnation_; }
@@ -312,6 +320,8 @@ class Shard {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(join_mu_);
   // Fails or drops the workers lost as of `now`.
   void HandleLosses(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(join_mu_);
+  // Notes a failure in this generation (GenerationInfo::failure_seen).
+  void NoteFailure();
   // Marks the job complete if every worker finished (under shrink, or was
   // dropped) and at least one finished; true if this call did.
   bool MarkCompleteIfDone() ABSL_EXCLUSIVE_LOCKS_REQUIRED(join_mu_);

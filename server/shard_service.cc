@@ -11,6 +11,7 @@
 #include "security/worker_token.h"
 #include "checkpoint/checkpoint.h"
 #include "server/read_state.h"
+#include "server/rollback_authority.h"
 #include "server/rpc_util.h"
 #include "server/shard_reactors.h"
 
@@ -27,39 +28,16 @@ absl::Status HasClocks(Shard& shard) {
       "step clocks are kept by shard 0 under the async policy only");
 }
 
-// Who may ask for what in a Rollback. Every caller: a generation in
-// [0, kMaxGeneration] and a step of -1 (the newest) or more. A caller that
-// proved one worker's own token (--per_worker_tokens) is that worker, not
-// the job: it may move the job to the next generation only (a worker drives
-// the roll-back after a server restart), grow it only to take its own place
-// (resize_to up to its id + 1, as a joining worker does), and shrink it only
-// by leaving itself (checked by the shard). Jumps and others' places need
-// the job token.
-absl::Status CheckRollbackAuthority(int caller, int64_t current_generation,
-                                    const proto::RollbackRequest& req) {
-  if (req.generation() < 0 || req.generation() > proto::kMaxGeneration) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "rollback to generation ", req.generation(), ": generations run from "
-        "0 to ", proto::kMaxGeneration));
-  }
-  if (req.step() < -1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("rollback to step ", req.step(), ": no such step"));
-  }
-  if (caller == security::TokenAuthenticator::kAnyWorker) return absl::OkStatus();
-  if (req.generation() > current_generation + 1) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        "worker ", caller, "'s own token may move the job to generation ",
-        current_generation + 1, " at most, not ", req.generation(),
-        ": that takes the job token"));
-  }
-  if (req.resize_to() > caller + 1) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        "worker ", caller, "'s own token may grow the job to ", caller + 1,
-        " workers at most (its own place), not ", req.resize_to(),
-        ": that takes the job token"));
-  }
-  return absl::OkStatus();
+// The shard's grounds for a new generation (server/rollback_authority.h),
+// as `caller` asks.
+RollbackGrounds GroundsOf(const Shard& shard, int caller) {
+  const Shard::GenerationInfo g = shard.generation();
+  RollbackGrounds grounds;
+  grounds.generation = g.generation;
+  grounds.needs_rollback = g.needs_rollback;
+  grounds.failure_seen = g.failure_seen;
+  grounds.caller_joins = caller >= 0 && shard.Joining(caller);
+  return grounds;
 }
 
 }  // namespace
@@ -356,6 +334,11 @@ grpc::ServerUnaryReactor* ShardService::GetStatus(
   resp.set_generation(g.generation);
   resp.set_needs_rollback(g.needs_rollback);
   resp.set_restored_step(g.restored_step);
+  if (req.next_generation() > 0) {
+    resp.set_generation_warrant(
+        FailureWarrant(shard_->options().seal_key, shard_->options().job,
+                       GroundsOf(*shard_, caller), req.next_generation()));
+  }
   resp.set_checkpoint_dir(shard_->options().checkpoint_dir);
   if (!shard_->options().checkpoint_dir.empty()) {
     absl::StatusOr<std::vector<int64_t>> steps =
@@ -385,7 +368,9 @@ grpc::ServerUnaryReactor* ShardService::Rollback(
       *ctx, *raw, &req, &worker, /*generation_checked=*/false, &caller);
   absl::Status s = admitted.status();
   if (s.ok()) {
-    s = CheckRollbackAuthority(caller, shard_->generation().generation, req);
+    s = CheckRollbackAuthority(shard_->options().seal_key,
+                               shard_->options().job, caller,
+                               GroundsOf(*shard_, caller), req);
   }
   if (s.ok()) {
     Shard::MembershipChange change;
@@ -408,6 +393,9 @@ grpc::ServerUnaryReactor* ShardService::Rollback(
       resp.set_step(*step);
       resp.set_resume_step(shard_->ResumeStep(req.worker()));
       shard_->history().ToSegments(resp.mutable_membership());
+      resp.set_warrant(DecidedWarrant(shard_->options().seal_key,
+                                      shard_->options().job, req.generation(),
+                                      resp.membership()));
     }
   }
   return Answer(M::kRollback, ctx, *raw, worker, s, &resp, out);
