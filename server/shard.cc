@@ -225,7 +225,9 @@ Shard::Shard(ShardOptions options)
                      [this] { return store_.newest_version(); })
                : std::function<int64_t()>(),
            [this](int64_t step) { return WorkersAt(step); },
-           options_.bn_group_size, options_.bn_staleness}),
+           options_.bn_group_size, options_.bn_staleness,
+           BnAggregator::Options().recal_bytes_per_worker,
+           options_.memory_budget}),
       membership_(options_.num_workers, options_.heartbeat_timeout) {}
 
 Shard::~Shard() {

@@ -72,6 +72,7 @@
 #include "server/step_clocks.h"
 #include "server/membership.h"
 #include "store/parameter_store.h"
+#include "util/byte_budget.h"
 #include "util/log_limiter.h"
 #include "policy/policy.h"
 #include "proto/bnps.pb.h"
@@ -137,6 +138,12 @@ struct ShardOptions {
   // the seal of news it is told (proto's WorkerLoss); empty: none made or
   // checked (a job without a token). Default: none.
   std::string seal_key;
+  // The server's one memory budget (ServerLimits::bn_memory_budget_bytes),
+  // shared with its BN connections: the recalibration moments and the
+  // layer names each BN stream keeps are charged to it too
+  // (BnAggregator::Options::memory, ServerMetrics::LayerCache). Null: none
+  // (tests of the logic alone). Default: none.
+  std::shared_ptr<util::ByteBudget> memory_budget;
 };
 
 class Shard {
@@ -279,6 +286,10 @@ class Shard {
   // Limits the log lines of refused calls (LogRejected).
   util::LogLimiter& rejection_log() const { return rejection_log_; }
   uint64_t server_incarnation() const { return incarnation_; }
+  // ShardOptions::memory_budget (null: none); not owned by the caller.
+  util::ByteBudget* memory_budget() const {
+    return options_.memory_budget.get();
+  }
 
   // SHA-256s of the parameters (their float32 bytes) and of the BN layers'
   // running statistics ("bn/<layer>": mean then var, float64 bytes), in key

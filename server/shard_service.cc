@@ -450,6 +450,20 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* ShardService::ReadState(
         kMaxConcurrentReadStates, " ReadState calls are under way on shard ",
         shard_->options().shard, ": try again when one has ended"));
   }
+  // The copies are charged to the server's memory budget before they are
+  // made: three while the answer is built (the values kept as they were,
+  // the store's export, the messages), one while it streams.
+  const int64_t copy = ReadStateBytes(*shard_);
+  if (s.ok() && !bn_budget_->TryCharge(3 * copy)) {
+    read_states_.Release(1);
+    s = absl::ResourceExhaustedError(absl::StrCat(
+        "ReadState of shard ", shard_->options().shard, " needs ", 3 * copy,
+        " bytes of the server's memory budget while it copies the state; ",
+        bn_budget_->left(), " of ", bn_budget_->limit(), " are left",
+        3 * copy > bn_budget_->limit()
+            ? ": start the server with a larger --bn_memory_budget_mb"
+            : ": try again when other calls have ended"));
+  }
   if (metrics_) metrics_->Received(M::kReadState, raw->Length());
   if (!s.ok()) {
     LogRejected(*shard_, "ReadState", -1, s);
@@ -462,8 +476,11 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* ShardService::ReadState(
     messages.emplace_back();
     SerializeTo(m, &messages.back());
   }
-  return NewReadStateReactor(std::move(messages), metrics_,
-                             [this] { read_states_.Release(1); });
+  bn_budget_->Release(2 * copy);
+  return NewReadStateReactor(std::move(messages), metrics_, [this, copy] {
+    bn_budget_->Release(copy);
+    read_states_.Release(1);
+  });
 }
 
 }  // namespace bnps::server
