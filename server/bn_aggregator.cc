@@ -54,6 +54,43 @@ void BnAggregator::SetGroups(std::vector<int> group) {
   }
 }
 
+BnAggregator::~BnAggregator() {
+  absl::MutexLock lock(&mu_);
+  ReleaseRecalBytes();
+}
+
+void BnAggregator::ReleaseRecalBytes() {
+  int64_t held = 0;
+  for (int64_t& b : recal_bytes_) {
+    held += b;
+    b = 0;
+  }
+  for (auto& [name, layer] : layers_) {
+    held += layer.charged;
+    layer.charged = 0;
+  }
+  if (options_.memory != nullptr) options_.memory->Release(held);
+}
+
+int64_t BnAggregator::layer_bytes() const {
+  absl::MutexLock lock(&mu_);
+  int64_t bytes = 0;
+  for (const auto& [name, layer] : layers_) bytes += layer.charged;
+  return bytes;
+}
+
+absl::Status BnAggregator::ChargeMemory(int64_t bytes, const std::string& what) {
+  if (options_.memory == nullptr ||
+      options_.memory->TryChargeLasting(bytes)) {
+    return absl::OkStatus();
+  }
+  return absl::ResourceExhaustedError(absl::StrCat(
+      what, " (", bytes, " bytes) does not fit the server's memory budget (",
+      options_.memory->left(), " of ", options_.memory->limit(),
+      " bytes left, half of the budget kept for answers; "
+      "--bn_memory_budget_mb)"));
+}
+
 int BnAggregator::NumLive() const {
   int n = 0;
   for (bool l : live_) n += l;
@@ -76,9 +113,31 @@ absl::Status BnAggregator::Admit(int worker, const std::string& layer,
                                  int64_t channels) {
   if (absl::Status s = CheckWorker(worker); !s.ok()) return s;
   if (layer.empty()) return absl::InvalidArgumentError("empty BN layer name");
-  Layer& l = layers_[layer];
+  auto it = layers_.find(layer);
+  if (it == layers_.end()) {
+    const int64_t bytes =
+        kLayerRecordBytes + static_cast<int64_t>(layer.size());
+    if (absl::Status s = ChargeMemory(bytes, "a new BN layer"); !s.ok()) {
+      return s;
+    }
+    it = layers_.emplace(layer, Layer()).first;
+    it->second.charged = bytes;
+  }
+  Layer& l = it->second;
   if (channels > 0) {
-    if (l.channels == 0) l.channels = channels;
+    if (l.channels == 0) {
+      const int64_t bytes =
+          32 * channels *
+          (options_.policy == policy::Policy::kAsync ? options_.num_workers : 1);
+      if (absl::Status s = ChargeMemory(
+              bytes, absl::StrCat("BN layer '", layer, "''s ", channels,
+                                  " channels"));
+          !s.ok()) {
+        return s;
+      }
+      l.charged += bytes;
+      l.channels = channels;
+    }
     if (l.channels != channels) {
       return absl::InvalidArgumentError(absl::StrCat(
           "BN layer '", layer, "' has ", l.channels, " channels, got ", channels));
@@ -201,6 +260,13 @@ void BnAggregator::Recal(int worker, int64_t batch, const std::string& layer,
               " bytes of recalibration moments, the most one worker may "
               "(", options_.recal_bytes_per_worker, "): finish the "
               "recalibration (RecalFinish) with the batches filed"));
+        } else if (absl::Status charged = ChargeMemory(
+                       bytes, absl::StrCat("recalibration moments of worker ",
+                                           worker));
+                   !charged.ok()) {
+          s = absl::ResourceExhaustedError(absl::StrCat(
+              charged.message(), ": finish the recalibration (RecalFinish) "
+              "with the batches filed"));
         } else {
           kept.emplace(id, std::move(moments));
           recal_bytes_[worker] += bytes;
@@ -455,9 +521,12 @@ absl::StatusOr<BnAggregator::Reply> BnAggregator::Finish(const BarrierKey& key,
       // The batches are merged once: a retry gets this barrier's answer and
       // later batches are refused, so their memory goes back to the workers'
       // budgets (Options::recal_bytes_per_worker).
+      int64_t freed = 0;
       for (const auto& [id, m] : layer.recal) {
         recal_bytes_[id.first] -= RecalBytes(m.channels());
+        freed += RecalBytes(m.channels());
       }
+      if (options_.memory != nullptr) options_.memory->Release(freed);
       layer.recal.clear();
       absl::StatusOr<std::vector<double>> var = bn::UnbiasedVariance(reply.moments);
       if (!var.ok()) {

@@ -85,6 +85,7 @@
 #include "absl/time/time.h"
 #include "bn/kernels.h"
 #include "bn/moments.h"
+#include "util/byte_budget.h"
 #include "policy/async_bn.h"
 #include "server/bn_stale_window.h"
 #include "policy/policy.h"
@@ -157,7 +158,18 @@ class BnAggregator {
     // (53 BN layers, 26,560 channels) per worker (recalibration takes a few
     // hundred).
     int64_t recal_bytes_per_worker = int64_t{512} << 20;
+    // The server's one memory budget (ServerLimits::bn_memory_budget_bytes),
+    // which the layers a worker names and the recalibration moments are
+    // charged to as well, as lasting charges (ByteBudget::TryChargeLasting:
+    // half of it stays for answers): a request past it is
+    // RESOURCE_EXHAUSTED. Null: none.
+    std::shared_ptr<util::ByteBudget> memory;
   };
+  // What a layer a worker names is charged to Options::memory: a record
+  // and its name, then, once its channel count is known, 32 bytes a
+  // channel (its running statistics and latest merge), per worker under
+  // async (each worker's latest moments).
+  static constexpr int64_t kLayerRecordBytes = 512;
 
   struct Reply {
     bn::Moments moments;  // forward: what to merge with / normalize with
@@ -179,6 +191,7 @@ class BnAggregator {
   using Done = std::function<void(const absl::StatusOr<Reply>&)>;
 
   explicit BnAggregator(Options options);
+  ~BnAggregator();  // gives the recalibration moments' bytes back
 
   BnAggregator(const BnAggregator&) = delete;
   BnAggregator& operator=(const BnAggregator&) = delete;
@@ -206,6 +219,8 @@ class BnAggregator {
   void RestoreWorker(int worker);
   void ExpireDeadlines(absl::Time now);
 
+  // What the layers are charged to Options::memory, together.
+  int64_t layer_bytes() const;
   // Whether a contribution of `worker` (any phase, recalibration included)
   // was accepted; false for an id outside the job.
   bool Contributed(int worker) const;
@@ -243,6 +258,9 @@ class BnAggregator {
   };
   struct Layer {
     int64_t channels = 0;
+    // What the layer is charged to Options::memory (its name, and what its
+    // channels take per worker); 0 for a layer from a checkpoint.
+    int64_t charged = 0;
     std::optional<bn::RunningStats> running;
     std::vector<policy::LatestMoments> latest;         // async, by worker
     std::map<std::pair<int, int64_t>, bn::Moments> recal;  // (worker, batch)
@@ -254,7 +272,8 @@ class BnAggregator {
   // OK for a live worker of the job.
   absl::Status CheckWorker(int worker) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Validates the worker and the layer's channel count (0 = not checked);
-  // records the layer and its channel count.
+  // records the layer and its channel count, charged to Options::memory
+  // (RESOURCE_EXHAUSTED, recording nothing, when they do not fit).
   absl::Status Admit(int worker, const std::string& layer, int64_t channels)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Options::parameter_version() under sync; 0 otherwise (unused there).
@@ -310,6 +329,12 @@ class BnAggregator {
   std::vector<bool> live_ ABSL_GUARDED_BY(mu_);
   std::vector<absl::Status> failed_ ABSL_GUARDED_BY(mu_);
   std::vector<bool> contributed_ ABSL_GUARDED_BY(mu_);  // by worker
+  // Gives every worker's recalibration bytes back (their moments are gone),
+  // and the layers' charges.
+  void ReleaseRecalBytes() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Charges `bytes` for `what` to Options::memory: OK, or RESOURCE_EXHAUSTED.
+  absl::Status ChargeMemory(int64_t bytes, const std::string& what)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Bytes of recalibration moments filed, by worker.
   std::vector<int64_t> recal_bytes_ ABSL_GUARDED_BY(mu_);
   // Each worker's BN group (policy::BnGroupOfWorkers, or SetGroups's);

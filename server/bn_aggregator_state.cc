@@ -67,6 +67,7 @@ absl::Status BnAggregator::Import(const BnState& state,
     for (auto& [name, layer] : layers_) {
       if (layer.window != nullptr) layer.window->FailAll(why, &ready);
     }
+    ReleaseRecalBytes();  // the old layers' and moments' charges
     layers_ = std::move(layers);
     newest_step_ = state.newest_step;
     contributed_ = state.contributed;

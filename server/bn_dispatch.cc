@@ -45,7 +45,7 @@ BnDispatcher::BnDispatcher(Shard* shard, ServerMetrics* metrics,
       generation_(generation),
       caller_(caller),
       admit_(std::move(admit)),
-      layer_cache_(metrics) {}
+      layer_cache_(metrics, shard->memory_budget()) {}
 
 int64_t BnDispatcher::AnswerBytes(int arrays, int64_t channels) {
   // Per array: the bytes, and its Tensor's dtype, shape and tags (< 64);

@@ -70,4 +70,19 @@ std::vector<proto::ReadStateResponse> ReadStateMessages(const Shard& shard,
   return out;
 }
 
+int64_t ReadStateBytes(const Shard& shard) {
+  const store::ParameterStore::Stats stats = shard.store().GetStats();
+  // Per key and per BN layer: its name, shape and chunk framing (names
+  // are short); a BN layer's statistics take 16 bytes a channel (mean and
+  // var, float64).
+  constexpr int64_t kPerKey = 256;
+  int64_t bn = 0;
+  for (const BnState::Layer& l : shard.bn().Export().layers) {
+    if (l.running.has_value()) {
+      bn += kPerKey + 16 * static_cast<int64_t>(l.running->mean.size());
+    }
+  }
+  return 4 * stats.num_values + kPerKey * stats.num_keys + bn;
+}
+
 }  // namespace bnps::server

@@ -24,6 +24,12 @@ namespace bnps::server {
 std::vector<proto::ReadStateResponse> ReadStateMessages(
     const Shard& shard, int64_t message_bytes);
 
+// About how many bytes one copy of the shard's state takes in a ReadState
+// answer (its parameters' values, their keys and framing, the BN running
+// statistics), for charging the copies to the server's memory budget
+// before they are made.
+int64_t ReadStateBytes(const Shard& shard);
+
 }  // namespace bnps::server
 
 #endif  // BNPS_SERVER_READ_STATE_H_

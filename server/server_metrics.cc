@@ -247,7 +247,8 @@ ServerMetrics::Layer* ServerMetrics::ForLayer(const std::string& layer) {
   absl::MutexLock lock(&mu_);
   auto it = layers_.find(layer);
   if (it != layers_.end()) return it->second.get();
-  const bool own = layers_.size() < kMaxLayers;
+  const bool own =
+      layers_.size() < kMaxLayers && layer.size() <= kMaxLayerNameBytes;
   const std::string key = own ? layer : "(other)";
   std::unique_ptr<Layer>& l = layers_[key];
   if (l == nullptr) l.reset(new Layer(this, key));
@@ -280,7 +281,13 @@ ServerMetrics::Layer* ServerMetrics::LayerCache::Get(const std::string& layer) {
   auto it = layers_.find(layer);
   if (it != layers_.end()) return it->second;
   Layer* l = metrics_->ForLayer(layer);
-  if (layers_.size() < static_cast<size_t>(kMaxLayers)) layers_.emplace(layer, l);
+  const int64_t bytes = kEntryBytes + static_cast<int64_t>(layer.size());
+  if (layers_.size() < static_cast<size_t>(kMaxLayers) &&
+      charged_ + bytes <= kMaxBytes &&
+      (budget_ == nullptr || budget_->TryChargeLasting(bytes))) {
+    layers_.emplace(layer, l);
+    charged_ += bytes;
+  }
   return l;
 }
 

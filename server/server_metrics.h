@@ -19,9 +19,9 @@
 //   workers{state=live|lost|unregistered}, worker_step{worker},
 //   parameter_version, checkpoint_age_seconds (once RecordCheckpoint ran)
 //
-// Layer names come from the workers: at most kMaxLayers distinct ones get
-// series of their own; the rest share layer="(other)", so a client cannot
-// grow the exposition without bound.
+// Layer names come from the workers: at most kMaxLayers distinct ones, of
+// at most kMaxLayerNameBytes each, get series of their own; the rest share
+// layer="(other)", so a client cannot grow the exposition without bound.
 //
 // Thread-safety: thread-safe. The registry and the shard must outlive this.
 
@@ -44,6 +44,7 @@
 #include "metrics/registry.h"
 #include "proto/bnps.pb.h"
 #include "server/shard.h"
+#include "util/byte_budget.h"
 
 namespace bnps::server {
 
@@ -60,6 +61,7 @@ class ServerMetrics {
     kNumBnPhases
   };
   static constexpr int kMaxLayers = 1024;
+  static constexpr size_t kMaxLayerNameBytes = 256;
   static const char* MethodName(Method m);
   static const char* PhaseName(BnPhase p);
 
@@ -122,14 +124,30 @@ class ServerMetrics {
   // that, Get asks ForLayer each time), so a stream that names ever new
   // layers holds no more than that. Used from one thread (the stream's read
   // path).
+  // Each name kept is charged to `budget` (the server's memory budget;
+  // null: none), kEntryBytes plus its length, until the cache goes; a name
+  // that does not fit it (a lasting charge: ByteBudget::TryChargeLasting)
+  // or the cache's own kMaxBytes is not kept.
   class LayerCache {
    public:
-    explicit LayerCache(ServerMetrics* metrics) : metrics_(metrics) {}
+    static constexpr int64_t kEntryBytes = 64;
+    static constexpr int64_t kMaxBytes = 256 << 10;
+    explicit LayerCache(ServerMetrics* metrics,
+                        util::ByteBudget* budget = nullptr)
+        : metrics_(metrics), budget_(budget) {}
+    ~LayerCache() {
+      if (budget_ != nullptr) budget_->Release(charged_);
+    }
+    LayerCache(const LayerCache&) = delete;
+    LayerCache& operator=(const LayerCache&) = delete;
     Layer* Get(const std::string& layer);
     size_t size() const { return layers_.size(); }  // names kept
+    int64_t charged() const { return charged_; }
 
    private:
     ServerMetrics* const metrics_;
+    util::ByteBudget* const budget_;  // not owned; null: none
+    int64_t charged_ = 0;
     absl::flat_hash_map<std::string, Layer*> layers_;
   };
 

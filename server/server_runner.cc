@@ -100,6 +100,15 @@ absl::StatusOr<std::unique_ptr<RunningServer>> RunningServer::Start(
         "per-worker tokens are derived from the job token: give one");
   }
   options.seal_key = security.token;  // seals the loss news it lists
+  if (absl::Status s = CheckLatencyAndLimits(latency, limits); !s.ok()) {
+    return s;
+  }
+  // The server's one memory budget: the BN answers and frames of both
+  // transports, the recalibration moments, the layer names the BN streams
+  // keep, and the state copies of ReadState.
+  auto bn_budget =
+      std::make_shared<util::ByteBudget>(limits.bn_memory_budget_bytes);
+  options.memory_budget = bn_budget;
   absl::StatusOr<std::unique_ptr<Shard>> shard = Shard::Create(std::move(options));
   if (!shard.ok()) return shard.status();
   std::unique_ptr<RunningServer> rs(new RunningServer());
@@ -109,18 +118,12 @@ absl::StatusOr<std::unique_ptr<RunningServer>> RunningServer::Start(
     rs->metrics_ =
         std::make_unique<ServerMetrics>(rs->registry_.get(), rs->shard_.get());
   }
-  if (absl::Status s = CheckLatencyAndLimits(latency, limits); !s.ok()) {
-    return s;
-  }
   if (latency.keep_awake > absl::ZeroDuration()) {
     absl::StatusOr<std::unique_ptr<util::KeepAwake>> k =
         util::KeepAwake::Start(latency.keep_awake);
     if (!k.ok()) return k.status();
     rs->keep_awake_ = *std::move(k);
   }
-  // One budget for the BN answers and frames of both transports.
-  auto bn_budget =
-      std::make_shared<util::ByteBudget>(limits.bn_memory_budget_bytes);
   rs->bn_budget_ = bn_budget;
   if (rs->metrics_ != nullptr) AddBudgetGauge(rs->registry_.get(), bn_budget);
   if (latency.bn_port >= 0) {

@@ -91,8 +91,14 @@ struct ServerLimits {
   // Most raw-TCP BN connections before their hello from one address
   // (BnSocketServer::Options::max_unauthenticated_per_peer).
   int bn_max_unauthenticated_per_peer = 64;
-  // What all BN connections together (raw TCP and BnSync streams) may hold
-  // in unread answers and partial frames; gauge bnps_server_bn_buffered_bytes.
+  // The server's one memory budget for what clients make it hold: all BN
+  // connections' (raw TCP and BnSync streams) unread answers and partial
+  // frames, the recalibration moments filed, the layer names each BN
+  // stream keeps, and the state copies of ReadState calls (a shard's
+  // state three times while a call builds its answer, once while it
+  // streams); gauge bnps_server_bn_buffered_bytes. A ReadState of a shard
+  // whose state does not fit is refused: exporting a shard of S bytes
+  // needs a budget above 3 S.
   int64_t bn_memory_budget_bytes = int64_t{256} << 20;
   // A BN frame begun must be whole within this.
   absl::Duration bn_frame_timeout = absl::Seconds(10);
@@ -116,8 +122,8 @@ class RunningServer {
   // long as the server. metrics() is null when monitoring.metrics is false.
   metrics::Registry& registry() { return *registry_; }
   ServerMetrics* metrics() { return metrics_.get(); }
-  // What the BN connections of both transports hold (ServerLimits::
-  // bn_memory_budget_bytes).
+  // The server's memory budget (ServerLimits::bn_memory_budget_bytes) and
+  // what is charged to it.
   const util::ByteBudget& bn_memory() const { return *bn_budget_; }
   // The raw-TCP BN listener (ServerLatency::bn_port); null when it is off.
   const BnSocketServer* bn_socket_server() const { return bn_socket_.get(); }

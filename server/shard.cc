@@ -235,7 +235,9 @@ Shard::Shard(ShardOptions options)
                : std::function<int64_t()>(),
            [this](int64_t step) { return WorkersAt(step); },
            options_.bn_group_size, options_.bn_group_by_host,
-           options_.bn_staleness}),
+           options_.bn_staleness,
+           BnAggregator::Options().recal_bytes_per_worker,
+           options_.memory_budget}),
       membership_(options_.num_workers, options_.heartbeat_timeout) {}
 
 Shard::~Shard() {
@@ -367,6 +369,7 @@ absl::Status Shard::RegisterLocked(int worker, uint64_t incarnation) {
                    "process: it takes the place of the old one "
                    "(--on_worker_loss=wait)\n",
                    options_.shard, worker);
+      NoteFailure();
       return membership_.Replace(worker, incarnation, now);
     }
   }
@@ -512,7 +515,10 @@ void Shard::LearnLosses(const std::vector<Membership::Loss>& news) {
                marked;
     }
   }
-  if (marked) Tick(options_.now());  // fails or drops them now
+  if (marked) {
+    NoteFailure();
+    Tick(options_.now());  // fails or drops them now
+  }
 }
 
 std::vector<Membership::Loss> Shard::Losses() const {
@@ -547,6 +553,7 @@ void Shard::Tick(absl::Time now) {
 
 void Shard::HandleLosses(absl::Time now) {
   for (int w : membership_.CheckTimeouts(now)) {
+    NoteFailure();
     if (options_.worker_loss == policy::WorkerLoss::kWait) {
       std::fprintf(stderr,
                    "bnps_server[%d]: %s: steps wait for it to come back (up "
@@ -586,6 +593,19 @@ int64_t Shard::ResumeStep(int worker) const {
 Shard::GenerationInfo Shard::generation() const {
   absl::MutexLock lock(&gen_mu_);
   return gen_;
+}
+
+void Shard::NoteFailure() {
+  absl::MutexLock lock(&gen_mu_);
+  gen_.failure_seen = true;
+}
+
+bool Shard::Joining(int worker) const {
+  if (worker < 0 || worker >= options_.num_workers) return false;
+  const Membership::WorkerInfo info = membership_.Snapshot()[worker];
+  if (!info.registered || info.lost || info.finished) return false;
+  absl::MutexLock lock(&history_mu_);
+  return worker >= history_.WorkersAt(INT64_MAX);
 }
 
 }  // namespace bnps::server

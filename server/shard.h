@@ -72,6 +72,7 @@
 #include "server/step_clocks.h"
 #include "server/membership.h"
 #include "store/parameter_store.h"
+#include "util/byte_budget.h"
 #include "util/log_limiter.h"
 #include "policy/policy.h"
 #include "proto/bnps.pb.h"
@@ -142,6 +143,12 @@ struct ShardOptions {
   // the seal of news it is told (proto's WorkerLoss); empty: none made or
   // checked (a job without a token). Default: none.
   std::string seal_key;
+  // The server's one memory budget (ServerLimits::bn_memory_budget_bytes),
+  // shared with its BN connections: the recalibration moments and the
+  // layer names each BN stream keeps are charged to it too
+  // (BnAggregator::Options::memory, ServerMetrics::LayerCache). Null: none
+  // (tests of the logic alone). Default: none.
+  std::shared_ptr<util::ByteBudget> memory_budget;
 };
 
 class Shard {
@@ -275,11 +282,23 @@ class Shard {
     int64_t generation = 0;
     bool needs_rollback = false;
     int64_t restored_step = -1;  // -1: never restored
+    // During this generation the shard lost a worker (its heartbeats, or a
+    // shard's sealed news) or saw one's process replaced by another
+    // (--on_worker_loss=wait): a failure that calls for a new generation
+    // (server/rollback_authority.h).
+    bool failure_seen = false;
   };
   GenerationInfo generation() const;
+  // Whether `worker` is registered here, live, at or above the job's
+  // newest count: a worker asking to join (Rollback's resize_to).
+  bool Joining(int worker) const;
   // Limits the log lines of refused calls (LogRejected).
   util::LogLimiter& rejection_log() const { return rejection_log_; }
   uint64_t server_incarnation() const { return incarnation_; }
+  // ShardOptions::memory_budget (null: none); not owned by the caller.
+  util::ByteBudget* memory_budget() const {
+    return options_.memory_budget.get();
+  }
 
   // SHA-256s of the parameters (their float32 bytes) and of the BN layers'
   // running statistics ("bn/<layer>": mean then var, float64 bytes), in key
@@ -331,6 +350,8 @@ class Shard {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(join_mu_);
   // Fails or drops the workers lost as of `now`.
   void HandleLosses(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(join_mu_);
+  // Notes a failure in this generation (GenerationInfo::failure_seen).
+  void NoteFailure();
   // Marks the job complete if every worker finished (under shrink, or was
   // dropped) and at least one finished; true if this call did.
   bool MarkCompleteIfDone() ABSL_EXCLUSIVE_LOCKS_REQUIRED(join_mu_);

@@ -514,6 +514,7 @@ absl::StatusOr<int64_t> Shard::Rollback(int64_t generation, int64_t step,
     gen_.generation = generation;
     gen_.needs_rollback = false;
     gen_.restored_step = step;
+    gen_.failure_seen = false;
   }
   bool changed = false;
   if (absl::Status s = Restore(file->payload, file->path, why, &changed);

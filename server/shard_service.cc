@@ -11,6 +11,7 @@
 #include "security/worker_token.h"
 #include "checkpoint/checkpoint.h"
 #include "server/read_state.h"
+#include "server/rollback_authority.h"
 #include "server/rpc_util.h"
 #include "server/shard_reactors.h"
 
@@ -27,39 +28,16 @@ absl::Status HasClocks(Shard& shard) {
       "step clocks are kept by shard 0 under the async policy only");
 }
 
-// Who may ask for what in a Rollback. Every caller: a generation in
-// [0, kMaxGeneration] and a step of -1 (the newest) or more. A caller that
-// proved one worker's own token (--per_worker_tokens) is that worker, not
-// the job: it may move the job to the next generation only (a worker drives
-// the roll-back after a server restart), grow it only to take its own place
-// (resize_to up to its id + 1, as a joining worker does), and shrink it only
-// by leaving itself (checked by the shard). Jumps and others' places need
-// the job token.
-absl::Status CheckRollbackAuthority(int caller, int64_t current_generation,
-                                    const proto::RollbackRequest& req) {
-  if (req.generation() < 0 || req.generation() > proto::kMaxGeneration) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "rollback to generation ", req.generation(), ": generations run from "
-        "0 to ", proto::kMaxGeneration));
-  }
-  if (req.step() < -1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("rollback to step ", req.step(), ": no such step"));
-  }
-  if (caller == security::TokenAuthenticator::kAnyWorker) return absl::OkStatus();
-  if (req.generation() > current_generation + 1) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        "worker ", caller, "'s own token may move the job to generation ",
-        current_generation + 1, " at most, not ", req.generation(),
-        ": that takes the job token"));
-  }
-  if (req.resize_to() > caller + 1) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        "worker ", caller, "'s own token may grow the job to ", caller + 1,
-        " workers at most (its own place), not ", req.resize_to(),
-        ": that takes the job token"));
-  }
-  return absl::OkStatus();
+// The shard's grounds for a new generation (server/rollback_authority.h),
+// as `caller` asks.
+RollbackGrounds GroundsOf(const Shard& shard, int caller) {
+  const Shard::GenerationInfo g = shard.generation();
+  RollbackGrounds grounds;
+  grounds.generation = g.generation;
+  grounds.needs_rollback = g.needs_rollback;
+  grounds.failure_seen = g.failure_seen;
+  grounds.caller_joins = caller >= 0 && shard.Joining(caller);
+  return grounds;
 }
 
 }  // namespace
@@ -370,6 +348,11 @@ grpc::ServerUnaryReactor* ShardService::GetStatus(
   resp.set_generation(g.generation);
   resp.set_needs_rollback(g.needs_rollback);
   resp.set_restored_step(g.restored_step);
+  if (req.next_generation() > 0) {
+    resp.set_generation_warrant(
+        FailureWarrant(shard_->options().seal_key, shard_->options().job,
+                       GroundsOf(*shard_, caller), req.next_generation()));
+  }
   resp.set_checkpoint_dir(shard_->options().checkpoint_dir);
   if (!shard_->options().checkpoint_dir.empty()) {
     absl::StatusOr<std::vector<int64_t>> steps =
@@ -400,7 +383,9 @@ grpc::ServerUnaryReactor* ShardService::Rollback(
       &caller);
   absl::Status s = admitted.status();
   if (s.ok()) {
-    s = CheckRollbackAuthority(caller, shard_->generation().generation, req);
+    s = CheckRollbackAuthority(shard_->options().seal_key,
+                               shard_->options().job, caller,
+                               GroundsOf(*shard_, caller), req);
   }
   if (s.ok()) {
     Shard::MembershipChange change;
@@ -423,6 +408,9 @@ grpc::ServerUnaryReactor* ShardService::Rollback(
       resp.set_step(*step);
       resp.set_resume_step(shard_->ResumeStep(req.worker()));
       shard_->history().ToSegments(resp.mutable_membership());
+      resp.set_warrant(DecidedWarrant(shard_->options().seal_key,
+                                      shard_->options().job, req.generation(),
+                                      resp.membership()));
     }
   }
   return Answer(M::kRollback, ctx, *raw, worker, s, &resp, out);
@@ -479,6 +467,20 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* ShardService::ReadState(
         kMaxConcurrentReadStates, " ReadState calls are under way on shard ",
         shard_->options().shard, ": try again when one has ended"));
   }
+  // The copies are charged to the server's memory budget before they are
+  // made: three while the answer is built (the values kept as they were,
+  // the store's export, the messages), one while it streams.
+  const int64_t copy = ReadStateBytes(*shard_);
+  if (s.ok() && !bn_budget_->TryCharge(3 * copy)) {
+    read_states_.Release(1);
+    s = absl::ResourceExhaustedError(absl::StrCat(
+        "ReadState of shard ", shard_->options().shard, " needs ", 3 * copy,
+        " bytes of the server's memory budget while it copies the state; ",
+        bn_budget_->left(), " of ", bn_budget_->limit(), " are left",
+        3 * copy > bn_budget_->limit()
+            ? ": start the server with a larger --bn_memory_budget_mb"
+            : ": try again when other calls have ended"));
+  }
   if (metrics_) metrics_->Received(M::kReadState, raw->Length());
   if (!s.ok()) {
     LogRejected(*shard_, "ReadState", -1, s);
@@ -491,8 +493,11 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* ShardService::ReadState(
     messages.emplace_back();
     SerializeTo(m, &messages.back());
   }
-  return NewReadStateReactor(std::move(messages), metrics_,
-                             [this] { read_states_.Release(1); });
+  bn_budget_->Release(2 * copy);
+  return NewReadStateReactor(std::move(messages), metrics_, [this, copy] {
+    bn_budget_->Release(copy);
+    read_states_.Release(1);
+  });
 }
 
 grpc::ServerUnaryReactor* ShardService::Session(

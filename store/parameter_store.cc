@@ -645,6 +645,7 @@ ParameterStore::Stats ParameterStore::GetStats() const {
   s.min_version = params_.empty() ? 0 : INT64_MAX;
   for (const auto& [_, p] : params_) {
     s.min_version = std::min(s.min_version, p.version);
+    s.num_values += static_cast<int64_t>(p.values->size());
   }
   s.applied = applied_;
   s.duplicates = duplicates_;

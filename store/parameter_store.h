@@ -224,6 +224,7 @@ class ParameterStore {
     int64_t min_version = 0;
     int64_t applied = 0;     // pushes accepted
     int64_t duplicates = 0;  // pushes acknowledged as duplicates
+    int64_t num_values = 0;  // floats over every key
   };
   Stats GetStats() const;
 

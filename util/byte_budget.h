@@ -38,6 +38,19 @@ class ByteBudget {
     return true;
   }
 
+  // Charges `n` (>= 0) for something lasting -- what clients make the
+  // server keep (records, cached names), not answers in flight -- only if
+  // at most half the limit is in use after it, so that the other half
+  // always stays for answers in flight; false, charging nothing, if not.
+  bool TryChargeLasting(int64_t n) {
+    int64_t used = used_.load(std::memory_order_relaxed);
+    do {
+      if (n > limit_ / 2 - used) return false;
+    } while (!used_.compare_exchange_weak(used, used + n,
+                                          std::memory_order_relaxed));
+    return true;
+  }
+
   // Charges as much of `n` (>= 0) as fits and returns that (0 when the
   // budget is spent).
   int64_t ChargeUpTo(int64_t n) {

@@ -23,6 +23,19 @@ TEST(ByteBudgetTest, ChargesWhatFitsAndNoMore) {
 
 // Many holders at once never push the total past the limit (a
 // server-wide bound, not one per connection).
+TEST(ByteBudgetTest, LastingChargesLeaveHalfForAnswers) {
+  ByteBudget b(100);
+  EXPECT_TRUE(b.TryChargeLasting(30));
+  EXPECT_FALSE(b.TryChargeLasting(21));  // past half
+  EXPECT_EQ(b.used(), 30);
+  EXPECT_TRUE(b.TryChargeLasting(20));
+  EXPECT_TRUE(b.TryCharge(50));  // answers take the other half
+  EXPECT_FALSE(b.TryChargeLasting(0 + 1));
+  b.Release(60);
+  EXPECT_FALSE(b.TryChargeLasting(11));  // 40 held: 10 of the half left
+  EXPECT_TRUE(b.TryChargeLasting(10));
+}
+
 TEST(ByteBudgetTest, ConcurrentHoldersStayWithinTheLimit) {
   ByteBudget b(1000);
   std::atomic<int64_t> peak{0};

@@ -213,15 +213,18 @@ absl::Status Membership::CheckCanRollBack() const {
   return absl::OkStatus();
 }
 
-absl::Status Membership::StatusOfAll(
-    absl::Time deadline, std::vector<proto::StatusResponse>* st) const {
+absl::Status Membership::StatusOfAll(absl::Time deadline,
+                                     std::vector<proto::StatusResponse>* st,
+                                     int64_t next_generation) const {
   st->assign(channels_->num_shards(), proto::StatusResponse());
+  proto::StatusRequest request;
+  request.set_next_generation(next_generation);
   for (int i = 0; i < channels_->num_shards(); ++i) {
     absl::Status s =
         UntilReached(i, deadline, "GetStatus", [&](absl::Time call_deadline) {
           return channels_->Call(i, call_deadline, [&](grpc::ClientContext& c) {
             return proto::FromGrpcStatus(channels_->shard(i).stub->GetStatus(
-                &c, proto::StatusRequest(), &(*st)[i]));
+                &c, request, &(*st)[i]));
           });
         });
     if (!s.ok()) return s;
@@ -229,15 +232,29 @@ absl::Status Membership::StatusOfAll(
   return absl::OkStatus();
 }
 
+std::string Membership::FailureWarrant(absl::Time deadline,
+                                       int64_t generation) const {
+  std::vector<proto::StatusResponse> st;
+  if (!StatusOfAll(deadline, &st, generation).ok()) return "";
+  for (const proto::StatusResponse& r : st) {
+    if (!r.generation_warrant().empty()) return r.generation_warrant();
+  }
+  return "";
+}
+
 absl::Status Membership::RollbackAll(absl::Time deadline, int64_t generation,
                                      bool async, int resize_to, int shrink_to,
-                                     int64_t* step, int64_t* resume) const {
+                                     const std::string& warrant, int64_t* step,
+                                     int64_t* resume) const {
   const GrpcClientOptions& options = channels_->options();
   // Shard 0 decides; the others follow its step.
   absl::Status s;
   *resume = INT64_MAX;
   // Shard 0 decides the membership too; the others take it.
   google::protobuf::RepeatedPtrField<proto::MembershipSegment> decided;
+  // With per-worker tokens, shard 0's warrant is what lets the others follow
+  // it (server/rollback_authority.h).
+  std::string decided_warrant;
   for (int i = 0; i < channels_->num_shards() && s.ok(); ++i) {
     proto::RollbackRequest request;
     request.set_job(options.job);
@@ -247,8 +264,10 @@ absl::Status Membership::RollbackAll(absl::Time deadline, int64_t generation,
     if (i == 0) {
       request.set_resize_to(resize_to);
       request.set_shrink_to(shrink_to);
+      request.set_warrant(warrant);
     } else {
       *request.mutable_membership() = decided;
+      request.set_warrant(decided_warrant);
     }
     proto::RollbackResponse response;
     s = UntilReached(i, deadline, "Rollback", [&](absl::Time call_deadline) {
@@ -259,7 +278,10 @@ absl::Status Membership::RollbackAll(absl::Time deadline, int64_t generation,
     });
     if (s.ok()) {
       if (!async) *step = response.step();
-      if (i == 0) decided = response.membership();
+      if (i == 0) {
+        decided = response.membership();
+        decided_warrant = response.warrant();
+      }
       *resume = std::min(*resume, response.resume_step());
     }
   }
@@ -316,9 +338,15 @@ absl::StatusOr<int64_t> Membership::Recover(bool restarted,
           "nothing to roll back: every shard is in this worker's generation");
     }
     if (async) step = -1;
+    // A new generation: a shard's word that it saw a failure calling for
+    // it, for a worker that holds only its own token.
+    const std::string warrant = generation > st[0].generation() ||
+                                        st[0].needs_rollback()
+                                    ? FailureWarrant(deadline, generation)
+                                    : "";
     int64_t resume = INT64_MAX;
     if (absl::Status s = RollbackAll(deadline, generation, async, resize_to,
-                                     shrink_to, &step, &resume);
+                                     shrink_to, warrant, &step, &resume);
         !s.ok()) {
       // Someone went further meanwhile (a stale generation), or the step is
       // gone: look again.

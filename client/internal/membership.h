@@ -15,6 +15,7 @@
 #include <functional>
 #include <map>
 #include <set>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -117,16 +118,24 @@ class Membership {
 
   // Recover's parts. CheckCanRollBack: FAILED_PRECONDITION naming a shard
   // that answers it keeps no checkpoints. StatusOfAll: every shard's
-  // status, in shard order, or the first error. RollbackAll: the Rollback
+  // status, in shard order, or the first error (each asked for its warrant
+  // for `next_generation`, if above 0). RollbackAll: the Rollback
   // to `generation` at *step on every shard, shard 0 deciding the step
-  // (unless `async`) and the membership; *resume: the smallest step a
+  // (unless `async`) and the membership, its request carrying `warrant`,
+  // the others' shard 0's warrant; *resume: the smallest step a
   // shard says to resume at (INT64_MAX: none); the first error.
   absl::Status CheckCanRollBack() const;
   absl::Status StatusOfAll(absl::Time deadline,
-                           std::vector<proto::StatusResponse>* st) const;
+                           std::vector<proto::StatusResponse>* st,
+                           int64_t next_generation = 0) const;
   absl::Status RollbackAll(absl::Time deadline, int64_t generation, bool async,
-                           int resize_to, int shrink_to, int64_t* step,
+                           int resize_to, int shrink_to,
+                           const std::string& warrant, int64_t* step,
                            int64_t* resume) const;
+  // The first shard's failure warrant for `generation`
+  // (StatusResponse.generation_warrant); empty if none has one (shard 0
+  // then decides on what it saw itself) or a shard is out of reach.
+  std::string FailureWarrant(absl::Time deadline, int64_t generation) const;
 
   // Register's second round, on every shard.
   absl::Status RegisterAll(absl::Time deadline,

@@ -5,7 +5,8 @@ fails to start is a RuntimeError carrying its output; under Kubeflow
 Trainer's variables the server is the node's shard at the fixed port and the
 servers are the nodes' derived names; the processes and the node's server
 serve metrics on ports of their own; node_aggregator=True starts the node's
-BN aggregator, which then carries the BN traffic. The multi-node layout runs in
+BN aggregator, given the servers' hosts (--shards), which then carries the BN
+traffic. The multi-node layout runs in
 //examples/pytorch:torchrun_test."""
 
 import os
@@ -146,6 +147,25 @@ class NodeServerTest(unittest.TestCase):
         # Without start_local_server it has nothing to start.
         with self.assertRaisesRegex(ValueError, "start_local_server"):
             bnps.torch.init(servers="127.0.0.1:1", node_aggregator=True)
+
+    def test_the_nodes_aggregator_connects_to_the_jobs_shards_only(self):
+        # Started once the servers' addresses are known, it is given their
+        # hosts: a worker's hello naming another upstream is refused.
+        p = launch.placement(dict(ENV, LOCAL_WORLD_SIZE="1"))
+        started = node_server.start(p, job="node-shards", aggregator=True)
+        try:
+            hub = started.aggregator_process
+            self.assertIsNotNone(hub)
+            self.assertIn("--shards=127.0.0.1", hub.args)
+            self.assertTrue(started.servers.startswith("127.0.0.1:"),
+                            started.servers)
+            self.assertIsNone(hub.proc.poll())
+        finally:
+            started.stop()
+        self.assertEqual(node_server._shard_hosts(
+            "10.0.0.4:7000,10.0.0.5:7000,10.0.0.4:7001,[::1]:7002,"
+            "fashion-node-0-0.fashion:7000"),
+            ["10.0.0.4", "10.0.0.5", "[::1]", "fashion-node-0-0.fashion"])
 
     def test_a_server_that_fails_to_start_is_an_error(self):
         with self.assertRaisesRegex(RuntimeError,

@@ -23,9 +23,11 @@ step 3 only reports failures.
 
 With aggregator=True (init's node_aggregator) each local rank 0 also
 starts the node's BN aggregator (bnps_host_bn on 127.0.0.1, for
-LOCAL_WORLD_SIZE processes) and every process's BN traffic goes through its
-node's (the process ranked worker - local_rank: torchrun's contiguous
-ranks).
+LOCAL_WORLD_SIZE processes) once the servers' addresses are known (after
+step 3), with --shards naming their hosts, so that it connects to the job's
+shards alone, whatever address a worker's hello names; every process's BN
+traffic goes through its node's (the process ranked worker - local_rank:
+torchrun's contiguous ranks), whose address a second gather tells.
 
 BNPS_NODE_SERVER_METRICS_PORT=P gives each node's server a Prometheus
 endpoint on port P at its own address (the workers' BNPS_METRICS_PORT is
@@ -108,14 +110,33 @@ def _metrics_flags(flags, bind, env):
                           f"--metrics_address={bind}"]
 
 
-def _start_aggregator(placement, flags, start_timeout_s):
+def _shard_hosts(servers):
+    """The hosts of the servers' "host:port" addresses (comma-separated),
+    for bnps_host_bn --shards: any BN port there (the servers pick theirs)."""
+    hosts = []
+    for address in servers.split(","):
+        host = address.rpartition(":")[0] if ":" in address else address
+        if host and host not in hosts:
+            hosts.append(host)
+    return hosts
+
+
+def _start_aggregator(placement, flags, start_timeout_s, servers):
     """This node's bnps_host_bn for its LOCAL_WORLD_SIZE processes, on
-    127.0.0.1 (its workers are local), with the servers' token file."""
+    127.0.0.1 (its workers are local), with the servers' token file, that
+    connects to the hosts of `servers` only; returns it once it listens."""
     args = ["--host=127.0.0.1", "--port=0",
-            f"--workers={placement.local_world_size}"]
+            f"--workers={placement.local_world_size}",
+            "--shards=" + ",".join(_shard_hosts(servers))]
     args += [f for f in flags if f.startswith("--token_file=")]
-    return _cluster.ServerProcess(
+    hub = _cluster.ServerProcess(
         args, _cluster.find_host_bn_binary(), start_timeout_s).launch()
+    try:
+        hub.wait_address("bnps_host_bn")
+    except BaseException:
+        hub.stop()
+        raise
+    return hub
 
 
 def _my_aggregator(placement, got):
@@ -132,6 +153,33 @@ def _my_aggregator(placement, got):
             f"rank {lead} (a node's aggregator needs each node's processes "
             f"ranked one after another, as torchrun ranks them)")
     return aggregator
+
+
+def _gather_started(placement, group, leader, what, start):
+    """Each local rank 0 calls `start`, which returns (the process it
+    started, the server's address, the aggregator's address); every process
+    gets the (server, aggregator, host, error) entries of all, in rank
+    order, and this process's started process (or None). RuntimeError
+    naming the nodes where `what` did not start, on every process (this
+    process's stopped first), so that none waits forever."""
+    started = None
+    mine = (None, None, socket.gethostname(), None)
+    if leader:
+        try:
+            started, server, hub = start()
+            mine = (server, hub, mine[2], None)
+        except (OSError, RuntimeError, ValueError) as e:
+            mine = (None, None, mine[2], f"{type(e).__name__}: {e}")
+    got = [None] * placement.num_workers
+    dist.all_gather_object(got, mine, group=group)
+    failed = [f"worker {w}: {err}" for w, (_, _, _, err) in enumerate(got)
+              if err]
+    if failed:
+        if started is not None:
+            started.stop()
+        raise RuntimeError(f"bnps: a node's {what} did not start: " +
+                           "; ".join(failed))
+    return got, started
 
 
 def start(placement, policy="sync", job="bnps", host=None, flags=(),
@@ -167,36 +215,33 @@ def start(placement, policy="sync", job="bnps", host=None, flags=(),
         port = 0
         bind = host or ("127.0.0.1" if num_shards == 1 else
                         socket.gethostbyname(socket.gethostname()))
-    process = hub = None
-    mine = (None, None, socket.gethostname(), None)
-    if leader:
-        try:
-            if aggregator:
-                hub = _start_aggregator(placement, flags, start_timeout_s)
-            process = _cluster.ServerProcess(
-                _cluster.server_args(shard, num_shards, placement.num_workers,
-                                     policy, job, host=bind, port=port,
-                                     flags=_metrics_flags(flags, bind, env)),
-                server_bin, start_timeout_s).start()
-            if hub is not None:
-                hub.wait_address("bnps_host_bn")
-            mine = (process.address, hub and hub.address, mine[2], None)
-        except (OSError, RuntimeError, ValueError) as e:
-            mine = (None, None, mine[2], f"{type(e).__name__}: {e}")
-    got = [None] * placement.num_workers
-    dist.all_gather_object(got, mine, group=group)
-    failed = [f"worker {w}: {err}" for w, (_, _, _, err) in enumerate(got)
-              if err]
-    try:
-        if failed:
-            raise RuntimeError("bnps: a node's server did not start: " +
-                               "; ".join(failed))
-        mine_hub = _my_aggregator(placement, got) if aggregator else None
-    except BaseException:
-        for p in (hub, process):
-            if p is not None:
-                p.stop()
-        raise
+
+    def start_server():
+        process = _cluster.ServerProcess(
+            _cluster.server_args(shard, num_shards, placement.num_workers,
+                                 policy, job, host=bind, port=port,
+                                 flags=_metrics_flags(flags, bind, env)),
+            server_bin, start_timeout_s).start()
+        return process, process.address, None
+
+    got, process = _gather_started(placement, group, leader, "server",
+                                   start_server)
     servers = known.servers if known is not None else \
         ",".join(addr for addr, _, _, _ in got if addr)
+    hub = mine_hub = None
+    if aggregator:
+        def start_hub():
+            started = _start_aggregator(placement, flags, start_timeout_s,
+                                        servers)
+            return started, None, started.address
+
+        try:
+            hubs, hub = _gather_started(placement, group, leader,
+                                        "BN aggregator", start_hub)
+            mine_hub = _my_aggregator(placement, hubs)
+        except BaseException:
+            for p in (hub, process):
+                if p is not None:
+                    p.stop()
+            raise
     return NodeServer(servers, process, group, mine_hub, hub)
