@@ -287,22 +287,6 @@ class MomentsTest(unittest.TestCase):
         torch.testing.assert_close(torch.from_numpy(m2), u[2], **F64)
 
 
-class CaptureTest(unittest.TestCase):
-    def test_a_pass_on_a_capturing_cuda_stream_is_refused(self):
-        # The rule alone (the GPU run tries a real capture:
-        # tests/pytorch CudaGraphCaptureTest).
-        from bnps.torch import sync_batchnorm as sbn
-        on_gpu, on_cpu = mock.Mock(is_cuda=True), mock.Mock(is_cuda=False)
-        with mock.patch.object(torch.cuda, "is_current_stream_capturing",
-                               return_value=True):
-            with self.assertRaisesRegex(RuntimeError, "CUDA graph"):
-                sbn._refuse_capture(on_gpu)
-            sbn._refuse_capture(on_cpu)
-        with mock.patch.object(torch.cuda, "is_current_stream_capturing",
-                               return_value=False):
-            sbn._refuse_capture(on_gpu)
-
-
 class LayerTest(unittest.TestCase):
     def connection(self, policy):
         s = bnps_connection.Connection(FakeClient(policy))
