@@ -1,7 +1,8 @@
-"""bnps.torch's route table (bnps/torch/_routes.py) without servers: every
-route from its facts, the fallbacks (a correct route, one warning per
-layer), the refusals (a capture, another device), that a layer dispatches
-on the table's answer, and that bnps (python/bnps) has no import circle.
+"""bnps.torch's route table (bnps/torch/_routes.py): every route from its
+facts, the fallbacks (a correct route, one warning per layer), the
+refusals (a capture, another device), without servers; that a layer
+dispatches on the table's answer (a one-worker local job, one_job.py); and
+that bnps (python/bnps) has no import circle.
 Needs torch (tools/setup.sh installs python3-torch); fails without it."""
 
 import ast
@@ -21,7 +22,7 @@ import bnps  # noqa: E402
 import bnps.torch  # noqa: E402
 from bnps.torch import _layer_ops  # noqa: E402
 from bnps.torch import _routes as R  # noqa: E402
-from bnps.torch import connection as bnps_connection  # noqa: E402
+from one_job import connect  # noqa: E402
 
 # A training pass of float32 CPU input in order, connection not queueing.
 BASE = R.Facts(training=True, tracks_running=True, recalibrating=False,
@@ -92,24 +93,9 @@ class TableTest(unittest.TestCase):
         self.assertIsNone(R.native_shape(x, torch.zeros(3).double()))
 
 
-class FakeClient:
-    """A job of one worker under `local`, which sends nothing."""
-
-    def __init__(self):
-        self.config = {"policy": "local", "gradients": "sync",
-                       "bn_momentum": 0.1, "barrier_timeout_ms": 1000}
-        self.worker, self.num_workers = 0, 1
-        self.closed = False
-
-    def close(self):
-        self.closed = True
-
-
 class LayerRouteTest(unittest.TestCase):
     def connection(self, **kw):
-        s = bnps_connection.Connection(FakeClient(), **kw)
-        self.addCleanup(s.close)
-        return s
+        return connect(self, "local", **kw)[0]
 
     def routes(self, bn, x):
         """The routes `bn` took for a forward and backward pass on x, and
@@ -171,7 +157,7 @@ class LayerRouteTest(unittest.TestCase):
         self.assertEqual(said, [])
         # Input the native call does not take queues on the CPU.
         routes, _ = self.routes(bn.double(), torch.randn(4, 3, 2, 2).double())
-        self.assertEqual(routes[0], R.QUEUED)
+        self.assertEqual(routes, [R.QUEUED, R.QUEUED])
 
 
 def _imports(path, modules):

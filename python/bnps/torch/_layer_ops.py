@@ -117,13 +117,14 @@ def backward(bn, x, weight, dy, stats, eps, need_dx):
     route = _routes.choose_backward(
         isinstance(stats, _queued.QueuedStats),
         _routes.native_shape(x, weight) is not None and
-        dy.dtype == torch.float32 and dy.device.type == "cpu" and
-        (stats.layer is None or _client_native(bn) is not None))
+        dy.dtype == torch.float32 and dy.device.type == "cpu")
     return _BACKWARD[route](bn, x, weight, dy, stats, eps, need_dx)
 
 
 def _client_native(bn):
-    return getattr(bn._connection().client, "native", None)
+    """The connection's native client (bnps._native.Client): the one path
+    of every exchange."""
+    return bn._connection().client.native
 
 
 def _native_forward(bn, x, weight, bias, eps):
@@ -134,10 +135,7 @@ def _native_forward(bn, x, weight, bias, eps):
     s = bn._connection()
     rule = worker_bn(s)
     native = _client_native(bn)
-    if rule.plan_forward(rm is not None)[0]:
-        if native is None:  # a stand-in client
-            return _torch_forward(bn, x, weight, bias, eps)
-        bn._name()  # the servers key the layer by it
+    bn._check_named(rule, rm is not None)  # the servers key the layer by it
     y = torch.empty_like(x)
     moments = torch.empty(2, shape[1], dtype=torch.float64)
     info = torch.zeros(3, dtype=torch.int64)
@@ -172,11 +170,8 @@ def _queued_forward(bn, x, weight, bias, eps):
     """QUEUED: torch operations with the exchange queued on the stream
     (bnps/torch/stream_exchange.py)."""
     s = bn._connection()
-    native = _client_native(bn)
-    if native is None:  # a stand-in client answers through its methods
-        return _torch_forward(bn, x, weight, bias, eps)
     return _queued.forward(bn, s.exchange_queue(x.device), worker_bn(s),
-                           native, x, weight, bias, eps,
+                           s.client.native, x, weight, bias, eps,
                            channels_.acc_dtype(x.dtype))
 
 
@@ -222,11 +217,6 @@ def _torch_backward(bn, x, weight, dy, stats, eps, need_dx):
     l_dy, l_dy_xhat = host[0], host[1]
     layer = stats.layer or ""
     native = _client_native(bn) if layer else None
-    if layer and native is None:  # a stand-in client answers first
-        g_dy, g_dy_xhat = bn._exchange_backward(stats, np_(l_dy),
-                                                np_(l_dy_xhat))
-        l_dy, l_dy_xhat = torch.from_numpy(g_dy), torch.from_numpy(g_dy_xhat)
-        layer = ""
     k = None
     if need_dx and x.numel() > 0:
         k = torch.empty(3, channels, dtype=torch.float64)

@@ -103,7 +103,14 @@ class SyncBatchNorm(nn.modules.batchnorm._BatchNorm):
         self.process_group = process_group
         self._bnps_group_checked = False
         self._bnps_step = 0       # training-mode calls synced so far
-        self._bnps_backward_step = 0  # backward passes synced so far
+        # Backward passes synced so far: their own count, in the order
+        # autograd runs them (the same in every process), not the forward's
+        # step. A layer applied twice per iteration (a siamese model) has
+        # its backward passes in the reverse order of its forwards, and the
+        # servers refuse a backward step below one they finished; a second
+        # backward through one forward (retain_graph) needs a merge of its
+        # own, where a repeated step would get the first pass's sums back.
+        self._bnps_backward_step = 0
         self._recal_batch = None  # not None: the next recalibration batch
         self._recal_key = None    # the servers' key of this recalibration
         self._bnps_rounds = {}    # settling rounds so far (convert.py)
@@ -158,16 +165,16 @@ class SyncBatchNorm(nn.modules.batchnorm._BatchNorm):
 
     def forward(self, x):
         self._check_input_dim(x)
-        route = _layer_ops.choose(self, x, self.weight, self.bias,
-                                  _ops.compiling())
+        compiling = _ops.compiling()
+        if self.training and not compiling and not self._bnps_group_checked:
+            _groups.check_process_group(self.process_group,
+                                        self._connection())
+            self._bnps_group_checked = True
+        route = _layer_ops.choose(self, x, self.weight, self.bias, compiling)
         if route == _routes.EVAL:
             return self._eval_forward(x)
         if route == _routes.OWN_STATISTICS:
             return self._own_statistics_forward(x)
-        if not self._bnps_group_checked and route != _routes.COMPILED:
-            _groups.check_process_group(self.process_group,
-                                        self._connection())
-            self._bnps_group_checked = True
         if route == _routes.COMPILED:  # torch >= 2.4 under torch.compile
             return _ops.batch_norm(x, self.weight, self.bias,
                                    self._bnps_op_id, self.eps)[0]
@@ -227,46 +234,15 @@ class SyncBatchNorm(nn.modules.batchnorm._BatchNorm):
                                   _np(mean), _np(m2))
                 self._recal_batch += 1
             return _stats(count, mean, _biased(count, m2))
-        return self._exchange_with_servers(self._connection(), count, mean,
-                                           m2)
-
-    def _exchange_with_servers(self, s, count, mean, m2):
-        # The policy's rules are the C++ client's (client/worker_bn.h):
-        # whether to send, what to normalize with, whether the backward
-        # pass exchanges, how the running statistics follow. This moves
-        # tensors: with a real client in one native call, with a stand-in
-        # (tests) through its methods.
-        rule = worker_bn(s)
-        native = getattr(s.client, "native", None)
-        if native is not None:
-            return self._exchange_natively(rule, native, count, mean, m2)
-        track = self.running_mean is not None
-        rule.check_layer(self.bnps_name or "", track, self.momentum)
-        exchange, want_running = rule.plan_forward(track)
-        answer, name, step = None, None, None
-        if exchange:
-            name, step = self._name(), self._bnps_step
-            answer = s.client.bn_forward(name, step, count, _np(mean),
-                                         _np(m2), want_running=want_running)
-            self._bnps_step += 1
-        n, mu, mm2, global_backward, running = rule.resolve(
-            count, _np(mean), _np(m2), answer)
-        mu, mm2 = torch.from_numpy(mu), torch.from_numpy(mm2)
-        if running == _native.RUNNING_FROM_BATCH:
-            self._update_running(n, mu, mm2)
-        elif running == _native.RUNNING_FROM_SERVERS:
-            with torch.no_grad():
-                self.running_mean.copy_(torch.from_numpy(answer[3]))
-                self.running_var.copy_(torch.from_numpy(answer[4]))
-                self.num_batches_tracked.add_(1)
-        if not global_backward:
-            name = step = None
-        return _stats(n, mu, _biased(n, mm2), layer=name)
+        s = self._connection()
+        return self._exchange_natively(worker_bn(s), s.client.native, count,
+                                       mean, m2)
 
     def _exchange_natively(self, rule, native, count, mean, m2):
-        """_exchange_with_servers in one call (bnps_layer_exchange_forward:
-        the rule, the exchange and the running statistics' update, on this
-        layer's float64 host copy of them)."""
+        """A WAITING pass's exchange in one call (bnps_layer_exchange_forward:
+        the policy's rules (client/worker_bn.h), the exchange and the
+        running statistics' update, on this layer's float64 host copy of
+        them)."""
         track = self.running_mean is not None
         self._check_named(rule, track)
         channels = mean.shape[0]
@@ -290,33 +266,6 @@ class SyncBatchNorm(nn.modules.batchnorm._BatchNorm):
         if track:
             self._write_running(int(tracked[0]), rm, rv)
         return Stats(n, stats, name)
-
-    def _exchange_backward(self, stats, sum_dy, sum_dy_xhat):
-        # Backward passes have their own count, in the order autograd runs
-        # them (the same in every process), not the forward's step: a layer
-        # applied twice per iteration (a siamese model) has its backward
-        # passes in the reverse order of its forwards, and the servers
-        # refuse a backward step below one they finished; a second backward
-        # through one forward (retain_graph) needs a merge of its own, where
-        # a repeated step would get the first pass's sums back.
-        step = self._bnps_backward_step
-        r = self._connection().client.bn_backward(stats.layer, step, sum_dy,
-                                               sum_dy_xhat)
-        self._bnps_backward_step += 1
-        return r
-
-    def _update_running(self, count, mean, m2):
-        """running = (1 - m) running + m batch (unbiased variance), in
-        float64, as torch does (client::UpdateRunning); momentum None: the
-        cumulative average."""
-        if self.running_mean is None:
-            return
-        tracked, rm_host, rv_host = self._running_on_host()
-        tracked, rm, rv = _native.update_running(
-            count, _np(mean), _np(m2), self.momentum, tracked,
-            _np(rm_host), _np(rv_host))
-        self._write_running(tracked, torch.from_numpy(rm),
-                            torch.from_numpy(rv))
 
     def _write_running(self, tracked, rm, rv):
         """Writes the running statistics (float64 CPU tensors) and the count
