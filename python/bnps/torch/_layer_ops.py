@@ -6,6 +6,9 @@ eager passes give the same bits. `bn` is the layer (SyncBatchNorm): its
 exchanges and running statistics are its own methods.
 """
 
+import ctypes
+import math
+
 import torch
 
 from bnps import _native
@@ -53,10 +56,11 @@ def ptr(t):
 class Stats:
     """What a forward pass normalized with, and how its backward syncs."""
 
-    def __init__(self, count, moments, layer=None):
+    def __init__(self, count, moments, layer=None, native=False):
         self.count = count      # samples the statistics describe
         self.moments = moments  # float64 CPU, 2 x C: the mean, the biased var
         self.layer = layer      # the layer's name if the backward pass syncs
+        self.native = native    # the forward took NATIVE_CPU (x suits it)
         self._on_device = None  # (device, dtype, eps, 3 x C there)
 
     def on_device(self, device, dtype, eps, staging):
@@ -114,10 +118,10 @@ def forward(bn, x, weight, bias, eps, route=None):
 def backward(bn, x, weight, dy, stats, eps, need_dx):
     """(dx, dweight, dbias) of forward's pass: dx None unless need_dx,
     dweight and dbias None without a weight."""
+    queued = isinstance(stats, _queued.QueuedStats)
     route = _routes.choose_backward(
-        isinstance(stats, _queued.QueuedStats),
-        _routes.native_shape(x, weight) is not None and
-        dy.dtype == torch.float32 and dy.device.type == "cpu")
+        queued, not queued and dy.dtype == torch.float32 and dy.is_cpu and
+        (stats.native or _routes.native_shape(x, weight) is not None))
     return _BACKWARD[route](bn, x, weight, dy, stats, eps, need_dx)
 
 
@@ -130,27 +134,27 @@ def _client_native(bn):
 def _native_forward(bn, x, weight, bias, eps):
     """NATIVE_CPU: the moments, the exchange, the running statistics'
     update and y in one call (bnps._native.layer_forward)."""
-    rm, rv = bn.running_mean, bn.running_var
-    shape = _routes.native_shape(x, weight, bias, rm, rv)
+    buffers = bn._buffers  # (nn.Module's attributes cost a lookup each)
+    rm, rv = buffers.get("running_mean"), buffers.get("running_var")
+    n, channels = x.shape[0], x.shape[1]
     s = bn._connection()
     rule = worker_bn(s)
-    native = _client_native(bn)
     bn._check_named(rule, rm is not None)  # the servers key the layer by it
     y = torch.empty_like(x)
-    moments = torch.empty(2, shape[1], dtype=torch.float64)
-    info = torch.zeros(3, dtype=torch.int64)
+    moments = torch.empty(2, channels, dtype=torch.float64)
+    info = (ctypes.c_int64 * 3)()  # not a tensor: read back without torch
     try:
         _native.layer_forward(
-            rule, native, bn.bnps_name or "", bn._bnps_step,
-            x.data_ptr(), *shape, ptr(weight), ptr(bias), eps,
-            bn.momentum, ptr(rm), ptr(rv),
-            ptr(bn.num_batches_tracked), torch.get_num_threads(),
-            y.data_ptr(), moments.data_ptr(), info.data_ptr())
+            rule, s.client.native, bn.bnps_name or "", bn._bnps_step,
+            x.data_ptr(), n, channels, math.prod(x.shape[2:]), ptr(weight),
+            ptr(bias), eps, bn.momentum, ptr(rm), ptr(rv),
+            ptr(buffers.get("num_batches_tracked")), torch.get_num_threads(),
+            y.data_ptr(), moments.data_ptr(), ctypes.addressof(info))
     finally:
-        count, exchanged, global_backward = info.tolist()
+        count, exchanged, global_backward = info
         bn._bnps_step += exchanged
     return y, Stats(count, moments,
-                    bn.bnps_name if global_backward else None)
+                    bn.bnps_name if global_backward else None, native=True)
 
 
 def _torch_forward(bn, x, weight, bias, eps):
@@ -178,7 +182,7 @@ def _queued_forward(bn, x, weight, bias, eps):
 def _native_backward(bn, x, weight, dy, stats, eps, need_dx):
     """NATIVE_CPU: the sums, their exchange, dx, dweight and dbias in one
     call (bnps._native.layer_backward)."""
-    shape = _routes.native_shape(x, weight)
+    shape = (x.shape[0], x.shape[1], math.prod(x.shape[2:]))
     native, step = None, 0
     if stats.layer is not None:  # the sums go to the servers
         native, step = _client_native(bn), bn._bnps_backward_step

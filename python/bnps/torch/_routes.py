@@ -38,6 +38,7 @@ the current device's context).
 """
 
 import collections
+import math
 import warnings
 
 import torch
@@ -144,38 +145,36 @@ def native_shape(x, *others):
     float32 CPU x in contiguous (N, C, *) order with non-empty samples,
     with float32 CPU contiguous `others` (each may be None); else None."""
     for t in (x,) + others:
-        if t is not None and (t.dtype != torch.float32 or
-                              t.device.type != "cpu" or
+        if t is not None and (t.dtype != torch.float32 or not t.is_cpu or
                               not t.is_contiguous()):
             return None
     spatial = _samples(x)
     return (x.shape[0], x.shape[1], spatial) if spatial > 0 else None
 
 
-def _float32_cpu(*tensors):
-    for t in tensors:
-        if t is not None and (t.dtype != torch.float32 or
-                              t.device.type != "cpu"):
-            return False
-    return True
-
-
 def facts(bn, x, weight, bias, connection, compiling):
     """The Facts of a pass of `bn` (SyncBatchNorm) on `x` through
-    `connection` (None: eval mode, which needs none)."""
+    `connection` (None: eval mode, which needs none). (Called for every
+    pass: one look at each tensor.)"""
     training = bn.training
-    rm, rv = bn.running_mean, bn.running_var
+    buffers = bn._buffers  # (nn.Module's attributes cost a lookup each)
+    rm = buffers.get("running_mean")
     tracks = rm is not None
     device = x.device.type
     capturing = device == "cuda" and torch.cuda.is_current_stream_capturing()
     if not training or compiling:
         return Facts(training, tracks, False, compiling, capturing, device,
                      False, CONTIGUOUS, False, False, None)
-    state = (x, weight, bias, rm, rv)
-    float32_state = _float32_cpu(*state) and _samples(x) > 0 and \
-        (not tracks or bn.num_batches_tracked is not None)
-    layout = CONTIGUOUS if all(t is None or t.is_contiguous() for t in state) \
-        else STRIDED
+    float32_state, layout = device == "cpu", CONTIGUOUS
+    for t in (x, weight, bias, rm, buffers.get("running_var")):
+        if t is not None:
+            if t.dtype != torch.float32 or not t.is_cpu:
+                float32_state = False
+            if not t.is_contiguous():
+                layout = STRIDED
+    if float32_state:
+        float32_state = _samples(x) > 0 and \
+            (not tracks or buffers.get("num_batches_tracked") is not None)
     queues = connection.queues_on(x.device) and \
         connection.exchange_queue(x.device) is not None
     other = device == "cuda" and x.device.index != torch.cuda.current_device()
@@ -186,10 +185,7 @@ def facts(bn, x, weight, bias, connection, compiling):
 
 def _samples(x):
     """Values per sample and channel (1 for (N, C) input)."""
-    n = 1
-    for d in x.shape[2:]:
-        n *= d
-    return n
+    return math.prod(x.shape[2:])
 
 
 def warn_once(bn, message):

@@ -170,16 +170,18 @@ class SyncBatchNorm(nn.modules.batchnorm._BatchNorm):
             _groups.check_process_group(self.process_group,
                                         self._connection())
             self._bnps_group_checked = True
-        route = _layer_ops.choose(self, x, self.weight, self.bias, compiling)
+        # (The parameters read once: a module's attribute costs a lookup.)
+        weight, bias = self.weight, self.bias
+        route = _layer_ops.choose(self, x, weight, bias, compiling)
         if route == _routes.EVAL:
             return self._eval_forward(x)
         if route == _routes.OWN_STATISTICS:
             return self._own_statistics_forward(x)
         if route == _routes.COMPILED:  # torch >= 2.4 under torch.compile
-            return _ops.batch_norm(x, self.weight, self.bias,
-                                   self._bnps_op_id, self.eps)[0]
-        return _SyncBatchNormFunction.apply(x, self.weight, self.bias, self,
-                                            self.eps, route)
+            return _ops.batch_norm(x, weight, bias, self._bnps_op_id,
+                                   self.eps)[0]
+        return _SyncBatchNormFunction.apply(x, weight, bias, self, self.eps,
+                                            route)
 
     def _eval_forward(self, x):
         acc = channels_.acc_dtype(x.dtype)
