@@ -153,11 +153,13 @@ def main():
         conn.drain_exchanges()
     name = torch.cuda.get_device_name() if device.type == "cuda" else "CPU"
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    clock_name = "the thread's CPU time" if args.clock == "thread" \
+        else "wall time"
     print(f"{args.layers} layers of {args.channels} channels on "
           f"{tuple(inputs[dtype].shape)} input, {name}, torch "
           f"{torch.__version__}, one thread, policy {args.policy}, load "
           f"{load:.1f}; us per layer for a forward and a backward pass "
-          f"({'the thread' + chr(39) + 's CPU time' if args.clock == 'thread' else 'wall time'}), "
+          f"({clock_name}), "
           f"min / median / max over {args.runs} runs of {args.steps} "
           f"steps\n")
     print("| layer | us per layer | extra over plain (median) | / plain "

@@ -98,11 +98,13 @@ def choose(f):
     if f.compiling:
         return COMPILED, None
     if f.capturing:
+        what = "exchange with the servers runs" if f.recalibrating or \
+            f.policy not in ("local", "recal") else \
+            "running statistics are updated"
         raise RouteError(
             f"bnps SyncBatchNorm: a training-mode pass cannot be captured in "
-            f"a CUDA graph under the {f.policy!r} policy: its "
-            f"{'running statistics are' if f.policy == 'local' else 'exchange with the servers is'} "
-            f"updated on the host, which a replay of the graph would skip. "
+            f"a CUDA graph under the {f.policy!r} policy: its {what} on the "
+            f"host, which a replay of the graph would skip. "
             f"Capture the model in eval mode, or keep the bnps layers out of "
             f"the graph")
     if f.recalibrating:
