@@ -8,19 +8,23 @@ On a GPU a step of a model like ResNet-18 is bound by the host's time to
 queue it (tools/gpu/run.sh torch: plain BatchNorm's step takes as long as
 its host queues it), so every microsecond a layer adds on the host is added
 to the step, 2 passes x each BN layer. This measures that microsecond count
-on its own: a one-worker job under policy `local` (the layer's rules run,
-no exchange leaves the process), the exchanges queued on the stream (the
-default on CUDA) and waiting for the device.
+on its own: a one-worker job under --policy (default `local`: the layer's
+rules run, no exchange leaves the process; `sync` adds a round trip to
+the server per layer and pass), for each route a training pass can take
+(bnps/torch/_routes.py): the exchanges queued on the stream (the default on
+CUDA) and waiting for the device, in float32 on a GPU and float64 on the
+CPU, and on the CPU the native call of float32 input.
 
-    tools/bnps_python bench/pytorch_layer_host_cost.py              # the CPU, float64
-    python3 bench/pytorch_layer_host_cost.py --device=cuda          # a GPU, float32
+    tools/bnps_python bench/pytorch_layer_host_cost.py              # the CPU
+    python3 bench/pytorch_layer_host_cost.py --device=cuda          # a GPU
 
-(On the CPU float32 takes the native step and never queues, hence float64
-there.) Prints one Markdown table: microseconds per layer for a forward and
-a backward pass, min / median / max over --runs runs of --steps steps, and
-the extra over plain BatchNorm; and from torch's profiler, per layer, the
-torch operations called from Python and (on a GPU) the kernel launches and
-copies. A benchmark: exits 0; 1 if a run fails.
+Prints one Markdown table: microseconds per layer for a forward and a
+backward pass, min / median / max over --runs runs of --steps steps (the
+kinds interleaved in each run, so a busy machine's load falls on all), the
+extra over plain BatchNorm of the same dtype and the ratio to it; and from
+torch's profiler, per layer, the torch operations called from Python and
+(on a GPU) the kernel launches and copies. A benchmark: exits 0; 1 if a
+run fails.
 """
 
 import argparse
@@ -47,6 +51,13 @@ def main():
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--warmup", type=int, default=20)
     p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--policy", default="local", choices=["local", "sync"])
+    p.add_argument("--clock", choices=["thread", "wall"], default=None,
+                   help="thread: this thread's CPU time (the host's own "
+                   "work, which other processes' load inflates far less "
+                   "than wall time; the default on the CPU); wall: "
+                   "elapsed time (the default on a GPU, where the host "
+                   "also waits for the device)")
     p.add_argument("--server_bin", default=None,
                    help="bnps_server (default: the wheel's, or bazel-bin's)")
     args = p.parse_args()
@@ -54,27 +65,30 @@ def main():
         print("pytorch_layer_host_cost: no GPU here")
         return 0
     torch.set_num_threads(1)
-    dtype = torch.float64 if args.device == "cpu" else torch.float32
     device = torch.device(args.device)
-    x = torch.randn(4, args.channels, 2, 2, dtype=dtype, device=device,
-                    requires_grad=True)
+    # The queued and waiting routes' dtype; on the CPU float32 takes the
+    # native call.
+    dtype = torch.float64 if args.device == "cpu" else torch.float32
+    inputs = {t: torch.randn(4, args.channels, 2, 2, dtype=t, device=device,
+                             requires_grad=True)
+              for t in {dtype, torch.float32}}
 
-    def stack():
+    def stack(t):
         return torch.nn.Sequential(*[
             torch.nn.BatchNorm2d(args.channels)
-            for _ in range(args.layers)]).to(device, dtype)
+            for _ in range(args.layers)]).to(device, t)
 
-    def per_layer_us(model, steps):
+    def per_layer_us(model, steps, x):
         sync = torch.cuda.synchronize if device.type == "cuda" else \
             (lambda: None)
         sync()
-        start = time.perf_counter()
+        start = clock()
         for _ in range(steps):
             model(x).sum().backward()
         sync()
-        return (time.perf_counter() - start) / steps / args.layers * 1e6
+        return (clock() - start) / steps / args.layers * 1e6
 
-    def calls_per_layer(model):
+    def calls_per_layer(model, x):
         """(torch operations, CUDA runtime calls or None) per layer for a
         forward and a backward pass, from torch's profiler: the operations
         called from Python (not those they call), the kernel launches and
@@ -96,44 +110,71 @@ def main():
         return (ops / args.layers,
                 cuda / args.layers if device.type == "cuda" else None)
 
-    with LocalCluster(num_servers=1, num_workers=1, policy="local",
+    if args.clock is None:
+        args.clock = "wall" if device.type == "cuda" else "thread"
+    clock = time.thread_time if args.clock == "thread" else time.perf_counter
+
+    def short(t):
+        return str(t)[6:]
+
+    with LocalCluster(num_servers=1, num_workers=1, policy=args.policy,
                       server_bin=args.server_bin) as cluster, \
             bnps.torch.init(servers=cluster.servers, worker=0,
                             num_workers=1, set_default=False) as conn:
-        plain = stack()
-        ours = bnps.torch.convert_sync_batchnorm(stack(), connection=conn)
-        kinds = {"plain BatchNorm2d": (plain, None),
-                 "bnps, queued on the stream": (ours, True),
-                 "bnps, waiting for the device": (ours, False)}
+        # name -> (model, stream_exchange, dtype, plain's name)
+        kinds = {}
+        for t in sorted(inputs, key=str):
+            kinds[f"plain BatchNorm2d, {short(t)}"] = (stack(t), None, t,
+                                                       None)
+        plain = f"plain BatchNorm2d, {short(dtype)}"
+        ours = bnps.torch.convert_sync_batchnorm(stack(dtype),
+                                                 connection=conn)
+        if device.type == "cpu":
+            kinds["bnps, native call, float32"] = (
+                bnps.torch.convert_sync_batchnorm(
+                    stack(torch.float32), connection=conn, prefix="f32."),
+                False, torch.float32, "plain BatchNorm2d, float32")
+        kinds[f"bnps, queued on the stream, {short(dtype)}"] = (
+            ours, True, dtype, plain)
+        kinds[f"bnps, waiting for the device, {short(dtype)}"] = (
+            ours, False, dtype, plain)
         times = {k: [] for k in kinds}
-        for name, (model, queued) in kinds.items():
+        for name, (model, queued, t, _) in kinds.items():
             conn.stream_exchange = queued
-            per_layer_us(model, args.warmup)
+            per_layer_us(model, args.warmup, inputs[t])
         for _ in range(args.runs):
-            for name, (model, queued) in kinds.items():
+            for name, (model, queued, t, _) in kinds.items():
                 conn.stream_exchange = queued
-                times[name].append(per_layer_us(model, args.steps))
+                times[name].append(per_layer_us(model, args.steps, inputs[t]))
         calls = {}
-        for name, (model, queued) in kinds.items():
+        for name, (model, queued, t, _) in kinds.items():
             conn.stream_exchange = queued
-            calls[name] = calls_per_layer(model)
+            calls[name] = calls_per_layer(model, inputs[t])
         conn.drain_exchanges()
     name = torch.cuda.get_device_name() if device.type == "cuda" else "CPU"
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    clock_name = "the thread's CPU time" if args.clock == "thread" \
+        else "wall time"
     print(f"{args.layers} layers of {args.channels} channels on "
-          f"{tuple(x.shape)} {str(dtype)[6:]} input, {name}, torch "
-          f"{torch.__version__}, one thread; us per layer for a forward and "
-          f"a backward pass, min / median / max over {args.runs} runs of "
-          f"{args.steps} steps\n")
-    print("| layer | us per layer | extra over plain (median) | torch "
-          "operations per layer | CUDA launches and copies per layer |")
-    print("|---|---|---|---|---|")
-    base = statistics.median(times["plain BatchNorm2d"])
+          f"{tuple(inputs[dtype].shape)} input, {name}, torch "
+          f"{torch.__version__}, one thread, policy {args.policy}, load "
+          f"{load:.1f}; us per layer for a forward and a backward pass "
+          f"({clock_name}), "
+          f"min / median / max over {args.runs} runs of {args.steps} "
+          f"steps\n")
+    print("| layer | us per layer | extra over plain (median) | / plain "
+          "(median) | torch operations per layer | CUDA launches and copies "
+          "per layer |")
+    print("|---|---|---|---|---|---|")
     for name, t in times.items():
         med = statistics.median(t)
+        base = kinds[name][3]
+        ref = statistics.median(times[base]) if base else None
         ops, cuda = calls[name]
-        print("| %s | %.0f / %.0f / %.0f | %s | %.1f | %s |" % (
+        print("| %s | %.0f / %.0f / %.0f | %s | %s | %.1f | %s |" % (
             name, min(t), med, max(t),
-            "" if name.startswith("plain") else "%.0f" % (med - base), ops,
+            "" if ref is None else "%.0f" % (med - ref),
+            "" if ref is None else "%.2f" % (med / ref), ops,
             "n/a" if cuda is None else "%.1f" % cuda))
     return 0
 

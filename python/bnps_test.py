@@ -1,9 +1,11 @@
-"""Unit tests of the bnps package without servers: errors, init's argument
-checks, an unreachable server, local moments (16-bit input accumulated in
-float32), Chan's merge, SyncBatchNorm against torch.nn.BatchNorm under a
-fake client (sync with one worker, local with momentum=None), eval mode with
-no connection at all, convert_sync_batchnorm's names and state.
-Needs torch (tools/setup.sh installs python3-torch); fails without it."""
+"""Unit tests of the bnps package: errors, init's argument checks, an
+unreachable server, local moments (16-bit input accumulated in float32),
+Chan's merge, SyncBatchNorm against torch.nn.BatchNorm in a job of one
+worker on a real bnps_server (one_job.py: sync, local with momentum=None,
+async, recal; what reached the servers read from the client's metrics),
+eval mode with no connection at all, convert_sync_batchnorm's names and
+state. Needs torch (tools/setup.sh installs python3-torch); fails without
+it."""
 
 import os
 import pickle
@@ -19,7 +21,6 @@ sys.path.insert(0, os.path.join(os.getcwd(), "python"))  # Bazel runfiles
 import torch_or_debian  # noqa: F401,E402  (first: torch, or Debian's python3)
 import torch  # noqa: E402
 
-import numpy as np  # noqa: E402
 from torch import nn  # noqa: E402
 
 import bnps  # noqa: E402
@@ -28,49 +29,20 @@ import bnps.torch  # noqa: E402
 from bnps import client as bnps_client  # noqa: E402
 from bnps import errors  # noqa: E402
 from bnps.torch import connection as bnps_connection  # noqa: E402
+from one_job import connect, round_trips  # noqa: E402
 
 F64 = dict(rtol=1e-10, atol=1e-10)
 
 
-class FakeClient:
-    """One worker's view of a job of one worker: the merge is its own."""
+class ConfigOnlyClient:
+    """What a Connection reads of a client when made (no layer runs over
+    it: the layers' exchanges all go through a real one, one_job.py)."""
 
     def __init__(self, policy):
-        # As the C++ client reports a job: the BN policy and the gradient
-        # mode its shorthand implies.
-        self.config = {"policy": policy,
-                       "gradients": "async" if policy == "async" else "sync",
+        self.config = {"policy": policy, "gradients": "sync",
                        "bn_momentum": 0.1, "barrier_timeout_ms": 1000}
         self.worker, self.num_workers = 0, 1
-        self.calls = []
-        self.answers = {}
         self.closed = False
-
-    def bn_forward(self, layer, step, count, mean, m2, want_running=False):
-        self.calls.append(("forward", layer, step))
-        return count, np.array(mean), np.array(m2), None, None, 1
-
-    def bn_backward(self, layer, step, sum_dy, sum_dy_xhat):
-        # As the servers: a repeated (layer, step) gets the first answer,
-        # and a step below the newest finished one is refused.
-        self.calls.append(("backward", layer, step))
-        newest = max([k[1] for k in self.answers if k[0] == layer],
-                     default=-1)
-        if (layer, step) not in self.answers and step < newest:
-            raise bnps.FailedPrecondition(9, "FAILED_PRECONDITION",
-                                          f"step {step} is from the past")
-        return self.answers.setdefault(
-            (layer, step), (np.array(sum_dy), np.array(sum_dy_xhat)))
-
-    def bn_recal(self, layer, batch, count, mean, m2):
-        self.calls.append(("recal", layer, batch))
-
-    def bn_recal_finish(self, layer):
-        self.calls.append(("recal_finish", layer))
-        return np.full(3, 0.5), np.full(3, 2.0)
-
-    def leave(self):
-        self.calls.append(("leave",))
 
     def close(self):
         self.closed = True
@@ -185,7 +157,7 @@ class InitTest(unittest.TestCase):
         cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
         for value, want in ((None, (False, True)), (True, (True, True)),
                             (False, (False, False))):
-            s = bnps_connection.Connection(FakeClient("sync"),
+            s = bnps_connection.Connection(ConfigOnlyClient("sync"),
                                            stream_exchange=value)
             self.assertEqual((s.queues_on(cpu), s.queues_on(cuda)), want,
                              value)
@@ -200,7 +172,7 @@ class InitTest(unittest.TestCase):
             return real(on_cuda)
         real, cuda = _native.StreamQueue, torch.device("cuda", 0)
         with mock.patch.object(_native, "StreamQueue", no_driver):
-            auto = bnps_connection.Connection(FakeClient("sync"))
+            auto = bnps_connection.Connection(ConfigOnlyClient("sync"))
             with self.assertWarnsRegex(UserWarning, "no CUDA driver"):
                 self.assertIsNone(auto.exchange_queue(cuda))
             self.assertFalse(auto.queues_on(cuda))
@@ -209,7 +181,7 @@ class InitTest(unittest.TestCase):
                 self.assertIsNone(auto.exchange_queue(cuda))
             auto.drain_exchanges()  # nothing to drain
             self.assertIsNotNone(auto.exchange_queue(torch.device("cpu")))
-            asked = bnps_connection.Connection(FakeClient("sync"),
+            asked = bnps_connection.Connection(ConfigOnlyClient("sync"),
                                                stream_exchange=True)
             with self.assertRaisesRegex(bnps.Unavailable, "no CUDA driver"):
                 asked.exchange_queue(cuda)
@@ -287,35 +259,21 @@ class MomentsTest(unittest.TestCase):
         torch.testing.assert_close(torch.from_numpy(m2), u[2], **F64)
 
 
-class CaptureTest(unittest.TestCase):
-    def test_a_pass_on_a_capturing_cuda_stream_is_refused(self):
-        # The rule alone (the GPU run tries a real capture:
-        # tests/pytorch CudaGraphCaptureTest).
-        from bnps.torch import sync_batchnorm as sbn
-        on_gpu, on_cpu = mock.Mock(is_cuda=True), mock.Mock(is_cuda=False)
-        with mock.patch.object(torch.cuda, "is_current_stream_capturing",
-                               return_value=True):
-            with self.assertRaisesRegex(RuntimeError, "CUDA graph"):
-                sbn._refuse_capture(on_gpu)
-            sbn._refuse_capture(on_cpu)
-        with mock.patch.object(torch.cuda, "is_current_stream_capturing",
-                               return_value=False):
-            sbn._refuse_capture(on_gpu)
-
-
 class LayerTest(unittest.TestCase):
     def connection(self, policy):
-        s = bnps_connection.Connection(FakeClient(policy))
-        self.addCleanup(s.close)
-        return s
+        return connect(self, policy)[0]
 
     def test_finish_leaves_the_job_and_close_does_not(self):
-        s = self.connection("sync")
+        # A server without --keep_serving exits once its job is complete:
+        # once its one worker left.
+        s, cluster = connect(self, "sync", keep_serving=False)
+        server = cluster._servers[0].proc
         s.close()
-        self.assertEqual(s.client.calls, [])
-        s = self.connection("sync")
+        with self.assertRaises(subprocess.TimeoutExpired):
+            server.wait(timeout=0.5)
+        s, cluster = connect(self, "sync", keep_serving=False)
         s.finish()
-        self.assertEqual(s.client.calls, [("leave",)])
+        self.assertEqual(cluster._servers[0].proc.wait(timeout=30), 0)
 
     def check_against_torch(self, policy, momentum, steps=3):
         s = self.connection(policy)
@@ -343,13 +301,12 @@ class LayerTest(unittest.TestCase):
 
     def test_sync_with_one_worker_is_torch_batchnorm(self):
         s = self.check_against_torch("sync", 0.1)
-        self.assertEqual(s.client.calls[:2], [("forward", "l", 0),
-                                              ("backward", "l", 0)])
-        self.assertEqual(s.client.calls[-1], ("backward", "l", 2))
+        self.assertEqual(round_trips(s), {("l", "forward"): 3,
+                                          ("l", "backward"): 3})
 
     def test_local_is_torch_batchnorm_with_a_cumulative_average(self):
         s = self.check_against_torch("local", None)
-        self.assertEqual(s.client.calls, [])  # no traffic
+        self.assertEqual(round_trips(s), {})  # no traffic
 
     def test_running_stats_written_behind_the_layers_back_are_used(self):
         # The layer keeps a host copy of the running statistics it wrote; a
@@ -399,9 +356,10 @@ class LayerTest(unittest.TestCase):
         # The C++ client's rule (client/worker_bn.h), as a ValueError.
         s = self.connection("async")
         bn = bnps.torch.SyncBatchNorm(3, momentum=0.5, name="l", connection=s)
-        with self.assertRaisesRegex(ValueError, "bn_momentum=0.5"):
-            bn(torch.randn(4, 3))
-        self.assertEqual(s.client.calls, [])  # refused before sending
+        for x in (torch.randn(4, 3), torch.randn(4, 3).double()):
+            with self.assertRaisesRegex(ValueError, "bn_momentum=0.5"):
+                bn.to(x.dtype)(x)
+        self.assertEqual(round_trips(s), {})  # refused before sending
 
     def test_recal_settles_by_recalibrating(self):
         s = self.connection("recal")
@@ -428,7 +386,7 @@ class LayerTest(unittest.TestCase):
         with self.assertRaises(ValueError):
             bnps.torch.SyncBatchNorm(2, name="x")(torch.randn(3, 4))
 
-    def check_two_backward_passes(self, policy, calls):
+    def check_two_backward_passes(self, policy, round_trips_then):
         s = self.connection(policy)
         ours = bnps.torch.SyncBatchNorm(3, name="l", connection=s).double()
         ref = nn.BatchNorm2d(3).double()
@@ -440,14 +398,14 @@ class LayerTest(unittest.TestCase):
             ya.backward(dy, retain_graph=True)
             yb.backward(dy, retain_graph=True)
         torch.testing.assert_close(xa.grad, xb.grad, **F64)
-        self.assertEqual(s.client.calls, calls)
+        self.assertEqual(round_trips(s), round_trips_then)
 
     def test_a_second_backward_through_one_forward_under_sync(self):
         # Each backward pass is merged on its own (the servers answer a
         # repeated step with the first answer: it must not be reused).
-        self.check_two_backward_passes("sync", [("forward", "l", 0),
-                                                ("backward", "l", 0),
-                                                ("backward", "l", 1)])
+        # (The servers refuse a step below one they finished: steps 0, 1.)
+        self.check_two_backward_passes("sync", {("l", "forward"): 1,
+                                                ("l", "backward"): 2})
 
     def test_a_layer_applied_twice_per_step_under_sync(self):
         # A siamese model: the backward passes come in reverse order of the
@@ -466,11 +424,12 @@ class LayerTest(unittest.TestCase):
                 grads.append((a.grad, b.grad))
             for got, want in zip(grads[0], grads[1]):
                 torch.testing.assert_close(got, want, **F64)
-        backward_steps = [c[2] for c in s.client.calls if c[0] == "backward"]
-        self.assertEqual(backward_steps, [0, 1, 2, 3])
+        # Steps 0 to 3: the servers refused none.
+        self.assertEqual(ours._bnps_backward_step, 4)
+        self.assertEqual(round_trips(s)[("l", "backward")], 4)
 
     def test_a_second_backward_under_local_is_torch_batchnorm(self):
-        self.check_two_backward_passes("local", [])
+        self.check_two_backward_passes("local", {})
 
     def test_double_backward_is_refused(self):
         # The backward pass treats the merged statistics as constants, so
@@ -495,17 +454,20 @@ class LayerTest(unittest.TestCase):
         model[1].train()  # a mixed state: each module's flag comes back
         loader = [torch.randn(4, 3, 2, 2) for _ in range(2)]
         self.assertEqual(bnps.torch.recalibrate(model, loader, connection=s), 2)
-        self.assertEqual(s.client.calls, [("recal", "a", 0), ("recal", "a", 1),
-                                          ("recal_finish", "a")])
+        self.assertEqual({k for k in round_trips(s) if k[0] == "b"}, set())
         self.assertFalse(model.training)
         self.assertFalse(model[0].training)
         self.assertTrue(model[1].training)
-        torch.testing.assert_close(model[0].running_mean, torch.full((3,), 0.5))
+        # The population's statistics: the servers merged both batches.
+        both = torch.cat(loader).transpose(0, 1).reshape(3, -1).double()
+        torch.testing.assert_close(model[0].running_mean,
+                                   both.mean(1).float())
+        torch.testing.assert_close(model[0].running_var,
+                                   both.var(1).float())
 
     def test_float32_on_the_cpu_takes_the_native_step(self):
         # Contiguous float32 CPU input runs the C++ worker's kernels, one
-        # native call per pass; local needs no exchange, so the stand-in
-        # client serves. Other input runs torch's operations.
+        # native call per pass. Other input runs torch's operations.
         s = self.connection("local")
         calls = []
 

@@ -82,7 +82,8 @@ build_wheel() {
 make_run_dir() {  # make_run_dir DIR
   local run="$1" d
   mkdir -p "$run/python"
-  cp "$repo"/python/*_test.py "$repo"/python/torch_or_debian.py "$run/python/"
+  cp "$repo"/python/*_test.py "$repo"/python/torch_or_debian.py \
+    "$repo"/python/one_job.py "$run/python/"
   for d in tests/pytorch tests/testdata/tls examples/pytorch deploy/kubeflow; do
     mkdir -p "$run/$(dirname "$d")"
     cp -r "$repo/$d" "$run/$d"

@@ -491,9 +491,15 @@ def torch_rows(t):
                                       "passed" if ok else "not all passed"),
                     "all pass", "met" if ok else "missed"))
     cost = t.get("host_cost") or {}
-    plain = cost.get("plain BatchNorm2d")
-    queued = cost.get("bnps, queued on the stream")
-    waiting = cost.get("bnps, waiting for the device")
+
+    def kind(name):
+        # The bench's rows name their dtype after a comma (earlier runs
+        # did not): the GPU's, float32.
+        return cost.get(name, cost.get(name + ", float32"))
+
+    plain = kind("plain BatchNorm2d")
+    queued = kind("bnps, queued on the stream")
+    waiting = kind("bnps, waiting for the device")
     if None not in (plain, queued, waiting):
         out.append(("bnps.torch host time per layer, forward and backward "
                     "(bench/pytorch_layer_host_cost.py): queued / waiting / "

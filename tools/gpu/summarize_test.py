@@ -249,6 +249,20 @@ class TorchRowsTest(unittest.TestCase):
                         "| bnps, waiting for the device | 300 / 320 / 330 | 279 |\n")
             rows = {r[0]: r for r in summarize.rows(summarize.collect(run))}
             self.assertEqual(rows[name][1], "210 us / 320 us / 41 us")
+            # Rows that name their dtype, as the bench writes them now.
+            with open(os.path.join(run, "torch", "torch_host_cost.log"),
+                      "w") as f:
+                f.write("20 layers of 64 channels, a GPU\n\n"
+                        "| layer | us per layer | extra over plain (median) "
+                        "| / plain (median) |\n"
+                        "|---|---|---|---|\n"
+                        "| plain BatchNorm2d, float32 | 40 / 41 / 45 |  |  |\n"
+                        "| bnps, queued on the stream, float32 | 200 / 211 / "
+                        "230 | 170 | 5.15 |\n"
+                        "| bnps, waiting for the device, float32 | 300 / 321 "
+                        "/ 330 | 280 | 7.83 |\n")
+            rows = {r[0]: r for r in summarize.rows(summarize.collect(run))}
+            self.assertEqual(rows[name][1], "211 us / 321 us / 41 us")
 
     def test_the_compile_suite_gives_a_row_where_it_ran(self):
         # The canned run predates the part: no row.

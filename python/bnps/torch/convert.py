@@ -7,7 +7,8 @@ from torch import nn
 
 from bnps import _native
 from bnps.torch import connection as _connection
-from bnps.torch.sync_batchnorm import SyncBatchNorm, _np, worker_bn
+from bnps.torch._layer_ops import np_ as _np, worker_bn
+from bnps.torch.sync_batchnorm import SyncBatchNorm
 
 
 def name_layers(module, prefix="", rename=False):

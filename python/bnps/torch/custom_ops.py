@@ -4,8 +4,9 @@ bnps::batch_norm_backward_v3 (torch.library.custom_op, with fake
 implementations and the autograd registration), so that Dynamo puts them in
 the graph as opaque calls instead of breaking it at the exchange with the
 servers, and `torch.compile(model, fullgraph=True)` works. The ops run the
-same code as the eager autograd Function (sync_batchnorm._forward and
-_backward), so compiled and eager give the same bits.
+same code as the eager autograd Function (_layer_ops.forward and
+backward, which choose the route again when the op runs: _routes.py), so
+compiled and eager give the same bits.
 
 Eager mode (not compiling) keeps the autograd Function: a custom op's
 dispatch costs more per call. On torch < 2.4 nothing is registered and the
@@ -38,6 +39,9 @@ import weakref
 from typing import Optional, Tuple
 
 import torch
+
+from bnps.torch import _layer_ops
+from bnps.torch.stream_exchange import QueuedStats
 
 _lock = threading.Lock()
 _layers = weakref.WeakValueDictionary()  # id -> SyncBatchNorm
@@ -142,17 +146,14 @@ if SUPPORTED:
         queued); info = [count, synced, token] (int64, CPU; synced: the
         backward pass merges across workers; token: the queued forward's
         statistics held here, 0 if none)."""
-        from bnps.torch import sync_batchnorm as sbn
         bn = _layer(layer)
-        queued = sbn._queued_forward(bn, x, weight, bias, eps)
-        if queued is not None:
-            y, stats = queued
+        y, stats = _layer_ops.forward(bn, x, weight, bias, eps)
+        if isinstance(stats, QueuedStats):
             moments = torch.zeros(2, x.shape[1], dtype=torch.float64)
             info = torch.tensor([0, int(stats.layer is not None), 0],
                                 dtype=torch.int64)
             info[2] = _hold(stats, info)
             return y, moments, info
-        y, stats = sbn._forward(bn, x, weight, bias, eps)
         info = torch.tensor([stats.count, int(stats.layer is not None), 0],
                             dtype=torch.int64)
         return y, stats.moments, info
@@ -173,17 +174,12 @@ if SUPPORTED:
     ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(dx, dweight, dbias); dx empty unless need_dx, dweight and dbias
         empty without a weight."""
-        from bnps.torch import sync_batchnorm as sbn
         bn = _layer(layer)
         count, synced, token = info.tolist()
-        if token:
-            dx, dweight, dbias = sbn._queued_backward(
-                bn, x, weight, dy, _take(token), eps, need_dx)
-        else:
-            stats = sbn._Stats(count, moments,
-                               layer=bn._name() if synced else None)
-            dx, dweight, dbias = sbn._backward(bn, x, weight, dy, stats, eps,
-                                               need_dx)
+        stats = _take(token) if token else _layer_ops.Stats(
+            count, moments, layer=bn._name() if synced else None)
+        dx, dweight, dbias = _layer_ops.backward(bn, x, weight, dy, stats, eps,
+                                                 need_dx)
         def none():  # a fresh one each: a custom op's outputs never alias
             return torch.empty(0, dtype=x.dtype, device=x.device)
         return (none() if dx is None else dx,

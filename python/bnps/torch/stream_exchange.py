@@ -215,7 +215,7 @@ def forward(bn, queue, rule, native, x, weight, bias, eps, acc):
 
 def backward(bn, x, weight, dy, stats, eps, need_dx, acc):
     """forward's backward pass, its exchange and dx's map queued: (dx,
-    dweight, dbias) as sync_batchnorm._backward's."""
+    dweight, dbias) as _layer_ops.backward's."""
     device, channels = x.device, x.shape[1]
     handle = _stream(device)
     b = _buffers(bn, channels, handle is not None, acc)
