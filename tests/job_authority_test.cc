@@ -24,6 +24,7 @@
 #include "proto/sharding.h"
 #include "security/job_token.h"
 #include "security/worker_token.h"
+#include "tests/token_session_testing.h"
 #include "server/server_runner.h"
 
 namespace bnps {
@@ -90,9 +91,9 @@ class JobAuthorityTest : public ::testing::Test {
     if (servers_.size() <= static_cast<size_t>(s)) servers_.resize(s + 1);
     servers_[s] = *std::move(r);
     if (stubs_.size() <= static_cast<size_t>(s)) stubs_.resize(s + 1);
-    stubs_[s] = proto::ParameterServer::NewStub(grpc::CreateChannel(
-        absl::StrCat("127.0.0.1:", servers_[s]->port()),
-        grpc::InsecureChannelCredentials()));
+    // Raw calls "as" a token: it goes out as a session of that token.
+    stubs_[s] = proto::ParameterServer::NewStub(testing::TokenSessionChannel(
+        absl::StrCat("127.0.0.1:", servers_[s]->port()), 2));
   }
 
   std::unique_ptr<client::GrpcPsClient> Connect(int worker) {
