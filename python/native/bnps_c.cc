@@ -447,13 +447,8 @@ int bnps_client_begin_step(bnps_client* c, int64_t step, int64_t* out,
   BNPS_RETURN_IF_ERROR(client.status());
   absl::StatusOr<bool> brackets = BracketsSteps(**client);
   BNPS_RETURN_IF_ERROR(brackets.status());
-  if (!*brackets) {
-    *out = step;
-    return 0;
-  }
-  absl::StatusOr<int64_t> r = (*client)->StartStep(step);
-  BNPS_RETURN_IF_ERROR(r.status());
-  *out = *r;
+  if (*brackets) return bnps_client_start_step(c, step, out, err, err_len);
+  *out = step;
   return 0;
 }
 
@@ -463,8 +458,8 @@ int bnps_client_end_step(bnps_client* c, int64_t completed, char* err,
   BNPS_RETURN_IF_ERROR(client.status());
   absl::StatusOr<bool> brackets = BracketsSteps(**client);
   BNPS_RETURN_IF_ERROR(brackets.status());
-  if (!*brackets) return 0;
-  return Fail((*client)->FinishStep(completed), err, err_len);
+  if (*brackets) return bnps_client_finish_step(c, completed, err, err_len);
+  return 0;
 }
 
 int bnps_client_leave(bnps_client* c, char* err, size_t err_len) {
