@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <map>
 #include <optional>
 #include <thread>
 #include <utility>
@@ -133,27 +134,53 @@ Aggregator::~Aggregator() {
 }
 
 void Aggregator::Spawn(std::function<void()> body) {
+  std::vector<std::thread> ended;
   {
     absl::MutexLock lock(&mu_);
     if (stopping_) return;
-    ++threads_;
+    ended = TakeEndedThreads();
+    const int64_t id = next_thread_++;
+    // The thread cannot record its end before it is in threads_: mu_ is
+    // held until then.
+    threads_[id] = std::thread([this, id, body = std::move(body)] {
+      body();
+      absl::MutexLock lock(&mu_);
+      ended_.push_back(id);
+    });
   }
-  std::thread([this, body = std::move(body)] {
-    body();
-    absl::MutexLock lock(&mu_);
-    --threads_;
-  }).detach();
+  for (std::thread& t : ended) t.join();
+}
+
+std::vector<std::thread> Aggregator::TakeEndedThreads() {
+  std::vector<std::thread> ended;
+  for (int64_t id : ended_) {
+    auto it = threads_.find(id);
+    ended.push_back(std::move(it->second));
+    threads_.erase(it);
+  }
+  ended_.clear();
+  return ended;
+}
+
+bool Aggregator::AllThreadsEnded() const {
+  return ended_.size() == threads_.size();
 }
 
 void Aggregator::Stop() {
-  absl::MutexLock lock(&mu_);
-  if (!stopping_) {
-    stopping_ = true;
-    shutdown(listen_fd_, SHUT_RDWR);  // wakes the accepting thread
-    for (const auto& c : conns_) c->Shut();
+  std::vector<std::thread> ended;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!stopping_) {
+      stopping_ = true;
+      shutdown(listen_fd_, SHUT_RDWR);  // wakes the accepting thread
+      for (const auto& c : conns_) c->Shut();
+    }
+    mu_.Await(absl::Condition(this, &Aggregator::AllThreadsEnded));
+    ended = TakeEndedThreads();
   }
-  mu_.Await(absl::Condition(
-      +[](int* n) { return *n == 0; }, &threads_));
+  // Joined, not detached: a thread has wholly ended (its thread-local
+  // state, OpenSSL's among it, freed) before Stop returns.
+  for (std::thread& t : ended) t.join();
 }
 
 void Aggregator::AcceptLoop() {

@@ -56,7 +56,9 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <thread>
 #include <tuple>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
@@ -148,7 +150,11 @@ class Aggregator {
   void ReadUpstream(std::shared_ptr<Group> g);
   // Fails `g` with `why` and forgets it.
   void Break(const std::shared_ptr<Group>& g, const absl::Status& why);
+  // Runs `body` on a thread of its own (none once stopping), joining those
+  // that have ended.
   void Spawn(std::function<void()> body) ABSL_LOCKS_EXCLUDED(mu_);
+  std::vector<std::thread> TakeEndedThreads() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool AllThreadsEnded() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Options options_;
   std::unique_ptr<security::TokenAuthenticator> auth_;
@@ -158,7 +164,11 @@ class Aggregator {
   int port_ = 0;
   absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  int threads_ ABSL_GUARDED_BY(mu_) = 0;  // running
+  // Every thread Spawn started and Stop (or a later Spawn) has not joined,
+  // by id; ended_: those whose body has returned.
+  std::map<int64_t, std::thread> threads_ ABSL_GUARDED_BY(mu_);
+  std::vector<int64_t> ended_ ABSL_GUARDED_BY(mu_);
+  int64_t next_thread_ ABSL_GUARDED_BY(mu_) = 0;
   int pending_ ABSL_GUARDED_BY(mu_) = 0;  // connections before their hello
   std::map<GroupKey, std::shared_ptr<Group>> groups_ ABSL_GUARDED_BY(mu_);
   std::set<std::shared_ptr<Conn>> conns_ ABSL_GUARDED_BY(mu_);

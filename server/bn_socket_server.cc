@@ -443,7 +443,8 @@ void BnSocketServer::LeavePending(Conn& conn) {
 }
 
 void BnSocketServer::Release(Conn& conn) {
-  conn.Shut();
+  // Everything the connection held is given back before its client can
+  // see the close, so a client that saw it sees the budget free.
   LeavePending(conn);
   if (conn.dispatcher.has_value() && !conn.released) --authenticated_;
   conn.released = true;
@@ -452,6 +453,7 @@ void BnSocketServer::Release(Conn& conn) {
   conn.charged_in = 0;
   conn.reader = proto::FrameReader();  // an answer owed may keep conn alive
   conn.frame_started = absl::InfiniteFuture();
+  conn.Shut();
 }
 
 bool BnSocketServer::Read(const std::shared_ptr<Conn>& conn) {
