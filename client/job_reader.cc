@@ -8,6 +8,7 @@
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/support/channel_arguments.h"
+#include "proto/bnps.grpc.pb.h"
 #include "proto/codec.h"
 #include "proto/limits.h"
 #include "client/internal/channel_auth.h"
@@ -29,7 +30,12 @@ absl::StatusOr<std::unique_ptr<JobReader>> JobReader::Create(
   return std::unique_ptr<JobReader>(new JobReader(std::move(options)));
 }
 
-JobReader::JobReader(JobReaderOptions options) : options_(std::move(options)) {
+struct JobReader::Stubs {
+  std::vector<std::unique_ptr<proto::ParameterServer::Stub>> of;
+};
+
+JobReader::JobReader(JobReaderOptions options)
+    : options_(std::move(options)), stubs_(std::make_unique<Stubs>()) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(proto::kMaxMessageBytes);
   args.SetMaxSendMessageSize(proto::kMaxMessageBytes);
@@ -43,7 +49,7 @@ JobReader::JobReader(JobReaderOptions options) : options_(std::move(options)) {
     identity.wait_for_ready = options_.wait_for_ready;
     auth_.push_back(std::make_unique<internal::ChannelAuth>(
         std::move(identity), ShardName(static_cast<int>(i))));
-    stubs_.push_back(proto::ParameterServer::NewStub(auth_.back()->Connect(
+    stubs_->of.push_back(proto::ParameterServer::NewStub(auth_.back()->Connect(
         options_.servers[i],
         tls ? options_.credentials : grpc::InsecureChannelCredentials(),
         args)));
@@ -85,7 +91,7 @@ absl::StatusOr<proto::StatusResponse> JobReader::GetStatus(int shard) const {
   proto::StatusResponse resp;
   absl::Status s = Call(shard, [&](grpc::ClientContext& context) {
     return proto::FromGrpcStatus(
-        stubs_[shard]->GetStatus(&context, proto::StatusRequest(), &resp));
+        stubs_->of[shard]->GetStatus(&context, proto::StatusRequest(), &resp));
   });
   if (!s.ok()) return s;  // as the shard's call gave it (callers name it)
   return resp;
@@ -98,7 +104,7 @@ absl::StatusOr<JobDigest> JobReader::GetDigest() const {
     proto::DigestResponse resp;
     absl::Status s = Call(i, [&](grpc::ClientContext& context) {
       return proto::FromGrpcStatus(
-          stubs_[i]->GetDigest(&context, proto::DigestRequest(), &resp));
+          stubs_->of[i]->GetDigest(&context, proto::DigestRequest(), &resp));
     });
     if (!s.ok()) return Context(s, absl::StrCat("GetDigest of ", ShardName(i)));
     for (const auto& e : resp.entries()) entries[e.key()] = e.sha256();
@@ -129,7 +135,7 @@ absl::Status JobReader::ReadStream(int shard, grpc::ClientContext& context,
   proto::ReadStateRequest req;
   req.set_job(options_.job);
   std::unique_ptr<grpc::ClientReader<proto::ReadStateResponse>> reader =
-      stubs_[shard]->ReadState(&context, req);
+      stubs_->of[shard]->ReadState(&context, req);
   proto::ReadStateResponse msg;
   bool first = true;
   // Tensors and layers of this shard still being filled: elements so far.

@@ -35,8 +35,12 @@
 #include "absl/time/time.h"
 #include "bn/kernels.h"
 #include "client/ps_client.h"
-#include "grpcpp/security/credentials.h"
-#include "proto/bnps.grpc.pb.h"
+#include "proto/bnps.pb.h"
+
+namespace grpc {
+class ChannelCredentials;
+class ClientContext;
+}  // namespace grpc
 
 namespace bnps::client {
 
@@ -84,7 +88,7 @@ class JobReader {
   static absl::StatusOr<std::unique_ptr<JobReader>> Create(
       JobReaderOptions options);
 
-  int num_shards() const { return static_cast<int>(stubs_.size()); }
+  int num_shards() const { return static_cast<int>(options_.servers.size()); }
   const JobReaderOptions& options() const { return options_; }
 
   // What shard `shard` knows (GetStatus). INVALID_ARGUMENT for a shard out
@@ -112,7 +116,10 @@ class JobReader {
   const JobReaderOptions options_;
   // How each shard's calls prove the token.
   std::vector<std::unique_ptr<internal::ChannelAuth>> auth_;
-  std::vector<std::unique_ptr<proto::ParameterServer::Stub>> stubs_;
+  // Each shard's gRPC stub (job_reader.cc: the generated service header
+  // stays out of this one).
+  struct Stubs;
+  std::unique_ptr<Stubs> stubs_;
 };
 
 }  // namespace bnps::client

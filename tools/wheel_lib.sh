@@ -97,9 +97,13 @@ python_tests() {
     examples/pytorch/*_test.py 2>/dev/null)
 }
 
-# Checks of the wheel installed in venv $1, run from the run directory $2.
+# Checks of the wheel installed in venv $1, run from the run directory $2:
+# the package, its console scripts, bnps beside torch and grpc, then the
+# Python tests named after them (paths in the run directory), or, with none
+# named, every one.
 installed_checks() {
   local venv="$1" run="$2" t
+  shift 2
   local py="$venv/bin/python"
   cd "$run" || return 1
   installed() {
@@ -120,8 +124,12 @@ installed_checks() {
   else
     skip beside_torch_and_grpc "no grpcio in this environment"
   fi
-  # shellcheck disable=SC2046
-  check_each "$py" $(python_tests "$run")
+  if [ "$#" -gt 0 ]; then
+    check_each "$py" "$@"
+  else
+    # shellcheck disable=SC2046
+    check_each "$py" $(python_tests "$run")
+  fi
 }
 
 # bnps in one process with grpcio and torch (argv[1]: which loads first):

@@ -5,6 +5,9 @@ saw (outputs, gradients, running statistics, errors) with torch.save to
 OUT/<scenario>_w<worker>.pt for the test to compare.
 
     parity_worker.py SCENARIO OUT
+
+or, the same, run_forked() in a process forked from a server that has
+imported torch already (the test's way: a worker starts in milliseconds).
 """
 
 import os
@@ -351,6 +354,19 @@ def main():
                 "cuda" if on_cuda else "host": q.counts()
                 for on_cuda, q in connection._queues.items()}
     torch.save(result, os.path.join(out_dir, f"{scenario}_w{connection.worker}.pt"))
+
+
+def run_forked(scenario, out_dir, env, log_path):
+    """main() for SCENARIO and OUT in a forked process: `env` becomes the
+    whole environment, and what it prints goes to `log_path`."""
+    os.environ.clear()
+    os.environ.update(env)
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    sys.argv = [__file__, scenario, out_dir]
+    main()
 
 
 if __name__ == "__main__":

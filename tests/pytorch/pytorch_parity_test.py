@@ -3,7 +3,9 @@ batch, in float64, with 2-3 worker processes and real bnps_server shards on
 127.0.0.1 (ports picked by the servers).
 
 Each scenario starts a LocalCluster, runs parity_worker.py SCENARIO in one
-process per worker (Debian's /usr/bin/python3, which has python3-torch), and
+process per worker (forked from a multiprocessing fork server that imported
+torch once, so no worker pays torch's import; the interpreter is Debian's
+/usr/bin/python3, which has python3-torch, or one with torch), and
 compares what they saved with the reference computed here: outputs, input
 gradients, weight and bias gradients (summed over workers), running
 statistics after many steps, eval mode; uneven and empty batches, one sample
@@ -15,6 +17,7 @@ torch is required: tools/setup.sh installs python3-torch. Without it this
 test fails (it does not skip).
 """
 
+import multiprocessing
 import os
 import subprocess
 import sys
@@ -34,9 +37,9 @@ import torch_or_debian  # noqa: F401,E402  (first: torch, or Debian's python3)
 import torch  # noqa: E402
 
 import parity_cases  # noqa: E402
+import parity_worker  # noqa: E402
 from bnps.cluster import LocalCluster  # noqa: E402
 
-WORKER = os.path.join(HERE, "parity_worker.py")
 F64 = dict(rtol=1e-9, atol=1e-9)
 
 
@@ -52,6 +55,12 @@ def tolerance(dtype):
             torch.bfloat16: dict(rtol=3e-2, atol=1e-1)}[dtype]
 
 
+# The workers' processes: forked from one server process that imported
+# torch (and nothing that starts threads) before any worker asked for it.
+FORKS = multiprocessing.get_context("forkserver")
+FORKS.set_forkserver_preload(["torch"])
+
+
 def run_scenario(scenario, workers, policy="sync", servers=2, flags=(),
                  extra_env=None, timeout=180):
     """Runs the scenario's workers against a fresh cluster; returns each
@@ -65,21 +74,23 @@ def run_scenario(scenario, workers, policy="sync", servers=2, flags=(),
             env["PYTHONPATH"] = PYDIR
             env["OMP_NUM_THREADS"] = "1"
             env.update(extra_env or {})
-            procs.append(subprocess.Popen(
-                [sys.executable, WORKER, scenario, out], env=env,
-                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-        logs = []
+            procs.append(FORKS.Process(
+                target=parity_worker.run_forked,
+                args=(scenario, out, env, os.path.join(out, f"w{w}.log"))))
+            procs[-1].start()
+        deadline = time.monotonic() + timeout
         for p in procs:
-            try:
-                logs.append(p.communicate(timeout=timeout)[0])
-            except subprocess.TimeoutExpired:
-                for q in procs:
-                    q.kill()
-                raise AssertionError(f"{scenario}: a worker hung") from None
+            p.join(max(0.0, deadline - time.monotonic()))
+        if any(p.is_alive() for p in procs):
+            for p in procs:
+                p.kill()
+            raise AssertionError(f"{scenario}: a worker hung")
         for w, p in enumerate(procs):
-            if p.returncode != 0:
+            if p.exitcode != 0:
+                with open(os.path.join(out, f"w{w}.log")) as f:
+                    log = f.read()
                 raise AssertionError(f"{scenario} worker {w} exited "
-                                     f"{p.returncode}:\n{logs[w][-4000:]}")
+                                     f"{p.exitcode}:\n{log[-4000:]}")
         return [torch.load(os.path.join(out, f"{scenario}_w{w}.pt"))
                 for w in range(workers)]
 
