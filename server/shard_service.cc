@@ -255,6 +255,7 @@ ShardService::BnSync(grpc::CallbackServerContext* ctx) {
   AdmissionRequest a;
   a.caller = caller.ok() ? *caller : Shard::kAnyWorker;
   a.connection = BnTransport::kStream;
+  a.connection_generation = CallGeneration(*ctx);
   absl::StatusOr<Admission> stream =
       caller.ok() ? shard_->Admit(a) : caller.status();
   if (const absl::Status& s = stream.status(); !s.ok()) {
