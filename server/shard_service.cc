@@ -516,8 +516,8 @@ grpc::ServerUnaryReactor* ShardService::Session(
     s = r.status();
     if (s.ok()) resp = *std::move(r);
   }
-  return Respond(ctx, *shard_, "Session",
-                 req.has_hello() ? req.hello().worker() : -1, s, &resp, out);
+  return Answer(M::kSession, ctx, *raw,
+                req.has_hello() ? req.hello().worker() : -1, s, &resp, out);
 }
 
 }  // namespace bnps::server
