@@ -321,6 +321,16 @@ absl::StatusOr<int64_t> Membership::Recover(bool restarted,
           "a shard answered generation ", newest, ", outside 0..",
           proto::kMaxGeneration - 1, ": refusing to roll the job on from it"));
     }
+    // Shard 0 rolls back first: a shard ahead of it answered after a
+    // rollback that shard 0 answered before. A join reads shard 0's
+    // membership: it looks again.
+    if (resize_to > 0 && st[0].generation() < newest &&
+        !st[0].needs_rollback()) {
+      last = absl::FailedPreconditionError(absl::StrCat(
+          "shard 0 answered generation ", st[0].generation(),
+          " and another shard ", newest, ": a rollback under way"));
+      continue;
+    }
     // A worker asking to join whom shard 0's membership counts already
     // (another worker's rollback took it in meanwhile) joins the generation
     // that did; forcing one more would take a reason the shards saw, which
