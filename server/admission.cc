@@ -25,6 +25,7 @@ Admission& Admission::operator=(Admission&& other) noexcept {
     rollback_mu_ = std::exchange(other.rollback_mu_, nullptr);
     claims_ = std::exchange(other.claims_, nullptr);
     claimed_ = std::exchange(other.claimed_, -1);
+    claim_id_ = std::exchange(other.claim_id_, 0);
   }
   return *this;
 }
@@ -32,9 +33,10 @@ Admission& Admission::operator=(Admission&& other) noexcept {
 void Admission::Release() ABSL_NO_THREAD_SAFETY_ANALYSIS {
   if (rollback_mu_ != nullptr) rollback_mu_->ReaderUnlock();
   rollback_mu_ = nullptr;
-  if (claims_ != nullptr) claims_->Release(claimed_);
+  if (claims_ != nullptr) claims_->Release(claimed_, claim_id_);
   claims_ = nullptr;
   claimed_ = -1;
+  claim_id_ = 0;
 }
 
 absl::StatusOr<Admission> Shard::Admit(const AdmissionRequest& request)
@@ -62,14 +64,34 @@ absl::StatusOr<Admission> Shard::Admit(const AdmissionRequest& request)
   if (request.connection.has_value() && request.caller != kAnyWorker) {
     const BnTransport transport = *request.connection;
     WorkerClaims& claims = bn_claims_[static_cast<int>(transport)];
-    if (!claims.Claim(request.caller)) {
+    int64_t current;
+    {
+      absl::MutexLock lock(&gen_mu_);
+      current = gen_.generation;
+    }
+    int64_t held = 0;
+    const uint64_t id = claims.Claim(
+        request.caller, request.connection_generation, current, &held);
+    if (id == 0 && request.connection_generation < current) {
+      // The worker's own connection of a past generation: whatever holds
+      // the claim, this one could act in none, and the worker is told to
+      // roll on, as each of its requests would be.
+      return absl::AbortedError(absl::StrCat(
+          "a BN connection of job generation ", request.connection_generation,
+          " reached shard ", options_.shard, " in generation ", current, ": ",
+          proto::kRollsBackText));
+    }
+    if (id == 0) {
       return absl::FailedPreconditionError(absl::StrCat(
           "worker ", request.caller, " already has a live BN ",
           transport == BnTransport::kStream ? "stream" : "connection",
-          " to shard ", options_.shard, " (per-worker tokens)"));
+          " to shard ", options_.shard, " (per-worker tokens; generation ",
+          held, ", this one's ", request.connection_generation,
+          ", the shard's ", current, ")"));
     }
     admission.claims_ = &claims;
     admission.claimed_ = request.caller;
+    admission.claim_id_ = id;
   }
   if (request.generation.has_value()) {
     // Checked under the lock a rollback takes exclusively, so that what the

@@ -9,7 +9,10 @@
 //   - the worker registered with the shard, where asked (FAILED_PRECONDITION),
 //   - the shard owns every key the call names (INVALID_ARGUMENT),
 //   - a worker's own token holds one live BN connection per transport
-//     (FAILED_PRECONDITION for a second),
+//     (FAILED_PRECONDITION for a second; one opened for the shard's
+//     generation supersedes one of an older generation, worker_claims.h;
+//     a second one of a past generation is told the job rolled on, ABORTED
+//     containing proto::kRollsBackText),
 //   - the call is of the shard's job generation (ABORTED containing
 //     proto::kRollsBackText).
 // They are checked in that order; the first that fails is the answer.
@@ -69,6 +72,9 @@ struct AdmissionRequest {
   // while the admission lives (none for a caller that may act as any
   // worker). Default: unset.
   std::optional<BnTransport> connection;
+  // With `connection`: the job generation the connection was opened for
+  // (its stream's metadata, its hello). Default: 0.
+  int64_t connection_generation = 0;
   // The job generation the call carries; set: checked, and rollbacks are
   // held off while the admission lives. Unset: the call is not
   // generation-checked. Default: unset.
@@ -97,6 +103,7 @@ class Admission {
   absl::Mutex* rollback_mu_ = nullptr;  // held shared while set
   WorkerClaims* claims_ = nullptr;      // holds claimed_'s claim while set
   int claimed_ = -1;
+  uint64_t claim_id_ = 0;
 };
 
 }  // namespace bnps::server

@@ -12,6 +12,7 @@
 #include "proto/generation.h"
 #include "proto/sharding.h"
 #include "server/shard.h"
+#include "server/shard_testing.h"
 
 namespace bnps::server {
 namespace {
@@ -111,7 +112,7 @@ TEST(AdmissionTest, OneLiveConnectionPerWorkerAndTransport) {
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(s.message(),
             "worker 1 already has a live BN connection to shard 0 "
-            "(per-worker tokens)");
+            "(per-worker tokens; generation 0, this one's 0, the shard's 0)");
   // The other transport has claims of its own.
   AdmissionRequest stream;
   stream.caller = 1;
@@ -133,6 +134,56 @@ TEST(AdmissionTest, OneLiveConnectionPerWorkerAndTransport) {
   absl::StatusOr<Admission> any2 = shard->Admit(tcp);
   EXPECT_TRUE(any1.ok());
   EXPECT_TRUE(any2.ok());
+}
+
+// After a rollback the worker's connection for the new generation may
+// reach the shard before its old one ended: it takes the claim over, and
+// the old one's end leaves it alone.
+TEST(AdmissionTest, AConnectionOfTheNewGenerationSupersedesAnOldOne) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  ShardOptions o;
+  o.num_workers = 3;
+  o.policy = policy::Policy::kSync;
+  o.start_ticker = false;
+  o.checkpoint_dir =
+      std::string(tmp != nullptr ? tmp : "/tmp") + "/admission_supersede";
+  o.checkpoint_every = 1;
+  std::unique_ptr<Shard> shard = *Shard::Create(o);
+  ASSERT_TRUE(*shard->store().Init("w", {2}, {1.0f, 2.0f}));
+  shard_testing::Step(*shard, 0, 0.5f);
+  ASSERT_TRUE(shard->FlushCheckpoints().ok());
+  AdmissionRequest old_stream;
+  old_stream.caller = 1;
+  old_stream.connection = BnTransport::kStream;
+  old_stream.connection_generation = 0;
+  absl::StatusOr<Admission> old_one = shard->Admit(old_stream);
+  ASSERT_TRUE(old_one.ok()) << old_one.status();
+  AdmissionRequest new_stream = old_stream;
+  new_stream.connection_generation = 1;
+  // Not before the shard is in generation 1.
+  EXPECT_EQ(shard->Admit(new_stream).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  absl::StatusOr<int64_t> rolled = shard->Rollback(1, 1);
+  ASSERT_TRUE(rolled.ok()) << rolled.status();
+  absl::StatusOr<Admission> new_one = shard->Admit(new_stream);
+  ASSERT_TRUE(new_one.ok()) << new_one.status();
+  // Neither a second one of generation 1, nor one of a later generation.
+  EXPECT_EQ(shard->Admit(new_stream).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  new_stream.connection_generation = 2;
+  EXPECT_EQ(shard->Admit(new_stream).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  // One of a past generation is told the job rolled on.
+  new_stream.connection_generation = 0;
+  absl::Status past = shard->Admit(new_stream).status();
+  EXPECT_TRUE(proto::IsRollback(past)) << past;
+  new_stream.connection_generation = 1;
+  // The old connection ends: the new one keeps its claim.
+  old_one->Release();
+  EXPECT_EQ(shard->Admit(new_stream).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  new_one->Release();
+  EXPECT_TRUE(shard->Admit(new_stream).ok());
 }
 
 TEST(AdmissionTest, ChecksTheGenerationLastAndLetsGoOnFailure) {

@@ -120,6 +120,7 @@ bool BnSocketServer::AdmitHello(const std::shared_ptr<Conn>& c,
   a.job = hello.job();
   a.worker = hello.worker();
   a.connection = BnTransport::kTcp;
+  a.connection_generation = hello.generation();
   absl::StatusOr<Admission> admitted =
       authenticated_ >= max_connections_
           ? absl::ResourceExhaustedError(absl::StrCat(

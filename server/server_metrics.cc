@@ -46,7 +46,7 @@ const char* ServerMetrics::MethodName(Method m) {
   static const char* const kNames[kNumMethods] = {
       "Register", "Heartbeat", "InitParameters", "PushGradients",
       "PullParameters", "BnSync", "StartStep", "FinishStep", "GetStatus",
-      "Rollback", "GetDigest", "Leave", "ReadState"};
+      "Rollback", "GetDigest", "Leave", "ReadState", "Session"};
   return kNames[m];
 }
 

@@ -53,7 +53,7 @@ class ServerMetrics {
   enum Method {
     kRegister, kHeartbeat, kInitParameters, kPushGradients, kPullParameters,
     kBnSync, kStartStep, kFinishStep, kGetStatus, kRollback, kGetDigest,
-    kLeave, kReadState, kNumMethods
+    kLeave, kReadState, kSession, kNumMethods
   };
   // The phases of proto::BnPhase, in its order.
   enum BnPhase {

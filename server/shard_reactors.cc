@@ -38,6 +38,14 @@ class PushReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
             [this](const std::string& key, absl::Span<const int64_t> shape,
                    int64_t n) -> absl::StatusOr<float*> {
               if (absl::Status s = shard_->CheckOwned(key); !s.ok()) return s;
+              // Checked in the push's generation, as PushTensor stores it:
+              // a push of a generation rolled back since is told so
+              // (ABORTED), not that its step is from the future.
+              AdmissionRequest a;
+              a.caller = caller_;
+              a.generation = generation_;
+              const absl::StatusOr<Admission> admitted = shard_->Admit(a);
+              if (!admitted.ok()) return admitted.status();
               // n is what the sender declared: only once the store knows the
               // key with this very shape (so n is its size) and would take
               // the push is room reserved for it.

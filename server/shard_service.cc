@@ -255,6 +255,7 @@ ShardService::BnSync(grpc::CallbackServerContext* ctx) {
   AdmissionRequest a;
   a.caller = caller.ok() ? *caller : Shard::kAnyWorker;
   a.connection = BnTransport::kStream;
+  a.connection_generation = CallGeneration(*ctx);
   absl::StatusOr<Admission> stream =
       caller.ok() ? shard_->Admit(a) : caller.status();
   if (const absl::Status& s = stream.status(); !s.ok()) {
@@ -515,8 +516,8 @@ grpc::ServerUnaryReactor* ShardService::Session(
     s = r.status();
     if (s.ok()) resp = *std::move(r);
   }
-  return Respond(ctx, *shard_, "Session",
-                 req.has_hello() ? req.hello().worker() : -1, s, &resp, out);
+  return Answer(M::kSession, ctx, *raw,
+                req.has_hello() ? req.hello().worker() : -1, s, &resp, out);
 }
 
 }  // namespace bnps::server

@@ -2,7 +2,10 @@
 // ephemeral ports): a sync job that grows from 2 to 4 workers at one step and
 // shrinks back to 2 at a later one, without a restart, ends on the same bits
 // as the job that stops at each of those steps (checkpoint, servers and
-// workers gone) and restarts from its checkpoint with the new count.
+// workers gone) and restarts from its checkpoint with the new count. The
+// cases marked "PerWorkerTokens" run the same jobs with the servers under
+// per-worker tokens, each worker holding only its own
+// (security/worker_token.h): joins and leaves need no job token.
 
 #include <stdlib.h>
 
@@ -16,6 +19,7 @@
 #include "client/grpc_ps_client.h"
 #include "gtest/gtest.h"
 #include "proto/membership_history.h"
+#include "security/worker_token.h"
 #include "server/server_runner.h"
 #include "worker/training_testing.h"
 #include "worker/data/dataset.h"
@@ -30,6 +34,9 @@ namespace {
 constexpr int kIds = 4;      // the job's worker ids
 constexpr int kShards = 2;
 constexpr int64_t kSteps = 12;
+// The job token of the per-worker-token runs (the servers' only).
+constexpr char kJobToken[] =
+    "elastic-test-job-token-0123456789abcdef0123456789abcdef";
 
 struct WorkerResult {
   absl::StatusOr<worker::TrainReport> report = absl::UnknownError("not run");
@@ -47,12 +54,13 @@ struct RunResult {
 // `checkpoint_every` steps, if not empty); trainers for `ids` with
 // `options`, each stopping after `max_steps`; the trainers of `late_ids`
 // start once shard 0 reached version `late_after` (and ask to join); worker
-// `leaver` leaves early at step `leave_at`. A
-// restarted job's workers roll it back to its newest checkpoint first
-// (Trainer::Run).
+// `leaver` leaves early at step `leave_at`. With `per_worker_tokens`, the
+// servers hold the job token and run --per_worker_tokens, and each worker
+// holds only its own token. A restarted job's workers roll it back to its
+// newest checkpoint first (Trainer::Run).
 RunResult RunJob(const std::string& membership, const std::vector<int>& ids,
                  worker::TrainerOptions options, int64_t max_steps,
-                 const worker::Dataset& data,
+                 const worker::Dataset& data, bool per_worker_tokens,
                  const std::string& checkpoint_dir = "",
                  int64_t checkpoint_every = 0,
                  const std::vector<int>& late_ids = {},
@@ -72,6 +80,11 @@ RunResult RunJob(const std::string& membership, const std::vector<int>& ids,
   base.worker_loss = policy::WorkerLoss::kWait;
   base.checkpoint_dir = checkpoint_dir;
   base.checkpoint_every = checkpoint_every;
+  server::ServerSecurity auth;
+  if (per_worker_tokens) {
+    auth.token = kJobToken;
+    auth.per_worker_tokens = true;
+  }
   std::vector<std::unique_ptr<server::RunningServer>> servers;
   std::vector<std::string> addresses;
   for (int s = 0; s < kShards; ++s) {
@@ -79,7 +92,7 @@ RunResult RunJob(const std::string& membership, const std::vector<int>& ids,
     if (!checkpoint_dir.empty()) {
       base.checkpoint_dir = checkpoint_dir + "/shard" + std::to_string(s);
     }
-    auto r = server::RunningServer::Start(base, "127.0.0.1:0");
+    auto r = server::RunningServer::Start(base, "127.0.0.1:0", auth);
     EXPECT_TRUE(r.ok()) << r.status();
     if (!r.ok()) return out;
     addresses.push_back("127.0.0.1:" + std::to_string((*r)->port()));
@@ -104,6 +117,7 @@ RunResult RunJob(const std::string& membership, const std::vector<int>& ids,
       o.worker = all[i];
       o.num_workers = kIds;
       o.rpc_timeout = absl::Seconds(30);
+      if (per_worker_tokens) o.token = security::WorkerToken(kJobToken, all[i]);
       auto client = client::GrpcPsClient::Connect(o);
       if (!client.ok()) {
         result.report = client.status();
@@ -162,7 +176,8 @@ worker::Dataset Data() { return worker::MakeSyntheticDataset(72, 12, 12, 10, 7);
 void ExpectRestartsEqual(const std::string& membership,
                          const RunResult& elastic,
                          const worker::TrainerOptions& options,
-                         int64_t checkpoint_every, int64_t steps) {
+                         int64_t checkpoint_every, int64_t steps,
+                         bool per_worker_tokens) {
   SCOPED_TRACE(membership);
   const proto::MembershipHistory history =
       *proto::MembershipHistory::Parse(membership);
@@ -183,8 +198,8 @@ void ExpectRestartsEqual(const std::string& membership,
     so_far += (i > 0 ? "," : "") + std::to_string(seg[i].from_step) + ":" +
               std::to_string(seg[i].num_workers);
     const int64_t stop = i + 1 < seg.size() ? seg[i + 1].from_step : steps;
-    last = RunJob(so_far, Ids(seg[i].num_workers), options, stop, data, dir,
-                  checkpoint_every);
+    last = RunJob(so_far, Ids(seg[i].num_workers), options, stop, data,
+                  per_worker_tokens, dir, checkpoint_every);
   }
   std::system(("rm -rf " + dir).c_str());
   ASSERT_FALSE(last.workers.empty());
@@ -201,16 +216,27 @@ void ExpectRestartsEqual(const std::string& membership,
 // A membership given at the start against its stop-and-restart run.
 void ExpectResizeEqualsRestarts(const std::string& membership,
                                 const worker::TrainerOptions& options,
-                                int64_t checkpoint_every) {
-  const RunResult elastic =
-      RunJob(membership, Ids(kIds), options, kSteps, Data());
+                                int64_t checkpoint_every,
+                                bool per_worker_tokens) {
+  const RunResult elastic = RunJob(membership, Ids(kIds), options, kSteps,
+                                   Data(), per_worker_tokens);
   ASSERT_EQ(elastic.workers.size(), static_cast<size_t>(kIds));
   EXPECT_EQ(elastic.membership, membership);
-  ExpectRestartsEqual(membership, elastic, options, checkpoint_every, kSteps);
+  ExpectRestartsEqual(membership, elastic, options, checkpoint_every, kSteps,
+                      per_worker_tokens);
 }
 
-TEST(ElasticTest, ResizeEqualsStopAndRestartBitForBit) {
-  ExpectResizeEqualsRestarts("0:2,4:4,8:2", Options(), 4);
+// The cases run with the job token and with per-worker tokens (the flag).
+class ElasticTokensTest : public testing::TestWithParam<bool> {};
+
+INSTANTIATE_TEST_SUITE_P(
+    Tokens, ElasticTokensTest, testing::Bool(),
+    [](const testing::TestParamInfo<bool>& info) {
+      return info.param ? "PerWorkerTokens" : "JobToken";
+    });
+
+TEST_P(ElasticTokensTest, ResizeEqualsStopAndRestartBitForBit) {
+  ExpectResizeEqualsRestarts("0:2,4:4,8:2", Options(), 4, GetParam());
 }
 
 // Uneven slices (8 examples over 3 workers), a count below the base, and
@@ -218,21 +244,22 @@ TEST(ElasticTest, ResizeEqualsStopAndRestartBitForBit) {
 TEST(ElasticTest, UnevenCountsAndLayerPull) {
   worker::TrainerOptions o = Options();
   o.layer_pull = true;
-  ExpectResizeEqualsRestarts("0:2,3:3,6:1,9:4", o, 3);
+  ExpectResizeEqualsRestarts("0:2,3:3,6:1,9:4", o, 3,
+                             /*per_worker_tokens=*/false);
 }
 
 // Workers 2 and 3 start while a job of 2 runs and ask to join: the job
 // rolls back to a checkpoint every server has and goes on with them from
 // there. The servers chose that step; the job stopped there and restarted
 // with the new count ends on the same bits.
-TEST(ElasticTest, AWorkerJoinsARunningJob) {
+TEST_P(ElasticTokensTest, AWorkerJoinsARunningJob) {
   constexpr int64_t kLong = 24, kEvery = 4;
   char tmpl[] = "/tmp/elastic_join_XXXXXX";
   ASSERT_NE(mkdtemp(tmpl), nullptr);
   const std::string dir = tmpl;
-  const RunResult elastic = RunJob("0:2", Ids(2), Options(), kLong, Data(),
-                                   dir, kEvery, /*late_ids=*/{2, 3},
-                                   /*late_after=*/6);
+  const RunResult elastic =
+      RunJob("0:2", Ids(2), Options(), kLong, Data(), GetParam(), dir, kEvery,
+             /*late_ids=*/{2, 3}, /*late_after=*/6);
   std::system(("rm -rf " + dir).c_str());
   ASSERT_EQ(elastic.workers.size(), 4u);
   const proto::MembershipHistory history =
@@ -243,13 +270,14 @@ TEST(ElasticTest, AWorkerJoinsARunningJob) {
   }
   std::printf("the job took workers 2 and 3: membership %s\n",
               elastic.membership.c_str());
-  ExpectRestartsEqual(elastic.membership, elastic, Options(), kEvery, kLong);
+  ExpectRestartsEqual(elastic.membership, elastic, Options(), kEvery, kLong,
+                      GetParam());
 }
 
 // Worker 3 of a running job of 4 leaves at step 10: the job goes on with 3
 // from a checkpoint step, and ends on the bits of the job stopped there and
 // restarted with 3.
-TEST(ElasticTest, AWorkerLeavesARunningJob) {
+TEST_P(ElasticTokensTest, AWorkerLeavesARunningJob) {
   constexpr int64_t kLong = 24, kEvery = 4;
   char tmpl[] = "/tmp/elastic_leave_XXXXXX";
   ASSERT_NE(mkdtemp(tmpl), nullptr);
@@ -257,8 +285,8 @@ TEST(ElasticTest, AWorkerLeavesARunningJob) {
   worker::TrainerOptions options = Options();
   options.epochs = 6;  // 4 base workers: 5 steps an epoch
   const RunResult elastic =
-      RunJob("0:4", Ids(4), options, kLong, Data(), dir, kEvery, {}, 0,
-             /*leaver=*/3, /*leave_at=*/10);
+      RunJob("0:4", Ids(4), options, kLong, Data(), GetParam(), dir, kEvery,
+             {}, 0, /*leaver=*/3, /*leave_at=*/10);
   std::system(("rm -rf " + dir).c_str());
   ASSERT_EQ(elastic.workers.size(), 4u);
   const proto::MembershipHistory history =
@@ -268,14 +296,16 @@ TEST(ElasticTest, AWorkerLeavesARunningJob) {
   EXPECT_LE(history.segments()[1].from_step, 10);
   EXPECT_EQ(history.segments()[1].from_step % kEvery, 0);
   std::printf("worker 3 left: membership %s\n", elastic.membership.c_str());
-  ExpectRestartsEqual(elastic.membership, elastic, options, kEvery, kLong);
+  ExpectRestartsEqual(elastic.membership, elastic, options, kEvery, kLong,
+                      GetParam());
 }
 
 // The same job without the resize ends elsewhere: the test can fail.
 TEST(ElasticTest, TheResizeChangesTheRun) {
   const RunResult elastic =
-      RunJob("0:2,4:4,8:2", Ids(4), Options(), kSteps, Data());
-  const RunResult fixed = RunJob("0:2", Ids(2), Options(), kSteps, Data());
+      RunJob("0:2,4:4,8:2", Ids(4), Options(), kSteps, Data(), false);
+  const RunResult fixed =
+      RunJob("0:2", Ids(2), Options(), kSteps, Data(), false);
   ASSERT_EQ(elastic.digests.size(), fixed.digests.size());
   bool differ = false;
   for (size_t s = 0; s < fixed.digests.size(); ++s) {

@@ -149,6 +149,35 @@ TEST(GrpcSessionTest, ARecordedCallPlayedAgainIsRefused) {
   EXPECT_TRUE(raw.GetStatus((*session)->Sign(kStatus, "")).ok());
 }
 
+// Session calls are counted with the other calls, refused ones by their
+// code.
+TEST(GrpcSessionTest, SessionCallsAreCounted) {
+  std::unique_ptr<server::RunningServer> server = StartServer(2, false);
+  ASSERT_NE(server, nullptr);
+  Raw raw(server->port());
+  ASSERT_TRUE(raw.Open(kToken, 0).ok());  // an opening and a confirmation
+  // A confirmation of no session the server opened.
+  proto::SessionRequest unknown;
+  unknown.set_session(12345);
+  unknown.mutable_proof()->set_proof(std::string(32, 'x'));
+  proto::SessionResponse resp;
+  const absl::Status refused = raw.Session(unknown, &resp);
+  ASSERT_FALSE(refused.ok());
+  const std::string text = server->registry().TextExposition();
+  EXPECT_NE(text.find("bnps_server_requests_total{method=\"Session\","
+                      "code=\"OK\"} 2\n"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find(absl::StrCat(
+                "bnps_server_requests_total{method=\"Session\",code=\"",
+                absl::StatusCodeToString(refused.code()), "\"} 1\n")),
+            std::string::npos)
+      << refused << "\n" << text;
+  EXPECT_NE(text.find("bnps_server_received_bytes_total{method=\"Session\""),
+            std::string::npos)
+      << text;
+}
+
 TEST(GrpcSessionTest, ATokenSentWithoutTlsIsRefused) {
   std::unique_ptr<server::RunningServer> server = StartServer(2, false);
   ASSERT_NE(server, nullptr);

@@ -5,7 +5,8 @@
 // succeeds. A worker's own token cannot roll the job back, resize it, push
 // its generation or impose a membership; it can once a shard saw a failure
 // (a worker's process replaced, a shard restarted from its checkpoint), and
-// the client's recovery carries the shards' warrants to every shard.
+// the client's recovery carries the shards' warrants to every shard. A
+// worker the job counts already joins without a new generation.
 
 #include <stdlib.h>
 
@@ -218,6 +219,16 @@ TEST_F(JobAuthorityTest, AShardsRestartLetsAWorkerRollTheJobBack) {
     EXPECT_EQ(Generation(s), 1) << "shard " << s;
     EXPECT_FALSE(servers_[s]->shard().generation().needs_rollback);
   }
+}
+
+// Worker 1 asks to join a job whose membership counts it already (as when
+// another worker's roll-back took it in meanwhile): it joins the
+// generation the job is in, where its own token could not start another.
+TEST_F(JobAuthorityTest, AWorkerTheJobCountsAlreadyJoinsWithoutANewGeneration) {
+  absl::StatusOr<int64_t> step = clients_[1]->Join();
+  ASSERT_TRUE(step.ok()) << step.status();
+  EXPECT_EQ(*step, 1);  // its first step not applied
+  for (int s = 0; s < kShards; ++s) EXPECT_EQ(Generation(s), 0) << "shard " << s;
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include "policy/policy.h"
 #include "proto/codec.h"
 #include "proto/generation.h"
+#include "proto/membership_history.h"
 
 namespace bnps::client::internal {
 namespace {
@@ -191,6 +192,14 @@ absl::StatusOr<int64_t> CommonCheckpointStep(
   return *std::max_element(common.begin(), common.end());
 }
 
+// The workers `config`'s membership counts from its last segment on; 0 for
+// a membership that does not parse (it counts no one).
+int WorkersAtEnd(const proto::JobConfig& config) {
+  absl::StatusOr<proto::MembershipHistory> h =
+      proto::MembershipHistory::FromConfig(config);
+  return h.ok() ? h->segments().back().num_workers : 0;
+}
+
 }  // namespace
 
 absl::Status Membership::CheckCanRollBack() const {
@@ -312,8 +321,25 @@ absl::StatusOr<int64_t> Membership::Recover(bool restarted,
           "a shard answered generation ", newest, ", outside 0..",
           proto::kMaxGeneration - 1, ": refusing to roll the job on from it"));
     }
+    // Shard 0 rolls back first: a shard ahead of it answered after a
+    // rollback that shard 0 answered before. A join reads shard 0's
+    // membership: it looks again.
+    if (resize_to > 0 && st[0].generation() < newest &&
+        !st[0].needs_rollback()) {
+      last = absl::FailedPreconditionError(absl::StrCat(
+          "shard 0 answered generation ", st[0].generation(),
+          " and another shard ", newest, ": a rollback under way"));
+      continue;
+    }
+    // A worker asking to join whom shard 0's membership counts already
+    // (another worker's rollback took it in meanwhile) joins the generation
+    // that did; forcing one more would take a reason the shards saw, which
+    // a worker's own token lacks (server/rollback_authority.h).
+    const bool taken_in =
+        resize_to > 0 && WorkersAtEnd(st[0].config()) >= resize_to;
+    const int grow_to = taken_in ? 0 : resize_to;
     const bool force =
-        (restarted && newest <= registered_generation_) || resize_to > 0 ||
+        (restarted && newest <= registered_generation_) || grow_to > 0 ||
         shrink_to > 0;
     int64_t generation = newest, step = st[0].restored_step();
     // Async gradients: the shards' checkpoints are not of one moment.
@@ -333,7 +359,8 @@ absl::StatusOr<int64_t> Membership::Recover(bool restarted,
       absl::StatusOr<int64_t> common = CommonCheckpointStep(st, pending);
       if (!common.ok()) return common.status();
       step = *common;
-    } else if (!behind && generation == channels_->generation()) {
+    } else if (!behind && generation == channels_->generation() &&
+               !taken_in) {
       return absl::FailedPreconditionError(
           "nothing to roll back: every shard is in this worker's generation");
     }
@@ -345,14 +372,19 @@ absl::StatusOr<int64_t> Membership::Recover(bool restarted,
                                     ? FailureWarrant(deadline, generation)
                                     : "";
     int64_t resume = INT64_MAX;
-    if (absl::Status s = RollbackAll(deadline, generation, async, resize_to,
+    if (absl::Status s = RollbackAll(deadline, generation, async, grow_to,
                                      shrink_to, warrant, &step, &resume);
         !s.ok()) {
       // Someone went further meanwhile (a stale generation), or the step is
-      // gone: look again.
+      // gone: look again. So too where a shard's pending restart alone
+      // called for a new generation and a worker's own token was refused
+      // it: another worker's rollback may have brought that shard in since
+      // (its warrant gone with its reason), and the next look joins that
+      // generation.
       last = s;
       if (absl::IsFailedPrecondition(s) || absl::IsNotFound(s) ||
-          absl::IsDataLoss(s)) {
+          absl::IsDataLoss(s) ||
+          (absl::IsPermissionDenied(s) && pending && !force)) {
         continue;
       }
       return s;

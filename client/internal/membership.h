@@ -67,7 +67,12 @@ class Membership {
   // With `resize_to` > 0, a new generation in any case, and the job grows
   // to at least that many workers from the decided step on (shard 0 decides
   // it; RollbackRequest.resize_to). Every rollback hands shard 0's
-  // membership to the other shards.
+  // membership to the other shards. A `resize_to` that shard 0's
+  // membership already meets (another worker's rollback took this one in)
+  // starts no generation: the client joins the one that did. So the rule
+  // stays as it is (server/rollback_authority.h: a worker's own token joins
+  // only from above the job's count), and a join asked twice costs the job
+  // no second rollback, whatever the token.
   // Not concurrently with Register or another Recover.
   // With `shrink_to` > 0 (this worker's id: it is the job's highest), a
   // new generation too, and the job goes on without this worker from the
