@@ -181,7 +181,7 @@ class NativePlan:
         the same state, and x float32 on the CPU, contiguous in (N, C, *)
         order, with non-empty samples (as _routes.facts decides)."""
         return (self.owner is bn and x.dtype == torch.float32 and x.is_cpu
-                and x.is_contiguous() and _routes.samples(x) > 0 and
+                and x.is_contiguous() and math.prod(x.shape[2:]) > 0 and
                 self.key == _state_key(bn, weight, bias, connection))
 
 
@@ -194,9 +194,14 @@ def _state_key(bn, weight, bias, connection):
     buffers = bn._buffers
     rm, rv = buffers.get("running_mean"), buffers.get("running_var")
     tracked = buffers.get("num_batches_tracked")
+    # (ptr() written out: this runs per pass.)
     return (connection, connection.stream_exchange, bn._recal_batch,
-            bn.bnps_name, weight.dtype if weight is not None else None,
-            ptr(weight), ptr(bias), ptr(rm), ptr(rv), ptr(tracked))
+            bn.bnps_name,
+            None if weight is None else (weight.dtype, weight.data_ptr()),
+            None if bias is None else bias.data_ptr(),
+            None if rm is None else rm.data_ptr(),
+            None if rv is None else rv.data_ptr(),
+            None if tracked is None else tracked.data_ptr())
 
 
 def forward(bn, x, weight, bias, eps, route=None):
@@ -249,7 +254,7 @@ def _native_forward(bn, x, weight, bias, eps):
     f = plan.forward
     f.step = d["_bnps_step"]
     f.x = x.data_ptr()
-    f.n, f.channels, f.spatial = shape[0], channels, _routes.samples(x)
+    f.n, f.channels, f.spatial = shape[0], channels, math.prod(shape[2:])
     f.eps = eps
     momentum = bn.momentum
     f.has_momentum = momentum is not None
@@ -294,7 +299,7 @@ def _native_backward(bn, x, weight, dy, stats, eps, need_dx):
     it holds the forward's parameters, else on a block of its own)."""
     d = bn.__dict__
     plan = d.get("_bnps_plan")
-    weight_at = ptr(weight)
+    weight_at = None if weight is None else weight.data_ptr()
     if plan is not None and plan.owner is bn and \
             plan.backward.weight == weight_at:
         b, at = plan.backward, plan.backward_at
@@ -313,17 +318,20 @@ def _native_backward(bn, x, weight, dy, stats, eps, need_dx):
     if not dy.is_contiguous():
         dy = dy.contiguous()
     shape = x.shape
-    dx = torch.empty_like(x) if need_dx else None
-    dweight = dbias = None
+    b.dy, b.x = dy.data_ptr(), x.data_ptr()
+    dx = dweight = dbias = None
+    b.dx = b.dweight = b.dbias = None
+    if need_dx:
+        dx = torch.empty_like(x)
+        b.dx = dx.data_ptr()
     if weight is not None:
         dweight, dbias = torch.empty_like(weight), torch.empty_like(weight)
-    b.dy, b.x = dy.data_ptr(), x.data_ptr()
-    b.n, b.channels, b.spatial = shape[0], shape[1], _routes.samples(x)
+        b.dweight, b.dbias = dweight.data_ptr(), dbias.data_ptr()
+    b.n, b.channels, b.spatial = shape[0], shape[1], math.prod(shape[2:])
     b.count = stats.count
     b.stats = stats.moments_at()
     b.eps = eps
     b.num_threads = torch.get_num_threads()
-    b.dx, b.dweight, b.dbias = ptr(dx), ptr(dweight), ptr(dbias)
     try:
         _native.layer_pass_backward(at)
     finally:

@@ -183,10 +183,8 @@ class SyncBatchNorm(nn.modules.batchnorm._BatchNorm):
             _groups.check_process_group(self.process_group,
                                         self._connection())
             self._bnps_group_checked = True
-        # (The parameters read once, from their dict: a module's attribute
-        # costs a lookup.)
-        params = self._parameters
-        weight, bias = params["weight"], params["bias"]
+        # (The parameters read once: a module's attribute costs a lookup.)
+        weight, bias = self.weight, self.bias
         route = _layer_ops.choose(self, x, weight, bias, compiling)
         if route == _routes.EVAL:
             return self._eval_forward(x)
