@@ -171,6 +171,26 @@ class LayerCallsTest(unittest.TestCase):
         with self.assertRaisesRegex(RuntimeError, "DataParallel"):
             replica(x.clone().requires_grad_())
 
+    def test_the_statistics_as_a_tensor(self):
+        # The native forward's statistics are a ctypes array; the compiled
+        # ops (custom_ops.py) read them as a tensor and hand a tensor back
+        # to the backward pass, which then gives the same gradients.
+        bn = bnps.torch.SyncBatchNorm(8, name="l", connection=self.s)
+        x = torch.randn(4, 8, 3, 3) * 2 + 1
+        with torch.no_grad():
+            y, stats = _layer_ops.forward(bn, x, bn.weight, bn.bias, bn.eps,
+                                          R.NATIVE_CPU)
+        dims = (0, 2, 3)
+        torch.testing.assert_close(stats.moments, torch.stack([
+            x.double().mean(dims), x.double().var(dims, unbiased=False)]))
+        dy = torch.randn_like(x)
+        again = _layer_ops.Stats(stats.count, stats.moments.t().contiguous()
+                                 .t(), None)  # a strided tensor, as given
+        got = _layer_ops.backward(bn, x, bn.weight, dy, again, bn.eps, True)
+        want = _layer_ops.backward(bn, x, bn.weight, dy, stats, bn.eps, True)
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b)
+
     def test_a_second_layer_under_a_taken_name_is_still_refused(self):
         a = bnps.torch.SyncBatchNorm(8, name="l", connection=self.s)
         b = bnps.torch.SyncBatchNorm(8, name="l", connection=self.s)

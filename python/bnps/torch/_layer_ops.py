@@ -144,7 +144,9 @@ class NativePlan:
     them): the policy's rules, the client, and the LayerPass blocks of the
     two native calls with those written in. A layer makes one where
     _routes.choose gives NATIVE_CPU and keeps it while holds() (its name
-    claimed in the connection and checked against the policy then)."""
+    claimed in the connection and checked against the policy then). The
+    blocks are the layer's: one pass of it at a time, as its step counters
+    already require."""
 
     __slots__ = ("owner", "key", "keep", "forward", "backward",
                  "forward_at", "backward_at")
