@@ -20,7 +20,8 @@ CPU, and on the CPU the native call of float32 input.
 
 Prints one Markdown table: microseconds per layer for a forward and a
 backward pass, min / median / max over --runs runs of --steps steps (the
-kinds interleaved in each run, so a busy machine's load falls on all), the
+kinds take turns every --chunk steps, so a busy machine's load falls on
+all alike), the
 extra over plain BatchNorm of the same dtype and the ratio to it; and from
 torch's profiler, per layer, the torch operations called from Python and
 (on a GPU) the kernel launches and copies. A benchmark: exits 0; 1 if a
@@ -51,6 +52,8 @@ def main():
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--warmup", type=int, default=20)
     p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--chunk", type=int, default=10,
+                   help="steps of one kind before the next kind's turn")
     p.add_argument("--policy", default="local", choices=["local", "sync"])
     p.add_argument("--clock", choices=["thread", "wall"], default=None,
                    help="thread: this thread's CPU time (the host's own "
@@ -142,10 +145,15 @@ def main():
         for name, (model, queued, t, _) in kinds.items():
             conn.stream_exchange = queued
             per_layer_us(model, args.warmup, inputs[t])
+        chunks = max(1, args.steps // args.chunk)
         for _ in range(args.runs):
-            for name, (model, queued, t, _) in kinds.items():
-                conn.stream_exchange = queued
-                times[name].append(per_layer_us(model, args.steps, inputs[t]))
+            spent = dict.fromkeys(kinds, 0.0)
+            for _ in range(chunks):  # the kinds in turn, a chunk each
+                for name, (model, queued, t, _) in kinds.items():
+                    conn.stream_exchange = queued
+                    spent[name] += per_layer_us(model, args.chunk, inputs[t])
+            for name in kinds:
+                times[name].append(spent[name] / chunks)
         calls = {}
         for name, (model, queued, t, _) in kinds.items():
             conn.stream_exchange = queued
@@ -161,7 +169,7 @@ def main():
           f"{load:.1f}; us per layer for a forward and a backward pass "
           f"({clock_name}), "
           f"min / median / max over {args.runs} runs of {args.steps} "
-          f"steps\n")
+          f"steps, the kinds in turns of {args.chunk}\n")
     print("| layer | us per layer | extra over plain (median) | / plain "
           "(median) | torch operations per layer | CUDA launches and copies "
           "per layer |")

@@ -480,7 +480,7 @@ class LayerTest(unittest.TestCase):
             return mock.patch.object(_native, name, side_effect=call)
 
         tol = dict(rtol=1e-4, atol=1e-4)
-        with counted("layer_forward"), counted("layer_backward"):
+        with counted("layer_pass_forward"), counted("layer_pass_backward"):
             for i, (shape, affine, momentum) in enumerate((
                     ((6, 3, 5, 4), True, 0.1), ((7, 3), False, None),
                     ((0, 3, 2), True, 0.1))):
@@ -516,7 +516,8 @@ class LayerTest(unittest.TestCase):
                 for key, value in ref.state_dict().items():
                     torch.testing.assert_close(ours.state_dict()[key], value,
                                                **tol)
-            self.assertEqual(calls, ["layer_forward", "layer_backward"] * 6)
+            self.assertEqual(calls, ["layer_pass_forward",
+                                     "layer_pass_backward"] * 6)
             del calls[:]
             bn = bnps.torch.SyncBatchNorm(3, name="l", connection=s)
             x = torch.randn(4, 3, 2, 2)

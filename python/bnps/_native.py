@@ -22,7 +22,7 @@ import numpy as np
 from bnps import _library, errors
 from bnps._library import Error
 
-_API_VERSION = 6  # python/native/bnps_c.h's BNPS_C_API_VERSION it needs
+_API_VERSION = 8  # python/native/bnps_c.h's BNPS_C_API_VERSION it needs
 _ERR_LEN = _library.ERR_LEN
 
 c_int, c_int64, c_double = ctypes.c_int, ctypes.c_int64, ctypes.c_double
@@ -140,6 +140,8 @@ def _load():
                     c_void_p, c_int, c_int, c_int64, c_void_p, c_double,
                     c_void_p, c_int] + err),
         "bnps_outcome_free": (None, [c_void_p]),
+        "bnps_layer_pass_forward": (c_int, [c_void_p] + err),
+        "bnps_layer_pass_backward": (c_int, [c_void_p] + err),
         "bnps_layer_backward": (c_int, [c_void_p, c_char_p, c_int64, _D, _D,
                                         c_int64, c_int64, c_int64, _D,
                                         c_int64, _D, c_double, c_int, _D, _D,
@@ -543,6 +545,38 @@ def layer_backward(client, layer, step, dy, x, n, channels, spatial, weight,
     _call(_lib.bnps_layer_backward, None if client is None else client._h,
           layer.encode(), step, dy, x, n, channels, spatial, weight, count,
           stats, eps, num_threads, dx, dweight, dbias)
+
+
+class LayerPass(ctypes.Structure):
+    """bnps_layer_pass: a layer's arguments to layer_pass_forward and
+    layer_pass_backward, made once and kept; addresses are ints (0: NULL)
+    the caller keeps valid, `layer` bytes the caller keeps alive."""
+    _fields_ = [
+        ("rule", c_void_p), ("client", c_void_p), ("layer", c_char_p),
+        ("step", c_int64), ("x", c_void_p), ("n", c_int64),
+        ("channels", c_int64), ("spatial", c_int64), ("weight", c_void_p),
+        ("eps", c_double), ("num_threads", c_int64), ("bias", c_void_p),
+        ("has_momentum", c_int64), ("momentum", c_double),
+        ("running_mean", c_void_p), ("running_var", c_void_p),
+        ("batches_tracked", c_void_p), ("y", c_void_p), ("stats", c_void_p),
+        ("info", c_int64 * 3), ("dy", c_void_p), ("count", c_int64),
+        ("dx", c_void_p), ("dweight", c_void_p), ("dbias", c_void_p)]
+
+    def set_rule(self, rule, client):
+        """The forward's WorkerBn and the Client (None: no exchange)."""
+        self.rule = rule._h.value
+        self.client = None if client is None else client._h.value
+
+
+def layer_pass_forward(address):
+    """bnps_layer_pass_forward on the LayerPass at `address` (its
+    ctypes.addressof)."""
+    _call(_lib.bnps_layer_pass_forward, address)
+
+
+def layer_pass_backward(address):
+    """bnps_layer_pass_backward on the LayerPass at `address`."""
+    _call(_lib.bnps_layer_pass_backward, address)
 
 
 class Outcome:

@@ -40,8 +40,10 @@ extern "C" {
  * bnps_layer_exchange_forward and bnps_layer_exchange_backward; 5: the
  * stream-ordered exchanges, bnps_stream_queue_*; 6: the client's metrics,
  * bnps_client_serve_metrics and bnps_client_metrics_text, and
- * bnps_client_connect3; 7: bnps_resolve_policy). */
-#define BNPS_C_API_VERSION 7
+ * bnps_client_connect3; 7: bnps_resolve_policy; 8: the layer steps on one
+ * prepared argument block, bnps_layer_pass_forward and
+ * bnps_layer_pass_backward). */
+#define BNPS_C_API_VERSION 8
 BNPS_EXPORT int bnps_api_version(void);
 /* "OK", "INVALID_ARGUMENT", ...; a static string. */
 BNPS_EXPORT const char* bnps_status_name(int code);
@@ -334,6 +336,47 @@ BNPS_EXPORT int bnps_layer_backward(
     const float* weight, int64_t count, const double* stats, double eps,
     int num_threads, float* dx, float* dweight, float* dbias, char* err,
     size_t err_len);
+
+/* bnps_layer_forward and bnps_layer_backward with their arguments in one
+ * block, for frontends that call them per layer and pass: the block is made
+ * once per layer and kept, the fields that stay the same (the rule, the
+ * client, the name, the parameters' and buffers' addresses) are written once,
+ * and each call writes only what changed (the step, the tensors' addresses
+ * and shape) and passes one address instead of some twenty arguments. Each
+ * field means what the argument of the same name does; has_momentum and
+ * num_threads are int64_t here. */
+typedef struct bnps_layer_pass {
+  /* both passes */
+  const bnps_worker_bn* rule; /* the forward's; unused by the backward */
+  bnps_client* client;
+  const char* layer;
+  int64_t step;
+  const float* x;
+  int64_t n, channels, spatial;
+  const float* weight;
+  double eps;
+  int64_t num_threads;
+  /* the forward pass */
+  const float* bias;
+  int64_t has_momentum;
+  double momentum;
+  float* running_mean;
+  float* running_var;
+  int64_t* batches_tracked;
+  float* y;
+  double* stats; /* the forward's out_stats; the backward's stats */
+  int64_t info[3]; /* the forward's info */
+  /* the backward pass */
+  const float* dy;
+  int64_t count;
+  float* dx;
+  float* dweight;
+  float* dbias;
+} bnps_layer_pass;
+BNPS_EXPORT int bnps_layer_pass_forward(bnps_layer_pass* p, char* err,
+                                        size_t err_len);
+BNPS_EXPORT int bnps_layer_pass_backward(const bnps_layer_pass* p, char* err,
+                                         size_t err_len);
 
 /* --- exchanges in a device stream's order (client/stream_exchanges.h) ---
  * For frontends whose kernels run on a GPU: the exchange-alone calls above

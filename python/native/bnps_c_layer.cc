@@ -186,4 +186,22 @@ int bnps_layer_backward(bnps_client* c, const char* layer, int64_t step,
               err, err_len);
 }
 
+int bnps_layer_pass_forward(bnps_layer_pass* p, char* err, size_t err_len) {
+  return bnps_layer_forward(
+      p->rule, p->client, p->layer, p->step, p->x, p->n, p->channels,
+      p->spatial, p->weight, p->bias, p->eps,
+      static_cast<int>(p->has_momentum), p->momentum, p->running_mean,
+      p->running_var, p->batches_tracked, static_cast<int>(p->num_threads),
+      p->y, p->stats, p->info, err, err_len);
+}
+
+int bnps_layer_pass_backward(const bnps_layer_pass* p, char* err,
+                             size_t err_len) {
+  return bnps_layer_backward(p->client, p->layer, p->step, p->dy, p->x, p->n,
+                             p->channels, p->spatial, p->weight, p->count,
+                             p->stats, p->eps,
+                             static_cast<int>(p->num_threads), p->dx,
+                             p->dweight, p->dbias, err, err_len);
+}
+
 }  // extern "C"

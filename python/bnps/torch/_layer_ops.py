@@ -56,12 +56,33 @@ def ptr(t):
 class Stats:
     """What a forward pass normalized with, and how its backward syncs."""
 
+    __slots__ = ("count", "_moments", "layer", "native", "_on_device")
+
     def __init__(self, count, moments, layer=None, native=False):
         self.count = count      # samples the statistics describe
-        self.moments = moments  # float64 CPU, 2 x C: the mean, the biased var
+        # float64 CPU, 2 x C: the mean, the biased var; a tensor, or the
+        # native forward's ctypes array (made a tensor where asked for)
+        self._moments = moments
         self.layer = layer      # the layer's name if the backward pass syncs
         self.native = native    # the forward took NATIVE_CPU (x suits it)
         self._on_device = None  # (device, dtype, eps, 3 x C there)
+
+    @property
+    def moments(self):
+        m = self._moments
+        if not isinstance(m, torch.Tensor):
+            m = self._moments = torch.frombuffer(
+                m, dtype=torch.float64).view(2, len(m) // 2)
+        return m
+
+    def moments_at(self):
+        """The address of the moments, float64 in (2, C) order."""
+        m = self._moments
+        if not isinstance(m, torch.Tensor):
+            return ctypes.addressof(m)
+        if not m.is_contiguous():
+            m = self._moments = m.contiguous()
+        return m.data_ptr()
 
     def on_device(self, device, dtype, eps, staging):
         """The mean, the biased variance and 1 / sqrt(var + eps) (made in
@@ -93,13 +114,96 @@ def stats_of(count, mean, var, layer=None):
 
 def choose(bn, x, weight, bias, compiling):
     """The route of a pass of `bn` on `x` (_routes.choose on its facts),
-    its fallback warned once."""
-    s = bn._connection() if bn.training else None
+    its fallback warned once. A training pass on NATIVE_CPU keeps its
+    NativePlan, and later passes take that route at once while the plan
+    holds for them (NativePlan.holds: the layer's state is the same and x
+    suits the native call)."""
+    training = bn.training
+    if training and not compiling:
+        s = bn.connection
+        if s is None:
+            s = bn._connection()
+        plan = bn.__dict__.get("_bnps_plan")
+        if plan is not None and plan.holds(bn, x, weight, bias, s):
+            return _routes.NATIVE_CPU
+    else:
+        s = None
     route, fallback = _routes.choose(
         _routes.facts(bn, x, weight, bias, s, compiling))
     if fallback is not None:
         _routes.warn_once(bn, fallback)
+    if route == _routes.NATIVE_CPU and not compiling:
+        bn.__dict__["_bnps_plan"] = NativePlan(bn, weight, bias, s)
     return route
+
+
+class NativePlan:
+    """What a layer's NATIVE_CPU passes share, made once for its
+    configuration (its connection, name, parameters and buffers: their
+    addresses, with the tensors kept so that no other tensor can take
+    them): the policy's rules, the client, and the LayerPass blocks of the
+    two native calls with those written in. A layer makes one where
+    _routes.choose gives NATIVE_CPU and keeps it while holds() (its name
+    claimed in the connection and checked against the policy then). The
+    blocks are the layer's: one pass of it at a time, as its step counters
+    already require."""
+
+    __slots__ = ("owner", "key", "keep", "forward", "backward",
+                 "forward_at", "backward_at")
+
+    def __init__(self, bn, weight, bias, connection):
+        buffers = bn._buffers
+        rm, rv = buffers.get("running_mean"), buffers.get("running_var")
+        tracked = buffers.get("num_batches_tracked")
+        rule = worker_bn(connection)
+        bn._check_named(rule, rm is not None)  # the servers key layers by it
+        if bn.bnps_name:
+            connection.claim_layer_name(bn)
+        native = connection.client.native
+        name = (bn.bnps_name or "").encode()
+        self.owner = bn
+        self.key = _state_key(bn, weight, bias, connection)
+        # The tensors (their storage) and handles the blocks point into.
+        tensors = tuple(None if t is None else t.detach()
+                        for t in (weight, bias, rm, rv, tracked))
+        self.keep = (rule, native, name, tensors)
+        f = self.forward = _native.LayerPass()
+        f.set_rule(rule, native)
+        f.layer = name
+        f.weight, f.bias, f.running_mean, f.running_var, \
+            f.batches_tracked = (ptr(t) for t in tensors)
+        b = self.backward = _native.LayerPass()
+        b.weight = f.weight
+        self.forward_at = ctypes.addressof(f)
+        self.backward_at = ctypes.addressof(b)
+
+    def holds(self, bn, x, weight, bias, connection):
+        """Whether a training pass of `bn` on `x` takes NATIVE_CPU with
+        this plan: the same layer (not a replica sharing its __dict__) in
+        the same state, and x float32 on the CPU, contiguous in (N, C, *)
+        order, with non-empty samples (as _routes.facts decides)."""
+        return (self.owner is bn and x.dtype == torch.float32 and x.is_cpu
+                and x.is_contiguous() and math.prod(x.shape[2:]) > 0 and
+                self.key == _state_key(bn, weight, bias, connection))
+
+
+def _state_key(bn, weight, bias, connection):
+    """What of the layer's state its NATIVE_CPU route depends on: the
+    connection, whether it queues (stream_exchange), recalibration, the
+    name, and the addresses of the parameters and buffers (a new dtype,
+    device or layout makes new tensors; NativePlan keeps the old ones, so
+    no new one can have an old address)."""
+    buffers = bn._buffers
+    rm, rv = buffers.get("running_mean"), buffers.get("running_var")
+    tracked = buffers.get("num_batches_tracked")
+    # (ptr() written out: this runs per pass.)
+    return (connection, connection.stream_exchange, bn._recal_batch,
+            bn.bnps_name,
+            None if weight is None else (weight.dtype, weight.data_ptr()),
+            None if bias is None else bias.data_ptr(),
+            None if rm is None else rm.data_ptr(),
+            None if rv is None else rv.data_ptr(),
+            None if tracked is None else tracked.data_ptr())
 
 
 def forward(bn, x, weight, bias, eps, route=None):
@@ -110,7 +214,7 @@ def forward(bn, x, weight, bias, eps, route=None):
     (Connection.claim_layer_name)."""
     if route is None:
         route = choose(bn, x, weight, bias, compiling=False)
-    if bn.bnps_name:
+    if bn.bnps_name and route != _routes.NATIVE_CPU:  # (its plan claimed it)
         bn._connection().claim_layer_name(bn)
     return _FORWARD[route](bn, x, weight, bias, eps)
 
@@ -118,6 +222,10 @@ def forward(bn, x, weight, bias, eps, route=None):
 def backward(bn, x, weight, dy, stats, eps, need_dx):
     """(dx, dweight, dbias) of forward's pass: dx None unless need_dx,
     dweight and dbias None without a weight."""
+    if stats.__class__ is Stats and stats.native and dy.is_cpu and \
+            dy.dtype == torch.float32:  # the common case at once
+        return _BACKWARD[_routes.NATIVE_CPU](bn, x, weight, dy, stats, eps,
+                                             need_dx)
     queued = isinstance(stats, _queued.QueuedStats)
     route = _routes.choose_backward(
         queued, not queued and dy.dtype == torch.float32 and dy.is_cpu and
@@ -133,26 +241,34 @@ def _client_native(bn):
 
 def _native_forward(bn, x, weight, bias, eps):
     """NATIVE_CPU: the moments, the exchange, the running statistics'
-    update and y in one call (bnps._native.layer_forward)."""
-    buffers = bn._buffers  # (nn.Module's attributes cost a lookup each)
-    rm, rv = buffers.get("running_mean"), buffers.get("running_var")
-    n, channels = x.shape[0], x.shape[1]
-    s = bn._connection()
-    rule = worker_bn(s)
-    bn._check_named(rule, rm is not None)  # the servers key the layer by it
+    update and y in one call (bnps._native.layer_pass_forward, on the
+    layer's NativePlan, which choose() made or checked for this pass)."""
+    d = bn.__dict__  # (nn.Module's attributes cost a lookup each)
+    plan = d.get("_bnps_plan")
+    if plan is None or plan.owner is not bn:
+        plan = d["_bnps_plan"] = NativePlan(bn, weight, bias,
+                                            bn._connection())
+    shape = x.shape
+    channels = shape[1]
     y = torch.empty_like(x)
-    moments = torch.empty(2, channels, dtype=torch.float64)
-    info = (ctypes.c_int64 * 3)()  # not a tensor: read back without torch
+    # Not a tensor: no torch call (Stats makes a tensor of it if asked).
+    moments = (ctypes.c_double * (2 * channels))()
+    f = plan.forward
+    f.step = d["_bnps_step"]
+    f.x = x.data_ptr()
+    f.n, f.channels, f.spatial = shape[0], channels, math.prod(shape[2:])
+    f.eps = eps
+    momentum = bn.momentum
+    f.has_momentum = momentum is not None
+    f.momentum = 0.0 if momentum is None else momentum
+    f.num_threads = torch.get_num_threads()
+    f.y = y.data_ptr()
+    f.stats = ctypes.addressof(moments)
     try:
-        _native.layer_forward(
-            rule, s.client.native, bn.bnps_name or "", bn._bnps_step,
-            x.data_ptr(), n, channels, math.prod(x.shape[2:]), ptr(weight),
-            ptr(bias), eps, bn.momentum, ptr(rm), ptr(rv),
-            ptr(buffers.get("num_batches_tracked")), torch.get_num_threads(),
-            y.data_ptr(), moments.data_ptr(), ctypes.addressof(info))
+        _native.layer_pass_forward(plan.forward_at)
     finally:
-        count, exchanged, global_backward = info
-        bn._bnps_step += exchanged
+        count, exchanged, global_backward = f.info
+        d["_bnps_step"] += exchanged
     return y, Stats(count, moments,
                     bn.bnps_name if global_backward else None, native=True)
 
@@ -181,22 +297,49 @@ def _queued_forward(bn, x, weight, bias, eps):
 
 def _native_backward(bn, x, weight, dy, stats, eps, need_dx):
     """NATIVE_CPU: the sums, their exchange, dx, dweight and dbias in one
-    call (bnps._native.layer_backward)."""
-    shape = (x.shape[0], x.shape[1], math.prod(x.shape[2:]))
-    native, step = None, 0
-    if stats.layer is not None:  # the sums go to the servers
-        native, step = _client_native(bn), bn._bnps_backward_step
-    dy = dy.contiguous()
-    dx = torch.empty_like(x) if need_dx else None
-    dweight = dbias = None
+    call (bnps._native.layer_pass_backward, on the layer's NativePlan where
+    it holds the forward's parameters, else on a block of its own)."""
+    d = bn.__dict__
+    plan = d.get("_bnps_plan")
+    weight_at = None if weight is None else weight.data_ptr()
+    if plan is not None and plan.owner is bn and \
+            plan.backward.weight == weight_at:
+        b, at = plan.backward, plan.backward_at
+    else:  # (a backward after the layer changed: a block of its own)
+        b = _native.LayerPass()
+        b.weight, at = weight_at, ctypes.addressof(b)
+    layer = stats.layer
+    if layer is not None:  # the sums go to the servers
+        native = _client_native(bn)
+        b.client = native._h.value
+        b.layer = layer.encode()
+        b.step = d["_bnps_backward_step"]
+    else:
+        native = None
+        b.client, b.layer, b.step = None, None, 0
+    if not dy.is_contiguous():
+        dy = dy.contiguous()
+    shape = x.shape
+    b.dy, b.x = dy.data_ptr(), x.data_ptr()
+    dx = dweight = dbias = None
+    b.dx = b.dweight = b.dbias = None
+    if need_dx:
+        dx = torch.empty_like(x)
+        b.dx = dx.data_ptr()
     if weight is not None:
         dweight, dbias = torch.empty_like(weight), torch.empty_like(weight)
-    _native.layer_backward(
-        native, stats.layer or "", step, dy.data_ptr(), x.data_ptr(), *shape,
-        ptr(weight), stats.count, stats.moments.data_ptr(), eps,
-        torch.get_num_threads(), ptr(dx), ptr(dweight), ptr(dbias))
-    if stats.layer is not None:
-        bn._bnps_backward_step += 1
+        b.dweight, b.dbias = dweight.data_ptr(), dbias.data_ptr()
+    b.n, b.channels, b.spatial = shape[0], shape[1], math.prod(shape[2:])
+    b.count = stats.count
+    b.stats = stats.moments_at()
+    b.eps = eps
+    b.num_threads = torch.get_num_threads()
+    try:
+        _native.layer_pass_backward(at)
+    finally:
+        b.client = None  # (the block keeps no handle past the call)
+    if layer is not None:
+        d["_bnps_backward_step"] += 1
     return dx, dweight, dbias
 
 

@@ -150,7 +150,7 @@ def native_shape(x, *others):
         if t is not None and (t.dtype != torch.float32 or not t.is_cpu or
                               not t.is_contiguous()):
             return None
-    spatial = _samples(x)
+    spatial = samples(x)
     return (x.shape[0], x.shape[1], spatial) if spatial > 0 else None
 
 
@@ -175,7 +175,7 @@ def facts(bn, x, weight, bias, connection, compiling):
             if not t.is_contiguous():
                 layout = STRIDED
     if float32_state:
-        float32_state = _samples(x) > 0 and \
+        float32_state = samples(x) > 0 and \
             (not tracks or buffers.get("num_batches_tracked") is not None)
     queues = connection.queues_on(x.device) and \
         connection.exchange_queue(x.device) is not None
@@ -185,7 +185,7 @@ def facts(bn, x, weight, bias, connection, compiling):
                  connection.policy)
 
 
-def _samples(x):
+def samples(x):
     """Values per sample and channel (1 for (N, C) input)."""
     return math.prod(x.shape[2:])
 

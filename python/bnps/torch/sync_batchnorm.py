@@ -61,6 +61,19 @@ from bnps.torch.staging import Staging
 __all__ = ["SyncBatchNorm", "local_moments", "worker_bn"]
 
 
+def _backward(ctx, dy):
+    x, weight = ctx.saved_tensors
+    dx, dweight, dbias = _layer_ops.backward(
+        ctx.bn, x, weight, dy, ctx.stats, ctx.eps, ctx.needs_input_grad[0])
+    return dx, dweight, dbias, None, None, None
+
+
+# The exchanged statistics are constants here: a second derivative would be
+# silently wrong, so a backward pass that records a graph (create_graph)
+# gets once_differentiable's outputs, which refuse one.
+_backward_once = once_differentiable(_backward)
+
+
 class _SyncBatchNormFunction(torch.autograd.Function):
     """The layer's training-mode forward and backward in eager mode (and on
     torch < 2.4 always), on the route the layer chose (_layer_ops.py)."""
@@ -75,12 +88,12 @@ class _SyncBatchNormFunction(torch.autograd.Function):
         return y
 
     @staticmethod
-    @once_differentiable  # the exchanged statistics are constants here: a
-    def backward(ctx, dy):  # second derivative would be silently wrong
-        x, weight = ctx.saved_tensors
-        dx, dweight, dbias = _layer_ops.backward(
-            ctx.bn, x, weight, dy, ctx.stats, ctx.eps, ctx.needs_input_grad[0])
-        return dx, dweight, dbias, None, None, None
+    def backward(ctx, dy):
+        if torch.is_grad_enabled():  # create_graph: once_differentiable's
+            return _backward_once(ctx, dy)
+        # (What once_differentiable does where no graph is recorded: its
+        # no_grad block and checks cost more than the pass's own work.)
+        return _backward(ctx, dy)
 
 
 class SyncBatchNorm(nn.modules.batchnorm._BatchNorm):
@@ -119,7 +132,7 @@ class SyncBatchNorm(nn.modules.batchnorm._BatchNorm):
     # Per-process caches (pinned buffers, CUDA events, the host copy of the
     # running statistics), made again when needed: never copied or pickled.
     _CACHES = ("_bnps_staging", "_bnps_ones", "_bnps_running",
-               "_bnps_queued", "_bnps_warned")
+               "_bnps_queued", "_bnps_warned", "_bnps_plan")
 
     def __getstate__(self):
         state = dict(self.__dict__)

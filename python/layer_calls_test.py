@@ -1,0 +1,213 @@
+"""The host work of a bnps.torch.SyncBatchNorm pass on the native CPU route
+(float32 CPU input: one native call per pass), counted, not timed: native
+calls, torch operations and Python function calls per forward + backward
+pass against torch.nn.BatchNorm2d's, with bounds that fail if the layer's
+per-pass work grows back (bench/pytorch_layer_host_cost.py times it). And
+the layer's kept route (_layer_ops.NativePlan) follows every change of the
+layer that decides its route: dtype, layout, momentum, name, connection,
+a replica sharing its attributes."""
+
+import os
+import sys
+import unittest
+from unittest import mock
+
+sys.path.insert(0, os.path.join(os.getcwd(), "python"))  # Bazel runfiles
+
+import torch_or_debian  # noqa: F401,E402  (first: torch, or Debian's python3)
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+from torch.profiler import ProfilerActivity, profile  # noqa: E402
+
+import bnps.torch  # noqa: E402
+from bnps import _native  # noqa: E402
+from bnps.torch import _layer_ops  # noqa: E402
+from bnps.torch import _routes as R  # noqa: E402
+from one_job import connect  # noqa: E402
+
+# Bounds on the layer's own work per forward + backward pass, beyond what
+# torch.nn.BatchNorm2d does for the same pass (today: 1 torch operation,
+# sometimes 2 where autograd's accumulation of a parameter's gradient
+# allocates, and 12 Python calls more; before the kept route, 3-4 and
+# about 35).
+EXTRA_TORCH_OPS = 2
+EXTRA_PYTHON_CALLS = 16
+
+
+class _CountingLib:
+    """bnps._native._lib, counting the native calls made through it."""
+
+    def __init__(self, lib):
+        self._lib = lib
+        self.calls = []
+
+    def __getattr__(self, name):
+        fn = getattr(self._lib, name)
+        if not name.startswith("bnps_") or name == "bnps_status_name":
+            return fn
+
+        def call(*args):
+            self.calls.append(name)
+            return fn(*args)
+        return call
+
+
+def _torch_ops(step):
+    """The torch operations called from Python during step()."""
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        step()
+    return [e.name for e in prof.events() if e.name.startswith("aten::") and
+            (e.cpu_parent is None or
+             not e.cpu_parent.name.startswith("aten::"))]
+
+
+def _python_calls(step):
+    """Python functions called during step()."""
+    n = [0]
+
+    def hook(frame, event, arg):
+        if event == "call":
+            n[0] += 1
+    sys.setprofile(hook)
+    try:
+        step()
+    finally:
+        sys.setprofile(None)
+    return n[0]
+
+
+class LayerCallsTest(unittest.TestCase):
+    def setUp(self):
+        torch.manual_seed(0)
+        self.s = connect(self, "local")[0]
+        self.x = torch.randn(4, 8, 3, 3, requires_grad=True)
+        self.dy = torch.randn(4, 8, 3, 3)
+
+    def pass_of(self, layer):
+        return lambda: layer(self.x).backward(self.dy)
+
+    def test_one_native_call_per_pass(self):
+        bn = bnps.torch.SyncBatchNorm(8, name="l", connection=self.s)
+        self.pass_of(bn)()
+        counting = _CountingLib(_native._lib)
+        with mock.patch.object(_native, "_lib", counting):
+            for _ in range(3):
+                self.pass_of(bn)()
+        self.assertEqual(counting.calls, ["bnps_layer_pass_forward",
+                                          "bnps_layer_pass_backward"] * 3)
+
+    def test_torch_operations_per_pass(self):
+        bn = bnps.torch.SyncBatchNorm(8, name="l", connection=self.s)
+        plain = nn.BatchNorm2d(8)
+        for layer in (bn, plain):
+            for _ in range(2):  # .grad exists: both accumulate; torch's
+                self.pass_of(layer)()  # first-use allocations are done
+        ours, theirs = (_torch_ops(self.pass_of(m)) for m in (bn, plain))
+        self.assertLessEqual(len(ours), len(theirs) + EXTRA_TORCH_OPS,
+                             (ours, theirs))
+        # y, dx, dweight and dbias are the only tensors the layer makes
+        # (its statistics are not a tensor).
+        self.assertEqual(ours.count("aten::empty_like"), 4, ours)
+        self.assertNotIn("aten::empty", ours)
+
+    def test_python_calls_per_pass(self):
+        bn = bnps.torch.SyncBatchNorm(8, name="l", connection=self.s)
+        plain = nn.BatchNorm2d(8)
+        for layer in (bn, plain):
+            for _ in range(2):
+                self.pass_of(layer)()
+        ours = _python_calls(self.pass_of(bn))
+        theirs = _python_calls(self.pass_of(plain))
+        self.assertLessEqual(ours, theirs + EXTRA_PYTHON_CALLS,
+                             (ours, theirs))
+
+    def test_the_kept_route_follows_the_layer(self):
+        bn = bnps.torch.SyncBatchNorm(8, name="l", connection=self.s)
+        ref = nn.BatchNorm2d(8)
+
+        def both(x, routes):
+            taken = []
+            real = dict(_layer_ops._FORWARD)
+
+            def spy(route):
+                def call(*a):
+                    taken.append(route)
+                    return real[route](*a)
+                return call
+            with mock.patch.dict(_layer_ops._FORWARD,
+                                 {r: spy(r) for r in real}):
+                y = bn(x.clone().requires_grad_())
+            self.assertEqual(taken, routes)
+            y.sum().backward()
+            torch.testing.assert_close(y, ref(x.to(y.dtype)).to(y.dtype),
+                                       rtol=1e-4, atol=1e-4)
+
+        x = torch.randn(4, 8, 3, 3)
+        both(x, [R.NATIVE_CPU])
+        plan = bn.__dict__["_bnps_plan"]
+        both(x, [R.NATIVE_CPU])
+        self.assertIs(bn.__dict__["_bnps_plan"], plan)  # kept
+        bn.double()
+        ref.double()
+        both(x.double(), [R.WAITING])
+        bn.float()
+        ref.float()
+        both(x, [R.NATIVE_CPU])
+        self.assertIsNot(bn.__dict__["_bnps_plan"], plan)  # made again
+        both(x.to(memory_format=torch.channels_last), [R.WAITING])
+        # A new momentum and new buffers of the same dtype (a new address).
+        bn.momentum = ref.momentum = 0.5
+        bn.running_var = torch.ones(8) * 3
+        ref.running_var = torch.ones(8) * 3
+        both(x, [R.NATIVE_CPU])
+        torch.testing.assert_close(bn.running_var, ref.running_var)
+        torch.testing.assert_close(bn.running_mean, ref.running_mean)
+        # A replica sharing the layer's attributes, its plan included
+        # (nn.DataParallel's _replicate_for_data_parallel), makes a plan of
+        # its own, which claims the name: refused while the layer lives.
+        replica = bn._replicate_for_data_parallel()
+        replica.__dict__.update(weight=bn.weight, bias=bn.bias)  # as its own
+        self.assertIs(replica.__dict__["_bnps_plan"], bn.__dict__["_bnps_plan"])
+        with self.assertRaisesRegex(RuntimeError, "DataParallel"):
+            replica(x.clone().requires_grad_())
+
+    def test_the_statistics_as_a_tensor(self):
+        # The native forward's statistics are a ctypes array; the compiled
+        # ops (custom_ops.py) read them as a tensor and hand a tensor back
+        # to the backward pass, which then gives the same gradients.
+        bn = bnps.torch.SyncBatchNorm(8, name="l", connection=self.s)
+        x = torch.randn(4, 8, 3, 3) * 2 + 1
+        with torch.no_grad():
+            y, stats = _layer_ops.forward(bn, x, bn.weight, bn.bias, bn.eps,
+                                          R.NATIVE_CPU)
+        dims = (0, 2, 3)
+        torch.testing.assert_close(stats.moments, torch.stack([
+            x.double().mean(dims), x.double().var(dims, unbiased=False)]))
+        dy = torch.randn_like(x)
+        again = _layer_ops.Stats(stats.count, stats.moments.t().contiguous()
+                                 .t(), None)  # a strided tensor, as given
+        got = _layer_ops.backward(bn, x, bn.weight, dy, again, bn.eps, True)
+        want = _layer_ops.backward(bn, x, bn.weight, dy, stats, bn.eps, True)
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b)
+
+    def test_a_second_layer_under_a_taken_name_is_still_refused(self):
+        a = bnps.torch.SyncBatchNorm(8, name="l", connection=self.s)
+        b = bnps.torch.SyncBatchNorm(8, name="l", connection=self.s)
+        a(self.x).sum().backward()
+        a(self.x).sum().backward()  # the kept route
+        with self.assertRaisesRegex(RuntimeError, "'l'"):
+            b(self.x)
+
+    def test_a_new_connection_makes_a_new_plan(self):
+        bn = bnps.torch.SyncBatchNorm(8, name="l", connection=self.s)
+        bn(self.x).sum().backward()
+        other = connect(self, "local")[0]
+        bn.connection = other
+        bn._bnps_step = bn._bnps_backward_step = 0  # a new job's steps
+        bn(self.x).sum().backward()
+        self.assertIs(bn.__dict__["_bnps_plan"].key[0], other)
+
+
+if __name__ == "__main__":
+    unittest.main()
