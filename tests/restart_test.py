@@ -16,7 +16,7 @@ from tests.restart_cluster import Cluster
 
 # Long enough that every kill and restart falls mid-job (the first common
 # checkpoint comes at step 3), short enough to keep the suite fast.
-STEPS = 300
+STEPS = 150
 
 
 class RestartTest(unittest.TestCase):
