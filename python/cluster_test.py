@@ -51,6 +51,17 @@ class ServerCommandTest(unittest.TestCase):
         self.assertEqual(cmd, ["--port=0", "--tls_cert=/c.pem",
                                "--tls_key=/k.pem"])
 
+    def test_bn_on_the_grpc_stream_takes_no_unix_socket(self):
+        # The server's Unix socket needs its raw-TCP listener.
+        self.assertEqual(server_command(bn_port=0, bn_unix=True,
+                                        flags=["--bn_port=-1"]),
+                         ["--bn_port=-1"])
+        self.assertEqual(server_command(bn_port=-1, bn_unix=True),
+                         ["--bn_port=-1"])
+        self.assertEqual(server_command(bn_port=0, bn_unix=True,
+                                        flags=["--bn_port=7100"]),
+                         ["--bn_unix_socket=auto", "--bn_port=7100"])
+
     def test_local_cluster_servers(self):
         self.assertEqual(
             server_args(0, 1, 2),

@@ -256,19 +256,26 @@ def server_command(binary=None, *, shard=None, num_shards=None,
     bn_unix: BN also over a Unix socket of the server's choosing
     (--bn_unix_socket=auto), which workers on the host use first. A
     --tls_cert in `flags` leaves both out: a TLS job keeps BN on its
-    encrypted gRPC stream. checkpoint_dir: the shard's own directory.
+    encrypted gRPC stream. Without raw TCP (bn_port -1, or --bn_port=-1 in
+    `flags`: BN on the gRPC stream) bn_unix is left out too, as the server
+    takes a Unix socket only beside its TCP listener. checkpoint_dir: the
+    shard's own directory.
 
     flags: more flags, each written --name=value or --name; one whose name
     the options above also set replaces that option's flag."""
     flags = list(flags)
     given = {_flag_name(f) for f in flags}
     tls = "tls_cert" in given
+    port_given = [f.split("=", 1)[1] for f in flags
+                  if _flag_name(f) == "bn_port" and "=" in f]
+    no_tcp = (port_given[-1] if port_given else str(bn_port)) == "-1"
     options = [("host", host), ("port", port), ("shard", shard),
                ("num_shards", num_shards), ("num_workers", num_workers),
                ("policy", policy), ("job", job),
                ("checkpoint_dir", checkpoint_dir),
                ("bn_port", None if tls else bn_port),
-               ("bn_unix_socket", "auto" if bn_unix and not tls else None)]
+               ("bn_unix_socket",
+                "auto" if bn_unix and not tls and not no_tcp else None)]
     args = []
     for name, value in options:
         if name == "policy" and not isinstance(value, str):
