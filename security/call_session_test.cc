@@ -110,7 +110,7 @@ TEST(CallSessionTest, TheMacBindsTheMethodAndTheGeneration) {
   EXPECT_TRUE(table.Verify(real, kMethod, "4").ok());
 }
 
-TEST(CallSessionTest, ManyOpeningsDoNotEvictAConfirmedSession) {
+TEST(CallSessionTest, ManyOpeningsDoNotEvictAConfirmedCallKey) {
   TokenAuthenticator auth(kJob, /*per_worker=*/false, 2);
   SessionTable table(&auth, {.num_workers = 2, .max_pending = 8});
   absl::StatusOr<std::unique_ptr<ClientSession>> s = OpenSession(table, kJob, 0);

@@ -129,7 +129,7 @@ class Raw {
   std::unique_ptr<proto::ParameterServer::Stub> stub_;
 };
 
-TEST(GrpcSessionTest, ARecordedCallPlayedAgainIsRefused) {
+TEST(SignedCallsTest, ARecordedCallPlayedAgainIsRefused) {
   std::unique_ptr<server::RunningServer> server = StartServer(2, false);
   ASSERT_NE(server, nullptr);
   Raw raw(server->port());
@@ -151,7 +151,7 @@ TEST(GrpcSessionTest, ARecordedCallPlayedAgainIsRefused) {
 
 // Session calls are counted with the other calls, refused ones by their
 // code.
-TEST(GrpcSessionTest, SessionCallsAreCounted) {
+TEST(SignedCallsTest, SessionCallsAreCounted) {
   std::unique_ptr<server::RunningServer> server = StartServer(2, false);
   ASSERT_NE(server, nullptr);
   Raw raw(server->port());
@@ -178,7 +178,7 @@ TEST(GrpcSessionTest, SessionCallsAreCounted) {
       << text;
 }
 
-TEST(GrpcSessionTest, ATokenSentWithoutTlsIsRefused) {
+TEST(SignedCallsTest, ATokenSentWithoutTlsIsRefused) {
   std::unique_ptr<server::RunningServer> server = StartServer(2, false);
   ASSERT_NE(server, nullptr);
   absl::Status s = Raw(server->port()).Register(0, "", kToken);
@@ -186,7 +186,7 @@ TEST(GrpcSessionTest, ATokenSentWithoutTlsIsRefused) {
   EXPECT_NE(s.message().find("older than the server"), std::string::npos) << s;
 }
 
-TEST(GrpcSessionTest, AWorkersSessionActsForThatWorkerAlone) {
+TEST(SignedCallsTest, AWorkersCallKeyActsForThatWorkerAlone) {
   std::unique_ptr<server::RunningServer> server = StartServer(2, true);
   ASSERT_NE(server, nullptr);
   Raw raw(server->port());
@@ -210,7 +210,7 @@ TEST(GrpcSessionTest, AWorkersSessionActsForThatWorkerAlone) {
   EXPECT_TRUE((*client)->InitParameters({{"w", {{2}, {1.0f, 2.0f}}}}).ok());
 }
 
-TEST(GrpcSessionTest, ManyOpeningsLeaveAWorkersSessionWorking) {
+TEST(SignedCallsTest, ManyOpeningsLeaveAWorkersCallKeyWorking) {
   std::unique_ptr<server::RunningServer> server = StartServer(1, false);
   ASSERT_NE(server, nullptr);
   absl::StatusOr<std::unique_ptr<client::GrpcPsClient>> client =
@@ -306,7 +306,7 @@ class FakeShard final : public grpc::CallbackGenericService {
   std::vector<std::string> methods_ ABSL_GUARDED_BY(mu_);
 };
 
-TEST(GrpcSessionTest, AFakeShardHearsNoTokenAndGetsNothingElse) {
+TEST(SignedCallsTest, AFakeShardHearsNoTokenAndGetsNothingElse) {
   FakeShard fake;
   grpc::ServerBuilder builder;
   int port = 0;
@@ -348,7 +348,7 @@ TEST(GrpcSessionTest, AFakeShardHearsNoTokenAndGetsNothingElse) {
   server->Shutdown(std::chrono::system_clock::now());
 }
 
-TEST(GrpcSessionTest, AfterAServerRestartTheClientOpensAnotherAndTheJobEnds) {
+TEST(SignedCallsTest, AfterAServerRestartTheClientOpensAnotherAndTheJobEnds) {
   const std::string dir =
       absl::StrCat(::testing::TempDir(), "/grpc_session_restart");
   std::unique_ptr<server::RunningServer> server =
