@@ -12,6 +12,7 @@ import math
 import torch
 
 from bnps import _native
+from bnps.torch import _device_route
 from bnps.torch import _routes
 from bnps.torch import channels as channels_
 from bnps.torch import stream_exchange as _queued
@@ -226,6 +227,9 @@ def backward(bn, x, weight, dy, stats, eps, need_dx):
             dy.dtype == torch.float32:  # the common case at once
         return _BACKWARD[_routes.NATIVE_CPU](bn, x, weight, dy, stats, eps,
                                              need_dx)
+    if stats.__class__ is _device_route.FusedStats:
+        return _BACKWARD[_routes.FUSED](bn, x, weight, dy, stats, eps,
+                                        need_dx)
     queued = isinstance(stats, _queued.QueuedStats)
     route = _routes.choose_backward(
         queued, not queued and dy.dtype == torch.float32 and dy.is_cpu and
@@ -385,6 +389,13 @@ def _torch_backward(bn, x, weight, dy, stats, eps, need_dx):
     return (dx,) + channels_.parameter_gradients(weight, sum_dy, sum_dy_xhat)
 
 
+def _fused_forward(bn, x, weight, bias, eps):
+    """FUSED: torch's fused kernels around one native call
+    (bnps/torch/_device_route.py); QUEUED where the driver lacks its
+    calls."""
+    return _device_route.forward(bn, x, weight, bias, eps, _queued_forward)
+
+
 def _queued_backward(bn, x, weight, dy, stats, eps, need_dx):
     """QUEUED: the forward's queue takes the backward exchange too."""
     return _queued.backward(bn, x, weight, dy, stats, eps, need_dx,
@@ -393,12 +404,14 @@ def _queued_backward(bn, x, weight, dy, stats, eps, need_dx):
 
 _FORWARD = {
     _routes.NATIVE_CPU: _native_forward,
+    _routes.FUSED: _fused_forward,
     _routes.QUEUED: _queued_forward,
     _routes.WAITING: _torch_forward,
     _routes.RECALIBRATING: _torch_forward,
 }
 _BACKWARD = {
     _routes.NATIVE_CPU: _native_backward,
+    _routes.FUSED: _device_route.backward,
     _routes.QUEUED: _queued_backward,
     _routes.WAITING: _torch_backward,
 }
