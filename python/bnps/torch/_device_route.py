@@ -238,10 +238,8 @@ class DevicePlan:
     __slots__ = ("owner", "key", "steps", "device_pass", "info", "keep",
                  "captured")
 
-    def __init__(self, bn, x, connection, stats_dtype, key):
-        from bnps.torch._layer_ops import worker_bn  # (no import circle)
+    def __init__(self, bn, x, connection, rule, stats_dtype, key):
         queue = connection.exchange_queue(x.device)
-        rule = worker_bn(connection)
         buffers = bn._buffers
         rm, rv = buffers.get("running_mean"), buffers.get("running_var")
         bn._check_named(rule, rm is not None)
@@ -281,7 +279,7 @@ def _key(bn, x, connection, stats_dtype):
             None if rm is None else bn._running_key())
 
 
-def _plan(bn, x, connection, stats_dtype):
+def _plan(bn, x, connection, rule, stats_dtype):
     """The layer's DevicePlan for this pass, made where none holds."""
     d = bn.__dict__
     key = _key(bn, x, connection, stats_dtype)
@@ -295,13 +293,14 @@ def _plan(bn, x, connection, stats_dtype):
         connection.drain_exchanges()
         bn._bnps_step, bn._bnps_backward_step = plan.device_pass.steps()
         key = _key(bn, x, connection, stats_dtype)
-    plan = d["_bnps_device_plan"] = DevicePlan(bn, x, connection,
+    plan = d["_bnps_device_plan"] = DevicePlan(bn, x, connection, rule,
                                                stats_dtype, key)
     return plan
 
 
-def forward(bn, x, weight, bias, eps, fallback):
-    """A FUSED training forward of `bn` on `x`: (y, FusedStats).
+def forward(bn, x, weight, bias, eps, rule, fallback):
+    """A FUSED training forward of `bn` on `x` under `rule` (the
+    connection's bnps._native.WorkerBn): (y, FusedStats).
     `fallback(bn, x, weight, bias, eps)` runs the pass instead where the
     CUDA driver lacks the device passes' calls (said once, then QUEUED
     takes the layers: blocker)."""
@@ -309,7 +308,7 @@ def forward(bn, x, weight, bias, eps, fallback):
     connection = bn._connection()
     mean, invstd = k.batch_norm_stats(x, 0.0)  # 1 / sqrt(var): inf for 0
     try:
-        plan = _plan(bn, x, connection, mean.dtype)
+        plan = _plan(bn, x, connection, rule, mean.dtype)
     except errors.Unavailable as e:
         queue = connection.exchange_queue(x.device)
         queue._bnps_unfused = f"the fused route is unavailable: {e}"
