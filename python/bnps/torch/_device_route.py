@@ -119,8 +119,8 @@ class CpuKernels:
         dweight = dbias = None
         if weight_g:
             dweight = (sum_dy_xmu * invstd).to(weight.dtype)
-        if bias_g:
-            dbias = sum_dy.to(weight.dtype)
+        if bias_g:  # (its own tensor, as the kernel's: sum_dy is merged)
+            dbias = sum_dy.to(weight.dtype, copy=True)
         if not input_g:
             sum_dy = sum_dy_xmu = None
         return sum_dy, sum_dy_xmu, dweight, dbias
