@@ -178,14 +178,15 @@ def _laid_out(x):
 
 
 class FusedStats:
-    """What a FUSED forward normalized with, for its backward: the rows
-    (device, 2 x C: the mean, 1 / sqrt(var + eps)), the count (a device
-    int32), and its plan."""
+    """What a FUSED forward normalized with, for its backward: the mean and
+    1 / sqrt(var + eps) (device, views of one 2 x C tensor), the count (a
+    device int32), and its plan."""
 
-    __slots__ = ("rows", "count", "plan", "layer")
+    __slots__ = ("mean", "invstd", "count", "plan", "layer")
 
-    def __init__(self, rows, count, plan, layer):
-        self.rows, self.count, self.plan = rows, count, plan
+    def __init__(self, mean, invstd, count, plan, layer):
+        self.mean, self.invstd, self.count, self.plan = \
+            mean, invstd, count, plan
         self.layer = layer  # the layer's name where the backward merges
 
 
@@ -249,8 +250,7 @@ class DevicePlan:
         keep = []
         if rm is not None:
             tracked = buffers["num_batches_tracked"]
-            if x.is_cuda:  # the one wait: the buffers read to the host
-                note_wait(queue)
+            note_wait(queue)  # the one wait: the buffers read to the host
             host = (rm.detach().to("cpu", torch.float64),
                     rv.detach().to("cpu", torch.float64),
                     tracked.detach().to("cpu", torch.int64).reshape(1))
@@ -329,7 +329,7 @@ def forward(bn, x, weight, bias, eps, rule, fallback):
     plan.steps = (bn._bnps_step, plan.steps[1])
     r_mean, r_invstd = rows.unbind(0)
     y = k.batch_norm_elemt(x, weight, bias, r_mean, r_invstd, eps)
-    return y, FusedStats(rows, count, plan,
+    return y, FusedStats(r_mean, r_invstd, count, plan,
                          bn.bnps_name if info[1] else None)
 
 
@@ -339,7 +339,7 @@ def backward(bn, x, weight, dy, stats, eps, need_dx):
     k = kernels(x)
     if not _laid_out(dy):  # (as torch's SyncBatchNorm does)
         dy = dy.contiguous()
-    mean, invstd = stats.rows.unbind(0)
+    mean, invstd = stats.mean, stats.invstd
     has_weight = weight is not None
     merges = stats.layer is not None
     sum_dy, sum_dy_xmu, dweight, dbias = k.batch_norm_backward_reduce(
