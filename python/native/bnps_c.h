@@ -463,6 +463,19 @@ BNPS_EXPORT void bnps_stream_queue_waits(const bnps_stream_queue* q,
                                          int64_t* waits);
 BNPS_EXPORT void bnps_stream_queue_note_wait(bnps_stream_queue* q);
 
+/* The tests' stand-in for a CUDA stream that captures a graph: a queue on
+ * host memory (as on_cuda 0) whose copies and jobs, while recording, are
+ * recorded instead of run (the device passes see a capturing stream);
+ * bnps_stream_queue_record then sets recording `on` or off and runs
+ * everything recorded `replays` more times, in order, as replays of the
+ * graph would (the memory the copies name must stay valid).
+ * FAILED_PRECONDITION on another queue. */
+BNPS_EXPORT int bnps_stream_queue_new_recording(bnps_stream_queue** out,
+                                                char* err, size_t err_len);
+BNPS_EXPORT int bnps_stream_queue_record(bnps_stream_queue* q, int on,
+                                         int replays, char* err,
+                                         size_t err_len);
+
 /* --- device layer passes: one call per layer pass on a device stream ---
  * For frontends whose BN kernels run on a GPU around one native call per
  * pass (bnps.torch on CUDA: torch's batch_norm_stats, batch_norm_elemt,
@@ -528,7 +541,8 @@ BNPS_EXPORT void bnps_device_pass_steps(const bnps_device_pass* p,
  * 1 / sqrt(var + eps)), of the samples it describes into *count_out (device,
  * an int32) and of the running statistics into the layer's buffers.
  * info[0]: 1 if the pass exchanges (its step is used), info[1]: 1 if its
- * backward pass does. */
+ * backward pass does, info[2]: 1 if the stream captures a graph (the job
+ * is kept for its replays). */
 BNPS_EXPORT int bnps_device_pass_forward(bnps_device_pass* p, void* stream,
                                          int64_t count, const void* mean,
                                          const void* invstd, void* rows,

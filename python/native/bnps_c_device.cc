@@ -6,7 +6,9 @@
 
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -115,6 +117,86 @@ class CudaDeviceOps : public DeviceOps {
   std::vector<void*> buffers_ ABSL_GUARDED_BY(mu_);
 };
 
+class RecorderImpl : public Recorder,
+                     public std::enable_shared_from_this<RecorderImpl> {
+ public:
+  void SetRecording(bool on) override {
+    absl::MutexLock lock(&mu_);
+    recording_ = on;
+  }
+  bool recording() {
+    absl::MutexLock lock(&mu_);
+    return recording_;
+  }
+  void Replay() override {
+    std::vector<std::function<void()>> ops;
+    {
+      absl::MutexLock lock(&mu_);
+      ops = ops_;
+    }
+    for (auto& op : ops) op();
+  }
+  // Runs `op` now, or records it while recording.
+  void Run(std::function<void()> op) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (recording_) {
+        ops_.push_back(std::move(op));
+        return;
+      }
+    }
+    op();
+  }
+  std::unique_ptr<DeviceOps> NewDeviceOps() override;
+  std::unique_ptr<bnps::client::HostFuncLauncher> NewLauncher() override;
+
+ private:
+  absl::Mutex mu_;
+  bool recording_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::function<void()>> ops_ ABSL_GUARDED_BY(mu_);
+};
+
+class RecordingDeviceOps : public HostDeviceOps {
+ public:
+  explicit RecordingDeviceOps(std::shared_ptr<RecorderImpl> r)
+      : r_(std::move(r)) {}
+  absl::Status ToHost(void*, void* to, const void* from,
+                      size_t bytes) override {
+    r_->Run([=] { std::memcpy(to, from, bytes); });
+    return absl::OkStatus();
+  }
+  absl::Status ToDevice(void*, void* to, const void* from,
+                        size_t bytes) override {
+    r_->Run([=] { std::memcpy(to, from, bytes); });
+    return absl::OkStatus();
+  }
+  absl::StatusOr<bool> Capturing(void*) override { return r_->recording(); }
+
+ private:
+  std::shared_ptr<RecorderImpl> r_;
+};
+
+class RecordingLauncher : public bnps::client::HostFuncLauncher {
+ public:
+  explicit RecordingLauncher(std::shared_ptr<RecorderImpl> r)
+      : r_(std::move(r)) {}
+  absl::Status Launch(void*, void (*fn)(void*), void* arg) override {
+    r_->Run([fn, arg] { fn(arg); });
+    return absl::OkStatus();
+  }
+
+ private:
+  std::shared_ptr<RecorderImpl> r_;
+};
+
+std::unique_ptr<DeviceOps> RecorderImpl::NewDeviceOps() {
+  return std::make_unique<RecordingDeviceOps>(shared_from_this());
+}
+
+std::unique_ptr<bnps::client::HostFuncLauncher> RecorderImpl::NewLauncher() {
+  return std::make_unique<RecordingLauncher>(shared_from_this());
+}
+
 template <typename Fn>
 bool Find(void* lib, const char* name, Fn* fn) {
   *fn = reinterpret_cast<Fn>(dlsym(lib, name));
@@ -122,6 +204,10 @@ bool Find(void* lib, const char* name, Fn* fn) {
 }
 
 }  // namespace
+
+std::shared_ptr<Recorder> Recorder::New() {
+  return std::make_shared<RecorderImpl>();
+}
 
 std::unique_ptr<DeviceOps> NewHostDeviceOps() {
   return std::make_unique<HostDeviceOps>();

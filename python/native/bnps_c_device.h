@@ -15,6 +15,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "client/stream_exchanges.h"
 
 namespace bnps::c_abi {
 
@@ -45,6 +46,21 @@ std::unique_ptr<DeviceOps> NewHostDeviceOps();
 // or lacks one of them. The calling thread must have the stream's context
 // current.
 absl::StatusOr<std::unique_ptr<DeviceOps>> NewCudaDeviceOps();
+
+// The CPU tests' stand-in for a stream that captures a CUDA graph: a host
+// DeviceOps and a HostFuncLauncher that run what they are given at once,
+// except while recording (Capturing says so), when they record it; Replay
+// then runs everything recorded again, in order, as a replay of the graph
+// does (the device memory the copies name must stay valid meanwhile).
+class Recorder {
+ public:
+  static std::shared_ptr<Recorder> New();
+  virtual ~Recorder() = default;
+  virtual void SetRecording(bool on) = 0;
+  virtual void Replay() = 0;
+  virtual std::unique_ptr<DeviceOps> NewDeviceOps() = 0;
+  virtual std::unique_ptr<bnps::client::HostFuncLauncher> NewLauncher() = 0;
+};
 
 }  // namespace bnps::c_abi
 

@@ -179,11 +179,14 @@ absl::Status MakeBuffers(DeviceOps& d, PassState& s) {
   return absl::OkStatus();
 }
 
-// Queues `job` on `stream`: to be replayed where the stream captures.
+// Queues `job` on `stream`: to be replayed where the stream captures
+// (*captured then).
 absl::Status Queue(bnps_stream_queue* q, DeviceOps& d, void* stream,
-                   bnps::client::StreamExchanges::Job job) {
+                   bnps::client::StreamExchanges::Job job,
+                   int64_t* captured = nullptr) {
   absl::StatusOr<bool> capturing = d.Capturing(stream);
   if (!capturing.ok()) return capturing.status();
+  if (captured != nullptr) *captured = *capturing;
   return *capturing ? q->exchanges.EnqueueReplayable(stream, std::move(job))
                     : q->exchanges.Enqueue(stream, std::move(job));
 }
@@ -260,7 +263,7 @@ int bnps_device_pass_forward(bnps_device_pass* p, void* stream, int64_t count,
                              const void* mean, const void* invstd, void* rows,
                              void* count_out, int64_t* info, char* err,
                              size_t err_len) {
-  info[0] = info[1] = 0;
+  info[0] = info[1] = info[2] = 0;
   if (count < 1 || count > INT32_MAX) {
     BNPS_RETURN_IF_ERROR(absl::InvalidArgumentError(absl::StrCat(
         count, " samples per channel: a device pass takes 1 to 2^31 - 1")));
@@ -273,7 +276,7 @@ int bnps_device_pass_forward(bnps_device_pass* p, void* stream, int64_t count,
   bnps::client::StreamExchanges::Job job;
   job.exchange = [s, count] { return s->ForwardJob(count); };
   job.fallback = [s, count] { s->ForwardFallback(count); };
-  BNPS_RETURN_IF_ERROR(Queue(p->queue, d, stream, std::move(job)));
+  BNPS_RETURN_IF_ERROR(Queue(p->queue, d, stream, std::move(job), &info[2]));
   BNPS_RETURN_IF_ERROR(d.ToDevice(stream, rows, s->rows, 2 * bytes));
   BNPS_RETURN_IF_ERROR(d.ToDevice(stream, count_out, s->count, 4));
   if (s->tracks) {

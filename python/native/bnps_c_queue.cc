@@ -143,6 +143,25 @@ void bnps_stream_queue_counts(const bnps_stream_queue* q, int64_t* counts) {
   counts[2] = q->exchanges.fell_back();
 }
 
+int bnps_stream_queue_new_recording(bnps_stream_queue** out, char* err,
+                                    size_t err_len) {
+  std::shared_ptr<bnps::c_abi::Recorder> r = bnps::c_abi::Recorder::New();
+  *out = new bnps_stream_queue(r->NewLauncher(), r->NewDeviceOps());
+  (*out)->recorder = std::move(r);
+  return 0;
+}
+
+int bnps_stream_queue_record(bnps_stream_queue* q, int on, int replays,
+                             char* err, size_t err_len) {
+  if (q->recorder == nullptr) {
+    BNPS_RETURN_IF_ERROR(absl::FailedPreconditionError(
+        "not a recording queue (bnps_stream_queue_new_recording)"));
+  }
+  q->recorder->SetRecording(on != 0);
+  for (int i = 0; i < replays; ++i) q->recorder->Replay();
+  return 0;
+}
+
 void bnps_stream_queue_note_wait(bnps_stream_queue* q) { ++q->layer_waits; }
 
 void bnps_stream_queue_waits(const bnps_stream_queue* q, int64_t* waits) {

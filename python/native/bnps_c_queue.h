@@ -25,6 +25,8 @@ struct bnps_stream_queue {
   // Times a frontend's layer waited for the device (bnps_stream_queue_
   // note_wait): the host reading device values outside the queue.
   std::atomic<int64_t> layer_waits{0};
+  // A recording queue's recorder (bnps_stream_queue_new_recording).
+  std::shared_ptr<bnps::c_abi::Recorder> recorder;
 };
 
 #endif  // BNPS_PYTHON_NATIVE_BNPS_C_QUEUE_H_

@@ -63,6 +63,10 @@ for _name, (_res, _args) in {
             _P, _P, _c.c_int64, _P, _P, _P, _P, _P] + _ERR),
         "bnps_device_pass_backward": (_c.c_int, [_P, _P, _P, _P, _P] + _ERR),
         "bnps_stream_queue_waits": (None, [_P, _P]),
+        "bnps_stream_queue_new_recording": (_c.c_int, [_c.POINTER(_P)] +
+                                            _ERR),
+        "bnps_stream_queue_record": (_c.c_int, [_P, _c.c_int, _c.c_int] +
+                                     _ERR),
         "bnps_stream_queue_note_wait": (None, [_P]),
 }.items():
     _fn = getattr(_lib, _name)
@@ -84,6 +88,24 @@ def note_wait(queue):
     """Counts a wait of a layer for the device (bnps_stream_queue_note_wait).
     """
     _lib.bnps_stream_queue_note_wait(queue._h)
+
+
+class RecordingQueue(_native.StreamQueue):
+    """The tests' stand-in for a CUDA stream capturing a graph
+    (bnps_stream_queue_new_recording): a CPU queue whose copies and jobs
+    are recorded while recording, and replayed by record()."""
+
+    def __init__(self):  # (not StreamQueue's: another constructor)
+        h = _P()
+        _native._call(_lib.bnps_stream_queue_new_recording, _c.byref(h))
+        self._h = h
+        self.on_cuda = False
+
+    def record(self, on, replays=0):
+        """Recording on or off, then `replays` replays of what it
+        recorded."""
+        _native._call(_lib.bnps_stream_queue_record, self._h, int(on),
+                      replays)
 
 
 class CpuKernels:
@@ -182,11 +204,15 @@ class FusedStats:
     1 / sqrt(var + eps) (device, views of one 2 x C tensor), the count (a
     device int32), and its plan."""
 
-    __slots__ = ("mean", "invstd", "count", "plan", "layer")
+    __slots__ = ("mean", "invstd", "count", "plan", "layer", "local",
+                 "sums")
 
     def __init__(self, mean, invstd, count, plan, layer):
         self.mean, self.invstd, self.count, self.plan = \
             mean, invstd, count, plan
+        # The local statistics and the backward's merged sums, kept as long
+        # as these statistics (the replays of a captured graph copy them).
+        self.local = self.sums = None
         self.layer = layer  # the layer's name where the backward merges
 
 
@@ -266,7 +292,7 @@ class DevicePlan:
         # The layer's step counters as its passes on this plan left them
         # (another route's pass advances them: a new plan then).
         self.steps = (bn._bnps_step, bn._bnps_backward_step)
-        self.info = (_c.c_int64 * 2)()
+        self.info = (_c.c_int64 * 3)()
         self.captured = False
 
 
@@ -279,6 +305,20 @@ def _key(bn, x, connection, stats_dtype):
             None if rm is None else bn._running_key())
 
 
+def leave(bn):
+    """Before a pass of `bn` on another route: where its plan's jobs were
+    captured in a CUDA graph, whose replays advanced the native step
+    counters, the layer's counters from them (once the queued jobs have
+    run: a wait), and the plan dropped."""
+    plan = bn.__dict__.get("_bnps_device_plan")
+    if plan is None or not plan.captured or plan.owner is not bn:
+        return
+    note_wait(plan.device_pass.queue)
+    bn._connection().drain_exchanges()
+    bn._bnps_step, bn._bnps_backward_step = plan.device_pass.steps()
+    del bn.__dict__["_bnps_device_plan"]
+
+
 def _plan(bn, x, connection, rule, stats_dtype):
     """The layer's DevicePlan for this pass, made where none holds."""
     d = bn.__dict__
@@ -287,11 +327,8 @@ def _plan(bn, x, connection, rule, stats_dtype):
     if plan is not None and plan.owner is bn and plan.key == key and \
             plan.steps == (bn._bnps_step, bn._bnps_backward_step):
         return plan
-    if plan is not None and plan.owner is bn and plan.captured:
-        # Replays of a captured graph advanced its steps: the layer's
-        # counters from them, once the queued jobs have run.
-        connection.drain_exchanges()
-        bn._bnps_step, bn._bnps_backward_step = plan.device_pass.steps()
+    if plan is not None and plan.captured:  # its steps, then a new plan
+        leave(bn)
         key = _key(bn, x, connection, stats_dtype)
     plan = d["_bnps_device_plan"] = DevicePlan(bn, x, connection, rule,
                                                stats_dtype, key)
@@ -318,19 +355,21 @@ def forward(bn, x, weight, bias, eps, rule, fallback):
     channels = x.shape[1]
     rows = torch.empty((2, channels), dtype=mean.dtype, device=x.device)
     count = torch.empty(1, dtype=torch.int32, device=x.device)
-    stream = _stream(x)
     info = plan.info
-    if stream is not None and torch.cuda.is_current_stream_capturing():
-        plan.captured = True
-    _native._call(_lib.bnps_device_pass_forward, plan.device_pass._h, stream,
-                  x.numel() // channels, mean.data_ptr(), invstd.data_ptr(),
-                  rows.data_ptr(), count.data_ptr(), _c.addressof(info))
+    _native._call(_lib.bnps_device_pass_forward, plan.device_pass._h,
+                  _stream(x), x.numel() // channels, mean.data_ptr(),
+                  invstd.data_ptr(), rows.data_ptr(), count.data_ptr(),
+                  _c.addressof(info))
     bn._bnps_step += info[0]
+    if info[2]:  # captured: its replays advance the steps
+        plan.captured = True
     plan.steps = (bn._bnps_step, plan.steps[1])
     r_mean, r_invstd = rows.unbind(0)
     y = k.batch_norm_elemt(x, weight, bias, r_mean, r_invstd, eps)
-    return y, FusedStats(r_mean, r_invstd, count, plan,
-                         bn.bnps_name if info[1] else None)
+    stats = FusedStats(r_mean, r_invstd, count, plan,
+                       bn.bnps_name if info[1] else None)
+    stats.local = (mean, invstd)
+    return y, stats
 
 
 def backward(bn, x, weight, dy, stats, eps, need_dx):
@@ -350,6 +389,7 @@ def backward(bn, x, weight, dy, stats, eps, need_dx):
         _native._call(_lib.bnps_device_pass_backward, plan.device_pass._h,
                       _stream(x), invstd.data_ptr(), sum_dy.data_ptr(),
                       sum_dy_xmu.data_ptr())
+        stats.sums = (sum_dy, sum_dy_xmu)
         bn._bnps_backward_step += 1
         if plan.steps[1] == bn._bnps_backward_step - 1:
             plan.steps = (plan.steps[0], bn._bnps_backward_step)

@@ -217,6 +217,8 @@ def forward(bn, x, weight, bias, eps, route=None):
         route = choose(bn, x, weight, bias, compiling=False)
     if bn.bnps_name and route != _routes.NATIVE_CPU:  # (its plan claimed it)
         bn._connection().claim_layer_name(bn)
+    if route != _routes.FUSED and "_bnps_device_plan" in bn.__dict__:
+        _device_route.leave(bn)  # the steps of a captured graph's replays
     return _FORWARD[route](bn, x, weight, bias, eps)
 
 
