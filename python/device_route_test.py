@@ -11,6 +11,7 @@ Needs torch (tools/setup.sh installs python3-torch); fails without it."""
 import os
 import sys
 import unittest
+import warnings
 from unittest import mock
 
 sys.path.insert(0, os.path.join(os.getcwd(), "python"))  # Bazel runfiles
@@ -23,6 +24,7 @@ import bnps  # noqa: E402
 import bnps.torch  # noqa: E402
 from bnps.torch import _device_route as D  # noqa: E402
 from bnps.torch import _layer_ops  # noqa: E402
+from bnps.torch import _routes as R  # noqa: E402
 from one_job import connect  # noqa: E402
 
 C = 3
@@ -130,6 +132,37 @@ class ReplayTest(unittest.TestCase):
             self.s.drain_exchanges()
         with self.assertRaisesRegex(bnps.BnpsError, "mean"):  # sticky
             self.s.drain_exchanges()
+
+
+class FallbackTest(unittest.TestCase):
+    def test_without_the_drivers_calls_the_queued_route_warns_once(self):
+        s = connect(self, "sync", stream_exchange=True)[0]
+        bn = bnps.torch.SyncBatchNorm(C, name="l", connection=s).double()
+        ref = nn.BatchNorm2d(C).double()
+        missing = bnps.errors.Unavailable(
+            14, "UNAVAILABLE", "the CUDA driver lacks cuMemcpyDtoHAsync_v2")
+        taken = []
+        queued = _layer_ops._FORWARD[R.QUEUED]
+
+        def spy(*a):
+            taken.append(R.QUEUED)
+            return queued(*a)
+
+        with mock.patch.object(D, "DevicePass", side_effect=missing), \
+                mock.patch.dict(_layer_ops._FORWARD, {R.QUEUED: spy}), \
+                warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            for _ in range(3):
+                x = torch.randn(4, C, 2, 2).double()
+                torch.testing.assert_close(bn(x), ref(x))
+        # The first pass fell back inside the fused route; the table sends
+        # the later ones to the queued route at once.
+        self.assertEqual(taken, [R.QUEUED] * 2)
+        self.assertNotIn("_bnps_device_plan", bn.__dict__)
+        messages = [str(w.message) for w in said]
+        self.assertEqual(len(messages), 2, messages)  # the route, the layer
+        self.assertTrue(all("cuMemcpyDtoHAsync_v2" in m for m in messages))
+        s.drain_exchanges()
 
 
 @unittest.skipUnless(torch.cuda.is_available(),
