@@ -1,15 +1,23 @@
 #!/usr/bin/env python3
-"""bnps.torch on one GPU: step time of a ResNet-18-shaped model (64x64
-inputs, 10 classes) with P processes sharing the GPU under NVIDIA MPS, three
-ways, measured in the same run:
+"""bnps.torch on one GPU: step time of a ResNet-18-shaped model (or, with
+--model resnet50, a ResNet-50-shaped one: 53 BatchNorm2d; 64x64 inputs, 10
+classes) with P processes sharing the GPU under NVIDIA MPS, several ways,
+measured in the same run:
 
   plain   torch.nn.BatchNorm2d, each process on its own (no communication)
   bnps    bnps.torch.SyncBatchNorm, policy sync, real bnps_server shards on
           127.0.0.1 (bnps.cluster.LocalCluster: BN over raw TCP), each
           exchange waiting for the device (BNPS_STREAM_EXCHANGE=0)
   stream  the same with the exchanges queued in the CUDA stream's order
-          (bnps/torch/stream_exchange.py: the default on CUDA)
+          (the default on CUDA: the fused route, one native call per layer
+          pass around torch's fused batch-norm kernels)
   torch   torch.nn.SyncBatchNorm over a gloo process group (the peer)
+
+--precision bf16 trains under torch.autocast(bfloat16) with the model and
+inputs in channels_last. --capture captures each kind's training step
+(forward, backward, SGD) in a CUDA graph after the warm-up and times its
+replays: plain and stream only (a waiting exchange, and gloo, run on the
+host; their columns read n/a).
 
 For each P (--procs) and per-process batch (--batches) it starts P processes
 once; each holds a model of every kind and trains them in alternating
@@ -78,6 +86,65 @@ def resnet18(classes=10):
     return nn.Sequential(*layers)
 
 
+def resnet50(classes=10):
+    """A ResNet-50-shaped model (torchvision's layout: 3, 4, 6, 3 bottleneck
+    blocks, 256-2048 channels out, 53 BatchNorm2d), written here as
+    resnet18."""
+    import torch.nn as nn
+
+    class Bottleneck(nn.Module):
+        def __init__(self, cin, width, stride):
+            super().__init__()
+            cout = 4 * width
+            self.body = nn.Sequential(
+                nn.Conv2d(cin, width, 1, bias=False), nn.BatchNorm2d(width),
+                nn.ReLU(inplace=True),
+                nn.Conv2d(width, width, 3, stride, 1, bias=False),
+                nn.BatchNorm2d(width), nn.ReLU(inplace=True),
+                nn.Conv2d(width, cout, 1, bias=False), nn.BatchNorm2d(cout))
+            self.down = None
+            if stride != 1 or cin != cout:
+                self.down = nn.Sequential(
+                    nn.Conv2d(cin, cout, 1, stride, bias=False),
+                    nn.BatchNorm2d(cout))
+            self.relu = nn.ReLU(inplace=True)
+
+        def forward(self, x):
+            return self.relu(self.body(x) +
+                             (x if self.down is None else self.down(x)))
+
+    layers = [nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64),
+              nn.ReLU(inplace=True), nn.MaxPool2d(3, 2, 1)]
+    cin = 64
+    for width, blocks, stride in ((64, 3, 1), (128, 4, 2), (256, 6, 2),
+                                  (512, 3, 2)):
+        for i in range(blocks):
+            layers.append(Bottleneck(cin, width, stride if i == 0 else 1))
+            cin = 4 * width
+    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(cin, classes)]
+    return nn.Sequential(*layers)
+
+
+MODELS = {"resnet18": resnet18, "resnet50": resnet50}
+CAPTURABLE = ("plain", "stream")
+
+
+def _captured(model, opt, x, y, amp):
+    """A CUDA graph of one training step of `model` on the static x and y,
+    after the eager warm-up (a replay is a step)."""
+    import torch
+    import torch.nn.functional as F
+    graph = torch.cuda.CUDAGraph()
+    opt.zero_grad(set_to_none=True)
+    torch.cuda.synchronize()
+    with torch.cuda.graph(graph):
+        with amp():
+            loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+    return graph
+
+
 def child(args):
     """One process: a model of each kind, trained in alternating segments of
     --steps steps (after --warmup steps each), --runs segments per kind; one
@@ -91,7 +158,7 @@ def child(args):
     models = {}
     for kind in kinds:
         torch.manual_seed(0)
-        model = resnet18()
+        model = MODELS[args.model]()
         if kind in ("bnps", "stream"):
             import bnps.torch
             if not any(k in models for k in ("bnps", "stream")):
@@ -104,6 +171,8 @@ def child(args):
                                     world_size=int(os.environ["WORLD_SIZE"]))
             model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
         model = model.to(dev)
+        if args.precision == "bf16":
+            model = model.to(memory_format=torch.channels_last)
         models[kind] = (model, torch.optim.SGD(model.parameters(), lr=0.01,
                                                momentum=0.9))
     # Where a bnps step's time goes: inside the exchanges (the client's
@@ -137,6 +206,15 @@ def child(args):
     g = torch.Generator().manual_seed(1 + rank)
     x = torch.randn(args.batch, 3, 64, 64, generator=g).to(dev)
     y = torch.randint(0, 10, (args.batch,), generator=g).to(dev)
+    if args.precision == "bf16":
+        x = x.to(memory_format=torch.channels_last)
+
+    def amp():
+        if args.precision != "bf16":
+            import contextlib
+            return contextlib.nullcontext()
+        return torch.autocast(dev.type, dtype=torch.bfloat16)
+    graphs = {}
 
     def train(kind, steps, queued=None):
         """Each step's seconds; `queued` gets each step's host time up to
@@ -147,12 +225,18 @@ def child(args):
             conn = bnps.torch.default_connection()
             conn.stream_exchange = kind == "stream"
         times = []
+        graph = graphs.get(kind)
         for _ in range(steps):
             sync()
             start = time.perf_counter()
-            opt.zero_grad()
-            F.cross_entropy(model(x), y).backward()
-            opt.step()
+            if graph is not None:
+                graph.replay()
+            else:
+                opt.zero_grad()
+                with amp():
+                    loss = F.cross_entropy(model(x), y)
+                loss.backward()
+                opt.step()
             if queued is not None:
                 queued.append(time.perf_counter() - start)
             sync()
@@ -163,6 +247,13 @@ def child(args):
 
     for kind in kinds:
         train(kind, args.warmup)
+        if args.capture:  # (the parent keeps the capturable kinds only)
+            conn = None
+            if kind == "stream":
+                conn = bnps.torch.default_connection()
+                conn.drain_exchanges()
+            graphs[kind] = _captured(*models[kind], x, y, amp)
+            train(kind, 2)  # replays before the timing
     for run in range(args.runs):
         for kind in kinds:
             if kind == "bnps":
@@ -224,7 +315,10 @@ def measure(args, kinds, procs, batch, base_env):
     cmd = [sys.executable, os.path.abspath(__file__), "--child",
            "--kinds=" + ",".join(kinds), "--runs=%d" % args.runs,
            "--batch=%d" % batch, "--steps=%d" % args.steps,
-           "--warmup=%d" % args.warmup, "--device=" + args.device]
+           "--warmup=%d" % args.warmup, "--device=" + args.device,
+           "--model=" + args.model, "--precision=" + args.precision]
+    if args.capture:
+        cmd.append("--capture")
     if args.profile:
         cmd.append("--profile=" + os.path.abspath(args.profile))
     cluster = None
@@ -304,6 +398,12 @@ def main(argv):
                    "steps, waiting and queued (one more segment of each "
                    "after the timed ones), to this file, for each P and "
                    "batch")
+    p.add_argument("--model", choices=sorted(MODELS), default="resnet18")
+    p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
+                   help="bf16: autocast to bfloat16, channels_last")
+    p.add_argument("--capture", action="store_true",
+                   help="time replays of each step captured in a CUDA graph "
+                   "(plain and stream only)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--batch", type=int, default=32)
     args = p.parse_args(argv)
@@ -313,6 +413,8 @@ def main(argv):
     kinds = [k for k in args.kinds.split(",") if k]
     if not kinds or set(kinds) - set(KINDS) or "plain" not in kinds:
         p.error("--kinds: plain and any of bnps, stream, torch")
+    if args.capture:
+        kinds = [k for k in kinds if k in CAPTURABLE]
     if args.device == "cuda" and not torch.cuda.is_available():
         print("pytorch_gpu_benchmark: no CUDA device (torch %s): skipped" % torch.__version__)
         return 0
@@ -324,7 +426,11 @@ def main(argv):
         bnps_launch_mps.System(), notes.append)
     base_env = dict(os.environ, **mps_env)
     try:
-        print("ResNet-18 shape, 64x64 inputs, %s; torch %s; %s\n" % (
+        print("%s shape, 64x64 inputs, %s, %s; %s; torch %s; %s\n" % (
+            {"resnet18": "ResNet-18", "resnet50": "ResNet-50"}[args.model],
+            {"fp32": "float32", "bf16": "bf16 autocast, channels_last"}[
+                args.precision],
+            "captured in a CUDA graph" if args.capture else "eager",
             torch.cuda.get_device_name(0) if args.device == "cuda" else "CPU",
             torch.__version__,
             "; ".join(notes) or "MPS: not needed"))
