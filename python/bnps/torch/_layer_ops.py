@@ -118,7 +118,8 @@ def choose(bn, x, weight, bias, compiling):
     its fallback warned once. A training pass on NATIVE_CPU keeps its
     NativePlan, and later passes take that route at once while the plan
     holds for them (NativePlan.holds: the layer's state is the same and x
-    suits the native call)."""
+    suits the native call); so does FUSED with its DevicePlan
+    (_device_route.holds)."""
     training = bn.training
     if training and not compiling:
         s = bn.connection
@@ -127,6 +128,9 @@ def choose(bn, x, weight, bias, compiling):
         plan = bn.__dict__.get("_bnps_plan")
         if plan is not None and plan.holds(bn, x, weight, bias, s):
             return _routes.NATIVE_CPU
+        if "_bnps_device_plan" in bn.__dict__ and \
+                _device_route.holds(bn, x, s):
+            return _routes.FUSED
     else:
         s = None
     route, fallback = _routes.choose(
