@@ -312,12 +312,14 @@ def holds(bn, x, connection):
     pass): the same layer, connection and configuration, steps and running
     buffers as the plan was made for, non-empty input of the plan's
     statistics' dtype laid out for the kernels, no recalibration, the
-    fused route still open on the queue."""
+    fused route still open on the queue, and for CUDA input its device
+    the current one (else the table raises RouteError)."""
     plan = bn.__dict__.get("_bnps_device_plan")
     if plan is None or plan.owner is not bn or bn._recal_batch is not None \
             or x.numel() == 0 or not _laid_out(x) or \
             getattr(plan.device_pass.queue, "_bnps_unfused", None) \
-            is not None:
+            is not None or \
+            (x.is_cuda and x.device.index != torch.cuda.current_device()):
         return False
     stats = torch.float64 if x.dtype == torch.float64 else \
         torch.float32 if x.dtype in _STATS_DTYPES else None

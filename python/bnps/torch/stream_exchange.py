@@ -1,6 +1,10 @@
 """Stream-ordered exchanges for bnps.torch.SyncBatchNorm: the default on
 CUDA (Connection.queues_on; init(stream_exchange=False) or
-BNPS_STREAM_EXCHANGE=0 turns it off, =1 turns it on for the CPU too).
+BNPS_STREAM_EXCHANGE=0 turns it off, =1 turns it on for the CPU too). A
+pass takes the fused route (bnps/torch/_device_route.py: one native call
+around torch's fused kernels) where it can; this module is the QUEUED
+route, for what the fused one does not take (an empty batch, 16-bit
+running statistics, odd strides, a CUDA driver without its calls).
 
 Without it a layer on a GPU waits for the device at every exchange: the
 layer's statistics are copied to the host, the stream is synchronized, the
