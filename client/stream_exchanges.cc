@@ -110,14 +110,22 @@ std::unique_ptr<HostFuncLauncher> NewInlineLauncher() {
   return std::make_unique<InlineLauncher>();
 }
 
-absl::StatusOr<std::unique_ptr<HostFuncLauncher>> NewCudaHostFuncLauncher() {
+absl::StatusOr<void*> OpenCudaDriver(const char* what) {
   void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
   if (lib == nullptr) {
     const char* why = dlerror();
     return absl::UnavailableError(absl::StrCat(
         "no CUDA driver here (libcuda.so.1: ", why ? why : "not found",
-        "): exchanges cannot be queued on a CUDA stream"));
+        "): ", what));
   }
+  return lib;
+}
+
+absl::StatusOr<std::unique_ptr<HostFuncLauncher>> NewCudaHostFuncLauncher() {
+  absl::StatusOr<void*> opened =
+      OpenCudaDriver("exchanges cannot be queued on a CUDA stream");
+  if (!opened.ok()) return opened.status();
+  void* lib = *opened;
   auto init = reinterpret_cast<CuInitFn>(dlsym(lib, "cuInit"));
   auto launch =
       reinterpret_cast<CuLaunchHostFuncFn>(dlsym(lib, "cuLaunchHostFunc"));

@@ -68,6 +68,11 @@ std::unique_ptr<HostFuncLauncher> NewInlineLauncher();
 // UNAVAILABLE, saying why, where there is no CUDA driver.
 absl::StatusOr<std::unique_ptr<HostFuncLauncher>> NewCudaHostFuncLauncher();
 
+// The CUDA driver, libcuda.so.1, opened (and left open: what it hands out
+// may outlive its users) for dlsym; UNAVAILABLE, saying why, where there is
+// none. `what` ends the message: what cannot be done without it.
+absl::StatusOr<void*> OpenCudaDriver(const char* what);
+
 class StreamExchanges {
  public:
   // One exchange: `exchange` talks to the servers and writes the job's

@@ -214,13 +214,11 @@ std::unique_ptr<DeviceOps> NewHostDeviceOps() {
 }
 
 absl::StatusOr<std::unique_ptr<DeviceOps>> NewCudaDeviceOps() {
-  // Stays open: the buffers are freed through it.
-  void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-  if (lib == nullptr) {
-    const char* why = dlerror();
-    return absl::UnavailableError(absl::StrCat(
-        "no CUDA driver here (libcuda.so.1: ", why ? why : "not found", ")"));
-  }
+  // (Stays open: the buffers are freed through it.)
+  absl::StatusOr<void*> opened = bnps::client::OpenCudaDriver(
+      "a layer pass cannot copy to or from a CUDA device");
+  if (!opened.ok()) return opened.status();
+  void* lib = *opened;
   Driver d;
   if (!Find(lib, "cuMemcpyDtoHAsync_v2", &d.dtoh) ||
       !Find(lib, "cuMemcpyHtoDAsync_v2", &d.htod) ||

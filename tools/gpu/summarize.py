@@ -492,20 +492,19 @@ def torch_rows(t):
             "%s tests, %s" % (t["parity_ran"] if t["parity_ran"] is not None else "no",
                               "passed" if t["parity_ok"] else "not all passed"),
             "all pass", "met" if t["parity_ok"] else "missed")]
-    if t.get("compile") is not None:
-        ran, ok = t["compile"]
-        out.append(("bnps.torch under torch.compile (aot_eager), layers on "
-                    "the GPU, exchanges waiting for the device and queued on the stream",
-                    "%s tests, %s" % (ran if ran is not None else "no",
-                                      "passed" if ok else "not all passed"),
-                    "all pass", "met" if ok else "missed"))
-    if t.get("capture") is not None:
-        ran, ok = t["capture"]
-        out.append(("bnps.torch training step captured in a CUDA graph "
-                    "(torch.cuda.graph, reduce-overhead), replays with parity",
-                    "%s tests, %s" % (ran if ran is not None else "no",
-                                      "passed" if ok else "not all passed"),
-                    "all pass", "met" if ok else "missed"))
+    for key, name in (
+            ("compile", "bnps.torch under torch.compile (aot_eager), layers "
+                        "on the GPU, exchanges waiting for the device and "
+                        "queued on the stream"),
+            ("capture", "bnps.torch training step captured in a CUDA graph "
+                        "(torch.cuda.graph, reduce-overhead), replays with "
+                        "parity")):
+        if t.get(key) is not None:
+            ran, ok = t[key]
+            out.append((name, "%s tests, %s" % (
+                ran if ran is not None else "no",
+                "passed" if ok else "not all passed"),
+                "all pass", "met" if ok else "missed"))
     cost = t.get("host_cost") or {}
 
     def kind(name):
