@@ -246,14 +246,18 @@ class DevicePass:
         return tuple(out)
 
 
+# The current stream's handle without making a torch.cuda.Stream; torch
+# < 2.0 lacks it.
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
 def _stream(x):
     """The current stream's handle for x's device (an int), None off
     CUDA."""
     if not x.is_cuda:
         return None
-    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    if raw is not None:
-        return raw(x.device.index)
+    if _raw_stream is not None:
+        return _raw_stream(x.device.index)
     return torch.cuda.current_stream(x.device).cuda_stream
 
 
@@ -299,11 +303,19 @@ class DevicePlan:
 
 def _key(bn, x, connection, stats_dtype):
     """What of the layer and pass a DevicePlan depends on (with its step
-    counters: DevicePlan.steps)."""
-    rm = bn._buffers.get("running_mean")
+    counters: DevicePlan.steps): its running buffers as
+    SyncBatchNorm._running_key names them (their addresses and versions:
+    a write the layer did not make changes them), read here from the
+    buffers' dict (per pass: a module's attribute costs a lookup)."""
+    d, b = bn.__dict__, bn._buffers
+    rm = b.get("running_mean")
+    running = None
+    if rm is not None:
+        rv, t = b["running_var"], b["num_batches_tracked"]
+        running = (rm.data_ptr(), rm._version, rv.data_ptr(), rv._version,
+                   t.data_ptr(), t._version)
     return (connection, connection.stream_exchange, x.device, x.shape[1],
-            stats_dtype, bn.eps, bn.momentum, bn.bnps_name,
-            None if rm is None else bn._running_key())
+            stats_dtype, d["eps"], d["momentum"], d["bnps_name"], running)
 
 
 def holds(bn, x, connection):

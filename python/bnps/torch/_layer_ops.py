@@ -219,10 +219,11 @@ def forward(bn, x, weight, bias, eps, route=None):
     (Connection.claim_layer_name)."""
     if route is None:
         route = choose(bn, x, weight, bias, compiling=False)
-    if bn.bnps_name and route != _routes.NATIVE_CPU:  # (its plan claimed it)
-        bn._connection().claim_layer_name(bn)
-    if route != _routes.FUSED and "_bnps_device_plan" in bn.__dict__:
-        _device_route.leave(bn)  # the steps of a captured graph's replays
+    if route != _routes.FUSED:  # (whose plan claimed the name)
+        if bn.bnps_name and route != _routes.NATIVE_CPU:  # (so did its)
+            bn._connection().claim_layer_name(bn)
+        if "_bnps_device_plan" in bn.__dict__:
+            _device_route.leave(bn)  # the steps of a graph's replays
     return _FORWARD[route](bn, x, weight, bias, eps)
 
 
