@@ -165,6 +165,31 @@ class FusedCallsTest(unittest.TestCase):
         self.assertLessEqual(len(own), FUSED_TORCH_CALLS, calls)
         self.assertEqual(sum(c.startswith("kernel::") for c in own), 4, own)
 
+    def test_the_kept_plan_follows_the_layer(self):
+        self.step()
+        first = self.bn.__dict__["_bnps_device_plan"]
+        self.s.stream_exchange = False  # waits: another route, its steps
+        self.step()
+        self.assertEqual(first.device_pass.steps(), (1, 1))
+        self.assertEqual(self.bn._bnps_step, 2)
+        self.s.stream_exchange = True  # a new plan, from the layer's steps
+        self.step()
+        plan = self.bn.__dict__["_bnps_device_plan"]
+        self.assertIsNot(plan, first)
+        self.assertEqual(plan.device_pass.steps(), (3, 3))
+        self.step()  # kept now
+        self.assertIs(self.bn.__dict__["_bnps_device_plan"], plan)
+        self.assertEqual(plan.device_pass.steps(), (4, 4))
+        with torch.no_grad():
+            self.bn.running_var.fill_(2.0)  # written otherwise: read again
+        self.step()
+        self.assertIsNot(self.bn.__dict__["_bnps_device_plan"], plan)
+        ref = nn.BatchNorm2d(8).double()
+        with torch.no_grad():
+            ref.running_var.fill_(2.0)
+        ref(self.x)
+        torch.testing.assert_close(self.bn.running_var, ref.running_var)
+
     def test_the_host_waits_once(self):
         self.step()
         self.assertEqual(self.s.host_waits()["layers"], 1)  # the buffers
