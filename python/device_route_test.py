@@ -173,14 +173,18 @@ class CudaCaptureTest(unittest.TestCase):
         torch.manual_seed(0)
         self.s = connect(self, "sync")[0]  # queues on CUDA by default
 
-    def model(self):
+    def model(self, ours=True):
+        """A small model on the GPU, its BN layer bnps's (ours) or torch's
+        (the reference: one worker's sync is torch's BN)."""
+        torch.manual_seed(1)
         m = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(),
                           nn.BatchNorm2d(8)).cuda()
+        if not ours:
+            return m
         return bnps.torch.convert_sync_batchnorm(m, connection=self.s)
 
     def test_a_captured_step_replays_with_parity(self):
-        ours, ref = self.model(), self.model()
-        ref.load_state_dict(ours.state_dict())
+        ours, ref = self.model(), self.model(ours=False)
         x = torch.randn(8, 3, 8, 8, device="cuda")
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
@@ -204,10 +208,20 @@ class CudaCaptureTest(unittest.TestCase):
         self.assertEqual(ours[2].num_batches_tracked.item(),
                          ref[2].num_batches_tracked.item())
 
+    def test_the_host_waits_once_per_layer(self):
+        model = self.model()
+        x = torch.randn(8, 3, 8, 8, device="cuda")
+        for _ in range(5):
+            model(x).sum().backward()
+            self.s.drain_exchanges()  # the step's boundary (a wait)
+        # One wait per layer: its running statistics read when its route
+        # was set up; none per step after.
+        self.assertEqual(self.s.host_waits()["layers"], 1)
+        self.assertEqual(self.s._queues[True].counts()[2], 0)  # no fallback
+
     @unittest.skipUnless(hasattr(torch, "compile"), "torch < 2.0")
     def test_reduce_overhead_compiles_and_matches(self):
-        ours, ref = self.model(), self.model()
-        ref.load_state_dict(ours.state_dict())
+        ours, ref = self.model(), self.model(ours=False)
         compiled = torch.compile(ours, mode="reduce-overhead")
         x = torch.randn(8, 3, 8, 8, device="cuda")
         for _ in range(4):

@@ -195,7 +195,7 @@ class FusedCallsTest(unittest.TestCase):
         self.assertEqual(self.s.host_waits()["layers"], 1)  # the buffers
         for _ in range(4):
             self.step()
-            self.s.step()
+            self.s.drain_exchanges()  # the step's boundary
         self.assertEqual(self.s.host_waits(), {"layers": 1, "drains": 0})
         self.bn.running_mean.add_(1.0)  # a change the layer did not make
         self.step()
