@@ -57,8 +57,7 @@ class _AllocatingKernels:
     @staticmethod
     def batch_norm_stats(x, eps):
         acc = torch.float64 if x.dtype == torch.float64 else torch.float32
-        both = torch.ones(2, x.shape[1], dtype=acc)  # (valid moments)
-        return both[0], both[1]
+        return torch.ones(2, x.shape[1], dtype=acc).unbind(0)  # (valid)
 
     @staticmethod
     def batch_norm_elemt(x, weight, bias, mean, invstd, eps):
