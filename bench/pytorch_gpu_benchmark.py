@@ -254,16 +254,32 @@ def child(args):
                 conn.drain_exchanges()
             graphs[kind] = _captured(*models[kind], x, y, amp)
             train(kind, 2)  # replays before the timing
+    def stream_spent():
+        """(seconds in the queued exchanges, jobs run) so far: the stream
+        kind's queue (its jobs run on the driver's thread)."""
+        from bnps.torch import _device_route
+        q = bnps.torch.default_connection()._queues.get(dev.type == "cuda")
+        if q is None:
+            return 0.0, 0
+        return _device_route.exchange_seconds(q), q.counts()[1]
+
     for run in range(args.runs):
         for kind in kinds:
             if kind == "bnps":
                 before = (spent["exchange"], spent["calls"], device_wait())
+            if kind == "stream":
+                before_stream = stream_spent()
             queued = []
             ms = 1000 * statistics.median(train(kind, args.steps, queued))
             print("%s %d %.3f" % (kind, run, ms), flush=True)
             print("queue-%s %d %.3f" % (kind, run,
                                         1000 * statistics.median(queued)),
                   flush=True)
+            if kind == "stream":
+                after = stream_spent()
+                print("sdetail %d %.3f %.1f" % (
+                    run, 1000 * (after[0] - before_stream[0]) / args.steps,
+                    (after[1] - before_stream[1]) / args.steps), flush=True)
             if kind == "bnps":
                 print("detail %d %.3f %.3f %.1f" % (
                     run, 1000 * (spent["exchange"] - before[0]) / args.steps,
@@ -349,8 +365,8 @@ def measure(args, kinds, procs, batch, base_env):
             got = {}
             for line in out.splitlines():
                 fields = line.split()
-                if fields[0] == "detail":
-                    got.setdefault("detail", {})[int(fields[1])] = [
+                if fields[0] in ("detail", "sdetail"):
+                    got.setdefault(fields[0], {})[int(fields[1])] = [
                         float(v) for v in fields[2:]]
                 else:
                     got.setdefault(fields[0], {})[int(fields[1])] = float(fields[2])
@@ -361,6 +377,10 @@ def measure(args, kinds, procs, batch, base_env):
             result["detail"] = [statistics.median(
                 p["detail"][r][i] for p in per_proc for r in range(args.runs))
                 for i in range(3)]
+        if "stream" in kinds:  # [exchange ms, jobs] a step
+            result["sdetail"] = [statistics.median(
+                p["sdetail"][r][i] for p in per_proc for r in range(args.runs))
+                for i in range(2)]
         result["queue"] = {k: statistics.median(
             p["queue-" + k][r] for p in per_proc for r in range(args.runs))
             for k in kinds}
@@ -439,7 +459,7 @@ def main(argv):
               "stream/plain min / median / max | torch/plain min / median / "
               "max |")
         print("|---|---|---|---|---|---|---|---|---|")
-        details, queues = [], []
+        details, stream_details, queues = [], [], []
         for procs in procs_list:
             for batch in [int(v) for v in args.batches.split(",") if v]:
                 t = dict({k: [] for k in KINDS},
@@ -458,6 +478,8 @@ def main(argv):
                     ratio("torch")), flush=True)
                 if t.get("detail"):
                     details.append((procs, batch, t["detail"]))
+                if t.get("sdetail"):
+                    stream_details.append((procs, batch, t["sdetail"]))
                 queues.append((procs, batch, t["queue"]))
         if details:
             print("\nWhere a bnps step's time goes (ms per step, the median "
@@ -470,6 +492,16 @@ def main(argv):
             for procs, batch, (exchange, wait, calls) in details:
                 print("| %d | %d | %.0f | %.2f | %.2f |" % (
                     procs, batch, calls, exchange, wait))
+        if stream_details:
+            print("\nInside the queued exchanges (the stream kind: the "
+                  "exchange jobs' time on the driver's thread, barriers "
+                  "included; ms per step, the median over processes and "
+                  "rounds).\n")
+            print("| P | batch | exchange jobs a step | in exchanges ms |")
+            print("|---|---|---|---|")
+            for procs, batch, (exchange, jobs) in stream_details:
+                print("| %d | %d | %.0f | %.2f |" % (procs, batch, jobs,
+                                                     exchange))
         print("\nHost time to queue a step: from its start to the optimizer "
               "step's return, before the final wait for the GPU (ms, the "
               "median over processes and rounds). Plain BatchNorm queues "

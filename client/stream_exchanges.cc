@@ -13,6 +13,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 
 namespace bnps::client {
@@ -25,6 +26,7 @@ struct StreamExchanges::State {
   int64_t completed ABSL_GUARDED_BY(mu) = 0;
   int64_t fell_back ABSL_GUARDED_BY(mu) = 0;
   int64_t drain_waits ABSL_GUARDED_BY(mu) = 0;
+  absl::Duration exchange_time ABSL_GUARDED_BY(mu);
   absl::Status first_error ABSL_GUARDED_BY(mu);
   // The replayable jobs' launches (RunJob leaves them alone).
   std::vector<std::unique_ptr<Launched>> kept ABSL_GUARDED_BY(mu);
@@ -52,13 +54,16 @@ void RunJob(void* arg) {
     absl::MutexLock lock(&s.mu);
     failed_before = !s.first_error.ok();
   }
+  const absl::Time start = absl::Now();
   absl::Status status = failed_before ? absl::OkStatus() : l->job.exchange();
+  const absl::Duration took = absl::Now() - start;
   const bool fall_back = failed_before || !status.ok();
   if (fall_back && l->job.fallback) l->job.fallback();
   absl::MutexLock lock(&s.mu);
   if (!status.ok() && s.first_error.ok()) s.first_error = std::move(status);
   if (!replayable) --s.pending;
   ++s.completed;
+  s.exchange_time += took;
   if (fall_back) ++s.fell_back;
 }
 
@@ -211,6 +216,11 @@ int64_t StreamExchanges::completed() const {
 int64_t StreamExchanges::drain_waits() const {
   absl::MutexLock lock(&state_->mu);
   return state_->drain_waits;
+}
+
+absl::Duration StreamExchanges::exchange_time() const {
+  absl::MutexLock lock(&state_->mu);
+  return state_->exchange_time;
 }
 
 int64_t StreamExchanges::fell_back() const {

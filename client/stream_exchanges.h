@@ -109,6 +109,9 @@ class StreamExchanges {
   // Drain calls that found jobs still queued and waited for them (the
   // host waiting for the device).
   int64_t drain_waits() const;
+  // Time the jobs' exchanges took so far (their calls to the servers and
+  // what follows on the host), summed.
+  absl::Duration exchange_time() const;
 
   struct State;  // shared with queued jobs
 

@@ -199,6 +199,7 @@ TEST(StreamExchangesTest, AReplayableJobRunsAtEveryReplayAndFailsSticky) {
   StreamExchanges::Job job;
   job.exchange = [&]() -> absl::Status {
     ++runs;
+    absl::SleepFor(absl::Milliseconds(2));  // the exchange's time
     return fail ? absl::DeadlineExceededError("a peer stopped")
                 : absl::OkStatus();
   };
@@ -209,6 +210,7 @@ TEST(StreamExchangesTest, AReplayableJobRunsAtEveryReplayAndFailsSticky) {
   for (int i = 0; i < 3; ++i) graph->Replay();
   EXPECT_EQ(runs, 3);
   EXPECT_EQ(q.completed(), 3);
+  EXPECT_GE(q.exchange_time(), absl::Milliseconds(6));
   EXPECT_TRUE(q.Drain(absl::Seconds(1)).ok());
   EXPECT_EQ(q.drain_waits(), 0);
   fail = true;

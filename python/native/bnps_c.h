@@ -43,8 +43,10 @@ extern "C" {
  * bnps_client_connect3; 7: bnps_resolve_policy; 8: the layer steps on one
  * prepared argument block, bnps_layer_pass_forward and
  * bnps_layer_pass_backward; 9: the device layer passes, bnps_device_pass_*,
- * and the queue's count of host waits, bnps_stream_queue_waits and
- * bnps_stream_queue_note_wait). */
+ * the queue's count of host waits, bnps_stream_queue_waits and
+ * bnps_stream_queue_note_wait, and its time in exchanges,
+ * bnps_stream_queue_exchange_seconds; and the recording queue of the
+ * tests, bnps_stream_queue_new_recording and bnps_stream_queue_record). */
 #define BNPS_C_API_VERSION 9
 BNPS_EXPORT int bnps_api_version(void);
 /* "OK", "INVALID_ARGUMENT", ...; a static string. */
@@ -462,6 +464,10 @@ BNPS_EXPORT void bnps_outcome_free(bnps_outcome* o);
 BNPS_EXPORT void bnps_stream_queue_waits(const bnps_stream_queue* q,
                                          int64_t* waits);
 BNPS_EXPORT void bnps_stream_queue_note_wait(bnps_stream_queue* q);
+/* Seconds the queue's jobs spent in their exchanges so far (the calls to
+ * the servers, barriers included, and what follows on the host), summed. */
+BNPS_EXPORT double bnps_stream_queue_exchange_seconds(
+    const bnps_stream_queue* q);
 
 /* The tests' stand-in for a CUDA stream that captures a graph: a queue on
  * host memory (as on_cuda 0) whose copies and jobs, while recording, are

@@ -169,6 +169,10 @@ void bnps_stream_queue_waits(const bnps_stream_queue* q, int64_t* waits) {
   waits[1] = q->exchanges.drain_waits();
 }
 
+double bnps_stream_queue_exchange_seconds(const bnps_stream_queue* q) {
+  return absl::ToDoubleSeconds(q->exchanges.exchange_time());
+}
+
 int bnps_stream_queue_forward(
     bnps_stream_queue* q, void* stream, const bnps_worker_bn* r, bnps_client* c,
     const char* layer, int64_t step, int64_t count, const void* local,

@@ -63,6 +63,7 @@ for _name, (_res, _args) in {
             _P, _P, _c.c_int64, _P, _P, _P, _P, _P] + _ERR),
         "bnps_device_pass_backward": (_c.c_int, [_P, _P, _P, _P, _P] + _ERR),
         "bnps_stream_queue_waits": (None, [_P, _P]),
+        "bnps_stream_queue_exchange_seconds": (_c.c_double, [_P]),
         "bnps_stream_queue_new_recording": (_c.c_int, [_c.POINTER(_P)] +
                                             _ERR),
         "bnps_stream_queue_record": (_c.c_int, [_P, _c.c_int, _c.c_int] +
@@ -82,6 +83,12 @@ def host_waits(queue):
     out = (_c.c_int64 * 2)()
     _lib.bnps_stream_queue_waits(queue._h, out)
     return tuple(out)
+
+
+def exchange_seconds(queue):
+    """Seconds a bnps._native.StreamQueue's jobs spent in their exchanges
+    (bnps_stream_queue_exchange_seconds)."""
+    return _lib.bnps_stream_queue_exchange_seconds(queue._h)
 
 
 def note_wait(queue):
