@@ -1,15 +1,23 @@
 #!/usr/bin/env python3
-"""bnps.torch on one GPU: step time of a ResNet-18-shaped model (64x64
-inputs, 10 classes) with P processes sharing the GPU under NVIDIA MPS, three
-ways, measured in the same run:
+"""bnps.torch on one GPU: step time of a ResNet-18-shaped model (or, with
+--model resnet50, a ResNet-50-shaped one: 53 BatchNorm2d; 64x64 inputs, 10
+classes) with P processes sharing the GPU under NVIDIA MPS, several ways,
+measured in the same run:
 
   plain   torch.nn.BatchNorm2d, each process on its own (no communication)
   bnps    bnps.torch.SyncBatchNorm, policy sync, real bnps_server shards on
           127.0.0.1 (bnps.cluster.LocalCluster: BN over raw TCP), each
           exchange waiting for the device (BNPS_STREAM_EXCHANGE=0)
   stream  the same with the exchanges queued in the CUDA stream's order
-          (bnps/torch/stream_exchange.py: the default on CUDA)
+          (the default on CUDA: the fused route, one native call per layer
+          pass around torch's fused batch-norm kernels)
   torch   torch.nn.SyncBatchNorm over a gloo process group (the peer)
+
+--precision bf16 trains under torch.autocast(bfloat16) with the model and
+inputs in channels_last. --capture captures each kind's training step
+(forward, backward, SGD) in a CUDA graph after the warm-up and times its
+replays: plain and stream only (a waiting exchange, and gloo, run on the
+host; their columns read n/a).
 
 For each P (--procs) and per-process batch (--batches) it starts P processes
 once; each holds a model of every kind and trains them in alternating
@@ -78,6 +86,65 @@ def resnet18(classes=10):
     return nn.Sequential(*layers)
 
 
+def resnet50(classes=10):
+    """A ResNet-50-shaped model (torchvision's layout: 3, 4, 6, 3 bottleneck
+    blocks, 256-2048 channels out, 53 BatchNorm2d), written here as
+    resnet18."""
+    import torch.nn as nn
+
+    class Bottleneck(nn.Module):
+        def __init__(self, cin, width, stride):
+            super().__init__()
+            cout = 4 * width
+            self.body = nn.Sequential(
+                nn.Conv2d(cin, width, 1, bias=False), nn.BatchNorm2d(width),
+                nn.ReLU(inplace=True),
+                nn.Conv2d(width, width, 3, stride, 1, bias=False),
+                nn.BatchNorm2d(width), nn.ReLU(inplace=True),
+                nn.Conv2d(width, cout, 1, bias=False), nn.BatchNorm2d(cout))
+            self.down = None
+            if stride != 1 or cin != cout:
+                self.down = nn.Sequential(
+                    nn.Conv2d(cin, cout, 1, stride, bias=False),
+                    nn.BatchNorm2d(cout))
+            self.relu = nn.ReLU(inplace=True)
+
+        def forward(self, x):
+            return self.relu(self.body(x) +
+                             (x if self.down is None else self.down(x)))
+
+    layers = [nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64),
+              nn.ReLU(inplace=True), nn.MaxPool2d(3, 2, 1)]
+    cin = 64
+    for width, blocks, stride in ((64, 3, 1), (128, 4, 2), (256, 6, 2),
+                                  (512, 3, 2)):
+        for i in range(blocks):
+            layers.append(Bottleneck(cin, width, stride if i == 0 else 1))
+            cin = 4 * width
+    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(cin, classes)]
+    return nn.Sequential(*layers)
+
+
+MODELS = {"resnet18": resnet18, "resnet50": resnet50}
+CAPTURABLE = ("plain", "stream")
+
+
+def _captured(model, opt, x, y, amp):
+    """A CUDA graph of one training step of `model` on the static x and y,
+    after the eager warm-up (a replay is a step)."""
+    import torch
+    import torch.nn.functional as F
+    graph = torch.cuda.CUDAGraph()
+    opt.zero_grad(set_to_none=True)
+    torch.cuda.synchronize()
+    with torch.cuda.graph(graph):
+        with amp():
+            loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+    return graph
+
+
 def child(args):
     """One process: a model of each kind, trained in alternating segments of
     --steps steps (after --warmup steps each), --runs segments per kind; one
@@ -91,7 +158,7 @@ def child(args):
     models = {}
     for kind in kinds:
         torch.manual_seed(0)
-        model = resnet18()
+        model = MODELS[args.model]()
         if kind in ("bnps", "stream"):
             import bnps.torch
             if not any(k in models for k in ("bnps", "stream")):
@@ -104,6 +171,8 @@ def child(args):
                                     world_size=int(os.environ["WORLD_SIZE"]))
             model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
         model = model.to(dev)
+        if args.precision == "bf16":
+            model = model.to(memory_format=torch.channels_last)
         models[kind] = (model, torch.optim.SGD(model.parameters(), lr=0.01,
                                                momentum=0.9))
     # Where a bnps step's time goes: inside the exchanges (the client's
@@ -137,6 +206,15 @@ def child(args):
     g = torch.Generator().manual_seed(1 + rank)
     x = torch.randn(args.batch, 3, 64, 64, generator=g).to(dev)
     y = torch.randint(0, 10, (args.batch,), generator=g).to(dev)
+    if args.precision == "bf16":
+        x = x.to(memory_format=torch.channels_last)
+
+    def amp():
+        if args.precision != "bf16":
+            import contextlib
+            return contextlib.nullcontext()
+        return torch.autocast(dev.type, dtype=torch.bfloat16)
+    graphs = {}
 
     def train(kind, steps, queued=None):
         """Each step's seconds; `queued` gets each step's host time up to
@@ -147,12 +225,18 @@ def child(args):
             conn = bnps.torch.default_connection()
             conn.stream_exchange = kind == "stream"
         times = []
+        graph = graphs.get(kind)
         for _ in range(steps):
             sync()
             start = time.perf_counter()
-            opt.zero_grad()
-            F.cross_entropy(model(x), y).backward()
-            opt.step()
+            if graph is not None:
+                graph.replay()
+            else:
+                opt.zero_grad()
+                with amp():
+                    loss = F.cross_entropy(model(x), y)
+                loss.backward()
+                opt.step()
             if queued is not None:
                 queued.append(time.perf_counter() - start)
             sync()
@@ -163,16 +247,39 @@ def child(args):
 
     for kind in kinds:
         train(kind, args.warmup)
+        if args.capture:  # (the parent keeps the capturable kinds only)
+            conn = None
+            if kind == "stream":
+                conn = bnps.torch.default_connection()
+                conn.drain_exchanges()
+            graphs[kind] = _captured(*models[kind], x, y, amp)
+            train(kind, 2)  # replays before the timing
+    def stream_spent():
+        """(seconds in the queued exchanges, jobs run) so far: the stream
+        kind's queue (its jobs run on the driver's thread)."""
+        from bnps.torch import _device_route
+        q = bnps.torch.default_connection()._queues.get(dev.type == "cuda")
+        if q is None:
+            return 0.0, 0
+        return _device_route.exchange_seconds(q), q.counts()[1]
+
     for run in range(args.runs):
         for kind in kinds:
             if kind == "bnps":
                 before = (spent["exchange"], spent["calls"], device_wait())
+            if kind == "stream":
+                before_stream = stream_spent()
             queued = []
             ms = 1000 * statistics.median(train(kind, args.steps, queued))
             print("%s %d %.3f" % (kind, run, ms), flush=True)
             print("queue-%s %d %.3f" % (kind, run,
                                         1000 * statistics.median(queued)),
                   flush=True)
+            if kind == "stream":
+                after = stream_spent()
+                print("sdetail %d %.3f %.1f" % (
+                    run, 1000 * (after[0] - before_stream[0]) / args.steps,
+                    (after[1] - before_stream[1]) / args.steps), flush=True)
             if kind == "bnps":
                 print("detail %d %.3f %.3f %.1f" % (
                     run, 1000 * (spent["exchange"] - before[0]) / args.steps,
@@ -224,7 +331,10 @@ def measure(args, kinds, procs, batch, base_env):
     cmd = [sys.executable, os.path.abspath(__file__), "--child",
            "--kinds=" + ",".join(kinds), "--runs=%d" % args.runs,
            "--batch=%d" % batch, "--steps=%d" % args.steps,
-           "--warmup=%d" % args.warmup, "--device=" + args.device]
+           "--warmup=%d" % args.warmup, "--device=" + args.device,
+           "--model=" + args.model, "--precision=" + args.precision]
+    if args.capture:
+        cmd.append("--capture")
     if args.profile:
         cmd.append("--profile=" + os.path.abspath(args.profile))
     cluster = None
@@ -255,8 +365,8 @@ def measure(args, kinds, procs, batch, base_env):
             got = {}
             for line in out.splitlines():
                 fields = line.split()
-                if fields[0] == "detail":
-                    got.setdefault("detail", {})[int(fields[1])] = [
+                if fields[0] in ("detail", "sdetail"):
+                    got.setdefault(fields[0], {})[int(fields[1])] = [
                         float(v) for v in fields[2:]]
                 else:
                     got.setdefault(fields[0], {})[int(fields[1])] = float(fields[2])
@@ -267,6 +377,10 @@ def measure(args, kinds, procs, batch, base_env):
             result["detail"] = [statistics.median(
                 p["detail"][r][i] for p in per_proc for r in range(args.runs))
                 for i in range(3)]
+        if "stream" in kinds:  # [exchange ms, jobs] a step
+            result["sdetail"] = [statistics.median(
+                p["sdetail"][r][i] for p in per_proc for r in range(args.runs))
+                for i in range(2)]
         result["queue"] = {k: statistics.median(
             p["queue-" + k][r] for p in per_proc for r in range(args.runs))
             for k in kinds}
@@ -304,6 +418,12 @@ def main(argv):
                    "steps, waiting and queued (one more segment of each "
                    "after the timed ones), to this file, for each P and "
                    "batch")
+    p.add_argument("--model", choices=sorted(MODELS), default="resnet18")
+    p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
+                   help="bf16: autocast to bfloat16, channels_last")
+    p.add_argument("--capture", action="store_true",
+                   help="time replays of each step captured in a CUDA graph "
+                   "(plain and stream only)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--batch", type=int, default=32)
     args = p.parse_args(argv)
@@ -313,6 +433,8 @@ def main(argv):
     kinds = [k for k in args.kinds.split(",") if k]
     if not kinds or set(kinds) - set(KINDS) or "plain" not in kinds:
         p.error("--kinds: plain and any of bnps, stream, torch")
+    if args.capture:
+        kinds = [k for k in kinds if k in CAPTURABLE]
     if args.device == "cuda" and not torch.cuda.is_available():
         print("pytorch_gpu_benchmark: no CUDA device (torch %s): skipped" % torch.__version__)
         return 0
@@ -324,7 +446,11 @@ def main(argv):
         bnps_launch_mps.System(), notes.append)
     base_env = dict(os.environ, **mps_env)
     try:
-        print("ResNet-18 shape, 64x64 inputs, %s; torch %s; %s\n" % (
+        print("%s shape, 64x64 inputs, %s, %s; %s; torch %s; %s\n" % (
+            {"resnet18": "ResNet-18", "resnet50": "ResNet-50"}[args.model],
+            {"fp32": "float32", "bf16": "bf16 autocast, channels_last"}[
+                args.precision],
+            "captured in a CUDA graph" if args.capture else "eager",
             torch.cuda.get_device_name(0) if args.device == "cuda" else "CPU",
             torch.__version__,
             "; ".join(notes) or "MPS: not needed"))
@@ -333,7 +459,7 @@ def main(argv):
               "stream/plain min / median / max | torch/plain min / median / "
               "max |")
         print("|---|---|---|---|---|---|---|---|---|")
-        details, queues = [], []
+        details, stream_details, queues = [], [], []
         for procs in procs_list:
             for batch in [int(v) for v in args.batches.split(",") if v]:
                 t = dict({k: [] for k in KINDS},
@@ -352,6 +478,8 @@ def main(argv):
                     ratio("torch")), flush=True)
                 if t.get("detail"):
                     details.append((procs, batch, t["detail"]))
+                if t.get("sdetail"):
+                    stream_details.append((procs, batch, t["sdetail"]))
                 queues.append((procs, batch, t["queue"]))
         if details:
             print("\nWhere a bnps step's time goes (ms per step, the median "
@@ -364,6 +492,16 @@ def main(argv):
             for procs, batch, (exchange, wait, calls) in details:
                 print("| %d | %d | %.0f | %.2f | %.2f |" % (
                     procs, batch, calls, exchange, wait))
+        if stream_details:
+            print("\nInside the queued exchanges (the stream kind: the "
+                  "exchange jobs' time on the driver's thread, barriers "
+                  "included; ms per step, the median over processes and "
+                  "rounds).\n")
+            print("| P | batch | exchange jobs a step | in exchanges ms |")
+            print("|---|---|---|---|")
+            for procs, batch, (exchange, jobs) in stream_details:
+                print("| %d | %d | %.0f | %.2f |" % (procs, batch, jobs,
+                                                     exchange))
         print("\nHost time to queue a step: from its start to the optimizer "
               "step's return, before the final wait for the GPU (ms, the "
               "median over processes and rounds). Plain BatchNorm queues "

@@ -11,8 +11,10 @@ to the step, 2 passes x each BN layer. This measures that microsecond count
 on its own: a one-worker job under --policy (default `local`: the layer's
 rules run, no exchange leaves the process; `sync` adds a round trip to
 the server per layer and pass), for each route a training pass can take
-(bnps/torch/_routes.py): the exchanges queued on the stream (the default on
-CUDA) and waiting for the device, in float32 on a GPU and float64 on the
+(bnps/torch/_routes.py): the fused route (the default on CUDA: torch's
+fused batch-norm kernels around one native call per pass; on the CPU their
+CPU stand-in), the queued one (torch operations, the exchange queued on the
+stream) and waiting for the device, in float32 on a GPU and float64 on the
 CPU, and on the CPU the native call of float32 input.
 
     tools/bnps_python bench/pytorch_layer_host_cost.py              # the CPU
@@ -33,6 +35,7 @@ import os
 import statistics
 import sys
 import time
+import warnings
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 sys.path.append(os.path.join(REPO, "python"))  # torch_or_debian.py
@@ -42,6 +45,34 @@ import torch  # noqa: E402
 
 import bnps.torch  # noqa: E402
 from bnps.cluster import LocalCluster  # noqa: E402
+from bnps.torch._routes import Fallback  # noqa: E402
+
+
+class _AllocatingKernels:
+    """The fused route's four kernels as one allocation each, with no
+    arithmetic: on the CPU, the route's own host cost, about as a GPU's
+    kernels (one torch call and launch each) leave it (the values are
+    ones or garbage; only the time counts)."""
+
+    @staticmethod
+    def batch_norm_stats(x, eps):
+        acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+        return torch.ones(2, x.shape[1], dtype=acc).unbind(0)  # (valid)
+
+    @staticmethod
+    def batch_norm_elemt(x, weight, bias, mean, invstd, eps):
+        return torch.empty_like(x)
+
+    @staticmethod
+    def batch_norm_backward_reduce(dy, x, mean, invstd, weight, input_g,
+                                   weight_g, bias_g):
+        four = torch.empty(4, x.shape[1], dtype=mean.dtype)
+        return four.unbind(0)
+
+    @staticmethod
+    def batch_norm_backward_elemt(dy, x, mean, invstd, weight, sum_dy,
+                                  sum_dy_xmu, count):
+        return torch.empty_like(x)
 
 
 def main():
@@ -124,8 +155,22 @@ def main():
                       server_bin=args.server_bin) as cluster, \
             bnps.torch.init(servers=cluster.servers, worker=0,
                             num_workers=1, set_default=False) as conn:
-        # name -> (model, stream_exchange, dtype, plain's name)
+        # name -> (model, route, dtype, plain's name); the route as
+        # use() sets it
         kinds = {}
+        queue = conn.exchange_queue(device)
+
+        from bnps.torch import _device_route
+        stand_in = _device_route.CpuKernels
+
+        def use(route):
+            _device_route.CpuKernels = _AllocatingKernels \
+                if route == "fused, kernels free" else stand_in
+            conn.stream_exchange = route in ("fused", "queued",
+                                             "fused, kernels free")
+            # (The fused route's own switch: what it cannot take queues.)
+            queue._bnps_unfused = "the bench's queued kind" \
+                if route == "queued" else None
         for t in sorted(inputs, key=str):
             kinds[f"plain BatchNorm2d, {short(t)}"] = (stack(t), None, t,
                                                        None)
@@ -136,28 +181,37 @@ def main():
             kinds["bnps, native call, float32"] = (
                 bnps.torch.convert_sync_batchnorm(
                     stack(torch.float32), connection=conn, prefix="f32."),
-                False, torch.float32, "plain BatchNorm2d, float32")
+                "native", torch.float32, "plain BatchNorm2d, float32")
+        kinds[f"bnps, fused, one native call, {short(dtype)}"] = (
+            ours, "fused", dtype, plain)
+        if device.type == "cpu":  # the CPU stand-in's arithmetic left out
+            kinds[f"bnps, fused, kernels as allocations, {short(dtype)}"] = (
+                bnps.torch.convert_sync_batchnorm(
+                    stack(dtype), connection=conn, prefix="free."),
+                "fused, kernels free", dtype, plain)
         kinds[f"bnps, queued on the stream, {short(dtype)}"] = (
-            ours, True, dtype, plain)
+            ours, "queued", dtype, plain)
         kinds[f"bnps, waiting for the device, {short(dtype)}"] = (
-            ours, False, dtype, plain)
+            ours, "waiting", dtype, plain)
         times = {k: [] for k in kinds}
-        for name, (model, queued, t, _) in kinds.items():
-            conn.stream_exchange = queued
+        warnings.simplefilter("ignore", Fallback)
+        for name, (model, route, t, _) in kinds.items():
+            use(route)
             per_layer_us(model, args.warmup, inputs[t])
         chunks = max(1, args.steps // args.chunk)
         for _ in range(args.runs):
             spent = dict.fromkeys(kinds, 0.0)
             for _ in range(chunks):  # the kinds in turn, a chunk each
-                for name, (model, queued, t, _) in kinds.items():
-                    conn.stream_exchange = queued
+                for name, (model, route, t, _) in kinds.items():
+                    use(route)
                     spent[name] += per_layer_us(model, args.chunk, inputs[t])
             for name in kinds:
                 times[name].append(spent[name] / chunks)
         calls = {}
-        for name, (model, queued, t, _) in kinds.items():
-            conn.stream_exchange = queued
+        for name, (model, route, t, _) in kinds.items():
+            use(route)
             calls[name] = calls_per_layer(model, inputs[t])
+        use(None)
         conn.drain_exchanges()
     name = torch.cuda.get_device_name() if device.type == "cuda" else "CPU"
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")

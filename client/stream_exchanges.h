@@ -19,6 +19,14 @@
 // servers'. The frontend raises it, one or more layers after the layer
 // that failed.
 //
+// CUDA graphs. A job queued while its stream captures a graph
+// (EnqueueReplayable) becomes a host node of the graph: it runs at every
+// replay, so it is kept (with what it captures) until this object's state
+// goes, is not counted as pending (how often it runs is the replays'), and
+// must read what changes per step when it RUNS, not when it was queued. A
+// failure in a replay is sticky as any other and surfaces at the next
+// Enqueue or Drain. Replays must end before this object is destroyed.
+//
 // Lifetime. Queued jobs own what they capture; they also run after this
 // object is gone (a job holds its shared state). Host memory the caller's
 // jobs read or write must outlive them: until Drain returns OK, or the
@@ -60,6 +68,11 @@ std::unique_ptr<HostFuncLauncher> NewInlineLauncher();
 // UNAVAILABLE, saying why, where there is no CUDA driver.
 absl::StatusOr<std::unique_ptr<HostFuncLauncher>> NewCudaHostFuncLauncher();
 
+// The CUDA driver, libcuda.so.1, opened (and left open: what it hands out
+// may outlive its users) for dlsym; UNAVAILABLE, saying why, where there is
+// none. `what` ends the message: what cannot be done without it.
+absl::StatusOr<void*> OpenCudaDriver(const char* what);
+
 class StreamExchanges {
  public:
   // One exchange: `exchange` talks to the servers and writes the job's
@@ -79,6 +92,10 @@ class StreamExchanges {
   // is queued then), or the launcher's.
   absl::Status Enqueue(void* stream, Job job);
 
+  // Enqueue for a job that may run many times: one captured into a CUDA
+  // graph, which runs at each replay (see CUDA graphs above).
+  absl::Status EnqueueReplayable(void* stream, Job job);
+
   // Waits until every queued job has run, at most `timeout`; then the
   // first error of a job (sticky), DEADLINE_EXCEEDED naming how many are
   // still queued, or OK.
@@ -89,10 +106,18 @@ class StreamExchanges {
   // Jobs run so far, and how many of them ran their fallback.
   int64_t completed() const;
   int64_t fell_back() const;
+  // Drain calls that found jobs still queued and waited for them (the
+  // host waiting for the device).
+  int64_t drain_waits() const;
+  // Time the jobs' exchanges took so far (their calls to the servers and
+  // what follows on the host), summed.
+  absl::Duration exchange_time() const;
 
   struct State;  // shared with queued jobs
 
  private:
+  absl::Status Launch(void* stream, Job job, bool replayable);
+
   std::unique_ptr<HostFuncLauncher> launcher_;
   std::shared_ptr<State> state_;
 };

@@ -8,6 +8,7 @@
 
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
 
@@ -171,6 +172,73 @@ TEST(StreamExchangesTest, TheInlineLauncherRunsEachJobAtOnce) {
   EXPECT_EQ(q.Enqueue(nullptr, Record(&log, 3)).code(),
             absl::StatusCode::kDeadlineExceeded);
   EXPECT_EQ(log, (std::vector<int>{1, 2, -2}));
+}
+
+// A stand-in for a stream capturing a CUDA graph: launches are recorded,
+// and Replay runs them all once, in order, as a replay of the graph does.
+class Recorder : public HostFuncLauncher {
+ public:
+  absl::Status Launch(void* /*stream*/, void (*fn)(void*), void* arg) override {
+    nodes_.emplace_back(fn, arg);
+    return absl::OkStatus();
+  }
+  void Replay() {
+    for (auto& [fn, arg] : nodes_) fn(arg);
+  }
+
+ private:
+  std::vector<std::pair<void (*)(void*), void*>> nodes_;
+};
+
+TEST(StreamExchangesTest, AReplayableJobRunsAtEveryReplayAndFailsSticky) {
+  auto recorder = std::make_unique<Recorder>();
+  Recorder* graph = recorder.get();
+  StreamExchanges q(std::move(recorder));
+  int runs = 0;
+  bool fail = false;
+  StreamExchanges::Job job;
+  job.exchange = [&]() -> absl::Status {
+    ++runs;
+    absl::SleepFor(absl::Milliseconds(2));  // the exchange's time
+    return fail ? absl::DeadlineExceededError("a peer stopped")
+                : absl::OkStatus();
+  };
+  int fallbacks = 0;
+  job.fallback = [&] { ++fallbacks; };
+  ASSERT_TRUE(q.EnqueueReplayable(nullptr, std::move(job)).ok());
+  EXPECT_EQ(q.pending(), 0);  // how often it runs is the replays'
+  for (int i = 0; i < 3; ++i) graph->Replay();
+  EXPECT_EQ(runs, 3);
+  EXPECT_EQ(q.completed(), 3);
+  EXPECT_GE(q.exchange_time(), absl::Milliseconds(6));
+  EXPECT_TRUE(q.Drain(absl::Seconds(1)).ok());
+  EXPECT_EQ(q.drain_waits(), 0);
+  fail = true;
+  graph->Replay();  // the failure of a replay surfaces at the next drain
+  graph->Replay();  // and the next replay skips its exchange
+  EXPECT_EQ(runs, 4);
+  EXPECT_EQ(fallbacks, 2);
+  EXPECT_EQ(q.Drain(absl::Seconds(1)).code(),
+            absl::StatusCode::kDeadlineExceeded);
+}
+
+TEST(StreamExchangesTest, ADrainThatWaitsIsCounted) {
+  auto owned = std::make_unique<FakeStream>();
+  FakeStream* stream = owned.get();
+  StreamExchanges q(std::move(owned));
+  std::vector<int> log;
+  stream->SetOpen(false);  // the device busy: the job stays queued
+  ASSERT_TRUE(q.Enqueue(stream, Record(&log, 1)).ok());
+  EXPECT_EQ(q.drain_waits(), 0);
+  EXPECT_EQ(q.Drain(absl::Milliseconds(10)).code(),
+            absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(q.drain_waits(), 1);
+  stream->SetOpen(true);
+  for (int i = 0; i < 1000 && q.pending() > 0; ++i) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  ASSERT_TRUE(q.Drain(absl::Seconds(10)).ok());  // nothing queued: no wait
+  EXPECT_EQ(q.drain_waits(), 1);
 }
 
 TEST(StreamExchangesTest, WithoutADriverTheCudaLauncherSaysWhy) {

@@ -21,6 +21,7 @@ from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 import bnps.torch  # noqa: E402
 from bnps import _native  # noqa: E402
+from bnps.torch import _device_route  # noqa: E402
 from bnps.torch import _layer_ops  # noqa: E402
 from bnps.torch import _routes as R  # noqa: E402
 from one_job import connect  # noqa: E402
@@ -74,6 +75,131 @@ def _python_calls(step):
     finally:
         sys.setprofile(None)
     return n[0]
+
+
+# The FUSED route's torch calls per forward + backward pass (CUDA's: the
+# four fused kernels, the two small outputs of the forward's native call and
+# one unbind of them into the mean and 1/std: 7; the issue's bound, 8).
+FUSED_TORCH_CALLS = 8
+
+
+class _MarkedKernels(_device_route.CpuKernels):
+    """The CPU stand-in with each kernel one marked call for the profiler
+    (on CUDA each is one torch call)."""
+
+
+_STAND_IN = _device_route.CpuKernels
+for _k in ("batch_norm_stats", "batch_norm_elemt",
+           "batch_norm_backward_reduce", "batch_norm_backward_elemt"):
+    def _marked(*a, _k=_k):
+        # (record_function's own enter makes a tensor on torch 1.13.)
+        ops = torch.ops.profiler
+        h = ops._record_function_enter_new("kernel::" + _k, None)
+        try:
+            return getattr(_STAND_IN, _k)(*a)
+        finally:
+            ops._record_function_exit._RecordFunction(h)
+    setattr(_MarkedKernels, _k, staticmethod(_marked))
+
+
+def _route_torch_calls(step):
+    """The torch calls the layer's Python makes during step(): top-level
+    aten operations and the stand-in's kernels, one call each."""
+    with mock.patch.object(_device_route, "CpuKernels", _MarkedKernels), \
+            profile(activities=[ProfilerActivity.CPU]) as prof:
+        step()
+    calls = []
+    for e in prof.events():
+        if not (e.name.startswith("aten::") or e.name.startswith("kernel::")):
+            continue
+        p = e.cpu_parent
+        while p is not None and not (p.name.startswith("aten::") or
+                                     p.name.startswith("kernel::")):
+            p = p.cpu_parent
+        if p is None:
+            calls.append(e.name)
+    return calls
+
+
+class FusedCallsTest(unittest.TestCase):
+    """The FUSED route (float64 CPU input with the exchanges queued: the
+    kernels' CPU stand-in around the same native calls as on CUDA) in a
+    one-worker sync job: one native call per pass, the torch calls bounded,
+    and no host wait per step after the first."""
+
+    def setUp(self):
+        torch.manual_seed(0)
+        self.s = connect(self, "sync", stream_exchange=True)[0]
+        self.x = torch.randn(4, 8, 3, 3, dtype=torch.float64,
+                             requires_grad=True)
+        self.dy = torch.randn(4, 8, 3, 3, dtype=torch.float64)
+        self.bn = bnps.torch.SyncBatchNorm(8, name="l", connection=self.s)
+        self.bn.double()
+
+    def step(self):
+        self.bn(self.x).backward(self.dy)
+
+    def test_one_native_call_per_pass(self):
+        self.step()
+        self.assertIsNotNone(self.bn.__dict__.get("_bnps_device_plan"))
+        counting = _CountingLib(_device_route._lib)
+        with mock.patch.object(_device_route, "_lib", counting):
+            for _ in range(3):
+                self.step()
+        self.assertEqual(counting.calls, ["bnps_device_pass_forward",
+                                          "bnps_device_pass_backward"] * 3)
+        self.assertEqual(self.bn._bnps_step, 4)
+        self.assertEqual(self.bn._bnps_backward_step, 4)
+        plan = self.bn.__dict__["_bnps_device_plan"]
+        self.assertEqual(plan.device_pass.steps(), (4, 4))  # the jobs ran
+
+    def test_torch_calls_per_pass(self):
+        for _ in range(2):
+            self.step()
+        calls = _route_torch_calls(self.step)
+        # (Autograd's own: the accumulation of the gradients, which
+        # torch.nn.BatchNorm2d's pass makes too, and its check of a Python
+        # Function's outputs.)
+        own = [c for c in calls if c not in ("aten::add_", "aten::copy_",
+                                             "aten::is_same_size")]
+        self.assertLessEqual(len(own), FUSED_TORCH_CALLS, calls)
+        self.assertEqual(sum(c.startswith("kernel::") for c in own), 4, own)
+
+    def test_the_kept_plan_follows_the_layer(self):
+        self.step()
+        first = self.bn.__dict__["_bnps_device_plan"]
+        self.s.stream_exchange = False  # waits: another route, its steps
+        self.step()
+        self.assertEqual(first.device_pass.steps(), (1, 1))
+        self.assertEqual(self.bn._bnps_step, 2)
+        self.s.stream_exchange = True  # a new plan, from the layer's steps
+        self.step()
+        plan = self.bn.__dict__["_bnps_device_plan"]
+        self.assertIsNot(plan, first)
+        self.assertEqual(plan.device_pass.steps(), (3, 3))
+        self.step()  # kept now
+        self.assertIs(self.bn.__dict__["_bnps_device_plan"], plan)
+        self.assertEqual(plan.device_pass.steps(), (4, 4))
+        with torch.no_grad():
+            self.bn.running_var.fill_(2.0)  # written otherwise: read again
+        self.step()
+        self.assertIsNot(self.bn.__dict__["_bnps_device_plan"], plan)
+        ref = nn.BatchNorm2d(8).double()
+        with torch.no_grad():
+            ref.running_var.fill_(2.0)
+        ref(self.x)
+        torch.testing.assert_close(self.bn.running_var, ref.running_var)
+
+    def test_the_host_waits_once(self):
+        self.step()
+        self.assertEqual(self.s.host_waits()["layers"], 1)  # the buffers
+        for _ in range(4):
+            self.step()
+            self.s.drain_exchanges()  # the step's boundary
+        self.assertEqual(self.s.host_waits(), {"layers": 1, "drains": 0})
+        self.bn.running_mean.add_(1.0)  # a change the layer did not make
+        self.step()
+        self.assertEqual(self.s.host_waits()["layers"], 2)
 
 
 class LayerCallsTest(unittest.TestCase):

@@ -6,6 +6,7 @@ a missing client, and give dx's map; the queue's jobs, run inline on the
 CPU, match them, fall back and raise on failure, and refuse bad calls.
 Needs torch (tools/setup.sh installs python3-torch); fails without it."""
 
+import ctypes
 import os
 import sys
 import unittest
@@ -179,6 +180,49 @@ class StreamQueueTest(unittest.TestCase):
                       rv.ctypes.data, tracked.ctypes.data, self.typed(rows),
                       None, None)
         self.assertEqual(q.counts(), (0, 0, 0))
+
+    def test_device_pass_refusals(self):
+        from bnps.torch import _device_route as D
+        q = _native.StreamQueue(on_cuda=False)
+        rm, rv = np.zeros(2), np.ones(2)
+        tracked = np.zeros(1, dtype=np.int64)
+        out = np.zeros(4, dtype=np.float32)
+
+        def new(policy, itemsize=4, running=True, client=None):
+            return D.DevicePass(
+                q, _native.WorkerBn(policy, 0.1), client, "l", 2, 1e-5, 0.1,
+                itemsize,
+                (rm.ctypes.data, rv.ctypes.data, tracked.ctypes.data)
+                if running else None,
+                (out.ctypes.data, out[2:].ctypes.data, tracked.ctypes.data,
+                 4) if running else None, (0, 0))
+        with self.assertRaisesRegex(ValueError, "no client"):
+            new("sync")
+        with self.assertRaisesRegex(ValueError, "2-byte"):
+            new("local", itemsize=2)
+        p = new("local")
+        mean = np.array([1.0, 2.0], dtype=np.float32)
+        invstd = np.array([0.5, np.inf], dtype=np.float32)  # var 4 and 0
+        rows = np.zeros(4, dtype=np.float32)
+        count = np.zeros(1, dtype=np.int32)
+        info = (ctypes.c_int64 * 3)()
+        with self.assertRaisesRegex(ValueError, "samples per channel"):
+            _native._call(D._lib.bnps_device_pass_forward, p._h, None, 0,
+                          mean.ctypes.data, invstd.ctypes.data,
+                          rows.ctypes.data, count.ctypes.data,
+                          ctypes.addressof(info))
+        _native._call(D._lib.bnps_device_pass_forward, p._h, None, 8,
+                      mean.ctypes.data, invstd.ctypes.data, rows.ctypes.data,
+                      count.ctypes.data, ctypes.addressof(info))
+        np.testing.assert_allclose(
+            rows, [1.0, 2.0, 1 / np.sqrt(4 + 1e-5), 1 / np.sqrt(1e-5)],
+            rtol=1e-6)
+        self.assertEqual((count[0], tuple(info)), (8, (0, 0, 0)))
+        want = _native.update_running(8, mean.astype(np.float64),
+                                      np.array([32.0, 0.0]), 0.1, 0,
+                                      np.zeros(2), np.ones(2))
+        np.testing.assert_allclose(out, np.concatenate(want[1:]), rtol=1e-6)
+        self.assertEqual(tracked[0], 1)
 
     def test_on_cuda_without_a_driver_says_why(self):
         if torch.cuda.is_available():

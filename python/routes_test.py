@@ -45,25 +45,43 @@ class TableTest(unittest.TestCase):
         self.check(R.RECALIBRATING, recalibrating=True)
         self.check(R.WAITING, float32_state=False)  # float64, 16-bit, ...
         self.check(R.WAITING, device="cuda", float32_state=False)
-        self.check(R.QUEUED, device="cuda", float32_state=False, queues=True)
-        self.check(R.QUEUED, float32_state=False, queues=True)  # =1 on CPU
+        self.check(R.FUSED, device="cuda", float32_state=False, queues=True)
+        self.check(R.FUSED, float32_state=False, queues=True)  # =1 on CPU
+        # An empty batch: the queued route, no warning.
+        self.check(R.QUEUED, device="cuda", float32_state=False, queues=True,
+                   unfused="")
         self.assertEqual(set(R.ROUTES), {
-            R.EVAL, R.OWN_STATISTICS, R.COMPILED, R.NATIVE_CPU, R.QUEUED,
-            R.WAITING, R.RECALIBRATING})
+            R.EVAL, R.OWN_STATISTICS, R.COMPILED, R.NATIVE_CPU, R.FUSED,
+            R.QUEUED, R.WAITING, R.RECALIBRATING})
 
     def test_fallbacks_take_a_correct_route_and_say_so(self):
         # The native call waits inside itself: no queue for it.
         self.check(R.NATIVE_CPU, fallback=True, queues=True)
         # Strided float32 CPU input: torch operations read any strides.
         self.check(R.WAITING, fallback=True, layout=R.STRIDED)
-        self.check(R.QUEUED, fallback=True, layout=R.STRIDED, queues=True)
+        self.check(R.FUSED, fallback=True, layout=R.STRIDED, queues=True)
+        # What the fused route cannot take (16-bit running statistics, a
+        # driver without its calls) queues with torch operations.
+        self.check(R.QUEUED, fallback=True, device="cuda",
+                   float32_state=False, queues=True, unfused="why")
+        self.check(R.QUEUED, fallback=True, layout=R.STRIDED, queues=True,
+                   unfused="why")
 
-    def test_a_capture_of_a_training_pass_is_refused_naming_the_policy(self):
+    def test_a_capture_takes_the_fused_route_or_is_refused_saying_why(self):
+        cuda = BASE._replace(capturing=True, device="cuda",
+                             float32_state=False, queues=True)
+        for policy in ("sync", "async", "local", "recal"):
+            self.assertEqual(R.choose(cuda._replace(policy=policy)),
+                             (R.FUSED, None))
         for policy in ("sync", "local"):
-            with self.assertRaisesRegex(R.RouteError,
-                                        f"CUDA graph under the '{policy}'"):
-                R.choose(BASE._replace(capturing=True, device="cuda",
-                                       float32_state=False, policy=policy))
+            for change, why in ((dict(queues=False), "stream_exchange"),
+                                (dict(unfused="16-bit"), "16-bit"),
+                                (dict(unfused=""), "an empty batch"),
+                                (dict(recalibrating=True), "recalibration")):
+                with self.assertRaisesRegex(
+                        R.RouteError,
+                        f"CUDA graph under the '{policy}' policy: .*{why}"):
+                    R.choose(cuda._replace(policy=policy, **change))
         with self.assertRaises(R.RouteError):  # recalibration sends too
             R.choose(BASE._replace(capturing=True, recalibrating=True))
         # Eval mode captures (torch operations only); so does a trace.
@@ -78,6 +96,7 @@ class TableTest(unittest.TestCase):
                                    queues=True, other_device=True))
 
     def test_the_backward_route(self):
+        self.assertEqual(R.choose_backward(True, True, fused=True), R.FUSED)
         self.assertEqual(R.choose_backward(True, True), R.QUEUED)
         self.assertEqual(R.choose_backward(False, True), R.NATIVE_CPU)
         self.assertEqual(R.choose_backward(False, False), R.WAITING)
@@ -155,9 +174,12 @@ class LayerRouteTest(unittest.TestCase):
         self.assertIn("stream_exchange", said[0])
         routes, said = self.routes(bn, torch.randn(4, 3, 2, 2))
         self.assertEqual(said, [])
-        # Input the native call does not take queues on the CPU.
+        # Input the native call does not take queues on the CPU: the fused
+        # route, through the kernels' CPU stand-in; an empty batch queues.
         routes, _ = self.routes(bn.double(), torch.randn(4, 3, 2, 2).double())
-        self.assertEqual(routes, [R.QUEUED, R.QUEUED])
+        self.assertEqual(routes, [R.FUSED, R.FUSED])
+        routes, said = self.routes(bn, torch.randn(0, 3, 2, 2).double())
+        self.assertEqual((routes, said), ([R.QUEUED, R.QUEUED], []))
 
 
 def _imports(path, modules):

@@ -22,7 +22,7 @@ import numpy as np
 from bnps import _library, errors
 from bnps._library import Error
 
-_API_VERSION = 8  # python/native/bnps_c.h's BNPS_C_API_VERSION it needs
+_API_VERSION = 9  # python/native/bnps_c.h's BNPS_C_API_VERSION it needs
 _ERR_LEN = _library.ERR_LEN
 
 c_int, c_int64, c_double = ctypes.c_int, ctypes.c_int64, ctypes.c_double

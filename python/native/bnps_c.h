@@ -42,8 +42,12 @@ extern "C" {
  * bnps_client_serve_metrics and bnps_client_metrics_text, and
  * bnps_client_connect3; 7: bnps_resolve_policy; 8: the layer steps on one
  * prepared argument block, bnps_layer_pass_forward and
- * bnps_layer_pass_backward). */
-#define BNPS_C_API_VERSION 8
+ * bnps_layer_pass_backward; 9: the device layer passes, bnps_device_pass_*,
+ * the queue's count of host waits, bnps_stream_queue_waits and
+ * bnps_stream_queue_note_wait, and its time in exchanges,
+ * bnps_stream_queue_exchange_seconds; and the recording queue of the
+ * tests, bnps_stream_queue_new_recording and bnps_stream_queue_record). */
+#define BNPS_C_API_VERSION 9
 BNPS_EXPORT int bnps_api_version(void);
 /* "OK", "INVALID_ARGUMENT", ...; a static string. */
 BNPS_EXPORT const char* bnps_status_name(int code);
@@ -451,6 +455,114 @@ BNPS_EXPORT int bnps_stream_queue_backward(
     int64_t channels, const bnps_outcome* outcome, double eps, void* k,
     int k_itemsize, char* err, size_t err_len);
 BNPS_EXPORT void bnps_outcome_free(bnps_outcome* o);
+
+/* The host waiting for the device around a queue: waits[0] counts the
+ * frontend's own waits (each noted with bnps_stream_queue_note_wait: a
+ * layer that read device values outside the queue), waits[1] the
+ * bnps_stream_queue_drain calls that found jobs not yet run and waited.
+ * libbnps itself never synchronizes a stream or the device. */
+BNPS_EXPORT void bnps_stream_queue_waits(const bnps_stream_queue* q,
+                                         int64_t* waits);
+BNPS_EXPORT void bnps_stream_queue_note_wait(bnps_stream_queue* q);
+/* Seconds the queue's jobs spent in their exchanges so far (the calls to
+ * the servers, barriers included, and what follows on the host), summed. */
+BNPS_EXPORT double bnps_stream_queue_exchange_seconds(
+    const bnps_stream_queue* q);
+
+/* The tests' stand-in for a CUDA stream that captures a graph: a queue on
+ * host memory (as on_cuda 0) whose copies and jobs, while recording, are
+ * recorded instead of run (the device passes see a capturing stream);
+ * bnps_stream_queue_record then sets recording `on` or off and runs
+ * everything recorded `replays` more times, in order, as replays of the
+ * graph would (the memory the copies name must stay valid).
+ * FAILED_PRECONDITION on another queue. */
+BNPS_EXPORT int bnps_stream_queue_new_recording(bnps_stream_queue** out,
+                                                char* err, size_t err_len);
+BNPS_EXPORT int bnps_stream_queue_record(bnps_stream_queue* q, int on,
+                                         int replays, char* err,
+                                         size_t err_len);
+
+/* --- device layer passes: one call per layer pass on a device stream ---
+ * For frontends whose BN kernels run on a GPU around one native call per
+ * pass (bnps.torch on CUDA: torch's batch_norm_stats, batch_norm_elemt,
+ * batch_norm_backward_reduce and batch_norm_backward_elemt, the kernels
+ * torch's own SyncBatchNorm uses). Each call queues on `stream`, and
+ * returns without waiting for it: the copies of the local statistics into
+ * the pass's pinned host buffers, the exchange as a job of the queue
+ * (bnps_stream_queue_forward's rules, from the same client::WorkerBn), and
+ * the copies of its results into the caller's device memory. On a queue
+ * made with on_cuda 0, "device" memory is host memory and everything runs
+ * inside the call (the same code: the CPU tests').
+ *
+ * Values. The statistics, rows and sums hold float32 or float64 values
+ * (`itemsize` 4 or 8), the running buffers `running_itemsize`-byte ones;
+ * the host computes in double. Every device address names memory of the
+ * stream's device, contiguous.
+ *
+ * State. A pass keeps the layer's running statistics as a float64 host
+ * copy (given at creation: read them from the device before, once) and its
+ * step counters; the jobs update both when they RUN, so a job captured in
+ * a CUDA graph (queued while the stream captures: cuStreamIsCapturing)
+ * makes a new step at every replay of the graph. Its pinned buffers are
+ * reused by every pass, which the stream's order makes safe: a layer's
+ * passes must all be queued on one stream. The buffers stay allocated
+ * until the queue is freed; the pass must not outlive the queue, nor may a
+ * graph that captured its jobs be replayed after the queue is freed.
+ *
+ * Failures are the queue's: a failed job writes the local statistics (no
+ * running-statistics update) or leaves the local sums, later jobs skip
+ * their exchange, and the next call on the queue or its drain returns the
+ * first error. */
+typedef struct bnps_device_pass bnps_device_pass;
+
+/* A layer's passes through `q` under rule `r` and client `c` (needed where
+ * the policy exchanges): `channels`, `eps`, the momentum, the statistics'
+ * itemsize; with running statistics (running_mean not NULL) their host
+ * copies (float64, `channels` each, and *batches_tracked) and the device
+ * buffers the forward passes write them to (running_mean_out and
+ * running_var_out, `running_itemsize`-byte values, and batches_tracked_out,
+ * an int64); `step` and `backward_step`, the next steps of its forward and
+ * backward exchanges. CheckLayer's errors now; FAILED_PRECONDITION while
+ * the stream captures a graph (the first pass of a layer runs eagerly);
+ * UNAVAILABLE, saying why, where the CUDA driver lacks the calls. */
+BNPS_EXPORT int bnps_device_pass_new(
+    bnps_stream_queue* q, const bnps_worker_bn* r, bnps_client* c,
+    const char* layer, int64_t channels, double eps, int has_momentum,
+    double momentum, int itemsize, const double* running_mean,
+    const double* running_var, const int64_t* batches_tracked,
+    void* running_mean_out, void* running_var_out, int running_itemsize,
+    void* batches_tracked_out, int64_t step, int64_t backward_step,
+    bnps_device_pass** out, char* err, size_t err_len);
+/* Queued jobs keep what they use. */
+BNPS_EXPORT void bnps_device_pass_free(bnps_device_pass* p);
+/* steps[0], steps[1]: the next forward and backward step, as the jobs that
+ * have run left them. */
+BNPS_EXPORT void bnps_device_pass_steps(const bnps_device_pass* p,
+                                        int64_t* steps);
+/* A forward pass over `count` (>= 1) samples per channel whose local
+ * statistics are `mean` and `invstd` (device, `channels` each: the mean and
+ * 1 / sqrt(biased variance), batch_norm_stats with eps 0; inf for a
+ * constant channel): queues their copy, the exchange, and the copies of
+ * what to normalize with into `rows` (device, 2 x channels: the mean, then
+ * 1 / sqrt(var + eps)), of the samples it describes into *count_out (device,
+ * an int32) and of the running statistics into the layer's buffers.
+ * info[0]: 1 if the pass exchanges (its step is used), info[1]: 1 if its
+ * backward pass does, info[2]: 1 if the stream captures a graph (the job
+ * is kept for its replays). */
+BNPS_EXPORT int bnps_device_pass_forward(bnps_device_pass* p, void* stream,
+                                         int64_t count, const void* mean,
+                                         const void* invstd, void* rows,
+                                         void* count_out, int64_t* info,
+                                         char* err, size_t err_len);
+/* A backward pass of a forward that normalized with `invstd` (device, its
+ * rows' second half): where the policy's backward exchanges, queues the
+ * copies of sum_dy and sum_dy_xmu (device, `channels` each: sum(dy) and
+ * sum(dy * (x - mean)), batch_norm_backward_reduce's), their sums over the
+ * workers, and the copies back into them; else nothing. */
+BNPS_EXPORT int bnps_device_pass_backward(bnps_device_pass* p, void* stream,
+                                          const void* invstd, void* sum_dy,
+                                          void* sum_dy_xmu, char* err,
+                                          size_t err_len);
 
 /* --- the export (client/job_reader.h, client/state_export.h) --- */
 

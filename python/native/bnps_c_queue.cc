@@ -21,13 +21,7 @@
 #include "python/native/bnps_c.h"
 #include "python/native/bnps_c_exchange.h"
 #include "python/native/bnps_c_internal.h"
-
-struct bnps_stream_queue {
-  explicit bnps_stream_queue(
-      std::unique_ptr<bnps::client::HostFuncLauncher> launcher)
-      : exchanges(std::move(launcher)) {}
-  bnps::client::StreamExchanges exchanges;
-};
+#include "python/native/bnps_c_queue.h"
 
 namespace {
 
@@ -122,14 +116,17 @@ int bnps_stream_queue_new(int on_cuda, bnps_stream_queue** out, char* err,
                           size_t err_len) {
   *out = nullptr;
   std::unique_ptr<bnps::client::HostFuncLauncher> launcher;
+  absl::StatusOr<std::unique_ptr<bnps::c_abi::DeviceOps>> device;
   if (on_cuda) {
     auto cuda = bnps::client::NewCudaHostFuncLauncher();
     BNPS_RETURN_IF_ERROR(cuda.status());
     launcher = *std::move(cuda);
+    device = bnps::c_abi::NewCudaDeviceOps();
   } else {
     launcher = bnps::client::NewInlineLauncher();
+    device = bnps::c_abi::NewHostDeviceOps();
   }
-  *out = new bnps_stream_queue(std::move(launcher));
+  *out = new bnps_stream_queue(std::move(launcher), std::move(device));
   return 0;
 }
 
@@ -144,6 +141,36 @@ void bnps_stream_queue_counts(const bnps_stream_queue* q, int64_t* counts) {
   counts[0] = q->exchanges.pending();
   counts[1] = q->exchanges.completed();
   counts[2] = q->exchanges.fell_back();
+}
+
+int bnps_stream_queue_new_recording(bnps_stream_queue** out, char* err,
+                                    size_t err_len) {
+  std::shared_ptr<bnps::c_abi::Recorder> r = bnps::c_abi::Recorder::New();
+  *out = new bnps_stream_queue(r->NewLauncher(), r->NewDeviceOps());
+  (*out)->recorder = std::move(r);
+  return 0;
+}
+
+int bnps_stream_queue_record(bnps_stream_queue* q, int on, int replays,
+                             char* err, size_t err_len) {
+  if (q->recorder == nullptr) {
+    BNPS_RETURN_IF_ERROR(absl::FailedPreconditionError(
+        "not a recording queue (bnps_stream_queue_new_recording)"));
+  }
+  q->recorder->SetRecording(on != 0);
+  for (int i = 0; i < replays; ++i) q->recorder->Replay();
+  return 0;
+}
+
+void bnps_stream_queue_note_wait(bnps_stream_queue* q) { ++q->layer_waits; }
+
+void bnps_stream_queue_waits(const bnps_stream_queue* q, int64_t* waits) {
+  waits[0] = q->layer_waits.load();
+  waits[1] = q->exchanges.drain_waits();
+}
+
+double bnps_stream_queue_exchange_seconds(const bnps_stream_queue* q) {
+  return absl::ToDoubleSeconds(q->exchanges.exchange_time());
 }
 
 int bnps_stream_queue_forward(

@@ -226,12 +226,12 @@ class StreamSyncParityTest(SyncParityTest):
                      "CUDA graphs: BNPS_PARITY_DEVICE=cuda on a GPU "
                      "(tools/gpu/run.sh torch)")
 class CudaGraphCaptureTest(unittest.TestCase):
-    """A training-mode pass captured in a CUDA graph is refused, saying
-    why, by default and with the exchanges queued on the stream (which
-    CUDA would otherwise capture and replay with stale step numbers); eval
-    mode captures."""
+    """A training-mode pass captured in a CUDA graph: refused, saying why,
+    where each exchange waits on the host (stream_exchange off); with the
+    exchanges queued on the stream (the fused route) captured, each replay
+    a new step; eval mode captures either way."""
 
-    def test_capture_is_refused_in_training_and_works_in_eval(self):
+    def test_capture_in_training_and_in_eval(self):
         import bnps.torch
         with LocalCluster(num_servers=1, num_workers=1) as c:
             with bnps.torch.init(servers=c.servers, worker=0, num_workers=1,
@@ -243,10 +243,25 @@ class CudaGraphCaptureTest(unittest.TestCase):
                         connection=connection).cuda()
                     x = torch.randn(4, 3, 2, 2, device="cuda")
                     bn(x)  # a step outside the graph works
+                    torch.cuda.synchronize()
                     graph = torch.cuda.CUDAGraph()
-                    with self.assertRaisesRegex(RuntimeError, "CUDA graph"):
+                    if not queued:
+                        with self.assertRaisesRegex(RuntimeError,
+                                                    "stream_exchange"):
+                            with torch.cuda.graph(graph):
+                                bn(x)
+                    else:
                         with torch.cuda.graph(graph):
-                            bn(x)
+                            y = bn(x)
+                        for _ in range(3):
+                            graph.replay()
+                        torch.cuda.synchronize()
+                        connection.drain_exchanges()
+                        self.assertEqual(bn.num_batches_tracked.item(), 4)
+                        want = torch.nn.functional.batch_norm(
+                            x, None, None, training=True, eps=bn.eps)
+                        torch.testing.assert_close(y, want, rtol=1e-4,
+                                                   atol=1e-4)
                     torch.cuda.synchronize()
                     bn.eval()
                     side = torch.cuda.Stream()  # warm up, as CUDA graphs want

@@ -27,7 +27,11 @@
 #                                        #   channels_last) and the ResNet-18
 #                                        #   benchmark against plain BN and
 #                                        #   torch's SyncBatchNorm (gloo), and
-#                                        #   the host's time per BN layer
+#                                        #   the host's time per BN layer; a
+#                                        #   captured step's replays; the
+#                                        #   fused route's matrix (ResNet-18,
+#                                        #   ResNet-50 shape; fp32, bf16;
+#                                        #   eager, captured; P = 2, 4)
 #   tools/gpu/run.sh scaling [--bed=K]   # the BN exchange on the multi-host
 #                                        #   test bed (hosts as network
 #                                        #   namespaces where they can be
@@ -269,7 +273,7 @@ do_scaling() { part scaling 120 "$0" scaling; }
 # and the ResNet-18 benchmark), into torch/.
 do_torch() {
   if [[ -n $PY ]] && ls "$REPO"/dist/bnps-*.whl >/dev/null 2>&1; then
-    part torch 480 env OUT="$RESULTS/torch" "$0" torch
+    part torch 1800 env OUT="$RESULTS/torch" "$0" torch
   else
     echo "torch: not run (no wheel in dist/, or no python with torch)" | tee -a "$RESULTS/times.txt"
   fi
@@ -333,6 +337,32 @@ case "$cmd" in
       --procs 2,4 --batches "${BNPS_TORCH_BATCHES:-8,32}" --runs "${BNPS_TORCH_RUNS:-3}" \
       --profile "$RESULTS/torch_profile.txt"
     cp "$RESULTS/torch_bench.log" "$RESULTS/pytorch_gpu.md"
+    # A training step captured in a CUDA graph (torch.cuda.graph, and
+    # torch.compile(mode="reduce-overhead") where torch has it), replayed
+    # with parity; from a folder of its own, so that bnps is the wheel's.
+    cap=$(mktemp -d)
+    cp "$REPO/python/device_route_test.py" "$REPO/python/one_job.py" \
+      "$REPO/python/torch_or_debian.py" "$cap/"
+    (cd "$cap" && part torch_capture 120 "$PY" device_route_test.py -v \
+      CudaCaptureTest)
+    # The fused route (the default on CUDA) against plain BatchNorm, eager
+    # beside torch's SyncBatchNorm (gloo), and captured in a CUDA graph:
+    # ResNet-18 and the ResNet-50 shape, float32 and bf16 autocast with
+    # channels_last, P = 2 and 4, batch 32; BNPS_TORCH_MATRIX=0 skips it.
+    if [[ ${BNPS_TORCH_MATRIX:-1} != 0 ]]; then
+      for model in resnet18 resnet50; do
+        for prec in fp32 bf16; do
+          for mode in eager captured; do
+            name=torch_${model}_${prec}_${mode}
+            part "$name" 150 "$PY" "$REPO/bench/pytorch_gpu_benchmark.py" \
+              --procs 2,4 --batches 32 --runs "${BNPS_TORCH_RUNS:-3}" \
+              --steps 20 --warmup 5 --model "$model" --precision "$prec" \
+              $([[ $mode == captured ]] && echo --capture)
+            cp "$RESULTS/$name.log" "$RESULTS/pytorch_gpu_${model}_${prec}_${mode}.md"
+          done
+        done
+      done
+    fi
     ;;
   scaling)
     "${PY:-python3}" "$REPO/tools/testbed/bn_scaling.py" --bin_dir "$W" --aggregate \

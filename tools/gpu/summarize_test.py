@@ -18,6 +18,8 @@ sys.path.insert(0, HERE)
 import summarize  # noqa: E402
 
 CANNED = os.path.join(HERE, "testdata", "run")
+# The fused route's matrix, synthetic (testdata/torch_matrix/README.md).
+MATRIX = os.path.join(HERE, "testdata", "torch_matrix")
 # bnps.torch's ResNet-18 rows, by the number of processes.
 QUEUED = ("bnps.torch sync / plain BN, ResNet-18, %d processes, batch 32, "
           "exchanges queued on the stream (the default on CUDA)")
@@ -229,6 +231,47 @@ class TorchRowsTest(unittest.TestCase):
                                                   "missed"))
             names = list(rows)
             self.assertLess(names.index(QUEUED % 2), names.index(WAIT % 2))
+
+    def test_the_fused_routes_matrix_gives_rows_and_the_docs_tables(self):
+        names = [r[0] for r in summarize.rows(summarize.collect(CANNED))]
+        self.assertFalse([n for n in names if "fused route" in n])
+        self.assertFalse([n for n in names if "captured in a CUDA graph" in n])
+        with tempfile.TemporaryDirectory() as tmp:
+            run = os.path.join(tmp, "run")
+            shutil.copytree(CANNED, run)
+            for name in os.listdir(MATRIX):
+                if name != "README.md":
+                    shutil.copy(os.path.join(MATRIX, name),
+                                os.path.join(run, "torch"))
+            f = summarize.collect(run)
+            rows = {r[0]: r for r in summarize.rows(f)}
+            eager = ("bnps.torch sync / plain BN, fused route, ResNet-18, "
+                     "float32, eager, %d processes, batch 32")
+            captured = ("bnps.torch sync / plain BN, fused route, ResNet-50 "
+                        "shape, bf16 autocast, channels_last, captured in a "
+                        "CUDA graph, %d processes, batch 32")
+            self.assertEqual(rows[eager % 2][1:], (
+                "1.15 (1.10-1.20); torch SyncBatchNorm (gloo) 5.50", "<= 1.25",
+                "met"))
+            self.assertEqual(rows[eager % 4][3], "missed")  # 1.30
+            self.assertEqual(rows[captured % 2][1:], (
+                "1.10 (1.05-1.12)", "<= 1.15", "met"))
+            self.assertEqual(rows[captured % 4][1:], (
+                "1.20 (1.15-1.22)", "<= 1.15", "missed"))
+            names = list(rows)  # the matrix's order: model, precision, mode
+            self.assertLess(names.index(eager % 4), names.index(captured % 2))
+            capture = rows["bnps.torch training step captured in a CUDA graph "
+                           "(torch.cuda.graph, reduce-overhead), replays "
+                           "with parity"]
+            self.assertEqual(capture[1:], ("2 tests, passed", "all pass",
+                                           "met"))
+            # The docs' section carries each table under its configuration,
+            # without the run's MPS pipe folder.
+            section = summarize.torch_section(f)
+            self.assertIn("ResNet-50 shape, 64x64 inputs, bf16 autocast, "
+                          "channels_last, captured in a CUDA graph", section)
+            self.assertIn("| 4 | 32 | 20.00 | n/a | 24.00 |", section)
+            self.assertNotIn("bnps-mps-x", section)
 
     def test_the_host_cost_gives_a_row_where_it_ran(self):
         name = ("bnps.torch host time per layer, forward and backward "

@@ -12,6 +12,7 @@ import math
 import torch
 
 from bnps import _native
+from bnps.torch import _device_route
 from bnps.torch import _routes
 from bnps.torch import channels as channels_
 from bnps.torch import stream_exchange as _queued
@@ -117,7 +118,8 @@ def choose(bn, x, weight, bias, compiling):
     its fallback warned once. A training pass on NATIVE_CPU keeps its
     NativePlan, and later passes take that route at once while the plan
     holds for them (NativePlan.holds: the layer's state is the same and x
-    suits the native call)."""
+    suits the native call); so does FUSED with its DevicePlan
+    (_device_route.holds)."""
     training = bn.training
     if training and not compiling:
         s = bn.connection
@@ -126,6 +128,9 @@ def choose(bn, x, weight, bias, compiling):
         plan = bn.__dict__.get("_bnps_plan")
         if plan is not None and plan.holds(bn, x, weight, bias, s):
             return _routes.NATIVE_CPU
+        if "_bnps_device_plan" in bn.__dict__ and \
+                _device_route.holds(bn, x, s):
+            return _routes.FUSED
     else:
         s = None
     route, fallback = _routes.choose(
@@ -214,8 +219,11 @@ def forward(bn, x, weight, bias, eps, route=None):
     (Connection.claim_layer_name)."""
     if route is None:
         route = choose(bn, x, weight, bias, compiling=False)
-    if bn.bnps_name and route != _routes.NATIVE_CPU:  # (its plan claimed it)
-        bn._connection().claim_layer_name(bn)
+    if route != _routes.FUSED:  # (whose plan claimed the name)
+        if bn.bnps_name and route != _routes.NATIVE_CPU:  # (so did its)
+            bn._connection().claim_layer_name(bn)
+        if "_bnps_device_plan" in bn.__dict__:
+            _device_route.leave(bn)  # the steps of a graph's replays
     return _FORWARD[route](bn, x, weight, bias, eps)
 
 
@@ -226,6 +234,9 @@ def backward(bn, x, weight, dy, stats, eps, need_dx):
             dy.dtype == torch.float32:  # the common case at once
         return _BACKWARD[_routes.NATIVE_CPU](bn, x, weight, dy, stats, eps,
                                              need_dx)
+    if stats.__class__ is _device_route.FusedStats:
+        return _BACKWARD[_routes.FUSED](bn, x, weight, dy, stats, eps,
+                                        need_dx)
     queued = isinstance(stats, _queued.QueuedStats)
     route = _routes.choose_backward(
         queued, not queued and dy.dtype == torch.float32 and dy.is_cpu and
@@ -385,6 +396,14 @@ def _torch_backward(bn, x, weight, dy, stats, eps, need_dx):
     return (dx,) + channels_.parameter_gradients(weight, sum_dy, sum_dy_xhat)
 
 
+def _fused_forward(bn, x, weight, bias, eps):
+    """FUSED: torch's fused kernels around one native call
+    (bnps/torch/_device_route.py); QUEUED where the driver lacks its
+    calls."""
+    return _device_route.forward(bn, x, weight, bias, eps,
+                                 worker_bn(bn._connection()), _queued_forward)
+
+
 def _queued_backward(bn, x, weight, dy, stats, eps, need_dx):
     """QUEUED: the forward's queue takes the backward exchange too."""
     return _queued.backward(bn, x, weight, dy, stats, eps, need_dx,
@@ -393,12 +412,14 @@ def _queued_backward(bn, x, weight, dy, stats, eps, need_dx):
 
 _FORWARD = {
     _routes.NATIVE_CPU: _native_forward,
+    _routes.FUSED: _fused_forward,
     _routes.QUEUED: _queued_forward,
     _routes.WAITING: _torch_forward,
     _routes.RECALIBRATING: _torch_forward,
 }
 _BACKWARD = {
     _routes.NATIVE_CPU: _native_backward,
+    _routes.FUSED: _device_route.backward,
     _routes.QUEUED: _queued_backward,
     _routes.WAITING: _torch_backward,
 }

@@ -18,8 +18,17 @@ BatchNorm runs. The layer (sync_batchnorm.py) and the compiled ops
     NATIVE_CPU      float32 CPU input and state in (N, C, *) order: one
                     native call per pass (the C++ worker's kernels around
                     the exchange).
-    QUEUED          the connection queues on the input's device (CUDA by
-                    default): torch operations, the exchange queued on the
+    FUSED           the connection queues on the input's device (CUDA by
+                    default): torch's fused batch-norm kernels (those of
+                    torch.nn.SyncBatchNorm) around ONE native call per
+                    pass, which queues on the stream the statistics' copy
+                    to the host, the exchange and the copies of its results
+                    (_device_route.py); the host never waits for the device,
+                    and a CUDA graph captures it. On the CPU (stream_exchange
+                    on) the kernels' CPU stand-in runs the same native code.
+    QUEUED          where FUSED cannot take the input (an empty batch,
+                    16-bit running statistics, no such calls in the CUDA
+                    driver): torch operations, the exchange queued on the
                     stream; the host never waits for the device.
     WAITING         any other training pass: torch operations on the
                     input's device, the exchange in one native call that
@@ -29,12 +38,14 @@ BatchNorm runs. The layer (sync_batchnorm.py) and the compiled ops
 
 Where a pass asks for what its input cannot have (an exchange queued on the
 stream for the CPU's native float32 path, a strided float32 CPU input the
-native call cannot read in place), it takes a correct route and the layer
-warns once (Fallback). What no route can serve raises RouteError: a
-training pass while a CUDA graph is being captured (its exchange, or its
-running statistics' update, happens on the host and would not be replayed),
-or CUDA input while another device is current (the queued exchange runs in
-the current device's context).
+native call cannot read in place, FUSED for input it cannot take), it takes
+a correct route and the layer warns once (Fallback). What no route can
+serve raises RouteError: a training pass captured in a CUDA graph on any
+route but FUSED (recalibration, a connection that does not queue, input
+FUSED cannot take: its exchange, or its running statistics' update, would
+happen on the host when captured and not at the replays), or CUDA input
+while another device is current (the queued exchange runs in the current
+device's context).
 """
 
 import collections
@@ -43,15 +54,18 @@ import warnings
 
 import torch
 
+from bnps.torch import _device_route
+
 EVAL = "eval"
 OWN_STATISTICS = "own statistics"
 COMPILED = "compiled"
 NATIVE_CPU = "native cpu"
+FUSED = "fused"
 QUEUED = "queued"
 WAITING = "waiting"
 RECALIBRATING = "recalibrating"
 
-ROUTES = (EVAL, OWN_STATISTICS, COMPILED, NATIVE_CPU, QUEUED, WAITING,
+ROUTES = (EVAL, OWN_STATISTICS, COMPILED, NATIVE_CPU, FUSED, QUEUED, WAITING,
           RECALIBRATING)
 
 # The input's layout, as the routes need to know it.
@@ -82,9 +96,13 @@ class Fallback(UserWarning):
 #                   (Connection.queues_on) and can make the queue
 #   other_device    CUDA input while another CUDA device is current
 #   policy          the job's BN policy (for messages)
+#   unfused         None where FUSED can take the pass (_device_route.
+#                   blocker), else why not ("" for an empty batch, which
+#                   QUEUED takes without a warning)
 Facts = collections.namedtuple("Facts", [
     "training", "tracks_running", "recalibrating", "compiling", "capturing",
-    "device", "float32_state", "layout", "queues", "other_device", "policy"])
+    "device", "float32_state", "layout", "queues", "other_device", "policy",
+    "unfused"], defaults=(None,))
 
 
 def choose(f):
@@ -97,16 +115,9 @@ def choose(f):
         return OWN_STATISTICS, None
     if f.compiling:
         return COMPILED, None
-    if f.capturing:
-        what = "exchange with the servers runs" if f.recalibrating or \
-            f.policy not in ("local", "recal") else \
-            "running statistics are updated"
-        raise RouteError(
-            f"bnps SyncBatchNorm: a training-mode pass cannot be captured in "
-            f"a CUDA graph under the {f.policy!r} policy: its {what} on the "
-            f"host, which a replay of the graph would skip. "
-            f"Capture the model in eval mode, or keep the bnps layers out of "
-            f"the graph")
+    if f.capturing and not (f.queues and f.unfused is None and
+                            not f.recalibrating and not f.other_device):
+        _refuse_capture(f)
     if f.recalibrating:
         return RECALIBRATING, None
     if f.float32_state and f.device == "cpu":
@@ -117,7 +128,7 @@ def choose(f):
                     "waits for its answer inside the call; the connection's "
                     "stream_exchange does not apply to it")
             return NATIVE_CPU, None
-        return (QUEUED if f.queues else WAITING), (
+        return (_queued_route(f) if f.queues else WAITING), (
             "float32 CPU input that is not contiguous in (N, C, *) order "
             "takes torch operations, several times slower than the native "
             "call; pass x.contiguous() to avoid it")
@@ -129,14 +140,44 @@ def choose(f):
                 "device's context. Make the input's device current "
                 "(torch.cuda.set_device, or `with torch.cuda.device(x.device)"
                 "`)")
-        return QUEUED, None
+        return _queued_route(f), (f.unfused or None)
     return WAITING, None
 
 
-def choose_backward(forward_queued, native_ok):
-    """The backward pass's route: its forward's queue where that queued
-    (QUEUED), else NATIVE_CPU where x, weight and dy suit the native call
-    (`native_ok`), else WAITING."""
+def _queued_route(f):
+    """FUSED where it can take the pass, else QUEUED."""
+    return FUSED if f.unfused is None else QUEUED
+
+
+def _refuse_capture(f):
+    """RouteError for a training pass captured on a route a replay would
+    not repeat, saying which and why."""
+    if f.recalibrating:
+        why = ("recalibration sends the batch's moments from Python, which a "
+               "replay of the graph would skip")
+    elif not f.queues:
+        why = ("the connection does not queue exchanges on the stream "
+               "(stream_exchange off), so each exchange waits on the host, "
+               "which a replay would skip; leave stream_exchange on")
+    elif f.unfused is not None:
+        why = (f"the pass cannot take the fused route "
+               f"({f.unfused or 'an empty batch'}), and the queued route "
+               f"reads the layer's state on the host, which a replay would "
+               f"skip")
+    else:
+        why = "the input is on another CUDA device than the current one"
+    raise RouteError(
+        f"bnps SyncBatchNorm: a training-mode pass cannot be captured in a "
+        f"CUDA graph under the {f.policy!r} policy: {why}. Capture the "
+        f"model in eval mode, or keep the bnps layers out of the graph")
+
+
+def choose_backward(forward_queued, native_ok, fused=False):
+    """The backward pass's route: FUSED after a FUSED forward (`fused`),
+    its forward's queue where that queued (QUEUED), else NATIVE_CPU where
+    x, weight and dy suit the native call (`native_ok`), else WAITING."""
+    if fused:
+        return FUSED
     if forward_queued:
         return QUEUED
     return NATIVE_CPU if native_ok else WAITING
@@ -166,7 +207,7 @@ def facts(bn, x, weight, bias, connection, compiling):
     capturing = device == "cuda" and torch.cuda.is_current_stream_capturing()
     if not training or compiling:
         return Facts(training, tracks, False, compiling, capturing, device,
-                     False, CONTIGUOUS, False, False, None)
+                     False, CONTIGUOUS, False, False, None, None)
     float32_state, layout = device == "cpu", CONTIGUOUS
     for t in (x, weight, bias, rm, buffers.get("running_var")):
         if t is not None:
@@ -180,9 +221,10 @@ def facts(bn, x, weight, bias, connection, compiling):
     queues = connection.queues_on(x.device) and \
         connection.exchange_queue(x.device) is not None
     other = device == "cuda" and x.device.index != torch.cuda.current_device()
+    unfused = _device_route.blocker(bn, x, connection) if queues else None
     return Facts(True, tracks, bn._recal_batch is not None, False, capturing,
                  device, float32_state, layout, queues, other,
-                 connection.policy)
+                 connection.policy, unfused)
 
 
 def samples(x):

@@ -187,6 +187,21 @@ class Connection:
                 torch.cuda.synchronize()
             q.drain(timeout_s)
 
+    def host_waits(self):
+        """How often the host waited for the device around this
+        connection's queued exchanges: {"layers": the layers' own waits
+        (reading device values outside the queue: a layer's running
+        statistics once, when it first takes a route, or after they changed
+        otherwise), "drains": drain_exchanges calls (Connection.step's)
+        that found exchanges not yet run}. The queued routes make no other:
+        per step after the first, "layers" stays put."""
+        from bnps.torch import _device_route
+        layers = drains = 0
+        for q in list(self._queues.values()):
+            w = _device_route.host_waits(q)
+            layers, drains = layers + w[0], drains + w[1]
+        return {"layers": layers, "drains": drains}
+
     def close(self):
         """Disconnects (idempotent); layers using it fail afterwards. With
         init(start_local_server=True) a collective: a barrier of every

@@ -41,6 +41,7 @@ from typing import Optional, Tuple
 import torch
 
 from bnps.torch import _layer_ops
+from bnps.torch._device_route import FusedStats
 from bnps.torch.stream_exchange import QueuedStats
 
 _lock = threading.Lock()
@@ -148,7 +149,7 @@ if SUPPORTED:
         statistics held here, 0 if none)."""
         bn = _layer(layer)
         y, stats = _layer_ops.forward(bn, x, weight, bias, eps)
-        if isinstance(stats, QueuedStats):
+        if isinstance(stats, (QueuedStats, FusedStats)):
             moments = torch.zeros(2, x.shape[1], dtype=torch.float64)
             info = torch.tensor([0, int(stats.layer is not None), 0],
                                 dtype=torch.int64)

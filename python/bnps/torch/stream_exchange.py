@@ -1,6 +1,10 @@
 """Stream-ordered exchanges for bnps.torch.SyncBatchNorm: the default on
 CUDA (Connection.queues_on; init(stream_exchange=False) or
-BNPS_STREAM_EXCHANGE=0 turns it off, =1 turns it on for the CPU too).
+BNPS_STREAM_EXCHANGE=0 turns it off, =1 turns it on for the CPU too). A
+pass takes the fused route (bnps/torch/_device_route.py: one native call
+around torch's fused kernels) where it can; this module is the QUEUED
+route, for what the fused one does not take (an empty batch, 16-bit
+running statistics, odd strides, a CUDA driver without its calls).
 
 Without it a layer on a GPU waits for the device at every exchange: the
 layer's statistics are copied to the host, the stream is synchronized, the
@@ -31,6 +35,7 @@ queues it (the tests' path).
 
 import torch
 
+from bnps.torch import _device_route
 from bnps.torch import channels as _channels
 from bnps.torch.channels import as_dtype
 
@@ -99,6 +104,13 @@ class _Buffers:
         self.sums_two = self.sums[:2 * channels]  # without the weight
 
 
+def _note_wait(bn, cuda):
+    """Counts a wait of the layer for the device (Connection.host_waits)."""
+    q = bn._connection()._queues.get(cuda)
+    if q is not None:
+        _device_route.note_wait(q)
+
+
 def _buffers(bn, channels, cuda, acc):
     """The layer's _Buffers; the running statistics' buffers in their own
     dtype where the jobs can write it, else in float32 (converted on the
@@ -110,6 +122,7 @@ def _buffers(bn, channels, cuda, acc):
     b = bn.__dict__.get("_bnps_queued")
     if b is None or b.key != key:
         if b is not None and b.key[1]:  # queued jobs may still use the old
+            _note_wait(bn, True)
             torch.cuda.synchronize()
         b = bn.__dict__["_bnps_queued"] = _Buffers(channels, cuda, acc,
                                                    running)
@@ -150,6 +163,7 @@ def _sync_running_copy(bn, b, device):
     key = bn._running_key()
     if b.running_key == key:
         return
+    _note_wait(bn, device.type == "cuda")
     if device.type == "cuda":
         torch.cuda.current_stream(device).synchronize()
     b.tracked[0] = int(bn.num_batches_tracked)

@@ -132,7 +132,8 @@ class SyncBatchNorm(nn.modules.batchnorm._BatchNorm):
     # Per-process caches (pinned buffers, CUDA events, the host copy of the
     # running statistics), made again when needed: never copied or pickled.
     _CACHES = ("_bnps_staging", "_bnps_ones", "_bnps_running",
-               "_bnps_queued", "_bnps_warned", "_bnps_plan")
+               "_bnps_queued", "_bnps_warned", "_bnps_plan",
+               "_bnps_device_plan")
 
     def __getstate__(self):
         state = dict(self.__dict__)
