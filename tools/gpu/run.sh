@@ -28,10 +28,13 @@
 #                                        #   benchmark against plain BN and
 #                                        #   torch's SyncBatchNorm (gloo), and
 #                                        #   the host's time per BN layer; a
-#                                        #   captured step's replays; the
-#                                        #   fused route's matrix (ResNet-18,
-#                                        #   ResNet-50 shape; fp32, bf16;
-#                                        #   eager, captured; P = 2, 4)
+#                                        #   captured step's replays
+#   tools/gpu/run.sh torch_matrix        # the fused route's matrix against
+#                                        #   plain BN (ResNet-18, ResNet-50
+#                                        #   shape; fp32, bf16; eager,
+#                                        #   captured; P = 2, 4): a call of
+#                                        #   its own, `run.sh some
+#                                        #   torch_matrix` (under 10 min)
 #   tools/gpu/run.sh scaling [--bed=K]   # the BN exchange on the multi-host
 #                                        #   test bed (hosts as network
 #                                        #   namespaces where they can be
@@ -215,7 +218,8 @@ part() {  # part NAME SECONDS COMMAND...
 ALL_PARTS=(tests kernels model_step step_overhead_gpu step_overhead_cpu rtt
            demo demo_nomps replicas scaling torch)
 # Parts only `some` runs.
-EXTRA_PARTS=(step_overhead_gpu_tcp step_overhead_gpu_even step_overhead_gpu_even_overlap)
+EXTRA_PARTS=(step_overhead_gpu_tcp step_overhead_gpu_even step_overhead_gpu_even_overlap
+             torch_matrix)
 
 do_tests() { part tests 120 "$0" tests; }
 do_kernels() {
@@ -273,10 +277,31 @@ do_scaling() { part scaling 120 "$0" scaling; }
 # and the ResNet-18 benchmark), into torch/.
 do_torch() {
   if [[ -n $PY ]] && ls "$REPO"/dist/bnps-*.whl >/dev/null 2>&1; then
-    part torch 1800 env OUT="$RESULTS/torch" "$0" torch
+    part torch 480 env OUT="$RESULTS/torch" "$0" torch
   else
     echo "torch: not run (no wheel in dist/, or no python with torch)" | tee -a "$RESULTS/times.txt"
   fi
+}
+
+# The fused route's matrix (ResNet-18 and the ResNet-50 shape, fp32 and
+# bf16, eager and captured; P = 2, 4), into torch/ beside the part above:
+# a call of its own (`run.sh some torch_matrix`), as `all` fills one.
+do_torch_matrix() {
+  if [[ -n $PY ]] && ls "$REPO"/dist/bnps-*.whl >/dev/null 2>&1; then
+    part torch_matrix 560 env OUT="$RESULTS/torch" "$0" torch_matrix
+  else
+    echo "torch_matrix: not run (no wheel in dist/, or no python with torch)" | tee -a "$RESULTS/times.txt"
+  fi
+}
+
+# The wheel in dist/ into this machine's Python, beside its torch, as a user
+# would (the machine is a throwaway one; nothing is fetched: --no-deps).
+install_wheel() {
+  [[ -n $PY ]] || die "no python with torch here"
+  local wheel=${BNPS_WHEEL:-$(ls "$REPO"/dist/bnps-*.whl 2>/dev/null | head -1)}
+  [[ -f $wheel ]] || die "no wheel: build one (docs/pytorch.md) and carry dist/"
+  "$PY" -m pip install -q --no-index --no-deps --force-reinstall "$wheel"
+  echo "installed $(basename "$wheel") for $("$PY" --version)"
 }
 
 case "$cmd" in
@@ -305,14 +330,8 @@ case "$cmd" in
     demo demo "$@"
     ;;
   torch)
-    [[ -n $PY ]] || die "no python with torch here"
-    wheel=${BNPS_WHEEL:-$(ls "$REPO"/dist/bnps-*.whl 2>/dev/null | head -1)}
-    [[ -f $wheel ]] || die "no wheel: build one (docs/pytorch.md) and carry dist/"
-    # Into this machine's Python, beside its torch, as a user would (the
-    # machine is a throwaway one; nothing is fetched: --no-deps).
-    "$PY" -m pip install -q --no-index --no-deps --force-reinstall "$wheel"
+    install_wheel
     bin=$(dirname "$(command -v "$PY")")
-    echo "installed $(basename "$wheel") for $("$PY" --version)"
     part torch_import 60 "$PY" -c 'import importlib.util as u, torch, bnps, bnps.torch; g = __import__("grpc") if u.find_spec("grpc") else None; print("bnps", bnps.__file__, "torch", torch.__version__, "cuda", torch.cuda.is_available(), "grpcio", g.__version__ if g else "not installed here")'
     part torch_server 30 "$bin/bnps-server" --help
     # The sync cases (fp64, fp32 contiguous and channels_last, fp16, bf16,
@@ -345,24 +364,26 @@ case "$cmd" in
       "$REPO/python/torch_or_debian.py" "$cap/"
     (cd "$cap" && part torch_capture 120 "$PY" device_route_test.py -v \
       CudaCaptureTest)
+    ;;
+  torch_matrix)
     # The fused route (the default on CUDA) against plain BatchNorm, eager
     # beside torch's SyncBatchNorm (gloo), and captured in a CUDA graph:
     # ResNet-18 and the ResNet-50 shape, float32 and bf16 autocast with
-    # channels_last, P = 2 and 4, batch 32; BNPS_TORCH_MATRIX=0 skips it.
-    if [[ ${BNPS_TORCH_MATRIX:-1} != 0 ]]; then
-      for model in resnet18 resnet50; do
-        for prec in fp32 bf16; do
-          for mode in eager captured; do
-            name=torch_${model}_${prec}_${mode}
-            part "$name" 150 "$PY" "$REPO/bench/pytorch_gpu_benchmark.py" \
-              --procs 2,4 --batches 32 --runs "${BNPS_TORCH_RUNS:-3}" \
-              --steps 20 --warmup 5 --model "$model" --precision "$prec" \
-              $([[ $mode == captured ]] && echo --capture)
-            cp "$RESULTS/$name.log" "$RESULTS/pytorch_gpu_${model}_${prec}_${mode}.md"
-          done
-        done
-      done
-    fi
+    # channels_last, P = 2 and 4, batch 32. The cells most asked about
+    # first, each at most 65 s, so that the part's 560 s leave the rest of
+    # a 10-minute call to the machine's start.
+    install_wheel
+    for cell in resnet18:fp32:eager resnet18:fp32:captured \
+        resnet50:bf16:eager resnet50:bf16:captured resnet18:bf16:eager \
+        resnet18:bf16:captured resnet50:fp32:eager resnet50:fp32:captured; do
+      IFS=: read -r model prec mode <<<"$cell"
+      name=torch_${model}_${prec}_${mode}
+      part "$name" 65 "$PY" "$REPO/bench/pytorch_gpu_benchmark.py" \
+        --procs 2,4 --batches 32 --runs "${BNPS_TORCH_RUNS:-3}" \
+        --steps 20 --warmup 5 --model "$model" --precision "$prec" \
+        $([[ $mode == captured ]] && echo --capture)
+      cp "$RESULTS/$name.log" "$RESULTS/pytorch_gpu_${model}_${prec}_${mode}.md"
+    done
     ;;
   scaling)
     "${PY:-python3}" "$REPO/tools/testbed/bn_scaling.py" --bin_dir "$W" --aggregate \
@@ -410,5 +431,5 @@ case "$cmd" in
     rel=$1; shift
     exec "$W/$rel" "$@"
     ;;
-  *) die "unknown command $cmd (info, tests, bench, demo, scaling, all, some, torch, exec)" ;;
+  *) die "unknown command $cmd (info, tests, bench, demo, scaling, all, some, torch, torch_matrix, exec)" ;;
 esac
