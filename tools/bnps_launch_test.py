@@ -42,8 +42,11 @@ def flag(name, default=None):
 shard = int(flag("shard", "0"))
 piddir = os.environ.get("FAKE_PID_DIR")
 if piddir:
-    with open(os.path.join(piddir, "s%d.pid" % shard), "w") as f:
+    # Written whole, then renamed: the test never reads it half done.
+    pid_file = os.path.join(piddir, "s%d.pid" % shard)
+    with open(pid_file + ".tmp", "w") as f:
         f.write(str(os.getpid()))
+    os.replace(pid_file + ".tmp", pid_file)
     with open(os.path.join(piddir, "s%d.args" % shard), "w") as f:
         f.write("\n".join(sys.argv[1:]))
 
@@ -104,8 +107,11 @@ for a in sys.argv[1:]:
 me = int(flags["worker"])
 piddir = os.environ.get("FAKE_PID_DIR")
 if piddir:
-    with open(os.path.join(piddir, "w%d.pid" % me), "w") as f:
+    # Written whole, then renamed: the test never reads it half done.
+    pid_file = os.path.join(piddir, "w%d.pid" % me)
+    with open(pid_file + ".tmp", "w") as f:
         f.write(str(os.getpid()))
+    os.replace(pid_file + ".tmp", pid_file)
 if flags.get("fake_ignore_term"):
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
@@ -158,8 +164,11 @@ import os, signal, sys, time
 
 piddir = os.environ.get("FAKE_PID_DIR")
 if piddir:
-    with open(os.path.join(piddir, "h0.pid"), "w") as f:
+    # Written whole, then renamed: the test never reads it half done.
+    pid_file = os.path.join(piddir, "h0.pid")
+    with open(pid_file + ".tmp", "w") as f:
         f.write(str(os.getpid()))
+    os.replace(pid_file + ".tmp", pid_file)
 
 def on_term(signum, frame):
     print("bnps_host_bn: shutting down", file=sys.stderr, flush=True)
@@ -247,13 +256,8 @@ class LauncherTest(unittest.TestCase):
         return list(pids.values())
 
     def pid_of(self, name):
-        for _ in range(40):  # the file is created a moment before it is written
-            with open(os.path.join(self.pid_dir, name + ".pid")) as f:
-                text = f.read()
-            if text:
-                return int(text)
-            time.sleep(0.05)
-        self.fail("%s.pid stayed empty" % name)
+        with open(os.path.join(self.pid_dir, name + ".pid")) as f:
+            return int(f.read())
 
     def assert_all_gone(self, names):
         # A process writes its pid file when its script starts; one the
