@@ -140,6 +140,24 @@ def _load():
                     c_void_p, c_int, c_int, c_int64, c_void_p, c_double,
                     c_void_p, c_int] + err),
         "bnps_outcome_free": (None, [c_void_p]),
+        # The fused route's device passes (bnps/torch/_device_route.py).
+        "bnps_device_pass_new": (c_int, [
+            c_void_p, c_void_p, c_void_p, c_char_p, c_int64, c_double, c_int,
+            c_double, c_int, c_void_p, c_void_p, c_void_p, c_void_p,
+            c_void_p, c_int, c_void_p, c_int64, c_int64,
+            ctypes.POINTER(c_void_p)] + err),
+        "bnps_device_pass_free": (None, [c_void_p]),
+        "bnps_device_pass_steps": (None, [c_void_p, c_void_p]),
+        "bnps_device_pass_forward": (c_int, [
+            c_void_p, c_void_p, c_int64, c_void_p, c_void_p, c_void_p,
+            c_void_p, c_void_p] + err),
+        "bnps_device_pass_backward": (c_int, [c_void_p] * 5 + err),
+        "bnps_stream_queue_waits": (None, [c_void_p, c_void_p]),
+        "bnps_stream_queue_exchange_seconds": (c_double, [c_void_p]),
+        "bnps_stream_queue_new_recording": (
+            c_int, [ctypes.POINTER(c_void_p)] + err),
+        "bnps_stream_queue_record": (c_int, [c_void_p, c_int, c_int] + err),
+        "bnps_stream_queue_note_wait": (None, [c_void_p]),
         "bnps_layer_pass_forward": (c_int, [c_void_p] + err),
         "bnps_layer_pass_backward": (c_int, [c_void_p] + err),
         "bnps_layer_backward": (c_int, [c_void_p, c_char_p, c_int64, _D, _D,

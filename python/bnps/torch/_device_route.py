@@ -51,27 +51,6 @@ from bnps.torch import channels as channels_
 _lib = _native._lib
 _c = ctypes
 _P = _c.c_void_p
-_ERR = [_c.c_char_p, _c.c_size_t]
-for _name, (_res, _args) in {
-        "bnps_device_pass_new": (_c.c_int, [
-            _P, _P, _P, _c.c_char_p, _c.c_int64, _c.c_double, _c.c_int,
-            _c.c_double, _c.c_int, _P, _P, _P, _P, _P, _c.c_int, _P,
-            _c.c_int64, _c.c_int64, _c.POINTER(_P)] + _ERR),
-        "bnps_device_pass_free": (None, [_P]),
-        "bnps_device_pass_steps": (None, [_P, _P]),
-        "bnps_device_pass_forward": (_c.c_int, [
-            _P, _P, _c.c_int64, _P, _P, _P, _P, _P] + _ERR),
-        "bnps_device_pass_backward": (_c.c_int, [_P, _P, _P, _P, _P] + _ERR),
-        "bnps_stream_queue_waits": (None, [_P, _P]),
-        "bnps_stream_queue_exchange_seconds": (_c.c_double, [_P]),
-        "bnps_stream_queue_new_recording": (_c.c_int, [_c.POINTER(_P)] +
-                                            _ERR),
-        "bnps_stream_queue_record": (_c.c_int, [_P, _c.c_int, _c.c_int] +
-                                     _ERR),
-        "bnps_stream_queue_note_wait": (None, [_P]),
-}.items():
-    _fn = getattr(_lib, _name)
-    _fn.restype, _fn.argtypes = _res, _args
 
 _STATS_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _ITEMSIZE = {torch.float32: 4, torch.float64: 8}
@@ -253,19 +232,20 @@ class DevicePass:
         return tuple(out)
 
 
-# The current stream's handle without making a torch.cuda.Stream; torch
-# < 2.0 lacks it.
+# The current stream's handle without making a torch.cuda.Stream (which
+# costs the host more than the rest of a pass's bookkeeping); torch < 2.0
+# lacks it.
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
-def _stream(x):
-    """The current stream's handle for x's device (an int), None off
-    CUDA."""
-    if not x.is_cuda:
+def current_stream(device):
+    """The current stream's handle for the C ABI (an int), None off CUDA
+    (the fused and the queued routes' passes queue on it)."""
+    if device.type != "cuda":
         return None
     if _raw_stream is not None:
-        return _raw_stream(x.device.index)
-    return torch.cuda.current_stream(x.device).cuda_stream
+        return _raw_stream(device.index)
+    return torch.cuda.current_stream(device).cuda_stream
 
 
 class DevicePlan:
@@ -402,9 +382,9 @@ def forward(bn, x, weight, bias, eps, rule, fallback):
     count = torch.empty(1, dtype=torch.int32, device=x.device)
     info = plan.info
     _native._call(_lib.bnps_device_pass_forward, plan.device_pass._h,
-                  _stream(x), x.numel() // channels, mean.data_ptr(),
-                  invstd.data_ptr(), rows.data_ptr(), count.data_ptr(),
-                  _c.addressof(info))
+                  current_stream(x.device), x.numel() // channels,
+                  mean.data_ptr(), invstd.data_ptr(), rows.data_ptr(),
+                  count.data_ptr(), _c.addressof(info))
     d = bn.__dict__  # (nn.Module's __setattr__ costs ~10 us)
     d["_bnps_step"] += info[0]
     if info[2]:  # captured: its replays advance the steps
@@ -433,7 +413,8 @@ def backward(bn, x, weight, dy, stats, eps, need_dx):
     if merges:
         plan = stats.plan
         _native._call(_lib.bnps_device_pass_backward, plan.device_pass._h,
-                      _stream(x), invstd.data_ptr(), sum_dy.data_ptr(),
+                      current_stream(x.device), invstd.data_ptr(),
+                      sum_dy.data_ptr(),
                       sum_dy_xmu.data_ptr())
         stats.sums = (sum_dy, sum_dy_xmu)
         d = bn.__dict__  # (nn.Module's __setattr__ costs ~10 us)

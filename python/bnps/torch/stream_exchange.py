@@ -129,21 +129,6 @@ def _buffers(bn, channels, cuda, acc):
     return b
 
 
-# The current stream's handle without making a torch.cuda.Stream (which
-# costs the host more than the rest of a pass's bookkeeping); torch < 2.0
-# lacks it.
-_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-
-
-def _stream(device):
-    """The current stream's handle for the C ABI (an int), None off CUDA."""
-    if device.type != "cuda":
-        return None
-    if _raw_stream is not None:
-        return _raw_stream(device.index)
-    return torch.cuda.current_stream(device).cuda_stream
-
-
 def _to_device(host, device):
     """An asynchronous copy on the current stream (a copy of its own on the
     CPU: the buffer is rewritten by the next job)."""
@@ -197,7 +182,7 @@ def forward(bn, queue, rule, native, x, weight, bias, eps, acc):
     count = x.numel() // channels
     track = bn.running_mean is not None
     bn._check_named(rule, track)
-    handle = _stream(device)
+    handle = _device_route.current_stream(device)
     b = _buffers(bn, channels, handle is not None, acc)
     xa = as_dtype(x, acc)
     # Host buffers are written only by copies queued on the stream (or the
@@ -231,7 +216,7 @@ def backward(bn, x, weight, dy, stats, eps, need_dx, acc):
     """forward's backward pass, its exchange and dx's map queued: (dx,
     dweight, dbias) as _layer_ops.backward's."""
     device, channels = x.device, x.shape[1]
-    handle = _stream(device)
+    handle = _device_route.current_stream(device)
     b = _buffers(bn, channels, handle is not None, acc)
     xa, dya = as_dtype(x, acc), as_dtype(dy, acc)
     d = stats.rows
