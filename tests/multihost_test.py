@@ -40,6 +40,11 @@ STEPS = int(os.environ.get("BNPS_MULTIHOST_STEPS", "150"))
 # How long a cut lasts where it must outlast the servers' 3 s heartbeat
 # timeout (the worker is then lost).
 LONG_CUT_S = float(os.environ.get("BNPS_MULTIHOST_CUT_S", "5"))
+# The jobs that end with a worker cut off: the cut worker's barrier call
+# waits the barrier timeout plus 5 s before it gives up (30 s by default);
+# the news of the loss reaches the others within the 3 s heartbeat timeout.
+CUT_OFF = dict(barrier_timeout_ms=8000,
+               extra_worker_flags=("--rpc_timeout_s=6",))
 WHY = testbed.unavailable()
 SERVERS, WORKERS, STATUS_HOST = [0, 1], [2, 3], 0
 
@@ -122,8 +127,7 @@ class MultihostTest(unittest.TestCase):
         def cut_worker_1(c, links):
             links.cut(client=3, mode="blackhole")
 
-        c, _ = self.run_job(cut_worker_1, expect=(1, 1),
-                            extra_worker_flags=("--rpc_timeout_s=6",))
+        c, _ = self.run_job(cut_worker_1, expect=(1, 1), **CUT_OFF)
         self.assertIn(f"worker 1 was lost (no heartbeat for 3s; last heard "
                       f"from {testbed.HOST_NET}4)", c.read_log("worker", 0))
 
@@ -172,14 +176,14 @@ class MultihostTest(unittest.TestCase):
             links.cut(client=3, server=0, mode="blackhole")
 
         c, _ = self.run_job(cut_worker_1_from_shard_0, expect=(1, 1),
-                            extra_worker_flags=("--rpc_timeout_s=6",))
+                            **CUT_OFF)
         # Worker 0 hears of it from shard 0, which lost worker 1 (when
         # worker 0 waits there), or, when the cut fell after worker 1's
         # request reached shard 0 but before the answer left, from shard 1,
         # whose barrier worker 0 went on to: shard 1 still hears worker 1,
         # but worker 0's heartbeats carry shard 0's news to it ("shard 0
         # found that worker 1 was lost ..."), rather than its barrier timing
-        # out 30 s later.
+        # out later.
         log0 = c.read_log("worker", 0)
         self.assertIn(f"worker 1 was lost (no heartbeat for 3s; last heard "
                       f"from {testbed.HOST_NET}4)", log0)
@@ -199,8 +203,7 @@ class MultihostTest(unittest.TestCase):
         # the end alone: without the news, shard 1's barriers would wait for
         # worker 1 until their deadline and fail worker 0 too.
         c, _ = self.run_job(cut_worker_1_from_shard_0, expect=(0, 1),
-                            worker_loss="shrink",
-                            extra_worker_flags=("--rpc_timeout_s=6",))
+                            worker_loss="shrink", **CUT_OFF)
         self.assertIn("shard 0 found that worker 1 was lost (no heartbeat for "
                       f"3s; last heard from {testbed.HOST_NET}4): dropping it",
                       c.read_log("server", 1))

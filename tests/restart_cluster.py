@@ -38,7 +38,8 @@ def free_ports(n):
 class Cluster:
     def __init__(self, out_dir, servers=2, workers=2, policy="sync",
                  steps=600, checkpoint_every=3, worker_loss="fail",
-                 staleness=0, extra_worker_flags=(), keep_serving=True):
+                 staleness=0, extra_worker_flags=(), keep_serving=True,
+                 barrier_timeout_ms=30000):
         self.out = out_dir
         self.num_servers = servers
         self.num_workers = workers
@@ -49,7 +50,8 @@ class Cluster:
             num_shards=servers, num_workers=workers, policy=policy,
             keep_serving=keep_serving, flags=[
                 f"--checkpoint_every_steps={checkpoint_every}",
-                "--heartbeat_timeout_ms=3000", "--barrier_timeout_ms=30000",
+                "--heartbeat_timeout_ms=3000",
+                f"--barrier_timeout_ms={barrier_timeout_ms}",
                 f"--on_worker_loss={worker_loss}", f"--staleness={staleness}"])
         self.worker_flags = [
             f"--servers={self.addresses}", f"--num_workers={workers}",

@@ -5,7 +5,6 @@
 #   tools/fuzz.sh                     each target for 60 s
 #   tools/fuzz.sh --seconds 600       each target for 10 minutes
 #   tools/fuzz.sh --runs 1000000      each target for a million executions
-#   tools/fuzz.sh --ci                the short fixed budget CI uses (15 s each)
 #   tools/fuzz.sh codec_fuzzer ...    only the named targets
 #
 # Builds with `bazel build --config=fuzz` (its own output directory), fuzzes a
@@ -27,8 +26,7 @@ while [ $# -gt 0 ]; do
     --seconds=*) seconds="${1#*=}"; shift ;;
     --runs) runs="$2"; shift 2 ;;
     --runs=*) runs="${1#*=}"; shift ;;
-    --ci) seconds=15; shift ;;
-    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
     -*) echo "fuzz.sh: unknown option '$1' (try --help)" >&2; exit 2 ;;
     *) targets+=("$1"); shift ;;
   esac

@@ -1,0 +1,113 @@
+"""Precompiled headers for the C++ tests, and bnps_cc_test, which uses them.
+
+Most of a test file's compile time is spent parsing the same system headers
+(GoogleTest, gRPC, Protocol Buffers, Abseil) and the generated bnps.pb.h:
+about half of it for a typical test. `cc_pch` compiles one header of those
+once, with the command line Bazel gives a test's sources (the toolchain's
+flags, --copt and --cxxopt, and the -O0 of .bazelrc's `_test.cc` rule), and
+bnps_cc_test force-includes it; gcc then loads the .gch beside it instead of
+parsing the headers again. A .gch that does not match a test's flags is
+ignored by gcc (the header is parsed as usual), so a mismatch costs time,
+never correctness. In the sanitizer build (//bazel:sanitizers, whose clang
+reads no gcc .gch) nothing is precompiled and nothing force-included.
+"""
+
+load("@bazel_tools//tools/cpp:toolchain_utils.bzl", "find_cpp_toolchain")
+
+_CPP_COMPILE = "c++-compile"
+
+# .bazelrc compiles `_test.cc` files at -O0 (after --copt); the .gch is built
+# with the same level so gcc accepts it.
+_TEST_OPT = ["-O0"]
+
+def _cc_pch_impl(ctx):
+    dep_infos = [d[CcInfo] for d in ctx.attr.deps]
+    if not ctx.attr.enabled:
+        return [cc_common.merge_cc_infos(cc_infos = dep_infos)]
+    deps_context = cc_common.merge_cc_infos(cc_infos = dep_infos).compilation_context
+
+    # The header is copied under a name of its own in the output tree, so that
+    # `-include` finds that copy (and the .gch beside it) on the quote path.
+    header = ctx.actions.declare_file(ctx.label.name + "/pch.h")
+    ctx.actions.expand_template(template = ctx.file.hdr, output = header, substitutions = {})
+    gch = ctx.actions.declare_file(ctx.label.name + "/pch.h.gch")
+
+    cc_toolchain = find_cpp_toolchain(ctx)
+    features = cc_common.configure_features(
+        ctx = ctx,
+        cc_toolchain = cc_toolchain,
+        requested_features = ctx.features,
+        unsupported_features = ctx.disabled_features,
+    )
+    variables = cc_common.create_compile_variables(
+        feature_configuration = features,
+        cc_toolchain = cc_toolchain,
+        user_compile_flags = ctx.fragments.cpp.copts + ctx.fragments.cpp.cxxopts +
+                             _TEST_OPT + ["-x", "c++-header"],
+        source_file = header.path,
+        output_file = gch.path,
+        include_directories = deps_context.includes,
+        quote_include_directories = depset(
+            [".", ctx.bin_dir.path, ctx.genfiles_dir.path],
+            transitive = [deps_context.quote_includes],
+        ),
+        system_include_directories = deps_context.system_includes,
+        preprocessor_defines = deps_context.defines,
+        use_pic = True,
+    )
+    ctx.actions.run(
+        executable = cc_common.get_tool_for_action(
+            feature_configuration = features,
+            action_name = _CPP_COMPILE,
+        ),
+        arguments = cc_common.get_memory_inefficient_command_line(
+            feature_configuration = features,
+            action_name = _CPP_COMPILE,
+            variables = variables,
+        ),
+        env = cc_common.get_environment_variables(
+            feature_configuration = features,
+            action_name = _CPP_COMPILE,
+            variables = variables,
+        ),
+        inputs = depset([header], transitive = [deps_context.headers, cc_toolchain.all_files]),
+        outputs = [gch],
+        mnemonic = "CppPch",
+        progress_message = "Precompiling %s" % ctx.file.hdr.short_path,
+    )
+    own = CcInfo(compilation_context = cc_common.create_compilation_context(
+        headers = depset([header, gch]),
+    ))
+    return [cc_common.merge_cc_infos(direct_cc_infos = [own], cc_infos = dep_infos)]
+
+cc_pch = rule(
+    implementation = _cc_pch_impl,
+    doc = "A header precompiled for the tests' compile flags, as a cc dependency.",
+    attrs = {
+        "hdr": attr.label(allow_single_file = [".h"], mandatory = True),
+        "deps": attr.label_list(providers = [CcInfo]),
+        "enabled": attr.bool(default = True),
+        "_cc_toolchain": attr.label(default = "@bazel_tools//tools/cpp:current_cc_toolchain"),
+    },
+    fragments = ["cpp"],
+    toolchains = ["@bazel_tools//tools/cpp:toolchain_type"],
+    incompatible_use_toolchain_transition = True,
+)
+
+_PCH = "//bazel:test_pch"
+
+def bnps_cc_test(name, copts = [], deps = [], **kwargs):
+    """cc_test whose sources start from the tests' precompiled header.
+
+    The sources still include what they use; the precompiled header only
+    saves parsing it again.
+    """
+    native.cc_test(
+        name = name,
+        copts = copts + select({
+            "//bazel:sanitizers": [],
+            "//conditions:default": ["-include", "bazel/test_pch/pch.h"],
+        }),
+        deps = deps + [_PCH],
+        **kwargs
+    )
