@@ -262,8 +262,9 @@ class DevicePlan:
 
     __slots__ = ("owner", "connection", "device", "cuda_index", "stats_dtype",
                  "channels", "eps", "momentum", "name", "running", "step",
-                 "backward_step", "x_dtype", "contiguous", "device_pass",
-                 "call", "call_at", "keep", "captured", "checked")
+                 "backward_step", "x_dtype", "contiguous", "stream_exchange",
+                 "queue", "device_pass", "call", "call_at", "keep",
+                 "captured", "checked")
 
     def __init__(self, bn, x, connection, rule, stats_dtype):
         queue = connection.exchange_queue(x.device)
@@ -297,7 +298,8 @@ class DevicePlan:
             queue, rule, connection.client.native, d["bnps_name"] or "",
             channels, d["eps"], d["momentum"], _ITEMSIZE[stats_dtype],
             running, outs, (self.step, self.backward_step))
-        self.owner, self.connection, self.keep = bn, connection, keep
+        self.owner, self.connection, self.queue, self.keep = \
+            bn, connection, queue, keep
         self.device = x.device
         self.cuda_index = x.device.index if x.is_cuda else None
         self.stats_dtype, self.channels = stats_dtype, channels
@@ -307,15 +309,19 @@ class DevicePlan:
         self.call_at = _c.addressof(self.call)
         self.captured = False
         self.checked = False  # holds() found it holds for the next pass
-        self.note_input(x)
+        self.note(x)
 
-    def note_input(self, x):
-        """x's dtype and layout, as holds() checks them: float32 CPU input
-        never (the route table decides between the native call and this
-        route, by the parameters' dtype and the layout)."""
+    def note(self, x):
+        """What holds() checks of a pass that the route table gave FUSED on
+        this plan: x's dtype (float32 CPU input never: the table decides
+        between the native call and this route, by the parameters' dtype
+        and the layout) and layout, and the connection's stream_exchange
+        (with this plan's queue made, whether the connection queues on the
+        device follows from it: Connection.queues_on)."""
         self.x_dtype = None if x.dtype == torch.float32 and x.is_cpu else \
             x.dtype
         self.contiguous = x.is_contiguous()
+        self.stream_exchange = self.connection.stream_exchange
 
 
 def _made_for(plan, bn, connection, device, stats_dtype):
@@ -355,10 +361,10 @@ def holds(bn, x, connection):
     FUSED on the layer's plan at once, as _routes.choose would (the plan
     marked so for this pass), by identities and versions, no key built: the
     same layer in the state the plan was made for (_same_layer), x of the
-    dtype and layout it was last checked for (note_input), non-empty, of
-    the plan's channels and device, for CUDA input that device the current
-    one (else the table raises RouteError); the same connection, still
-    queueing on the device, the fused route still open on its queue, no
+    dtype and layout it was last checked for (note), non-empty, of the
+    plan's channels and device, for CUDA input that device the current one
+    (else the table raises RouteError); the same connection with the same
+    stream_exchange, the fused route still open on its queue, no
     recalibration."""
     d = bn.__dict__
     p = d.get("_bnps_device_plan")
@@ -367,9 +373,9 @@ def holds(bn, x, connection):
             (not p.contiguous and not _laid_out(x)) or \
             x.numel() == 0 or x.shape[1] != p.channels or \
             connection is not p.connection or \
+            connection.stream_exchange is not p.stream_exchange or \
             d["_recal_batch"] is not None or \
-            not connection.queues_on(p.device) or \
-            getattr(p.device_pass.queue, "_bnps_unfused", None) is not None:
+            getattr(p.queue, "_bnps_unfused", None) is not None:
         return False
     i = p.cuda_index
     if i is None:
@@ -404,7 +410,7 @@ def _plan(bn, x, rule_of, stats_dtype):
     connection = bn._connection()
     if plan is not None and _made_for(plan, bn, connection, x.device,
                                       stats_dtype):
-        plan.note_input(x)
+        plan.note(x)
         return plan
     if plan is not None and plan.captured:  # its steps, then a new plan
         leave(bn)
