@@ -7,6 +7,7 @@ the layer's kept route (_layer_ops.NativePlan) follows every change of the
 layer that decides its route: dtype, layout, momentum, name, connection,
 a replica sharing its attributes."""
 
+import contextlib
 import os
 import sys
 import unittest
@@ -75,6 +76,22 @@ def _torch_ops(step):
             (e.cpu_parent is None or
              not e.cpu_parent.name.startswith("aten::")) and
             not autograd_own(e)]
+
+
+@contextlib.contextmanager
+def _routes_taken():
+    """The list of the forward routes the layers take inside the block, in
+    order."""
+    taken = []
+    real = dict(_layer_ops._FORWARD)
+
+    def spy(route):
+        def call(*a):
+            taken.append(route)
+            return real[route](*a)
+        return call
+    with mock.patch.dict(_layer_ops._FORWARD, {r: spy(r) for r in real}):
+        yield taken
 
 
 def _python_calls(step):
@@ -253,15 +270,7 @@ class FusedCallsTest(unittest.TestCase):
     def step_on(self, x):
         """(the routes a step of the layer on x took, its plan after it,
         whether the route table was asked: the plan did not hold)."""
-        taken = []
-        real = dict(_layer_ops._FORWARD)
-
-        def spy(route):
-            def call(*a):
-                taken.append(route)
-                return real[route](*a)
-            return call
-        with mock.patch.dict(_layer_ops._FORWARD, {r: spy(r) for r in real}), \
+        with _routes_taken() as taken, \
                 mock.patch.object(R, "choose", wraps=R.choose) as table:
             y = self.bn(x)
         y.backward(torch.ones_like(y))
@@ -397,16 +406,7 @@ class LayerCallsTest(unittest.TestCase):
         ref = nn.BatchNorm2d(8)
 
         def both(x, routes):
-            taken = []
-            real = dict(_layer_ops._FORWARD)
-
-            def spy(route):
-                def call(*a):
-                    taken.append(route)
-                    return real[route](*a)
-                return call
-            with mock.patch.dict(_layer_ops._FORWARD,
-                                 {r: spy(r) for r in real}):
+            with _routes_taken() as taken:
                 y = bn(x.clone().requires_grad_())
             self.assertEqual(taken, routes)
             y.sum().backward()
