@@ -444,6 +444,12 @@ def forward(bn, x, weight, bias, eps, rule_of, fallback):
     # kernel's own outputs, in the stream's order.
     count = torch.empty(1, dtype=torch.int32, device=p.device)
     a = p.call
+    # The current stream, read per pass (the plan holds none). The layer's
+    # pinned host buffers (its DevicePass's) serve every pass: safe because
+    # a pass's copies and job are queued in the stream's order after the
+    # previous pass's, and across streams where the caller orders them, as
+    # torch asks of any tensor used on two (torch.cuda.graph synchronizes
+    # before it captures; the replays then run in their stream's order).
     if p.cuda_index is not None:
         a.stream = _stream_at(p.cuda_index)
     a.count = x.numel() // p.channels
