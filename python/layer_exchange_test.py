@@ -223,6 +223,27 @@ class StreamQueueTest(unittest.TestCase):
                                       np.zeros(2), np.ones(2))
         np.testing.assert_allclose(out, np.concatenate(want[1:]), rtol=1e-6)
         self.assertEqual(tracked[0], 1)
+        # The same pass through the call block: what to normalize with
+        # written back over the local statistics, the flags in the block,
+        # and its refusals raised from its own error buffer.
+        a = _native.DeviceCall(p._h)
+        a.count, a.mean, a.invstd, a.count_out = \
+            8, mean.ctypes.data, invstd.ctypes.data, count.ctypes.data
+        count[0] = 0
+        self.assertEqual(D._lib.bnps_device_call_forward(
+            ctypes.addressof(a), a.err_at, D.ERR_LEN), 0)
+        np.testing.assert_allclose(
+            np.concatenate([mean, invstd]), rows, rtol=1e-6)
+        self.assertEqual((count[0], a.exchanges, a.backward_exchanges,
+                          a.captured), (8, 0, 0, 0))
+        self.assertEqual(tracked[0], 2)
+        a.count = 0
+        code = D._lib.bnps_device_call_forward(ctypes.addressof(a),
+                                               a.err_at, D.ERR_LEN)
+        with self.assertRaisesRegex(ValueError, "0 samples per channel"):
+            raise _native.error(code, a.err)
+        self.assertEqual(D._lib.bnps_device_call_backward(
+            ctypes.addressof(a), a.err_at, D.ERR_LEN), 0)  # local: nothing
 
     def test_on_cuda_without_a_driver_says_why(self):
         if torch.cuda.is_available():

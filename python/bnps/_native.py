@@ -22,7 +22,7 @@ import numpy as np
 from bnps import _library, errors
 from bnps._library import Error
 
-_API_VERSION = 9  # python/native/bnps_c.h's BNPS_C_API_VERSION it needs
+_API_VERSION = 10  # python/native/bnps_c.h's BNPS_C_API_VERSION it needs
 _ERR_LEN = _library.ERR_LEN
 
 c_int, c_int64, c_double = ctypes.c_int, ctypes.c_int64, ctypes.c_double
@@ -152,6 +152,9 @@ def _load():
             c_void_p, c_void_p, c_int64, c_void_p, c_void_p, c_void_p,
             c_void_p, c_void_p] + err),
         "bnps_device_pass_backward": (c_int, [c_void_p] * 5 + err),
+        # (The error buffer as an address: an int crosses fastest.)
+        "bnps_device_call_forward": (c_int, [c_void_p, c_void_p, c_size_t]),
+        "bnps_device_call_backward": (c_int, [c_void_p, c_void_p, c_size_t]),
         "bnps_stream_queue_waits": (None, [c_void_p, c_void_p]),
         "bnps_stream_queue_exchange_seconds": (c_double, [c_void_p]),
         "bnps_stream_queue_new_recording": (
@@ -185,9 +188,15 @@ def _call(fn, *args):
         err = _tls.err = ctypes.create_string_buffer(_ERR_LEN)
     code = fn(*args, err, _ERR_LEN)
     if code != 0:
-        raise errors.from_native(Error(
-            code, _lib.bnps_status_name(code).decode(),
-            err.value.decode("utf-8", "replace")))
+        raise error(code, err)
+
+
+def error(code, err):
+    """The bnps.errors exception of a call that returned `code` (not 0)
+    with its message in `err` (a ctypes.create_string_buffer)."""
+    return errors.from_native(Error(
+        code, _lib.bnps_status_name(code).decode(),
+        err.value.decode("utf-8", "replace")))
 
 
 def _invalid(message):
@@ -584,6 +593,27 @@ class LayerPass(ctypes.Structure):
         """The forward's WorkerBn and the Client (None: no exchange)."""
         self.rule = rule._h.value
         self.client = None if client is None else client._h.value
+
+
+class DeviceCall(ctypes.Structure):
+    """bnps_device_call: a device pass's arguments to
+    bnps_device_call_forward and bnps_device_call_backward, made once and
+    kept; addresses are ints (0: NULL) the caller keeps valid. Called
+    straight from ctypes (_device_route.py), with the error buffer's
+    address: `err` and `err_at` (bnps._library.ERR_LEN bytes, the block's
+    own: its layer's passes run one at a time)."""
+    _fields_ = [
+        ("pass_", c_void_p), ("stream", c_void_p), ("count", c_int64),
+        ("mean", c_void_p), ("invstd", c_void_p), ("count_out", c_void_p),
+        ("exchanges", c_int64), ("backward_exchanges", c_int64),
+        ("captured", c_int64), ("sum_dy", c_void_p),
+        ("sum_dy_xmu", c_void_p)]
+
+    def __init__(self, device_pass):
+        super().__init__()
+        self.pass_ = device_pass
+        self.err = ctypes.create_string_buffer(_ERR_LEN)
+        self.err_at = ctypes.addressof(self.err)
 
 
 def layer_pass_forward(address):

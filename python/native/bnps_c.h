@@ -46,8 +46,9 @@ extern "C" {
  * the queue's count of host waits, bnps_stream_queue_waits and
  * bnps_stream_queue_note_wait, and its time in exchanges,
  * bnps_stream_queue_exchange_seconds; and the recording queue of the
- * tests, bnps_stream_queue_new_recording and bnps_stream_queue_record). */
-#define BNPS_C_API_VERSION 9
+ * tests, bnps_stream_queue_new_recording and bnps_stream_queue_record; 10:
+ * the device passes on one prepared argument block, bnps_device_call_*). */
+#define BNPS_C_API_VERSION 10
 BNPS_EXPORT int bnps_api_version(void);
 /* "OK", "INVALID_ARGUMENT", ...; a static string. */
 BNPS_EXPORT const char* bnps_status_name(int code);
@@ -563,6 +564,37 @@ BNPS_EXPORT int bnps_device_pass_backward(bnps_device_pass* p, void* stream,
                                           const void* invstd, void* sum_dy,
                                           void* sum_dy_xmu, char* err,
                                           size_t err_len);
+
+/* bnps_device_pass_forward and bnps_device_pass_backward with their
+ * arguments in one block, for frontends that call them per layer and pass
+ * (as bnps_layer_pass is for the layer steps): the block is made once per
+ * layer and kept, `pass` written once, and each call writes only what
+ * changed and passes one address. Each field means what the argument of
+ * the same name does, except that the forward writes what to normalize
+ * with back into `mean` and `invstd` (in the stream's order, after their
+ * copy out), so the frontend allocates only the count: those buffers must
+ * be the caller's to overwrite (batch_norm_stats's outputs are). The
+ * forward sets exchanges, backward_exchanges and captured (its info[0..2]);
+ * the backward reads stream, invstd, sum_dy and sum_dy_xmu. */
+typedef struct bnps_device_call {
+  bnps_device_pass* pass;
+  void* stream;
+  /* the forward pass */
+  int64_t count;
+  void* mean;
+  void* invstd; /* the backward's too */
+  void* count_out;
+  int64_t exchanges;
+  int64_t backward_exchanges;
+  int64_t captured;
+  /* the backward pass */
+  void* sum_dy;
+  void* sum_dy_xmu;
+} bnps_device_call;
+BNPS_EXPORT int bnps_device_call_forward(bnps_device_call* a, char* err,
+                                         size_t err_len);
+BNPS_EXPORT int bnps_device_call_backward(const bnps_device_call* a,
+                                          char* err, size_t err_len);
 
 /* --- the export (client/job_reader.h, client/state_export.h) --- */
 

@@ -198,6 +198,75 @@ struct bnps_device_pass {
   std::shared_ptr<PassState> state;  // shared with the queued jobs
 };
 
+namespace {
+
+// A forward pass (bnps_device_pass_forward's contract) whose results go to
+// mean_out and invstd_out: one copy where they are adjacent (rows), two
+// otherwise; they may be `mean` and `invstd` themselves, as the copies
+// back follow the copies out in the stream's order.
+absl::Status QueueForward(bnps_device_pass* p, void* stream, int64_t count,
+                          const void* mean, const void* invstd,
+                          void* mean_out, void* invstd_out, void* count_out,
+                          int64_t* info) {
+  if (count < 1 || count > INT32_MAX) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        count, " samples per channel: a device pass takes 1 to 2^31 - 1"));
+  }
+  DeviceOps& d = **p->queue->device;
+  std::shared_ptr<PassState> s = p->state;
+  const size_t bytes = s->bytes();
+  bnps::client::StreamExchanges::Job job;
+  job.exchange = [s, count] { return s->ForwardJob(count); };
+  job.fallback = [s, count] { s->ForwardFallback(count); };
+  absl::Status st = d.ToHost(stream, s->in, mean, bytes);
+  if (st.ok()) st = d.ToHost(stream, s->in + bytes, invstd, bytes);
+  if (st.ok()) st = Queue(p->queue, d, stream, std::move(job), &info[2]);
+  if (static_cast<char*>(invstd_out) == static_cast<char*>(mean_out) + bytes) {
+    if (st.ok()) st = d.ToDevice(stream, mean_out, s->rows, 2 * bytes);
+  } else {
+    if (st.ok()) st = d.ToDevice(stream, mean_out, s->rows, bytes);
+    if (st.ok()) st = d.ToDevice(stream, invstd_out, s->rows + bytes, bytes);
+  }
+  if (st.ok()) st = d.ToDevice(stream, count_out, s->count, 4);
+  if (s->tracks) {
+    const size_t running = s->channels * s->running_itemsize;
+    if (st.ok()) {
+      st = d.ToDevice(stream, s->running_mean_out, s->running, running);
+    }
+    if (st.ok()) {
+      st = d.ToDevice(stream, s->running_var_out, s->running + running,
+                      running);
+    }
+    if (st.ok()) st = d.ToDevice(stream, s->tracked_out, s->tracked_host, 8);
+  }
+  if (!st.ok()) return st;
+  info[0] = s->exchange;
+  info[1] = s->global_backward;
+  return absl::OkStatus();
+}
+
+// A backward pass (bnps_device_pass_backward's contract).
+absl::Status QueueBackward(bnps_device_pass* p, void* stream,
+                           const void* invstd, void* sum_dy,
+                           void* sum_dy_xmu) {
+  std::shared_ptr<PassState> s = p->state;
+  if (!s->global_backward) return absl::OkStatus();  // the local sums stay
+  DeviceOps& d = **p->queue->device;
+  const size_t bytes = s->bytes();
+  bnps::client::StreamExchanges::Job job;
+  job.exchange = [s] { return s->BackwardJob(); };
+  job.fallback = [] {};  // the local sums stay
+  absl::Status st = d.ToHost(stream, s->sums, sum_dy, bytes);
+  if (st.ok()) st = d.ToHost(stream, s->sums + bytes, sum_dy_xmu, bytes);
+  if (st.ok()) st = d.ToHost(stream, s->invstd, invstd, bytes);
+  if (st.ok()) st = Queue(p->queue, d, stream, std::move(job));
+  if (st.ok()) st = d.ToDevice(stream, sum_dy, s->sums, bytes);
+  if (st.ok()) st = d.ToDevice(stream, sum_dy_xmu, s->sums + bytes, bytes);
+  return st;
+}
+
+}  // namespace
+
 extern "C" {
 
 int bnps_device_pass_new(
@@ -264,52 +333,35 @@ int bnps_device_pass_forward(bnps_device_pass* p, void* stream, int64_t count,
                              void* count_out, int64_t* info, char* err,
                              size_t err_len) {
   info[0] = info[1] = info[2] = 0;
-  if (count < 1 || count > INT32_MAX) {
-    BNPS_RETURN_IF_ERROR(absl::InvalidArgumentError(absl::StrCat(
-        count, " samples per channel: a device pass takes 1 to 2^31 - 1")));
-  }
-  DeviceOps& d = **p->queue->device;
-  std::shared_ptr<PassState> s = p->state;
-  const size_t bytes = s->bytes();
-  BNPS_RETURN_IF_ERROR(d.ToHost(stream, s->in, mean, bytes));
-  BNPS_RETURN_IF_ERROR(d.ToHost(stream, s->in + bytes, invstd, bytes));
-  bnps::client::StreamExchanges::Job job;
-  job.exchange = [s, count] { return s->ForwardJob(count); };
-  job.fallback = [s, count] { s->ForwardFallback(count); };
-  BNPS_RETURN_IF_ERROR(Queue(p->queue, d, stream, std::move(job), &info[2]));
-  BNPS_RETURN_IF_ERROR(d.ToDevice(stream, rows, s->rows, 2 * bytes));
-  BNPS_RETURN_IF_ERROR(d.ToDevice(stream, count_out, s->count, 4));
-  if (s->tracks) {
-    const size_t running = s->channels * s->running_itemsize;
-    BNPS_RETURN_IF_ERROR(
-        d.ToDevice(stream, s->running_mean_out, s->running, running));
-    BNPS_RETURN_IF_ERROR(d.ToDevice(stream, s->running_var_out,
-                                    s->running + running, running));
-    BNPS_RETURN_IF_ERROR(
-        d.ToDevice(stream, s->tracked_out, s->tracked_host, 8));
-  }
-  info[0] = s->exchange;
-  info[1] = s->global_backward;
-  return 0;
+  const size_t bytes = p->state->bytes();
+  return Fail(QueueForward(p, stream, count, mean, invstd, rows,
+                           static_cast<char*>(rows) + bytes, count_out, info),
+              err, err_len);
 }
 
 int bnps_device_pass_backward(bnps_device_pass* p, void* stream,
                               const void* invstd, void* sum_dy,
                               void* sum_dy_xmu, char* err, size_t err_len) {
-  std::shared_ptr<PassState> s = p->state;
-  if (!s->global_backward) return 0;  // the local sums are the answer
-  DeviceOps& d = **p->queue->device;
-  const size_t bytes = s->bytes();
-  BNPS_RETURN_IF_ERROR(d.ToHost(stream, s->sums, sum_dy, bytes));
-  BNPS_RETURN_IF_ERROR(d.ToHost(stream, s->sums + bytes, sum_dy_xmu, bytes));
-  BNPS_RETURN_IF_ERROR(d.ToHost(stream, s->invstd, invstd, bytes));
-  bnps::client::StreamExchanges::Job job;
-  job.exchange = [s] { return s->BackwardJob(); };
-  job.fallback = [] {};  // the local sums stay
-  BNPS_RETURN_IF_ERROR(Queue(p->queue, d, stream, std::move(job)));
-  BNPS_RETURN_IF_ERROR(d.ToDevice(stream, sum_dy, s->sums, bytes));
-  return Fail(d.ToDevice(stream, sum_dy_xmu, s->sums + bytes, bytes), err,
+  return Fail(QueueBackward(p, stream, invstd, sum_dy, sum_dy_xmu), err,
               err_len);
+}
+
+int bnps_device_call_forward(bnps_device_call* a, char* err, size_t err_len) {
+  int64_t info[3] = {0, 0, 0};
+  const absl::Status s =
+      QueueForward(a->pass, a->stream, a->count, a->mean, a->invstd, a->mean,
+                   a->invstd, a->count_out, info);
+  a->exchanges = info[0];
+  a->backward_exchanges = info[1];
+  a->captured = info[2];
+  return Fail(s, err, err_len);
+}
+
+int bnps_device_call_backward(const bnps_device_call* a, char* err,
+                              size_t err_len) {
+  return Fail(
+      QueueBackward(a->pass, a->stream, a->invstd, a->sum_dy, a->sum_dy_xmu),
+      err, err_len);
 }
 
 }  // extern "C"

@@ -7,24 +7,30 @@ that torch.nn.SyncBatchNorm itself runs, around ONE native call per pass.
                                               kernel (float32 accumulation
                                               for 16-bit input; any of
                                               NCHW and channels_last)
-              bnps_device_pass_forward        queues on the stream: their
+              bnps_device_call_forward        queues on the stream: their
                                               copy to pinned host buffers,
                                               the exchange as a host
                                               function (the policy's rule;
                                               running statistics in float64
                                               on the host), the copies back
                                               of the mean and 1/sqrt(var +
-                                              eps) to normalize with, of the
+                                              eps) to normalize with (over
+                                              the kernel's outputs), of the
                                               count, and of the running
                                               statistics straight into the
                                               layer's buffers
               torch.batch_norm_elemt          y
     backward  torch.batch_norm_backward_reduce  sum(dy), sum(dy (x - mean)),
                                               dweight, dbias (local)
-              bnps_device_pass_backward       where the policy's backward
+              bnps_device_call_backward       where the policy's backward
                                               merges: the two sums' copy,
                                               exchange, copy back
               torch.batch_norm_backward_elemt dx
+
+Per pass the host makes one tensor (the count, as torch's SyncBatchNorm
+does), writes the pass's addresses into the layer's call block and calls
+the C function straight through ctypes; whether the layer's plan still
+holds is a handful of identity and version comparisons (holds).
 
 The host queues and returns: nothing here waits for the device (the layer
 reads its running statistics to the host once, when its DevicePlan is made,
@@ -46,6 +52,7 @@ import torch
 
 from bnps import _native
 from bnps import errors
+from bnps._library import ERR_LEN
 from bnps.torch import channels as channels_
 
 _lib = _native._lib
@@ -146,12 +153,6 @@ class CpuKernels:
         return (dx * k.view(shape)).to(x.dtype)
 
 
-def kernels(x):
-    """The module with the four kernels for x: torch on CUDA, else the
-    stand-in."""
-    return torch if x.is_cuda else CpuKernels
-
-
 def blocker(bn, x, connection):
     """None where FUSED can take a training pass of `bn` on `x` through
     `connection` (which queues on x's device), else why not: "" for an
@@ -187,19 +188,19 @@ def _laid_out(x):
 
 class FusedStats:
     """What a FUSED forward normalized with, for its backward: the mean and
-    1 / sqrt(var + eps) (device, views of one 2 x C tensor), the count (a
-    device int32), and its plan."""
+    1 / sqrt(var + eps) (device: batch_norm_stats's own outputs, which the
+    native pass overwrites in place), the count (a device int32), and its
+    plan."""
 
-    __slots__ = ("mean", "invstd", "count", "plan", "layer", "local",
-                 "sums")
+    __slots__ = ("mean", "invstd", "count", "plan", "layer", "sums")
 
     def __init__(self, mean, invstd, count, plan, layer):
         self.mean, self.invstd, self.count, self.plan = \
             mean, invstd, count, plan
-        # The local statistics and the backward's merged sums, kept as long
-        # as these statistics (the replays of a captured graph copy them).
-        self.local = self.sums = None
         self.layer = layer  # the layer's name where the backward merges
+        # The backward's merged sums, kept as long as these statistics (the
+        # replays of a captured graph copy them).
+        self.sums = None
 
 
 class DevicePass:
@@ -233,9 +234,14 @@ class DevicePass:
 
 
 # The current stream's handle without making a torch.cuda.Stream (which
-# costs the host more than the rest of a pass's bookkeeping); torch < 2.0
-# lacks it.
+# costs the host more than the rest of a pass's bookkeeping), and the
+# current device's index without torch.cuda.current_device's Python layers;
+# torch < 2.0 lacks the first.
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+_current_index = getattr(torch._C, "_cuda_getDevice", None) or \
+    (lambda: torch.cuda.current_device())
+_stream_at = _raw_stream or \
+    (lambda index: torch.cuda.current_stream(index).cuda_stream)
 
 
 def current_stream(device):
@@ -243,88 +249,142 @@ def current_stream(device):
     (the fused and the queued routes' passes queue on it)."""
     if device.type != "cuda":
         return None
-    if _raw_stream is not None:
-        return _raw_stream(device.index)
-    return torch.cuda.current_stream(device).cuda_stream
+    return _stream_at(device.index)
 
 
 class DevicePlan:
     """A layer's FUSED passes for its configuration: the DevicePass (made
-    with the layer's running statistics read once to the host), and the
-    key it holds for."""
+    with the layer's running statistics read once to the host) and its
+    call block (bnps._native.DeviceCall), what they were made for (the
+    connection, device, statistics' dtype, eps, momentum, name, running
+    buffers and steps: _made_for), and the input they were last checked for
+    (its dtype and layout: holds)."""
 
-    __slots__ = ("owner", "key", "steps", "device_pass", "info", "keep",
+    __slots__ = ("owner", "connection", "device", "cuda_index", "stats_dtype",
+                 "channels", "eps", "momentum", "name", "running", "step",
+                 "backward_step", "x_dtype", "contiguous", "stream_exchange",
+                 "queue", "device_pass", "call", "call_at", "keep",
                  "captured", "checked")
 
-    def __init__(self, bn, x, connection, rule, stats_dtype, key):
+    def __init__(self, bn, x, connection, rule, stats_dtype):
         queue = connection.exchange_queue(x.device)
-        buffers = bn._buffers
+        d, buffers = bn.__dict__, bn._buffers
         rm, rv = buffers.get("running_mean"), buffers.get("running_var")
         bn._check_named(rule, rm is not None)
         if bn.bnps_name:
             connection.claim_layer_name(bn)
         running = outs = None
         keep = []
+        self.running = None
         if rm is not None:
             tracked = buffers["num_batches_tracked"]
             note_wait(queue)  # the one wait: the buffers read to the host
             host = (rm.detach().to("cpu", torch.float64),
                     rv.detach().to("cpu", torch.float64),
                     tracked.detach().to("cpu", torch.int64).reshape(1))
-            keep += list(host) + [rm, rv, tracked]
+            keep += list(host)
             running = tuple(t.data_ptr() for t in host)
             outs = (rm.data_ptr(), rv.data_ptr(), tracked.data_ptr(),
                     _ITEMSIZE[rm.dtype])
+            # The buffers as written to (kept: no other tensor can take
+            # their addresses), with their versions: a write the layer did
+            # not make changes one (holds).
+            self.running = (rm, rm._version, outs[0], rv, rv._version,
+                            outs[1], tracked, tracked._version, outs[2])
+        channels = x.shape[1]
+        self.step, self.backward_step = \
+            d["_bnps_step"], d["_bnps_backward_step"]
         self.device_pass = DevicePass(
-            queue, rule, connection.client.native, bn.bnps_name or "",
-            x.shape[1], bn.eps, bn.momentum, _ITEMSIZE[stats_dtype], running,
-            outs, (bn._bnps_step, bn._bnps_backward_step))
-        self.owner, self.key, self.keep = bn, key, keep
-        # The layer's step counters as its passes on this plan left them
-        # (another route's pass advances them: a new plan then).
-        self.steps = (bn._bnps_step, bn._bnps_backward_step)
-        self.info = (_c.c_int64 * 3)()
+            queue, rule, connection.client.native, d["bnps_name"] or "",
+            channels, d["eps"], d["momentum"], _ITEMSIZE[stats_dtype],
+            running, outs, (self.step, self.backward_step))
+        self.owner, self.connection, self.queue, self.keep = \
+            bn, connection, queue, keep
+        self.device = x.device
+        self.cuda_index = x.device.index if x.is_cuda else None
+        self.stats_dtype, self.channels = stats_dtype, channels
+        self.eps, self.momentum, self.name = \
+            d["eps"], d["momentum"], d["bnps_name"]
+        self.call = _native.DeviceCall(self.device_pass._h)
+        self.call_at = _c.addressof(self.call)
         self.captured = False
         self.checked = False  # holds() found it holds for the next pass
+        self.note(x)
+
+    def note(self, x):
+        """What holds() checks of a pass that the route table gave FUSED on
+        this plan: x's dtype (float32 CPU input never: the table decides
+        between the native call and this route, by the parameters' dtype
+        and the layout) and layout, and the connection's stream_exchange
+        (with this plan's queue made, whether the connection queues on the
+        device follows from it: Connection.queues_on)."""
+        self.x_dtype = None if x.dtype == torch.float32 and x.is_cpu else \
+            x.dtype
+        self.contiguous = x.is_contiguous()
+        self.stream_exchange = self.connection.stream_exchange
 
 
-def _key(bn, x, connection, stats_dtype):
-    """What of the layer and pass a DevicePlan depends on (with its step
-    counters: DevicePlan.steps): its running buffers as
-    SyncBatchNorm._running_key names them (their addresses and versions:
-    a write the layer did not make changes them), read here from the
-    buffers' dict (per pass: a module's attribute costs a lookup)."""
-    d, b = bn.__dict__, bn._buffers
-    rm = b.get("running_mean")
-    running = None
-    if rm is not None:
-        rv, t = b["running_var"], b["num_batches_tracked"]
-        running = (rm.data_ptr(), rm._version, rv.data_ptr(), rv._version,
-                   t.data_ptr(), t._version)
-    return (connection, connection.stream_exchange, x.device, x.shape[1],
-            stats_dtype, d["eps"], d["momentum"], d["bnps_name"], running)
+def _made_for(plan, bn, connection, device, stats_dtype):
+    """Whether `plan` holds for a pass of `bn` through `connection` with
+    statistics of `stats_dtype` on `device`: what its DevicePass was made
+    for (the running buffers: the same tensors, storage and versions; a
+    write the layer did not make changes them)."""
+    d = bn.__dict__
+    return plan.owner is bn and plan.connection is connection and \
+        plan.device == device and plan.stats_dtype is stats_dtype and \
+        _same_layer(plan, d, bn._buffers)
+
+
+def _same_layer(p, d, b):
+    """The layer's own part of _made_for: steps, eps, momentum, name and
+    running buffers (`d` its __dict__, `b` its _buffers)."""
+    r = p.running
+    if r is None:
+        if b.get("running_mean") is not None:
+            return False
+    else:
+        rm, rv, t = b.get("running_mean"), b.get("running_var"), \
+            b.get("num_batches_tracked")
+        if not (rm is r[0] and rm._version == r[1] and
+                rm.data_ptr() == r[2] and rv is r[3] and
+                rv._version == r[4] and rv.data_ptr() == r[5] and
+                t is r[6] and t._version == r[7] and t.data_ptr() == r[8]):
+            return False
+    return d["_bnps_step"] == p.step and \
+        d["_bnps_backward_step"] == p.backward_step and \
+        d["eps"] == p.eps and d["momentum"] == p.momentum and \
+        d["bnps_name"] == p.name
 
 
 def holds(bn, x, connection):
-    """Whether a training pass of `bn` on `x` takes FUSED on the layer's
-    plan at once, as _routes.choose would (the plan marked so for this
-    pass): the same layer, connection and configuration, steps and running
-    buffers as the plan was made for, non-empty input of the plan's
-    statistics' dtype laid out for the kernels, no recalibration, the
-    fused route still open on the queue, and for CUDA input its device
-    the current one (else the table raises RouteError)."""
-    plan = bn.__dict__.get("_bnps_device_plan")
-    if plan is None or plan.owner is not bn or bn._recal_batch is not None \
-            or x.numel() == 0 or not _laid_out(x) or \
-            getattr(plan.device_pass.queue, "_bnps_unfused", None) \
-            is not None or \
-            (x.is_cuda and x.device.index != torch.cuda.current_device()):
+    """Whether a training pass of `bn` on `x` through `connection` takes
+    FUSED on the layer's plan at once, as _routes.choose would (the plan
+    marked so for this pass), by identities and versions, no key built: the
+    same layer in the state the plan was made for (_same_layer), x of the
+    dtype and layout it was last checked for (note), non-empty, of the
+    plan's channels and device, for CUDA input that device the current one
+    (else the table raises RouteError); the same connection with the same
+    stream_exchange, the fused route still open on its queue, no
+    recalibration."""
+    d = bn.__dict__
+    p = d.get("_bnps_device_plan")
+    if p is None or p.owner is not bn or x.dtype is not p.x_dtype or \
+            x.is_contiguous() is not p.contiguous or \
+            (not p.contiguous and not _laid_out(x)) or \
+            x.numel() == 0 or x.shape[1] != p.channels or \
+            connection is not p.connection or \
+            connection.stream_exchange is not p.stream_exchange or \
+            d["_recal_batch"] is not None or \
+            getattr(p.queue, "_bnps_unfused", None) is not None:
         return False
-    stats = torch.float64 if x.dtype == torch.float64 else \
-        torch.float32 if x.dtype in _STATS_DTYPES else None
-    plan.checked = plan.steps == (bn._bnps_step, bn._bnps_backward_step) \
-        and plan.key == _key(bn, x, connection, stats)
-    return plan.checked
+    i = p.cuda_index
+    if i is None:
+        if not x.is_cpu:
+            return False
+    elif not x.is_cuda or x.get_device() != i or _current_index() != i:
+        return False
+    p.checked = _same_layer(p, d, bn._buffers)
+    return p.checked
 
 
 def leave(bn):
@@ -341,69 +401,80 @@ def leave(bn):
     del bn.__dict__["_bnps_device_plan"]
 
 
-def _plan(bn, x, connection, rule, stats_dtype):
-    """The layer's DevicePlan for this pass, made where none holds."""
+def _plan(bn, x, rule_of, stats_dtype):
+    """The layer's DevicePlan for a pass the route table gave FUSED: its
+    plan where that was made for the pass (noting x), else a new one
+    (`rule_of(connection)`: the connection's bnps._native.WorkerBn)."""
     d = bn.__dict__
     plan = d.get("_bnps_device_plan")
-    if plan is not None and plan.checked:  # (holds() checked it just now)
-        plan.checked = False
-        return plan
-    key = _key(bn, x, connection, stats_dtype)
-    if plan is not None and plan.owner is bn and plan.key == key and \
-            plan.steps == (bn._bnps_step, bn._bnps_backward_step):
+    connection = bn._connection()
+    if plan is not None and _made_for(plan, bn, connection, x.device,
+                                      stats_dtype):
+        plan.note(x)
         return plan
     if plan is not None and plan.captured:  # its steps, then a new plan
         leave(bn)
-        key = _key(bn, x, connection, stats_dtype)
-    plan = d["_bnps_device_plan"] = DevicePlan(bn, x, connection, rule,
-                                               stats_dtype, key)
+    plan = d["_bnps_device_plan"] = DevicePlan(
+        bn, x, connection, rule_of(connection), stats_dtype)
     return plan
 
 
-def forward(bn, x, weight, bias, eps, rule, fallback):
-    """A FUSED training forward of `bn` on `x` under `rule` (the
-    connection's bnps._native.WorkerBn): (y, FusedStats).
+def forward(bn, x, weight, bias, eps, rule_of, fallback):
+    """A FUSED training forward of `bn` on `x`: (y, FusedStats).
+    `rule_of(connection)` gives the policy's rules where a plan is made;
     `fallback(bn, x, weight, bias, eps)` runs the pass instead where the
     CUDA driver lacks the device passes' calls (said once, then QUEUED
     takes the layers: blocker)."""
-    k = kernels(x)
-    connection = bn._connection()
+    k = torch if x.is_cuda else CpuKernels
     mean, invstd = k.batch_norm_stats(x, 0.0)  # 1 / sqrt(var): inf for 0
-    try:
-        plan = _plan(bn, x, connection, rule, mean.dtype)
-    except errors.Unavailable as e:
-        queue = connection.exchange_queue(x.device)
-        queue._bnps_unfused = f"the fused route is unavailable: {e}"
-        warnings.warn(f"bnps SyncBatchNorm: {queue._bnps_unfused}; layers "
-                      f"take the queued route", stacklevel=3)
-        return fallback(bn, x, weight, bias, eps)
-    channels = x.shape[1]
-    rows = torch.empty((2, channels), dtype=mean.dtype, device=x.device)
-    count = torch.empty(1, dtype=torch.int32, device=x.device)
-    info = plan.info
-    _native._call(_lib.bnps_device_pass_forward, plan.device_pass._h,
-                  current_stream(x.device), x.numel() // channels,
-                  mean.data_ptr(), invstd.data_ptr(), rows.data_ptr(),
-                  count.data_ptr(), _c.addressof(info))
-    d = bn.__dict__  # (nn.Module's __setattr__ costs ~10 us)
-    d["_bnps_step"] += info[0]
-    if info[2]:  # captured: its replays advance the steps
-        plan.captured = True
-    plan.steps = (d["_bnps_step"], plan.steps[1])
-    r_mean, r_invstd = rows.unbind(0)
-    y = k.batch_norm_elemt(x, weight, bias, r_mean, r_invstd, eps)
-    stats = FusedStats(r_mean, r_invstd, count, plan,
-                       bn.bnps_name if info[1] else None)
-    stats.local = (mean, invstd)
-    return y, stats
+    d = bn.__dict__
+    p = d.get("_bnps_device_plan")
+    if p is None or not p.checked or mean.dtype is not p.stats_dtype:
+        try:
+            p = _plan(bn, x, rule_of, mean.dtype)
+        except errors.Unavailable as e:
+            queue = bn._connection().exchange_queue(x.device)
+            queue._bnps_unfused = f"the fused route is unavailable: {e}"
+            warnings.warn(f"bnps SyncBatchNorm: {queue._bnps_unfused}; "
+                          f"layers take the queued route", stacklevel=3)
+            return fallback(bn, x, weight, bias, eps)
+    p.checked = False
+    # The one allocation (torch's SyncBatchNorm makes its count too): the
+    # native pass writes the mean and 1/std to normalize with over the
+    # kernel's own outputs, in the stream's order.
+    count = torch.empty(1, dtype=torch.int32, device=p.device)
+    a = p.call
+    # The current stream, read per pass (the plan holds none). The layer's
+    # pinned host buffers (its DevicePass's) serve every pass: safe because
+    # a pass's copies and job are queued in the stream's order after the
+    # previous pass's, and across streams where the caller orders them, as
+    # torch asks of any tensor used on two (torch.cuda.graph synchronizes
+    # before it captures; the replays then run in their stream's order).
+    if p.cuda_index is not None:
+        a.stream = _stream_at(p.cuda_index)
+    a.count = x.numel() // p.channels
+    a.mean, a.invstd = mean.data_ptr(), invstd.data_ptr()
+    a.count_out = count.data_ptr()
+    # Straight to the C function (its argument types set once, in
+    # bnps._native's table): one int, the block's address.
+    code = _lib.bnps_device_call_forward(p.call_at, a.err_at, ERR_LEN)
+    if code:
+        raise _native.error(code, a.err)
+    if a.exchanges:
+        d["_bnps_step"] = p.step = p.step + 1  # (d's: nn.Module's setattr
+    if a.captured:  # its replays advance the steps     costs ~10 us)
+        p.captured = True
+    y = k.batch_norm_elemt(x, weight, bias, mean, invstd, eps)
+    return y, FusedStats(mean, invstd, count, p,
+                         d["bnps_name"] if a.backward_exchanges else None)
 
 
 def backward(bn, x, weight, dy, stats, eps, need_dx):
     """(dx, dweight, dbias) of a FUSED forward's pass: dx None unless
     need_dx, dweight and dbias None without a weight."""
-    k = kernels(x)
-    if not _laid_out(dy):  # (as torch's SyncBatchNorm does)
-        dy = dy.contiguous()
+    k = torch if x.is_cuda else CpuKernels
+    if not dy.is_contiguous() and not _laid_out(dy):  # (as torch's
+        dy = dy.contiguous()                          # SyncBatchNorm does)
     mean, invstd = stats.mean, stats.invstd
     has_weight = weight is not None
     merges = stats.layer is not None
@@ -411,16 +482,20 @@ def backward(bn, x, weight, dy, stats, eps, need_dx):
         dy, x, mean, invstd, weight, need_dx or merges, has_weight,
         has_weight)
     if merges:
-        plan = stats.plan
-        _native._call(_lib.bnps_device_pass_backward, plan.device_pass._h,
-                      current_stream(x.device), invstd.data_ptr(),
-                      sum_dy.data_ptr(),
-                      sum_dy_xmu.data_ptr())
+        p = stats.plan
+        a = p.call
+        if p.cuda_index is not None:  # (autograd: the forward's stream)
+            a.stream = _stream_at(p.cuda_index)
+        a.invstd = invstd.data_ptr()
+        a.sum_dy, a.sum_dy_xmu = sum_dy.data_ptr(), sum_dy_xmu.data_ptr()
+        code = _lib.bnps_device_call_backward(p.call_at, a.err_at, ERR_LEN)
+        if code:
+            raise _native.error(code, a.err)
         stats.sums = (sum_dy, sum_dy_xmu)
         d = bn.__dict__  # (nn.Module's __setattr__ costs ~10 us)
         d["_bnps_backward_step"] += 1
-        if plan.steps[1] == d["_bnps_backward_step"] - 1:
-            plan.steps = (plan.steps[0], d["_bnps_backward_step"])
+        if p.backward_step == d["_bnps_backward_step"] - 1:
+            p.backward_step += 1
     dx = None
     if need_dx:
         dx = k.batch_norm_backward_elemt(dy, x, mean, invstd, weight, sum_dy,

@@ -400,8 +400,8 @@ def _fused_forward(bn, x, weight, bias, eps):
     """FUSED: torch's fused kernels around one native call
     (bnps/torch/_device_route.py); QUEUED where the driver lacks its
     calls."""
-    return _device_route.forward(bn, x, weight, bias, eps,
-                                 worker_bn(bn._connection()), _queued_forward)
+    return _device_route.forward(bn, x, weight, bias, eps, worker_bn,
+                                 _queued_forward)
 
 
 def _queued_backward(bn, x, weight, dy, stats, eps, need_dx):

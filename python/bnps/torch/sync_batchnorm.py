@@ -184,8 +184,10 @@ class SyncBatchNorm(nn.modules.batchnorm._BatchNorm):
             _groups.check_process_group(self.process_group,
                                         self._connection())
             self._bnps_group_checked = True
-        # (The parameters read once: a module's attribute costs a lookup.)
-        weight, bias = self.weight, self.bias
+        # (The parameters read once, from their dict: a module's attribute
+        # costs a call of its __getattr__.)
+        params = self._parameters
+        weight, bias = params.get("weight"), params.get("bias")
         route = _layer_ops.choose(self, x, weight, bias, compiling)
         if route == _routes.EVAL:
             return self._eval_forward(x)
