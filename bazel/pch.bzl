@@ -1,24 +1,23 @@
-"""Precompiled headers for the C++ tests, and bnps_cc_test, which uses them.
+"""Precompiled headers, and the cc rules of the tree that use them.
 
-Most of a test file's compile time is spent parsing the same system headers
-(GoogleTest, gRPC, Protocol Buffers, Abseil) and the generated bnps.pb.h:
-about half of it for a typical test. `cc_pch` compiles one header of those
-once, with the command line Bazel gives a test's sources (the toolchain's
-flags, --copt and --cxxopt, and the -O0 of .bazelrc's `_test.cc` rule), and
-bnps_cc_test force-includes it; gcc then loads the .gch beside it instead of
-parsing the headers again. A .gch that does not match a test's flags is
+Much of a source file's compile time is spent parsing the same system
+headers (the standard library, Abseil, Protocol Buffers, gRPC; GoogleTest in
+tests): about a second of the typical four to six. `cc_pch` compiles one
+header of those once, with the command line Bazel gives the sources that use
+it (the toolchain's flags, --copt and --cxxopt, and for tests the -O0 of
+.bazelrc's `_test.cc` rule), and bnps_cc_library, bnps_cc_binary and
+bnps_cc_test force-include it; gcc then loads the .gch beside it instead of
+parsing the headers again. A .gch that does not match a source's flags is
 ignored by gcc (the header is parsed as usual), so a mismatch costs time,
-never correctness. In the sanitizer build (//bazel:sanitizers, whose clang
-reads no gcc .gch) nothing is precompiled and nothing force-included.
+never correctness. The sources still include what they use. In the
+sanitizer build (//bazel:sanitizers, whose clang reads no gcc .gch) nothing
+is precompiled and nothing force-included.
 """
 
 load("@bazel_tools//tools/cpp:toolchain_utils.bzl", "find_cpp_toolchain")
 
 _CPP_COMPILE = "c++-compile"
 
-# .bazelrc compiles `_test.cc` files at -O0 (after --copt); the .gch is built
-# with the same level so gcc accepts it.
-_TEST_OPT = ["-O0"]
 
 def _cc_pch_impl(ctx):
     dep_infos = [d[CcInfo] for d in ctx.attr.deps]
@@ -43,7 +42,7 @@ def _cc_pch_impl(ctx):
         feature_configuration = features,
         cc_toolchain = cc_toolchain,
         user_compile_flags = ctx.fragments.cpp.copts + ctx.fragments.cpp.cxxopts +
-                             _TEST_OPT + ["-x", "c++-header"],
+                             ctx.attr.copts + ["-x", "c++-header"],
         source_file = header.path,
         output_file = gch.path,
         include_directories = deps_context.includes,
@@ -70,13 +69,14 @@ def _cc_pch_impl(ctx):
             action_name = _CPP_COMPILE,
             variables = variables,
         ),
-        inputs = depset([header], transitive = [deps_context.headers, cc_toolchain.all_files]),
+        inputs = depset([header] + ctx.files.srcs,
+                        transitive = [deps_context.headers, cc_toolchain.all_files]),
         outputs = [gch],
         mnemonic = "CppPch",
         progress_message = "Precompiling %s" % ctx.file.hdr.short_path,
     )
     own = CcInfo(compilation_context = cc_common.create_compilation_context(
-        headers = depset([header, gch]),
+        headers = depset([header, gch] + ctx.files.srcs),
     ))
     return [cc_common.merge_cc_infos(direct_cc_infos = [own], cc_infos = dep_infos)]
 
@@ -85,8 +85,12 @@ cc_pch = rule(
     doc = "A header precompiled for the tests' compile flags, as a cc dependency.",
     attrs = {
         "hdr": attr.label(allow_single_file = [".h"], mandatory = True),
+        # Headers of the tree that `hdr` includes.
+        "srcs": attr.label_list(allow_files = [".h"]),
         "deps": attr.label_list(providers = [CcInfo]),
         "enabled": attr.bool(default = True),
+        # After --copt and --cxxopt, as a source's own copts come.
+        "copts": attr.string_list(),
         "_cc_toolchain": attr.label(default = "@bazel_tools//tools/cpp:current_cc_toolchain"),
     },
     fragments = ["cpp"],
@@ -94,20 +98,26 @@ cc_pch = rule(
     incompatible_use_toolchain_transition = True,
 )
 
-_PCH = "//bazel:test_pch"
+def _uses(pch, copts, deps):
+    """copts and deps of a rule whose sources start from `pch` (a cc_pch of
+    bazel/BUILD)."""
+    return copts + select({
+        "//bazel:sanitizers": [],
+        "//conditions:default": ["-include", "bazel/%s/pch.h" % pch],
+    }), deps + ["//bazel:" + pch]
+
+def bnps_cc_library(name, copts = [], deps = [], **kwargs):
+    """cc_library whose sources start from the precompiled system headers."""
+    copts, deps = _uses("lib_pch", copts, deps)
+    native.cc_library(name = name, copts = copts, deps = deps, **kwargs)
+
+def bnps_cc_binary(name, copts = [], deps = [], **kwargs):
+    """cc_binary whose sources start from the precompiled system headers."""
+    copts, deps = _uses("lib_pch", copts, deps)
+    native.cc_binary(name = name, copts = copts, deps = deps, **kwargs)
 
 def bnps_cc_test(name, copts = [], deps = [], **kwargs):
-    """cc_test whose sources start from the tests' precompiled header.
-
-    The sources still include what they use; the precompiled header only
-    saves parsing it again.
-    """
-    native.cc_test(
-        name = name,
-        copts = copts + select({
-            "//bazel:sanitizers": [],
-            "//conditions:default": ["-include", "bazel/test_pch/pch.h"],
-        }),
-        deps = deps + [_PCH],
-        **kwargs
-    )
+    """cc_test whose sources start from the tests' precompiled headers
+    (the system headers and GoogleTest, at the tests' -O0)."""
+    copts, deps = _uses("test_pch", copts, deps)
+    native.cc_test(name = name, copts = copts, deps = deps, **kwargs)
