@@ -25,6 +25,7 @@ import time
 import unittest
 
 from tests.restart_cluster import Cluster
+from tests.sharding import load_tests  # noqa: F401  (unittest's hook: shard_count)
 
 KILLS = int(os.environ.get("BNPS_CHAOS_KILLS", "3"))
 STEPS = int(os.environ.get("BNPS_CHAOS_STEPS", "300"))

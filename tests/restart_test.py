@@ -12,6 +12,7 @@ import time
 import unittest
 
 from tests.restart_cluster import Cluster
+from tests.sharding import load_tests  # noqa: F401  (unittest's hook: shard_count)
 
 
 # Long enough that every kill and restart falls mid-job (the first common
