@@ -20,12 +20,9 @@ load("@bazel_tools//tools/cpp:toolchain_utils.bzl", "find_cpp_toolchain")
 
 _CPP_COMPILE = "c++-compile"
 
-
 def _cc_pch_impl(ctx):
-    dep_infos = [d[CcInfo] for d in ctx.attr.deps]
     if not ctx.attr.enabled:
-        return [cc_common.merge_cc_infos(cc_infos = dep_infos)]
-    deps_context = cc_common.merge_cc_infos(cc_infos = dep_infos).compilation_context
+        return [CcInfo()]
 
     # The header is copied under a name of its own in the output tree, so that
     # `-include` finds that copy (and the .gch beside it) on the quote path.
@@ -47,13 +44,7 @@ def _cc_pch_impl(ctx):
                              ctx.attr.copts + ["-x", "c++-header"],
         source_file = header.path,
         output_file = gch.path,
-        include_directories = deps_context.includes,
-        quote_include_directories = depset(
-            [".", ctx.bin_dir.path, ctx.genfiles_dir.path],
-            transitive = [deps_context.quote_includes],
-        ),
-        system_include_directories = deps_context.system_includes,
-        preprocessor_defines = deps_context.defines,
+        quote_include_directories = depset([".", ctx.bin_dir.path, ctx.genfiles_dir.path]),
         use_pic = True,
     )
     ctx.actions.run(
@@ -71,25 +62,23 @@ def _cc_pch_impl(ctx):
             action_name = _CPP_COMPILE,
             variables = variables,
         ),
-        inputs = depset([header] + ctx.files.srcs,
-                        transitive = [deps_context.headers, cc_toolchain.all_files]),
+        inputs = depset([header] + ctx.files.srcs, transitive = [cc_toolchain.all_files]),
         outputs = [gch],
         mnemonic = "CppPch",
         progress_message = "Precompiling %s" % ctx.file.hdr.short_path,
     )
-    own = CcInfo(compilation_context = cc_common.create_compilation_context(
+    return [CcInfo(compilation_context = cc_common.create_compilation_context(
         headers = depset([header, gch] + ctx.files.srcs),
-    ))
-    return [cc_common.merge_cc_infos(direct_cc_infos = [own], cc_infos = dep_infos)]
+    ))]
 
 cc_pch = rule(
     implementation = _cc_pch_impl,
-    doc = "A header precompiled for the tests' compile flags, as a cc dependency.",
+    doc = "A header of system headers (and `srcs`) precompiled with the build's " +
+          "compile flags and `copts`, as a cc dependency.",
     attrs = {
         "hdr": attr.label(allow_single_file = [".h"], mandatory = True),
         # Headers of the tree that `hdr` includes.
         "srcs": attr.label_list(allow_files = [".h"]),
-        "deps": attr.label_list(providers = [CcInfo]),
         "enabled": attr.bool(default = True),
         # After --copt and --cxxopt, as a source's own copts come.
         "copts": attr.string_list(),
