@@ -148,10 +148,6 @@ def _load():
             ctypes.POINTER(c_void_p)] + err),
         "bnps_device_pass_free": (None, [c_void_p]),
         "bnps_device_pass_steps": (None, [c_void_p, c_void_p]),
-        "bnps_device_pass_forward": (c_int, [
-            c_void_p, c_void_p, c_int64, c_void_p, c_void_p, c_void_p,
-            c_void_p, c_void_p] + err),
-        "bnps_device_pass_backward": (c_int, [c_void_p] * 5 + err),
         # (The error buffer as an address: an int crosses fastest.)
         "bnps_device_call_forward": (c_int, [c_void_p, c_void_p, c_size_t]),
         "bnps_device_call_backward": (c_int, [c_void_p, c_void_p, c_size_t]),

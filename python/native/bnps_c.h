@@ -540,42 +540,30 @@ BNPS_EXPORT void bnps_device_pass_free(bnps_device_pass* p);
  * have run left them. */
 BNPS_EXPORT void bnps_device_pass_steps(const bnps_device_pass* p,
                                         int64_t* steps);
-/* A forward pass over `count` (>= 1) samples per channel whose local
- * statistics are `mean` and `invstd` (device, `channels` each: the mean and
- * 1 / sqrt(biased variance), batch_norm_stats with eps 0; inf for a
- * constant channel): queues their copy, the exchange, and the copies of
- * what to normalize with into `rows` (device, 2 x channels: the mean, then
- * 1 / sqrt(var + eps)), of the samples it describes into *count_out (device,
- * an int32) and of the running statistics into the layer's buffers.
- * info[0]: 1 if the pass exchanges (its step is used), info[1]: 1 if its
- * backward pass does, info[2]: 1 if the stream captures a graph (the job
- * is kept for its replays). */
-BNPS_EXPORT int bnps_device_pass_forward(bnps_device_pass* p, void* stream,
-                                         int64_t count, const void* mean,
-                                         const void* invstd, void* rows,
-                                         void* count_out, int64_t* info,
-                                         char* err, size_t err_len);
-/* A backward pass of a forward that normalized with `invstd` (device, its
- * rows' second half): where the policy's backward exchanges, queues the
- * copies of sum_dy and sum_dy_xmu (device, `channels` each: sum(dy) and
+/* A layer's device passes, their arguments in one block (as bnps_layer_pass
+ * is for the layer steps): the block is made once per layer and kept, `pass`
+ * written once, and each call writes only what changed and passes one
+ * address.
+ *
+ * bnps_device_call_forward: a forward pass over `count` (>= 1) samples per
+ * channel whose local statistics are `mean` and `invstd` (device,
+ * `channels` each: the mean and 1 / sqrt(biased variance), batch_norm_stats
+ * with eps 0; inf for a constant channel). It queues on `stream` their copy
+ * out, the exchange, and the copies of what to normalize with back into
+ * `mean` and `invstd` (1 / sqrt(var + eps); in the stream's order, after
+ * their copy out, so those buffers must be the caller's to overwrite:
+ * batch_norm_stats's outputs are), of the samples it describes into
+ * *count_out (device, an int32) and of the running statistics into the
+ * layer's buffers. It sets `exchanges` (1 if the pass exchanges: its step
+ * is used), `backward_exchanges` (1 if its backward pass does) and
+ * `captured` (1 if the stream captures a graph: the job is kept for its
+ * replays).
+ *
+ * bnps_device_call_backward: the backward pass of a forward that normalized
+ * with `invstd`: where the policy's backward exchanges, queues the copies
+ * of sum_dy and sum_dy_xmu (device, `channels` each: sum(dy) and
  * sum(dy * (x - mean)), batch_norm_backward_reduce's), their sums over the
  * workers, and the copies back into them; else nothing. */
-BNPS_EXPORT int bnps_device_pass_backward(bnps_device_pass* p, void* stream,
-                                          const void* invstd, void* sum_dy,
-                                          void* sum_dy_xmu, char* err,
-                                          size_t err_len);
-
-/* bnps_device_pass_forward and bnps_device_pass_backward with their
- * arguments in one block, for frontends that call them per layer and pass
- * (as bnps_layer_pass is for the layer steps): the block is made once per
- * layer and kept, `pass` written once, and each call writes only what
- * changed and passes one address. Each field means what the argument of
- * the same name does, except that the forward writes what to normalize
- * with back into `mean` and `invstd` (in the stream's order, after their
- * copy out), so the frontend allocates only the count: those buffers must
- * be the caller's to overwrite (batch_norm_stats's outputs are). The
- * forward sets exchanges, backward_exchanges and captured (its info[0..2]);
- * the backward reads stream, invstd, sum_dy and sum_dy_xmu. */
 typedef struct bnps_device_call {
   bnps_device_pass* pass;
   void* stream;

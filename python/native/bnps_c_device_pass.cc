@@ -200,13 +200,11 @@ struct bnps_device_pass {
 
 namespace {
 
-// A forward pass (bnps_device_pass_forward's contract) whose results go to
-// mean_out and invstd_out: one copy where they are adjacent (rows), two
-// otherwise; they may be `mean` and `invstd` themselves, as the copies
-// back follow the copies out in the stream's order.
+// A forward pass (bnps_device_call_forward's contract): what to normalize
+// with goes back into `mean` and `invstd`, as the copies back follow the
+// copies out in the stream's order.
 absl::Status QueueForward(bnps_device_pass* p, void* stream, int64_t count,
-                          const void* mean, const void* invstd,
-                          void* mean_out, void* invstd_out, void* count_out,
+                          void* mean, void* invstd, void* count_out,
                           int64_t* info) {
   if (count < 1 || count > INT32_MAX) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -221,12 +219,8 @@ absl::Status QueueForward(bnps_device_pass* p, void* stream, int64_t count,
   absl::Status st = d.ToHost(stream, s->in, mean, bytes);
   if (st.ok()) st = d.ToHost(stream, s->in + bytes, invstd, bytes);
   if (st.ok()) st = Queue(p->queue, d, stream, std::move(job), &info[2]);
-  if (static_cast<char*>(invstd_out) == static_cast<char*>(mean_out) + bytes) {
-    if (st.ok()) st = d.ToDevice(stream, mean_out, s->rows, 2 * bytes);
-  } else {
-    if (st.ok()) st = d.ToDevice(stream, mean_out, s->rows, bytes);
-    if (st.ok()) st = d.ToDevice(stream, invstd_out, s->rows + bytes, bytes);
-  }
+  if (st.ok()) st = d.ToDevice(stream, mean, s->rows, bytes);
+  if (st.ok()) st = d.ToDevice(stream, invstd, s->rows + bytes, bytes);
   if (st.ok()) st = d.ToDevice(stream, count_out, s->count, 4);
   if (s->tracks) {
     const size_t running = s->channels * s->running_itemsize;
@@ -245,7 +239,7 @@ absl::Status QueueForward(bnps_device_pass* p, void* stream, int64_t count,
   return absl::OkStatus();
 }
 
-// A backward pass (bnps_device_pass_backward's contract).
+// A backward pass (bnps_device_call_backward's contract).
 absl::Status QueueBackward(bnps_device_pass* p, void* stream,
                            const void* invstd, void* sum_dy,
                            void* sum_dy_xmu) {
@@ -328,29 +322,11 @@ void bnps_device_pass_steps(const bnps_device_pass* p, int64_t* steps) {
   steps[1] = p->state->backward_step.load();
 }
 
-int bnps_device_pass_forward(bnps_device_pass* p, void* stream, int64_t count,
-                             const void* mean, const void* invstd, void* rows,
-                             void* count_out, int64_t* info, char* err,
-                             size_t err_len) {
-  info[0] = info[1] = info[2] = 0;
-  const size_t bytes = p->state->bytes();
-  return Fail(QueueForward(p, stream, count, mean, invstd, rows,
-                           static_cast<char*>(rows) + bytes, count_out, info),
-              err, err_len);
-}
-
-int bnps_device_pass_backward(bnps_device_pass* p, void* stream,
-                              const void* invstd, void* sum_dy,
-                              void* sum_dy_xmu, char* err, size_t err_len) {
-  return Fail(QueueBackward(p, stream, invstd, sum_dy, sum_dy_xmu), err,
-              err_len);
-}
-
 int bnps_device_call_forward(bnps_device_call* a, char* err, size_t err_len) {
   int64_t info[3] = {0, 0, 0};
   const absl::Status s =
-      QueueForward(a->pass, a->stream, a->count, a->mean, a->invstd, a->mean,
-                   a->invstd, a->count_out, info);
+      QueueForward(a->pass, a->stream, a->count, a->mean, a->invstd,
+                   a->count_out, info);
   a->exchanges = info[0];
   a->backward_exchanges = info[1];
   a->captured = info[2];
