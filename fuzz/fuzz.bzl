@@ -27,10 +27,10 @@ def bnps_fuzzer(name, srcs, deps, corpus):
     bnps_cc_test(
         name = name + "_replay_test",
         size = "small",
-        srcs = srcs + ["replay_main.cc"],
+        srcs = srcs,
         args = ["fuzz/" + corpus],
         data = native.glob([corpus + "/**"]),
-        deps = deps,
+        deps = deps + ["//fuzz:replay_main"],
     )
     native.sh_test(
         name = name + "_run_test",

@@ -365,7 +365,6 @@ class BnReactor
             std::shared_ptr<util::ByteBudget> budget)
       : shard_(shard),
         metrics_(metrics),
-        generation_(generation),
         keep_awake_(keep_awake),
         stream_(std::move(stream)),
         budget_(budget),
@@ -485,7 +484,6 @@ class BnReactor
 
   Shard* const shard_;
   ServerMetrics* const metrics_;  // may be null
-  const int64_t generation_;  // the stream's
   util::KeepAwake* const keep_awake_;  // may be null
   Admission stream_;  // the stream's: holds its worker's claim
   const std::shared_ptr<util::ByteBudget> budget_;
