@@ -5,15 +5,15 @@ headers (the standard library, Abseil, Protocol Buffers, gRPC; GoogleTest in
 tests): about a second of the typical four to six. `cc_pch` compiles one
 header of those once, with the command line Bazel gives the sources that use
 it (the toolchain's flags, --copt and --cxxopt, and for tests the -O0 that
-bnps_cc_test adds), and bnps_cc_library, bnps_cc_binary and
-bnps_cc_test force-include it; gcc then loads the .gch beside it instead of
-parsing the headers again. A .gch that does not match a source's flags is
-ignored by gcc (the header is parsed as usual), so a mismatch costs time,
-never correctness; rules whose copts go beyond warnings (-O3, -fopenmp) do
-without. The sources still include what they use. In the sanitizer build
-(//bazel:sanitizers) nothing is precompiled: clang 14 loads a precompiled
-header of its own there, but its sources compiled more slowly with it than
-without.
+bnps_cc_test adds), and bnps_cc_library, bnps_cc_binary and bnps_cc_test
+force-include it; the compiler then loads the precompiled header beside it
+instead of parsing the headers again. gcc ignores one that does not match a
+source's flags (the header is parsed as usual: a mismatch costs time, never
+correctness); clang refuses it with an error. So rules whose copts go beyond
+warnings (-O3, -fopenmp) do without, and so do, in the sanitizer build
+(//bazel:sanitizers, clang), the packages the fuzz targets reach, which
+compile there with flags of their own (FUZZED_PACKAGES). The sources still
+include what they use.
 """
 
 load("@bazel_tools//tools/cpp:toolchain_utils.bzl", "find_cpp_toolchain")
@@ -21,11 +21,9 @@ load("@bazel_tools//tools/cpp:toolchain_utils.bzl", "find_cpp_toolchain")
 _CPP_COMPILE = "c++-compile"
 
 def _cc_pch_impl(ctx):
-    if not ctx.attr.enabled:
-        return [CcInfo()]
-
-    # The header is copied under a name of its own in the output tree, so that
-    # `-include` finds that copy (and the .gch beside it) on the quote path.
+    # The header is copied under a name of its own in the output tree;
+    # `-include` names that copy by its path there, and the compiler loads the
+    # .gch beside it (clang looks only there, not along the include path).
     header = ctx.actions.declare_file(ctx.label.name + "/pch.h")
     ctx.actions.expand_template(template = ctx.file.hdr, output = header, substitutions = {})
     gch = ctx.actions.declare_file(ctx.label.name + "/pch.h.gch")
@@ -79,7 +77,6 @@ cc_pch = rule(
         "hdr": attr.label(allow_single_file = [".h"], mandatory = True),
         # Headers of the tree that `hdr` includes.
         "srcs": attr.label_list(allow_files = [".h"]),
-        "enabled": attr.bool(default = True),
         # After --copt and --cxxopt, as a source's own copts come.
         "copts": attr.string_list(),
         "_cc_toolchain": attr.label(default = "@bazel_tools//tools/cpp:current_cc_toolchain"),
@@ -89,15 +86,32 @@ cc_pch = rule(
     incompatible_use_toolchain_transition = True,
 )
 
+# The packages whose code the fuzz targets run. In the sanitizer build they
+# compile optimized and with libFuzzer's coverage instrumentation, so that a
+# fuzz run tries as many inputs as it can in its time, while everything else
+# compiles unoptimized there (a quarter to a third faster). .bazelrc gives
+# the same flags to the code generated from proto/, which no rule here
+# compiles.
+FUZZED_PACKAGES = ["bn", "fuzz", "proto", "security"]
+
+_FUZZED_COPTS = ["-O1", "-fsanitize=fuzzer-no-link"]
+
 def _uses(pch, copts, deps):
     """copts and deps of a rule whose sources start from `pch` (a cc_pch of
     bazel/BUILD): all but those with copts beyond warnings (-O3, -fopenmp),
-    which the header was not compiled with (gcc would ignore it)."""
+    which the header was not compiled with, and in the sanitizer build those
+    of FUZZED_PACKAGES, which get their flags instead."""
+    fuzzed = native.package_name().split("/")[0] in FUZZED_PACKAGES
+    sanitized = _FUZZED_COPTS if fuzzed else []
     if [c for c in copts if not c.startswith("-W")]:
-        return copts, deps
+        return copts + select({
+            "//bazel:sanitizers": sanitized,
+            "//conditions:default": [],
+        }), deps
+    include = ["-include", "$(BINDIR)/bazel/%s/pch.h" % pch]
     return copts + select({
-        "//bazel:sanitizers": [],
-        "//conditions:default": ["-include", "bazel/%s/pch.h" % pch],
+        "//bazel:sanitizers": sanitized if fuzzed else include,
+        "//conditions:default": include,
     }), deps + ["//bazel:" + pch]
 
 def bnps_cc_library(name, copts = [], deps = [], **kwargs):

@@ -1,6 +1,6 @@
 """bnps_fuzzer: one fuzz target, built two ways."""
 
-load("//bazel:pch.bzl", "bnps_cc_test")
+load("//bazel:pch.bzl", "bnps_cc_binary", "bnps_cc_test")
 
 # How long each target fuzzes in the //:asan suite (the README's test
 # command); tools/fuzz.sh fuzzes for as long as it is asked.
@@ -17,7 +17,7 @@ def bnps_fuzzer(name, srcs, deps, corpus):
     from the corpus, in the //:asan suite only (manual: gcc cannot link a
     libFuzzer target), never cached (each run fuzzes anew).
     """
-    native.cc_binary(
+    bnps_cc_binary(
         name = name,
         srcs = srcs,
         linkopts = ["-fsanitize=fuzzer"],
