@@ -62,6 +62,13 @@ def _cc_pch_impl(ctx):
         ),
         inputs = depset([header] + ctx.files.srcs, transitive = [cc_toolchain.all_files]),
         outputs = [gch],
+        # clang writes the header's absolute path (in this workspace's output
+        # tree) into the .gch, and the dependency files of the sources that
+        # load it list that path; another workspace's Bazel refuses it as an
+        # undeclared inclusion. So clang's .gch is never taken from a disk or
+        # remote cache (then neither are the compiles that read it: their
+        # inputs differ); gcc's holds no such path.
+        execution_requirements = {"no-remote-cache": "1"} if cc_toolchain.compiler == "clang" else {},
         mnemonic = "CppPch",
         progress_message = "Precompiling %s" % ctx.file.hdr.short_path,
     )
