@@ -2,8 +2,9 @@
 """Tests of experiments/compare_policies.py and its package experiments/compare/.
 
 SmokeTest runs the real thing once (--matrix=grid --smoke: a row of each kind,
-SMOKE_ROWS, at per-worker batch 2 and 8 on 256 training and 200 test examples, real
-bnps_server and bnps_worker processes through tools/bnps_launch.py) with one
+SMOKE_ROWS, 2 workers at per-worker batch 2 and 8 on 256 training and 200 test
+examples, real bnps_server and bnps_worker processes through
+tools/bnps_launch.py) with one
 failure injected, and checks
 the report: a table per batch size with every row, the injected run shown as
 failed with its reason while every other row is ok, results.json that parses
@@ -49,7 +50,9 @@ INJECTED = ("async-s4", 2)
 SMOKE_ROWS = ["reference", "local", "sync", "async-s4", "recal-exact"]
 
 sys.path.insert(0, HERE)  # The package experiments/compare/, as the tool finds it.
-from compare import matrix, plots, report, runner, stats  # noqa: E402
+from compare import matrix, options, plots, report, runner, stats  # noqa: E402
+
+WORKERS = options.SMOKE["workers"]  # per run of --smoke (the reference: 1)
 
 
 def have_matplotlib():
@@ -79,7 +82,7 @@ def tables(markdown):
 
 
 def label(row, b):
-    return "reference (1×%d)" % (4 * b) if row == "reference" else row
+    return "reference (1×%d)" % (WORKERS * b) if row == "reference" else row
 
 
 class ToolRun:
@@ -174,7 +177,7 @@ class SmokeTest(unittest.TestCase):
                     acc = float(cells[2])
                     self.assertTrue(0.0 <= acc <= 1.0, cells)
                     float(cells[3])  # acc after recal: there for every row
-                    self.assertEqual(cells[10], str(256 // (4 * b)), cells)  # steps
+                    self.assertEqual(cells[10], str(256 // (WORKERS * b)), cells)  # steps
         for heading in ("## Machine", "## Command", "## Setup and budget",
                         "## Plots", "## What the numbers say"):
             self.assertIn(heading, md)
@@ -193,8 +196,9 @@ class SmokeTest(unittest.TestCase):
                 self.assertIn("width", r["detail"])
                 continue
             self.assertEqual(r["status"], "ok", r.get("reason"))
-            self.assertEqual(r["workers"], 1 if r["policy"] == "reference" else 4)
-            self.assertEqual(r["worker_batch"], r["batch_size"] * (4 if r["policy"] == "reference" else 1))
+            self.assertEqual(r["workers"], 1 if r["policy"] == "reference" else WORKERS)
+            self.assertEqual(r["worker_batch"],
+                             r["batch_size"] * (WORKERS if r["policy"] == "reference" else 1))
             for key in ("test_accuracy", "test_accuracy_recal", "train_loss_last",
                         "images_per_second", "wall_s"):
                 self.assertIsNotNone(r[key], (r["id"], key))
@@ -310,10 +314,10 @@ class RegimeSmokeTest(unittest.TestCase):
             md = f.read()
         self.assertIn("| `fc_bn` | 1 | 1 |", md)
         self.assertIn("## Which half of async costs the accuracy (`cnn`, b=2 per worker)", md)
-        # Linear scaling from 0.02 at global batch 4: 0.04 at 4 x 2, a quarter
-        # of it for async gradients (each worker's batch applied on its own).
+        # Linear scaling from 0.02 at global batch 4: 0.02 at 2 x 2, half of
+        # it for async gradients (each worker's batch applied on its own).
         self.assertIn("| grad-async-s2 | sync | async (s=2) | 0.01 |", md)
-        self.assertIn("| bn-async-s2 | async (s=2) | sync | 0.04 |", md)
+        self.assertIn("| bn-async-s2 | async (s=2) | sync | 0.02 |", md)
 
 
 def regime_run(row, model, b, seed, acc, recal=None):
@@ -417,7 +421,6 @@ def axis_run(row, model, b, seed, acc):
 
 def canned_axis_data(name, accuracies):
     """One-axis matrix data: {(row, model, b): [acc per seed]} of 3 seeds."""
-    from compare import options
     cfg = options.make_config(options.parse_args(["--matrix=" + name]))
     cfg.update(out_dir="/tmp/canned/runs", bin_dir="/tmp/canned/bin")
     runs = [axis_run(row, m, b, seed, acc) for (row, m, b), accs in accuracies.items()

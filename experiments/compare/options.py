@@ -37,7 +37,7 @@ def DEFAULT_TEXT(name):  # noqa: N802  (reads as a constant in the help)
     return ", ".join("%s %s" % (m, DEFAULTS[m][name]) for m in ("regime", "full", "grid"))
 
 
-SMOKE = dict(batch_sizes="2,8", workers=4, servers=2, seeds="1", epochs=1,
+SMOKE = dict(batch_sizes="2,8", workers=2, servers=2, seeds="1", epochs=1,
              train_examples=256, test_examples=200, timeout_s=120.0)
 
 # Worker flags the tool (or the launcher) sets; --worker_flag may not.
@@ -91,9 +91,10 @@ def parse_args(argv):
                    help="first this-many test examples, 0 for all 10000 (default %s)"
                    % DEFAULT_TEXT("test_examples"))
     g.add_argument("--smoke", action="store_true",
-                   help="a tiny configuration (batch sizes %s, %d training and %d test "
-                   "examples, 1 epoch); explicit flags still win"
-                   % (SMOKE["batch_sizes"], SMOKE["train_examples"], SMOKE["test_examples"]))
+                   help="a tiny configuration (batch sizes %s, %d workers, %d training "
+                   "and %d test examples, 1 epoch); explicit flags still win"
+                   % (SMOKE["batch_sizes"], SMOKE["workers"], SMOKE["train_examples"],
+                      SMOKE["test_examples"]))
     g = p.add_argument_group("training (the same for every run)")
     g.add_argument("--learning_rate", type=float,
                    help="SGD learning rate (default %s); with --lr_scaling=linear the one "
