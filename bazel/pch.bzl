@@ -131,6 +131,10 @@ def bnps_cc_binary(name, copts = [], deps = [], **kwargs):
     copts, deps = _uses("lib_pch", copts, deps)
     native.cc_binary(name = name, copts = copts, deps = deps, **kwargs)
 
+# What every source of a test compiles with beyond the build's flags (and so
+# the tests' precompiled header, //bazel:test_pch).
+TEST_COPTS = ["-O0"]
+
 def bnps_cc_test(name, copts = [], deps = [], **kwargs):
     """cc_test whose sources compile at -O0 and start from the tests'
     precompiled headers (the system headers and GoogleTest, at -O0 too).
@@ -139,4 +143,4 @@ def bnps_cc_test(name, copts = [], deps = [], **kwargs):
     tests' own bodies cost up to 4x their compile time
     (store/parameter_store_test.cc: 52 s at -O2, 11 s at -O0)."""
     copts, deps = _uses("test_pch", copts, deps)
-    native.cc_test(name = name, copts = copts + ["-O0"], deps = deps, **kwargs)
+    native.cc_test(name = name, copts = copts + TEST_COPTS, deps = deps, **kwargs)
